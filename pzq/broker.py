@@ -1,0 +1,224 @@
+"""Queue semantics shared by every protocol: produce, hand out, acknowledge, requeue, expire.
+
+The Broker sits between the protocol machines and the store. It owns what is in flight and where each
+queue's next ready message is, and it never touches a socket: the server asks it for messages to send
+and tells it what came back. Times are passed in (``now`` monotonic seconds, ``now_us`` wall-clock
+microseconds), so every timing rule is testable without sleeping.
+
+Readiness without scans: a queue's never-delivered messages are found by a disk cursor (the next seq to
+read, moving only forward), and messages that come back (nack, ack timeout, a consumer that left) wait
+in a small heap of seqs that is served first, so a queue stays FIFO across redeliveries. Both are
+bounded by what is in flight, not by what is stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+from collections.abc import Hashable, Sequence
+
+from pzq.errors import StoreFull
+from pzq.inflight import InFlight
+from pzq.store import Message, Store
+
+log = logging.getLogger("pzq.broker")
+
+Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
+
+
+@dataclasses.dataclass
+class _Ready:
+    """Where a queue's next ready message is."""
+
+    cursor: int = 0
+    requeued: list[int] = dataclasses.field(default_factory=list)
+    inflight: int = 0
+
+
+@dataclasses.dataclass
+class Counters:
+    """Figures since start, for the monitor."""
+
+    produced: int = 0
+    acked: int = 0
+    nacked: int = 0
+    expired: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    refused_full: int = 0
+
+
+class Broker:
+    """The queue rules on top of a Store; single-threaded, driven by the server loop."""
+
+    def __init__(self, store: Store, *, ack_timeout_s: float, max_deliveries: int = 0):
+        self.store = store
+        self.ack_timeout_s = ack_timeout_s
+        self.max_deliveries = max_deliveries
+        self.inflight: InFlight[Ref] = InFlight()
+        self.counters = Counters()
+        self._ready: dict[int, _Ready] = {}
+
+    def _state(self, qid: int) -> _Ready:
+        state = self._ready.get(qid)
+        if state is None:
+            state = self._ready[qid] = _Ready()
+        return state
+
+    def reset(self) -> None:
+        """Forget every delivery, as a restart does: whatever was in flight is ready again."""
+        self.inflight = InFlight()
+        self._ready.clear()
+
+    # -- producing --------------------------------------------------------------------------------
+
+    def produce(self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0) -> Message:
+        """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
+        try:
+            message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us)
+        except StoreFull:
+            self.counters.refused_full += 1
+            raise
+        self.counters.produced += 1
+        return message
+
+    # -- handing out ------------------------------------------------------------------------------
+
+    def has_ready(self, queue: str) -> bool:
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return False
+        return info.count > self._state(info.qid).inflight
+
+    def take(self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int,
+             timeout_s: float | None = None) -> list[Message]:
+        """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first.
+
+        Each is counted as delivered (durably, with the next commit) and tracked in flight until
+        ``now + timeout_s``. Messages past their TTL or their delivery cap go to the dead letters.
+        """
+        info = self.store.queue(queue, create=False)
+        if info is None or n <= 0:
+            return []
+        state = self._state(info.qid)
+        deadline = now + (self.ack_timeout_s if timeout_s is None else timeout_s)
+        out: list[Message] = []
+        while len(out) < n:
+            batch = self._next_ready(queue, info.qid, state, n - len(out))
+            if not batch:
+                break
+            for message in batch:
+                if message.expires_us and message.expires_us <= now_us:
+                    self._dead_letter(message, "expired", now_us)
+                    continue
+                if self.max_deliveries and message.deliveries >= self.max_deliveries:
+                    self._dead_letter(message, "max-deliveries", now_us)
+                    continue
+                deliveries = self.store.mark_delivered(queue, message.seq)
+                if deliveries > 1:
+                    self.counters.redelivered += 1
+                self.inflight.add((message.qid, message.seq), deadline, consumer)
+                state.inflight += 1
+                out.append(dataclasses.replace(message, deliveries=deliveries))
+        return out
+
+    def _next_ready(self, queue: str, qid: int, state: _Ready, n: int) -> list[Message]:
+        out: list[Message] = []
+        while state.requeued and len(out) < n:
+            seq = heapq.heappop(state.requeued)
+            if (qid, seq) in self.inflight:
+                continue
+            message = self.store.get(queue, seq)
+            if message is not None:  # else acked late or dead-lettered while it waited
+                out.append(message)
+        if len(out) < n:
+            fresh = self.store.scan(queue, state.cursor, n - len(out))
+            if fresh:
+                state.cursor = fresh[-1].seq + 1
+                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
+        return out
+
+    def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
+        if self.store.dead_letter(message, reason, now_us=now_us):
+            self.counters.dead_lettered += 1
+            log.info("message %s of queue %r moved to the dead letters: %s (deliveries %d)",
+                     message.id, message.queue, reason, message.deliveries)
+
+    # -- answers from consumers -------------------------------------------------------------------
+
+    def ack(self, ref: Ref) -> bool:
+        """Delete the message for good, in flight or not (a late ack still counts). False if unknown."""
+        self._settle(ref)
+        info = self.store.queue_by_id(ref[0])
+        if info is None or not self.store.delete(info.name, ref[1]):
+            return False
+        self.counters.acked += 1
+        return True
+
+    def nack(self, ref: Ref) -> bool:
+        """Requeue a message in flight at once, ahead of newer ones. False if it was not in flight."""
+        if self._settle(ref) is None:
+            return False
+        self.counters.nacked += 1
+        self._requeue(ref)
+        return True
+
+    def undeliver(self, ref: Ref) -> None:
+        """A delivery that never left (the socket refused it): requeue it and take back its count."""
+        if self._settle(ref) is None:
+            return
+        info = self.store.queue_by_id(ref[0])
+        if info is not None:
+            self.store.unmark_delivered(info.name, ref[1])
+        self._requeue(ref)
+
+    def expire(self, now: float) -> int:
+        """Requeue every delivery whose ack timeout has passed; returns how many."""
+        expired = self.inflight.pop_expired(now)
+        for delivery in expired:
+            self._state(delivery.ref[0]).inflight -= 1
+            self._requeue(delivery.ref)
+        self.counters.expired += len(expired)
+        return len(expired)
+
+    def consumer_gone(self, consumer: Hashable) -> int:
+        """Requeue everything ``consumer`` held, at once; returns how many."""
+        held = self.inflight.remove_consumer(consumer)
+        for delivery in held:
+            self._state(delivery.ref[0]).inflight -= 1
+            self._requeue(delivery.ref)
+        return len(held)
+
+    def _settle(self, ref: Ref):
+        delivery = self.inflight.remove(ref)
+        if delivery is not None:
+            self._state(ref[0]).inflight -= 1
+        return delivery
+
+    def _requeue(self, ref: Ref) -> None:
+        heapq.heappush(self._state(ref[0]).requeued, ref[1])
+
+    def next_deadline(self) -> float | None:
+        return self.inflight.next_deadline()
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def queue_inflight(self, qid: int) -> int:
+        state = self._ready.get(qid)
+        return state.inflight if state else 0
+
+    def stats(self) -> dict:
+        """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
+        queues = {}
+        for info in self.store.queues():
+            queues[info.name] = {"depth": info.count, "inflight": self.queue_inflight(info.qid),
+                                 "dead_letters": info.dead_count, "bytes": info.bytes}
+        return {
+            "messages": sum(q.count for q in self.store.queues()),
+            "messages_inflight": len(self.inflight),
+            "db_size": self.store.disk_bytes(),
+            "inflight_db_size": self.inflight.approx_bytes(),
+            "syncs": self.store.syncs,
+            "expired_messages": self.counters.expired,
+            "queues": queues,
+        }

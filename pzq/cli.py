@@ -1,0 +1,221 @@
+"""The `pzq` command line (click). Argument handling only: the work lives in server, client and bench."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import time
+
+import click
+
+from pzq import __version__, client, config
+from pzq.errors import ConfigError, PzqError
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"pzq: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _errors_to_exit(func):
+    """One clear line and a non-zero exit for every pzq error: no tracebacks for users' mistakes."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ConfigError as exc:
+            _fail(str(exc), 2)
+        except PzqError as exc:
+            _fail(str(exc), 1)
+
+    return wrapper
+
+
+def _resolve(config_file: str | None, **flags) -> config.Config:
+    return config.load(flags, os.environ, config_file)
+
+
+config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                             envvar="PZQ_CONFIG", help="TOML file of settings (see conf/pzq.toml).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="pzq")
+def cli() -> None:
+    """pzq: a durable message queue that speaks PZQ (and more) on ZeroMQ and LMDB."""
+
+
+@cli.command()
+@config_option
+@click.option("--database", help="LMDB directory of the store.  [default: ./pzq-data]")
+@click.option("--receive-dsn", help="Producers' endpoint (ROUTER).  [default: tcp://127.0.0.1:11131]")
+@click.option("--send-dsn", help="Consumers' endpoint (DEALER).  [default: tcp://127.0.0.1:11132]")
+@click.option("--monitor-dsn", help="Monitor endpoint (REQ clients).  [default: ipc:///tmp/pzq-monitor]")
+@click.option("--queue", help="Queue the native sockets serve.  [default: default]")
+@click.option("--ack-timeout", type=int, help="µs a consumer has to ack a delivery.  [default: 5000000]")
+@click.option("--reaper-frequency", type=int,
+              help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]")
+@click.option("--hard-sync/--no-hard-sync", default=None,
+              help="fsync every commit (default). --no-hard-sync is faster but a power cut or kernel crash "
+                   "can lose recently acked messages or corrupt the store.")
+@click.option("--max-inflight", type=int, help="Unacked deliveries at most, per consumer pool.  [default: 1000]")
+@click.option("--max-deliveries", type=int,
+              help="Deliveries before a message goes to the dead letters; 0 = unlimited.  [default: 0]")
+@click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
+                                       "[default: 4G]")
+@click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
+@click.option("--user", help="Switch to this user after binding (when started as root).")
+@click.option("--log-level", help="debug, info, warning or error.  [default: info]")
+@_errors_to_exit
+def serve(config_file, **flags) -> None:
+    """Run the server in the foreground until SIGTERM or SIGINT."""
+    cfg = _resolve(config_file, **flags)
+    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pzq.server import serve as run_server
+
+    run_server(cfg)
+
+
+@cli.command()
+@config_option
+@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
+@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
+@click.option("--timeout", type=int, default=5000, show_default=True, help="ms to wait for an answer.")
+@_errors_to_exit
+def monitor(config_file, monitor_dsn, as_json, watch, timeout) -> None:
+    """Show the server's figures."""
+    endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    while True:
+        figures = client.stats(endpoint, timeout_ms=timeout)
+        if as_json:
+            click.echo(json.dumps(figures, indent=2))
+        else:
+            if watch:
+                click.clear()
+            click.echo(_table(figures))
+        if not watch:
+            return
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _table(figures: dict) -> str:
+    lines = []
+    width = max(len(k) for k in figures)
+    for name, value in figures.items():
+        if name != "queues":
+            lines.append(f"{name:<{width}}  {value}")
+    queues = figures.get("queues", {})
+    if queues:
+        lines.append("")
+        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
+        for name, q in queues.items():
+            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+    return "\n".join(lines)
+
+
+@cli.command()
+@config_option
+@click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
+@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
+@click.option("--timeout", type=int, default=10_000, show_default=True, help="ms to wait for each ack.")
+@click.argument("messages", nargs=-1)
+@_errors_to_exit
+def produce(config_file, receive_dsn, window, timeout, messages) -> None:
+    """Store MESSAGES (or each line of standard input) and wait until every one is acked."""
+    endpoint = _resolve(config_file, receive_dsn=receive_dsn).receive_dsn
+    if messages:
+        bodies = ([m.encode()] for m in messages)
+    else:
+        bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
+    with client.Producer(endpoint, timeout_ms=timeout) as producer:
+        results = producer.produce_many(bodies, window=max(1, window))
+    failed = [r for r in results if not r.ok]
+    for r in failed[:10]:
+        click.echo(f"pzq: message {r.message_id.decode()} refused: {r.error}", err=True)
+    click.echo(f"{len(results) - len(failed)} stored, {len(failed)} refused", err=True)
+    if failed:
+        sys.exit(1)
+
+
+@cli.command()
+@config_option
+@click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
+@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option("--timeout", type=int, default=10_000, show_default=True,
+              help="ms to wait for each message before giving up (exit 1).")
+@click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
+@_errors_to_exit
+def consume(config_file, send_dsn, count, timeout, nack, as_json) -> None:
+    """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line)."""
+    endpoint = _resolve(config_file, send_dsn=send_dsn).send_dsn
+    out = sys.stdout.buffer
+    got = 0
+    with client.Consumer(endpoint) as consumer:
+        while count == 0 or got < count:
+            delivery = consumer.receive(timeout)
+            if delivery is None:
+                click.echo(f"pzq: no message within {timeout} ms after {got} received", err=True)
+                sys.exit(1)
+            if as_json:
+                out.write(json.dumps({"key": delivery.key.decode(), "sent_us": delivery.sent_us,
+                                      "body": [f.decode("utf-8", "replace") for f in delivery.body]}).encode())
+            else:
+                out.write(b"\t".join(delivery.body))
+            out.write(b"\n")
+            out.flush()
+            (consumer.nack if nack else consumer.ack)(delivery)
+            got += 1
+        # Let the last acks leave before the socket closes.
+        consumer.sock.setsockopt(client.zmq.LINGER, 2000)
+
+
+@cli.group("dead-letters")
+def dead_letters() -> None:
+    """Inspect and requeue a queue's dead letters (through the running server's monitor socket)."""
+
+
+@dead_letters.command("list")
+@config_option
+@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.argument("queue", default="default")
+@_errors_to_exit
+def dead_letters_list(config_file, monitor_dsn, limit, queue) -> None:
+    """List QUEUE's dead letters, oldest first, one JSON object per line."""
+    endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    text = client.monitor_request(endpoint, f"DEADLETTERS {queue} {limit}")
+    if text.startswith("error:"):
+        _fail(text[len("error:"):].strip())
+    for letter in json.loads(text):
+        click.echo(json.dumps(letter))
+
+
+@dead_letters.command("requeue")
+@config_option
+@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of QUEUE.")
+@click.argument("queue")
+@click.argument("message_id", required=False)
+@_errors_to_exit
+def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id) -> None:
+    """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
+    if bool(everything) == bool(message_id):
+        _fail("give either a MESSAGE_ID or --all", 2)
+    endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    text = client.monitor_request(endpoint, f"REQUEUE {queue} {'all' if everything else message_id}")
+    if text.startswith("error:"):
+        _fail(text[len("error:"):].strip())
+    click.echo(f"requeued {json.loads(text)['requeued']}")
+
+
+def main() -> None:
+    cli(prog_name="pzq")

@@ -1,0 +1,145 @@
+"""One frozen Config, layered from defaults, a TOML file, PZQ_* environment variables and flags.
+
+Precedence is flag > environment > file > default. Every key of the file is the option's name with
+dashes turned into underscores (``ack_timeout``); the environment variable is ``PZQ_`` + the key in
+upper case (``PZQ_ACK_TIMEOUT``). ``conf/pzq.toml`` documents every key with its default, and a test
+keeps the two in step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pzq.errors import ConfigError
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of `pzq serve`. Durations are microseconds, as in the original PZQ."""
+
+    database: str = "./pzq-data"
+    receive_dsn: str = "tcp://127.0.0.1:11131"
+    send_dsn: str = "tcp://127.0.0.1:11132"
+    monitor_dsn: str = "ipc:///tmp/pzq-monitor"
+    queue: str = "default"
+    ack_timeout: int = 5_000_000
+    reaper_frequency: int = 2_500_000
+    hard_sync: bool = True
+    max_inflight: int = 1000
+    max_deliveries: int = 0
+    max_store_size: int = 4 << 30
+    max_message_size: int = 16 << 20
+    user: str = ""
+    log_level: str = "info"
+
+    def validate(self) -> "Config":
+        """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
+        for name in ("receive_dsn", "send_dsn", "monitor_dsn"):
+            value = getattr(self, name)
+            if not re.match(r"^(tcp|ipc|inproc)://.+", value):
+                raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
+        if not self.database:
+            raise ConfigError("--database: must name a directory")
+        if not self.queue or len(self.queue.encode()) > 255:
+            raise ConfigError("--queue: must be 1 to 255 bytes")
+        _at_least(self, "ack_timeout", 1000)
+        _at_least(self, "reaper_frequency", 1000)
+        _at_least(self, "max_inflight", 1)
+        _at_least(self, "max_deliveries", 0)
+        _at_least(self, "max_store_size", 1 << 20)
+        _at_least(self, "max_message_size", 1024)
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level: {self.log_level!r} is not one of debug, info, warning, error")
+        return self
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _at_least(config: Config, name: str, low: int) -> None:
+    if getattr(config, name) < low:
+        raise ConfigError(f"{_flag(name)}: must be at least {low}, got {getattr(config, name)}")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+SIZE_FIELDS = {"max_store_size", "max_message_size"}
+
+
+def parse_size(text: str) -> int:
+    """'4G' -> 4294967296; plain digits are bytes. Raises ValueError."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)i?[bB]?\s*", text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size such as 512M or 4G")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Turn a value from a file, the environment or a flag into the field's type, or raise ConfigError."""
+    kind = FIELDS[name].type
+    try:
+        if kind in (bool, "bool"):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{value!r} is not true or false")
+        if kind in (int, "int"):
+            if isinstance(value, bool):
+                raise ValueError(f"{value!r} is not a number")
+            if isinstance(value, int):
+                return value
+            if name in SIZE_FIELDS:
+                return parse_size(str(value))
+            return int(str(value).strip())
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} is not a string")
+        return value
+    except ValueError as exc:
+        raise ConfigError(f"{source} {name}: {exc}") from None
+
+
+def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+         file: str | Path | None = None) -> Config:
+    """Build and validate a Config. ``flags`` holds only options the user gave (None means not given)."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        values.update(_read_file(Path(file)))
+    for name in FIELDS:
+        key = "PZQ_" + name.upper()
+        if env is not None and env.get(key, "") != "":
+            values[name] = _coerce(name, env[key], f"environment {key}:")
+    for name, value in (flags or {}).items():
+        if value is None:
+            continue
+        if name not in FIELDS:
+            raise ConfigError(f"unknown option {_flag(name)}")
+        values[name] = _coerce(name, value, f"option {_flag(name)}:")
+    return Config(**values).validate()
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    # A [serve] table is accepted too, so one file can later hold sections for other commands.
+    table = data.get("serve", data) if isinstance(data.get("serve"), dict) else data
+    values = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"config file {path}: unknown key {key!r}")
+        values[name] = _coerce(name, value, f"config file {path}:")
+    return values

@@ -1,0 +1,35 @@
+"""The one exception tree of pzq: every error the package raises on purpose derives from PzqError."""
+from __future__ import annotations
+
+
+class PzqError(Exception):
+    """Root of every error pzq raises on purpose."""
+
+
+class ConfigError(PzqError):
+    """A setting is missing, malformed or out of range; the message names the setting."""
+
+
+class StoreError(PzqError):
+    """The store cannot do what was asked (it is closed, corrupt, or the request is impossible)."""
+
+
+class StoreFull(StoreError):
+    """Storing this message would pass the configured store limit; nothing was written."""
+
+
+class ProtocolError(PzqError):
+    """A peer sent something its protocol does not allow.
+
+    ``code`` is a short machine-readable name (e.g. ``no-delimiter``); ``detail`` is the human text that a
+    protocol with error replies sends back to the peer.
+    """
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class ClientError(PzqError):
+    """A client call failed: no answer in time, or the server refused the request."""

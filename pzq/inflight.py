@@ -1,0 +1,106 @@
+"""Deliveries waiting for an acknowledgement, with their deadlines in order. Pure: no I/O, no clock.
+
+Deadlines sit in a heap, so finding what expired costs O(log n) per expiry and never a scan. An entry
+removed early (acked, nacked) leaves a stale heap item behind; stale items are skipped when popped and
+the heap is rebuilt when they outnumber the live ones, which keeps memory proportional to what is in
+flight.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+Ref = TypeVar("Ref", bound=Hashable)
+
+
+@dataclasses.dataclass
+class Delivery(Generic[Ref]):
+    """One message handed to a consumer and not yet acknowledged."""
+
+    ref: Ref
+    deadline: float
+    consumer: Hashable
+    token: int
+
+
+class InFlight(Generic[Ref]):
+    """Tracks deliveries by message reference, each with one deadline and one consumer."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Ref, Delivery[Ref]] = {}
+        self._heap: list[tuple[float, int, Ref]] = []
+        self._per_consumer: dict[Hashable, int] = {}
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, ref: object) -> bool:
+        return ref in self._entries
+
+    def get(self, ref: Ref) -> Delivery[Ref] | None:
+        return self._entries.get(ref)
+
+    def count(self, consumer: Hashable) -> int:
+        """How many deliveries ``consumer`` holds."""
+        return self._per_consumer.get(consumer, 0)
+
+    def add(self, ref: Ref, deadline: float, consumer: Hashable = None) -> Delivery[Ref]:
+        """Track a delivery; a ref already in flight is replaced (its old deadline no longer counts)."""
+        self.remove(ref)
+        self._tokens += 1
+        entry = Delivery(ref, deadline, consumer, self._tokens)
+        self._entries[ref] = entry
+        self._per_consumer[consumer] = self._per_consumer.get(consumer, 0) + 1
+        heapq.heappush(self._heap, (deadline, self._tokens, ref))
+        return entry
+
+    def remove(self, ref: Ref) -> Delivery[Ref] | None:
+        """Stop tracking ``ref`` (acked, nacked, or its consumer left); None if it was not in flight."""
+        entry = self._entries.pop(ref, None)
+        if entry is None:
+            return None
+        left = self._per_consumer[entry.consumer] - 1
+        if left:
+            self._per_consumer[entry.consumer] = left
+        else:
+            del self._per_consumer[entry.consumer]
+        if len(self._heap) > 2 * len(self._entries) + 1024:
+            self._heap = [(e.deadline, e.token, e.ref) for e in self._entries.values()]
+            heapq.heapify(self._heap)
+        return entry
+
+    def remove_consumer(self, consumer: Hashable) -> list[Delivery[Ref]]:
+        """Stop tracking every delivery held by ``consumer``, oldest deadline first."""
+        held = sorted((e for e in self._entries.values() if e.consumer == consumer), key=lambda e: e.token)
+        for entry in held:
+            self.remove(entry.ref)
+        return held
+
+    def next_deadline(self) -> float | None:
+        """The earliest live deadline, or None when nothing is in flight."""
+        heap = self._heap
+        while heap:
+            deadline, token, ref = heap[0]
+            entry = self._entries.get(ref)
+            if entry is not None and entry.token == token:
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def pop_expired(self, now: float, limit: int | None = None) -> list[Delivery[Ref]]:
+        """Remove and return the deliveries whose deadline is <= ``now``, earliest first."""
+        out: list[Delivery[Ref]] = []
+        while limit is None or len(out) < limit:
+            deadline = self.next_deadline()
+            if deadline is None or deadline > now:
+                break
+            _, token, ref = heapq.heappop(self._heap)
+            out.append(self.remove(ref))
+        return out
+
+    def approx_bytes(self) -> int:
+        """A rough size of this tracking in memory, for the monitor's inflight_db_size."""
+        return 200 * len(self._entries) + 40 * len(self._heap)

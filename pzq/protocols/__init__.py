@@ -1,0 +1,1 @@
+"""Pure protocol machines: frames or bytes in, events and frames out. No sockets, no store."""

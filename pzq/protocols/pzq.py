@@ -1,0 +1,100 @@
+"""The native PZQ wire protocol (see shared/specs/pzq-wire.md), as pure functions over frame lists.
+
+Producer  -> server   [routing, message id, header*, "", body+]      (server ROUTER, client DEALER)
+server    -> producer [routing, message id, "1", ""] | [routing, message id, "0", "", error text]
+server    -> consumer [message key, sent µs, ack timeout µs, "", body+]  (server DEALER, client ROUTER)
+consumer  -> server   [message key, "1" | anything else]
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from pzq.errors import ProtocolError
+
+NO_DELIMITER = "Malformed message, no delimiter found or missing message parts"
+EMPTY_MESSAGE = "Trying to save empty message"
+ONLY_ID = "Malformed message, only a message id and no delimiter or body"
+TOO_LARGE = "Message too large: {size} bytes, the limit is {limit}"
+QUEUE_FULL = "queue full: the store is at its size limit, try again later"
+
+
+@dataclasses.dataclass(frozen=True)
+class Produce:
+    """A producer's message: store ``body`` and answer ``routing`` with ``message_id``."""
+
+    routing: bytes
+    message_id: bytes
+    body: list[bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A producer's message that cannot be stored; answer it with "0" and ``error``."""
+
+    routing: bytes
+    message_id: bytes
+    error: ProtocolError
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerAck:
+    """A consumer's answer for the delivery with ``key``: ``ok`` deletes, anything else requeues."""
+
+    key: bytes
+    ok: bool
+
+
+def parse_produce(frames: Sequence[bytes], max_size: int) -> Produce | Rejected | None:
+    """Read one message from the receive socket. None when there is no one to answer (no id frame)."""
+    if len(frames) < 2:
+        return None
+    routing, message_id = frames[0], frames[1]
+    if len(frames) == 2:
+        return Rejected(routing, message_id, ProtocolError("only-id", ONLY_ID))
+    try:
+        delimiter = frames.index(b"", 2)
+    except ValueError:
+        return Rejected(routing, message_id, ProtocolError("no-delimiter", NO_DELIMITER))
+    body = list(frames[delimiter + 1:])
+    if not body:
+        return Rejected(routing, message_id, ProtocolError("empty", EMPTY_MESSAGE))
+    size = sum(map(len, body))
+    if size > max_size:
+        return Rejected(routing, message_id, ProtocolError("too-large", TOO_LARGE.format(size=size, limit=max_size)))
+    return Produce(routing, message_id, body)
+
+
+def produce_ack(routing: bytes, message_id: bytes, error: str | None = None) -> list[bytes]:
+    """The frames answering a producer: stored ("1") when ``error`` is None, else "0" and the text."""
+    if error is None:
+        return [routing, message_id, b"1", b""]
+    return [routing, message_id, b"0", b"", error.encode("utf-8", "replace")]
+
+
+def message_key(enqueued_us: int, message_id: str) -> bytes:
+    """The key consumers see: "<16-digit µs of enqueue>|<32-hex message id>", stable across redeliveries."""
+    return b"%016d|%s" % (enqueued_us, message_id.encode("ascii"))
+
+
+def key_message_id(key: bytes) -> str | None:
+    """The message id inside a key made by ``message_key``, or None if the key is not one of ours."""
+    _, sep, mid = key.rpartition(b"|")
+    if not sep or len(mid) != 32:
+        return None
+    try:
+        return mid.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def delivery(key: bytes, sent_us: int, ack_timeout_us: int, body: Sequence[bytes]) -> list[bytes]:
+    """The frames sent to a consumer through the send socket (its ROUTER prepends the peer id)."""
+    return [key, b"%d" % sent_us, b"%d" % ack_timeout_us, b"", *body]
+
+
+def parse_consumer_ack(frames: Sequence[bytes]) -> ConsumerAck | None:
+    """Read a consumer's answer; None for anything too short to be one (the spec says ignore it)."""
+    if len(frames) < 2:
+        return None
+    return ConsumerAck(frames[0], frames[1] == b"1")

@@ -1,0 +1,380 @@
+"""The server: the only place that owns sockets. One thread, one poller, one loop.
+
+Each turn of the loop:
+  1. polls every socket, with a timeout that ends at the next ack deadline (never a busy loop);
+  2. reads what arrived (bounded per socket, so one busy peer cannot starve the others) and feeds it to
+     the protocol codecs and the broker;
+  3. requeues expired deliveries and picks messages for consumers with credit;
+  4. commits the turn's writes in one durable transaction (group commit);
+  5. only then sends producer acks, deliveries and monitor replies.
+Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import time
+
+import zmq
+
+from pzq.broker import Broker, Ref
+from pzq.config import Config
+from pzq.errors import ConfigError, StoreError, StoreFull
+from pzq.protocols import monitor as monitor_proto
+from pzq.protocols import pzq as native
+from pzq.store import Message, Store, parse_message_id
+
+log = logging.getLogger("pzq.server")
+
+READ_BATCH = 4096  # messages read from one socket per turn
+NATIVE_CONSUMER = "native"  # the send socket's DEALER hides which consumer got what: one credit pool
+TICK_S = 1.0  # housekeeping (rates); idle wake-ups are at most this frequent
+
+
+class Server:
+    """A pzq server on one Config. ``start()`` binds, ``run()`` loops until ``stop()`` or a signal."""
+
+    def __init__(self, config: Config, *, context: zmq.Context | None = None):
+        self.config = config
+        self.ctx = context or zmq.Context.instance()
+        self.store: Store | None = None
+        self.broker: Broker | None = None
+        self._sockets: list[zmq.Socket] = []
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._started = time.monotonic()
+        self._rates: collections.deque = collections.deque(maxlen=11)
+        self._next_tick = 0.0
+        self._native_stalled = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the store and bind every endpoint; raises ConfigError or StoreError with a clear text."""
+        cfg = self.config
+        self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync)
+        self.store.queue(cfg.queue)
+        self.store.commit()
+        self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
+        self.receive = self._bind(zmq.ROUTER, cfg.receive_dsn, "--receive-dsn")
+        self.receive.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_size + 4096)
+        self.receive.setsockopt(zmq.LINGER, 2000)  # let the last acks out on shutdown
+        self.send = self._bind(zmq.DEALER, cfg.send_dsn, "--send-dsn")
+        self.send.setsockopt(zmq.SNDHWM, max(cfg.max_inflight, 1000))
+        self.send.setsockopt(zmq.LINGER, 0)  # unsent deliveries are still stored: nothing to flush
+        self.monitor = self._bind(zmq.ROUTER, cfg.monitor_dsn, "--monitor-dsn")
+        _restrict_ipc(cfg.monitor_dsn)
+        self.poller = zmq.Poller()
+        self.poller.register(self.receive, zmq.POLLIN)
+        self.poller.register(self.send, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+        if cfg.user:
+            _drop_privileges(cfg.user, cfg.database)
+        log.info("pzq serving queue %r from %s: receive %s, send %s, monitor %s", cfg.queue, cfg.database,
+                 cfg.receive_dsn, cfg.send_dsn, cfg.monitor_dsn)
+
+    def _bind(self, kind: int, endpoint: str, option: str) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
+        self._sockets.append(sock)
+        return sock
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.stop())
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def run(self) -> None:
+        """Serve until ``stop()``. The commit of the turn in progress always completes."""
+        while not self._stopping:
+            self._turn(self._poll_timeout_ms())
+        log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _poll_timeout_ms(self) -> int:
+        now = time.monotonic()
+        wake = min(self._next_tick, now + self.config.reaper_frequency / 1e6)
+        deadline = self.broker.next_deadline()
+        if deadline is not None:
+            wake = min(wake, deadline)
+        return max(0, int((wake - now) * 1000 + 0.999))
+
+    def _turn(self, timeout_ms: int) -> None:
+        want_out = (not self._native_stalled and self._native_credit() > 0
+                    and self.broker.has_ready(self.config.queue))
+        self.poller.modify(self.send, zmq.POLLIN | (zmq.POLLOUT if want_out else 0))
+        ready = dict(self.poller.poll(timeout_ms))
+        now, now_us = time.monotonic(), time.time_ns() // 1000
+        if self._wake_r in ready:
+            _drain_fd(self._wake_r)
+        acks: list[tuple[bytes, bytes, str | None]] = []
+        requests: list[monitor_proto.Request] = []
+        deliveries: list[Message] = []
+        try:
+            if self.receive in ready:
+                self._read_producers(acks, now_us)
+                self._native_stalled = False
+            if ready.get(self.send, 0) & zmq.POLLIN:
+                self._read_consumer_answers()
+                self._native_stalled = False
+            if self.monitor in ready:
+                self._read_monitor(requests)
+            if self.broker.expire(now):
+                self._native_stalled = False
+            deliveries = self._take_for_native(now, now_us)
+            self.store.commit()
+        except StoreError:
+            # The store rolled the turn back; start over from what is on disk, like a restart would.
+            log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
+            self.store.abort()
+            self.broker.reset()
+            acks = [(r, m, err or native.QUEUE_FULL) for r, m, err in acks]
+            deliveries = []
+        for routing, message_id, error in acks:
+            self.receive.send_multipart(native.produce_ack(routing, message_id, error))
+        self._send_deliveries(deliveries, now_us)
+        for request in requests:
+            self.monitor.send_multipart(monitor_proto.reply(request, self._answer(request, now_us)))
+        if now >= self._next_tick:
+            self._tick(now)
+
+    def _read_producers(self, acks: list, now_us: int) -> None:
+        queue, limit = self.config.queue, self.config.max_message_size
+        for _ in range(READ_BATCH):
+            try:
+                frames = self.receive.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = native.parse_produce(frames, limit)
+            if event is None:
+                continue
+            if isinstance(event, native.Rejected):
+                _warn_bad("producer", event.error.code, event.error.detail)
+                acks.append((event.routing, event.message_id, event.error.detail))
+                continue
+            try:
+                self.broker.produce(queue, event.body, now_us=now_us)
+            except StoreFull:
+                acks.append((event.routing, event.message_id, native.QUEUE_FULL))
+                continue
+            acks.append((event.routing, event.message_id, None))
+
+    def _read_consumer_answers(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                frames = self.send.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            answer = native.parse_consumer_ack(frames)
+            if answer is None:
+                _warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
+                continue
+            ref = _ref_of_key(answer.key)
+            if ref is None:
+                _warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
+                continue
+            if answer.ok:
+                if not self.broker.ack(ref):
+                    log.info("ack for a message no longer stored: %r", answer.key[:80])
+            else:
+                self.broker.nack(ref)
+
+    def _native_credit(self) -> int:
+        return self.config.max_inflight - self.broker.inflight.count(NATIVE_CONSUMER)
+
+    def _take_for_native(self, now: float, now_us: int) -> list[Message]:
+        credit = self._native_credit()
+        if credit <= 0 or not self.send.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            return []
+        taken = self.broker.take(self.config.queue, credit, NATIVE_CONSUMER, now=now, now_us=now_us)
+        if not taken:
+            self._native_stalled = True
+        return taken
+
+    def _send_deliveries(self, deliveries: list[Message], now_us: int) -> None:
+        timeout_us = self.config.ack_timeout
+        for i, message in enumerate(deliveries):
+            frames = native.delivery(native.message_key(message.enqueued_us, message.id), now_us, timeout_us,
+                                     message.frames)
+            try:
+                self.send.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                # The last consumer left between the writability check and now: keep the rest stored.
+                for rest in deliveries[i:]:
+                    self.broker.undeliver((rest.qid, rest.seq))
+                self.store.commit()
+                return
+
+    # -- monitor ----------------------------------------------------------------------------------
+
+    def _read_monitor(self, requests: list) -> None:
+        for _ in range(64):
+            try:
+                frames = self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            requests.append(monitor_proto.parse_request(frames))
+
+    def stats(self) -> dict:
+        """Every figure the monitor reports, the six PZQ fields first."""
+        stats = self.broker.stats()
+        counters = self.broker.counters
+        stats.update({
+            "uptime_seconds": round(time.monotonic() - self._started, 1),
+            "produced_total": counters.produced,
+            "acked_total": counters.acked,
+            "nacked_total": counters.nacked,
+            "redelivered_total": counters.redelivered,
+            "dead_lettered_total": counters.dead_lettered,
+            "refused_full_total": counters.refused_full,
+            "produce_rate": self._rate("produced"),
+            "ack_rate": self._rate("acked"),
+            "store_limit_bytes": self.config.max_store_size,
+        })
+        return stats
+
+    def _answer(self, request: monitor_proto.Request, now_us: int) -> str:
+        if request.command == "MONITOR":
+            return monitor_proto.render_text(self.stats())
+        if request.command == "STATS":
+            return monitor_proto.render_json(self.stats())
+        if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
+            return self._dead_letters_json(request.args)
+        if request.command == "REQUEUE" and len(request.args) == 2:
+            return self._requeue_json(request.args)
+        if request.command:
+            _warn_bad("monitor", "unknown", f"request {request.command!r}")
+        return monitor_proto.unknown_request(request)
+
+    def _dead_letters_json(self, args: list[str]) -> str:
+        queue = args[0]
+        try:
+            limit = int(args[1]) if len(args) > 1 else 100
+        except ValueError:
+            return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
+        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
+        return monitor_proto.render_json([
+            {"id": d.message.id, "queue": queue, "reason": d.reason, "deliveries": d.message.deliveries,
+             "enqueued_us": d.message.enqueued_us, "dead_at_us": d.dead_at_us,
+             "body": [f.decode("utf-8", "replace") for f in d.message.frames]}
+            for d in letters])
+
+    def _requeue_json(self, args: list[str]) -> str:
+        queue, which = args
+        if which == "all":
+            moved = self.store.requeue_dead(queue)
+        else:
+            parsed = parse_message_id(which)
+            info = self.store.queue(queue, create=False)
+            if parsed is None or info is None or parsed[0] != info.qid:
+                return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}")
+            moved = self.store.requeue_dead(queue, parsed[1])
+        self.store.commit()
+        self._native_stalled = False
+        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]})
+
+    def _rate(self, name: str) -> float:
+        if len(self._rates) < 2:
+            return 0.0
+        (t0, c0), (t1, c1) = self._rates[0], self._rates[-1]
+        return (getattr(c1, name) - getattr(c0, name)) / max(t1 - t0, 1e-9)
+
+    def _tick(self, now: float) -> None:
+        counters = self.broker.counters
+        self._rates.append((now, type(counters)(**vars(counters))))
+        self._next_tick = now + TICK_S
+
+
+def _ref_of_key(key: bytes) -> Ref | None:
+    mid = native.key_message_id(key)
+    return None if mid is None else parse_message_id(mid)
+
+
+def _drain_fd(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+_bad_counts: collections.Counter = collections.Counter()
+
+
+def _warn_bad(peer: str, code: str, detail: str) -> None:
+    """Log bad input: the first 10 of each kind, then every 1000th, so a flood cannot flood the log."""
+    _bad_counts[peer, code] += 1
+    n = _bad_counts[peer, code]
+    if n <= 10 or n % 1000 == 0:
+        log.warning("bad %s input (%s, #%d): %s", peer, code, n, detail)
+
+
+def _restrict_ipc(endpoint: str) -> None:
+    """Make an ipc socket file owner-only, so other local users cannot reach it."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        try:
+            os.chmod(endpoint[len("ipc://"):], 0o600)
+        except OSError as exc:
+            log.warning("cannot restrict %s to its owner: %s", endpoint, exc)
+
+
+def _drop_privileges(user: str, database: str) -> None:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(f"--user: no such user {user!r}") from None
+    if os.getuid() != 0:
+        if os.getuid() != entry.pw_uid:
+            raise ConfigError(f"--user {user}: only root can switch users")
+        return
+    for root, dirs, files in os.walk(database):
+        for name in [root, *(os.path.join(root, f) for f in files)]:
+            os.chown(name, entry.pw_uid, entry.pw_gid)
+    os.setgroups([])
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    log.info("dropped privileges to %s", user)
+
+
+def serve(config: Config) -> None:
+    """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`."""
+    server = Server(config)
+    try:
+        server.start()
+        server.install_signal_handlers()
+        server.run()
+    finally:
+        server.close()

@@ -1,0 +1,408 @@
+"""The durable store: named FIFO queues in one LMDB environment. The only module that imports lmdb.
+
+Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
+
+    queues      name (utf-8)            -> msgpack [qid, next_seq, count, bytes, dead_count, dead_bytes]
+    meta        b"next_qid"             -> u64 (ids are never reused, so message ids stay unique)
+                b"format"               -> u64 (layout version, 1)
+    messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]]
+    deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
+    dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
+                                                    reason, dead_at_us]
+
+Group commit: every write joins one open write transaction; ``commit()`` ends it with one durable
+commit (fsync'd unless ``sync=False``). Nothing else in pzq decides when data reaches the disk.
+
+The per-queue counters (count, bytes) live in the ``queues`` record and are written once per commit,
+so start-up reads one small record per queue and never scans the messages.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from collections.abc import Iterator, Sequence
+
+import lmdb
+import msgpack
+
+from pzq.errors import StoreError, StoreFull
+
+_KEY = struct.Struct(">QQ")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+# Accounted bytes per message beyond key and value: LMDB node headers, the deliveries entry and page
+# slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
+_OVERHEAD = 64
+_FORMAT = 1
+_MIN_MAP = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One stored message. ``frames`` are the body parts exactly as produced."""
+
+    queue: str
+    qid: int
+    seq: int
+    frames: list[bytes]
+    enqueued_us: int
+    expires_us: int = 0
+    deliveries: int = 0
+
+    @property
+    def id(self) -> str:
+        """32 lowercase hex characters, unique in the store and stable across redeliveries."""
+        return message_id(self.qid, self.seq)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A message moved aside after too many deliveries, an expired TTL, or a client's request."""
+
+    message: Message
+    reason: str
+    dead_at_us: int
+
+
+@dataclasses.dataclass
+class QueueInfo:
+    """Counters of one queue, kept in memory and written back with each commit."""
+
+    name: str
+    qid: int
+    next_seq: int = 1
+    count: int = 0
+    bytes: int = 0
+    dead_count: int = 0
+    dead_bytes: int = 0
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.qid, self.next_seq, self.count, self.bytes, self.dead_count,
+                              self.dead_bytes])
+
+    @classmethod
+    def unpack(cls, name: str, raw: bytes) -> "QueueInfo":
+        qid, next_seq, count, size, dead_count, dead_bytes = msgpack.unpackb(raw)
+        return cls(name, qid, next_seq, count, size, dead_count, dead_bytes)
+
+
+def message_id(qid: int, seq: int) -> str:
+    return f"{qid:016x}{seq:016x}"
+
+
+def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
+    """(qid, seq) of a 32-hex message id, or None when it is not one."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if len(text) != 32:
+        return None
+    try:
+        return int(text[:16], 16), int(text[16:], 16)
+    except ValueError:
+        return None
+
+
+def _accounted(key: bytes, value: bytes) -> int:
+    return len(key) + len(value) + _OVERHEAD
+
+
+class Store:
+    """Named durable FIFO queues. Single-threaded: one owner calls every method."""
+
+    def __init__(self, path: str | os.PathLike, *, max_size: int = 4 << 30, sync: bool = True,
+                 readonly: bool = False):
+        self.path = os.fspath(path)
+        self.max_size = max_size
+        # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
+        # and copy-on-write during a commit all need room, and deletes must succeed when "full".
+        self.map_cap = max(2 * max_size, max_size + (256 << 20))
+        self.syncs = 0
+        self._sync = sync
+        self._readonly = readonly
+        os.makedirs(self.path, exist_ok=True)
+        try:
+            self._env = lmdb.open(self.path, map_size=min(self.map_cap, _MIN_MAP), max_dbs=8, sync=sync,
+                                  readonly=readonly, lock=True, meminit=False)
+            self._queues_db = self._env.open_db(b"queues", create=not readonly)
+            self._meta_db = self._env.open_db(b"meta", create=not readonly)
+            self._messages_db = self._env.open_db(b"messages", create=not readonly)
+            self._deliveries_db = self._env.open_db(b"deliveries", create=not readonly)
+            self._dead_db = self._env.open_db(b"dead", create=not readonly)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        self._txn: lmdb.Transaction | None = None
+        self._dirty = False
+        self._queues: dict[str, QueueInfo] = {}
+        self._by_id: dict[int, QueueInfo] = {}
+        self._next_qid = 1
+        self._load()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        self._queues.clear()
+        self._by_id.clear()
+        with self._env.begin() as txn:
+            fmt = txn.get(b"format", db=self._meta_db)
+            if fmt is not None and _U64.unpack(fmt)[0] != _FORMAT:
+                raise StoreError(f"{self.path} has store format {_U64.unpack(fmt)[0]}; this pzq reads {_FORMAT}")
+            raw = txn.get(b"next_qid", db=self._meta_db)
+            self._next_qid = _U64.unpack(raw)[0] if raw else 1
+            for name, value in txn.cursor(db=self._queues_db):
+                info = QueueInfo.unpack(name.decode(), value)
+                self._queues[info.name] = info
+                self._by_id[info.qid] = info
+
+    def close(self) -> None:
+        """Commit what is pending and close the environment."""
+        if self._env is None:
+            return
+        if self._txn is not None:
+            self.commit()
+        self._env.close()
+        self._env = None
+
+    def commit(self) -> bool:
+        """End the open write transaction durably. Returns True if anything was written."""
+        txn, self._txn = self._txn, None
+        if txn is None:
+            return False
+        if not self._dirty:
+            txn.abort()
+            return False
+        try:
+            for info in self._queues.values():
+                txn.put(info.name.encode(), info.pack(), db=self._queues_db)
+            txn.put(b"next_qid", _U64.pack(self._next_qid), db=self._meta_db)
+            txn.put(b"format", _U64.pack(_FORMAT), db=self._meta_db)
+            txn.commit()
+        except lmdb.Error as exc:
+            txn.abort()
+            self._dirty = False
+            self._load()
+            raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
+        self._dirty = False
+        self.syncs += 1
+        return True
+
+    def abort(self) -> None:
+        """Drop every write since the last commit, counters included."""
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+        self._dirty = False
+        self._load()
+
+    def _write(self) -> lmdb.Transaction:
+        if self._readonly:
+            raise StoreError("the store is open read-only")
+        if self._txn is None:
+            self._grow_if_needed()
+            self._txn = self._env.begin(write=True)
+        return self._txn
+
+    def _grow_if_needed(self) -> None:
+        info = self._env.info()
+        used = (info["last_pgno"] + 1) * self._env.stat()["psize"]
+        if used > info["map_size"] * 0.75 and info["map_size"] < self.map_cap:
+            self._env.set_mapsize(min(self.map_cap, info["map_size"] * 2))
+
+    def _do(self, op, *args, **kwargs):
+        """Run one LMDB write; a failure rolls the whole open transaction back (LMDB demands it)."""
+        try:
+            return op(*args, **kwargs)
+        except lmdb.MapFullError as exc:
+            self.abort()
+            raise StoreError("the LMDB map is full; the open transaction was rolled back") from exc
+        except lmdb.Error as exc:
+            self.abort()
+            raise StoreError(f"write failed, the open transaction was rolled back: {exc}") from exc
+
+    # -- queues -----------------------------------------------------------------------------------
+
+    def queue(self, name: str, create: bool = True) -> QueueInfo | None:
+        """The counters of queue ``name`` (created empty on first use unless ``create`` is False)."""
+        info = self._queues.get(name)
+        if info is None and create:
+            if not name or len(name.encode()) > 255:
+                raise StoreError(f"queue name must be 1 to 255 bytes: {name!r}")
+            info = QueueInfo(name, self._next_qid)
+            self._next_qid += 1
+            self._queues[name] = info
+            self._by_id[info.qid] = info
+            self._write()
+            self._dirty = True
+        return info
+
+    def queue_by_id(self, qid: int) -> QueueInfo | None:
+        return self._by_id.get(qid)
+
+    def queues(self) -> list[QueueInfo]:
+        return list(self._queues.values())
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(q.bytes + q.dead_bytes for q in self._queues.values())
+
+    def put(self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0) -> Message:
+        """Append a message to ``queue``. Raises StoreFull (writing nothing) past the store limit."""
+        return self._append(queue, frames, now_us, expires_us, check_limit=True)
+
+    def _append(self, queue: str, frames: Sequence[bytes], enqueued_us: int, expires_us: int, *,
+                check_limit: bool) -> Message:
+        info = self.queue(queue)
+        value = msgpack.packb([enqueued_us, expires_us, list(frames)])
+        key = _KEY.pack(info.qid, info.next_seq)
+        size = _accounted(key, value)
+        if check_limit and self.stored_bytes + size > self.max_size:
+            raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
+        self._do(self._write().put, key, value, db=self._messages_db, overwrite=False)
+        message = Message(queue, info.qid, info.next_seq, list(frames), enqueued_us, expires_us, 0)
+        info.next_seq += 1
+        info.count += 1
+        info.bytes += size
+        self._dirty = True
+        return message
+
+    def _txn_for_read(self):
+        return self._txn if self._txn is not None else self._env.begin()
+
+    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message:
+        enqueued_us, expires_us, frames = msgpack.unpackb(value)
+        raw = txn.get(key, db=self._deliveries_db)
+        deliveries = _U32.unpack(raw)[0] if raw else 0
+        return Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries)
+
+    def get(self, queue: str, seq: int) -> Message | None:
+        info = self._queues.get(queue)
+        if info is None:
+            return None
+        txn = self._txn_for_read()
+        key = _KEY.pack(info.qid, seq)
+        value = txn.get(key, db=self._messages_db)
+        return None if value is None else self._decode(info, key, value, txn)
+
+    def scan(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[Message]:
+        """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order."""
+        return list(self._iter(self._messages_db, queue, from_seq, limit, self._decode))
+
+    def _iter(self, db, queue: str, from_seq: int, limit: int, decode) -> Iterator:
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return
+        txn = self._txn_for_read()
+        cursor = txn.cursor(db=db)
+        prefix = _U64.pack(info.qid)
+        if not cursor.set_range(_KEY.pack(info.qid, from_seq)):
+            return
+        n = 0
+        for key, value in cursor:
+            if not key.startswith(prefix) or n >= limit:
+                return
+            n += 1
+            yield decode(info, key, value, txn)
+
+    def mark_delivered(self, queue: str, seq: int) -> int:
+        """Count one more delivery of the message durably (with the next commit); returns the count."""
+        return self._bump(queue, seq, +1)
+
+    def unmark_delivered(self, queue: str, seq: int) -> int:
+        """Take back a delivery that never left (the socket refused it)."""
+        return self._bump(queue, seq, -1)
+
+    def _bump(self, queue: str, seq: int, step: int) -> int:
+        info = self._queues[queue]
+        txn = self._write()
+        key = _KEY.pack(info.qid, seq)
+        raw = txn.get(key, db=self._deliveries_db)
+        count = max(0, (_U32.unpack(raw)[0] if raw else 0) + step)
+        self._do(txn.put, key, _U32.pack(count), db=self._deliveries_db)
+        self._dirty = True
+        return count
+
+    def delete(self, queue: str, seq: int) -> bool:
+        """Remove a message for good (it was acknowledged). False if it was not stored."""
+        info = self._queues.get(queue)
+        if info is None:
+            return False
+        txn = self._write()
+        key = _KEY.pack(info.qid, seq)
+        value = txn.get(key, db=self._messages_db)
+        if value is None:
+            return False
+        self._do(txn.delete, key, db=self._messages_db)
+        self._do(txn.delete, key, db=self._deliveries_db)
+        info.count -= 1
+        info.bytes -= _accounted(key, value)
+        self._dirty = True
+        return True
+
+    def requeue_at_end(self, message: Message, *, expires_us: int | None = None) -> Message:
+        """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
+        if not self.delete(message.queue, message.seq):
+            raise StoreError(f"message {message.id} is not stored")
+        moved = self._append(message.queue, message.frames, message.enqueued_us,
+                             message.expires_us if expires_us is None else expires_us, check_limit=False)
+        if message.deliveries:
+            self._do(self._write().put, _KEY.pack(moved.qid, moved.seq), _U32.pack(message.deliveries),
+                     db=self._deliveries_db)
+        return dataclasses.replace(moved, deliveries=message.deliveries)
+
+    # -- dead letters -----------------------------------------------------------------------------
+
+    def dead_letter(self, message: Message, reason: str, *, now_us: int) -> bool:
+        """Move a stored message to its queue's dead letters. False if it was no longer stored."""
+        if not self.delete(message.queue, message.seq):
+            return False
+        info = self._queues[message.queue]
+        key = _KEY.pack(info.qid, message.seq)
+        value = msgpack.packb([message.enqueued_us, message.expires_us, message.frames, message.deliveries,
+                               reason, now_us])
+        self._do(self._write().put, key, value, db=self._dead_db)
+        info.dead_count += 1
+        info.dead_bytes += _accounted(key, value)
+        self._dirty = True
+        return True
+
+    def _decode_dead(self, info: QueueInfo, key: bytes, value: bytes, txn) -> DeadLetter:
+        enqueued_us, expires_us, frames, deliveries, reason, dead_at_us = msgpack.unpackb(value)
+        message = Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries)
+        return DeadLetter(message, reason, dead_at_us)
+
+    def dead_letters(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters of ``queue``, oldest first."""
+        return list(self._iter(self._dead_db, queue, from_seq, limit, self._decode_dead))
+
+    def requeue_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> list[Message]:
+        """Put dead letters back at the end of their queue with a fresh delivery count.
+
+        One by ``seq``, or up to ``limit`` of the oldest when ``seq`` is None. Returns the new messages.
+        """
+        info = self._queues.get(queue)
+        if info is None:
+            return []
+        letters = self.dead_letters(queue, seq or 0, 1 if seq is not None else limit)
+        if seq is not None:
+            letters = [d for d in letters if d.message.seq == seq]
+        moved = []
+        for letter in letters:
+            key = _KEY.pack(info.qid, letter.message.seq)
+            value = self._write().get(key, db=self._dead_db)
+            self._do(self._write().delete, key, db=self._dead_db)
+            info.dead_count -= 1
+            info.dead_bytes -= _accounted(key, value)
+            moved.append(self._append(queue, letter.message.frames, letter.message.enqueued_us,
+                                      letter.message.expires_us, check_limit=False))
+        return moved
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's pages in use on disk (the high-water mark of the data file)."""
+        return (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
