@@ -1,0 +1,208 @@
+"""Fixtures per real backend: a real LMDB store in tmp_path, real servers (in a thread or a subprocess),
+real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from pzq import client, config
+from pzq.server import Server
+from pzq.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "db", max_size=64 << 20)
+    yield s
+    s.close()
+
+
+def make_config(tmp_path: Path, **overrides) -> config.Config:
+    values = dict(database=str(tmp_path / "db"), receive_dsn=f"ipc://{tmp_path}/receive",
+                  send_dsn=f"ipc://{tmp_path}/send", monitor_dsn=f"ipc://{tmp_path}/monitor",
+                  ack_timeout=1_000_000)
+    values.update(overrides)
+    return config.Config(**values).validate()
+
+
+class ThreadServer:
+    """A real Server running its loop in a thread of the test process."""
+
+    def __init__(self, cfg: config.Config):
+        self.config = cfg
+        self.server = Server(cfg, context=zmq.Context.instance())
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("server did not start")
+        if self._error:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as exc:  # reported to the test thread
+            self._error = exc
+            self._ready.set()
+            self.server.close()
+            return
+        self._ready.set()
+        try:
+            self.server.run()
+        finally:
+            self.server.close()
+
+    @property
+    def receive(self) -> str:
+        return self.config.receive_dsn
+
+    @property
+    def send(self) -> str:
+        return self.config.send_dsn
+
+    @property
+    def monitor(self) -> str:
+        return self.config.monitor_dsn
+
+    def stats(self) -> dict:
+        return client.stats(self.monitor)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.server.stop()
+            self._thread.join(10)
+            if self._thread.is_alive():
+                raise RuntimeError("server thread did not stop")
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """make_server(**config overrides) -> a started ThreadServer; all are stopped after the test."""
+    made: list[ThreadServer] = []
+
+    def make(**overrides) -> ThreadServer:
+        srv = ThreadServer(make_config(tmp_path, **overrides))
+        made.append(srv)
+        return srv
+
+    yield make
+    for srv in made:
+        srv.stop()
+
+
+@pytest.fixture
+def server(make_server):
+    return make_server()
+
+
+class ProcessServer:
+    """`python -m pzq serve` as a real subprocess, restartable on the same database."""
+
+    def __init__(self, tmp_path: Path, *extra: str, ack_timeout: int = 1_000_000):
+        self.tmp_path = tmp_path
+        self.database = tmp_path / "db"
+        self.receive = f"ipc://{tmp_path}/receive"
+        self.send = f"ipc://{tmp_path}/send"
+        self.monitor = f"ipc://{tmp_path}/monitor"
+        self.log = tmp_path / "server.log"
+        self.argv = [sys.executable, "-m", "pzq", "serve", "--database", str(self.database),
+                     "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
+                     "--ack-timeout", str(ack_timeout), *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ProcessServer":
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                client.monitor_request(self.monitor, timeout_ms=200)
+                return self
+            except client.ClientError:
+                continue
+        raise RuntimeError(f"server did not answer MONITOR: {self.log.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+            raise
+
+    def restart(self, sig: int = signal.SIGTERM) -> "ProcessServer":
+        self.stop(sig)
+        return self.start()
+
+    def stats(self) -> dict:
+        return client.stats(self.monitor)
+
+
+@pytest.fixture
+def process_server(tmp_path):
+    """process_server(*extra flags, ack_timeout=µs) -> a started subprocess server, reaped after the test."""
+    made: list[ProcessServer] = []
+
+    def make(*extra: str, ack_timeout: int = 1_000_000) -> ProcessServer:
+        srv = ProcessServer(tmp_path, *extra, ack_timeout=ack_timeout)
+        made.append(srv)
+        return srv.start()
+
+    yield make
+    for srv in made:
+        try:
+            srv.stop(signal.SIGKILL)
+        except Exception:  # noqa: BLE001 - best effort reaping; the test result is what matters
+            pass
+
+
+@pytest.fixture
+def sockets():
+    """sockets(kind, endpoint) -> a connected socket, closed with linger=0 after the test."""
+    ctx = zmq.Context.instance()
+    made: list[zmq.Socket] = []
+
+    def make(kind: int, endpoint: str) -> zmq.Socket:
+        s = ctx.socket(kind)
+        s.linger = 0
+        s.connect(endpoint)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close(linger=0)
+
+
+def recv(sock: zmq.Socket, timeout_ms: int = 5000) -> list[bytes]:
+    """The next multipart message, failing the test (never hanging) if none arrives in time."""
+    if not sock.poll(timeout_ms):
+        pytest.fail(f"nothing received within {timeout_ms} ms")
+    return sock.recv_multipart()
+
+
+def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.02):
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)
