@@ -134,10 +134,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
-    # A [serve] table is accepted too, so one file can later hold sections for other commands.
-    table = data.get("serve", data) if isinstance(data.get("serve"), dict) else data
     values = {}
-    for key, value in table.items():
+    for key, value in data.items():
         name = key.replace("-", "_")
         if name not in FIELDS:
             raise ConfigError(f"config file {path}: unknown key {key!r}")

@@ -74,7 +74,7 @@ class InFlight(Generic[Ref]):
 
     def remove_consumer(self, consumer: Hashable) -> list[Delivery[Ref]]:
         """Stop tracking every delivery held by ``consumer``, oldest deadline first."""
-        held = sorted((e for e in self._entries.values() if e.consumer == consumer), key=lambda e: e.token)
+        held = sorted((e for e in self._entries.values() if e.consumer == consumer), key=lambda e: (e.deadline, e.token))
         for entry in held:
             self.remove(entry.ref)
         return held

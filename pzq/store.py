@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import struct
 from collections.abc import Iterator, Sequence
 
@@ -35,6 +36,7 @@ _U32 = struct.Struct(">I")
 # slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
 _OVERHEAD = 64
 _FORMAT = 1
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 _MIN_MAP = 64 << 20
 
 
@@ -98,12 +100,9 @@ def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
             text = text.decode("ascii")
         except UnicodeDecodeError:
             return None
-    if len(text) != 32:
+    if not _HEX32.fullmatch(text):
         return None
-    try:
-        return int(text[:16], 16), int(text[16:], 16)
-    except ValueError:
-        return None
+    return int(text[:16], 16), int(text[16:], 16)
 
 
 def _accounted(key: bytes, value: bytes) -> int:
@@ -256,12 +255,12 @@ class Store:
 
     def _append(self, queue: str, frames: Sequence[bytes], enqueued_us: int, expires_us: int, *,
                 check_limit: bool) -> Message:
-        info = self.queue(queue)
         value = msgpack.packb([enqueued_us, expires_us, list(frames)])
-        key = _KEY.pack(info.qid, info.next_seq)
-        size = _accounted(key, value)
+        size = _accounted(_KEY.pack(0, 0), value)
         if check_limit and self.stored_bytes + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
+        info = self.queue(queue)
+        key = _KEY.pack(info.qid, info.next_seq)
         self._do(self._write().put, key, value, db=self._messages_db, overwrite=False)
         message = Message(queue, info.qid, info.next_seq, list(frames), enqueued_us, expires_us, 0)
         info.next_seq += 1

@@ -173,14 +173,15 @@ def process_server(tmp_path):
 
 @pytest.fixture
 def sockets():
-    """sockets(kind, endpoint) -> a connected socket, closed with linger=0 after the test."""
+    """sockets(kind, endpoint) -> a socket (connected unless endpoint is None), closed with linger=0 after the test."""
     ctx = zmq.Context.instance()
     made: list[zmq.Socket] = []
 
-    def make(kind: int, endpoint: str) -> zmq.Socket:
+    def make(kind: int, endpoint: str | None) -> zmq.Socket:
         s = ctx.socket(kind)
         s.linger = 0
-        s.connect(endpoint)
+        if endpoint is not None:
+            s.connect(endpoint)
         made.append(s)
         return s
 
@@ -206,3 +207,18 @@ def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.02):
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout_s} s")
         time.sleep(interval_s)
+
+
+def wait_connected(sock: zmq.Socket, endpoint: str, timeout_ms: int = 5000) -> zmq.Socket:
+    """Connect ``sock`` and return once the ZMTP handshake with the server is done (a socket monitor
+    event, not a sleep), so the server's DEALER already counts it among its peers."""
+    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(endpoint)
+        if not mon.poll(timeout_ms):
+            pytest.fail(f"no handshake with {endpoint} within {timeout_ms} ms")
+        mon.recv_multipart()
+    finally:
+        sock.disable_monitor()
+        mon.close(linger=0)
+    return sock

@@ -1,0 +1,192 @@
+"""Broker rules over a real Store: times are passed in, so nothing sleeps and no socket is involved."""
+from __future__ import annotations
+
+import pytest
+
+from pzq.broker import Broker
+from pzq.errors import StoreFull
+from pzq.store import Store
+
+T0 = 1_700_000_000_000_000  # a wall-clock µs timestamp
+
+
+@pytest.fixture
+def broker(store):
+    return Broker(store, ack_timeout_s=10.0)
+
+
+def produce(broker: Broker, *bodies: bytes, queue: str = "q", **kw) -> None:
+    for body in bodies:
+        broker.produce(queue, [body], now_us=T0, **kw)
+
+
+def take(broker: Broker, n: int = 100, consumer: str = "c1", now: float = 0.0, queue: str = "q") -> list[bytes]:
+    return [m.frames[0] for m in broker.take(queue, n, consumer, now=now, now_us=T0)]
+
+
+def test_messages_are_taken_in_the_order_they_were_produced(broker):
+    produce(broker, b"a", b"b", b"c")
+    assert take(broker) == [b"a", b"b", b"c"]
+    assert broker.counters.produced == 3
+
+
+def test_take_hands_out_at_most_n_and_keeps_the_rest_ready(broker):
+    produce(broker, b"a", b"b", b"c")
+    assert take(broker, 2) == [b"a", b"b"]
+    assert broker.has_ready("q") is True
+    assert take(broker, 2) == [b"c"]
+    assert broker.has_ready("q") is False
+    assert take(broker, 2) == []
+    assert take(broker, 0, queue="q") == []
+
+
+def test_taking_from_an_unknown_queue_gives_nothing_and_creates_no_queue(broker):
+    assert take(broker, queue="nowhere") == []
+    assert broker.has_ready("nowhere") is False
+    assert broker.store.queue("nowhere", create=False) is None
+
+
+def test_an_ack_deletes_the_message_for_good(broker):
+    produce(broker, b"a", b"b")
+    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    assert broker.ack((first.qid, first.seq)) is True
+    assert broker.ack((first.qid, first.seq)) is False
+    assert broker.store.get("q", first.seq) is None
+    assert broker.expire(1000.0) == 0
+    assert take(broker) == [b"b"]
+    assert broker.counters.acked == 1
+    assert broker.ack((99, 1)) is False
+
+
+def test_a_late_ack_after_the_timeout_requeued_the_message_still_deletes_it(broker):
+    produce(broker, b"a")
+    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    assert broker.expire(10.0) == 1
+    assert broker.ack((first.qid, first.seq)) is True
+    assert take(broker, now=20.0) == []
+    assert broker.store.queue("q").count == 0
+    assert broker.queue_inflight(first.qid) == 0
+
+
+def test_a_nacked_message_is_handed_out_again_before_newer_ones(broker):
+    produce(broker, b"a", b"b", b"c")
+    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    assert broker.nack((first.qid, first.seq)) is True
+    assert broker.nack((first.qid, first.seq)) is False
+    again = broker.take("q", 3, "c1", now=0.0, now_us=T0)
+    assert [(m.frames[0], m.deliveries) for m in again] == [(b"a", 2), (b"b", 1), (b"c", 1)]
+    assert (broker.counters.nacked, broker.counters.redelivered) == (1, 1)
+
+
+def test_expire_requeues_only_deliveries_past_their_deadline_and_counts_them(broker):
+    produce(broker, b"a", b"b", b"c")
+    assert take(broker, 1, now=0.0) == [b"a"]
+    assert take(broker, 1, now=5.0) == [b"b"]
+    assert broker.expire(9.9) == 0
+    assert broker.expire(10.0) == 1
+    assert broker.next_deadline() == 15.0
+    assert take(broker, 2, now=10.0) == [b"a", b"c"]
+    assert broker.counters.expired == 1
+    assert broker.stats()["expired_messages"] == 1
+
+
+def test_a_message_delivered_max_deliveries_times_goes_to_the_dead_letters(store):
+    broker = Broker(store, ack_timeout_s=10.0, max_deliveries=2)
+    produce(broker, b"poison", b"fine")
+    for _ in range(2):
+        message = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+        assert message.frames == [b"poison"]
+        broker.nack((message.qid, message.seq))
+    assert take(broker) == [b"fine"]
+    [letter] = store.dead_letters("q")
+    assert (letter.message.frames, letter.reason, letter.message.deliveries) == ([b"poison"], "max-deliveries", 2)
+    assert broker.counters.dead_lettered == 1
+
+
+def test_a_message_past_its_ttl_is_dead_lettered_and_never_handed_out(broker):
+    produce(broker, b"stale1", b"stale2", expires_us=T0 - 1)
+    produce(broker, b"fresh", expires_us=T0 + 1)
+    assert take(broker, 1) == [b"fresh"]
+    letters = broker.store.dead_letters("q")
+    assert [(d.message.frames, d.reason, d.dead_at_us) for d in letters] == [
+        ([b"stale1"], "expired", T0), ([b"stale2"], "expired", T0)]
+    assert broker.store.queue("q").count == 1
+
+
+def test_undeliver_requeues_and_takes_back_the_delivery_count(broker):
+    produce(broker, b"a")
+    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    broker.undeliver((first.qid, first.seq))
+    assert len(broker.inflight) == 0
+    again = broker.take("q", 1, "c1", now=0.0, now_us=T0)
+    assert [(m.frames, m.deliveries) for m in again] == [([b"a"], 1)]
+    assert broker.counters.redelivered == 0
+
+
+def test_a_consumer_that_leaves_has_everything_it_held_requeued_at_once(broker):
+    produce(broker, b"a", b"b", b"c")
+    assert take(broker, 2, consumer="c1") == [b"a", b"b"]
+    assert take(broker, 1, consumer="c2") == [b"c"]
+    assert broker.consumer_gone("c1") == 2
+    assert broker.consumer_gone("c1") == 0
+    assert take(broker, consumer="c2") == [b"a", b"b"]
+    assert broker.inflight.count("c2") == 3
+    assert broker.queue_inflight(broker.store.queue("q").qid) == 3
+
+
+def test_after_reset_in_flight_messages_are_ready_again_in_order(broker):
+    produce(broker, b"a", b"b", b"c")
+    assert take(broker, 2) == [b"a", b"b"]
+    broker.reset()
+    assert len(broker.inflight) == 0
+    again = broker.take("q", 10, "c1", now=0.0, now_us=T0)
+    assert [(m.frames[0], m.deliveries) for m in again] == [(b"a", 2), (b"b", 2), (b"c", 1)]
+
+
+def test_delivery_counts_carry_over_to_a_broker_on_the_reopened_store(tmp_path):
+    store = Store(tmp_path / "db")
+    broker = Broker(store, ack_timeout_s=10.0, max_deliveries=2)
+    produce(broker, b"a")
+    take(broker)
+    store.close()
+    store = Store(tmp_path / "db")
+    try:
+        broker = Broker(store, ack_timeout_s=10.0, max_deliveries=2)
+        assert [m.deliveries for m in broker.take("q", 1, "c1", now=0.0, now_us=T0)] == [2]
+        broker.reset()
+        assert take(broker) == []
+        assert store.dead_letters("q")[0].reason == "max-deliveries"
+    finally:
+        store.close()
+
+
+def test_a_produce_refused_as_full_is_counted_and_raises(tmp_path):
+    store = Store(tmp_path / "small", max_size=1000)
+    try:
+        broker = Broker(store, ack_timeout_s=10.0)
+        produce(broker, b"x" * 600)
+        with pytest.raises(StoreFull):
+            produce(broker, b"y" * 600)
+        assert (broker.counters.produced, broker.counters.refused_full) == (1, 1)
+    finally:
+        store.close()
+
+
+def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
+    produce(broker, b"a", b"b", b"c")
+    produce(broker, b"z", queue="other")
+    taken = broker.take("q", 2, "c1", now=0.0, now_us=T0)
+    broker.ack((taken[0].qid, taken[0].seq))
+    broker.store.commit()
+    broker.expire(10.0)
+    take(broker, 1, now=10.0)
+    stats = broker.stats()
+    assert list(stats) == ["messages", "messages_inflight", "db_size", "inflight_db_size", "syncs",
+                           "expired_messages", "queues"]
+    assert (stats["messages"], stats["messages_inflight"], stats["syncs"], stats["expired_messages"]) == (3, 1, 1, 1)
+    assert stats["db_size"] == broker.store.disk_bytes() > 0
+    assert stats["inflight_db_size"] == broker.inflight.approx_bytes() > 0
+    assert stats["queues"] == {
+        "q": {"depth": 2, "inflight": 1, "dead_letters": 0, "bytes": broker.store.queue("q").bytes},
+        "other": {"depth": 1, "inflight": 0, "dead_letters": 0, "bytes": broker.store.queue("other").bytes},
+    }

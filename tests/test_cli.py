@@ -1,0 +1,117 @@
+"""The `pzq` command line, through click's runner against a real server, and once as a real subprocess."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from pzq.cli import cli
+
+
+def run(*args: str, input: str | None = None, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), input=input, env=env, catch_exceptions=False)
+
+
+def test_help_exits_0_for_every_command():
+    for args in ([], ["serve"], ["monitor"], ["produce"], ["consume"], ["dead-letters"],
+                 ["dead-letters", "list"], ["dead-letters", "requeue"]):
+        result = run(*args, "--help")
+        assert result.exit_code == 0, (args, result.output)
+        assert "Usage:" in result.output
+
+
+def test_serve_help_keeps_the_original_option_names():
+    out = run("serve", "--help").output
+    for option in ("--database", "--receive-dsn", "--send-dsn", "--monitor-dsn", "--ack-timeout",
+                   "--reaper-frequency", "--hard-sync", "--user", "--config"):
+        assert option in out
+
+
+def test_a_bad_option_value_is_one_clear_line_and_exit_2(tmp_path):
+    result = run("serve", "--database", str(tmp_path / "db"), "--ack-timeout", "-5")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == ["pzq: error: --ack-timeout: must be at least 1000, got -5"]
+
+
+def test_a_broken_config_file_is_one_clear_line_and_exit_2(tmp_path):
+    conf = tmp_path / "pzq.toml"
+    conf.write_text("ack_timeout = [1, 2\n")
+    result = run("serve", "--config", str(conf))
+    assert result.exit_code == 2
+    assert "not valid TOML" in result.output and "Traceback" not in result.output
+
+
+def test_an_endpoint_in_use_is_reported_without_a_traceback(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    with taken:
+        result = run("serve", "--database", str(tmp_path / "db"),
+                     "--receive-dsn", "tcp://127.0.0.1:%d" % taken.getsockname()[1],
+                     "--send-dsn", f"ipc://{tmp_path}/s", "--monitor-dsn", f"ipc://{tmp_path}/m")
+    assert result.exit_code == 2
+    assert "cannot bind" in result.output and "Traceback" not in result.output
+
+
+def test_produce_then_consume_round_trips_lines_in_order(server):
+    produced = run("produce", "--receive-dsn", server.receive, input="one\ntwo\nthree\n")
+    assert produced.exit_code == 0, produced.output
+    consumed = run("consume", "--send-dsn", server.send, "-n", "3", "--timeout", "5000")
+    assert consumed.exit_code == 0
+    assert consumed.output.splitlines() == ["one", "two", "three"]
+
+
+def test_produce_takes_messages_from_arguments_and_the_environment_names_the_endpoint(server):
+    result = run("produce", "a", "b", env={"PZQ_RECEIVE_DSN": server.receive})
+    assert result.exit_code == 0
+    assert server.stats()["messages"] == 2
+
+
+def test_produce_fails_with_exit_1_when_no_server_answers(tmp_path):
+    result = run("produce", "--receive-dsn", f"ipc://{tmp_path}/nobody", "--timeout", "300", "x")
+    assert result.exit_code == 1
+    assert "no ack" in result.output
+
+
+def test_consume_exits_1_when_no_message_comes(server):
+    result = run("consume", "--send-dsn", server.send, "--timeout", "300")
+    assert result.exit_code == 1
+
+
+def test_monitor_prints_a_table_and_json(server):
+    run("produce", "--receive-dsn", server.receive, "x")
+    table = run("monitor", "--monitor-dsn", server.monitor)
+    assert table.exit_code == 0
+    assert "messages " in table.output and "default" in table.output
+    figures = json.loads(run("monitor", "--monitor-dsn", server.monitor, "--json").output)
+    assert figures["messages"] == 1 and figures["queues"]["default"]["depth"] == 1
+
+
+def test_dead_letters_can_be_listed_and_requeued(make_server):
+    server = make_server(max_deliveries=1)
+    run("produce", "--receive-dsn", server.receive, "poison")
+    assert run("consume", "--send-dsn", server.send, "--nack").exit_code == 0
+    assert run("consume", "--send-dsn", server.send, "--timeout", "300").exit_code == 1
+    listed = run("dead-letters", "list", "--monitor-dsn", server.monitor, "default")
+    letter = json.loads(listed.output.splitlines()[0])
+    assert letter["body"] == ["poison"] and letter["reason"] == "max-deliveries"
+    requeued = run("dead-letters", "requeue", "--monitor-dsn", server.monitor, "default", letter["id"])
+    assert requeued.output.strip() == "requeued 1"
+    assert server.stats()["messages"] == 1
+    bad = run("dead-letters", "requeue", "--monitor-dsn", server.monitor, "default", "nonsense")
+    assert bad.exit_code == 1 and "not a dead letter id" in bad.output
+
+
+def test_the_installed_command_runs_as_a_real_process(process_server):
+    server = process_server()
+    produced = subprocess.run([sys.executable, "-m", "pzq", "produce", "--receive-dsn", server.receive, "hi"],
+                              capture_output=True, text=True, timeout=60)
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run([sys.executable, "-m", "pzq", "consume", "--send-dsn", server.send],
+                              capture_output=True, text=True, timeout=60)
+    assert consumed.stdout == "hi\n"
+    version = subprocess.run([sys.executable, "-m", "pzq", "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and "pzq" in version.stdout

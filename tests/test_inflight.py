@@ -1,0 +1,131 @@
+"""InFlight: deliveries waiting for an ack, with their deadlines in order (pure, no clock)."""
+from __future__ import annotations
+
+import pytest
+
+from pzq.inflight import InFlight
+
+
+def refs(deliveries) -> list:
+    return [d.ref for d in deliveries]
+
+
+def test_a_tracked_delivery_can_be_looked_up_and_counted_per_consumer():
+    table = InFlight()
+    table.add("a", 10.0, "c1")
+    table.add("b", 20.0, "c1")
+    table.add("c", 30.0, "c2")
+    assert len(table) == 3
+    assert "a" in table and "z" not in table
+    got = table.get("b")
+    assert (got.ref, got.deadline, got.consumer) == ("b", 20.0, "c1")
+    assert table.get("z") is None
+    assert (table.count("c1"), table.count("c2"), table.count("nobody")) == (2, 1, 0)
+
+
+def test_removing_a_delivery_returns_it_once_and_updates_the_counts():
+    table = InFlight()
+    table.add("a", 10.0, "c1")
+    table.add("b", 20.0, "c1")
+    removed = table.remove("a")
+    assert (removed.ref, removed.deadline, removed.consumer) == ("a", 10.0, "c1")
+    assert table.remove("a") is None
+    assert "a" not in table
+    assert (len(table), table.count("c1")) == (1, 1)
+    table.remove("b")
+    assert (len(table), table.count("c1")) == (0, 0)
+
+
+def test_pop_expired_returns_only_past_deadlines_earliest_first():
+    table = InFlight()
+    for ref, deadline in (("late", 30.0), ("first", 10.0), ("future", 99.0), ("second", 20.0)):
+        table.add(ref, deadline)
+    assert table.pop_expired(5.0) == []
+    assert refs(table.pop_expired(30.0)) == ["first", "second", "late"]
+    assert refs(table.pop_expired(30.0)) == []
+    assert len(table) == 1 and "future" in table
+    assert table.next_deadline() == 99.0
+
+
+def test_pop_expired_stops_at_its_limit_and_leaves_the_rest():
+    table = InFlight()
+    for i in range(5):
+        table.add(i, float(i))
+    assert refs(table.pop_expired(10.0, limit=2)) == [0, 1]
+    assert refs(table.pop_expired(10.0)) == [2, 3, 4]
+
+
+def test_next_deadline_skips_deliveries_that_were_removed():
+    table = InFlight()
+    assert table.next_deadline() is None
+    table.add("a", 1.0)
+    table.add("b", 2.0)
+    table.add("c", 3.0)
+    table.remove("a")
+    assert table.next_deadline() == 2.0
+    table.remove("b")
+    table.remove("c")
+    assert table.next_deadline() is None
+    assert table.pop_expired(100.0) == []
+
+
+def test_adding_a_ref_again_replaces_its_deadline_and_consumer():
+    table = InFlight()
+    table.add("a", 10.0, "c1")
+    table.add("a", 50.0, "c2")
+    assert len(table) == 1
+    assert (table.count("c1"), table.count("c2")) == (0, 1)
+    assert table.next_deadline() == 50.0
+    assert table.pop_expired(20.0) == []
+    expired = table.pop_expired(50.0)
+    assert [(d.ref, d.deadline, d.consumer) for d in expired] == [("a", 50.0, "c2")]
+
+
+def test_an_earlier_deadline_on_re_add_takes_effect():
+    table = InFlight()
+    table.add("a", 50.0)
+    table.add("a", 5.0)
+    assert refs(table.pop_expired(5.0)) == ["a"]
+    assert table.pop_expired(50.0) == []
+
+
+def test_remove_consumer_takes_away_everything_it_held_and_nothing_else():
+    table = InFlight()
+    table.add("a", 10.0, "c1")
+    table.add("b", 20.0, "c2")
+    table.add("c", 30.0, "c1")
+    assert sorted(refs(table.remove_consumer("c1"))) == ["a", "c"]
+    assert (table.count("c1"), table.count("c2"), len(table)) == (0, 1, 1)
+    assert table.remove_consumer("c1") == []
+    assert refs(table.pop_expired(100.0)) == ["b"]
+
+
+def test_remove_consumer_returns_the_deliveries_earliest_deadline_first():
+    table = InFlight()
+    table.add("late", 30.0, "c1")
+    table.add("early", 10.0, "c1")
+    assert refs(table.remove_consumer("c1")) == ["early", "late"]
+
+
+def test_the_heap_stays_bounded_when_many_deliveries_are_acked_early():
+    table = InFlight()
+    for i in range(20_000):
+        table.add(i, float(i))
+    for i in range(20_000):
+        if i % 1000:
+            table.remove(i)
+    assert len(table) == 20
+    assert len(table._heap) < 2 * len(table) + 1100
+    assert table.next_deadline() == 0.0
+    assert refs(table.pop_expired(20_000.0)) == list(range(0, 20_000, 1000))
+
+
+def test_the_heap_stays_bounded_when_one_ref_is_re_added_many_times():
+    table = InFlight()
+    table.add("steady", 1e9)
+    for i in range(10_000):
+        table.add("busy", float(i))
+    assert len(table) == 2
+    assert len(table._heap) < 2 * len(table) + 1100
+    assert refs(table.pop_expired(1e9)) == ["busy", "steady"]
+    assert table.get("busy") is None

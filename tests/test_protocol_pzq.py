@@ -1,0 +1,103 @@
+"""Frame vectors of the native PZQ protocol (shared/specs/pzq-wire.md), as pure functions."""
+from __future__ import annotations
+
+import pytest
+
+from pzq.protocols import pzq as native
+from pzq.protocols.pzq import ConsumerAck, Produce, Rejected
+
+LIMIT = 1024
+MID = "0000000000000001" "000000000000002a"
+
+
+def test_a_produce_with_no_headers_yields_its_body():
+    assert native.parse_produce([b"peer", b"id-1", b"", b"hello"], LIMIT) == Produce(b"peer", b"id-1", [b"hello"])
+
+
+def test_header_frames_before_the_delimiter_are_not_part_of_the_body():
+    frames = [b"peer", b"id-1", b"h1", b"h2", b"", b"body"]
+    assert native.parse_produce(frames, LIMIT) == Produce(b"peer", b"id-1", [b"body"])
+
+
+def test_a_multi_frame_binary_body_keeps_every_part_including_empty_ones():
+    body = [b"\x00\xff", b"", b"part|3", b""]
+    assert native.parse_produce([b"peer", b"\x01id", b"", *body], LIMIT) == Produce(b"peer", b"\x01id", body)
+
+
+def test_an_empty_message_id_is_still_answered():
+    assert native.parse_produce([b"peer", b"", b"", b"x"], LIMIT) == Produce(b"peer", b"", [b"x"])
+
+
+def test_a_produce_without_a_delimiter_is_rejected_with_the_original_text():
+    result = native.parse_produce([b"peer", b"id", b"body"], LIMIT)
+    assert isinstance(result, Rejected)
+    assert (result.routing, result.message_id, result.error.code) == (b"peer", b"id", "no-delimiter")
+    assert result.error.detail == "Malformed message, no delimiter found or missing message parts"
+
+
+def test_a_produce_with_a_delimiter_but_no_body_is_rejected_as_empty():
+    result = native.parse_produce([b"peer", b"id", b"header", b""], LIMIT)
+    assert (result.routing, result.message_id, result.error.code) == (b"peer", b"id", "empty")
+    assert result.error.detail == "Trying to save empty message"
+
+
+def test_a_message_of_only_an_id_is_rejected_so_the_producer_gets_an_answer():
+    result = native.parse_produce([b"peer", b"id"], LIMIT)
+    assert (result.routing, result.message_id, result.error.code) == (b"peer", b"id", "only-id")
+    assert result.error.detail == native.ONLY_ID
+
+
+def test_a_lone_routing_frame_has_nobody_to_answer():
+    assert native.parse_produce([b"peer"], LIMIT) is None
+    assert native.parse_produce([], LIMIT) is None
+
+
+def test_a_body_over_the_size_limit_is_rejected_and_one_at_the_limit_is_accepted():
+    at_limit = [b"x" * 1000, b"y" * 24]
+    assert native.parse_produce([b"peer", b"id", b"", *at_limit], LIMIT) == Produce(b"peer", b"id", at_limit)
+    result = native.parse_produce([b"peer", b"id", b"", b"x" * 1000, b"y" * 25], LIMIT)
+    assert result.error.code == "too-large"
+    assert result.error.detail == "Message too large: 1025 bytes, the limit is 1024"
+
+
+def test_a_stored_produce_is_acked_with_one_and_an_empty_frame():
+    assert native.produce_ack(b"peer", b"id-1") == [b"peer", b"id-1", b"1", b""]
+
+
+def test_a_refused_produce_is_acked_with_zero_and_the_error_text():
+    assert native.produce_ack(b"peer", b"id-1", "queue full") == [b"peer", b"id-1", b"0", b"", b"queue full"]
+    assert native.produce_ack(b"p", b"i", "caf\u00e9") == [b"p", b"i", b"0", b"", "caf\u00e9".encode()]
+
+
+def test_a_message_key_is_the_enqueue_time_and_the_message_id():
+    key = native.message_key(1_700_000_000_000_123, MID)
+    assert key == b"1700000000000123|" + MID.encode()
+    assert native.message_key(42, MID) == b"0000000000000042|" + MID.encode()
+    assert native.key_message_id(key) == MID
+
+
+@pytest.mark.parametrize("key", [b"", b"no-separator" + MID.encode(), b"1|" + MID[:31].encode(),
+                                 b"1|" + MID.encode() + b"0", b"1|" + b"\xff" * 32, MID.encode() + b"|"])
+def test_a_key_that_pzq_did_not_make_gives_no_message_id(key):
+    assert native.key_message_id(key) is None
+
+
+def test_a_delivery_is_key_sent_time_timeout_delimiter_then_the_body():
+    frames = native.delivery(b"0000000000000042|" + MID.encode(), 1_700_000_000_000_000, 5_000_000,
+                             [b"a", b"", b"\x00"])
+    assert frames == [b"0000000000000042|" + MID.encode(), b"1700000000000000", b"5000000", b"",
+                      b"a", b"", b"\x00"]
+    assert frames[4:] == [b"a", b"", b"\x00"]  # body at index 5 once the consumer's ROUTER adds the peer id
+
+
+def test_a_consumer_answer_of_one_acks_and_anything_else_nacks():
+    assert native.parse_consumer_ack([b"key", b"1"]) == ConsumerAck(b"key", True)
+    assert native.parse_consumer_ack([b"key", b"0"]) == ConsumerAck(b"key", False)
+    assert native.parse_consumer_ack([b"key", b"yes"]) == ConsumerAck(b"key", False)
+    assert native.parse_consumer_ack([b"key", b""]) == ConsumerAck(b"key", False)
+    assert native.parse_consumer_ack([b"key", b"1", b"extra"]) == ConsumerAck(b"key", True)
+
+
+def test_a_consumer_answer_too_short_to_carry_an_ack_is_ignored():
+    assert native.parse_consumer_ack([b"key"]) is None
+    assert native.parse_consumer_ack([]) is None
