@@ -119,7 +119,8 @@ class Broker:
                     self.counters.redelivered += 1
                 self.inflight.add((message.qid, message.seq), deadline, consumer)
                 state.inflight += 1
-                out.append(dataclasses.replace(message, deliveries=deliveries))
+                message.deliveries = deliveries
+                out.append(message)
         return out
 
     def _next_ready(self, queue: str, qid: int, state: _Ready, n: int) -> list[Message]:

@@ -61,6 +61,9 @@ def cli() -> None:
 @click.option("--hard-sync/--no-hard-sync", default=None,
               help="fsync every commit (default). --no-hard-sync is faster but a power cut or kernel crash "
                    "can lose recently acked messages or corrupt the store.")
+@click.option("--commit-interval", type=int,
+              help="Longest µs consumer acks and delivery counts may wait for a commit; producer acks "
+                   "never wait.  [default: 10000]")
 @click.option("--max-inflight", type=int, help="Unacked deliveries at most, per consumer pool.  [default: 1000]")
 @click.option("--max-deliveries", type=int,
               help="Deliveries before a message goes to the dead letters; 0 = unlimited.  [default: 0]")
@@ -219,3 +222,49 @@ def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id
 
 def main() -> None:
     cli(prog_name="pzq")
+
+
+@cli.command()
+@click.option("--protocol", type=click.Choice(["native"]), default="native", show_default=True,
+              help="Which protocol the producers and consumers speak.")
+@click.option("--count", type=int, default=100_000, show_default=True, help="Messages per throughput phase.")
+@click.option("--latency-count", type=int, default=10_000, show_default=True,
+              help="Messages of the window-1 (ack latency) phase.")
+@click.option("--size", type=int, default=100, show_default=True, help="Body bytes (at least 16).")
+@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer.")
+@click.option("--producers", type=int, default=1, show_default=True)
+@click.option("--consumers", type=int, default=1, show_default=True)
+@click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase.")
+@click.option("--paced-seconds", type=float, default=5, show_default=True)
+@click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians.")
+@click.option("--preload", type=int, default=0, help="Store N messages before the server starts (scale test).")
+@click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
+@click.option("--hard-sync/--no-hard-sync", default=True, show_default=True)
+@click.option("--ceiling/--no-ceiling", default=True, show_default=True,
+              help="Also drive a no-storage pyzmq echo server with the same producer code.")
+@click.option("--server-arg", "server_args", multiple=True, help="Extra argument for `pzq serve` (repeatable).")
+@click.option("--json", "json_path", default="pzq-bench.json", show_default=True, help="Where to write JSON.")
+@click.option("--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_errors_to_exit
+def bench(protocol, json_path, plot_path, quiet, server_args, **options) -> None:
+    """Measure throughput and latency of a fresh local server, with the no-storage ceiling beside it."""
+    from pzq import bench as bench_mod
+    from pzq import bench_report
+
+    if options["size"] < 16:
+        raise ConfigError("--size: at least 16 bytes (the benchmark stamps each body)")
+    if min(options["count"], options["latency_count"], options["window"], options["producers"],
+           options["consumers"], options["runs"]) < 1:
+        raise ConfigError("--count, --latency-count, --window, --producers, --consumers, --runs: at least 1")
+    opts = bench_mod.BenchOptions(server_args=tuple(server_args), progress=not quiet, **options)
+    result = bench_mod.bench(opts)
+    click.echo(bench_report.table(result))
+    bench_report.write_json(result, json_path)
+    click.echo(f"\nJSON written to {json_path}")
+    if plot_path:
+        bench_report.plot(result, plot_path)
+        click.echo(f"latency plot written to {plot_path}")
+    if any(result["median"].get(k, 0) for k in ("e2e.lost", "e2e.duplicated", "e2e_paced.lost",
+                                                  "e2e_paced.duplicated")):
+        _fail("messages were lost or duplicated")

@@ -31,6 +31,7 @@ class Config:
     ack_timeout: int = 5_000_000
     reaper_frequency: int = 2_500_000
     hard_sync: bool = True
+    commit_interval: int = 10_000
     max_inflight: int = 1000
     max_deliveries: int = 0
     max_store_size: int = 4 << 30
@@ -50,6 +51,7 @@ class Config:
             raise ConfigError("--queue: must be 1 to 255 bytes")
         _at_least(self, "ack_timeout", 1000)
         _at_least(self, "reaper_frequency", 1000)
+        _at_least(self, "commit_interval", 0)
         _at_least(self, "max_inflight", 1)
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)

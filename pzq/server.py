@@ -25,6 +25,7 @@ from pzq.errors import ConfigError, StoreError, StoreFull
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
 from pzq.store import Message, Store, parse_message_id
+from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -50,6 +51,7 @@ class Server:
         self._rates: collections.deque = collections.deque(maxlen=11)
         self._next_tick = 0.0
         self._native_stalled = False
+        self._dirty_since: float | None = None  # when uncommitted writes nobody waits for began
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -128,6 +130,8 @@ class Server:
         deadline = self.broker.next_deadline()
         if deadline is not None:
             wake = min(wake, deadline)
+        if self._dirty_since is not None:
+            wake = min(wake, self._dirty_since + self.config.commit_interval / 1e6)
         return max(0, int((wake - now) * 1000 + 0.999))
 
     def _turn(self, timeout_ms: int) -> None:
@@ -153,28 +157,39 @@ class Server:
             if self.broker.expire(now):
                 self._native_stalled = False
             deliveries = self._take_for_native(now, now_us)
-            self.store.commit()
+            self._commit_if_due(now, waiting=bool(acks))
         except StoreError:
             # The store rolled the turn back; start over from what is on disk, like a restart would.
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
             self.store.abort()
             self.broker.reset()
+            self._dirty_since = None
             acks = [(r, m, err or native.QUEUE_FULL) for r, m, err in acks]
             deliveries = []
         for routing, message_id, error in acks:
-            self.receive.send_multipart(native.produce_ack(routing, message_id, error))
+            send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
         for request in requests:
             self.monitor.send_multipart(monitor_proto.reply(request, self._answer(request, now_us)))
         if now >= self._next_tick:
             self._tick(now)
 
+    def _commit_if_due(self, now: float, waiting: bool) -> None:
+        """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""
+        if not self.store.dirty:
+            return
+        if self._dirty_since is None:
+            self._dirty_since = now
+        if waiting or now - self._dirty_since >= self.config.commit_interval / 1e6:
+            self.store.commit()
+            self._dirty_since = None
+
     def _read_producers(self, acks: list, now_us: int) -> None:
         queue, limit = self.config.queue, self.config.max_message_size
         for _ in range(READ_BATCH):
             try:
-                frames = self.receive.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+                frames = recv_frames(self.receive, NOBLOCK)
+            except Again:
                 return
             event = native.parse_produce(frames, limit)
             if event is None:
@@ -193,8 +208,8 @@ class Server:
     def _read_consumer_answers(self) -> None:
         for _ in range(READ_BATCH):
             try:
-                frames = self.send.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+                frames = recv_frames(self.send, NOBLOCK)
+            except Again:
                 return
             answer = native.parse_consumer_ack(frames)
             if answer is None:
@@ -228,12 +243,11 @@ class Server:
             frames = native.delivery(native.message_key(message.enqueued_us, message.id), now_us, timeout_us,
                                      message.frames)
             try:
-                self.send.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
+                send_frames(self.send, frames, NOBLOCK)
+            except Again:
                 # The last consumer left between the writability check and now: keep the rest stored.
                 for rest in deliveries[i:]:
                     self.broker.undeliver((rest.qid, rest.seq))
-                self.store.commit()
                 return
 
     # -- monitor ----------------------------------------------------------------------------------
@@ -301,6 +315,7 @@ class Server:
                 return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}")
             moved = self.store.requeue_dead(queue, parsed[1])
         self.store.commit()
+        self._dirty_since = None
         self._native_stalled = False
         return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]})
 

@@ -6,7 +6,7 @@ import threading
 
 import zmq
 
-from conftest import recv, wait_connected
+from conftest import recv, wait_connected, wait_until
 from pzq import client
 
 
@@ -85,7 +85,10 @@ def test_delivery_counts_and_dead_letters_survive_restarts(process_server, socke
         producer.produce_many([[b"poison"]])
     for _ in range(2):  # each delivery is counted durably, even though each ends in a crash
         c = wait_connected(sockets(zmq.ROUTER, None), server.send)
+        syncs = server.stats()["syncs"]
         assert recv(c)[-1] == b"poison"
+        # The count is committed within --commit-interval (10 ms), not with the send: wait for it.
+        wait_until(lambda: server.stats()["syncs"] > syncs)
         c.close(linger=0)
         server.restart(signal.SIGKILL)
     c = wait_connected(sockets(zmq.ROUTER, None), server.send)
