@@ -70,11 +70,17 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
             nxt += 1
             pending += 1
         if interval_ns and nxt < job.count and pending < job.window:
-            wait_ms = max(0, (t0 + nxt * interval_ns - time.monotonic_ns()) // 1_000_000)
+            # Paced: sleep until the next send is due (sub-millisecond, which poll's ms timeout is
+            # not), taking acks as they come. A spinning producer would steal a core from the server.
+            due = t0 + nxt * interval_ns - time.monotonic_ns()
+            if due > 0 and not sock.poll(0):
+                time.sleep(due / 1e9)
+                continue
+            wait_ms = 0
         else:
             wait_ms = int(job.timeout_s * 1000)
         if not sock.poll(wait_ms):
-            if pending and not (interval_ns and pending < job.window):
+            if wait_ms:
                 error = f"no ack within {job.timeout_s} s"
                 break
             continue

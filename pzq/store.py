@@ -139,6 +139,7 @@ class Store:
         self._txn: lmdb.Transaction | None = None
         self._dirty = False
         self._dirty_queues: set[str] = set()
+        self._pending_counts: dict[bytes, int] = {}  # delivery counts to write with the next commit
         self._meta_dirty = False
         self._total_bytes = 0
         self._queues: dict[str, QueueInfo] = {}
@@ -169,8 +170,7 @@ class Store:
         """Commit what is pending and close the environment."""
         if self._env is None:
             return
-        if self._txn is not None:
-            self.commit()
+        self.commit()
         self._env.close()
         self._env = None
 
@@ -181,13 +181,16 @@ class Store:
 
     def commit(self) -> bool:
         """End the open write transaction durably. Returns True if anything was written."""
-        txn, self._txn = self._txn, None
-        if txn is None:
-            return False
         if not self._dirty:
-            txn.abort()
+            if self._txn is not None:
+                self._txn.abort()
+                self._txn = None
             return False
+        txn = self._write()
+        self._txn = None
         try:
+            for key, count in self._pending_counts.items():
+                txn.put(key, _U32.pack(count), db=self._deliveries_db)
             # Only what changed: every extra record written is another B-tree path copied and synced.
             for name in self._dirty_queues:
                 info = self._queues[name]
@@ -199,10 +202,12 @@ class Store:
         except lmdb.Error as exc:
             txn.abort()
             self._dirty = False
+            self._pending_counts.clear()
             self._load()
             raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
         self._dirty = False
         self._dirty_queues.clear()
+        self._pending_counts.clear()
         self._meta_dirty = False
         self.syncs += 1
         return True
@@ -213,6 +218,7 @@ class Store:
             self._txn.abort()
             self._txn = None
         self._dirty = False
+        self._pending_counts.clear()
         self._load()
 
     def _write(self) -> lmdb.Transaction:
@@ -300,10 +306,16 @@ class Store:
     def _txn_for_read(self):
         return self._txn if self._txn is not None else self._env.begin()
 
+    def _deliveries(self, key: bytes, txn) -> int:
+        count = self._pending_counts.get(key)
+        if count is None:
+            raw = txn.get(key, db=self._deliveries_db)
+            count = _U32.unpack(raw)[0] if raw else 0
+        return count
+
     def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message:
         enqueued_us, expires_us, frames = msgpack.unpackb(value)
-        raw = txn.get(key, db=self._deliveries_db)
-        deliveries = _U32.unpack(raw)[0] if raw else 0
+        deliveries = self._deliveries(key, txn)
         return Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries)
 
     def get(self, queue: str, seq: int) -> Message | None:
@@ -344,12 +356,11 @@ class Store:
         return self._bump(queue, seq, -1)
 
     def _bump(self, queue: str, seq: int, step: int) -> int:
-        info = self._queues[queue]
-        txn = self._write()
-        key = _KEY.pack(info.qid, seq)
-        raw = txn.get(key, db=self._deliveries_db)
-        count = max(0, (_U32.unpack(raw)[0] if raw else 0) + step)
-        self._do(txn.put, key, _U32.pack(count), db=self._deliveries_db)
+        # Counts wait in memory and are written by commit(), only for messages still stored then: most
+        # deliveries are acked before the next commit, and their counts never cost a write.
+        key = _KEY.pack(self._queues[queue].qid, seq)
+        count = max(0, self._deliveries(key, self._txn_for_read()) + step)
+        self._pending_counts[key] = count
         self._dirty = True
         return count
 
@@ -364,7 +375,8 @@ class Store:
         if value is None:
             return False
         self._do(txn.delete, key, db=self._messages_db)
-        self._do(txn.delete, key, db=self._deliveries_db)
+        self._pending_counts.pop(key, None)
+        self._do(txn.delete, key, db=self._deliveries_db)  # a lookup only, when it was never written
         self._account(info, -1, -_accounted(key, value))
         return True
 
@@ -375,8 +387,7 @@ class Store:
         moved = self._append(message.queue, message.frames, message.enqueued_us,
                              message.expires_us if expires_us is None else expires_us, check_limit=False)
         if message.deliveries:
-            self._do(self._write().put, _KEY.pack(moved.qid, moved.seq), _U32.pack(message.deliveries),
-                     db=self._deliveries_db)
+            self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = message.deliveries
         moved.deliveries = message.deliveries
         return moved
 
