@@ -20,8 +20,8 @@ import time
 
 from pzq import client
 from pzq.bench_report import latency_ms, machine, medians
-from pzq.bench_workers import (ConsumerJob, ProducerJob, run_consumer, run_echo_server, run_producer,
-                               TAG_SHIFT)
+from pzq.bench_workers import (TAG_SHIFT, ConsumerJob, ProducerJob, run_consumer, run_echo_server,
+                               run_forwarder, run_producer)
 from pzq.errors import PzqError
 
 _mp = multiprocessing.get_context("spawn")
@@ -293,7 +293,24 @@ def ceiling(options: BenchOptions, workdir: str, progress: _Progress) -> dict:
     finally:
         echo.kill()
         echo.join(5)
-    return {"ceiling_w1": w1, "ceiling_w100": wn}
+    receive, send = (f"ipc://{workdir}/fwd-{n}" if options.transport == "ipc" else f"tcp://127.0.0.1:{p}"
+                     for n, p in zip(("receive", "send"), _free_ports(2)))
+    ready = _mp.Event()
+    forwarder = _mp.Process(target=run_forwarder, args=(receive, send, ready), daemon=True)
+    forwarder.start()
+    try:
+        ready.wait(30)
+        e2e, _ = run_phase("ceiling end to end", options, receive, send, count=options.count,
+                           window=options.window, producers=options.producers, consumers=options.consumers,
+                           progress=progress)
+        paced, _ = run_phase(f"ceiling paced {options.rate:g}/s", options, receive, send,
+                             count=int(options.rate * options.paced_seconds), window=max(options.window, 1000),
+                             producers=options.producers, consumers=options.consumers, rate=options.rate,
+                             progress=progress)
+    finally:
+        forwarder.kill()
+        forwarder.join(5)
+    return {"ceiling_w1": w1, "ceiling_w100": wn, "ceiling_e2e": e2e, "ceiling_paced": paced}
 
 
 def bench(options: BenchOptions) -> dict:

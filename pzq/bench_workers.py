@@ -189,3 +189,30 @@ def run_echo_server(endpoint: str, ready) -> None:
     while True:
         frames = recv_frames(sock)
         send_frames(sock, [frames[0], frames[1], ok, b""])
+
+
+def run_forwarder(receive: str, send: str, ready) -> None:
+    """The end-to-end ceiling: ack each produced message at once and pass it to a consumer, storing
+    nothing and tracking nothing; consumers' acks are read and dropped. Same frames as pzq."""
+    ctx = zmq.Context()
+    front, back = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    for sock, endpoint in ((front, receive), (back, send)):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.bind(endpoint)
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    poller.register(back, zmq.POLLIN)
+    ready.set()
+    ok, timeout = b"1", b"30000000"
+    while True:
+        for sock, _ in poller.poll():
+            for _ in range(4096):
+                try:
+                    frames = recv_frames(sock, NOBLOCK)
+                except Again:
+                    break
+                if sock is front:
+                    send_frames(front, [frames[0], frames[1], ok, b""])
+                    send_frames(back, [frames[1], b"%d" % time.time_ns(), timeout, b"", *frames[3:]])

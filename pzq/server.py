@@ -25,7 +25,7 @@ from pzq.errors import ConfigError, StoreError, StoreFull
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
 from pzq.store import Message, Store, parse_message_id
-from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -137,7 +137,7 @@ class Server:
     def _turn(self, timeout_ms: int) -> None:
         want_out = (not self._native_stalled and self._native_credit() > 0
                     and self.broker.has_ready(self.config.queue))
-        self.poller.modify(self.send, zmq.POLLIN | (zmq.POLLOUT if want_out else 0))
+        self.poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
         ready = dict(self.poller.poll(timeout_ms))
         now, now_us = time.monotonic(), time.time_ns() // 1000
         if self._wake_r in ready:
@@ -149,7 +149,7 @@ class Server:
             if self.receive in ready:
                 self._read_producers(acks, now_us)
                 self._native_stalled = False
-            if ready.get(self.send, 0) & zmq.POLLIN:
+            if ready.get(self.send, 0) & POLLIN:
                 self._read_consumer_answers()
                 self._native_stalled = False
             if self.monitor in ready:
@@ -230,7 +230,7 @@ class Server:
 
     def _take_for_native(self, now: float, now_us: int) -> list[Message]:
         credit = self._native_credit()
-        if credit <= 0 or not self.send.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+        if credit <= 0 or not events(self.send) & POLLOUT:
             return []
         taken = self.broker.take(self.config.queue, credit, NATIVE_CONSUMER, now=now, now_us=now_us)
         if not taken:

@@ -108,6 +108,10 @@ def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
     return int(text[:16], 16), int(text[16:], 16)
 
 
+def _raise(exc: Exception):
+    raise exc
+
+
 def _accounted(key: bytes, value: bytes) -> int:
     return len(key) + len(value) + _OVERHEAD
 
@@ -298,7 +302,11 @@ class Store:
             raise StoreFull(f"queue full: the store holds {self._total_bytes} of {self.max_size} bytes")
         info = self._queues.get(queue) or self.queue(queue)
         seq = info.next_seq
-        self._do(self._write().put, _KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
+        txn = self._txn or self._write()
+        try:  # inline rather than through _do(): this is the hottest write
+            txn.put(_KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
+        except lmdb.Error as exc:
+            self._do(_raise, exc)
         info.next_seq = seq + 1
         self._account(info, 1, size)
         return Message(queue, info.qid, seq, frames, enqueued_us, expires_us, 0)
