@@ -99,6 +99,9 @@ class BenchServer:
                     return int(line.split()[1]) / 1024
         return 0.0
 
+    def commits(self) -> int | None:
+        return client.stats(self.monitor)["syncs"]
+
 
 def _free_ports(n: int) -> list[int]:
     import socket
@@ -145,8 +148,13 @@ def _split(total: int, parts: int) -> list[int]:
 
 def run_phase(label: str, options: BenchOptions, receive: str | None, send: str | None, *, count: int,
               window: int, producers: int, consumers: int, rate: float = 0.0, progress: _Progress,
-              server: BenchServer | None = None) -> tuple[dict, dict[str, list[int]]]:
-    """Run producers (if ``receive``) and consumers (if ``send``) together; return figures and samples."""
+              server: BenchServer | None = None, producer_fn=run_producer,
+              consumer_fn=run_consumer) -> tuple[dict, dict[str, list[int]]]:
+    """Run producers (if ``receive``) and consumers (if ``send``) together; return figures and samples.
+
+    ``producer_fn``/``consumer_fn`` are the process bodies: pzq's native clients by default; the peer
+    comparison (scripts/compare_peers.py) passes its Redis and RabbitMQ clients with the same contract.
+    """
     done = _mp.Event()
     produced, consumed = _mp.Value("q", 0), _mp.Value("q", 0)
     p_results, c_results = _mp.Queue(), _mp.Queue()
@@ -157,16 +165,16 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
     if receive:
         for i, n in enumerate(per_producer):
             job = ProducerJob(receive, i, n, window, options.size, rate / producers if rate else 0.0)
-            procs.append(_mp.Process(target=run_producer, args=(job, start, produced, p_results), daemon=True))
+            procs.append(_mp.Process(target=producer_fn, args=(job, start, produced, p_results), daemon=True))
     if send:
         for i in range(consumers):
             job = ConsumerJob(send, i, len(per_producer), max(per_producer))
-            procs.append(_mp.Process(target=run_consumer, args=(job, start, consumed, done, c_results),
+            procs.append(_mp.Process(target=consumer_fn, args=(job, start, consumed, done, c_results),
                                      daemon=True))
     for p in procs:
         p.start()
     cpu0 = server.cpu_seconds() if server else 0.0
-    syncs0 = client.stats(server.monitor)["syncs"] if server else 0
+    syncs0 = server.commits() if server else None
     start.wait(timeout=120)
     t0 = time.monotonic()
     stop_bar = threading.Event()
@@ -174,12 +182,12 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
     figures: dict = {}
     samples: dict[str, list[int]] = {}
     try:
-        p_out = [p_results.get(timeout=600) for _ in range(producers)] if receive else []
+        p_out = [_result(p_results, procs) for _ in range(producers)] if receive else []
         if send:
             while consumed.value < count and any(p.is_alive() for p in procs):
                 time.sleep(0.01)
             done.set()
-            c_out = [c_results.get(timeout=60) for _ in range(consumers)]
+            c_out = [_result(c_results, procs) for _ in range(consumers)]
         wall = time.monotonic() - t0
     finally:
         done.set()
@@ -192,7 +200,8 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
                 p.kill()
     if server:
         figures["server_cpu_pct"] = round(100 * (server.cpu_seconds() - cpu0) / wall, 1)
-        figures["commits"] = client.stats(server.monitor)["syncs"] - syncs0
+        if syncs0 is not None:
+            figures["commits"] = server.commits() - syncs0
     errors = [r.error for r in p_out if r.error]
     if receive and not send:
         seconds = max(r.seconds for r in p_out)
@@ -218,6 +227,23 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
         figures["errors"] = len(errors)
         print(f"pzq bench: {label}: {errors[0]}", file=sys.stderr)
     return figures, samples
+
+
+def _result(results, procs, limit_s: float = 600):
+    """The next worker result; fails fast when every worker died without sending one (a crash)."""
+    import queue
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                try:
+                    return results.get(timeout=2)
+                except queue.Empty:
+                    raise PzqError("a benchmark process died without a result (see its traceback above)") from None
+    raise PzqError(f"no benchmark result within {limit_s} s")
 
 
 def preload(database: str, count: int, size: int) -> None:
