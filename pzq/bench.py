@@ -208,7 +208,7 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
         lat = [x for r in p_out for x in r.latencies_ns]
         figures.update({"msg_s": round(sum(r.acked for r in p_out) / seconds),
                         "refused": sum(r.refused for r in p_out), **latency_ms(lat, "ack")})
-        samples[f"{label} ack"] = lat
+        samples[f"{label}: send to ack"] = lat
     if send:
         errors += [r.error for r in c_out if r.error and consumed.value < count]
         first = min(r.first_ns for r in c_out if r.first_ns) if any(r.first_ns for r in c_out) else 0
@@ -222,7 +222,7 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
             figures.update({"lost": count - unique, "duplicated": received - unique})
             lat = [x for r in c_out for x in r.latencies_ns]
             figures.update(latency_ms(lat, "lat"))
-            samples[f"{label} end to end"] = lat
+            samples[f"{label}: send to consume"] = lat
     if errors:
         figures["errors"] = len(errors)
         print(f"pzq bench: {label}: {errors[0]}", file=sys.stderr)
@@ -281,6 +281,7 @@ def one_run(options: BenchOptions, progress: _Progress) -> tuple[dict, dict]:
         wn, s = run_phase(f"producer w{options.window}", options, server.receive, None, count=options.count,
                           window=options.window, producers=options.producers, consumers=0, **kw)
         result["producer_w100"] = wn
+        samples.update(s)
         drain = options.count + options.latency_count
         result["consumer"], _ = run_phase("consumer drain", options, None, server.send, count=drain,
                                           window=0, producers=0, consumers=options.consumers, **kw)

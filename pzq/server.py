@@ -32,6 +32,7 @@ log = logging.getLogger("pzq.server")
 READ_BATCH = 4096  # messages read from one socket per turn
 NATIVE_CONSUMER = "native"  # the send socket's DEALER hides which consumer got what: one credit pool
 TICK_S = 1.0  # housekeeping (rates); idle wake-ups are at most this frequent
+MAX_FAILED_TURNS = 100
 
 
 class Server:
@@ -117,9 +118,24 @@ class Server:
                 pass
 
     def run(self) -> None:
-        """Serve until ``stop()``. The commit of the turn in progress always completes."""
+        """Serve until ``stop()``. The commit of the turn in progress always completes.
+
+        A turn that fails on a bug (not on input: input errors are answered inside the turn) is
+        rolled back like a store failure and the loop goes on; a run of MAX_FAILED_TURNS failing turns
+        in a row means something is broken for good, and the server exits for its supervisor to
+        restart it.
+        """
+        failed = 0
         while not self._stopping:
-            self._turn(self._poll_timeout_ms())
+            try:
+                self._turn(self._poll_timeout_ms())
+                failed = 0
+            except Exception:  # noqa: BLE001 - keep serving other clients; logged with its traceback
+                failed += 1
+                log.exception("unexpected error in the event loop (%d in a row); rolled back", failed)
+                self._recover()
+                if failed >= MAX_FAILED_TURNS:
+                    raise
         log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -159,20 +175,30 @@ class Server:
             deliveries = self._take_for_native(now, now_us)
             self._commit_if_due(now, waiting=bool(acks))
         except StoreError:
-            # The store rolled the turn back; start over from what is on disk, like a restart would.
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
-            self.store.abort()
-            self.broker.reset()
-            self._dirty_since = None
-            acks = [(r, m, err or native.QUEUE_FULL) for r, m, err in acks]
+            self._recover()
+            acks = [(r, m, err or native.STORE_FAILED) for r, m, err in acks]
             deliveries = []
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
         for request in requests:
-            self.monitor.send_multipart(monitor_proto.reply(request, self._answer(request, now_us)))
+            try:
+                text = self._answer(request, now_us)
+            except StoreError as exc:
+                log.exception("monitor request %s failed", request.command)
+                self._recover()
+                text = monitor_proto.error_text(str(exc))
+            self.monitor.send_multipart(monitor_proto.reply(request, text))
         if now >= self._next_tick:
             self._tick(now)
+
+    def _recover(self) -> None:
+        """Start over from what is on disk, as a restart would: uncommitted writes are dropped and
+        whatever was in flight is ready again (at-least-once)."""
+        self.store.abort()
+        self.broker.reset()
+        self._dirty_since = None
 
     def _commit_if_due(self, now: float, waiting: bool) -> None:
         """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""
@@ -180,9 +206,10 @@ class Server:
             return
         if self._dirty_since is None:
             self._dirty_since = now
-        if waiting or now - self._dirty_since >= self.config.commit_interval / 1e6:
-            self.store.commit()
-            self._dirty_since = None
+        interval = self.config.commit_interval / 1e6
+        if waiting or now - self._dirty_since >= interval:
+            self.store.commit(counts_older_than=now - interval)
+            self._dirty_since = now if self.store.dirty else None
 
     def _read_producers(self, acks: list, now_us: int) -> None:
         queue, limit = self.config.queue, self.config.max_message_size

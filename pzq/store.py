@@ -22,6 +22,7 @@ import dataclasses
 import os
 import re
 import struct
+import time
 from collections.abc import Iterator, Sequence
 
 import lmdb
@@ -143,7 +144,8 @@ class Store:
         self._txn: lmdb.Transaction | None = None
         self._dirty = False
         self._dirty_queues: set[str] = set()
-        self._pending_counts: dict[bytes, int] = {}  # delivery counts to write with the next commit
+        # Delivery counts not yet written: key -> (count, monotonic time of the delivery).
+        self._pending_counts: dict[bytes, tuple[int, float]] = {}
         self._meta_dirty = False
         self._total_bytes = 0
         self._queues: dict[str, QueueInfo] = {}
@@ -180,12 +182,19 @@ class Store:
 
     @property
     def dirty(self) -> bool:
-        """True while writes wait for a commit."""
-        return self._dirty
+        """True while writes (or delivery counts) wait for a commit."""
+        return self._dirty or bool(self._pending_counts)
 
-    def commit(self) -> bool:
-        """End the open write transaction durably. Returns True if anything was written."""
-        if not self._dirty:
+    def commit(self, counts_older_than: float | None = None) -> bool:
+        """End the open write transaction durably. Returns True if anything was written.
+
+        Delivery counts are written too: all of them, or with ``counts_older_than`` (a monotonic time)
+        only those of deliveries made before it. Younger ones stay pending, since most deliveries are
+        acked within a millisecond and their counts then never need a write.
+        """
+        due = [(key, count) for key, (count, since) in self._pending_counts.items()
+               if counts_older_than is None or since <= counts_older_than]
+        if not self._dirty and not due:
             if self._txn is not None:
                 self._txn.abort()
                 self._txn = None
@@ -193,7 +202,7 @@ class Store:
         txn = self._write()
         self._txn = None
         try:
-            for key, count in self._pending_counts.items():
+            for key, count in due:
                 txn.put(key, _U32.pack(count), db=self._deliveries_db)
             # Only what changed: every extra record written is another B-tree path copied and synced.
             for name in self._dirty_queues:
@@ -211,7 +220,8 @@ class Store:
             raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
         self._dirty = False
         self._dirty_queues.clear()
-        self._pending_counts.clear()
+        for key, _ in due:
+            del self._pending_counts[key]
         self._meta_dirty = False
         self.syncs += 1
         return True
@@ -315,11 +325,11 @@ class Store:
         return self._txn if self._txn is not None else self._env.begin()
 
     def _deliveries(self, key: bytes, txn) -> int:
-        count = self._pending_counts.get(key)
-        if count is None:
-            raw = txn.get(key, db=self._deliveries_db)
-            count = _U32.unpack(raw)[0] if raw else 0
-        return count
+        pending = self._pending_counts.get(key)
+        if pending is not None:
+            return pending[0]
+        raw = txn.get(key, db=self._deliveries_db)
+        return _U32.unpack(raw)[0] if raw else 0
 
     def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message:
         enqueued_us, expires_us, frames = msgpack.unpackb(value)
@@ -368,8 +378,7 @@ class Store:
         # deliveries are acked before the next commit, and their counts never cost a write.
         key = _KEY.pack(self._queues[queue].qid, seq)
         count = max(0, self._deliveries(key, self._txn_for_read()) + step)
-        self._pending_counts[key] = count
-        self._dirty = True
+        self._pending_counts[key] = (count, time.monotonic())
         return count
 
     def delete(self, queue: str, seq: int) -> bool:
@@ -395,7 +404,7 @@ class Store:
         moved = self._append(message.queue, message.frames, message.enqueued_us,
                              message.expires_us if expires_us is None else expires_us, check_limit=False)
         if message.deliveries:
-            self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = message.deliveries
+            self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = (message.deliveries, time.monotonic())
         moved.deliveries = message.deliveries
         return moved
 

@@ -41,3 +41,14 @@ def test_bench_refuses_a_body_too_small_to_stamp():
                             text=True, timeout=60)
     assert result.returncode == 2
     assert "--size" in result.stderr
+
+
+def test_bench_draws_the_latency_distribution_as_a_png(tmp_path):
+    picture = tmp_path / "latency.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "pzq", "bench", "--runs", "1", "--count", "300", "--latency-count", "30",
+         "--rate", "1000", "--paced-seconds", "0.2", "--no-ceiling", "--quiet", "--json", str(tmp_path / "b.json"),
+         "--plot", str(picture)],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

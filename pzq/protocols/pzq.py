@@ -17,6 +17,7 @@ EMPTY_MESSAGE = "Trying to save empty message"
 ONLY_ID = "Malformed message, only a message id and no delimiter or body"
 TOO_LARGE = "Message too large: {size} bytes, the limit is {limit}"
 QUEUE_FULL = "queue full: the store is at its size limit, try again later"
+STORE_FAILED = "store failure: the message was not stored, try again"
 
 
 @dataclasses.dataclass(frozen=True)
