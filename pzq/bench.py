@@ -59,7 +59,7 @@ class BenchServer:
             self.receive, self.send, self.monitor = (f"tcp://127.0.0.1:{p}" for p in ports)
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", self.database,
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
-                     "--log-level", "warning", "--ack-timeout", "30000000",
+                     "--log-level", "warning", "--ack-timeout", "30000000", "--phpmq-dsn", "",
                      "--hard-sync" if options.hard_sync else "--no-hard-sync", *options.server_args]
         self.proc: subprocess.Popen | None = None
 

@@ -164,6 +164,28 @@ class Broker:
         self._requeue(ref)
         return True
 
+    def requeue_at_end(self, ref: Ref, *, expires_us: int = 0) -> bool:
+        """Move a stored message to the end of its queue with a new expiry (0 = never). False if unknown."""
+        message = self._stored(ref)
+        if message is None:
+            return False
+        self._settle(ref)
+        self.store.requeue_at_end(message, expires_us=expires_us)
+        return True
+
+    def dead_letter(self, ref: Ref, reason: str, *, now_us: int) -> bool:
+        """Move a stored message to its queue's dead letters at a client's request. False if unknown."""
+        message = self._stored(ref)
+        if message is None:
+            return False
+        self._settle(ref)
+        self._dead_letter(message, reason, now_us)
+        return True
+
+    def _stored(self, ref: Ref) -> Message | None:
+        info = self.store.queue_by_id(ref[0])
+        return None if info is None else self.store.get(info.name, ref[1])
+
     def undeliver(self, ref: Ref) -> None:
         """A delivery that never left (the socket refused it): requeue it and take back its count."""
         if self._settle(ref) is None:

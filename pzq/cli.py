@@ -55,6 +55,9 @@ def cli() -> None:
 @click.option("--send-dsn", help="Consumers' endpoint (DEALER).  [default: tcp://127.0.0.1:11132]")
 @click.option("--monitor-dsn", help="Monitor endpoint (REQ clients).  [default: ipc:///tmp/pzq-monitor]")
 @click.option("--queue", help="Queue the native sockets serve.  [default: default]")
+@click.option("--phpmq-dsn", help="PHPMQ clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:9100]")
+@click.option("--phpmq-dialect", type=click.Choice(["auto", "legacy", "current"]),
+              help="Force the PHPMQ dispatch dialect for every connection.  [default: auto]")
 @click.option("--ack-timeout", type=int, help="µs a consumer has to ack a delivery.  [default: 5000000]")
 @click.option("--reaper-frequency", type=int,
               help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]")
@@ -111,10 +114,15 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout) -> None:
 
 def _table(figures: dict) -> str:
     lines = []
-    width = max(len(k) for k in figures)
+    flat = {}
     for name, value in figures.items():
-        if name != "queues":
-            lines.append(f"{name:<{width}}  {value}")
+        if isinstance(value, dict) and name != "queues":
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        elif name != "queues":
+            flat[name] = value
+    width = max(len(k) for k in flat)
+    for name, value in flat.items():
+        lines.append(f"{name:<{width}}  {value}")
     queues = figures.get("queues", {})
     if queues:
         lines.append("")

@@ -28,6 +28,8 @@ class Config:
     send_dsn: str = "tcp://127.0.0.1:11132"
     monitor_dsn: str = "ipc:///tmp/pzq-monitor"
     queue: str = "default"
+    phpmq_dsn: str = "tcp://127.0.0.1:9100"
+    phpmq_dialect: str = "auto"
     ack_timeout: int = 5_000_000
     reaper_frequency: int = 2_500_000
     hard_sync: bool = True
@@ -45,6 +47,10 @@ class Config:
             value = getattr(self, name)
             if not re.match(r"^(tcp|ipc|inproc)://.+", value):
                 raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
+        if self.phpmq_dsn and not re.match(r"^tcp://.+:\d+$", self.phpmq_dsn):
+            raise ConfigError(f"--phpmq-dsn: {self.phpmq_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
+        if self.phpmq_dialect not in ("auto", "legacy", "current"):
+            raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
         if not self.database:
             raise ConfigError("--database: must name a directory")
         if not self.queue or len(self.queue.encode()) > 255:

@@ -21,7 +21,8 @@ import zmq
 
 from pzq.broker import Broker, Ref
 from pzq.config import Config
-from pzq.errors import ConfigError, StoreError, StoreFull
+from pzq.errors import ConfigError, ProtocolError, StoreError, StoreFull
+from pzq.gateways.phpmq import PhpmqGateway
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
 from pzq.store import Message, Store, parse_message_id
@@ -76,6 +77,16 @@ class Server:
         self.poller.register(self.send, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
+        self.phpmq_sock = None
+        self.phpmq = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect)
+        if cfg.phpmq_dsn:
+            # A ZeroMQ STREAM socket is raw TCP inside the same poller as every other endpoint, with
+            # connect/disconnect notices and libzmq's buffering; each dispatch goes out as one send,
+            # which the legacy client needs (it reads a header in one 8-byte read). Memory per slow
+            # reader is bounded by its credit window (count x the message size limit).
+            self.phpmq_sock = self._bind(zmq.STREAM, cfg.phpmq_dsn, "--phpmq-dsn")
+            self.phpmq_sock.setsockopt(zmq.SNDHWM, 0)
+            self.poller.register(self.phpmq_sock, zmq.POLLIN)
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
         log.info("pzq serving queue %r from %s: receive %s, send %s, monitor %s", cfg.queue, cfg.database,
@@ -161,6 +172,8 @@ class Server:
         acks: list[tuple[bytes, bytes, str | None]] = []
         requests: list[monitor_proto.Request] = []
         deliveries: list[Message] = []
+        closing: list[bytes] = []
+        phpmq_out: list[tuple[bytes, bytes]] = []
         try:
             if self.receive in ready:
                 self._read_producers(acks, now_us)
@@ -170,18 +183,27 @@ class Server:
                 self._native_stalled = False
             if self.monitor in ready:
                 self._read_monitor(requests)
+            if self.phpmq_sock is not None and self.phpmq_sock in ready:
+                self._read_phpmq(closing, now_us)
             if self.broker.expire(now):
                 self._native_stalled = False
             deliveries = self._take_for_native(now, now_us)
-            self._commit_if_due(now, waiting=bool(acks))
+            if self.phpmq.sessions:
+                phpmq_out = self.phpmq.dispatch(now=now, now_us=now_us)
+            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out))
         except StoreError:
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
             self._recover()
             acks = [(r, m, err or native.STORE_FAILED) for r, m, err in acks]
             deliveries = []
+            phpmq_out = []
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
+        for conn, data in phpmq_out:
+            send_frames(self.phpmq_sock, [conn, data])
+        for conn in closing:
+            send_frames(self.phpmq_sock, [conn, b""])  # an empty frame closes a STREAM peer
         for request in requests:
             try:
                 text = self._answer(request, now_us)
@@ -252,6 +274,28 @@ class Server:
             else:
                 self.broker.nack(ref)
 
+    def _read_phpmq(self, closing: list, now_us: int) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                conn, data = recv_frames(self.phpmq_sock, NOBLOCK)
+            except Again:
+                return
+            if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
+                if conn in self.phpmq.sessions:
+                    self.phpmq.disconnected(conn)
+                elif conn not in closing:
+                    self.phpmq.connected(conn)
+                continue
+            if conn in closing:
+                continue
+            try:
+                self.phpmq.received(conn, data, now_us=now_us)
+            except ProtocolError as exc:
+                _warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
+                self.phpmq.closed_total += 1
+                self.phpmq.disconnected(conn)
+                closing.append(conn)
+
     def _native_credit(self) -> int:
         return self.config.max_inflight - self.broker.inflight.count(NATIVE_CONSUMER)
 
@@ -303,6 +347,8 @@ class Server:
             "ack_rate": self._rate("acked"),
             "store_limit_bytes": self.config.max_store_size,
         })
+        if self.phpmq_sock is not None:
+            stats["phpmq"] = self.phpmq.stats()
         return stats
 
     def _answer(self, request: monitor_proto.Request, now_us: int) -> str:

@@ -28,7 +28,7 @@ def store(tmp_path):
 def make_config(tmp_path: Path, **overrides) -> config.Config:
     values = dict(database=str(tmp_path / "db"), receive_dsn=f"ipc://{tmp_path}/receive",
                   send_dsn=f"ipc://{tmp_path}/send", monitor_dsn=f"ipc://{tmp_path}/monitor",
-                  ack_timeout=1_000_000)
+                  ack_timeout=1_000_000, phpmq_dsn="")
     values.update(overrides)
     return config.Config(**values).validate()
 
@@ -118,6 +118,8 @@ class ProcessServer:
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", str(self.database),
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
                      "--ack-timeout", str(ack_timeout), *extra]
+        if "--phpmq-dsn" not in extra:  # gateways bind fixed default ports: off unless a test asks
+            self.argv += ["--phpmq-dsn", ""]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ProcessServer":
@@ -222,3 +224,13 @@ def wait_connected(sock: zmq.Socket, endpoint: str, timeout_ms: int = 5000) -> z
         sock.disable_monitor()
         mon.close(linger=0)
     return sock
+
+
+def free_tcp_endpoint() -> tuple[str, tuple[str, int]]:
+    """A tcp:// endpoint on a free loopback port, and its (host, port) for plain sockets."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"tcp://127.0.0.1:{port}", ("127.0.0.1", port)

@@ -1,0 +1,127 @@
+"""PHPMQ connections on the shared store: sessions, credit windows, dialects, and the broker calls.
+
+The server hands every connection's bytes to ``received`` and sends what ``dispatch`` returns (after
+the turn's commit). A ProtocolError from ``received`` means the stream is garbage: the server closes
+that connection (the protocol has no error message) and calls ``disconnected``.
+
+Body mapping: a PHPMQ content blob is stored as a one-frame body; a multi-frame body from another
+protocol reaches PHPMQ consumers as its frames concatenated in order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Hashable
+
+from pzq.broker import Broker
+from pzq.errors import ProtocolError, StoreFull
+from pzq.protocols import phpmq
+from pzq.store import parse_message_id
+
+log = logging.getLogger("pzq.phpmq")
+
+
+@dataclasses.dataclass
+class Session:
+    """One PHPMQ connection."""
+
+    conn: Hashable
+    decoder: phpmq.Decoder
+    dialect: phpmq.Dialect
+    queue: str | None = None  # what its consume request asked for
+    count: int = 0
+
+    @property
+    def consumer(self) -> tuple:
+        return ("phpmq", self.conn)
+
+
+class PhpmqGateway:
+    """Every PHPMQ session of the server, and what they ask of the broker."""
+
+    def __init__(self, broker: Broker, *, max_content: int, dialect: str = "auto"):
+        self.broker = broker
+        self.max_content = max_content
+        self.forced = None if dialect == "auto" else phpmq.Dialect(dialect)
+        self.sessions: dict[Hashable, Session] = {}
+        self.received_total = 0
+        self.dispatched_total = 0
+        self.closed_total = 0
+
+    def connected(self, conn: Hashable) -> None:
+        self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
+
+    def disconnected(self, conn: Hashable) -> int:
+        """Forget the connection; everything it held goes back to its queue at once. Returns how many."""
+        session = self.sessions.pop(conn, None)
+        return 0 if session is None else self.broker.consumer_gone(session.consumer)
+
+    def received(self, conn: Hashable, data: bytes, *, now_us: int) -> None:
+        """Apply every whole message in ``data``; raises ProtocolError (close the connection) on garbage."""
+        session = self.sessions.get(conn)
+        if session is None:  # bytes still queued from a connection closed for garbage: drop them
+            return
+        for message in session.decoder.feed(data):
+            self.received_total += 1
+            if self.forced is None and phpmq.speaks_current(message):
+                session.dialect = phpmq.Dialect.CURRENT
+            self._apply(session, message, now_us)
+
+    def _apply(self, session: Session, message: phpmq.Message, now_us: int) -> None:
+        queue = message.queue
+        if len(queue.encode("utf-8", "surrogateescape")) > 255:
+            raise ProtocolError("bad-queue", "queue names are at most 255 bytes")
+        if message.type == phpmq.SEND:
+            ttl = message.number(phpmq.TTL)
+            try:
+                self.broker.produce(queue, [message.packets[phpmq.CONTENT]], now_us=now_us,
+                                    expires_us=now_us + ttl * 1_000_000 if ttl else 0)
+            except StoreFull:
+                # PHPMQ has no reply to a send: closing is the only way to tell the client.
+                raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
+        elif message.type == phpmq.CONSUME:
+            session.queue, session.count = queue, message.number(phpmq.COUNT)
+        else:
+            ref = self._ref(queue, message)
+            if ref is None:
+                log.info("phpmq: %s for an unknown message id %r of queue %r", _NAMES[message.type],
+                         message.packets[phpmq.MESSAGE_ID][:40], queue)
+            elif message.type == phpmq.ACK:
+                self.broker.ack(ref)
+            elif message.type == phpmq.REQUEUE:
+                ttl = message.number(phpmq.TTL)
+                self.broker.requeue_at_end(ref, expires_us=now_us + ttl * 1_000_000 if ttl else 0)
+            else:
+                self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", now_us=now_us)
+
+    def _ref(self, queue: str, message: phpmq.Message):
+        ref = parse_message_id(message.packets[phpmq.MESSAGE_ID])
+        info = self.broker.store.queue(queue, create=False)
+        if ref is None or info is None or ref[0] != info.qid:
+            return None
+        return ref
+
+    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes]]:
+        """Fill every consumer's credit window from its queue; returns (connection, bytes) to send."""
+        out = []
+        for session in self.sessions.values():
+            if session.queue is None:
+                continue
+            credit = session.count - self.broker.inflight.count(session.consumer)
+            if credit <= 0 or not self.broker.has_ready(session.queue):
+                continue
+            for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
+                ttl_left = -(-(message.expires_us - now_us) // 1_000_000) if message.expires_us else 0
+                out.append((session.conn, phpmq.encode_dispatch(message.queue, b"".join(message.frames),
+                                                                message.id, ttl_left, session.dialect)))
+        self.dispatched_total += len(out)
+        return out
+
+    def stats(self) -> dict:
+        return {"connections": len(self.sessions),
+                "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
+                "received_total": self.received_total, "dispatched_total": self.dispatched_total,
+                "closed_bad_input_total": self.closed_total}
+
+
+_NAMES = {phpmq.ACK: "ack", phpmq.REQUEUE: "re-queue", phpmq.DEAD_LETTER: "dead letter"}
