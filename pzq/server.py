@@ -174,6 +174,7 @@ class Server:
         deliveries: list[Message] = []
         closing: list[bytes] = []
         phpmq_out: list[tuple[bytes, bytes]] = []
+        produced = self.broker.counters.produced
         try:
             if self.receive in ready:
                 self._read_producers(acks, now_us)
@@ -190,7 +191,9 @@ class Server:
             deliveries = self._take_for_native(now, now_us)
             if self.phpmq.sessions:
                 phpmq_out = self.phpmq.dispatch(now=now, now_us=now_us)
-            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out))
+            # New messages are made durable at once, whether or not their protocol acks them.
+            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out)
+                                or self.broker.counters.produced != produced)
         except StoreError:
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
             self._recover()
