@@ -111,7 +111,8 @@ class PhpmqGateway:
             if credit <= 0 or not self.broker.has_ready(session.queue):
                 continue
             for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
-                ttl_left = -(-(message.expires_us - now_us) // 1_000_000) if message.expires_us else 0
+                # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
+                ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
                 out.append((session.conn, phpmq.encode_dispatch(message.queue, b"".join(message.frames),
                                                                 message.id, ttl_left, session.dialect)))
         self.dispatched_total += len(out)

@@ -89,11 +89,12 @@ class Decoder:
         self._header: tuple[int, int] | None = None  # (type, packets left) of the message being read
         self._packets: dict[int, bytes] = {}
         self._count = 0
+        self._held = 0  # bytes of the incomplete message already taken out of the buffer
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet part of a whole message (bounded by one message)."""
-        return len(self._buf)
+        return len(self._buf) + self._held
 
     def feed(self, data: bytes) -> list[Message]:
         self._buf += data
@@ -108,33 +109,36 @@ class Decoder:
         buf = self._buf
         if self._header is None:
             if len(buf) < HEADER_SIZE:
-                self._check_prefix(bytes(buf[:HEADER_SIZE]), b"H01")
+                self._check_prefix(bytes(buf[:HEADER_SIZE]), b"H01", "bad-header")
                 return None
             raw = bytes(buf[:HEADER_SIZE])
             del buf[:HEADER_SIZE]
+            self._held = HEADER_SIZE
             self._header = self._parse_header(raw)
             self._packets, self._count = {}, self._header[1]
         while self._header[1] > 0:
             if len(buf) < PACKET_HEADER_SIZE:
-                self._check_prefix(bytes(buf[:PACKET_HEADER_SIZE]), b"P")
+                self._check_prefix(bytes(buf[:PACKET_HEADER_SIZE]), b"P", "bad-packet")
                 return None
             packet_type, length = self._parse_packet_header(bytes(buf[:PACKET_HEADER_SIZE]))
             if len(buf) < PACKET_HEADER_SIZE + length:
                 return None
             content = bytes(buf[PACKET_HEADER_SIZE:PACKET_HEADER_SIZE + length])
             del buf[:PACKET_HEADER_SIZE + length]
+            self._held += PACKET_HEADER_SIZE + length
             if packet_type in self._packets:
                 raise ProtocolError("duplicate-packet", f"packet type {packet_type:02d} appears twice")
             self._packets[packet_type] = content
             self._header = (self._header[0], self._header[1] - 1)
         msg_type = self._header[0]
         self._header = None
+        self._held = 0
         return self._validate(Message(msg_type, self._packets, self._count))
 
     @staticmethod
-    def _check_prefix(partial: bytes, expected: bytes) -> None:
+    def _check_prefix(partial: bytes, expected: bytes, code: str) -> None:
         if not expected.startswith(partial[:len(expected)]):
-            raise ProtocolError("bad-header", f"expected {expected!r}, got {partial[:len(expected)]!r}")
+            raise ProtocolError(code, f"expected {expected!r}, got {partial[:len(expected)]!r}")
 
     @staticmethod
     def _parse_header(raw: bytes) -> tuple[int, int]:
