@@ -72,10 +72,11 @@ class Broker:
 
     # -- producing --------------------------------------------------------------------------------
 
-    def produce(self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0) -> Message:
+    def produce(self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0,
+                meta: dict | None = None) -> Message:
         """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
         try:
-            message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us)
+            message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
         except StoreFull:
             self.counters.refused_full += 1
             raise
@@ -111,7 +112,8 @@ class Broker:
                 if message.expires_us and message.expires_us <= now_us:
                     self._dead_letter(message, "expired", now_us)
                     continue
-                if self.max_deliveries and message.deliveries >= self.max_deliveries:
+                cap = (message.meta or {}).get("max_deliveries") or self.max_deliveries
+                if cap and message.deliveries >= cap:
                     self._dead_letter(message, "max-deliveries", now_us)
                     continue
                 deliveries = self.store.mark_delivered(queue, message.seq)
@@ -185,6 +187,12 @@ class Broker:
     def _stored(self, ref: Ref) -> Message | None:
         info = self.store.queue_by_id(ref[0])
         return None if info is None else self.store.get(info.name, ref[1])
+
+    def set_deadline(self, ref: Ref, deadline: float) -> None:
+        """Give a delivery in flight its own deadline (eMQP's timeout:N) instead of the ack timeout."""
+        delivery = self.inflight.get(ref)
+        if delivery is not None:
+            self.inflight.add(ref, deadline, delivery.consumer)
 
     def undeliver(self, ref: Ref) -> None:
         """A delivery that never left (the socket refused it): requeue it and take back its count."""

@@ -58,6 +58,13 @@ def cli() -> None:
 @click.option("--phpmq-dsn", help="PHPMQ clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:9100]")
 @click.option("--phpmq-dialect", type=click.Choice(["auto", "legacy", "current"]),
               help="Force the PHPMQ dispatch dialect for every connection.  [default: auto]")
+@click.option("--emqp-frontend-dsn", help="eMQP clients' endpoint; '' disables.  [default: tcp://127.0.0.1:47291]")
+@click.option("--emqp-backend-dsn", help="eMQP workers' endpoint; '' disables.  [default: tcp://127.0.0.1:47290]")
+@click.option("--emqp-publish-dsn", help="eMQP PUBLISH fan-out (PUB); '' disables.  [default: tcp://127.0.0.1:47292]")
+@click.option("--emqp-heartbeat-interval", type=float, help="Seconds between heartbeats to workers.  [default: 3]")
+@click.option("--emqp-heartbeat-liveness", type=int,
+              help="Silent intervals after which a worker is dead.  [default: 3]")
+@click.option("--emqp-default-queues", help="Queues of a worker whose INFORM names none.  [default: default]")
 @click.option("--ack-timeout", type=int, help="µs a consumer has to ack a delivery.  [default: 5000000]")
 @click.option("--reaper-frequency", type=int,
               help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]")

@@ -30,6 +30,12 @@ class Config:
     queue: str = "default"
     phpmq_dsn: str = "tcp://127.0.0.1:9100"
     phpmq_dialect: str = "auto"
+    emqp_frontend_dsn: str = "tcp://127.0.0.1:47291"
+    emqp_backend_dsn: str = "tcp://127.0.0.1:47290"
+    emqp_publish_dsn: str = "tcp://127.0.0.1:47292"
+    emqp_heartbeat_interval: float = 3.0
+    emqp_heartbeat_liveness: int = 3
+    emqp_default_queues: str = "default"
     ack_timeout: int = 5_000_000
     reaper_frequency: int = 2_500_000
     hard_sync: bool = True
@@ -51,6 +57,18 @@ class Config:
             raise ConfigError(f"--phpmq-dsn: {self.phpmq_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
         if self.phpmq_dialect not in ("auto", "legacy", "current"):
             raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
+        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn"):
+            value = getattr(self, name)
+            if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
+                raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint "
+                                  "(or empty to disable)")
+        if bool(self.emqp_frontend_dsn) != bool(self.emqp_backend_dsn):
+            raise ConfigError("--emqp-frontend-dsn and --emqp-backend-dsn: give both or neither")
+        if not 0.01 <= self.emqp_heartbeat_interval <= 3600:
+            raise ConfigError(f"--emqp-heartbeat-interval: {self.emqp_heartbeat_interval} is not 0.01 to 3600 s")
+        _at_least(self, "emqp_heartbeat_liveness", 1)
+        if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
+            raise ConfigError("--emqp-default-queues: name at least one queue")
         if not self.database:
             raise ConfigError("--database: must name a directory")
         if not self.queue or len(self.queue.encode()) > 255:
@@ -101,6 +119,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"{value!r} is not true or false")
+        if kind in (float, "float"):
+            if isinstance(value, bool):
+                raise ValueError(f"{value!r} is not a number")
+            return float(value)
         if kind in (int, "int"):
             if isinstance(value, bool):
                 raise ValueError(f"{value!r} is not a number")

@@ -22,6 +22,7 @@ import zmq
 from pzq.broker import Broker, Ref
 from pzq.config import Config
 from pzq.errors import ConfigError, ProtocolError, StoreError, StoreFull
+from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
@@ -87,6 +88,19 @@ class Server:
             self.phpmq_sock = self._bind(zmq.STREAM, cfg.phpmq_dsn, "--phpmq-dsn")
             self.phpmq_sock.setsockopt(zmq.SNDHWM, 0)
             self.poller.register(self.phpmq_sock, zmq.POLLIN)
+        self.emqp = None
+        if cfg.emqp_frontend_dsn:
+            self.emqp_front = self._bind(zmq.ROUTER, cfg.emqp_frontend_dsn, "--emqp-frontend-dsn")
+            self.emqp_back = self._bind(zmq.ROUTER, cfg.emqp_backend_dsn, "--emqp-backend-dsn")
+            self.emqp_pub = (self._bind(zmq.PUB, cfg.emqp_publish_dsn, "--emqp-publish-dsn")
+                             if cfg.emqp_publish_dsn else None)
+            for sock in (self.emqp_front, self.emqp_back):
+                sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_size + 4096)
+                self.poller.register(sock, zmq.POLLIN)
+            self.emqp = EmqpGateway(self.broker, heartbeat_s=cfg.emqp_heartbeat_interval,
+                                    liveness=cfg.emqp_heartbeat_liveness, publish=self.emqp_pub is not None,
+                                    default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",")
+                                                    if q.strip()])
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
         log.info("pzq serving queue %r from %s: receive %s, send %s, monitor %s", cfg.queue, cfg.database,
@@ -159,6 +173,8 @@ class Server:
             wake = min(wake, deadline)
         if self._dirty_since is not None:
             wake = min(wake, self._dirty_since + self.config.commit_interval / 1e6)
+        if self.emqp is not None:
+            wake = min(wake, self.emqp.next_heartbeat)
         return max(0, int((wake - now) * 1000 + 0.999))
 
     def _turn(self, timeout_ms: int) -> None:
@@ -174,6 +190,7 @@ class Server:
         deliveries: list[Message] = []
         closing: list[bytes] = []
         phpmq_out: list[tuple[bytes, bytes]] = []
+        emqp_out: list = []
         produced = self.broker.counters.produced
         try:
             if self.receive in ready:
@@ -186,13 +203,18 @@ class Server:
                 self._read_monitor(requests)
             if self.phpmq_sock is not None and self.phpmq_sock in ready:
                 self._read_phpmq(closing, now_us)
+            if self.emqp is not None:
+                self._read_emqp(ready, emqp_out, now, now_us)
             if self.broker.expire(now):
                 self._native_stalled = False
             deliveries = self._take_for_native(now, now_us)
             if self.phpmq.sessions:
                 phpmq_out = self.phpmq.dispatch(now=now, now_us=now_us)
+            if self.emqp is not None:
+                emqp_out += self.emqp.tick(now)
+                emqp_out += self.emqp.dispatch(now=now, now_us=now_us)
             # New messages are made durable at once, whether or not their protocol acks them.
-            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out)
+            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out) or bool(emqp_out)
                                 or self.broker.counters.produced != produced)
         except StoreError:
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
@@ -200,6 +222,7 @@ class Server:
             acks = [(r, m, err or native.STORE_FAILED) for r, m, err in acks]
             deliveries = []
             phpmq_out = []
+            emqp_out = []
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
@@ -207,6 +230,12 @@ class Server:
             send_frames(self.phpmq_sock, [conn, data])
         for conn in closing:
             send_frames(self.phpmq_sock, [conn, b""])  # an empty frame closes a STREAM peer
+        for target, frames in emqp_out:
+            sock = self.emqp_front if target == FRONT else self.emqp_back if target == BACK else self.emqp_pub
+            try:
+                send_frames(sock, frames, NOBLOCK)
+            except Again:
+                log.warning("eMQP %s socket full: a message to %r was dropped", target, frames[0][:40])
         for request in requests:
             try:
                 text = self._answer(request, now_us)
@@ -299,6 +328,17 @@ class Server:
                 self.phpmq.disconnected(conn)
                 closing.append(conn)
 
+    def _read_emqp(self, ready: dict, out: list, now: float, now_us: int) -> None:
+        for sock, handle in ((self.emqp_front, self.emqp.from_client), (self.emqp_back, self.emqp.from_worker)):
+            if sock not in ready:
+                continue
+            for _ in range(READ_BATCH):
+                try:
+                    frames = recv_frames(sock, NOBLOCK)
+                except Again:
+                    break
+                out += handle(frames, now=now, now_us=now_us)
+
     def _native_credit(self) -> int:
         return self.config.max_inflight - self.broker.inflight.count(NATIVE_CONSUMER)
 
@@ -352,6 +392,8 @@ class Server:
         })
         if self.phpmq_sock is not None:
             stats["phpmq"] = self.phpmq.stats()
+        if self.emqp is not None:
+            stats["emqp"] = self.emqp.stats()
         return stats
 
     def _answer(self, request: monitor_proto.Request, now_us: int) -> str:

@@ -5,10 +5,11 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     queues      name (utf-8)            -> msgpack [qid, next_seq, count, bytes, dead_count, dead_bytes]
     meta        b"next_qid"             -> u64 (ids are never reused, so message ids stay unique)
                 b"format"               -> u64 (layout version, 1)
-    messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]]
+    messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
+                                                    (, meta: a protocol's own fields, e.g. eMQP's)]
     deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
-                                                    reason, dead_at_us]
+                                                    reason, dead_at_us (, meta)]
 
 Group commit: every write joins one open write transaction; ``commit()`` ends it with one durable
 commit (fsync'd unless ``sync=False``). Nothing else in pzq decides when data reaches the disk.
@@ -55,6 +56,7 @@ class Message:
     enqueued_us: int
     expires_us: int = 0
     deliveries: int = 0
+    meta: dict | None = None  # a protocol's own fields (eMQP: client, msgid, headers); others ignore it
 
     @property
     def id(self) -> str:
@@ -300,13 +302,17 @@ class Store:
         self._dirty_queues.add(info.name)
         self._dirty = True
 
-    def put(self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0) -> Message:
+    def put(self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0,
+            meta: dict | None = None) -> Message:
         """Append a message to ``queue``. Raises StoreFull (writing nothing) past the store limit."""
-        return self._append(queue, frames, now_us, expires_us, check_limit=True)
+        return self._append(queue, frames, now_us, expires_us, check_limit=True, meta=meta)
 
     def _append(self, queue: str, frames: Sequence[bytes], enqueued_us: int, expires_us: int, *,
-                check_limit: bool) -> Message:
-        value = msgpack.packb([enqueued_us, expires_us, list(frames)])
+                check_limit: bool, meta: dict | None = None) -> Message:
+        record = [enqueued_us, expires_us, list(frames)]
+        if meta:
+            record.append(meta)
+        value = msgpack.packb(record)
         size = _accounted(_KEY.pack(0, 0), value)
         if check_limit and self._total_bytes + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self._total_bytes} of {self.max_size} bytes")
@@ -319,7 +325,7 @@ class Store:
             self._do(_raise, exc)
         info.next_seq = seq + 1
         self._account(info, 1, size)
-        return Message(queue, info.qid, seq, frames, enqueued_us, expires_us, 0)
+        return Message(queue, info.qid, seq, frames, enqueued_us, expires_us, 0, meta)
 
     def _txn_for_read(self):
         return self._txn if self._txn is not None else self._env.begin()
@@ -332,9 +338,9 @@ class Store:
         return _U32.unpack(raw)[0] if raw else 0
 
     def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message:
-        enqueued_us, expires_us, frames = msgpack.unpackb(value)
-        deliveries = self._deliveries(key, txn)
-        return Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries)
+        record = msgpack.unpackb(value)
+        return Message(info.name, info.qid, _KEY.unpack(key)[1], record[2], record[0], record[1],
+                       self._deliveries(key, txn), record[3] if len(record) > 3 else None)
 
     def get(self, queue: str, seq: int) -> Message | None:
         info = self._queues.get(queue)
@@ -402,7 +408,8 @@ class Store:
         if not self.delete(message.queue, message.seq):
             raise StoreError(f"message {message.id} is not stored")
         moved = self._append(message.queue, message.frames, message.enqueued_us,
-                             message.expires_us if expires_us is None else expires_us, check_limit=False)
+                             message.expires_us if expires_us is None else expires_us, check_limit=False,
+                             meta=message.meta)
         if message.deliveries:
             self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = (message.deliveries, time.monotonic())
         moved.deliveries = message.deliveries
@@ -416,15 +423,19 @@ class Store:
             return False
         info = self._queues[message.queue]
         key = _KEY.pack(info.qid, message.seq)
-        value = msgpack.packb([message.enqueued_us, message.expires_us, message.frames, message.deliveries,
-                               reason, now_us])
+        record = [message.enqueued_us, message.expires_us, message.frames, message.deliveries, reason, now_us]
+        if message.meta:
+            record.append(message.meta)
+        value = msgpack.packb(record)
         self._do(self._write().put, key, value, db=self._dead_db)
         self._account(info, dead_count=1, dead_size=_accounted(key, value))
         return True
 
     def _decode_dead(self, info: QueueInfo, key: bytes, value: bytes, txn) -> DeadLetter:
-        enqueued_us, expires_us, frames, deliveries, reason, dead_at_us = msgpack.unpackb(value)
-        message = Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries)
+        record = msgpack.unpackb(value)
+        enqueued_us, expires_us, frames, deliveries, reason, dead_at_us = record[:6]
+        message = Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries,
+                          record[6] if len(record) > 6 else None)
         return DeadLetter(message, reason, dead_at_us)
 
     def dead_letters(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[DeadLetter]:
@@ -449,7 +460,7 @@ class Store:
             self._do(self._write().delete, key, db=self._dead_db)
             self._account(info, dead_count=-1, dead_size=-_accounted(key, value))
             moved.append(self._append(queue, letter.message.frames, letter.message.enqueued_us,
-                                      letter.message.expires_us, check_limit=False))
+                                      letter.message.expires_us, check_limit=False, meta=letter.message.meta))
         return moved
 
     # -- figures ----------------------------------------------------------------------------------

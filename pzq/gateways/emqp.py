@@ -1,0 +1,234 @@
+"""eMQP (EventMQ) clients and workers on the shared store: requests, jobs, replies, heartbeats.
+
+The server feeds ``from_client`` (frontend ROUTER) and ``from_worker`` (backend ROUTER) and sends what
+they, ``dispatch`` and ``tick`` return, after the turn's commit: a client's ACK therefore always
+follows the durable commit of its REQUEST. Rules: shared/specs/emqp.md, "pzq's rules".
+
+Mapping to the store: a REQUEST is a one-frame message (its payload) in its named queue, with the
+client's identity, msgid and headers kept as the message's meta; a message from another protocol
+reaches workers with its 32-hex id as msgid, no headers, and its frames joined as the payload (bytes
+that are not UTF-8 are replaced, since eventmq peers decode every frame).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from pzq.broker import Broker, Ref
+from pzq.errors import ProtocolError, StoreFull
+from pzq.protocols import emqp
+from pzq.store import Message
+
+log = logging.getLogger("pzq.emqp")
+
+FRONT, BACK, PUB = "front", "back", "pub"
+NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
+TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
+
+Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
+
+
+@dataclasses.dataclass
+class Worker:
+    """A JobManager: its queues heaviest first, free slots (one per READY), and whether it drains."""
+
+    identity: bytes
+    queues: list[tuple[int, str]]
+    last_seen: float
+    slots: int = 0
+    draining: bool = False
+
+    @property
+    def consumer(self) -> tuple:
+        return ("emqp", self.identity)
+
+
+class EmqpGateway:
+    """Every eMQP worker and what clients ask of the broker."""
+
+    def __init__(self, broker: Broker, *, default_queues: list[str], heartbeat_s: float, liveness: int,
+                 publish: bool = False):
+        self.broker = broker
+        self.default_queues = default_queues
+        self.heartbeat_s = heartbeat_s
+        self.liveness = liveness
+        self.publish = publish
+        self.workers: dict[bytes, Worker] = {}
+        self.jobs: dict[str, Ref] = {}  # msgid a worker was given -> the stored message
+        self.next_heartbeat = 0.0
+        self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
+                         "dead_workers_total": 0, "bad_input_total": 0}
+
+    # -- clients ----------------------------------------------------------------------------------
+
+    def from_client(self, frames: list[bytes], *, now: float, now_us: int) -> list[Out]:
+        cmd = self._parse(frames)
+        if cmd is None:
+            return []
+        if cmd.name == "REQUEST":
+            return self._request(cmd, now_us)
+        if cmd.name == "INFORM":  # a scheduler introducing itself
+            return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+        if cmd.name == "PUBLISH":
+            if self.publish:
+                return [(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()])]
+            log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
+        elif cmd.name == "DISCONNECT":
+            log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
+        elif cmd.name in ("SCHEDULE", "UNSCHEDULE"):
+            log.warning("eMQP %s from %r is not supported yet: ignored", cmd.name, cmd.peer[:40])
+        return []
+
+    def _request(self, cmd: emqp.Command, now_us: int) -> list[Out]:
+        queue, headers_text, payload = cmd.args
+        try:
+            headers = emqp.parse_headers(headers_text)
+            retries = emqp.header_int(headers, "retry-count")
+            timeout = emqp.header_int(headers, "timeout")
+            if not queue or len(queue.encode()) > 255:
+                raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
+        except ProtocolError as exc:
+            self._bad(cmd.peer, exc)
+            return []
+        meta = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
+        if retries:
+            meta["max_deliveries"] = retries + 1
+        if timeout:
+            meta["timeout"] = timeout
+        try:
+            self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
+        except StoreFull:
+            log.warning("eMQP REQUEST %s for %r refused: queue full (no ACK sent)", cmd.msgid, queue)
+            return []
+        self.counters["requests_total"] += 1
+        return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def from_worker(self, frames: list[bytes], *, now: float, now_us: int) -> list[Out]:
+        cmd = self._parse(frames)
+        if cmd is None:
+            return []
+        worker = self.workers.get(cmd.peer)
+        if worker is not None:
+            worker.last_seen = now  # every command counts as a heartbeat
+        if cmd.name == "INFORM":
+            return self._inform(cmd, now)
+        if worker is None:
+            log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
+            return []
+        if cmd.name == "READY":
+            worker.slots += 1
+        elif cmd.name == "REPLY":
+            return self._reply(cmd)
+        elif cmd.name in ("KBYE", "KBAI"):
+            worker.draining = True  # finishes and REPLYs what it holds; gets nothing new
+            log.info("eMQP worker %r says goodbye: draining", cmd.peer[:40])
+        elif cmd.name == "DISCONNECT":
+            self._drop(worker, "it disconnected")
+        return []
+
+    def _inform(self, cmd: emqp.Command, now: float) -> list[Out]:
+        try:
+            queues = emqp.parse_queues(cmd.args[0], self.default_queues)
+        except ProtocolError as exc:
+            self._bad(cmd.peer, exc)
+            return []
+        old = self.workers.pop(cmd.peer, None)
+        if old is not None:
+            self.broker.consumer_gone(old.consumer)
+        self.workers[cmd.peer] = Worker(cmd.peer, queues, now)
+        # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
+        return [(BACK, [cmd.peer, *emqp.ack(cmd.msgid)]), (BACK, [cmd.peer, *emqp.heartbeat()])]
+
+    def _reply(self, cmd: emqp.Command) -> list[Out]:
+        if len(cmd.args) < 2:
+            self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
+            return []
+        reply_json, request_msgid = cmd.args
+        ref = self.jobs.pop(request_msgid, None)
+        if ref is None:
+            log.info("eMQP REPLY for unknown job %r (already done, or given out before a restart)",
+                     request_msgid[:60])
+            return []
+        self.counters["replies_total"] += 1
+        message = self._stored(ref)
+        self.broker.ack(ref)
+        meta = message.meta if message is not None else None
+        if meta and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
+            self.counters["replies_forwarded_total"] += 1
+            return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
+        return []
+
+    def _stored(self, ref: Ref) -> Message | None:
+        info = self.broker.store.queue_by_id(ref[0])
+        return None if info is None else self.broker.store.get(info.name, ref[1])
+
+    def _drop(self, worker: Worker, why: str) -> None:
+        self.workers.pop(worker.identity, None)
+        requeued = self.broker.consumer_gone(worker.consumer)
+        log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
+
+    # -- dispatch and time ------------------------------------------------------------------------
+
+    def dispatch(self, *, now: float, now_us: int) -> list[Out]:
+        """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
+        out: list[Out] = []
+        for worker in list(self.workers.values()):
+            while worker.slots > 0 and not worker.draining:
+                job = self._take_for(worker, now, now_us)
+                if job is None:
+                    break
+                out.append(job)
+                worker.slots -= 1
+                self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
+        return out
+
+    def _take_for(self, worker: Worker, now: float, now_us: int) -> Out | None:
+        for _, queue in worker.queues:
+            if not self.broker.has_ready(queue):
+                continue
+            taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
+            if not taken:
+                continue
+            message = taken[0]
+            meta = message.meta or {}
+            if meta.get("timeout"):
+                self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
+            msgid = meta.get("msgid") or message.id
+            headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
+            payload = b"".join(message.frames).decode("utf-8", "replace")
+            self.jobs[msgid] = (message.qid, message.seq)
+            return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
+        return None
+
+    def tick(self, now: float) -> list[Out]:
+        """Heartbeat every worker each interval; drop the ones silent for ``liveness`` intervals."""
+        if now < self.next_heartbeat:
+            return []
+        self.next_heartbeat = now + self.heartbeat_s
+        for worker in [w for w in self.workers.values() if now - w.last_seen > self.liveness * self.heartbeat_s]:
+            self.counters["dead_workers_total"] += 1
+            self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
+        return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _parse(self, frames: list[bytes]) -> emqp.Command | None:
+        try:
+            return emqp.parse(frames)
+        except ProtocolError as exc:
+            self._bad(frames[0] if frames else b"?", exc)
+            return None
+
+    def _bad(self, peer: bytes, exc: ProtocolError) -> None:
+        self.counters["bad_input_total"] += 1
+        n = self.counters["bad_input_total"]
+        if n <= 10 or n % 1000 == 0:
+            log.warning("bad eMQP input from %r (%s, #%d): %s", peer[:40], exc.code, n, exc.detail)
+
+    def stats(self) -> dict:
+        return {"workers": len(self.workers), "slots": sum(w.slots for w in self.workers.values()),
+                "draining": sum(1 for w in self.workers.values() if w.draining),
+                "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
+                **self.counters}

@@ -1,0 +1,142 @@
+"""eMQP/1.0, the EventMQ protocol (shared/specs/emqp.md), as pure functions over frame lists.
+
+Every command is ``['', 'eMQP/1.0', COMMAND, msgid, ...]`` of UTF-8 text frames (eventmq peers decode
+every frame, so nothing binary may ever be sent to them). A ROUTER prepends the sender's identity.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Sequence
+
+from pzq.errors import ProtocolError
+
+VERSION = b"eMQP/1.0"
+
+# command -> how many frames follow the msgid (min, max)
+_ARITY = {
+    b"REQUEST": (3, 3),      # queue, headers, payload
+    b"REPLY": (1, 2),        # reply (, original msgid)
+    b"INFORM": (1, 2),       # queues (, peer type)
+    b"READY": (0, 0),
+    b"HEARTBEAT": (0, 1),    # unix timestamp
+    b"DISCONNECT": (0, 0),
+    b"KBYE": (0, 0),
+    b"KBAI": (0, 0),
+    b"ACK": (1, 1),
+    b"SCHEDULE": (3, 5),     # queue, headers, interval (, payload, cron): 9 frames as eventmq sends
+    b"UNSCHEDULE": (3, 5),
+    b"PUBLISH": (2, 3),      # topic (, headers), payload
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One eMQP command from a peer; ``args`` are the frames after the msgid, as text."""
+
+    peer: bytes
+    name: str
+    msgid: str
+    args: list[str]
+
+
+def parse(frames: Sequence[bytes]) -> Command:
+    """Read one ROUTER-received message; raises ProtocolError on anything that is not eMQP/1.0."""
+    if len(frames) < 5:
+        raise ProtocolError("short", f"{len(frames)} frame(s) is too short for an eMQP command")
+    peer, empty, version, name = frames[0], frames[1], frames[2], frames[3]
+    if empty != b"" or version != VERSION:
+        raise ProtocolError("bad-version", f"expected '' and {VERSION.decode()}, got {bytes(version[:20])!r}")
+    if name not in _ARITY:
+        raise ProtocolError("unknown-command", f"unknown command {bytes(name[:20])!r}")
+    low, high = _ARITY[name]
+    rest = frames[5:]
+    if not low <= len(rest) <= high:
+        raise ProtocolError("bad-arity", f"{name.decode()} takes {low} to {high} frames after the msgid, "
+                                         f"got {len(rest)}")
+    try:
+        text = [f.decode("utf-8") for f in (frames[4], *rest)]
+    except UnicodeDecodeError:
+        raise ProtocolError("not-utf8", f"{name.decode()} has a frame that is not UTF-8") from None
+    return Command(peer, name.decode(), text[0], text[1:])
+
+
+def new_msgid() -> str:
+    return str(uuid.uuid4())
+
+
+def command(name: str, *args: str | bytes) -> list[bytes]:
+    """The frames of a command to send (without the ROUTER's routing frame), with a fresh msgid."""
+    return [b"", VERSION, name.encode(), new_msgid().encode(),
+            *(a if isinstance(a, bytes) else a.encode("utf-8") for a in args)]
+
+
+def ack(acked_msgid: str) -> list[bytes]:
+    return command("ACK", acked_msgid)
+
+
+def heartbeat(now: float | None = None) -> list[bytes]:
+    return command("HEARTBEAT", repr(time.time() if now is None else now))
+
+
+def request(msgid: str, queue: str, headers: str, payload: str) -> list[bytes]:
+    """A job as a worker receives it: the client's REQUEST with its msgid kept."""
+    return [b"", VERSION, b"REQUEST", msgid.encode(), queue.encode(), headers.encode(), payload.encode()]
+
+
+def reply(reply_json: str, request_msgid: str) -> list[bytes]:
+    """A worker's REPLY passed on to the client: [.., new msgid, reply, the request's msgid]."""
+    return command("REPLY", reply_json, request_msgid)
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """'reply-requested,retry-count:3' -> {'reply-requested': '', 'retry-count': '3'}."""
+    out = {}
+    for item in text.split(","):
+        item = item.strip()
+        if item:
+            name, _, value = item.partition(":")
+            out[name] = value
+    return out
+
+
+def header_int(headers: dict[str, str], name: str) -> int:
+    value = headers.get(name, "")
+    if not value:
+        return 0
+    if not value.isdigit() or len(value) > 9:
+        raise ProtocolError("bad-header", f"header {name}:{value[:20]} is not a whole number")
+    return int(value)
+
+
+def with_header(headers: str, name: str) -> str:
+    """``headers`` with ``name`` added unless present (jobs always ask the worker for a REPLY)."""
+    if name in parse_headers(headers):
+        return headers
+    return f"{headers},{name}" if headers else name
+
+
+def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
+    """A worker INFORM's queues, heaviest first: JSON [[weight, name], ...], the old CSV of names
+    (weight 10 each), or '' for the broker's default queues. Raises ProtocolError."""
+    text = text.strip()
+    if not text:
+        return [(10, name) for name in default]
+    if text.startswith("["):
+        try:
+            pairs = json.loads(text)
+        except ValueError:
+            raise ProtocolError("bad-queues", "INFORM queues are not valid JSON") from None
+        out = []
+        for pair in pairs if isinstance(pairs, list) else [None]:
+            if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], int)
+                    or isinstance(pair[0], bool) or not isinstance(pair[1], str) or not pair[1]):
+                raise ProtocolError("bad-queues", "INFORM queues must be [[weight, name], ...]")
+            out.append((pair[0], pair[1]))
+    else:
+        out = [(10, name.strip()) for name in text.split(",") if name.strip()]
+    if not out or any(len(name.encode()) > 255 for _, name in out):
+        raise ProtocolError("bad-queues", "INFORM names no usable queue")
+    return sorted(out, key=lambda pair: -pair[0])
