@@ -24,6 +24,8 @@ log = logging.getLogger("pzq.emqp")
 FRONT, BACK, PUB = "front", "back", "pub"
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
+DRAIN_GRACE_S = 300.0  # a worker that said KBYE may run its last jobs this long (eventmq's kill grace)
+REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
 
 Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
 
@@ -55,6 +57,7 @@ class EmqpGateway:
         self.publish = publish
         self.workers: dict[bytes, Worker] = {}
         self.jobs: dict[str, Ref] = {}  # msgid a worker was given -> the stored message
+        self.departed: dict[bytes, list[tuple[int, str]]] = {}  # dropped worker -> its queues
         self.next_heartbeat = 0.0
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
                          "dead_workers_total": 0, "bad_input_total": 0}
@@ -114,13 +117,19 @@ class EmqpGateway:
             worker.last_seen = now  # every command counts as a heartbeat
         if cmd.name == "INFORM":
             return self._inform(cmd, now)
+        if cmd.name == "REPLY":
+            # Jobs are known by msgid, not by worker: a draining JobManager may answer from a new
+            # connection (it reconnects with a fresh identity), and its REPLY still completes the job.
+            return self._reply(cmd)
+        if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
+            # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
+            worker = self.workers[cmd.peer] = Worker(cmd.peer, self.departed.pop(cmd.peer), now)
+            log.info("eMQP worker %r is back", cmd.peer[:40])
         if worker is None:
             log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
             return []
         if cmd.name == "READY":
             worker.slots += 1
-        elif cmd.name == "REPLY":
-            return self._reply(cmd)
         elif cmd.name in ("KBYE", "KBAI"):
             worker.draining = True  # finishes and REPLYs what it holds; gets nothing new
             log.info("eMQP worker %r says goodbye: draining", cmd.peer[:40])
@@ -166,6 +175,10 @@ class EmqpGateway:
 
     def _drop(self, worker: Worker, why: str) -> None:
         self.workers.pop(worker.identity, None)
+        if not worker.draining:
+            self.departed[worker.identity] = worker.queues
+            while len(self.departed) > REMEMBERED:
+                self.departed.pop(next(iter(self.departed)))
         requeued = self.broker.consumer_gone(worker.consumer)
         log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
 
@@ -207,9 +220,15 @@ class EmqpGateway:
         if now < self.next_heartbeat:
             return []
         self.next_heartbeat = now + self.heartbeat_s
-        for worker in [w for w in self.workers.values() if now - w.last_seen > self.liveness * self.heartbeat_s]:
-            self.counters["dead_workers_total"] += 1
-            self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
+        for worker in list(self.workers.values()):
+            if worker.draining and not self.broker.inflight.count(worker.consumer):
+                self._drop(worker, "it finished draining")
+                continue
+            # A draining JobManager may stop heartbeating while its last jobs run: give it their time.
+            limit = DRAIN_GRACE_S if worker.draining else self.liveness * self.heartbeat_s
+            if now - worker.last_seen > limit:
+                self.counters["dead_workers_total"] += 1
+                self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
         return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
 
     # -- helpers ----------------------------------------------------------------------------------
