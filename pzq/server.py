@@ -79,14 +79,16 @@ class Server:
         self.poller.register(self.monitor, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
         self.phpmq_sock = None
-        self.phpmq = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect)
+        self.phpmq = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
+                                  max_credit=cfg.max_inflight)
+        self._phpmq_closed: dict[bytes, float] = {}  # closed by us: STREAM gives no notice for those
         if cfg.phpmq_dsn:
             # A ZeroMQ STREAM socket is raw TCP inside the same poller as every other endpoint, with
             # connect/disconnect notices and libzmq's buffering; each dispatch goes out as one send,
             # which the legacy client needs (it reads a header in one 8-byte read). Memory per slow
-            # reader is bounded by its credit window (count x the message size limit).
+            # reader is bounded by its send pipe (SNDHWM messages; past it a dispatch is taken back).
             self.phpmq_sock = self._bind(zmq.STREAM, cfg.phpmq_dsn, "--phpmq-dsn")
-            self.phpmq_sock.setsockopt(zmq.SNDHWM, 0)
+            self.phpmq_sock.setsockopt(zmq.SNDHWM, 2 * cfg.max_inflight)
             self.poller.register(self.phpmq_sock, zmq.POLLIN)
         self.emqp = None
         if cfg.emqp_frontend_dsn:
@@ -226,10 +228,8 @@ class Server:
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
-        for conn, data in phpmq_out:
-            send_frames(self.phpmq_sock, [conn, data])
-        for conn in closing:
-            send_frames(self.phpmq_sock, [conn, b""])  # an empty frame closes a STREAM peer
+        if phpmq_out or closing:
+            self._send_phpmq(phpmq_out, closing, now)
         for target, frames in emqp_out:
             sock = self.emqp_front if target == FRONT else self.emqp_back if target == BACK else self.emqp_pub
             try:
@@ -315,10 +315,10 @@ class Server:
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in self.phpmq.sessions:
                     self.phpmq.disconnected(conn)
-                elif conn not in closing:
+                elif conn not in closing and self._phpmq_closed.pop(conn, None) is None:
                     self.phpmq.connected(conn)
                 continue
-            if conn in closing:
+            if conn in closing or conn in self._phpmq_closed:
                 continue
             try:
                 self.phpmq.received(conn, data, now_us=now_us)
@@ -327,6 +327,23 @@ class Server:
                 self.phpmq.closed_total += 1
                 self.phpmq.disconnected(conn)
                 closing.append(conn)
+
+    def _send_phpmq(self, out: list, closing: list, now: float) -> None:
+        for conn, data, ref in out:
+            try:
+                send_frames(self.phpmq_sock, [conn, data], NOBLOCK)
+            except Again:  # the client reads too slowly: the message stays stored for later
+                self.broker.undeliver(ref)
+            except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
+                self.phpmq.disconnected(conn)
+        for conn in closing:
+            try:
+                send_frames(self.phpmq_sock, [conn, b""], NOBLOCK)  # an empty frame closes a STREAM peer
+            except zmq.ZMQError:
+                pass
+            self._phpmq_closed[conn] = now
+        for conn in [c for c, t in self._phpmq_closed.items() if now - t > 60]:
+            del self._phpmq_closed[conn]
 
     def _read_emqp(self, ready: dict, out: list, now: float, now_us: int) -> None:
         for sock, handle in ((self.emqp_front, self.emqp.from_client), (self.emqp_back, self.emqp.from_worker)):

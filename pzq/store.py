@@ -39,7 +39,6 @@ _U32 = struct.Struct(">I")
 _OVERHEAD = 64
 _FORMAT = 1
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-_MIN_MAP = 64 << 20
 
 
 @dataclasses.dataclass(slots=True)
@@ -134,7 +133,9 @@ class Store:
         self._readonly = readonly
         os.makedirs(self.path, exist_ok=True)
         try:
-            self._env = lmdb.open(self.path, map_size=min(self.map_cap, _MIN_MAP), max_dbs=8, sync=sync,
+            # The whole cap is reserved as address space only: LMDB's data file still grows page by page
+            # as data is written, and no single turn, however large, can run out of map mid-way.
+            self._env = lmdb.open(self.path, map_size=self.map_cap, max_dbs=8, sync=sync,
                                   readonly=readonly, lock=True, meminit=False)
             self._queues_db = self._env.open_db(b"queues", create=not readonly)
             self._meta_db = self._env.open_db(b"meta", create=not readonly)
@@ -241,15 +242,8 @@ class Store:
         if self._readonly:
             raise StoreError("the store is open read-only")
         if self._txn is None:
-            self._grow_if_needed()
             self._txn = self._env.begin(write=True)
         return self._txn
-
-    def _grow_if_needed(self) -> None:
-        info = self._env.info()
-        used = (info["last_pgno"] + 1) * self._env.stat()["psize"]
-        if used > info["map_size"] * 0.75 and info["map_size"] < self.map_cap:
-            self._env.set_mapsize(min(self.map_cap, info["map_size"] * 2))
 
     def _do(self, op, *args, **kwargs):
         """Run one LMDB write; a failure rolls the whole open transaction back (LMDB demands it)."""

@@ -39,9 +39,10 @@ class Session:
 class PhpmqGateway:
     """Every PHPMQ session of the server, and what they ask of the broker."""
 
-    def __init__(self, broker: Broker, *, max_content: int, dialect: str = "auto"):
+    def __init__(self, broker: Broker, *, max_content: int, dialect: str = "auto", max_credit: int = 1000):
         self.broker = broker
         self.max_content = max_content
+        self.max_credit = max_credit  # a client's count is capped: it must not size the server's memory
         self.forced = None if dialect == "auto" else phpmq.Dialect(dialect)
         self.sessions: dict[Hashable, Session] = {}
         self.received_total = 0
@@ -68,11 +69,14 @@ class PhpmqGateway:
             self._apply(session, message, now_us)
 
     def _apply(self, session: Session, message: phpmq.Message, now_us: int) -> None:
-        queue = message.queue
-        if len(queue.encode("utf-8", "surrogateescape")) > 255:
+        try:
+            queue = message.packets[phpmq.QUEUE].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("bad-queue", "queue names must be UTF-8") from None
+        if len(message.packets[phpmq.QUEUE]) > 255:
             raise ProtocolError("bad-queue", "queue names are at most 255 bytes")
         if message.type == phpmq.SEND:
-            ttl = message.number(phpmq.TTL)
+            ttl = _ttl(message)
             try:
                 self.broker.produce(queue, [message.packets[phpmq.CONTENT]], now_us=now_us,
                                     expires_us=now_us + ttl * 1_000_000 if ttl else 0)
@@ -80,7 +84,7 @@ class PhpmqGateway:
                 # PHPMQ has no reply to a send: closing is the only way to tell the client.
                 raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
         elif message.type == phpmq.CONSUME:
-            session.queue, session.count = queue, message.number(phpmq.COUNT)
+            session.queue, session.count = queue, min(message.number(phpmq.COUNT), self.max_credit)
         else:
             ref = self._ref(queue, message)
             if ref is None:
@@ -89,7 +93,7 @@ class PhpmqGateway:
             elif message.type == phpmq.ACK:
                 self.broker.ack(ref)
             elif message.type == phpmq.REQUEUE:
-                ttl = message.number(phpmq.TTL)
+                ttl = _ttl(message)
                 self.broker.requeue_at_end(ref, expires_us=now_us + ttl * 1_000_000 if ttl else 0)
             else:
                 self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", now_us=now_us)
@@ -101,8 +105,9 @@ class PhpmqGateway:
             return None
         return ref
 
-    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes]]:
-        """Fill every consumer's credit window from its queue; returns (connection, bytes) to send."""
+    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes, tuple]]:
+        """Fill every consumer's credit window from its queue; returns (connection, bytes, message ref)
+        to send (the ref lets the sender take a delivery back if the connection cannot take it)."""
         out = []
         for session in self.sessions.values():
             if session.queue is None:
@@ -114,7 +119,8 @@ class PhpmqGateway:
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
                 out.append((session.conn, phpmq.encode_dispatch(message.queue, b"".join(message.frames),
-                                                                message.id, ttl_left, session.dialect)))
+                                                                message.id, ttl_left, session.dialect),
+                            (message.qid, message.seq)))
         self.dispatched_total += len(out)
         return out
 
@@ -123,6 +129,16 @@ class PhpmqGateway:
                 "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
                 "received_total": self.received_total, "dispatched_total": self.dispatched_total,
                 "closed_bad_input_total": self.closed_total}
+
+
+MAX_TTL_S = 10 * 365 * 86400
+
+
+def _ttl(message: phpmq.Message) -> int:
+    ttl = message.number(phpmq.TTL)
+    if ttl > MAX_TTL_S:
+        raise ProtocolError("bad-ttl", f"TTL {ttl} s is over ten years")
+    return ttl
 
 
 _NAMES = {phpmq.ACK: "ack", phpmq.REQUEUE: "re-queue", phpmq.DEAD_LETTER: "dead letter"}

@@ -1,0 +1,211 @@
+"""The eMQP gateway with raw pyzmq DEALER peers speaking like eventmq's client and JobManager."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import zmq
+
+from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
+from pzq import client
+
+V = b"eMQP/1.0"
+
+
+def mid() -> bytes:
+    return str(uuid.uuid4()).encode()
+
+
+@pytest.fixture
+def emqp(make_server):
+    """start(**config) -> (server, client(), worker(queues)) with the eMQP gateway on free ports."""
+    ctx = zmq.Context.instance()
+    made = []
+
+    def start(**overrides):
+        front, _ = free_tcp_endpoint()
+        back, _ = free_tcp_endpoint()
+        srv = make_server(emqp_frontend_dsn=front, emqp_backend_dsn=back, **overrides)
+
+        def peer(endpoint):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.identity = mid()
+            s.connect(endpoint)
+            made.append(s)
+            return s
+
+        def worker(queues=b'[[10, "jobs"]]', ready=1):
+            w = peer(back)
+            inform = mid()
+            w.send_multipart([b"", V, b"INFORM", inform, queues, b"worker"])
+            assert next_command(w, b"ACK")[4] == inform
+            for _ in range(ready):
+                w.send_multipart([b"", V, b"READY", mid()])
+            return w
+
+        return srv, (lambda: peer(front)), worker
+
+    yield start
+    for s in made:
+        s.close(linger=0)
+
+
+def next_command(sock, command: bytes, timeout_ms: int = 5000) -> list[bytes]:
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        left = int((deadline - time.monotonic()) * 1000)
+        if left <= 0:
+            pytest.fail(f"no {command!r} within {timeout_ms} ms")
+        frames = recv(sock, left)
+        if frames[2] == command:
+            return frames
+
+
+def no_command(sock, command: bytes, timeout_ms: int) -> bool:
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
+        if sock.poll(50) and sock.recv_multipart()[2] == command:
+            return False
+    return True
+
+
+def request(c, queue=b"jobs", headers=b"", payload=b'["run", {"callable": "f", "path": "m"}]') -> bytes:
+    m = mid()
+    c.send_multipart([b"", V, b"REQUEST", m, queue, headers, payload])
+    return m
+
+
+def test_a_request_is_acked_once_stored_and_survives_in_its_named_queue(emqp):
+    srv, client_of, _ = emqp()
+    c = client_of()
+    m = request(c, queue=b"emails")
+    assert next_command(c, b"ACK")[4] == m
+    assert srv.stats()["queues"]["emails"]["depth"] == 1
+
+
+def test_jobs_go_to_the_heaviest_queue_first_and_fifo_within_it(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    light = [request(c, queue=b"light") for _ in range(2)]
+    heavy = [request(c, queue=b"heavy") for _ in range(2)]
+    for _ in range(4):
+        next_command(c, b"ACK")
+    w = worker(b'[[1, "light"], [50, "heavy"]]', ready=4)
+    got = [next_command(w, b"REQUEST")[3] for _ in range(4)]
+    assert got == heavy + light
+
+
+def test_each_ready_is_one_slot(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    for _ in range(3):
+        request(c)
+    w = worker(ready=1)
+    next_command(w, b"REQUEST")
+    assert no_command(w, b"REQUEST", 500), "a second job went to a worker with one slot"
+    w.send_multipart([b"", V, b"READY", mid()])
+    next_command(w, b"REQUEST")
+
+
+def test_jobs_reach_workers_with_reply_requested_and_a_reply_is_kept_from_clients_that_did_not_ask(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    m = request(c, headers=b"guarantee")
+    w = worker()
+    job = next_command(w, b"REQUEST")
+    assert job[5] == b"guarantee,reply-requested"
+    w.send_multipart([b"", V, b"REPLY", mid(), b'{"value": 1}', m])
+    wait_until(lambda: srv.stats()["queues"]["jobs"]["depth"] == 0)
+    assert no_command(c, b"REPLY", 300)
+
+
+def test_retry_count_caps_deliveries_then_the_job_goes_to_the_dead_letters(emqp):
+    srv, client_of, worker = emqp(emqp_heartbeat_interval=0.2, emqp_heartbeat_liveness=2)
+    c = client_of()
+    request(c, headers=b"retry-count:1")
+    for _ in range(2):  # two deliveries: the first and one retry, each to a worker that then dies
+        w = worker()
+        next_command(w, b"REQUEST")
+        w.close(linger=0)
+    wait_until(lambda: srv.stats()["emqp"]["dead_workers_total"] >= 2, timeout_s=5)
+    survivor = worker()
+    wait_until(lambda: srv.stats()["queues"]["jobs"]["dead_letters"] == 1, timeout_s=5)
+    assert no_command(survivor, b"REQUEST", 300)
+
+
+def test_a_job_past_its_timeout_and_grace_is_requeued(emqp, monkeypatch):
+    from pzq.gateways import emqp as gateway
+
+    monkeypatch.setattr(gateway, "TIMEOUT_GRACE_S", 0.0)  # the grace is seconds; the rule is what is tested
+    srv, client_of, worker = emqp()
+    c = client_of()
+    m = request(c, headers=b"timeout:1")
+    w = worker(ready=2)
+    assert next_command(w, b"REQUEST")[3] == m
+    started = time.monotonic()
+    assert next_command(w, b"REQUEST", 4000)[3] == m
+    assert time.monotonic() - started >= 0.9
+
+
+def test_messages_from_other_protocols_reach_workers_as_text_jobs(emqp, sockets):
+    srv, _, worker = emqp()
+    d = sockets(zmq.DEALER, srv.receive)
+    d.send_multipart([b"n", b"", b'{"from": ', b'"native"}'])
+    assert recv(d)[1] == b"1"
+    w = worker(b'[[10, "default"]]')
+    job = next_command(w, b"REQUEST")
+    assert json.loads(job[6]) == {"from": "native"}
+    assert len(job[3]) == 32 and job[5] == b"reply-requested"
+    w.send_multipart([b"", V, b"REPLY", mid(), b'{"value": null}', job[3]])
+    wait_until(lambda: srv.stats()["messages"] == 0)
+
+
+def test_a_request_is_consumable_by_a_native_consumer(emqp, sockets):
+    srv, client_of, _ = emqp()
+    consumer = wait_connected(sockets(zmq.ROUTER, None), srv.send)
+    c = client_of()
+    request(c, queue=b"default", payload=b'["run", {}]')
+    assert recv(consumer)[5:] == [b'["run", {}]']
+
+
+def test_publish_fans_out_to_subscribers_as_topic_and_payload(emqp):
+    pub, _ = free_tcp_endpoint()
+    srv, client_of, _ = emqp(emqp_publish_dsn=pub)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"news")
+    sub.connect(pub)
+    try:
+        c = client_of()
+        deadline = time.monotonic() + 5
+        while not sub.poll(100):  # a SUB learns of its subscription asynchronously: publish until heard
+            assert time.monotonic() < deadline, "no publication arrived"
+            c.send_multipart([b"", V, b"PUBLISH", mid(), b"news", b'{"x": 1}'])
+        assert sub.recv_multipart() == [b"news", b'{"x": 1}']
+    finally:
+        sub.close(linger=0)
+
+
+def test_the_monitor_shows_workers_and_slots(emqp):
+    srv, _, worker = emqp()
+    worker(ready=3)
+    stats = wait_until(lambda: (s := srv.stats())["emqp"]["slots"] == 3 and s)
+    assert stats["emqp"]["workers"] == 1
+    assert "emqp.workers: 1" in client.monitor_request(srv.monitor)
+
+
+def test_bad_frames_are_counted_and_never_stop_the_broker(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    for frames in ([b"x"], [b"", V, b"REQUEST", mid(), b"q", b"timeout:soon", b"p"],
+                   [b"", V, b"REQUEST", mid(), b"", b"", b"p"], [b"", V, b"REPLY", mid(), b"\xff"],
+                   [b"", V, b"REQUEST", mid(), b"q" * 300, b"", b"p"]):
+        c.send_multipart(frames)
+    w = client_of()  # a worker socket on the frontend is just a client
+    w.send_multipart([b"", V, b"INFORM", mid(), b"[[true, 1]]", b"worker"])
+    wait_until(lambda: srv.stats()["emqp"]["bad_input_total"] >= 5)
+    m = request(c)
+    assert next_command(c, b"ACK")[4] == m
