@@ -177,6 +177,9 @@ class Server:
             wake = min(wake, self._dirty_since + self.config.commit_interval / 1e6)
         if self.emqp is not None:
             wake = min(wake, self.emqp.next_heartbeat)
+            due_us = self.emqp.next_schedule_us()
+            if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
+                wake = min(wake, now + (due_us - time.time_ns() // 1000) / 1e6)
         return max(0, int((wake - now) * 1000 + 0.999))
 
     def _turn(self, timeout_ms: int) -> None:
@@ -213,6 +216,7 @@ class Server:
             if self.phpmq.sessions:
                 phpmq_out = self.phpmq.dispatch(now=now, now_us=now_us)
             if self.emqp is not None:
+                self.emqp.run_schedules(now_us)
                 emqp_out += self.emqp.tick(now)
                 emqp_out += self.emqp.dispatch(now=now, now_us=now_us)
             # New messages are made durable at once, whether or not their protocol acks them.

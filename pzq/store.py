@@ -8,6 +8,7 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
                                                     (, meta: a protocol's own fields, e.g. eMQP's)]
     deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
+    schedules   schedule id (utf-8)     -> msgpack {a protocol's recurring job: eMQP SCHEDULE}
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
 
@@ -142,6 +143,7 @@ class Store:
             self._messages_db = self._env.open_db(b"messages", create=not readonly)
             self._deliveries_db = self._env.open_db(b"deliveries", create=not readonly)
             self._dead_db = self._env.open_db(b"dead", create=not readonly)
+            self._schedules_db = self._env.open_db(b"schedules", create=not readonly)
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
         self._txn: lmdb.Transaction | None = None
@@ -456,6 +458,23 @@ class Store:
             moved.append(self._append(queue, letter.message.frames, letter.message.enqueued_us,
                                       letter.message.expires_us, check_limit=False, meta=letter.message.meta))
         return moved
+
+    # -- schedules --------------------------------------------------------------------------------
+
+    def save_schedule(self, key: str, record: dict) -> None:
+        """Store (or replace) a recurring job, durable with the next commit."""
+        self._do(self._write().put, key.encode(), msgpack.packb(record), db=self._schedules_db)
+        self._dirty = True
+
+    def delete_schedule(self, key: str) -> bool:
+        found = self._do(self._write().delete, key.encode(), db=self._schedules_db)
+        self._dirty = self._dirty or bool(found)
+        return bool(found)
+
+    def schedules(self) -> dict[str, dict]:
+        """Every stored recurring job (they are few: read whole at start-up)."""
+        txn = self._txn_for_read()
+        return {key.decode(): msgpack.unpackb(value) for key, value in txn.cursor(db=self._schedules_db)}
 
     # -- figures ----------------------------------------------------------------------------------
 

@@ -126,11 +126,11 @@ def test_retry_count_caps_deliveries_then_the_job_goes_to_the_dead_letters(emqp)
     srv, client_of, worker = emqp(emqp_heartbeat_interval=0.2, emqp_heartbeat_liveness=2)
     c = client_of()
     request(c, headers=b"retry-count:1")
-    for _ in range(2):  # two deliveries: the first and one retry, each to a worker that then dies
+    for dead in (1, 2):  # two deliveries: the first and one retry, each to a worker that then dies
         w = worker()
         next_command(w, b"REQUEST")
         w.close(linger=0)
-    wait_until(lambda: srv.stats()["emqp"]["dead_workers_total"] >= 2, timeout_s=5)
+        wait_until(lambda: srv.stats()["emqp"]["dead_workers_total"] >= dead, timeout_s=5)
     survivor = worker()
     wait_until(lambda: srv.stats()["queues"]["jobs"]["dead_letters"] == 1, timeout_s=5)
     assert no_command(survivor, b"REQUEST", 300)
@@ -209,3 +209,52 @@ def test_bad_frames_are_counted_and_never_stop_the_broker(emqp):
     wait_until(lambda: srv.stats()["emqp"]["bad_input_total"] >= 5)
     m = request(c)
     assert next_command(c, b"ACK")[4] == m
+
+
+def test_an_interval_schedule_enqueues_its_job_until_its_run_count_is_spent(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    payload = json.dumps(["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {},
+                                  "class_args": [], "class_kwargs": {}}]).encode()
+    m = mid()
+    c.send_multipart([b"", V, b"SCHEDULE", m, b"ticks", b"run_count:2", b"1", payload, b""])
+    assert next_command(c, b"ACK")[4] == m
+    w = worker(b'[[10, "ticks"]]', ready=3)
+    first = next_command(w, b"REQUEST")
+    assert first[6] == payload and first[5] == b"reply-requested"
+    started = time.monotonic()
+    next_command(w, b"REQUEST", 3000)
+    assert time.monotonic() - started >= 0.8, "runs are an interval apart"
+    assert no_command(w, b"REQUEST", 1500), "run_count:2 ran a third time"
+    assert srv.stats()["emqp"]["schedules"] == 0
+
+
+def test_unschedule_stops_a_schedule_and_nohaste_waits_an_interval(emqp):
+    srv, client_of, worker = emqp()
+    c = client_of()
+    payload = json.dumps(["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {},
+                                  "class_args": [], "class_kwargs": {}}]).encode()
+    c.send_multipart([b"", V, b"SCHEDULE", mid(), b"s", b"nohaste", b"60", payload, b""])
+    next_command(c, b"ACK")
+    w = worker(b'[[10, "s"]]')
+    assert no_command(w, b"REQUEST", 500), "nohaste ran at once"
+    assert srv.stats()["emqp"]["schedules"] == 1
+    c.send_multipart([b"", V, b"UNSCHEDULE", mid(), b"s", b"", b"-1", payload, b""])
+    next_command(c, b"ACK")
+    wait_until(lambda: srv.stats()["emqp"]["schedules"] == 0)
+
+
+def test_schedules_survive_a_restart(process_server):
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    server = process_server("--emqp-frontend-dsn", front, "--emqp-backend-dsn", back)
+    c = zmq.Context.instance().socket(zmq.DEALER)
+    c.linger = 0
+    c.connect(front)
+    try:
+        c.send_multipart([b"", V, b"SCHEDULE", mid(), b"s", b"nohaste", b"3600", b'["run", {}]', b""])
+        next_command(c, b"ACK")
+        server.restart()
+        assert server.stats()["emqp"]["schedules"] == 1
+    finally:
+        c.close(linger=0)

@@ -59,6 +59,7 @@ class EmqpGateway:
         self.jobs: dict[str, Ref] = {}  # msgid a worker was given -> the stored message
         self.departed: dict[bytes, list[tuple[int, str]]] = {}  # dropped worker -> its queues
         self.next_heartbeat = 0.0
+        self.schedules: dict[str, dict] = broker.store.schedules()  # id -> record (see _schedule)
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
                          "dead_workers_total": 0, "bad_input_total": 0}
 
@@ -78,9 +79,69 @@ class EmqpGateway:
             log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
         elif cmd.name == "DISCONNECT":
             log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
-        elif cmd.name in ("SCHEDULE", "UNSCHEDULE"):
-            log.warning("eMQP %s from %r is not supported yet: ignored", cmd.name, cmd.peer[:40])
+        elif cmd.name == "SCHEDULE":
+            return self._schedule(cmd, now_us)
+        elif cmd.name == "UNSCHEDULE":
+            payload = cmd.args[3] if len(cmd.args) > 3 else ""
+            key = emqp.schedule_id(payload)
+            if self.schedules.pop(key, None) is not None:
+                self.broker.store.delete_schedule(key)
+                log.info("eMQP schedule %s removed", key)
+            return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
         return []
+
+    def _schedule(self, cmd: emqp.Command, now_us: int) -> list[Out]:
+        """Store a recurring job; the broker itself enqueues a REQUEST into its queue at each run."""
+        queue, headers_text, interval_text = cmd.args[:3]
+        payload = cmd.args[3] if len(cmd.args) > 3 else ""
+        cron = cmd.args[4] if len(cmd.args) > 4 else ""
+        try:
+            headers = emqp.parse_headers(headers_text)
+            runs = emqp.header_int(headers, "run_count")
+            interval = int(interval_text) if interval_text.lstrip("-").isdigit() else None
+            if not queue or len(queue.encode()) > 255:
+                raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
+            if cron or interval is None or interval <= 0:
+                raise ProtocolError("unsupported-schedule", "only interval schedules (seconds > 0) are "
+                                                            f"supported, got interval {interval_text!r} cron {cron!r}")
+        except ProtocolError as exc:
+            self._bad(cmd.peer, exc)
+            return []
+        key = emqp.schedule_id(payload)
+        first = now_us + interval * 1_000_000 if "nohaste" in headers else now_us
+        job_headers = ",".join(h for h in headers_text.split(",") if h and h.split(":")[0] not in
+                               ("nohaste", "run_count"))
+        record = {"queue": queue, "headers": job_headers, "interval": interval, "payload": payload,
+                  "remaining": runs or -1, "next_us": first}
+        self.schedules[key] = record
+        self.broker.store.save_schedule(key, record)
+        log.info("eMQP schedule %s: %r every %d s into %r", key, payload[:60], interval, queue)
+        return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+
+    def run_schedules(self, now_us: int) -> int:
+        """Enqueue a REQUEST for every schedule that is due; returns how many ran."""
+        ran = 0
+        for key, record in list(self.schedules.items()):
+            if record["next_us"] > now_us:
+                continue
+            try:
+                self.broker.produce(record["queue"], [record["payload"].encode()], now_us=now_us,
+                                    meta={"msgid": emqp.new_msgid(), "headers": record["headers"]})
+            except StoreFull:
+                log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
+            ran += 1
+            record["next_us"] = max(record["next_us"] + record["interval"] * 1_000_000, now_us)
+            if record["remaining"] > 0:
+                record["remaining"] -= 1
+            if record["remaining"] == 0:
+                del self.schedules[key]
+                self.broker.store.delete_schedule(key)
+            else:
+                self.broker.store.save_schedule(key, record)
+        return ran
+
+    def next_schedule_us(self) -> int | None:
+        return min((r["next_us"] for r in self.schedules.values()), default=None)
 
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Out]:
         queue, headers_text, payload = cmd.args
@@ -164,7 +225,7 @@ class EmqpGateway:
         message = self._stored(ref)
         self.broker.ack(ref)
         meta = message.meta if message is not None else None
-        if meta and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
+        if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
             self.counters["replies_forwarded_total"] += 1
             return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
         return []
@@ -247,7 +308,7 @@ class EmqpGateway:
             log.warning("bad eMQP input from %r (%s, #%d): %s", peer[:40], exc.code, n, exc.detail)
 
     def stats(self) -> dict:
-        return {"workers": len(self.workers), "slots": sum(w.slots for w in self.workers.values()),
+        return {"workers": len(self.workers), "schedules": len(self.schedules), "slots": sum(w.slots for w in self.workers.values()),
                 "draining": sum(1 for w in self.workers.values() if w.draining),
                 "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
                 **self.counters}

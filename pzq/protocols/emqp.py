@@ -106,7 +106,7 @@ def header_int(headers: dict[str, str], name: str) -> int:
     value = headers.get(name, "")
     if not value:
         return 0
-    if not value.isdigit() or len(value) > 9:
+    if not (value.isascii() and value.isdigit()) or len(value) > 9:
         raise ProtocolError("bad-header", f"header {name}:{value[:20]} is not a whole number")
     return int(value)
 
@@ -116,6 +116,20 @@ def with_header(headers: str, name: str) -> str:
     if name in parse_headers(headers):
         return headers
     return f"{headers},{name}" if headers else name
+
+
+def schedule_id(payload: str) -> str:
+    """The identity of a SCHEDULE, as eventmq's scheduler computes it: a hash of the job's callable and
+    arguments (so an UNSCHEDULE of the same job finds it); of the whole payload when it is not a job."""
+    import hashlib
+
+    try:
+        job = json.loads(payload)[1]
+        key = json.dumps({k: job[k] for k in ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")},
+                         sort_keys=True)
+    except (ValueError, TypeError, KeyError, IndexError):
+        key = payload
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()
 
 
 def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
@@ -132,7 +146,7 @@ def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
         out = []
         for pair in pairs if isinstance(pairs, list) else [None]:
             if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], int)
-                    or isinstance(pair[0], bool) or not isinstance(pair[1], str) or not pair[1]):
+                    or isinstance(pair[0], bool) or not isinstance(pair[1], str) or not pair[1].strip()):
                 raise ProtocolError("bad-queues", "INFORM queues must be [[weight, name], ...]")
             out.append((pair[0], pair[1]))
     else:
