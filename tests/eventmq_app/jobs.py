@@ -16,3 +16,9 @@ def mark(path, tag, seconds=0.0):
     with open(path, "a") as f:
         f.write(f"done {tag}\n")
     return tag
+
+
+def tally(path):
+    """Append one byte: the file's size counts finished jobs, whoever runs them (a trivial job)."""
+    with open(path, "ab") as f:
+        f.write(b".")
