@@ -258,3 +258,18 @@ def test_schedules_survive_a_restart(process_server):
         assert server.stats()["emqp"]["schedules"] == 1
     finally:
         c.close(linger=0)
+
+
+def test_a_refused_request_and_a_disconnect_get_an_error_reply_naming_them(emqp):
+    srv, client_of, _ = emqp()
+    c = client_of()
+    bad = mid()
+    c.send_multipart([b"", V, b"REQUEST", bad, b"q", b"timeout:soon", b"p"])
+    reply = next_command(c, b"REPLY")
+    assert reply[5] == bad and "timeout:soon" in json.loads(reply[4])["error"]
+    stop = mid()
+    c.send_multipart([b"", V, b"DISCONNECT", stop])
+    reply = next_command(c, b"REPLY")
+    assert reply[5] == stop and "signal" in json.loads(reply[4])["error"]
+    m = request(c)
+    assert next_command(c, b"ACK")[4] == m, "the broker still serves after a DISCONNECT"

@@ -79,6 +79,8 @@ class EmqpGateway:
             log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
         elif cmd.name == "DISCONNECT":
             log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
+            return [(FRONT, [cmd.peer, *emqp.error_reply("DISCONNECT refused: pzq stops on a signal only",
+                                                         cmd.msgid)])]
         elif cmd.name == "SCHEDULE":
             return self._schedule(cmd, now_us)
         elif cmd.name == "UNSCHEDULE":
@@ -106,7 +108,7 @@ class EmqpGateway:
                                                             f"supported, got interval {interval_text!r} cron {cron!r}")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
-            return []
+            return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc.detail}", cmd.msgid)])]
         key = emqp.schedule_id(payload)
         first = now_us + interval * 1_000_000 if "nohaste" in headers else now_us
         job_headers = ",".join(h for h in headers_text.split(",") if h and h.split(":")[0] not in
@@ -153,7 +155,7 @@ class EmqpGateway:
                 raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
-            return []
+            return [(FRONT, [cmd.peer, *emqp.error_reply(f"request refused: {exc.detail}", cmd.msgid)])]
         meta = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
         if retries:
             meta["max_deliveries"] = retries + 1
@@ -162,8 +164,9 @@ class EmqpGateway:
         try:
             self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
         except StoreFull:
-            log.warning("eMQP REQUEST %s for %r refused: queue full (no ACK sent)", cmd.msgid, queue)
-            return []
+            log.warning("eMQP REQUEST %s for %r refused: queue full", cmd.msgid, queue)
+            return [(FRONT, [cmd.peer, *emqp.error_reply("request refused: queue full, try again later",
+                                                         cmd.msgid)])]
         self.counters["requests_total"] += 1
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
 

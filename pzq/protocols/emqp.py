@@ -91,6 +91,12 @@ def reply(reply_json: str, request_msgid: str) -> list[bytes]:
     return command("REPLY", reply_json, request_msgid)
 
 
+def error_reply(detail: str, request_msgid: str) -> list[bytes]:
+    """eMQP has no error command: a refused request is answered with a REPLY whose body is
+    ``{"error": detail}``, in the layout of a worker's REPLY, so the client can match it by msgid."""
+    return reply(json.dumps({"error": detail}), request_msgid)
+
+
 def parse_headers(text: str) -> dict[str, str]:
     """'reply-requested,retry-count:3' -> {'reply-requested': '', 'retry-count': '3'}."""
     out = {}
