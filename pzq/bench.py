@@ -21,7 +21,7 @@ import time
 from pzq import client
 from pzq.bench_report import latency_ms, machine, medians
 from pzq.bench_workers import (TAG_SHIFT, ConsumerJob, ProducerJob, run_consumer, run_echo_server,
-                               run_forwarder, run_producer)
+                               run_forwarder, run_phpmq_consumer, run_phpmq_producer, run_producer)
 from pzq.errors import PzqError
 
 _mp = multiprocessing.get_context("spawn")
@@ -44,6 +44,7 @@ class BenchOptions:
     ceiling: bool = True
     server_args: tuple[str, ...] = ()
     progress: bool = True
+    protocol: str = "native"
 
 
 class BenchServer:
@@ -57,9 +58,10 @@ class BenchServer:
         else:
             ports = _free_ports(3)
             self.receive, self.send, self.monitor = (f"tcp://127.0.0.1:{p}" for p in ports)
+        self.phpmq = f"tcp://127.0.0.1:{_free_ports(1)[0]}" if options.protocol == "phpmq" else ""
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", self.database,
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
-                     "--log-level", "warning", "--ack-timeout", "30000000", "--phpmq-dsn", "",
+                     "--log-level", "warning", "--ack-timeout", "30000000", "--phpmq-dsn", self.phpmq,
                      "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "",
                      "--hard-sync" if options.hard_sync else "--no-hard-sync", *options.server_args]
         self.proc: subprocess.Popen | None = None
@@ -275,6 +277,8 @@ def one_run(options: BenchOptions, progress: _Progress) -> tuple[dict, dict]:
             server.stop()
             result["restart_s"] = round(server.start(), 3)
         kw = dict(progress=progress, server=server)
+        if options.protocol == "phpmq":
+            return _phpmq_run(options, server, kw, result), samples
         w1, s = run_phase("producer w1", options, server.receive, None, count=options.latency_count,
                           window=1, producers=1, consumers=0, **kw)
         result["producer_w1"] = w1
@@ -304,6 +308,26 @@ def one_run(options: BenchOptions, progress: _Progress) -> tuple[dict, dict]:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return result, samples
+
+
+def _phpmq_run(options: BenchOptions, server: BenchServer, kw: dict, result: dict) -> dict:
+    """The phases that mean something for PHPMQ, which has no receipt for a send: send rate (until
+    written), consumer drain, end to end and paced (both prove every message was stored and delivered)."""
+    kw = dict(kw, producer_fn=run_phpmq_producer, consumer_fn=run_phpmq_consumer)
+    result["send"], _ = run_phase("phpmq send", options, server.phpmq, None,
+                                           count=options.count, window=options.window,
+                                           producers=options.producers, consumers=0, **kw)
+    result["consumer"], _ = run_phase("phpmq consumer drain", options, None, server.phpmq, count=options.count,
+                                      window=0, producers=0, consumers=options.consumers, **kw)
+    result["e2e"], _ = run_phase("phpmq end to end", options, server.phpmq, server.phpmq, count=options.count,
+                                 window=options.window, producers=options.producers,
+                                 consumers=options.consumers, **kw)
+    result["e2e_paced"], _ = run_phase(f"phpmq paced {options.rate:g}/s", options, server.phpmq, server.phpmq,
+                                       count=int(options.rate * options.paced_seconds), window=1,
+                                       producers=options.producers, consumers=options.consumers,
+                                       rate=options.rate, **kw)
+    result["server_rss_mb"] = round(server.rss_mb(), 1)
+    return result
 
 
 def ceiling(options: BenchOptions, workdir: str, progress: _Progress) -> dict:

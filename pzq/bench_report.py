@@ -73,6 +73,7 @@ ROWS = [
     ("producer, window W (msg/s)", "producer_w100.msg_s", "ceiling_w100.msg_s"),
     ("  ack latency p50 (ms)", "producer_w100.ack_p50_ms", "ceiling_w100.ack_p50_ms"),
     ("  ack latency p99 (ms)", "producer_w100.ack_p99_ms", "ceiling_w100.ack_p99_ms"),
+    ("send, written, no receipt (msg/s)", "send.msg_s", None),
     ("consumer, draining (msg/s)", "consumer.msg_s", None),
     ("end to end (msg/s)", "e2e.msg_s", "ceiling_e2e.msg_s"),
     ("  latency p50 (ms)", "e2e.lat_p50_ms", "ceiling_e2e.lat_p50_ms"),
@@ -93,7 +94,8 @@ ROWS = [
 def table(result: dict) -> str:
     """A plain-text table of the medians: pzq, the no-storage ceiling, pzq as % of it, the target."""
     med, window = result["median"], result["options"]["window"]
-    lines = [f"pzq bench: {result['options']['runs']} run(s), medians; {result['options']['size']}-byte bodies, "
+    lines = [f"pzq bench ({result['options'].get('protocol', 'native')}): {result['options']['runs']} run(s), "
+             f"medians; {result['options']['size']}-byte bodies, "
              f"window W={window}, {result['options']['producers']} producer(s), "
              f"{result['options']['consumers']} consumer(s), hard sync {result['options']['hard_sync']}",
              f"machine: {result['machine']['cpu']} x{result['machine']['cores']}, Python {result['machine']['python']}",

@@ -240,8 +240,8 @@ def main() -> None:
 
 
 @cli.command()
-@click.option("--protocol", type=click.Choice(["native"]), default="native", show_default=True,
-              help="Which protocol the producers and consumers speak.")
+@click.option("--protocol", type=click.Choice(["native", "phpmq"]), default="native", show_default=True,
+              help="Which protocol the producers and consumers speak (phpmq: no ceiling, no send receipt).")
 @click.option("--count", type=int, default=100_000, show_default=True, help="Messages per throughput phase.")
 @click.option("--latency-count", type=int, default=10_000, show_default=True,
               help="Messages of the window-1 (ack latency) phase.")
@@ -262,7 +262,7 @@ def main() -> None:
 @click.option("--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_errors_to_exit
-def bench(protocol, json_path, plot_path, quiet, server_args, **options) -> None:
+def bench(json_path, plot_path, quiet, server_args, **options) -> None:
     """Measure throughput and latency of a fresh local server, with the no-storage ceiling beside it."""
     from pzq import bench as bench_mod
     from pzq import bench_report

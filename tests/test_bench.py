@@ -52,3 +52,15 @@ def test_bench_draws_the_latency_distribution_as_a_png(tmp_path):
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_through_the_phpmq_gateway_loses_nothing(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pzq", "bench", "--protocol", "phpmq", "--runs", "1", "--count", "500",
+         "--rate", "1000", "--paced-seconds", "0.3", "--quiet", "--json", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    median = json.loads(out.read_text())["median"]
+    assert (median["e2e.lost"], median["e2e.duplicated"]) == (0, 0)
+    assert median["send.msg_s"] > 0 and median["consumer.msg_s"] > 0
