@@ -111,6 +111,22 @@ def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
     return int(text[:16], 16), int(text[16:], 16)
 
 
+def _lock_exclusively(path: str):
+    """Hold an exclusive flock on ``path`` for as long as the returned file stays open.
+
+    LMDB lets several processes open one environment; pzq's in-memory state (in-flight deliveries,
+    cursors) assumes it is the only writer, so a second server on the same store must be refused."""
+    import fcntl
+
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StoreError(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
+    return handle
+
+
 def _raise(exc: Exception):
     raise exc
 
@@ -132,7 +148,13 @@ class Store:
         self.syncs = 0
         self._sync = sync
         self._readonly = readonly
-        os.makedirs(self.path, exist_ok=True)
+        self._lock_file = None
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            if not readonly:
+                self._lock_file = _lock_exclusively(os.path.join(self.path, "pzq.lock"))
+        except OSError as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc.strerror or exc}") from None
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
@@ -184,6 +206,9 @@ class Store:
         self.commit()
         self._env.close()
         self._env = None
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
 
     @property
     def dirty(self) -> bool:

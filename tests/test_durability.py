@@ -105,3 +105,19 @@ def test_syncs_count_durable_commits(process_server):
     with client.Producer(server.receive) as producer:
         producer.produce_many([[b"x"]] * 10, window=1)
     assert server.stats()["syncs"] >= before + 10
+
+
+def test_a_second_server_on_the_same_store_is_refused_with_one_clear_line(process_server):
+    import subprocess
+    import sys
+
+    server = process_server()
+    second = subprocess.run([sys.executable, "-m", "pzq", "serve", "--database", str(server.database),
+                             "--receive-dsn", "ipc://" + str(server.tmp_path / "r2"),
+                             "--send-dsn", "ipc://" + str(server.tmp_path / "s2"),
+                             "--monitor-dsn", "ipc://" + str(server.tmp_path / "m2"), "--phpmq-dsn", "",
+                             "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""],
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1
+    assert "in use by another pzq process" in second.stderr and "Traceback" not in second.stderr
+    assert server.stats()["messages"] == 0, "the first server still serves"
