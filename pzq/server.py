@@ -228,6 +228,8 @@ class Server:
             acks = [(r, m, err or native.STORE_FAILED) for r, m, err in acks]
             deliveries = []
             phpmq_out = []
+            if self.emqp is not None:
+                self.emqp.recover(emqp_out)
             emqp_out = []
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
@@ -257,6 +259,8 @@ class Server:
         self.store.abort()
         self.broker.reset()
         self._dirty_since = None
+        if self.emqp is not None:
+            self.emqp.recover([])
 
     def _commit_if_due(self, now: float, waiting: bool) -> None:
         """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""

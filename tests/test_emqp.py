@@ -273,3 +273,32 @@ def test_a_refused_request_and_a_disconnect_get_an_error_reply_naming_them(emqp)
     assert reply[5] == stop and "signal" in json.loads(reply[4])["error"]
     m = request(c)
     assert next_command(c, b"ACK")[4] == m, "the broker still serves after a DISCONNECT"
+
+
+def test_two_clients_reusing_one_msgid_each_get_their_own_reply(emqp):
+    srv, client_of, worker = emqp()
+    c1, c2 = client_of(), client_of()
+    same = mid()
+    for c, body in ((c1, b'"one"'), (c2, b'"two"')):
+        c.send_multipart([b"", V, b"REQUEST", same, b"jobs", b"reply-requested", body])
+        next_command(c, b"ACK")
+    w1, w2 = worker(), worker()
+    job1, job2 = next_command(w1, b"REQUEST"), next_command(w2, b"REQUEST")
+    assert job1[3] == job2[3] == same
+    w2.send_multipart([b"", V, b"REPLY", mid(), b'{"value": ' + job2[6] + b"}", same])
+    w1.send_multipart([b"", V, b"REPLY", mid(), b'{"value": ' + job1[6] + b"}", same])
+    assert next_command(c1, b"REPLY")[4] == b'{"value": "one"}'
+    assert next_command(c2, b"REPLY")[4] == b'{"value": "two"}'
+    wait_until(lambda: srv.stats()["queues"]["jobs"]["depth"] == 0)
+
+
+def test_schedules_with_a_bad_interval_or_cron_are_refused_with_an_error_reply(emqp):
+    srv, client_of, _ = emqp()
+    c = client_of()
+    for interval, cron in ((b"--5", b""), ("\N{SUPERSCRIPT TWO}".encode(), b""),
+                           (b"9" * 30, b""), (b"-1", b"* * * * *")):
+        m = mid()
+        c.send_multipart([b"", V, b"SCHEDULE", m, b"s", b"", interval, b'["run", {}]', cron])
+        reply = next_command(c, b"REPLY")
+        assert reply[5] == m and "error" in json.loads(reply[4])
+    assert srv.stats()["emqp"]["schedules"] == 0

@@ -236,3 +236,13 @@ def test_parse_queues_rejects_anything_but_usable_queue_names(text):
     with pytest.raises(ProtocolError) as caught:
         emqp.parse_queues(text, DEFAULT)
     assert caught.value.code == "bad-queues"
+
+
+def test_deeply_nested_inform_queues_are_refused_not_a_crash():
+    with pytest.raises(ProtocolError) as err:
+        emqp.parse_queues("[" * 100_000, ["default"])
+    assert err.value.code == "bad-queues"
+
+
+def test_a_deeply_nested_schedule_payload_still_gets_an_id():
+    assert len(emqp.schedule_id("[" * 100_000)) == 40

@@ -25,7 +25,8 @@ FRONT, BACK, PUB = "front", "back", "pub"
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
 DRAIN_GRACE_S = 300.0  # a worker that said KBYE may run its last jobs this long (eventmq's kill grace)
-REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
+REMEMBERED = 1024
+MAX_SCHEDULES = 10_000  # dropped workers whose queues are kept, to take them back if they speak again
 
 Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
 
@@ -56,8 +57,11 @@ class EmqpGateway:
         self.liveness = liveness
         self.publish = publish
         self.workers: dict[bytes, Worker] = {}
-        self.jobs: dict[str, Ref] = {}  # msgid a worker was given -> the stored message
-        self.departed: dict[bytes, list[tuple[int, str]]] = {}  # dropped worker -> its queues
+        # msgid a worker was given -> {stored message: worker}. Client msgids are not ours to trust
+        # unique, so a REPLY completes the job with that msgid held by the replying worker.
+        self.jobs: dict[str, dict[Ref, bytes]] = {}
+        self.departed: dict[bytes, tuple[list[tuple[int, str]], int]] = {}  # dropped -> (queues, slots)
+        self._next_due: int | None = None
         self.next_heartbeat = 0.0
         self.schedules: dict[str, dict] = broker.store.schedules()  # id -> record (see _schedule)
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
@@ -88,6 +92,7 @@ class EmqpGateway:
             key = emqp.schedule_id(payload)
             if self.schedules.pop(key, None) is not None:
                 self.broker.store.delete_schedule(key)
+                self._next_due = None
                 log.info("eMQP schedule %s removed", key)
             return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
         return []
@@ -100,16 +105,19 @@ class EmqpGateway:
         try:
             headers = emqp.parse_headers(headers_text)
             runs = emqp.header_int(headers, "run_count")
-            interval = int(interval_text) if interval_text.lstrip("-").isdigit() else None
+            interval = (int(interval_text) if interval_text.isascii() and interval_text.isdigit()
+                        and len(interval_text) <= 9 else None)
             if not queue or len(queue.encode()) > 255:
                 raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
             if cron or interval is None or interval <= 0:
-                raise ProtocolError("unsupported-schedule", "only interval schedules (seconds > 0) are "
-                                                            f"supported, got interval {interval_text!r} cron {cron!r}")
+                raise ProtocolError("unsupported-schedule", "only interval schedules (whole seconds > 0) "
+                                    f"are supported, got interval {interval_text[:20]!r} cron {cron[:40]!r}")
+            key = emqp.schedule_id(payload)
+            if key not in self.schedules and len(self.schedules) >= MAX_SCHEDULES:
+                raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc.detail}", cmd.msgid)])]
-        key = emqp.schedule_id(payload)
         first = now_us + interval * 1_000_000 if "nohaste" in headers else now_us
         job_headers = ",".join(h for h in headers_text.split(",") if h and h.split(":")[0] not in
                                ("nohaste", "run_count"))
@@ -117,11 +125,16 @@ class EmqpGateway:
                   "remaining": runs or -1, "next_us": first}
         self.schedules[key] = record
         self.broker.store.save_schedule(key, record)
+        self._next_due = None
         log.info("eMQP schedule %s: %r every %d s into %r", key, payload[:60], interval, queue)
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
 
     def run_schedules(self, now_us: int) -> int:
         """Enqueue a REQUEST for every schedule that is due; returns how many ran."""
+        due = self.next_schedule_us()
+        if due is None or due > now_us:
+            return 0
+        self._next_due = None
         ran = 0
         for key, record in list(self.schedules.items()):
             if record["next_us"] > now_us:
@@ -132,18 +145,35 @@ class EmqpGateway:
             except StoreFull:
                 log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
             ran += 1
-            record["next_us"] = max(record["next_us"] + record["interval"] * 1_000_000, now_us)
+            step = record["interval"] * 1_000_000
+            # After a pause longer than the interval (a restart), run once now, then every interval.
+            record["next_us"] = max(record["next_us"] + step, now_us + step)
             if record["remaining"] > 0:
                 record["remaining"] -= 1
             if record["remaining"] == 0:
-                del self.schedules[key]
+                del self.schedules[key]  # (the cache is already reset above)
                 self.broker.store.delete_schedule(key)
             else:
                 self.broker.store.save_schedule(key, record)
         return ran
 
     def next_schedule_us(self) -> int | None:
-        return min((r["next_us"] for r in self.schedules.values()), default=None)
+        """When the next schedule is due (cached: computed again only after schedules change or run)."""
+        if self._next_due is None and self.schedules:
+            self._next_due = min(r["next_us"] for r in self.schedules.values())
+        return self._next_due
+
+    def recover(self, discarded: list[Out]) -> None:
+        """The turn was rolled back: give back the slots of jobs that never left, forget them, and
+        reload the schedules as they are on disk."""
+        for target, frames in discarded:
+            if target == BACK and len(frames) > 3 and frames[3] == b"REQUEST":
+                worker = self.workers.get(frames[0])
+                if worker is not None:
+                    worker.slots += 1
+        self.jobs.clear()  # the broker forgot every delivery too: they will be given out again
+        self.schedules = self.broker.store.schedules()
+        self._next_due = None
 
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Out]:
         queue, headers_text, payload = cmd.args
@@ -187,7 +217,8 @@ class EmqpGateway:
             return self._reply(cmd)
         if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
             # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
-            worker = self.workers[cmd.peer] = Worker(cmd.peer, self.departed.pop(cmd.peer), now)
+            queues, slots = self.departed.pop(cmd.peer)
+            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots)
             log.info("eMQP worker %r is back", cmd.peer[:40])
         if worker is None:
             log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
@@ -207,6 +238,7 @@ class EmqpGateway:
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             return []
+        self.departed.pop(cmd.peer, None)
         old = self.workers.pop(cmd.peer, None)
         if old is not None:
             self.broker.consumer_gone(old.consumer)
@@ -219,7 +251,7 @@ class EmqpGateway:
             self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
             return []
         reply_json, request_msgid = cmd.args
-        ref = self.jobs.pop(request_msgid, None)
+        ref = self._pop_job(request_msgid, cmd.peer)
         if ref is None:
             log.info("eMQP REPLY for unknown job %r (already done, or given out before a restart)",
                      request_msgid[:60])
@@ -233,6 +265,17 @@ class EmqpGateway:
             return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
         return []
 
+    def _pop_job(self, msgid: str, worker: bytes) -> Ref | None:
+        holders = self.jobs.get(msgid)
+        if not holders:
+            return None
+        # The replying worker's own job; else (a drainer answering from a new connection) the oldest.
+        ref = next((r for r, w in holders.items() if w == worker), next(iter(holders)))
+        del holders[ref]
+        if not holders:
+            del self.jobs[msgid]
+        return ref
+
     def _stored(self, ref: Ref) -> Message | None:
         info = self.broker.store.queue_by_id(ref[0])
         return None if info is None else self.broker.store.get(info.name, ref[1])
@@ -240,7 +283,7 @@ class EmqpGateway:
     def _drop(self, worker: Worker, why: str) -> None:
         self.workers.pop(worker.identity, None)
         if not worker.draining:
-            self.departed[worker.identity] = worker.queues
+            self.departed[worker.identity] = (worker.queues, worker.slots)
             while len(self.departed) > REMEMBERED:
                 self.departed.pop(next(iter(self.departed)))
         requeued = self.broker.consumer_gone(worker.consumer)
@@ -275,7 +318,7 @@ class EmqpGateway:
             msgid = meta.get("msgid") or message.id
             headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
             payload = b"".join(message.frames).decode("utf-8", "replace")
-            self.jobs[msgid] = (message.qid, message.seq)
+            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = worker.identity
             return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 
@@ -284,6 +327,9 @@ class EmqpGateway:
         if now < self.next_heartbeat:
             return []
         self.next_heartbeat = now + self.heartbeat_s
+        # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
+        for msgid in [m for m, holders in self.jobs.items() if not any(r in self.broker.inflight for r in holders)]:
+            del self.jobs[msgid]
         for worker in list(self.workers.values()):
             if worker.draining and not self.broker.inflight.count(worker.consumer):
                 self._drop(worker, "it finished draining")

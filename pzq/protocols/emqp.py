@@ -133,7 +133,7 @@ def schedule_id(payload: str) -> str:
         job = json.loads(payload)[1]
         key = json.dumps({k: job[k] for k in ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")},
                          sort_keys=True)
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         key = payload
     return hashlib.sha1(key.encode("utf-8")).hexdigest()
 
@@ -147,7 +147,7 @@ def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
     if text.startswith("["):
         try:
             pairs = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ProtocolError("bad-queues", "INFORM queues are not valid JSON") from None
         out = []
         for pair in pairs if isinstance(pairs, list) else [None]:
