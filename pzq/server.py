@@ -11,7 +11,6 @@ Step 5 after step 4 is the durability promise: no ack leaves for data that is no
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -19,11 +18,13 @@ import time
 
 import zmq
 
+from pzq.admin import Admin
 from pzq.broker import Broker, Ref
 from pzq.config import Config
 from pzq.errors import ConfigError, ProtocolError, StoreError, StoreFull
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.gateways.phpmq import PhpmqGateway
+from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
 from pzq.store import Message, Store, parse_message_id
@@ -50,8 +51,6 @@ class Server:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._started = time.monotonic()
-        self._rates: collections.deque = collections.deque(maxlen=11)
         self._next_tick = 0.0
         self._native_stalled = False
         self._dirty_since: float | None = None  # when uncommitted writes nobody waits for began
@@ -103,6 +102,7 @@ class Server:
                                     liveness=cfg.emqp_heartbeat_liveness, publish=self.emqp_pub is not None,
                                     default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",")
                                                     if q.strip()])
+        self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
         log.info("pzq serving queue %r from %s: receive %s, send %s, monitor %s", cfg.queue, cfg.database,
@@ -244,14 +244,18 @@ class Server:
                 log.warning("eMQP %s socket full: a message to %r was dropped", target, frames[0][:40])
         for request in requests:
             try:
-                text = self._answer(request, now_us)
+                text, wrote = self.admin.answer(request)
+                if wrote:  # the admin committed: nothing waits, and requeued letters are ready
+                    self._dirty_since = None
+                    self._native_stalled = False
             except StoreError as exc:
                 log.exception("monitor request %s failed", request.command)
                 self._recover()
                 text = monitor_proto.error_text(str(exc))
             self.monitor.send_multipart(monitor_proto.reply(request, text))
         if now >= self._next_tick:
-            self._tick(now)
+            self.admin.tick(now)
+            self._next_tick = now + TICK_S
 
     def _recover(self) -> None:
         """Start over from what is on disk, as a restart would: uncommitted writes are dropped and
@@ -284,7 +288,7 @@ class Server:
             if event is None:
                 continue
             if isinstance(event, native.Rejected):
-                _warn_bad("producer", event.error.code, event.error.detail)
+                warn_bad("producer", event.error.code, event.error.detail)
                 acks.append((event.routing, event.message_id, event.error.detail))
                 continue
             try:
@@ -302,11 +306,11 @@ class Server:
                 return
             answer = native.parse_consumer_ack(frames)
             if answer is None:
-                _warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
+                warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
                 continue
             ref = _ref_of_key(answer.key)
             if ref is None:
-                _warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
+                warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
                 continue
             if answer.ok:
                 if not self.broker.ack(ref):
@@ -331,7 +335,7 @@ class Server:
             try:
                 self.phpmq.received(conn, data, now_us=now_us)
             except ProtocolError as exc:
-                _warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
+                warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
                 self.phpmq.closed_total += 1
                 self.phpmq.disconnected(conn)
                 closing.append(conn)
@@ -401,77 +405,15 @@ class Server:
 
     def stats(self) -> dict:
         """Every figure the monitor reports, the six PZQ fields first."""
-        stats = self.broker.stats()
-        counters = self.broker.counters
-        stats.update({
-            "uptime_seconds": round(time.monotonic() - self._started, 1),
-            "produced_total": counters.produced,
-            "acked_total": counters.acked,
-            "nacked_total": counters.nacked,
-            "redelivered_total": counters.redelivered,
-            "dead_lettered_total": counters.dead_lettered,
-            "refused_full_total": counters.refused_full,
-            "produce_rate": self._rate("produced"),
-            "ack_rate": self._rate("acked"),
-            "store_limit_bytes": self.config.max_store_size,
-        })
+        return self.admin.stats()
+
+    def _gateway_stats(self) -> dict:
+        out = {}
         if self.phpmq_sock is not None:
-            stats["phpmq"] = self.phpmq.stats()
+            out["phpmq"] = self.phpmq.stats()
         if self.emqp is not None:
-            stats["emqp"] = self.emqp.stats()
-        return stats
-
-    def _answer(self, request: monitor_proto.Request, now_us: int) -> str:
-        if request.command == "MONITOR":
-            return monitor_proto.render_text(self.stats())
-        if request.command == "STATS":
-            return monitor_proto.render_json(self.stats())
-        if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
-            return self._dead_letters_json(request.args)
-        if request.command == "REQUEUE" and len(request.args) == 2:
-            return self._requeue_json(request.args)
-        if request.command:
-            _warn_bad("monitor", "unknown", f"request {request.command!r}")
-        return monitor_proto.unknown_request(request)
-
-    def _dead_letters_json(self, args: list[str]) -> str:
-        queue = args[0]
-        try:
-            limit = int(args[1]) if len(args) > 1 else 100
-        except ValueError:
-            return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
-        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
-        return monitor_proto.render_json([
-            {"id": d.message.id, "queue": queue, "reason": d.reason, "deliveries": d.message.deliveries,
-             "enqueued_us": d.message.enqueued_us, "dead_at_us": d.dead_at_us,
-             "body": [f.decode("utf-8", "replace") for f in d.message.frames]}
-            for d in letters])
-
-    def _requeue_json(self, args: list[str]) -> str:
-        queue, which = args
-        if which == "all":
-            moved = self.store.requeue_dead(queue)
-        else:
-            parsed = parse_message_id(which)
-            info = self.store.queue(queue, create=False)
-            if parsed is None or info is None or parsed[0] != info.qid:
-                return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}")
-            moved = self.store.requeue_dead(queue, parsed[1])
-        self.store.commit()
-        self._dirty_since = None
-        self._native_stalled = False
-        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]})
-
-    def _rate(self, name: str) -> float:
-        if len(self._rates) < 2:
-            return 0.0
-        (t0, c0), (t1, c1) = self._rates[0], self._rates[-1]
-        return (getattr(c1, name) - getattr(c0, name)) / max(t1 - t0, 1e-9)
-
-    def _tick(self, now: float) -> None:
-        counters = self.broker.counters
-        self._rates.append((now, type(counters)(**vars(counters))))
-        self._next_tick = now + TICK_S
+            out["emqp"] = self.emqp.stats()
+        return out
 
 
 def _ref_of_key(key: bytes) -> Ref | None:
@@ -485,17 +427,6 @@ def _drain_fd(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-_bad_counts: collections.Counter = collections.Counter()
-
-
-def _warn_bad(peer: str, code: str, detail: str) -> None:
-    """Log bad input: the first 10 of each kind, then every 1000th, so a flood cannot flood the log."""
-    _bad_counts[peer, code] += 1
-    n = _bad_counts[peer, code]
-    if n <= 10 or n % 1000 == 0:
-        log.warning("bad %s input (%s, #%d): %s", peer, code, n, detail)
 
 
 def _restrict_ipc(endpoint: str) -> None:

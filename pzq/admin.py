@@ -1,0 +1,98 @@
+"""What the monitor socket answers: the figures (with rates), dead letters and their requeueing.
+
+No sockets: the server passes each parsed request in and sends the text back.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+from pzq.broker import Broker
+from pzq.logs import warn_bad
+from pzq.protocols import monitor as monitor_proto
+from pzq.store import parse_message_id
+
+RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
+
+
+class Admin:
+    """Answers MONITOR, STATS, DEADLETTERS and REQUEUE over a broker and its store."""
+
+    def __init__(self, broker: Broker, *, store_limit: int, gateways: Callable[[], dict]):
+        self.broker = broker
+        self.store_limit = store_limit
+        self.gateways = gateways  # () -> {"phpmq": {...}, "emqp": {...}} for the gateways that run
+        self.started = time.monotonic()
+        self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
+
+    def tick(self, now: float) -> None:
+        """Take a sample of the counters (the server calls this about once a second)."""
+        counters = self.broker.counters
+        self._samples.append((now, type(counters)(**vars(counters))))
+
+    def _rate(self, name: str) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, c0), (t1, c1) = self._samples[0], self._samples[-1]
+        return round((getattr(c1, name) - getattr(c0, name)) / max(t1 - t0, 1e-9), 1)
+
+    def stats(self) -> dict:
+        """Every figure the monitor reports, the six PZQ fields first."""
+        stats = self.broker.stats()
+        counters = self.broker.counters
+        stats.update({
+            "uptime_seconds": round(time.monotonic() - self.started, 1),
+            "produced_total": counters.produced,
+            "acked_total": counters.acked,
+            "nacked_total": counters.nacked,
+            "redelivered_total": counters.redelivered,
+            "dead_lettered_total": counters.dead_lettered,
+            "refused_full_total": counters.refused_full,
+            "produce_rate": self._rate("produced"),
+            "ack_rate": self._rate("acked"),
+            "store_limit_bytes": self.store_limit,
+        })
+        stats.update(self.gateways())
+        return stats
+
+    def answer(self, request: monitor_proto.Request) -> tuple[str, bool]:
+        """The reply text, and whether the request changed (and committed) the store."""
+        if request.command == "MONITOR":
+            return monitor_proto.render_text(self.stats()), False
+        if request.command == "STATS":
+            return monitor_proto.render_json(self.stats()), False
+        if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
+            return self._dead_letters(request.args), False
+        if request.command == "REQUEUE" and len(request.args) == 2:
+            return self._requeue(request.args)
+        if request.command:
+            warn_bad("monitor", "unknown", f"request {request.command[:40]!r}")
+        return monitor_proto.unknown_request(request), False
+
+    def _dead_letters(self, args: list[str]) -> str:
+        queue = args[0]
+        try:
+            limit = int(args[1]) if len(args) > 1 else 100
+        except ValueError:
+            return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
+        letters = self.broker.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
+        return monitor_proto.render_json([
+            {"id": d.message.id, "queue": queue, "reason": d.reason, "deliveries": d.message.deliveries,
+             "enqueued_us": d.message.enqueued_us, "dead_at_us": d.dead_at_us,
+             "body": [f.decode("utf-8", "replace") for f in d.message.frames]}
+            for d in letters])
+
+    def _requeue(self, args: list[str]) -> tuple[str, bool]:
+        store = self.broker.store
+        queue, which = args
+        if which == "all":
+            moved = store.requeue_dead(queue)
+        else:
+            parsed = parse_message_id(which)
+            info = store.queue(queue, create=False)
+            if parsed is None or info is None or parsed[0] != info.qid:
+                return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}"), False
+            moved = store.requeue_dead(queue, parsed[1])
+        store.commit()
+        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), True
