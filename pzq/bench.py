@@ -91,9 +91,7 @@ class BenchServer:
                 self.proc.wait()
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def rss_mb(self) -> float:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -104,6 +102,16 @@ class BenchServer:
 
     def commits(self) -> int | None:
         return client.stats(self.monitor)["syncs"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (0 once it is gone), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_ports(n: int) -> list[int]:

@@ -116,7 +116,7 @@ class Broker:
                 if cap and message.deliveries >= cap:
                     self._dead_letter(message, "max-deliveries", now_us)
                     continue
-                deliveries = self.store.mark_delivered(queue, message.seq)
+                deliveries = self.store.mark_delivered(queue, message.seq, current=message.deliveries)
                 if deliveries > 1:
                     self.counters.redelivered += 1
                 self.inflight.add((message.qid, message.seq), deadline, consumer)

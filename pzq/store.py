@@ -392,19 +392,24 @@ class Store:
             n += 1
             yield decode(info, key, value, txn)
 
-    def mark_delivered(self, queue: str, seq: int) -> int:
-        """Count one more delivery of the message durably (with the next commit); returns the count."""
-        return self._bump(queue, seq, +1)
+    def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
+        """Count one more delivery of the message, durably with a later commit; returns the new count.
+
+        ``current`` is the count the caller just read with the message (the hot path): no second read.
+        """
+        return self._bump(queue, seq, +1, current)
 
     def unmark_delivered(self, queue: str, seq: int) -> int:
         """Take back a delivery that never left (the socket refused it)."""
         return self._bump(queue, seq, -1)
 
-    def _bump(self, queue: str, seq: int, step: int) -> int:
+    def _bump(self, queue: str, seq: int, step: int, current: int | None = None) -> int:
         # Counts wait in memory and are written by commit(), only for messages still stored then: most
         # deliveries are acked before the next commit, and their counts never cost a write.
         key = _KEY.pack(self._queues[queue].qid, seq)
-        count = max(0, self._deliveries(key, self._txn_for_read()) + step)
+        if current is None:
+            current = self._deliveries(key, self._txn_for_read())
+        count = max(0, current + step)
         self._pending_counts[key] = (count, time.monotonic())
         return count
 

@@ -113,7 +113,7 @@ class RedisPeer:
         r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
 
     def cpu_seconds(self) -> float:
-        return _cpu_seconds(self.proc.pid)
+        return bench.cpu_seconds(self.proc.pid)
 
     def commits(self):
         return None
@@ -248,7 +248,7 @@ class RabbitPeer:
 
     def cpu_seconds(self) -> float:
         # The Erlang VM (beam) is a child of the rabbitmq-server script: count the whole session.
-        return sum(_cpu_seconds(pid) for pid in _session_pids(self.proc.pid))
+        return sum(bench.cpu_seconds(pid) for pid in _session_pids(self.proc.pid))
 
     def commits(self):
         return None
@@ -284,13 +284,6 @@ def _wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = N
     raise SystemExit(f"nothing listens on port {port} after {timeout} s")
 
 
-def _cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _session_pids(sid: int) -> list[int]:

@@ -16,6 +16,7 @@ import logging
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreFull
+from pzq.logs import warn_bad
 from pzq.protocols import emqp
 from pzq.store import Message
 
@@ -352,9 +353,7 @@ class EmqpGateway:
 
     def _bad(self, peer: bytes, exc: ProtocolError) -> None:
         self.counters["bad_input_total"] += 1
-        n = self.counters["bad_input_total"]
-        if n <= 10 or n % 1000 == 0:
-            log.warning("bad eMQP input from %r (%s, #%d): %s", peer[:40], exc.code, n, exc.detail)
+        warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
     def stats(self) -> dict:
         return {"workers": len(self.workers), "schedules": len(self.schedules), "slots": sum(w.slots for w in self.workers.values()),
