@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 from collections.abc import Hashable, Sequence
 
 from pzq.errors import StoreFull
@@ -129,7 +130,8 @@ class Broker:
         out: list[Message] = []
         while state.requeued and len(out) < n:
             seq = heapq.heappop(state.requeued)
-            if (qid, seq) in self.inflight:
+            # At or past the cursor (held since start-up, not yet scanned), the cursor will find it.
+            if (qid, seq) in self.inflight or seq >= state.cursor:
                 continue
             message = self.store.get(queue, seq)
             if message is not None:  # else acked late or dead-lettered while it waited
@@ -140,6 +142,13 @@ class Broker:
                 state.cursor = fresh[-1].seq + 1
                 out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
         return out
+
+    def hold(self, ref: Ref, consumer: Hashable) -> None:
+        """Keep a stored message away from every consumer until ``consumer`` settles it (a durable
+        lease re-registered after a restart). It has no deadline here: its holder decides."""
+        if ref not in self.inflight:
+            self._state(ref[0]).inflight += 1
+        self.inflight.add(ref, math.inf, consumer)
 
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):

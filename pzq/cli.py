@@ -65,6 +65,13 @@ def cli() -> None:
 @click.option("--emqp-heartbeat-liveness", type=int,
               help="Silent intervals after which a worker is dead.  [default: 3]")
 @click.option("--emqp-default-queues", help="Queues of a worker whose INFORM names none.  [default: default]")
+@click.option("--api-dsn", help="API endpoint (leases, snapshots, batch produce: the Spark connector); '' disables.  "
+              "[default: tcp://127.0.0.1:11133]")
+@click.option("--lease-timeout", type=float,
+              help="Seconds a consumer group may stay silent before its leased messages return to the queue.  "
+                   "[default: 3600]")
+@click.option("--api-dedup-window", type=float,
+              help="Seconds a PRODUCE key is remembered, so a repeated request stores nothing.  [default: 86400]")
 @click.option("--ack-timeout", type=int, help="µs a consumer has to ack a delivery.  [default: 5000000]")
 @click.option("--reaper-frequency", type=int,
               help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]")

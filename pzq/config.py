@@ -36,6 +36,9 @@ class Config:
     emqp_heartbeat_interval: float = 3.0
     emqp_heartbeat_liveness: int = 3
     emqp_default_queues: str = "default"
+    api_dsn: str = "tcp://127.0.0.1:11133"
+    lease_timeout: float = 3600.0
+    api_dedup_window: float = 86400.0
     ack_timeout: int = 5_000_000
     reaper_frequency: int = 2_500_000
     hard_sync: bool = True
@@ -69,6 +72,13 @@ class Config:
         _at_least(self, "emqp_heartbeat_liveness", 1)
         if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
             raise ConfigError("--emqp-default-queues: name at least one queue")
+        if self.api_dsn and not re.match(r"^(tcp|ipc|inproc)://.+", self.api_dsn):
+            raise ConfigError(f"--api-dsn: {self.api_dsn!r} is not a tcp://, ipc:// or inproc:// endpoint "
+                              "(or empty to disable)")
+        if not 1 <= self.lease_timeout <= 30 * 86400:
+            raise ConfigError(f"--lease-timeout: {self.lease_timeout} is not 1 to 2592000 s")
+        if not 0 <= self.api_dedup_window <= 30 * 86400:
+            raise ConfigError(f"--api-dedup-window: {self.api_dedup_window} is not 0 to 2592000 s")
         if not self.database:
             raise ConfigError("--database: must name a directory")
         if not self.queue or len(self.queue.encode()) > 255:

@@ -22,9 +22,12 @@ from pzq.admin import Admin
 from pzq.broker import Broker, Ref
 from pzq.config import Config
 from pzq.errors import ConfigError, ProtocolError, StoreError, StoreFull
+from pzq.gateways.api import ApiGateway
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.gateways.phpmq import PhpmqGateway
+from pzq.leases import Leases
 from pzq.logs import warn_bad
+from pzq.protocols import api as api_proto
 from pzq.protocols import monitor as monitor_proto
 from pzq.protocols import pzq as native
 from pzq.store import Message, Store, parse_message_id
@@ -54,6 +57,7 @@ class Server:
         self._next_tick = 0.0
         self._native_stalled = False
         self._dirty_since: float | None = None  # when uncommitted writes nobody waits for began
+        self._next_lease_check = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -102,6 +106,15 @@ class Server:
                                     liveness=cfg.emqp_heartbeat_liveness, publish=self.emqp_pub is not None,
                                     default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",")
                                                     if q.strip()])
+        # Leases are loaded even with the API off, so that messages a group held go back when it expires.
+        self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout)
+        self.api = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
+                              dedup_window_s=cfg.api_dedup_window)
+        self.api_sock = None
+        if cfg.api_dsn:
+            self.api_sock = self._bind(zmq.ROUTER, cfg.api_dsn, "--api-dsn")
+            self.api_sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_size + (8 << 20))
+            self.poller.register(self.api_sock, zmq.POLLIN)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
@@ -196,6 +209,7 @@ class Server:
         closing: list[bytes] = []
         phpmq_out: list[tuple[bytes, bytes]] = []
         emqp_out: list = []
+        api_out: list[list[bytes]] = []
         produced = self.broker.counters.produced
         try:
             if self.receive in ready:
@@ -210,6 +224,12 @@ class Server:
                 self._read_phpmq(closing, now_us)
             if self.emqp is not None:
                 self._read_emqp(ready, emqp_out, now, now_us)
+            if self.api_sock is not None and self.api_sock in ready:
+                self._read_api(api_out, now, now_us)
+            if now >= self._next_lease_check:
+                self._next_lease_check = now + TICK_S
+                if self.leases.expire(now_us):
+                    self._native_stalled = False
             if self.broker.expire(now):
                 self._native_stalled = False
             deliveries = self._take_for_native(now, now_us)
@@ -220,7 +240,7 @@ class Server:
                 emqp_out += self.emqp.tick(now)
                 emqp_out += self.emqp.dispatch(now=now, now_us=now_us)
             # New messages are made durable at once, whether or not their protocol acks them.
-            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out) or bool(emqp_out)
+            self._commit_if_due(now, waiting=bool(acks) or bool(phpmq_out) or bool(emqp_out) or bool(api_out)
                                 or self.broker.counters.produced != produced)
         except StoreError:
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
@@ -231,6 +251,8 @@ class Server:
             if self.emqp is not None:
                 self.emqp.recover(emqp_out)
             emqp_out = []
+            api_out = [api_proto.as_error(reply, "store-failed", "store failure: nothing was done, try again")
+                       for reply in api_out]
         for routing, message_id, error in acks:
             send_frames(self.receive, native.produce_ack(routing, message_id, error))
         self._send_deliveries(deliveries, now_us)
@@ -242,6 +264,11 @@ class Server:
                 send_frames(sock, frames, NOBLOCK)
             except Again:
                 log.warning("eMQP %s socket full: a message to %r was dropped", target, frames[0][:40])
+        for reply in api_out:
+            try:
+                send_frames(self.api_sock, reply, NOBLOCK)
+            except (Again, zmq.ZMQError):  # the client is gone; it resends after its timeout
+                pass
         for request in requests:
             try:
                 text, wrote = self.admin.answer(request)
@@ -262,6 +289,8 @@ class Server:
         whatever was in flight is ready again (at-least-once)."""
         self.store.abort()
         self.broker.reset()
+        self.leases.load()
+        self.api.load()
         self._dirty_since = None
         if self.emqp is not None:
             self.emqp.recover([])
@@ -368,6 +397,16 @@ class Server:
                     break
                 out += handle(frames, now=now, now_us=now_us)
 
+    def _read_api(self, out: list, now: float, now_us: int) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                frames = recv_frames(self.api_sock, NOBLOCK)
+            except Again:
+                return
+            reply = self.api.handle(frames, now=now, now_us=now_us)
+            if reply is not None:
+                out.append(reply)
+
     def _native_credit(self) -> int:
         return self.config.max_inflight - self.broker.inflight.count(NATIVE_CONSUMER)
 
@@ -413,6 +452,8 @@ class Server:
             out["phpmq"] = self.phpmq.stats()
         if self.emqp is not None:
             out["emqp"] = self.emqp.stats()
+        if self.api_sock is not None:
+            out["api"] = self.api.stats()
         return out
 
 

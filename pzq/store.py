@@ -9,6 +9,9 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
                                                     (, meta: a protocol's own fields, e.g. eMQP's)]
     deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
     schedules   schedule id (utf-8)     -> msgpack {a protocol's recurring job: eMQP SCHEDULE}
+    groups      qid u64 | group (utf-8) -> msgpack [gid, base, end, deadline_us]  (leases.py)
+    leases      gid u64 | lease seq u64 -> seq u64 | deliveries u32                 (leases.py)
+    produced    dedup key (utf-8)       -> msgpack [stored_us, count, digest]      (gateways/api.py)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
 
@@ -40,6 +43,7 @@ _U32 = struct.Struct(">I")
 _OVERHEAD = 64
 _FORMAT = 1
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+TABLES = ("schedules", "groups", "leases", "produced")
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,14 +162,15 @@ class Store:
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
-            self._env = lmdb.open(self.path, map_size=self.map_cap, max_dbs=8, sync=sync,
+            self._env = lmdb.open(self.path, map_size=self.map_cap, max_dbs=16, sync=sync,
                                   readonly=readonly, lock=True, meminit=False)
             self._queues_db = self._env.open_db(b"queues", create=not readonly)
             self._meta_db = self._env.open_db(b"meta", create=not readonly)
             self._messages_db = self._env.open_db(b"messages", create=not readonly)
             self._deliveries_db = self._env.open_db(b"deliveries", create=not readonly)
             self._dead_db = self._env.open_db(b"dead", create=not readonly)
-            self._schedules_db = self._env.open_db(b"schedules", create=not readonly)
+            # Side tables: small records a feature keeps next to the queues (see put_record).
+            self._tables = {name: self._env.open_db(name.encode(), create=not readonly) for name in TABLES}
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
         self._txn: lmdb.Transaction | None = None
@@ -489,22 +494,42 @@ class Store:
                                       letter.message.expires_us, check_limit=False, meta=letter.message.meta))
         return moved
 
-    # -- schedules --------------------------------------------------------------------------------
+    # -- side records ---------------------------------------------------------------------------
+
+    def put_record(self, table: str, key: bytes, value: bytes) -> None:
+        """Store (or replace) one record of a side table, durable with the next commit."""
+        self._do(self._write().put, key, value, db=self._tables[table])
+        self._dirty = True
+
+    def get_record(self, table: str, key: bytes) -> bytes | None:
+        return self._txn_for_read().get(key, db=self._tables[table])
+
+    def delete_record(self, table: str, key: bytes) -> bool:
+        found = bool(self._do(self._write().delete, key, db=self._tables[table]))
+        self._dirty = self._dirty or found
+        return found
+
+    def records(self, table: str, prefix: bytes = b"") -> list[tuple[bytes, bytes]]:
+        """Every record of ``table`` whose key starts with ``prefix``, in key order."""
+        cursor = self._txn_for_read().cursor(db=self._tables[table])
+        out: list[tuple[bytes, bytes]] = []
+        if cursor.set_range(prefix):
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                out.append((key, value))
+        return out
 
     def save_schedule(self, key: str, record: dict) -> None:
         """Store (or replace) a recurring job, durable with the next commit."""
-        self._do(self._write().put, key.encode(), msgpack.packb(record), db=self._schedules_db)
-        self._dirty = True
+        self.put_record("schedules", key.encode(), msgpack.packb(record))
 
     def delete_schedule(self, key: str) -> bool:
-        found = self._do(self._write().delete, key.encode(), db=self._schedules_db)
-        self._dirty = self._dirty or bool(found)
-        return bool(found)
+        return self.delete_record("schedules", key.encode())
 
     def schedules(self) -> dict[str, dict]:
         """Every stored recurring job (they are few: read whole at start-up)."""
-        txn = self._txn_for_read()
-        return {key.decode(): msgpack.unpackb(value) for key, value in txn.cursor(db=self._schedules_db)}
+        return {key.decode(): msgpack.unpackb(value) for key, value in self.records("schedules")}
 
     # -- figures ----------------------------------------------------------------------------------
 

@@ -80,11 +80,15 @@ def render_text(stats: dict) -> str:
         if name == "queues":
             for queue, figures in value.items():
                 lines.extend(f"queue.{queue}.{k}: {_scalar(v)}" for k, v in figures.items())
-        elif isinstance(value, dict):
-            lines.extend(f"{name}.{k}: {_scalar(v)}" for k, v in value.items())
         else:
-            lines.append(f"{name}: {_scalar(value)}")
+            lines.extend(_flatten(name, value))
     return "\n".join(lines) + "\n"
+
+
+def _flatten(name: str, value) -> list[str]:
+    if isinstance(value, dict):
+        return [line for k, v in value.items() for line in _flatten(f"{name}.{k}", v)]
+    return [f"{name}: {_scalar(value)}"]
 
 
 def _scalar(value) -> str:

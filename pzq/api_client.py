@@ -1,0 +1,113 @@
+"""A blocking client of the pzq API (protocols/api.py): what the Spark connector and the tests use.
+
+Every API command is idempotent, so a call that gets no answer in ``attempt_s`` is sent again on a
+fresh socket until ``timeout_s`` has passed; a server that restarts in between (even after SIGKILL)
+answers the resent request. Only then does the call raise ClientError.
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import zmq
+
+from pzq.errors import ClientError
+from pzq.protocols import api
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:11133"
+
+
+class ApiError(ClientError):
+    """The server refused a request; ``code`` is its machine-readable reason."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class ApiClient:
+    """One DEALER connection to the API endpoint. Not thread-safe; not picklable (make one per process)."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_s: float = 60.0, attempt_s: float = 5.0):
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.attempt_s = attempt_s
+        self._pid = os.getpid()
+        self._ctx = zmq.Context()  # its own: a forked Spark worker must not share its parent's
+        self._sock: zmq.Socket | None = None
+        self._counter = 0
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            self._sock = self._ctx.socket(zmq.DEALER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(self.endpoint)
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._ctx.term()
+
+    def __enter__(self) -> "ApiClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, command: str, **args) -> dict:
+        """Send one request and return its results; raises ApiError (refused) or ClientError (no answer)."""
+        self._counter += 1
+        request_id = f"{self._pid}-{self._counter}".encode()
+        frames = api.request(request_id, command, args)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            sock = self._socket()
+            sock.send_multipart(frames)
+            attempt_end = min(deadline, time.monotonic() + self.attempt_s)
+            while (left := attempt_end - time.monotonic()) > 0:
+                if not sock.poll(int(left * 1000) + 1):
+                    break
+                reply = api.parse_reply(sock.recv_multipart())
+                if reply is None or reply[0] != request_id:
+                    continue  # the answer to an earlier attempt, or garbage
+                if not reply[1]:
+                    raise ApiError(str(reply[2].get("code")), str(reply[2].get("detail")))
+                return reply[2]
+            # No answer: the server may be restarting. Drop what this socket queued and start over.
+            self._sock.close(0)
+            self._sock = None
+            if time.monotonic() >= deadline:
+                raise ClientError(f"no answer to {command} from {self.endpoint} in {self.timeout_s:.0f} s")
+
+    # -- the commands ------------------------------------------------------------------------------
+
+    def offsets(self, queue: str, group: str) -> tuple[int, int]:
+        r = self.call("OFFSETS", queue=queue, group=group)
+        return r["base"], r["end"]
+
+    def lease(self, queue: str, group: str, after: int, max_n: int) -> tuple[int, int]:
+        r = self.call("LEASE", queue=queue, group=group, after=after, max=max_n)
+        return r["base"], r["end"]
+
+    def fetch(self, queue: str, group: str, lo: int, hi: int) -> tuple[list[list], int]:
+        r = self.call("FETCH", queue=queue, group=group, lo=lo, hi=hi)
+        return r["messages"], r["gone"]
+
+    def ack_upto(self, queue: str, group: str, upto: int) -> int:
+        return self.call("ACK_UPTO", queue=queue, group=group, upto=upto)["base"]
+
+    def info(self, queue: str) -> dict:
+        return self.call("INFO", queue=queue)
+
+    def snapshot(self, queue: str, after: int, before: int, limit: int = 1000) -> tuple[list[list], int]:
+        r = self.call("SNAPSHOT", queue=queue, after=after, before=before, limit=limit)
+        return r["messages"], r["next"]
+
+    def produce(self, messages: list[tuple[str, bytes]], key: str | None = None) -> dict:
+        """Store ``[(queue, body), ...]`` durably, all or none. ``key`` makes a repeat store nothing;
+        without one a random key still makes this call's own resends safe."""
+        return self.call("PRODUCE", messages=[list(m) for m in messages], key=key or uuid.uuid4().hex)

@@ -1,0 +1,147 @@
+"""The API gateway: answers pzq API requests (protocols/api.py) with the broker, the leases and the
+store. No socket here: the server reads requests, calls ``handle`` and sends the replies after the
+turn's commit, so an OK never leaves for a lease, an acknowledgement or a message not yet on disk.
+
+PRODUCE with a ``key`` is idempotent: the key, the count and a digest of the messages are stored
+with the messages, and the same key seen again within ``dedup_window`` seconds is answered from that
+record without storing anything. The Spark sink keys each chunk by query, batch, partition and chunk,
+so a batch Spark runs again is not stored twice.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+
+import msgpack
+
+from pzq.broker import Broker
+from pzq.errors import ProtocolError, StoreFull
+from pzq.leases import Leases
+from pzq.logs import warn_bad
+from pzq.protocols import api
+from pzq.store import Message
+
+log = logging.getLogger("pzq.api")
+
+SNAPSHOT_MAX = 10_000
+
+
+def _row(seq: int, message: Message) -> list:
+    return [seq, message.id, message.enqueued_us, message.deliveries, b"".join(message.frames)]
+
+
+class ApiGateway:
+    """Carries out API requests; one instance per server, driven by the loop."""
+
+    def __init__(self, broker: Broker, leases: Leases, *, max_message_size: int, dedup_window_s: float):
+        self.broker = broker
+        self.store = broker.store
+        self.leases = leases
+        self.max_message_size = max_message_size
+        self.dedup_window_us = int(dedup_window_s * 1e6)
+        self.requests_total = 0
+        self.errors_total = 0
+        self.duplicates_total = 0
+        self.load()
+
+    def load(self) -> None:
+        """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
+        keys = [(msgpack.unpackb(value)[0], key) for key, value in self.store.records("produced")]
+        self._keys_by_age = collections.deque(sorted(keys))
+
+    def handle(self, frames: list[bytes], *, now: float, now_us: int) -> list[bytes] | None:
+        """The reply to one request (None when it cannot be answered: no delimiter or id)."""
+        parsed = api.parse_request(frames, self.max_message_size + (1 << 20))
+        if parsed is None:
+            warn_bad("api", "unanswerable", f"{len(frames)} frame(s) without a delimiter and request id")
+            return None
+        self.requests_total += 1
+        if isinstance(parsed, api.Rejected):
+            return self._error(parsed.request, parsed.error)
+        try:
+            return api.ok(parsed, self._carry_out(parsed, now, now_us))
+        except ProtocolError as exc:
+            return self._error(parsed, exc)
+        except StoreFull as exc:
+            return self._error(parsed, ProtocolError("queue-full", str(exc)))
+
+    def _error(self, request: api.Request, exc: ProtocolError) -> list[bytes]:
+        self.errors_total += 1
+        warn_bad("api", exc.code, exc.detail)
+        return api.error(request, exc.code, exc.detail)
+
+    def _carry_out(self, request: api.Request, now: float, now_us: int) -> dict:
+        a, leases = request.args, self.leases
+        if request.command == "OFFSETS":
+            base, end = leases.offsets(a["queue"], a["group"])
+            return {"base": base, "end": end}
+        if request.command == "LEASE":
+            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us)
+            return {"base": base, "end": end}
+        if request.command == "FETCH":
+            messages, gone = leases.fetch(a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us)
+            return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone}
+        if request.command == "ACK_UPTO":
+            return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us)}
+        if request.command == "INFO":
+            info = self.store.queue(a["queue"], create=False)
+            if info is None:
+                return {"first": 0, "next": 0, "depth": 0}
+            head = self.store.scan(a["queue"], 0, 1)
+            return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
+        if request.command == "SNAPSHOT":
+            return self._snapshot(a)
+        return self._produce(a, now_us)
+
+    def _snapshot(self, a: dict) -> dict:
+        """Stored messages with ``after <= seq < before``, at most ``limit``: read-only, nothing changes."""
+        limit = min(max(a["limit"], 0), SNAPSHOT_MAX)
+        found = self.store.scan(a["queue"], max(a["after"], 0), limit) if self.store.queue(a["queue"], create=False) else []
+        rows = [_row(m.seq, m) for m in found if m.seq < a["before"]]
+        last_seq = found[-1].seq if found else a["before"]
+        complete = len(found) < limit or len(rows) < len(found)
+        return {"messages": rows, "next": a["before"] if complete else last_seq + 1}
+
+    def _produce(self, a: dict, now_us: int) -> dict:
+        messages = api.produce_messages(a)
+        for queue, body in messages:
+            if not body:
+                raise ProtocolError("empty-message", f"a message for {queue!r} has an empty body")
+            if len(body) > self.max_message_size:
+                raise ProtocolError("too-large", f"a message of {len(body)} bytes is over the limit of "
+                                                 f"{self.max_message_size}")
+        key = a.get("key")
+        digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
+        if key is not None:
+            seen = self.store.get_record("produced", key.encode())
+            if seen is not None:
+                stored_us, count, seen_digest = msgpack.unpackb(seen)
+                if stored_us + self.dedup_window_us > now_us:
+                    self.duplicates_total += 1
+                    if seen_digest != digest:
+                        log.warning("PRODUCE key %r came again with other messages; the first ones stand", key)
+                    return {"count": count, "duplicate": True}
+        stored: list[Message] = []
+        try:
+            for queue, body in messages:
+                stored.append(self.broker.produce(queue, [body], now_us=now_us))
+        except StoreFull:
+            for message in stored:  # all or nothing, so that the client's retry stores no duplicates
+                self.store.delete(message.queue, message.seq)
+            raise
+        if key is not None:
+            self.store.put_record("produced", key.encode(), msgpack.packb([now_us, len(messages), digest]))
+            self._keys_by_age.append((now_us, key.encode()))
+            self._prune(now_us)
+        return {"count": len(messages), "duplicate": False}
+
+    def _prune(self, now_us: int) -> None:
+        keys = self._keys_by_age
+        while keys and keys[0][0] + self.dedup_window_us <= now_us:
+            self.store.delete_record("produced", keys.popleft()[1])
+
+    def stats(self) -> dict:
+        return {"requests": self.requests_total, "errors": self.errors_total,
+                "duplicates_dropped": self.duplicates_total, "groups": self.leases.stats()}
+

@@ -1,0 +1,208 @@
+"""Durable leases by sequence range, per consumer group: what a Spark query reads a queue through.
+
+A stream processor such as Spark plans a batch (its start and end offsets are written to its
+checkpoint), runs it, and acknowledges the batch only when it plans the next one, possibly minutes
+later, possibly after its driver restarted. So the queue must hand out messages in ranges that can be
+read again, identically, until they are acknowledged. A group does that:
+
+- ``lease(after, max)`` takes the next ready messages of the queue and numbers them with the group's
+  own consecutive *lease seqs* (a Spark offset is a lease seq). It is idempotent: asking again from
+  the same ``after`` returns the leases already made instead of taking more.
+- ``fetch(lo, hi)`` returns the messages leased as ``lo .. hi-1``, read-only, as often as asked, with
+  the delivery count they had when they were leased.
+- ``ack_upto(seq)`` deletes every leased message below ``seq`` for good (idempotent).
+
+Leased messages are held by the broker (no other consumer gets them), across restarts too: the lease
+records are in the store and ``load()`` registers them again. A group that nobody has called for
+``timeout`` seconds is expired: its unacknowledged messages return to their queue with their delivery
+count already raised, and a later fetch of that range reports them as ``gone`` instead of returning them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+
+import msgpack
+
+from pzq.broker import Broker
+from pzq.errors import ProtocolError
+from pzq.store import Message
+
+log = logging.getLogger("pzq.leases")
+
+_U64 = struct.Struct(">Q")
+_LEASE_KEY = struct.Struct(">QQ")  # gid, lease seq
+_LEASE_VALUE = struct.Struct(">QI")  # message seq, deliveries when leased
+MAX_LEASE = 1_000_000  # messages one lease call may take (each costs ~250 B of memory while held)
+MAX_FETCH = 10_000  # messages one fetch may return
+
+
+@dataclasses.dataclass
+class Group:
+    """One consumer group of one queue: leases ``base .. end-1`` are held and not yet acknowledged."""
+
+    queue: str
+    qid: int
+    name: str
+    gid: int
+    base: int = 0
+    end: int = 0
+    deadline_us: int = 0  # wall clock, so it outlives restarts
+    saved_deadline_us: int = 0
+
+    @property
+    def holder(self) -> tuple[str, int]:
+        return ("lease", self.gid)
+
+    def key(self) -> bytes:
+        return _U64.pack(self.qid) + self.name.encode()
+
+
+class Leases:
+    """Every group's leases, kept in the store and mirrored in the broker's in-flight table."""
+
+    def __init__(self, broker: Broker, *, timeout_s: float):
+        self.broker = broker
+        self.store = broker.store
+        self.timeout_us = int(timeout_s * 1e6)
+        self.groups: dict[tuple[str, str], Group] = {}
+        self.expired_total = 0
+        self.load()
+
+    def load(self) -> None:
+        """Read every group and hold its leased messages again: at start-up and after a rollback."""
+        self.groups.clear()
+        self._next_gid = 1
+        for key, value in self.store.records("groups"):
+            qid = _U64.unpack(key[:8])[0]
+            info = self.store.queue_by_id(qid)
+            gid, base, end, deadline_us = msgpack.unpackb(value)
+            self._next_gid = max(self._next_gid, gid + 1)
+            if info is None:
+                continue
+            group = Group(info.name, qid, key[8:].decode(), gid, base, end, deadline_us, deadline_us)
+            self.groups[(group.queue, group.name)] = group
+            for _, raw in self.store.records("leases", _U64.pack(gid)):
+                self.broker.hold((qid, _LEASE_VALUE.unpack(raw)[0]), group.holder)
+
+    def _group(self, queue: str, name: str, create: bool) -> Group | None:
+        group = self.groups.get((queue, name))
+        if group is None and create:
+            info = self.store.queue(queue)
+            group = Group(queue, info.qid, name, self._next_gid)
+            self._next_gid += 1
+            self.groups[(queue, name)] = group
+            self._save(group)
+        return group
+
+    def _save(self, group: Group) -> None:
+        self.store.put_record("groups", group.key(),
+                              msgpack.packb([group.gid, group.base, group.end, group.deadline_us]))
+        group.saved_deadline_us = group.deadline_us
+
+    def _touch(self, group: Group, now_us: int) -> None:
+        """Push the group's expiry back. Written at most every tenth of the timeout, so an idle query
+        polling many times a second costs no commits; after a restart it may expire that much early."""
+        group.deadline_us = now_us + self.timeout_us
+        if group.deadline_us - group.saved_deadline_us > self.timeout_us // 10:
+            self._save(group)
+
+    # -- the three calls ---------------------------------------------------------------------------
+
+    def offsets(self, queue: str, name: str) -> tuple[int, int]:
+        """(base, end) of a group: base is where a new reader of the group starts."""
+        group = self._group(queue, name, create=False)
+        return (0, 0) if group is None else (group.base, group.end)
+
+    def lease(self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int) -> tuple[int, int]:
+        """Make sure leases ``after .. after+max_n-1`` exist as far as messages are ready; returns
+        (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read."""
+        if not 0 <= max_n <= MAX_LEASE:
+            raise ProtocolError("bad-max", f"max must be 0 to {MAX_LEASE}, not {max_n}")
+        group = self._group(queue, name, create=True)
+        if after > group.end:
+            raise ProtocolError("bad-offset", f"group {name!r} of {queue!r} never leased up to {after} "
+                                              f"(its leases end at {group.end})")
+        self._touch(group, now_us)
+        # Below base is acknowledged or expired: a reader that starts there simply reads on from base.
+        target = max(after, group.base) + max_n
+        if group.end < target:
+            taken = self.broker.take(queue, target - group.end, group.holder, now=now, now_us=now_us,
+                                     timeout_s=float("inf"))
+            for message in taken:
+                self.store.put_record("leases", _LEASE_KEY.pack(group.gid, group.end),
+                                      _LEASE_VALUE.pack(message.seq, message.deliveries))
+                group.end += 1
+            if taken:
+                self._save(group)
+        return group.base, min(group.end, target)
+
+    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int) -> tuple[list[tuple[int, Message]], int]:
+        """The messages leased as ``lo .. hi-1`` with their lease seqs, and how many of that range are
+        gone (acknowledged, or expired back to the queue)."""
+        group = self._group(queue, name, create=False)
+        end = 0 if group is None else group.end
+        if not 0 <= lo <= hi <= end:
+            raise ProtocolError("bad-range", f"range {lo}..{hi} is not within the leases of group {name!r} "
+                                             f"of {queue!r} (0..{end})")
+        if hi - lo > MAX_FETCH:
+            raise ProtocolError("bad-range", f"fetch at most {MAX_FETCH} messages at a time, not {hi - lo}")
+        out: list[tuple[int, Message]] = []
+        if group is None:
+            return out, 0
+        self._touch(group, now_us)
+        for lseq in range(max(lo, group.base), hi):
+            raw = self.store.get_record("leases", _LEASE_KEY.pack(group.gid, lseq))
+            message = None
+            if raw is not None:
+                seq, deliveries = _LEASE_VALUE.unpack(raw)
+                message = self.store.get(queue, seq)
+            if message is not None:  # else acked by an earlier holder's late ack: consumed all the same
+                message.deliveries = deliveries
+                out.append((lseq, message))
+        return out, (hi - lo) - len(out)
+
+    def ack_upto(self, queue: str, name: str, upto: int, *, now_us: int) -> int:
+        """Delete every message leased below ``upto``; returns the group's new base."""
+        group = self._group(queue, name, create=False)
+        end = 0 if group is None else group.end
+        if not 0 <= upto <= end:
+            raise ProtocolError("bad-offset", f"cannot acknowledge up to {upto}: group {name!r} of {queue!r} "
+                                              f"leased up to {end}")
+        if group is None or upto <= group.base:
+            return upto if group is None else group.base
+        self._touch(group, now_us)
+        for lseq in range(group.base, upto):
+            key = _LEASE_KEY.pack(group.gid, lseq)
+            raw = self.store.get_record("leases", key)
+            if raw is not None:
+                self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]))
+                self.store.delete_record("leases", key)
+        group.base = upto
+        self._save(group)
+        return group.base
+
+    # -- expiry -------------------------------------------------------------------------------------
+
+    def expire(self, now_us: int) -> int:
+        """Return the messages of every group idle past its deadline to their queues; how many."""
+        returned = 0
+        for group in self.groups.values():
+            if group.base == group.end or group.deadline_us > now_us:
+                continue
+            n = self.broker.consumer_gone(group.holder)
+            for lseq in range(group.base, group.end):
+                self.store.delete_record("leases", _LEASE_KEY.pack(group.gid, lseq))
+            log.warning("group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
+                        "(leases %d..%d) went back to the queue", group.name, group.queue,
+                        self.timeout_us / 1e6, n, group.base, group.end - 1)
+            group.base = group.end
+            self._save(group)
+            returned += n
+        self.expired_total += returned
+        return returned
+
+    def stats(self) -> dict:
+        return {f"{g.queue}/{g.name}": {"base": g.base, "end": g.end, "held": g.end - g.base}
+                for g in self.groups.values()}

@@ -1,0 +1,148 @@
+"""The pzq API protocol: request/reply over ZeroMQ for clients that need more than a stream of
+deliveries (the Spark connector). Pure functions over frame lists; no socket here.
+
+client -> server  "", request id, command, msgpack map of arguments     (client DEALER or REQ)
+server -> client  "", request id, "OK", msgpack map of results
+                  "", request id, "ERR", msgpack {"code": str, "detail": str}
+
+The server binds a ROUTER, so its frames start with the routing frame(s). Every command is idempotent
+(PRODUCE through its dedup ``key``), so a client may resend a request that timed out.
+
+=========  =====================================================  ==================================
+command    arguments                                              results
+=========  =====================================================  ==================================
+OFFSETS    queue, group                                           base, end
+LEASE      queue, group, after, max                               base, end
+FETCH      queue, group, lo, hi                                   messages, gone
+ACK_UPTO   queue, group, upto                                     base
+INFO       queue                                                  first, next, depth
+SNAPSHOT   queue, after, before, limit                            messages, next
+PRODUCE    messages: [[queue, body], ...], key (optional)         count, duplicate
+=========  =====================================================  ==================================
+
+A message in results is ``[seq, key, enqueued_us, deliveries, body]``: ``seq`` is the lease seq (FETCH)
+or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames joined.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import msgpack
+
+from pzq.errors import ProtocolError
+
+OK = b"OK"
+ERR = b"ERR"
+
+_STR, _INT, _LIST = str, int, list
+SCHEMAS: dict[str, dict[str, tuple[type, bool]]] = {  # name -> {field: (type, required)}
+    "OFFSETS": {"queue": (_STR, True), "group": (_STR, True)},
+    "LEASE": {"queue": (_STR, True), "group": (_STR, True), "after": (_INT, True), "max": (_INT, True)},
+    "FETCH": {"queue": (_STR, True), "group": (_STR, True), "lo": (_INT, True), "hi": (_INT, True)},
+    "ACK_UPTO": {"queue": (_STR, True), "group": (_STR, True), "upto": (_INT, True)},
+    "INFO": {"queue": (_STR, True)},
+    "SNAPSHOT": {"queue": (_STR, True), "after": (_INT, True), "before": (_INT, True), "limit": (_INT, True)},
+    "PRODUCE": {"messages": (_LIST, True), "key": (_STR, False)},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request: answer it to ``routing`` with ``request_id``."""
+
+    routing: tuple[bytes, ...]
+    request_id: bytes
+    command: str
+    args: dict
+
+
+def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request | Rejected | None:
+    """Read one request from the server's ROUTER. A request that cannot be answered (no delimiter or
+    no id) is None; one that can but is wrong comes back Rejected, to answer with ERR."""
+    try:
+        split = list(frames).index(b"")
+    except ValueError:
+        return None
+    routing, rest = tuple(frames[:split]), frames[split + 1:]
+    if not routing or not rest:
+        return None
+    request_id = rest[0]
+    if len(rest) != 3:
+        return _bad(routing, request_id, "bad-frames", f"expected [id, command, arguments], got {len(rest)} frame(s)")
+    name = bytes(rest[1]).decode("ascii", "replace")
+    schema = SCHEMAS.get(name)
+    if schema is None:
+        return _bad(routing, request_id, "unknown-command", f"unknown command {name[:40]!r}; "
+                                                             f"known: {', '.join(sorted(SCHEMAS))}")
+    try:
+        args = msgpack.unpackb(rest[2], raw=False, strict_map_key=True, max_bin_len=max_size,
+                               max_str_len=max_size, max_array_len=1 << 20, max_map_len=64)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
+        return _bad(routing, request_id, "bad-arguments", f"arguments are not msgpack: {type(exc).__name__}")
+    if not isinstance(args, dict):
+        return _bad(routing, request_id, "bad-arguments", "arguments must be a msgpack map")
+    for field, (kind, required) in schema.items():
+        value = args.get(field)
+        if value is None:
+            if required:
+                return _bad(routing, request_id, "bad-arguments", f"{name} needs {field!r}")
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return _bad(routing, request_id, "bad-arguments", f"{name}: {field!r} must be {kind.__name__}")
+    return Request(routing, request_id, name, {k: v for k, v in args.items() if k in schema})
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A request that can be answered but not carried out: answer ``request`` with ERR ``error``."""
+
+    request: Request
+    error: ProtocolError
+
+
+def _bad(routing, request_id, code: str, detail: str) -> Rejected:
+    return Rejected(Request(routing, request_id, "", {}), ProtocolError(code, detail))
+
+
+def produce_messages(args: dict) -> list[tuple[str, bytes]]:
+    """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body."""
+    out = []
+    for item in args["messages"]:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
+                or not isinstance(item[1], bytes)):
+            raise ProtocolError("bad-arguments", "PRODUCE: each message must be [queue (str), body (bin)]")
+        out.append((item[0], item[1]))
+    return out
+
+
+def ok(request: Request, results: dict) -> list[bytes]:
+    return [*request.routing, b"", request.request_id, OK, msgpack.packb(results, use_bin_type=True)]
+
+
+def error(request: Request, code: str, detail: str) -> list[bytes]:
+    return [*request.routing, b"", request.request_id, ERR,
+            msgpack.packb({"code": code, "detail": detail}, use_bin_type=True)]
+
+
+def as_error(reply: list[bytes], code: str, detail: str) -> list[bytes]:
+    """The same reply turned into an ERR (the turn that made it was rolled back)."""
+    return [*reply[:-2], ERR, msgpack.packb({"code": code, "detail": detail}, use_bin_type=True)]
+
+
+# -- the client's side ------------------------------------------------------------------------------
+
+def request(request_id: bytes, command: str, args: dict) -> list[bytes]:
+    """The frames a DEALER client sends."""
+    return [b"", request_id, command.encode(), msgpack.packb(args, use_bin_type=True)]
+
+
+def parse_reply(frames: Sequence[bytes]) -> tuple[bytes, bool, dict] | None:
+    """(request id, ok, results) of a reply a DEALER client received; None if it is not one."""
+    if len(frames) != 4 or frames[0] != b"" or frames[2] not in (OK, ERR):
+        return None
+    try:
+        body = msgpack.unpackb(frames[3], raw=False)
+    except Exception:  # noqa: BLE001 - a garbled reply is ignored like a missing one
+        return None
+    return (bytes(frames[1]), frames[2] == OK, body) if isinstance(body, dict) else None

@@ -1,0 +1,316 @@
+"""pzq as a Spark data source (format ``pzq``): queues as sources and sinks of Spark pipelines.
+
+The only module of pzq that imports pyspark (``pip install pzq[spark]``). Register it once per session::
+
+    from pzq.spark import register
+    register(spark)
+    events = (spark.readStream.format("pzq").option("endpoint", "tcp://127.0.0.1:11133")
+              .option("queue", "events").option("group", "hourly-report").load())
+
+Reading (streaming): each micro-batch is a range of the group's *lease seqs* (see pzq/leases.py).
+``latestOffset`` leases the next messages on the server (durably, idempotently), ``read`` fetches a
+leased range on an executor (replayable: a re-run batch gets the same rows), and ``commit`` - which
+Spark calls once the batch is in its checkpoint, when it plans the next one - acknowledges them, which
+deletes them from the queue. So the guarantee is at-least-once: a message leaves the queue only after
+the batch that used it was committed; a batch that failed or was never committed is read again.
+
+Reading (batch): ``spark.read.format("pzq")`` is a snapshot of what a queue stores, read without
+changing anything (no lease, no delivery count).
+
+Writing (batch and streaming): rows with a ``body`` column (binary or string) and an optional
+``queue`` column (else the ``queue`` option). Each task stores its rows in chunks and returns only
+when the server has them on disk. Each chunk carries a key made of the query id, batch id, partition
+and chunk number, and the server stores a key once (within ``--api-dedup-window``), so a batch Spark
+runs again is not stored twice: exactly-once into the queue when the re-run produces the same rows.
+
+Rows read: queue string, key string (the 32-hex message id, stable across redeliveries), seq long
+(the lease seq when streaming, the queue seq in a snapshot), body binary (the message's frames
+joined), enqueued_at timestamp, deliveries int (deliveries including this one; 0 in a snapshot).
+
+Options: endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (10000),
+numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import uuid
+from collections.abc import Iterator
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
+                                    DataSourceWriter, InputPartition, WriterCommitMessage)
+
+try:  # admission control (latestOffset(start, limit)) came with pyspark 4.2
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+except ImportError:  # pragma: no cover - older pyspark calls latestOffset() without arguments
+    ReadAllAvailable = ReadMaxRows = None
+
+log = logging.getLogger("pzq.spark")
+
+SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp, deliveries int"
+ALL_AVAILABLE = 1_000_000  # the server's largest lease per call (pzq.leases.MAX_LEASE)
+_UTC = datetime.timezone.utc
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The data source's options, checked once on the driver."""
+
+    endpoint: str = "tcp://127.0.0.1:11133"
+    queue: str = "default"
+    group: str = "spark"
+    max_per_batch: int = 10_000
+    partitions: int = 2
+    fetch_size: int = 2000
+    timeout_s: float = 120.0
+
+    @classmethod
+    def parse(cls, options: dict) -> "Options":
+        def number(name: str, default, kind=int):
+            value = options.get(name)
+            try:
+                parsed = default if value is None else kind(value)
+            except ValueError:
+                raise ValueError(f"pzq option {name}: {value!r} is not a number") from None
+            if parsed <= 0:
+                raise ValueError(f"pzq option {name}: must be positive, got {parsed}")
+            return parsed
+
+        return cls(endpoint=options.get("endpoint") or cls.endpoint, queue=options.get("queue") or cls.queue,
+                   group=options.get("group") or cls.group,
+                   max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
+                   partitions=number("numPartitions", cls.partitions),
+                   fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
+                   timeout_s=number("timeout", cls.timeout_s, float))
+
+    def client(self):
+        from pzq.api_client import ApiClient  # imported where it runs: executors import pzq lazily
+
+        return ApiClient(self.endpoint, timeout_s=self.timeout_s)
+
+
+def _row(queue: str, item: list) -> tuple:
+    seq, key, enqueued_us, deliveries, body = item
+    return (queue, key, seq, body, _EPOCH + datetime.timedelta(microseconds=enqueued_us), deliveries)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqRange(InputPartition):
+    """Seqs ``lo .. hi-1`` of a queue (lease seqs when streaming, queue seqs in a snapshot)."""
+
+    lo: int
+    hi: int
+
+
+def split(lo: int, hi: int, n: int) -> list[SeqRange]:
+    """``lo .. hi-1`` in at most ``n`` consecutive ranges of nearly equal size, none empty."""
+    n = max(1, min(n, hi - lo))
+    size, extra = divmod(hi - lo, n)
+    out, start = [], lo
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(SeqRange(start, end))
+        start = end
+    return out
+
+
+class PzqDataSource(DataSource):
+    """Format ``pzq``: a streaming and batch source and sink of pzq queues."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pzq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema) -> DataSourceReader:
+        return SnapshotReader(Options.parse(self.options))
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return LeaseStreamReader(Options.parse(self.options))
+
+    def writer(self, schema, overwrite: bool) -> DataSourceWriter:
+        return QueueWriter(Options.parse(self.options), uuid.uuid4().hex)
+
+    def streamWriter(self, schema, overwrite: bool) -> DataSourceStreamWriter:
+        return QueueStreamWriter(Options.parse(self.options), uuid.uuid4().hex)
+
+
+def register(spark) -> None:
+    """Make ``format("pzq")`` known to ``spark`` (a SparkSession)."""
+    spark.dataSource.register(PzqDataSource)
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+class LeaseStreamReader(DataSourceStreamReader):
+    """Micro-batches over a consumer group's leases. The driver's calls share one API client."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        self._client = None
+        self._last_end: int | None = None
+
+    def __getstate__(self) -> dict:  # executors get a copy without the driver's socket
+        return {**self.__dict__, "_client": None}
+
+    def _api(self):
+        if self._client is None:
+            self._client = self.options.client()
+        return self._client
+
+    def initialOffset(self) -> dict:
+        base, _ = self._api().offsets(self.options.queue, self.options.group)
+        return {"seq": base}
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.options.max_per_batch) if ReadMaxRows is not None else None
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        if start is not None:
+            after = start["seq"]
+        elif self._last_end is not None:
+            after = self._last_end
+        else:
+            after = self._api().offsets(self.options.queue, self.options.group)[0]
+        max_n = self.options.max_per_batch
+        if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
+            max_n = ALL_AVAILABLE
+        elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            max_n = min(getattr(limit, "max_rows", None) or getattr(limit, "maxRows"), ALL_AVAILABLE)
+        _, end = self._api().lease(self.options.queue, self.options.group, after, max_n)
+        self._last_end = end
+        return {"seq": end}
+
+    def partitions(self, start: dict, end: dict) -> list[SeqRange]:
+        return split(start["seq"], end["seq"], self.options.partitions)
+
+    def read(self, partition: SeqRange) -> Iterator[tuple]:
+        opts = self.options
+        with opts.client() as api:
+            for lo in range(partition.lo, partition.hi, opts.fetch_size):
+                hi = min(lo + opts.fetch_size, partition.hi)
+                messages, gone = api.fetch(opts.queue, opts.group, lo, hi)
+                if gone:
+                    log.warning("pzq group %r: %d message(s) of leases %d..%d are gone (their lease expired "
+                                "and they went back to queue %r)", opts.group, gone, lo, hi - 1, opts.queue)
+                for item in messages:
+                    yield _row(opts.queue, item)
+
+    def commit(self, end: dict) -> None:
+        self._api().ack_upto(self.options.queue, self.options.group, end["seq"])
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class SnapshotReader(DataSourceReader):
+    """A batch read of what a queue stores now; changes nothing on the server."""
+
+    def __init__(self, options: Options):
+        self.options = options
+
+    def partitions(self) -> list[SeqRange]:
+        with self.options.client() as api:
+            info = api.info(self.options.queue)
+        if info["depth"] == 0:
+            return [SeqRange(0, 0)]
+        return split(info["first"], info["next"], self.options.partitions)
+
+    def read(self, partition: SeqRange) -> Iterator[tuple]:
+        opts = self.options
+        if partition.lo >= partition.hi:
+            return
+        with opts.client() as api:
+            after = partition.lo
+            while after < partition.hi:
+                messages, after = api.snapshot(opts.queue, after, partition.hi, opts.fetch_size)
+                for item in messages:
+                    yield _row(opts.queue, item)
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Written(WriterCommitMessage):
+    """What one task stored: messages, and chunks the server already had (a re-run task)."""
+
+    count: int
+    duplicate_chunks: int
+
+
+CHUNK_ROWS = 1000
+CHUNK_BYTES = 4 << 20
+
+
+class QueueWriter(DataSourceWriter):
+    """Stores every row as a message; a task returns once its rows are durable."""
+
+    def __init__(self, options: Options, job: str):
+        self.options = options
+        self.job = job  # made on the driver: every task of this write shares it
+
+    def _key_prefix(self, ctx) -> str:
+        return f"spark:{self.job}:{ctx.partitionId()}"
+
+    def write(self, rows: Iterator) -> Written:
+        ctx = TaskContext.get()
+        prefix = self._key_prefix(ctx) if ctx is not None else f"spark:{uuid.uuid4().hex}"
+        default_queue = self.options.queue
+        count = duplicates = chunk_no = size = 0
+        chunk: list[tuple[str, bytes]] = []
+        with self.options.client() as api:
+            def flush():
+                nonlocal count, duplicates, chunk_no, size
+                if chunk:
+                    result = api.produce(chunk, key=f"{prefix}:{chunk_no}")
+                    count += result["count"]
+                    duplicates += bool(result["duplicate"])
+                    chunk_no += 1
+                    chunk.clear()
+                    size = 0
+
+            for row in rows:
+                fields = row.asDict()
+                body = fields.get("body")
+                if body is None:
+                    raise ValueError("pzq sink: every row needs a non-null 'body' column")
+                body = body.encode() if isinstance(body, str) else bytes(body)
+                chunk.append((fields.get("queue") or default_queue, body))
+                size += len(body)
+                if len(chunk) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+                    flush()
+            flush()
+        return Written(count, duplicates)
+
+    def commit(self, messages: list) -> None:
+        total = sum(m.count for m in messages if m is not None)
+        log.info("pzq sink: %d message(s) stored", total)
+
+    def abort(self, messages: list) -> None:
+        # What tasks stored is durable and may already be consumed: it cannot be taken back.
+        log.warning("pzq sink: the write was aborted; messages its finished tasks stored stay in the queue")
+
+
+class QueueStreamWriter(QueueWriter, DataSourceStreamWriter):
+    """The sink of a streaming query; chunk keys name the query and batch, so re-runs dedup."""
+
+    def _key_prefix(self, ctx) -> str:
+        query = ctx.getLocalProperty("sql.streaming.queryId")
+        batch = ctx.getLocalProperty("streaming.sql.batchId")
+        if query and batch is not None:
+            return f"spark:{query}:{batch}:{ctx.partitionId()}"
+        return f"spark:{self.job}:{uuid.uuid4().hex}:{ctx.partitionId()}"  # no ids: at-least-once
+
+    def commit(self, messages: list, batchId: int) -> None:
+        total = sum(m.count for m in messages if m is not None)
+        log.info("pzq sink: batch %d: %d message(s) stored", batchId, total)
+
+    def abort(self, messages: list, batchId: int) -> None:
+        log.warning("pzq sink: batch %d aborted; messages its finished tasks stored stay in the queue", batchId)

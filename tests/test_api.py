@@ -1,0 +1,155 @@
+"""The API endpoint of a real server: leases, fetches, acks, snapshots and batch produce over ZeroMQ."""
+from __future__ import annotations
+
+import signal
+
+import msgpack
+import pytest
+import zmq
+
+from conftest import recv, wait_until
+from pzq import client
+from pzq.api_client import ApiClient, ApiError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def api_server(make_server, tmp_path):
+    return make_server(api_dsn=f"ipc://{tmp_path}/api")
+
+
+@pytest.fixture
+def api(api_server):
+    with ApiClient(api_server.config.api_dsn, timeout_s=10) as c:
+        yield c
+
+
+def fill(api: ApiClient, queue: str, n: int, prefix: bytes = b"m") -> None:
+    api.produce([(queue, prefix + b"%d" % i) for i in range(n)])
+
+
+def test_produced_messages_are_stored_and_a_repeated_key_stores_nothing(api):
+    assert api.produce([("q", b"a"), ("r", b"b")], key="k") == {"count": 2, "duplicate": False}
+    assert api.produce([("q", b"a"), ("r", b"b")], key="k") == {"count": 2, "duplicate": True}
+    assert api.info("q")["depth"] == 1 and api.info("r")["depth"] == 1
+
+
+def test_an_empty_or_oversized_body_is_refused_and_nothing_of_the_request_is_stored(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_message_size=1024)
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        with pytest.raises(ApiError, match="empty-message"):
+            api.produce([("q", b"ok"), ("q", b"")])
+        with pytest.raises(ApiError, match="too-large"):
+            api.produce([("q", b"ok"), ("q", b"x" * 1025)])
+        assert api.info("q")["depth"] == 0
+
+
+def test_a_full_store_refuses_the_whole_request_and_keeps_serving(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.produce([("q", b"x" * 1000)] * 500)
+        with pytest.raises(ApiError, match="queue-full"):
+            api.produce([("q", b"x" * 1000)] * 1000)
+        assert api.info("q")["depth"] == 500
+
+
+def test_a_snapshot_reads_every_stored_message_and_changes_nothing(api):
+    fill(api, "q", 25)
+    info = api.info("q")
+    seen, after = [], info["first"]
+    while after < info["next"]:
+        rows, after = api.snapshot("q", after, info["next"], limit=10)
+        seen += rows
+    assert [row[4] for row in seen] == [b"m%d" % i for i in range(25)]
+    assert {row[3] for row in seen} == {0}
+    assert api.info("q") == info
+
+
+def test_the_lease_cycle_over_the_wire_reads_replays_and_acknowledges(api):
+    fill(api, "q", 10)
+    assert api.offsets("q", "g") == (0, 0)
+    assert api.lease("q", "g", 0, 6) == (0, 6)
+    first, gone = api.fetch("q", "g", 0, 6)
+    assert gone == 0 and [row[4] for row in first] == [b"m%d" % i for i in range(6)]
+    assert api.fetch("q", "g", 0, 6) == (first, 0)
+    assert api.ack_upto("q", "g", 6) == 6
+    assert api.info("q")["depth"] == 4
+    assert api.lease("q", "g", 6, 100) == (6, 10)
+
+
+def test_native_consumers_do_not_get_leased_messages_but_get_the_rest(api, sockets):
+    fill(api, "default", 4)
+    api.lease("default", "g", 0, 3)
+    consumer = client.Consumer(api.endpoint.replace("/api", "/send"))
+    try:
+        delivery = consumer.receive(5000)
+        assert delivery is not None and delivery.body == [b"m3"]
+        consumer.ack(delivery)
+        assert consumer.receive(300) is None
+    finally:
+        consumer.close()
+
+
+def test_refusals_name_their_reason(api):
+    with pytest.raises(ApiError) as info:
+        api.fetch("q", "g", 0, 5)
+    assert info.value.code == "bad-range"
+    with pytest.raises(ApiError, match="unknown-command"):
+        api.call("EVAL", code="1+1")
+
+
+def test_garbage_gets_an_error_reply_or_is_dropped_and_the_server_keeps_answering(api_server, api, sockets):
+    raw = sockets(zmq.DEALER, api_server.config.api_dsn)
+    raw.send_multipart([b"no delimiter"])
+    raw.send_multipart([b"", b"1", b"LEASE", b"\xc1\xc1"])
+    reply = recv(raw)
+    assert reply[:3] == [b"", b"1", b"ERR"] and msgpack.unpackb(reply[3])["code"] == "bad-arguments"
+    assert api.info("q")["depth"] == 0
+
+
+def test_leases_and_acks_survive_sigkill_and_stay_away_from_native_consumers(process_server, tmp_path):
+    endpoint = f"ipc://{tmp_path}/api"
+    srv = process_server("--api-dsn", endpoint)
+    with ApiClient(endpoint, timeout_s=20) as api:
+        fill(api, "default", 10)
+        api.lease("default", "g", 0, 6)
+        api.ack_upto("default", "g", 2)
+        before = api.fetch("default", "g", 2, 6)
+        srv.restart(signal.SIGKILL)
+        assert api.offsets("default", "g") == (2, 6)
+        assert api.fetch("default", "g", 2, 6) == before
+        consumer = client.Consumer(srv.send)
+        try:
+            got = []
+            while (delivery := consumer.receive(1000)) is not None:
+                got.append(delivery.body[0])
+                consumer.ack(delivery)
+            assert got == [b"m6", b"m7", b"m8", b"m9"]
+        finally:
+            consumer.close()
+        assert wait_until(lambda: api.info("default")["depth"] == 4)
+
+
+def test_a_client_call_survives_a_server_restart_in_the_middle(process_server, tmp_path):
+    endpoint = f"ipc://{tmp_path}/api"
+    srv = process_server("--api-dsn", endpoint)
+    with ApiClient(endpoint, timeout_s=30, attempt_s=0.5) as api:
+        fill(api, "q", 3)
+        srv.stop(signal.SIGKILL)
+        srv.start()
+        assert api.info("q")["depth"] == 3
+
+
+def test_the_monitor_reports_api_figures_and_groups(api_server, api):
+    fill(api, "q", 3)
+    api.lease("q", "g", 0, 2)
+    stats = api_server.stats()
+    assert stats["api"]["groups"]["q/g"] == {"base": 0, "end": 2, "held": 2}
+
+
+def test_the_monitor_text_shows_the_api_lines(api_server, api):
+    fill(api, "q", 1)
+    api.lease("q", "g", 0, 1)
+    text = client.monitor_request(api_server.monitor)
+    assert "api.groups.q/g.held: 1" in text.splitlines()

@@ -1,0 +1,151 @@
+"""Durable leases per consumer group, on a real LMDB store (no sockets: the rules themselves)."""
+from __future__ import annotations
+
+import pytest
+
+from pzq.broker import Broker
+from pzq.errors import ProtocolError
+from pzq.leases import Leases
+from pzq.store import Store
+
+T0 = 1_800_000_000_000_000  # wall-clock µs
+
+
+def _open(path, timeout_s: float = 60.0) -> tuple[Store, Broker, Leases]:
+    store = Store(path, max_size=64 << 20)
+    broker = Broker(store, ack_timeout_s=5.0)
+    return store, broker, Leases(broker, timeout_s=timeout_s)
+
+
+@pytest.fixture
+def leased(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    for i in range(10):
+        broker.produce("q", [b"m%d" % i], now_us=T0)
+    store.commit()
+    yield store, broker, leases
+    store.close()
+
+
+def bodies(fetched) -> list[bytes]:
+    return [b"".join(m.frames) for _, m in fetched[0]]
+
+
+def test_a_lease_numbers_the_next_messages_from_zero_and_fetch_returns_them_in_queue_order(leased):
+    store, broker, leases = leased
+    assert leases.lease("q", "g", 0, 4, now=0, now_us=T0) == (0, 4)
+    fetched = leases.fetch("q", "g", 0, 4, now_us=T0)
+    assert bodies(fetched) == [b"m0", b"m1", b"m2", b"m3"]
+    assert [lseq for lseq, _ in fetched[0]] == [0, 1, 2, 3]
+    assert [m.deliveries for _, m in fetched[0]] == [1, 1, 1, 1]
+
+
+def test_leasing_again_from_the_same_offset_returns_the_same_range_and_takes_nothing_more(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 4, now=0, now_us=T0)
+    assert leases.lease("q", "g", 0, 4, now=0, now_us=T0) == (0, 4)
+    assert leases.lease("q", "g", 0, 2, now=0, now_us=T0) == (0, 2)
+    assert broker.stats()["messages_inflight"] == 4
+
+
+def test_leased_messages_are_not_handed_to_any_other_consumer(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 4, now=0, now_us=T0)
+    taken = broker.take("q", 100, "native", now=0, now_us=T0)
+    assert [b"".join(m.frames) for m in taken] == [b"m%d" % i for i in range(4, 10)]
+    assert leases.lease("q", "other", 0, 5, now=0, now_us=T0) == (0, 0)
+
+
+def test_fetch_is_read_only_and_replays_identically(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 6, now=0, now_us=T0)
+    store.commit()
+    first = leases.fetch("q", "g", 2, 6, now_us=T0)
+    again = leases.fetch("q", "g", 2, 6, now_us=T0)
+    assert [(lseq, m.id, m.frames, m.deliveries) for lseq, m in first[0]] == \
+           [(lseq, m.id, m.frames, m.deliveries) for lseq, m in again[0]]
+    assert store.queue("q").count == 10
+
+
+def test_ack_upto_deletes_the_messages_below_and_is_idempotent(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 6, now=0, now_us=T0)
+    assert leases.ack_upto("q", "g", 4, now_us=T0) == 4
+    assert leases.ack_upto("q", "g", 4, now_us=T0) == 4
+    assert leases.ack_upto("q", "g", 2, now_us=T0) == 4
+    store.commit()
+    assert store.queue("q").count == 6
+    assert leases.offsets("q", "g") == (4, 6)
+    assert leases.fetch("q", "g", 0, 6, now_us=T0)[1] == 4  # the acknowledged part is reported gone
+
+
+def test_a_reader_that_starts_below_the_base_reads_on_from_the_base(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 3, now=0, now_us=T0)
+    leases.ack_upto("q", "g", 3, now_us=T0)
+    assert leases.lease("q", "g", 0, 3, now=0, now_us=T0) == (3, 6)
+
+
+@pytest.mark.parametrize("call", [
+    lambda l: l.lease("q", "g", 7, 1, now=0, now_us=T0),  # past what was ever leased
+    lambda l: l.lease("q", "g", 0, -1, now=0, now_us=T0),
+    lambda l: l.fetch("q", "g", 0, 5, now_us=T0),  # past the leases
+    lambda l: l.fetch("q", "g", 3, 2, now_us=T0),
+    lambda l: l.ack_upto("q", "g", 5, now_us=T0),
+])
+def test_offsets_outside_the_leases_are_refused_with_a_protocol_error(leased, call):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 4, now=0, now_us=T0)
+    with pytest.raises(ProtocolError):
+        call(leases)
+
+
+def test_leases_survive_a_restart_and_stay_away_from_other_consumers(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    for i in range(5):
+        broker.produce("q", [b"m%d" % i], now_us=T0)
+    leases.lease("q", "g", 0, 3, now=0, now_us=T0)
+    before = [(lseq, m.id, m.deliveries) for lseq, m in leases.fetch("q", "g", 0, 3, now_us=T0)[0]]
+    store.close()
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        assert leases.offsets("q", "g") == (0, 3)
+        after = [(lseq, m.id, m.deliveries) for lseq, m in leases.fetch("q", "g", 0, 3, now_us=T0)[0]]
+        assert after == before
+        taken = broker.take("q", 100, "native", now=0, now_us=T0)
+        assert [b"".join(m.frames) for m in taken] == [b"m3", b"m4"]
+    finally:
+        store.close()
+
+
+def test_an_idle_group_expires_and_its_messages_go_back_with_the_delivery_count_raised(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    try:
+        for i in range(3):
+            broker.produce("q", [b"m%d" % i], now_us=T0)
+        leases.lease("q", "g", 0, 3, now=0, now_us=T0)
+        assert leases.expire(T0 + 9_000_000) == 0
+        leases.fetch("q", "g", 0, 1, now_us=T0 + 9_000_000)  # any call keeps the group alive
+        assert leases.expire(T0 + 18_000_000) == 0
+        assert leases.expire(T0 + 20_000_000) == 3
+        assert leases.offsets("q", "g") == (3, 3)
+        assert leases.fetch("q", "g", 0, 3, now_us=T0)[1] == 3
+        taken = broker.take("q", 10, "native", now=0, now_us=T0)
+        assert [(b"".join(m.frames), m.deliveries) for m in taken] == [(b"m0", 2), (b"m1", 2), (b"m2", 2)]
+    finally:
+        store.close()
+
+
+def test_an_expiry_is_durable_and_so_is_the_deadline_of_a_group_after_a_restart(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    broker.produce("q", [b"m0"], now_us=T0)
+    leases.lease("q", "g", 0, 1, now=0, now_us=T0)
+    store.close()
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    try:
+        assert leases.expire(T0 + 11_000_000) == 1
+        store.commit()
+        assert [b"".join(m.frames) for m in broker.take("q", 10, "x", now=0, now_us=T0)] == [b"m0"]
+    finally:
+        store.close()
