@@ -28,7 +28,9 @@ Rows read: queue string, key string (the 32-hex message id, stable across redeli
 joined), enqueued_at timestamp, deliveries int (deliveries including this one; 0 in a snapshot).
 
 Options: endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (10000),
-numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120).
+numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120);
+for a batch write, dedupKey names the write so that writing it again stores nothing (use the batch id
+inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``).
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ class Options:
     partitions: int = 2
     fetch_size: int = 2000
     timeout_s: float = 120.0
+    dedup_key: str = ""
 
     @classmethod
     def parse(cls, options: dict) -> "Options":
@@ -84,7 +87,7 @@ class Options:
                    max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
                    partitions=number("numPartitions", cls.partitions),
                    fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
-                   timeout_s=number("timeout", cls.timeout_s, float))
+                   timeout_s=number("timeout", cls.timeout_s, float), dedup_key=options.get("dedupKey") or "")
 
     def client(self):
         from pzq.api_client import ApiClient  # imported where it runs: executors import pzq lazily
@@ -257,6 +260,8 @@ class QueueWriter(DataSourceWriter):
         self.job = job  # made on the driver: every task of this write shares it
 
     def _key_prefix(self, ctx) -> str:
+        if self.options.dedup_key:  # the caller names this write (e.g. foreachBatch's batch id): re-runs dedup
+            return f"spark:{self.options.dedup_key}:{ctx.partitionId()}"
         return f"spark:{self.job}:{ctx.partitionId()}"
 
     def write(self, rows: Iterator) -> Written:

@@ -1,0 +1,238 @@
+"""The Spark connector against a real server and one real local[2] Spark session for the module."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from pzq import client
+from pzq.api_client import ApiClient
+
+pyspark = pytest.importorskip("pyspark")
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    from pzq.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("pzq-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def api_server(process_server, tmp_path):
+    """A subprocess server with its API on ipc; .api is a client, .endpoint its address."""
+    endpoint = f"ipc://{tmp_path}/api"
+    srv = process_server("--api-dsn", endpoint)
+    srv.endpoint = endpoint
+    srv.api = ApiClient(endpoint, timeout_s=30)
+    yield srv
+    srv.api.close()
+
+
+def produce(api: ApiClient, queue: str, bodies: list[bytes]) -> None:
+    for i in range(0, len(bodies), 1000):
+        api.produce([(queue, b) for b in bodies[i:i + 1000]])
+
+
+def stream(spark, srv, queue: str, **options):
+    reader = spark.readStream.format("pzq").option("endpoint", srv.endpoint).option("queue", queue)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+class Batches:
+    """A foreachBatch sink that records every batch's rows, attempts included (a file, so that it is
+    shared with Spark's Python worker)."""
+
+    def __init__(self, path: Path, fail_batch: int | None = None):
+        self.path = path
+        self.fail_batch = fail_batch
+
+    def __call__(self, df, batch_id: int) -> None:
+        rows = [(r.seq, r.key, bytes(r.body), r.deliveries) for r in df.orderBy("seq").collect()]
+        with open(self.path, "a") as out:
+            out.write(json.dumps({"batch": batch_id, "rows": [[s, k, b.decode(), d] for s, k, b, d in rows]}) + "\n")
+        if batch_id == self.fail_batch:
+            self.fail_batch = None
+            raise RuntimeError(f"failing batch {batch_id} on purpose")
+
+    def read(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+
+
+def test_a_stream_reads_every_message_complete_and_in_queue_order_per_partition(spark, api_server, tmp_path):
+    bodies = [b"message-%04d" % i for i in range(250)]
+    produce(api_server.api, "events", bodies)
+    query = (stream(spark, api_server, "events", maxMessagesPerBatch=100, numPartitions=2)
+             .selectExpr("*", "spark_partition_id() AS part")
+             .writeStream.format("memory").queryName("ordered")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        rows = spark.sql("SELECT seq, body, queue, key, deliveries, enqueued_at, part FROM ordered").collect()
+    finally:
+        query.stop()
+    assert sorted(bytes(r.body) for r in rows) == bodies
+    assert sorted(r.seq for r in rows) == list(range(250))
+    assert {r.queue for r in rows} == {"events"} and {r.deliveries for r in rows} == {1}
+    assert all(len(r.key) == 32 and r.enqueued_at is not None for r in rows)
+    for part in {r.part for r in rows}:  # within a partition, seq order is queue order
+        in_part = [r for r in rows if r.part == part]
+        assert [bytes(r.body) for r in sorted(in_part, key=lambda r: r.seq)] == \
+               sorted(bytes(r.body) for r in in_part)
+
+
+def test_nothing_leaves_the_queue_until_spark_commits_the_batch(spark, api_server, tmp_path):
+    api = api_server.api
+    produce(api, "lagged", [b"a%d" % i for i in range(30)])
+    query = (stream(spark, api_server, "lagged", maxMessagesPerBatch=1000).writeStream.format("memory")
+             .queryName("lagged").option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        assert spark.sql("SELECT count(*) AS n FROM lagged").first().n == 30
+        # Spark commits batch N to the source only when it plans batch N+1: all 30 are still stored.
+        assert api.info("lagged")["depth"] == 30
+        produce(api, "lagged", [b"b0"])
+        query.processAllAvailable()
+        assert api.info("lagged")["depth"] == 1  # batch 0 committed and deleted; batch 1 still held
+    finally:
+        query.stop()
+
+
+def test_a_restart_on_the_same_checkpoint_replays_the_uncommitted_batch_identically(spark, api_server, tmp_path):
+    api = api_server.api
+    produce(api, "replay", [b"r%d" % i for i in range(40)])
+    sink = Batches(tmp_path / "batches.jsonl", fail_batch=1)
+
+    def run():
+        return (stream(spark, api_server, "replay", maxMessagesPerBatch=15).writeStream
+                .option("checkpointLocation", str(tmp_path / "ck")).foreachBatch(sink).start())
+
+    query = run()
+    with pytest.raises(Exception, match="on purpose"):
+        query.awaitTermination(120)
+    failed = [b for b in sink.read() if b["batch"] == 1]
+    assert len(failed) == 1
+    sink.fail_batch = None
+    query = run()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    attempts = [b for b in sink.read() if b["batch"] == 1]
+    assert len(attempts) == 2 and attempts[1]["rows"] == attempts[0]["rows"]  # same seqs, keys, bodies
+    seen = {row[2] for b in sink.read() for row in b["rows"]}
+    assert seen == {"r%d" % i for i in range(40)}
+
+
+def test_killing_the_server_with_sigkill_between_batches_loses_nothing(spark, api_server, tmp_path):
+    api = api_server.api
+    produce(api, "killed", [b"k%d" % i for i in range(50)])
+    query = (stream(spark, api_server, "killed", maxMessagesPerBatch=20).writeStream.format("memory")
+             .queryName("killed").option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        api_server.restart(signal.SIGKILL)
+        produce(api, "killed", [b"k%d" % i for i in range(50, 80)])
+        query.processAllAvailable()
+        api_server.restart(signal.SIGKILL)
+        produce(api, "killed", [b"k80"])
+        query.processAllAvailable()
+        seen = [bytes(r.body) for r in spark.sql("SELECT body FROM killed").collect()]
+    finally:
+        query.stop()
+    assert set(seen) == {b"k%d" % i for i in range(81)}
+    assert len(seen) == 81  # and none twice: every lease survived the kills
+    assert api.info("killed")["depth"] == 1  # only the last, uncommitted batch is still stored
+
+
+def test_the_sink_stores_rows_that_native_consumers_receive(spark, api_server):
+    df = spark.createDataFrame([("row-%d" % i,) for i in range(20)], "body string")
+    df.write.format("pzq").option("endpoint", api_server.endpoint).option("queue", "default").mode("append").save()
+    got = []
+    with client.Consumer(api_server.send) as consumer:
+        while len(got) < 20 and (delivery := consumer.receive(5000)) is not None:
+            got.append(b"".join(delivery.body))
+            consumer.ack(delivery)
+    assert sorted(got) == sorted(b"row-%d" % i for i in range(20))
+
+
+def test_a_streaming_sink_routes_rows_by_their_queue_column_and_a_rerun_batch_is_stored_once(spark, api_server,
+                                                                                              tmp_path):
+    api = api_server.api
+    produce(api, "in", [b"x%d" % i for i in range(10)])
+    query = (stream(spark, api_server, "in").selectExpr("body", "CASE WHEN seq % 2 = 0 THEN 'even' ELSE 'odd' "
+                                                        "END AS queue")
+             .writeStream.format("pzq").option("endpoint", api_server.endpoint)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert api.info("even")["depth"] == 5 and api.info("odd")["depth"] == 5
+    # The same write named by the same key (what a re-run batch is) stores nothing more.
+    df = spark.createDataFrame([("again",)], "body string")
+    for _ in range(2):
+        (df.write.format("pzq").option("endpoint", api_server.endpoint).option("queue", "even")
+         .option("dedupKey", "batch-7").mode("append").save())
+    assert api.info("even")["depth"] == 6
+
+
+def test_a_batch_read_is_a_snapshot_that_changes_nothing(spark, api_server):
+    api = api_server.api
+    produce(api, "snap", [b"s%d" % i for i in range(120)])
+    df = spark.read.format("pzq").option("endpoint", api_server.endpoint).option("queue", "snap") \
+        .option("numPartitions", 3).load()
+    rows = df.collect()
+    assert sorted(r.seq for r in rows) == list(range(1, 121))
+    assert {bytes(r.body) for r in rows} == {b"s%d" % i for i in range(120)}
+    assert api.info("snap")["depth"] == 120
+    assert spark.read.format("pzq").option("endpoint", api_server.endpoint).option("queue", "none").load().count() == 0
+
+
+def test_the_pipeline_aggregates_json_events_per_key_and_window_into_parquet(spark, api_server, tmp_path):
+    spec = importlib.util.spec_from_file_location("spark_pipeline", ROOT / "scripts" / "spark_pipeline.py")
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    events = []
+    for second in range(0, 120, 5):  # two one-minute windows, keys a and b
+        events.append({"key": "a", "ts": f"2026-11-21T12:{second // 60:02d}:{second % 60:02d}Z", "value": 1.0})
+        events.append({"key": "b", "ts": 1795262400 + second, "value": float(second)})  # epoch 12:00:00Z
+    events.append({"key": "a", "ts": "2026-11-21T12:10:00Z", "value": 0.0})  # moves the watermark on
+    bodies = [json.dumps(e).encode() for e in events] + [b"not json", b'{"key": "a"}']
+    produce(api_server.api, "events", bodies)
+    output, checkpoint = tmp_path / "agg", tmp_path / "ck"
+    query = pipeline.start(spark, endpoint=api_server.endpoint, queue="events", group="pipeline",
+                           output=str(output), checkpoint=str(checkpoint), results_queue="results")
+    try:
+        query.processAllAvailable()
+        produce(api_server.api, "events", [json.dumps({"key": "c", "ts": "2026-11-21T12:11:00Z",
+                                                       "value": 1.0}).encode()])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    result = {(r.window_start.strftime("%H:%M"), r.key): (r.events, r.total)
+              for r in spark.read.parquet(str(output)).collect()}
+    assert result == {("12:00", "a"): (12, 12.0), ("12:01", "a"): (12, 12.0),
+                      ("12:00", "b"): (12, float(sum(range(0, 60, 5)))),
+                      ("12:01", "b"): (12, float(sum(range(60, 120, 5))))}
+    assert api_server.api.info("results")["depth"] == 4
