@@ -108,6 +108,21 @@ def test_garbage_gets_an_error_reply_or_is_dropped_and_the_server_keeps_answerin
     assert api.info("q")["depth"] == 0
 
 
+@pytest.mark.parametrize("command, args", [
+    ("SNAPSHOT", {"queue": "q", "after": 2**64 - 1, "before": 2**64 - 1, "limit": 10}),
+    ("PRODUCE", {"messages": [["q", b"x"]], "key": "k" * 600}),
+    ("OFFSETS", {"queue": "q", "group": "g" * 600}),
+    ("PRODUCE", {"messages": [["q" * 300, b"x"]]}),
+])
+def test_hostile_arguments_are_refused_without_undoing_anyone_elses_work(api_server, api, sockets, command, args):
+    raw = sockets(zmq.DEALER, api_server.config.api_dsn)
+    raw.send_multipart([b"", b"1", b"PRODUCE", msgpack.packb({"messages": [["q", b"kept"]], "key": "a"})])
+    raw.send_multipart([b"", b"2", command.encode(), msgpack.packb(args)])
+    replies = {frames[1]: frames[2] for frames in (recv(raw), recv(raw))}
+    assert replies == {b"1": b"OK", b"2": b"ERR"}
+    assert api.info("q")["depth"] == 1
+
+
 def test_leases_and_acks_survive_sigkill_and_stay_away_from_native_consumers(process_server, tmp_path):
     endpoint = f"ipc://{tmp_path}/api"
     srv = process_server("--api-dsn", endpoint)

@@ -51,6 +51,13 @@ def test_a_request_that_cannot_be_answered_is_none(frames):
      "bad-arguments"),
     ([ROUTING, b"", b"1", b"LEASE", msgpack.packb({"queue": "q", "group": "g", "after": "0", "max": 1})],
      "bad-arguments"),
+    ([ROUTING, b"", b"1", b"SNAPSHOT", msgpack.packb({"queue": "q", "after": 2**64 - 1, "before": 1, "limit": 1})],
+     "bad-arguments"),
+    ([ROUTING, b"", b"1", b"FETCH", msgpack.packb({"queue": "q", "group": "g", "lo": -1, "hi": 1})],
+     "bad-arguments"),
+    ([ROUTING, b"", b"1", b"OFFSETS", msgpack.packb({"queue": "q", "group": "g" * 256})], "bad-arguments"),
+    ([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": ""})], "bad-arguments"),
+    ([ROUTING, b"", b"1", b"PRODUCE", msgpack.packb({"messages": [], "key": "k" * 257})], "bad-arguments"),
 ])
 def test_a_wrong_request_is_rejected_with_a_code_and_still_answered(frames, code):
     rejected = api.parse_request(frames)
@@ -61,7 +68,7 @@ def test_a_wrong_request_is_rejected_with_a_code_and_still_answered(frames, code
 
 def test_produce_messages_must_be_queue_and_binary_body_pairs():
     assert api.produce_messages({"messages": [["q", b"x"]]}) == [("q", b"x")]
-    for bad in ([["q", "text"]], [[b"q", b"x"]], [["q"]], ["q"]):
+    for bad in ([["q", "text"]], [[b"q", b"x"]], [["q"]], ["q"], [["", b"x"]], [["q" * 256, b"x"]]):
         with pytest.raises(ProtocolError):
             api.produce_messages({"messages": bad})
 

@@ -90,7 +90,25 @@ def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request 
             continue
         if not isinstance(value, kind) or isinstance(value, bool):
             return _bad(routing, request_id, "bad-arguments", f"{name}: {field!r} must be {kind.__name__}")
+        problem = _out_of_range(field, value)
+        if problem:
+            return _bad(routing, request_id, "bad-arguments", f"{name}: {problem}")
     return Request(routing, request_id, name, {k: v for k, v in args.items() if k in schema})
+
+
+MAX_INT = 1 << 62  # seqs and counts; anything larger is a mistake (and would not fit a u64 key)
+MAX_NAME = 255  # bytes of a queue or group name (as everywhere in pzq)
+MAX_KEY = 256  # bytes of a PRODUCE dedup key (LMDB keys stop at 511)
+
+
+def _out_of_range(field: str, value) -> str | None:
+    if isinstance(value, int) and not 0 <= value < MAX_INT:
+        return f"{field!r} must be 0 to {MAX_INT - 1}, not {value}"
+    if field in ("queue", "group") and not 1 <= len(value.encode()) <= MAX_NAME:
+        return f"{field!r} must be 1 to {MAX_NAME} bytes"
+    if field == "key" and not 1 <= len(value.encode()) <= MAX_KEY:
+        return f"'key' must be 1 to {MAX_KEY} bytes"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +128,9 @@ def produce_messages(args: dict) -> list[tuple[str, bytes]]:
     out = []
     for item in args["messages"]:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
-                or not isinstance(item[1], bytes)):
-            raise ProtocolError("bad-arguments", "PRODUCE: each message must be [queue (str), body (bin)]")
+                or not isinstance(item[1], bytes) or _out_of_range("queue", item[0])):
+            raise ProtocolError("bad-arguments", f"PRODUCE: each message must be [queue (str of 1 to {MAX_NAME} "
+                                                 "bytes), body (bin)]")
         out.append((item[0], item[1]))
     return out
 
