@@ -94,8 +94,17 @@ class ApiClient:
         return r["base"], r["end"]
 
     def fetch(self, queue: str, group: str, lo: int, hi: int) -> tuple[list[list], int]:
-        r = self.call("FETCH", queue=queue, group=group, lo=lo, hi=hi)
-        return r["messages"], r["gone"]
+        """Every message leased as ``lo .. hi-1`` (in as many replies as their size needs), and how
+        many of that range are gone."""
+        messages: list[list] = []
+        gone = 0
+        while True:
+            r = self.call("FETCH", queue=queue, group=group, lo=lo, hi=hi)
+            messages += r["messages"]
+            gone += r["gone"]
+            if r["next"] >= hi:
+                return messages, gone
+            lo = r["next"]
 
     def ack_upto(self, queue: str, group: str, upto: int) -> int:
         return self.call("ACK_UPTO", queue=queue, group=group, upto=upto)["base"]

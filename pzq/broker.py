@@ -36,6 +36,14 @@ class _Ready:
     inflight: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Exclusive:
+    """A holder whose messages only it may settle (a consumer group's durable lease): acks, nacks,
+    requeues and dead-letters naming them from anyone else are refused."""
+
+    name: str
+
+
 @dataclasses.dataclass
 class Counters:
     """Figures since start, for the monitor."""
@@ -136,11 +144,14 @@ class Broker:
             message = self.store.get(queue, seq)
             if message is not None:  # else acked late or dead-lettered while it waited
                 out.append(message)
-        if len(out) < n:
+        # Scan on past messages that are all in flight (held by leases after a restart), or a
+        # consumer would see "nothing ready" while ready messages wait behind them.
+        while len(out) < n:
             fresh = self.store.scan(queue, state.cursor, n - len(out))
-            if fresh:
-                state.cursor = fresh[-1].seq + 1
-                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
+            if not fresh:
+                break
+            state.cursor = fresh[-1].seq + 1
+            out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
         return out
 
     def hold(self, ref: Ref, consumer: Hashable) -> None:
@@ -158,8 +169,11 @@ class Broker:
 
     # -- answers from consumers -------------------------------------------------------------------
 
-    def ack(self, ref: Ref) -> bool:
-        """Delete the message for good, in flight or not (a late ack still counts). False if unknown."""
+    def ack(self, ref: Ref, *, by: Hashable = None) -> bool:
+        """Delete the message for good, in flight or not (a late ack still counts), unless an exclusive
+        holder other than ``by`` holds it. False if unknown or refused."""
+        if self._locked(ref, by):
+            return False
         self._settle(ref)
         info = self.store.queue_by_id(ref[0])
         if info is None or not self.store.delete(info.name, ref[1]):
@@ -169,7 +183,7 @@ class Broker:
 
     def nack(self, ref: Ref) -> bool:
         """Requeue a message in flight at once, ahead of newer ones. False if it was not in flight."""
-        if self._settle(ref) is None:
+        if self._locked(ref, None) or self._settle(ref) is None:
             return False
         self.counters.nacked += 1
         self._requeue(ref)
@@ -178,7 +192,7 @@ class Broker:
     def requeue_at_end(self, ref: Ref, *, expires_us: int = 0) -> bool:
         """Move a stored message to the end of its queue with a new expiry (0 = never). False if unknown."""
         message = self._stored(ref)
-        if message is None:
+        if message is None or self._locked(ref, None):
             return False
         self._settle(ref)
         self.store.requeue_at_end(message, expires_us=expires_us)
@@ -187,7 +201,7 @@ class Broker:
     def dead_letter(self, ref: Ref, reason: str, *, now_us: int) -> bool:
         """Move a stored message to its queue's dead letters at a client's request. False if unknown."""
         message = self._stored(ref)
-        if message is None:
+        if message is None or self._locked(ref, None):
             return False
         self._settle(ref)
         self._dead_letter(message, reason, now_us)
@@ -228,6 +242,12 @@ class Broker:
             self._state(delivery.ref[0]).inflight -= 1
             self._requeue(delivery.ref)
         return len(held)
+
+    def _locked(self, ref: Ref, by: Hashable) -> bool:
+        """True if an exclusive holder other than ``by`` holds ``ref``: another client's late ack, nack,
+        requeue or dead-letter of a leased message must not take it from under its lease."""
+        delivery = self.inflight.get(ref)
+        return delivery is not None and isinstance(delivery.consumer, Exclusive) and delivery.consumer != by
 
     def _settle(self, ref: Ref):
         delivery = self.inflight.remove(ref)

@@ -12,8 +12,9 @@ read again, identically, until they are acknowledged. A group does that:
   the delivery count they had when they were leased.
 - ``ack_upto(seq)`` deletes every leased message below ``seq`` for good (idempotent).
 
-Leased messages are held by the broker (no other consumer gets them), across restarts too: the lease
-records are in the store and ``load()`` registers them again. A group that nobody has called for
+Leased messages are held by the broker exclusively (no other consumer gets them, and another client's
+late ack, nack, requeue or dead-letter of one is refused), across restarts too: the lease records are
+in the store and ``load()`` registers them again. A group that nobody has called for
 ``timeout`` seconds is expired: its unacknowledged messages return to their queue with their delivery
 count already raised, and a later fetch of that range reports them as ``gone`` instead of returning them.
 """
@@ -25,7 +26,7 @@ import struct
 
 import msgpack
 
-from pzq.broker import Broker
+from pzq.broker import Broker, Exclusive
 from pzq.errors import ProtocolError
 from pzq.store import Message
 
@@ -52,8 +53,8 @@ class Group:
     saved_deadline_us: int = 0
 
     @property
-    def holder(self) -> tuple[str, int]:
-        return ("lease", self.gid)
+    def holder(self) -> Exclusive:
+        return Exclusive(f"lease {self.gid}")
 
     def key(self) -> bytes:
         return _U64.pack(self.qid) + self.name.encode()
@@ -84,7 +85,9 @@ class Leases:
             group = Group(info.name, qid, key[8:].decode(), gid, base, end, deadline_us, deadline_us)
             self.groups[(group.queue, group.name)] = group
             for _, raw in self.store.records("leases", _U64.pack(gid)):
-                self.broker.hold((qid, _LEASE_VALUE.unpack(raw)[0]), group.holder)
+                seq = _LEASE_VALUE.unpack(raw)[0]
+                if self.store.get(info.name, seq) is not None:
+                    self.broker.hold((qid, seq), group.holder)
 
     def _group(self, queue: str, name: str, create: bool) -> Group | None:
         group = self.groups.get((queue, name))
@@ -138,9 +141,11 @@ class Leases:
                 self._save(group)
         return group.base, min(group.end, target)
 
-    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int) -> tuple[list[tuple[int, Message]], int]:
-        """The messages leased as ``lo .. hi-1`` with their lease seqs, and how many of that range are
-        gone (acknowledged, or expired back to the queue)."""
+    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int,
+              max_bytes: int | None = None) -> tuple[list[tuple[int, Message]], int, int]:
+        """The messages leased as ``lo .. hi-1`` with their lease seqs, how many of that range are gone
+        (acknowledged, or expired back to the queue), and where the answer ends: ``hi``, or earlier
+        once ``max_bytes`` of bodies are read (at least one message is always returned)."""
         group = self._group(queue, name, create=False)
         end = 0 if group is None else group.end
         if not 0 <= lo <= hi <= end:
@@ -150,18 +155,22 @@ class Leases:
             raise ProtocolError("bad-range", f"fetch at most {MAX_FETCH} messages at a time, not {hi - lo}")
         out: list[tuple[int, Message]] = []
         if group is None:
-            return out, 0
+            return out, 0, hi
         self._touch(group, now_us)
+        size = 0
         for lseq in range(max(lo, group.base), hi):
+            if out and max_bytes is not None and size >= max_bytes:
+                return out, (lseq - lo) - len(out), lseq
             raw = self.store.get_record("leases", _LEASE_KEY.pack(group.gid, lseq))
-            message = None
-            if raw is not None:
-                seq, deliveries = _LEASE_VALUE.unpack(raw)
-                message = self.store.get(queue, seq)
-            if message is not None:  # else acked by an earlier holder's late ack: consumed all the same
+            if raw is None:
+                continue
+            seq, deliveries = _LEASE_VALUE.unpack(raw)
+            message = self.store.get(queue, seq)
+            if message is not None:  # held by the lease, so only an ack of this group deletes it
                 message.deliveries = deliveries
                 out.append((lseq, message))
-        return out, (hi - lo) - len(out)
+                size += sum(len(f) for f in message.frames)
+        return out, (hi - lo) - len(out), hi
 
     def ack_upto(self, queue: str, name: str, upto: int, *, now_us: int) -> int:
         """Delete every message leased below ``upto``; returns the group's new base."""
@@ -177,7 +186,7 @@ class Leases:
             key = _LEASE_KEY.pack(group.gid, lseq)
             raw = self.store.get_record("leases", key)
             if raw is not None:
-                self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]))
+                self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]), by=group.holder)
                 self.store.delete_record("leases", key)
         group.base = upto
         self._save(group)

@@ -343,7 +343,7 @@ class Server:
                 continue
             if answer.ok:
                 if not self.broker.ack(ref):
-                    log.info("ack for a message no longer stored: %r", answer.key[:80])
+                    log.info("ack for a message no longer stored (or now held by a lease): %r", answer.key[:80])
             else:
                 self.broker.nack(ref)
 

@@ -5,10 +5,11 @@ watermark, written to Parquet (and, if asked, the results as JSON messages into 
 An event is a JSON object ``{"key": "sensor-7", "ts": "2026-11-21T12:00:03Z", "value": 1.5}`` (``ts``
 as ISO-8601 or epoch seconds). Messages that are not such an object are skipped. A window
 is written once, when the watermark (the latest event time seen minus ``--watermark``) passes its end;
-its row is ``window_start, window_end, key, events, total, mean`` under ``OUTPUT/batch_id=N/``.
+its row is ``window_start, window_end, key, events, total, mean`` under
+``OUTPUT/query_id=Q/batch_id=N/`` (Q: the streaming query's id, kept in the checkpoint).
 
 Each micro-batch overwrites its own ``batch_id=N`` directory and writes its results into the queue
-under a dedup key of the pipeline name and the batch id, so a batch Spark runs again after a failure
+under a dedup key of the query id (kept in the checkpoint) and the batch id, so a batch Spark runs again after a failure
 replaces its files and stores no message twice: the output is exactly-once.
 
 Locally (stops once the queue is drained, or runs on with --follow):
@@ -57,13 +58,15 @@ def start(spark: SparkSession, *, endpoint: str, queue: str, group: str, output:
               .option("group", group).option("maxMessagesPerBatch", max_per_batch).load())
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
+        # The query id lives in the checkpoint: a re-run batch has the same one, a new checkpoint not.
+        query_id = rows.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or name
         rows = rows.persist()
         try:
-            rows.write.mode("overwrite").parquet(f"{output}/batch_id={batch_id}")
+            rows.write.mode("overwrite").parquet(f"{output}/query_id={query_id}/batch_id={batch_id}")
             if results_queue:
                 (rows.select(F.to_json(F.struct(*rows.columns)).alias("body")).write.format("pzq")
                  .option("endpoint", endpoint).option("queue", results_queue)
-                 .option("dedupKey", f"{name}:{batch_id}").mode("append").save())
+                 .option("dedupKey", f"{query_id}:{batch_id}").mode("append").save())
         finally:
             rows.unpersist()
 

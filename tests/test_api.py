@@ -168,3 +168,35 @@ def test_the_monitor_text_shows_the_api_lines(api_server, api):
     api.lease("q", "g", 0, 1)
     text = client.monitor_request(api_server.monitor)
     assert "api.groups.q/g.held: 1" in text.splitlines()
+
+
+def test_a_repeated_key_with_other_messages_is_stored_too_never_dropped(api):
+    api.produce([("q", b"a")], key="chunk-0")
+    assert api.produce([("q", b"b")], key="chunk-0")["duplicate"] is False
+    assert api.produce([("q", b"a")], key="chunk-0")["duplicate"] is True
+    assert api.produce([("q", b"b")], key="chunk-0")["duplicate"] is True
+    assert api.info("q")["depth"] == 2
+
+
+def test_a_key_reused_after_the_dedup_window_is_remembered_again(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", api_dedup_window=0.2)
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.produce([("q", b"a")], key="k")
+        wait_until(lambda: api.produce([("q", b"a")], key="k")["duplicate"] is False, timeout_s=5, interval_s=0.1)
+        depth = api.info("q")["depth"]
+        assert api.produce([("q", b"a")], key="k")["duplicate"] is True
+        assert api.info("q")["depth"] == depth
+
+
+def test_big_fetches_come_in_several_replies_and_the_client_joins_them(api, monkeypatch):
+    from pzq.gateways import api as gateway
+
+    monkeypatch.setattr(gateway, "REPLY_BYTES", 10)
+    fill(api, "q", 7)
+    api.lease("q", "g", 0, 7)
+    raw = api.call("FETCH", queue="q", group="g", lo=0, hi=7)
+    assert raw["next"] < 7
+    messages, gone = api.fetch("q", "g", 0, 7)
+    assert [m[4] for m in messages] == [b"m%d" % i for i in range(7)] and gone == 0
+    rows, after = api.snapshot("q", 0, 100, limit=100)
+    assert len(rows) < 7 and after == rows[-1][0] + 1

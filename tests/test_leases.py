@@ -149,3 +149,41 @@ def test_an_expiry_is_durable_and_so_is_the_deadline_of_a_group_after_a_restart(
         assert [b"".join(m.frames) for m in broker.take("q", 10, "x", now=0, now_us=T0)] == [b"m0"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("meddle", [
+    lambda b, ref: b.ack(ref),  # a late ack from the consumer that had it before
+    lambda b, ref: b.nack(ref),
+    lambda b, ref: b.requeue_at_end(ref),  # PHPMQ REQUEUE naming its id
+    lambda b, ref: b.dead_letter(ref, "by a client", now_us=T0),
+])
+def test_no_other_client_can_settle_a_leased_message(leased, meddle):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 3, now=0, now_us=T0)
+    first = leases.fetch("q", "g", 0, 3, now_us=T0)
+    ref = (first[0][0][1].qid, first[0][0][1].seq)
+    assert meddle(broker, ref) is False
+    again = leases.fetch("q", "g", 0, 3, now_us=T0)
+    assert [(lseq, m.id) for lseq, m in again[0]] == [(lseq, m.id) for lseq, m in first[0]]
+    assert [b"".join(m.frames) for m in broker.take("q", 100, "native", now=0, now_us=T0)][0] == b"m3"
+
+
+def test_after_a_restart_ready_messages_behind_many_leased_ones_are_handed_out_at_once(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    for i in range(3000):
+        broker.produce("q", [b"m%d" % i], now_us=T0)
+    leases.lease("q", "g", 0, 2500, now=0, now_us=T0)
+    store.close()
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        taken = broker.take("q", 1000, "native", now=0, now_us=T0)
+        assert len(taken) == 500 and b"".join(taken[0].frames) == b"m2500"
+    finally:
+        store.close()
+
+
+def test_a_fetch_stops_after_max_bytes_and_says_where(leased):
+    store, broker, leases = leased
+    leases.lease("q", "g", 0, 10, now=0, now_us=T0)
+    messages, gone, upto = leases.fetch("q", "g", 0, 10, now_us=T0, max_bytes=5)
+    assert [lseq for lseq, _ in messages] == [0, 1, 2] and gone == 0 and upto == 3

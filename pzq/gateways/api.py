@@ -3,9 +3,11 @@ store. No socket here: the server reads requests, calls ``handle`` and sends the
 turn's commit, so an OK never leaves for a lease, an acknowledgement or a message not yet on disk.
 
 PRODUCE with a ``key`` is idempotent: the key, the count and a digest of the messages are stored
-with the messages, and the same key seen again within ``dedup_window`` seconds is answered from that
-record without storing anything. The Spark sink keys each chunk by query, batch, partition and chunk,
-so a batch Spark runs again is not stored twice.
+with the messages, and the same key with the same messages seen again within ``dedup_window`` seconds
+is answered from that record without storing anything. The same key with other messages (a re-run
+Spark task whose rows came in another order) is stored: a duplicate is better than a lost message.
+The Spark sink keys each chunk by query, batch, partition and chunk, so a batch Spark runs again with
+the same rows is not stored twice.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pzq.store import Message
 log = logging.getLogger("pzq.api")
 
 SNAPSHOT_MAX = 10_000
+REPLY_BYTES = 16 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
 
 
 def _row(seq: int, message: Message) -> list:
@@ -80,8 +83,7 @@ class ApiGateway:
             base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us)
             return {"base": base, "end": end}
         if request.command == "FETCH":
-            messages, gone = leases.fetch(a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us)
-            return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone}
+            return self._fetch(a, now_us)
         if request.command == "ACK_UPTO":
             return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us)}
         if request.command == "INFO":
@@ -94,14 +96,35 @@ class ApiGateway:
             return self._snapshot(a)
         return self._produce(a, now_us)
 
+    def _fetch(self, a: dict, now_us: int) -> dict:
+        """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
+        at REPLY_BYTES) and ``gone`` counts what is missing before it."""
+        messages, gone, upto = self.leases.fetch(a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us,
+                                                 max_bytes=REPLY_BYTES)
+        return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone, "next": upto}
+
     def _snapshot(self, a: dict) -> dict:
-        """Stored messages with ``after <= seq < before``, at most ``limit``: read-only, nothing changes."""
-        limit = min(max(a["limit"], 0), SNAPSHOT_MAX)
-        found = self.store.scan(a["queue"], max(a["after"], 0), limit) if self.store.queue(a["queue"], create=False) else []
-        rows = [_row(m.seq, m) for m in found if m.seq < a["before"]]
-        last_seq = found[-1].seq if found else a["before"]
-        complete = len(found) < limit or len(rows) < len(found)
-        return {"messages": rows, "next": a["before"] if complete else last_seq + 1}
+        """Stored messages with ``after <= seq < before``, at most ``limit`` and about REPLY_BYTES:
+        read-only, nothing changes. ``next`` is where to go on from (``before`` when done)."""
+        limit, before = min(max(a["limit"], 1), SNAPSHOT_MAX), a["before"]
+        rows: list[list] = []
+        size, after = 0, a["after"]
+        if self.store.queue(a["queue"], create=False) is None:
+            return {"messages": rows, "next": before}
+        while len(rows) < limit:
+            want = min(100, limit - len(rows))
+            found = self.store.scan(a["queue"], after, want)
+            for message in found:
+                if message.seq >= before:
+                    return {"messages": rows, "next": before}
+                rows.append(_row(message.seq, message))
+                size += sum(len(f) for f in message.frames)
+                after = message.seq + 1
+                if size >= REPLY_BYTES:
+                    return {"messages": rows, "next": after}
+            if len(found) < want:
+                return {"messages": rows, "next": before}  # the end of the queue
+        return {"messages": rows, "next": after}
 
     def _produce(self, a: dict, now_us: int) -> dict:
         messages = api.produce_messages(a)
@@ -113,15 +136,18 @@ class ApiGateway:
                                                  f"{self.max_message_size}")
         key = a.get("key")
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
+        digests: list[bytes] = []
         if key is not None:
             seen = self.store.get_record("produced", key.encode())
             if seen is not None:
-                stored_us, count, seen_digest = msgpack.unpackb(seen)
-                if stored_us + self.dedup_window_us > now_us:
+                stored_us, count, digests = msgpack.unpackb(seen)
+                if stored_us + self.dedup_window_us <= now_us:
+                    digests = []
+                elif digest in digests:
                     self.duplicates_total += 1
-                    if seen_digest != digest:
-                        log.warning("PRODUCE key %r came again with other messages; the first ones stand", key)
                     return {"count": count, "duplicate": True}
+                else:
+                    log.warning("PRODUCE key %r came again with other messages: stored as well", key)
         stored: list[Message] = []
         try:
             for queue, body in messages:
@@ -131,7 +157,8 @@ class ApiGateway:
                 self.store.delete(message.queue, message.seq)
             raise
         if key is not None:
-            self.store.put_record("produced", key.encode(), msgpack.packb([now_us, len(messages), digest]))
+            self.store.put_record("produced", key.encode(),
+                                  msgpack.packb([now_us, len(messages), [*digests[-15:], digest]]))
             self._keys_by_age.append((now_us, key.encode()))
             self._prune(now_us)
         return {"count": len(messages), "duplicate": False}
@@ -139,7 +166,10 @@ class ApiGateway:
     def _prune(self, now_us: int) -> None:
         keys = self._keys_by_age
         while keys and keys[0][0] + self.dedup_window_us <= now_us:
-            self.store.delete_record("produced", keys.popleft()[1])
+            stored_us, key = keys.popleft()
+            record = self.store.get_record("produced", key)
+            if record is not None and msgpack.unpackb(record)[0] == stored_us:  # not since reused
+                self.store.delete_record("produced", key)
 
     def stats(self) -> dict:
         return {"requests": self.requests_total, "errors": self.errors_total,
