@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     builder = SparkSession.builder.appName("pzq-pipeline")
     if args.master:
         builder = builder.master(args.master)
+    if (args.master or "").startswith("local"):  # Python workers run here: this interpreter has pzq
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = builder.getOrCreate()
     query = start(spark, endpoint=args.endpoint, queue=args.queue, group=args.group, output=args.output,
                   checkpoint=args.checkpoint, window=args.window, watermark=args.watermark,
