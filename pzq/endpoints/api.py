@@ -1,0 +1,58 @@
+"""The API endpoint: request/reply for the Spark connector, answered by the API gateway."""
+from __future__ import annotations
+
+import zmq
+
+from pzq.config import Config
+from pzq.endpoints.base import Endpoint, bind
+from pzq.gateways.api import ApiGateway
+from pzq.protocols import api as api_proto
+from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+
+READ_BATCH = 4096
+
+
+class ApiEndpoint(Endpoint):
+    """Every reply leaves after the commit of what its request changed."""
+
+    name = "api"
+
+    def __init__(self, config: Config, gateway: ApiGateway, ctx: zmq.Context, owned: list[zmq.Socket]):
+        self.gateway = gateway
+        self.sock = bind(ctx, zmq.ROUTER, config.api_dsn, "--api-dsn", owned)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + (8 << 20))
+        self.sockets = [self.sock]
+        self._out: list[list[bytes]] = []
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.sock not in ready:
+            return
+        for _ in range(READ_BATCH):
+            try:
+                frames = recv_frames(self.sock, NOBLOCK)
+            except Again:
+                return
+            reply = self.gateway.handle(frames, now=now, now_us=now_us)
+            if reply is not None:
+                self._out.append(reply)
+
+    def waiting(self) -> bool:
+        return bool(self._out)
+
+    def rolled_back(self) -> None:
+        self._out = [api_proto.as_error(reply, "store-failed", "store failure: nothing was done, try again")
+                     for reply in self._out]
+
+    def recover(self) -> None:
+        self.gateway.load()
+
+    def flush(self, now: float, now_us: int) -> None:
+        out, self._out = self._out, []
+        for reply in out:
+            try:
+                send_frames(self.sock, reply, NOBLOCK)
+            except (Again, zmq.ZMQError):  # the client is gone; it resends after its timeout
+                pass
+
+    def stats(self) -> dict:
+        return self.gateway.stats()

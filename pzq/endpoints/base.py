@@ -1,0 +1,58 @@
+"""What every endpoint adapter offers the server loop; each step has a do-nothing default."""
+from __future__ import annotations
+
+import zmq
+
+from pzq.errors import ConfigError
+
+
+def bind(ctx: zmq.Context, kind: int, endpoint: str, option: str, owned: list[zmq.Socket]) -> zmq.Socket:
+    """A socket of ``kind`` bound to ``endpoint`` (linger 0), added to ``owned``; ConfigError naming
+    ``option`` if it cannot bind."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close()
+        raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
+    owned.append(sock)
+    return sock
+
+
+class Endpoint:
+    """One endpoint's turn: ``read`` and ``work`` before the commit, ``flush`` after it (or
+    ``rolled_back`` first, when the commit failed and the turn's writes are gone)."""
+
+    name = ""
+    sockets: list[zmq.Socket]  # polled for input
+
+    def before_poll(self, poller: zmq.Poller) -> None:
+        """Adjust what the poller waits for (e.g. writability) before the turn's poll."""
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        """Read what arrived on this endpoint's sockets (bounded per turn)."""
+
+    def work(self, now: float, now_us: int) -> None:
+        """Hand out messages, heartbeats and schedules: the turn's writes before the commit."""
+
+    def waiting(self) -> bool:
+        """True if output of this turn waits for the commit (a producer's ack, a delivery)."""
+        return False
+
+    def rolled_back(self) -> None:
+        """The turn's writes were rolled back: turn pending acks into errors, drop deliveries."""
+
+    def flush(self, now: float, now_us: int) -> None:
+        """Send the turn's output; the commit it depends on is done."""
+
+    def recover(self) -> None:
+        """The broker restarted from the disk (a failed turn): forget what was in flight."""
+
+    def wake_at(self, now: float) -> float | None:
+        """The monotonic time this endpoint needs a turn by, if any (heartbeats, schedules)."""
+        return None
+
+    def stats(self) -> dict | None:
+        """This endpoint's monitor figures, or None to report nothing."""
+        return None

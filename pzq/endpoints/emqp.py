@@ -1,0 +1,83 @@
+"""The eMQP endpoints: clients on the frontend ROUTER, workers on the backend ROUTER, PUBLISH on a PUB."""
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from pzq.broker import Broker
+from pzq.config import Config
+from pzq.endpoints.base import Endpoint, bind
+from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
+from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+
+log = logging.getLogger("pzq.server")
+
+READ_BATCH = 4096
+
+
+class EmqpEndpoint(Endpoint):
+    """Feeds the eMQP gateway and sends what it answers once the turn is committed, so a client's
+    ACK always follows the durable commit of its REQUEST."""
+
+    name = "emqp"
+
+    def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
+        self.front = bind(ctx, zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", owned)
+        self.back = bind(ctx, zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", owned)
+        self.pub = (bind(ctx, zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn", owned)
+                    if config.emqp_publish_dsn else None)
+        for sock in (self.front, self.back):
+            sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + 4096)
+        self.sockets = [self.front, self.back]
+        self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
+                                   liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,
+                                   default_queues=[q.strip() for q in config.emqp_default_queues.split(",")
+                                                   if q.strip()])
+        self._out: list = []
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        for sock, handle in ((self.front, self.gateway.from_client), (self.back, self.gateway.from_worker)):
+            if sock not in ready:
+                continue
+            for _ in range(READ_BATCH):
+                try:
+                    frames = recv_frames(sock, NOBLOCK)
+                except Again:
+                    break
+                self._out += handle(frames, now=now, now_us=now_us)
+
+    def work(self, now: float, now_us: int) -> None:
+        self.gateway.run_schedules(now_us)
+        self._out += self.gateway.tick(now)
+        self._out += self.gateway.dispatch(now=now, now_us=now_us)
+
+    def waiting(self) -> bool:
+        return bool(self._out)
+
+    def rolled_back(self) -> None:
+        self.gateway.recover(self._out)
+        self._out = []
+
+    def recover(self) -> None:
+        self.gateway.recover([])
+
+    def flush(self, now: float, now_us: int) -> None:
+        out, self._out = self._out, []
+        for target, frames in out:
+            sock = self.front if target == FRONT else self.back if target == BACK else self.pub
+            try:
+                send_frames(sock, frames, NOBLOCK)
+            except Again:
+                log.warning("eMQP %s socket full: a message to %r was dropped", target, frames[0][:40])
+
+    def wake_at(self, now: float) -> float | None:
+        wake = self.gateway.next_heartbeat
+        due_us = self.gateway.next_schedule_us()
+        if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
+            wake = min(wake, now + (due_us - time.time_ns() // 1000) / 1e6)
+        return wake
+
+    def stats(self) -> dict:
+        return self.gateway.stats()

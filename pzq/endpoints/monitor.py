@@ -1,0 +1,67 @@
+"""The monitor endpoint: REQ clients asking MONITOR, STATS, DEADLETTERS or REQUEUE."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import zmq
+
+from pzq.admin import Admin
+from pzq.config import Config
+from pzq.endpoints.base import Endpoint, bind
+from pzq.errors import StoreError
+from pzq.protocols import monitor as monitor_proto
+
+log = logging.getLogger("pzq.server")
+
+READ_BATCH = 64
+
+
+class MonitorEndpoint(Endpoint):
+    """Answers after the turn's commit, so the figures include the turn. A REQUEUE commits on its own:
+    ``wrote`` is then called; a store failure while answering calls ``failed`` (the server's rollback)."""
+
+    name = "monitor"
+
+    def __init__(self, config: Config, admin: Admin, ctx: zmq.Context, owned: list[zmq.Socket], *,
+                 wrote: Callable[[], None], failed: Callable[[], None]):
+        self.admin = admin
+        self.sock = bind(ctx, zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", owned)
+        _restrict_ipc(config.monitor_dsn)
+        self.sockets = [self.sock]
+        self._wrote = wrote
+        self._failed = failed
+        self._requests: list[monitor_proto.Request] = []
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.sock not in ready:
+            return
+        for _ in range(READ_BATCH):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._requests.append(monitor_proto.parse_request(frames))
+
+    def flush(self, now: float, now_us: int) -> None:
+        requests, self._requests = self._requests, []
+        for request in requests:
+            try:
+                text, wrote = self.admin.answer(request)
+                if wrote:
+                    self._wrote()
+            except StoreError as exc:
+                log.exception("monitor request %s failed", request.command)
+                self._failed()
+                text = monitor_proto.error_text(str(exc))
+            self.sock.send_multipart(monitor_proto.reply(request, text))
+
+
+def _restrict_ipc(endpoint: str) -> None:
+    """Make an ipc socket file owner-only, so other local users cannot reach it."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        try:
+            os.chmod(endpoint[len("ipc://"):], 0o600)
+        except OSError as exc:
+            log.warning("cannot restrict %s to its owner: %s", endpoint, exc)

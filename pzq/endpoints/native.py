@@ -1,0 +1,139 @@
+"""The native PZQ endpoints: producers on the receive ROUTER, consumers on the send DEALER."""
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from pzq.broker import Broker, Ref
+from pzq.config import Config
+from pzq.endpoints.base import Endpoint, bind
+from pzq.errors import StoreFull
+from pzq.logs import warn_bad
+from pzq.protocols import pzq as native
+from pzq.store import Message, parse_message_id
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, recv_frames, send_frames
+
+log = logging.getLogger("pzq.server")
+
+READ_BATCH = 4096  # messages read from one socket per turn
+CONSUMER = "native"  # the send socket's DEALER hides which consumer got what: one credit pool
+
+
+class NativeEndpoints(Endpoint):
+    """Stores what producers send and acks it after the commit; hands the configured queue to
+    consumers, at most ``--max-inflight`` unacknowledged at once."""
+
+    name = "native"
+
+    def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
+        self.config = config
+        self.broker = broker
+        self.receive = bind(ctx, zmq.ROUTER, config.receive_dsn, "--receive-dsn", owned)
+        self.receive.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + 4096)
+        self.receive.setsockopt(zmq.LINGER, 2000)  # let the last acks out on shutdown
+        self.send = bind(ctx, zmq.DEALER, config.send_dsn, "--send-dsn", owned)
+        self.send.setsockopt(zmq.SNDHWM, max(config.max_inflight, 1000))
+        self.send.setsockopt(zmq.LINGER, 0)  # unsent deliveries are still stored: nothing to flush
+        self.sockets = [self.receive, self.send]
+        self.stalled = False  # nothing ready last time we looked: skip until something changes
+        self._acks: list[tuple[bytes, bytes, str | None]] = []
+        self._deliveries: list[Message] = []
+
+    def unstall(self) -> None:
+        """Messages may be ready again (requeued, expired, returned by a lease): look next turn."""
+        self.stalled = False
+
+    def _credit(self) -> int:
+        return self.config.max_inflight - self.broker.inflight.count(CONSUMER)
+
+    def before_poll(self, poller: zmq.Poller) -> None:
+        want_out = not self.stalled and self._credit() > 0 and self.broker.has_ready(self.config.queue)
+        poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.receive in ready:
+            self._read_producers(now_us)
+            self.stalled = False
+        if ready.get(self.send, 0) & POLLIN:
+            self._read_consumer_answers()
+            self.stalled = False
+
+    def _read_producers(self, now_us: int) -> None:
+        queue, limit = self.config.queue, self.config.max_message_size
+        for _ in range(READ_BATCH):
+            try:
+                frames = recv_frames(self.receive, NOBLOCK)
+            except Again:
+                return
+            event = native.parse_produce(frames, limit)
+            if event is None:
+                continue
+            if isinstance(event, native.Rejected):
+                warn_bad("producer", event.error.code, event.error.detail)
+                self._acks.append((event.routing, event.message_id, event.error.detail))
+                continue
+            try:
+                self.broker.produce(queue, event.body, now_us=now_us)
+            except StoreFull:
+                self._acks.append((event.routing, event.message_id, native.QUEUE_FULL))
+                continue
+            self._acks.append((event.routing, event.message_id, None))
+
+    def _read_consumer_answers(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                frames = recv_frames(self.send, NOBLOCK)
+            except Again:
+                return
+            answer = native.parse_consumer_ack(frames)
+            if answer is None:
+                warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
+                continue
+            ref = _ref_of_key(answer.key)
+            if ref is None:
+                warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
+                continue
+            if answer.ok:
+                if not self.broker.ack(ref):
+                    log.info("ack for a message no longer stored (or now held by a lease): %r", answer.key[:80])
+            else:
+                self.broker.nack(ref)
+
+    def work(self, now: float, now_us: int) -> None:
+        credit = self._credit()
+        if credit <= 0 or not events(self.send) & POLLOUT:
+            return
+        taken = self.broker.take(self.config.queue, credit, CONSUMER, now=now, now_us=now_us)
+        if not taken:
+            self.stalled = True
+        self._deliveries = taken
+
+    def waiting(self) -> bool:
+        return bool(self._acks)
+
+    def rolled_back(self) -> None:
+        self._acks = [(r, m, err or native.STORE_FAILED) for r, m, err in self._acks]
+        self._deliveries = []
+
+    def flush(self, now: float, now_us: int) -> None:
+        acks, self._acks = self._acks, []
+        for routing, message_id, error in acks:
+            send_frames(self.receive, native.produce_ack(routing, message_id, error))
+        deliveries, self._deliveries = self._deliveries, []
+        timeout_us = self.config.ack_timeout
+        for i, message in enumerate(deliveries):
+            frames = native.delivery(native.message_key(message.enqueued_us, message.id), now_us, timeout_us,
+                                     message.frames)
+            try:
+                send_frames(self.send, frames, NOBLOCK)
+            except Again:
+                # The last consumer left between the writability check and now: keep the rest stored.
+                for rest in deliveries[i:]:
+                    self.broker.undeliver((rest.qid, rest.seq))
+                return
+
+
+def _ref_of_key(key: bytes) -> Ref | None:
+    mid = native.key_message_id(key)
+    return None if mid is None else parse_message_id(mid)
