@@ -236,3 +236,24 @@ def test_the_pipeline_aggregates_json_events_per_key_and_window_into_parquet(spa
                       ("12:00", "b"): (12, float(sum(range(0, 60, 5)))),
                       ("12:01", "b"): (12, float(sum(range(60, 120, 5))))}
     assert api_server.api.info("results")["depth"] == 4
+
+
+def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_acknowledges_it(spark, api_server,
+                                                                                           tmp_path):
+    api = api_server.api
+    produce(api, "nightly", [b"n%d" % i for i in range(25)])
+
+    sink = Batches(tmp_path / "batches.jsonl")
+
+    def run() -> int:
+        before = sum(len(b["rows"]) for b in sink.read())
+        query = (stream(spark, api_server, "nightly", maxMessagesPerBatch=10).writeStream.foreachBatch(sink)
+                 .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
+        assert query.awaitTermination(120)
+        return sum(len(b["rows"]) for b in sink.read()) - before
+
+    assert run() == 25
+    assert api.info("nightly")["depth"] == 25  # the last batch is acknowledged when the next one is planned
+    produce(api, "nightly", [b"late"])
+    assert run() == 1
+    assert api.info("nightly")["depth"] == 1
