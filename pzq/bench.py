@@ -62,7 +62,7 @@ class BenchServer:
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", self.database,
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
                      "--log-level", "warning", "--ack-timeout", "30000000", "--phpmq-dsn", self.phpmq,
-                     "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "",
+                     "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--mqks-dsn", "",
                      "--hard-sync" if options.hard_sync else "--no-hard-sync", *options.server_args]
         self.proc: subprocess.Popen | None = None
 

@@ -161,6 +161,15 @@ class Broker:
             self._state(ref[0]).inflight += 1
         self.inflight.add(ref, math.inf, consumer)
 
+    def drop_queue(self, queue: str) -> int:
+        """Delete a queue and everything in it, in flight included; returns how many messages went."""
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return 0
+        self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
+        self._ready.pop(info.qid, None)
+        return self.store.drop_queue(queue)
+
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):
             self.counters.dead_lettered += 1

@@ -36,6 +36,7 @@ class Config:
     emqp_heartbeat_interval: float = 3.0
     emqp_heartbeat_liveness: int = 3
     emqp_default_queues: str = "default"
+    mqks_dsn: str = "tcp://127.0.0.1:25000"
     api_dsn: str = "tcp://127.0.0.1:11133"
     lease_timeout: float = 3600.0
     api_dedup_window: float = 86400.0
@@ -72,6 +73,8 @@ class Config:
         _at_least(self, "emqp_heartbeat_liveness", 1)
         if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
             raise ConfigError("--emqp-default-queues: name at least one queue")
+        if self.mqks_dsn and not re.match(r"^tcp://.+:\d+$", self.mqks_dsn):
+            raise ConfigError(f"--mqks-dsn: {self.mqks_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
         if self.api_dsn and not re.match(r"^(tcp|ipc|inproc)://.+", self.api_dsn):
             raise ConfigError(f"--api-dsn: {self.api_dsn!r} is not a tcp://, ipc:// or inproc:// endpoint "
                               "(or empty to disable)")

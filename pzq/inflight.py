@@ -79,6 +79,13 @@ class InFlight(Generic[Ref]):
             self.remove(entry.ref)
         return held
 
+    def remove_matching(self, predicate) -> list[Delivery[Ref]]:
+        """Stop tracking every delivery whose ref satisfies ``predicate`` (a scan: for rare events)."""
+        gone = [e for e in self._entries.values() if predicate(e.ref)]
+        for entry in gone:
+            self.remove(entry.ref)
+        return gone
+
     def next_deadline(self) -> float | None:
         """The earliest live deadline, or None when nothing is in flight."""
         heap = self._heap

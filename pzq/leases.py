@@ -192,6 +192,14 @@ class Leases:
         self._save(group)
         return group.base
 
+    def drop_queue(self, queue: str) -> None:
+        """Forget every group of a queue that is being deleted, with its lease records."""
+        for key in [k for k in self.groups if k[0] == queue]:
+            group = self.groups.pop(key)
+            for record_key, _ in self.store.records("leases", _U64.pack(group.gid)):
+                self.store.delete_record("leases", record_key)
+            self.store.delete_record("groups", group.key())
+
     # -- expiry -------------------------------------------------------------------------------------
 
     def expire(self, now_us: int) -> int:

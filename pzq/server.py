@@ -26,9 +26,10 @@ from pzq.endpoints.base import Endpoint
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.phpmq import PhpmqEndpoint
+from pzq.endpoints.stream import StreamEndpoint
 from pzq.errors import ConfigError, StoreError
 from pzq.gateways.api import ApiGateway
+from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
@@ -74,9 +75,13 @@ class Server:
         if cfg.phpmq_dsn:
             gateway = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
                                    max_credit=cfg.max_inflight)
-            self.endpoints.append(PhpmqEndpoint(cfg, gateway, ctx, owned))
+            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, ctx, owned))
         if cfg.emqp_frontend_dsn:
             self.endpoints.append(EmqpEndpoint(cfg, self.broker, ctx, owned))
+        if cfg.mqks_dsn:
+            gateway = MqksGateway(self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight,
+                                  drop_queue=self._drop_queue)
+            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, ctx, owned))
         if cfg.api_dsn:
             gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
                                  dedup_window_s=cfg.api_dedup_window)
@@ -91,7 +96,8 @@ class Server:
         log.info("pzq serving queue %r from %s: %s", cfg.queue, cfg.database,
                  ", ".join(f"{name} {value}" for name, value in (
                      ("receive", cfg.receive_dsn), ("send", cfg.send_dsn), ("monitor", cfg.monitor_dsn),
-                     ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("api", cfg.api_dsn)) if value))
+                     ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("mqks", cfg.mqks_dsn),
+                     ("api", cfg.api_dsn)) if value))
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
@@ -197,6 +203,11 @@ class Server:
         self._dirty_since = None
         for endpoint in self.endpoints:
             endpoint.recover()
+
+    def _drop_queue(self, queue: str) -> int:
+        """Delete a queue for good (MQKS delete_queue): its leases, its deliveries, its messages."""
+        self.leases.drop_queue(queue)
+        return self.broker.drop_queue(queue)
 
     def _admin_wrote(self) -> None:
         """The monitor committed (a REQUEUE): nothing waits, and requeued letters are ready."""

@@ -11,7 +11,8 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     schedules   schedule id (utf-8)     -> msgpack {a protocol's recurring job: eMQP SCHEDULE}
     groups      qid u64 | group (utf-8) -> msgpack [gid, base, end, deadline_us]  (leases.py)
     leases      gid u64 | lease seq u64 -> seq u64 | deliveries u32                 (leases.py)
-    produced    dedup key (utf-8)       -> msgpack [stored_us, count, digest]      (gateways/api.py)
+    produced    dedup key (utf-8)       -> msgpack [stored_us, count, [digest, ...]] (gateways/api.py)
+    mqks        queue name (utf-8)      -> msgpack [[event, ...], unused seconds | nil] (gateways/mqks.py)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
 
@@ -43,7 +44,7 @@ _U32 = struct.Struct(">I")
 _OVERHEAD = 64
 _FORMAT = 1
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-TABLES = ("schedules", "groups", "leases", "produced")
+TABLES = ("schedules", "groups", "leases", "produced", "mqks")
 
 
 @dataclasses.dataclass(slots=True)
@@ -445,6 +446,28 @@ class Store:
             self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = (message.deliveries, time.monotonic())
         moved.deliveries = message.deliveries
         return moved
+
+    def drop_queue(self, name: str) -> int:
+        """Delete a queue with its messages, delivery counts and dead letters (MQKS delete_queue);
+        returns how many messages went. A later ``queue(name)`` makes a new, empty queue."""
+        info = self._queues.get(name)
+        if info is None:
+            return 0
+        txn, prefix = self._write(), _U64.pack(info.qid)
+        for db in (self._messages_db, self._deliveries_db, self._dead_db):
+            cursor = txn.cursor(db=db)
+            if cursor.set_range(prefix):
+                while cursor.key()[:8] == prefix and self._do(cursor.delete):
+                    pass
+        for key in [k for k in self._pending_counts if k[:8] == prefix]:
+            del self._pending_counts[key]
+        self._do(txn.delete, name.encode(), db=self._queues_db)
+        del self._queues[name]
+        del self._by_id[info.qid]
+        self._dirty_queues.discard(name)
+        self._total_bytes -= info.bytes + info.dead_bytes
+        self._dirty = True
+        return info.count
 
     # -- dead letters -----------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ def free_ports(n: int) -> list[int]:
 def start_pzq(workdir: str, front: str, back: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", os.path.join(workdir, "db"),
                              "--receive-dsn", f"ipc://{workdir}/r", "--send-dsn", f"ipc://{workdir}/s",
-                             "--monitor-dsn", f"ipc://{workdir}/m", "--phpmq-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "",
+                             "--monitor-dsn", f"ipc://{workdir}/m", "--phpmq-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--mqks-dsn", "",
                              "--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--log-level", "warning"],
                             start_new_session=True)
 

@@ -53,7 +53,7 @@ def main() -> None:
     receive, send = (f"ipc://{workdir}/{n}" for n in ("receive", "send"))
     server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", os.path.join(workdir, "db"),
                                "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor,
-                               "--phpmq-dsn", f"tcp://127.0.0.1:{port}", "--api-dsn", "", "--log-level", "warning"])
+                               "--phpmq-dsn", f"tcp://127.0.0.1:{port}", "--api-dsn", "", "--mqks-dsn", "", "--log-level", "warning"])
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -37,7 +37,7 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", f"{workdir}/db",
                                "--receive-dsn", f"ipc://{workdir}/r", "--send-dsn", f"ipc://{workdir}/s",
                                "--monitor-dsn", f"ipc://{workdir}/m", "--api-dsn", endpoint, "--phpmq-dsn", "",
-                               "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "",
+                               "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--mqks-dsn", "",
                                "--log-level", "warning"], start_new_session=True)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession

@@ -29,7 +29,7 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
     values = dict(database=str(tmp_path / "db"), receive_dsn=f"ipc://{tmp_path}/receive",
                   send_dsn=f"ipc://{tmp_path}/send", monitor_dsn=f"ipc://{tmp_path}/monitor",
                   ack_timeout=1_000_000, phpmq_dsn="", emqp_frontend_dsn="", emqp_backend_dsn="",
-                  emqp_publish_dsn="", api_dsn="")
+                  emqp_publish_dsn="", api_dsn="", mqks_dsn="")
     values.update(overrides)
     return config.Config(**values).validate()
 
@@ -119,7 +119,8 @@ class ProcessServer:
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", str(self.database),
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
                      "--ack-timeout", str(ack_timeout), *extra]
-        for option in ("--phpmq-dsn", "--emqp-frontend-dsn", "--emqp-backend-dsn", "--emqp-publish-dsn", "--api-dsn"):
+        for option in ("--phpmq-dsn", "--emqp-frontend-dsn", "--emqp-backend-dsn", "--emqp-publish-dsn", "--mqks-dsn",
+                       "--api-dsn"):
             if option not in extra:  # gateways bind fixed default ports: off unless a test asks
                 self.argv += [option, ""]
         self.proc: subprocess.Popen | None = None

@@ -57,7 +57,11 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         return 0 if session is None else self.broker.consumer_gone(session.consumer)
 
-    def received(self, conn: Hashable, data: bytes, *, now_us: int) -> None:
+    def unsent(self, conn: Hashable, ref) -> None:
+        """A dispatch the client's connection would not take: it stays stored for later."""
+        self.broker.undeliver(ref)
+
+    def received(self, conn: Hashable, data: bytes, *, now: float = 0.0, now_us: int) -> None:
         """Apply every whole message in ``data``; raises ProtocolError (close the connection) on garbage."""
         session = self.sessions.get(conn)
         if session is None:  # bytes still queued from a connection closed for garbage: drop them

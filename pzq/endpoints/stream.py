@@ -1,4 +1,10 @@
-"""The PHPMQ endpoint: raw TCP through a ZeroMQ STREAM socket, fed to the PHPMQ gateway."""
+"""Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a connection-oriented gateway.
+
+The gateway offers ``sessions`` (by connection), ``connected(conn)``, ``disconnected(conn)``,
+``received(conn, data, now=, now_us=)`` (a ProtocolError closes that connection: the stream cannot be
+read any more), ``dispatch(now=, now_us=) -> [(conn, bytes, token)]``, ``unsent(conn, token)`` for what
+could not be sent, ``closed_total``, ``stats()`` and optionally ``next_wake()``.
+"""
 from __future__ import annotations
 
 import zmq
@@ -6,7 +12,6 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, bind
 from pzq.errors import ProtocolError
-from pzq.gateways.phpmq import PhpmqGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
 
@@ -14,17 +19,16 @@ READ_BATCH = 4096
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 
 
-class PhpmqEndpoint(Endpoint):
+class StreamEndpoint(Endpoint):
     """A ZeroMQ STREAM socket is raw TCP inside the same poller as every other endpoint, with
     connect/disconnect notices and libzmq's buffering; each dispatch goes out as one send, which the
     legacy client needs (it reads a header in one 8-byte read). Memory per slow reader is bounded by
     its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
 
-    name = "phpmq"
-
-    def __init__(self, config: Config, gateway: PhpmqGateway, ctx: zmq.Context, owned: list[zmq.Socket]):
+    def __init__(self, name: str, dsn: str, gateway, config: Config, ctx: zmq.Context, owned: list[zmq.Socket]):
+        self.name = name
         self.gateway = gateway
-        self.sock = bind(ctx, zmq.STREAM, config.phpmq_dsn, "--phpmq-dsn", owned)
+        self.sock = bind(ctx, zmq.STREAM, dsn, f"--{name}-dsn", owned)
         self.sock.setsockopt(zmq.SNDHWM, 2 * config.max_inflight)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
@@ -49,9 +53,9 @@ class PhpmqEndpoint(Endpoint):
             if conn in self._closing or conn in self._closed:
                 continue
             try:
-                self.gateway.received(conn, data, now_us=now_us)
+                self.gateway.received(conn, data, now=now, now_us=now_us)
             except ProtocolError as exc:
-                warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
+                warn_bad(self.name, exc.code, f"{exc.detail}; closing the connection")
                 self.gateway.closed_total += 1
                 self.gateway.disconnected(conn)
                 self._closing.append(conn)
@@ -68,11 +72,12 @@ class PhpmqEndpoint(Endpoint):
 
     def flush(self, now: float, now_us: int) -> None:
         out, self._out = self._out, []
-        for conn, data, ref in out:
+        for conn, data, token in out:
             try:
                 send_frames(self.sock, [conn, data], NOBLOCK)
             except Again:  # the client reads too slowly: the message stays stored for later
-                self.gateway.broker.undeliver(ref)
+                if token is not None:
+                    self.gateway.unsent(conn, token)
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
                 self.gateway.disconnected(conn)
         closing, self._closing = self._closing, []
@@ -85,6 +90,15 @@ class PhpmqEndpoint(Endpoint):
         if self._closed:
             for conn in [c for c, t in self._closed.items() if now - t > CLOSED_MEMORY_S]:
                 del self._closed[conn]
+
+    def recover(self) -> None:
+        recover = getattr(self.gateway, "recover", None)
+        if recover is not None:
+            recover()
+
+    def wake_at(self, now: float) -> float | None:
+        next_wake = getattr(self.gateway, "next_wake", None)
+        return None if next_wake is None else next_wake()
 
     def stats(self) -> dict:
         return self.gateway.stats()

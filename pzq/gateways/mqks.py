@@ -1,0 +1,342 @@
+"""MQKS connections on the shared store: events, bindings, consumers and acks (shared/specs/mqks.md).
+
+The server hands every connection's bytes to ``received`` and sends what ``dispatch`` returns after the
+turn's commit, so a ``--confirm`` answer always follows the durable commit of what it confirms.
+
+Mapping to the store: an MQKS queue is a named store queue; its bindings and its
+``--delete-queue-when-unused`` setting are a side record (table ``mqks``). A publish stores one message
+per bound queue: the data as a one-frame body, and the publisher's msg_id and the event in the message's
+meta. A message from another protocol reaches MQKS consumers with its 32-hex id as msg_id, its queue's
+name as event, and its frames joined as data (line breaks escaped as \\n and \\r).
+
+Consumers belong to their connection (ids are looked up per connection) and are not restored after a
+restart: clients consume again on reconnect, as the reference client does. Auto-ack consumers get each
+message at most once: it is deleted (durably) before its line is sent. Manual-ack consumers get it at
+least once: unacknowledged after ``--ack-timeout``, or when the consumer or its connection goes, it is
+delivered again with ``retry`` raised; a reject puts it at the end of its queue, retry raised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Hashable
+
+import msgpack
+
+from pzq.broker import Broker, Ref
+from pzq.errors import ProtocolError, StoreFull
+from pzq.protocols import mqks
+from pzq.store import Message
+
+log = logging.getLogger("pzq.mqks")
+
+RESTART_GRACE_S = 30.0  # after a restart, a --delete-queue-when-unused queue waits this long for consumers
+TURN_BUDGET = 100  # deliveries per consumer per turn, so that competing consumers share
+
+
+@dataclasses.dataclass
+class Consumer:
+    conn: Hashable
+    id: str
+    queue: str
+    manual_ack: bool
+    unacked: dict[str, list[Ref]] = dataclasses.field(default_factory=dict)  # msg_id -> refs
+
+    @property
+    def key(self) -> tuple:
+        return ("mqks", self.conn, self.id)
+
+
+@dataclasses.dataclass
+class Binding:
+    """An MQKS queue's durable settings."""
+
+    events: list[str]
+    unused: float | None = None  # --delete-queue-when-unused seconds
+
+
+class MqksGateway:
+    """Every MQKS connection, consumer and binding of the server."""
+
+    def __init__(self, broker: Broker, *, max_line: int, window: int, drop_queue: Callable[[str], int]):
+        self.broker = broker
+        self.store = broker.store
+        self.max_line = max_line
+        self.window = window  # unacked deliveries per manual-ack consumer
+        self._drop_queue = drop_queue
+        self.sessions: dict[Hashable, mqks.LineBuffer] = {}
+        self.consumers: dict[tuple[Hashable, str], Consumer] = {}
+        self.by_queue: dict[str, list[Consumer]] = {}
+        self._out: list[tuple[Hashable, bytes, object]] = []
+        self.delete_at: dict[str, float] = {}
+        self.closed_total = self.published_total = self.unrouted_total = self.delivered_total = 0
+        self.errors_total = 0
+        self.load()
+
+    def load(self) -> None:
+        """Read the bindings: at start-up and after a rolled-back turn."""
+        self.bindings: dict[str, Binding] = {}
+        self.by_event: dict[str, set[str]] = {}
+        for key, value in self.store.records("mqks"):
+            events, unused = msgpack.unpackb(value)
+            self._set_binding(key.decode(), Binding(events, unused), save=False)
+        self._orphans = {q for q, b in self.bindings.items() if b.unused is not None and not self.by_queue.get(q)}
+        self._orphan_grace = RESTART_GRACE_S
+
+    def recover(self) -> None:
+        """The broker restarted from the disk: deliveries are forgotten, bindings re-read."""
+        for consumer in self.consumers.values():
+            consumer.unacked.clear()
+        self.load()
+
+    # -- connections ---------------------------------------------------------------------------------
+
+    def connected(self, conn: Hashable) -> None:
+        self.sessions[conn] = mqks.LineBuffer(self.max_line)
+
+    def disconnected(self, conn: Hashable) -> None:
+        """The connection is gone: its consumers go, and what they held returns with retry raised."""
+        self.sessions.pop(conn, None)
+        for key in [k for k in self.consumers if k[0] == conn]:
+            self._remove_consumer(self.consumers[key])
+
+    def received(self, conn: Hashable, data: bytes, *, now: float, now_us: int) -> None:
+        """Bytes from a connection. Raises ProtocolError when its stream cannot be framed (close it)."""
+        buffer = self.sessions.get(conn)
+        if buffer is None:
+            buffer = self.sessions[conn] = mqks.LineBuffer(self.max_line)
+        for line in buffer.feed(data):
+            request_id = mqks.request_id_of(line)
+            try:
+                if len(line) > self.max_line:
+                    raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
+                self._handle(conn, mqks.parse_line(line), now_us)
+            except ProtocolError as exc:
+                self._error(conn, request_id, exc.code, exc.detail)
+            except StoreFull as exc:
+                self._error(conn, request_id, "queue-full", str(exc))
+
+    def _error(self, conn: Hashable, request_id: str, code: str, detail: str) -> None:
+        eid = mqks.error_id()
+        self.errors_total += 1
+        log.warning("MQKS error %s for request %r: %s: %s", eid, request_id, code, detail)
+        self._out.append((conn, mqks.error(request_id, eid), None))
+
+    def _reply(self, conn: Hashable, line: bytes) -> None:
+        self._out.append((conn, line, None))
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    def _handle(self, conn: Hashable, req: mqks.Request, now_us: int) -> None:
+        a = req.args
+        if req.action == "ping":
+            self._reply(conn, mqks.ok(req.request_id, a["data"]))
+            return
+        if req.action == "_eval":
+            raise ProtocolError("refused", "_eval never evaluates client code; read figures from the monitor")
+        if req.action == "publish":
+            self._publish(req.request_id, a["event"], a["data"], now_us)
+        elif req.action == "consume":
+            self._consume(conn, req.request_id, a)
+        elif req.action == "rebind":
+            self._rebind(req.request_id, a)
+        elif req.action in ("ack", "reject"):
+            self._settle(conn, req.action, a["consumer"], a["msg_id"])
+        elif req.action == "delete_consumer":
+            consumer = self.consumers.get((conn, a["consumer"]))
+            if consumer is None:
+                raise ProtocolError("unknown-consumer", f"no consumer {a['consumer']!r} on this connection")
+            self._remove_consumer(consumer)
+        elif req.action == "delete_queue":
+            self._delete_queue(a["queue"])
+        if req.confirm:
+            self._reply(conn, mqks.ok(req.request_id))
+
+    def _publish(self, msg_id: str, event: str, data: str, now_us: int) -> None:
+        queues = self.by_event.get(event)
+        if not queues:
+            self.unrouted_total += 1  # as the reference: no queue is bound to the event
+            return
+        body = data.encode()
+        for queue in sorted(queues):
+            self.broker.produce(queue, [body], now_us=now_us, meta={"mqks": [msg_id, event]})
+        self.published_total += 1
+
+    def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
+        queue = a["queue"]
+        old = self.consumers.get((conn, consumer_id))
+        if old is not None:  # the same id again on this connection: it starts over
+            self._remove_consumer(old)
+        self.store.queue(queue)  # the queue exists from now on, bound or not
+        binding = self.bindings.get(queue) or Binding([])
+        events = list(a["events"]) if a["events"] is not None else list(binding.events)
+        events += [e for e in a["add"] if e not in events]
+        unused = a["unused"] if a["unused"] is not None else binding.unused
+        consumer = Consumer(conn, consumer_id, queue, a["manual_ack"])
+        changed = self._set_binding(queue, Binding(events, unused), save=True)
+        self.consumers[(conn, consumer_id)] = consumer
+        self.by_queue.setdefault(queue, []).append(consumer)
+        self.delete_at.pop(queue, None)
+        self._orphans.discard(queue)
+        if changed:
+            self._notify(queue, skip=None if a["add"] else consumer)
+
+    def _rebind(self, request_id: str, a: dict) -> None:
+        queue = a["queue"]
+        binding = self.bindings.get(queue) or Binding([])
+        events = list(a["events"]) if a["events"] is not None else list(binding.events)
+        events = [e for e in events if e not in a["remove"]]
+        events = [e for e in events if not any(mqks.matches(m, e) for m in a["remove_mask"])]
+        events += [e for e in a["add"] if e not in events]
+        self.store.queue(queue)
+        if self._set_binding(queue, Binding(events, binding.unused), save=True):
+            self._notify(queue, skip=None)
+
+    def _set_binding(self, queue: str, binding: Binding, *, save: bool) -> bool:
+        """Make ``binding`` the queue's; True if its set of events changed."""
+        binding.events = sorted(set(binding.events))
+        old = self.bindings.get(queue)
+        changed = (old.events if old else []) != binding.events
+        if old is not None:
+            for event in old.events:
+                self.by_event.get(event, set()).discard(queue)
+        self.bindings[queue] = binding
+        for event in binding.events:
+            self.by_event.setdefault(event, set()).add(queue)
+        if save and (old is None or changed or old.unused != binding.unused):
+            self.store.put_record("mqks", queue.encode(), msgpack.packb([binding.events, binding.unused]))
+        return changed
+
+    def _notify(self, queue: str, skip: Consumer | None) -> None:
+        binding = self.bindings.get(queue)
+        events, unused = (binding.events, binding.unused) if binding else ([], None)
+        for consumer in self.by_queue.get(queue, []):
+            if consumer is not skip:
+                self._reply(consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack))
+
+    def _settle(self, conn: Hashable, action: str, consumer_id: str, msg_id: str | None) -> None:
+        consumer = self.consumers.get((conn, consumer_id))
+        if consumer is None:
+            raise ProtocolError("unknown-consumer", f"no consumer {consumer_id!r} on this connection")
+        if msg_id is None:
+            refs = [ref for refs in consumer.unacked.values() for ref in refs]
+            consumer.unacked.clear()
+        else:
+            refs = consumer.unacked.pop(msg_id, [])
+            if not refs:
+                raise ProtocolError("unknown-message", f"consumer {consumer_id!r} holds no message {msg_id!r}")
+        for ref in refs:
+            if action == "ack":
+                self.broker.ack(ref)  # even late: the work is done (as a native late ack)
+            elif self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
+                self.broker.requeue_at_end(ref)
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        """Unregister; what it held goes back to the end of its queue, retry raised (as a reject)."""
+        self.consumers.pop((consumer.conn, consumer.id), None)
+        peers = self.by_queue.get(consumer.queue, [])
+        if consumer in peers:
+            peers.remove(consumer)
+        for refs in consumer.unacked.values():
+            for ref in refs:
+                if self._held_by(ref, consumer):
+                    self.broker.requeue_at_end(ref)
+        self.broker.consumer_gone(consumer.key)  # whatever is left (already requeued ones are no-ops)
+        if not peers:
+            self.by_queue.pop(consumer.queue, None)
+            binding = self.bindings.get(consumer.queue)
+            if binding is not None and binding.unused is not None:
+                self._orphans.add(consumer.queue)
+
+    def _delete_queue(self, queue: str) -> None:
+        if queue not in self.bindings and self.store.queue(queue, create=False) is None:
+            raise ProtocolError("unknown-queue", f"no queue {queue!r}")
+        consumers = self.by_queue.pop(queue, [])
+        for consumer in consumers:
+            self.consumers.pop((consumer.conn, consumer.id), None)
+            self._reply(consumer.conn, mqks.update(consumer.id, queue, [], None, False))
+        binding = self.bindings.pop(queue, None)
+        if binding is not None:
+            for event in binding.events:
+                self.by_event.get(event, set()).discard(queue)
+        self.store.delete_record("mqks", queue.encode())
+        self.delete_at.pop(queue, None)
+        self._orphans.discard(queue)
+        dropped = self._drop_queue(queue)
+        log.info("MQKS queue %r deleted with %d message(s)", queue, dropped)
+
+    # -- handing out -----------------------------------------------------------------------------------
+
+    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes, object]]:
+        """Everything to send this turn: replies, then deliveries; and queues unused for long enough go."""
+        self._expire_unused(now)
+        for queue, consumers in list(self.by_queue.items()):
+            for consumer in list(consumers):
+                if not self.broker.has_ready(queue):
+                    break
+                self._deliver(consumer, now, now_us)
+            if len(consumers) > 1:  # competing consumers take turns at the head of the queue
+                consumers.append(consumers.pop(0))
+        out, self._out = self._out, []
+        return out
+
+    def _deliver(self, consumer: Consumer, now: float, now_us: int) -> None:
+        if consumer.manual_ack:
+            credit = min(TURN_BUDGET, self.window - self.broker.inflight.count(consumer.key))
+            if len(consumer.unacked) > 2 * self.window:  # forget what timed out and went elsewhere
+                consumer.unacked = {m: [r for r in refs if self._held_by(r, consumer)]
+                                    for m, refs in consumer.unacked.items()}
+                consumer.unacked = {m: refs for m, refs in consumer.unacked.items() if refs}
+        else:
+            credit = TURN_BUDGET
+        if credit <= 0:
+            return
+        for message in self.broker.take(consumer.queue, credit, consumer.key, now=now, now_us=now_us):
+            msg_id, event = (message.meta or {}).get("mqks") or (message.id, message.queue)
+            ref = (message.qid, message.seq)
+            line = mqks.delivery(consumer.id, msg_id, event, message.deliveries - 1, mqks.body_text(message.frames))
+            if consumer.manual_ack:
+                consumer.unacked.setdefault(msg_id, []).append(ref)
+                undo = ("manual", consumer, msg_id, ref)
+            else:
+                self.broker.ack(ref)  # at most once: gone (durably, with this turn) before the line leaves
+                undo = ("auto", message)
+            self.delivered_total += 1
+            self._out.append((consumer.conn, line, undo))
+
+    def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
+        delivery = self.broker.inflight.get(ref)
+        return delivery is not None and delivery.consumer == consumer.key
+
+    def unsent(self, conn: Hashable, undo) -> None:
+        """A line that could not be sent (the client reads too slowly): keep its message."""
+        if undo[0] == "manual":
+            _, consumer, msg_id, ref = undo
+            refs = consumer.unacked.get(msg_id, [])
+            if ref in refs:
+                refs.remove(ref)
+            self.broker.undeliver(ref)
+        else:
+            message: Message = undo[1]
+            self.broker.produce(message.queue, message.frames, now_us=message.enqueued_us, meta=message.meta)
+
+    def _expire_unused(self, now: float) -> None:
+        for queue in self._orphans:
+            binding = self.bindings.get(queue)
+            if binding is not None and binding.unused is not None:
+                self.delete_at[queue] = now + max(binding.unused, self._orphan_grace)
+        self._orphans.clear()
+        self._orphan_grace = 0.0
+        for queue in [q for q, t in self.delete_at.items() if t <= now]:
+            del self.delete_at[queue]
+            if not self.by_queue.get(queue) and queue in self.bindings:
+                self._delete_queue(queue)
+
+    def next_wake(self) -> float | None:
+        return min(self.delete_at.values()) if self.delete_at else None
+
+    def stats(self) -> dict:
+        return {"connections": len(self.sessions), "consumers": len(self.consumers),
+                "bound_queues": len(self.bindings), "published_total": self.published_total,
+                "unrouted_total": self.unrouted_total, "delivered_total": self.delivered_total,
+                "errors_total": self.errors_total, "closed_bad_input_total": self.closed_total}

@@ -1,0 +1,235 @@
+"""The MQKS text protocol (shared/specs/mqks.md), as pure functions: lines in, requests and lines out.
+
+Request   {request_id} {action} [--confirm] {data}\\n
+Responses {request_id} ok {data}\\n | {request_id} error {error_id}\\n
+Delivery  {consumer_id} ok {msg_id} event={event}[,retry={n}] {data}\\n
+Update    {consumer_id} ok --update {queue} {event...} [--delete-queue-when-unused[=S]] [--manual-ack]\\n
+
+IDs (request, queue, event, consumer, message) are tokens without spaces or control characters; only
+the data of ``publish`` and ``ping`` may contain spaces. A parse error raises ProtocolError whose
+detail goes to the log; the client gets ``{request_id} error {error_id}``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+
+from pzq.errors import ProtocolError
+
+ACTIONS = ("publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue", "ping", "_eval")
+_BAD_ID = re.compile(r"[\x00-\x20\x7f]")
+MAX_ID = 255  # bytes of any id (queue names are store queue names, at most 255 bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One parsed line. ``args`` depends on ``action`` (see parse_line)."""
+
+    request_id: str
+    action: str
+    confirm: bool
+    args: dict
+
+
+def error_id() -> str:
+    """A fresh 24-character id for an error: the client gets it, the log gets it with the details."""
+    return secrets.token_hex(12)
+
+
+def request_id_of(line: bytes) -> str:
+    """The request id of a line, as far as one can be read (for answering a line that does not parse)."""
+    head = line.split(b" ", 1)[0].decode("utf-8", "replace")
+    return head if head and not _BAD_ID.search(head) and len(head) <= MAX_ID else "-"
+
+
+def _check_id(kind: str, value: str) -> str:
+    if not value or _BAD_ID.search(value) or len(value.encode()) > MAX_ID:
+        raise ProtocolError("bad-id", f"{kind} {value[:80]!r} must be 1 to {MAX_ID} bytes without spaces "
+                                      "or control characters")
+    return value
+
+
+def parse_line(line: bytes) -> Request:
+    """Parse one line (without its newline). Raises ProtocolError."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad-utf8", "the line is not UTF-8") from None
+    if text.endswith("\r"):  # telnet and friends end lines with CR LF
+        text = text[:-1]
+    parts = text.split(" ", 2)
+    request_id = _check_id("request id", parts[0])
+    if len(parts) < 2 or not parts[1]:
+        raise ProtocolError("no-action", "a request needs an action after its id")
+    action = parts[1]
+    if action not in ACTIONS:
+        raise ProtocolError("unknown-action", f"unknown action {action[:40]!r}")
+    data = parts[2] if len(parts) > 2 else ""
+    confirm = data == "--confirm" or data.startswith("--confirm ")
+    if confirm:
+        data = data[len("--confirm "):]
+    return Request(request_id, action, confirm, _ARGS[action](data))
+
+
+def _publish(data: str) -> dict:
+    event, _, payload = data.partition(" ")
+    return {"event": _check_id("event", event), "data": payload}
+
+
+def _tokens(data: str) -> list[str]:
+    if "\t" in data or "\r" in data:
+        raise ProtocolError("bad-id", "ids must not contain control characters")
+    return [t for t in data.split(" ") if t]
+
+
+def _consume(data: str) -> dict:
+    tokens = _tokens(data)
+    if not tokens or tokens[0].startswith("--"):
+        raise ProtocolError("no-queue", "consume needs a queue")
+    out = {"queue": _check_id("queue", tokens[0]), "events": None, "add": [], "unused": None, "manual_ack": False}
+    mode, events = "replace", []
+    for token in tokens[1:]:
+        if token == "--add":
+            mode = "add"
+        elif token == "--manual-ack":
+            out["manual_ack"] = True
+        elif token == "--delete-queue-when-unused" or token.startswith("--delete-queue-when-unused="):
+            out["unused"] = _seconds(token.partition("=")[2]) if "=" in token else 0.0
+        elif token.startswith("--"):
+            raise ProtocolError("bad-option", f"consume: unknown option {token[:40]!r}")
+        elif mode == "add":
+            out["add"].append(_check_id("event", token))
+        else:
+            events.append(_check_id("event", token))
+    if events:
+        out["events"] = events
+    return out
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProtocolError("bad-option", f"--delete-queue-when-unused={text[:40]!r} is not seconds") from None
+    if not 0 <= value <= 30 * 86400:
+        raise ProtocolError("bad-option", f"--delete-queue-when-unused={value} is not 0 to 2592000 seconds")
+    return value
+
+
+def _rebind(data: str) -> dict:
+    tokens = _tokens(data)
+    if not tokens or tokens[0].startswith("--"):
+        raise ProtocolError("no-queue", "rebind needs a queue")
+    out = {"queue": _check_id("queue", tokens[0]), "events": None, "remove": [], "remove_mask": [], "add": []}
+    mode, events = "replace", []
+    for token in tokens[1:]:
+        if token in ("--remove", "--remove-mask", "--add"):
+            mode = token[2:].replace("-", "_")
+        elif token.startswith("--"):
+            raise ProtocolError("bad-option", f"rebind: unknown option {token[:40]!r}")
+        elif mode == "replace":
+            events.append(_check_id("event", token))
+        else:
+            out[mode].append(_check_id("event", token))
+    if events:
+        out["events"] = events
+    return out
+
+
+def _settle(data: str) -> dict:
+    tokens = _tokens(data)
+    if len(tokens) != 2:
+        raise ProtocolError("bad-arguments", "expected {consumer_id} {msg_id}|--all")
+    consumer, message = tokens
+    return {"consumer": _check_id("consumer id", consumer),
+            "msg_id": None if message == "--all" else _check_id("message id", message)}
+
+
+def _one(name: str):
+    def parse(data: str) -> dict:
+        tokens = _tokens(data)
+        if len(tokens) != 1:
+            raise ProtocolError("bad-arguments", f"expected one {name}")
+        return {name: _check_id(name, tokens[0])}
+    return parse
+
+
+_ARGS = {
+    "publish": _publish,
+    "consume": _consume,
+    "rebind": _rebind,
+    "ack": _settle,
+    "reject": _settle,
+    "delete_consumer": _one("consumer"),
+    "delete_queue": _one("queue"),
+    "ping": lambda data: {"data": data},
+    "_eval": lambda data: {},
+}
+
+
+def matches(mask: str, event: str) -> bool:
+    """True if ``mask`` removes ``event``: ``*`` stands for any run of characters other than a dot, and
+    masks only apply to events that contain a dot."""
+    if "." not in event:
+        return False
+    pattern = "[^.]*".join(re.escape(part) for part in mask.split("*"))
+    return re.fullmatch(pattern, event) is not None
+
+
+# -- responses -------------------------------------------------------------------------------------
+
+def ok(request_id: str, data: str = "") -> bytes:
+    return f"{request_id} ok {data}\n".encode()
+
+
+def error(request_id: str, eid: str) -> bytes:
+    return f"{request_id} error {eid}\n".encode()
+
+
+def delivery(consumer_id: str, msg_id: str, event: str, retry: int, data: str) -> bytes:
+    retry_part = f",retry={retry}" if retry else ""
+    return f"{consumer_id} ok {msg_id} event={event}{retry_part} {data}\n".encode()
+
+
+def update(consumer_id: str, queue: str, events: list[str], unused: float | None, manual_ack: bool) -> bytes:
+    parts = [consumer_id, "ok", "--update", queue, *events]
+    if unused is not None:
+        parts.append(f"--delete-queue-when-unused={unused!r}" if unused else "--delete-queue-when-unused")
+    if manual_ack:
+        parts.append("--manual-ack")
+    return (" ".join(parts) + "\n").encode()
+
+
+def body_text(frames: list[bytes]) -> str:
+    """A stored body as MQKS data: frames joined, UTF-8 (invalid bytes replaced), and the line breaks
+    of bodies from other protocols escaped as \\n and \\r so that they cannot end the line."""
+    text = b"".join(frames).decode("utf-8", "replace")
+    if "\n" in text or "\r" in text:
+        text = text.replace("\n", "\\n").replace("\r", "\\r")
+    return text
+
+
+class LineBuffer:
+    """Splits a byte stream into lines. More than ``limit`` bytes without a newline raises
+    ProtocolError (the stream cannot be framed any more); a complete line is never refused here."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._parts: list[bytes] = []  # the unfinished line, in pieces: no quadratic re-joining
+        self._size = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if b"\n" not in data:
+            self._parts.append(data)
+            self._size += len(data)
+            lines = []
+        else:
+            first, *middle, last = data.split(b"\n")
+            lines = [b"".join(self._parts) + first, *middle]
+            self._parts, self._size = ([last], len(last)) if last else ([], 0)
+        if self._size > self.limit:
+            head = b"".join(self._parts)[:60]
+            self._parts, self._size = [], 0
+            raise ProtocolError("line-too-long", f"a line is over {self.limit} bytes (starts {head!r})")
+        return [line for line in lines if line.strip()]
