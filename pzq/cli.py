@@ -204,6 +204,60 @@ def consume(config_file, send_dsn, count, timeout, nack, as_json) -> None:
         consumer.sock.setsockopt(client.zmq.LINGER, 2000)
 
 
+@cli.group("mqks")
+def mqks_group() -> None:
+    """Publish and consume through the MQKS gateway (one text line per request)."""
+
+
+@mqks_group.command("publish")
+@config_option
+@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.argument("event")
+@click.argument("data", nargs=-1)
+@_errors_to_exit
+def mqks_publish(config_file, mqks_dsn, event, data) -> None:
+    """Publish DATA (words joined by spaces, or each line of standard input) to EVENT, confirmed durable."""
+    from pzq.mqks_client import MqksClient
+
+    endpoint = _resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
+    lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
+    with MqksClient(endpoint) as mq:
+        for line in lines:
+            mq.publish(event, line)
+    click.echo(f"{len(lines)} published", err=True)
+
+
+@mqks_group.command("consume")
+@config_option
+@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for each message.")
+@click.option("--manual-ack/--auto-ack", default=True, show_default=True,
+              help="Ack each message after printing it (at-least-once), or let delivery remove it.")
+@click.argument("queue")
+@click.argument("events", nargs=-1)
+@_errors_to_exit
+def mqks_consume(config_file, mqks_dsn, count, timeout, manual_ack, queue, events) -> None:
+    """Consume COUNT messages of QUEUE (binding it to EVENTS if given); print msg_id, event, retry, data."""
+    from pzq.mqks_client import MqksClient
+
+    endpoint = _resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
+    got = 0
+    with MqksClient(endpoint) as mq:
+        consumer = mq.consume(queue, list(events), manual_ack=manual_ack)
+        while count == 0 or got < count:
+            delivery = mq.receive(timeout)
+            if delivery is None:
+                click.echo(f"pzq: no message within {timeout} s after {got} received", err=True)
+                sys.exit(1)
+            click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
+            if manual_ack:
+                mq.ack(consumer, delivery.msg_id)
+            got += 1
+        request_id = mq.request("delete_consumer", consumer, confirm=True)
+        mq.wait_ok(request_id)  # the acks before it are done once this is answered
+
+
 @cli.group("dead-letters")
 def dead_letters() -> None:
     """Inspect and requeue a queue's dead letters (through the running server's monitor socket)."""

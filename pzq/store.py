@@ -442,8 +442,9 @@ class Store:
         moved = self._append(message.queue, message.frames, message.enqueued_us,
                              message.expires_us if expires_us is None else expires_us, check_limit=False,
                              meta=message.meta)
-        if message.deliveries:
-            self._pending_counts[_KEY.pack(moved.qid, moved.seq)] = (message.deliveries, time.monotonic())
+        if message.deliveries:  # written now, not lazily: a retry count must survive a crash
+            self._do(self._write().put, _KEY.pack(moved.qid, moved.seq), _U32.pack(message.deliveries),
+                     db=self._deliveries_db)
         moved.deliveries = message.deliveries
         return moved
 

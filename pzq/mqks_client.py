@@ -1,0 +1,130 @@
+"""A small blocking MQKS client (one TCP connection, one line per request): the CLI's `pzq mqks`, the
+tests and the rate script use it. Every read has a timeout."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import socket
+
+from pzq.errors import ClientError
+
+_DELIVERY = re.compile(r"^(\S+) ok (\S+) event=([^, ]+)(?:,retry=(\d+))? (.*)$", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    consumer: str
+    msg_id: str
+    event: str
+    retry: int
+    data: str
+
+
+def parse_delivery(line: str) -> Delivery | None:
+    """A delivery line as a Delivery; None for other lines (confirms, --update notices)."""
+    if " ok --update " in line:
+        return None
+    match = _DELIVERY.match(line)
+    if match is None:
+        return None
+    consumer, msg_id, event, retry, data = match.groups()
+    return Delivery(consumer, msg_id, event, int(retry or 0), data)
+
+
+class MqksClient:
+    """Lines out with fresh request ids; lines in, buffered."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:25000", *, timeout_s: float = 5.0, prefix: str = "r"):
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        try:
+            self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        except (OSError, ValueError) as exc:
+            raise ClientError(f"cannot connect to MQKS at {endpoint}: {exc}") from None
+        self.timeout_s = timeout_s
+        self._ids = (f"{prefix}{n}" for n in itertools.count(1))
+        self._buf = b""
+        self.pending: list[str] = []  # lines read while waiting for another one
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "MqksClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, line: str) -> None:
+        self.sock.sendall(line.encode() + b"\n")
+
+    def request(self, action: str, data: str = "", *, confirm: bool = False) -> str:
+        """Send one request; returns its request id."""
+        request_id = next(self._ids)
+        self.send(" ".join(p for p in (request_id, action, "--confirm" if confirm else "", data) if p))
+        return request_id
+
+    def read_line(self, timeout_s: float | None = None) -> str | None:
+        """The next line from the server, or None if none came in time."""
+        if self.pending:
+            return self.pending.pop(0)
+        self.sock.settimeout(self.timeout_s if timeout_s is None else timeout_s)
+        while b"\n" not in self._buf:
+            try:
+                more = self.sock.recv(65536)
+            except (socket.timeout, TimeoutError):
+                return None
+            if not more:
+                raise ClientError("the server closed the connection")
+            self._buf += more
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def wait_ok(self, request_id: str) -> str:
+        """Wait for the answer to ``request_id``, keeping other lines for later; raises on an error."""
+        kept = []
+        try:
+            while True:
+                line = self.read_line()
+                if line is None:
+                    raise ClientError(f"no answer to {request_id} within {self.timeout_s} s")
+                if line.startswith(f"{request_id} ok") and not line.startswith(f"{request_id} ok --update"):
+                    return line[len(request_id) + 4:]
+                if line.startswith(f"{request_id} error "):
+                    raise ClientError(f"{request_id} refused: error id {line.split()[-1]} (in the server log)")
+                kept.append(line)
+        finally:
+            self.pending[:0] = kept
+
+    def publish(self, event: str, data: str, *, confirm: bool = True) -> None:
+        request_id = self.request("publish", f"{event} {data}", confirm=confirm)
+        if confirm:
+            self.wait_ok(request_id)
+
+    def consume(self, queue: str, events: list[str] | None = None, *, manual_ack: bool = False,
+                add: bool = False) -> str:
+        """Start a consumer (durably confirmed); returns its consumer id."""
+        parts = [queue, *(["--add"] if add else []), *(events or []), *(["--manual-ack"] if manual_ack else [])]
+        consumer = self.request("consume", " ".join(parts), confirm=True)
+        self.wait_ok(consumer)
+        return consumer
+
+    def receive(self, timeout_s: float | None = None) -> Delivery | None:
+        """The next delivery (other lines are skipped), or None if none came in time."""
+        while True:
+            line = self.read_line(timeout_s)
+            if line is None:
+                return None
+            delivery = parse_delivery(line)
+            if delivery is not None:
+                return delivery
+
+    def ack(self, consumer: str, msg_id: str = "--all", *, confirm: bool = False) -> None:
+        request_id = self.request("ack", f"{consumer} {msg_id}", confirm=confirm)
+        if confirm:
+            self.wait_ok(request_id)
+
+    def reject(self, consumer: str, msg_id: str = "--all", *, confirm: bool = False) -> None:
+        request_id = self.request("reject", f"{consumer} {msg_id}", confirm=confirm)
+        if confirm:
+            self.wait_ok(request_id)
