@@ -95,10 +95,14 @@ class Broker:
     # -- handing out ------------------------------------------------------------------------------
 
     def has_ready(self, queue: str) -> bool:
+        return self.ready_count(queue) > 0
+
+    def ready_count(self, queue: str) -> int:
+        """Stored messages of ``queue`` not in flight (some may turn out expired when taken)."""
         info = self.store.queue(queue, create=False)
         if info is None:
-            return False
-        return info.count > self._state(info.qid).inflight
+            return 0
+        return info.count - self._state(info.qid).inflight
 
     def take(self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int,
              timeout_s: float | None = None) -> list[Message]:

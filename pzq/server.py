@@ -104,7 +104,7 @@ class Server:
         self._stopping = True
         try:
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
+        except OSError:  # the pipe is full (a wake-up is pending), or the loop saw the flag and closed it
             pass
 
     def install_signal_handlers(self) -> None:

@@ -167,8 +167,10 @@ def test_auto_ack_consumers_get_each_message_once_and_it_leaves_the_store(mqks_s
     wait_until(lambda: mqks_server.stats()["queues"]["q1"]["depth"] == 0)
 
 
-def test_competing_consumers_share_a_queue(connect):
-    c1, c2, p = connect(), connect(), connect()
+def test_competing_consumers_share_a_queue(make_server):
+    endpoint, _ = free_tcp_endpoint()
+    make_server(mqks_dsn=endpoint, ack_timeout=30_000_000)  # no redelivery while the test reads slowly
+    c1, c2, p = MqksClient(endpoint), MqksClient(endpoint), MqksClient(endpoint)
     talk(c1, "c1 consume --confirm q1 e1 --manual-ack", "c1 ok ")
     talk(c2, "c2 consume --confirm q1 --manual-ack", "c2 ok ")
     for i in range(20):
@@ -181,7 +183,9 @@ def test_competing_consumers_share_a_queue(connect):
                 msg_id = line.split()[2]
                 got[name].add(msg_id)
                 conn.send(f"a-{msg_id} ack {name} {msg_id}")
-    assert got["c1"] and got["c2"] and not got["c1"] & got["c2"]
+    assert len(got["c1"]) == len(got["c2"]) == 10 and not got["c1"] & got["c2"]
+    for conn in (c1, c2, p):
+        conn.close()
 
 
 def test_delete_queue_unbinds_tells_its_consumers_and_drops_its_messages(mqks_server, connect):

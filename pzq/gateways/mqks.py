@@ -271,24 +271,26 @@ class MqksGateway:
         """Everything to send this turn: replies, then deliveries; and queues unused for long enough go."""
         self._expire_unused(now)
         for queue, consumers in list(self.by_queue.items()):
+            ready = self.broker.ready_count(queue)
+            if ready <= 0:
+                continue
+            share = -(-ready // len(consumers))  # competing consumers split what is ready
             for consumer in list(consumers):
-                if not self.broker.has_ready(queue):
-                    break
-                self._deliver(consumer, now, now_us)
-            if len(consumers) > 1:  # competing consumers take turns at the head of the queue
+                self._deliver(consumer, min(share, TURN_BUDGET), now, now_us)
+            if len(consumers) > 1:  # and take turns at the head of the queue
                 consumers.append(consumers.pop(0))
         out, self._out = self._out, []
         return out
 
-    def _deliver(self, consumer: Consumer, now: float, now_us: int) -> None:
+    def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int) -> None:
         if consumer.manual_ack:
-            credit = min(TURN_BUDGET, self.window - self.broker.inflight.count(consumer.key))
+            credit = min(budget, self.window - self.broker.inflight.count(consumer.key))
             if len(consumer.unacked) > 2 * self.window:  # forget what timed out and went elsewhere
                 consumer.unacked = {m: [r for r in refs if self._held_by(r, consumer)]
                                     for m, refs in consumer.unacked.items()}
                 consumer.unacked = {m: refs for m, refs in consumer.unacked.items() if refs}
         else:
-            credit = TURN_BUDGET
+            credit = budget
         if credit <= 0:
             return
         for message in self.broker.take(consumer.queue, credit, consumer.key, now=now, now_us=now_us):
