@@ -17,7 +17,8 @@ def run(*args: str, input: str | None = None, env: dict | None = None):
 
 def test_help_exits_0_for_every_command():
     for args in ([], ["serve"], ["monitor"], ["produce"], ["consume"], ["dead-letters"],
-                 ["dead-letters", "list"], ["dead-letters", "requeue"]):
+                 ["dead-letters", "list"], ["dead-letters", "requeue"], ["mqks"], ["mqks", "publish"],
+                 ["mqks", "consume"], ["bench"]):
         result = run(*args, "--help")
         assert result.exit_code == 0, (args, result.output)
         assert "Usage:" in result.output

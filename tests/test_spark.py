@@ -59,6 +59,12 @@ def stream(spark, srv, queue: str, **options):
     return reader.load()
 
 
+def to_memory(spark, srv, queue: str, checkpoint: Path, **options):
+    """A started query copying ``queue`` into the in-memory table of the same name."""
+    return (stream(spark, srv, queue, **options).writeStream.format("memory").queryName(queue)
+            .option("checkpointLocation", str(checkpoint)).start())
+
+
 class Batches:
     """A foreachBatch sink that records every batch's rows, attempts included (a file, so that it is
     shared with Spark's Python worker)."""
@@ -104,8 +110,7 @@ def test_a_stream_reads_every_message_complete_and_in_queue_order_per_partition(
 def test_nothing_leaves_the_queue_until_spark_commits_the_batch(spark, api_server, tmp_path):
     api = api_server.api
     produce(api, "lagged", [b"a%d" % i for i in range(30)])
-    query = (stream(spark, api_server, "lagged", maxMessagesPerBatch=1000).writeStream.format("memory")
-             .queryName("lagged").option("checkpointLocation", str(tmp_path / "ck")).start())
+    query = to_memory(spark, api_server, "lagged", tmp_path / "ck", maxMessagesPerBatch=1000)
     try:
         query.processAllAvailable()
         assert spark.sql("SELECT count(*) AS n FROM lagged").first().n == 30
@@ -147,8 +152,7 @@ def test_a_restart_on_the_same_checkpoint_replays_the_uncommitted_batch_identica
 def test_killing_the_server_with_sigkill_between_batches_loses_nothing(spark, api_server, tmp_path):
     api = api_server.api
     produce(api, "killed", [b"k%d" % i for i in range(50)])
-    query = (stream(spark, api_server, "killed", maxMessagesPerBatch=20).writeStream.format("memory")
-             .queryName("killed").option("checkpointLocation", str(tmp_path / "ck")).start())
+    query = to_memory(spark, api_server, "killed", tmp_path / "ck", maxMessagesPerBatch=20)
     try:
         query.processAllAvailable()
         api_server.restart(signal.SIGKILL)
