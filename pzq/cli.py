@@ -232,30 +232,33 @@ def mqks_publish(config_file, mqks_dsn, event, data) -> None:
 @click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for each message.")
-@click.option("--manual-ack/--auto-ack", default=True, show_default=True,
-              help="Ack each message after printing it (at-least-once), or let delivery remove it.")
 @click.argument("queue")
 @click.argument("events", nargs=-1)
 @_errors_to_exit
-def mqks_consume(config_file, mqks_dsn, count, timeout, manual_ack, queue, events) -> None:
-    """Consume COUNT messages of QUEUE (binding it to EVENTS if given); print msg_id, event, retry, data."""
+def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
+    """Consume COUNT messages of QUEUE (binding it to EVENTS if given); print msg_id, event, retry, data.
+
+    Each message is acked once printed, and only one is held at a time (pzq's --prefetch=1), so that
+    nothing beyond COUNT is taken from the queue or has its retry count raised."""
     from pzq.mqks_client import MqksClient
 
     endpoint = _resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
     got = 0
     with MqksClient(endpoint) as mq:
-        consumer = mq.consume(queue, list(events), manual_ack=manual_ack)
+        consumer = mq.consume(queue, list(events), manual_ack=True, prefetch=1)
         while count == 0 or got < count:
             delivery = mq.receive(timeout)
             if delivery is None:
                 click.echo(f"pzq: no message within {timeout} s after {got} received", err=True)
                 sys.exit(1)
             click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
-            if manual_ack:
-                mq.ack(consumer, delivery.msg_id)
             got += 1
-        request_id = mq.request("delete_consumer", consumer, confirm=True)
-        mq.wait_ok(request_id)  # the acks before it are done once this is answered
+            if got == count:  # the last ack and the goodbye in one write: no next message is handed out
+                mq.sock.sendall(f"{consumer}-a ack {consumer} {delivery.msg_id}\n"
+                                f"{consumer}-dc delete_consumer --confirm {consumer}\n".encode())
+                mq.wait_ok(f"{consumer}-dc")  # the acks before it are done once this is answered
+                return
+            mq.ack(consumer, delivery.msg_id)
 
 
 @cli.group("dead-letters")

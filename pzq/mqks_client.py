@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import secrets
 import socket
 
 from pzq.errors import ClientError
@@ -35,13 +36,15 @@ def parse_delivery(line: str) -> Delivery | None:
 class MqksClient:
     """Lines out with fresh request ids; lines in, buffered."""
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:25000", *, timeout_s: float = 5.0, prefix: str = "r"):
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:25000", *, timeout_s: float = 5.0, prefix: str | None = None):
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         try:
             self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         except (OSError, ValueError) as exc:
             raise ClientError(f"cannot connect to MQKS at {endpoint}: {exc}") from None
         self.timeout_s = timeout_s
+        # Request ids double as message ids: a random prefix keeps them unique across clients and runs.
+        prefix = prefix if prefix is not None else secrets.token_hex(4) + "-"
         self._ids = (f"{prefix}{n}" for n in itertools.count(1))
         self._buf = b""
         self.pending: list[str] = []  # lines read while waiting for another one
@@ -102,9 +105,11 @@ class MqksClient:
             self.wait_ok(request_id)
 
     def consume(self, queue: str, events: list[str] | None = None, *, manual_ack: bool = False,
-                add: bool = False) -> str:
-        """Start a consumer (durably confirmed); returns its consumer id."""
-        parts = [queue, *(["--add"] if add else []), *(events or []), *(["--manual-ack"] if manual_ack else [])]
+                add: bool = False, prefetch: int | None = None) -> str:
+        """Start a consumer (durably confirmed); returns its consumer id. ``prefetch`` (pzq only) caps
+        its unacked messages."""
+        parts = [queue, *(["--add"] if add else []), *(events or []), *(["--manual-ack"] if manual_ack else []),
+                 *([f"--prefetch={prefetch}"] if prefetch else [])]
         consumer = self.request("consume", " ".join(parts), confirm=True)
         self.wait_ok(consumer)
         return consumer

@@ -275,8 +275,8 @@ def test_the_cli_publishes_and_consumes(mqks_server):
     dsn = mqks_server.config.mqks_dsn
     runner = CliRunner()
     with MqksClient(dsn) as binder:
-        binder.consume("cliq", ["cli-event"])  # bind the queue, then let the CLI consume it
-        binder.send("dc1 delete_consumer --confirm r1")
+        consumer = binder.consume("cliq", ["cli-event"])  # bind the queue, then let the CLI consume it
+        binder.send(f"dc1 delete_consumer --confirm {consumer}")
         assert binder.wait_ok("dc1") == ""
     result = runner.invoke(cli, ["mqks", "publish", "--mqks-dsn", dsn, "cli-event", "hello", "there"])
     assert result.exit_code == 0, result.output
@@ -291,3 +291,68 @@ def test_the_seed_example_over_a_plain_socket_returns_nothing_for_unconfirmed_re
         s.sendall(b"c1 consume q1 e1\nm1 publish e9 nobody\npg1 ping done\n")
         s.settimeout(5)
         assert s.recv(100) == b"pg1 ok done\n"
+
+
+def test_a_hostile_remove_mask_does_not_stall_the_server(connect):
+    c, other = connect(), connect()
+    talk(c, "c1 consume --confirm q1 " + "a" * 60 + ".b", "c1 ok ")
+    c.send("rb1 rebind --confirm q1 --remove-mask " + "*a" * 40 + "*c.b")
+    talk(other, "pg1 ping quick", "pg1 ok quick")
+    assert c.read_line() == "rb1 ok "
+
+
+def test_messages_with_the_same_id_are_acked_one_at_a_time(mqks_server, connect):
+    c, p = connect(), connect()
+    talk(c, "c1 consume --confirm q1 e1 --manual-ack", "c1 ok ")
+    talk(p, "same publish --confirm e1 first", "same ok ")
+    talk(p, "same publish --confirm e1 second", "same ok ")
+    assert [c.read_line(), c.read_line()] == ["c1 ok same event=e1 first", "c1 ok same event=e1 second"]
+    talk(c, "a1 ack --confirm c1 same", "a1 ok ")
+    assert mqks_server.stats()["queues"]["q1"]["depth"] == 1
+    talk(c, "a2 ack --confirm c1 same", "a2 ok ")
+    assert mqks_server.stats()["queues"]["q1"]["depth"] == 0
+
+
+def test_a_rolled_back_turn_confirms_nothing_it_did_not_store(mqks_server, connect, monkeypatch):
+    from pzq.errors import StoreError
+
+    c = connect()
+    talk(c, "c1 consume --confirm q1 e1 --manual-ack", "c1 ok ")
+    broker = mqks_server.server.broker
+    real = broker.produce
+    monkeypatch.setattr(broker, "produce", lambda *a, **k: (_ for _ in ()).throw(StoreError("disk on fire")))
+    c.send("m1 publish --confirm e1 lost")
+    assert re.fullmatch(r"m1 error [0-9a-f]{24}", c.read_line())
+    monkeypatch.setattr(broker, "produce", real)
+    talk(c, "m2 publish --confirm e1 kept", "m2 ok ", "c1 ok m2 event=e1 kept")
+
+
+def test_a_client_that_reads_late_still_gets_every_answer(connect):
+    c = connect()
+    c.sock.sendall(b"".join(b"p%d ping x\n" % i for i in range(20_000)))
+    answers = [c.read_line(10) for _ in range(20_000)]
+    assert answers[0] == "p0 ok x" and answers[-1] == "p19999 ok x" and None not in answers
+
+
+def test_the_cli_takes_only_what_it_prints(mqks_server):
+    dsn = mqks_server.config.mqks_dsn
+    with MqksClient(dsn) as mq:
+        consumer = mq.consume("few", ["few-event"])
+        mq.send(f"dc1 delete_consumer --confirm {consumer}")
+        mq.wait_ok("dc1")
+        for i in range(5):
+            mq.publish("few-event", f"m{i}")
+    result = CliRunner().invoke(cli, ["mqks", "consume", "--mqks-dsn", dsn, "-n", "1", "few"])
+    assert result.exit_code == 0, result.output
+    assert mqks_server.stats()["queues"]["few"]["depth"] == 4
+    with MqksClient(dsn) as mq:
+        mq.consume("few", manual_ack=True)
+        assert {mq.receive().retry for _ in range(4)} == {0}
+
+
+def test_an_unused_queue_goes_even_when_no_client_is_connected(mqks_server):
+    with MqksClient(mqks_server.config.mqks_dsn) as c:
+        c.consume("brief", ["x"], manual_ack=True)
+        c.send("u1 consume --confirm brief --delete-queue-when-unused=0.5")
+        c.wait_ok("u1")
+    wait_until(lambda: "brief" not in mqks_server.stats()["queues"], timeout_s=5)

@@ -26,9 +26,10 @@ def test_confirm_is_only_a_flag_when_it_is_the_first_token_of_data():
 def test_consume_reads_events_added_events_and_flags_in_the_seed_example():
     request = parse("c1 consume --confirm q1 e1 e2 --delete-queue-when-unused=5 --manual-ack")
     assert request.confirm and request.args == {"queue": "q1", "events": ["e1", "e2"], "add": [], "unused": 5.0,
-                                                "manual_ack": True}
+                                                "manual_ack": True, "prefetch": None}
     assert parse("c2 consume q1 --add e3 e4").args == {"queue": "q1", "events": None, "add": ["e3", "e4"],
-                                                       "unused": None, "manual_ack": False}
+                                                       "unused": None, "manual_ack": False, "prefetch": None}
+    assert parse("c4 consume q1 --manual-ack --prefetch=1").args["prefetch"] == 1
     assert parse("c3 consume q1 --delete-queue-when-unused").args["unused"] == 0.0
 
 
@@ -48,6 +49,7 @@ def test_ack_and_reject_take_a_message_id_or_all():
     ("x1 consume", "no-queue"),
     ("x1 consume q1 --bogus", "bad-option"),
     ("x1 consume q1 --delete-queue-when-unused=soon", "bad-option"),
+    ("x1 consume q1 --prefetch=0", "bad-option"),
     ("x1 ack c1", "bad-arguments"),
     ("x1 delete_queue", "bad-arguments"),
     ("x1 consume q\t1 e1", "bad-id"),
@@ -84,6 +86,15 @@ def test_a_crlf_line_end_is_accepted():
 ])
 def test_masks_match_runs_without_dots(mask, event, removed):
     assert mqks.matches(mask, event) is removed
+
+
+def test_a_hostile_mask_is_matched_in_no_time():
+    import time
+
+    started = time.perf_counter()
+    assert not mqks.matches("*a" * 120 + "*", "a" * 200 + ".b")
+    assert not mqks.matches("*a" * 14 + ".b", "a" * 30 + "c.b")
+    assert time.perf_counter() - started < 0.5
 
 
 def test_responses_are_exact_lines():

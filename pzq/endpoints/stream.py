@@ -2,10 +2,15 @@
 
 The gateway offers ``sessions`` (by connection), ``connected(conn)``, ``disconnected(conn)``,
 ``received(conn, data, now=, now_us=)`` (a ProtocolError closes that connection: the stream cannot be
-read any more), ``dispatch(now=, now_us=) -> [(conn, bytes, token)]``, ``unsent(conn, token)`` for what
-could not be sent, ``closed_total``, ``stats()`` and optionally ``next_wake()``.
+read any more), ``dispatch(now=, now_us=) -> [(conn, bytes, token)]``, ``unsent(conn, token) -> bool``
+for what a slow reader's connection would not take (True: keep the bytes and send them later, e.g. a
+reply; False: the gateway took the message back), ``blocked`` (a set this endpoint keeps: connections
+with a backlog, which a gateway should not hand more messages to), ``closed_total``, ``stats()`` and
+optionally ``next_wake()``.
 """
 from __future__ import annotations
+
+import logging
 
 import zmq
 
@@ -15,8 +20,12 @@ from pzq.errors import ProtocolError
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
 
+log = logging.getLogger("pzq.server")
+
 READ_BATCH = 4096
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
+BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
+RETRY_S = 0.01  # how soon a backlog is tried again
 
 
 class StreamEndpoint(Endpoint):
@@ -34,6 +43,8 @@ class StreamEndpoint(Endpoint):
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []
         self._out: list = []
+        self._backlog: dict[bytes, list[bytes]] = {}  # per slow connection: bytes to send, in order
+        self.gateway.blocked = set()
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -46,6 +57,7 @@ class StreamEndpoint(Endpoint):
                 return
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
+                    self._backlog.pop(conn, None)
                     self.gateway.disconnected(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     self.gateway.connected(conn)
@@ -61,23 +73,38 @@ class StreamEndpoint(Endpoint):
                 self._closing.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
-        if self.gateway.sessions:
-            self._out = self.gateway.dispatch(now=now, now_us=now_us)
+        self.gateway.blocked = set(self._backlog)
+        self._out = self.gateway.dispatch(now=now, now_us=now_us)
 
     def waiting(self) -> bool:
         return bool(self._out)
 
     def rolled_back(self) -> None:
-        self._out = []
+        out, self._out = self._out, []
+        salvage = getattr(self.gateway, "salvage", None)
+        if salvage is not None:  # the gateway decides what of a rolled-back turn may still be said
+            salvage(out)
 
     def flush(self, now: float, now_us: int) -> None:
         out, self._out = self._out, []
+        by_conn: dict[bytes, list[tuple[bytes, object]]] = {conn: [] for conn in self._backlog}
         for conn, data, token in out:
+            by_conn.setdefault(conn, []).append((data, token))
+        # One send per connection and turn (a client's lines in one TCP write), after its backlog.
+        for conn, items in by_conn.items():
+            backlog = self._backlog.pop(conn, [])
             try:
-                send_frames(self.sock, [conn, data], NOBLOCK)
-            except Again:  # the client reads too slowly: the message stays stored for later
-                if token is not None:
-                    self.gateway.unsent(conn, token)
+                send_frames(self.sock, [conn, b"".join(backlog) + b"".join(d for d, _ in items)], NOBLOCK)
+            except Again:  # the client reads too slowly
+                kept = backlog + [d for d, token in items if token is None or self.gateway.unsent(conn, token)]
+                if sum(map(len, kept)) > BACKLOG_BYTES:
+                    log.warning("%s connection %s reads too slowly (%d bytes waiting): closing it",
+                                self.name, conn.hex(), sum(map(len, kept)))
+                    self.gateway.closed_total += 1
+                    self.gateway.disconnected(conn)
+                    self._closing.append(conn)
+                elif kept:
+                    self._backlog[conn] = kept
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
                 self.gateway.disconnected(conn)
         closing, self._closing = self._closing, []
@@ -97,6 +124,8 @@ class StreamEndpoint(Endpoint):
             recover()
 
     def wake_at(self, now: float) -> float | None:
+        if self._backlog:
+            return now + RETRY_S
         next_wake = getattr(self.gateway, "next_wake", None)
         return None if next_wake is None else next_wake()
 

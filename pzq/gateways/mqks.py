@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable
 import msgpack
 
 from pzq.broker import Broker, Ref
-from pzq.errors import ProtocolError, StoreFull
+from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.protocols import mqks
 from pzq.store import Message
 
@@ -32,6 +32,8 @@ log = logging.getLogger("pzq.mqks")
 
 RESTART_GRACE_S = 30.0  # after a restart, a --delete-queue-when-unused queue waits this long for consumers
 TURN_BUDGET = 100  # deliveries per consumer per turn, so that competing consumers share
+MAX_EVENTS = 10_000  # events bound to one queue
+CONFIRM, UPDATE = "confirm", "update"  # tokens of replies that a rolled-back turn must not send as they are
 
 
 @dataclasses.dataclass
@@ -40,7 +42,8 @@ class Consumer:
     id: str
     queue: str
     manual_ack: bool
-    unacked: dict[str, list[Ref]] = dataclasses.field(default_factory=dict)  # msg_id -> refs
+    prefetch: int | None = None  # unacked at most (pzq's --prefetch=N), else the server's window
+    unacked: dict[str, list[Ref]] = dataclasses.field(default_factory=dict)  # msg_id -> refs, oldest first
 
     @property
     def key(self) -> tuple:
@@ -69,6 +72,7 @@ class MqksGateway:
         self.by_queue: dict[str, list[Consumer]] = {}
         self._out: list[tuple[Hashable, bytes, object]] = []
         self.delete_at: dict[str, float] = {}
+        self.blocked: set[Hashable] = set()  # connections that read too slowly: no more deliveries now
         self.closed_total = self.published_total = self.unrouted_total = self.delivered_total = 0
         self.errors_total = 0
         self.load()
@@ -84,10 +88,22 @@ class MqksGateway:
         self._orphan_grace = RESTART_GRACE_S
 
     def recover(self) -> None:
-        """The broker restarted from the disk: deliveries are forgotten, bindings re-read."""
+        """The turn was rolled back (the broker restarted from the disk): deliveries are forgotten,
+        bindings re-read, and what was about to be confirmed is answered with an error instead."""
         for consumer in self.consumers.values():
             consumer.unacked.clear()
+        out, self._out = self._out, []
+        self.salvage(out)
         self.load()
+
+    def salvage(self, out: list) -> None:
+        """Lines of a rolled-back turn: errors and pings still go out, confirms become errors, and
+        deliveries and --update notices (of a state that is gone) are dropped."""
+        for conn, line, token in out:
+            if token is None:
+                self._out.append((conn, line, None))
+            elif token[0] == CONFIRM:
+                self._error(conn, token[1], "store-failed", "store failure: the request was rolled back")
 
     # -- connections ---------------------------------------------------------------------------------
 
@@ -105,7 +121,8 @@ class MqksGateway:
         buffer = self.sessions.get(conn)
         if buffer is None:
             buffer = self.sessions[conn] = mqks.LineBuffer(self.max_line)
-        for line in buffer.feed(data):
+        lines = buffer.feed(data)
+        for i, line in enumerate(lines):
             request_id = mqks.request_id_of(line)
             try:
                 if len(line) > self.max_line:
@@ -115,6 +132,11 @@ class MqksGateway:
                 self._error(conn, request_id, exc.code, exc.detail)
             except StoreFull as exc:
                 self._error(conn, request_id, "queue-full", str(exc))
+            except StoreError:
+                # The whole turn is rolled back by the server: this line and the rest get an error.
+                for rest in lines[i:]:
+                    self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
+                raise
 
     def _error(self, conn: Hashable, request_id: str, code: str, detail: str) -> None:
         eid = mqks.error_id()
@@ -150,7 +172,7 @@ class MqksGateway:
         elif req.action == "delete_queue":
             self._delete_queue(a["queue"])
         if req.confirm:
-            self._reply(conn, mqks.ok(req.request_id))
+            self._out.append((conn, mqks.ok(req.request_id), (CONFIRM, req.request_id)))
 
     def _publish(self, msg_id: str, event: str, data: str, now_us: int) -> None:
         queues = self.by_event.get(event)
@@ -158,8 +180,14 @@ class MqksGateway:
             self.unrouted_total += 1  # as the reference: no queue is bound to the event
             return
         body = data.encode()
-        for queue in sorted(queues):
-            self.broker.produce(queue, [body], now_us=now_us, meta={"mqks": [msg_id, event]})
+        stored: list[Message] = []
+        try:
+            for queue in sorted(queues):
+                stored.append(self.broker.produce(queue, [body], now_us=now_us, meta={"mqks": [msg_id, event]}))
+        except StoreFull:
+            for message in stored:  # all copies or none, so that a retry duplicates nothing
+                self.store.delete(message.queue, message.seq)
+            raise
         self.published_total += 1
 
     def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
@@ -172,7 +200,7 @@ class MqksGateway:
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         events += [e for e in a["add"] if e not in events]
         unused = a["unused"] if a["unused"] is not None else binding.unused
-        consumer = Consumer(conn, consumer_id, queue, a["manual_ack"])
+        consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
         changed = self._set_binding(queue, Binding(events, unused), save=True)
         self.consumers[(conn, consumer_id)] = consumer
         self.by_queue.setdefault(queue, []).append(consumer)
@@ -195,11 +223,13 @@ class MqksGateway:
     def _set_binding(self, queue: str, binding: Binding, *, save: bool) -> bool:
         """Make ``binding`` the queue's; True if its set of events changed."""
         binding.events = sorted(set(binding.events))
+        if save and len(binding.events) > MAX_EVENTS:
+            raise ProtocolError("too-many-events", f"queue {queue!r} would have {len(binding.events)} events; "
+                                                   f"at most {MAX_EVENTS}")
         old = self.bindings.get(queue)
         changed = (old.events if old else []) != binding.events
         if old is not None:
-            for event in old.events:
-                self.by_event.get(event, set()).discard(queue)
+            self._unbind(queue, old.events)
         self.bindings[queue] = binding
         for event in binding.events:
             self.by_event.setdefault(event, set()).add(queue)
@@ -207,12 +237,21 @@ class MqksGateway:
             self.store.put_record("mqks", queue.encode(), msgpack.packb([binding.events, binding.unused]))
         return changed
 
+    def _unbind(self, queue: str, events: list[str]) -> None:
+        for event in events:
+            queues = self.by_event.get(event)
+            if queues is not None:
+                queues.discard(queue)
+                if not queues:
+                    del self.by_event[event]
+
     def _notify(self, queue: str, skip: Consumer | None) -> None:
         binding = self.bindings.get(queue)
         events, unused = (binding.events, binding.unused) if binding else ([], None)
         for consumer in self.by_queue.get(queue, []):
             if consumer is not skip:
-                self._reply(consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack))
+                self._out.append((consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack),
+                                  (UPDATE,)))
 
     def _settle(self, conn: Hashable, action: str, consumer_id: str, msg_id: str | None) -> None:
         consumer = self.consumers.get((conn, consumer_id))
@@ -221,10 +260,13 @@ class MqksGateway:
         if msg_id is None:
             refs = [ref for refs in consumer.unacked.values() for ref in refs]
             consumer.unacked.clear()
-        else:
-            refs = consumer.unacked.pop(msg_id, [])
-            if not refs:
+        else:  # ids may repeat (publishers number their requests): one message, the oldest held
+            held = consumer.unacked.get(msg_id)
+            if not held:
                 raise ProtocolError("unknown-message", f"consumer {consumer_id!r} holds no message {msg_id!r}")
+            refs = [held.pop(0)]
+            if not held:
+                del consumer.unacked[msg_id]
         for ref in refs:
             if action == "ack":
                 self.broker.ack(ref)  # even late: the work is done (as a native late ack)
@@ -254,11 +296,10 @@ class MqksGateway:
         consumers = self.by_queue.pop(queue, [])
         for consumer in consumers:
             self.consumers.pop((consumer.conn, consumer.id), None)
-            self._reply(consumer.conn, mqks.update(consumer.id, queue, [], None, False))
+            self._out.append((consumer.conn, mqks.update(consumer.id, queue, [], None, False), (UPDATE,)))
         binding = self.bindings.pop(queue, None)
         if binding is not None:
-            for event in binding.events:
-                self.by_event.get(event, set()).discard(queue)
+            self._unbind(queue, binding.events)
         self.store.delete_record("mqks", queue.encode())
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
@@ -283,9 +324,12 @@ class MqksGateway:
         return out
 
     def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int) -> None:
+        if consumer.conn in self.blocked:
+            return
         if consumer.manual_ack:
-            credit = min(budget, self.window - self.broker.inflight.count(consumer.key))
-            if len(consumer.unacked) > 2 * self.window:  # forget what timed out and went elsewhere
+            window = consumer.prefetch or self.window
+            credit = min(budget, window - self.broker.inflight.count(consumer.key))
+            if sum(map(len, consumer.unacked.values())) > 2 * window:  # forget what went elsewhere
                 consumer.unacked = {m: [r for r in refs if self._held_by(r, consumer)]
                                     for m, refs in consumer.unacked.items()}
                 consumer.unacked = {m: refs for m, refs in consumer.unacked.items() if refs}
@@ -298,11 +342,13 @@ class MqksGateway:
             ref = (message.qid, message.seq)
             line = mqks.delivery(consumer.id, msg_id, event, message.deliveries - 1, mqks.body_text(message.frames))
             if consumer.manual_ack:
-                consumer.unacked.setdefault(msg_id, []).append(ref)
+                held = consumer.unacked.setdefault(msg_id, [])
+                if ref not in held:  # back again after its ack timeout: still one message
+                    held.append(ref)
                 undo = ("manual", consumer, msg_id, ref)
             else:
                 self.broker.ack(ref)  # at most once: gone (durably, with this turn) before the line leaves
-                undo = ("auto", message)
+                undo = ("auto",)
             self.delivered_total += 1
             self._out.append((consumer.conn, line, undo))
 
@@ -310,17 +356,18 @@ class MqksGateway:
         delivery = self.broker.inflight.get(ref)
         return delivery is not None and delivery.consumer == consumer.key
 
-    def unsent(self, conn: Hashable, undo) -> None:
-        """A line that could not be sent (the client reads too slowly): keep its message."""
-        if undo[0] == "manual":
-            _, consumer, msg_id, ref = undo
-            refs = consumer.unacked.get(msg_id, [])
-            if ref in refs:
-                refs.remove(ref)
-            self.broker.undeliver(ref)
-        else:
-            message: Message = undo[1]
-            self.broker.produce(message.queue, message.frames, now_us=message.enqueued_us, meta=message.meta)
+    def unsent(self, conn: Hashable, token) -> bool:
+        """A line the client's connection would not take now. A manual-ack delivery is taken back (it
+        stays stored); anything else, an auto-ack delivery included (its message is already deleted),
+        is kept by the endpoint and sent once the client reads again: True."""
+        if token[0] != "manual":
+            return True
+        _, consumer, msg_id, ref = token
+        refs = consumer.unacked.get(msg_id, [])
+        if ref in refs:
+            refs.remove(ref)
+        self.broker.undeliver(ref)
+        return False
 
     def _expire_unused(self, now: float) -> None:
         for queue in self._orphans:

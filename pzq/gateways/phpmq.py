@@ -57,9 +57,10 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         return 0 if session is None else self.broker.consumer_gone(session.consumer)
 
-    def unsent(self, conn: Hashable, ref) -> None:
+    def unsent(self, conn: Hashable, ref) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
         self.broker.undeliver(ref)
+        return False
 
     def received(self, conn: Hashable, data: bytes, *, now: float = 0.0, now_us: int) -> None:
         """Apply every whole message in ``data``; raises ProtocolError (close the connection) on garbage."""

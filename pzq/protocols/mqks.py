@@ -87,7 +87,8 @@ def _consume(data: str) -> dict:
     tokens = _tokens(data)
     if not tokens or tokens[0].startswith("--"):
         raise ProtocolError("no-queue", "consume needs a queue")
-    out = {"queue": _check_id("queue", tokens[0]), "events": None, "add": [], "unused": None, "manual_ack": False}
+    out = {"queue": _check_id("queue", tokens[0]), "events": None, "add": [], "unused": None, "manual_ack": False,
+           "prefetch": None}
     mode, events = "replace", []
     for token in tokens[1:]:
         if token == "--add":
@@ -96,6 +97,8 @@ def _consume(data: str) -> dict:
             out["manual_ack"] = True
         elif token == "--delete-queue-when-unused" or token.startswith("--delete-queue-when-unused="):
             out["unused"] = _seconds(token.partition("=")[2]) if "=" in token else 0.0
+        elif token.startswith("--prefetch="):  # pzq's own: unacked messages at most (manual ack)
+            out["prefetch"] = _count(token.partition("=")[2])
         elif token.startswith("--"):
             raise ProtocolError("bad-option", f"consume: unknown option {token[:40]!r}")
         elif mode == "add":
@@ -115,6 +118,12 @@ def _seconds(text: str) -> float:
     if not 0 <= value <= 30 * 86400:
         raise ProtocolError("bad-option", f"--delete-queue-when-unused={value} is not 0 to 2592000 seconds")
     return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1_000_000:
+        raise ProtocolError("bad-option", f"--prefetch={text[:40]!r} is not 1 to 1000000")
+    return int(text)
 
 
 def _rebind(data: str) -> dict:
@@ -170,11 +179,31 @@ _ARGS = {
 
 def matches(mask: str, event: str) -> bool:
     """True if ``mask`` removes ``event``: ``*`` stands for any run of characters other than a dot, and
-    masks only apply to events that contain a dot."""
+    masks only apply to events that contain a dot. Segment by segment, each in linear-ish time: a
+    hostile mask cannot make this slow (a regular expression could backtrack for hours)."""
     if "." not in event:
         return False
-    pattern = "[^.]*".join(re.escape(part) for part in mask.split("*"))
-    return re.fullmatch(pattern, event) is not None
+    masks, parts = mask.split("."), event.split(".")
+    return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts))
+
+
+def _glob(pattern: str, text: str) -> bool:
+    """``*`` matches any run of characters; O(len(pattern) * len(text)) at worst, no recursion."""
+    p = t = 0
+    star, mark = -1, 0
+    while t < len(text):
+        if p < len(pattern) and pattern[p] != "*" and pattern[p] == text[t]:
+            p, t = p + 1, t + 1
+        elif p < len(pattern) and pattern[p] == "*":
+            star, mark, p = p, t, p + 1
+        elif star >= 0:
+            p, mark = star + 1, mark + 1
+            t = mark
+        else:
+            return False
+    while p < len(pattern) and pattern[p] == "*":
+        p += 1
+    return p == len(pattern)
 
 
 # -- responses -------------------------------------------------------------------------------------
