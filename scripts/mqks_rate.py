@@ -53,7 +53,7 @@ def one_run(n: int, size: int) -> float:
                     raise
                 time.sleep(0.05)
         publisher = MqksClient(endpoint, timeout_s=30, prefix="p")
-        consumer.consume("rate", ["rate-event"], manual_ack=True)
+        consumer_id = consumer.consume("rate", ["rate-event"], manual_ack=True)
         data = "x" * size
 
         def publish() -> None:
@@ -72,8 +72,8 @@ def one_run(n: int, size: int) -> float:
             if delivery is None:
                 continue
             got += 1
-            acks.append(f"a{got} ack r1 {delivery.msg_id}\n" if got < n else
-                        f"last ack --confirm r1 {delivery.msg_id}\n")
+            acks.append(f"a{got} ack {consumer_id} {delivery.msg_id}\n" if got < n else
+                        f"last ack --confirm {consumer_id} {delivery.msg_id}\n")
             if len(acks) >= 100 or got == n:
                 consumer.sock.sendall("".join(acks).encode())
                 acks.clear()

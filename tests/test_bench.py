@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_bench_runs_end_to_end_and_reports_nothing_lost(tmp_path):
@@ -64,3 +65,11 @@ def test_bench_through_the_phpmq_gateway_loses_nothing(tmp_path):
     median = json.loads(out.read_text())["median"]
     assert (median["e2e.lost"], median["e2e.duplicated"]) == (0, 0)
     assert median["send.msg_s"] > 0 and median["consumer.msg_s"] > 0
+
+
+def test_the_mqks_rate_script_runs_and_reports_a_rate():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "mqks_rate.py"
+    result = subprocess.run([sys.executable, str(script), "--messages", "300", "--runs", "1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "median:" in result.stdout and "msg/s" in result.stdout
