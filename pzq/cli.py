@@ -98,7 +98,7 @@ def serve(config_file, **flags) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pzq.server import serve as run_server
 
-    run_server(cfg)
+    run_server(cfg, reload=lambda: _resolve(config_file, **flags))
 
 
 @cli.command()

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -33,6 +34,7 @@ from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
+from pzq.systemd import Notifier
 
 log = logging.getLogger("pzq.server")
 
@@ -56,6 +58,10 @@ class Server:
         os.set_blocking(self._wake_w, False)
         self._next_tick = 0.0
         self._dirty_since: float | None = None  # when uncommitted writes nobody waits for began
+        self.notifier = Notifier.from_environment()  # inert unless systemd started us with Type=notify
+        self._next_watchdog = 0.0
+        self._reload_requested = False
+        self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -110,6 +116,30 @@ class Server:
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.stop())
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
+
+    def request_reload(self) -> None:
+        """Re-read what can change while running (the log level) at the next turn; signal-safe."""
+        self._reload_requested = True
+        try:
+            os.write(self._wake_w, b"r")
+        except OSError:
+            pass
+
+    def _reload(self) -> None:
+        self._reload_requested = False
+        if self.reloader is None:
+            return
+        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            fresh = self.reloader()
+        except ConfigError as exc:
+            log.error("SIGHUP: the settings were not reloaded: %s", exc)
+        else:
+            logging.getLogger().setLevel(fresh.log_level.upper())
+            log.warning("SIGHUP: log level is now %s; other settings take effect at the next restart",
+                        fresh.log_level)
+        self.notifier.notify("READY=1", "STATUS=serving")
 
     def close(self) -> None:
         for sock in self._sockets:
@@ -123,6 +153,7 @@ class Server:
                 os.close(fd)
             except OSError:
                 pass
+        self.notifier.close()
 
     def run(self) -> None:
         """Serve until ``stop()``. The commit of the turn in progress always completes.
@@ -133,7 +164,10 @@ class Server:
         restart it.
         """
         failed = 0
+        self.notifier.ready(f"serving {len(self._sockets)} sockets from {self.config.database}")
         while not self._stopping:
+            if self._reload_requested:
+                self._reload()
             try:
                 self._turn(self._poll_timeout_ms())
                 failed = 0
@@ -144,7 +178,9 @@ class Server:
                 for endpoint in self.endpoints:
                     endpoint.rolled_back()
                 if failed >= MAX_FAILED_TURNS:
+                    self.notifier.notify("STATUS=too many failing turns in a row; exiting", "ERRNO=5")
                     raise
+        self.notifier.stopping()
         log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -161,6 +197,8 @@ class Server:
             due = endpoint.wake_at(now)
             if due is not None:
                 wake = min(wake, due)
+        if self.notifier.watchdog_s:
+            wake = min(wake, self._next_watchdog)
         return max(0, int((wake - now) * 1000 + 0.999))
 
     def _turn(self, timeout_ms: int) -> None:
@@ -193,6 +231,9 @@ class Server:
         if now >= self._next_tick:
             self.admin.tick(now)
             self._next_tick = now + TICK_S
+        if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
+            self.notifier.watchdog()
+            self._next_watchdog = now + self.notifier.watchdog_s / 2
 
     def _recover(self) -> None:
         """Start over from what is on disk, as a restart would: uncommitted writes are dropped and
@@ -261,9 +302,11 @@ def _drop_privileges(user: str, database: str) -> None:
     log.info("dropped privileges to %s", user)
 
 
-def serve(config: Config) -> None:
-    """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`."""
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
+    the settings on SIGHUP."""
     server = Server(config)
+    server.reloader = reload
     try:
         server.start()
         server.install_signal_handlers()
