@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
 import time
 
 import click
 
-from pzq import __version__, client, config
+from pzq import __version__, client, config, logs
 from pzq.errors import ConfigError, PzqError
 
 
@@ -90,12 +89,13 @@ def cli() -> None:
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
 @click.option("--user", help="Switch to this user after binding (when started as root).")
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
+@click.option("--log-format", type=click.Choice(["text", "json"]),
+              help="Log lines as text or as JSON objects (for journald and log shippers).  [default: text]")
 @_errors_to_exit
 def serve(config_file, **flags) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
     cfg = _resolve(config_file, **flags)
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(cfg.log_level, cfg.log_format)
     from pzq.server import serve as run_server
 
     run_server(cfg, reload=lambda: _resolve(config_file, **flags))

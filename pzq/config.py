@@ -50,6 +50,7 @@ class Config:
     max_message_size: int = 16 << 20
     user: str = ""
     log_level: str = "info"
+    log_format: str = "text"
 
     def validate(self) -> "Config":
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
@@ -93,6 +94,8 @@ class Config:
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level: {self.log_level!r} is not one of debug, info, warning, error")
         return self

@@ -116,3 +116,19 @@ def test_the_installed_command_runs_as_a_real_process(process_server):
     assert consumed.stdout == "hi\n"
     version = subprocess.run([sys.executable, "-m", "pzq", "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and "pzq" in version.stdout
+
+
+def test_json_logs_are_one_object_per_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", str(tmp_path / "db"),
+                             "--receive-dsn", f"ipc://{tmp_path}/r", "--send-dsn", f"ipc://{tmp_path}/s",
+                             "--monitor-dsn", f"ipc://{tmp_path}/m", "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
+                             "--emqp-backend-dsn", "", "--mqks-dsn", "", "--api-dsn", "", "--log-format", "json"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(proc.stderr.readline())
+        assert first["level"] == "info" and first["logger"] == "pzq.server" and "serving" in first["message"]
+        assert first["time"].endswith("+00:00")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert all(json.loads(line)["message"] for line in proc.stderr.read().splitlines())
