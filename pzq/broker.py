@@ -12,6 +12,7 @@ bounded by what is in flight, not by what is stored.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import logging
@@ -66,6 +67,7 @@ class Broker:
         self.max_deliveries = max_deliveries
         self.inflight: InFlight[Ref] = InFlight()
         self.counters = Counters()
+        self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
         self._ready: dict[int, _Ready] = {}
 
     def _state(self, qid: int) -> _Ready:
@@ -90,6 +92,7 @@ class Broker:
             self.counters.refused_full += 1
             raise
         self.counters.produced += 1
+        self._count(queue, "produced")
         return message
 
     # -- handing out ------------------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Broker:
                 deliveries = self.store.mark_delivered(queue, message.seq, current=message.deliveries)
                 if deliveries > 1:
                     self.counters.redelivered += 1
+                    self._count(queue, "redelivered")
                 self.inflight.add((message.qid, message.seq), deadline, consumer)
                 state.inflight += 1
                 message.deliveries = deliveries
@@ -172,7 +176,14 @@ class Broker:
             return 0
         self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
         self._ready.pop(info.qid, None)
+        self.per_queue.pop(queue, None)
         return self.store.drop_queue(queue)
+
+    def _count(self, queue: str, what: str) -> None:
+        counts = self.per_queue.get(queue)
+        if counts is None:
+            counts = self.per_queue[queue] = collections.Counter()
+        counts[what] += 1
 
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):
@@ -192,6 +203,7 @@ class Broker:
         if info is None or not self.store.delete(info.name, ref[1]):
             return False
         self.counters.acked += 1
+        self._count(info.name, "acked")
         return True
 
     def nack(self, ref: Ref) -> bool:

@@ -89,6 +89,8 @@ def cli() -> None:
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
 @click.option("--user", help="Switch to this user after binding (when started as root).")
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
+@click.option("--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  "
+                                    "[default: '']")
 @click.option("--log-format", type=click.Choice(["text", "json"]),
               help="Log lines as text or as JSON objects (for journald and log shippers).  [default: text]")
 @_errors_to_exit

@@ -51,6 +51,7 @@ class Config:
     user: str = ""
     log_level: str = "info"
     log_format: str = "text"
+    metrics_dsn: str = ""
 
     def validate(self) -> "Config":
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
@@ -94,6 +95,10 @@ class Config:
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
+        if self.metrics_dsn:
+            from pzq.metrics import parse_endpoint
+
+            parse_endpoint(self.metrics_dsn)
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

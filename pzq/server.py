@@ -62,6 +62,8 @@ class Server:
         self._next_watchdog = 0.0
         self._reload_requested = False
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
+        self.metrics = None
+        self._produced_at_commit = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -92,6 +94,10 @@ class Server:
             gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
                                  dedup_window_s=cfg.api_dedup_window)
             self.endpoints.append(ApiEndpoint(cfg, gateway, ctx, owned))
+        if cfg.metrics_dsn:
+            from pzq.metrics import Metrics
+
+            self.metrics = Metrics(cfg.metrics_dsn)
         self.poller = zmq.Poller()
         for endpoint in self.endpoints:
             for sock in endpoint.sockets:
@@ -154,6 +160,9 @@ class Server:
             except OSError:
                 pass
         self.notifier.close()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
 
     def run(self) -> None:
         """Serve until ``stop()``. The commit of the turn in progress always completes.
@@ -231,6 +240,8 @@ class Server:
         if now >= self._next_tick:
             self.admin.tick(now)
             self._next_tick = now + TICK_S
+            if self.metrics is not None:
+                self._publish_metrics(now_us)
         if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
             self._next_watchdog = now + self.notifier.watchdog_s / 2
@@ -250,6 +261,14 @@ class Server:
         self.leases.drop_queue(queue)
         return self.broker.drop_queue(queue)
 
+    def _publish_metrics(self, now_us: int) -> None:
+        oldest = {}
+        for info in self.store.queues():
+            head = self.store.scan(info.name, 0, 1) if info.count else []
+            if head:
+                oldest[info.name] = max(0.0, (now_us - head[0].enqueued_us) / 1e6)
+        self.metrics.update(self.stats(), oldest, {q: dict(c) for q, c in self.broker.per_queue.items()})
+
     def _admin_wrote(self) -> None:
         """The monitor committed (a REQUEUE): nothing waits, and requeued letters are ready."""
         self._dirty_since = None
@@ -263,7 +282,12 @@ class Server:
             self._dirty_since = now
         interval = self.config.commit_interval / 1e6
         if waiting or now - self._dirty_since >= interval:
+            started = time.perf_counter()
             self.store.commit(counts_older_than=now - interval)
+            if self.metrics is not None:
+                produced = self.broker.counters.produced
+                self.metrics.observe_commit(time.perf_counter() - started, produced - self._produced_at_commit)
+                self._produced_at_commit = produced
             self._dirty_since = now if self.store.dirty else None
 
     def stats(self) -> dict:
