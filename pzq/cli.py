@@ -89,6 +89,8 @@ def cli() -> None:
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
 @click.option("--user", help="Switch to this user after binding (when started as root).")
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
+@click.option("--allow-ips", help="Comma-separated addresses or networks that may connect to the raw-TCP "
+                                  "gateways (PHPMQ, MQKS); '' = any.  [default: '']")
 @click.option("--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  "
                                     "[default: '']")
 @click.option("--log-format", type=click.Choice(["text", "json"]),

@@ -8,6 +8,7 @@ keeps the two in step.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import tomllib
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     metrics_dsn: str = ""
+    allow_ips: str = ""
 
     def validate(self) -> "Config":
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
@@ -95,6 +97,11 @@ class Config:
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
+        for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):
+            try:
+                ipaddress.ip_network(part, strict=False)
+            except ValueError:
+                raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
         if self.metrics_dsn:
             from pzq.metrics import parse_endpoint
 

@@ -48,3 +48,13 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
         frames.append(frame.bytes)
         if not frame.more:
             return frames
+
+
+def recv_frames_from(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str]:
+    """``recv_frames`` plus the peer's IP address (libzmq's Peer-Address property, TCP only)."""
+    frames = []
+    while True:
+        frame = _recv(sock, flags, False)
+        frames.append(frame.bytes)
+        if not frame.more:
+            return frames, frame.get("Peer-Address") or ""

@@ -356,3 +356,16 @@ def test_an_unused_queue_goes_even_when_no_client_is_connected(mqks_server):
         c.send("u1 consume --confirm brief --delete-queue-when-unused=0.5")
         c.wait_ok("u1")
     wait_until(lambda: "brief" not in mqks_server.stats()["queues"], timeout_s=5)
+
+
+@pytest.mark.parametrize("allow, admitted", [("10.0.0.0/8", False), ("10.0.0.0/8, 127.0.0.1", True)])
+def test_the_ip_allow_list_admits_or_disconnects_a_client(make_server, allow, admitted):
+    endpoint, _ = free_tcp_endpoint()
+    make_server(mqks_dsn=endpoint, allow_ips=allow)
+    with MqksClient(endpoint) as c:
+        c.send("pg1 ping hello")
+        if admitted:
+            assert c.read_line() == "pg1 ok hello"
+        else:
+            with pytest.raises(Exception, match="closed"):
+                c.read_line()

@@ -18,7 +18,7 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, bind
 from pzq.errors import ProtocolError
 from pzq.logs import warn_bad
-from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -36,6 +36,7 @@ class StreamEndpoint(Endpoint):
 
     def __init__(self, name: str, dsn: str, gateway, config: Config, ctx: zmq.Context, owned: list[zmq.Socket]):
         self.name = name
+        self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
         self.sock = bind(ctx, zmq.STREAM, dsn, f"--{name}-dsn", owned)
         self.sock.setsockopt(zmq.SNDHWM, 2 * config.max_inflight)
@@ -52,7 +53,10 @@ class StreamEndpoint(Endpoint):
         sessions = self.gateway.sessions
         for _ in range(READ_BATCH):
             try:
-                conn, data = recv_frames(self.sock, NOBLOCK)
+                if self.allowed is None:
+                    (conn, data), peer = recv_frames(self.sock, NOBLOCK), ""
+                else:
+                    (conn, data), peer = recv_frames_from(self.sock, NOBLOCK)
             except Again:
                 return
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
@@ -60,6 +64,11 @@ class StreamEndpoint(Endpoint):
                     self._backlog.pop(conn, None)
                     self.gateway.disconnected(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
+                    if self.allowed is not None and not _allowed(peer, self.allowed):
+                        warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} "
+                                                           "refused by --allow-ips")
+                        self._closing.append(conn)
+                        continue
                     self.gateway.connected(conn)
                 continue
             if conn in self._closing or conn in self._closed:
@@ -131,3 +140,23 @@ class StreamEndpoint(Endpoint):
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+
+def allowed_networks(text: str) -> list | None:
+    """``--allow-ips`` as networks; None when empty (no list: every address may connect)."""
+    import ipaddress
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    return [ipaddress.ip_network(p, strict=False) for p in parts] or None
+
+
+def _allowed(peer: str, networks: list) -> bool:
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
