@@ -19,8 +19,8 @@ class ApiEndpoint(Endpoint):
 
     def __init__(self, config: Config, gateway: ApiGateway, ctx: zmq.Context, owned: list[zmq.Socket]):
         self.gateway = gateway
-        self.sock = bind(ctx, zmq.ROUTER, config.api_dsn, "--api-dsn", owned)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + (8 << 20))
+        self.sock = bind(ctx, zmq.ROUTER, config.api_dsn, "--api-dsn", owned,
+                         MAXMSGSIZE=config.max_message_size + (8 << 20))
         self.sockets = [self.sock]
         self._out: list[list[bytes]] = []
 

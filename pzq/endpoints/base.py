@@ -6,11 +6,16 @@ import zmq
 from pzq.errors import ConfigError
 
 
-def bind(ctx: zmq.Context, kind: int, endpoint: str, option: str, owned: list[zmq.Socket]) -> zmq.Socket:
-    """A socket of ``kind`` bound to ``endpoint`` (linger 0), added to ``owned``; ConfigError naming
-    ``option`` if it cannot bind."""
+def bind(ctx: zmq.Context, kind: int, endpoint: str, option: str, owned: list[zmq.Socket],
+         **options: int) -> zmq.Socket:
+    """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given), added to ``owned``;
+    ConfigError naming ``option`` if it cannot bind. ``options`` (e.g. MAXMSGSIZE=...) are set before
+    the bind: libzmq copies a socket's options into its listener when it binds, so options set later
+    never reach the connections it accepts."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:

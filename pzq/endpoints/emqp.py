@@ -24,12 +24,11 @@ class EmqpEndpoint(Endpoint):
     name = "emqp"
 
     def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
-        self.front = bind(ctx, zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", owned)
-        self.back = bind(ctx, zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", owned)
+        limit = config.max_message_size + 4096
+        self.front = bind(ctx, zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", owned, MAXMSGSIZE=limit)
+        self.back = bind(ctx, zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", owned, MAXMSGSIZE=limit)
         self.pub = (bind(ctx, zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn", owned)
                     if config.emqp_publish_dsn else None)
-        for sock in (self.front, self.back):
-            sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + 4096)
         self.sockets = [self.front, self.back]
         self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
                                    liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,

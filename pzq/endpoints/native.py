@@ -29,12 +29,13 @@ class NativeEndpoints(Endpoint):
     def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
         self.config = config
         self.broker = broker
-        self.receive = bind(ctx, zmq.ROUTER, config.receive_dsn, "--receive-dsn", owned)
-        self.receive.setsockopt(zmq.MAXMSGSIZE, config.max_message_size + 4096)
-        self.receive.setsockopt(zmq.LINGER, 2000)  # let the last acks out on shutdown
-        self.send = bind(ctx, zmq.DEALER, config.send_dsn, "--send-dsn", owned)
-        self.send.setsockopt(zmq.SNDHWM, max(config.max_inflight, 1000))
-        self.send.setsockopt(zmq.LINGER, 0)  # unsent deliveries are still stored: nothing to flush
+        # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
+        self.receive = bind(ctx, zmq.ROUTER, config.receive_dsn, "--receive-dsn", owned,
+                            MAXMSGSIZE=config.max_message_size + 4096,
+                            LINGER=2000)  # let the last acks out on shutdown
+        # LINGER 0: unsent deliveries are still stored, nothing to flush.
+        self.send = bind(ctx, zmq.DEALER, config.send_dsn, "--send-dsn", owned,
+                         SNDHWM=max(config.max_inflight, 1000))
         self.sockets = [self.receive, self.send]
         self.stalled = False  # nothing ready last time we looked: skip until something changes
         self._acks: list[tuple[bytes, bytes, str | None]] = []

@@ -38,8 +38,7 @@ class StreamEndpoint(Endpoint):
         self.name = name
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
-        self.sock = bind(ctx, zmq.STREAM, dsn, f"--{name}-dsn", owned)
-        self.sock.setsockopt(zmq.SNDHWM, 2 * config.max_inflight)
+        self.sock = bind(ctx, zmq.STREAM, dsn, f"--{name}-dsn", owned, SNDHWM=2 * config.max_inflight)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []

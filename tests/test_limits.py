@@ -1,0 +1,85 @@
+"""Limits of a real server process: oversized messages are refused before they are buffered, whatever
+the protocol, and a consumer that stops reading does not make the server's memory grow."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import zmq
+
+from conftest import free_tcp_endpoint, wait_until
+from pzq import client
+from pzq.api_client import ApiClient
+
+pytestmark = pytest.mark.timeout(120)
+LIMIT = "1M"
+HUGE = 40 << 20  # what a hostile client sends: 40 times the limit
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):  # private memory: LMDB's mapped file pages are the kernel's
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
+def closed_by_server(raw: socket.socket, more: bytes) -> bool:
+    """Send ``more`` (the server may close midway), then True if the server closed the connection."""
+    try:
+        raw.sendall(more)
+        return raw.recv(100) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_oversized_messages_are_refused_before_buffering_in_every_protocol(process_server, tmp_path):
+    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
+    mqks_dsn, mqks_addr = free_tcp_endpoint()
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    api_dsn = f"ipc://{tmp_path}/api"
+    srv = process_server("--max-message-size", LIMIT, "--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn,
+                         "--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--api-dsn", api_dsn)
+    before = rss_mb(srv.proc.pid)
+    ctx = zmq.Context.instance()
+    for endpoint, frames in ((srv.receive, [b"1", b"", b"x" * HUGE]), (api_dsn, [b"", b"1", b"PRODUCE", b"x" * HUGE]),
+                             (front, [b"", b"eMQP/1.0", b"REQUEST", b"m1", b"q", b"", b"x" * HUGE])):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send_multipart(frames)  # libzmq drops the connection at the announced size (ZMQ_MAXMSGSIZE)
+        assert not sock.poll(500), f"an oversized message to {endpoint} was answered: {sock.recv_multipart()[:4]}"
+        sock.close(0)
+    # PHPMQ: a packet header announcing a huge content closes the connection before any content is read.
+    with socket.create_connection(phpmq_addr, timeout=5) as raw:
+        raw.sendall(b"H0100102" + b"P01" + b"%032d" % 1 + b"q" + b"P02" + b"%032d" % 10**12)
+        assert closed_by_server(raw, b"x" * (1 << 20))
+    # MQKS: a line without an end, longer than the limit, closes the connection.
+    with socket.create_connection(mqks_addr, timeout=5) as raw:
+        assert closed_by_server(raw, b"x1 publish e " + b"y" * (3 << 20))
+    assert "messages:" in client.monitor_request(srv.monitor)
+    assert rss_mb(srv.proc.pid) - before < 30, "oversized input was buffered"
+    with ApiClient(api_dsn, timeout_s=10) as api:
+        assert api.produce([("q", b"still fine")])["count"] == 1
+
+
+def test_a_consumer_that_stops_reading_does_not_grow_the_servers_memory(process_server, capsys):
+    srv = process_server("--max-inflight", "1000")
+    stalled = zmq.Context.instance().socket(zmq.ROUTER)
+    stalled.setsockopt(zmq.LINGER, 0)
+    stalled.setsockopt(zmq.RCVHWM, 10)
+    stalled.connect(srv.send)  # connects, never reads
+    body = b"z" * 1024
+    with client.Producer(srv.receive) as producer:
+        producer.produce_many(([body] for _ in range(2000)), window=200)
+        start = rss_mb(srv.proc.pid)
+        for _ in range(20):  # 100 MB more through a server whose only consumer is stalled
+            results = producer.produce_many(([body] for _ in range(5000)), window=200)
+            assert all(r.ok for r in results)
+    wait_until(lambda: srv.stats()["messages"] == 102_000, timeout_s=30)
+    end = rss_mb(srv.proc.pid)
+    with capsys.disabled():
+        print(f"\nstalled consumer: server RSS {start:.1f} MB -> {end:.1f} MB with 100 MB more stored")
+    assert end - start < 40
+    stalled.close(0)
