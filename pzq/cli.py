@@ -37,6 +37,20 @@ def _resolve(config_file: str | None, **flags) -> config.Config:
     return config.load(flags, os.environ, config_file)
 
 
+def curve_options(func):
+    """--curve-client-key / --curve-server-key for commands that talk to a CURVE server."""
+    func = click.option("--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY",
+                        help="The server's CURVE public key file (server.key).")(func)
+    return click.option("--curve-client-key", envvar="PZQ_CURVE_CLIENT_KEY",
+                        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.")(func)
+
+
+def _curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:
+    if bool(client_key) != bool(server_key):
+        raise ConfigError("--curve-client-key and --curve-server-key: give both or neither")
+    return (client_key, server_key) if client_key else None
+
+
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              envvar="PZQ_CONFIG", help="TOML file of settings (see conf/pzq.toml).")
 
@@ -91,6 +105,9 @@ def cli() -> None:
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
 @click.option("--allow-ips", help="Comma-separated addresses or networks that may connect to the raw-TCP "
                                   "gateways (PHPMQ, MQKS); '' = any.  [default: '']")
+@click.option("--curve-secret-key", help="The server's CURVE secret key file (pzq keygen); enables CURVE on "
+                                         "tcp:// ZeroMQ endpoints.  [default: '']")
+@click.option("--curve-clients", help="Directory of allowed client public keys (*.key).  [default: '']")
 @click.option("--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  "
                                     "[default: '']")
 @click.option("--log-format", type=click.Choice(["text", "json"]),
@@ -157,15 +174,17 @@ def _table(figures: dict) -> str:
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
 @click.option("--timeout", type=int, default=10_000, show_default=True, help="ms to wait for each ack.")
 @click.argument("messages", nargs=-1)
+@curve_options
 @_errors_to_exit
-def produce(config_file, receive_dsn, window, timeout, messages) -> None:
+def produce(config_file, receive_dsn, window, timeout, messages, curve_client_key, curve_server_key) -> None:
     """Store MESSAGES (or each line of standard input) and wait until every one is acked."""
     endpoint = _resolve(config_file, receive_dsn=receive_dsn).receive_dsn
     if messages:
         bodies = ([m.encode()] for m in messages)
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
-    with client.Producer(endpoint, timeout_ms=timeout) as producer:
+    curve = _curve(curve_client_key, curve_server_key)
+    with client.Producer(endpoint, timeout_ms=timeout, curve=curve) as producer:
         results = producer.produce_many(bodies, window=max(1, window))
     failed = [r for r in results if not r.ok]
     for r in failed[:10]:
@@ -183,13 +202,14 @@ def produce(config_file, receive_dsn, window, timeout, messages) -> None:
               help="ms to wait for each message before giving up (exit 1).")
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
+@curve_options
 @_errors_to_exit
-def consume(config_file, send_dsn, count, timeout, nack, as_json) -> None:
+def consume(config_file, send_dsn, count, timeout, nack, as_json, curve_client_key, curve_server_key) -> None:
     """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line)."""
     endpoint = _resolve(config_file, send_dsn=send_dsn).send_dsn
     out = sys.stdout.buffer
     got = 0
-    with client.Consumer(endpoint) as consumer:
+    with client.Consumer(endpoint, curve=_curve(curve_client_key, curve_server_key)) as consumer:
         while count == 0 or got < count:
             delivery = consumer.receive(timeout)
             if delivery is None:
@@ -206,6 +226,19 @@ def consume(config_file, send_dsn, count, timeout, nack, as_json) -> None:
             got += 1
         # Let the last acks leave before the socket closes.
         consumer.sock.setsockopt(client.zmq.LINGER, 2000)
+
+
+@cli.command()
+@click.argument("directory")
+@click.argument("name")
+@_errors_to_exit
+def keygen(directory, name) -> None:
+    """Write a CURVE key pair: DIRECTORY/NAME.key (public: give it to the other side) and
+    DIRECTORY/NAME.key_secret (keep it: owner-only)."""
+    from pzq.curve import keygen as make_keys
+
+    public, secret = make_keys(directory, name)
+    click.echo(f"public key: {public}\nsecret key: {secret}")
 
 
 @cli.group("mqks")

@@ -31,9 +31,16 @@ class ProduceResult:
     error: str = ""
 
 
-def _socket(ctx: zmq.Context | None, kind: int, endpoint: str) -> zmq.Socket:
+Curve = tuple[str, str]  # (this client's .key_secret file, the server's .key file)
+
+
+def _socket(ctx: zmq.Context | None, kind: int, endpoint: str, curve: Curve | None = None) -> zmq.Socket:
     sock = (ctx or zmq.Context.instance()).socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve:
+        from pzq.curve import secure_client
+
+        secure_client(sock, *curve)
     sock.connect(endpoint)
     return sock
 
@@ -41,8 +48,9 @@ def _socket(ctx: zmq.Context | None, kind: int, endpoint: str) -> zmq.Socket:
 class Producer:
     """A DEALER producer that pipelines up to ``window`` messages and waits for every ack."""
 
-    def __init__(self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None):
-        self.sock = _socket(ctx, zmq.DEALER, endpoint)
+    def __init__(self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None,
+                 curve: Curve | None = None):
+        self.sock = _socket(ctx, zmq.DEALER, endpoint, curve)
         self.timeout_ms = timeout_ms
         self._counter = 0
 
@@ -89,8 +97,8 @@ class Producer:
 class Consumer:
     """A ROUTER consumer that connects and waits, as PZQ consumers do."""
 
-    def __init__(self, endpoint: str, *, ctx: zmq.Context | None = None):
-        self.sock = _socket(ctx, zmq.ROUTER, endpoint)
+    def __init__(self, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None):
+        self.sock = _socket(ctx, zmq.ROUTER, endpoint, curve)
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -54,6 +54,8 @@ class Config:
     log_format: str = "text"
     metrics_dsn: str = ""
     allow_ips: str = ""
+    curve_secret_key: str = ""
+    curve_clients: str = ""
 
     def validate(self) -> "Config":
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
@@ -102,6 +104,8 @@ class Config:
                 ipaddress.ip_network(part, strict=False)
             except ValueError:
                 raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+        if bool(self.curve_secret_key) != bool(self.curve_clients):
+            raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
         if self.metrics_dsn:
             from pzq.metrics import parse_endpoint
 

@@ -23,7 +23,7 @@ from pzq.admin import Admin
 from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.api import ApiEndpoint
-from pzq.endpoints.base import Endpoint
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
@@ -51,7 +51,8 @@ class Server:
         self.store: Store | None = None
         self.broker: Broker | None = None
         self.endpoints: list[Endpoint] = []
-        self._sockets: list[zmq.Socket] = []
+        self._sockets = Sockets(self.ctx)
+        self.curve = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -69,31 +70,36 @@ class Server:
 
     def start(self) -> None:
         """Open the store and bind every endpoint; raises ConfigError or StoreError with a clear text."""
-        cfg, ctx, owned = self.config, self.ctx, self._sockets
+        cfg = self.config
         self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync)
         self.store.queue(cfg.queue)
         self.store.commit()
         self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
         self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout)
-        self.native = NativeEndpoints(cfg, self.broker, ctx, owned)
+        if cfg.curve_secret_key:
+            from pzq.curve import CurveServer
+
+            self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
+        owned = self._sockets = Sockets(self.ctx, self.curve.options() if self.curve else None)
+        self.native = NativeEndpoints(cfg, self.broker, owned)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        monitor = MonitorEndpoint(cfg, self.admin, ctx, owned, wrote=self._admin_wrote, failed=self._recover)
+        monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote, failed=self._recover)
         self.endpoints = [self.native, monitor]
         if cfg.phpmq_dsn:
             gateway = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
                                    max_credit=cfg.max_inflight)
-            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, ctx, owned))
+            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, owned))
         if cfg.emqp_frontend_dsn:
-            self.endpoints.append(EmqpEndpoint(cfg, self.broker, ctx, owned))
+            self.endpoints.append(EmqpEndpoint(cfg, self.broker, owned))
         if cfg.mqks_dsn:
             gateway = MqksGateway(self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight,
                                   drop_queue=self._drop_queue)
-            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, ctx, owned))
+            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, owned))
         if cfg.api_dsn:
             gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
                                  dedup_window_s=cfg.api_dedup_window)
-            self.endpoints.append(ApiEndpoint(cfg, gateway, ctx, owned))
+            self.endpoints.append(ApiEndpoint(cfg, gateway, owned))
         if cfg.metrics_dsn:
             from pzq.metrics import Metrics
 
@@ -143,14 +149,17 @@ class Server:
             log.error("SIGHUP: the settings were not reloaded: %s", exc)
         else:
             logging.getLogger().setLevel(fresh.log_level.upper())
-            log.warning("SIGHUP: log level is now %s; other settings take effect at the next restart",
-                        fresh.log_level)
+            if self.curve is not None:
+                self.curve.reload()
+            log.warning("SIGHUP: log level is now %s%s; other settings take effect at the next restart",
+                        fresh.log_level, ", CURVE client keys re-read" if self.curve else "")
         self.notifier.notify("READY=1", "STATUS=serving")
 
     def close(self) -> None:
-        for sock in self._sockets:
-            sock.close()
-        self._sockets.clear()
+        self._sockets.close()
+        if self.curve is not None:
+            self.curve.close()
+            self.curve = None
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -173,7 +182,7 @@ class Server:
         restart it.
         """
         failed = 0
-        self.notifier.ready(f"serving {len(self._sockets)} sockets from {self.config.database}")
+        self.notifier.ready(f"serving {len(self._sockets.owned)} sockets from {self.config.database}")
         while not self._stopping:
             if self._reload_requested:
                 self._reload()

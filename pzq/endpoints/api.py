@@ -4,7 +4,7 @@ from __future__ import annotations
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, bind
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
@@ -17,10 +17,10 @@ class ApiEndpoint(Endpoint):
 
     name = "api"
 
-    def __init__(self, config: Config, gateway: ApiGateway, ctx: zmq.Context, owned: list[zmq.Socket]):
+    def __init__(self, config: Config, gateway: ApiGateway, binder: Sockets):
         self.gateway = gateway
-        self.sock = bind(ctx, zmq.ROUTER, config.api_dsn, "--api-dsn", owned,
-                         MAXMSGSIZE=config.max_message_size + (8 << 20))
+        self.sock = binder.bind(zmq.ROUTER, config.api_dsn, "--api-dsn",
+                                MAXMSGSIZE=config.max_message_size + (8 << 20))
         self.sockets = [self.sock]
         self._out: list[list[bytes]] = []
 

@@ -6,23 +6,37 @@ import zmq
 from pzq.errors import ConfigError
 
 
-def bind(ctx: zmq.Context, kind: int, endpoint: str, option: str, owned: list[zmq.Socket],
-         **options: int) -> zmq.Socket:
-    """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given), added to ``owned``;
-    ConfigError naming ``option`` if it cannot bind. ``options`` (e.g. MAXMSGSIZE=...) are set before
-    the bind: libzmq copies a socket's options into its listener when it binds, so options set later
-    never reach the connections it accepts."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    for name, value in options.items():
-        sock.setsockopt(getattr(zmq, name), value)
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close()
-        raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
-    owned.append(sock)
-    return sock
+class Sockets:
+    """Makes the server's bound sockets: remembers them (to close them), and sets options before the
+    bind, where libzmq copies them into the listener (options set later never reach the connections
+    it accepts). With CURVE configured, every tcp:// ZeroMQ endpoint is a CURVE server."""
+
+    def __init__(self, ctx: zmq.Context, curve: dict[str, object] | None = None):
+        self.ctx = ctx
+        self.curve = curve
+        self.owned: list[zmq.Socket] = []
+
+    def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
+        """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
+        ``option`` if it cannot bind."""
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve and endpoint.startswith("tcp://") and kind != zmq.STREAM:
+            options = {**self.curve, **options}
+        for name, value in options.items():
+            sock.setsockopt(getattr(zmq, name), value)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
+        self.owned.append(sock)
+        return sock
+
+    def close(self) -> None:
+        for sock in self.owned:
+            sock.close()
+        self.owned.clear()
 
 
 class Endpoint:

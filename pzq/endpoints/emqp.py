@@ -8,7 +8,7 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, bind
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
 
@@ -23,11 +23,11 @@ class EmqpEndpoint(Endpoint):
 
     name = "emqp"
 
-    def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
+    def __init__(self, config: Config, broker: Broker, binder: Sockets):
         limit = config.max_message_size + 4096
-        self.front = bind(ctx, zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", owned, MAXMSGSIZE=limit)
-        self.back = bind(ctx, zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", owned, MAXMSGSIZE=limit)
-        self.pub = (bind(ctx, zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn", owned)
+        self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", MAXMSGSIZE=limit)
+        self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", MAXMSGSIZE=limit)
+        self.pub = (binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn")
                     if config.emqp_publish_dsn else None)
         self.sockets = [self.front, self.back]
         self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,

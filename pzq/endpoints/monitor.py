@@ -9,7 +9,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, bind
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.errors import StoreError
 from pzq.protocols import monitor as monitor_proto
 
@@ -24,10 +24,10 @@ class MonitorEndpoint(Endpoint):
 
     name = "monitor"
 
-    def __init__(self, config: Config, admin: Admin, ctx: zmq.Context, owned: list[zmq.Socket], *,
+    def __init__(self, config: Config, admin: Admin, binder: Sockets, *,
                  wrote: Callable[[], None], failed: Callable[[], None]):
         self.admin = admin
-        self.sock = bind(ctx, zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", owned)
+        self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn")
         _restrict_ipc(config.monitor_dsn)
         self.sockets = [self.sock]
         self._wrote = wrote

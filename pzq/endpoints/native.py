@@ -7,7 +7,7 @@ import zmq
 
 from pzq.broker import Broker, Ref
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, bind
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.errors import StoreFull
 from pzq.logs import warn_bad
 from pzq.protocols import pzq as native
@@ -26,16 +26,16 @@ class NativeEndpoints(Endpoint):
 
     name = "native"
 
-    def __init__(self, config: Config, broker: Broker, ctx: zmq.Context, owned: list[zmq.Socket]):
+    def __init__(self, config: Config, broker: Broker, binder: Sockets):
         self.config = config
         self.broker = broker
         # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
-        self.receive = bind(ctx, zmq.ROUTER, config.receive_dsn, "--receive-dsn", owned,
-                            MAXMSGSIZE=config.max_message_size + 4096,
-                            LINGER=2000)  # let the last acks out on shutdown
+        self.receive = binder.bind(zmq.ROUTER, config.receive_dsn, "--receive-dsn",
+                                   MAXMSGSIZE=config.max_message_size + 4096,
+                                   LINGER=2000)  # let the last acks out on shutdown
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
-        self.send = bind(ctx, zmq.DEALER, config.send_dsn, "--send-dsn", owned,
-                         SNDHWM=max(config.max_inflight, 1000))
+        self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn",
+                                SNDHWM=max(config.max_inflight, 1000))
         self.sockets = [self.receive, self.send]
         self.stalled = False  # nothing ready last time we looked: skip until something changes
         self._acks: list[tuple[bytes, bytes, str | None]] = []

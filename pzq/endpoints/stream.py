@@ -15,7 +15,7 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, bind
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.errors import ProtocolError
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
@@ -34,11 +34,11 @@ class StreamEndpoint(Endpoint):
     legacy client needs (it reads a header in one 8-byte read). Memory per slow reader is bounded by
     its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
 
-    def __init__(self, name: str, dsn: str, gateway, config: Config, ctx: zmq.Context, owned: list[zmq.Socket]):
+    def __init__(self, name: str, dsn: str, gateway, config: Config, binder: Sockets):
         self.name = name
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
-        self.sock = bind(ctx, zmq.STREAM, dsn, f"--{name}-dsn", owned, SNDHWM=2 * config.max_inflight)
+        self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []

@@ -1,0 +1,81 @@
+"""ZeroMQ CURVE for the tcp:// ZeroMQ endpoints: the server's key pair, the allowed clients' public keys,
+and pyzmq's authenticator (a ZAP handler in a thread of its own, as pyzmq provides it).
+
+Keys are pyzmq certificate files (``zmq.auth``): ``NAME.key`` holds a public key, ``NAME.key_secret``
+the pair. ``pzq keygen DIR NAME`` writes both. The server reads its ``.key_secret`` file; a client is
+let in only if its public key is a ``.key`` file in the clients directory (read at start-up and on
+SIGHUP). ipc:// endpoints are protected by their files' permissions instead (owner-only).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from pzq.errors import ConfigError
+
+log = logging.getLogger("pzq.curve")
+DOMAIN = "pzq"
+
+
+def keygen(directory: str, name: str) -> tuple[str, str]:
+    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (owner-only) in ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(directory, name)
+    os.chmod(secret, 0o600)
+    return public, secret
+
+
+def load_pair(path: str, option: str) -> tuple[bytes, bytes]:
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{option} {path}: cannot read a key file: {exc}") from None
+    if not secret:
+        raise ConfigError(f"{option} {path}: holds no secret key (give the .key_secret file)")
+    return public, secret
+
+
+def load_public(path: str, option: str) -> bytes:
+    try:
+        return zmq.auth.load_certificate(path)[0]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{option} {path}: cannot read a key file: {exc}") from None
+
+
+class CurveServer:
+    """The server side: socket options for every tcp:// endpoint, and the authenticator."""
+
+    def __init__(self, ctx: zmq.Context, secret_key_file: str, clients_dir: str):
+        self.public, self.secret = load_pair(secret_key_file, "--curve-secret-key")
+        if not os.path.isdir(clients_dir):
+            raise ConfigError(f"--curve-clients {clients_dir}: not a directory of client public keys")
+        self.clients_dir = clients_dir
+        self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("pzq.curve.zap"))
+        self.auth.start()
+        self.reload()
+
+    def reload(self) -> None:
+        """(Re-)read the allowed client keys."""
+        self.auth.configure_curve(domain=DOMAIN, location=self.clients_dir)
+        count = len([f for f in os.listdir(self.clients_dir) if f.endswith(".key")])
+        log.info("CURVE: %d allowed client key(s) in %s", count, self.clients_dir)
+
+    def options(self) -> dict[str, object]:
+        """What a server socket needs, set before it binds."""
+        return {"CURVE_SERVER": 1, "CURVE_SECRETKEY": self.secret, "CURVE_PUBLICKEY": self.public,
+                "ZAP_DOMAIN": DOMAIN.encode()}
+
+    def close(self) -> None:
+        self.auth.stop()
+
+
+def secure_client(sock: zmq.Socket, client_secret_file: str, server_public_file: str) -> zmq.Socket:
+    """Make ``sock`` (not yet connected) a CURVE client with this key pair, trusting this server key."""
+    public, secret = load_pair(client_secret_file, "--curve-client-key")
+    sock.curve_publickey, sock.curve_secretkey = public, secret
+    sock.curve_serverkey = load_public(server_public_file, "--curve-server-key")
+    return sock
