@@ -2,6 +2,8 @@
 real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import signal
 import subprocess
@@ -237,3 +239,26 @@ def free_tcp_endpoint() -> tuple[str, tuple[str, int]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"tcp://127.0.0.1:{port}", ("127.0.0.1", port)
+
+
+@dataclasses.dataclass
+class EveryGateway:
+    """A subprocess server with every endpoint on: raw-TCP addresses, ZeroMQ endpoints."""
+
+    server: ProcessServer
+    phpmq: tuple[str, int]
+    mqks: tuple[str, int]
+    emqp_front: str
+    emqp_back: str
+    api: str
+
+
+def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGateway:
+    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
+    mqks_dsn, mqks_addr = free_tcp_endpoint()
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    api_dsn = f"ipc://{tmp_path}/api"
+    srv = process_server("--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn, "--emqp-frontend-dsn", front,
+                         "--emqp-backend-dsn", back, "--api-dsn", api_dsn, *extra)
+    return EveryGateway(srv, phpmq_addr, mqks_addr, front, back, api_dsn)

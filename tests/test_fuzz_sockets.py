@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint
+from conftest import start_every_gateway
 from pzq import client
 from pzq.api_client import ApiClient
 from pzq.protocols import emqp, phpmq
@@ -59,13 +59,9 @@ def fuzz_frames(rng: random.Random, samples: list[list[bytes]]) -> list[bytes]:
 
 
 def test_random_and_mutated_traffic_to_every_endpoint_harms_nothing(process_server, tmp_path):
-    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
-    mqks_dsn, mqks_addr = free_tcp_endpoint()
-    front, _ = free_tcp_endpoint()
-    back, _ = free_tcp_endpoint()
-    api_dsn = f"ipc://{tmp_path}/api"
-    srv = process_server("--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn, "--emqp-frontend-dsn", front,
-                         "--emqp-backend-dsn", back, "--api-dsn", api_dsn, "--max-message-size", "65536")
+    every = start_every_gateway(process_server, tmp_path, "--max-message-size", "65536")
+    srv, phpmq_addr, mqks_addr, front, back, api_dsn = (every.server, every.phpmq, every.mqks, every.emqp_front,
+                                                        every.emqp_back, every.api)
     keep = f"keep-{uuid.uuid4().hex}"  # no fuzzer can guess this queue's name
     kept = [b"kept %d " % i + bytes(range(256)) for i in range(200)]
     with ApiClient(api_dsn, timeout_s=20) as api:

@@ -7,7 +7,7 @@ import socket
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, wait_until
+from conftest import start_every_gateway, wait_until
 from pzq import client
 from pzq.api_client import ApiClient
 
@@ -34,13 +34,8 @@ def closed_by_server(raw: socket.socket, more: bytes) -> bool:
 
 
 def test_oversized_messages_are_refused_before_buffering_in_every_protocol(process_server, tmp_path):
-    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
-    mqks_dsn, mqks_addr = free_tcp_endpoint()
-    front, _ = free_tcp_endpoint()
-    back, _ = free_tcp_endpoint()
-    api_dsn = f"ipc://{tmp_path}/api"
-    srv = process_server("--max-message-size", LIMIT, "--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn,
-                         "--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--api-dsn", api_dsn)
+    every = start_every_gateway(process_server, tmp_path, "--max-message-size", LIMIT)
+    srv, phpmq_addr, mqks_addr, front, api_dsn = every.server, every.phpmq, every.mqks, every.emqp_front, every.api
     before = rss_mb(srv.proc.pid)
     ctx = zmq.Context.instance()
     for endpoint, frames in ((srv.receive, [b"1", b"", b"x" * HUGE]), (api_dsn, [b"", b"1", b"PRODUCE", b"x" * HUGE]),
