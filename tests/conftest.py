@@ -3,7 +3,6 @@ real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import signal
 import subprocess
