@@ -30,8 +30,10 @@ class ApiError(ClientError):
 class ApiClient:
     """One DEALER connection to the API endpoint. Not thread-safe; not picklable (make one per process)."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_s: float = 60.0, attempt_s: float = 5.0):
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_s: float = 60.0, attempt_s: float = 5.0,
+                 curve: tuple[str, str] | None = None):
         self.endpoint = endpoint
+        self.curve = curve  # (this client's .key_secret file, the server's .key file) for a CURVE server
         self.timeout_s = timeout_s
         self.attempt_s = attempt_s
         self._pid = os.getpid()
@@ -43,6 +45,10 @@ class ApiClient:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
             self._sock.setsockopt(zmq.LINGER, 0)
+            if self.curve:
+                from pzq.curve import secure_client
+
+                secure_client(self._sock, *self.curve)
             self._sock.connect(self.endpoint)
         return self._sock
 

@@ -54,15 +54,38 @@ class CurveServer:
         if not os.path.isdir(clients_dir):
             raise ConfigError(f"--curve-clients {clients_dir}: not a directory of client public keys")
         self.clients_dir = clients_dir
+        certs = self._load()  # at start-up, an unreadable directory or key is a configuration error
         self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("pzq.curve.zap"))
         self.auth.start()
-        self.reload()
+        self.auth.allow_any = False
+        self.auth.certs[DOMAIN] = certs
+        log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
+
+    def _load(self) -> dict:
+        """Every readable ``*.key`` of the clients directory; unreadable ones are logged and left out,
+        so that removing a key always revokes it, whatever else is in the directory."""
+        try:
+            names = sorted(f for f in os.listdir(self.clients_dir) if f.endswith(".key"))
+        except OSError as exc:
+            raise ConfigError(f"--curve-clients {self.clients_dir}: cannot list the client keys: {exc}") from None
+        certs = {}
+        for name in names:
+            try:
+                certs[zmq.auth.load_certificate(os.path.join(self.clients_dir, name))[0]] = True
+            except (OSError, ValueError) as exc:
+                log.error("CURVE: %s is not a readable public key, ignored: %s", name, exc)
+        return certs
 
     def reload(self) -> None:
-        """(Re-)read the allowed client keys."""
-        self.auth.configure_curve(domain=DOMAIN, location=self.clients_dir)
-        count = len([f for f in os.listdir(self.clients_dir) if f.endswith(".key")])
-        log.info("CURVE: %d allowed client key(s) in %s", count, self.clients_dir)
+        """Re-read the allowed client keys (SIGHUP). If the directory cannot be read at all, the keys
+        allowed so far stay allowed and the error is logged."""
+        try:
+            certs = self._load()
+        except ConfigError as exc:
+            log.error("CURVE keys not reloaded, the previous ones still apply: %s", exc)
+            return
+        self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
+        log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
 
     def options(self) -> dict[str, object]:
         """What a server socket needs, set before it binds."""

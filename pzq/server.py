@@ -185,7 +185,10 @@ class Server:
         self.notifier.ready(f"serving {len(self._sockets.owned)} sockets from {self.config.database}")
         while not self._stopping:
             if self._reload_requested:
-                self._reload()
+                try:
+                    self._reload()
+                except Exception:  # noqa: BLE001 - a reload must never stop the server
+                    log.exception("SIGHUP: reload failed; the server goes on with its settings")
             try:
                 self._turn(self._poll_timeout_ms())
                 failed = 0

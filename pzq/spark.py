@@ -30,7 +30,8 @@ joined), enqueued_at timestamp, deliveries int (deliveries including this one; 0
 Options: endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (10000),
 numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120);
 for a batch write, dedupKey names the write so that writing it again stores nothing (use the batch id
-inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``).
+inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``); for a CURVE server,
+curveClientKey and curveServerKey (key files present on every node).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ class Options:
     fetch_size: int = 2000
     timeout_s: float = 120.0
     dedup_key: str = ""
+    curve: tuple[str, str] | None = None  # (client .key_secret file, server .key file), on every node
 
     @classmethod
     def parse(cls, options: dict) -> "Options":
@@ -87,12 +89,19 @@ class Options:
                    max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
                    partitions=number("numPartitions", cls.partitions),
                    fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
-                   timeout_s=number("timeout", cls.timeout_s, float), dedup_key=options.get("dedupKey") or "")
+                   timeout_s=number("timeout", cls.timeout_s, float), dedup_key=options.get("dedupKey") or "",
+                   curve=_curve(options.get("curveClientKey"), options.get("curveServerKey")))
 
     def client(self):
         from pzq.api_client import ApiClient  # imported where it runs: executors import pzq lazily
 
-        return ApiClient(self.endpoint, timeout_s=self.timeout_s)
+        return ApiClient(self.endpoint, timeout_s=self.timeout_s, curve=self.curve)
+
+
+def _curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:
+    if bool(client_key) != bool(server_key):
+        raise ValueError("pzq options curveClientKey and curveServerKey: give both or neither")
+    return (client_key, server_key) if client_key else None
 
 
 def _row(queue: str, item: list) -> tuple:

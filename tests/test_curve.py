@@ -57,6 +57,7 @@ def test_only_clients_with_an_allowed_key_are_served(make_server, keys):
     assert produce_once(endpoint, alice) == [b"1", b"1", b""]
     assert srv.stats()["messages"] == 1  # the monitor (ipc, owner-only file) needs no key
     os.remove(keys / "clients" / "alice.key")
+    (keys / "clients" / "garbage.key").write_text("not a key")  # does not stop the revocation
     srv.server.curve.reload()  # what SIGHUP does
     assert produce_once(endpoint, alice) is None
 
@@ -73,3 +74,17 @@ def test_the_cli_produces_and_consumes_through_curve(make_server, keys):
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["consume", "--send-dsn", send, *curve, "--timeout", "5000"])
     assert result.exit_code == 0 and result.output.strip().endswith("hello"), result.output
+
+
+def test_the_api_client_speaks_curve_too(make_server, keys):
+    from pzq.api_client import ApiClient
+    from pzq.errors import ClientError
+
+    endpoint, _ = free_tcp_endpoint()
+    make_server(api_dsn=endpoint, curve_secret_key=str(keys / "server" / "server.key_secret"),
+                curve_clients=str(keys / "clients"))
+    alice = (str(keys / "alice" / "alice.key_secret"), str(keys / "server" / "server.key"))
+    with ApiClient(endpoint, timeout_s=10, curve=alice) as api:
+        assert api.produce([("q", b"x")])["count"] == 1
+    with ApiClient(endpoint, timeout_s=1, attempt_s=0.5) as stranger, pytest.raises(ClientError):
+        stranger.info("q")

@@ -152,6 +152,8 @@ def gateways(tmp_path_factory):
 @given(lines=st.lists(mqks_lines, max_size=6), conn=st.sampled_from([b"a", b"b"]))
 def test_the_mqks_gateway_answers_any_lines_without_raising(gateways, lines, conn):
     gateway, _, store = gateways
+    if conn not in gateway.sessions:
+        gateway.connected(conn)
     try:
         gateway.received(conn, "\n".join(lines).encode() + b"\n", now=0.0, now_us=1)
     except ProtocolError:

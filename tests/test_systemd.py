@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ProcessServer
 from pzq import client
 from pzq.systemd import Notifier
 
@@ -45,18 +46,21 @@ def receive(sock: socket.socket, timeout_s: float = 10.0) -> dict[str, str]:
     return dict(line.split("=", 1) for line in data.splitlines())
 
 
-def test_the_server_says_ready_pings_the_watchdog_reloads_on_sighup_and_says_stopping(process_server, tmp_path,
-                                                                                       monkeypatch):
+def test_the_server_says_ready_pings_the_watchdog_reloads_on_sighup_and_says_stopping(tmp_path, monkeypatch):
     path = str(tmp_path / "notify")
+    srv = None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(path)
     try:
         monkeypatch.setenv("NOTIFY_SOCKET", path)
         monkeypatch.setenv("WATCHDOG_USEC", "400000")
-        srv = process_server()  # returns once MONITOR answers
+        srv = ProcessServer(tmp_path)
+        srv.proc = subprocess.Popen(srv.argv, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
         first = receive(listener)
         assert first["READY"] == "1" and first["MAINPID"] == str(srv.proc.pid)
-        assert client.monitor_request(srv.monitor)  # every socket was bound when READY came
+        # Every socket was bound when READY came: the monitor answers at once, nobody waited for it.
+        assert client.monitor_request(srv.monitor, timeout_ms=300)
         pings, deadline = 0, time.monotonic() + 5
         while pings < 3 and time.monotonic() < deadline:
             pings += receive(listener).get("WATCHDOG") == "1"
@@ -76,6 +80,9 @@ def test_the_server_says_ready_pings_the_watchdog_reloads_on_sighup_and_says_sto
         assert any(s.get("STOPPING") == "1" for s in rest)
     finally:
         listener.close()
+        if srv.proc is not None and srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(5)
 
 
 def test_without_notify_socket_the_notifier_does_nothing():

@@ -119,7 +119,10 @@ class StreamEndpoint(Endpoint):
         for conn in closing:
             try:
                 send_frames(self.sock, [conn, b""], NOBLOCK)  # an empty frame closes a STREAM peer
-            except zmq.ZMQError:
+            except Again:  # its pipe is full (a slow reader): try again next turn
+                self._closing.append(conn)
+                continue
+            except zmq.ZMQError:  # already gone
                 pass
             self._closed[conn] = now
         if self._closed:
@@ -132,7 +135,7 @@ class StreamEndpoint(Endpoint):
             recover()
 
     def wake_at(self, now: float) -> float | None:
-        if self._backlog:
+        if self._backlog or self._closing:
             return now + RETRY_S
         next_wake = getattr(self.gateway, "next_wake", None)
         return None if next_wake is None else next_wake()

@@ -119,8 +119,8 @@ class MqksGateway:
     def received(self, conn: Hashable, data: bytes, *, now: float, now_us: int) -> None:
         """Bytes from a connection. Raises ProtocolError when its stream cannot be framed (close it)."""
         buffer = self.sessions.get(conn)
-        if buffer is None:
-            buffer = self.sessions[conn] = mqks.LineBuffer(self.max_line)
+        if buffer is None:  # a connection already closed (STREAM announces every new one first)
+            return
         lines = buffer.feed(data)
         for i, line in enumerate(lines):
             request_id = mqks.request_id_of(line)
