@@ -95,6 +95,22 @@ class Broker:
         self._count(queue, "produced")
         return message
 
+    def produce_all(self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int,
+                    meta: dict | None = None) -> list[Message]:
+        """Store every ``(queue, body)`` or none: on StoreFull what this call stored is deleted again,
+        so that a client's retry of a refused batch (or fan-out) stores no duplicates."""
+        stored: list[Message] = []
+        try:
+            for queue, body in items:
+                stored.append(self.produce(queue, body, now_us=now_us, meta=meta))
+        except StoreFull:
+            for message in stored:
+                self.store.delete(message.queue, message.seq)
+                self.per_queue[message.queue]["produced"] -= 1
+            self.counters.produced -= len(stored)
+            raise
+        return stored
+
     # -- handing out ------------------------------------------------------------------------------
 
     def has_ready(self, queue: str) -> bool:

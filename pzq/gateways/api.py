@@ -148,14 +148,7 @@ class ApiGateway:
                     return {"count": count, "duplicate": True}
                 else:
                     log.warning("PRODUCE key %r came again with other messages: stored as well", key)
-        stored: list[Message] = []
-        try:
-            for queue, body in messages:
-                stored.append(self.broker.produce(queue, [body], now_us=now_us))
-        except StoreFull:
-            for message in stored:  # all or nothing, so that the client's retry stores no duplicates
-                self.store.delete(message.queue, message.seq)
-            raise
+        self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
         if key is not None:
             self.store.put_record("produced", key.encode(),
                                   msgpack.packb([now_us, len(messages), [*digests[-15:], digest]]))

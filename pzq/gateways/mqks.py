@@ -26,7 +26,6 @@ import msgpack
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.protocols import mqks
-from pzq.store import Message
 
 log = logging.getLogger("pzq.mqks")
 
@@ -179,15 +178,9 @@ class MqksGateway:
         if not queues:
             self.unrouted_total += 1  # as the reference: no queue is bound to the event
             return
-        body = data.encode()
-        stored: list[Message] = []
-        try:
-            for queue in sorted(queues):
-                stored.append(self.broker.produce(queue, [body], now_us=now_us, meta={"mqks": [msg_id, event]}))
-        except StoreFull:
-            for message in stored:  # all copies or none, so that a retry duplicates nothing
-                self.store.delete(message.queue, message.seq)
-            raise
+        body = [data.encode()]
+        self.broker.produce_all([(queue, body) for queue in sorted(queues)], now_us=now_us,
+                                meta={"mqks": [msg_id, event]})
         self.published_total += 1
 
     def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
