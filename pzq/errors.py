@@ -18,6 +18,10 @@ class StoreFull(StoreError):
     """Storing this message would pass the configured store limit; nothing was written."""
 
 
+class StoreLocked(StoreError):
+    """Another pzq process holds the store: there is one writer, and it is not this process."""
+
+
 class ProtocolError(PzqError):
     """A peer sent something its protocol does not allow.
 

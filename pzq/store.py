@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 import lmdb
 import msgpack
 
-from pzq.errors import StoreError, StoreFull
+from pzq.errors import StoreError, StoreFull, StoreLocked
 
 _KEY = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
@@ -116,20 +116,35 @@ def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
     return int(text[:16], 16), int(text[16:], 16)
 
 
-def _lock_exclusively(path: str):
-    """Hold an exclusive flock on ``path`` for as long as the returned file stays open.
+def _lock_exclusively(path: str) -> int:
+    """Hold an exclusive flock on the store's data file for as long as the returned descriptor is open.
 
     LMDB lets several processes open one environment; pzq's in-memory state (in-flight deliveries,
-    cursors) assumes it is the only writer, so a second server on the same store must be refused."""
+    cursors, queue counters) assumes it is the only writer, so a second server on the same store must be
+    refused. The lock is on ``data.mdb`` itself, not on a file of its own that anyone could delete: the
+    only way around it is to remove the data. (flock and LMDB's own fcntl locks do not interact.)"""
     import fcntl
 
-    handle = open(path, "a+")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.close()
-        raise StoreError(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
-    return handle
+        os.close(fd)
+        raise StoreLocked(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
+    return fd
+
+
+def _private_directory(path: str) -> None:
+    """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
+    open to others, since it is the operator's directory to change."""
+    import logging
+    import stat
+
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        logging.getLogger("pzq.store").warning("the store directory %s is mode %o: other users may read it "
+                                               "(chmod 700 %s)", path, mode, path)
 
 
 def _raise(exc: Exception):
@@ -153,18 +168,27 @@ class Store:
         self.syncs = 0
         self._sync = sync
         self._readonly = readonly
-        self._lock_file = None
+        self._lock_fd: int | None = None
         try:
-            os.makedirs(self.path, exist_ok=True)
-            if not readonly:
-                self._lock_file = _lock_exclusively(os.path.join(self.path, "pzq.lock"))
+            if readonly:
+                os.makedirs(self.path, exist_ok=True)
+            else:
+                _private_directory(self.path)
         except OSError as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc.strerror or exc}") from None
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
+            # mode 0600: the data and lock files are the owner's alone, whatever the umask.
             self._env = lmdb.open(self.path, map_size=self.map_cap, max_dbs=16, sync=sync,
-                                  readonly=readonly, lock=True, meminit=False)
+                                  readonly=readonly, lock=True, meminit=False, mode=0o600)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        try:
+            if not readonly:
+                self._lock_fd = _lock_exclusively(os.path.join(self.path, "data.mdb"))
+                for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
+                    os.chmod(os.path.join(self.path, name), 0o600)
             self._queues_db = self._env.open_db(b"queues", create=not readonly)
             self._meta_db = self._env.open_db(b"meta", create=not readonly)
             self._messages_db = self._env.open_db(b"messages", create=not readonly)
@@ -172,8 +196,14 @@ class Store:
             self._dead_db = self._env.open_db(b"dead", create=not readonly)
             # Side tables: small records a feature keeps next to the queues (see put_record).
             self._tables = {name: self._env.open_db(name.encode(), create=not readonly) for name in TABLES}
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:
+            self._env.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        except StoreError:
+            self._env.close()
+            raise
         self._txn: lmdb.Transaction | None = None
         self._dirty = False
         self._dirty_queues: set[str] = set()
@@ -212,9 +242,9 @@ class Store:
         self.commit()
         self._env.close()
         self._env = None
-        if self._lock_file is not None:
-            self._lock_file.close()  # releases the flock
-            self._lock_file = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     @property
     def dirty(self) -> bool:
@@ -347,9 +377,11 @@ class Store:
         seq = info.next_seq
         txn = self._txn or self._write()
         try:  # inline rather than through _do(): this is the hottest write
-            txn.put(_KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
+            fresh = txn.put(_KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
         except lmdb.Error as exc:
             self._do(_raise, exc)
+        if not fresh:  # another writer used this seq: storing over it would lose a message someone was acked for
+            self._do(_raise, lmdb.KeyExistsError(f"message {message_id(info.qid, seq)} is already stored"))
         info.next_seq = seq + 1
         self._account(info, 1, size)
         return Message(queue, info.qid, seq, frames, enqueued_us, expires_us, 0, meta)
@@ -482,7 +514,8 @@ class Store:
         if message.meta:
             record.append(message.meta)
         value = msgpack.packb(record)
-        self._do(self._write().put, key, value, db=self._dead_db)
+        if not self._do(self._write().put, key, value, db=self._dead_db, overwrite=False):
+            self._do(_raise, lmdb.KeyExistsError(f"dead letter {message.id} is already stored"))
         self._account(info, dead_count=1, dead_size=_accounted(key, value))
         return True
 

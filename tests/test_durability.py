@@ -4,6 +4,7 @@ from __future__ import annotations
 import signal
 import threading
 
+import pytest
 import zmq
 
 from conftest import recv, wait_connected, wait_until
@@ -107,17 +108,29 @@ def test_syncs_count_durable_commits(process_server):
     assert server.stats()["syncs"] >= before + 10
 
 
-def test_a_second_server_on_the_same_store_is_refused_with_one_clear_line(process_server):
+@pytest.mark.parametrize("removed", [(), ("lock.mdb", "pzq.lock")])
+def test_a_second_server_on_the_same_store_is_refused_with_one_clear_line(process_server, removed):
     import subprocess
     import sys
 
     server = process_server()
+    with client.Producer(server.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"m%d" % i] for i in range(100)]))
+    for name in removed:  # whatever an operator deletes, short of the data itself, the lock holds
+        if (server.database / name).exists():
+            (server.database / name).unlink()
     second = subprocess.run([sys.executable, "-m", "pzq", "serve", "--database", str(server.database),
                              "--receive-dsn", "ipc://" + str(server.tmp_path / "r2"),
                              "--send-dsn", "ipc://" + str(server.tmp_path / "s2"),
                              "--monitor-dsn", "ipc://" + str(server.tmp_path / "m2"), "--phpmq-dsn", "",
-                             "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""],
+                             "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "",
+                             "--mqks-dsn", "", "--api-dsn", ""],
                             capture_output=True, text=True, timeout=30)
-    assert second.returncode == 1
+    assert second.returncode == 2
     assert "in use by another pzq process" in second.stderr and "Traceback" not in second.stderr
-    assert server.stats()["messages"] == 0, "the first server still serves"
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    with client.Producer(server.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"n%d" % i] for i in range(100)]))
+    assert server.stats()["messages"] == 200, "the first server still serves, and alone"
+    server.restart()
+    assert server.stats()["messages"] == 200
