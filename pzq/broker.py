@@ -24,8 +24,13 @@ from pzq.inflight import InFlight
 from pzq.store import Message, Store
 
 log = logging.getLogger("pzq.broker")
+_NOBODY = object()
 
 Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
+# Deliveries that timed out (or whose consumer left) and whose holder may still settle them late: the
+# last holder of each, for this many messages at most. Older ones are forgotten: that holder's late
+# answer is then refused and the message is simply delivered again (at-least-once).
+LATE_MEMORY = 50_000
 
 
 @dataclasses.dataclass
@@ -69,6 +74,8 @@ class Broker:
         self.counters = Counters()
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
         self._ready: dict[int, _Ready] = {}
+        self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
+        self.refused = 0  # settle requests from a client that did not hold the message
 
     def _state(self, qid: int) -> _Ready:
         state = self._ready.get(qid)
@@ -80,6 +87,7 @@ class Broker:
         """Forget every delivery, as a restart does: whatever was in flight is ready again."""
         self.inflight = InFlight()
         self._ready.clear()
+        self._late.clear()
 
     # -- producing --------------------------------------------------------------------------------
 
@@ -191,6 +199,8 @@ class Broker:
         if info is None:
             return 0
         self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
+        for ref in [r for r in self._late if r[0] == info.qid]:
+            del self._late[ref]
         self._ready.pop(info.qid, None)
         self.per_queue.pop(queue, None)
         return self.store.drop_queue(queue)
@@ -209,10 +219,24 @@ class Broker:
 
     # -- answers from consumers -------------------------------------------------------------------
 
-    def ack(self, ref: Ref, *, by: Hashable = None) -> bool:
-        """Delete the message for good, in flight or not (a late ack still counts), unless an exclusive
-        holder other than ``by`` holds it. False if unknown or refused."""
-        if self._locked(ref, by):
+    # Ownership: a client settles only what was delivered to it. ``by`` is the holder a protocol gave
+    # ``take`` (a connection, a consumer, a worker, the native send socket, a lease group). A request
+    # naming a message ``by`` does not hold changes nothing and returns False (counted in ``refused``).
+
+    def holds(self, ref: Ref, by: Hashable) -> bool:
+        """True if ``by`` may settle ``ref``: it holds the delivery, or its delivery timed out (or it
+        left) and nobody has settled the message since (a late answer; see LATE_MEMORY)."""
+        delivery = self.inflight.get(ref)
+        if delivery is not None and delivery.consumer == by:
+            return True
+        if delivery is not None and isinstance(delivery.consumer, Exclusive):
+            return False  # a durable lease: only its group may settle it, however late the answer
+        return self._late.get(ref, _NOBODY) == by
+
+    def ack(self, ref: Ref, *, by: Hashable) -> bool:
+        """Delete the message for good (a late ack from its last holder still counts). False if ``by``
+        does not hold it or it is no longer stored."""
+        if not self._may_settle(ref, by):
             return False
         self._settle(ref)
         info = self.store.queue_by_id(ref[0])
@@ -222,31 +246,40 @@ class Broker:
         self._count(info.name, "acked")
         return True
 
-    def nack(self, ref: Ref) -> bool:
-        """Requeue a message in flight at once, ahead of newer ones. False if it was not in flight."""
-        if self._locked(ref, None) or self._settle(ref) is None:
+    def nack(self, ref: Ref, *, by: Hashable) -> bool:
+        """Requeue a message ``by`` holds in flight at once, ahead of newer ones. False otherwise."""
+        delivery = self.inflight.get(ref)
+        if delivery is None or delivery.consumer != by:
+            self.refused += 1
             return False
+        self._settle(ref)
         self.counters.nacked += 1
         self._requeue(ref)
         return True
 
-    def requeue_at_end(self, ref: Ref, *, expires_us: int = 0) -> bool:
-        """Move a stored message to the end of its queue with a new expiry (0 = never). False if unknown."""
-        message = self._stored(ref)
-        if message is None or self._locked(ref, None):
+    def requeue_at_end(self, ref: Ref, *, by: Hashable, expires_us: int = 0) -> bool:
+        """Move a message ``by`` holds to the end of its queue with a new expiry (0 = never)."""
+        message = self._stored(ref) if self._may_settle(ref, by) else None
+        if message is None:
             return False
         self._settle(ref)
         self.store.requeue_at_end(message, expires_us=expires_us)
         return True
 
-    def dead_letter(self, ref: Ref, reason: str, *, now_us: int) -> bool:
-        """Move a stored message to its queue's dead letters at a client's request. False if unknown."""
-        message = self._stored(ref)
-        if message is None or self._locked(ref, None):
+    def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool:
+        """Move a message ``by`` holds to its queue's dead letters at that client's request."""
+        message = self._stored(ref) if self._may_settle(ref, by) else None
+        if message is None:
             return False
         self._settle(ref)
         self._dead_letter(message, reason, now_us)
         return True
+
+    def _may_settle(self, ref: Ref, by: Hashable) -> bool:
+        if self.holds(ref, by):
+            return True
+        self.refused += 1
+        return False
 
     def _stored(self, ref: Ref) -> Message | None:
         info = self.store.queue_by_id(ref[0])
@@ -272,6 +305,7 @@ class Broker:
         expired = self.inflight.pop_expired(now)
         for delivery in expired:
             self._state(delivery.ref[0]).inflight -= 1
+            self._remember_late(delivery.ref, delivery.consumer)
             self._requeue(delivery.ref)
         self.counters.expired += len(expired)
         return len(expired)
@@ -281,16 +315,19 @@ class Broker:
         held = self.inflight.remove_consumer(consumer)
         for delivery in held:
             self._state(delivery.ref[0]).inflight -= 1
+            self._remember_late(delivery.ref, consumer)
             self._requeue(delivery.ref)
         return len(held)
 
-    def _locked(self, ref: Ref, by: Hashable) -> bool:
-        """True if an exclusive holder other than ``by`` holds ``ref``: another client's late ack, nack,
-        requeue or dead-letter of a leased message must not take it from under its lease."""
-        delivery = self.inflight.get(ref)
-        return delivery is not None and isinstance(delivery.consumer, Exclusive) and delivery.consumer != by
+    def _remember_late(self, ref: Ref, holder: Hashable) -> None:
+        late = self._late
+        late[ref] = holder
+        late.move_to_end(ref)
+        if len(late) > LATE_MEMORY:
+            late.popitem(last=False)
 
     def _settle(self, ref: Ref):
+        self._late.pop(ref, None)
         delivery = self.inflight.remove(ref)
         if delivery is not None:
             self._state(ref[0]).inflight -= 1

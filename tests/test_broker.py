@@ -49,20 +49,20 @@ def test_taking_from_an_unknown_queue_gives_nothing_and_creates_no_queue(broker)
 def test_an_ack_deletes_the_message_for_good(broker):
     produce(broker, b"a", b"b")
     first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
-    assert broker.ack((first.qid, first.seq)) is True
-    assert broker.ack((first.qid, first.seq)) is False
+    assert broker.ack((first.qid, first.seq), by="c1") is True
+    assert broker.ack((first.qid, first.seq), by="c1") is False
     assert broker.store.get("q", first.seq) is None
     assert broker.expire(1000.0) == 0
     assert take(broker) == [b"b"]
     assert broker.counters.acked == 1
-    assert broker.ack((99, 1)) is False
+    assert broker.ack((99, 1), by="c1") is False
 
 
 def test_a_late_ack_after_the_timeout_requeued_the_message_still_deletes_it(broker):
     produce(broker, b"a")
     first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
     assert broker.expire(10.0) == 1
-    assert broker.ack((first.qid, first.seq)) is True
+    assert broker.ack((first.qid, first.seq), by="c1") is True
     assert take(broker, now=20.0) == []
     assert broker.store.queue("q").count == 0
     assert broker.queue_inflight(first.qid) == 0
@@ -71,8 +71,8 @@ def test_a_late_ack_after_the_timeout_requeued_the_message_still_deletes_it(brok
 def test_a_nacked_message_is_handed_out_again_before_newer_ones(broker):
     produce(broker, b"a", b"b", b"c")
     first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
-    assert broker.nack((first.qid, first.seq)) is True
-    assert broker.nack((first.qid, first.seq)) is False
+    assert broker.nack((first.qid, first.seq), by="c1") is True
+    assert broker.nack((first.qid, first.seq), by="c1") is False
     again = broker.take("q", 3, "c1", now=0.0, now_us=T0)
     assert [(m.frames[0], m.deliveries) for m in again] == [(b"a", 2), (b"b", 1), (b"c", 1)]
     assert (broker.counters.nacked, broker.counters.redelivered) == (1, 1)
@@ -96,7 +96,7 @@ def test_a_message_delivered_max_deliveries_times_goes_to_the_dead_letters(store
     for _ in range(2):
         message = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
         assert message.frames == [b"poison"]
-        broker.nack((message.qid, message.seq))
+        broker.nack((message.qid, message.seq), by="c1")
     assert take(broker) == [b"fine"]
     [letter] = store.dead_letters("q")
     assert (letter.message.frames, letter.reason, letter.message.deliveries) == ([b"poison"], "max-deliveries", 2)
@@ -176,7 +176,7 @@ def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
     produce(broker, b"a", b"b", b"c")
     produce(broker, b"z", queue="other")
     taken = broker.take("q", 2, "c1", now=0.0, now_us=T0)
-    broker.ack((taken[0].qid, taken[0].seq))
+    broker.ack((taken[0].qid, taken[0].seq), by="c1")
     broker.store.commit()
     broker.expire(10.0)
     take(broker, 1, now=10.0)
@@ -190,3 +190,42 @@ def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
         "q": {"depth": 2, "inflight": 1, "dead_letters": 0, "bytes": broker.store.queue("q").bytes},
         "other": {"depth": 1, "inflight": 0, "dead_letters": 0, "bytes": broker.store.queue("other").bytes},
     }
+
+
+def test_a_client_settles_only_what_was_delivered_to_it(broker):
+    produce(broker, b"a", b"b", b"c")
+    given = broker.take("q", 1, "alice", now=0.0, now_us=T0)[0]
+    ref = (given.qid, given.seq)
+    never_given = (given.qid, given.seq + 1)
+    assert broker.ack(ref, by="mallory") is False
+    assert broker.nack(ref, by="mallory") is False
+    assert broker.requeue_at_end(ref, by="mallory") is False
+    assert broker.dead_letter(ref, "x", by="mallory", now_us=T0) is False
+    assert broker.ack(never_given, by="alice") is False  # stored, ready, but never given to anyone
+    assert broker.dead_letter(never_given, "x", by="alice", now_us=T0) is False
+    assert (broker.store.queue("q").count, broker.store.queue("q").dead_count, broker.refused) == (3, 0, 6)
+    assert broker.inflight.get(ref).consumer == "alice"
+    assert broker.ack(ref, by="alice") is True
+
+
+def test_a_late_answer_counts_only_from_the_last_holder_and_only_until_settled(broker):
+    produce(broker, b"a")
+    given = broker.take("q", 1, "alice", now=0.0, now_us=T0)[0]
+    ref = (given.qid, given.seq)
+    assert broker.expire(10.0) == 1
+    assert broker.nack(ref, by="alice") is False  # already back in the queue: a late nack means nothing
+    assert broker.ack(ref, by="bob") is False
+    assert broker.take("q", 1, "bob", now=10.0, now_us=T0)[0].seq == given.seq
+    assert broker.ack(ref, by="alice") is True  # the work was done: a late ack deletes it (the PZQ rule)
+    assert broker.store.get("q", given.seq) is None
+
+
+def test_the_late_answer_memory_is_bounded(broker, monkeypatch):
+    import pzq.broker
+
+    monkeypatch.setattr(pzq.broker, "LATE_MEMORY", 2)
+    produce(broker, b"a", b"b", b"c")
+    refs = [(m.qid, m.seq) for m in broker.take("q", 3, "alice", now=0.0, now_us=T0)]
+    broker.expire(10.0)
+    assert broker.ack(refs[0], by="alice") is False  # forgotten: it will simply be delivered again
+    assert broker.ack(refs[2], by="alice") is True

@@ -152,10 +152,10 @@ def test_an_expiry_is_durable_and_so_is_the_deadline_of_a_group_after_a_restart(
 
 
 @pytest.mark.parametrize("meddle", [
-    lambda b, ref: b.ack(ref),  # a late ack from the consumer that had it before
-    lambda b, ref: b.nack(ref),
-    lambda b, ref: b.requeue_at_end(ref),  # PHPMQ REQUEUE naming its id
-    lambda b, ref: b.dead_letter(ref, "by a client", now_us=T0),
+    lambda b, ref: b.ack(ref, by="native"),  # a late ack from the consumer that had it before
+    lambda b, ref: b.nack(ref, by="native"),
+    lambda b, ref: b.requeue_at_end(ref, by=("phpmq", b"c")),  # PHPMQ REQUEUE naming its id
+    lambda b, ref: b.dead_letter(ref, "by a client", by=("phpmq", b"c"), now_us=T0),
 ])
 def test_no_other_client_can_settle_a_leased_message(leased, meddle):
     store, broker, leases = leased

@@ -7,12 +7,12 @@ import zmq
 
 from pzq.broker import Broker, Ref
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.errors import StoreFull
 from pzq.logs import warn_bad
 from pzq.protocols import pzq as native
 from pzq.store import Message, parse_message_id
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, recv_frames, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -37,6 +37,8 @@ class NativeEndpoints(Endpoint):
         self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn",
                                 SNDHWM=max(config.max_inflight, 1000))
         self.sockets = [self.receive, self.send]
+        self.binder = binder
+        self._receive_gate, self._send_gate = binder.gate(self.receive), binder.gate(self.send)
         self.stalled = False  # nothing ready last time we looked: skip until something changes
         self._acks: list[tuple[bytes, bytes, str | None]] = []
         self._deliveries: list[Message] = []
@@ -64,10 +66,10 @@ class NativeEndpoints(Endpoint):
         queue, limit = self.config.queue, self.config.max_message_size
         for _ in range(READ_BATCH):
             try:
-                frames = recv_frames(self.receive, NOBLOCK)
+                frames = receive(self.receive, self._receive_gate, "producer", NOBLOCK)
             except Again:
                 return
-            event = native.parse_produce(frames, limit)
+            event = native.parse_produce(frames, limit) if frames is not None else None
             if event is None:
                 continue
             if isinstance(event, native.Rejected):
@@ -84,9 +86,11 @@ class NativeEndpoints(Endpoint):
     def _read_consumer_answers(self) -> None:
         for _ in range(READ_BATCH):
             try:
-                frames = recv_frames(self.send, NOBLOCK)
+                frames = receive(self.send, self._send_gate, "consumer", NOBLOCK)
             except Again:
                 return
+            if frames is None:
+                continue
             answer = native.parse_consumer_ack(frames)
             if answer is None:
                 warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
@@ -96,10 +100,12 @@ class NativeEndpoints(Endpoint):
                 warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
                 continue
             if answer.ok:
-                if not self.broker.ack(ref):
-                    log.info("ack for a message no longer stored (or now held by a lease): %r", answer.key[:80])
-            else:
-                self.broker.nack(ref)
+                if not self.broker.ack(ref, by=CONSUMER):
+                    warn_bad("consumer", "not-held", f"ack for {answer.key[:80]!r}, which no delivery through "
+                                                     "the send socket holds (unknown, settled or another's): ignored")
+            elif not self.broker.nack(ref, by=CONSUMER):
+                warn_bad("consumer", "not-held", f"nack for {answer.key[:80]!r}, not in flight through the "
+                                                 "send socket: ignored")
 
     def work(self, now: float, now_us: int) -> None:
         credit = self._credit()
@@ -112,6 +118,15 @@ class NativeEndpoints(Endpoint):
 
     def waiting(self) -> bool:
         return bool(self._acks)
+
+    def revoked(self, users: set[str]) -> None:
+        # The DEALER hands deliveries to every connected consumer in turn and cannot skip one: re-bind
+        # it, so that every consumer connects again and a revoked key fails its handshake. What was in
+        # flight stays in flight (the consumers that hold it may still ack it) until its ack timeout.
+        if self._send_gate is not None:
+            self.send = self.binder.rebind(self.send)
+            self.sockets = [self.receive, self.send]
+            log.warning("send socket re-bound: consumers reconnect, those of revoked CURVE keys cannot")
 
     def rolled_back(self) -> None:
         self._acks = [(r, m, err or native.STORE_FAILED) for r, m, err in self._acks]

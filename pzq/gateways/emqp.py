@@ -41,6 +41,7 @@ class Worker:
     last_seen: float
     slots: int = 0
     draining: bool = False
+    user: str | None = None  # its CURVE public key (z85), when the backend uses CURVE
 
     @property
     def consumer(self) -> tuple:
@@ -58,9 +59,10 @@ class EmqpGateway:
         self.liveness = liveness
         self.publish = publish
         self.workers: dict[bytes, Worker] = {}
-        # msgid a worker was given -> {stored message: worker}. Client msgids are not ours to trust
-        # unique, so a REPLY completes the job with that msgid held by the replying worker.
-        self.jobs: dict[str, dict[Ref, bytes]] = {}
+        # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
+        # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
+        # worker (or by its earlier connection: see _pop_job).
+        self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
         self.departed: dict[bytes, tuple[list[tuple[int, str]], int]] = {}  # dropped -> (queues, slots)
         self._next_due: int | None = None
         self.next_heartbeat = 0.0
@@ -203,7 +205,8 @@ class EmqpGateway:
 
     # -- workers ----------------------------------------------------------------------------------
 
-    def from_worker(self, frames: list[bytes], *, now: float, now_us: int) -> list[Out]:
+    def from_worker(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Out]:
+        """A command from a worker; ``user`` is its CURVE public key (z85) when the backend uses CURVE."""
         cmd = self._parse(frames)
         if cmd is None:
             return []
@@ -211,11 +214,13 @@ class EmqpGateway:
         if worker is not None:
             worker.last_seen = now  # every command counts as a heartbeat
         if cmd.name == "INFORM":
-            return self._inform(cmd, now)
+            return self._inform(cmd, now, user)
         if cmd.name == "REPLY":
-            # Jobs are known by msgid, not by worker: a draining JobManager may answer from a new
-            # connection (it reconnects with a fresh identity), and its REPLY still completes the job.
-            return self._reply(cmd)
+            if worker is None:
+                self._bad(cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: "
+                                                  "ignored"))
+                return []
+            return self._reply(cmd, worker)
         if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
             # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
             queues, slots = self.departed.pop(cmd.peer)
@@ -233,7 +238,7 @@ class EmqpGateway:
             self._drop(worker, "it disconnected")
         return []
 
-    def _inform(self, cmd: emqp.Command, now: float) -> list[Out]:
+    def _inform(self, cmd: emqp.Command, now: float, user: str | None) -> list[Out]:
         try:
             queues = emqp.parse_queues(cmd.args[0], self.default_queues)
         except ProtocolError as exc:
@@ -243,39 +248,63 @@ class EmqpGateway:
         old = self.workers.pop(cmd.peer, None)
         if old is not None:
             self.broker.consumer_gone(old.consumer)
-        self.workers[cmd.peer] = Worker(cmd.peer, queues, now)
+        self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
         # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
         return [(BACK, [cmd.peer, *emqp.ack(cmd.msgid)]), (BACK, [cmd.peer, *emqp.heartbeat()])]
 
-    def _reply(self, cmd: emqp.Command) -> list[Out]:
+    def _reply(self, cmd: emqp.Command, worker: Worker) -> list[Out]:
         if len(cmd.args) < 2:
             self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
             return []
         reply_json, request_msgid = cmd.args
-        ref = self._pop_job(request_msgid, cmd.peer)
-        if ref is None:
-            log.info("eMQP REPLY for unknown job %r (already done, or given out before a restart)",
-                     request_msgid[:60])
+        job = self._pop_job(request_msgid, worker)
+        message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
+        if job is None or not self.broker.ack(job[0], by=("emqp", job[1])):
+            self._bad(cmd.peer, ProtocolError("not-held", f"REPLY for job {request_msgid[:60]!r}, which this worker "
+                                              "does not hold (unknown, done, another's, or given out before a "
+                                              "restart): ignored"))
             return []
         self.counters["replies_total"] += 1
-        message = self._stored(ref)
-        self.broker.ack(ref)
         meta = message.meta if message is not None else None
         if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
             self.counters["replies_forwarded_total"] += 1
             return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
         return []
 
-    def _pop_job(self, msgid: str, worker: bytes) -> Ref | None:
+    def _pop_job(self, msgid: str, worker: Worker) -> tuple[Ref, bytes] | None:
+        """The job (message, holder identity) this REPLY completes, taken off the books.
+
+        The replying worker's own job; else one whose holder is no longer live (it said KBYE, or was
+        dropped as silent) and that this worker may have inherited: a JobManager that resets
+        reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the new
+        one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
         holders = self.jobs.get(msgid)
         if not holders:
             return None
-        # The replying worker's own job; else (a drainer answering from a new connection) the oldest.
-        ref = next((r for r, w in holders.items() if w == worker), next(iter(holders)))
-        del holders[ref]
+        chosen = next((ref for ref, (identity, _) in holders.items() if identity == worker.identity), None)
+        if chosen is None:
+            served = {name for _, name in worker.queues}
+            for ref, (identity, user) in holders.items():
+                holder = self.workers.get(identity)
+                info = self.broker.store.queue_by_id(ref[0])
+                if ((holder is None or holder.draining) and user == worker.user
+                        and info is not None and info.name in served):
+                    chosen = ref
+                    break
+        if chosen is None:
+            return None
+        identity = holders.pop(chosen)[0]
         if not holders:
             del self.jobs[msgid]
-        return ref
+        return chosen, identity
+
+    def revoke(self, users: set[str]) -> int:
+        """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
+        gone = [w for w in self.workers.values() if w.user is not None and w.user in users]
+        for worker in gone:
+            worker.draining = True  # not remembered as departed: it may not come back
+            self._drop(worker, "its CURVE key was revoked")
+        return len(gone)
 
     def _stored(self, ref: Ref) -> Message | None:
         info = self.broker.store.queue_by_id(ref[0])
@@ -319,7 +348,7 @@ class EmqpGateway:
             msgid = meta.get("msgid") or message.id
             headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
             payload = b"".join(message.frames).decode("utf-8", "replace")
-            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = worker.identity
+            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
             return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 

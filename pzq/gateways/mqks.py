@@ -262,9 +262,9 @@ class MqksGateway:
                 del consumer.unacked[msg_id]
         for ref in refs:
             if action == "ack":
-                self.broker.ack(ref)  # even late: the work is done (as a native late ack)
+                self.broker.ack(ref, by=consumer.key)  # even late: the work is done (as a native late ack)
             elif self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
-                self.broker.requeue_at_end(ref)
+                self.broker.requeue_at_end(ref, by=consumer.key)
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         """Unregister; what it held goes back to the end of its queue, retry raised (as a reject)."""
@@ -275,7 +275,7 @@ class MqksGateway:
         for refs in consumer.unacked.values():
             for ref in refs:
                 if self._held_by(ref, consumer):
-                    self.broker.requeue_at_end(ref)
+                    self.broker.requeue_at_end(ref, by=consumer.key)
         self.broker.consumer_gone(consumer.key)  # whatever is left (already requeued ones are no-ops)
         if not peers:
             self.by_queue.pop(consumer.queue, None)
@@ -340,7 +340,7 @@ class MqksGateway:
                     held.append(ref)
                 undo = ("manual", consumer, msg_id, ref)
             else:
-                self.broker.ack(ref)  # at most once: gone (durably, with this turn) before the line leaves
+                self.broker.ack(ref, by=consumer.key)  # at most once: gone (durably, with this turn) before the line leaves
                 undo = ("auto",)
             self.delivered_total += 1
             self._out.append((consumer.conn, line, undo))

@@ -15,6 +15,7 @@ from collections.abc import Hashable
 
 from pzq.broker import Broker
 from pzq.errors import ProtocolError, StoreFull
+from pzq.logs import warn_bad
 from pzq.protocols import phpmq
 from pzq.store import parse_message_id
 
@@ -48,6 +49,7 @@ class PhpmqGateway:
         self.received_total = 0
         self.dispatched_total = 0
         self.closed_total = 0
+        self.refused_total = 0
 
     def connected(self, conn: Hashable) -> None:
         self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
@@ -93,15 +95,21 @@ class PhpmqGateway:
         else:
             ref = self._ref(queue, message)
             if ref is None:
-                log.info("phpmq: %s for an unknown message id %r of queue %r", _NAMES[message.type],
-                         message.packets[phpmq.MESSAGE_ID][:40], queue)
+                done = False
             elif message.type == phpmq.ACK:
-                self.broker.ack(ref)
+                done = self.broker.ack(ref, by=session.consumer)
             elif message.type == phpmq.REQUEUE:
                 ttl = _ttl(message)
-                self.broker.requeue_at_end(ref, expires_us=now_us + ttl * 1_000_000 if ttl else 0)
+                done = self.broker.requeue_at_end(ref, by=session.consumer,
+                                                  expires_us=now_us + ttl * 1_000_000 if ttl else 0)
             else:
-                self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", now_us=now_us)
+                done = self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", by=session.consumer,
+                                               now_us=now_us)
+            if not done:  # PHPMQ has no error reply: ignored, and logged
+                self.refused_total += 1
+                warn_bad("phpmq", "not-held", f"{_NAMES[message.type]} of message "
+                         f"{message.packets[phpmq.MESSAGE_ID][:40]!r} in queue {queue!r}, which this connection "
+                         "does not hold (never dispatched to it, settled, or another's): ignored")
 
     def _ref(self, queue: str, message: phpmq.Message):
         ref = parse_message_id(message.packets[phpmq.MESSAGE_ID])
@@ -133,7 +141,7 @@ class PhpmqGateway:
         return {"connections": len(self.sessions),
                 "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
                 "received_total": self.received_total, "dispatched_total": self.dispatched_total,
-                "closed_bad_input_total": self.closed_total}
+                "closed_bad_input_total": self.closed_total, "refused_not_held_total": self.refused_total}
 
 
 MAX_TTL_S = 10 * 365 * 86400
