@@ -10,7 +10,7 @@ import time
 import click
 
 from pzq import __version__, client, config, logs
-from pzq.errors import ConfigError, PzqError
+from pzq.errors import ClientError, ConfigError, PzqError, StoreLocked
 
 
 def _fail(message: str, code: int = 1):
@@ -25,7 +25,7 @@ def _errors_to_exit(func):
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except ConfigError as exc:
+        except (ConfigError, StoreLocked) as exc:
             _fail(str(exc), 2)
         except PzqError as exc:
             _fail(str(exc), 1)
@@ -66,7 +66,7 @@ def cli() -> None:
 @click.option("--database", help="LMDB directory of the store.  [default: ./pzq-data]")
 @click.option("--receive-dsn", help="Producers' endpoint (ROUTER).  [default: tcp://127.0.0.1:11131]")
 @click.option("--send-dsn", help="Consumers' endpoint (DEALER).  [default: tcp://127.0.0.1:11132]")
-@click.option("--monitor-dsn", help="Monitor endpoint (REQ clients).  [default: ipc:///tmp/pzq-monitor]")
+@click.option("--monitor-dsn", help="Monitor endpoint (REQ clients).  [default: ipc://DATABASE/monitor]")
 @click.option("--queue", help="Queue the native sockets serve.  [default: default]")
 @click.option("--phpmq-dsn", help="PHPMQ clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:9100]")
 @click.option("--phpmq-dialect", type=click.Choice(["auto", "legacy", "current"]),
@@ -106,8 +106,11 @@ def cli() -> None:
 @click.option("--allow-ips", help="Comma-separated addresses or networks that may connect to the raw-TCP "
                                   "gateways (PHPMQ, MQKS); '' = any.  [default: '']")
 @click.option("--curve-secret-key", help="The server's CURVE secret key file (pzq keygen); enables CURVE on "
-                                         "tcp:// ZeroMQ endpoints.  [default: '']")
+                                         "every ZeroMQ endpoint.  [default: '']")
 @click.option("--curve-clients", help="Directory of allowed client public keys (*.key).  [default: '']")
+@click.option("--unauthenticated", help="With CURVE: endpoints that serve clients without a key anyway, e.g. "
+                                        "'monitor,phpmq' (the raw-TCP gateways must be named or disabled).  "
+                                        "[default: '']")
 @click.option("--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  "
                                     "[default: '']")
 @click.option("--log-format", type=click.Choice(["text", "json"]),
@@ -128,18 +131,24 @@ def serve(config_file, **flags) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
 @click.option("--timeout", type=int, default=5000, show_default=True, help="ms to wait for an answer.")
+@curve_options
 @_errors_to_exit
-def monitor(config_file, monitor_dsn, as_json, watch, timeout) -> None:
+def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:
     """Show the server's figures."""
     endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    curve = _curve(curve_client_key, curve_server_key)
     while True:
-        figures = client.stats(endpoint, timeout_ms=timeout)
+        figures = client.stats(endpoint, timeout_ms=timeout, curve=curve)
         if as_json:
             click.echo(json.dumps(figures, indent=2))
         else:
+            try:
+                table = _table(figures)
+            except (TypeError, KeyError, AttributeError, ValueError):
+                raise ClientError(f"the figures from {endpoint} are not pzq's: is a pzq monitor there?") from None
             if watch:
                 click.clear()
-            click.echo(_table(figures))
+            click.echo(table)
         if not watch:
             return
         try:
@@ -308,14 +317,19 @@ def dead_letters() -> None:
 @click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.argument("queue", default="default")
+@curve_options
 @_errors_to_exit
-def dead_letters_list(config_file, monitor_dsn, limit, queue) -> None:
+def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, curve_server_key) -> None:
     """List QUEUE's dead letters, oldest first, one JSON object per line."""
     endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
-    text = client.monitor_request(endpoint, f"DEADLETTERS {queue} {limit}")
+    text = client.monitor_request(endpoint, f"DEADLETTERS {queue} {limit}",
+                                  curve=_curve(curve_client_key, curve_server_key))
     if text.startswith("error:"):
         _fail(text[len("error:"):].strip())
-    for letter in json.loads(text):
+    letters = client.monitor_json(endpoint, text)
+    if not isinstance(letters, list):
+        raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
+    for letter in letters:
         click.echo(json.dumps(letter))
 
 
@@ -325,16 +339,22 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue) -> None:
 @click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of QUEUE.")
 @click.argument("queue")
 @click.argument("message_id", required=False)
+@curve_options
 @_errors_to_exit
-def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id) -> None:
+def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id, curve_client_key,
+                         curve_server_key) -> None:
     """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
     if bool(everything) == bool(message_id):
         _fail("give either a MESSAGE_ID or --all", 2)
     endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
-    text = client.monitor_request(endpoint, f"REQUEUE {queue} {'all' if everything else message_id}")
+    text = client.monitor_request(endpoint, f"REQUEUE {queue} {'all' if everything else message_id}",
+                                  curve=_curve(curve_client_key, curve_server_key))
     if text.startswith("error:"):
         _fail(text[len("error:"):].strip())
-    click.echo(f"requeued {json.loads(text)['requeued']}")
+    answer = client.monitor_json(endpoint, text)
+    if not isinstance(answer, dict) or "requeued" not in answer:
+        raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")
+    click.echo(f"requeued {answer['requeued']}")
 
 
 def main() -> None:

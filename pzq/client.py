@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Iterable, Sequence
 
 import zmq
@@ -34,7 +36,31 @@ class ProduceResult:
 Curve = tuple[str, str]  # (this client's .key_secret file, the server's .key file)
 
 
+def check_ipc_owner(endpoint: str) -> None:
+    """Refuse an ipc socket file that someone other than its server may have made: it must belong to
+    this user, or sit in a directory that only its owner can write to (``/run/pzq/monitor`` of the
+    ``pzq`` user, for root). A file of another user in a shared directory such as /tmp may be a squatter
+    waiting for our requests. A missing file is fine: ZeroMQ connects once the server binds it."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
+        return
+    path = endpoint[len("ipc://"):]
+    try:
+        info = os.lstat(path)
+        parent = os.stat(os.path.dirname(os.path.abspath(path)))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ClientError(f"cannot check {endpoint}: {exc.strerror}") from None
+    if info.st_uid == os.geteuid():
+        return
+    if info.st_uid == parent.st_uid and not parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    raise ClientError(f"refusing to talk to {endpoint}: the socket file belongs to uid {info.st_uid}, not to you, "
+                      "in a directory others can write to (another user may have put it there)")
+
+
 def _socket(ctx: zmq.Context | None, kind: int, endpoint: str, curve: Curve | None = None) -> zmq.Socket:
+    check_ipc_owner(endpoint)
     sock = (ctx or zmq.Context.instance()).socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if curve:
@@ -89,7 +115,10 @@ class Producer:
         if not self.sock.poll(self.timeout_ms):
             raise ClientError(f"no ack from the server within {self.timeout_ms} ms")
         frames = self.sock.recv_multipart()
-        ok = len(frames) > 1 and frames[1] == b"1"
+        if len(frames) < 3 or frames[1] not in (b"1", b"0") or frames[2] != b"" or frames[0] in results:
+            raise ClientError(f"an answer that is not a pzq ack ({len(frames)} frame(s): "
+                              f"{b' '.join(f[:20] for f in frames[:4])!r}): is a pzq server at this endpoint?")
+        ok = frames[1] == b"1"
         error = frames[3].decode("utf-8", "replace") if len(frames) > 3 else ""
         results[frames[0]] = ProduceResult(frames[0], ok, error)
 
@@ -114,8 +143,8 @@ class Consumer:
         if not self.sock.poll(timeout_ms):
             return None
         frames = self.sock.recv_multipart()
-        if len(frames) < 5:
-            raise ClientError(f"malformed delivery of {len(frames)} frames")
+        if len(frames) < 5 or frames[4] != b"" or not (frames[2].isdigit() and frames[3].isdigit()):
+            raise ClientError(f"malformed delivery of {len(frames)} frames: is a pzq server at this endpoint?")
         peer, key, sent, timeout = frames[:4]
         return Delivery(peer, key, int(sent), int(timeout), frames[5:])
 
@@ -127,9 +156,9 @@ class Consumer:
 
 
 def monitor_request(endpoint: str, request: str = "MONITOR", *, timeout_ms: int = 5000,
-                    ctx: zmq.Context | None = None) -> str:
+                    ctx: zmq.Context | None = None, curve: Curve | None = None) -> str:
     """Send one monitor request and return the reply text; ClientError if no reply in time."""
-    sock = _socket(ctx, zmq.REQ, endpoint)
+    sock = _socket(ctx, zmq.REQ, endpoint, curve)
     try:
         sock.send_string(request)
         if not sock.poll(timeout_ms):
@@ -139,12 +168,23 @@ def monitor_request(endpoint: str, request: str = "MONITOR", *, timeout_ms: int 
         sock.close(linger=0)
 
 
-def stats(endpoint: str, *, timeout_ms: int = 5000) -> dict:
+def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) -> dict:
     """The server's figures as a dict (the STATS request)."""
-    text = monitor_request(endpoint, "STATS", timeout_ms=timeout_ms)
+    text = monitor_request(endpoint, "STATS", timeout_ms=timeout_ms, curve=curve)
     if text.startswith("error:"):
         raise ClientError(text.strip())
-    return json.loads(text)
+    figures = monitor_json(endpoint, text)
+    if not isinstance(figures, dict) or "messages" not in figures:
+        raise ClientError(f"the answer from {endpoint} is not pzq's figures: is a pzq monitor there?")
+    return figures
+
+
+def monitor_json(endpoint: str, text: str):
+    """A monitor answer that must be JSON; ClientError (not a traceback) when it is not pzq speaking."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ClientError(f"the answer from {endpoint} is not pzq's ({text[:60]!r}): is a pzq monitor there?") from None
 
 
 def parse_monitor_text(text: str) -> dict[str, str]:

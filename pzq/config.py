@@ -27,7 +27,7 @@ class Config:
     database: str = "./pzq-data"
     receive_dsn: str = "tcp://127.0.0.1:11131"
     send_dsn: str = "tcp://127.0.0.1:11132"
-    monitor_dsn: str = "ipc:///tmp/pzq-monitor"
+    monitor_dsn: str = ""  # "" = ipc://DATABASE/monitor: inside the owner-only store directory
     queue: str = "default"
     phpmq_dsn: str = "tcp://127.0.0.1:9100"
     phpmq_dialect: str = "auto"
@@ -56,6 +56,18 @@ class Config:
     allow_ips: str = ""
     curve_secret_key: str = ""
     curve_clients: str = ""
+    unauthenticated: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.monitor_dsn:
+            # Not /tmp: another local user could create the socket file there first. The store
+            # directory is 0700, so only this user can make or reach a socket in it.
+            object.__setattr__(self, "monitor_dsn", f"ipc://{self.database.rstrip('/') or '/'}/monitor")
+
+    @property
+    def unauthenticated_roles(self) -> frozenset[str]:
+        """The endpoints named in ``unauthenticated`` (``receive``, ``phpmq``, ...)."""
+        return frozenset(p.strip() for p in self.unauthenticated.split(",") if p.strip())
 
     def validate(self) -> "Config":
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
@@ -104,6 +116,10 @@ class Config:
                 ipaddress.ip_network(part, strict=False)
             except ValueError:
                 raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+        unknown = self.unauthenticated_roles - set(ROLES)
+        if unknown:
+            raise ConfigError(f"--unauthenticated: {', '.join(sorted(unknown))} is not an endpoint; name some of "
+                              f"{', '.join(ROLES)}")
         if bool(self.curve_secret_key) != bool(self.curve_clients):
             raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
         if self.metrics_dsn:
@@ -127,6 +143,8 @@ def _at_least(config: Config, name: str, low: int) -> None:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
+ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
 SIZE_FIELDS = {"max_store_size", "max_message_size"}
 
 

@@ -1,15 +1,18 @@
-"""ZeroMQ CURVE for the tcp:// ZeroMQ endpoints: the server's key pair, the allowed clients' public keys,
-and pyzmq's authenticator (a ZAP handler in a thread of its own, as pyzmq provides it).
+"""ZeroMQ CURVE for the ZeroMQ endpoints: the server's key pair, the allowed clients' public keys,
+pyzmq's authenticator (a ZAP handler in a thread of its own, as pyzmq provides it), and the gate that
+checks every received message's key against the current allow-list.
 
 Keys are pyzmq certificate files (``zmq.auth``): ``NAME.key`` holds a public key, ``NAME.key_secret``
 the pair. ``pzq keygen DIR NAME`` writes both. The server reads its ``.key_secret`` file; a client is
 let in only if its public key is a ``.key`` file in the clients directory (read at start-up and on
-SIGHUP). ipc:// endpoints are protected by their files' permissions instead (owner-only).
+SIGHUP). The handshake alone would let a connection made before a key's removal live on, so every
+message is checked too: libzmq tags it with the key its connection authenticated with (ZAP User-Id).
 """
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 
 import zmq
 import zmq.auth
@@ -46,6 +49,17 @@ def load_public(path: str, option: str) -> bytes:
         raise ConfigError(f"{option} {path}: cannot read a key file: {exc}") from None
 
 
+class Gate:
+    """The allowed client keys as ZAP User-Ids (z85 text, what pyzmq's authenticator reports), read by
+    the loop for every message received on a CURVE socket. Replaced whole on reload."""
+
+    def __init__(self, keys: Iterable[bytes]):
+        self.allowed = frozenset(k.decode("ascii") for k in keys)
+
+    def admits(self, user: str | None) -> bool:
+        return user is not None and user in self.allowed
+
+
 class CurveServer:
     """The server side: socket options for every tcp:// endpoint, and the authenticator."""
 
@@ -59,6 +73,7 @@ class CurveServer:
         self.auth.start()
         self.auth.allow_any = False
         self.auth.certs[DOMAIN] = certs
+        self.gate = Gate(certs)
         log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
 
     def _load(self) -> dict:
@@ -76,16 +91,20 @@ class CurveServer:
                 log.error("CURVE: %s is not a readable public key, ignored: %s", name, exc)
         return certs
 
-    def reload(self) -> None:
-        """Re-read the allowed client keys (SIGHUP). If the directory cannot be read at all, the keys
-        allowed so far stay allowed and the error is logged."""
+    def reload(self) -> set[str]:
+        """Re-read the allowed client keys (SIGHUP); returns the keys (z85) no longer allowed. If the
+        directory cannot be read at all, the keys allowed so far stay allowed and the error is logged."""
         try:
             certs = self._load()
         except ConfigError as exc:
             log.error("CURVE keys not reloaded, the previous ones still apply: %s", exc)
-            return
+            return set()
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
-        log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
+        old, self.gate.allowed = self.gate.allowed, Gate(certs).allowed
+        revoked = set(old - self.gate.allowed)
+        log.info("CURVE: %d allowed client key(s) in %s%s", len(certs), self.clients_dir,
+                 f"; {len(revoked)} revoked, their open connections are cut off" if revoked else "")
+        return revoked
 
     def options(self) -> dict[str, object]:
         """What a server socket needs, set before it binds."""

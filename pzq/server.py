@@ -81,7 +81,7 @@ class Server:
             from pzq.curve import CurveServer
 
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
-        owned = self._sockets = Sockets(self.ctx, self.curve.options() if self.curve else None)
+        owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.native = NativeEndpoints(cfg, self.broker, owned)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote, failed=self._recover)
@@ -104,11 +104,7 @@ class Server:
             from pzq.metrics import Metrics
 
             self.metrics = Metrics(cfg.metrics_dsn)
-        self.poller = zmq.Poller()
-        for endpoint in self.endpoints:
-            for sock in endpoint.sockets:
-                self.poller.register(sock, zmq.POLLIN)
-        self.poller.register(self._wake_r, zmq.POLLIN)
+        self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
         log.info("pzq serving queue %r from %s: %s", cfg.queue, cfg.database,
@@ -116,6 +112,21 @@ class Server:
                      ("receive", cfg.receive_dsn), ("send", cfg.send_dsn), ("monitor", cfg.monitor_dsn),
                      ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("mqks", cfg.mqks_dsn),
                      ("api", cfg.api_dsn)) if value))
+        if self.curve is None:
+            log.info("no CURVE configured: every endpoint serves any client that can reach it")
+        elif owned.open_roles:
+            log.warning("CURVE configured, but these endpoints serve clients without a key (--unauthenticated): "
+                        "%s", ", ".join(owned.open_roles))
+        else:
+            log.info("CURVE configured: every endpoint requires an allowed client key")
+
+    def _register(self) -> None:
+        """(Re)build the poller from every endpoint's sockets (a revocation may replace some)."""
+        self.poller = zmq.Poller()
+        for endpoint in self.endpoints:
+            for sock in endpoint.sockets:
+                self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
@@ -150,7 +161,11 @@ class Server:
         else:
             logging.getLogger().setLevel(fresh.log_level.upper())
             if self.curve is not None:
-                self.curve.reload()
+                revoked = self.curve.reload()
+                if revoked:
+                    for endpoint in self.endpoints:
+                        endpoint.revoked(revoked)
+                    self._register()
             log.warning("SIGHUP: log level is now %s%s; other settings take effect at the next restart",
                         fresh.log_level, ", CURVE client keys re-read" if self.curve else "")
         self.notifier.notify("READY=1", "STATUS=serving")

@@ -58,3 +58,14 @@ def recv_frames_from(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str
         frames.append(frame.bytes)
         if not frame.more:
             return frames, frame.get("Peer-Address") or ""
+
+
+def recv_frames_user(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str | None]:
+    """``recv_frames`` plus the CURVE key (z85) its connection authenticated with: libzmq's ZAP User-Id
+    property, only on a CURVE server socket."""
+    frames = []
+    while True:
+        frame = _recv(sock, flags, False)
+        frames.append(frame.bytes)
+        if not frame.more:
+            return frames, frame.get("User-Id")

@@ -4,10 +4,10 @@ from __future__ import annotations
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
-from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+from pzq.zmqio import NOBLOCK, Again, send_frames
 
 READ_BATCH = 4096
 
@@ -22,6 +22,7 @@ class ApiEndpoint(Endpoint):
         self.sock = binder.bind(zmq.ROUTER, config.api_dsn, "--api-dsn",
                                 MAXMSGSIZE=config.max_message_size + (8 << 20))
         self.sockets = [self.sock]
+        self._gate = binder.gate(self.sock)
         self._out: list[list[bytes]] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
@@ -29,9 +30,11 @@ class ApiEndpoint(Endpoint):
             return
         for _ in range(READ_BATCH):
             try:
-                frames = recv_frames(self.sock, NOBLOCK)
+                frames = receive(self.sock, self._gate, "api", NOBLOCK)
             except Again:
                 return
+            if frames is None:
+                continue
             reply = self.gateway.handle(frames, now=now, now_us=now_us)
             if reply is not None:
                 self._out.append(reply)

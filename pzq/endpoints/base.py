@@ -1,28 +1,58 @@
 """What every endpoint adapter offers the server loop; each step has a do-nothing default."""
 from __future__ import annotations
 
+import logging
+import os
+import stat
+
 import zmq
 
+from pzq.curve import CurveServer, Gate
 from pzq.errors import ConfigError
+from pzq.logs import warn_bad
+from pzq.zmqio import recv_frames, recv_frames_user
+
+log = logging.getLogger("pzq.server")
+
+RAW_TCP = ("phpmq", "mqks")  # roles whose protocols have no authentication of their own
 
 
 class Sockets:
-    """Makes the server's bound sockets: remembers them (to close them), and sets options before the
-    bind, where libzmq copies them into the listener (options set later never reach the connections
-    it accepts). With CURVE configured, every tcp:// ZeroMQ endpoint is a CURVE server."""
+    """Makes the server's bound sockets: remembers them (to close or re-bind them), and sets options
+    before the bind, where libzmq copies them into the listener (options set later never reach the
+    connections it accepts).
 
-    def __init__(self, ctx: zmq.Context, curve: dict[str, object] | None = None):
+    With CURVE configured, every ZeroMQ endpoint (tcp:// and ipc://; inproc:// never leaves the process)
+    is a CURVE server unless its role (``--receive-dsn`` -> ``receive``) is named in
+    ``unauthenticated``, and a raw-TCP gateway may only be bound when it is named there."""
+
+    def __init__(self, ctx: zmq.Context, curve: CurveServer | None = None,
+                 unauthenticated: frozenset[str] = frozenset()):
         self.ctx = ctx
         self.curve = curve
+        self.unauthenticated = unauthenticated
         self.owned: list[zmq.Socket] = []
+        self.open_roles: list[str] = []  # bound without authentication, for the start-up log
+        self._made: dict[zmq.Socket, tuple] = {}  # how each was made, to re-bind it
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
         ``option`` if it cannot bind."""
+        role = option.removeprefix("--").removesuffix("-dsn")
+        secured = (self.curve is not None and role not in self.unauthenticated
+                   and not endpoint.startswith("inproc://"))
+        if secured and kind == zmq.STREAM:
+            raise ConfigError(f"{option} {endpoint}: {role.upper()} clients cannot authenticate, and CURVE is "
+                              f"configured: disable it ({option} '') or accept it knowingly with "
+                              f"--unauthenticated {role}")
+        if not secured:
+            self.open_roles.append(f"{role} {endpoint}")
+        if endpoint.startswith("ipc://"):
+            _check_ipc_path(endpoint, option)
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        if self.curve and endpoint.startswith("tcp://") and kind != zmq.STREAM:
-            options = {**self.curve, **options}
+        if secured:
+            options = {**self.curve.options(), **options}
         for name, value in options.items():
             sock.setsockopt(getattr(zmq, name), value)
         try:
@@ -31,12 +61,63 @@ class Sockets:
             sock.close()
             raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
         self.owned.append(sock)
+        self._made[sock] = (kind, endpoint, option, options, secured)
         return sock
+
+    def gate(self, sock: zmq.Socket) -> Gate | None:
+        """The allow-list every message received on ``sock`` is checked against (None: not CURVE)."""
+        return self.curve.gate if self._made[sock][4] else None
+
+    def rebind(self, sock: zmq.Socket) -> zmq.Socket:
+        """Close ``sock`` and bind a new one like it: every peer is cut off and must connect (and
+        authenticate) again. ZeroMQ clients reconnect by themselves."""
+        kind, endpoint, option, options, secured = self._made.pop(sock)
+        self.owned.remove(sock)
+        sock.close(linger=0)
+        fresh = self.ctx.socket(kind)
+        fresh.setsockopt(zmq.LINGER, 0)
+        for name, value in options.items():
+            fresh.setsockopt(getattr(zmq, name), value)
+        fresh.bind(endpoint)  # the address was ours a moment ago (listeners use SO_REUSEADDR)
+        self.owned.append(fresh)
+        self._made[fresh] = (kind, endpoint, option, options, secured)
+        return fresh
 
     def close(self) -> None:
         for sock in self.owned:
             sock.close()
         self.owned.clear()
+        self._made.clear()
+
+
+def receive(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> list[bytes] | None:
+    """One message from ``sock`` (zmq.Again when none waits). None, logged, when it came over a
+    connection whose CURVE key has been revoked since its handshake: such a client is cut off."""
+    if gate is None:
+        return recv_frames(sock, flags)
+    frames, user = recv_frames_user(sock, flags)
+    if gate.admits(user):
+        return frames
+    warn_bad(role, "revoked", f"a message from CURVE key {user!r}, no longer allowed: dropped")
+    return None
+
+
+def _check_ipc_path(endpoint: str, option: str) -> None:
+    """Never bind over a socket file of another user: whoever made it may be waiting for our clients."""
+    path = endpoint[len("ipc://"):]
+    if path.startswith("@"):  # Linux abstract namespace: no file
+        return
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{option} {endpoint}: cannot check the socket file: {exc.strerror}") from None
+    if info.st_uid != os.geteuid():
+        raise ConfigError(f"{option} {endpoint}: the file exists and belongs to uid {info.st_uid}, not to this "
+                          "process: refusing to bind over it (another user may have put it there)")
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ConfigError(f"{option} {endpoint}: the path exists and is not a socket: refusing to replace it")
 
 
 class Endpoint:
@@ -75,3 +156,8 @@ class Endpoint:
     def stats(self) -> dict | None:
         """This endpoint's monitor figures, or None to report nothing."""
         return None
+
+    def revoked(self, users: set[str]) -> None:
+        """These CURVE keys were removed (SIGHUP): cut off their peers where a message check cannot
+        (sockets that only send, workers given jobs unasked). Sockets may be replaced: the server
+        polls ``sockets`` afresh after this call."""

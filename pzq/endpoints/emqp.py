@@ -8,9 +8,10 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+from pzq.logs import warn_bad
+from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_user, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -30,6 +31,8 @@ class EmqpEndpoint(Endpoint):
         self.pub = (binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn")
                     if config.emqp_publish_dsn else None)
         self.sockets = [self.front, self.back]
+        self.binder = binder
+        self._front_gate, self._back_gate = binder.gate(self.front), binder.gate(self.back)
         self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
                                    liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,
                                    default_queues=[q.strip() for q in config.emqp_default_queues.split(",")
@@ -37,15 +40,27 @@ class EmqpEndpoint(Endpoint):
         self._out: list = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        for sock, handle in ((self.front, self.gateway.from_client), (self.back, self.gateway.from_worker)):
-            if sock not in ready:
-                continue
+        if self.front in ready:
             for _ in range(READ_BATCH):
                 try:
-                    frames = recv_frames(sock, NOBLOCK)
+                    frames = receive(self.front, self._front_gate, "emqp", NOBLOCK)
                 except Again:
                     break
-                self._out += handle(frames, now=now, now_us=now_us)
+                if frames is not None:
+                    self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
+        if self.back in ready:
+            for _ in range(READ_BATCH):
+                try:
+                    # The worker's key is kept with it: a revocation drops the workers of that key.
+                    frames, user = (recv_frames_user(self.back, NOBLOCK) if self._back_gate is not None
+                                    else (recv_frames(self.back, NOBLOCK), None))
+                except Again:
+                    break
+                if self._back_gate is not None and not self._back_gate.admits(user):
+                    warn_bad("emqp", "revoked", f"a worker message from CURVE key {user!r}, no longer allowed: "
+                                                "dropped")
+                    continue
+                self._out += self.gateway.from_worker(frames, now=now, now_us=now_us, user=user)
 
     def work(self, now: float, now_us: int) -> None:
         self.gateway.run_schedules(now_us)
@@ -80,3 +95,11 @@ class EmqpEndpoint(Endpoint):
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+    def revoked(self, users: set[str]) -> None:
+        dropped = self.gateway.revoke(users)
+        if dropped:
+            log.warning("eMQP: %d worker(s) of revoked CURVE keys dropped, their jobs requeued", dropped)
+        if self.pub is not None and self.binder.gate(self.pub) is not None:
+            # PUB sends to every subscriber alike: re-bind it so that every one authenticates again.
+            self.pub = self.binder.rebind(self.pub)

@@ -9,7 +9,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.errors import StoreError
 from pzq.protocols import monitor as monitor_proto
 
@@ -30,6 +30,7 @@ class MonitorEndpoint(Endpoint):
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn")
         _restrict_ipc(config.monitor_dsn)
         self.sockets = [self.sock]
+        self._gate = binder.gate(self.sock)
         self._wrote = wrote
         self._failed = failed
         self._requests: list[monitor_proto.Request] = []
@@ -39,10 +40,11 @@ class MonitorEndpoint(Endpoint):
             return
         for _ in range(READ_BATCH):
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = receive(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._requests.append(monitor_proto.parse_request(frames))
+            if frames is not None:
+                self._requests.append(monitor_proto.parse_request(frames))
 
     def flush(self, now: float, now_us: int) -> None:
         requests, self._requests = self._requests, []
