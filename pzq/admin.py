@@ -49,6 +49,7 @@ class Admin:
             "redelivered_total": counters.redelivered,
             "dead_lettered_total": counters.dead_lettered,
             "refused_full_total": counters.refused_full,
+            "refused_not_held_total": counters.refused_not_held,
             "produce_rate": self._rate("produced"),
             "ack_rate": self._rate("acked"),
             "store_limit_bytes": self.store_limit,

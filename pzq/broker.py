@@ -61,6 +61,7 @@ class Counters:
     redelivered: int = 0
     dead_lettered: int = 0
     refused_full: int = 0
+    refused_not_held: int = 0  # settle requests naming a message the client did not hold
 
 
 class Broker:
@@ -75,7 +76,6 @@ class Broker:
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
         self._ready: dict[int, _Ready] = {}
         self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
-        self.refused = 0  # settle requests from a client that did not hold the message
 
     def _state(self, qid: int) -> _Ready:
         state = self._ready.get(qid)
@@ -221,7 +221,7 @@ class Broker:
 
     # Ownership: a client settles only what was delivered to it. ``by`` is the holder a protocol gave
     # ``take`` (a connection, a consumer, a worker, the native send socket, a lease group). A request
-    # naming a message ``by`` does not hold changes nothing and returns False (counted in ``refused``).
+    # naming a message ``by`` does not hold changes nothing and returns False (counted as refused).
 
     def holds(self, ref: Ref, by: Hashable) -> bool:
         """True if ``by`` may settle ``ref``: it holds the delivery, or its delivery timed out (or it
@@ -250,7 +250,7 @@ class Broker:
         """Requeue a message ``by`` holds in flight at once, ahead of newer ones. False otherwise."""
         delivery = self.inflight.get(ref)
         if delivery is None or delivery.consumer != by:
-            self.refused += 1
+            self.counters.refused_not_held += 1
             return False
         self._settle(ref)
         self.counters.nacked += 1
@@ -278,7 +278,7 @@ class Broker:
     def _may_settle(self, ref: Ref, by: Hashable) -> bool:
         if self.holds(ref, by):
             return True
-        self.refused += 1
+        self.counters.refused_not_held += 1
         return False
 
     def _stored(self, ref: Ref) -> Message | None:

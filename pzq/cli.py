@@ -144,7 +144,7 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
         else:
             try:
                 table = _table(figures)
-            except (TypeError, KeyError, AttributeError, ValueError):
+            except (TypeError, KeyError, ValueError):  # a queue entry without pzq's fields
                 raise ClientError(f"the figures from {endpoint} are not pzq's: is a pzq monitor there?") from None
             if watch:
                 click.clear()

@@ -174,9 +174,14 @@ def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) 
     if text.startswith("error:"):
         raise ClientError(text.strip())
     figures = monitor_json(endpoint, text)
-    if not isinstance(figures, dict) or "messages" not in figures:
+    if (not isinstance(figures, dict) or not isinstance(figures.get("queues"), dict)
+            or not all(isinstance(figures.get(name), int) for name in PZQ_FIGURES)
+            or not all(isinstance(q, dict) for q in figures["queues"].values())):
         raise ClientError(f"the answer from {endpoint} is not pzq's figures: is a pzq monitor there?")
     return figures
+
+
+PZQ_FIGURES = ("messages", "messages_inflight", "db_size", "inflight_db_size", "syncs", "expired_messages")
 
 
 def monitor_json(endpoint: str, text: str):

@@ -122,6 +122,12 @@ class Config:
                               f"{', '.join(ROLES)}")
         if bool(self.curve_secret_key) != bool(self.curve_clients):
             raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
+        for role in ("phpmq", "mqks"):  # no side door: their protocols have no authentication
+            dsn = getattr(self, f"{role}_dsn")
+            if self.curve_secret_key and dsn and role not in self.unauthenticated_roles:
+                raise ConfigError(f"--{role}-dsn {dsn}: {role.upper()} clients cannot authenticate, and CURVE is "
+                                  f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
+                                  f"--unauthenticated {role}")
         if self.metrics_dsn:
             from pzq.metrics import parse_endpoint
 

@@ -20,7 +20,7 @@ from pzq.errors import ConfigError
 COMMIT_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 BATCH_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 _TOTALS = ("produced_total", "acked_total", "nacked_total", "redelivered_total", "dead_lettered_total",
-           "refused_full_total", "expired_messages")
+           "refused_full_total", "refused_not_held_total", "expired_messages")
 
 
 def parse_endpoint(dsn: str) -> tuple[str, int]:

@@ -7,9 +7,12 @@ import itertools
 import re
 import secrets
 import socket
+import time
 
 from pzq.errors import ClientError
 
+MAX_LINE = 64 << 20  # an unfinished line longer than this is not an MQKS server speaking
+MAX_KEPT = 100_000  # other lines kept while waiting for an answer
 _DELIVERY = re.compile(r"^(\S+) ok (\S+) event=([^, ]+)(?:,retry=(\d+))? (.*)$", re.S)
 
 
@@ -59,7 +62,10 @@ class MqksClient:
         self.close()
 
     def send(self, line: str) -> None:
-        self.sock.sendall(line.encode() + b"\n")
+        try:
+            self.sock.sendall(line.encode() + b"\n")
+        except OSError as exc:
+            raise ClientError(f"the connection to the MQKS server failed: {exc}") from None
 
     def request(self, action: str, data: str = "", *, confirm: bool = False) -> str:
         """Send one request; returns its request id."""
@@ -77,6 +83,10 @@ class MqksClient:
                 more = self.sock.recv(65536)
             except (socket.timeout, TimeoutError):
                 return None
+            except OSError as exc:
+                raise ClientError(f"the connection to the MQKS server failed: {exc}") from None
+            if len(self._buf) > MAX_LINE:
+                raise ClientError(f"a line of over {MAX_LINE} bytes from the server: is an MQKS server there?")
             if not more:
                 raise ClientError("the server closed the connection")
             self._buf += more
@@ -86,10 +96,11 @@ class MqksClient:
     def wait_ok(self, request_id: str) -> str:
         """Wait for the answer to ``request_id``, keeping other lines for later; raises on an error."""
         kept = []
+        deadline = time.monotonic() + self.timeout_s  # however many other lines come meanwhile
         try:
             while True:
-                line = self.read_line()
-                if line is None:
+                line = self.read_line(max(0.001, deadline - time.monotonic()))
+                if line is None or time.monotonic() > deadline or len(kept) > MAX_KEPT:
                     raise ClientError(f"no answer to {request_id} within {self.timeout_s} s")
                 if line.startswith(f"{request_id} ok") and not line.startswith(f"{request_id} ok --update"):
                     return line[len(request_id) + 4:]
@@ -116,13 +127,16 @@ class MqksClient:
 
     def receive(self, timeout_s: float | None = None) -> Delivery | None:
         """The next delivery (other lines are skipped), or None if none came in time."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while True:
-            line = self.read_line(timeout_s)
+            line = self.read_line(max(0.001, deadline - time.monotonic()))
             if line is None:
                 return None
             delivery = parse_delivery(line)
             if delivery is not None:
                 return delivery
+            if time.monotonic() > deadline:  # only other lines, however many: still none in time
+                return None
 
     def ack(self, consumer: str, msg_id: str = "--all", *, confirm: bool = False) -> None:
         request_id = self.request("ack", f"{consumer} {msg_id}", confirm=confirm)

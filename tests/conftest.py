@@ -53,10 +53,10 @@ class ThreadServer:
     def _run(self) -> None:
         try:
             self.server.start()
-        except BaseException as exc:  # reported to the test thread
+        except BaseException as exc:  # reported to the test thread, once everything it opened is closed
             self._error = exc
-            self._ready.set()
             self.server.close()
+            self._ready.set()
             return
         self._ready.set()
         try:

@@ -203,7 +203,7 @@ def test_a_client_settles_only_what_was_delivered_to_it(broker):
     assert broker.dead_letter(ref, "x", by="mallory", now_us=T0) is False
     assert broker.ack(never_given, by="alice") is False  # stored, ready, but never given to anyone
     assert broker.dead_letter(never_given, "x", by="alice", now_us=T0) is False
-    assert (broker.store.queue("q").count, broker.store.queue("q").dead_count, broker.refused) == (3, 0, 6)
+    assert (broker.store.queue("q").count, broker.store.queue("q").dead_count, broker.counters.refused_not_held) == (3, 0, 6)
     assert broker.inflight.get(ref).consumer == "alice"
     assert broker.ack(ref, by="alice") is True
 

@@ -48,14 +48,14 @@ def test_keygen_writes_a_public_key_and_an_owner_only_secret_key(keys):
 def test_only_clients_with_an_allowed_key_are_served(make_server, keys):
     endpoint, _ = free_tcp_endpoint()
     srv = make_server(receive_dsn=endpoint, curve_secret_key=str(keys / "server" / "server.key_secret"),
-                      curve_clients=str(keys / "clients"))
+                      curve_clients=str(keys / "clients"), unauthenticated="monitor")
     server_key = str(keys / "server" / "server.key")
     alice = (str(keys / "alice" / "alice.key_secret"), server_key)
     mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
     assert produce_once(endpoint, None) is None  # plain ZeroMQ: the handshake never completes
     assert produce_once(endpoint, mallory) is None  # a key pair of its own, but not an allowed one
     assert produce_once(endpoint, alice) == [b"1", b"1", b""]
-    assert srv.stats()["messages"] == 1  # the monitor (ipc, owner-only file) needs no key
+    assert srv.stats()["messages"] == 1  # the monitor was named unauthenticated: it needs no key
     os.remove(keys / "clients" / "alice.key")
     (keys / "clients" / "garbage.key").write_text("not a key")  # does not stop the revocation
     srv.server.curve.reload()  # what SIGHUP does
@@ -88,3 +88,85 @@ def test_the_api_client_speaks_curve_too(make_server, keys):
         assert api.produce([("q", b"x")])["count"] == 1
     with ApiClient(endpoint, timeout_s=1, attempt_s=0.5) as stranger, pytest.raises(ClientError):
         stranger.info("q")
+
+
+def curve_settings(keys, **more) -> dict:
+    return dict(curve_secret_key=str(keys / "server" / "server.key_secret"), curve_clients=str(keys / "clients"),
+                **more)
+
+
+def test_with_curve_even_the_ipc_monitor_wants_a_key_unless_named_unauthenticated(make_server, keys, tmp_path):
+    from pzq import client
+    from pzq.errors import ClientError
+
+    srv = make_server(**curve_settings(keys))
+    alice = (str(keys / "alice" / "alice.key_secret"), str(keys / "server" / "server.key"))
+    with pytest.raises(ClientError, match="no answer"):
+        client.stats(srv.monitor, timeout_ms=1000)
+    assert client.stats(srv.monitor, curve=alice)["messages"] == 0
+    result = CliRunner().invoke(cli, ["monitor", "--monitor-dsn", srv.monitor, "--curve-client-key", alice[0],
+                                      "--curve-server-key", alice[1]])
+    assert result.exit_code == 0 and "messages_inflight" in result.output, result.output
+
+
+@pytest.mark.parametrize("gateway", ["phpmq", "mqks"])
+def test_with_curve_a_raw_tcp_gateway_runs_only_when_named_unauthenticated(make_server, keys, gateway, caplog):
+    from pzq.errors import ConfigError
+
+    dsn, addr = free_tcp_endpoint()
+    with pytest.raises(ConfigError, match=f"--unauthenticated {gateway}"):
+        make_server(**{f"{gateway}_dsn": dsn}, **curve_settings(keys))
+    caplog.set_level("WARNING")
+    make_server(**{f"{gateway}_dsn": dsn}, **curve_settings(keys, unauthenticated=gateway))
+    assert f"serve clients without a key (--unauthenticated): {gateway} {dsn}" in caplog.text
+    import socket
+
+    socket.create_connection(addr, timeout=5).close()  # knowingly open
+
+
+def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_path):
+    import signal
+    import time
+
+    from conftest import recv, wait_until
+    from pzq import client
+
+    receive, _ = free_tcp_endpoint()
+    send, _ = free_tcp_endpoint()
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # mallory is allowed, for now
+    srv = process_server("--receive-dsn", receive, "--send-dsn", send, "--curve-secret-key",
+                         str(keys / "server" / "server.key_secret"), "--curve-clients", str(keys / "clients"),
+                         "--unauthenticated", "monitor")
+    server_key = str(keys / "server" / "server.key")
+    pair = {name: (str(keys / name / f"{name}.key_secret"), server_key) for name in ("alice", "mallory")}
+    producers = {name: client.Producer(receive, curve=curve, timeout_ms=1500) for name, curve in pair.items()}
+    consumers = {name: client.Consumer(send, curve=curve) for name, curve in pair.items()}
+    try:
+        for name, producer in producers.items():
+            assert producer.produce([name.encode()]).ok
+        got = {name: consumer.receive(5000) for name, consumer in consumers.items()}
+        assert all(got.values()), "both consumers are served before the revocation"
+        os.remove(keys / "clients" / "mallory.key")
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "1 revoked" in srv.log.read_text(), timeout_s=10)
+        with pytest.raises(client.ClientError, match="no ack"):
+            producers["mallory"].produce([b"after revocation"])  # the same, long-open connection
+        consumers["mallory"].ack(got["mallory"])  # an ack over it is dropped too
+        assert producers["alice"].produce([b"alice again"]).ok
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and srv.stats()["messages_inflight"]:
+            time.sleep(0.05)  # mallory's unacked delivery comes back after its ack timeout
+        bodies = set()
+        for _ in range(3):
+            delivery = consumers["alice"].receive(5000)
+            assert delivery is not None, "alice's consumer reconnected and is served"
+            bodies.add(b"".join(delivery.body))
+            consumers["alice"].ack(delivery)
+            if srv.stats()["messages"] == 0:
+                break
+        assert consumers["mallory"].receive(1000) is None, "the revoked consumer gets nothing more"
+        assert b"after revocation" not in bodies
+        wait_until(lambda: srv.stats()["messages"] == 0)
+    finally:
+        for sock in (*producers.values(), *consumers.values()):
+            sock.close()

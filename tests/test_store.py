@@ -241,3 +241,23 @@ def test_a_malformed_message_id_does_not_parse(bad):
                                  "00000000000000010000_00000000001"])
 def test_a_message_id_with_non_hex_characters_does_not_parse(bad):
     assert parse_message_id(bad) is None
+
+
+def test_a_write_that_finds_its_key_already_stored_is_a_store_error_and_rolls_back(store):
+    import msgpack
+
+    from pzq.store import _KEY
+
+    store.put("q", [b"first"], now_us=1)
+    store.commit()
+    info = store.queue("q")
+    # What a second writer on the same file would have done: stored the next seq behind our back.
+    with store._env.begin(write=True) as txn:
+        txn.put(_KEY.pack(info.qid, info.next_seq), msgpack.packb([5, 0, [b"someone else's"]]),
+                db=store._messages_db)
+    store.put("other", [b"in the same turn"], now_us=2)
+    with pytest.raises(StoreError, match="already stored"):
+        store.put("q", [b"second"], now_us=3)
+    assert store.queue("other", create=False) is None, "the whole turn was rolled back"
+    assert store.queue("q").count == 1
+    assert [m.frames for m in store.scan("q")] == [[b"first"], [b"someone else's"]]  # not overwritten

@@ -68,7 +68,8 @@ class EmqpGateway:
         self.next_heartbeat = 0.0
         self.schedules: dict[str, dict] = broker.store.schedules()  # id -> record (see _schedule)
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
-                         "dead_workers_total": 0, "bad_input_total": 0}
+                         "dead_workers_total": 0, "bad_input_total": 0,
+                         "replies_refused_total": 0}
 
     # -- clients ----------------------------------------------------------------------------------
 
@@ -217,6 +218,7 @@ class EmqpGateway:
             return self._inform(cmd, now, user)
         if cmd.name == "REPLY":
             if worker is None:
+                self.counters["replies_refused_total"] += 1
                 self._bad(cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: "
                                                   "ignored"))
                 return []
@@ -260,6 +262,7 @@ class EmqpGateway:
         job = self._pop_job(request_msgid, worker)
         message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
         if job is None or not self.broker.ack(job[0], by=("emqp", job[1])):
+            self.counters["replies_refused_total"] += 1
             self._bad(cmd.peer, ProtocolError("not-held", f"REPLY for job {request_msgid[:60]!r}, which this worker "
                                               "does not hold (unknown, done, another's, or given out before a "
                                               "restart): ignored"))

@@ -49,7 +49,6 @@ class PhpmqGateway:
         self.received_total = 0
         self.dispatched_total = 0
         self.closed_total = 0
-        self.refused_total = 0
 
     def connected(self, conn: Hashable) -> None:
         self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
@@ -106,7 +105,6 @@ class PhpmqGateway:
                 done = self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", by=session.consumer,
                                                now_us=now_us)
             if not done:  # PHPMQ has no error reply: ignored, and logged
-                self.refused_total += 1
                 warn_bad("phpmq", "not-held", f"{_NAMES[message.type]} of message "
                          f"{message.packets[phpmq.MESSAGE_ID][:40]!r} in queue {queue!r}, which this connection "
                          "does not hold (never dispatched to it, settled, or another's): ignored")
@@ -141,7 +139,7 @@ class PhpmqGateway:
         return {"connections": len(self.sessions),
                 "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
                 "received_total": self.received_total, "dispatched_total": self.dispatched_total,
-                "closed_bad_input_total": self.closed_total, "refused_not_held_total": self.refused_total}
+                "closed_bad_input_total": self.closed_total}
 
 
 MAX_TTL_S = 10 * 365 * 86400

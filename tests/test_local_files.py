@@ -1,0 +1,189 @@
+"""Local files: the store is private whatever the umask, the monitor socket is not where another local
+user can squat it, pzq never binds over or talks to another user's socket file, and every CLI command
+gives one clear line (not a traceback) when what answers is not pzq."""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+import zmq
+
+from conftest import free_tcp_endpoint, make_config
+from pzq.config import Config
+from pzq.errors import ConfigError
+from pzq.server import Server
+from pzq.store import Store
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def pzq(*args: str, cwd=None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pzq", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+def one_clear_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pzq: error: "), result.stderr
+    return lines[0]
+
+
+def test_the_store_is_owner_only_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        store = Store(tmp_path / "db", max_size=16 << 20)
+        store.put("q", [b"secret"], now_us=1)
+        store.commit()
+        store.close()
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "db") == 0o700
+    assert mode(tmp_path / "db" / "data.mdb") == mode(tmp_path / "db" / "lock.mdb") == 0o600
+
+
+def test_files_an_earlier_version_left_readable_are_made_private(tmp_path):
+    Store(tmp_path / "db", max_size=16 << 20).close()
+    for name in ("data.mdb", "lock.mdb"):
+        os.chmod(tmp_path / "db" / name, 0o644)
+    Store(tmp_path / "db", max_size=16 << 20).close()
+    assert mode(tmp_path / "db" / "data.mdb") == mode(tmp_path / "db" / "lock.mdb") == 0o600
+
+
+def test_the_default_monitor_socket_lives_in_the_private_store_directory(tmp_path):
+    assert Config().monitor_dsn == "ipc://./pzq-data/monitor"
+    assert Config(database="/var/lib/pzq/").monitor_dsn == "ipc:///var/lib/pzq/monitor"
+    server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--receive-dsn", f"ipc://{tmp_path}/r",
+                               "--send-dsn", f"ipc://{tmp_path}/s", "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
+                               "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--mqks-dsn", "", "--api-dsn", ""],
+                              cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        result = pzq("monitor", "--json", "--timeout", "20000", cwd=tmp_path)  # the same default, found alone
+        assert result.returncode == 0 and '"messages": 0' in result.stdout, result.stderr
+        assert mode(tmp_path / "pzq-data") == 0o700
+        assert mode(tmp_path / "pzq-data" / "monitor") == 0o600
+    finally:
+        server.terminate()
+        server.wait(15)
+
+
+@as_root
+def test_the_server_never_binds_over_another_users_socket_file(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    squat = socket.socket(socket.AF_UNIX)
+    squat.bind(str(shared / "monitor"))
+    os.chown(shared / "monitor", NOBODY, NOBODY)
+    cfg = make_config(tmp_path, monitor_dsn=f"ipc://{shared}/monitor")
+    server = Server(cfg, context=zmq.Context.instance())
+    try:
+        with pytest.raises(ConfigError, match="belongs to uid 65534.*refusing to bind over it"):
+            server.start()
+    finally:
+        server.close()
+        squat.close()
+    assert os.stat(shared / "monitor").st_uid == NOBODY, "the squatter's file is left alone"
+    line = one_clear_line(pzq("monitor", "--monitor-dsn", f"ipc://{shared}/monitor", "--timeout", "1000"))
+    assert "refusing to talk to" in line and "belongs to uid 65534" in line
+
+
+class FakeServer:
+    """Something that is not pzq on a pzq endpoint: answers every request with ``answer``."""
+
+    def __init__(self, kind: int, endpoint: str, answer):
+        self.sock = zmq.Context.instance().socket(kind)
+        self.sock.linger = 0
+        self.sock.bind(endpoint)
+        self.answer = answer
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            if self.sock.poll(50):
+                frames = self.sock.recv_multipart()
+                for reply in self.answer(frames):
+                    self.sock.send_multipart(reply)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+        self.sock.close(linger=0)
+
+
+@pytest.mark.parametrize("answer", [b"hello", b'{"messages": 1, "queues": 7}', b"[1, 2", b"\xff\xfe"])
+@pytest.mark.parametrize("command", [["monitor"], ["monitor", "--json"], ["dead-letters", "list", "q"],
+                                     ["dead-letters", "requeue", "q", "--all"]])
+def test_a_monitor_command_answered_by_something_else_prints_one_line(tmp_path, command, answer):
+    endpoint = f"ipc://{tmp_path}/monitor"
+    fake = FakeServer(zmq.REP, endpoint, lambda frames: [[answer]])
+    try:
+        one_clear_line(pzq(*command, "--monitor-dsn", endpoint, "--timeout" if command[0] == "monitor" else "--",
+                           *(["3000"] if command[0] == "monitor" else [])))
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("answer", [[b"garbage"], [b"1", b"2", b"3", b"4"], [b"\x00" * 3]])
+def test_produce_answered_by_something_else_prints_one_line(tmp_path, answer):
+    endpoint = f"ipc://{tmp_path}/receive"
+    fake = FakeServer(zmq.ROUTER, endpoint, lambda frames: [[frames[0], *answer]])
+    try:
+        one_clear_line(pzq("produce", "--receive-dsn", endpoint, "hello"))
+    finally:
+        fake.close()
+
+
+def test_consume_fed_by_something_else_prints_one_line(tmp_path):
+    endpoint = f"ipc://{tmp_path}/send"
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.bind(endpoint)
+    proc = subprocess.Popen([sys.executable, "-m", "pzq", "consume", "--send-dsn", endpoint, "--timeout", "20000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sock.send_multipart([b"key", b"not a time", b"x", b"", b"body"])  # queued until the consumer connects
+        out, err = proc.communicate(timeout=30)
+    finally:
+        sock.close(linger=0)
+        if proc.poll() is None:
+            proc.kill()
+    one_clear_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+
+
+@pytest.mark.parametrize("command", [["publish", "e", "data"], ["consume", "q"]])
+def test_mqks_commands_answered_by_something_else_print_one_line(command):
+    dsn, addr = free_tcp_endpoint()
+    listener = socket.create_server(addr)
+    stop = threading.Event()
+
+    def serve() -> None:  # an endless stream of lines that are not MQKS answers
+        conn, _ = listener.accept()
+        with conn:
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"not mqks\n" * 100)
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        one_clear_line(pzq("mqks", command[0], "--mqks-dsn", dsn, *command[1:]))
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
