@@ -2,6 +2,7 @@
 try to ack, requeue, dead-letter or complete other clients' messages, and the victims' messages stay."""
 from __future__ import annotations
 
+import pytest
 import zmq
 
 from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
@@ -94,7 +95,10 @@ def test_a_phpmq_connection_cannot_ack_a_message_dispatched_to_another(make_serv
         c.sock.close()
 
 
-def test_an_emqp_peer_completes_only_a_job_it_holds(make_server, sockets):
+@pytest.fixture
+def emqp(make_server, sockets):
+    """(server, client(), worker(ready=...), stranger()) on the eMQP gateway: a client on the frontend, an
+    INFORM'd worker on the backend, or a backend peer that never said INFORM."""
     front, _ = free_tcp_endpoint()
     back, _ = free_tcp_endpoint()
     srv = make_server(emqp_frontend_dsn=front, emqp_backend_dsn=back)
@@ -105,20 +109,29 @@ def test_an_emqp_peer_completes_only_a_job_it_holds(make_server, sockets):
         s.connect(endpoint)
         return s
 
-    def worker():
+    def worker(ready: int = 0):
         w = peer(back)
         w.send_multipart([b"", V, b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"])
         next_command(w, b"ACK")
+        for _ in range(ready):
+            w.send_multipart([b"", V, b"READY", mid()])
         return w
 
-    c = peer(front)
-    request = mid()
-    c.send_multipart([b"", V, b"REQUEST", request, b"jobs", b"reply-requested", b'"payload"'])
-    next_command(c, b"ACK")
-    honest = worker()
-    honest.send_multipart([b"", V, b"READY", mid()])
+    def requester():
+        c = peer(front)
+        c.send_multipart([b"", V, b"REQUEST", mid(), b"jobs", b"reply-requested", b'"payload"'])
+        next_command(c, b"ACK")
+        return c
+
+    return srv, requester, worker, lambda: peer(back)
+
+
+def test_an_emqp_peer_completes_only_a_job_it_holds(emqp):
+    srv, requester, worker, stranger_of = emqp
+    c = requester()
+    honest = worker(ready=1)
     job = next_command(honest, b"REQUEST")
-    stranger = peer(back)  # never sent INFORM
+    stranger = stranger_of()  # never sent INFORM
     stranger.send_multipart([b"", V, b"REPLY", mid(), b'{"stolen": 1}', job[3]])
     other = worker()  # registered, live, serves the queue, but was not given the job
     other.send_multipart([b"", V, b"REPLY", mid(), b'{"stolen": 2}', job[3]])
@@ -130,31 +143,38 @@ def test_an_emqp_peer_completes_only_a_job_it_holds(make_server, sockets):
     wait_until(lambda: queues(srv)["jobs"]["depth"] == 0)
 
 
-def test_a_jobmanager_that_reconnects_under_a_new_identity_may_finish_its_jobs(make_server, sockets):
+def test_a_jobmanager_that_reconnects_under_a_new_identity_may_finish_its_jobs(emqp):
     # eventmq's JobManager rebuilds its socket with a fresh uuid identity on a reset: its REPLYs for the
     # jobs it still runs then come from the new connection, which INFORMs again with the same queues.
-    front, _ = free_tcp_endpoint()
-    back, _ = free_tcp_endpoint()
-    srv = make_server(emqp_frontend_dsn=front, emqp_backend_dsn=back)
-
-    def peer(endpoint):
-        s = sockets(zmq.DEALER, None)
-        s.identity = mid()
-        s.connect(endpoint)
-        return s
-
-    c = peer(front)
-    c.send_multipart([b"", V, b"REQUEST", mid(), b"jobs", b"reply-requested", b'"payload"'])
-    next_command(c, b"ACK")
-    old = peer(back)
-    old.send_multipart([b"", V, b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"])
-    next_command(old, b"ACK")
-    old.send_multipart([b"", V, b"READY", mid()])
+    srv, requester, worker, _ = emqp
+    c = requester()
+    old = worker(ready=1)
     job = next_command(old, b"REQUEST")
     old.send_multipart([b"", V, b"KBYE", mid()])  # draining: gets nothing new
-    new = peer(back)
-    new.send_multipart([b"", V, b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"])
-    next_command(new, b"ACK")
+    new = worker()
     new.send_multipart([b"", V, b"REPLY", mid(), b'{"done": true}', job[3]])
     assert next_command(c, b"REPLY")[4] == b'{"done": true}'
     wait_until(lambda: queues(srv)["jobs"]["depth"] == 0)
+
+
+def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_a_heartbeat(store):
+    from pzq.broker import Broker
+    from pzq.gateways.emqp import EmqpGateway
+
+    broker = Broker(store, ack_timeout_s=5)
+    gateway = EmqpGateway(broker, default_queues=["default"], heartbeat_s=3, liveness=3)
+
+    def command(peer, name, *args, now):
+        return gateway.from_worker([peer, b"", V, name, mid(), *args], now=now, now_us=1)
+
+    gateway.from_client([b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"", b'"x"'], now=0, now_us=1)
+    command(b"old", b"INFORM", b'[[10, "jobs"]]', b"worker", now=0)
+    command(b"old", b"READY", now=0)
+    [(_, job)] = gateway.dispatch(now=0, now_us=1)
+    command(b"new", b"INFORM", b'[[10, "jobs"]]', b"worker", now=1)
+    command(b"elsewhere", b"INFORM", b'[[10, "other"]]', b"worker", now=1)
+    command(b"new", b"REPLY", b"{}", b"req-1", now=2)  # the old connection is still live: not yet
+    command(b"elsewhere", b"REPLY", b"{}", b"req-1", now=4)  # another queue's worker: never
+    assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 2
+    command(b"new", b"REPLY", b"{}", b"req-1", now=4)  # old silent for more than a heartbeat interval
+    assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1

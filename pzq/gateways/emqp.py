@@ -222,7 +222,7 @@ class EmqpGateway:
                 self._bad(cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: "
                                                   "ignored"))
                 return []
-            return self._reply(cmd, worker)
+            return self._reply(cmd, worker, now)
         if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
             # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
             queues, slots = self.departed.pop(cmd.peer)
@@ -254,12 +254,12 @@ class EmqpGateway:
         # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
         return [(BACK, [cmd.peer, *emqp.ack(cmd.msgid)]), (BACK, [cmd.peer, *emqp.heartbeat()])]
 
-    def _reply(self, cmd: emqp.Command, worker: Worker) -> list[Out]:
+    def _reply(self, cmd: emqp.Command, worker: Worker, now: float) -> list[Out]:
         if len(cmd.args) < 2:
             self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
             return []
         reply_json, request_msgid = cmd.args
-        job = self._pop_job(request_msgid, worker)
+        job = self._pop_job(request_msgid, worker, now)
         message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
         if job is None or not self.broker.ack(job[0], by=("emqp", job[1])):
             self.counters["replies_refused_total"] += 1
@@ -274,13 +274,13 @@ class EmqpGateway:
             return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
         return []
 
-    def _pop_job(self, msgid: str, worker: Worker) -> tuple[Ref, bytes] | None:
+    def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, bytes] | None:
         """The job (message, holder identity) this REPLY completes, taken off the books.
 
-        The replying worker's own job; else one whose holder is no longer live (it said KBYE, or was
-        dropped as silent) and that this worker may have inherited: a JobManager that resets
-        reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the new
-        one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
+        The replying worker's own job; else one whose holder is no longer live (it said KBYE, was
+        dropped, or has missed a heartbeat) and that this worker may have inherited: a JobManager that
+        resets reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the
+        new one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
         holders = self.jobs.get(msgid)
         if not holders:
             return None
@@ -290,7 +290,8 @@ class EmqpGateway:
             for ref, (identity, user) in holders.items():
                 holder = self.workers.get(identity)
                 info = self.broker.store.queue_by_id(ref[0])
-                if ((holder is None or holder.draining) and user == worker.user
+                gone = holder is None or holder.draining or now - holder.last_seen > self.heartbeat_s
+                if (gone and user == worker.user
                         and info is not None and info.name in served):
                     chosen = ref
                     break
