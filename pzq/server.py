@@ -264,6 +264,8 @@ class Server:
                 endpoint.rolled_back()
         for endpoint in self.endpoints:
             endpoint.flush(now, now_us)
+        if self._sockets.pending:
+            self._sockets.bind_pending()
         if now >= self._next_tick:
             self.admin.tick(now)
             self._next_tick = now + TICK_S

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 
 import zmq
 
@@ -14,7 +15,7 @@ from pzq.zmqio import recv_frames, recv_frames_user
 
 log = logging.getLogger("pzq.server")
 
-RAW_TCP = ("phpmq", "mqks")  # roles whose protocols have no authentication of their own
+REBIND_WAIT_S = 2.0  # how long a revocation may hold the loop while a re-made socket waits for its address
 
 
 class Sockets:
@@ -34,6 +35,7 @@ class Sockets:
         self.owned: list[zmq.Socket] = []
         self.open_roles: list[str] = []  # bound without authentication, for the start-up log
         self._made: dict[zmq.Socket, tuple] = {}  # how each was made, to re-bind it
+        self._unbound: dict[zmq.Socket, str] = {}  # re-made, waiting for its address to be free
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
@@ -68,7 +70,8 @@ class Sockets:
 
     def rebind(self, sock: zmq.Socket) -> zmq.Socket:
         """Close ``sock`` and bind a new one like it: every peer is cut off and must connect (and
-        authenticate) again. ZeroMQ clients reconnect by themselves."""
+        authenticate) again. ZeroMQ clients reconnect by themselves. The new socket is returned at
+        once; if its address is not free yet, it is bound by ``bind_pending`` in a later turn."""
         kind, endpoint, option, options, secured = self._made.pop(sock)
         self.owned.remove(sock)
         sock.close(linger=0)
@@ -76,10 +79,34 @@ class Sockets:
         fresh.setsockopt(zmq.LINGER, 0)
         for name, value in options.items():
             fresh.setsockopt(getattr(zmq, name), value)
-        fresh.bind(endpoint)  # the address was ours a moment ago (listeners use SO_REUSEADDR)
         self.owned.append(fresh)
         self._made[fresh] = (kind, endpoint, option, options, secured)
+        self._unbound[fresh] = endpoint
+        self.bind_pending(wait_s=REBIND_WAIT_S)
         return fresh
+
+    def bind_pending(self, wait_s: float = 0.0) -> None:
+        """Bind re-made sockets whose address was still held by the closed one (libzmq closes listeners
+        in its I/O thread, a moment after ``close``), waiting up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        for sock, endpoint in list(self._unbound.items()):
+            while True:
+                try:
+                    sock.bind(endpoint)  # (an ipc file left by the closed listener is replaced)
+                except zmq.ZMQError as exc:
+                    if time.monotonic() < deadline:
+                        time.sleep(0.005)
+                        continue
+                    log.warning("%s not re-bound yet (%s): trying again", endpoint, exc)
+                    break
+                del self._unbound[sock]
+                log.info("%s re-bound", endpoint)
+                break
+
+    @property
+    def pending(self) -> bool:
+        """True while a re-made socket waits for its address."""
+        return bool(self._unbound)
 
     def close(self) -> None:
         for sock in self.owned:

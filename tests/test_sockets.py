@@ -1,0 +1,26 @@
+"""The server's socket maker: re-binding a socket (as a CURVE revocation does) leaves a working endpoint,
+on ipc (whose file the closed listener unlinks) and on tcp (whose port it frees a moment later)."""
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from conftest import free_tcp_endpoint, recv
+from pzq.endpoints.base import Sockets
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_rebound_socket_serves_new_peers_at_its_old_address_every_time(tmp_path, transport, sockets):
+    endpoint = f"ipc://{tmp_path}/send" if transport == "ipc" else free_tcp_endpoint()[0]
+    made = Sockets(zmq.Context.instance())
+    try:
+        sock = made.bind(zmq.DEALER, endpoint, "--send-dsn")
+        for round_ in range(10):
+            sock = made.rebind(sock)
+            assert not made.pending, f"round {round_}: the address was not free within the wait"
+            peer = sockets(zmq.ROUTER, endpoint)
+            sock.send_multipart([b"round %d" % round_])
+            assert recv(peer)[1:] == [b"round %d" % round_]
+        assert made.owned == [sock]
+    finally:
+        made.close()
