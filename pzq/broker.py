@@ -193,6 +193,12 @@ class Broker:
             self._state(ref[0]).inflight += 1
         self.inflight.add(ref, math.inf, consumer)
 
+    def held_by_others(self, qid: int, ours) -> bool:
+        """True if a message of queue ``qid`` is in flight to (or leased by) a holder for which
+        ``ours(holder)`` is false (a scan of what is in flight: for rare requests)."""
+        return any(ref[0] == qid and not (isinstance(holder, tuple) and ours(holder))
+                   for ref, holder in self.inflight.holders())
+
     def drop_queue(self, queue: str) -> int:
         """Delete a queue and everything in it, in flight included; returns how many messages went."""
         info = self.store.queue(queue, create=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
@@ -78,6 +78,10 @@ class InFlight(Generic[Ref]):
         for entry in held:
             self.remove(entry.ref)
         return held
+
+    def holders(self) -> Iterator[tuple[Ref, Hashable]]:
+        """(ref, consumer) of every delivery in flight."""
+        return ((e.ref, e.consumer) for e in self._entries.values())
 
     def remove_matching(self, predicate) -> list[Delivery[Ref]]:
         """Stop tracking every delivery whose ref satisfies ``predicate`` (a scan: for rare events)."""

@@ -51,6 +51,7 @@ class Group:
     end: int = 0
     deadline_us: int = 0  # wall clock, so it outlives restarts
     saved_deadline_us: int = 0
+    owner: str | None = None  # the CURVE key (z85) the group belongs to; None: any client (no CURVE)
 
     @property
     def holder(self) -> Exclusive:
@@ -78,30 +79,42 @@ class Leases:
         for key, value in self.store.records("groups"):
             qid = _U64.unpack(key[:8])[0]
             info = self.store.queue_by_id(qid)
-            gid, base, end, deadline_us = msgpack.unpackb(value)
+            gid, base, end, deadline_us, *rest = msgpack.unpackb(value)  # (an owner since pzq 0.3)
             self._next_gid = max(self._next_gid, gid + 1)
             if info is None:
                 continue
-            group = Group(info.name, qid, key[8:].decode(), gid, base, end, deadline_us, deadline_us)
+            group = Group(info.name, qid, key[8:].decode(), gid, base, end, deadline_us, deadline_us,
+                          rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
             for _, raw in self.store.records("leases", _U64.pack(gid)):
                 seq = _LEASE_VALUE.unpack(raw)[0]
                 if self.store.get(info.name, seq) is not None:
                     self.broker.hold((qid, seq), group.holder)
 
-    def _group(self, queue: str, name: str, create: bool) -> Group | None:
+    def _group(self, queue: str, name: str, create: bool, user: str | None) -> Group | None:
+        """The group, if ``user`` (the caller's CURVE key, None without CURVE) may use it: a group
+        belongs to the key that made it (or first used it with a key), so that another client cannot
+        read or acknowledge its leases."""
         group = self.groups.get((queue, name))
         if group is None and create:
             info = self.store.queue(queue)
-            group = Group(queue, info.qid, name, self._next_gid)
+            group = Group(queue, info.qid, name, self._next_gid, owner=user)
             self._next_gid += 1
             self.groups[(queue, name)] = group
             self._save(group)
+        elif group is not None and group.owner != user:
+            if group.owner is not None:
+                raise ProtocolError("not-owner", f"group {name!r} of {queue!r} belongs to another client key")
+            if user is not None:  # made before CURVE was on: the first key to use it takes it
+                group.owner = user
+                self._save(group)
         return group
 
     def _save(self, group: Group) -> None:
-        self.store.put_record("groups", group.key(),
-                              msgpack.packb([group.gid, group.base, group.end, group.deadline_us]))
+        record = [group.gid, group.base, group.end, group.deadline_us]
+        if group.owner is not None:
+            record.append(group.owner)
+        self.store.put_record("groups", group.key(), msgpack.packb(record))
         group.saved_deadline_us = group.deadline_us
 
     def _touch(self, group: Group, now_us: int) -> None:
@@ -113,17 +126,18 @@ class Leases:
 
     # -- the three calls ---------------------------------------------------------------------------
 
-    def offsets(self, queue: str, name: str) -> tuple[int, int]:
+    def offsets(self, queue: str, name: str, user: str | None = None) -> tuple[int, int]:
         """(base, end) of a group: base is where a new reader of the group starts."""
-        group = self._group(queue, name, create=False)
+        group = self._group(queue, name, False, user)
         return (0, 0) if group is None else (group.base, group.end)
 
-    def lease(self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int) -> tuple[int, int]:
+    def lease(self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int,
+              user: str | None = None) -> tuple[int, int]:
         """Make sure leases ``after .. after+max_n-1`` exist as far as messages are ready; returns
         (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read."""
         if not 0 <= max_n <= MAX_LEASE:
             raise ProtocolError("bad-max", f"max must be 0 to {MAX_LEASE}, not {max_n}")
-        group = self._group(queue, name, create=True)
+        group = self._group(queue, name, True, user)
         if after > group.end:
             raise ProtocolError("bad-offset", f"group {name!r} of {queue!r} never leased up to {after} "
                                               f"(its leases end at {group.end})")
@@ -141,12 +155,12 @@ class Leases:
                 self._save(group)
         return group.base, min(group.end, target)
 
-    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int,
-              max_bytes: int | None = None) -> tuple[list[tuple[int, Message]], int, int]:
+    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int, max_bytes: int | None = None,
+              user: str | None = None) -> tuple[list[tuple[int, Message]], int, int]:
         """The messages leased as ``lo .. hi-1`` with their lease seqs, how many of that range are gone
         (acknowledged, or expired back to the queue), and where the answer ends: ``hi``, or earlier
         once ``max_bytes`` of bodies are read (at least one message is always returned)."""
-        group = self._group(queue, name, create=False)
+        group = self._group(queue, name, False, user)
         end = 0 if group is None else group.end
         if not 0 <= lo <= hi <= end:
             raise ProtocolError("bad-range", f"range {lo}..{hi} is not within the leases of group {name!r} "
@@ -172,9 +186,9 @@ class Leases:
                 size += sum(len(f) for f in message.frames)
         return out, (hi - lo) - len(out), hi
 
-    def ack_upto(self, queue: str, name: str, upto: int, *, now_us: int) -> int:
+    def ack_upto(self, queue: str, name: str, upto: int, *, now_us: int, user: str | None = None) -> int:
         """Delete every message leased below ``upto``; returns the group's new base."""
-        group = self._group(queue, name, create=False)
+        group = self._group(queue, name, False, user)
         end = 0 if group is None else group.end
         if not 0 <= upto <= end:
             raise ProtocolError("bad-offset", f"cannot acknowledge up to {upto}: group {name!r} of {queue!r} "

@@ -178,8 +178,8 @@ def test_with_curve_the_default_raw_tcp_gateways_stop_the_server_with_one_line(k
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"pzq: error: --phpmq-dsn tcp://127.0.0.1:9100: PHPMQ clients cannot authenticate, and CURVE is configured: "
-        f"disable it (--phpmq-dsn '') or accept it knowingly with --unauthenticated phpmq"]
+        "pzq: error: --phpmq-dsn tcp://127.0.0.1:9100: PHPMQ clients cannot authenticate, and CURVE is configured: "
+        "disable it (--phpmq-dsn '') or accept it knowingly with --unauthenticated phpmq"]
     assert not (tmp_path / "db").exists(), "nothing was opened"
 
 
@@ -229,6 +229,75 @@ def test_a_revoked_emqp_worker_is_dropped_and_its_job_goes_to_an_allowed_one(pro
         good.send_multipart([b"", V, b"REPLY", mid(), b'{"done": true}', job[3]])
         assert next_command(c, b"REPLY")[4] == b'{"done": true}'
         assert "worker(s) of revoked CURVE keys dropped" in srv.log.read_text()
+    finally:
+        for s in made:
+            s.close(linger=0)
+
+
+def test_a_consumer_group_belongs_to_the_key_that_made_it(make_server, keys):
+    from pzq.api_client import ApiClient, ApiError
+
+    endpoint, _ = free_tcp_endpoint()
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # an allowed key, but not alice's
+    make_server(api_dsn=endpoint, **curve_settings(keys, unauthenticated="monitor"))
+    server_key = str(keys / "server" / "server.key")
+    alice = ApiClient(endpoint, timeout_s=10, curve=(str(keys / "alice" / "alice.key_secret"), server_key))
+    mallory = ApiClient(endpoint, timeout_s=10, curve=(str(keys / "mallory" / "mallory.key_secret"), server_key))
+    try:
+        alice.produce([("q", b"m%d" % i) for i in range(3)])
+        assert alice.call("LEASE", queue="q", group="billing", after=0, max=3)["end"] == 3
+        for command, args in (("FETCH", {"lo": 0, "hi": 3}), ("ACK_UPTO", {"upto": 3}), ("OFFSETS", {}),
+                              ("LEASE", {"after": 3, "max": 1})):
+            with pytest.raises(ApiError, match="not-owner"):
+                mallory.call(command, queue="q", group="billing", **args)
+        rows = alice.call("FETCH", queue="q", group="billing", lo=0, hi=3)["messages"]
+        assert len(rows) == 3, "alice's batch is intact"
+        assert alice.call("ACK_UPTO", queue="q", group="billing", upto=3)["base"] == 3
+    finally:
+        alice.close()
+        mallory.close()
+
+
+def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
+    from test_emqp import V, mid, next_command
+
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")
+    srv = make_server(emqp_frontend_dsn=front, emqp_backend_dsn=back, **curve_settings(keys, unauthenticated="monitor"))
+    server_key = str(keys / "server" / "server.key")
+    made = []
+
+    def peer(endpoint, name, identity):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.linger = 0
+        s.identity = identity
+        secure_client(s, str(keys / name / f"{name}.key_secret"), server_key)
+        s.connect(endpoint)
+        made.append(s)
+        return s
+
+    try:
+        c = peer(front, "alice", mid())
+        c.send_multipart([b"", V, b"REQUEST", mid(), b"jobs", b"reply-requested", b'"payload"'])
+        next_command(c, b"ACK")
+        identity = mid()
+        honest = peer(back, "alice", identity)
+        honest.send_multipart([b"", V, b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"])
+        next_command(honest, b"ACK")
+        honest.send_multipart([b"", V, b"READY", mid()])
+        job = next_command(honest, b"REQUEST")
+        honest.close(linger=0)  # its connection drops; its worker entry (and job) live on for now
+        impostor = peer(back, "mallory", identity)
+        for command in ([b"REPLY", mid(), b'{"forged": true}', job[3]], [b"READY", mid()],
+                        [b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"]):
+            impostor.send_multipart([b"", V, *command])
+        from conftest import wait_until
+
+        wait_until(lambda: srv.stats()["emqp"]["bad_input_total"] >= 3)
+        assert not c.poll(300), "no forged REPLY reached the client"
+        assert srv.stats()["queues"]["jobs"]["depth"] == 1
+        assert not impostor.poll(300), "the impostor got no job and no ACK"
     finally:
         for s in made:
             s.close(linger=0)

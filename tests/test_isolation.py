@@ -178,3 +178,29 @@ def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_a_h
     assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 2
     command(b"new", b"REPLY", b"{}", b"req-1", now=4)  # old silent for more than a heartbeat interval
     assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
+
+
+def test_mqks_delete_queue_cannot_settle_what_other_protocols_hold(make_server):
+    from pzq.errors import ClientError
+    from pzq.mqks_client import MqksClient
+
+    mqks_dsn, _ = free_tcp_endpoint()
+    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=mqks_dsn, phpmq_dsn=phpmq_dsn)
+    with client.Producer(srv.receive) as producer:
+        assert producer.produce([b"native"]).ok
+    with MqksClient(mqks_dsn) as mq:
+        with pytest.raises(ClientError, match="refused"):
+            mq.wait_ok(mq.request("delete_queue", "default", confirm=True))  # never bound through MQKS
+        mq.wait_ok(mq.request("delete_consumer", mq.consume("jobs", ["e"]), confirm=True))  # bound, no consumer
+        php = PhpmqClient(phpmq_addr)
+        php.send(1, (1, b"jobs"), (2, b"held by php"))
+        php.send(2, (1, b"jobs"), (4, b"1"))
+        _, held, _ = php.read()
+        with pytest.raises(ClientError, match="refused"):
+            mq.wait_ok(mq.request("delete_queue", "jobs", confirm=True))
+        assert queues(srv)["jobs"]["depth"] == 1 and queues(srv)["default"]["depth"] == 1
+        php.send(4, (1, b"jobs"), (3, held[3]))
+        wait_until(lambda: queues(srv)["jobs"]["depth"] == 0)
+        mq.wait_ok(mq.request("delete_queue", "jobs", confirm=True))  # nothing of it is held any more
+        php.sock.close()

@@ -187,3 +187,16 @@ def test_mqks_commands_answered_by_something_else_print_one_line(command):
         stop.set()
         listener.close()
         thread.join(5)
+
+
+def test_every_ipc_socket_file_is_owner_only_whatever_the_umask(tmp_path):
+    cfg = make_config(tmp_path, api_dsn=f"ipc://{tmp_path}/api")
+    old = os.umask(0)
+    server = Server(cfg, context=zmq.Context.instance())
+    try:
+        server.start()
+        for name in ("receive", "send", "monitor", "api"):
+            assert mode(tmp_path / name) == 0o600, name
+    finally:
+        server.close()
+        os.umask(old)

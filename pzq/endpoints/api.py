@@ -4,7 +4,7 @@ from __future__ import annotations
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again, send_frames
@@ -29,13 +29,13 @@ class ApiEndpoint(Endpoint):
         if self.sock not in ready:
             return
         for _ in range(READ_BATCH):
-            try:
-                frames = receive(self.sock, self._gate, "api", NOBLOCK)
+            try:  # the client's key goes with the request: consumer groups belong to one key
+                frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)
             except Again:
                 return
             if frames is None:
                 continue
-            reply = self.gateway.handle(frames, now=now, now_us=now_us)
+            reply = self.gateway.handle(frames, now=now, now_us=now_us, user=user)
             if reply is not None:
                 self._out.append(reply)
 

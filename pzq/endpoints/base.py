@@ -60,6 +60,8 @@ class Sockets:
         except zmq.ZMQError as exc:
             sock.close()
             raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
+        if endpoint.startswith("ipc://"):
+            _restrict_ipc(endpoint)
         self.owned.append(sock)
         self._made[sock] = (kind, endpoint, option, options, secured)
         return sock
@@ -93,6 +95,8 @@ class Sockets:
             while True:
                 try:
                     sock.bind(endpoint)  # (an ipc file left by the closed listener is replaced)
+                    if endpoint.startswith("ipc://"):
+                        _restrict_ipc(endpoint)
                 except zmq.ZMQError as exc:
                     if time.monotonic() < deadline:
                         time.sleep(0.005)
@@ -118,13 +122,28 @@ class Sockets:
 def receive(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> list[bytes] | None:
     """One message from ``sock`` (zmq.Again when none waits). None, logged, when it came over a
     connection whose CURVE key has been revoked since its handshake: such a client is cut off."""
+    return receive_from(sock, gate, role, flags)[0]
+
+
+def receive_from(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> tuple[list[bytes] | None, str | None]:
+    """``receive`` plus the sender's CURVE key (z85; None without CURVE), for protocols that tie what
+    a client owns to its key."""
     if gate is None:
-        return recv_frames(sock, flags)
+        return recv_frames(sock, flags), None
     frames, user = recv_frames_user(sock, flags)
     if gate.admits(user):
-        return frames
+        return frames, user
     warn_bad(role, "revoked", f"a message from CURVE key {user!r}, no longer allowed: dropped")
-    return None
+    return None, user
+
+
+def _restrict_ipc(endpoint: str) -> None:
+    """Make an ipc socket file owner-only, whatever the umask: other local users cannot connect."""
+    if not endpoint.startswith("ipc://@"):
+        try:
+            os.chmod(endpoint[len("ipc://"):], 0o600)
+        except OSError as exc:
+            log.warning("cannot restrict %s to its owner: %s", endpoint, exc)
 
 
 def _check_ipc_path(endpoint: str, option: str) -> None:

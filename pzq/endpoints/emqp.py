@@ -8,10 +8,9 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.logs import warn_bad
-from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_user, send_frames
+from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -50,15 +49,11 @@ class EmqpEndpoint(Endpoint):
                     self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
         if self.back in ready:
             for _ in range(READ_BATCH):
-                try:
-                    # The worker's key is kept with it: a revocation drops the workers of that key.
-                    frames, user = (recv_frames_user(self.back, NOBLOCK) if self._back_gate is not None
-                                    else (recv_frames(self.back, NOBLOCK), None))
+                try:  # the worker's key is kept with it: a revocation drops the workers of that key
+                    frames, user = receive_from(self.back, self._back_gate, "emqp", NOBLOCK)
                 except Again:
                     break
-                if self._back_gate is not None and not self._back_gate.admits(user):
-                    warn_bad("emqp", "revoked", f"a worker message from CURVE key {user!r}, no longer allowed: "
-                                                "dropped")
+                if frames is None:
                     continue
                 self._out += self.gateway.from_worker(frames, now=now, now_us=now_us, user=user)
 

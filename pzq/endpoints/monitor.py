@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import zmq
@@ -28,7 +27,6 @@ class MonitorEndpoint(Endpoint):
                  wrote: Callable[[], None], failed: Callable[[], None]):
         self.admin = admin
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn")
-        _restrict_ipc(config.monitor_dsn)
         self.sockets = [self.sock]
         self._gate = binder.gate(self.sock)
         self._wrote = wrote
@@ -58,12 +56,3 @@ class MonitorEndpoint(Endpoint):
                 self._failed()
                 text = monitor_proto.error_text(str(exc))
             self.sock.send_multipart(monitor_proto.reply(request, text))
-
-
-def _restrict_ipc(endpoint: str) -> None:
-    """Make an ipc socket file owner-only, so other local users cannot reach it."""
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        try:
-            os.chmod(endpoint[len("ipc://"):], 0o600)
-        except OSError as exc:
-            log.warning("cannot restrict %s to its owner: %s", endpoint, exc)

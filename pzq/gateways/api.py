@@ -53,8 +53,9 @@ class ApiGateway:
         keys = [(msgpack.unpackb(value)[0], key) for key, value in self.store.records("produced")]
         self._keys_by_age = collections.deque(sorted(keys))
 
-    def handle(self, frames: list[bytes], *, now: float, now_us: int) -> list[bytes] | None:
-        """The reply to one request (None when it cannot be answered: no delimiter or id)."""
+    def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
+        """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is
+        the client's CURVE key (z85) when the endpoint uses CURVE: consumer groups belong to one key."""
         parsed = api.parse_request(frames, self.max_message_size + (1 << 20))
         if parsed is None:
             warn_bad("api", "unanswerable", f"{len(frames)} frame(s) without a delimiter and request id")
@@ -63,7 +64,7 @@ class ApiGateway:
         if isinstance(parsed, api.Rejected):
             return self._error(parsed.request, parsed.error)
         try:
-            return api.ok(parsed, self._carry_out(parsed, now, now_us))
+            return api.ok(parsed, self._carry_out(parsed, now, now_us, user))
         except ProtocolError as exc:
             return self._error(parsed, exc)
         except StoreFull as exc:
@@ -74,18 +75,19 @@ class ApiGateway:
         warn_bad("api", exc.code, exc.detail)
         return api.error(request, exc.code, exc.detail)
 
-    def _carry_out(self, request: api.Request, now: float, now_us: int) -> dict:
+    def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None) -> dict:
         a, leases = request.args, self.leases
         if request.command == "OFFSETS":
-            base, end = leases.offsets(a["queue"], a["group"])
+            base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
         if request.command == "LEASE":
-            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us)
+            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us,
+                                     user=user)
             return {"base": base, "end": end}
         if request.command == "FETCH":
-            return self._fetch(a, now_us)
+            return self._fetch(a, now_us, user)
         if request.command == "ACK_UPTO":
-            return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us)}
+            return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us, user=user)}
         if request.command == "INFO":
             info = self.store.queue(a["queue"], create=False)
             if info is None:
@@ -96,11 +98,11 @@ class ApiGateway:
             return self._snapshot(a)
         return self._produce(a, now_us)
 
-    def _fetch(self, a: dict, now_us: int) -> dict:
+    def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
         at REPLY_BYTES) and ``gone`` counts what is missing before it."""
         messages, gone, upto = self.leases.fetch(a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us,
-                                                 max_bytes=REPLY_BYTES)
+                                                 max_bytes=REPLY_BYTES, user=user)
         return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone, "next": upto}
 
     def _snapshot(self, a: dict) -> dict:

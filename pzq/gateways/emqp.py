@@ -45,7 +45,9 @@ class Worker:
 
     @property
     def consumer(self) -> tuple:
-        return ("emqp", self.identity)
+        # The key is part of the holder: a ROUTER identity is the peer's choice, and another key
+        # reusing it after this connection dropped must not settle what this one held.
+        return ("emqp", self.identity, self.user)
 
 
 class EmqpGateway:
@@ -63,7 +65,8 @@ class EmqpGateway:
         # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
         # worker (or by its earlier connection: see _pop_job).
         self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
-        self.departed: dict[bytes, tuple[list[tuple[int, str]], int]] = {}  # dropped -> (queues, slots)
+        # dropped -> (queues, slots, CURVE key)
+        self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
         self._next_due: int | None = None
         self.next_heartbeat = 0.0
         self.schedules: dict[str, dict] = broker.store.schedules()  # id -> record (see _schedule)
@@ -212,6 +215,13 @@ class EmqpGateway:
         if cmd is None:
             return []
         worker = self.workers.get(cmd.peer)
+        known = worker.user if worker is not None else self.departed.get(cmd.peer, (None, None, user))[2]
+        if known != user:
+            # Its identity was registered by another key: an impostor (a ROUTER identity is the peer's
+            # choice), whatever it sends, until that worker is forgotten.
+            self._bad(cmd.peer, ProtocolError("wrong-key", f"{cmd.name} under a worker identity registered with "
+                                              "another CURVE key: ignored"))
+            return []
         if worker is not None:
             worker.last_seen = now  # every command counts as a heartbeat
         if cmd.name == "INFORM":
@@ -225,8 +235,8 @@ class EmqpGateway:
             return self._reply(cmd, worker, now)
         if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
             # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
-            queues, slots = self.departed.pop(cmd.peer)
-            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots)
+            queues, slots, _ = self.departed.pop(cmd.peer)
+            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
             log.info("eMQP worker %r is back", cmd.peer[:40])
         if worker is None:
             log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
@@ -261,7 +271,7 @@ class EmqpGateway:
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
         message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
-        if job is None or not self.broker.ack(job[0], by=("emqp", job[1])):
+        if job is None or not self.broker.ack(job[0], by=("emqp", *job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(cmd.peer, ProtocolError("not-held", f"REPLY for job {request_msgid[:60]!r}, which this worker "
                                               "does not hold (unknown, done, another's, or given out before a "
@@ -274,8 +284,8 @@ class EmqpGateway:
             return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
         return []
 
-    def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, bytes] | None:
-        """The job (message, holder identity) this REPLY completes, taken off the books.
+    def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, tuple[bytes, str | None]] | None:
+        """The job (message, (holder identity, its key)) this REPLY completes, taken off the books.
 
         The replying worker's own job; else one whose holder is no longer live (it said KBYE, was
         dropped, or has missed a heartbeat) and that this worker may have inherited: a JobManager that
@@ -284,7 +294,7 @@ class EmqpGateway:
         holders = self.jobs.get(msgid)
         if not holders:
             return None
-        chosen = next((ref for ref, (identity, _) in holders.items() if identity == worker.identity), None)
+        chosen = next((ref for ref, holder in holders.items() if holder == (worker.identity, worker.user)), None)
         if chosen is None:
             served = {name for _, name in worker.queues}
             for ref, (identity, user) in holders.items():
@@ -297,10 +307,10 @@ class EmqpGateway:
                     break
         if chosen is None:
             return None
-        identity = holders.pop(chosen)[0]
+        holder = holders.pop(chosen)
         if not holders:
             del self.jobs[msgid]
-        return chosen, identity
+        return chosen, holder
 
     def revoke(self, users: set[str]) -> int:
         """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
@@ -317,7 +327,7 @@ class EmqpGateway:
     def _drop(self, worker: Worker, why: str) -> None:
         self.workers.pop(worker.identity, None)
         if not worker.draining:
-            self.departed[worker.identity] = (worker.queues, worker.slots)
+            self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
             while len(self.departed) > REMEMBERED:
                 self.departed.pop(next(iter(self.departed)))
         requeued = self.broker.consumer_gone(worker.consumer)

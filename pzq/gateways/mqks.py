@@ -25,6 +25,7 @@ import msgpack
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreError, StoreFull
+from pzq.logs import warn_bad
 from pzq.protocols import mqks
 
 log = logging.getLogger("pzq.mqks")
@@ -140,7 +141,9 @@ class MqksGateway:
     def _error(self, conn: Hashable, request_id: str, code: str, detail: str) -> None:
         eid = mqks.error_id()
         self.errors_total += 1
-        log.warning("MQKS error %s for request %r: %s: %s", eid, request_id, code, detail)
+        # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
+        # ten of each kind, then every 1000th, carry their error id.
+        warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
         self._out.append((conn, mqks.error(request_id, eid), None))
 
     def _reply(self, conn: Hashable, line: bytes) -> None:
@@ -284,8 +287,15 @@ class MqksGateway:
                 self._orphans.add(consumer.queue)
 
     def _delete_queue(self, queue: str) -> None:
-        if queue not in self.bindings and self.store.queue(queue, create=False) is None:
-            raise ProtocolError("unknown-queue", f"no queue {queue!r}")
+        # Only an MQKS queue, and not from under another protocol's clients: deleting it would settle
+        # every message they hold or lease, which no client may do to another's.
+        if queue not in self.bindings:
+            raise ProtocolError("unknown-queue", f"no MQKS queue {queue!r} (only queues bound through MQKS "
+                                "can be deleted through it)")
+        info = self.store.queue(queue, create=False)
+        if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
+            raise ProtocolError("queue-in-use", f"queue {queue!r} has messages held by clients of another "
+                                "protocol or leased by an API group")
         consumers = self.by_queue.pop(queue, [])
         for consumer in consumers:
             self.consumers.pop((consumer.conn, consumer.id), None)
@@ -372,7 +382,11 @@ class MqksGateway:
         for queue in [q for q, t in self.delete_at.items() if t <= now]:
             del self.delete_at[queue]
             if not self.by_queue.get(queue) and queue in self.bindings:
-                self._delete_queue(queue)
+                try:
+                    self._delete_queue(queue)
+                except ProtocolError as exc:  # in use by another protocol: try again after the same wait
+                    log.info("MQKS queue %r not deleted when unused: %s", queue, exc.detail)
+                    self.delete_at[queue] = now + max(self.bindings[queue].unused or 0, 1.0)
 
     def next_wake(self) -> float | None:
         return min(self.delete_at.values()) if self.delete_at else None
