@@ -7,17 +7,32 @@ import datetime
 import json
 import logging
 import sys
+import time
 
 log = logging.getLogger("pzq.input")
 _counts: collections.Counter = collections.Counter()
+WINDOW_S = 10.0  # each kind of bad input is logged at most PER_WINDOW times per window
+PER_WINDOW = 100
+_windows: dict[tuple[str, str], list] = {}  # (peer, code) -> [window start, logged, not logged]
 
 
 def warn_bad(peer: str, code: str, detail: str) -> None:
-    """Log bad input from ``peer``: the first 10 of each kind, then every 1000th, with a running count."""
-    _counts[peer, code] += 1
-    n = _counts[peer, code]
-    if n <= 10 or n % 1000 == 0:
-        log.warning("bad %s input (%s, #%d): %s", peer, code, n, detail)
+    """Log bad input from ``peer``, with a running count: at most PER_WINDOW of each kind every
+    WINDOW_S seconds, then one line saying how many more there were. A flood costs a few lines, and
+    an honest client's occasional error is always in the log."""
+    key = (peer, code)
+    _counts[key] += 1
+    now = time.monotonic()
+    window = _windows.get(key)
+    if window is None or now - window[0] >= WINDOW_S:
+        if window is not None and window[2]:
+            log.warning("bad %s input (%s): %d more not logged in %.0f s", peer, code, window[2], now - window[0])
+        window = _windows[key] = [now, 0, 0]
+    if window[1] < PER_WINDOW:
+        window[1] += 1
+        log.warning("bad %s input (%s, #%d): %s", peer, code, _counts[key], detail)
+    else:
+        window[2] += 1
 
 
 class JsonFormatter(logging.Formatter):

@@ -126,7 +126,7 @@ def test_ack_and_reject_one_or_all_with_retry_counts(connect):
 
 def test_errors_are_answered_with_an_id_that_the_log_explains(connect, caplog):
     c = connect()
-    with caplog.at_level(logging.WARNING, logger="pzq.mqks"):
+    with caplog.at_level(logging.WARNING, logger="pzq.input"):
         for line in ("x1 blabla 123", "ev1 _eval len(state.queues)", "a1 ack nobody m1", "x2 consume",
                      "dc1 delete_consumer nobody", "dq1 delete_queue never-made"):
             c.send(line)
