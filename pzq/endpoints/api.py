@@ -5,9 +5,10 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.replies import Replies
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
-from pzq.zmqio import NOBLOCK, Again, send_frames
+from pzq.zmqio import NOBLOCK, Again
 
 READ_BATCH = 4096
 
@@ -22,6 +23,7 @@ class ApiEndpoint(Endpoint):
         self.sock = binder.bind(zmq.ROUTER, config.api_dsn, "--api-dsn",
                                 MAXMSGSIZE=config.max_message_size + (8 << 20))
         self.sockets = [self.sock]
+        self.replies = Replies(self.sock, "api")
         self._gate = binder.gate(self.sock)
         self._out: list[list[bytes]] = []
 
@@ -50,12 +52,13 @@ class ApiEndpoint(Endpoint):
         self.gateway.load()
 
     def flush(self, now: float, now_us: int) -> None:
+        self.replies.flush()
         out, self._out = self._out, []
         for reply in out:
-            try:
-                send_frames(self.sock, reply, NOBLOCK)
-            except (Again, zmq.ZMQError):  # the client is gone; it resends after its timeout
-                pass
+            self.replies.send(reply)
+
+    def wake_at(self, now: float) -> float | None:
+        return self.replies.wake_at(now)
 
     def stats(self) -> dict:
         return self.gateway.stats()

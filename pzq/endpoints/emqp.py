@@ -9,6 +9,7 @@ import zmq
 from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
+from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
@@ -30,6 +31,7 @@ class EmqpEndpoint(Endpoint):
         self.pub = (binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn")
                     if config.emqp_publish_dsn else None)
         self.sockets = [self.front, self.back]
+        self.replies = {FRONT: Replies(self.front, "emqp client"), BACK: Replies(self.back, "emqp worker")}
         self.binder = binder
         self._front_gate, self._back_gate = binder.gate(self.front), binder.gate(self.back)
         self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
@@ -73,16 +75,22 @@ class EmqpEndpoint(Endpoint):
         self.gateway.recover([])
 
     def flush(self, now: float, now_us: int) -> None:
+        for replies in self.replies.values():
+            replies.flush()
         out, self._out = self._out, []
         for target, frames in out:
-            sock = self.front if target == FRONT else self.back if target == BACK else self.pub
-            try:
-                send_frames(sock, frames, NOBLOCK)
+            if target in self.replies:
+                self.replies[target].send(frames)
+                continue
+            try:  # PUB: fire and forget, as ZeroMQ's publish-subscribe is (a slow subscriber misses some)
+                send_frames(self.pub, frames, NOBLOCK)
             except Again:
-                log.warning("eMQP %s socket full: a message to %r was dropped", target, frames[0][:40])
+                log.warning("eMQP publish socket full: a PUBLISH to %r was dropped", frames[0][:40])
 
     def wake_at(self, now: float) -> float | None:
         wake = self.gateway.next_heartbeat
+        if any(r.wake_at(now) for r in self.replies.values()):
+            wake = min(wake, now + RETRY_S)  # a backlog waits for its peer
         due_us = self.gateway.next_schedule_us()
         if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
             wake = min(wake, now + (due_us - time.time_ns() // 1000) / 1e6)

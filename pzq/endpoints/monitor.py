@@ -9,6 +9,7 @@ import zmq
 from pzq.admin import Admin
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.replies import Replies
 from pzq.errors import StoreError
 from pzq.protocols import monitor as monitor_proto
 
@@ -28,6 +29,7 @@ class MonitorEndpoint(Endpoint):
         self.admin = admin
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn")
         self.sockets = [self.sock]
+        self.replies = Replies(self.sock, "monitor")
         self._gate = binder.gate(self.sock)
         self._wrote = wrote
         self._failed = failed
@@ -45,6 +47,7 @@ class MonitorEndpoint(Endpoint):
                 self._requests.append(monitor_proto.parse_request(frames))
 
     def flush(self, now: float, now_us: int) -> None:
+        self.replies.flush()
         requests, self._requests = self._requests, []
         for request in requests:
             try:
@@ -55,4 +58,7 @@ class MonitorEndpoint(Endpoint):
                 log.exception("monitor request %s failed", request.command)
                 self._failed()
                 text = monitor_proto.error_text(str(exc))
-            self.sock.send_multipart(monitor_proto.reply(request, text))
+            self.replies.send(monitor_proto.reply(request, text))
+
+    def wake_at(self, now: float) -> float | None:
+        return self.replies.wake_at(now)

@@ -8,6 +8,7 @@ import zmq
 from pzq.broker import Broker, Ref
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.replies import Replies
 from pzq.errors import StoreFull
 from pzq.logs import warn_bad
 from pzq.protocols import pzq as native
@@ -17,6 +18,7 @@ from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 log = logging.getLogger("pzq.server")
 
 READ_BATCH = 4096  # messages read from one socket per turn
+ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 CONSUMER = "native"  # the send socket's DEALER hides which consumer got what: one credit pool
 
 
@@ -32,7 +34,9 @@ class NativeEndpoints(Endpoint):
         # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
         self.receive = binder.bind(zmq.ROUTER, config.receive_dsn, "--receive-dsn",
                                    MAXMSGSIZE=config.max_message_size + 4096,
+                                   SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe
                                    LINGER=2000)  # let the last acks out on shutdown
+        self.acks = Replies(self.receive, "producer")
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn",
                                 SNDHWM=max(config.max_inflight, 1000))
@@ -71,6 +75,12 @@ class NativeEndpoints(Endpoint):
                 return
             event = native.parse_produce(frames, limit) if frames is not None else None
             if event is None:
+                continue
+            if self.acks.blocked(event.routing):
+                # Its acks cannot leave (it does not read them): store nothing more for it until it
+                # reads. Unacknowledged, the message is the producer's to send again.
+                warn_bad("producer", "not-reading", f"producer {event.routing[:40]!r} reads none of its acks: "
+                                                    "its messages are discarded unstored until it does")
                 continue
             if isinstance(event, native.Rejected):
                 warn_bad("producer", event.error.code, event.error.detail)
@@ -119,6 +129,9 @@ class NativeEndpoints(Endpoint):
     def waiting(self) -> bool:
         return bool(self._acks)
 
+    def wake_at(self, now: float) -> float | None:
+        return self.acks.wake_at(now)
+
     def revoked(self, users: set[str]) -> None:
         # The DEALER hands deliveries to every connected consumer in turn and cannot skip one: re-bind
         # it, so that every consumer connects again and a revoked key fails its handshake. What was in
@@ -133,9 +146,10 @@ class NativeEndpoints(Endpoint):
         self._deliveries = []
 
     def flush(self, now: float, now_us: int) -> None:
+        self.acks.flush()
         acks, self._acks = self._acks, []
         for routing, message_id, error in acks:
-            send_frames(self.receive, native.produce_ack(routing, message_id, error))
+            self.acks.send(native.produce_ack(routing, message_id, error))
         deliveries, self._deliveries = self._deliveries, []
         timeout_us = self.config.ack_timeout
         for i, message in enumerate(deliveries):

@@ -1,0 +1,85 @@
+"""Replies on a ROUTER socket that never vanish silently.
+
+A ROUTER drops a message for a peer whose pipe is full (at its SNDHWM) without a word: a producer
+that pipelines past the high-water mark loses acks for messages that were stored. With
+ROUTER_MANDATORY the send fails instead, and the reply waits here, in a per-peer backlog flushed in
+order as the peer reads. A backlog has a bound: past it the peer is not reading at all, its backlog is
+dropped and logged. An endpoint asks ``blocked(peer)`` before serving a peer more (a producer whose
+acks cannot leave is not stored for: backpressure).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+
+import zmq
+
+from pzq.zmqio import NOBLOCK, Again, send_frames
+
+log = logging.getLogger("pzq.server")
+
+BACKLOG_MESSAGES = 10_000  # replies waiting for one peer, at most
+BACKLOG_BYTES = 16 << 20  # bytes of replies waiting for one peer, at most
+RETRY_S = 0.01  # how soon a backlog is tried again
+
+
+class Replies:
+    """Sends on one ROUTER socket; every reply goes out, waits in a bounded backlog, or is logged."""
+
+    def __init__(self, sock: zmq.Socket, role: str):
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock = sock
+        self.role = role
+        self._backlog: dict[bytes, collections.deque[list[bytes]]] = {}
+        self._bytes: dict[bytes, int] = {}
+        self.dropped_total = 0  # replies to a peer that never read them (logged)
+        self.gone_total = 0  # replies to a peer that had disconnected
+
+    def send(self, frames: list[bytes]) -> None:
+        """Send ``frames`` (routing id first) now, or after what already waits for that peer."""
+        peer = frames[0]
+        waiting = self._backlog.get(peer)
+        if waiting is None:
+            try:
+                send_frames(self.sock, frames, NOBLOCK)
+                return
+            except Again:  # the peer's pipe is full: it reads slower than it asks
+                waiting = self._backlog[peer] = collections.deque()
+                self._bytes[peer] = 0
+            except zmq.ZMQError:  # EHOSTUNREACH: it disconnected; nobody is there to tell
+                self.gone_total += 1
+                return
+        waiting.append(frames)
+        self._bytes[peer] += sum(map(len, frames))
+        if len(waiting) > BACKLOG_MESSAGES or self._bytes[peer] > BACKLOG_BYTES:
+            self.dropped_total += len(waiting)
+            log.warning("%s peer %r reads none of its replies: %d waiting replies (%d bytes) dropped",
+                        self.role, peer[:40], len(waiting), self._bytes[peer])
+            self._forget(peer)
+
+    def flush(self) -> None:
+        """Send what waits, in order, as far as each peer's pipe takes it."""
+        for peer, waiting in list(self._backlog.items()):
+            while waiting:
+                try:
+                    send_frames(self.sock, waiting[0], NOBLOCK)
+                except Again:
+                    break
+                except zmq.ZMQError:
+                    self.gone_total += len(waiting)
+                    waiting.clear()
+                    break
+                self._bytes[peer] -= sum(map(len, waiting.popleft()))
+            if not waiting:
+                self._forget(peer)
+
+    def blocked(self, peer: bytes) -> bool:
+        """True while replies wait for ``peer``: serve it nothing more until it reads them."""
+        return peer in self._backlog
+
+    def wake_at(self, now: float) -> float | None:
+        return now + RETRY_S if self._backlog else None
+
+    def _forget(self, peer: bytes) -> None:
+        del self._backlog[peer]
+        del self._bytes[peer]

@@ -1,0 +1,57 @@
+"""No reply vanishes: a ROUTER's replies to a peer that reads slowly wait in a bounded backlog, and a
+producer whose acks cannot leave is stored for no more (backpressure)."""
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from pzq import client
+
+
+def acks_until_quiet(sock: zmq.Socket, quiet_ms: int = 1000) -> list[list[bytes]]:
+    acks = []
+    while sock.poll(quiet_ms):
+        acks.append(sock.recv_multipart())
+    return acks
+
+
+def settled(server) -> int:
+    """The stored count once the server has read everything sent so far (it stops changing)."""
+    previous = -1
+    while True:
+        count = server.stats()["messages"]
+        if count == previous:
+            return count
+        previous = count
+        time.sleep(0.2)  # two readings a moment apart: a count that still moves is not settled
+
+
+def test_a_producer_that_pipelines_20000_without_reading_gets_an_ack_for_every_stored_message(server, sockets):
+    producer = sockets(zmq.DEALER, server.receive)
+    producer.sndhwm = 0  # let it push everything at once, as a careless client would
+    for i in range(20_000):
+        producer.send_multipart([b"%d" % i, b"", b"body %d" % i])
+    acks = acks_until_quiet(producer)
+    stored = server.stats()["messages"]
+    assert all(a[1] == b"1" for a in acks)
+    assert len(acks) == stored, f"{stored} stored but {len(acks)} acked: acks were dropped"
+    assert len({a[0] for a in acks}) == len(acks)
+    assert stored >= 10_000, "a pipelining producer's acks fit in its pipe and our backlog"
+
+
+def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others_are_served(server, sockets):
+    deaf = sockets(zmq.DEALER, server.receive)
+    deaf.sndhwm = 0
+    for i in range(40_000):
+        deaf.send_multipart([b"%d" % i, b"", b"x"])
+    with client.Producer(server.receive, timeout_ms=5000) as honest:
+        assert all(r.ok for r in honest.produce_many([[b"honest %d" % i] for i in range(1000)]))
+    before = settled(server)
+    for i in range(5000):
+        deaf.send_multipart([b"more %d" % i, b"", b"x"])
+    with client.Producer(server.receive, timeout_ms=5000) as honest:
+        assert honest.produce([b"still served"]).ok
+    assert settled(server) == before + 1, "nothing more was stored for the deaf producer"
+    acks = acks_until_quiet(deaf)
+    assert len(acks) == before - 1000, "every message stored for it was acked once it read"
