@@ -101,6 +101,10 @@ def cli() -> None:
 @click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
                                        "[default: 4G]")
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
+@click.option("--min-disk-free", help="Free space the store's filesystem keeps: under it producers get 'queue full' "
+                                      "(0 = do not watch).  [default: 64M]")
+@click.option("--disk-reserve", help="Bytes held in DATABASE/reserve and given back when the disk fills, so that "
+                                     "acks still commit.  [default: 8M]")
 @click.option("--user", help="Switch to this user after binding (when started as root).")
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
 @click.option("--allow-ips", help="Comma-separated addresses or networks that may connect to the raw-TCP "

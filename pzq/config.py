@@ -48,6 +48,8 @@ class Config:
     max_inflight: int = 1000
     max_deliveries: int = 0
     max_store_size: int = 4 << 30
+    min_disk_free: int = 64 << 20
+    disk_reserve: int = 8 << 20
     max_message_size: int = 16 << 20
     user: str = ""
     log_level: str = "info"
@@ -111,6 +113,8 @@ class Config:
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
+        _at_least(self, "min_disk_free", 0)
+        _at_least(self, "disk_reserve", 0)
         for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):
             try:
                 ipaddress.ip_network(part, strict=False)
@@ -151,7 +155,7 @@ def _at_least(config: Config, name: str, low: int) -> None:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
 ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
-SIZE_FIELDS = {"max_store_size", "max_message_size"}
+SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve"}
 
 
 def parse_size(text: str) -> int:

@@ -71,7 +71,9 @@ class Server:
     def start(self) -> None:
         """Open the store and bind every endpoint; raises ConfigError or StoreError with a clear text."""
         cfg = self.config
-        self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync)
+        self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync,
+                           min_disk_free=cfg.min_disk_free, disk_reserve=cfg.disk_reserve)
+        self.store.watch_disk()
         self.store.queue(cfg.queue)
         self.store.commit()
         self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
@@ -244,6 +246,7 @@ class Server:
         now, now_us = time.monotonic(), time.time_ns() // 1000
         if self._wake_r in ready:
             _drain_fd(self._wake_r)
+        self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
         produced = self.broker.counters.produced
         try:
             for endpoint in self.endpoints:

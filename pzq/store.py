@@ -25,6 +25,7 @@ so start-up reads one small record per queue and never scans the messages.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import struct
@@ -35,6 +36,8 @@ import lmdb
 import msgpack
 
 from pzq.errors import StoreError, StoreFull, StoreLocked
+
+log = logging.getLogger("pzq.store")
 
 _KEY = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
@@ -137,14 +140,12 @@ def _lock_exclusively(path: str) -> int:
 def _private_directory(path: str) -> None:
     """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
     open to others, since it is the operator's directory to change."""
-    import logging
     import stat
 
     os.makedirs(path, mode=0o700, exist_ok=True)
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077:
-        logging.getLogger("pzq.store").warning("the store directory %s is mode %o: other users may read it "
-                                               "(chmod 700 %s)", path, mode, path)
+        log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
 
 
 def _raise(exc: Exception):
@@ -159,12 +160,21 @@ class Store:
     """Named durable FIFO queues. Single-threaded: one owner calls every method."""
 
     def __init__(self, path: str | os.PathLike, *, max_size: int = 4 << 30, sync: bool = True,
-                 readonly: bool = False):
+                 readonly: bool = False, min_disk_free: int = 0, disk_reserve: int = 0):
         self.path = os.fspath(path)
         self.max_size = max_size
+        self.min_disk_free = min_disk_free
+        self.disk_reserve = disk_reserve
+        self.low_disk = False  # free space is under min_disk_free: producers are refused
+        self._reserve_path = os.path.join(self.path, "reserve")
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
-        # and copy-on-write during a commit all need room, and deletes must succeed when "full".
-        self.map_cap = max(2 * max_size, max_size + (256 << 20))
+        # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
+        # also after a restart with a limit below what is stored, so the data file counts too.
+        try:
+            stored = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        except OSError:
+            stored = 0
+        self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self.syncs = 0
         self._sync = sync
         self._readonly = readonly
@@ -283,6 +293,8 @@ class Store:
             self._dirty = False
             self._pending_counts.clear()
             self._load()
+            if self._release_reserve():  # most likely the disk is full: give the next commit room
+                self.low_disk = True
             raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
         self._dirty = False
         self._dirty_queues.clear()
@@ -373,6 +385,8 @@ class Store:
         size = _accounted(_KEY.pack(0, 0), value)
         if check_limit and self._total_bytes + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self._total_bytes} of {self.max_size} bytes")
+        if check_limit and self.low_disk:
+            raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
         info = self._queues.get(queue) or self.queue(queue)
         seq = info.next_seq
         txn = self._txn or self._write()
@@ -587,6 +601,79 @@ class Store:
     def schedules(self) -> dict[str, dict]:
         """Every stored recurring job (they are few: read whole at start-up)."""
         return {key.decode(): msgpack.unpackb(value) for key, value in self.records("schedules")}
+
+    # -- disk space ---------------------------------------------------------------------------------
+
+    def watch_disk(self) -> int | None:
+        """Check the free space of the store's filesystem (one statvfs); returns it.
+
+        Under ``min_disk_free`` producers are refused ("queue full"). The reserve file is given back
+        when a commit fails (``commit``), so that acks, nacks and deletes, which need new pages too
+        (copy-on-write), still commit when something else took the rest of the disk. Once there is room
+        for it again it is made anew."""
+        if not self.min_disk_free and not self.disk_reserve:
+            return None
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        if free < self.min_disk_free + self.disk_reserve:
+            # LMDB's data file never shrinks: pages freed by acks are reused from inside it, so they
+            # count as room too (only looked at when the filesystem itself is short).
+            free += self._reusable_bytes()
+        if free < self.min_disk_free:
+            if not self.low_disk:
+                log.warning("the disk of %s has %d bytes free, under --min-disk-free %d: producers are refused "
+                            "until there is room; consumers go on", self.path, free, self.min_disk_free)
+            self.low_disk = True
+        else:
+            if self.low_disk:
+                log.warning("the disk of %s has %d bytes free again: producers are served", self.path, free)
+            self.low_disk = False
+            if st.f_bavail * st.f_frsize >= self.min_disk_free + self.disk_reserve:
+                self._make_reserve()
+        return free
+
+    def _reusable_bytes(self) -> int:
+        """Bytes of the data file's pages that no table uses (free for LMDB to reuse)."""
+        txn = self._txn_for_read()
+        used = 2  # the two meta pages
+        for stat in (self._env.stat(), *(txn.stat(db) for db in (
+                self._queues_db, self._meta_db, self._messages_db, self._deliveries_db, self._dead_db,
+                *self._tables.values()))):
+            used += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        info = self._env.info()
+        return max(0, info["last_pgno"] + 1 - used) * self._env.stat()["psize"]
+
+    def _make_reserve(self) -> bool:
+        """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
+        if not self.disk_reserve or self._readonly:
+            return True
+        try:
+            if os.path.getsize(self._reserve_path) >= self.disk_reserve:
+                return True
+        except OSError:
+            pass
+        try:
+            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.disk_reserve)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot reserve %d bytes in %s: %s", self.disk_reserve, self._reserve_path, exc)
+            return False
+        return True
+
+    def _release_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve_path)
+        except OSError:
+            return False
+        log.warning("a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
+                    "consumers' acks commit next time", self.path, self.disk_reserve)
+        return True
 
     # -- figures ----------------------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
     values = dict(database=str(tmp_path / "db"), receive_dsn=f"ipc://{tmp_path}/receive",
                   send_dsn=f"ipc://{tmp_path}/send", monitor_dsn=f"ipc://{tmp_path}/monitor",
                   ack_timeout=1_000_000, phpmq_dsn="", emqp_frontend_dsn="", emqp_backend_dsn="",
-                  emqp_publish_dsn="", api_dsn="", mqks_dsn="")
+                  emqp_publish_dsn="", api_dsn="", mqks_dsn="",
+                  disk_reserve=0)  # (pytest keeps its temp dirs: no reserve file in each; tests of it ask)
     values.update(overrides)
     return config.Config(**values).validate()
 
@@ -120,6 +121,8 @@ class ProcessServer:
         self.argv = [sys.executable, "-m", "pzq", "serve", "--database", str(self.database),
                      "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
                      "--ack-timeout", str(ack_timeout), *extra]
+        if "--disk-reserve" not in extra:
+            self.argv += ["--disk-reserve", "0"]
         for option in ("--phpmq-dsn", "--emqp-frontend-dsn", "--emqp-backend-dsn", "--emqp-publish-dsn", "--mqks-dsn",
                        "--api-dsn"):
             if option not in extra:  # gateways bind fixed default ports: off unless a test asks

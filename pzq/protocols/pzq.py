@@ -16,7 +16,7 @@ NO_DELIMITER = "Malformed message, no delimiter found or missing message parts"
 EMPTY_MESSAGE = "Trying to save empty message"
 ONLY_ID = "Malformed message, only a message id and no delimiter or body"
 TOO_LARGE = "Message too large: {size} bytes, the limit is {limit}"
-QUEUE_FULL = "queue full: the store is at its size limit, try again later"
+QUEUE_FULL = "queue full: the store is at its size limit or its disk is nearly full, try again later"
 STORE_FAILED = "store failure: the message was not stored, try again"
 
 
