@@ -120,3 +120,19 @@ def test_the_line_buffer_joins_fragments_splits_joined_lines_and_refuses_endless
     assert buffer.feed(b" ping c\n") == [b"pg3 ping c"]
     with pytest.raises(ProtocolError):
         buffer.feed(b"x" * 17)
+
+
+def test_remove_masked_keeps_the_mask_rules_and_globs_only_within_its_budget():
+    events = ["user.1.connected", "user.2.connected", "user.2.left", "doc.created", "plain", "a.b.c"]
+    assert mqks.remove_masked(events, ["user.*.connected"]) == ["user.2.left", "doc.created", "plain", "a.b.c"]
+    assert mqks.remove_masked(events, ["*.*"]) == [e for e in events if e != "doc.created"]
+    assert mqks.remove_masked(events, ["us*r.2.*"]) == [e for e in events if not e.startswith("user.2.")]
+    assert mqks.remove_masked(events, []) == events
+    for mask in ("user.*.connected", "*.*", "us*r.2.*", "*", "plain", "a.*.c", "*.b.*"):
+        assert mqks.remove_masked(events, [mask]) == [e for e in events if not mqks.matches(mask, e)], mask
+    many = [f"e{i}.x{i}.a{i % 7}" for i in range(10_000)]
+    masks = [f"e{i}.*.a{i % 7}" for i in range(100)]
+    assert len(mqks.remove_masked(many, masks)) == 10_000 - 100  # literal segments: no glob at all
+    assert len(mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=10_000)) == 0
+    with pytest.raises(ProtocolError, match="too-complex"):  # every candidate globbed: over the budget
+        mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=5_000)

@@ -188,13 +188,14 @@ class MqksGateway:
 
     def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
         queue = a["queue"]
+        _check_sizes(a)
         old = self.consumers.get((conn, consumer_id))
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
         self.store.queue(queue)  # the queue exists from now on, bound or not
         binding = self.bindings.get(queue) or Binding([])
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
-        events += [e for e in a["add"] if e not in events]
+        events = _with_added(events, a["add"])
         unused = a["unused"] if a["unused"] is not None else binding.unused
         consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
         changed = self._set_binding(queue, Binding(events, unused), save=True)
@@ -207,11 +208,12 @@ class MqksGateway:
 
     def _rebind(self, request_id: str, a: dict) -> None:
         queue = a["queue"]
+        _check_sizes(a)
         binding = self.bindings.get(queue) or Binding([])
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
-        events = [e for e in events if e not in a["remove"]]
-        events = [e for e in events if not any(mqks.matches(m, e) for m in a["remove_mask"])]
-        events += [e for e in a["add"] if e not in events]
+        removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
+        events = mqks.remove_masked([e for e in events if e not in removed], a["remove_mask"])
+        events = _with_added(events, a["add"])
         self.store.queue(queue)
         if self._set_binding(queue, Binding(events, binding.unused), save=True):
             self._notify(queue, skip=None)
@@ -396,3 +398,25 @@ class MqksGateway:
                 "bound_queues": len(self.bindings), "published_total": self.published_total,
                 "unrouted_total": self.unrouted_total, "delivered_total": self.delivered_total,
                 "errors_total": self.errors_total, "closed_bad_input_total": self.closed_total}
+
+
+MAX_MASKS = 100  # --remove-mask masks in one request
+
+
+def _check_sizes(a: dict) -> None:
+    """Refuse an oversized consume or rebind before any work is done for it."""
+    for name in ("events", "remove", "add"):
+        if len(a.get(name) or ()) > MAX_EVENTS:
+            raise ProtocolError("too-many-events", f"{len(a[name])} events in one request; at most {MAX_EVENTS}")
+    if len(a.get("remove_mask") or ()) > MAX_MASKS:
+        raise ProtocolError("too-many-masks", f"{len(a['remove_mask'])} masks in one request; at most {MAX_MASKS}")
+
+
+def _with_added(events: list[str], added: list[str]) -> list[str]:
+    present = set(events)
+    out = list(events)
+    for event in added:
+        if event not in present:
+            present.add(event)
+            out.append(event)
+    return out

@@ -77,10 +77,16 @@ def _publish(data: str) -> dict:
     return {"event": _check_id("event", event), "data": payload}
 
 
+MAX_TOKENS = 3 * 10_000 + 200  # a consume or rebind with more words cannot be within the event limits
+
+
 def _tokens(data: str) -> list[str]:
     if "\t" in data or "\r" in data:
         raise ProtocolError("bad-id", "ids must not contain control characters")
-    return [t for t in data.split(" ") if t]
+    tokens = [t for t in data.split(" ") if t]
+    if len(tokens) > MAX_TOKENS:  # refused before any per-word work
+        raise ProtocolError("too-many-events", f"{len(tokens)} words in one request; at most {MAX_TOKENS}")
+    return tokens
 
 
 def _consume(data: str) -> dict:
@@ -185,6 +191,43 @@ def matches(mask: str, event: str) -> bool:
         return False
     masks, parts = mask.split("."), event.split(".")
     return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts))
+
+
+def remove_masked(events: list[str], masks: list[str], budget: int = 20_000) -> list[str]:
+    """``events`` without those any of ``masks`` removes (``matches``), in time linear in the events.
+
+    Events are indexed by (segment count, position, segment): a mask's literal segments pick its
+    candidates by set intersection, a bare ``*`` segment needs no check, and only segments that mix
+    ``*`` and text are globbed, at most ``budget`` times in all (else ProtocolError too-complex: a
+    request must not make the loop work for seconds)."""
+    if not masks:
+        return events
+    by_count: dict[int, set[str]] = {}
+    index: dict[tuple[int, int, str], set[str]] = {}
+    for event in events:
+        if "." not in event:
+            continue
+        parts = event.split(".")
+        by_count.setdefault(len(parts), set()).add(event)
+        for pos, part in enumerate(parts):
+            index.setdefault((len(parts), pos, part), set()).add(event)
+    removed: set[str] = set()
+    for mask in masks:
+        segments = mask.split(".")
+        n = len(segments)
+        literal = [(pos, s) for pos, s in enumerate(segments) if "*" not in s]
+        mixed = [(pos, s) for pos, s in enumerate(segments) if "*" in s and s != "*"]
+        candidates = by_count.get(n, set())
+        for pos, segment in literal:
+            candidates = candidates & index.get((n, pos, segment), set())
+        if mixed:
+            budget -= len(candidates)
+            if budget < 0:
+                raise ProtocolError("too-complex", "--remove-mask would glob too many events in one request; "
+                                    "use masks with literal segments or fewer events")
+            candidates = {e for e in candidates if all(_glob(s, e.split(".")[pos]) for pos, s in mixed)}
+        removed |= candidates
+    return [e for e in events if e not in removed] if removed else events
 
 
 def _glob(pattern: str, text: str) -> bool:
