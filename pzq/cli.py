@@ -101,6 +101,8 @@ def cli() -> None:
 @click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
                                        "[default: 4G]")
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
+@click.option("--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  "
+                                             "[default: 10000]")
 @click.option("--min-disk-free", help="Free space the store's filesystem keeps: under it producers get 'queue full' "
                                       "(0 = do not watch).  [default: 64M]")
 @click.option("--disk-reserve", help="Bytes held in DATABASE/reserve and given back when the disk fills, so that "

@@ -48,6 +48,7 @@ class Config:
     max_inflight: int = 1000
     max_deliveries: int = 0
     max_store_size: int = 4 << 30
+    max_queues: int = 10_000
     min_disk_free: int = 64 << 20
     disk_reserve: int = 8 << 20
     max_message_size: int = 16 << 20
@@ -113,6 +114,7 @@ class Config:
         _at_least(self, "max_deliveries", 0)
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
+        _at_least(self, "max_queues", 1)
         _at_least(self, "min_disk_free", 0)
         _at_least(self, "disk_reserve", 0)
         for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):

@@ -35,7 +35,10 @@ log = logging.getLogger("pzq.leases")
 _U64 = struct.Struct(">Q")
 _LEASE_KEY = struct.Struct(">QQ")  # gid, lease seq
 _LEASE_VALUE = struct.Struct(">QI")  # message seq, deliveries when leased
-MAX_LEASE = 1_000_000  # messages one lease call may take (each costs ~250 B of memory while held)
+# Messages one lease call takes at most; a larger ``max`` gets this many (the caller reads a shorter
+# range and leases on from its end). Each costs a store write and ~250 B of memory while held: this
+# bounds what one request makes the loop do.
+MAX_LEASE = 20_000
 MAX_FETCH = 10_000  # messages one fetch may return
 
 
@@ -135,8 +138,9 @@ class Leases:
               user: str | None = None) -> tuple[int, int]:
         """Make sure leases ``after .. after+max_n-1`` exist as far as messages are ready; returns
         (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read."""
-        if not 0 <= max_n <= MAX_LEASE:
-            raise ProtocolError("bad-max", f"max must be 0 to {MAX_LEASE}, not {max_n}")
+        if max_n < 0:
+            raise ProtocolError("bad-max", f"max must be 0 or more, not {max_n}")
+        max_n = min(max_n, MAX_LEASE)
         group = self._group(queue, name, True, user)
         if after > group.end:
             raise ProtocolError("bad-offset", f"group {name!r} of {queue!r} never leased up to {after} "

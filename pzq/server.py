@@ -72,7 +72,8 @@ class Server:
         """Open the store and bind every endpoint; raises ConfigError or StoreError with a clear text."""
         cfg = self.config
         self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync,
-                           min_disk_free=cfg.min_disk_free, disk_reserve=cfg.disk_reserve)
+                           min_disk_free=cfg.min_disk_free, disk_reserve=cfg.disk_reserve,
+                           max_queues=cfg.max_queues)
         self.store.watch_disk()
         self.store.queue(cfg.queue)
         self.store.commit()

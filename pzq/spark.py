@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - older pyspark calls latestOffset() wit
 log = logging.getLogger("pzq.spark")
 
 SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp, deliveries int"
-ALL_AVAILABLE = 1_000_000  # the server's largest lease per call (pzq.leases.MAX_LEASE)
+ALL_AVAILABLE = 20_000  # the server's largest lease per call (pzq.leases.MAX_LEASE)
 _UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 

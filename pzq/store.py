@@ -160,9 +160,11 @@ class Store:
     """Named durable FIFO queues. Single-threaded: one owner calls every method."""
 
     def __init__(self, path: str | os.PathLike, *, max_size: int = 4 << 30, sync: bool = True,
-                 readonly: bool = False, min_disk_free: int = 0, disk_reserve: int = 0):
+                 readonly: bool = False, min_disk_free: int = 0, disk_reserve: int = 0,
+                 max_queues: int = 1_000_000):
         self.path = os.fspath(path)
         self.max_size = max_size
+        self.max_queues = max_queues
         self.min_disk_free = min_disk_free
         self.disk_reserve = disk_reserve
         self.low_disk = False  # free space is under min_disk_free: producers are refused
@@ -339,6 +341,8 @@ class Store:
         if info is None and create:
             if not name or len(name.encode()) > 255:
                 raise StoreError(f"queue name must be 1 to 255 bytes: {name!r}")
+            if len(self._queues) >= self.max_queues:  # every queue costs memory and a line of figures
+                raise StoreFull(f"queue full: there are {len(self._queues)} queues, the most --max-queues allows")
             info = QueueInfo(name, self._next_qid)
             self._next_qid += 1
             self._queues[name] = info

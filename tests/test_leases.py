@@ -187,3 +187,17 @@ def test_a_fetch_stops_after_max_bytes_and_says_where(leased):
     leases.lease("q", "g", 0, 10, now=0, now_us=T0)
     messages, gone, upto = leases.fetch("q", "g", 0, 10, now_us=T0, max_bytes=5)
     assert [lseq for lseq, _ in messages] == [0, 1, 2] and gone == 0 and upto == 3
+
+
+def test_one_lease_call_takes_at_most_max_lease_messages_and_the_next_goes_on(tmp_path, monkeypatch):
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "MAX_LEASE", 4)
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        for i in range(10):
+            broker.produce("q", [b"m%d" % i], now_us=T0)
+        assert leases.lease("q", "g", 0, 1_000_000, now=0, now_us=T0) == (0, 4)
+        assert leases.lease("q", "g", 4, 1_000_000, now=0, now_us=T0) == (0, 8)
+    finally:
+        store.close()

@@ -369,3 +369,17 @@ def test_the_ip_allow_list_admits_or_disconnects_a_client(make_server, allow, ad
         else:
             with pytest.raises(Exception, match="closed"):
                 c.read_line()
+
+
+def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_max_prefetch(connect, monkeypatch):
+    from pzq.gateways import mqks as gateway
+
+    monkeypatch.setattr(gateway, "MAX_CONSUMERS", 3)
+    c = connect()
+    for i in range(3):
+        talk(c, f"c{i} consume --confirm q{i} e", f"c{i} ok ")
+    c.send("c9 consume --confirm q9 e")
+    assert re.fullmatch(r"c9 error [0-9a-f]{24}", c.read_line() or "")
+    talk(c, "c0 consume --confirm q0 e2", "c0 ok ")  # the same id again replaces itself: allowed
+    c.send("c8 consume --confirm q8 e --manual-ack --prefetch=10001")
+    assert re.fullmatch(r"c8 error [0-9a-f]{24}", c.read_line() or "")

@@ -82,3 +82,9 @@ def test_unknown_argument_names_are_dropped():
                                     [b"", b"1", b"OK", msgpack.packb([1])]])
 def test_a_client_ignores_what_is_not_a_reply(frames):
     assert api.parse_reply(frames) is None
+
+
+def test_a_produce_of_more_than_max_produce_messages_is_refused_before_any_work():
+    with pytest.raises(ProtocolError, match="too-many"):
+        api.produce_messages({"messages": [["q", b"x"]] * (api.MAX_PRODUCE + 1)})
+    assert len(api.produce_messages({"messages": [["q", b"x"]] * api.MAX_PRODUCE})) == api.MAX_PRODUCE

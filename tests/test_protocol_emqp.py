@@ -246,3 +246,11 @@ def test_deeply_nested_inform_queues_are_refused_not_a_crash():
 
 def test_a_deeply_nested_schedule_payload_still_gets_an_id():
     assert len(emqp.schedule_id("[" * 100_000)) == 40
+
+
+def test_an_inform_naming_more_than_max_queues_is_refused():
+    import json
+
+    with pytest.raises(ProtocolError, match="at most"):
+        emqp.parse_queues(json.dumps([[1, f"q{i}"] for i in range(emqp.MAX_QUEUES + 1)]), ["default"])
+    assert len(emqp.parse_queues(",".join(f"q{i}" for i in range(emqp.MAX_QUEUES)), ["default"])) == emqp.MAX_QUEUES

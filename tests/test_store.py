@@ -261,3 +261,16 @@ def test_a_write_that_finds_its_key_already_stored_is_a_store_error_and_rolls_ba
     assert store.queue("other", create=False) is None, "the whole turn was rolled back"
     assert store.queue("q").count == 1
     assert [m.frames for m in store.scan("q")] == [[b"first"], [b"someone else's"]]  # not overwritten
+
+
+def test_a_new_queue_past_max_queues_is_refused_as_full_and_existing_ones_still_work(tmp_path):
+    store = Store(tmp_path / "db", max_size=16 << 20, max_queues=3)  # "default" is not made here
+    try:
+        for name in ("a", "b", "c"):
+            store.put(name, [b"x"], now_us=1)
+        with pytest.raises(StoreFull, match="--max-queues"):
+            store.put("d", [b"x"], now_us=1)
+        store.put("a", [b"more"], now_us=1)
+        assert store.queue("d", create=False) is None and store.queue("a").count == 2
+    finally:
+        store.close()

@@ -69,6 +69,7 @@ class MqksGateway:
         self._drop_queue = drop_queue
         self.sessions: dict[Hashable, mqks.LineBuffer] = {}
         self.consumers: dict[tuple[Hashable, str], Consumer] = {}
+        self._by_conn: dict[Hashable, dict[str, Consumer]] = {}  # the same consumers, per connection
         self.by_queue: dict[str, list[Consumer]] = {}
         self._out: list[tuple[Hashable, bytes, object]] = []
         self.delete_at: dict[str, float] = {}
@@ -113,8 +114,8 @@ class MqksGateway:
     def disconnected(self, conn: Hashable) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
-        for key in [k for k in self.consumers if k[0] == conn]:
-            self._remove_consumer(self.consumers[key])
+        for consumer in list(self._by_conn.get(conn, {}).values()):
+            self._remove_consumer(consumer)
 
     def received(self, conn: Hashable, data: bytes, *, now: float, now_us: int) -> None:
         """Bytes from a connection. Raises ProtocolError when its stream cannot be framed (close it)."""
@@ -190,6 +191,8 @@ class MqksGateway:
         queue = a["queue"]
         _check_sizes(a)
         old = self.consumers.get((conn, consumer_id))
+        if old is None and len(self._by_conn.get(conn, ())) >= MAX_CONSUMERS:
+            raise ProtocolError("too-many-consumers", f"at most {MAX_CONSUMERS} consumers per connection")
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
         self.store.queue(queue)  # the queue exists from now on, bound or not
@@ -200,6 +203,7 @@ class MqksGateway:
         consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
         changed = self._set_binding(queue, Binding(events, unused), save=True)
         self.consumers[(conn, consumer_id)] = consumer
+        self._by_conn.setdefault(conn, {})[consumer_id] = consumer
         self.by_queue.setdefault(queue, []).append(consumer)
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
@@ -273,7 +277,7 @@ class MqksGateway:
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         """Unregister; what it held goes back to the end of its queue, retry raised (as a reject)."""
-        self.consumers.pop((consumer.conn, consumer.id), None)
+        self._forget(consumer)
         peers = self.by_queue.get(consumer.queue, [])
         if consumer in peers:
             peers.remove(consumer)
@@ -288,6 +292,14 @@ class MqksGateway:
             if binding is not None and binding.unused is not None:
                 self._orphans.add(consumer.queue)
 
+    def _forget(self, consumer: Consumer) -> None:
+        self.consumers.pop((consumer.conn, consumer.id), None)
+        mine = self._by_conn.get(consumer.conn)
+        if mine is not None and mine.get(consumer.id) is consumer:
+            del mine[consumer.id]
+            if not mine:
+                del self._by_conn[consumer.conn]
+
     def _delete_queue(self, queue: str) -> None:
         # Only an MQKS queue, and not from under another protocol's clients: deleting it would settle
         # every message they hold or lease, which no client may do to another's.
@@ -300,7 +312,7 @@ class MqksGateway:
                                 "protocol or leased by an API group")
         consumers = self.by_queue.pop(queue, [])
         for consumer in consumers:
-            self.consumers.pop((consumer.conn, consumer.id), None)
+            self._forget(consumer)
             self._out.append((consumer.conn, mqks.update(consumer.id, queue, [], None, False), (UPDATE,)))
         binding = self.bindings.pop(queue, None)
         if binding is not None:
@@ -401,6 +413,7 @@ class MqksGateway:
 
 
 MAX_MASKS = 100  # --remove-mask masks in one request
+MAX_CONSUMERS = 1000  # consumers on one connection (each is looked at every turn)
 
 
 def _check_sizes(a: dict) -> None:

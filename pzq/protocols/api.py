@@ -123,8 +123,14 @@ def _bad(routing, request_id, code: str, detail: str) -> Rejected:
     return Rejected(Request(routing, request_id, "", {}), ProtocolError(code, detail))
 
 
+MAX_PRODUCE = 10_000  # messages in one PRODUCE (the Spark sink sends chunks of 1,000)
+
+
 def produce_messages(args: dict) -> list[tuple[str, bytes]]:
     """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body."""
+    if len(args["messages"]) > MAX_PRODUCE:  # one request must not hold the loop for seconds
+        raise ProtocolError("too-many", f"PRODUCE: at most {MAX_PRODUCE} messages per request, not "
+                                        f"{len(args['messages'])}")
     out = []
     for item in args["messages"]:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)

@@ -138,6 +138,9 @@ def schedule_id(payload: str) -> str:
     return hashlib.sha1(key.encode("utf-8")).hexdigest()
 
 
+MAX_QUEUES = 1000  # queues one worker may serve
+
+
 def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
     """A worker INFORM's queues, heaviest first: JSON [[weight, name], ...], the old CSV of names
     (weight 10 each), or '' for the broker's default queues. Raises ProtocolError."""
@@ -157,6 +160,8 @@ def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
             out.append((pair[0], pair[1]))
     else:
         out = [(10, name.strip()) for name in text.split(",") if name.strip()]
+    if len(out) > MAX_QUEUES:  # a worker's queues are looked at for every job handed to it
+        raise ProtocolError("bad-queues", f"INFORM names {len(out)} queues; at most {MAX_QUEUES}")
     if not out or any(len(name.encode()) > 255 for _, name in out):
         raise ProtocolError("bad-queues", "INFORM names no usable queue")
     return sorted(out, key=lambda pair: -pair[0])

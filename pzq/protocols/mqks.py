@@ -126,9 +126,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+MAX_PREFETCH = 10_000  # unacked messages one consumer may hold
+
+
 def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 1_000_000:
-        raise ProtocolError("bad-option", f"--prefetch={text[:40]!r} is not 1 to 1000000")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PREFETCH:
+        raise ProtocolError("bad-option", f"--prefetch={text[:40]!r} is not 1 to {MAX_PREFETCH}")
     return int(text)
 
 
