@@ -50,6 +50,7 @@ class Admin:
             "dead_lettered_total": counters.dead_lettered,
             "refused_full_total": counters.refused_full,
             "refused_not_held_total": counters.refused_not_held,
+            "damaged_total": self.broker.store.damaged_total,
             "produce_rate": self._rate("produced"),
             "ack_rate": self._rate("acked"),
             "store_limit_bytes": self.store_limit,

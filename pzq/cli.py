@@ -363,6 +363,34 @@ def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id
     click.echo(f"requeued {answer['requeued']}")
 
 
+@cli.command("check")
+@click.argument("database", default="./pzq-data")
+@_errors_to_exit
+def check_store(database) -> None:
+    """Read every record of the store at DATABASE (read-only; a running server goes on) and say what is
+    readable. Exit 0 if all of it is, 1 if not."""
+    from pzq import check
+
+    if not check.check(database, sys.stdout):
+        _fail(f"{database}: some records cannot be read (see above); `pzq dump` copies out the rest")
+    click.echo(f"{database}: every record is readable")
+
+
+@cli.command("dump")
+@click.argument("database", default="./pzq-data")
+@click.argument("output")
+@_errors_to_exit
+def dump_store(database, output) -> None:
+    """Copy every readable message, dead letter and set-aside record of DATABASE into OUTPUT, one JSON
+    object per line (bytes as {"b64": ...}). Read-only; a running server goes on."""
+    from pzq import check
+
+    complete = check.dump(database, output, sys.stderr)
+    click.echo(f"written to {output}" + ("" if complete else " (some records could not be read)"), err=True)
+    if not complete:
+        sys.exit(1)
+
+
 def main() -> None:
     cli(prog_name="pzq")
 

@@ -13,6 +13,7 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     leases      gid u64 | lease seq u64 -> seq u64 | deliveries u32                 (leases.py)
     produced    dedup key (utf-8)       -> msgpack [stored_us, count, [digest, ...]] (gateways/api.py)
     mqks        queue name (utf-8)      -> msgpack [[event, ...], unused seconds | nil] (gateways/mqks.py)
+    damaged     qid u64 | seq u64       -> the raw record of a message that could not be read (set aside)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
 
@@ -46,8 +47,9 @@ _U32 = struct.Struct(">I")
 # slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
 _OVERHEAD = 64
 _FORMAT = 1
+_MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-TABLES = ("schedules", "groups", "leases", "produced", "mqks")
+TABLES = ("schedules", "groups", "leases", "produced", "mqks", "damaged")
 
 
 @dataclasses.dataclass(slots=True)
@@ -172,10 +174,16 @@ class Store:
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
         # also after a restart with a limit below what is stored, so the data file counts too.
+        data_file = os.path.join(self.path, "data.mdb")
         try:
-            stored = os.path.getsize(os.path.join(self.path, "data.mdb"))
+            stored = os.path.getsize(data_file)
         except OSError:
             stored = 0
+        if stored < _MIN_DATA_FILE and os.path.exists(data_file):
+            # LMDB would take an empty file for a new store: everything that was in it would be gone
+            # without a word. (It writes its two meta pages the moment it creates the file.)
+            raise StoreError(f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
+                             "or move the directory aside to start with an empty store")
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self.syncs = 0
         self._sync = sync
@@ -196,6 +204,11 @@ class Store:
                                   readonly=readonly, lock=True, meminit=False, mode=0o600)
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
+            self._env.close()
+            raise StoreError(f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
+                             "from a backup, or move the directory aside to start with an empty store")
         try:
             if not readonly:
                 self._lock_fd = _lock_exclusively(os.path.join(self.path, "data.mdb"))
@@ -217,6 +230,8 @@ class Store:
             self._env.close()
             raise
         self._txn: lmdb.Transaction | None = None
+        self._unreadable: list[tuple[QueueInfo, bytes, str]] = []  # found by _decode, for _set_aside
+        self.damaged_total = 0
         self._dirty = False
         self._dirty_queues: set[str] = set()
         # Delivery counts not yet written: key -> (count, monotonic time of the delivery).
@@ -414,10 +429,17 @@ class Store:
         raw = txn.get(key, db=self._deliveries_db)
         return _U32.unpack(raw)[0] if raw else 0
 
-    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message:
-        record = msgpack.unpackb(value)
-        return Message(info.name, info.qid, _KEY.unpack(key)[1], record[2], record[0], record[1],
-                       self._deliveries(key, txn), record[3] if len(record) > 3 else None)
+    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+        """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
+        try:
+            record = msgpack.unpackb(value)
+            if type(record) is not list or len(record) < 3 or type(record[2]) is not list:
+                raise ValueError("not a message record")
+            return Message(info.name, info.qid, _KEY.unpack(key)[1], record[2], int(record[0]), int(record[1]),
+                           self._deliveries(key, txn), record[3] if len(record) > 3 else None)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
+            return None
 
     def get(self, queue: str, seq: int) -> Message | None:
         info = self._queues.get(queue)
@@ -426,11 +448,38 @@ class Store:
         txn = self._txn_for_read()
         key = _KEY.pack(info.qid, seq)
         value = txn.get(key, db=self._messages_db)
-        return None if value is None else self._decode(info, key, value, txn)
+        message = None if value is None else self._decode(info, key, value, txn)
+        self._set_aside()
+        return message
 
     def scan(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[Message]:
         """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order."""
-        return list(self._iter(self._messages_db, queue, from_seq, limit, self._decode))
+        while True:
+            damaged = self.damaged_total
+            messages = [m for m in self._iter(self._messages_db, queue, from_seq, limit, self._decode)
+                        if m is not None]
+            self._set_aside()
+            if self.damaged_total == damaged or len(messages) >= limit:
+                return messages  # (else read again: what was set aside is gone, more may follow it)
+
+    def _set_aside(self) -> None:
+        """Move unreadable message records (a damaged page, a bug) out of their queue into the
+        ``damaged`` table, raw, and count them: one bad record must not fail every turn that meets it
+        (a crash loop), and its bytes stay for ``pzq dump``. Written with the turn's commit."""
+        while self._unreadable:
+            info, key, reason = self._unreadable.pop()
+            txn = self._write()
+            value = txn.get(key, db=self._messages_db)
+            if value is None or info.name not in self._queues:
+                continue
+            self._do(txn.put, key, value, db=self._tables["damaged"])
+            self._do(txn.delete, key, db=self._messages_db)
+            self._pending_counts.pop(key, None)
+            self._account(info, -1, -_accounted(key, value))
+            self.damaged_total += 1
+            log.error("message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
+                      "(`pzq dump` copies it out); the queue goes on", message_id(info.qid, _KEY.unpack(key)[1]),
+                      info.name, reason)
 
     def _iter(self, db, queue: str, from_seq: int, limit: int, decode) -> Iterator:
         info = self._queues.get(queue)
@@ -605,6 +654,30 @@ class Store:
     def schedules(self) -> dict[str, dict]:
         """Every stored recurring job (they are few: read whole at start-up)."""
         return {key.decode(): msgpack.unpackb(value) for key, value in self.records("schedules")}
+
+    # -- checking -----------------------------------------------------------------------------------
+
+    def audit(self, queue: str) -> Iterator[tuple[str, Message | DeadLetter | None]]:
+        """Every record of ``queue``, in order: ("message", Message), ("dead", DeadLetter), or (kind,
+        None) for one that cannot be read. Read-only: nothing is set aside (``pzq check``, ``pzq dump``)."""
+        info = self._queues[queue]
+        txn = self._txn_for_read()
+        prefix = _U64.pack(info.qid)
+        for kind, db in (("message", self._messages_db), ("dead", self._dead_db)):
+            cursor = txn.cursor(db=db)
+            if not cursor.set_range(prefix):
+                continue
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    break
+                if kind == "message":
+                    yield kind, self._decode(info, key, value, txn)
+                    self._unreadable.clear()
+                    continue
+                try:
+                    yield kind, self._decode_dead(info, key, value, txn)
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    yield kind, None
 
     # -- disk space ---------------------------------------------------------------------------------
 

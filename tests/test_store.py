@@ -1,6 +1,7 @@
 """The store contract, on a real LMDB environment in tmp_path."""
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from pzq.errors import StoreError, StoreFull
@@ -274,3 +275,29 @@ def test_a_new_queue_past_max_queues_is_refused_as_full_and_existing_ones_still_
         assert store.queue("d", create=False) is None and store.queue("a").count == 2
     finally:
         store.close()
+
+
+def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_path):
+    from pzq.store import _KEY
+
+    store = Store(tmp_path / "db", max_size=16 << 20)
+    try:
+        for i in range(5):
+            store.put("q", [b"m%d" % i], now_us=1)
+        store.commit()
+        qid = store.queue("q").qid
+        with store._env.begin(write=True) as txn:  # what a damaged page or a bug leaves behind
+            txn.put(_KEY.pack(qid, 2), b"\xc1 not msgpack", db=store._messages_db)
+            txn.put(_KEY.pack(qid, 3), msgpack.packb({"not": "a record"}), db=store._messages_db)
+        assert [m.frames for m in store.scan("q", 0, 2)] == [[b"m0"], [b"m3"]]
+        assert store.get("q", 2) is None and store.damaged_total == 2
+        store.commit()
+        assert (store.queue("q").count, [k for k, _ in store.records("damaged")]) == (
+            3, [_KEY.pack(qid, 2), _KEY.pack(qid, 3)])
+    finally:
+        store.close()
+    reopened = Store(tmp_path / "db", max_size=16 << 20)
+    try:
+        assert [m.frames for m in reopened.scan("q")] == [[b"m0"], [b"m3"], [b"m4"]]
+    finally:
+        reopened.close()

@@ -1,0 +1,111 @@
+"""`pzq check` and `pzq dump`: read every record of a store, read-only (a running server may keep
+serving), in a child process, so that a store damaged where LMDB itself cannot read it (SIGBUS on a
+missing page, an assertion on a wrecked one) is reported in one line instead of killing the command."""
+from __future__ import annotations
+
+import base64
+import json
+import multiprocessing
+import os
+import signal
+from typing import IO
+
+from pzq.errors import StoreError
+from pzq.store import Store
+
+
+def check(path: str, out: IO[str]) -> bool:
+    """Write a line per queue (messages, unreadable, dead letters) and per side table; True if every
+    record was readable."""
+    return _isolated(_walk, path, None, out)
+
+
+def dump(path: str, target: str, out: IO[str]) -> bool:
+    """Write every readable message, dead letter and set-aside record of the store to ``target`` as
+    JSON lines (bytes as base64); True if the whole store was read."""
+    return _isolated(_walk, path, target, out)
+
+
+def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
+    if not os.path.isdir(path):
+        raise StoreError(f"{path}: no store there")
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(target=_child, args=(func, path, target, writer))
+    child.start()
+    writer.close()
+    ok = True
+    while True:
+        try:
+            kind, text = reader.recv()
+        except EOFError:
+            break
+        if kind == "error":
+            raise StoreError(text)
+        if kind == "done":
+            ok = text == "clean"
+            continue
+        out.write(text + "\n")
+    child.join()
+    if child.exitcode and child.exitcode < 0:
+        raise StoreError(f"{path}: LMDB could not read part of the store (the reader died of "
+                         f"{signal.Signals(-child.exitcode).name}): restore it from a backup; `pzq dump` copies "
+                         "out what comes before the damage")
+    return ok
+
+
+def _child(func, path: str, target: str | None, conn) -> None:
+    try:
+        func(path, target, lambda kind, text: conn.send((kind, text)))
+    except StoreError as exc:
+        conn.send(("error", str(exc)))
+    finally:
+        conn.close()
+
+
+def _walk(path: str, target: str | None, say) -> None:
+    store = Store(path, readonly=True)
+    sink = open(target, "w", encoding="utf-8") if target else None
+    clean = True
+    try:
+        for info in store.queues():
+            counts = {"message": 0, "dead": 0, "unreadable": 0}
+            for kind, record in store.audit(info.name):
+                if record is None:
+                    counts["unreadable"] += 1
+                    continue
+                counts[kind] += 1
+                message = record if kind == "message" else record.message
+                if sink:
+                    _line(sink, {"queue": info.name, "id": message.id, "enqueued_us": message.enqueued_us,
+                                 "expires_us": message.expires_us, "deliveries": message.deliveries,
+                                 "frames": message.frames, "meta": message.meta,
+                                 **({"dead": record.reason} if kind == "dead" else {})})
+            clean = clean and not counts["unreadable"] and counts["message"] == info.count
+            say("line", f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
+                        f"{counts['dead']} dead letters, {counts['unreadable']} unreadable")
+        for table in ("schedules", "groups", "produced", "mqks", "damaged"):
+            records = store.records(table)
+            if table == "damaged" and sink:
+                for key, value in records:
+                    _line(sink, {"damaged_key": key, "raw": value})
+            say("line", f"table {table}: {len(records)} records")
+        say("done", "clean" if clean else "damaged")
+    finally:
+        if sink:
+            sink.close()
+        store.close()
+
+
+def _line(sink: IO[str], record: dict) -> None:
+    sink.write(json.dumps(_plain(record), ensure_ascii=False) + "\n")
+
+
+def _plain(value):
+    """JSON-able: bytes as {"b64": ...}, containers walked."""
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
