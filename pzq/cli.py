@@ -101,6 +101,8 @@ def cli() -> None:
 @click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
                                        "[default: 4G]")
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
+@click.option("--max-connections", type=int, help="Raw-TCP (PHPMQ, MQKS) connections at most, together; more are "
+                                                  "closed at once (kept under the open-files limit).  [default: 10000]")
 @click.option("--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  "
                                              "[default: 10000]")
 @click.option("--min-disk-free", help="Free space the store's filesystem keeps: under it producers get 'queue full' "

@@ -49,6 +49,7 @@ class Config:
     max_deliveries: int = 0
     max_store_size: int = 4 << 30
     max_queues: int = 10_000
+    max_connections: int = 10_000
     min_disk_free: int = 64 << 20
     disk_reserve: int = 8 << 20
     max_message_size: int = 16 << 20
@@ -115,6 +116,7 @@ class Config:
         _at_least(self, "max_store_size", 1 << 20)
         _at_least(self, "max_message_size", 1024)
         _at_least(self, "max_queues", 1)
+        _at_least(self, "max_connections", 1)
         _at_least(self, "min_disk_free", 0)
         _at_least(self, "disk_reserve", 0)
         for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):

@@ -27,7 +27,7 @@ from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.stream import StreamEndpoint
+from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
 from pzq.errors import ConfigError, StoreError
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.mqks import MqksGateway
@@ -89,16 +89,17 @@ class Server:
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote, failed=self._recover)
         self.endpoints = [self.native, monitor]
+        connections = ConnectionLimit(_connection_limit(cfg.max_connections))
         if cfg.phpmq_dsn:
             gateway = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
                                    max_credit=cfg.max_inflight)
-            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, owned))
+            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, owned, connections))
         if cfg.emqp_frontend_dsn:
             self.endpoints.append(EmqpEndpoint(cfg, self.broker, owned))
         if cfg.mqks_dsn:
             gateway = MqksGateway(self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight,
                                   drop_queue=self._drop_queue)
-            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, owned))
+            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, owned, connections))
         if cfg.api_dsn:
             gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
                                  dedup_window_s=cfg.api_dedup_window)
@@ -329,6 +330,27 @@ class Server:
 
     def _gateway_stats(self) -> dict:
         return {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
+
+
+FD_RESERVE = 1024  # descriptors kept for the store, the sockets, libzmq's own and ZeroMQ clients
+
+
+def _connection_limit(configured: int) -> int:
+    """Raise the soft limit of open files to the hard one, and keep raw-TCP connections to half of
+    what is left after FD_RESERVE, so that the process never runs out of descriptors."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            soft = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = min(configured, max(16, (soft - FD_RESERVE) // 2))
+    if limit < configured:
+        log.warning("--max-connections %d lowered to %d: the process may open %d files", configured, limit, soft)
+    return limit
 
 
 def _drain_fd(fd: int) -> None:

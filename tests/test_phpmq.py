@@ -227,3 +227,19 @@ def test_phpmq_messages_survive_a_kill_9(process_server, tmp_path):
         c.send(4, (1, b"durable"), (3, packets[3]))
     assert got == [b"msg-%d" % i for i in range(300)]
     c.sock.close()
+
+
+def test_connections_past_max_connections_are_closed_at_once_and_others_go_on(phpmq):
+    srv, connect, addr = phpmq(max_connections=3)
+    kept = [connect() for _ in range(3)]
+    for c in kept:
+        c.send(1, (1, b"w"), (2, b"x"))  # every one of them is served
+    wait_until(lambda: srv.stats()["queues"]["w"]["depth"] == 3)
+    extra = socket.create_connection(addr, timeout=5)
+    assert extra.recv(10) == b"", "the fourth connection is closed at once"
+    extra.close()
+    kept[0].sock.close()
+    wait_until(lambda: srv.stats()["phpmq"]["connections"] == 2)
+    again = connect()
+    again.send(1, (1, b"w"), (2, b"y"))
+    wait_until(lambda: srv.stats()["queues"]["w"]["depth"] == 4)

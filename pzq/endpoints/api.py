@@ -4,7 +4,7 @@ from __future__ import annotations
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
@@ -30,11 +30,15 @@ class ApiEndpoint(Endpoint):
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
             return
+        budget = TURN_BYTES
         for _ in range(READ_BATCH):
+            if budget <= 0:
+                return
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)
             except Again:
                 return
+            budget -= sum(map(len, frames or ()))
             if frames is None:
                 continue
             reply = self.gateway.handle(frames, now=now, now_us=now_us, user=user)

@@ -7,7 +7,7 @@ import zmq
 
 from pzq.broker import Broker, Ref
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.errors import StoreFull
 from pzq.logs import warn_bad
@@ -68,11 +68,15 @@ class NativeEndpoints(Endpoint):
 
     def _read_producers(self, now_us: int) -> None:
         queue, limit = self.config.queue, self.config.max_message_size
+        budget = TURN_BYTES
         for _ in range(READ_BATCH):
+            if budget <= 0:
+                return
             try:
                 frames = receive(self.receive, self._receive_gate, "producer", NOBLOCK)
             except Again:
                 return
+            budget -= sum(map(len, frames or ()))
             event = native.parse_produce(frames, limit) if frames is not None else None
             if event is None:
                 continue

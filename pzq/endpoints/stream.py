@@ -15,7 +15,7 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets
 from pzq.errors import ProtocolError
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
@@ -28,14 +28,30 @@ BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its
 RETRY_S = 0.01  # how soon a backlog is tried again
 
 
+class ConnectionLimit:
+    """Raw-TCP connections of every STREAM endpoint together, at most ``limit``: each costs a file
+    descriptor, and a process out of them can accept nothing (libzmq spins, or aborts on the next one
+    it needs). Past it a new connection is closed at once and logged."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.gateways: list = []
+
+    def full(self) -> bool:
+        return sum(len(g.sessions) for g in self.gateways) >= self.limit
+
+
 class StreamEndpoint(Endpoint):
     """A ZeroMQ STREAM socket is raw TCP inside the same poller as every other endpoint, with
     connect/disconnect notices and libzmq's buffering; each dispatch goes out as one send, which the
     legacy client needs (it reads a header in one 8-byte read). Memory per slow reader is bounded by
     its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
 
-    def __init__(self, name: str, dsn: str, gateway, config: Config, binder: Sockets):
+    def __init__(self, name: str, dsn: str, gateway, config: Config, binder: Sockets,
+                 connections: ConnectionLimit | None = None):
         self.name = name
+        self.connections = connections or ConnectionLimit(1 << 62)
+        self.connections.gateways.append(gateway)
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
@@ -50,7 +66,10 @@ class StreamEndpoint(Endpoint):
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
+        budget = TURN_BYTES
         for _ in range(READ_BATCH):
+            if budget <= 0:
+                return
             try:
                 if self.allowed is None:
                     (conn, data), peer = recv_frames(self.sock, NOBLOCK), ""
@@ -58,6 +77,7 @@ class StreamEndpoint(Endpoint):
                     (conn, data), peer = recv_frames_from(self.sock, NOBLOCK)
             except Again:
                 return
+            budget -= len(data)
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
                     self._backlog.pop(conn, None)
@@ -66,6 +86,11 @@ class StreamEndpoint(Endpoint):
                     if self.allowed is not None and not _allowed(peer, self.allowed):
                         warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} "
                                                            "refused by --allow-ips")
+                        self._closing.append(conn)
+                        continue
+                    if self.connections.full():
+                        warn_bad(self.name, "too-many-connections", f"{self.connections.limit} raw-TCP connections "
+                                 "are open (--max-connections): a new one was closed at once")
                         self._closing.append(conn)
                         continue
                     self.gateway.connected(conn)
