@@ -103,6 +103,8 @@ def cli() -> None:
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
 @click.option("--max-connections", type=int, help="Raw-TCP (PHPMQ, MQKS) connections at most, together; more are "
                                                   "closed at once (kept under the open-files limit).  [default: 10000]")
+@click.option("--max-partial-input", help="Bytes of unfinished PHPMQ messages and MQKS lines in all connections "
+                                          "together; past it the connection that grew is closed.  [default: 256M]")
 @click.option("--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  "
                                              "[default: 10000]")
 @click.option("--min-disk-free", help="Free space the store's filesystem keeps: under it producers get 'queue full' "

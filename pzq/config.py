@@ -50,6 +50,7 @@ class Config:
     max_store_size: int = 4 << 30
     max_queues: int = 10_000
     max_connections: int = 10_000
+    max_partial_input: int = 256 << 20
     min_disk_free: int = 64 << 20
     disk_reserve: int = 8 << 20
     max_message_size: int = 16 << 20
@@ -117,6 +118,7 @@ class Config:
         _at_least(self, "max_message_size", 1024)
         _at_least(self, "max_queues", 1)
         _at_least(self, "max_connections", 1)
+        _at_least(self, "max_partial_input", 1 << 20)
         _at_least(self, "min_disk_free", 0)
         _at_least(self, "disk_reserve", 0)
         for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):
@@ -159,7 +161,7 @@ def _at_least(config: Config, name: str, low: int) -> None:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
 ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
-SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve"}
+SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve", "max_partial_input"}
 
 
 def parse_size(text: str) -> int:

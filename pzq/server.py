@@ -89,7 +89,7 @@ class Server:
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote, failed=self._recover)
         self.endpoints = [self.native, monitor]
-        connections = ConnectionLimit(_connection_limit(cfg.max_connections))
+        connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
         if cfg.phpmq_dsn:
             gateway = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
                                    max_credit=cfg.max_inflight)
@@ -116,6 +116,9 @@ class Server:
                      ("receive", cfg.receive_dsn), ("send", cfg.send_dsn), ("monitor", cfg.monitor_dsn),
                      ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("mqks", cfg.mqks_dsn),
                      ("api", cfg.api_dsn)) if value))
+        if connections.limit < cfg.max_connections:
+            log.info("raw-TCP connections at most %d (--max-connections %d, under half the open-files limit)",
+                     connections.limit, cfg.max_connections)
         if self.curve is None:
             log.info("no CURVE configured: every endpoint serves any client that can reach it")
         elif owned.open_roles:
@@ -347,10 +350,7 @@ def _connection_limit(configured: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         except (ValueError, OSError):
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = min(configured, max(16, (soft - FD_RESERVE) // 2))
-    if limit < configured:
-        log.warning("--max-connections %d lowered to %d: the process may open %d files", configured, limit, soft)
-    return limit
+    return min(configured, max(16, (soft - FD_RESERVE) // 2))
 
 
 def _drain_fd(fd: int) -> None:

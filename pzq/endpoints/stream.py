@@ -1,6 +1,7 @@
 """Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a connection-oriented gateway.
 
 The gateway offers ``sessions`` (by connection), ``connected(conn)``, ``disconnected(conn)``,
+``buffered(conn)`` (bytes of unfinished input it holds),
 ``received(conn, data, now=, now_us=)`` (a ProtocolError closes that connection: the stream cannot be
 read any more), ``dispatch(now=, now_us=) -> [(conn, bytes, token)]``, ``unsent(conn, token) -> bool``
 for what a slow reader's connection would not take (True: keep the bytes and send them later, e.g. a
@@ -29,16 +30,31 @@ RETRY_S = 0.01  # how soon a backlog is tried again
 
 
 class ConnectionLimit:
-    """Raw-TCP connections of every STREAM endpoint together, at most ``limit``: each costs a file
-    descriptor, and a process out of them can accept nothing (libzmq spins, or aborts on the next one
-    it needs). Past it a new connection is closed at once and logged."""
+    """What raw-TCP connections of every STREAM endpoint hold together.
 
-    def __init__(self, limit: int):
+    At most ``limit`` connections: each costs a file descriptor, and a process out of them can accept
+    nothing (libzmq spins, or aborts on the next one it needs); past it a new connection is closed at
+    once. At most ``partial_limit`` bytes of unfinished input (a PHPMQ message or MQKS line not yet
+    whole) in all of them: each may hold up to a message's size, and thousands of them would hold
+    gigabytes; past it the connection whose input grew is closed. Both are logged."""
+
+    def __init__(self, limit: int, partial_limit: int = 1 << 62):
         self.limit = limit
+        self.partial_limit = partial_limit
         self.gateways: list = []
+        self._partial: dict[tuple[str, bytes], int] = {}
+        self.partial_total = 0
 
     def full(self) -> bool:
         return sum(len(g.sessions) for g in self.gateways) >= self.limit
+
+    def hold(self, key: tuple[str, bytes], size: int) -> bool:
+        """Note that connection ``key`` now holds ``size`` unfinished bytes; False if all together
+        are over the limit."""
+        self.partial_total += size - self._partial.pop(key, 0)
+        if size:
+            self._partial[key] = size
+        return self.partial_total <= self.partial_limit
 
 
 class StreamEndpoint(Endpoint):
@@ -81,7 +97,7 @@ class StreamEndpoint(Endpoint):
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
                     self._backlog.pop(conn, None)
-                    self.gateway.disconnected(conn)
+                    self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     if self.allowed is not None and not _allowed(peer, self.allowed):
                         warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} "
@@ -99,10 +115,13 @@ class StreamEndpoint(Endpoint):
                 continue
             try:
                 self.gateway.received(conn, data, now=now, now_us=now_us)
+                if not self.connections.hold((self.name, conn), self.gateway.buffered(conn)):
+                    raise ProtocolError("partial-input", f"unfinished input of every connection is over "
+                                        f"{self.connections.partial_limit} bytes (--max-partial-input)")
             except ProtocolError as exc:
                 warn_bad(self.name, exc.code, f"{exc.detail}; closing the connection")
                 self.gateway.closed_total += 1
-                self.gateway.disconnected(conn)
+                self._gone(conn)
                 self._closing.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
@@ -134,12 +153,12 @@ class StreamEndpoint(Endpoint):
                     log.warning("%s connection %s reads too slowly (%d bytes waiting): closing it",
                                 self.name, conn.hex(), sum(map(len, kept)))
                     self.gateway.closed_total += 1
-                    self.gateway.disconnected(conn)
+                    self._gone(conn)
                     self._closing.append(conn)
                 elif kept:
                     self._backlog[conn] = kept
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
-                self.gateway.disconnected(conn)
+                self._gone(conn)
         closing, self._closing = self._closing, []
         for conn in closing:
             try:
@@ -154,6 +173,10 @@ class StreamEndpoint(Endpoint):
             for conn in [c for c, t in self._closed.items() if now - t > CLOSED_MEMORY_S]:
                 del self._closed[conn]
 
+    def _gone(self, conn: bytes) -> None:
+        self.gateway.disconnected(conn)
+        self.connections.hold((self.name, conn), 0)
+
     def recover(self) -> None:
         recover = getattr(self.gateway, "recover", None)
         if recover is not None:
@@ -166,7 +189,8 @@ class StreamEndpoint(Endpoint):
         return None if next_wake is None else next_wake()
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        # (the unfinished input of every raw-TCP connection together, as --max-partial-input bounds it)
+        return {**self.gateway.stats(), "partial_input_bytes_all": self.connections.partial_total}
 
 
 def allowed_networks(text: str) -> list | None:

@@ -26,8 +26,8 @@ FRONT, BACK, PUB = "front", "back", "pub"
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
 DRAIN_GRACE_S = 300.0  # a worker that said KBYE may run its last jobs this long (eventmq's kill grace)
-REMEMBERED = 1024
-MAX_SCHEDULES = 10_000  # dropped workers whose queues are kept, to take them back if they speak again
+REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
+MAX_SCHEDULES = 10_000  # recurring jobs at most
 
 Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
 

@@ -111,6 +111,11 @@ class MqksGateway:
     def connected(self, conn: Hashable) -> None:
         self.sessions[conn] = mqks.LineBuffer(self.max_line)
 
+    def buffered(self, conn: Hashable) -> int:
+        """Bytes of an unfinished line this connection holds."""
+        lines = self.sessions.get(conn)
+        return 0 if lines is None else lines.buffered
+
     def disconnected(self, conn: Hashable) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)

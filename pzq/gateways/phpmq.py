@@ -58,6 +58,11 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         return 0 if session is None else self.broker.consumer_gone(session.consumer)
 
+    def buffered(self, conn: Hashable) -> int:
+        """Bytes of an unfinished message this connection holds."""
+        session = self.sessions.get(conn)
+        return 0 if session is None else session.decoder.buffered
+
     def unsent(self, conn: Hashable, ref) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
         self.broker.undeliver(ref)

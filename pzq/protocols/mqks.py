@@ -294,6 +294,11 @@ class LineBuffer:
         self._parts: list[bytes] = []  # the unfinished line, in pieces: no quadratic re-joining
         self._size = 0
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of the unfinished line."""
+        return self._size
+
     def feed(self, data: bytes) -> list[bytes]:
         if b"\n" not in data:
             self._parts.append(data)
