@@ -325,6 +325,18 @@ class Broker:
             self._requeue(delivery.ref)
         return len(held)
 
+    def take_back(self, ref: Ref, *, by: Hashable) -> bool:
+        """Requeue a delivery ``by`` holds before its deadline (consumers holding too much together);
+        as after an ack timeout, a late ack from ``by`` still counts."""
+        delivery = self.inflight.get(ref)
+        if delivery is None or delivery.consumer != by:
+            return False
+        self._settle(ref)
+        self._remember_late(ref, by)
+        self._requeue(ref)
+        self.counters.expired += 1
+        return True
+
     def _remember_late(self, ref: Ref, holder: Hashable) -> None:
         late = self._late
         late[ref] = holder

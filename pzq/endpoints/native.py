@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
 from pzq.broker import Broker, Ref
 from pzq.config import Config
+from pzq.credit import NativeCredit
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.errors import StoreFull
@@ -46,16 +48,19 @@ class NativeEndpoints(Endpoint):
         self.stalled = False  # nothing ready last time we looked: skip until something changes
         self._acks: list[tuple[bytes, bytes, str | None]] = []
         self._deliveries: list[Message] = []
+        self.credit = NativeCredit(config.max_inflight, config.ack_timeout / 1e6)
+        self.taken_back_total = 0
 
     def unstall(self) -> None:
         """Messages may be ready again (requeued, expired, returned by a lease): look next turn."""
         self.stalled = False
 
-    def _credit(self) -> int:
-        return self.config.max_inflight - self.broker.inflight.count(CONSUMER)
+    def _credit(self, now: float) -> int:
+        return self.credit.available(now, self.broker.inflight.count(CONSUMER))
 
     def before_poll(self, poller: zmq.Poller) -> None:
-        want_out = not self.stalled and self._credit() > 0 and self.broker.has_ready(self.config.queue)
+        want_out = (not self.stalled and self._credit(time.monotonic()) > 0
+                    and self.broker.has_ready(self.config.queue))
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
@@ -63,7 +68,7 @@ class NativeEndpoints(Endpoint):
             self._read_producers(now_us)
             self.stalled = False
         if ready.get(self.send, 0) & POLLIN:
-            self._read_consumer_answers()
+            self._read_consumer_answers(now)
             self.stalled = False
 
     def _read_producers(self, now_us: int) -> None:
@@ -97,7 +102,8 @@ class NativeEndpoints(Endpoint):
                 continue
             self._acks.append((event.routing, event.message_id, None))
 
-    def _read_consumer_answers(self) -> None:
+    def _read_consumer_answers(self, now: float) -> None:
+        ack_timeout_s = self.config.ack_timeout / 1e6
         for _ in range(READ_BATCH):
             try:
                 frames = receive(self.send, self._send_gate, "consumer", NOBLOCK)
@@ -113,6 +119,9 @@ class NativeEndpoints(Endpoint):
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
                 continue
+            delivery = self.broker.inflight.get(ref)
+            self.credit.answered(ref, delivery.deadline - ack_timeout_s if delivery is not None
+                                 and delivery.consumer == CONSUMER else None, now)
             if answer.ok:
                 if not self.broker.ack(ref, by=CONSUMER):
                     warn_bad("consumer", "not-held", f"ack for {answer.key[:80]!r}, which no delivery through "
@@ -122,19 +131,31 @@ class NativeEndpoints(Endpoint):
                                                  "send socket: ignored")
 
     def work(self, now: float, now_us: int) -> None:
-        credit = self._credit()
+        held = self.broker.inflight.count(CONSUMER)
+        overdue = self.credit.overdue(held, self._in_flight_here)
+        if overdue:
+            for ref in overdue:
+                self.broker.take_back(ref, by=CONSUMER)
+            self.taken_back_total += len(overdue)
+            self.stalled = False
+            log.warning("native consumers hold %d unacknowledged deliveries together (the most is %d): the %d "
+                        "oldest went back to the queue early", held, self.credit.cap, len(overdue))
+        credit = self._credit(now)
         if credit <= 0 or not events(self.send) & POLLOUT:
             return
         taken = self.broker.take(self.config.queue, credit, CONSUMER, now=now, now_us=now_us)
         if not taken:
             self.stalled = True
+        for message in taken:
+            self.credit.sent((message.qid, message.seq), now)
         self._deliveries = taken
 
     def waiting(self) -> bool:
         return bool(self._acks)
 
     def wake_at(self, now: float) -> float | None:
-        return self.acks.wake_at(now)
+        wakes = [t for t in (self.acks.wake_at(now), self.credit.wake_at()) if t is not None]
+        return min(wakes) if wakes else None
 
     def revoked(self, users: set[str]) -> None:
         # The DEALER hands deliveries to every connected consumer in turn and cannot skip one: re-bind
@@ -144,6 +165,17 @@ class NativeEndpoints(Endpoint):
             self.send = self.binder.rebind(self.send)
             self.sockets = [self.receive, self.send]
             log.warning("send socket re-bound: consumers reconnect, those of revoked CURVE keys cannot")
+
+    def _in_flight_here(self, ref: Ref) -> bool:
+        delivery = self.broker.inflight.get(ref)
+        return delivery is not None and delivery.consumer == CONSUMER
+
+    def recover(self) -> None:
+        self.credit.reset()  # the broker forgot every delivery
+
+    def stats(self) -> dict:
+        return {"consumer_window_ms": round(self.credit.window_s * 1000, 1),
+                "young_deliveries": self.credit.young, "taken_back_total": self.taken_back_total}
 
     def rolled_back(self) -> None:
         self._acks = [(r, m, err or native.STORE_FAILED) for r, m, err in self._acks]
@@ -165,6 +197,7 @@ class NativeEndpoints(Endpoint):
                 # The last consumer left between the writability check and now: keep the rest stored.
                 for rest in deliveries[i:]:
                     self.broker.undeliver((rest.qid, rest.seq))
+                    self.credit.forget((rest.qid, rest.seq))
                 return
 
 
