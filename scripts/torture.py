@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Torture benchmark: hostile or unlucky clients against a fresh pzq server each, with an honest
+producer (window 1) running beside them. Prints per case: the server's peak RSS, the honest client's
+longest wait for an ack (the stall) and its ack p99, and what the hostile client achieved.
+
+    .venv/bin/python scripts/torture.py            # every case, full size
+    .venv/bin/python scripts/torture.py --short    # smaller sizes (CI runs this as a smoke test)
+    .venv/bin/python scripts/torture.py --case greedy-consumer
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import zmq
+
+from pzq import client
+
+
+class Server:
+    def __init__(self, *extra: str):
+        self.tmp = tempfile.mkdtemp(prefix="pzq-torture-")
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.mqks_port = s.getsockname()[1]
+        s.close()
+        self.receive, self.send, self.monitor = (f"ipc://{self.tmp}/{n}" for n in ("r", "s", "m"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pzq", "serve", "--database", f"{self.tmp}/db", "--receive-dsn", self.receive,
+             "--send-dsn", self.send, "--monitor-dsn", self.monitor, "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
+             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--disk-reserve", "0",
+             "--mqks-dsn", f"tcp://127.0.0.1:{self.mqks_port}", *extra],
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.stats(self.monitor, timeout_ms=300)
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("pzq serve did not start") from None
+
+    def peak_rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+class Honest(threading.Thread):
+    """A window-1 producer measuring each ack's wait while a case runs."""
+
+    def __init__(self, endpoint: str):
+        super().__init__(daemon=True)
+        self.endpoint = endpoint
+        self.waits: list[float] = []
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with client.Producer(self.endpoint, timeout_ms=60_000, ctx=zmq.Context()) as producer:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                producer.produce([b"honest"])
+                self.waits.append(time.perf_counter() - started)
+                time.sleep(0.002)
+
+    def report(self) -> str:
+        self.stop.set()
+        self.join(70)
+        waits = sorted(self.waits) or [0.0]
+        p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))]
+        return f"honest ack p50 {statistics.median(waits) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, " \
+               f"longest {waits[-1] * 1000:.1f} ms"
+
+
+def deaf_producer(srv: Server, size: int) -> str:
+    """A producer that pipelines messages and never reads its acks."""
+    deaf = zmq.Context.instance().socket(zmq.DEALER)
+    deaf.sndhwm = 0
+    deaf.connect(srv.receive)
+    for i in range(size):
+        deaf.send_multipart([b"%d" % i, b"", b"d"])
+    time.sleep(2)  # (let the server read what it will)
+    deaf.close(0)
+    return f"{size} sent unread: {client.stats(srv.monitor)['queues']['default']['bytes']} bytes stored in all"
+
+
+def greedy_consumer(srv: Server, size: int) -> str:
+    """A consumer that reads without acking, beside an honest one draining."""
+    with client.Producer(srv.receive) as producer:
+        producer.produce_many([[b"x" * 100] for _ in range(size)])
+    ctx = zmq.Context.instance()
+    greedy, honest = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    greedy.connect(srv.send)
+    honest.connect(srv.send)
+    got, started = 0, time.perf_counter()
+    while got < size // 2 and time.perf_counter() - started < 10:
+        if honest.poll(50):
+            while True:
+                try:
+                    frames = honest.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                honest.send_multipart([frames[0], frames[1], b"1"])
+                got += 1
+        while greedy.poll(0):
+            greedy.recv_multipart()
+    elapsed = time.perf_counter() - started
+    greedy.close(0)
+    honest.close(0)
+    return f"honest consumer drained {got} in {elapsed:.2f} s = {got / elapsed:,.0f} msg/s"
+
+
+def mqks_rebind(srv: Server, size: int) -> str:
+    """One MQKS rebind removing ``size`` masks from ``size`` bound events."""
+    conn = socket.create_connection(("127.0.0.1", srv.mqks_port), timeout=120)
+    events = " ".join(f"e{i}.x.y" for i in range(size))
+    conn.sendall(f"c1 consume --confirm q1 {events}\n".encode())
+    conn.recv(1000)
+    started = time.perf_counter()
+    conn.sendall(("r1 rebind --confirm q1 --remove-mask " + " ".join(f"e{i}.*.y" for i in range(size)) + "\n").encode())
+    answer = b""
+    while b"r1 " not in answer:
+        answer += conn.recv(4096)
+    conn.close()
+    return f"rebind of {size} masks answered in {time.perf_counter() - started:.3f} s: {answer.split(b'r1 ')[1][:5]!r}"
+
+
+def big_messages(srv: Server, size: int) -> str:
+    """A burst of 16 MiB messages."""
+    burst = zmq.Context.instance().socket(zmq.DEALER)
+    burst.connect(srv.receive)
+    body = os.urandom(16 << 20)
+    for i in range(size):
+        burst.send_multipart([b"%d" % i, b"", body])
+    acks = 0
+    while acks < size and burst.poll(60_000):
+        burst.recv_multipart()
+        acks += 1
+    burst.close(0)
+    return f"{size} x 16 MiB: {acks} acked"
+
+
+CASES = {"deaf-producer": (deaf_producer, 40_000, 5_000), "greedy-consumer": (greedy_consumer, 40_000, 5_000),
+         "mqks-rebind": (mqks_rebind, 3_000, 500), "big-messages": (big_messages, 60, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--case", choices=sorted(CASES), action="append", help="run only these cases")
+    args = parser.parse_args()
+    for name in args.case or CASES:
+        func, full, short = CASES[name]
+        srv = Server()
+        try:
+            honest = Honest(srv.receive)
+            time.sleep(0.3)
+            outcome = func(srv, short if args.short else full)
+            print(f"{name:16} {outcome}; {honest.report()}; server peak RSS {srv.peak_rss_mb():.0f} MB", flush=True)
+        finally:
+            srv.close()
+
+
+if __name__ == "__main__":
+    main()
