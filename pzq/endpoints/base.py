@@ -17,7 +17,7 @@ log = logging.getLogger("pzq.server")
 
 # Bytes one socket's reads may bring into a turn: with 16 MiB messages, a turn of READ_BATCH messages
 # could hold gigabytes. What is left waits in the socket for the next turn (polled level-triggered).
-TURN_BYTES = 64 << 20
+TURN_BYTES = 8 << 20
 REBIND_WAIT_S = 2.0  # how long a revocation may hold the loop while a re-made socket waits for its address
 
 
