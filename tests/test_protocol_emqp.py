@@ -254,3 +254,8 @@ def test_an_inform_naming_more_than_max_queues_is_refused():
     with pytest.raises(ProtocolError, match="at most"):
         emqp.parse_queues(json.dumps([[1, f"q{i}"] for i in range(emqp.MAX_QUEUES + 1)]), ["default"])
     assert len(emqp.parse_queues(",".join(f"q{i}" for i in range(emqp.MAX_QUEUES)), ["default"])) == emqp.MAX_QUEUES
+
+
+def test_a_msgid_over_max_msgid_is_refused():
+    with pytest.raises(ProtocolError, match="bad-msgid"):
+        emqp.parse([b"peer", b"", emqp.VERSION, b"READY", b"m" * (emqp.MAX_MSGID + 1)])

@@ -101,3 +101,9 @@ def test_a_consumer_answer_of_one_acks_and_anything_else_nacks():
 def test_a_consumer_answer_too_short_to_carry_an_ack_is_ignored():
     assert native.parse_consumer_ack([b"key"]) is None
     assert native.parse_consumer_ack([]) is None
+
+
+def test_a_message_id_over_max_id_is_refused_with_its_first_bytes_echoed():
+    event = native.parse_produce([b"peer", b"i" * (native.MAX_ID + 1), b"", b"body"], 1024)
+    assert isinstance(event, Rejected) and event.error.code == "id-too-long"
+    assert event.message_id == b"i" * native.MAX_ID

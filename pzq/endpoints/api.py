@@ -6,11 +6,13 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
+from pzq.logs import warn_bad
 from pzq.gateways.api import ApiGateway
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again
 
 READ_BATCH = 4096
+REPLIES_UNREAD = 8  # replies (up to REPLY_BYTES each) waiting in one client's pipe
 
 
 class ApiEndpoint(Endpoint):
@@ -21,7 +23,8 @@ class ApiEndpoint(Endpoint):
     def __init__(self, config: Config, gateway: ApiGateway, binder: Sockets):
         self.gateway = gateway
         self.sock = binder.bind(zmq.ROUTER, config.api_dsn, "--api-dsn",
-                                MAXMSGSIZE=config.max_message_size + (8 << 20))
+                                MAXMSGSIZE=config.max_message_size + (8 << 20),
+                                SNDHWM=REPLIES_UNREAD)  # replies may be MiBs: few wait in a client's pipe
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "api")
         self._gate = binder.gate(self.sock)
@@ -40,6 +43,11 @@ class ApiEndpoint(Endpoint):
                 return
             budget -= sum(map(len, frames or ()))
             if frames is None:
+                continue
+            if self.replies.blocked(frames[0]):
+                # Its replies cannot leave (it does not read them): carry out nothing more for it.
+                warn_bad("api", "not-reading", f"client {frames[0][:40]!r} reads none of its replies: its "
+                                               "requests are dropped unanswered until it does (it resends)")
                 continue
             reply = self.gateway.handle(frames, now=now, now_us=now_us, user=user)
             if reply is not None:

@@ -8,7 +8,8 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
+from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive, receive_from
+from pzq.logs import warn_bad
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.zmqio import NOBLOCK, Again, send_frames
@@ -41,22 +42,36 @@ class EmqpEndpoint(Endpoint):
         self._out: list = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
+        budget = TURN_BYTES
         if self.front in ready:
             for _ in range(READ_BATCH):
+                if budget <= 0:
+                    break
                 try:
                     frames = receive(self.front, self._front_gate, "emqp", NOBLOCK)
                 except Again:
                     break
-                if frames is not None:
-                    self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
+                if frames is None:
+                    continue
+                budget -= sum(map(len, frames))
+                if self.replies[FRONT].blocked(frames[0]):
+                    # Its ACKs cannot leave (it does not read them): store nothing more for it until it
+                    # reads, rather than answers it would never get.
+                    warn_bad("emqp", "not-reading", f"client {frames[0][:40]!r} reads none of its replies: its "
+                                                    "requests are discarded unstored until it does")
+                    continue
+                self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
         if self.back in ready:
             for _ in range(READ_BATCH):
+                if budget <= 0:
+                    break
                 try:  # the worker's key is kept with it: a revocation drops the workers of that key
                     frames, user = receive_from(self.back, self._back_gate, "emqp", NOBLOCK)
                 except Again:
                     break
                 if frames is None:
                     continue
+                budget -= sum(map(len, frames))
                 self._out += self.gateway.from_worker(frames, now=now, now_us=now_us, user=user)
 
     def work(self, now: float, now_us: int) -> None:

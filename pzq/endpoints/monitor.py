@@ -27,7 +27,8 @@ class MonitorEndpoint(Endpoint):
     def __init__(self, config: Config, admin: Admin, binder: Sockets, *,
                  wrote: Callable[[], None], failed: Callable[[], None]):
         self.admin = admin
-        self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn")
+        # Answers may be large (a line per queue): only a few wait in one client's pipe.
+        self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "monitor")
         self._gate = binder.gate(self.sock)
@@ -43,7 +44,7 @@ class MonitorEndpoint(Endpoint):
                 frames = receive(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if frames is not None:
+            if frames is not None and not self.replies.blocked(frames[0]):
                 self._requests.append(monitor_proto.parse_request(frames))
 
     def flush(self, now: float, now_us: int) -> None:

@@ -27,7 +27,7 @@ from pzq.store import Message
 log = logging.getLogger("pzq.api")
 
 SNAPSHOT_MAX = 10_000
-REPLY_BYTES = 16 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
+REPLY_BYTES = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
 
 
 def _row(seq: int, message: Message) -> list:

@@ -42,6 +42,9 @@ class Command:
     args: list[str]
 
 
+MAX_MSGID = 255  # bytes (eventmq's are uuid4 strings of 36)
+
+
 def parse(frames: Sequence[bytes]) -> Command:
     """Read one ROUTER-received message; raises ProtocolError on anything that is not eMQP/1.0."""
     if len(frames) < 5:
@@ -51,6 +54,8 @@ def parse(frames: Sequence[bytes]) -> Command:
         raise ProtocolError("bad-version", f"expected '' and {VERSION.decode()}, got {bytes(version[:20])!r}")
     if name not in _ARITY:
         raise ProtocolError("unknown-command", f"unknown command {bytes(name[:20])!r}")
+    if len(frames[4]) > MAX_MSGID:  # echoed in ACKs and REPLYs: it must not size our memory
+        raise ProtocolError("bad-msgid", f"a msgid of {len(frames[4])} bytes; at most {MAX_MSGID}")
     low, high = _ARITY[name]
     rest = frames[5:]
     if not low <= len(rest) <= high:

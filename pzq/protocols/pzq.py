@@ -18,6 +18,8 @@ ONLY_ID = "Malformed message, only a message id and no delimiter or body"
 TOO_LARGE = "Message too large: {size} bytes, the limit is {limit}"
 QUEUE_FULL = "queue full: the store is at its size limit or its disk is nearly full, try again later"
 STORE_FAILED = "store failure: the message was not stored, try again"
+ID_TOO_LONG = "Message id too long: {size} bytes, the limit is {limit} (this ack carries its first {limit})"
+MAX_ID = 1024  # bytes of a producer's message id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,9 @@ def parse_produce(frames: Sequence[bytes], max_size: int) -> Produce | Rejected 
     if len(frames) < 2:
         return None
     routing, message_id = frames[0], frames[1]
+    if len(message_id) > MAX_ID:  # it is echoed in the ack: it must not let a producer size our memory
+        return Rejected(routing, message_id[:MAX_ID],
+                        ProtocolError("id-too-long", ID_TOO_LONG.format(size=len(message_id), limit=MAX_ID)))
     if len(frames) == 2:
         return Rejected(routing, message_id, ProtocolError("only-id", ONLY_ID))
     try:
