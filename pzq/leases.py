@@ -27,7 +27,7 @@ import struct
 import msgpack
 
 from pzq.broker import Broker, Exclusive
-from pzq.errors import ProtocolError
+from pzq.errors import ProtocolError, StoreFull
 from pzq.store import Message
 
 log = logging.getLogger("pzq.leases")
@@ -102,9 +102,9 @@ class Leases:
         if group is None and create:
             info = self.store.queue(queue)
             group = Group(queue, info.qid, name, self._next_gid, owner=user)
+            self._save(group)  # first: it may be refused (StoreFull), and then nothing is changed
             self._next_gid += 1
             self.groups[(queue, name)] = group
-            self._save(group)
         elif group is not None and group.owner != user:
             if group.owner is not None:
                 raise ProtocolError("not-owner", f"group {name!r} of {queue!r} belongs to another client key")
@@ -141,6 +141,8 @@ class Leases:
         if max_n < 0:
             raise ProtocolError("bad-max", f"max must be 0 or more, not {max_n}")
         max_n = min(max_n, MAX_LEASE)
+        if self.store.low_disk:  # refused before any message is taken: its records could not be written
+            raise StoreFull(f"queue full: the disk of {self.store.path} is nearly full; no new leases")
         group = self._group(queue, name, True, user)
         if after > group.end:
             raise ProtocolError("bad-offset", f"group {name!r} of {queue!r} never leased up to {after} "

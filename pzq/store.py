@@ -621,8 +621,13 @@ class Store:
     # -- side records ---------------------------------------------------------------------------
 
     def put_record(self, table: str, key: bytes, value: bytes) -> None:
-        """Store (or replace) one record of a side table, durable with the next commit."""
-        self._do(self._write().put, key, value, db=self._tables[table])
+        """Store (or replace) one record of a side table, durable with the next commit. A new record
+        while the disk is short (``low_disk``) raises StoreFull, writing nothing; a replacement is
+        always written."""
+        txn = self._write()
+        if self.low_disk and txn.get(key, db=self._tables[table]) is None:
+            raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
+        self._do(txn.put, key, value, db=self._tables[table])
         self._dirty = True
 
     def get_record(self, table: str, key: bytes) -> bytes | None:

@@ -112,3 +112,21 @@ def test_a_restart_with_a_limit_below_what_is_stored_starts_and_drains(small_dis
         assert drain(srv) >= stored
     finally:
         srv.stop()
+
+
+def test_side_records_are_refused_too_while_the_disk_is_short(small_disk, tmp_path):
+    from pzq.errors import ClientError
+    from pzq.mqks_client import MqksClient
+
+    mqks_dsn, _ = free_tcp_endpoint()
+    srv = serve_on(small_disk, tmp_path, "--max-store-size", "100M", "--mqks-dsn", mqks_dsn)
+    try:
+        with MqksClient(mqks_dsn) as mq:
+            mq.consume("bound-before", ["e"])
+            fill_until_refused(srv)
+            with pytest.raises(ClientError, match="refused"):
+                mq.consume("bound-after", ["e"])  # a new binding record: refused, nothing changed
+            mq.consume("bound-before", ["e"], add=True)  # an existing binding still works
+        assert "bound-after" not in srv.stats()["queues"]
+    finally:
+        srv.stop()

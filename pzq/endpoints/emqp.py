@@ -12,6 +12,7 @@ from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive, receive_f
 from pzq.logs import warn_bad
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
+from pzq.protocols import emqp
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -83,8 +84,13 @@ class EmqpEndpoint(Endpoint):
         return bool(self._out)
 
     def rolled_back(self) -> None:
-        self.gateway.recover(self._out)
-        self._out = []
+        out, self._out = self._out, []
+        self.gateway.recover(out)
+        # A client's ACK promised a durable REQUEST or SCHEDULE that the rollback took back: it gets an
+        # error REPLY instead (as a native producer gets "store failure"), never silence.
+        self._out = [(FRONT, [frames[0], *emqp.error_reply("store failure: nothing was stored, try again",
+                                                           frames[5].decode("utf-8", "replace"))])
+                     for target, frames in out if target == FRONT and len(frames) > 5 and frames[3] == b"ACK"]
 
     def recover(self) -> None:
         self.gateway.recover([])

@@ -130,8 +130,12 @@ class EmqpGateway:
                                ("nohaste", "run_count"))
         record = {"queue": queue, "headers": job_headers, "interval": interval, "payload": payload,
                   "remaining": runs or -1, "next_us": first}
+        try:
+            self.broker.store.save_schedule(key, record)
+        except StoreFull as exc:
+            self._bad(cmd.peer, ProtocolError("queue-full", str(exc)))
+            return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc}", cmd.msgid)])]
         self.schedules[key] = record
-        self.broker.store.save_schedule(key, record)
         self._next_due = None
         log.info("eMQP schedule %s: %r every %d s into %r", key, payload[:60], interval, queue)
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]

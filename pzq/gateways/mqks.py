@@ -195,6 +195,7 @@ class MqksGateway:
     def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
         queue = a["queue"]
         _check_sizes(a)
+        self._room_for(queue)
         old = self.consumers.get((conn, consumer_id))
         if old is None and len(self._by_conn.get(conn, ())) >= MAX_CONSUMERS:
             raise ProtocolError("too-many-consumers", f"at most {MAX_CONSUMERS} consumers per connection")
@@ -218,6 +219,7 @@ class MqksGateway:
     def _rebind(self, request_id: str, a: dict) -> None:
         queue = a["queue"]
         _check_sizes(a)
+        self._room_for(queue)
         binding = self.bindings.get(queue) or Binding([])
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
@@ -296,6 +298,11 @@ class MqksGateway:
             binding = self.bindings.get(consumer.queue)
             if binding is not None and binding.unused is not None:
                 self._orphans.add(consumer.queue)
+
+    def _room_for(self, queue: str) -> None:
+        """A new binding record while the disk is short is refused before anything changes."""
+        if queue not in self.bindings and self.store.low_disk:
+            raise StoreFull(f"queue full: the disk of {self.store.path} is nearly full; no new bindings")
 
     def _forget(self, consumer: Consumer) -> None:
         self.consumers.pop((consumer.conn, consumer.id), None)
