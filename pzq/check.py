@@ -46,6 +46,9 @@ def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
             continue
         out.write(text + "\n")
     child.join()
+    if child.exitcode and child.exitcode > 0:
+        raise StoreError(f"{path}: the reader failed (exit {child.exitcode}): the store is damaged in a way "
+                         "pzq cannot name; restore it from a backup")
     if child.exitcode and child.exitcode < 0:
         raise StoreError(f"{path}: LMDB could not read part of the store (the reader died of "
                          f"{signal.Signals(-child.exitcode).name}): restore it from a backup; `pzq dump` copies "
@@ -58,6 +61,9 @@ def _child(func, path: str, target: str | None, conn) -> None:
         func(path, target, lambda kind, text: conn.send((kind, text)))
     except StoreError as exc:
         conn.send(("error", str(exc)))
+    except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever a damaged store does, one line
+        conn.send(("error", f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; "
+                            "restore it from a backup"))
     finally:
         conn.close()
 
@@ -83,12 +89,23 @@ def _walk(path: str, target: str | None, say) -> None:
             clean = clean and not counts["unreadable"] and counts["message"] == info.count
             say("line", f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
                         f"{counts['dead']} dead letters, {counts['unreadable']} unreadable")
-        for table in ("schedules", "groups", "produced", "mqks", "damaged"):
-            records = store.records(table)
-            if table == "damaged" and sink:
-                for key, value in records:
-                    _line(sink, {"damaged_key": key, "raw": value})
-            say("line", f"table {table}: {len(records)} records")
+        from pzq.gateways.api import read_produced
+        from pzq.gateways.mqks import read_binding
+        from pzq.leases import read_group, read_lease
+        from pzq.store import read_schedule
+
+        readers = {"schedules": read_schedule, "groups": read_group, "leases": read_lease,
+                   "produced": read_produced, "mqks": read_binding}
+        for table, reader in readers.items():
+            before = store.unreadable_records
+            count = len(store.read_records(table, reader))
+            bad = store.unreadable_records - before
+            clean = clean and not bad
+            say("line", f"table {table}: {count} records, {bad} unreadable")
+        damaged = store.records("damaged")
+        for key, value in damaged if sink else ():
+            _line(sink, {"damaged_key": key, "raw": value})
+        say("line", f"table damaged: {len(damaged)} records set aside earlier")
         say("done", "clean" if clean else "damaged")
     finally:
         if sink:

@@ -64,6 +64,17 @@ class Group:
         return _U64.pack(self.qid) + self.name.encode()
 
 
+def read_group(key: bytes, value: bytes) -> tuple[int, str, list]:
+    record = msgpack.unpackb(value)
+    if not isinstance(record, list) or len(record) < 4 or not all(isinstance(n, int) for n in record[:4]):
+        raise TypeError("not a group record")
+    return _U64.unpack(key[:8])[0], key[8:].decode(), record
+
+
+def read_lease(key: bytes, value: bytes) -> int:
+    return _LEASE_VALUE.unpack(value)[0]
+
+
 class Leases:
     """Every group's leases, kept in the store and mirrored in the broker's in-flight table."""
 
@@ -79,18 +90,15 @@ class Leases:
         """Read every group and hold its leased messages again: at start-up and after a rollback."""
         self.groups.clear()
         self._next_gid = 1
-        for key, value in self.store.records("groups"):
-            qid = _U64.unpack(key[:8])[0]
-            info = self.store.queue_by_id(qid)
-            gid, base, end, deadline_us, *rest = msgpack.unpackb(value)  # (an owner since pzq 0.3)
+        for qid, name, record in self.store.read_records("groups", read_group):
+            gid, base, end, deadline_us, *rest = record  # (an owner since pzq 0.3)
             self._next_gid = max(self._next_gid, gid + 1)
+            info = self.store.queue_by_id(qid)
             if info is None:
                 continue
-            group = Group(info.name, qid, key[8:].decode(), gid, base, end, deadline_us, deadline_us,
-                          rest[0] if rest else None)
+            group = Group(info.name, qid, name, gid, base, end, deadline_us, deadline_us, rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
-            for _, raw in self.store.records("leases", _U64.pack(gid)):
-                seq = _LEASE_VALUE.unpack(raw)[0]
+            for seq in self.store.read_records("leases", read_lease, _U64.pack(gid)):
                 if self.store.get(info.name, seq) is not None:
                     self.broker.hold((qid, seq), group.holder)
 
@@ -182,7 +190,7 @@ class Leases:
             if out and max_bytes is not None and size >= max_bytes:
                 return out, (lseq - lo) - len(out), lseq
             raw = self.store.get_record("leases", _LEASE_KEY.pack(group.gid, lseq))
-            if raw is None:
+            if raw is None or len(raw) != _LEASE_VALUE.size:  # (gone, or a damaged record: gone too)
                 continue
             seq, deliveries = _LEASE_VALUE.unpack(raw)
             message = self.store.get(queue, seq)
@@ -206,7 +214,8 @@ class Leases:
             key = _LEASE_KEY.pack(group.gid, lseq)
             raw = self.store.get_record("leases", key)
             if raw is not None:
-                self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]), by=group.holder)
+                if len(raw) == _LEASE_VALUE.size:
+                    self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]), by=group.holder)
                 self.store.delete_record("leases", key)
         group.base = upto
         self._save(group)

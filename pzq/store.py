@@ -150,6 +150,20 @@ def _private_directory(path: str) -> None:
         log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
 
 
+UNREADABLE = (ValueError, TypeError, KeyError, IndexError, struct.error, UnicodeDecodeError, msgpack.UnpackException)
+
+
+def read_schedule(key: bytes, value: bytes) -> tuple[str, dict]:
+    record = msgpack.unpackb(value)
+    for name, kind in (("queue", str), ("headers", str), ("interval", int), ("payload", str), ("remaining", int),
+                       ("next_us", int)):
+        if not isinstance(record[name], kind):
+            raise TypeError(f"schedule field {name} is not {kind.__name__}")
+    if record["interval"] <= 0:
+        raise ValueError("schedule interval is not positive")
+    return key.decode(), record
+
+
 def _raise(exc: Exception):
     raise exc
 
@@ -232,6 +246,7 @@ class Store:
         self._txn: lmdb.Transaction | None = None
         self._unreadable: list[tuple[QueueInfo, bytes, str]] = []  # found by _decode, for _set_aside
         self.damaged_total = 0
+        self.unreadable_records = 0  # side records skipped by read_records
         self._dirty = False
         self._dirty_queues: set[str] = set()
         # Delivery counts not yet written: key -> (count, monotonic time of the delivery).
@@ -256,7 +271,12 @@ class Store:
             raw = txn.get(b"next_qid", db=self._meta_db)
             self._next_qid = _U64.unpack(raw)[0] if raw else 1
             for name, value in txn.cursor(db=self._queues_db):
-                info = QueueInfo.unpack(name.decode(), value)
+                try:
+                    info = QueueInfo.unpack(name.decode(), value)
+                except UNREADABLE as exc:  # the counters of a queue: nothing of it can be served without
+                    raise StoreError(f"{self.path}/data.mdb: the record of queue {name[:60]!r} cannot be read "
+                                     f"({exc}): the store is damaged; run `pzq check`, restore it from a backup, "
+                                     "or `pzq dump` what is readable") from None
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
         self._dirty_queues.clear()
@@ -427,7 +447,8 @@ class Store:
         if pending is not None:
             return pending[0]
         raw = txn.get(key, db=self._deliveries_db)
-        return _U32.unpack(raw)[0] if raw else 0
+        # (a damaged count reads as 0: the message is still delivered, its retry count starts over)
+        return _U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
 
     def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
         """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
@@ -658,7 +679,22 @@ class Store:
 
     def schedules(self) -> dict[str, dict]:
         """Every stored recurring job (they are few: read whole at start-up)."""
-        return {key.decode(): msgpack.unpackb(value) for key, value in self.records("schedules")}
+        return dict(self.read_records("schedules", read_schedule))
+
+    def read_records(self, table: str, decode, prefix: bytes = b"") -> list:
+        """``decode(key, value)`` of every record of ``table`` under ``prefix``. A record it cannot read
+        (it raises ValueError, TypeError, KeyError, IndexError, struct.error or a msgpack error) is
+        skipped, logged and counted in ``unreadable_records``: one damaged record must not stop the
+        server from starting, nor fail every turn that reads the table."""
+        out = []
+        for key, value in self.records(table, prefix):
+            try:
+                out.append(decode(key, value))
+            except UNREADABLE as exc:
+                self.unreadable_records += 1
+                log.error("a record of the store's %s table cannot be read and is skipped (key %r): %s: %s",
+                          table, key[:60], type(exc).__name__, exc)
+        return out
 
     # -- checking -----------------------------------------------------------------------------------
 

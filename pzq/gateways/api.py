@@ -22,7 +22,7 @@ from pzq.errors import ProtocolError, StoreFull
 from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.protocols import api
-from pzq.store import Message
+from pzq.store import UNREADABLE, Message
 
 log = logging.getLogger("pzq.api")
 
@@ -32,6 +32,12 @@ REPLY_BYTES = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many 
 
 def _row(seq: int, message: Message) -> list:
     return [seq, message.id, message.enqueued_us, message.deliveries, b"".join(message.frames)]
+
+
+def read_produced(key: bytes, value: bytes) -> tuple[int, bytes]:
+    """(when it was stored, key) of a dedup record; raises on a damaged one (Store.read_records)."""
+    stored_us, count, digests = msgpack.unpackb(value)
+    return int(stored_us), key
 
 
 class ApiGateway:
@@ -50,7 +56,7 @@ class ApiGateway:
 
     def load(self) -> None:
         """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
-        keys = [(msgpack.unpackb(value)[0], key) for key, value in self.store.records("produced")]
+        keys = self.store.read_records("produced", read_produced)
         self._keys_by_age = collections.deque(sorted(keys))
 
     def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
@@ -141,8 +147,11 @@ class ApiGateway:
         digests: list[bytes] = []
         if key is not None:
             seen = self.store.get_record("produced", key.encode())
+            try:
+                stored_us, count, digests = msgpack.unpackb(seen) if seen is not None else (0, 0, [])
+            except UNREADABLE:  # a damaged record: as if the key were new (it is written again below)
+                seen, digests = None, []
             if seen is not None:
-                stored_us, count, digests = msgpack.unpackb(seen)
                 if stored_us + self.dedup_window_us <= now_us:
                     digests = []
                 elif digest in digests:
@@ -163,7 +172,11 @@ class ApiGateway:
         while keys and keys[0][0] + self.dedup_window_us <= now_us:
             stored_us, key = keys.popleft()
             record = self.store.get_record("produced", key)
-            if record is not None and msgpack.unpackb(record)[0] == stored_us:  # not since reused
+            try:
+                reused = record is None or msgpack.unpackb(record)[0] != stored_us
+            except UNREADABLE:
+                reused = False  # damaged: it goes
+            if not reused:  # (not since reused by a later PRODUCE)
                 self.store.delete_record("produced", key)
 
     def stats(self) -> dict:

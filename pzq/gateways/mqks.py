@@ -82,9 +82,8 @@ class MqksGateway:
         """Read the bindings: at start-up and after a rolled-back turn."""
         self.bindings: dict[str, Binding] = {}
         self.by_event: dict[str, set[str]] = {}
-        for key, value in self.store.records("mqks"):
-            events, unused = msgpack.unpackb(value)
-            self._set_binding(key.decode(), Binding(events, unused), save=False)
+        for queue, binding in self.store.read_records("mqks", read_binding):
+            self._set_binding(queue, binding, save=False)
         self._orphans = {q for q, b in self.bindings.items() if b.unused is not None and not self.by_queue.get(q)}
         self._orphan_grace = RESTART_GRACE_S
 
@@ -426,6 +425,15 @@ class MqksGateway:
 
 MAX_MASKS = 100  # --remove-mask masks in one request
 MAX_CONSUMERS = 1000  # consumers on one connection (each is looked at every turn)
+
+
+def read_binding(key: bytes, value: bytes) -> tuple[str, Binding]:
+    events, unused = msgpack.unpackb(value)
+    if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+        raise TypeError("events are not a list of names")
+    if unused is not None and not isinstance(unused, (int, float)):
+        raise TypeError("the unused delay is not a number")
+    return key.decode(), Binding(events, unused)
 
 
 def _check_sizes(a: dict) -> None:
