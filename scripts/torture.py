@@ -36,7 +36,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pzq", "serve", "--database", f"{self.tmp}/db", "--receive-dsn", self.receive,
              "--send-dsn", self.send, "--monitor-dsn", self.monitor, "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
-             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--disk-reserve", "0",
+             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", f"ipc://{self.tmp}/api",
+             "--disk-reserve", "0",
              "--mqks-dsn", f"tcp://127.0.0.1:{self.mqks_port}", *extra],
             stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -155,8 +156,27 @@ def big_messages(srv: Server, size: int) -> str:
     return f"{size} x 16 MiB: {acks} acked"
 
 
+def api_pipeline(srv: Server, size: int) -> str:
+    """``size`` PRODUCE requests of 10,000 messages each, sent at once without waiting."""
+    import msgpack
+
+    api = zmq.Context.instance().socket(zmq.DEALER)
+    api.connect(f"ipc://{srv.tmp}/api")
+    body = msgpack.packb({"messages": [["bulk", b"x" * 100]] * 10_000}, use_bin_type=True)
+    started = time.perf_counter()
+    for i in range(size):
+        api.send_multipart([b"", b"%d" % i, b"PRODUCE", body])
+    answered = 0
+    while answered < size and api.poll(60_000):
+        api.recv_multipart()
+        answered += 1
+    api.close(0)
+    return f"{size} x PRODUCE of 10,000: {answered} answered in {time.perf_counter() - started:.2f} s"
+
+
 CASES = {"deaf-producer": (deaf_producer, 40_000, 5_000), "greedy-consumer": (greedy_consumer, 40_000, 5_000),
-         "mqks-rebind": (mqks_rebind, 3_000, 500), "big-messages": (big_messages, 60, 4)}
+         "mqks-rebind": (mqks_rebind, 3_000, 500), "big-messages": (big_messages, 60, 4),
+         "api-pipeline": (api_pipeline, 30, 3)}
 
 
 def main() -> None:

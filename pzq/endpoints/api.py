@@ -1,17 +1,20 @@
 """The API endpoint: request/reply for the Spark connector, answered by the API gateway."""
 from __future__ import annotations
 
+import time
+
 import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
-from pzq.logs import warn_bad
 from pzq.gateways.api import ApiGateway
+from pzq.logs import warn_bad
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again
 
 READ_BATCH = 4096
+TURN_WORK_S = 0.02  # time one turn spends carrying out API requests, before it lets others in
 REPLIES_UNREAD = 8  # replies (up to REPLY_BYTES each) waiting in one client's pipe
 
 
@@ -33,9 +36,11 @@ class ApiEndpoint(Endpoint):
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
             return
-        budget = TURN_BYTES
+        budget, started = TURN_BYTES, time.perf_counter()
         for _ in range(READ_BATCH):
-            if budget <= 0:
+            # One LEASE or PRODUCE may take a while: after TURN_WORK_S of them, the rest wait for the
+            # next turn, so that pipelined requests cannot hold every other client for seconds.
+            if budget <= 0 or time.perf_counter() - started > TURN_WORK_S:
                 return
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)
