@@ -58,8 +58,8 @@ class NativeCredit:
     def answered(self, ref: Hashable, sent_at: float | None, now: float) -> None:
         """An ack or nack of ``ref`` (``sent_at``: when its delivery left, if it was in flight)."""
         self._young.pop(ref, None)
-        self._answered_at = now
-        if sent_at is not None:
+        if sent_at is not None:  # (an answer for nothing in flight proves nobody answers promptly)
+            self._answered_at = now
             self.latency_s += (max(0.0, now - sent_at) - self.latency_s) * EWMA
 
     def forget(self, ref: Hashable) -> None:
@@ -98,4 +98,6 @@ class NativeCredit:
                 self._young.pop(ref, None)
         while order and not holds(order[0]):  # settled long ago: keep the record of sends short
             order.popleft()
+        if len(order) > 2 * held + self.cap:  # one old delivery pins the front: rebuild, amortised O(1)
+            self._order = collections.deque(dict.fromkeys(ref for ref in order if holds(ref)))
         return out

@@ -47,6 +47,7 @@ _U32 = struct.Struct(">I")
 # slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
 _OVERHEAD = 64
 _FORMAT = 1
+RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
 _MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 TABLES = ("schedules", "groups", "leases", "produced", "mqks", "damaged")
@@ -184,6 +185,7 @@ class Store:
         self.min_disk_free = min_disk_free
         self.disk_reserve = disk_reserve
         self.low_disk = False  # free space is under min_disk_free: producers are refused
+        self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
         self._reserve_path = os.path.join(self.path, "reserve")
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
@@ -219,6 +221,9 @@ class Store:
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
         needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        # The size is read again after the meta page: a live writer (pzq check beside a running server)
+        # only ever grows the file, and writes pages before the meta page that names them.
+        stored = os.path.getsize(data_file) if stored else 0
         if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
             self._env.close()
             raise StoreError(f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
@@ -256,7 +261,13 @@ class Store:
         self._queues: dict[str, QueueInfo] = {}
         self._by_id: dict[int, QueueInfo] = {}
         self._next_qid = 1
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self._env.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            raise
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -286,12 +297,14 @@ class Store:
         """Commit what is pending and close the environment."""
         if self._env is None:
             return
-        self.commit()
-        self._env.close()
-        self._env = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        try:
+            self.commit()
+        finally:
+            self._env.close()
+            self._env = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
 
     @property
     def dirty(self) -> bool:
@@ -454,7 +467,9 @@ class Store:
         """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
         try:
             record = msgpack.unpackb(value)
-            if type(record) is not list or len(record) < 3 or type(record[2]) is not list:
+            if (type(record) is not list or len(record) < 3 or type(record[2]) is not list
+                    or not all(type(f) is bytes for f in record[2])
+                    or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)):
                 raise ValueError("not a message record")
             return Message(info.name, info.qid, _KEY.unpack(key)[1], record[2], int(record[0]), int(record[1]),
                            self._deliveries(key, txn), record[3] if len(record) > 3 else None)
@@ -749,7 +764,8 @@ class Store:
             if self.low_disk:
                 log.warning("the disk of %s has %d bytes free again: producers are served", self.path, free)
             self.low_disk = False
-            if st.f_bavail * st.f_frsize >= self.min_disk_free + self.disk_reserve:
+            if (st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
+                    and time.monotonic() >= self._reserve_retry_at):
                 self._make_reserve()
         return free
 
@@ -780,7 +796,13 @@ class Store:
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.warning("cannot reserve %d bytes in %s: %s", self.disk_reserve, self._reserve_path, exc)
+            self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
+            log.warning("cannot reserve %d bytes in %s (trying again in %d s): %s", self.disk_reserve,
+                        self._reserve_path, RESERVE_RETRY_S, exc)
+            try:
+                os.unlink(self._reserve_path)  # no half reserve
+            except OSError:
+                pass
             return False
         return True
 
@@ -789,6 +811,8 @@ class Store:
             os.unlink(self._reserve_path)
         except OSError:
             return False
+        # Not made again at once: the failed turn's acks come back next turn and need that room.
+        self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
         log.warning("a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
                     "consumers' acks commit next time", self.path, self.disk_reserve)
         return True

@@ -157,7 +157,7 @@ def test_a_jobmanager_that_reconnects_under_a_new_identity_may_finish_its_jobs(e
     wait_until(lambda: queues(srv)["jobs"]["depth"] == 0)
 
 
-def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_a_heartbeat(store):
+def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_two_heartbeats(store):
     from pzq.broker import Broker
     from pzq.gateways.emqp import EmqpGateway
 
@@ -173,10 +173,10 @@ def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_a_h
     [(_, job)] = gateway.dispatch(now=0, now_us=1)
     command(b"new", b"INFORM", b'[[10, "jobs"]]', b"worker", now=1)
     command(b"elsewhere", b"INFORM", b'[[10, "other"]]', b"worker", now=1)
-    command(b"new", b"REPLY", b"{}", b"req-1", now=2)  # the old connection is still live: not yet
-    command(b"elsewhere", b"REPLY", b"{}", b"req-1", now=4)  # another queue's worker: never
+    command(b"new", b"REPLY", b"{}", b"req-1", now=5)  # the old connection is still live: not yet
+    command(b"elsewhere", b"REPLY", b"{}", b"req-1", now=7)  # another queue's worker: never
     assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 2
-    command(b"new", b"REPLY", b"{}", b"req-1", now=4)  # old silent for more than a heartbeat interval
+    command(b"new", b"REPLY", b"{}", b"req-1", now=7)  # old silent for more than two heartbeat intervals
     assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
 
 
@@ -204,3 +204,18 @@ def test_mqks_delete_queue_cannot_settle_what_other_protocols_hold(make_server):
         wait_until(lambda: queues(srv)["jobs"]["depth"] == 0)
         mq.wait_ok(mq.request("delete_queue", "jobs", confirm=True))  # nothing of it is held any more
         php.sock.close()
+
+
+def test_mqks_cannot_delete_a_queue_it_did_not_make_by_binding_it_first(make_server):
+    from pzq.errors import ClientError
+    from pzq.mqks_client import MqksClient
+
+    mqks_dsn, _ = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=mqks_dsn)
+    with client.Producer(srv.receive) as producer:
+        assert producer.produce([b"native"]).ok
+    with MqksClient(mqks_dsn) as mq:
+        mq.wait_ok(mq.request("rebind", "default e", confirm=True))  # binds `default` to an event
+        with pytest.raises(ClientError, match="refused"):
+            mq.wait_ok(mq.request("delete_queue", "default", confirm=True))
+    assert queues(srv)["default"]["depth"] == 1

@@ -79,6 +79,7 @@ class Sockets:
         once; if its address is not free yet, it is bound by ``bind_pending`` in a later turn."""
         kind, endpoint, option, options, secured = self._made.pop(sock)
         self.owned.remove(sock)
+        self._unbound.pop(sock, None)  # (re-made again before it could bind)
         sock.close(linger=0)
         fresh = self.ctx.socket(kind)
         fresh.setsockopt(zmq.LINGER, 0)

@@ -230,6 +230,11 @@ class EmqpGateway:
             worker.last_seen = now  # every command counts as a heartbeat
         if cmd.name == "INFORM":
             return self._inform(cmd, now, user)
+        if worker is None and cmd.peer in self.departed and cmd.name in ("REPLY", "READY", "HEARTBEAT"):
+            # Dropped as silent (a long job, a pause) but alive: take it back with its queues.
+            queues, slots, _ = self.departed.pop(cmd.peer)
+            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
+            log.info("eMQP worker %r is back", cmd.peer[:40])
         if cmd.name == "REPLY":
             if worker is None:
                 self.counters["replies_refused_total"] += 1
@@ -237,11 +242,6 @@ class EmqpGateway:
                                                   "ignored"))
                 return []
             return self._reply(cmd, worker, now)
-        if worker is None and cmd.peer in self.departed and cmd.name in ("READY", "HEARTBEAT"):
-            # Dropped as silent (a long pause, a slow start) but alive: take it back with its queues.
-            queues, slots, _ = self.departed.pop(cmd.peer)
-            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
-            log.info("eMQP worker %r is back", cmd.peer[:40])
         if worker is None:
             log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
             return []
@@ -292,7 +292,7 @@ class EmqpGateway:
         """The job (message, (holder identity, its key)) this REPLY completes, taken off the books.
 
         The replying worker's own job; else one whose holder is no longer live (it said KBYE, was
-        dropped, or has missed a heartbeat) and that this worker may have inherited: a JobManager that
+        dropped, or has missed two heartbeats) and that this worker may have inherited: a JobManager that
         resets reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the
         new one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
         holders = self.jobs.get(msgid)
@@ -304,7 +304,7 @@ class EmqpGateway:
             for ref, (identity, user) in holders.items():
                 holder = self.workers.get(identity)
                 info = self.broker.store.queue_by_id(ref[0])
-                gone = holder is None or holder.draining or now - holder.last_seen > self.heartbeat_s
+                gone = holder is None or holder.draining or now - holder.last_seen > 2 * self.heartbeat_s
                 if (gone and user == worker.user
                         and info is not None and info.name in served):
                     chosen = ref

@@ -56,6 +56,7 @@ class Binding:
 
     events: list[str]
     unused: float | None = None  # --delete-queue-when-unused seconds
+    owned: bool = True  # the queue did not exist before MQKS bound it: MQKS may delete it
 
 
 class MqksGateway:
@@ -198,15 +199,17 @@ class MqksGateway:
         old = self.consumers.get((conn, consumer_id))
         if old is None and len(self._by_conn.get(conn, ())) >= MAX_CONSUMERS:
             raise ProtocolError("too-many-consumers", f"at most {MAX_CONSUMERS} consumers per connection")
-        if old is not None:  # the same id again on this connection: it starts over
-            self._remove_consumer(old)
-        self.store.queue(queue)  # the queue exists from now on, bound or not
-        binding = self.bindings.get(queue) or Binding([])
+        binding = self.bindings.get(queue) or Binding([], owned=self.store.queue(queue, create=False) is None)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         events = _with_added(events, a["add"])
+        if len(set(events)) > MAX_EVENTS:  # checked before anything changes (the old consumer included)
+            raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {MAX_EVENTS} events")
+        self.store.queue(queue)  # the queue exists from now on, bound or not (may raise StoreFull)
+        if old is not None:  # the same id again on this connection: it starts over
+            self._remove_consumer(old)
         unused = a["unused"] if a["unused"] is not None else binding.unused
         consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
-        changed = self._set_binding(queue, Binding(events, unused), save=True)
+        changed = self._set_binding(queue, Binding(events, unused, binding.owned), save=True)
         self.consumers[(conn, consumer_id)] = consumer
         self._by_conn.setdefault(conn, {})[consumer_id] = consumer
         self.by_queue.setdefault(queue, []).append(consumer)
@@ -219,13 +222,13 @@ class MqksGateway:
         queue = a["queue"]
         _check_sizes(a)
         self._room_for(queue)
-        binding = self.bindings.get(queue) or Binding([])
+        binding = self.bindings.get(queue) or Binding([], owned=self.store.queue(queue, create=False) is None)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
         events = mqks.remove_masked([e for e in events if e not in removed], a["remove_mask"])
         events = _with_added(events, a["add"])
         self.store.queue(queue)
-        if self._set_binding(queue, Binding(events, binding.unused), save=True):
+        if self._set_binding(queue, Binding(events, binding.unused, binding.owned), save=True):
             self._notify(queue, skip=None)
 
     def _set_binding(self, queue: str, binding: Binding, *, save: bool) -> bool:
@@ -242,7 +245,8 @@ class MqksGateway:
         for event in binding.events:
             self.by_event.setdefault(event, set()).add(queue)
         if save and (old is None or changed or old.unused != binding.unused):
-            self.store.put_record("mqks", queue.encode(), msgpack.packb([binding.events, binding.unused]))
+            self.store.put_record("mqks", queue.encode(),
+                                  msgpack.packb([binding.events, binding.unused, binding.owned]))
         return changed
 
     def _unbind(self, queue: str, events: list[str]) -> None:
@@ -314,9 +318,9 @@ class MqksGateway:
     def _delete_queue(self, queue: str) -> None:
         # Only an MQKS queue, and not from under another protocol's clients: deleting it would settle
         # every message they hold or lease, which no client may do to another's.
-        if queue not in self.bindings:
-            raise ProtocolError("unknown-queue", f"no MQKS queue {queue!r} (only queues bound through MQKS "
-                                "can be deleted through it)")
+        if queue not in self.bindings or not self.bindings[queue].owned:
+            raise ProtocolError("unknown-queue", f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
+                                "through it; one that existed before MQKS bound it belongs to others too)")
         info = self.store.queue(queue, create=False)
         if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
             raise ProtocolError("queue-in-use", f"queue {queue!r} has messages held by clients of another "
@@ -409,9 +413,10 @@ class MqksGateway:
             if not self.by_queue.get(queue) and queue in self.bindings:
                 try:
                     self._delete_queue(queue)
-                except ProtocolError as exc:  # in use by another protocol: try again after the same wait
+                except ProtocolError as exc:
                     log.info("MQKS queue %r not deleted when unused: %s", queue, exc.detail)
-                    self.delete_at[queue] = now + max(self.bindings[queue].unused or 0, 1.0)
+                    if self.bindings[queue].owned:  # in use by another protocol: try again after the wait
+                        self.delete_at[queue] = now + max(self.bindings[queue].unused or 0, 1.0)
 
     def next_wake(self) -> float | None:
         return min(self.delete_at.values()) if self.delete_at else None
@@ -428,12 +433,12 @@ MAX_CONSUMERS = 1000  # consumers on one connection (each is looked at every tur
 
 
 def read_binding(key: bytes, value: bytes) -> tuple[str, Binding]:
-    events, unused = msgpack.unpackb(value)
+    events, unused, *rest = msgpack.unpackb(value)  # (owned since pzq 0.3; earlier bindings count as owned)
     if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
         raise TypeError("events are not a list of names")
     if unused is not None and not isinstance(unused, (int, float)):
         raise TypeError("the unused delay is not a number")
-    return key.decode(), Binding(events, unused)
+    return key.decode(), Binding(events, unused, bool(rest[0]) if rest else True)
 
 
 def _check_sizes(a: dict) -> None:
