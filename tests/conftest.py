@@ -256,11 +256,20 @@ class EveryGateway:
 
 
 def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGateway:
-    phpmq_dsn, phpmq_addr = free_tcp_endpoint()
-    mqks_dsn, mqks_addr = free_tcp_endpoint()
-    front, _ = free_tcp_endpoint()
-    back, _ = free_tcp_endpoint()
-    api_dsn = f"ipc://{tmp_path}/api"
-    srv = process_server("--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn, "--emqp-frontend-dsn", front,
-                         "--emqp-backend-dsn", back, "--api-dsn", api_dsn, *extra)
-    return EveryGateway(srv, phpmq_addr, mqks_addr, front, back, api_dsn)
+    for attempt in range(3):
+        phpmq_dsn, phpmq_addr = free_tcp_endpoint()
+        mqks_dsn, mqks_addr = free_tcp_endpoint()
+        front, _ = free_tcp_endpoint()
+        back, _ = free_tcp_endpoint()
+        api_dsn = f"ipc://{tmp_path}/api"
+        try:
+            srv = process_server("--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn, "--emqp-frontend-dsn", front,
+                                 "--emqp-backend-dsn", back, "--api-dsn", api_dsn, *extra)
+        except RuntimeError as exc:
+            # A free port can be taken by another process (a client's ephemeral port) before the
+            # server binds it: choose again.
+            if "Address already in use" not in str(exc) or attempt == 2:
+                raise
+            continue
+        return EveryGateway(srv, phpmq_addr, mqks_addr, front, back, api_dsn)
+    raise AssertionError("unreachable")
