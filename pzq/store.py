@@ -696,6 +696,16 @@ class Store:
         """Every stored recurring job (they are few: read whole at start-up)."""
         return dict(self.read_records("schedules", read_schedule))
 
+    def schedule(self, key: str) -> dict | None:
+        """One stored recurring job, or None if it is gone or cannot be read."""
+        raw = self.get_record("schedules", key.encode())
+        if raw is None:
+            return None
+        try:
+            return read_schedule(key.encode(), raw)[1]
+        except UNREADABLE:
+            return None
+
     def read_records(self, table: str, decode, prefix: bytes = b"") -> list:
         """``decode(key, value)`` of every record of ``table`` under ``prefix``. A record it cannot read
         (it raises ValueError, TypeError, KeyError, IndexError, struct.error or a msgpack error) is

@@ -219,3 +219,18 @@ def test_mqks_cannot_delete_a_queue_it_did_not_make_by_binding_it_first(make_ser
         with pytest.raises(ClientError, match="refused"):
             mq.wait_ok(mq.request("delete_queue", "default", confirm=True))
     assert queues(srv)["default"]["depth"] == 1
+
+
+def test_a_schedules_payload_stays_in_the_store_and_each_run_reads_it(store):
+    from pzq.broker import Broker
+    from pzq.gateways.emqp import EmqpGateway
+
+    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3)
+    big = "p" * 100_000
+    out = gateway.from_client([b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()],
+                              now=0, now_us=1_000_000)
+    assert out[0][1][3] == b"ACK"
+    assert all("payload" not in record for record in gateway.schedules.values())
+    assert gateway.run_schedules(1_000_000) == 1 and gateway.run_schedules(61_000_000) == 1
+    assert [m.frames for m in store.scan("jobs")] == [[big.encode()], [big.encode()]]
+    assert gateway.schedules == {}, "run_count:2 spent"

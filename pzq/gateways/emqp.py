@@ -69,7 +69,9 @@ class EmqpGateway:
         self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
         self._next_due: int | None = None
         self.next_heartbeat = 0.0
-        self.schedules: dict[str, dict] = broker.store.schedules()  # id -> record (see _schedule)
+        # id -> record (see _schedule) without its payload, which stays in the store until a run: up to
+        # MAX_SCHEDULES payloads of up to --max-message-size each must not be held in memory.
+        self.schedules: dict[str, dict] = _timing(broker.store.schedules())
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
                          "dead_workers_total": 0, "bad_input_total": 0,
                          "replies_refused_total": 0}
@@ -135,7 +137,7 @@ class EmqpGateway:
         except StoreFull as exc:
             self._bad(cmd.peer, ProtocolError("queue-full", str(exc)))
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc}", cmd.msgid)])]
-        self.schedules[key] = record
+        self.schedules[key] = _timing({key: record})[key]
         self._next_due = None
         log.info("eMQP schedule %s: %r every %d s into %r", key, payload[:60], interval, queue)
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
@@ -150,8 +152,13 @@ class EmqpGateway:
         for key, record in list(self.schedules.items()):
             if record["next_us"] > now_us:
                 continue
+            stored = self.broker.store.schedule(key)
+            if stored is None:  # damaged or gone from the store: it cannot run
+                del self.schedules[key]
+                continue
+            payload = stored["payload"]
             try:
-                self.broker.produce(record["queue"], [record["payload"].encode()], now_us=now_us,
+                self.broker.produce(record["queue"], [payload.encode()], now_us=now_us,
                                     meta={"msgid": emqp.new_msgid(), "headers": record["headers"]})
             except StoreFull:
                 log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
@@ -165,7 +172,7 @@ class EmqpGateway:
                 del self.schedules[key]  # (the cache is already reset above)
                 self.broker.store.delete_schedule(key)
             else:
-                self.broker.store.save_schedule(key, record)
+                self.broker.store.save_schedule(key, {**record, "payload": payload})
         return ran
 
     def next_schedule_us(self) -> int | None:
@@ -183,7 +190,7 @@ class EmqpGateway:
                 if worker is not None:
                     worker.slots += 1
         self.jobs.clear()  # the broker forgot every delivery too: they will be given out again
-        self.schedules = self.broker.store.schedules()
+        self.schedules = _timing(self.broker.store.schedules())
         self._next_due = None
 
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Out]:
@@ -407,3 +414,8 @@ class EmqpGateway:
                 "draining": sum(1 for w in self.workers.values() if w.draining),
                 "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
                 **self.counters}
+
+
+def _timing(records: dict[str, dict]) -> dict[str, dict]:
+    """Schedules as the loop keeps them: everything but the payload (read from the store at each run)."""
+    return {key: {k: v for k, v in record.items() if k != "payload"} for key, record in records.items()}

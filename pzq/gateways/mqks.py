@@ -379,7 +379,8 @@ class MqksGateway:
                     held.append(ref)
                 undo = ("manual", consumer, msg_id, ref)
             else:
-                self.broker.ack(ref, by=consumer.key)  # at most once: gone (durably, with this turn) before the line leaves
+                # at most once: gone (durably, with this turn) before the line leaves
+                self.broker.ack(ref, by=consumer.key)
                 undo = ("auto",)
             self.delivered_total += 1
             self._out.append((consumer.conn, line, undo))
