@@ -383,3 +383,19 @@ def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_ma
     talk(c, "c0 consume --confirm q0 e2", "c0 ok ")  # the same id again replaces itself: allowed
     c.send("c8 consume --confirm q8 e --manual-ack --prefetch=10001")
     assert re.fullmatch(r"c8 error [0-9a-f]{24}", c.read_line() or "")
+
+
+def test_consumers_and_bindings_of_all_connections_together_are_bounded(connect, monkeypatch, mqks_server):
+    from pzq.gateways import mqks as gateway
+
+    monkeypatch.setattr(gateway, "MAX_ALL_CONSUMERS", 2)
+    monkeypatch.setattr(gateway, "MAX_BINDINGS", 3)
+    a, b = connect(), connect()
+    talk(a, "c1 consume --confirm q1 e1 e2", "c1 ok ")
+    talk(b, "c2 consume --confirm q2 e3", "c2 ok ")
+    b.send("c3 consume --confirm q3 e4")  # a third consumer in all
+    assert re.fullmatch(r"c3 error [0-9a-f]{24}", b.read_line() or "")
+    b.send("r1 rebind --confirm q2 e3 e5")  # a fourth binding in all
+    assert re.fullmatch(r"r1 error [0-9a-f]{24}", b.read_line() or "")
+    talk(b, "r2 rebind --confirm q2 e5", "c2 ok --update q2 e5", "r2 ok ")  # a swap keeps the total
+    assert mqks_server.stats()["mqks"]["bindings"] == 3

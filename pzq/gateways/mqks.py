@@ -83,6 +83,7 @@ class MqksGateway:
         """Read the bindings: at start-up and after a rolled-back turn."""
         self.bindings: dict[str, Binding] = {}
         self.by_event: dict[str, set[str]] = {}
+        self.bound_total = 0  # events of every binding together
         for queue, binding in self.store.read_records("mqks", read_binding):
             self._set_binding(queue, binding, save=False)
         self._orphans = {q for q, b in self.bindings.items() if b.unused is not None and not self.by_queue.get(q)}
@@ -199,11 +200,14 @@ class MqksGateway:
         old = self.consumers.get((conn, consumer_id))
         if old is None and len(self._by_conn.get(conn, ())) >= MAX_CONSUMERS:
             raise ProtocolError("too-many-consumers", f"at most {MAX_CONSUMERS} consumers per connection")
+        if old is None and len(self.consumers) >= MAX_ALL_CONSUMERS:
+            raise ProtocolError("too-many-consumers", f"at most {MAX_ALL_CONSUMERS} consumers in all")
         binding = self.bindings.get(queue) or Binding([], owned=self.store.queue(queue, create=False) is None)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         events = _with_added(events, a["add"])
         if len(set(events)) > MAX_EVENTS:  # checked before anything changes (the old consumer included)
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {MAX_EVENTS} events")
+        self._room_for_events(queue, events)
         self.store.queue(queue)  # the queue exists from now on, bound or not (may raise StoreFull)
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
@@ -227,6 +231,7 @@ class MqksGateway:
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
         events = mqks.remove_masked([e for e in events if e not in removed], a["remove_mask"])
         events = _with_added(events, a["add"])
+        self._room_for_events(queue, events)
         self.store.queue(queue)
         if self._set_binding(queue, Binding(events, binding.unused, binding.owned), save=True):
             self._notify(queue, skip=None)
@@ -241,7 +246,9 @@ class MqksGateway:
         changed = (old.events if old else []) != binding.events
         if old is not None:
             self._unbind(queue, old.events)
+            self.bound_total -= len(old.events)
         self.bindings[queue] = binding
+        self.bound_total += len(binding.events)
         for event in binding.events:
             self.by_event.setdefault(event, set()).add(queue)
         if save and (old is None or changed or old.unused != binding.unused):
@@ -302,6 +309,13 @@ class MqksGateway:
             if binding is not None and binding.unused is not None:
                 self._orphans.add(consumer.queue)
 
+    def _room_for_events(self, queue: str, events: list[str]) -> None:
+        """Bindings of every queue together stay under MAX_BINDINGS (each is matched on every publish)."""
+        old = self.bindings.get(queue)
+        total = self.bound_total - (len(old.events) if old else 0) + len(set(events))
+        if total > MAX_BINDINGS:
+            raise ProtocolError("too-many-bindings", f"{total} bindings of all queues together; at most {MAX_BINDINGS}")
+
     def _room_for(self, queue: str) -> None:
         """A new binding record while the disk is short is refused before anything changes."""
         if queue not in self.bindings and self.store.low_disk:
@@ -332,6 +346,7 @@ class MqksGateway:
         binding = self.bindings.pop(queue, None)
         if binding is not None:
             self._unbind(queue, binding.events)
+            self.bound_total -= len(binding.events)
         self.store.delete_record("mqks", queue.encode())
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
@@ -424,13 +439,15 @@ class MqksGateway:
 
     def stats(self) -> dict:
         return {"connections": len(self.sessions), "consumers": len(self.consumers),
-                "bound_queues": len(self.bindings), "published_total": self.published_total,
+                "bound_queues": len(self.bindings), "bindings": self.bound_total, "published_total": self.published_total,
                 "unrouted_total": self.unrouted_total, "delivered_total": self.delivered_total,
                 "errors_total": self.errors_total, "closed_bad_input_total": self.closed_total}
 
 
 MAX_MASKS = 100  # --remove-mask masks in one request
 MAX_CONSUMERS = 1000  # consumers on one connection (each is looked at every turn)
+MAX_ALL_CONSUMERS = 100_000  # consumers of every connection together
+MAX_BINDINGS = 1_000_000  # (queue, event) bindings of every queue together
 
 
 def read_binding(key: bytes, value: bytes) -> tuple[str, Binding]:
