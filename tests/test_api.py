@@ -200,3 +200,20 @@ def test_big_fetches_come_in_several_replies_and_the_client_joins_them(api, monk
     assert [m[4] for m in messages] == [b"m%d" % i for i in range(7)] and gone == 0
     rows, after = api.snapshot("q", 0, 100, limit=100)
     assert len(rows) < 7 and after == rows[-1][0] + 1
+
+
+def test_dedup_keys_are_bounded_and_an_empty_produce_remembers_none(make_server, tmp_path, monkeypatch):
+    import pzq.gateways.api as gateway
+    from pzq.api_client import ApiClient, ApiError
+
+    monkeypatch.setattr(gateway, "MAX_DEDUP_KEYS", 2)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        for i in range(5):
+            assert api.produce([], key=f"empty-{i}")["count"] == 0  # remembers nothing
+        api.produce([("q", b"a")], key="k1")
+        api.produce([("q", b"b")], key="k2")
+        with pytest.raises(ApiError, match="too-many-keys"):
+            api.produce([("q", b"c")], key="k3")
+        assert api.produce([("q", b"a")], key="k1")["duplicate"] is True  # a known key still works
+    assert srv.stats()["queues"]["q"]["depth"] == 2

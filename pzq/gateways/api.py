@@ -27,6 +27,7 @@ from pzq.store import UNREADABLE, Message
 log = logging.getLogger("pzq.api")
 
 SNAPSHOT_MAX = 10_000
+MAX_DEDUP_KEYS = 1_000_000  # PRODUCE keys remembered at once (each ~100 B in memory and on disk)
 REPLY_BYTES = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
 
 
@@ -142,7 +143,11 @@ class ApiGateway:
             if len(body) > self.max_message_size:
                 raise ProtocolError("too-large", f"a message of {len(body)} bytes is over the limit of "
                                                  f"{self.max_message_size}")
-        key = a.get("key")
+        key = a.get("key") if messages else None  # nothing to store: nothing to remember either
+        if key is not None and len(self._keys_by_age) >= MAX_DEDUP_KEYS and self.store.get_record(
+                "produced", key.encode()) is None:
+            raise ProtocolError("too-many-keys", f"{MAX_DEDUP_KEYS} dedup keys are remembered (--api-dedup-window): "
+                                                 "no new one until the oldest expire")
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
         digests: list[bytes] = []
         if key is not None:
