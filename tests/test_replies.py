@@ -55,3 +55,26 @@ def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others
     assert settled(server) == before + 1, "nothing more was stored for the deaf producer"
     acks = acks_until_quiet(deaf)
     assert len(acks) == before - 1000, "every message stored for it was acked once it read"
+
+
+def test_a_backlog_its_peer_never_reads_is_dropped_after_a_while(sockets, monkeypatch):
+    import pzq.endpoints.replies as replies_module
+    from pzq.endpoints.replies import Replies
+
+    monkeypatch.setattr(replies_module, "STALE_S", 0.2)
+    router = sockets(zmq.ROUTER, None)
+    router.sndhwm = 1
+    router.bind("inproc://stale-replies")
+    peer = sockets(zmq.DEALER, "inproc://stale-replies")
+    peer.send(b"hello")
+    identity = router.recv_multipart()[0]
+    replies = Replies(router, "test")
+    for i in range(5000):  # more than its pipe holds (inproc: our SNDHWM plus its RCVHWM)
+        replies.send([identity, b"%d" % i])
+    assert replies.blocked(identity), "a peer that does not read gets a backlog"
+    deadline = time.monotonic() + 5
+    while replies.blocked(identity) and time.monotonic() < deadline:
+        replies.flush()
+        time.sleep(0.05)
+    assert not replies.blocked(identity) and replies.dropped_total > 0
+    assert peer.poll(100)  # what fitted in its pipe is still there for it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 import zmq
 
@@ -21,6 +22,7 @@ log = logging.getLogger("pzq.server")
 BACKLOG_MESSAGES = 10_000  # replies waiting for one peer, at most
 BACKLOG_BYTES = 16 << 20  # bytes of replies waiting for one peer, at most
 RETRY_S = 0.01  # how soon a backlog is tried again
+STALE_S = 60.0  # a backlog its peer has taken nothing of for this long is dropped (and logged)
 
 
 class Replies:
@@ -32,6 +34,7 @@ class Replies:
         self.role = role
         self._backlog: dict[bytes, collections.deque[list[bytes]]] = {}
         self._bytes: dict[bytes, int] = {}
+        self._moved: dict[bytes, float] = {}  # when each backlog last moved (a peer connected but not reading)
         self.dropped_total = 0  # replies to a peer that never read them (logged)
         self.gone_total = 0  # replies to a peer that had disconnected
 
@@ -46,6 +49,7 @@ class Replies:
             except Again:  # the peer's pipe is full: it reads slower than it asks
                 waiting = self._backlog[peer] = collections.deque()
                 self._bytes[peer] = 0
+                self._moved[peer] = time.monotonic()
             except zmq.ZMQError:  # EHOSTUNREACH: it disconnected; nobody is there to tell
                 self.gone_total += 1
                 return
@@ -58,8 +62,11 @@ class Replies:
             self._forget(peer)
 
     def flush(self) -> None:
-        """Send what waits, in order, as far as each peer's pipe takes it."""
+        """Send what waits, in order, as far as each peer's pipe takes it. A backlog that has not moved
+        for STALE_S goes: its peer is connected but reads nothing, and must not hold memory forever."""
+        now = time.monotonic()
         for peer, waiting in list(self._backlog.items()):
+            sent = 0
             while waiting:
                 try:
                     send_frames(self.sock, waiting[0], NOBLOCK)
@@ -70,6 +77,14 @@ class Replies:
                     waiting.clear()
                     break
                 self._bytes[peer] -= sum(map(len, waiting.popleft()))
+                sent += 1
+            if sent:
+                self._moved[peer] = now
+            elif waiting and now - self._moved[peer] > STALE_S:
+                self.dropped_total += len(waiting)
+                log.warning("%s peer %r has read none of its replies for %.0f s: %d waiting replies dropped",
+                            self.role, peer[:40], now - self._moved[peer], len(waiting))
+                waiting.clear()
             if not waiting:
                 self._forget(peer)
 
@@ -83,3 +98,4 @@ class Replies:
     def _forget(self, peer: bytes) -> None:
         del self._backlog[peer]
         del self._bytes[peer]
+        del self._moved[peer]
