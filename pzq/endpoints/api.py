@@ -9,7 +9,6 @@ from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
 from pzq.gateways.api import ApiGateway
-from pzq.logs import warn_bad
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again
 
@@ -49,10 +48,7 @@ class ApiEndpoint(Endpoint):
             budget -= sum(map(len, frames or ()))
             if frames is None:
                 continue
-            if self.replies.blocked(frames[0]):
-                # Its replies cannot leave (it does not read them): carry out nothing more for it.
-                warn_bad("api", "not-reading", f"client {frames[0][:40]!r} reads none of its replies: its "
-                                               "requests are dropped unanswered until it does (it resends)")
+            if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
             reply = self.gateway.handle(frames, now=now, now_us=now_us, user=user)
             if reply is not None:

@@ -52,12 +52,9 @@ class Sockets:
             self.open_roles.append(f"{role} {endpoint}")
         if endpoint.startswith("ipc://"):
             _check_ipc_path(endpoint, option)
-        sock = self.ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
         if secured:
             options = {**self.curve.options(), **options}
-        for name, value in options.items():
-            sock.setsockopt(getattr(zmq, name), value)
+        sock = self._socket(kind, options)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -67,6 +64,13 @@ class Sockets:
             _restrict_ipc(endpoint)
         self.owned.append(sock)
         self._made[sock] = (kind, endpoint, option, options, secured)
+        return sock
+
+    def _socket(self, kind: int, options: dict) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        for name, value in options.items():
+            sock.setsockopt(getattr(zmq, name), value)
         return sock
 
     def gate(self, sock: zmq.Socket) -> Gate | None:
@@ -81,10 +85,7 @@ class Sockets:
         self.owned.remove(sock)
         self._unbound.pop(sock, None)  # (re-made again before it could bind)
         sock.close(linger=0)
-        fresh = self.ctx.socket(kind)
-        fresh.setsockopt(zmq.LINGER, 0)
-        for name, value in options.items():
-            fresh.setsockopt(getattr(zmq, name), value)
+        fresh = self._socket(kind, options)
         self.owned.append(fresh)
         self._made[fresh] = (kind, endpoint, option, options, secured)
         self._unbound[fresh] = endpoint

@@ -9,7 +9,6 @@ import zmq
 from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive, receive_from
-from pzq.logs import warn_bad
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.protocols import emqp
@@ -55,11 +54,8 @@ class EmqpEndpoint(Endpoint):
                 if frames is None:
                     continue
                 budget -= sum(map(len, frames))
-                if self.replies[FRONT].blocked(frames[0]):
-                    # Its ACKs cannot leave (it does not read them): store nothing more for it until it
-                    # reads, rather than answers it would never get.
-                    warn_bad("emqp", "not-reading", f"client {frames[0][:40]!r} reads none of its replies: its "
-                                                    "requests are discarded unstored until it does")
+                # Its ACKs cannot leave: store nothing more for it, rather than answers it would never get.
+                if self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
                     continue
                 self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
         if self.back in ready:

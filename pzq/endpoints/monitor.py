@@ -44,7 +44,7 @@ class MonitorEndpoint(Endpoint):
                 frames = receive(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if frames is not None and not self.replies.blocked(frames[0]):
+            if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
 
     def flush(self, now: float, now_us: int) -> None:

@@ -85,11 +85,8 @@ class NativeEndpoints(Endpoint):
             event = native.parse_produce(frames, limit) if frames is not None else None
             if event is None:
                 continue
-            if self.acks.blocked(event.routing):
-                # Its acks cannot leave (it does not read them): store nothing more for it until it
-                # reads. Unacknowledged, the message is the producer's to send again.
-                warn_bad("producer", "not-reading", f"producer {event.routing[:40]!r} reads none of its acks: "
-                                                    "its messages are discarded unstored until it does")
+            # Its acks cannot leave: store nothing more for it. Unacknowledged, it is the producer's to resend.
+            if self.acks.refuses(event.routing, "its messages are discarded unstored"):
                 continue
             if isinstance(event, native.Rejected):
                 warn_bad("producer", event.error.code, event.error.detail)

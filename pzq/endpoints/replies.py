@@ -15,6 +15,7 @@ import time
 
 import zmq
 
+from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -91,6 +92,13 @@ class Replies:
     def blocked(self, peer: bytes) -> bool:
         """True while replies wait for ``peer``: serve it nothing more until it reads them."""
         return peer in self._backlog
+
+    def refuses(self, peer: bytes, what: str) -> bool:
+        """``blocked``, logged (rate-limited): ``what`` says what becomes of the peer's request."""
+        if peer not in self._backlog:
+            return False
+        warn_bad(self.role, "not-reading", f"{self.role} {peer[:40]!r} reads none of its replies: {what} until it does")
+        return True
 
     def wake_at(self, now: float) -> float | None:
         return now + RETRY_S if self._backlog else None
