@@ -40,6 +40,7 @@ _LEASE_VALUE = struct.Struct(">QI")  # message seq, deliveries when leased
 # bounds what one request makes the loop do.
 MAX_LEASE = 20_000
 MAX_FETCH = 10_000  # messages one fetch may return
+MAX_GROUPS = 100_000  # consumer groups of every queue together (each is a record and a timer)
 
 
 @dataclasses.dataclass
@@ -108,6 +109,9 @@ class Leases:
         read or acknowledge its leases."""
         group = self.groups.get((queue, name))
         if group is None and create:
+            if len(self.groups) >= MAX_GROUPS:
+                raise ProtocolError("too-many-groups", f"{MAX_GROUPS} consumer groups exist; no new one until "
+                                                       "some expire (--api-group-timeout)")
             info = self.store.queue(queue)
             group = Group(queue, info.qid, name, self._next_gid, owner=user)
             self._save(group)  # first: it may be refused (StoreFull), and then nothing is changed
@@ -125,7 +129,7 @@ class Leases:
         record = [group.gid, group.base, group.end, group.deadline_us]
         if group.owner is not None:
             record.append(group.owner)
-        self.store.put_record("groups", group.key(), msgpack.packb(record))
+        self.store.put_record("groups", group.key(), msgpack.packb(record), counted=False)
         group.saved_deadline_us = group.deadline_us
 
     def _touch(self, group: Group, now_us: int) -> None:
@@ -163,7 +167,7 @@ class Leases:
                                      timeout_s=float("inf"))
             for message in taken:
                 self.store.put_record("leases", _LEASE_KEY.pack(group.gid, group.end),
-                                      _LEASE_VALUE.pack(message.seq, message.deliveries))
+                                      _LEASE_VALUE.pack(message.seq, message.deliveries), counted=False)
                 group.end += 1
             if taken:
                 self._save(group)

@@ -258,6 +258,7 @@ class Store:
         self._pending_counts: dict[bytes, tuple[int, float]] = {}
         self._meta_dirty = False
         self._total_bytes = 0
+        self._side_bytes = 0  # pages of the side tables: schedules, bindings, dedup keys, groups count too
         self._queues: dict[str, QueueInfo] = {}
         self._by_id: dict[int, QueueInfo] = {}
         self._next_qid = 1
@@ -290,8 +291,17 @@ class Store:
                                      "or `pzq dump` what is readable") from None
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
+            self._side_bytes = self._table_bytes(txn)
         self._dirty_queues.clear()
         self._total_bytes = sum(q.bytes + q.dead_bytes for q in self._queues.values())
+
+    def _table_bytes(self, txn) -> int:
+        """Bytes of the pages the side tables fill (a B-tree statistic: no records are read)."""
+        total = 0
+        for db in self._tables.values():
+            stat = txn.stat(db)
+            total += (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
+        return total
 
     def close(self) -> None:
         """Commit what is pending and close the environment."""
@@ -410,8 +420,8 @@ class Store:
 
     @property
     def stored_bytes(self) -> int:
-        """Accounted bytes of every message and dead letter, the figure the store limit applies to."""
-        return self._total_bytes
+        """Accounted bytes of every message, dead letter and side record: what the store limit applies to."""
+        return self._total_bytes + self._side_bytes
 
     def _account(self, info: QueueInfo, count: int = 0, size: int = 0, dead_count: int = 0,
                  dead_size: int = 0) -> None:
@@ -435,8 +445,8 @@ class Store:
             record.append(meta)
         value = msgpack.packb(record)
         size = _accounted(_KEY.pack(0, 0), value)
-        if check_limit and self._total_bytes + size > self.max_size:
-            raise StoreFull(f"queue full: the store holds {self._total_bytes} of {self.max_size} bytes")
+        if check_limit and self._total_bytes + self._side_bytes + size > self.max_size:
+            raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
         if check_limit and self.low_disk:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
         info = self._queues.get(queue) or self.queue(queue)
@@ -656,21 +666,36 @@ class Store:
 
     # -- side records ---------------------------------------------------------------------------
 
-    def put_record(self, table: str, key: bytes, value: bytes) -> None:
-        """Store (or replace) one record of a side table, durable with the next commit. A new record
-        while the disk is short (``low_disk``) raises StoreFull, writing nothing; a replacement is
-        always written."""
-        txn = self._write()
-        if self.low_disk and txn.get(key, db=self._tables[table]) is None:
+    def check_room(self, size: int) -> None:
+        """Raise StoreFull unless ``size`` more bytes fit under the store limit and the disk has room."""
+        if self.low_disk:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
-        self._do(txn.put, key, value, db=self._tables[table])
+        if self._total_bytes + self._side_bytes + size > self.max_size:
+            raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
+
+    def put_record(self, table: str, key: bytes, value: bytes, *, counted: bool = True) -> None:
+        """Store (or replace) one record of a side table, durable with the next commit.
+
+        Side records count toward the store limit like messages do. A new record past that limit, or
+        while the disk is short (``low_disk``), raises StoreFull, writing nothing; a replacement is
+        always written (so a schedule's next run never fails for room). ``counted=False`` is for records
+        that let consumers drain a full store (groups, leases): they count, but are never refused."""
+        txn = self._write()
+        db = self._tables[table]
+        if counted and txn.get(key, db=db) is None:
+            self.check_room(_accounted(key, value))
+        self._do(txn.put, key, value, db=db)
+        self._side_bytes = self._table_bytes(txn)
         self._dirty = True
 
     def get_record(self, table: str, key: bytes) -> bytes | None:
         return self._txn_for_read().get(key, db=self._tables[table])
 
     def delete_record(self, table: str, key: bytes) -> bool:
-        found = bool(self._do(self._write().delete, key, db=self._tables[table]))
+        txn = self._write()
+        found = bool(self._do(txn.delete, key, db=self._tables[table]))
+        if found:
+            self._side_bytes = self._table_bytes(txn)
         self._dirty = self._dirty or found
         return found
 

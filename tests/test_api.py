@@ -54,6 +54,32 @@ def test_a_full_store_refuses_the_whole_request_and_keeps_serving(make_server, t
         assert api.info("q")["depth"] == 500
 
 
+def test_a_produce_refused_as_full_remembers_no_key_so_its_retry_is_stored(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.produce([("q", b"x" * 1000)] * 900)
+        with pytest.raises(ApiError, match="queue-full"):
+            api.produce([("q", b"y" * 1000)] * 200, key="batch-1")
+        assert api.lease("q", "g", 0, 900) == (0, 900)  # a full store still drains
+        assert api.ack_upto("q", "g", 900) == 900
+        assert api.produce([("q", b"y" * 1000)] * 200, key="batch-1") == {"count": 200, "duplicate": False}
+        assert api.info("q")["depth"] == 200
+
+
+def test_dedup_keys_count_toward_the_store_limit(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        produced = 0
+        with pytest.raises(ApiError, match="queue-full"):
+            for i in range(20_000):  # each key outlives its message (the dedup window)
+                api.produce([("q", b"m")], key="k" * 200 + str(i))
+                api.lease("q", "g", produced, 1)
+                api.ack_upto("q", "g", produced + 1)
+                produced += 1
+        assert 1_000 < produced < 20_000
+        assert api.info("q")["depth"] == 0
+
+
 def test_a_snapshot_reads_every_stored_message_and_changes_nothing(api):
     fill(api, "q", 25)
     info = api.info("q")

@@ -178,6 +178,28 @@ def test_a_put_past_the_size_limit_raises_store_full_and_changes_nothing(tmp_pat
     assert store.put("q", [b"y" * 100], now_us=3).seq == puts + 1
 
 
+def test_side_records_count_toward_the_store_limit_and_new_ones_are_refused_past_it(tmp_path, reopen):
+    store = Store(tmp_path / "small", max_size=64 << 10)
+    added = 0
+    with pytest.raises(StoreFull):
+        while True:
+            store.put_record("schedules", b"k%d" % added, b"v" * 1000)
+            added += 1
+    assert 30 <= added < 64
+    with pytest.raises(StoreFull):  # the records left no room for messages either
+        store.put("q", [b"x" * 1000], now_us=1)
+    store.put_record("schedules", b"k0", b"w" * 2000)  # a replacement is always written
+    store.put_record("leases", b"lease", b"1", counted=False)  # so are records that let consumers drain
+    store.commit()
+    store = reopen(store)
+    assert store.stored_bytes > 60 << 10  # counted again after a restart (LMDB's page statistics)
+    with pytest.raises(StoreFull):
+        store.put_record("schedules", b"new", b"v")
+    for i in range(added):
+        store.delete_record("schedules", b"k%d" % i)
+    store.put("q", [b"x" * 1000], now_us=1)
+
+
 def test_a_put_refused_as_full_does_not_create_a_new_queue(tmp_path):
     store = Store(tmp_path / "small", max_size=1000)
     store.put("q", [b"x" * 600], now_us=1)

@@ -164,10 +164,19 @@ class ApiGateway:
                     return {"count": count, "duplicate": True}
                 else:
                     log.warning("PRODUCE key %r came again with other messages: stored as well", key)
-        self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
-        if key is not None:
+        if key is not None:  # first: a key refused for room (StoreFull) leaves nothing stored
             self.store.put_record("produced", key.encode(),
                                   msgpack.packb([now_us, len(messages), [*digests[-15:], digest]]))
+        try:
+            self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
+        except StoreFull:
+            if key is not None:  # as before the call, so that the client's retry is not a "duplicate"
+                if seen is None:
+                    self.store.delete_record("produced", key.encode())
+                else:
+                    self.store.put_record("produced", key.encode(), seen)
+            raise
+        if key is not None:
             self._keys_by_age.append((now_us, key.encode()))
             self._prune(now_us)
         return {"count": len(messages), "duplicate": False}

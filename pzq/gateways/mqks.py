@@ -317,9 +317,10 @@ class MqksGateway:
             raise ProtocolError("too-many-bindings", f"{total} bindings of all queues together; at most {MAX_BINDINGS}")
 
     def _room_for(self, queue: str) -> None:
-        """A new binding record while the disk is short is refused before anything changes."""
-        if queue not in self.bindings and self.store.low_disk:
-            raise StoreFull(f"queue full: the disk of {self.store.path} is nearly full; no new bindings")
+        """A new binding record past the store limit or while the disk is short is refused before
+        anything changes (a binding that grows is written: MAX_BINDINGS bounds those)."""
+        if queue not in self.bindings:
+            self.store.check_room(len(queue.encode()) + 64)
 
     def _forget(self, consumer: Consumer) -> None:
         self.consumers.pop((consumer.conn, consumer.id), None)
