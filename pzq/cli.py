@@ -10,7 +10,7 @@ import time
 import click
 
 from pzq import __version__, client, config, logs
-from pzq.errors import ClientError, ConfigError, PzqError, StoreLocked
+from pzq.errors import ClientError, ConfigError, PzqError, StoreDamaged, StoreLocked
 
 
 def _fail(message: str, code: int = 1):
@@ -27,6 +27,8 @@ def _errors_to_exit(func):
             return func(*args, **kwargs)
         except (ConfigError, StoreLocked) as exc:
             _fail(str(exc), 2)
+        except StoreDamaged as exc:
+            _fail(str(exc), 3)
         except PzqError as exc:
             _fail(str(exc), 1)
 
@@ -101,8 +103,9 @@ def cli() -> None:
 @click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
                                        "[default: 4G]")
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
-@click.option("--max-connections", type=int, help="Raw-TCP (PHPMQ, MQKS) connections at most, together; more are "
-                                                  "closed at once (kept under the open-files limit).  [default: 10000]")
+@click.option("--max-connections", type=int, help="TCP connections (ZeroMQ, PHPMQ, MQKS) at most, together, and "
+                                                  "nine tenths of it on one endpoint; more are closed at once (kept "
+                                                  "under the open-files limit).  [default: 10000]")
 @click.option("--max-partial-input", help="Bytes of unfinished PHPMQ messages and MQKS lines in all connections "
                                           "together; past it the connection that grew is closed.  [default: 256M]")
 @click.option("--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  "

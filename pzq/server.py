@@ -27,6 +27,7 @@ from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
+from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
 from pzq.errors import ConfigError, StoreError
 from pzq.gateways.api import ApiGateway
@@ -73,7 +74,7 @@ class Server:
         cfg = self.config
         self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync,
                            min_disk_free=cfg.min_disk_free, disk_reserve=cfg.disk_reserve,
-                           max_queues=cfg.max_queues)
+                           max_queues=cfg.max_queues, verify=True)
         self.store.watch_disk()
         self.store.queue(cfg.queue)
         self.store.commit()
@@ -104,6 +105,7 @@ class Server:
             gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
                                  dedup_window_s=cfg.api_dedup_window)
             self.endpoints.append(ApiEndpoint(cfg, gateway, owned))
+        self.endpoints.append(ConnectionWatch(owned, connections))
         if cfg.metrics_dsn:
             from pzq.metrics import Metrics
 
@@ -117,7 +119,7 @@ class Server:
                      ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("mqks", cfg.mqks_dsn),
                      ("api", cfg.api_dsn)) if value))
         if connections.limit < cfg.max_connections:
-            log.info("raw-TCP connections at most %d (--max-connections %d, under half the open-files limit)",
+            log.info("connections at most %d (--max-connections %d, under half the open-files limit)",
                      connections.limit, cfg.max_connections)
         if self.curve is None:
             log.info("no CURVE configured: every endpoint serves any client that can reach it")
@@ -339,8 +341,9 @@ FD_RESERVE = 1024  # descriptors kept for the store, the sockets, libzmq's own a
 
 
 def _connection_limit(configured: int) -> int:
-    """Raise the soft limit of open files to the hard one, and keep raw-TCP connections to half of
-    what is left after FD_RESERVE, so that the process never runs out of descriptors."""
+    """Raise the soft limit of open files to the hard one, and keep connections (of every endpoint
+    together) to half of what is left after FD_RESERVE, so that the process never runs out of
+    descriptors: a burst of connections is accepted before pzq can close the ones past the limit."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,6 +1,7 @@
 """What every endpoint adapter offers the server loop; each step has a do-nothing default."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import stat
@@ -18,6 +19,7 @@ log = logging.getLogger("pzq.server")
 # Bytes one socket's reads may bring into a turn: with 16 MiB messages, a turn of READ_BATCH messages
 # could hold gigabytes. What is left waits in the socket for the next turn (polled level-triggered).
 TURN_BYTES = 8 << 20
+_watch_ids = itertools.count(1)
 REBIND_WAIT_S = 2.0  # how long a revocation may hold the loop while a re-made socket waits for its address
 
 
@@ -39,6 +41,9 @@ class Sockets:
         self.open_roles: list[str] = []  # bound without authentication, for the start-up log
         self._made: dict[zmq.Socket, tuple] = {}  # how each was made, to re-bind it
         self._unbound: dict[zmq.Socket, str] = {}  # re-made, waiting for its address to be free
+        # The socket monitor (an inproc PAIR) of each bound tcp:// ZeroMQ socket -> (role,
+        # socket): libzmq accepts connections by itself, and its events are how pzq counts them.
+        self.monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
@@ -55,9 +60,11 @@ class Sockets:
         if secured:
             options = {**self.curve.options(), **options}
         sock = self._socket(kind, options)
+        self._watch(sock, role, endpoint)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
+            self._unwatch(sock)
             sock.close()
             raise ConfigError(f"{option} {endpoint}: cannot bind: {exc}") from None
         if endpoint.startswith("ipc://"):
@@ -73,6 +80,29 @@ class Sockets:
             sock.setsockopt(getattr(zmq, name), value)
         return sock
 
+    def _watch(self, sock: zmq.Socket, role: str, endpoint: str) -> None:
+        """Attach a monitor before the bind, so that no accepted connection goes uncounted."""
+        if sock.type == zmq.STREAM or not endpoint.startswith("tcp://"):
+            # STREAM endpoints count their connections themselves; ipc files are owner-only (a process
+            # of pzq's own user can do worse than connect), and inproc costs no descriptor.
+            return
+        address = f"inproc://pzq-watch-{next(_watch_ids)}"  # (ids of closed sockets are reused)
+        sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED)
+        pair = self.ctx.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.setsockopt(zmq.RCVHWM, 0)  # libzmq drops monitor events past a full pipe: none may be lost
+        pair.connect(address)
+        self.monitors[pair] = (role, sock)
+
+    def _unwatch(self, sock: zmq.Socket) -> None:
+        """Stop the monitor before its reader goes: libzmq sends monitor events from its I/O thread
+        without NOBLOCK, and an event with no reader would block that thread (every socket) for good."""
+        for pair, (_, watched) in list(self.monitors.items()):
+            if watched is sock:
+                del self.monitors[pair]
+                sock.disable_monitor()
+                pair.close(linger=0)
+
     def gate(self, sock: zmq.Socket) -> Gate | None:
         """The allow-list every message received on ``sock`` is checked against (None: not CURVE)."""
         return self.curve.gate if self._made[sock][4] else None
@@ -84,8 +114,10 @@ class Sockets:
         kind, endpoint, option, options, secured = self._made.pop(sock)
         self.owned.remove(sock)
         self._unbound.pop(sock, None)  # (re-made again before it could bind)
+        self._unwatch(sock)
         sock.close(linger=0)
         fresh = self._socket(kind, options)
+        self._watch(fresh, option.removeprefix("--").removesuffix("-dsn"), endpoint)
         self.owned.append(fresh)
         self._made[fresh] = (kind, endpoint, option, options, secured)
         self._unbound[fresh] = endpoint
@@ -118,6 +150,8 @@ class Sockets:
         return bool(self._unbound)
 
     def close(self) -> None:
+        for _, watched in list(self.monitors.values()):
+            self._unwatch(watched)
         for sock in self.owned:
             sock.close()
         self.owned.clear()

@@ -30,7 +30,8 @@ RETRY_S = 0.01  # how soon a backlog is tried again
 
 
 class ConnectionLimit:
-    """What raw-TCP connections of every STREAM endpoint hold together.
+    """What the connections of every endpoint hold together (raw TCP, and ZeroMQ through
+    ``ConnectionWatch``).
 
     At most ``limit`` connections: each costs a file descriptor, and a process out of them can accept
     nothing (libzmq spins, or aborts on the next one it needs); past it a new connection is closed at
@@ -42,11 +43,22 @@ class ConnectionLimit:
         self.limit = limit
         self.partial_limit = partial_limit
         self.gateways: list = []
+        self.zmq_open: dict[object, int] = {}  # connections open on each watched ZeroMQ socket
         self._partial: dict[tuple[str, bytes], int] = {}
         self.partial_total = 0
 
-    def full(self) -> bool:
-        return sum(len(g.sessions) for g in self.gateways) >= self.limit
+    @property
+    def per_endpoint(self) -> int:
+        """What one endpoint may hold: a flood of one leaves a tenth of the limit to the others (the
+        monitor, the consumers)."""
+        return self.limit - self.limit // 10
+
+    def total(self) -> int:
+        return sum(len(g.sessions) for g in self.gateways) + sum(self.zmq_open.values())
+
+    def full(self, held: int) -> bool:
+        """True if a new connection of an endpoint that holds ``held`` must be closed at once."""
+        return held >= self.per_endpoint or self.total() >= self.limit
 
     def hold(self, key: tuple[str, bytes], size: int) -> bool:
         """Note that connection ``key`` now holds ``size`` unfinished bytes; False if all together
@@ -104,9 +116,10 @@ class StreamEndpoint(Endpoint):
                                                            "refused by --allow-ips")
                         self._closing.append(conn)
                         continue
-                    if self.connections.full():
-                        warn_bad(self.name, "too-many-connections", f"{self.connections.limit} raw-TCP connections "
-                                 "are open (--max-connections): a new one was closed at once")
+                    if self.connections.full(len(sessions)):
+                        warn_bad(self.name, "too-many-connections", f"{self.connections.total()} connections are "
+                                 f"open (--max-connections {self.connections.limit}, at most "
+                                 f"{self.connections.per_endpoint} on one endpoint): a new one was closed at once")
                         self._closing.append(conn)
                         continue
                     self.gateway.connected(conn)

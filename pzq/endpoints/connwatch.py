@@ -1,0 +1,97 @@
+"""Counting and capping the connections libzmq accepts on the ZeroMQ endpoints.
+
+libzmq accepts tcp:// and ipc:// connections in its own I/O thread and offers no limit on them, so a
+client opening thousands of idle connections would use up the process's file descriptors: libzmq then
+spins on its listener and aborts the next time it needs a descriptor. pzq watches every bound ZeroMQ
+socket with a socket monitor (``Sockets.monitors``): each accepted connection is counted with the raw-TCP
+ones (``ConnectionLimit``), and one past ``--max-connections`` (or past one endpoint's share) is shut
+down at once through a duplicate of its descriptor; libzmq sees the end of the stream and closes it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.stream import ConnectionLimit
+from pzq.logs import warn_bad
+
+log = logging.getLogger("pzq.server")
+
+EVENTS_PER_TURN = 10_000  # monitor events read per socket per turn (each is a few bytes)
+
+
+class ConnectionWatch(Endpoint):
+    """Reads the socket monitors; keeps ``ConnectionLimit.zmq_open`` per watched socket."""
+
+    name = "connections"
+
+    def __init__(self, binder: Sockets, limit: ConnectionLimit):
+        self.binder = binder
+        self.limit = limit
+        self.refused_total = 0
+        self.accept_failed_total = 0
+
+    @property
+    def sockets(self) -> list[zmq.Socket]:  # type: ignore[override]
+        return list(self.binder.monitors)  # (a re-bound socket comes with a new monitor)
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        for pair in [p for p in self.limit.zmq_open if p not in self.binder.monitors]:
+            del self.limit.zmq_open[pair]  # its socket was closed: so were its connections
+        for pair, (role, _) in self.binder.monitors.items():
+            if pair in ready:
+                self._events(pair, role)
+
+    def _events(self, pair: zmq.Socket, role: str) -> None:
+        for _ in range(EVENTS_PER_TURN):
+            try:
+                event = parse_monitor_message(pair.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_ACCEPTED:
+                held = self.limit.zmq_open.get(pair, 0)
+                # Counted before the check: the one cut off still sends its DISCONNECTED event.
+                self.limit.zmq_open[pair] = held + 1
+                if self.limit.total() > self.limit.limit or held >= self.limit.per_endpoint:
+                    self.refused_total += 1
+                    warn_bad(role, "too-many-connections", f"{self.limit.total() - 1} connections are open "
+                             f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
+                             "endpoint): a new one was closed at once")
+                    _shut(event["value"])
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
+            elif kind == zmq.EVENT_ACCEPT_FAILED:
+                self.accept_failed_total += 1
+                warn_bad(role, "accept-failed", f"libzmq could not accept a connection: "
+                                                f"{os.strerror(event['value'])}")
+
+    def stats(self) -> dict | None:
+        return {"open": self.limit.total(), "limit": self.limit.limit, "refused_total": self.refused_total,
+                "accept_failed_total": self.accept_failed_total}
+
+
+def _shut(fd: int) -> None:
+    """End the connection on descriptor ``fd`` (libzmq's) without closing the descriptor itself:
+    shutting down a duplicate ends the stream for both, and libzmq closes its own when it sees that."""
+    try:
+        copy = os.dup(fd)
+    except OSError:  # already closed by libzmq: the peer left first
+        return
+    try:
+        dup = socket.socket(fileno=copy)
+    except OSError:  # not a socket (the number was reused): nothing of ours to end
+        os.close(copy)
+        return
+    try:
+        if dup.type == socket.SOCK_STREAM:
+            dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected any more: nothing to end
+    finally:
+        dup.close()

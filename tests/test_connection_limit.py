@@ -1,0 +1,68 @@
+"""Connections libzmq accepts on the ZeroMQ endpoints count toward --max-connections: a flood of idle
+ones is cut off at once, the server keeps serving, and each endpoint leaves the others room."""
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+
+import pytest
+import zmq
+
+from conftest import free_tcp_endpoint, recv, wait_until
+from pzq import client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ended(raws: list[socket.socket], seconds: float) -> list[bool]:
+    """Which of ``raws`` the server ends within ``seconds`` (libzmq's greeting is read past)."""
+    done = [False] * len(raws)
+    with selectors.DefaultSelector() as sel:
+        for i, raw in enumerate(raws):
+            raw.setblocking(False)
+            sel.register(raw, selectors.EVENT_READ, i)
+        deadline = time.monotonic() + seconds
+        while not all(done) and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                try:
+                    data = key.fileobj.recv(4096)
+                except ConnectionResetError:
+                    data = b""
+                if data == b"":
+                    done[key.data] = True
+                    sel.unregister(key.fileobj)
+    return done
+
+
+def test_idle_zeromq_connections_past_the_limit_are_closed_and_the_server_serves_on(make_server, sockets):
+    endpoint, addr = free_tcp_endpoint()
+    srv = make_server(receive_dsn=endpoint, max_connections=10)  # one endpoint may hold 9 of them
+    flood = [socket.create_connection(addr, timeout=5) for _ in range(15)]
+    try:
+        cut = ended(flood, 3)
+        assert cut.count(False) == 9, cut
+        stats = srv.stats()  # the monitor (another endpoint) is still reachable
+        assert stats["connections"]["refused_total"] == 6
+        for raw in flood[:3]:
+            raw.close()
+        wait_until(lambda: srv.stats()["connections"]["open"] <= 7)
+        producer = sockets(zmq.DEALER, endpoint)  # room again: a real producer is served
+        producer.send_multipart([b"id-1", b"", b"hello"])
+        assert recv(producer) == [b"id-1", b"1", b""]  # stored and acked
+        wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 1)
+    finally:
+        for raw in flood:
+            raw.close()
+
+
+def test_closed_connections_are_counted_out(make_server):
+    endpoint, addr = free_tcp_endpoint()
+    srv = make_server(receive_dsn=endpoint, max_connections=10)
+    for _ in range(5):  # 45 connections made and closed, never more than 9 at once
+        batch = [socket.create_connection(addr, timeout=5) for _ in range(9)]
+        assert not any(ended(batch, 0.2))
+        for raw in batch:
+            raw.close()
+        wait_until(lambda: srv.stats()["connections"]["open"] <= 1)
+    assert srv.stats()["connections"]["refused_total"] == 0
