@@ -18,6 +18,10 @@ class StoreFull(StoreError):
     """Storing this message would pass the configured store limit; nothing was written."""
 
 
+class StoreDamaged(StoreError):
+    """The data file cannot be read as an LMDB store: a restart would not help (exit status 3)."""
+
+
 class StoreLocked(StoreError):
     """Another pzq process holds the store: there is one writer, and it is not this process."""
 

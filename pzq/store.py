@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 import lmdb
 import msgpack
 
-from pzq.errors import StoreError, StoreFull, StoreLocked
+from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreLocked
 
 log = logging.getLogger("pzq.store")
 
@@ -178,7 +178,7 @@ class Store:
 
     def __init__(self, path: str | os.PathLike, *, max_size: int = 4 << 30, sync: bool = True,
                  readonly: bool = False, min_disk_free: int = 0, disk_reserve: int = 0,
-                 max_queues: int = 1_000_000):
+                 max_queues: int = 1_000_000, verify: bool = False):
         self.path = os.fspath(path)
         self.max_size = max_size
         self.max_queues = max_queues
@@ -198,7 +198,7 @@ class Store:
         if stored < _MIN_DATA_FILE and os.path.exists(data_file):
             # LMDB would take an empty file for a new store: everything that was in it would be gone
             # without a word. (It writes its two meta pages the moment it creates the file.)
-            raise StoreError(f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
+            raise StoreDamaged(f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
                              "or move the directory aside to start with an empty store")
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self.syncs = 0
@@ -226,13 +226,19 @@ class Store:
         stored = os.path.getsize(data_file) if stored else 0
         if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
             self._env.close()
-            raise StoreError(f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
+            raise StoreDamaged(f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
                              "from a backup, or move the directory aside to start with an empty store")
         try:
             if not readonly:
                 self._lock_fd = _lock_exclusively(os.path.join(self.path, "data.mdb"))
                 for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
                     os.chmod(os.path.join(self.path, name), 0o600)
+                if verify and stored:
+                    from pzq.check import verify_pages  # (check reads stores: it imports this module)
+
+                    started = time.monotonic()
+                    records = verify_pages(self.path)
+                    log.info("%s verified: %d records in %.2f s", data_file, records, time.monotonic() - started)
             self._queues_db = self._env.open_db(b"queues", create=not readonly)
             self._meta_db = self._env.open_db(b"meta", create=not readonly)
             self._messages_db = self._env.open_db(b"messages", create=not readonly)
@@ -247,6 +253,8 @@ class Store:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
         except StoreError:
             self._env.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             raise
         self._txn: lmdb.Transaction | None = None
         self._unreadable: list[tuple[QueueInfo, bytes, str]] = []  # found by _decode, for _set_aside
@@ -259,6 +267,7 @@ class Store:
         self._meta_dirty = False
         self._total_bytes = 0
         self._side_bytes = 0  # pages of the side tables: schedules, bindings, dedup keys, groups count too
+        self._side_stale = False  # a side table changed since _side_bytes was read
         self._queues: dict[str, QueueInfo] = {}
         self._by_id: dict[int, QueueInfo] = {}
         self._next_qid = 1
@@ -292,8 +301,16 @@ class Store:
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
             self._side_bytes = self._table_bytes(txn)
+            self._side_stale = False
         self._dirty_queues.clear()
         self._total_bytes = sum(q.bytes + q.dead_bytes for q in self._queues.values())
+
+    def _side(self) -> int:
+        """Bytes of the side tables, read again only after they changed (a lease call writes thousands)."""
+        if self._side_stale:
+            self._side_bytes = self._table_bytes(self._txn_for_read())
+            self._side_stale = False
+        return self._side_bytes
 
     def _table_bytes(self, txn) -> int:
         """Bytes of the pages the side tables fill (a B-tree statistic: no records are read)."""
@@ -421,7 +438,7 @@ class Store:
     @property
     def stored_bytes(self) -> int:
         """Accounted bytes of every message, dead letter and side record: what the store limit applies to."""
-        return self._total_bytes + self._side_bytes
+        return self._total_bytes + self._side()
 
     def _account(self, info: QueueInfo, count: int = 0, size: int = 0, dead_count: int = 0,
                  dead_size: int = 0) -> None:
@@ -445,7 +462,7 @@ class Store:
             record.append(meta)
         value = msgpack.packb(record)
         size = _accounted(_KEY.pack(0, 0), value)
-        if check_limit and self._total_bytes + self._side_bytes + size > self.max_size:
+        if check_limit and self._total_bytes + self._side() + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
         if check_limit and self.low_disk:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
@@ -670,7 +687,7 @@ class Store:
         """Raise StoreFull unless ``size`` more bytes fit under the store limit and the disk has room."""
         if self.low_disk:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
-        if self._total_bytes + self._side_bytes + size > self.max_size:
+        if self._total_bytes + self._side() + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
 
     def put_record(self, table: str, key: bytes, value: bytes, *, counted: bool = True) -> None:
@@ -685,7 +702,7 @@ class Store:
         if counted and txn.get(key, db=db) is None:
             self.check_room(_accounted(key, value))
         self._do(txn.put, key, value, db=db)
-        self._side_bytes = self._table_bytes(txn)
+        self._side_stale = True
         self._dirty = True
 
     def get_record(self, table: str, key: bytes) -> bytes | None:
@@ -694,8 +711,7 @@ class Store:
     def delete_record(self, table: str, key: bytes) -> bool:
         txn = self._write()
         found = bool(self._do(txn.delete, key, db=self._tables[table]))
-        if found:
-            self._side_bytes = self._table_bytes(txn)
+        self._side_stale = self._side_stale or found
         self._dirty = self._dirty or found
         return found
 

@@ -29,7 +29,7 @@ def test_an_emptied_data_file_is_an_error_not_a_fresh_store(process_server):
     srv = stored(process_server)
     (srv.database / "data.mdb").write_bytes(b"")
     result = serve_exits(srv)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 3 and "Traceback" not in result.stderr  # 3: systemd does not restart it
     assert "data.mdb is empty or truncated (0 bytes): restore it from a backup" in result.stderr
     assert (srv.database / "data.mdb").stat().st_size == 0, "nothing was written over it"
 
@@ -40,8 +40,21 @@ def test_a_data_file_cut_in_half_is_named_at_start_instead_of_a_sigbus(process_s
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size // 2)
     result = serve_exits(srv)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
     assert "data.mdb is truncated" in result.stderr and "Restore it from a backup" in result.stderr
+
+
+def test_a_wrecked_page_is_named_at_start_instead_of_an_abort_while_serving(process_server):
+    srv = stored(process_server, n=20_000)
+    data = srv.database / "data.mdb"
+    pages = data.stat().st_size // 4096
+    with open(data, "r+b") as f:  # a run of zeroed pages in the middle of the messages' B-tree
+        f.seek(pages // 2 * 4096)
+        f.write(bytes(4 * 4096))
+    result = serve_exits(srv)
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    assert "data.mdb is damaged" in result.stderr and "pzq check" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_one_unreadable_record_is_set_aside_and_the_server_serves_the_rest(process_server):
