@@ -38,7 +38,7 @@ _LEASE_VALUE = struct.Struct(">QI")  # message seq, deliveries when leased
 # Messages one lease call takes at most; a larger ``max`` gets this many (the caller reads a shorter
 # range and leases on from its end). Each costs a store write and ~250 B of memory while held: this
 # bounds what one request makes the loop do.
-MAX_LEASE = 20_000
+MAX_LEASE = 5_000  # messages one lease call may take: ~30 ms of the loop, so that others wait no longer
 MAX_FETCH = 10_000  # messages one fetch may return
 MAX_GROUPS = 100_000  # consumer groups of every queue together (each is a record and a timer)
 

@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - older pyspark calls latestOffset() wit
 log = logging.getLogger("pzq.spark")
 
 SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp, deliveries int"
-ALL_AVAILABLE = 20_000  # the server's largest lease per call (pzq.leases.MAX_LEASE)
+ALL_AVAILABLE = 20_000  # messages of one batch when Spark asks for all there is (in several lease calls)
 _UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 
@@ -194,7 +194,12 @@ class LeaseStreamReader(DataSourceStreamReader):
             max_n = ALL_AVAILABLE
         elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             max_n = min(getattr(limit, "max_rows", None) or getattr(limit, "maxRows"), ALL_AVAILABLE)
-        _, end = self._api().lease(self.options.queue, self.options.group, after, max_n)
+        end = after
+        while end < after + max_n:  # the server leases at most 5,000 per call (pzq.leases.MAX_LEASE)
+            _, more = self._api().lease(self.options.queue, self.options.group, end, after + max_n - end)
+            if more <= end:
+                break  # nothing more is ready
+            end = more
         self._last_end = end
         return {"seq": end}
 

@@ -123,6 +123,18 @@ def test_nothing_leaves_the_queue_until_spark_commits_the_batch(spark, api_serve
         query.stop()
 
 
+def test_a_batch_larger_than_one_lease_call_is_read_whole(spark, api_server, tmp_path):
+    api = api_server.api
+    produce(api, "wide", [b"w%d" % i for i in range(12_000)])  # the server leases 5,000 per call
+    query = to_memory(spark, api_server, "wide", tmp_path / "ck", maxMessagesPerBatch=12_000)
+    try:
+        query.processAllAvailable()
+        batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert batches == [12_000]
+    finally:
+        query.stop()
+
+
 def test_a_restart_on_the_same_checkpoint_replays_the_uncommitted_batch_identically(spark, api_server, tmp_path):
     api = api_server.api
     produce(api, "replay", [b"r%d" % i for i in range(40)])
