@@ -385,6 +385,31 @@ def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_ma
     assert re.fullmatch(r"c8 error [0-9a-f]{24}", c.read_line() or "")
 
 
+def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_over_several_turns(
+        connect, monkeypatch, mqks_server):
+    from pzq.gateways import mqks as gateway
+
+    monkeypatch.setattr(gateway, "MAX_UNACKED_PER_CONN", 30)
+    monkeypatch.setattr(gateway, "PUT_BACK_PER_TURN", 7)
+    greedy, honest, producer = connect(), connect(), connect()
+    for i in range(3):
+        talk(greedy, f"c{i} consume --confirm q e --manual-ack --prefetch=25", f"c{i} ok ")
+    for i in range(50):
+        producer.send(f"p{i} publish e m{i}")
+    got = [greedy.read_line() for _ in range(30)]
+    assert all(re.fullmatch(r"c[012] ok p\d+ event=e m\d+", line or "") for line in got), got
+    assert greedy.read_line(QUIET_S) is None, "30 unacked in all, whatever the consumers' prefetch"
+    greedy.close()  # 30 held: put back 7 per turn, none lost
+    honest.send("h consume --confirm q e")
+    assert honest.read_line() == "h ok "
+    bodies = set()
+    while len(bodies) < 50:
+        line = honest.read_line(5)
+        assert line is not None, f"only {len(bodies)} of 50 came back"
+        bodies.add(line.split()[-1])
+    assert bodies == {f"m{i}" for i in range(50)}
+
+
 def test_consumers_and_bindings_of_all_connections_together_are_bounded(connect, monkeypatch, mqks_server):
     from pzq.gateways import mqks as gateway
 

@@ -17,7 +17,9 @@ delivered again with ``retry`` raised; a reject puts it at the end of its queue,
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable, Hashable
 
@@ -36,6 +38,9 @@ MAX_EVENTS = 10_000  # events bound to one queue
 CONFIRM, UPDATE = "confirm", "update"  # tokens of replies that a rolled-back turn must not send as they are
 
 
+_serials = itertools.count(1)
+
+
 @dataclasses.dataclass
 class Consumer:
     conn: Hashable
@@ -44,10 +49,13 @@ class Consumer:
     manual_ack: bool
     prefetch: int | None = None  # unacked at most (pzq's --prefetch=N), else the server's window
     unacked: dict[str, list[Ref]] = dataclasses.field(default_factory=dict)  # msg_id -> refs, oldest first
+    # One per consumer ever made: a consumer replacing another of the same id on the same connection
+    # is another holder (what the old one held may still be on its way back: see _put_back).
+    serial: int = dataclasses.field(default_factory=lambda: next(_serials))
 
     @property
     def key(self) -> tuple:
-        return ("mqks", self.conn, self.id)
+        return ("mqks", self.conn, self.id, self.serial)
 
 
 @dataclasses.dataclass
@@ -77,6 +85,9 @@ class MqksGateway:
         self.blocked: set[Hashable] = set()  # connections that read too slowly: no more deliveries now
         self.closed_total = self.published_total = self.unrouted_total = self.delivered_total = 0
         self.errors_total = 0
+        # Consumers gone with deliveries not yet put back: a few thousand are put back per turn, so
+        # that a connection leaving with MAX_UNACKED_PER_CONN of them does not stall the loop.
+        self._leaving: collections.deque[tuple[Consumer, list[Ref]]] = collections.deque()
         self.load()
 
     def load(self) -> None:
@@ -94,6 +105,7 @@ class MqksGateway:
         bindings re-read, and what was about to be confirmed is answered with an error instead."""
         for consumer in self.consumers.values():
             consumer.unacked.clear()
+        self._leaving.clear()  # (the broker let go of every delivery)
         out, self._out = self._out, []
         self.salvage(out)
         self.load()
@@ -298,11 +310,10 @@ class MqksGateway:
         peers = self.by_queue.get(consumer.queue, [])
         if consumer in peers:
             peers.remove(consumer)
-        for refs in consumer.unacked.values():
-            for ref in refs:
-                if self._held_by(ref, consumer):
-                    self.broker.requeue_at_end(ref, by=consumer.key)
-        self.broker.consumer_gone(consumer.key)  # whatever is left (already requeued ones are no-ops)
+        refs = [ref for held in consumer.unacked.values() for ref in held]
+        refs.reverse()  # (_put_back pops from the end: the oldest go back first, as before)
+        consumer.unacked = {}
+        self._leaving.append((consumer, refs))  # put back by _put_back, in order, over the next turns
         if not peers:
             self.by_queue.pop(consumer.queue, None)
             binding = self.bindings.get(consumer.queue)
@@ -356,27 +367,47 @@ class MqksGateway:
 
     # -- handing out -----------------------------------------------------------------------------------
 
+    def _put_back(self, budget: int) -> None:
+        """What consumers that left held goes back to the end of its queue, retry raised (as a reject)."""
+        while self._leaving and budget > 0:
+            consumer, refs = self._leaving[0]
+            while refs and budget > 0:
+                ref = refs.pop()
+                budget -= 1
+                if self._held_by(ref, consumer):
+                    self.broker.requeue_at_end(ref, by=consumer.key)
+            if not refs:
+                self._leaving.popleft()
+                self.broker.consumer_gone(consumer.key)  # whatever is left (requeued ones are no-ops)
+
     def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes, object]]:
         """Everything to send this turn: replies, then deliveries; and queues unused for long enough go."""
         self._expire_unused(now)
+        self._put_back(PUT_BACK_PER_TURN)
+        conn_held: dict[Hashable, int] = {}  # unacked deliveries per connection, counted once per turn
         for queue, consumers in list(self.by_queue.items()):
             ready = self.broker.ready_count(queue)
             if ready <= 0:
                 continue
             share = -(-ready // len(consumers))  # competing consumers split what is ready
             for consumer in list(consumers):
-                self._deliver(consumer, min(share, TURN_BUDGET), now, now_us)
+                self._deliver(consumer, min(share, TURN_BUDGET), now, now_us, conn_held)
             if len(consumers) > 1:  # and take turns at the head of the queue
                 consumers.append(consumers.pop(0))
         out, self._out = self._out, []
         return out
 
-    def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int) -> None:
+    def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int,
+                 conn_held: dict[Hashable, int]) -> None:
         if consumer.conn in self.blocked:
             return
         if consumer.manual_ack:
             window = consumer.prefetch or self.window
-            credit = min(budget, window - self.broker.inflight.count(consumer.key))
+            if consumer.conn not in conn_held:
+                conn_held[consumer.conn] = sum(self.broker.inflight.count(c.key)
+                                          for c in self._by_conn.get(consumer.conn, {}).values() if c.manual_ack)
+            credit = min(budget, window - self.broker.inflight.count(consumer.key),
+                         MAX_UNACKED_PER_CONN - conn_held[consumer.conn])
             if sum(map(len, consumer.unacked.values())) > 2 * window:  # forget what went elsewhere
                 consumer.unacked = {m: [r for r in refs if self._held_by(r, consumer)]
                                     for m, refs in consumer.unacked.items()}
@@ -399,6 +430,8 @@ class MqksGateway:
                 self.broker.ack(ref, by=consumer.key)
                 undo = ("auto",)
             self.delivered_total += 1
+            if consumer.manual_ack:
+                conn_held[consumer.conn] += 1
             self._out.append((consumer.conn, line, undo))
 
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
@@ -449,6 +482,8 @@ MAX_MASKS = 100  # --remove-mask masks in one request
 MAX_CONSUMERS = 1000  # consumers on one connection (each is looked at every turn)
 MAX_ALL_CONSUMERS = 100_000  # consumers of every connection together
 MAX_BINDINGS = 1_000_000  # (queue, event) bindings of every queue together
+MAX_UNACKED_PER_CONN = 10_000  # manual-ack deliveries one connection's consumers hold together
+PUT_BACK_PER_TURN = 2_000  # deliveries of departed consumers put back per turn (~20 ms)
 
 
 def read_binding(key: bytes, value: bytes) -> tuple[str, Binding]:
