@@ -25,18 +25,21 @@ import zmq
 from pzq import client
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     def __init__(self, *extra: str):
         self.tmp = tempfile.mkdtemp(prefix="pzq-torture-")
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.mqks_port = s.getsockname()[1]
-        s.close()
+        self.mqks_port, self.api_port = _free_port(), _free_port()
         self.receive, self.send, self.monitor = (f"ipc://{self.tmp}/{n}" for n in ("r", "s", "m"))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pzq", "serve", "--database", f"{self.tmp}/db", "--receive-dsn", self.receive,
              "--send-dsn", self.send, "--monitor-dsn", self.monitor, "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
-             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", f"ipc://{self.tmp}/api",
+             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", f"tcp://127.0.0.1:{self.api_port}",
              "--disk-reserve", "0",
              "--mqks-dsn", f"tcp://127.0.0.1:{self.mqks_port}", *extra],
             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -168,13 +171,88 @@ def api_pipeline(srv: Server, size: int) -> str:
 
     body = msgpack.packb({"messages": [["bulk", b"x" * 100]] * 10_000}, use_bin_type=True)
     started = time.perf_counter()
-    answered = _send_all_then_count(f"ipc://{srv.tmp}/api", [[b"", b"%d" % i, b"PRODUCE", body] for i in range(size)])
+    answered = _send_all_then_count(f"tcp://127.0.0.1:{srv.api_port}", [[b"", b"%d" % i, b"PRODUCE", body] for i in range(size)])
     return f"{size} x PRODUCE of 10,000: {answered} answered in {time.perf_counter() - started:.2f} s"
+
+
+def idle_connections(srv: Server, size: int) -> str:
+    """``size`` idle TCP connections to a ZeroMQ endpoint (the API) and the raw-TCP MQKS one, half each."""
+    held = []
+    for i in range(size):
+        try:
+            held.append(socket.create_connection(("127.0.0.1", srv.api_port if i % 2 else srv.mqks_port), timeout=5))
+        except OSError as exc:  # (this client's own descriptors)
+            return f"client stopped at {i}: {exc}"
+    time.sleep(2)  # (let the server cut off what it will)
+    stats = client.stats(srv.monitor, timeout_ms=10_000)
+    alive = sum(1 for raw in held if _open(raw))
+    for raw in held:
+        raw.close()
+    return f"{size} opened: {alive} still open, {stats['connections']['refused_total']} ZeroMQ ones cut off"
+
+
+def _open(raw: socket.socket) -> bool:
+    raw.setblocking(False)
+    try:
+        while raw.recv(65536):
+            pass
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def partial_input(srv: Server, size: int) -> str:
+    """``size`` MQKS connections, each sending 15 MiB of a line it never ends."""
+    chunk, held = b"p1 publish e " + b"x" * (15 << 20), []
+    for _ in range(size):
+        raw = socket.create_connection(("127.0.0.1", srv.mqks_port), timeout=30)
+        try:
+            raw.sendall(chunk)
+        except OSError:
+            pass  # closed by the server: over --max-partial-input
+        held.append(raw)
+    time.sleep(1)
+    alive = sum(1 for raw in held if _open(raw))
+    for raw in held:
+        raw.close()
+    return f"{size} x 15 MiB unfinished lines: {alive} connections kept"
+
+
+def big_lease(srv: Server, size: int) -> str:
+    """One LEASE of a million messages over ``size`` stored ones."""
+    from pzq.api_client import ApiClient
+
+    with ApiClient(f"tcp://127.0.0.1:{srv.api_port}", timeout_s=120) as api:
+        for start in range(0, size, 10_000):
+            api.produce([("big", b"x" * 100)] * min(10_000, size - start))
+        started = time.perf_counter()
+        base, end = api.lease("big", "g", 0, 1_000_000)
+        return f"LEASE of 1,000,000 over {size}: got {end - base} in {time.perf_counter() - started:.3f} s"
+
+
+def mqks_consumers(srv: Server, size: int) -> str:
+    """``size`` MQKS consumers on one connection."""
+    conn = socket.create_connection(("127.0.0.1", srv.mqks_port), timeout=60)
+    conn.sendall(b"".join(b"c%d consume --confirm q%d e%d\n" % (i, i, i) for i in range(size)))
+    answers, data = 0, b""
+    while answers < size:
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+        answers = data.count(b"\n")
+    conn.close()
+    refused = data.count(b" error ")
+    return f"{size} consumers asked for: {size - refused} made, {refused} refused"
 
 
 CASES = {"deaf-producer": (deaf_producer, 40_000, 5_000), "greedy-consumer": (greedy_consumer, 40_000, 5_000),
          "mqks-rebind": (mqks_rebind, 3_000, 500), "big-messages": (big_messages, 60, 4),
-         "api-pipeline": (api_pipeline, 30, 3)}
+         "api-pipeline": (api_pipeline, 30, 3), "idle-connections": (idle_connections, 18_000, 300),
+         "partial-input": (partial_input, 40, 4), "big-lease": (big_lease, 200_000, 20_000),
+         "mqks-consumers": (mqks_consumers, 2_000, 200)}
 
 
 def main() -> None:
