@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import zmq
 
 from conftest import recv, wait_connected, wait_until
@@ -179,3 +180,11 @@ def test_the_monitor_answers_every_request_even_unknown_ones(server):
     assert client.monitor_request(server.monitor, "DEADLETTERS").startswith("error: ")
     assert client.monitor_request(server.monitor, "REQUEUE default nope").startswith("error: ")
     assert "queue.default.depth: 0" in text
+
+
+@pytest.mark.parametrize("request_frames", [[b"MONITOR"], [b"", b"MONITOR"]], ids=["bare", "with-delimiter"])
+def test_a_dealer_monitor_client_gets_the_delimiter_and_the_text_as_from_the_original(server, sockets, request_frames):
+    dealer = sockets(zmq.DEALER, server.monitor)
+    dealer.send_multipart(request_frames)
+    empty, text = recv(dealer)
+    assert empty == b"" and text.startswith(b"messages: 0\n")

@@ -26,8 +26,8 @@ def test_a_req_client_request_keeps_its_envelope_up_to_the_empty_frame():
     assert monitor.parse_request([b"peer", b"", b"MONITOR"]) == Request([b"peer", b""], "MONITOR", [])
 
 
-def test_a_bare_dealer_request_uses_the_routing_id_alone_as_envelope():
-    assert monitor.parse_request([b"peer", b"MONITOR"]) == Request([b"peer"], "MONITOR", [])
+def test_a_bare_dealer_request_is_answered_with_a_delimiter_as_the_original_did():
+    assert monitor.parse_request([b"peer", b"MONITOR"]) == Request([b"peer", b""], "MONITOR", [])
 
 
 def test_a_request_is_split_into_a_command_and_its_arguments():
@@ -52,7 +52,7 @@ def test_the_reply_goes_back_through_the_same_envelope():
     req = monitor.parse_request([b"peer", b"", b"MONITOR"])
     assert monitor.reply(req, "messages: 0\n") == [b"peer", b"", b"messages: 0\n"]
     bare = monitor.parse_request([b"peer", b"STATS"])
-    assert monitor.reply(bare, "{}") == [b"peer", b"{}"]
+    assert monitor.reply(bare, "{}") == [b"peer", b"", b"{}"]
 
 
 def test_an_unknown_request_is_answered_with_one_error_line():

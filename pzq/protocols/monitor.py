@@ -34,15 +34,15 @@ class Request:
 def parse_request(frames: Sequence[bytes]) -> Request:
     """Split a ROUTER-received request into its envelope and words.
 
-    A REQ client's envelope ends with an empty frame; a bare DEALER may send none, and then the
-    routing id alone is the envelope. Raises ProtocolError (with the envelope in ``detail`` unused)
-    only through ``Request.command == ""`` handling upstream: bad text becomes an error reply.
+    A REQ client's envelope ends with an empty frame; a bare DEALER may send none, and is answered
+    with one all the same (``['', text]``), as the original PZQ answered every client. Bad text
+    becomes an error reply (``Request.command == ""``), never an exception.
     """
     try:
         cut = frames.index(b"") + 1
+        envelope, body = list(frames[:cut]), frames[cut:]
     except ValueError:
-        cut = 1
-    envelope, body = list(frames[:cut]), frames[cut:]
+        envelope, body = [*frames[:1], b""], frames[1:]
     if len(body) != 1 or len(body[0]) > MAX_REQUEST:
         return Request(envelope, "", [])
     try:
