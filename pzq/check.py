@@ -133,12 +133,13 @@ def _walk(path: str, target: str | None, say) -> None:
             say("line", f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
                         f"{counts['dead']} dead letters, {counts['unreadable']} unreadable")
         from pzq.gateways.api import read_produced
+        from pzq.gateways.emqp import read_job
         from pzq.gateways.mqks import read_binding
         from pzq.leases import read_group, read_lease
         from pzq.store import read_schedule
 
         readers = {"schedules": read_schedule, "groups": read_group, "leases": read_lease,
-                   "produced": read_produced, "mqks": read_binding}
+                   "produced": read_produced, "mqks": read_binding, "emqp_jobs": read_job}
         for table, reader in readers.items():
             before = store.unreadable_records
             count = len(store.read_records(table, reader))

@@ -50,7 +50,7 @@ _FORMAT = 1
 RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
 _MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-TABLES = ("schedules", "groups", "leases", "produced", "mqks", "damaged")
+TABLES = ("schedules", "groups", "leases", "produced", "mqks", "damaged", "emqp_jobs")
 
 
 @dataclasses.dataclass(slots=True)

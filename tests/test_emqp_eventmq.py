@@ -126,6 +126,21 @@ def test_a_worker_stopped_with_sigterm_finishes_its_job_which_runs_only_once(emq
     assert lines(trace) == ["start once", "done once"]
 
 
+def test_a_job_running_across_a_broker_kill_9_is_completed_by_its_reply_and_runs_once(emqp_server, tmp_path):
+    server, front, workers = emqp_server
+    trace = tmp_path / "trace"
+    workers.start(concurrent=1)
+    s = sender(front)
+    msgid = defer_job(s, "eventmq_app.jobs.mark", args=[str(trace), "long", 4], queue="jobs",
+                      reply_requested=True)
+    wait_until(lambda: lines(trace) == ["start long"], timeout_s=20)
+    server.restart(signal.SIGKILL)  # the JobManager and its running job outlive the broker
+    wait_until(lambda: server.stats()["queues"]["jobs"]["depth"] == 0, timeout_s=30)  # its REPLY completed it
+    assert lines(trace) == ["start long", "done long"], "the job ran once"
+    assert server.stats()["emqp"]["replies_total"] == 1
+    assert msgid  # (the client's socket went with the old broker's connection; the job is what counts)
+
+
 def test_requests_acked_before_a_broker_kill_9_all_run_after_the_restart(emqp_server, tmp_path):
     server, front, workers = emqp_server
     trace = tmp_path / "trace"

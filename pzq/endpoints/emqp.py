@@ -39,6 +39,7 @@ class EmqpEndpoint(Endpoint):
                                    liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,
                                    default_queues=[q.strip() for q in config.emqp_default_queues.split(",")
                                                    if q.strip()])
+        self.gateway.restore_jobs(time.monotonic())
         self._out: list = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import struct
+import time
+
+import msgpack
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreFull
@@ -25,9 +29,13 @@ log = logging.getLogger("pzq.emqp")
 FRONT, BACK, PUB = "front", "back", "pub"
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
-DRAIN_GRACE_S = 300.0  # a worker that said KBYE may run its last jobs this long (eventmq's kill grace)
 REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
 MAX_SCHEDULES = 10_000  # recurring jobs at most
+# After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
+# broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
+# with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
+RESTART_GRACE_S = 300.0
+_JOB_KEY = struct.Struct(">QQ")  # an emqp_jobs record: (qid, seq) -> [msgid, worker identity, CURVE key]
 
 Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
 
@@ -74,7 +82,41 @@ class EmqpGateway:
         self.schedules: dict[str, dict] = _timing(broker.store.schedules())
         self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
                          "dead_workers_total": 0, "bad_input_total": 0,
-                         "replies_refused_total": 0}
+                         "replies_refused_total": 0, "jobs_restored_total": 0}
+
+    def restore_jobs(self, now: float) -> int:
+        """Jobs handed out before a restart (or a rolled-back turn) are held again for their workers:
+        a REPLY for one completes it (from its worker, or one that inherits it: see _pop_job); one
+        with no REPLY within RESTART_GRACE_S goes back to its queue and runs again."""
+        restored = 0
+        for ref, (msgid, identity, user) in self.broker.store.read_records("emqp_jobs", read_job):
+            message = self._stored(ref)
+            holder = ("emqp", identity, user)  # (Worker.consumer)
+            if message is None:  # completed through another protocol, or its queue was deleted
+                self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*ref))
+                continue
+            if ref in self.broker.inflight:
+                if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
+                    self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+                continue
+            self.broker.hold(ref, holder)
+            if identity not in self.workers:
+                # Its JobManager outlived us and will speak again (HEARTBEAT, READY, REPLY) without an
+                # INFORM: remembered as departed, it is taken back with the queues of its jobs.
+                queues, slots, _ = self.departed.get(identity, ([], 0, user))
+                if all(name != message.queue for _, name in queues):
+                    queues = [*queues, (0, message.queue)]
+                self.departed[identity] = (queues, slots, user)
+            timeout = (message.meta or {}).get("timeout")
+            # A worker still connected (a rolled-back turn, not a restart) keeps its job as long as ever.
+            wait = NO_TIMEOUT_S if identity in self.workers else RESTART_GRACE_S
+            self.broker.set_deadline(ref, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
+            self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+            restored += 1
+        if restored:
+            self.counters["jobs_restored_total"] += restored
+            log.info("eMQP: %d job(s) handed out before the restart wait for their REPLY", restored)
+        return restored
 
     # -- clients ----------------------------------------------------------------------------------
 
@@ -189,7 +231,8 @@ class EmqpGateway:
                 worker = self.workers.get(frames[0])
                 if worker is not None:
                     worker.slots += 1
-        self.jobs.clear()  # the broker forgot every delivery too: they will be given out again
+        self.jobs.clear()  # the broker forgot every delivery; the durable ones are held again
+        self.restore_jobs(time.monotonic())
         self.schedules = _timing(self.broker.store.schedules())
         self._next_due = None
 
@@ -288,6 +331,7 @@ class EmqpGateway:
                                               "does not hold (unknown, done, another's, or given out before a "
                                               "restart): ignored"))
             return []
+        self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*job[0]))
         self.counters["replies_total"] += 1
         meta = message.meta if message is not None else None
         if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
@@ -374,6 +418,9 @@ class EmqpGateway:
             headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
             payload = b"".join(message.frames).decode("utf-8", "replace")
             self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
+            # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
+            self.broker.store.put_record("emqp_jobs", _JOB_KEY.pack(message.qid, message.seq),
+                                         msgpack.packb([msgid, worker.identity, worker.user]), counted=False)
             return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 
@@ -384,14 +431,16 @@ class EmqpGateway:
         self.next_heartbeat = now + self.heartbeat_s
         # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
         for msgid in [m for m, holders in self.jobs.items() if not any(r in self.broker.inflight for r in holders)]:
-            del self.jobs[msgid]
+            for ref in self.jobs.pop(msgid):
+                self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*ref))
         for worker in list(self.workers.values()):
             if worker.draining and not self.broker.inflight.count(worker.consumer):
                 self._drop(worker, "it finished draining")
                 continue
-            # A draining JobManager may stop heartbeating while its last jobs run: give it their time.
-            limit = DRAIN_GRACE_S if worker.draining else self.liveness * self.heartbeat_s
-            if now - worker.last_seen > limit:
+            # Draining or not, a worker silent for `liveness` intervals is dead: its jobs go back at
+            # once. (A draining JobManager stops heartbeating, but each REPLY counts as one: only a
+            # job running longer than liveness x interval after KBYE may run twice.)
+            if now - worker.last_seen > self.liveness * self.heartbeat_s:
                 self.counters["dead_workers_total"] += 1
                 self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
         return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
@@ -419,3 +468,11 @@ class EmqpGateway:
 def _timing(records: dict[str, dict]) -> dict[str, dict]:
     """Schedules as the loop keeps them: everything but the payload (read from the store at each run)."""
     return {key: {k: v for k, v in record.items() if k != "payload"} for key, record in records.items()}
+
+
+def read_job(key: bytes, value: bytes) -> tuple[tuple[int, int], tuple[str, bytes, str | None]]:
+    """An emqp_jobs record: ((qid, seq), (msgid, worker identity, CURVE key))."""
+    msgid, identity, user = msgpack.unpackb(value)
+    if not isinstance(msgid, str) or not isinstance(identity, bytes) or not (user is None or isinstance(user, str)):
+        raise TypeError("not an eMQP job record")
+    return _JOB_KEY.unpack(key), (msgid, identity, user)

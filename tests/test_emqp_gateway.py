@@ -1,0 +1,147 @@
+"""The eMQP gateway on an injected clock and a real store: draining workers' liveness, jobs held across
+a restart, scheduler peers' heartbeats and cron schedules (no test waits for time to pass)."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pzq.broker import Broker
+from pzq.gateways.emqp import EmqpGateway
+from pzq.store import Store
+
+V = b"eMQP/1.0"
+T0 = 1_000.0  # monotonic seconds of the injected clock
+
+
+def mid() -> bytes:
+    return str(uuid.uuid4()).encode()
+
+
+def gateway_on(store: Store, now: float = T0) -> EmqpGateway:
+    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3)
+    gateway.restore_jobs(now)
+    return gateway
+
+
+def worker(gateway: EmqpGateway, peer: bytes, name: bytes, *args: bytes, now: float) -> list:
+    return gateway.from_worker([peer, b"", V, name, mid(), *args], now=now, now_us=int(now * 1e6))
+
+
+def request(gateway: EmqpGateway, msgid: bytes, payload: bytes = b'"x"', now: float = T0) -> None:
+    gateway.from_client([b"client", b"", V, b"REQUEST", msgid, b"jobs", b"reply-requested", payload],
+                        now=now, now_us=int(now * 1e6))
+
+
+def given_a_job(gateway: EmqpGateway, peer: bytes = b"w1", now: float = T0) -> list[bytes]:
+    worker(gateway, peer, b"INFORM", b'[[10, "jobs"]]', b"worker", now=now)
+    worker(gateway, peer, b"READY", now=now)
+    [(_, job)] = gateway.dispatch(now=now, now_us=int(now * 1e6))
+    return job
+
+
+def test_a_draining_worker_silent_for_liveness_intervals_is_dead_and_its_jobs_go_back_at_once(store):
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    given_a_job(gateway)
+    worker(gateway, b"w1", b"KBYE", now=T0 + 1)
+    gateway.tick(T0 + 1)
+    assert gateway.broker.ready_count("jobs") == 0, "draining: it may still REPLY"
+    gateway.tick(T0 + 1 + 3 * 3 + 0.5)  # silent for liveness (3) x interval (3 s)
+    assert gateway.broker.ready_count("jobs") == 1 and gateway.counters["dead_workers_total"] == 1
+    assert "w1".encode() not in gateway.workers
+
+
+def test_a_draining_worker_that_replies_in_time_completes_its_job(store):
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    worker(gateway, b"w1", b"KBYE", now=T0 + 1)
+    gateway.tick(T0 + 8)
+    out = worker(gateway, b"w1", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 8)
+    assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
+
+
+def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(tmp_path):
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    store.commit()  # the turn's commit: the REQUEST left after it
+    store.close()  # (a kill -9 keeps exactly what was committed)
+
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store, now=T0 + 100)
+        assert gateway.broker.ready_count("jobs") == 0, "held for its worker, not handed out again"
+        given_new = worker(gateway, b"w1-reset", b"INFORM", b'[[10, "jobs"]]', b"worker", now=T0 + 101)
+        assert given_new[0][1][3] == b"ACK"
+        worker(gateway, b"w1-reset", b"READY", now=T0 + 101)
+        assert gateway.dispatch(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
+        out = worker(gateway, b"w1-reset", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 102)
+        assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
+        assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
+        store.commit()
+        assert store.records("emqp_jobs") == []
+    finally:
+        store.close()
+
+
+def test_a_job_whose_reply_never_comes_after_a_restart_runs_again_after_the_grace(tmp_path):
+    from pzq.gateways import emqp as emqp_gateway
+
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    given_a_job(gateway)
+    store.commit()
+    store.close()
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store, now=T0)
+        assert gateway.broker.expire(T0 + emqp_gateway.RESTART_GRACE_S - 1) == 0
+        assert gateway.broker.expire(T0 + emqp_gateway.RESTART_GRACE_S + 1) == 1
+        assert gateway.broker.ready_count("jobs") == 1
+        job = given_a_job(gateway, b"w2", now=T0 + emqp_gateway.RESTART_GRACE_S + 2)
+        assert job[4] == b"req-1"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("peer_of", ["another worker", "another key"])
+def test_a_restored_job_is_not_completed_by_a_worker_that_cannot_inherit_it(tmp_path, peer_of):
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    store.commit()
+    store.close()
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store, now=T0)
+        queues = b'[[10, "other"]]' if peer_of == "another worker" else b'[[10, "jobs"]]'
+        gateway.from_worker([b"w9", b"", V, b"INFORM", mid(), queues, b"worker"], now=T0, now_us=1,
+                            user="another-key" if peer_of == "another key" else None)
+        gateway.from_worker([b"w9", b"", V, b"REPLY", mid(), b"{}", job[4]], now=T0, now_us=1,
+                            user="another-key" if peer_of == "another key" else None)
+        assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 1
+    finally:
+        store.close()
+
+
+def test_after_a_restart_the_same_jobmanager_connection_is_taken_back_by_its_heartbeat(tmp_path):
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    store.commit()
+    store.close()
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store, now=T0)
+        worker(gateway, b"w1", b"HEARTBEAT", b"0", now=T0 + 1)  # no INFORM: it never noticed the restart
+        assert b"w1" in gateway.workers and [b"w1", b"", V, b"HEARTBEAT"] == gateway.tick(T0 + 1)[0][1][:4]
+        out = worker(gateway, b"w1", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 2)
+        assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
+    finally:
+        store.close()
