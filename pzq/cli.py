@@ -80,6 +80,7 @@ def cli() -> None:
 @click.option("--emqp-heartbeat-liveness", type=int,
               help="Silent intervals after which a worker is dead.  [default: 3]")
 @click.option("--emqp-default-queues", help="Queues of a worker whose INFORM names none.  [default: default]")
+@click.option("--emqp-cron-timezone", help="Time zone of eMQP cron schedules (an IANA name).  [default: UTC]")
 @click.option("--mqks-dsn", help="MQKS clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:25000]")
 @click.option("--api-dsn", help="API endpoint (leases, snapshots, batch produce: the Spark connector); '' disables.  "
               "[default: tcp://127.0.0.1:11133]")

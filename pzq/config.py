@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import re
 import tomllib
+import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class Config:
     emqp_heartbeat_interval: float = 3.0
     emqp_heartbeat_liveness: int = 3
     emqp_default_queues: str = "default"
+    emqp_cron_timezone: str = "UTC"
     mqks_dsn: str = "tcp://127.0.0.1:25000"
     api_dsn: str = "tcp://127.0.0.1:11133"
     lease_timeout: float = 3600.0
@@ -96,6 +98,11 @@ class Config:
         _at_least(self, "emqp_heartbeat_liveness", 1)
         if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
             raise ConfigError("--emqp-default-queues: name at least one queue")
+        try:
+            zoneinfo.ZoneInfo(self.emqp_cron_timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"--emqp-cron-timezone: {self.emqp_cron_timezone!r} is not a time zone name "
+                              "(e.g. UTC or Europe/Berlin)") from None
         if self.mqks_dsn and not re.match(r"^tcp://.+:\d+$", self.mqks_dsn):
             raise ConfigError(f"--mqks-dsn: {self.mqks_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
         if self.api_dsn and not re.match(r"^(tcp|ipc|inproc)://.+", self.api_dsn):

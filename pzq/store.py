@@ -160,7 +160,10 @@ def read_schedule(key: bytes, value: bytes) -> tuple[str, dict]:
                        ("next_us", int)):
         if not isinstance(record[name], kind):
             raise TypeError(f"schedule field {name} is not {kind.__name__}")
-    if record["interval"] <= 0:
+    cron = record.get("cron")
+    if cron is not None and not isinstance(cron, str):
+        raise TypeError("schedule field cron is not str")
+    if record["interval"] <= 0 and not cron:  # (a cron schedule keeps interval 0)
         raise ValueError("schedule interval is not positive")
     return key.decode(), record
 

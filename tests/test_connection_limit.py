@@ -10,7 +10,6 @@ import pytest
 import zmq
 
 from conftest import free_tcp_endpoint, recv, wait_until
-from pzq import client
 
 pytestmark = pytest.mark.timeout(60)
 

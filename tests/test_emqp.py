@@ -296,7 +296,8 @@ def test_schedules_with_a_bad_interval_or_cron_are_refused_with_an_error_reply(e
     srv, client_of, _ = emqp()
     c = client_of()
     for interval, cron in ((b"--5", b""), ("\N{SUPERSCRIPT TWO}".encode(), b""),
-                           (b"9" * 30, b""), (b"-1", b"* * * * *")):
+                           (b"9" * 30, b""), (b"-1", b"not a cron"), (b"-1", b"0 0 31 2 *"),
+                           (b"-1", b"* " * 200)):
         m = mid()
         c.send_multipart([b"", V, b"SCHEDULE", m, b"s", b"", interval, b'["run", {}]', cron])
         reply = next_command(c, b"REPLY")

@@ -17,7 +17,7 @@ import pytest
 from conftest import free_tcp_endpoint, wait_until
 
 eventmq = pytest.importorskip("eventmq", reason="eventmq is installed by scripts/test")
-from eventmq.client.messages import defer_job  # noqa: E402
+from eventmq.client.messages import defer_job, schedule  # noqa: E402
 from eventmq.sender import Sender  # noqa: E402
 
 TESTS = Path(__file__).parent
@@ -158,3 +158,39 @@ def test_requests_acked_before_a_broker_kill_9_all_run_after_the_restart(emqp_se
     workers.start()
     wait_until(lambda: sum(1 for line in lines(trace) if line.startswith("done")) >= 20, timeout_s=30)
     assert {line.split()[1] for line in lines(trace)} == {f"job{i}" for i in range(20)}
+
+
+def test_a_real_cron_schedule_runs_its_job_and_unschedule_stops_it(emqp_server, tmp_path):
+    server, front, workers = emqp_server
+    trace = tmp_path / "trace"
+    workers.start(concurrent=1)
+    s = sender(front)
+    schedule(s, "eventmq_app.jobs.mark", args=[str(trace), "cron"], cron="0 0 1 1 *", queue="jobs")
+    wait_until(lambda: lines(trace) == ["start cron", "done cron"], timeout_s=20)  # haste: it runs at once
+    assert server.stats()["emqp"]["schedules"] == 1  # and next on the 1st of January
+    schedule(s, "eventmq_app.jobs.mark", args=[str(trace), "cron"], unschedule=True, queue="jobs")
+    wait_until(lambda: server.stats()["emqp"]["schedules"] == 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_real_scheduler_daemon_stays_connected_for_a_minute(emqp_server, tmp_path):
+    server, front, _ = emqp_server
+    log = tmp_path / "scheduler.log"
+    env = dict(os.environ, EVENTMQ_SCHEDULER_ADDR=front, EVENTMQ_REDIS_STARTUP_ERROR_HARD_KILL="false",
+               EVENTMQ_CONFIG_FILE=str(tmp_path / "none.conf"))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(sys.executable).parent / "emq-scheduler")], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: server.stats()["emqp"]["schedulers"] == 1, timeout_s=20)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert "appears to have gone away" not in log.read_text(), log.read_text()[-2000:]
+            time.sleep(1)  # (watching a real daemon for a minute is the point of this test)
+        assert log.read_text().count("Received ACK") == 1, "one INFORM, never a reconnect"
+        assert server.stats()["emqp"]["schedulers"] == 1
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

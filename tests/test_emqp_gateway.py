@@ -145,3 +145,76 @@ def test_after_a_restart_the_same_jobmanager_connection_is_taken_back_by_its_hea
         assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
     finally:
         store.close()
+
+
+def test_a_scheduler_peer_gets_heartbeats_on_the_frontend_until_it_falls_silent(store):
+    gateway = gateway_on(store)
+    out = gateway.from_client([b"sched", b"", V, b"INFORM", b"m1", b"", b"scheduler"], now=T0, now_us=1)
+    assert out[0][1][3] == b"ACK"
+    beats = gateway.tick(T0)
+    assert [(target, frames[0], frames[3]) for target, frames in beats] == [("front", b"sched", b"HEARTBEAT")]
+    gateway.from_client([b"sched", b"", V, b"HEARTBEAT", b"m2", b"1.0"], now=T0 + 8, now_us=1)
+    assert gateway.tick(T0 + 16) != [], "heard from 8 s before: alive"
+    assert gateway.tick(T0 + 30) == [] and gateway.schedulers == {}, "silent for more than 3 x 3 s"
+
+
+def schedule(gateway, payload: bytes, cron: bytes, headers: bytes = b"", now_us: int = 0) -> list:
+    return gateway.from_client([b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"-1", payload, cron],
+                               now=T0, now_us=now_us)
+
+
+def utc_us(text: str) -> int:
+    import datetime
+
+    return int(datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.timezone.utc).timestamp() * 1e6)
+
+
+def test_a_cron_schedule_runs_now_then_at_each_cron_time_in_utc(store):
+    gateway = gateway_on(store)
+    assert schedule(gateway, b'"tick"', b"*/15 * * * *", now_us=utc_us("2026-11-23 10:07:30"))[0][1][3] == b"ACK"
+    assert gateway.run_schedules(utc_us("2026-11-23 10:07:30")) == 1  # haste: the first run is at once
+    assert gateway.run_schedules(utc_us("2026-11-23 10:14:59")) == 0
+    assert gateway.run_schedules(utc_us("2026-11-23 10:15:00")) == 1
+    assert gateway.run_schedules(utc_us("2026-11-23 10:29:59")) == 0
+    assert gateway.run_schedules(utc_us("2026-11-23 11:02:00")) == 1  # after a pause: once, then on time
+    assert gateway.run_schedules(utc_us("2026-11-23 11:14:00")) == 0
+    assert gateway.run_schedules(utc_us("2026-11-23 11:15:00")) == 1
+    assert store.queue("jobs").count == 4
+
+
+def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tmp_path):
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    schedule(gateway, b'"nightly"', b"30 2 * * *", headers=b"nohaste,run_count:2",
+             now_us=utc_us("2026-11-23 10:00:00"))
+    assert gateway.run_schedules(utc_us("2026-11-23 10:00:00")) == 0, "nohaste: not now"
+    assert gateway.run_schedules(utc_us("2026-11-24 02:30:00")) == 1
+    store.commit()
+    store.close()
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store)
+        assert gateway.run_schedules(utc_us("2026-11-24 12:00:00")) == 0
+        assert gateway.run_schedules(utc_us("2026-11-25 02:30:00")) == 1
+        assert gateway.schedules == {} and store.records("schedules") == [], "run_count:2 spent"
+        assert gateway.run_schedules(utc_us("2026-11-26 02:30:00")) == 0
+        assert store.queue("jobs").count == 2
+    finally:
+        store.close()
+
+
+def test_cron_times_are_read_in_the_configured_time_zone(store):
+    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3,
+                          cron_timezone="Europe/Berlin")
+    schedule(gateway, b'"berlin"', b"0 9 * * *", headers=b"nohaste", now_us=utc_us("2026-11-23 06:00:00"))
+    assert gateway.run_schedules(utc_us("2026-11-23 07:59:59")) == 0
+    assert gateway.run_schedules(utc_us("2026-11-23 08:00:00")) == 1  # 09:00 in Berlin (UTC+1 in November)
+
+
+def test_unschedule_of_the_same_job_removes_a_cron_schedule(store):
+    gateway = gateway_on(store)
+    job = b'["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {}, "class_args": [], "class_kwargs": {}}]'
+    schedule(gateway, job, b"* * * * *")
+    assert len(gateway.schedules) == 1
+    gateway.from_client([b"client", b"", V, b"UNSCHEDULE", mid(), b"jobs", b"", b"-1", job, b""], now=T0, now_us=1)
+    assert gateway.schedules == {} and store.records("schedules") == []

@@ -37,6 +37,7 @@ class EmqpEndpoint(Endpoint):
         self._front_gate, self._back_gate = binder.gate(self.front), binder.gate(self.back)
         self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
                                    liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,
+                                   cron_timezone=config.emqp_cron_timezone,
                                    default_queues=[q.strip() for q in config.emqp_default_queues.split(",")
                                                    if q.strip()])
         self.gateway.restore_jobs(time.monotonic())

@@ -12,10 +12,13 @@ that are not UTF-8 are replaced, since eventmq peers decode every frame).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import struct
 import time
+import zoneinfo
 
+import croniter
 import msgpack
 
 from pzq.broker import Broker, Ref
@@ -31,6 +34,8 @@ NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may ru
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
 REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
 MAX_SCHEDULES = 10_000  # recurring jobs at most
+MAX_SCHEDULERS = 100  # scheduler daemons heartbeaten at once
+MAX_CRON = 255  # characters of a cron expression
 # After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
 # broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
 # with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
@@ -62,13 +67,17 @@ class EmqpGateway:
     """Every eMQP worker and what clients ask of the broker."""
 
     def __init__(self, broker: Broker, *, default_queues: list[str], heartbeat_s: float, liveness: int,
-                 publish: bool = False):
+                 publish: bool = False, cron_timezone: str = "UTC"):
         self.broker = broker
+        self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.default_queues = default_queues
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
         self.publish = publish
         self.workers: dict[bytes, Worker] = {}
+        # Scheduler daemons (emq-scheduler) on the frontend -> when last heard: pzq runs schedules
+        # itself, but a scheduler that hears no heartbeat for 15 s reconnects in a loop.
+        self.schedulers: dict[bytes, float] = {}
         # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
         # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
         # worker (or by its earlier connection: see _pop_job).
@@ -127,7 +136,16 @@ class EmqpGateway:
         if cmd.name == "REQUEST":
             return self._request(cmd, now_us)
         if cmd.name == "INFORM":  # a scheduler introducing itself
+            if cmd.args and cmd.args[-1] == "scheduler":
+                if cmd.peer not in self.schedulers and len(self.schedulers) >= MAX_SCHEDULERS:
+                    self._bad(cmd.peer, ProtocolError("too-many-schedulers", f"at most {MAX_SCHEDULERS} schedulers"))
+                    return []
+                self.schedulers[cmd.peer] = now
             return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+        if cmd.name == "HEARTBEAT":
+            if cmd.peer in self.schedulers:
+                self.schedulers[cmd.peer] = now
+            return []
         if cmd.name == "PUBLISH":
             if self.publish:
                 return [(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()])]
@@ -152,7 +170,8 @@ class EmqpGateway:
         """Store a recurring job; the broker itself enqueues a REQUEST into its queue at each run."""
         queue, headers_text, interval_text = cmd.args[:3]
         payload = cmd.args[3] if len(cmd.args) > 3 else ""
-        cron = cmd.args[4] if len(cmd.args) > 4 else ""
+        cron = (cmd.args[4] if len(cmd.args) > 4 else "").strip()
+        first_cron = 0
         try:
             headers = emqp.parse_headers(headers_text)
             runs = emqp.header_int(headers, "run_count")
@@ -160,20 +179,30 @@ class EmqpGateway:
                         and len(interval_text) <= 9 else None)
             if not queue or len(queue.encode()) > 255:
                 raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
-            if cron or interval is None or interval <= 0:
-                raise ProtocolError("unsupported-schedule", "only interval schedules (whole seconds > 0) "
-                                    f"are supported, got interval {interval_text[:20]!r} cron {cron[:40]!r}")
+            if cron:  # (eventmq sends interval -1 with it)
+                interval = 0
+                first_cron = self._cron_next(cron, now_us)
+            elif interval is None or interval <= 0:
+                raise ProtocolError("bad-schedule", "a schedule needs an interval (whole seconds > 0) or a cron "
+                                    f"expression, got interval {interval_text[:20]!r}")
             key = emqp.schedule_id(payload)
             if key not in self.schedules and len(self.schedules) >= MAX_SCHEDULES:
                 raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc.detail}", cmd.msgid)])]
-        first = now_us + interval * 1_000_000 if "nohaste" in headers else now_us
+        # Haste (eventmq's default): the first run is now; with nohaste, after one interval (or at the
+        # first cron time).
+        if "nohaste" not in headers:
+            first = now_us
+        else:
+            first = first_cron if cron else now_us + interval * 1_000_000
         job_headers = ",".join(h for h in headers_text.split(",") if h and h.split(":")[0] not in
                                ("nohaste", "run_count"))
         record = {"queue": queue, "headers": job_headers, "interval": interval, "payload": payload,
                   "remaining": runs or -1, "next_us": first}
+        if cron:
+            record["cron"] = cron
         try:
             self.broker.store.save_schedule(key, record)
         except StoreFull as exc:
@@ -181,8 +210,20 @@ class EmqpGateway:
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc}", cmd.msgid)])]
         self.schedules[key] = _timing({key: record})[key]
         self._next_due = None
-        log.info("eMQP schedule %s: %r every %d s into %r", key, payload[:60], interval, queue)
+        log.info("eMQP schedule %s: %r %s into %r", key, payload[:60],
+                 f"at cron {cron!r} ({self.cron_tz.key})" if cron else f"every {interval} s", queue)
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+
+    def _cron_next(self, expression: str, after_us: int) -> int:
+        """The first time (µs) strictly after ``after_us`` that cron ``expression`` names, read in the
+        configured time zone; ProtocolError if it is not a cron expression or names no time at all."""
+        if len(expression) > MAX_CRON:
+            raise ProtocolError("bad-cron", f"a cron expression of at most {MAX_CRON} characters")
+        try:
+            start = datetime.datetime.fromtimestamp(after_us / 1e6, self.cron_tz)
+            return int(croniter.croniter(expression, start).get_next(float) * 1e6)
+        except (ValueError, KeyError, TypeError, OverflowError, IndexError) as exc:  # croniter's errors are ValueErrors
+            raise ProtocolError("bad-cron", f"cron {expression[:60]!r}: {exc}") from None
 
     def run_schedules(self, now_us: int) -> int:
         """Enqueue a REQUEST for every schedule that is due; returns how many ran."""
@@ -205,9 +246,17 @@ class EmqpGateway:
             except StoreFull:
                 log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
             ran += 1
-            step = record["interval"] * 1_000_000
-            # After a pause longer than the interval (a restart), run once now, then every interval.
-            record["next_us"] = max(record["next_us"] + step, now_us + step)
+            # After a pause longer than the interval (a restart), run once now, then every interval
+            # (or at the next cron time after now).
+            if record.get("cron"):
+                try:
+                    record["next_us"] = self._cron_next(record["cron"], max(record["next_us"], now_us))
+                except ProtocolError as exc:  # (a time zone change may leave no next time)
+                    log.warning("eMQP schedule %s has no next run and is removed: %s", key, exc.detail)
+                    record["remaining"] = 1
+            else:
+                step = record["interval"] * 1_000_000
+                record["next_us"] = max(record["next_us"] + step, now_us + step)
             if record["remaining"] > 0:
                 record["remaining"] -= 1
             if record["remaining"] == 0:
@@ -443,7 +492,12 @@ class EmqpGateway:
             if now - worker.last_seen > self.liveness * self.heartbeat_s:
                 self.counters["dead_workers_total"] += 1
                 self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
-        return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
+        for peer, seen in list(self.schedulers.items()):
+            if now - seen > self.liveness * self.heartbeat_s:
+                del self.schedulers[peer]
+                log.info("eMQP scheduler %r silent for %.1f s: forgotten", peer[:40], now - seen)
+        return ([(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
+                + [(FRONT, [peer, *emqp.heartbeat()]) for peer in self.schedulers])
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -459,7 +513,7 @@ class EmqpGateway:
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
     def stats(self) -> dict:
-        return {"workers": len(self.workers), "schedules": len(self.schedules), "slots": sum(w.slots for w in self.workers.values()),
+        return {"workers": len(self.workers), "schedulers": len(self.schedulers), "schedules": len(self.schedules), "slots": sum(w.slots for w in self.workers.values()),
                 "draining": sum(1 for w in self.workers.values() if w.draining),
                 "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
                 **self.counters}
