@@ -2,6 +2,7 @@
 
 No sockets: the server passes each parsed request in and sends the text back.
 """
+
 from __future__ import annotations
 
 import collections
@@ -41,20 +42,22 @@ class Admin:
         """Every figure the monitor reports, the six PZQ fields first."""
         stats = self.broker.stats()
         counters = self.broker.counters
-        stats.update({
-            "uptime_seconds": round(time.monotonic() - self.started, 1),
-            "produced_total": counters.produced,
-            "acked_total": counters.acked,
-            "nacked_total": counters.nacked,
-            "redelivered_total": counters.redelivered,
-            "dead_lettered_total": counters.dead_lettered,
-            "refused_full_total": counters.refused_full,
-            "refused_not_held_total": counters.refused_not_held,
-            "damaged_total": self.broker.store.damaged_total,
-            "produce_rate": self._rate("produced"),
-            "ack_rate": self._rate("acked"),
-            "store_limit_bytes": self.store_limit,
-        })
+        stats.update(
+            {
+                "uptime_seconds": round(time.monotonic() - self.started, 1),
+                "produced_total": counters.produced,
+                "acked_total": counters.acked,
+                "nacked_total": counters.nacked,
+                "redelivered_total": counters.redelivered,
+                "dead_lettered_total": counters.dead_lettered,
+                "refused_full_total": counters.refused_full,
+                "refused_not_held_total": counters.refused_not_held,
+                "damaged_total": self.broker.store.damaged_total,
+                "produce_rate": self._rate("produced"),
+                "ack_rate": self._rate("acked"),
+                "store_limit_bytes": self.store_limit,
+            }
+        )
         stats.update(self.gateways())
         return stats
 
@@ -79,11 +82,20 @@ class Admin:
         except ValueError:
             return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
         letters = self.broker.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
-        return monitor_proto.render_json([
-            {"id": d.message.id, "queue": queue, "reason": d.reason, "deliveries": d.message.deliveries,
-             "enqueued_us": d.message.enqueued_us, "dead_at_us": d.dead_at_us,
-             "body": [f.decode("utf-8", "replace") for f in d.message.frames]}
-            for d in letters])
+        return monitor_proto.render_json(
+            [
+                {
+                    "id": d.message.id,
+                    "queue": queue,
+                    "reason": d.reason,
+                    "deliveries": d.message.deliveries,
+                    "enqueued_us": d.message.enqueued_us,
+                    "dead_at_us": d.dead_at_us,
+                    "body": [f.decode("utf-8", "replace") for f in d.message.frames],
+                }
+                for d in letters
+            ]
+        )
 
     def _requeue(self, args: list[str]) -> tuple[str, bool]:
         store = self.broker.store

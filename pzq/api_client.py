@@ -4,6 +4,7 @@ Every API command is idempotent, so a call that gets no answer in ``attempt_s`` 
 fresh socket until ``timeout_s`` has passed; a server that restarts in between (even after SIGKILL)
 answers the resent request. Only then does the call raise ClientError.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ class ApiError(ClientError):
 class ApiClient:
     """One DEALER connection to the API endpoint. Not thread-safe; not picklable (make one per process)."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_s: float = 60.0, attempt_s: float = 5.0,
-                 curve: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout_s: float = 60.0,
+        attempt_s: float = 5.0,
+        curve: tuple[str, str] | None = None,
+    ):
         self.endpoint = endpoint
         self.curve = curve  # (this client's .key_secret file, the server's .key file) for a CURVE server
         self.timeout_s = timeout_s
@@ -58,7 +65,7 @@ class ApiClient:
             self._sock = None
         self._ctx.term()
 
-    def __enter__(self) -> "ApiClient":
+    def __enter__(self) -> ApiClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -84,7 +91,7 @@ class ApiClient:
                     raise ApiError(str(reply[2].get("code")), str(reply[2].get("detail")))
                 return reply[2]
             # No answer: the server may be restarting. Drop what this socket queued and start over.
-            self._sock.close(0)
+            sock.close(0)
             self._sock = None
             if time.monotonic() >= deadline:
                 raise ClientError(f"no answer to {command} from {self.endpoint} in {self.timeout_s:.0f} s")

@@ -5,6 +5,7 @@ phase with producer and consumer *processes* (multiprocessing, spawn), collects 
 and reads the server's CPU time from /proc. The same producer code drives a no-storage ROUTER echo
 server for the ceiling. See scripts/README.md for how each published figure was made.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,11 +18,21 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 from pzq import client
 from pzq.bench_report import latency_ms, machine, medians
-from pzq.bench_workers import (TAG_SHIFT, ConsumerJob, ProducerJob, run_consumer, run_echo_server,
-                               run_forwarder, run_phpmq_consumer, run_phpmq_producer, run_producer)
+from pzq.bench_workers import (
+    TAG_SHIFT,
+    ConsumerJob,
+    ProducerJob,
+    run_consumer,
+    run_echo_server,
+    run_forwarder,
+    run_phpmq_consumer,
+    run_phpmq_producer,
+    run_producer,
+)
 from pzq.errors import PzqError
 
 _mp = multiprocessing.get_context("spawn")
@@ -59,18 +70,46 @@ class BenchServer:
             ports = _free_ports(3)
             self.receive, self.send, self.monitor = (f"tcp://127.0.0.1:{p}" for p in ports)
         self.phpmq = f"tcp://127.0.0.1:{_free_ports(1)[0]}" if options.protocol == "phpmq" else ""
-        self.argv = [sys.executable, "-m", "pzq", "serve", "--database", self.database,
-                     "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
-                     "--log-level", "warning", "--ack-timeout", "30000000", "--phpmq-dsn", self.phpmq,
-                     "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--mqks-dsn", "",
-                     "--hard-sync" if options.hard_sync else "--no-hard-sync", *options.server_args]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            self.database,
+            "--receive-dsn",
+            self.receive,
+            "--send-dsn",
+            self.send,
+            "--monitor-dsn",
+            self.monitor,
+            "--log-level",
+            "warning",
+            "--ack-timeout",
+            "30000000",
+            "--phpmq-dsn",
+            self.phpmq,
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--api-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--hard-sync" if options.hard_sync else "--no-hard-sync",
+            *options.server_args,
+        ]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> float:
         """Start and return the seconds until MONITOR answered (the store is open, sockets bound)."""
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(self.workdir, "server.log"), "ab"))
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.workdir, "server.log"), "ab")
+        )
         while time.monotonic() - t0 < 60:
             if self.proc.poll() is not None:
                 raise PzqError(f"pzq serve exited with {self.proc.returncode}; see {self.workdir}/server.log")
@@ -91,17 +130,19 @@ class BenchServer:
                 self.proc.wait()
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.proc.pid)
+        return cpu_seconds(self.proc.pid) if self.proc is not None else 0.0
 
     def rss_mb(self) -> float:
+        if self.proc is None:
+            return 0.0
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024
         return 0.0
 
-    def commits(self) -> int | None:
-        return client.stats(self.monitor)["syncs"]
+    def commits(self) -> int:
+        return int(client.stats(self.monitor)["syncs"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -157,10 +198,22 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def run_phase(label: str, options: BenchOptions, receive: str | None, send: str | None, *, count: int,
-              window: int, producers: int, consumers: int, rate: float = 0.0, progress: _Progress,
-              server: BenchServer | None = None, producer_fn=run_producer,
-              consumer_fn=run_consumer) -> tuple[dict, dict[str, list[int]]]:
+def run_phase(
+    label: str,
+    options: BenchOptions,
+    receive: str | None,
+    send: str | None,
+    *,
+    count: int,
+    window: int,
+    producers: int,
+    consumers: int,
+    rate: float = 0.0,
+    progress: _Progress,
+    server: BenchServer | None = None,
+    producer_fn=run_producer,
+    consumer_fn=run_consumer,
+) -> tuple[dict, dict[str, list[int]]]:
     """Run producers (if ``receive``) and consumers (if ``send``) together; return figures and samples.
 
     ``producer_fn``/``consumer_fn`` are the process bodies: pzq's native clients by default; the peer
@@ -175,13 +228,12 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
     procs = []
     if receive:
         for i, n in enumerate(per_producer):
-            job = ProducerJob(receive, i, n, window, options.size, rate / producers if rate else 0.0)
-            procs.append(_mp.Process(target=producer_fn, args=(job, start, produced, p_results), daemon=True))
+            pjob = ProducerJob(receive, i, n, window, options.size, rate / producers if rate else 0.0)
+            procs.append(_mp.Process(target=producer_fn, args=(pjob, start, produced, p_results), daemon=True))
     if send:
         for i in range(consumers):
-            job = ConsumerJob(send, i, len(per_producer), max(per_producer))
-            procs.append(_mp.Process(target=consumer_fn, args=(job, start, consumed, done, c_results),
-                                     daemon=True))
+            cjob = ConsumerJob(send, i, len(per_producer), max(per_producer))
+            procs.append(_mp.Process(target=consumer_fn, args=(cjob, start, consumed, done, c_results), daemon=True))
     for p in procs:
         p.start()
     cpu0 = server.cpu_seconds() if server else 0.0
@@ -217,8 +269,13 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
     if receive and not send:
         seconds = max(r.seconds for r in p_out)
         lat = [x for r in p_out for x in r.latencies_ns]
-        figures.update({"msg_s": round(sum(r.acked for r in p_out) / seconds),
-                        "refused": sum(r.refused for r in p_out), **latency_ms(lat, "ack")})
+        figures.update(
+            {
+                "msg_s": round(sum(r.acked for r in p_out) / seconds),
+                "refused": sum(r.refused for r in p_out),
+                **latency_ms(lat, "ack"),
+            }
+        )
         samples[f"{label}: send to ack"] = lat
     if send:
         errors += [r.error for r in c_out if r.error and consumed.value < count]
@@ -228,8 +285,9 @@ def run_phase(label: str, options: BenchOptions, receive: str | None, send: str 
         seconds = wall if not receive else max((last - first) / 1e9, 1e-9)
         figures["msg_s"] = round(received / max(seconds, 1e-9))
         if receive:
-            unique = sum(1 for i in range(len(per_producer)) for j in range(per_producer[i])
-                         if any(r.seen[i][j] for r in c_out))
+            unique = sum(
+                1 for i in range(len(per_producer)) for j in range(per_producer[i]) if any(r.seen[i][j] for r in c_out)
+            )
             figures.update({"lost": count - unique, "duplicated": received - unique})
             lat = [x for r in c_out for x in r.latencies_ns]
             figures.update(latency_ms(lat, "lat"))
@@ -284,30 +342,73 @@ def one_run(options: BenchOptions, progress: _Progress) -> tuple[dict, dict]:
         if options.preload:
             server.stop()
             result["restart_s"] = round(server.start(), 3)
-        kw = dict(progress=progress, server=server)
+        kw: dict[str, Any] = dict(progress=progress, server=server)
         if options.protocol == "phpmq":
             return _phpmq_run(options, server, kw, result), samples
-        w1, s = run_phase("producer w1", options, server.receive, None, count=options.latency_count,
-                          window=1, producers=1, consumers=0, **kw)
+        w1, s = run_phase(
+            "producer w1",
+            options,
+            server.receive,
+            None,
+            count=options.latency_count,
+            window=1,
+            producers=1,
+            consumers=0,
+            **kw,
+        )
         result["producer_w1"] = w1
         samples.update(s)
-        wn, s = run_phase(f"producer w{options.window}", options, server.receive, None, count=options.count,
-                          window=options.window, producers=options.producers, consumers=0, **kw)
+        wn, s = run_phase(
+            f"producer w{options.window}",
+            options,
+            server.receive,
+            None,
+            count=options.count,
+            window=options.window,
+            producers=options.producers,
+            consumers=0,
+            **kw,
+        )
         result["producer_w100"] = wn
         samples.update(s)
         drain = options.count + options.latency_count
-        result["consumer"], _ = run_phase("consumer drain", options, None, server.send, count=drain,
-                                          window=0, producers=0, consumers=options.consumers, **kw)
+        result["consumer"], _ = run_phase(
+            "consumer drain",
+            options,
+            None,
+            server.send,
+            count=drain,
+            window=0,
+            producers=0,
+            consumers=options.consumers,
+            **kw,
+        )
         if not options.preload:  # a backlog would be consumed first: end-to-end needs an empty queue
-            result["e2e"], s = run_phase("end to end", options, server.receive, server.send,
-                                         count=options.count, window=options.window,
-                                         producers=options.producers, consumers=options.consumers, **kw)
+            result["e2e"], s = run_phase(
+                "end to end",
+                options,
+                server.receive,
+                server.send,
+                count=options.count,
+                window=options.window,
+                producers=options.producers,
+                consumers=options.consumers,
+                **kw,
+            )
             samples.update(s)
             paced = int(options.rate * options.paced_seconds)
-            result["e2e_paced"], s = run_phase(f"paced {options.rate:g}/s", options, server.receive,
-                                               server.send, count=paced, window=max(options.window, 1000),
-                                               producers=options.producers, consumers=options.consumers,
-                                               rate=options.rate, **kw)
+            result["e2e_paced"], s = run_phase(
+                f"paced {options.rate:g}/s",
+                options,
+                server.receive,
+                server.send,
+                count=paced,
+                window=max(options.window, 1000),
+                producers=options.producers,
+                consumers=options.consumers,
+                rate=options.rate,
+                **kw,
+            )
             samples.update(s)
         result["server_rss_mb"] = round(server.rss_mb(), 1)
         if options.ceiling:
@@ -321,19 +422,52 @@ def one_run(options: BenchOptions, progress: _Progress) -> tuple[dict, dict]:
 def _phpmq_run(options: BenchOptions, server: BenchServer, kw: dict, result: dict) -> dict:
     """The phases that mean something for PHPMQ, which has no receipt for a send: send rate (until
     written), consumer drain, end to end and paced (both prove every message was stored and delivered)."""
-    kw = dict(kw, producer_fn=run_phpmq_producer, consumer_fn=run_phpmq_consumer)
-    result["send"], _ = run_phase("phpmq send", options, server.phpmq, None,
-                                           count=options.count, window=options.window,
-                                           producers=options.producers, consumers=0, **kw)
-    result["consumer"], _ = run_phase("phpmq consumer drain", options, None, server.phpmq, count=options.count,
-                                      window=0, producers=0, consumers=options.consumers, **kw)
-    result["e2e"], _ = run_phase("phpmq end to end", options, server.phpmq, server.phpmq, count=options.count,
-                                 window=options.window, producers=options.producers,
-                                 consumers=options.consumers, **kw)
-    result["e2e_paced"], _ = run_phase(f"phpmq paced {options.rate:g}/s", options, server.phpmq, server.phpmq,
-                                       count=int(options.rate * options.paced_seconds), window=1,
-                                       producers=options.producers, consumers=options.consumers,
-                                       rate=options.rate, **kw)
+    kw = {**kw, "producer_fn": run_phpmq_producer, "consumer_fn": run_phpmq_consumer}
+    result["send"], _ = run_phase(
+        "phpmq send",
+        options,
+        server.phpmq,
+        None,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=0,
+        **kw,
+    )
+    result["consumer"], _ = run_phase(
+        "phpmq consumer drain",
+        options,
+        None,
+        server.phpmq,
+        count=options.count,
+        window=0,
+        producers=0,
+        consumers=options.consumers,
+        **kw,
+    )
+    result["e2e"], _ = run_phase(
+        "phpmq end to end",
+        options,
+        server.phpmq,
+        server.phpmq,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=options.consumers,
+        **kw,
+    )
+    result["e2e_paced"], _ = run_phase(
+        f"phpmq paced {options.rate:g}/s",
+        options,
+        server.phpmq,
+        server.phpmq,
+        count=int(options.rate * options.paced_seconds),
+        window=1,
+        producers=options.producers,
+        consumers=options.consumers,
+        rate=options.rate,
+        **kw,
+    )
     result["server_rss_mb"] = round(server.rss_mb(), 1)
     return result
 
@@ -346,27 +480,63 @@ def ceiling(options: BenchOptions, workdir: str, progress: _Progress) -> dict:
     echo.start()
     try:
         ready.wait(30)
-        w1, _ = run_phase("ceiling w1", options, endpoint, None, count=options.latency_count, window=1,
-                          producers=1, consumers=0, progress=progress)
-        wn, _ = run_phase(f"ceiling w{options.window}", options, endpoint, None, count=options.count,
-                          window=options.window, producers=options.producers, consumers=0, progress=progress)
+        w1, _ = run_phase(
+            "ceiling w1",
+            options,
+            endpoint,
+            None,
+            count=options.latency_count,
+            window=1,
+            producers=1,
+            consumers=0,
+            progress=progress,
+        )
+        wn, _ = run_phase(
+            f"ceiling w{options.window}",
+            options,
+            endpoint,
+            None,
+            count=options.count,
+            window=options.window,
+            producers=options.producers,
+            consumers=0,
+            progress=progress,
+        )
     finally:
         echo.kill()
         echo.join(5)
-    receive, send = (f"ipc://{workdir}/fwd-{n}" if options.transport == "ipc" else f"tcp://127.0.0.1:{p}"
-                     for n, p in zip(("receive", "send"), _free_ports(2)))
+    receive, send = (
+        f"ipc://{workdir}/fwd-{n}" if options.transport == "ipc" else f"tcp://127.0.0.1:{p}"
+        for n, p in zip(("receive", "send"), _free_ports(2), strict=True)
+    )
     ready = _mp.Event()
     forwarder = _mp.Process(target=run_forwarder, args=(receive, send, ready), daemon=True)
     forwarder.start()
     try:
         ready.wait(30)
-        e2e, _ = run_phase("ceiling end to end", options, receive, send, count=options.count,
-                           window=options.window, producers=options.producers, consumers=options.consumers,
-                           progress=progress)
-        paced, _ = run_phase(f"ceiling paced {options.rate:g}/s", options, receive, send,
-                             count=int(options.rate * options.paced_seconds), window=max(options.window, 1000),
-                             producers=options.producers, consumers=options.consumers, rate=options.rate,
-                             progress=progress)
+        e2e, _ = run_phase(
+            "ceiling end to end",
+            options,
+            receive,
+            send,
+            count=options.count,
+            window=options.window,
+            producers=options.producers,
+            consumers=options.consumers,
+            progress=progress,
+        )
+        paced, _ = run_phase(
+            f"ceiling paced {options.rate:g}/s",
+            options,
+            receive,
+            send,
+            count=int(options.rate * options.paced_seconds),
+            window=max(options.window, 1000),
+            producers=options.producers,
+            consumers=options.consumers,
+            rate=options.rate,
+            progress=progress,
+        )
     finally:
         forwarder.kill()
         forwarder.join(5)
@@ -376,11 +546,17 @@ def ceiling(options: BenchOptions, workdir: str, progress: _Progress) -> dict:
 def bench(options: BenchOptions) -> dict:
     """Run ``options.runs`` full runs and return every run, the medians and the last run's samples."""
     progress = _Progress(options.progress)
-    runs, samples = [], {}
+    runs: list[dict] = []
+    samples: dict[str, list[int]] = {}
     for i in range(options.runs):
         if progress.enabled:
             print(f"run {i + 1} of {options.runs}", file=sys.stderr)
         result, samples = one_run(options, progress)
         runs.append(result)
-    return {"machine": machine(), "options": dataclasses.asdict(options), "runs": runs,
-            "median": medians(runs), "samples": samples}
+    return {
+        "machine": machine(),
+        "options": dataclasses.asdict(options),
+        "runs": runs,
+        "median": medians(runs),
+        "samples": samples,
+    }

@@ -1,4 +1,5 @@
 """Figures, targets and output of `pzq bench`: percentiles, medians over runs, the table, JSON, the plot."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,11 @@ def percentile(sorted_values: Sequence[int], q: float) -> float:
 
 def latency_ms(latencies_ns: list[int], prefix: str) -> dict[str, float]:
     values = sorted(latencies_ns)
-    return {f"{prefix}_p50_ms": round(percentile(values, 50) / 1e6, 3),
-            f"{prefix}_p99_ms": round(percentile(values, 99) / 1e6, 3),
-            f"{prefix}_p999_ms": round(percentile(values, 99.9) / 1e6, 3)}
+    return {
+        f"{prefix}_p50_ms": round(percentile(values, 50) / 1e6, 3),
+        f"{prefix}_p99_ms": round(percentile(values, 99) / 1e6, 3),
+        f"{prefix}_p999_ms": round(percentile(values, 99.9) / 1e6, 3),
+    }
 
 
 def flatten(run: dict, prefix: str = "") -> dict[str, float]:
@@ -61,8 +64,12 @@ def machine() -> dict:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "system": f"{platform.system()} {platform.release()}"}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+    }
 
 
 ROWS = [
@@ -94,12 +101,15 @@ ROWS = [
 def table(result: dict) -> str:
     """A plain-text table of the medians: pzq, the no-storage ceiling, pzq as % of it, the target."""
     med, window = result["median"], result["options"]["window"]
-    lines = [f"pzq bench ({result['options'].get('protocol', 'native')}): {result['options']['runs']} run(s), "
-             f"medians; {result['options']['size']}-byte bodies, "
-             f"window W={window}, {result['options']['producers']} producer(s), "
-             f"{result['options']['consumers']} consumer(s), hard sync {result['options']['hard_sync']}",
-             f"machine: {result['machine']['cpu']} x{result['machine']['cores']}, Python {result['machine']['python']}",
-             "", f"{'figure':<30}{'pzq':>12}{'ceiling':>12}{'of ceiling':>12}{'target':>12}  met"]
+    lines = [
+        f"pzq bench ({result['options'].get('protocol', 'native')}): {result['options']['runs']} run(s), "
+        f"medians; {result['options']['size']}-byte bodies, "
+        f"window W={window}, {result['options']['producers']} producer(s), "
+        f"{result['options']['consumers']} consumer(s), hard sync {result['options']['hard_sync']}",
+        f"machine: {result['machine']['cpu']} x{result['machine']['cores']}, Python {result['machine']['python']}",
+        "",
+        f"{'figure':<30}{'pzq':>12}{'ceiling':>12}{'of ceiling':>12}{'target':>12}  met",
+    ]
     for label, key, ceiling_key in ROWS:
         if key not in med:
             continue
@@ -114,8 +124,10 @@ def table(result: dict) -> str:
         if target:
             op, goal = target
             met = "yes" if (value >= goal if op == ">=" else value <= goal) else "NO"
-        lines.append(f"{label:<30}{shown:>12}{_fmt(ceiling) if ceiling is not None else '':>12}{ratio:>12}"
-                     f"{(target[0] + ' ' + _fmt(target[1])) if target else '':>12}  {met}")
+        lines.append(
+            f"{label:<30}{shown:>12}{_fmt(ceiling) if ceiling is not None else '':>12}{ratio:>12}"
+            f"{(target[0] + ' ' + _fmt(target[1])) if target else '':>12}  {met}"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ A benchmark body is ``send time (u64 ns, CLOCK_MONOTONIC, system-wide on Linux) 
 the tag is ``producer index << 40 | message index``, which lets consumers count lost and duplicated
 messages exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -221,7 +222,7 @@ def run_forwarder(receive: str, send: str, ready) -> None:
 def _phpmq_connect(endpoint: str):
     import socket
 
-    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
@@ -290,10 +291,10 @@ def run_phpmq_consumer(job: ConsumerJob, start, progress, done, results) -> None
             for _ in range(count):
                 if len(buf) < pos + 32:
                     break
-                length = int(buf[pos + 3:pos + 32])
+                length = int(buf[pos + 3 : pos + 32])
                 if len(buf) < pos + 32 + length:
                     break
-                packets[int(buf[pos + 1:pos + 3])] = bytes(buf[pos + 32:pos + 32 + length])
+                packets[int(buf[pos + 1 : pos + 3])] = bytes(buf[pos + 32 : pos + 32 + length])
                 pos += 32 + length
             if len(packets) < count:
                 break

@@ -10,6 +10,7 @@ read, moving only forward), and messages that come back (nack, ack timeout, a co
 in a small heap of seqs that is served first, so a queue stays FIFO across redeliveries. Both are
 bounded by what is in flight, not by what is stored.
 """
+
 from __future__ import annotations
 
 import collections
@@ -91,8 +92,9 @@ class Broker:
 
     # -- producing --------------------------------------------------------------------------------
 
-    def produce(self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0,
-                meta: dict | None = None) -> Message:
+    def produce(
+        self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
         """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
         try:
             message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
@@ -103,8 +105,9 @@ class Broker:
         self._count(queue, "produced")
         return message
 
-    def produce_all(self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int,
-                    meta: dict | None = None) -> list[Message]:
+    def produce_all(
+        self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
+    ) -> list[Message]:
         """Store every ``(queue, body)`` or none: on StoreFull what this call stored is deleted again,
         so that a client's retry of a refused batch (or fan-out) stores no duplicates."""
         stored: list[Message] = []
@@ -131,8 +134,9 @@ class Broker:
             return 0
         return info.count - self._state(info.qid).inflight
 
-    def take(self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int,
-             timeout_s: float | None = None) -> list[Message]:
+    def take(
+        self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int, timeout_s: float | None = None
+    ) -> list[Message]:
         """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first.
 
         Each is counted as delivered (durably, with the next commit) and tracked in flight until
@@ -196,8 +200,10 @@ class Broker:
     def held_by_others(self, qid: int, ours) -> bool:
         """True if a message of queue ``qid`` is in flight to (or leased by) a holder for which
         ``ours(holder)`` is false (a scan of what is in flight: for rare requests)."""
-        return any(ref[0] == qid and not (isinstance(holder, tuple) and ours(holder))
-                   for ref, holder in self.inflight.holders())
+        return any(
+            ref[0] == qid and not (isinstance(holder, tuple) and ours(holder))
+            for ref, holder in self.inflight.holders()
+        )
 
     def drop_queue(self, queue: str) -> int:
         """Delete a queue and everything in it, in flight included; returns how many messages went."""
@@ -220,8 +226,13 @@ class Broker:
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):
             self.counters.dead_lettered += 1
-            log.info("message %s of queue %r moved to the dead letters: %s (deliveries %d)",
-                     message.id, message.queue, reason, message.deliveries)
+            log.info(
+                "message %s of queue %r moved to the dead letters: %s (deliveries %d)",
+                message.id,
+                message.queue,
+                reason,
+                message.deliveries,
+            )
 
     # -- answers from consumers -------------------------------------------------------------------
 
@@ -367,8 +378,12 @@ class Broker:
         """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
         queues = {}
         for info in self.store.queues():
-            queues[info.name] = {"depth": info.count, "inflight": self.queue_inflight(info.qid),
-                                 "dead_letters": info.dead_count, "bytes": info.bytes}
+            queues[info.name] = {
+                "depth": info.count,
+                "inflight": self.queue_inflight(info.qid),
+                "dead_letters": info.dead_count,
+                "bytes": info.bytes,
+            }
         return {
             "messages": sum(q.count for q in self.store.queues()),
             "messages_inflight": len(self.inflight),

@@ -1,6 +1,7 @@
 """`pzq check` and `pzq dump`: read every record of a store, read-only (a running server may keep
 serving), in a child process, so that a store damaged where LMDB itself cannot read it (SIGBUS on a
 missing page, an assertion on a wrecked one) is reported in one line instead of killing the command."""
+
 from __future__ import annotations
 
 import base64
@@ -15,7 +16,7 @@ from typing import IO
 import lmdb
 
 from pzq.errors import StoreDamaged, StoreError
-from pzq.store import Store
+from pzq.store import DeadLetter, Store
 
 ADVICE = "run `pzq check` to see what is readable, then restore it from a backup or `pzq dump` what is readable"
 
@@ -28,13 +29,18 @@ def verify_pages(path: str) -> int:
     environment on a path its process already has open.)"""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    child = subprocess.run([sys.executable, "-c", "import sys; from pzq.check import _verify_main; "
-                            "_verify_main(sys.argv[1])", path], capture_output=True, text=True, env=env)
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from pzq.check import _verify_main; _verify_main(sys.argv[1])", path],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     data_file = os.path.join(path, "data.mdb")
     answer = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
     if child.returncode < 0:
-        raise StoreDamaged(f"{data_file} is damaged: LMDB died of {signal.Signals(-child.returncode).name} "
-                           "walking it; " + ADVICE)
+        raise StoreDamaged(
+            f"{data_file} is damaged: LMDB died of {signal.Signals(-child.returncode).name} walking it; " + ADVICE
+        )
     if child.returncode != 0 or not answer.isdigit():
         raise StoreDamaged(f"{data_file} is damaged: {answer or 'its reader failed'}; " + ADVICE)
     return int(answer)
@@ -90,12 +96,16 @@ def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
         out.write(text + "\n")
     child.join()
     if child.exitcode and child.exitcode > 0:
-        raise StoreError(f"{path}: the reader failed (exit {child.exitcode}): the store is damaged in a way "
-                         "pzq cannot name; restore it from a backup")
+        raise StoreError(
+            f"{path}: the reader failed (exit {child.exitcode}): the store is damaged in a way "
+            "pzq cannot name; restore it from a backup"
+        )
     if child.exitcode and child.exitcode < 0:
-        raise StoreError(f"{path}: LMDB could not read part of the store (the reader died of "
-                         f"{signal.Signals(-child.exitcode).name}): restore it from a backup; `pzq dump` copies "
-                         "out what comes before the damage")
+        raise StoreError(
+            f"{path}: LMDB could not read part of the store (the reader died of "
+            f"{signal.Signals(-child.exitcode).name}): restore it from a backup; `pzq dump` copies "
+            "out what comes before the damage"
+        )
     return ok
 
 
@@ -105,8 +115,13 @@ def _child(func, path: str, target: str | None, conn) -> None:
     except StoreError as exc:
         conn.send(("error", str(exc)))
     except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever a damaged store does, one line
-        conn.send(("error", f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; "
-                            "restore it from a backup"))
+        conn.send(
+            (
+                "error",
+                f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; "
+                "restore it from a backup",
+            )
+        )
     finally:
         conn.close()
 
@@ -123,23 +138,41 @@ def _walk(path: str, target: str | None, say) -> None:
                     counts["unreadable"] += 1
                     continue
                 counts[kind] += 1
-                message = record if kind == "message" else record.message
+                message = record.message if isinstance(record, DeadLetter) else record
                 if sink:
-                    _line(sink, {"queue": info.name, "id": message.id, "enqueued_us": message.enqueued_us,
-                                 "expires_us": message.expires_us, "deliveries": message.deliveries,
-                                 "frames": message.frames, "meta": message.meta,
-                                 **({"dead": record.reason} if kind == "dead" else {})})
+                    _line(
+                        sink,
+                        {
+                            "queue": info.name,
+                            "id": message.id,
+                            "enqueued_us": message.enqueued_us,
+                            "expires_us": message.expires_us,
+                            "deliveries": message.deliveries,
+                            "frames": message.frames,
+                            "meta": message.meta,
+                            **({"dead": record.reason} if isinstance(record, DeadLetter) else {}),
+                        },
+                    )
             clean = clean and not counts["unreadable"] and counts["message"] == info.count
-            say("line", f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
-                        f"{counts['dead']} dead letters, {counts['unreadable']} unreadable")
+            say(
+                "line",
+                f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
+                f"{counts['dead']} dead letters, {counts['unreadable']} unreadable",
+            )
         from pzq.gateways.api import read_produced
         from pzq.gateways.emqp import read_job
         from pzq.gateways.mqks import read_binding
         from pzq.leases import read_group, read_lease
         from pzq.store import read_schedule
 
-        readers = {"schedules": read_schedule, "groups": read_group, "leases": read_lease,
-                   "produced": read_produced, "mqks": read_binding, "emqp_jobs": read_job}
+        readers = {
+            "schedules": read_schedule,
+            "groups": read_group,
+            "leases": read_lease,
+            "produced": read_produced,
+            "mqks": read_binding,
+            "emqp_jobs": read_job,
+        }
         for table, reader in readers.items():
             before = store.unreadable_records
             count = len(store.read_records(table, reader))
@@ -147,8 +180,9 @@ def _walk(path: str, target: str | None, say) -> None:
             clean = clean and not bad
             say("line", f"table {table}: {count} records, {bad} unreadable")
         damaged = store.records("damaged")
-        for key, value in damaged if sink else ():
-            _line(sink, {"damaged_key": key, "raw": value})
+        if sink is not None:
+            for key, value in damaged:
+                _line(sink, {"damaged_key": key, "raw": value})
         say("line", f"table damaged: {len(damaged)} records set aside earlier")
         say("done", "clean" if clean else "damaged")
     finally:

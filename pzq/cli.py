@@ -1,4 +1,5 @@
 """The `pzq` command line (click). Argument handling only: the work lives in server, client and bench."""
+
 from __future__ import annotations
 
 import functools
@@ -41,20 +42,29 @@ def _resolve(config_file: str | None, **flags) -> config.Config:
 
 def curve_options(func):
     """--curve-client-key / --curve-server-key for commands that talk to a CURVE server."""
-    func = click.option("--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY",
-                        help="The server's CURVE public key file (server.key).")(func)
-    return click.option("--curve-client-key", envvar="PZQ_CURVE_CLIENT_KEY",
-                        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.")(func)
+    func = click.option(
+        "--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY", help="The server's CURVE public key file (server.key)."
+    )(func)
+    return click.option(
+        "--curve-client-key",
+        envvar="PZQ_CURVE_CLIENT_KEY",
+        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.",
+    )(func)
 
 
 def _curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:
     if bool(client_key) != bool(server_key):
         raise ConfigError("--curve-client-key and --curve-server-key: give both or neither")
-    return (client_key, server_key) if client_key else None
+    return (client_key, server_key) if client_key and server_key else None
 
 
-config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
-                             envvar="PZQ_CONFIG", help="TOML file of settings (see conf/pzq.toml).")
+config_option = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    envvar="PZQ_CONFIG",
+    help="TOML file of settings (see conf/pzq.toml).",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -71,64 +81,114 @@ def cli() -> None:
 @click.option("--monitor-dsn", help="Monitor endpoint (REQ clients).  [default: ipc://DATABASE/monitor]")
 @click.option("--queue", help="Queue the native sockets serve.  [default: default]")
 @click.option("--phpmq-dsn", help="PHPMQ clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:9100]")
-@click.option("--phpmq-dialect", type=click.Choice(["auto", "legacy", "current"]),
-              help="Force the PHPMQ dispatch dialect for every connection.  [default: auto]")
+@click.option(
+    "--phpmq-dialect",
+    type=click.Choice(["auto", "legacy", "current"]),
+    help="Force the PHPMQ dispatch dialect for every connection.  [default: auto]",
+)
 @click.option("--emqp-frontend-dsn", help="eMQP clients' endpoint; '' disables.  [default: tcp://127.0.0.1:47291]")
 @click.option("--emqp-backend-dsn", help="eMQP workers' endpoint; '' disables.  [default: tcp://127.0.0.1:47290]")
 @click.option("--emqp-publish-dsn", help="eMQP PUBLISH fan-out (PUB); '' disables.  [default: tcp://127.0.0.1:47292]")
 @click.option("--emqp-heartbeat-interval", type=float, help="Seconds between heartbeats to workers.  [default: 3]")
-@click.option("--emqp-heartbeat-liveness", type=int,
-              help="Silent intervals after which a worker is dead.  [default: 3]")
+@click.option(
+    "--emqp-heartbeat-liveness", type=int, help="Silent intervals after which a worker is dead.  [default: 3]"
+)
 @click.option("--emqp-default-queues", help="Queues of a worker whose INFORM names none.  [default: default]")
 @click.option("--emqp-cron-timezone", help="Time zone of eMQP cron schedules (an IANA name).  [default: UTC]")
 @click.option("--mqks-dsn", help="MQKS clients' TCP endpoint; '' disables.  [default: tcp://127.0.0.1:25000]")
-@click.option("--api-dsn", help="API endpoint (leases, snapshots, batch produce: the Spark connector); '' disables.  "
-              "[default: tcp://127.0.0.1:11133]")
-@click.option("--lease-timeout", type=float,
-              help="Seconds a consumer group may stay silent before its leased messages return to the queue.  "
-                   "[default: 3600]")
-@click.option("--api-dedup-window", type=float,
-              help="Seconds a PRODUCE key is remembered, so a repeated request stores nothing.  [default: 86400]")
+@click.option(
+    "--api-dsn",
+    help="API endpoint (leases, snapshots, batch produce: the Spark connector); '' disables.  "
+    "[default: tcp://127.0.0.1:11133]",
+)
+@click.option(
+    "--lease-timeout",
+    type=float,
+    help="Seconds a consumer group may stay silent before its leased messages return to the queue.  [default: 3600]",
+)
+@click.option(
+    "--api-dedup-window",
+    type=float,
+    help="Seconds a PRODUCE key is remembered, so a repeated request stores nothing.  [default: 86400]",
+)
 @click.option("--ack-timeout", type=int, help="µs a consumer has to ack a delivery.  [default: 5000000]")
-@click.option("--reaper-frequency", type=int,
-              help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]")
-@click.option("--hard-sync/--no-hard-sync", default=None,
-              help="fsync every commit (default). --no-hard-sync is faster but a power cut or kernel crash "
-                   "can lose recently acked messages or corrupt the store.")
-@click.option("--commit-interval", type=int,
-              help="Longest µs consumer acks and delivery counts may wait for a commit; producer acks "
-                   "never wait.  [default: 10000]")
+@click.option(
+    "--reaper-frequency",
+    type=int,
+    help="Longest µs the loop sleeps when idle (expiries are exact regardless).  [default: 2500000]",
+)
+@click.option(
+    "--hard-sync/--no-hard-sync",
+    default=None,
+    help="fsync every commit (default). --no-hard-sync is faster but a power cut or kernel crash "
+    "can lose recently acked messages or corrupt the store.",
+)
+@click.option(
+    "--commit-interval",
+    type=int,
+    help="Longest µs consumer acks and delivery counts may wait for a commit; producer acks "
+    "never wait.  [default: 10000]",
+)
 @click.option("--max-inflight", type=int, help="Unacked deliveries at most, per consumer pool.  [default: 1000]")
-@click.option("--max-deliveries", type=int,
-              help="Deliveries before a message goes to the dead letters; 0 = unlimited.  [default: 0]")
-@click.option("--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  "
-                                       "[default: 4G]")
+@click.option(
+    "--max-deliveries",
+    type=int,
+    help="Deliveries before a message goes to the dead letters; 0 = unlimited.  [default: 0]",
+)
+@click.option(
+    "--max-store-size", help="Store limit, e.g. 512M or 4G; producers get 'queue full' past it.  [default: 4G]"
+)
 @click.option("--max-message-size", help="Largest accepted message body, e.g. 16M.  [default: 16M]")
-@click.option("--max-connections", type=int, help="TCP connections (ZeroMQ, PHPMQ, MQKS) at most, together, and "
-                                                  "nine tenths of it on one endpoint; more are closed at once (kept "
-                                                  "under the open-files limit).  [default: 10000]")
-@click.option("--max-partial-input", help="Bytes of unfinished PHPMQ messages and MQKS lines in all connections "
-                                          "together; past it the connection that grew is closed.  [default: 256M]")
-@click.option("--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  "
-                                             "[default: 10000]")
-@click.option("--min-disk-free", help="Free space the store's filesystem keeps: under it producers get 'queue full' "
-                                      "(0 = do not watch).  [default: 64M]")
-@click.option("--disk-reserve", help="Bytes held in DATABASE/reserve and given back when the disk fills, so that "
-                                     "acks still commit.  [default: 8M]")
+@click.option(
+    "--max-connections",
+    type=int,
+    help="TCP connections (ZeroMQ, PHPMQ, MQKS) at most, together, and "
+    "nine tenths of it on one endpoint; more are closed at once (kept "
+    "under the open-files limit).  [default: 10000]",
+)
+@click.option(
+    "--max-partial-input",
+    help="Bytes of unfinished PHPMQ messages and MQKS lines in all connections "
+    "together; past it the connection that grew is closed.  [default: 256M]",
+)
+@click.option(
+    "--max-queues", type=int, help="Named queues at most; a new name past it gets 'queue full'.  [default: 10000]"
+)
+@click.option(
+    "--min-disk-free",
+    help="Free space the store's filesystem keeps: under it producers get 'queue full' "
+    "(0 = do not watch).  [default: 64M]",
+)
+@click.option(
+    "--disk-reserve",
+    help="Bytes held in DATABASE/reserve and given back when the disk fills, so that acks still commit.  [default: 8M]",
+)
 @click.option("--user", help="Switch to this user after binding (when started as root).")
 @click.option("--log-level", help="debug, info, warning or error.  [default: info]")
-@click.option("--allow-ips", help="Comma-separated addresses or networks that may connect to the raw-TCP "
-                                  "gateways (PHPMQ, MQKS); '' = any.  [default: '']")
-@click.option("--curve-secret-key", help="The server's CURVE secret key file (pzq keygen); enables CURVE on "
-                                         "every ZeroMQ endpoint.  [default: '']")
+@click.option(
+    "--allow-ips",
+    help="Comma-separated addresses or networks that may connect to the raw-TCP "
+    "gateways (PHPMQ, MQKS); '' = any.  [default: '']",
+)
+@click.option(
+    "--curve-secret-key",
+    help="The server's CURVE secret key file (pzq keygen); enables CURVE on every ZeroMQ endpoint.  [default: '']",
+)
 @click.option("--curve-clients", help="Directory of allowed client public keys (*.key).  [default: '']")
-@click.option("--unauthenticated", help="With CURVE: endpoints that serve clients without a key anyway, e.g. "
-                                        "'monitor,phpmq' (the raw-TCP gateways must be named or disabled).  "
-                                        "[default: '']")
-@click.option("--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  "
-                                    "[default: '']")
-@click.option("--log-format", type=click.Choice(["text", "json"]),
-              help="Log lines as text or as JSON objects (for journald and log shippers).  [default: text]")
+@click.option(
+    "--unauthenticated",
+    help="With CURVE: endpoints that serve clients without a key anyway, e.g. "
+    "'monitor,phpmq' (the raw-TCP gateways must be named or disabled).  "
+    "[default: '']",
+)
+@click.option(
+    "--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  [default: '']"
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or as JSON objects (for journald and log shippers).  [default: text]",
+)
 @_errors_to_exit
 def serve(config_file, **flags) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
@@ -221,8 +281,13 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
 @config_option
 @click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
-@click.option("--timeout", type=int, default=10_000, show_default=True,
-              help="ms to wait for each message before giving up (exit 1).")
+@click.option(
+    "--timeout",
+    type=int,
+    default=10_000,
+    show_default=True,
+    help="ms to wait for each message before giving up (exit 1).",
+)
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
 @curve_options
@@ -239,8 +304,15 @@ def consume(config_file, send_dsn, count, timeout, nack, as_json, curve_client_k
                 click.echo(f"pzq: no message within {timeout} ms after {got} received", err=True)
                 sys.exit(1)
             if as_json:
-                out.write(json.dumps({"key": delivery.key.decode(), "sent_us": delivery.sent_us,
-                                      "body": [f.decode("utf-8", "replace") for f in delivery.body]}).encode())
+                out.write(
+                    json.dumps(
+                        {
+                            "key": delivery.key.decode(),
+                            "sent_us": delivery.sent_us,
+                            "body": [f.decode("utf-8", "replace") for f in delivery.body],
+                        }
+                    ).encode()
+                )
             else:
                 out.write(b"\t".join(delivery.body))
             out.write(b"\n")
@@ -314,8 +386,10 @@ def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
             click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
             got += 1
             if got == count:  # the last ack and the goodbye in one write: no next message is handed out
-                mq.sock.sendall(f"{consumer}-a ack {consumer} {delivery.msg_id}\n"
-                                f"{consumer}-dc delete_consumer --confirm {consumer}\n".encode())
+                mq.sock.sendall(
+                    f"{consumer}-a ack {consumer} {delivery.msg_id}\n"
+                    f"{consumer}-dc delete_consumer --confirm {consumer}\n".encode()
+                )
                 mq.wait_ok(f"{consumer}-dc")  # the acks before it are done once this is answered
                 return
             mq.ack(consumer, delivery.msg_id)
@@ -336,10 +410,11 @@ def dead_letters() -> None:
 def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, curve_server_key) -> None:
     """List QUEUE's dead letters, oldest first, one JSON object per line."""
     endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
-    text = client.monitor_request(endpoint, f"DEADLETTERS {queue} {limit}",
-                                  curve=_curve(curve_client_key, curve_server_key))
+    text = client.monitor_request(
+        endpoint, f"DEADLETTERS {queue} {limit}", curve=_curve(curve_client_key, curve_server_key)
+    )
     if text.startswith("error:"):
-        _fail(text[len("error:"):].strip())
+        _fail(text[len("error:") :].strip())
     letters = client.monitor_json(endpoint, text)
     if not isinstance(letters, list):
         raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
@@ -355,16 +430,20 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, 
 @click.argument("message_id", required=False)
 @curve_options
 @_errors_to_exit
-def dead_letters_requeue(config_file, monitor_dsn, everything, queue, message_id, curve_client_key,
-                         curve_server_key) -> None:
+def dead_letters_requeue(
+    config_file, monitor_dsn, everything, queue, message_id, curve_client_key, curve_server_key
+) -> None:
     """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
     if bool(everything) == bool(message_id):
         _fail("give either a MESSAGE_ID or --all", 2)
     endpoint = _resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
-    text = client.monitor_request(endpoint, f"REQUEUE {queue} {'all' if everything else message_id}",
-                                  curve=_curve(curve_client_key, curve_server_key))
+    text = client.monitor_request(
+        endpoint,
+        f"REQUEUE {queue} {'all' if everything else message_id}",
+        curve=_curve(curve_client_key, curve_server_key),
+    )
     if text.startswith("error:"):
-        _fail(text[len("error:"):].strip())
+        _fail(text[len("error:") :].strip())
     answer = client.monitor_json(endpoint, text)
     if not isinstance(answer, dict) or "requeued" not in answer:
         raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")
@@ -404,11 +483,17 @@ def main() -> None:
 
 
 @cli.command()
-@click.option("--protocol", type=click.Choice(["native", "phpmq"]), default="native", show_default=True,
-              help="Which protocol the producers and consumers speak (phpmq: no ceiling, no send receipt).")
+@click.option(
+    "--protocol",
+    type=click.Choice(["native", "phpmq"]),
+    default="native",
+    show_default=True,
+    help="Which protocol the producers and consumers speak (phpmq: no ceiling, no send receipt).",
+)
 @click.option("--count", type=int, default=100_000, show_default=True, help="Messages per throughput phase.")
-@click.option("--latency-count", type=int, default=10_000, show_default=True,
-              help="Messages of the window-1 (ack latency) phase.")
+@click.option(
+    "--latency-count", type=int, default=10_000, show_default=True, help="Messages of the window-1 (ack latency) phase."
+)
 @click.option("--size", type=int, default=100, show_default=True, help="Body bytes (at least 16).")
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer.")
 @click.option("--producers", type=int, default=1, show_default=True)
@@ -419,8 +504,12 @@ def main() -> None:
 @click.option("--preload", type=int, default=0, help="Store N messages before the server starts (scale test).")
 @click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
 @click.option("--hard-sync/--no-hard-sync", default=True, show_default=True)
-@click.option("--ceiling/--no-ceiling", default=True, show_default=True,
-              help="Also drive a no-storage pyzmq echo server with the same producer code.")
+@click.option(
+    "--ceiling/--no-ceiling",
+    default=True,
+    show_default=True,
+    help="Also drive a no-storage pyzmq echo server with the same producer code.",
+)
 @click.option("--server-arg", "server_args", multiple=True, help="Extra argument for `pzq serve` (repeatable).")
 @click.option("--json", "json_path", default="pzq-bench.json", show_default=True, help="Where to write JSON.")
 @click.option("--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).")
@@ -433,8 +522,17 @@ def bench(json_path, plot_path, quiet, server_args, **options) -> None:
 
     if options["size"] < 16:
         raise ConfigError("--size: at least 16 bytes (the benchmark stamps each body)")
-    if min(options["count"], options["latency_count"], options["window"], options["producers"],
-           options["consumers"], options["runs"]) < 1:
+    if (
+        min(
+            options["count"],
+            options["latency_count"],
+            options["window"],
+            options["producers"],
+            options["consumers"],
+            options["runs"],
+        )
+        < 1
+    ):
         raise ConfigError("--count, --latency-count, --window, --producers, --consumers, --runs: at least 1")
     opts = bench_mod.BenchOptions(server_args=tuple(server_args), progress=not quiet, **options)
     result = bench_mod.bench(opts)
@@ -444,6 +542,7 @@ def bench(json_path, plot_path, quiet, server_args, **options) -> None:
     if plot_path:
         bench_report.plot(result, plot_path)
         click.echo(f"latency plot written to {plot_path}")
-    if any(result["median"].get(k, 0) for k in ("e2e.lost", "e2e.duplicated", "e2e_paced.lost",
-                                                  "e2e_paced.duplicated")):
+    if any(
+        result["median"].get(k, 0) for k in ("e2e.lost", "e2e.duplicated", "e2e_paced.lost", "e2e_paced.duplicated")
+    ):
         _fail("messages were lost or duplicated")

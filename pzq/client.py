@@ -2,6 +2,7 @@
 
 Every receive has a timeout: a client of a silent server raises ClientError instead of hanging.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,7 @@ def check_ipc_owner(endpoint: str) -> None:
     waiting for our requests. A missing file is fine: ZeroMQ connects once the server binds it."""
     if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
         return
-    path = endpoint[len("ipc://"):]
+    path = endpoint[len("ipc://") :]
     try:
         info = os.lstat(path)
         parent = os.stat(os.path.dirname(os.path.abspath(path)))
@@ -55,8 +56,10 @@ def check_ipc_owner(endpoint: str) -> None:
         return
     if info.st_uid == parent.st_uid and not parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return
-    raise ClientError(f"refusing to talk to {endpoint}: the socket file belongs to uid {info.st_uid}, not to you, "
-                      "in a directory others can write to (another user may have put it there)")
+    raise ClientError(
+        f"refusing to talk to {endpoint}: the socket file belongs to uid {info.st_uid}, not to you, "
+        "in a directory others can write to (another user may have put it there)"
+    )
 
 
 def _socket(ctx: zmq.Context | None, kind: int, endpoint: str, curve: Curve | None = None) -> zmq.Socket:
@@ -74,8 +77,9 @@ def _socket(ctx: zmq.Context | None, kind: int, endpoint: str, curve: Curve | No
 class Producer:
     """A DEALER producer that pipelines up to ``window`` messages and waits for every ack."""
 
-    def __init__(self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None,
-                 curve: Curve | None = None):
+    def __init__(
+        self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None, curve: Curve | None = None
+    ):
         self.sock = _socket(ctx, zmq.DEALER, endpoint, curve)
         self.timeout_ms = timeout_ms
         self._counter = 0
@@ -83,7 +87,7 @@ class Producer:
     def close(self) -> None:
         self.sock.close(linger=0)
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -116,8 +120,10 @@ class Producer:
             raise ClientError(f"no ack from the server within {self.timeout_ms} ms")
         frames = self.sock.recv_multipart()
         if len(frames) < 3 or frames[1] not in (b"1", b"0") or frames[2] != b"" or frames[0] in results:
-            raise ClientError(f"an answer that is not a pzq ack ({len(frames)} frame(s): "
-                              f"{b' '.join(f[:20] for f in frames[:4])!r}): is a pzq server at this endpoint?")
+            raise ClientError(
+                f"an answer that is not a pzq ack ({len(frames)} frame(s): "
+                f"{b' '.join(f[:20] for f in frames[:4])!r}): is a pzq server at this endpoint?"
+            )
         ok = frames[1] == b"1"
         error = frames[3].decode("utf-8", "replace") if len(frames) > 3 else ""
         results[frames[0]] = ProduceResult(frames[0], ok, error)
@@ -132,7 +138,7 @@ class Consumer:
     def close(self) -> None:
         self.sock.close(linger=0)
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -155,8 +161,14 @@ class Consumer:
         self.sock.send_multipart([delivery.peer, delivery.key, b"0"])
 
 
-def monitor_request(endpoint: str, request: str = "MONITOR", *, timeout_ms: int = 5000,
-                    ctx: zmq.Context | None = None, curve: Curve | None = None) -> str:
+def monitor_request(
+    endpoint: str,
+    request: str = "MONITOR",
+    *,
+    timeout_ms: int = 5000,
+    ctx: zmq.Context | None = None,
+    curve: Curve | None = None,
+) -> str:
     """Send one monitor request and return the reply text; ClientError if no reply in time."""
     sock = _socket(ctx, zmq.REQ, endpoint, curve)
     try:
@@ -174,9 +186,12 @@ def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) 
     if text.startswith("error:"):
         raise ClientError(text.strip())
     figures = monitor_json(endpoint, text)
-    if (not isinstance(figures, dict) or not isinstance(figures.get("queues"), dict)
-            or not all(isinstance(figures.get(name), int) for name in PZQ_FIGURES)
-            or not all(isinstance(q, dict) for q in figures["queues"].values())):
+    if (
+        not isinstance(figures, dict)
+        or not isinstance(figures.get("queues"), dict)
+        or not all(isinstance(figures.get(name), int) for name in PZQ_FIGURES)
+        or not all(isinstance(q, dict) for q in figures["queues"].values())
+    ):
         raise ClientError(f"the answer from {endpoint} is not pzq's figures: is a pzq monitor there?")
     return figures
 

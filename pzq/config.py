@@ -5,6 +5,7 @@ dashes turned into underscores (``ack_timeout``); the environment variable is ``
 upper case (``PZQ_ACK_TIMEOUT``). ``conf/pzq.toml`` documents every key with its default, and a test
 keeps the two in step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,7 +77,7 @@ class Config:
         """The endpoints named in ``unauthenticated`` (``receive``, ``phpmq``, ...)."""
         return frozenset(p.strip() for p in self.unauthenticated.split(",") if p.strip())
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
         for name in ("receive_dsn", "send_dsn", "monitor_dsn"):
             value = getattr(self, name)
@@ -89,8 +90,9 @@ class Config:
         for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn"):
             value = getattr(self, name)
             if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
-                raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint "
-                                  "(or empty to disable)")
+                raise ConfigError(
+                    f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
+                )
         if bool(self.emqp_frontend_dsn) != bool(self.emqp_backend_dsn):
             raise ConfigError("--emqp-frontend-dsn and --emqp-backend-dsn: give both or neither")
         if not 0.01 <= self.emqp_heartbeat_interval <= 3600:
@@ -101,13 +103,15 @@ class Config:
         try:
             zoneinfo.ZoneInfo(self.emqp_cron_timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ConfigError(f"--emqp-cron-timezone: {self.emqp_cron_timezone!r} is not a time zone name "
-                              "(e.g. UTC or Europe/Berlin)") from None
+            raise ConfigError(
+                f"--emqp-cron-timezone: {self.emqp_cron_timezone!r} is not a time zone name (e.g. UTC or Europe/Berlin)"
+            ) from None
         if self.mqks_dsn and not re.match(r"^tcp://.+:\d+$", self.mqks_dsn):
             raise ConfigError(f"--mqks-dsn: {self.mqks_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
         if self.api_dsn and not re.match(r"^(tcp|ipc|inproc)://.+", self.api_dsn):
-            raise ConfigError(f"--api-dsn: {self.api_dsn!r} is not a tcp://, ipc:// or inproc:// endpoint "
-                              "(or empty to disable)")
+            raise ConfigError(
+                f"--api-dsn: {self.api_dsn!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
+            )
         if not 1 <= self.lease_timeout <= 30 * 86400:
             raise ConfigError(f"--lease-timeout: {self.lease_timeout} is not 1 to 2592000 s")
         if not 0 <= self.api_dedup_window <= 30 * 86400:
@@ -135,16 +139,19 @@ class Config:
                 raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
         unknown = self.unauthenticated_roles - set(ROLES)
         if unknown:
-            raise ConfigError(f"--unauthenticated: {', '.join(sorted(unknown))} is not an endpoint; name some of "
-                              f"{', '.join(ROLES)}")
+            raise ConfigError(
+                f"--unauthenticated: {', '.join(sorted(unknown))} is not an endpoint; name some of {', '.join(ROLES)}"
+            )
         if bool(self.curve_secret_key) != bool(self.curve_clients):
             raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
         for role in ("phpmq", "mqks"):  # no side door: their protocols have no authentication
             dsn = getattr(self, f"{role}_dsn")
             if self.curve_secret_key and dsn and role not in self.unauthenticated_roles:
-                raise ConfigError(f"--{role}-dsn {dsn}: {role.upper()} clients cannot authenticate, and CURVE is "
-                                  f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
-                                  f"--unauthenticated {role}")
+                raise ConfigError(
+                    f"--{role}-dsn {dsn}: {role.upper()} clients cannot authenticate, and CURVE is "
+                    f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
+                    f"--unauthenticated {role}"
+                )
         if self.metrics_dsn:
             from pzq.metrics import parse_endpoint
 
@@ -211,8 +218,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source} {name}: {exc}") from None
 
 
-def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-         file: str | Path | None = None) -> Config:
+def load(
+    flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None, file: str | Path | None = None
+) -> Config:
     """Build and validate a Config. ``flags`` holds only options the user gave (None means not given)."""
     values: dict[str, Any] = {}
     if file is not None:

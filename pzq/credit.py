@@ -15,6 +15,7 @@ within the window, every delivery counts, as one plain pool: a lone slow consume
 the oldest deliveries go back to the queue early (a late ack of one still counts). A slow but honest
 consumer raises the latency, hence the window, and is credited as before.
 """
+
 from __future__ import annotations
 
 import collections
@@ -89,7 +90,7 @@ class NativeCredit:
     def overdue(self, held: int, holds) -> list:
         """The oldest deliveries to take back early when all consumers together hold more than the cap
         (``holds(ref)``: whether ``ref`` is still in flight through the send socket)."""
-        out = []
+        out: list = []
         order = self._order
         while order and held - len(out) > self.cap - self.max_inflight:
             ref = order.popleft()

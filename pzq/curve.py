@@ -8,6 +8,7 @@ let in only if its public key is a ``.key`` file in the clients directory (read 
 SIGHUP). The handshake alone would let a connection made before a key's removal live on, so every
 message is checked too: libzmq tags it with the key its connection authenticated with (ZAP User-Id).
 """
+
 from __future__ import annotations
 
 import logging
@@ -102,14 +103,22 @@ class CurveServer:
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
         old, self.gate.allowed = self.gate.allowed, Gate(certs).allowed
         revoked = set(old - self.gate.allowed)
-        log.info("CURVE: %d allowed client key(s) in %s%s", len(certs), self.clients_dir,
-                 f"; {len(revoked)} revoked, their open connections are cut off" if revoked else "")
+        log.info(
+            "CURVE: %d allowed client key(s) in %s%s",
+            len(certs),
+            self.clients_dir,
+            f"; {len(revoked)} revoked, their open connections are cut off" if revoked else "",
+        )
         return revoked
 
     def options(self) -> dict[str, object]:
         """What a server socket needs, set before it binds."""
-        return {"CURVE_SERVER": 1, "CURVE_SECRETKEY": self.secret, "CURVE_PUBLICKEY": self.public,
-                "ZAP_DOMAIN": DOMAIN.encode()}
+        return {
+            "CURVE_SERVER": 1,
+            "CURVE_SECRETKEY": self.secret,
+            "CURVE_PUBLICKEY": self.public,
+            "ZAP_DOMAIN": DOMAIN.encode(),
+        }
 
     def close(self) -> None:
         self.auth.stop()

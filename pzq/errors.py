@@ -1,4 +1,5 @@
 """The one exception tree of pzq: every error the package raises on purpose derives from PzqError."""
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ removed early (acked, nacked) leaves a stale heap item behind; stale items are s
 the heap is rebuilt when they outnumber the live ones, which keeps memory proportional to what is in
 flight.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,7 +75,9 @@ class InFlight(Generic[Ref]):
 
     def remove_consumer(self, consumer: Hashable) -> list[Delivery[Ref]]:
         """Stop tracking every delivery held by ``consumer``, oldest deadline first."""
-        held = sorted((e for e in self._entries.values() if e.consumer == consumer), key=lambda e: (e.deadline, e.token))
+        held = sorted(
+            (e for e in self._entries.values() if e.consumer == consumer), key=lambda e: (e.deadline, e.token)
+        )
         for entry in held:
             self.remove(entry.ref)
         return held
@@ -109,7 +112,9 @@ class InFlight(Generic[Ref]):
             if deadline is None or deadline > now:
                 break
             _, token, ref = heapq.heappop(self._heap)
-            out.append(self.remove(ref))
+            delivery = self.remove(ref)
+            if delivery is not None:  # (next_deadline skipped stale heap entries: it is live)
+                out.append(delivery)
         return out
 
     def approx_bytes(self) -> int:

@@ -18,11 +18,13 @@ in the store and ``load()`` registers them again. A group that nobody has called
 ``timeout`` seconds is expired: its unacknowledged messages return to their queue with their delivery
 count already raised, and a later fetch of that range reports them as ``gone`` instead of returning them.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import struct
+from typing import Literal, overload
 
 import msgpack
 
@@ -103,6 +105,11 @@ class Leases:
                 if self.store.get(info.name, seq) is not None:
                     self.broker.hold((qid, seq), group.holder)
 
+    @overload
+    def _group(self, queue: str, name: str, create: Literal[True], user: str | None) -> Group: ...
+    @overload
+    def _group(self, queue: str, name: str, create: bool, user: str | None) -> Group | None: ...
+
     def _group(self, queue: str, name: str, create: bool, user: str | None) -> Group | None:
         """The group, if ``user`` (the caller's CURVE key, None without CURVE) may use it: a group
         belongs to the key that made it (or first used it with a key), so that another client cannot
@@ -110,8 +117,10 @@ class Leases:
         group = self.groups.get((queue, name))
         if group is None and create:
             if len(self.groups) >= MAX_GROUPS:
-                raise ProtocolError("too-many-groups", f"{MAX_GROUPS} consumer groups exist; no new one until "
-                                                       "some expire (--api-group-timeout)")
+                raise ProtocolError(
+                    "too-many-groups",
+                    f"{MAX_GROUPS} consumer groups exist; no new one until some expire (--api-group-timeout)",
+                )
             info = self.store.queue(queue)
             group = Group(queue, info.qid, name, self._next_gid, owner=user)
             self._save(group)  # first: it may be refused (StoreFull), and then nothing is changed
@@ -126,7 +135,7 @@ class Leases:
         return group
 
     def _save(self, group: Group) -> None:
-        record = [group.gid, group.base, group.end, group.deadline_us]
+        record: list[int | str] = [group.gid, group.base, group.end, group.deadline_us]
         if group.owner is not None:
             record.append(group.owner)
         self.store.put_record("groups", group.key(), msgpack.packb(record), counted=False)
@@ -146,8 +155,9 @@ class Leases:
         group = self._group(queue, name, False, user)
         return (0, 0) if group is None else (group.base, group.end)
 
-    def lease(self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int,
-              user: str | None = None) -> tuple[int, int]:
+    def lease(
+        self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int, user: str | None = None
+    ) -> tuple[int, int]:
         """Make sure leases ``after .. after+max_n-1`` exist as far as messages are ready; returns
         (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read."""
         if max_n < 0:
@@ -157,32 +167,48 @@ class Leases:
             raise StoreFull(f"queue full: the disk of {self.store.path} is nearly full; no new leases")
         group = self._group(queue, name, True, user)
         if after > group.end:
-            raise ProtocolError("bad-offset", f"group {name!r} of {queue!r} never leased up to {after} "
-                                              f"(its leases end at {group.end})")
+            raise ProtocolError(
+                "bad-offset", f"group {name!r} of {queue!r} never leased up to {after} (its leases end at {group.end})"
+            )
         self._touch(group, now_us)
         # Below base is acknowledged or expired: a reader that starts there simply reads on from base.
         target = max(after, group.base) + max_n
         if group.end < target:
-            taken = self.broker.take(queue, target - group.end, group.holder, now=now, now_us=now_us,
-                                     timeout_s=float("inf"))
+            taken = self.broker.take(
+                queue, target - group.end, group.holder, now=now, now_us=now_us, timeout_s=float("inf")
+            )
             for message in taken:
-                self.store.put_record("leases", _LEASE_KEY.pack(group.gid, group.end),
-                                      _LEASE_VALUE.pack(message.seq, message.deliveries), counted=False)
+                self.store.put_record(
+                    "leases",
+                    _LEASE_KEY.pack(group.gid, group.end),
+                    _LEASE_VALUE.pack(message.seq, message.deliveries),
+                    counted=False,
+                )
                 group.end += 1
             if taken:
                 self._save(group)
         return group.base, min(group.end, target)
 
-    def fetch(self, queue: str, name: str, lo: int, hi: int, *, now_us: int, max_bytes: int | None = None,
-              user: str | None = None) -> tuple[list[tuple[int, Message]], int, int]:
+    def fetch(
+        self,
+        queue: str,
+        name: str,
+        lo: int,
+        hi: int,
+        *,
+        now_us: int,
+        max_bytes: int | None = None,
+        user: str | None = None,
+    ) -> tuple[list[tuple[int, Message]], int, int]:
         """The messages leased as ``lo .. hi-1`` with their lease seqs, how many of that range are gone
         (acknowledged, or expired back to the queue), and where the answer ends: ``hi``, or earlier
         once ``max_bytes`` of bodies are read (at least one message is always returned)."""
         group = self._group(queue, name, False, user)
         end = 0 if group is None else group.end
         if not 0 <= lo <= hi <= end:
-            raise ProtocolError("bad-range", f"range {lo}..{hi} is not within the leases of group {name!r} "
-                                             f"of {queue!r} (0..{end})")
+            raise ProtocolError(
+                "bad-range", f"range {lo}..{hi} is not within the leases of group {name!r} of {queue!r} (0..{end})"
+            )
         if hi - lo > MAX_FETCH:
             raise ProtocolError("bad-range", f"fetch at most {MAX_FETCH} messages at a time, not {hi - lo}")
         out: list[tuple[int, Message]] = []
@@ -209,8 +235,9 @@ class Leases:
         group = self._group(queue, name, False, user)
         end = 0 if group is None else group.end
         if not 0 <= upto <= end:
-            raise ProtocolError("bad-offset", f"cannot acknowledge up to {upto}: group {name!r} of {queue!r} "
-                                              f"leased up to {end}")
+            raise ProtocolError(
+                "bad-offset", f"cannot acknowledge up to {upto}: group {name!r} of {queue!r} leased up to {end}"
+            )
         if group is None or upto <= group.base:
             return upto if group is None else group.base
         self._touch(group, now_us)
@@ -244,9 +271,16 @@ class Leases:
             n = self.broker.consumer_gone(group.holder)
             for lseq in range(group.base, group.end):
                 self.store.delete_record("leases", _LEASE_KEY.pack(group.gid, lseq))
-            log.warning("group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
-                        "(leases %d..%d) went back to the queue", group.name, group.queue,
-                        self.timeout_us / 1e6, n, group.base, group.end - 1)
+            log.warning(
+                "group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
+                "(leases %d..%d) went back to the queue",
+                group.name,
+                group.queue,
+                self.timeout_us / 1e6,
+                n,
+                group.base,
+                group.end - 1,
+            )
             group.base = group.end
             self._save(group)
             returned += n
@@ -254,5 +288,6 @@ class Leases:
         return returned
 
     def stats(self) -> dict:
-        return {f"{g.queue}/{g.name}": {"base": g.base, "end": g.end, "held": g.end - g.base}
-                for g in self.groups.values()}
+        return {
+            f"{g.queue}/{g.name}": {"base": g.base, "end": g.end, "held": g.end - g.base} for g in self.groups.values()
+        }

@@ -1,5 +1,6 @@
 """Logging set-up (text or JSON lines), and logging of bad input, limited so that a flood of garbage
 cannot flood the log."""
+
 from __future__ import annotations
 
 import collections
@@ -41,8 +42,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
-                timespec="milliseconds"),
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -56,8 +56,9 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, fmt: str = "text") -> None:
     """Log to standard error (journald under systemd) at ``level``, as text lines or JSON lines."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -9,18 +9,28 @@ acked / redelivered counters; totals of the broker's counters; per protocol the 
 (``pzq_protocol_figure{protocol, figure}``); the commit (fsync) latency and the group-commit batch size
 (messages stored per commit) as histograms.
 """
+
 from __future__ import annotations
 
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from pzq.errors import ConfigError
 
 COMMIT_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 BATCH_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
-_TOTALS = ("produced_total", "acked_total", "nacked_total", "redelivered_total", "dead_lettered_total",
-           "refused_full_total", "refused_not_held_total", "expired_messages")
+_TOTALS = (
+    "produced_total",
+    "acked_total",
+    "nacked_total",
+    "redelivered_total",
+    "dead_lettered_total",
+    "refused_full_total",
+    "refused_not_held_total",
+    "expired_messages",
+)
 
 
 def parse_endpoint(dsn: str) -> tuple[str, int]:
@@ -43,9 +53,11 @@ class Metrics:
         self.host, self.port = parse_endpoint(dsn)
         self.registry = prometheus_client.CollectorRegistry()
         self.commit_seconds = prometheus_client.Histogram(
-            "pzq_commit_seconds", "Durable commit (fsync) latency", buckets=COMMIT_SECONDS, registry=self.registry)
+            "pzq_commit_seconds", "Durable commit (fsync) latency", buckets=COMMIT_SECONDS, registry=self.registry
+        )
         self.commit_messages = prometheus_client.Histogram(
-            "pzq_commit_messages", "Messages stored per group commit", buckets=BATCH_SIZES, registry=self.registry)
+            "pzq_commit_messages", "Messages stored per group commit", buckets=BATCH_SIZES, registry=self.registry
+        )
         self._snapshot: dict = {}
         self._lock = threading.Lock()
         self.registry.register(self)
@@ -88,8 +100,10 @@ class Metrics:
                 oldest.add_metric([queue], snap["oldest"][queue])
         yield from queue_gauges.values()
         yield oldest
-        per_queue = {name: c(f"pzq_queue_{name}", f"Messages {name} in the queue", labels=["queue"])
-                     for name in ("produced", "acked", "redelivered")}
+        per_queue: dict[str, Any] = {
+            name: c(f"pzq_queue_{name}", f"Messages {name} in the queue", labels=["queue"])
+            for name in ("produced", "acked", "redelivered")
+        }
         for queue, counts in snap["per_queue"].items():
             for name, family in per_queue.items():
                 family.add_metric([queue], counts.get(name, 0))

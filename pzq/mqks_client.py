@@ -1,5 +1,6 @@
 """A small blocking MQKS client (one TCP connection, one line per request): the CLI's `pzq mqks`, the
 tests and the rate script use it. Every read has a timeout."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,7 +56,7 @@ class MqksClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> "MqksClient":
+    def __enter__(self) -> MqksClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,7 +82,7 @@ class MqksClient:
         while b"\n" not in self._buf:
             try:
                 more = self.sock.recv(65536)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 return None
             except OSError as exc:
                 raise ClientError(f"the connection to the MQKS server failed: {exc}") from None
@@ -95,7 +96,7 @@ class MqksClient:
 
     def wait_ok(self, request_id: str) -> str:
         """Wait for the answer to ``request_id``, keeping other lines for later; raises on an error."""
-        kept = []
+        kept: list[str] = []
         deadline = time.monotonic() + self.timeout_s  # however many other lines come meanwhile
         try:
             while True:
@@ -103,7 +104,7 @@ class MqksClient:
                 if line is None or time.monotonic() > deadline or len(kept) > MAX_KEPT:
                     raise ClientError(f"no answer to {request_id} within {self.timeout_s} s")
                 if line.startswith(f"{request_id} ok") and not line.startswith(f"{request_id} ok --update"):
-                    return line[len(request_id) + 4:]
+                    return line[len(request_id) + 4 :]
                 if line.startswith(f"{request_id} error "):
                     raise ClientError(f"{request_id} refused: error id {line.split()[-1]} (in the server log)")
                 kept.append(line)
@@ -115,12 +116,24 @@ class MqksClient:
         if confirm:
             self.wait_ok(request_id)
 
-    def consume(self, queue: str, events: list[str] | None = None, *, manual_ack: bool = False,
-                add: bool = False, prefetch: int | None = None) -> str:
+    def consume(
+        self,
+        queue: str,
+        events: list[str] | None = None,
+        *,
+        manual_ack: bool = False,
+        add: bool = False,
+        prefetch: int | None = None,
+    ) -> str:
         """Start a consumer (durably confirmed); returns its consumer id. ``prefetch`` (pzq only) caps
         its unacked messages."""
-        parts = [queue, *(["--add"] if add else []), *(events or []), *(["--manual-ack"] if manual_ack else []),
-                 *([f"--prefetch={prefetch}"] if prefetch else [])]
+        parts = [
+            queue,
+            *(["--add"] if add else []),
+            *(events or []),
+            *(["--manual-ack"] if manual_ack else []),
+            *([f"--prefetch={prefetch}"] if prefetch else []),
+        ]
         consumer = self.request("consume", " ".join(parts), confirm=True)
         self.wait_ok(consumer)
         return consumer

@@ -9,6 +9,7 @@ Each turn of the loop:
   5. only then lets each endpoint send producer acks, deliveries and replies.
 Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -24,10 +26,10 @@ from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
 from pzq.errors import ConfigError, StoreError
 from pzq.gateways.api import ApiGateway
@@ -36,6 +38,10 @@ from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
 from pzq.systemd import Notifier
+
+if TYPE_CHECKING:
+    from pzq.curve import CurveServer
+    from pzq.metrics import Metrics
 
 log = logging.getLogger("pzq.server")
 
@@ -49,11 +55,12 @@ class Server:
     def __init__(self, config: Config, *, context: zmq.Context | None = None):
         self.config = config
         self.ctx = context or zmq.Context.instance()
-        self.store: Store | None = None
-        self.broker: Broker | None = None
+        # Made by start(); nothing but start() and close() runs before it.
+        self.store: Store
+        self.broker: Broker
         self.endpoints: list[Endpoint] = []
         self._sockets = Sockets(self.ctx)
-        self.curve = None
+        self.curve: CurveServer | None = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -64,7 +71,7 @@ class Server:
         self._next_watchdog = 0.0
         self._reload_requested = False
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
-        self.metrics = None
+        self.metrics: Metrics | None = None
         self._produced_at_commit = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -72,9 +79,15 @@ class Server:
     def start(self) -> None:
         """Open the store and bind every endpoint; raises ConfigError or StoreError with a clear text."""
         cfg = self.config
-        self.store = Store(cfg.database, max_size=cfg.max_store_size, sync=cfg.hard_sync,
-                           min_disk_free=cfg.min_disk_free, disk_reserve=cfg.disk_reserve,
-                           max_queues=cfg.max_queues, verify=True)
+        self.store = Store(
+            cfg.database,
+            max_size=cfg.max_store_size,
+            sync=cfg.hard_sync,
+            min_disk_free=cfg.min_disk_free,
+            disk_reserve=cfg.disk_reserve,
+            max_queues=cfg.max_queues,
+            verify=True,
+        )
         self.store.watch_disk()
         self.store.queue(cfg.queue)
         self.store.commit()
@@ -92,40 +105,61 @@ class Server:
         self.endpoints = [self.native, monitor]
         connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
         if cfg.phpmq_dsn:
-            gateway = PhpmqGateway(self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect,
-                                   max_credit=cfg.max_inflight)
-            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, gateway, cfg, owned, connections))
+            phpmq = PhpmqGateway(
+                self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
+            )
+            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
         if cfg.emqp_frontend_dsn:
             self.endpoints.append(EmqpEndpoint(cfg, self.broker, owned))
         if cfg.mqks_dsn:
-            gateway = MqksGateway(self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight,
-                                  drop_queue=self._drop_queue)
-            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, gateway, cfg, owned, connections))
+            mqks = MqksGateway(
+                self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight, drop_queue=self._drop_queue
+            )
+            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))
         if cfg.api_dsn:
-            gateway = ApiGateway(self.broker, self.leases, max_message_size=cfg.max_message_size,
-                                 dedup_window_s=cfg.api_dedup_window)
-            self.endpoints.append(ApiEndpoint(cfg, gateway, owned))
+            api = ApiGateway(
+                self.broker, self.leases, max_message_size=cfg.max_message_size, dedup_window_s=cfg.api_dedup_window
+            )
+            self.endpoints.append(ApiEndpoint(cfg, api, owned))
         self.endpoints.append(ConnectionWatch(owned, connections))
         if cfg.metrics_dsn:
-            from pzq.metrics import Metrics
+            from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
 
             self.metrics = Metrics(cfg.metrics_dsn)
         self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
-        log.info("pzq serving queue %r from %s: %s", cfg.queue, cfg.database,
-                 ", ".join(f"{name} {value}" for name, value in (
-                     ("receive", cfg.receive_dsn), ("send", cfg.send_dsn), ("monitor", cfg.monitor_dsn),
-                     ("phpmq", cfg.phpmq_dsn), ("emqp", cfg.emqp_frontend_dsn), ("mqks", cfg.mqks_dsn),
-                     ("api", cfg.api_dsn)) if value))
+        log.info(
+            "pzq serving queue %r from %s: %s",
+            cfg.queue,
+            cfg.database,
+            ", ".join(
+                f"{name} {value}"
+                for name, value in (
+                    ("receive", cfg.receive_dsn),
+                    ("send", cfg.send_dsn),
+                    ("monitor", cfg.monitor_dsn),
+                    ("phpmq", cfg.phpmq_dsn),
+                    ("emqp", cfg.emqp_frontend_dsn),
+                    ("mqks", cfg.mqks_dsn),
+                    ("api", cfg.api_dsn),
+                )
+                if value
+            ),
+        )
         if connections.limit < cfg.max_connections:
-            log.info("connections at most %d (--max-connections %d, under half the open-files limit)",
-                     connections.limit, cfg.max_connections)
+            log.info(
+                "connections at most %d (--max-connections %d, under half the open-files limit)",
+                connections.limit,
+                cfg.max_connections,
+            )
         if self.curve is None:
             log.info("no CURVE configured: every endpoint serves any client that can reach it")
         elif owned.open_roles:
-            log.warning("CURVE configured, but these endpoints serve clients without a key (--unauthenticated): "
-                        "%s", ", ".join(owned.open_roles))
+            log.warning(
+                "CURVE configured, but these endpoints serve clients without a key (--unauthenticated): %s",
+                ", ".join(owned.open_roles),
+            )
         else:
             log.info("CURVE configured: every endpoint requires an allowed client key")
 
@@ -175,8 +209,11 @@ class Server:
                     for endpoint in self.endpoints:
                         endpoint.revoked(revoked)
                     self._register()
-            log.warning("SIGHUP: log level is now %s%s; other settings take effect at the next restart",
-                        fresh.log_level, ", CURVE client keys re-read" if self.curve else "")
+            log.warning(
+                "SIGHUP: log level is now %s%s; other settings take effect at the next restart",
+                fresh.log_level,
+                ", CURVE client keys re-read" if self.curve else "",
+            )
         self.notifier.notify("READY=1", "STATUS=serving")
 
     def close(self) -> None:
@@ -184,9 +221,9 @@ class Server:
         if self.curve is not None:
             self.curve.close()
             self.curve = None
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()  # (a second close does nothing)
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -265,8 +302,9 @@ class Server:
             for endpoint in self.endpoints:
                 endpoint.work(now, now_us)
             # New messages are made durable at once, whether or not their protocol acks them.
-            self._commit_if_due(now, waiting=any(e.waiting() for e in self.endpoints)
-                                or self.broker.counters.produced != produced)
+            self._commit_if_due(
+                now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
+            )
         except StoreError:
             log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
             self._recover()
@@ -301,6 +339,8 @@ class Server:
         return self.broker.drop_queue(queue)
 
     def _publish_metrics(self, now_us: int) -> None:
+        if self.metrics is None:
+            return
         oldest = {}
         for info in self.store.queues():
             head = self.store.scan(info.name, 0, 1) if info.count else []
@@ -375,7 +415,7 @@ def _drop_privileges(user: str, database: str) -> None:
         if os.getuid() != entry.pw_uid:
             raise ConfigError(f"--user {user}: only root can switch users")
         return
-    for root, dirs, files in os.walk(database):
+    for root, _dirs, files in os.walk(database):
         for name in [root, *(os.path.join(root, f) for f in files)]:
             os.chown(name, entry.pw_uid, entry.pw_gid)
     os.setgroups([])

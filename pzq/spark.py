@@ -33,28 +33,36 @@ for a batch write, dedupKey names the write so that writing it again stores noth
 inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``); for a CURVE server,
 curveClientKey and curveServerKey (key files present on every node).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
-                                    DataSourceWriter, InputPartition, WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 
 try:  # admission control (latestOffset(start, limit)) came with pyspark 4.2
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 except ImportError:  # pragma: no cover - older pyspark calls latestOffset() without arguments
-    ReadAllAvailable = ReadMaxRows = None
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("pzq.spark")
 
 SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp, deliveries int"
 ALL_AVAILABLE = 20_000  # messages of one batch when Spark asks for all there is (in several lease calls)
-_UTC = datetime.timezone.utc
+_UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
@@ -73,7 +81,7 @@ class Options:
     curve: tuple[str, str] | None = None  # (client .key_secret file, server .key file), on every node
 
     @classmethod
-    def parse(cls, options: dict) -> "Options":
+    def parse(cls, options: Mapping[str, str]) -> Options:
         def number(name: str, default, kind=int):
             value = options.get(name)
             try:
@@ -84,13 +92,17 @@ class Options:
                 raise ValueError(f"pzq option {name}: must be positive, got {parsed}")
             return parsed
 
-        return cls(endpoint=options.get("endpoint") or cls.endpoint, queue=options.get("queue") or cls.queue,
-                   group=options.get("group") or cls.group,
-                   max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
-                   partitions=number("numPartitions", cls.partitions),
-                   fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
-                   timeout_s=number("timeout", cls.timeout_s, float), dedup_key=options.get("dedupKey") or "",
-                   curve=_curve(options.get("curveClientKey"), options.get("curveServerKey")))
+        return cls(
+            endpoint=options.get("endpoint") or cls.endpoint,
+            queue=options.get("queue") or cls.queue,
+            group=options.get("group") or cls.group,
+            max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
+            partitions=number("numPartitions", cls.partitions),
+            fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
+            timeout_s=number("timeout", cls.timeout_s, float),
+            dedup_key=options.get("dedupKey") or "",
+            curve=_curve(options.get("curveClientKey"), options.get("curveServerKey")),
+        )
 
     def client(self):
         from pzq.api_client import ApiClient  # imported where it runs: executors import pzq lazily
@@ -101,7 +113,7 @@ class Options:
 def _curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:
     if bool(client_key) != bool(server_key):
         raise ValueError("pzq options curveClientKey and curveServerKey: give both or neither")
-    return (client_key, server_key) if client_key else None
+    return (client_key, server_key) if client_key and server_key else None
 
 
 def _row(queue: str, item: list) -> tuple:
@@ -159,6 +171,7 @@ def register(spark) -> None:
 
 # -- reading ------------------------------------------------------------------------------------------
 
+
 class LeaseStreamReader(DataSourceStreamReader):
     """Micro-batches over a consumer group's leases. The driver's calls share one API client."""
 
@@ -193,7 +206,8 @@ class LeaseStreamReader(DataSourceStreamReader):
         if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
             max_n = ALL_AVAILABLE
         elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            max_n = min(getattr(limit, "max_rows", None) or getattr(limit, "maxRows"), ALL_AVAILABLE)
+            rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", 0)  # (named both ways by version)
+            max_n = min(int(rows or 0), ALL_AVAILABLE)
         end = after
         while end < after + max_n:  # the server leases at most 5,000 per call (pzq.leases.MAX_LEASE)
             _, more = self._api().lease(self.options.queue, self.options.group, end, after + max_n - end)
@@ -206,15 +220,22 @@ class LeaseStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[SeqRange]:
         return split(start["seq"], end["seq"], self.options.partitions)
 
-    def read(self, partition: SeqRange) -> Iterator[tuple]:
+    def read(self, partition: SeqRange) -> Iterator[tuple]:  # type: ignore[override]  # (our partitions)
         opts = self.options
         with opts.client() as api:
             for lo in range(partition.lo, partition.hi, opts.fetch_size):
                 hi = min(lo + opts.fetch_size, partition.hi)
                 messages, gone = api.fetch(opts.queue, opts.group, lo, hi)
                 if gone:
-                    log.warning("pzq group %r: %d message(s) of leases %d..%d are gone (their lease expired "
-                                "and they went back to queue %r)", opts.group, gone, lo, hi - 1, opts.queue)
+                    log.warning(
+                        "pzq group %r: %d message(s) of leases %d..%d are gone (their lease expired "
+                        "and they went back to queue %r)",
+                        opts.group,
+                        gone,
+                        lo,
+                        hi - 1,
+                        opts.queue,
+                    )
                 for item in messages:
                     yield _row(opts.queue, item)
 
@@ -240,7 +261,7 @@ class SnapshotReader(DataSourceReader):
             return [SeqRange(0, 0)]
         return split(info["first"], info["next"], self.options.partitions)
 
-    def read(self, partition: SeqRange) -> Iterator[tuple]:
+    def read(self, partition: SeqRange) -> Iterator[tuple]:  # type: ignore[override]  # (our partitions)
         opts = self.options
         if partition.lo >= partition.hi:
             return
@@ -253,6 +274,7 @@ class SnapshotReader(DataSourceReader):
 
 
 # -- writing ------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Written(WriterCommitMessage):
@@ -285,6 +307,7 @@ class QueueWriter(DataSourceWriter):
         count = duplicates = chunk_no = size = 0
         chunk: list[tuple[str, bytes]] = []
         with self.options.client() as api:
+
             def flush():
                 nonlocal count, duplicates, chunk_no, size
                 if chunk:
@@ -327,9 +350,9 @@ class QueueStreamWriter(QueueWriter, DataSourceStreamWriter):
             return f"spark:{query}:{batch}:{ctx.partitionId()}"
         return f"spark:{self.job}:{uuid.uuid4().hex}:{ctx.partitionId()}"  # no ids: at-least-once
 
-    def commit(self, messages: list, batchId: int) -> None:
+    def commit(self, messages: list, batchId: int) -> None:  # type: ignore[override]  # (the stream writer's)
         total = sum(m.count for m in messages if m is not None)
         log.info("pzq sink: batch %d: %d message(s) stored", batchId, total)
 
-    def abort(self, messages: list, batchId: int) -> None:
+    def abort(self, messages: list, batchId: int) -> None:  # type: ignore[override]  # (the stream writer's)
         log.warning("pzq sink: batch %d aborted; messages its finished tasks stored stay in the queue", batchId)

@@ -23,8 +23,10 @@ commit (fsync'd unless ``sync=False``). Nothing else in pzq decides when data re
 The per-queue counters (count, bytes) live in the ``queues`` record and are written once per commit,
 so start-up reads one small record per queue and never scans the messages.
 """
+
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import logging
 import os
@@ -32,6 +34,7 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
+from typing import Literal, overload
 
 import lmdb
 import msgpack
@@ -96,12 +99,11 @@ class QueueInfo:
     dead_count: int = 0
     dead_bytes: int = 0
 
-    def pack(self) -> bytes:
-        return msgpack.packb([self.qid, self.next_seq, self.count, self.bytes, self.dead_count,
-                              self.dead_bytes])
+    def pack(self) -> builtins.bytes:  # ("bytes" is also a field of this class)
+        return msgpack.packb([self.qid, self.next_seq, self.count, self.bytes, self.dead_count, self.dead_bytes])
 
     @classmethod
-    def unpack(cls, name: str, raw: bytes) -> "QueueInfo":
+    def unpack(cls, name: str, raw: builtins.bytes) -> QueueInfo:
         qid, next_seq, count, size, dead_count, dead_bytes = msgpack.unpackb(raw)
         return cls(name, qid, next_seq, count, size, dead_count, dead_bytes)
 
@@ -156,8 +158,14 @@ UNREADABLE = (ValueError, TypeError, KeyError, IndexError, struct.error, Unicode
 
 def read_schedule(key: bytes, value: bytes) -> tuple[str, dict]:
     record = msgpack.unpackb(value)
-    for name, kind in (("queue", str), ("headers", str), ("interval", int), ("payload", str), ("remaining", int),
-                       ("next_us", int)):
+    for name, kind in (
+        ("queue", str),
+        ("headers", str),
+        ("interval", int),
+        ("payload", str),
+        ("remaining", int),
+        ("next_us", int),
+    ):
         if not isinstance(record[name], kind):
             raise TypeError(f"schedule field {name} is not {kind.__name__}")
     cron = record.get("cron")
@@ -172,16 +180,25 @@ def _raise(exc: Exception):
     raise exc
 
 
-def _accounted(key: bytes, value: bytes) -> int:
+def _accounted(key: bytes, value: bytes | memoryview) -> int:
     return len(key) + len(value) + _OVERHEAD
 
 
 class Store:
     """Named durable FIFO queues. Single-threaded: one owner calls every method."""
 
-    def __init__(self, path: str | os.PathLike, *, max_size: int = 4 << 30, sync: bool = True,
-                 readonly: bool = False, min_disk_free: int = 0, disk_reserve: int = 0,
-                 max_queues: int = 1_000_000, verify: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        max_size: int = 4 << 30,
+        sync: bool = True,
+        readonly: bool = False,
+        min_disk_free: int = 0,
+        disk_reserve: int = 0,
+        max_queues: int = 1_000_000,
+        verify: bool = False,
+    ):
         self.path = os.fspath(path)
         self.max_size = max_size
         self.max_queues = max_queues
@@ -201,8 +218,10 @@ class Store:
         if stored < _MIN_DATA_FILE and os.path.exists(data_file):
             # LMDB would take an empty file for a new store: everything that was in it would be gone
             # without a word. (It writes its two meta pages the moment it creates the file.)
-            raise StoreDamaged(f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
-                             "or move the directory aside to start with an empty store")
+            raise StoreDamaged(
+                f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
+                "or move the directory aside to start with an empty store"
+            )
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self.syncs = 0
         self._sync = sync
@@ -219,8 +238,16 @@ class Store:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
             # mode 0600: the data and lock files are the owner's alone, whatever the umask.
-            self._env = lmdb.open(self.path, map_size=self.map_cap, max_dbs=16, sync=sync,
-                                  readonly=readonly, lock=True, meminit=False, mode=0o600)
+            self._env = lmdb.open(
+                self.path,
+                map_size=self.map_cap,
+                max_dbs=16,
+                sync=sync,
+                readonly=readonly,
+                lock=True,
+                meminit=False,
+                mode=0o600,
+            )
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
         needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
@@ -229,8 +256,10 @@ class Store:
         stored = os.path.getsize(data_file) if stored else 0
         if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
             self._env.close()
-            raise StoreDamaged(f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
-                             "from a backup, or move the directory aside to start with an empty store")
+            raise StoreDamaged(
+                f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
+                "from a backup, or move the directory aside to start with an empty store"
+            )
         try:
             if not readonly:
                 self._lock_fd = _lock_exclusively(os.path.join(self.path, "data.mdb"))
@@ -298,9 +327,11 @@ class Store:
                 try:
                     info = QueueInfo.unpack(name.decode(), value)
                 except UNREADABLE as exc:  # the counters of a queue: nothing of it can be served without
-                    raise StoreError(f"{self.path}/data.mdb: the record of queue {name[:60]!r} cannot be read "
-                                     f"({exc}): the store is damaged; run `pzq check`, restore it from a backup, "
-                                     "or `pzq dump` what is readable") from None
+                    raise StoreError(
+                        f"{self.path}/data.mdb: the record of queue {name[:60]!r} cannot be read "
+                        f"({exc}): the store is damaged; run `pzq check`, restore it from a backup, "
+                        "or `pzq dump` what is readable"
+                    ) from None
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
             self._side_bytes = self._table_bytes(txn)
@@ -331,7 +362,7 @@ class Store:
             self.commit()
         finally:
             self._env.close()
-            self._env = None
+            self._env = None  # type: ignore[assignment]  # (closed: every later call fails, close does nothing)
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = None
@@ -348,8 +379,11 @@ class Store:
         only those of deliveries made before it. Younger ones stay pending, since most deliveries are
         acked within a millisecond and their counts then never need a write.
         """
-        due = [(key, count) for key, (count, since) in self._pending_counts.items()
-               if counts_older_than is None or since <= counts_older_than]
+        due = [
+            (key, count)
+            for key, (count, since) in self._pending_counts.items()
+            if counts_older_than is None or since <= counts_older_than
+        ]
         if not self._dirty and not due:
             if self._txn is not None:
                 self._txn.abort()
@@ -413,6 +447,11 @@ class Store:
 
     # -- queues -----------------------------------------------------------------------------------
 
+    @overload
+    def queue(self, name: str, create: Literal[True] = True) -> QueueInfo: ...
+    @overload
+    def queue(self, name: str, create: bool) -> QueueInfo | None: ...
+
     def queue(self, name: str, create: bool = True) -> QueueInfo | None:
         """The counters of queue ``name`` (created empty on first use unless ``create`` is False)."""
         info = self._queues.get(name)
@@ -443,8 +482,7 @@ class Store:
         """Accounted bytes of every message, dead letter and side record: what the store limit applies to."""
         return self._total_bytes + self._side()
 
-    def _account(self, info: QueueInfo, count: int = 0, size: int = 0, dead_count: int = 0,
-                 dead_size: int = 0) -> None:
+    def _account(self, info: QueueInfo, count: int = 0, size: int = 0, dead_count: int = 0, dead_size: int = 0) -> None:
         info.count += count
         info.bytes += size
         info.dead_count += dead_count
@@ -453,13 +491,22 @@ class Store:
         self._dirty_queues.add(info.name)
         self._dirty = True
 
-    def put(self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0,
-            meta: dict | None = None) -> Message:
+    def put(
+        self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
         """Append a message to ``queue``. Raises StoreFull (writing nothing) past the store limit."""
         return self._append(queue, frames, now_us, expires_us, check_limit=True, meta=meta)
 
-    def _append(self, queue: str, frames: Sequence[bytes], enqueued_us: int, expires_us: int, *,
-                check_limit: bool, meta: dict | None = None) -> Message:
+    def _append(
+        self,
+        queue: str,
+        frames: Sequence[bytes],
+        enqueued_us: int,
+        expires_us: int,
+        *,
+        check_limit: bool,
+        meta: dict | None = None,
+    ) -> Message:
         record = [enqueued_us, expires_us, list(frames)]
         if meta:
             record.append(meta)
@@ -480,7 +527,7 @@ class Store:
             self._do(_raise, lmdb.KeyExistsError(f"message {message_id(info.qid, seq)} is already stored"))
         info.next_seq = seq + 1
         self._account(info, 1, size)
-        return Message(queue, info.qid, seq, frames, enqueued_us, expires_us, 0, meta)
+        return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta)
 
     def _txn_for_read(self):
         return self._txn if self._txn is not None else self._env.begin()
@@ -497,12 +544,24 @@ class Store:
         """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
         try:
             record = msgpack.unpackb(value)
-            if (type(record) is not list or len(record) < 3 or type(record[2]) is not list
-                    or not all(type(f) is bytes for f in record[2])
-                    or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)):
+            if (
+                type(record) is not list
+                or len(record) < 3
+                or type(record[2]) is not list
+                or not all(type(f) is bytes for f in record[2])
+                or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)
+            ):
                 raise ValueError("not a message record")
-            return Message(info.name, info.qid, _KEY.unpack(key)[1], record[2], int(record[0]), int(record[1]),
-                           self._deliveries(key, txn), record[3] if len(record) > 3 else None)
+            return Message(
+                info.name,
+                info.qid,
+                _KEY.unpack(key)[1],
+                record[2],
+                int(record[0]),
+                int(record[1]),
+                self._deliveries(key, txn),
+                record[3] if len(record) > 3 else None,
+            )
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
             return None
@@ -522,8 +581,7 @@ class Store:
         """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order."""
         while True:
             damaged = self.damaged_total
-            messages = [m for m in self._iter(self._messages_db, queue, from_seq, limit, self._decode)
-                        if m is not None]
+            messages = [m for m in self._iter(self._messages_db, queue, from_seq, limit, self._decode) if m is not None]
             self._set_aside()
             if self.damaged_total == damaged or len(messages) >= limit:
                 return messages  # (else read again: what was set aside is gone, more may follow it)
@@ -543,9 +601,13 @@ class Store:
             self._pending_counts.pop(key, None)
             self._account(info, -1, -_accounted(key, value))
             self.damaged_total += 1
-            log.error("message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
-                      "(`pzq dump` copies it out); the queue goes on", message_id(info.qid, _KEY.unpack(key)[1]),
-                      info.name, reason)
+            log.error(
+                "message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
+                "(`pzq dump` copies it out); the queue goes on",
+                message_id(info.qid, _KEY.unpack(key)[1]),
+                info.name,
+                reason,
+            )
 
     def _iter(self, db, queue: str, from_seq: int, limit: int, decode) -> Iterator:
         info = self._queues.get(queue)
@@ -604,12 +666,21 @@ class Store:
         """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
         if not self.delete(message.queue, message.seq):
             raise StoreError(f"message {message.id} is not stored")
-        moved = self._append(message.queue, message.frames, message.enqueued_us,
-                             message.expires_us if expires_us is None else expires_us, check_limit=False,
-                             meta=message.meta)
+        moved = self._append(
+            message.queue,
+            message.frames,
+            message.enqueued_us,
+            message.expires_us if expires_us is None else expires_us,
+            check_limit=False,
+            meta=message.meta,
+        )
         if message.deliveries:  # written now, not lazily: a retry count must survive a crash
-            self._do(self._write().put, _KEY.pack(moved.qid, moved.seq), _U32.pack(message.deliveries),
-                     db=self._deliveries_db)
+            self._do(
+                self._write().put,
+                _KEY.pack(moved.qid, moved.seq),
+                _U32.pack(message.deliveries),
+                db=self._deliveries_db,
+            )
         moved.deliveries = message.deliveries
         return moved
 
@@ -655,8 +726,16 @@ class Store:
     def _decode_dead(self, info: QueueInfo, key: bytes, value: bytes, txn) -> DeadLetter:
         record = msgpack.unpackb(value)
         enqueued_us, expires_us, frames, deliveries, reason, dead_at_us = record[:6]
-        message = Message(info.name, info.qid, _KEY.unpack(key)[1], frames, enqueued_us, expires_us, deliveries,
-                          record[6] if len(record) > 6 else None)
+        message = Message(
+            info.name,
+            info.qid,
+            _KEY.unpack(key)[1],
+            frames,
+            enqueued_us,
+            expires_us,
+            deliveries,
+            record[6] if len(record) > 6 else None,
+        )
         return DeadLetter(message, reason, dead_at_us)
 
     def dead_letters(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[DeadLetter]:
@@ -677,11 +756,19 @@ class Store:
         moved = []
         for letter in letters:
             key = _KEY.pack(info.qid, letter.message.seq)
-            value = self._write().get(key, db=self._dead_db)
+            value = self._write().get(key, db=self._dead_db) or b""
             self._do(self._write().delete, key, db=self._dead_db)
             self._account(info, dead_count=-1, dead_size=-_accounted(key, value))
-            moved.append(self._append(queue, letter.message.frames, letter.message.enqueued_us,
-                                      letter.message.expires_us, check_limit=False, meta=letter.message.meta))
+            moved.append(
+                self._append(
+                    queue,
+                    letter.message.frames,
+                    letter.message.enqueued_us,
+                    letter.message.expires_us,
+                    check_limit=False,
+                    meta=letter.message.meta,
+                )
+            )
         return moved
 
     # -- side records ---------------------------------------------------------------------------
@@ -761,8 +848,13 @@ class Store:
                 out.append(decode(key, value))
             except UNREADABLE as exc:
                 self.unreadable_records += 1
-                log.error("a record of the store's %s table cannot be read and is skipped (key %r): %s: %s",
-                          table, key[:60], type(exc).__name__, exc)
+                log.error(
+                    "a record of the store's %s table cannot be read and is skipped (key %r): %s: %s",
+                    table,
+                    key[:60],
+                    type(exc).__name__,
+                    exc,
+                )
         return out
 
     # -- checking -----------------------------------------------------------------------------------
@@ -811,15 +903,22 @@ class Store:
             free += self._reusable_bytes()
         if free < self.min_disk_free:
             if not self.low_disk:
-                log.warning("the disk of %s has %d bytes free, under --min-disk-free %d: producers are refused "
-                            "until there is room; consumers go on", self.path, free, self.min_disk_free)
+                log.warning(
+                    "the disk of %s has %d bytes free, under --min-disk-free %d: producers are refused "
+                    "until there is room; consumers go on",
+                    self.path,
+                    free,
+                    self.min_disk_free,
+                )
             self.low_disk = True
         else:
             if self.low_disk:
                 log.warning("the disk of %s has %d bytes free again: producers are served", self.path, free)
             self.low_disk = False
-            if (st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
-                    and time.monotonic() >= self._reserve_retry_at):
+            if (
+                st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
+                and time.monotonic() >= self._reserve_retry_at
+            ):
                 self._make_reserve()
         return free
 
@@ -827,9 +926,20 @@ class Store:
         """Bytes of the data file's pages that no table uses (free for LMDB to reuse)."""
         txn = self._txn_for_read()
         used = 2  # the two meta pages
-        for stat in (self._env.stat(), *(txn.stat(db) for db in (
-                self._queues_db, self._meta_db, self._messages_db, self._deliveries_db, self._dead_db,
-                *self._tables.values()))):
+        for stat in (
+            self._env.stat(),
+            *(
+                txn.stat(db)
+                for db in (
+                    self._queues_db,
+                    self._meta_db,
+                    self._messages_db,
+                    self._deliveries_db,
+                    self._dead_db,
+                    *self._tables.values(),
+                )
+            ),
+        ):
             used += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
         info = self._env.info()
         return max(0, info["last_pgno"] + 1 - used) * self._env.stat()["psize"]
@@ -851,8 +961,13 @@ class Store:
                 os.close(fd)
         except OSError as exc:
             self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-            log.warning("cannot reserve %d bytes in %s (trying again in %d s): %s", self.disk_reserve,
-                        self._reserve_path, RESERVE_RETRY_S, exc)
+            log.warning(
+                "cannot reserve %d bytes in %s (trying again in %d s): %s",
+                self.disk_reserve,
+                self._reserve_path,
+                RESERVE_RETRY_S,
+                exc,
+            )
             try:
                 os.unlink(self._reserve_path)  # no half reserve
             except OSError:
@@ -867,8 +982,12 @@ class Store:
             return False
         # Not made again at once: the failed turn's acks come back next turn and need that room.
         self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-        log.warning("a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
-                    "consumers' acks commit next time", self.path, self.disk_reserve)
+        log.warning(
+            "a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
+            "consumers' acks commit next time",
+            self.path,
+            self.disk_reserve,
+        )
         return True
 
     # -- figures ----------------------------------------------------------------------------------

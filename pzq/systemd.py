@@ -4,6 +4,7 @@
 ``Type=notify``, so the server calls it unconditionally. The watchdog interval comes from
 $WATCHDOG_USEC (only if $WATCHDOG_PID is unset or ours); the server pings at half of it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,7 @@ class Notifier:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def from_environment(cls, env: Mapping[str, str] | None = None) -> "Notifier":
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> Notifier:
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET") or None
         watchdog_s = None

@@ -13,6 +13,7 @@ The phases, processes, body stamps and figures are pzq bench's own (pzq.bench.ru
 difference between the columns is the system under test. `--install` apt-installs the servers and
 pip-installs the Python clients (redis, pika) when they are missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ STREAM, GROUP = "pzq-bench", "bench"
 
 
 # -- Redis --------------------------------------------------------------------------------------------
+
 
 def redis_producer(job, start, progress, results) -> None:
     import redis
@@ -99,9 +101,26 @@ class RedisPeer:
         self.port = _free_port()
         self.workdir = workdir
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", workdir,
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"],
-            stdout=open(os.path.join(workdir, "redis.log"), "ab"), stderr=subprocess.STDOUT)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                workdir,
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+            ],
+            stdout=open(os.path.join(workdir, "redis.log"), "ab"),
+            stderr=subprocess.STDOUT,
+        )
         _wait_port(self.port, proc=self.proc)
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
 
@@ -135,8 +154,9 @@ def rabbit_producer(job, start, progress, results) -> None:
     import pika
 
     port = int(job.endpoint.rsplit(":", 1)[1])
-    conn = pika.SelectConnection(pika.ConnectionParameters("127.0.0.1", port),
-                                 on_close_callback=lambda *_: conn.ioloop.stop())
+    conn = pika.SelectConnection(
+        pika.ConnectionParameters("127.0.0.1", port), on_close_callback=lambda *_: conn.ioloop.stop()
+    )
     pad = b"x" * max(0, job.size - _HEAD.size)
     state = {"sent": 0, "acked": 0, "nacked": 0, "t0": 0, "latencies": [], "sent_at": {}, "ch": None}
     interval_ns = int(1e9 / job.rate) if job.rate else 0
@@ -221,19 +241,30 @@ class RabbitPeer:
 
     def __init__(self, workdir: str):
         self.port = _free_port()
-        env = dict(os.environ, RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(self.port),
-                   RABBITMQ_NODENAME=f"pzqbench{self.port}@localhost", RABBITMQ_MNESIA_BASE=workdir,
-                   RABBITMQ_LOG_BASE=workdir, RABBITMQ_DIST_PORT=str(_free_port()),
-                   RABBITMQ_SERVER_START_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
-                   RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(workdir, "plugins"), HOME=workdir)
+        env = dict(
+            os.environ,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_NODENAME=f"pzqbench{self.port}@localhost",
+            RABBITMQ_MNESIA_BASE=workdir,
+            RABBITMQ_LOG_BASE=workdir,
+            RABBITMQ_DIST_PORT=str(_free_port()),
+            RABBITMQ_SERVER_START_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(workdir, "plugins"),
+            HOME=workdir,
+        )
         open(os.path.join(workdir, "plugins"), "w").write("[].\n")
         self.env = env
         # The Debian wrapper in /usr/sbin switches to the rabbitmq user and its own home; the real
         # script runs the node as us, with everything in workdir.
         self.bin = "/usr/lib/rabbitmq/bin" if os.path.isdir("/usr/lib/rabbitmq/bin") else ""
-        self.proc = subprocess.Popen([os.path.join(self.bin, "rabbitmq-server")], env=env,
-                                     stdout=open(os.path.join(workdir, "rabbit.log"), "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [os.path.join(self.bin, "rabbitmq-server")],
+            env=env,
+            stdout=open(os.path.join(workdir, "rabbit.log"), "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _wait_port(self.port, timeout=120, proc=self.proc)
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
 
@@ -254,8 +285,12 @@ class RabbitPeer:
         return None
 
     def stop(self) -> None:
-        subprocess.run([os.path.join(self.bin, "rabbitmqctl"), "-n", self.env["RABBITMQ_NODENAME"], "stop"], env=self.env,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [os.path.join(self.bin, "rabbitmqctl"), "-n", self.env["RABBITMQ_NODENAME"], "stop"],
+            env=self.env,
+            capture_output=True,
+            timeout=60,
+        )
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -266,6 +301,7 @@ class RabbitPeer:
 
 
 # -- common -------------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     return bench._free_ports(1)[0]
@@ -282,8 +318,6 @@ def _wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = N
         except OSError:
             time.sleep(0.1)
     raise SystemExit(f"nothing listens on port {port} after {timeout} s")
-
-
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -304,32 +338,81 @@ def one_run(peer, options: bench.BenchOptions) -> dict:
     kw = dict(progress=progress, server=peer, producer_fn=peer.producer_fn, consumer_fn=peer.consumer_fn)
     out = {}
     peer.reset()
-    out["producer_w1"], _ = bench.run_phase("producer w1", options, peer.endpoint, None,
-                                            count=options.latency_count, window=1, producers=1, consumers=0, **kw)
-    out["producer_w100"], _ = bench.run_phase(f"producer w{options.window}", options, peer.endpoint, None,
-                                              count=options.count, window=options.window,
-                                              producers=options.producers, consumers=0, **kw)
-    out["consumer"], _ = bench.run_phase("consumer drain", options, None, peer.endpoint,
-                                         count=options.count + options.latency_count, window=0, producers=0,
-                                         consumers=options.consumers, **kw)
+    out["producer_w1"], _ = bench.run_phase(
+        "producer w1",
+        options,
+        peer.endpoint,
+        None,
+        count=options.latency_count,
+        window=1,
+        producers=1,
+        consumers=0,
+        **kw,
+    )
+    out["producer_w100"], _ = bench.run_phase(
+        f"producer w{options.window}",
+        options,
+        peer.endpoint,
+        None,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=0,
+        **kw,
+    )
+    out["consumer"], _ = bench.run_phase(
+        "consumer drain",
+        options,
+        None,
+        peer.endpoint,
+        count=options.count + options.latency_count,
+        window=0,
+        producers=0,
+        consumers=options.consumers,
+        **kw,
+    )
     peer.reset()
-    out["e2e"], _ = bench.run_phase("end to end", options, peer.endpoint, peer.endpoint, count=options.count,
-                                    window=options.window, producers=options.producers,
-                                    consumers=options.consumers, **kw)
+    out["e2e"], _ = bench.run_phase(
+        "end to end",
+        options,
+        peer.endpoint,
+        peer.endpoint,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=options.consumers,
+        **kw,
+    )
     peer.reset()
-    out["e2e_paced"], _ = bench.run_phase(f"paced {options.rate:g}/s", options, peer.endpoint, peer.endpoint,
-                                          count=int(options.rate * options.paced_seconds),
-                                          window=max(options.window, 1000), producers=options.producers,
-                                          consumers=options.consumers, rate=options.rate, **kw)
+    out["e2e_paced"], _ = bench.run_phase(
+        f"paced {options.rate:g}/s",
+        options,
+        peer.endpoint,
+        peer.endpoint,
+        count=int(options.rate * options.paced_seconds),
+        window=max(options.window, 1000),
+        producers=options.producers,
+        consumers=options.consumers,
+        rate=options.rate,
+        **kw,
+    )
     return out
 
 
-ROWS = [("producer, window 1 (msg/s)", "producer_w1.msg_s"), ("  ack p50 (ms)", "producer_w1.ack_p50_ms"),
-        ("  ack p99 (ms)", "producer_w1.ack_p99_ms"), ("producer, window W (msg/s)", "producer_w100.msg_s"),
-        ("consumer, draining (msg/s)", "consumer.msg_s"), ("end to end (msg/s)", "e2e.msg_s"),
-        ("  latency p50 (ms)", "e2e.lat_p50_ms"), ("  latency p99 (ms)", "e2e.lat_p99_ms"),
-        ("paced latency p50 (ms)", "e2e_paced.lat_p50_ms"), ("paced latency p99 (ms)", "e2e_paced.lat_p99_ms"),
-        ("server CPU, window W (%)", "producer_w100.server_cpu_pct"), ("server CPU, e2e (%)", "e2e.server_cpu_pct")]
+ROWS = [
+    ("producer, window 1 (msg/s)", "producer_w1.msg_s"),
+    ("  ack p50 (ms)", "producer_w1.ack_p50_ms"),
+    ("  ack p99 (ms)", "producer_w1.ack_p99_ms"),
+    ("producer, window W (msg/s)", "producer_w100.msg_s"),
+    ("consumer, draining (msg/s)", "consumer.msg_s"),
+    ("end to end (msg/s)", "e2e.msg_s"),
+    ("  latency p50 (ms)", "e2e.lat_p50_ms"),
+    ("  latency p99 (ms)", "e2e.lat_p99_ms"),
+    ("paced latency p50 (ms)", "e2e_paced.lat_p50_ms"),
+    ("paced latency p99 (ms)", "e2e_paced.lat_p99_ms"),
+    ("server CPU, window W (%)", "producer_w100.server_cpu_pct"),
+    ("server CPU, e2e (%)", "e2e.server_cpu_pct"),
+]
 
 
 def main() -> None:
@@ -345,11 +428,19 @@ def main() -> None:
     parser.add_argument("--install", action="store_true", help="apt/pip-install what is missing")
     parser.add_argument("--json", default="compare-peers.json")
     args = parser.parse_args()
-    options = bench.BenchOptions(count=args.count, latency_count=args.latency_count, window=args.window,
-                                 producers=args.producers, consumers=args.consumers,
-                                 paced_seconds=args.paced_seconds, runs=args.runs)
-    peers = {"redis": (RedisPeer, "redis-server", "redis-server", "redis"),
-             "rabbitmq": (RabbitPeer, "rabbitmq-server", "rabbitmq-server", "pika")}
+    options = bench.BenchOptions(
+        count=args.count,
+        latency_count=args.latency_count,
+        window=args.window,
+        producers=args.producers,
+        consumers=args.consumers,
+        paced_seconds=args.paced_seconds,
+        runs=args.runs,
+    )
+    peers = {
+        "redis": (RedisPeer, "redis-server", "redis-server", "redis"),
+        "rabbitmq": (RabbitPeer, "rabbitmq-server", "rabbitmq-server", "pika"),
+    }
     results = {"machine": bench.machine(), "options": vars(args)}
     print("pzq ...", file=sys.stderr)
     results["pzq"] = bench.bench(dataclasses.replace(options, ceiling=False))["median"]
@@ -372,8 +463,7 @@ def main() -> None:
                 shutil.rmtree(workdir, ignore_errors=True)
         results[name] = medians(runs)
     names = [n for n in ("pzq", *args.peers.split(",")) if n in results]
-    header = f"{'figure':<28}" + "".join(f"{n:>12}" for n in names) + "".join(
-        f"{'pzq/' + n:>14}" for n in names[1:])
+    header = f"{'figure':<28}" + "".join(f"{n:>12}" for n in names) + "".join(f"{'pzq/' + n:>14}" for n in names[1:])
     print(header)
     for label, key in ROWS:
         values = [results[n].get(key) for n in names]
@@ -386,8 +476,11 @@ def main() -> None:
 
 def _install(binary: str, package: str, module: str) -> None:
     if not shutil.which(binary):
-        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=False,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", package],
+            check=False,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+        )
     try:
         __import__(module)
     except ImportError:

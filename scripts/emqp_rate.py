@@ -9,6 +9,7 @@ its own process from the same installed package (nothing of it is committed here
 byte to a file, so completion is counted the same way for both brokers (the reference never forwards
 REPLYs). The clock runs from the first defer_job to the N-th finished job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,20 +33,53 @@ def free_ports(n: int) -> list[int]:
 
 
 def start_pzq(workdir: str, front: str, back: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", os.path.join(workdir, "db"),
-                             "--receive-dsn", f"ipc://{workdir}/r", "--send-dsn", f"ipc://{workdir}/s",
-                             "--monitor-dsn", f"ipc://{workdir}/m", "--phpmq-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", "", "--mqks-dsn", "",
-                             "--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--log-level", "warning"],
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            os.path.join(workdir, "db"),
+            "--receive-dsn",
+            f"ipc://{workdir}/r",
+            "--send-dsn",
+            f"ipc://{workdir}/s",
+            "--monitor-dsn",
+            f"ipc://{workdir}/m",
+            "--phpmq-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--api-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            front,
+            "--emqp-backend-dsn",
+            back,
+            "--log-level",
+            "warning",
+        ],
+        start_new_session=True,
+    )
 
 
 def start_reference(workdir: str, front: str, back: str) -> subprocess.Popen:
-    code = ("import logging; logging.disable(logging.CRITICAL);"
-            "from eventmq.router import Router; "
-            f"Router().start(frontend_addr={front!r}, backend_addr={back!r}, "
-            f"administrative_addr='tcp://127.0.0.1:{free_ports(1)[0]}')")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=workdir, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = (
+        "import logging; logging.disable(logging.CRITICAL);"
+        "from eventmq.router import Router; "
+        f"Router().start(frontend_addr={front!r}, backend_addr={back!r}, "
+        f"administrative_addr='tcp://127.0.0.1:{free_ports(1)[0]}')"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=workdir,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def run(broker: str, jobs: int, concurrent: int) -> float:
@@ -57,9 +91,13 @@ def run(broker: str, jobs: int, concurrent: int) -> float:
     front, back = (f"tcp://127.0.0.1:{p}" for p in ports)
     server = (start_pzq if broker == "pzq" else start_reference)(workdir, front, back)
     env = dict(os.environ, PYTHONPATH=str(TESTS))
-    worker = subprocess.Popen([sys.executable, "-m", "eventmq_app.worker", back, "jobs", str(concurrent)],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "eventmq_app.worker", back, "jobs", str(concurrent)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     tally = Path(workdir) / "tally"
     try:
         time.sleep(2)  # let the JobManager INFORM and hear a heartbeat before the clock starts
@@ -94,7 +132,7 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4, help="the JobManager's job processes")
     parser.add_argument("--broker", choices=["pzq", "reference", "both"], default="both")
     args = parser.parse_args()
-    for broker in (["pzq", "reference"] if args.broker == "both" else [args.broker]):
+    for broker in ["pzq", "reference"] if args.broker == "both" else [args.broker]:
         rate = run(broker, args.jobs, args.concurrent)
         print(f"{broker:<10} {args.jobs} trivial jobs, one JobManager x{args.concurrent}: {rate:,.0f} jobs/s")
 

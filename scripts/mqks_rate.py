@@ -9,6 +9,7 @@ to the last ack confirmed (`ack --confirm` of the last message, answered after i
 uses a fresh server and store (fsync'd commits). The reference MQKS published about 15,500 msg/s for
 this with manual ack, in memory, on unknown hardware.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,39 @@ def _free_port() -> int:
 def one_run(n: int, size: int) -> float:
     workdir = tempfile.mkdtemp(prefix="pzq-mqks-rate-")
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", f"{workdir}/db",
-                               "--receive-dsn", f"ipc://{workdir}/r", "--send-dsn", f"ipc://{workdir}/s",
-                               "--monitor-dsn", f"ipc://{workdir}/m", "--mqks-dsn", endpoint, "--phpmq-dsn", "",
-                               "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "",
-                               "--api-dsn", "", "--ack-timeout", "60000000", "--log-level", "warning"],
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            f"{workdir}/db",
+            "--receive-dsn",
+            f"ipc://{workdir}/r",
+            "--send-dsn",
+            f"ipc://{workdir}/s",
+            "--monitor-dsn",
+            f"ipc://{workdir}/m",
+            "--mqks-dsn",
+            endpoint,
+            "--phpmq-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--api-dsn",
+            "",
+            "--ack-timeout",
+            "60000000",
+            "--log-level",
+            "warning",
+        ],
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -72,8 +100,11 @@ def one_run(n: int, size: int) -> float:
             if delivery is None:
                 continue
             got += 1
-            acks.append(f"a{got} ack {consumer_id} {delivery.msg_id}\n" if got < n else
-                        f"last ack --confirm {consumer_id} {delivery.msg_id}\n")
+            acks.append(
+                f"a{got} ack {consumer_id} {delivery.msg_id}\n"
+                if got < n
+                else f"last ack --confirm {consumer_id} {delivery.msg_id}\n"
+            )
             if len(acks) >= 100 or got == n:
                 consumer.sock.sendall("".join(acks).encode())
                 acks.clear()
@@ -97,8 +128,10 @@ def main() -> int:
     rates = []
     for run in range(1, args.runs + 1):
         rates.append(one_run(args.messages, args.size))
-        print(f"run {run}: {rates[-1]:,.0f} msg/s (publish -> consume -> ack, manual ack, {args.messages:,} "
-              f"messages of {args.size} B)")
+        print(
+            f"run {run}: {rates[-1]:,.0f} msg/s (publish -> consume -> ack, manual ack, {args.messages:,} "
+            f"messages of {args.size} B)"
+        )
     print(f"median: {statistics.median(rates):,.0f} msg/s   (reference MQKS, in memory: about 15,500 msg/s)")
     return 0
 

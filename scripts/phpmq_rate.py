@@ -7,6 +7,7 @@ One raw-socket producer sends N current-dialect 001 messages (the protocol has n
 send phase ends when MONITOR shows all N stored, i.e. committed); one consumer asks for a credit
 window of --window and acks each dispatch as it reads it. Prints msg/s of each phase and overall.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,30 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="pzq-phpmq-rate-")
     port, monitor = _free_ports(1)[0], f"ipc://{workdir}/monitor"
     receive, send = (f"ipc://{workdir}/{n}" for n in ("receive", "send"))
-    server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", os.path.join(workdir, "db"),
-                               "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor,
-                               "--phpmq-dsn", f"tcp://127.0.0.1:{port}", "--api-dsn", "", "--mqks-dsn", "", "--log-level", "warning"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            os.path.join(workdir, "db"),
+            "--receive-dsn",
+            receive,
+            "--send-dsn",
+            send,
+            "--monitor-dsn",
+            monitor,
+            "--phpmq-dsn",
+            f"tcp://127.0.0.1:{port}",
+            "--api-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -62,7 +84,7 @@ def main() -> None:
                 break
             except client.ClientError:
                 if time.monotonic() > deadline:
-                    raise SystemExit("the server did not start")
+                    raise SystemExit("the server did not start") from None
         body = b"x" * args.size
         producer = socket.create_connection(("127.0.0.1", port))
         t0 = time.monotonic()

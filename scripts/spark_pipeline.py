@@ -18,6 +18,7 @@ On a cluster (pzq installed on every node, the API endpoint reachable from the e
     spark-submit --master spark://HOST:7077 scripts/spark_pipeline.py --endpoint tcp://QUEUE-HOST:11133 \\
         --queue events --output hdfs:///pzq/agg --checkpoint hdfs:///pzq/ck --follow
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from pzq.spark import register  # noqa: E402 - after the path, so the script runs from a checkout
 
-EVENT = StructType([StructField("key", StringType()), StructField("ts", StringType()),
-                    StructField("value", DoubleType())])
+EVENT = StructType(
+    [StructField("key", StringType()), StructField("ts", StringType()), StructField("value", DoubleType())]
+)
 
 
 def aggregate(events: DataFrame, *, window: str, watermark: str) -> DataFrame:
@@ -40,22 +42,48 @@ def aggregate(events: DataFrame, *, window: str, watermark: str) -> DataFrame:
     parsed = events.select(F.from_json(F.col("body").cast("string"), EVENT).alias("e")).select("e.*")
     # An ISO-8601 string or epoch seconds; try_ forms give NULL (a skipped event) where ANSI casts raise.
     ts = F.expr("coalesce(try_to_timestamp(ts), timestamp_seconds(try_cast(ts AS DOUBLE)))")
-    valid = parsed.withColumn("ts", ts).where(F.col("key").isNotNull() & F.col("ts").isNotNull()
-                                              & F.col("value").isNotNull())
-    return (valid.withWatermark("ts", watermark)
-            .groupBy(F.window("ts", window), "key")
-            .agg(F.count(F.lit(1)).alias("events"), F.sum("value").alias("total"), F.avg("value").alias("mean"))
-            .select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-                    "key", "events", "total", "mean"))
+    valid = parsed.withColumn("ts", ts).where(
+        F.col("key").isNotNull() & F.col("ts").isNotNull() & F.col("value").isNotNull()
+    )
+    return (
+        valid.withWatermark("ts", watermark)
+        .groupBy(F.window("ts", window), "key")
+        .agg(F.count(F.lit(1)).alias("events"), F.sum("value").alias("total"), F.avg("value").alias("mean"))
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "key",
+            "events",
+            "total",
+            "mean",
+        )
+    )
 
 
-def start(spark: SparkSession, *, endpoint: str, queue: str, group: str, output: str, checkpoint: str,
-          window: str = "1 minute", watermark: str = "30 seconds", results_queue: str | None = None,
-          name: str = "pzq-pipeline", max_per_batch: int = 10_000):
+def start(
+    spark: SparkSession,
+    *,
+    endpoint: str,
+    queue: str,
+    group: str,
+    output: str,
+    checkpoint: str,
+    window: str = "1 minute",
+    watermark: str = "30 seconds",
+    results_queue: str | None = None,
+    name: str = "pzq-pipeline",
+    max_per_batch: int = 10_000,
+):
     """Start the pipeline's streaming query and return it."""
     register(spark)
-    events = (spark.readStream.format("pzq").option("endpoint", endpoint).option("queue", queue)
-              .option("group", group).option("maxMessagesPerBatch", max_per_batch).load())
+    events = (
+        spark.readStream.format("pzq")
+        .option("endpoint", endpoint)
+        .option("queue", queue)
+        .option("group", group)
+        .option("maxMessagesPerBatch", max_per_batch)
+        .load()
+    )
 
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         # The query id lives in the checkpoint: a re-run batch has the same one, a new checkpoint not.
@@ -64,14 +92,26 @@ def start(spark: SparkSession, *, endpoint: str, queue: str, group: str, output:
         try:
             rows.write.mode("overwrite").parquet(f"{output}/query_id={query_id}/batch_id={batch_id}")
             if results_queue:
-                (rows.select(F.to_json(F.struct(*rows.columns)).alias("body")).write.format("pzq")
-                 .option("endpoint", endpoint).option("queue", results_queue)
-                 .option("dedupKey", f"{query_id}:{batch_id}").mode("append").save())
+                (
+                    rows.select(F.to_json(F.struct(*rows.columns)).alias("body"))
+                    .write.format("pzq")
+                    .option("endpoint", endpoint)
+                    .option("queue", results_queue)
+                    .option("dedupKey", f"{query_id}:{batch_id}")
+                    .mode("append")
+                    .save()
+                )
         finally:
             rows.unpersist()
 
-    return (aggregate(events, window=window, watermark=watermark).writeStream.outputMode("append")
-            .queryName(name).option("checkpointLocation", checkpoint).foreachBatch(write_batch).start())
+    return (
+        aggregate(events, window=window, watermark=watermark)
+        .writeStream.outputMode("append")
+        .queryName(name)
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(write_batch)
+        .start()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,9 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     if (args.master or "").startswith("local"):  # Python workers run here: this interpreter has pzq
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = builder.getOrCreate()
-    query = start(spark, endpoint=args.endpoint, queue=args.queue, group=args.group, output=args.output,
-                  checkpoint=args.checkpoint, window=args.window, watermark=args.watermark,
-                  results_queue=args.results_queue)
+    query = start(
+        spark,
+        endpoint=args.endpoint,
+        queue=args.queue,
+        group=args.group,
+        output=args.output,
+        checkpoint=args.checkpoint,
+        window=args.window,
+        watermark=args.watermark,
+        results_queue=args.results_queue,
+    )
     try:
         if args.follow:
             query.awaitTermination()

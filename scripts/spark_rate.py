@@ -10,6 +10,7 @@ Each run fills a fresh queue with N small messages (API PRODUCE, 1,000 per reque
   sink         a DataFrame of N rows written into a queue (format pzq, durable before each task ends).
 Spark start-up is not counted; the first run also pays for Spark's JIT warm-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,18 +35,48 @@ def main() -> int:
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="pzq-spark-rate-")
     endpoint = f"ipc://{workdir}/api"
-    server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", f"{workdir}/db",
-                               "--receive-dsn", f"ipc://{workdir}/r", "--send-dsn", f"ipc://{workdir}/s",
-                               "--monitor-dsn", f"ipc://{workdir}/m", "--api-dsn", endpoint, "--phpmq-dsn", "",
-                               "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--mqks-dsn", "",
-                               "--log-level", "warning"], start_new_session=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            f"{workdir}/db",
+            "--receive-dsn",
+            f"ipc://{workdir}/r",
+            "--send-dsn",
+            f"ipc://{workdir}/s",
+            "--monitor-dsn",
+            f"ipc://{workdir}/m",
+            "--api-dsn",
+            endpoint,
+            "--phpmq-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--log-level",
+            "warning",
+        ],
+        start_new_session=True,
+    )
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     from pzq.spark import register
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     n = args.messages
@@ -53,8 +84,10 @@ def main() -> int:
     try:
         with ApiClient(endpoint, timeout_s=60) as api:
             print(f"{n:,} messages of {args.size} B, local[2], maxMessagesPerBatch {args.batch:,}")
-            print(f"{'run':>3} {'produce msg/s':>14} {'stream read rows/s':>19} {'snapshot rows/s':>16} "
-                  f"{'sink rows/s':>12}")
+            print(
+                f"{'run':>3} {'produce msg/s':>14} {'stream read rows/s':>19} {'snapshot rows/s':>16} "
+                f"{'sink rows/s':>12}"
+            )
             for run in range(1, args.runs + 1):
                 queue = f"rate{run}"
                 t0 = time.perf_counter()
@@ -67,9 +100,16 @@ def main() -> int:
                 snapshot_rate = count / (time.perf_counter() - t0)
 
                 t0 = time.perf_counter()
-                query = (spark.readStream.format("pzq").option("endpoint", endpoint).option("queue", queue)
-                         .option("maxMessagesPerBatch", args.batch).load().writeStream.format("noop")
-                         .option("checkpointLocation", f"{workdir}/ck{run}").start())
+                query = (
+                    spark.readStream.format("pzq")
+                    .option("endpoint", endpoint)
+                    .option("queue", queue)
+                    .option("maxMessagesPerBatch", args.batch)
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", f"{workdir}/ck{run}")
+                    .start()
+                )
                 query.processAllAvailable()
                 read_rate = n / (time.perf_counter() - t0)
                 rows = query.lastProgress["sources"][0] if query.lastProgress else {}
@@ -77,7 +117,7 @@ def main() -> int:
                 if api.offsets(queue, "spark")[1] != n:
                     raise SystemExit(f"the stream leased {api.offsets(queue, 'spark')[1]} of {n}: {rows}")
 
-                df = spark.range(n).selectExpr("repeat('x', %d) AS body" % args.size).cache()
+                df = spark.range(n).selectExpr(f"repeat('x', {args.size}) AS body").cache()
                 df.count()
                 t0 = time.perf_counter()
                 df.write.format("pzq").option("endpoint", endpoint).option("queue", f"sink{run}").mode("append").save()
@@ -85,7 +125,9 @@ def main() -> int:
                 df.unpersist()
                 if api.info(f"sink{run}")["depth"] != n:
                     raise SystemExit("the sink did not store every row")
-                print(f"{run:>3} {produce_rate:>14,.0f} {read_rate:>19,.0f} {snapshot_rate:>16,.0f} {sink_rate:>12,.0f}")
+                print(
+                    f"{run:>3} {produce_rate:>14,.0f} {read_rate:>19,.0f} {snapshot_rate:>16,.0f} {sink_rate:>12,.0f}"
+                )
     finally:
         spark.stop()
         server.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ longest wait for an ack (the stall) and its ack p99, and what the hostile client
     .venv/bin/python scripts/torture.py --short    # smaller sizes (CI runs this as a smoke test)
     .venv/bin/python scripts/torture.py --case greedy-consumer
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,38 @@ class Server:
         self.mqks_port, self.api_port = _free_port(), _free_port()
         self.receive, self.send, self.monitor = (f"ipc://{self.tmp}/{n}" for n in ("r", "s", "m"))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pzq", "serve", "--database", f"{self.tmp}/db", "--receive-dsn", self.receive,
-             "--send-dsn", self.send, "--monitor-dsn", self.monitor, "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
-             "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--api-dsn", f"tcp://127.0.0.1:{self.api_port}",
-             "--disk-reserve", "0",
-             "--mqks-dsn", f"tcp://127.0.0.1:{self.mqks_port}", *extra],
-            stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "pzq",
+                "serve",
+                "--database",
+                f"{self.tmp}/db",
+                "--receive-dsn",
+                self.receive,
+                "--send-dsn",
+                self.send,
+                "--monitor-dsn",
+                self.monitor,
+                "--phpmq-dsn",
+                "",
+                "--emqp-frontend-dsn",
+                "",
+                "--emqp-backend-dsn",
+                "",
+                "--emqp-publish-dsn",
+                "",
+                "--api-dsn",
+                f"tcp://127.0.0.1:{self.api_port}",
+                "--disk-reserve",
+                "0",
+                "--mqks-dsn",
+                f"tcp://127.0.0.1:{self.mqks_port}",
+                *extra,
+            ],
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -87,8 +114,10 @@ class Honest(threading.Thread):
         self.join(70)
         waits = sorted(self.waits) or [0.0]
         p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))]
-        return f"honest ack p50 {statistics.median(waits) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, " \
-               f"longest {waits[-1] * 1000:.1f} ms"
+        return (
+            f"honest ack p50 {statistics.median(waits) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, "
+            f"longest {waits[-1] * 1000:.1f} ms"
+        )
 
 
 def deaf_producer(srv: Server, size: int) -> str:
@@ -171,7 +200,9 @@ def api_pipeline(srv: Server, size: int) -> str:
 
     body = msgpack.packb({"messages": [["bulk", b"x" * 100]] * 5_000}, use_bin_type=True)
     started = time.perf_counter()
-    answered = _send_all_then_count(f"tcp://127.0.0.1:{srv.api_port}", [[b"", b"%d" % i, b"PRODUCE", body] for i in range(size)])
+    answered = _send_all_then_count(
+        f"tcp://127.0.0.1:{srv.api_port}", [[b"", b"%d" % i, b"PRODUCE", body] for i in range(size)]
+    )
     return f"{size} x PRODUCE of 5,000: {answered} answered in {time.perf_counter() - started:.2f} s"
 
 
@@ -248,11 +279,17 @@ def mqks_consumers(srv: Server, size: int) -> str:
     return f"{size} consumers asked for: {size - refused} made, {refused} refused"
 
 
-CASES = {"deaf-producer": (deaf_producer, 40_000, 5_000), "greedy-consumer": (greedy_consumer, 40_000, 5_000),
-         "mqks-rebind": (mqks_rebind, 3_000, 500), "big-messages": (big_messages, 60, 4),
-         "api-pipeline": (api_pipeline, 60, 3), "idle-connections": (idle_connections, 18_000, 300),
-         "partial-input": (partial_input, 40, 4), "big-lease": (big_lease, 200_000, 20_000),
-         "mqks-consumers": (mqks_consumers, 2_000, 200)}
+CASES = {
+    "deaf-producer": (deaf_producer, 40_000, 5_000),
+    "greedy-consumer": (greedy_consumer, 40_000, 5_000),
+    "mqks-rebind": (mqks_rebind, 3_000, 500),
+    "big-messages": (big_messages, 60, 4),
+    "api-pipeline": (api_pipeline, 60, 3),
+    "idle-connections": (idle_connections, 18_000, 300),
+    "partial-input": (partial_input, 40, 4),
+    "big-lease": (big_lease, 200_000, 20_000),
+    "mqks-consumers": (mqks_consumers, 2_000, 200),
+}
 
 
 def main() -> None:

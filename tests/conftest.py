@@ -1,5 +1,6 @@
 """Fixtures per real backend: a real LMDB store in tmp_path, real servers (in a thread or a subprocess),
 real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,11 +28,20 @@ def store(tmp_path):
 
 
 def make_config(tmp_path: Path, **overrides) -> config.Config:
-    values = dict(database=str(tmp_path / "db"), receive_dsn=f"ipc://{tmp_path}/receive",
-                  send_dsn=f"ipc://{tmp_path}/send", monitor_dsn=f"ipc://{tmp_path}/monitor",
-                  ack_timeout=1_000_000, phpmq_dsn="", emqp_frontend_dsn="", emqp_backend_dsn="",
-                  emqp_publish_dsn="", api_dsn="", mqks_dsn="",
-                  disk_reserve=0)  # (pytest keeps its temp dirs: no reserve file in each; tests of it ask)
+    values = dict(
+        database=str(tmp_path / "db"),
+        receive_dsn=f"ipc://{tmp_path}/receive",
+        send_dsn=f"ipc://{tmp_path}/send",
+        monitor_dsn=f"ipc://{tmp_path}/monitor",
+        ack_timeout=1_000_000,
+        phpmq_dsn="",
+        emqp_frontend_dsn="",
+        emqp_backend_dsn="",
+        emqp_publish_dsn="",
+        api_dsn="",
+        mqks_dsn="",
+        disk_reserve=0,
+    )  # (pytest keeps its temp dirs: no reserve file in each; tests of it ask)
     values.update(overrides)
     return config.Config(**values).validate()
 
@@ -118,18 +128,38 @@ class ProcessServer:
         self.send = f"ipc://{tmp_path}/send"
         self.monitor = f"ipc://{tmp_path}/monitor"
         self.log = tmp_path / "server.log"
-        self.argv = [sys.executable, "-m", "pzq", "serve", "--database", str(self.database),
-                     "--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor,
-                     "--ack-timeout", str(ack_timeout), *extra]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            str(self.database),
+            "--receive-dsn",
+            self.receive,
+            "--send-dsn",
+            self.send,
+            "--monitor-dsn",
+            self.monitor,
+            "--ack-timeout",
+            str(ack_timeout),
+            *extra,
+        ]
         if "--disk-reserve" not in extra:
             self.argv += ["--disk-reserve", "0"]
-        for option in ("--phpmq-dsn", "--emqp-frontend-dsn", "--emqp-backend-dsn", "--emqp-publish-dsn", "--mqks-dsn",
-                       "--api-dsn"):
+        for option in (
+            "--phpmq-dsn",
+            "--emqp-frontend-dsn",
+            "--emqp-backend-dsn",
+            "--emqp-publish-dsn",
+            "--mqks-dsn",
+            "--api-dsn",
+        ):
             if option not in extra:  # gateways bind fixed default ports: off unless a test asks
                 self.argv += [option, ""]
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "ProcessServer":
+    def start(self) -> ProcessServer:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 20
@@ -154,7 +184,7 @@ class ProcessServer:
             self.proc.wait(timeout=5)
             raise
 
-    def restart(self, sig: int = signal.SIGTERM) -> "ProcessServer":
+    def restart(self, sig: int = signal.SIGTERM) -> ProcessServer:
         self.stop(sig)
         return self.start()
 
@@ -263,8 +293,19 @@ def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGat
         back, _ = free_tcp_endpoint()
         api_dsn = f"ipc://{tmp_path}/api"
         try:
-            srv = process_server("--phpmq-dsn", phpmq_dsn, "--mqks-dsn", mqks_dsn, "--emqp-frontend-dsn", front,
-                                 "--emqp-backend-dsn", back, "--api-dsn", api_dsn, *extra)
+            srv = process_server(
+                "--phpmq-dsn",
+                phpmq_dsn,
+                "--mqks-dsn",
+                mqks_dsn,
+                "--emqp-frontend-dsn",
+                front,
+                "--emqp-backend-dsn",
+                back,
+                "--api-dsn",
+                api_dsn,
+                *extra,
+            )
         except RuntimeError as exc:
             # A free port can be taken by another process (a client's ephemeral port) before the
             # server binds it: choose again.

@@ -1,4 +1,5 @@
 """The API endpoint of a real server: leases, fetches, acks, snapshots and batch produce over ZeroMQ."""
+
 from __future__ import annotations
 
 import signal
@@ -7,9 +8,10 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import recv, wait_until
 from pzq import client
 from pzq.api_client import ApiClient, ApiError
+
+from conftest import recv, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -134,12 +136,15 @@ def test_garbage_gets_an_error_reply_or_is_dropped_and_the_server_keeps_answerin
     assert api.info("q")["depth"] == 0
 
 
-@pytest.mark.parametrize("command, args", [
-    ("SNAPSHOT", {"queue": "q", "after": 2**64 - 1, "before": 2**64 - 1, "limit": 10}),
-    ("PRODUCE", {"messages": [["q", b"x"]], "key": "k" * 600}),
-    ("OFFSETS", {"queue": "q", "group": "g" * 600}),
-    ("PRODUCE", {"messages": [["q" * 300, b"x"]]}),
-])
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("SNAPSHOT", {"queue": "q", "after": 2**64 - 1, "before": 2**64 - 1, "limit": 10}),
+        ("PRODUCE", {"messages": [["q", b"x"]], "key": "k" * 600}),
+        ("OFFSETS", {"queue": "q", "group": "g" * 600}),
+        ("PRODUCE", {"messages": [["q" * 300, b"x"]]}),
+    ],
+)
 def test_hostile_arguments_are_refused_without_undoing_anyone_elses_work(api_server, api, sockets, command, args):
     raw = sockets(zmq.DEALER, api_server.config.api_dsn)
     raw.send_multipart([b"", b"1", b"PRODUCE", msgpack.packb({"messages": [["q", b"kept"]], "key": "a"})])

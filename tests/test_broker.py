@@ -1,4 +1,5 @@
 """Broker rules over a real Store: times are passed in, so nothing sleeps and no socket is involved."""
+
 from __future__ import annotations
 
 import pytest
@@ -109,7 +110,9 @@ def test_a_message_past_its_ttl_is_dead_lettered_and_never_handed_out(broker):
     assert take(broker, 1) == [b"fresh"]
     letters = broker.store.dead_letters("q")
     assert [(d.message.frames, d.reason, d.dead_at_us) for d in letters] == [
-        ([b"stale1"], "expired", T0), ([b"stale2"], "expired", T0)]
+        ([b"stale1"], "expired", T0),
+        ([b"stale2"], "expired", T0),
+    ]
     assert broker.store.queue("q").count == 1
 
 
@@ -181,8 +184,15 @@ def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
     broker.expire(10.0)
     take(broker, 1, now=10.0)
     stats = broker.stats()
-    assert list(stats) == ["messages", "messages_inflight", "db_size", "inflight_db_size", "syncs",
-                           "expired_messages", "queues"]
+    assert list(stats) == [
+        "messages",
+        "messages_inflight",
+        "db_size",
+        "inflight_db_size",
+        "syncs",
+        "expired_messages",
+        "queues",
+    ]
     assert (stats["messages"], stats["messages_inflight"], stats["syncs"], stats["expired_messages"]) == (3, 1, 1, 1)
     assert stats["db_size"] == broker.store.disk_bytes() > 0
     assert stats["inflight_db_size"] == broker.inflight.approx_bytes() > 0
@@ -203,7 +213,11 @@ def test_a_client_settles_only_what_was_delivered_to_it(broker):
     assert broker.dead_letter(ref, "x", by="mallory", now_us=T0) is False
     assert broker.ack(never_given, by="alice") is False  # stored, ready, but never given to anyone
     assert broker.dead_letter(never_given, "x", by="alice", now_us=T0) is False
-    assert (broker.store.queue("q").count, broker.store.queue("q").dead_count, broker.counters.refused_not_held) == (3, 0, 6)
+    assert (broker.store.queue("q").count, broker.store.queue("q").dead_count, broker.counters.refused_not_held) == (
+        3,
+        0,
+        6,
+    )
     assert broker.inflight.get(ref).consumer == "alice"
     assert broker.ack(ref, by="alice") is True
 

@@ -1,4 +1,5 @@
 """The `pzq` command line, through click's runner against a real server, and once as a real subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,20 @@ def run(*args: str, input: str | None = None, env: dict | None = None):
 
 
 def test_help_exits_0_for_every_command():
-    for args in ([], ["serve"], ["monitor"], ["produce"], ["consume"], ["dead-letters"],
-                 ["dead-letters", "list"], ["dead-letters", "requeue"], ["mqks"], ["mqks", "publish"],
-                 ["mqks", "consume"], ["bench"]):
+    for args in (
+        [],
+        ["serve"],
+        ["monitor"],
+        ["produce"],
+        ["consume"],
+        ["dead-letters"],
+        ["dead-letters", "list"],
+        ["dead-letters", "requeue"],
+        ["mqks"],
+        ["mqks", "publish"],
+        ["mqks", "consume"],
+        ["bench"],
+    ):
         result = run(*args, "--help")
         assert result.exit_code == 0, (args, result.output)
         assert "Usage:" in result.output
@@ -26,8 +38,17 @@ def test_help_exits_0_for_every_command():
 
 def test_serve_help_keeps_the_original_option_names():
     out = run("serve", "--help").output
-    for option in ("--database", "--receive-dsn", "--send-dsn", "--monitor-dsn", "--ack-timeout",
-                   "--reaper-frequency", "--hard-sync", "--user", "--config"):
+    for option in (
+        "--database",
+        "--receive-dsn",
+        "--send-dsn",
+        "--monitor-dsn",
+        "--ack-timeout",
+        "--reaper-frequency",
+        "--hard-sync",
+        "--user",
+        "--config",
+    ):
         assert option in out
 
 
@@ -50,9 +71,17 @@ def test_an_endpoint_in_use_is_reported_without_a_traceback(tmp_path):
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     with taken:
-        result = run("serve", "--database", str(tmp_path / "db"),
-                     "--receive-dsn", "tcp://127.0.0.1:%d" % taken.getsockname()[1],
-                     "--send-dsn", f"ipc://{tmp_path}/s", "--monitor-dsn", f"ipc://{tmp_path}/m")
+        result = run(
+            "serve",
+            "--database",
+            str(tmp_path / "db"),
+            "--receive-dsn",
+            f"tcp://127.0.0.1:{taken.getsockname()[1]}",
+            "--send-dsn",
+            f"ipc://{tmp_path}/s",
+            "--monitor-dsn",
+            f"ipc://{tmp_path}/m",
+        )
     assert result.exit_code == 2
     assert "cannot bind" in result.output and "Traceback" not in result.output
 
@@ -108,22 +137,52 @@ def test_dead_letters_can_be_listed_and_requeued(make_server):
 
 def test_the_installed_command_runs_as_a_real_process(process_server):
     server = process_server()
-    produced = subprocess.run([sys.executable, "-m", "pzq", "produce", "--receive-dsn", server.receive, "hi"],
-                              capture_output=True, text=True, timeout=60)
+    produced = subprocess.run(
+        [sys.executable, "-m", "pzq", "produce", "--receive-dsn", server.receive, "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert produced.returncode == 0, produced.stderr
-    consumed = subprocess.run([sys.executable, "-m", "pzq", "consume", "--send-dsn", server.send],
-                              capture_output=True, text=True, timeout=60)
+    consumed = subprocess.run(
+        [sys.executable, "-m", "pzq", "consume", "--send-dsn", server.send], capture_output=True, text=True, timeout=60
+    )
     assert consumed.stdout == "hi\n"
     version = subprocess.run([sys.executable, "-m", "pzq", "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and "pzq" in version.stdout
 
 
 def test_json_logs_are_one_object_per_line(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--database", str(tmp_path / "db"),
-                             "--receive-dsn", f"ipc://{tmp_path}/r", "--send-dsn", f"ipc://{tmp_path}/s",
-                             "--monitor-dsn", f"ipc://{tmp_path}/m", "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
-                             "--emqp-backend-dsn", "", "--mqks-dsn", "", "--api-dsn", "", "--log-format", "json"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            str(tmp_path / "db"),
+            "--receive-dsn",
+            f"ipc://{tmp_path}/r",
+            "--send-dsn",
+            f"ipc://{tmp_path}/s",
+            "--monitor-dsn",
+            f"ipc://{tmp_path}/m",
+            "--phpmq-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--api-dsn",
+            "",
+            "--log-format",
+            "json",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = json.loads(proc.stderr.readline())
         assert first["level"] == "info" and first["logger"] == "pzq.server" and "serving" in first["message"]

@@ -1,5 +1,6 @@
 """Connections libzmq accepts on the ZeroMQ endpoints count toward --max-connections: a flood of idle
 ones is cut off at once, the server keeps serving, and each endpoint leaves the others room."""
+
 from __future__ import annotations
 
 import selectors

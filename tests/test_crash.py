@@ -1,6 +1,7 @@
 """Crash safety under load: producers pipeline and consumers ack while the server is killed with SIGKILL
 at random moments, twenty times in a row. Every message acked to a producer must be delivered at some
 point or still be stored; the store must open every time. Duplicates are reported (at-least-once)."""
+
 from __future__ import annotations
 
 import random
@@ -28,7 +29,7 @@ class Load:
         self.ctx = zmq.Context()
         self.threads = [threading.Thread(target=self._produce), threading.Thread(target=self._consume)]
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         for thread in self.threads:
             thread.start()
         return self
@@ -93,8 +94,10 @@ def test_twenty_sigkills_under_load_lose_no_acked_message(process_server, socket
     lost = load.acked - set(seen)
     duplicates = len(seen) - len(set(seen))
     with capsys.disabled():
-        print(f"\ncrash test: {KILLS} SIGKILLs survived, {len(load.acked)} messages acked to the producer, "
-              f"lost {len(lost)}, {len(seen)} deliveries of {len(set(seen))} messages "
-              f"({duplicates} duplicates)")
+        print(
+            f"\ncrash test: {KILLS} SIGKILLs survived, {len(load.acked)} messages acked to the producer, "
+            f"lost {len(lost)}, {len(seen)} deliveries of {len(set(seen))} messages "
+            f"({duplicates} duplicates)"
+        )
     assert len(load.acked) > 1000
     assert not lost, sorted(lost)[:10]

@@ -1,4 +1,5 @@
 """ZeroMQ CURVE on a real server: allowed client keys get through, everyone else gets nothing."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,10 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from conftest import free_tcp_endpoint
 from pzq.cli import cli
 from pzq.curve import secure_client
+
+from conftest import free_tcp_endpoint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,8 +49,12 @@ def test_keygen_writes_a_public_key_and_an_owner_only_secret_key(keys):
 
 def test_only_clients_with_an_allowed_key_are_served(make_server, keys):
     endpoint, _ = free_tcp_endpoint()
-    srv = make_server(receive_dsn=endpoint, curve_secret_key=str(keys / "server" / "server.key_secret"),
-                      curve_clients=str(keys / "clients"), unauthenticated="monitor")
+    srv = make_server(
+        receive_dsn=endpoint,
+        curve_secret_key=str(keys / "server" / "server.key_secret"),
+        curve_clients=str(keys / "clients"),
+        unauthenticated="monitor",
+    )
     server_key = str(keys / "server" / "server.key")
     alice = (str(keys / "alice" / "alice.key_secret"), server_key)
     mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
@@ -65,10 +71,18 @@ def test_only_clients_with_an_allowed_key_are_served(make_server, keys):
 def test_the_cli_produces_and_consumes_through_curve(make_server, keys):
     receive, _ = free_tcp_endpoint()
     send, _ = free_tcp_endpoint()
-    make_server(receive_dsn=receive, send_dsn=send, curve_secret_key=str(keys / "server" / "server.key_secret"),
-                curve_clients=str(keys / "clients"))
-    curve = ["--curve-client-key", str(keys / "alice" / "alice.key_secret"),
-             "--curve-server-key", str(keys / "server" / "server.key")]
+    make_server(
+        receive_dsn=receive,
+        send_dsn=send,
+        curve_secret_key=str(keys / "server" / "server.key_secret"),
+        curve_clients=str(keys / "clients"),
+    )
+    curve = [
+        "--curve-client-key",
+        str(keys / "alice" / "alice.key_secret"),
+        "--curve-server-key",
+        str(keys / "server" / "server.key"),
+    ]
     runner = CliRunner()
     result = runner.invoke(cli, ["produce", "--receive-dsn", receive, *curve, "hello"])
     assert result.exit_code == 0, result.output
@@ -81,8 +95,11 @@ def test_the_api_client_speaks_curve_too(make_server, keys):
     from pzq.errors import ClientError
 
     endpoint, _ = free_tcp_endpoint()
-    make_server(api_dsn=endpoint, curve_secret_key=str(keys / "server" / "server.key_secret"),
-                curve_clients=str(keys / "clients"))
+    make_server(
+        api_dsn=endpoint,
+        curve_secret_key=str(keys / "server" / "server.key_secret"),
+        curve_clients=str(keys / "clients"),
+    )
     alice = (str(keys / "alice" / "alice.key_secret"), str(keys / "server" / "server.key"))
     with ApiClient(endpoint, timeout_s=10, curve=alice) as api:
         assert api.produce([("q", b"x")])["count"] == 1
@@ -91,8 +108,9 @@ def test_the_api_client_speaks_curve_too(make_server, keys):
 
 
 def curve_settings(keys, **more) -> dict:
-    return dict(curve_secret_key=str(keys / "server" / "server.key_secret"), curve_clients=str(keys / "clients"),
-                **more)
+    return dict(
+        curve_secret_key=str(keys / "server" / "server.key_secret"), curve_clients=str(keys / "clients"), **more
+    )
 
 
 def test_with_curve_even_the_ipc_monitor_wants_a_key_unless_named_unauthenticated(make_server, keys, tmp_path):
@@ -104,8 +122,9 @@ def test_with_curve_even_the_ipc_monitor_wants_a_key_unless_named_unauthenticate
     with pytest.raises(ClientError, match="no answer"):
         client.stats(srv.monitor, timeout_ms=1000)
     assert client.stats(srv.monitor, curve=alice)["messages"] == 0
-    result = CliRunner().invoke(cli, ["monitor", "--monitor-dsn", srv.monitor, "--curve-client-key", alice[0],
-                                      "--curve-server-key", alice[1]])
+    result = CliRunner().invoke(
+        cli, ["monitor", "--monitor-dsn", srv.monitor, "--curve-client-key", alice[0], "--curve-server-key", alice[1]]
+    )
     assert result.exit_code == 0 and "messages_inflight" in result.output, result.output
 
 
@@ -128,15 +147,25 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
     import signal
     import time
 
-    from conftest import wait_until
     from pzq import client
+
+    from conftest import wait_until
 
     receive, _ = free_tcp_endpoint()
     send, _ = free_tcp_endpoint()
     shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # mallory is allowed, for now
-    srv = process_server("--receive-dsn", receive, "--send-dsn", send, "--curve-secret-key",
-                         str(keys / "server" / "server.key_secret"), "--curve-clients", str(keys / "clients"),
-                         "--unauthenticated", "monitor")
+    srv = process_server(
+        "--receive-dsn",
+        receive,
+        "--send-dsn",
+        send,
+        "--curve-secret-key",
+        str(keys / "server" / "server.key_secret"),
+        "--curve-clients",
+        str(keys / "clients"),
+        "--unauthenticated",
+        "monitor",
+    )
     server_key = str(keys / "server" / "server.key")
     pair = {name: (str(keys / name / f"{name}.key_secret"), server_key) for name in ("alice", "mallory")}
     producers = {name: client.Producer(receive, curve=curve, timeout_ms=1500) for name, curve in pair.items()}
@@ -172,14 +201,28 @@ def test_with_curve_the_default_raw_tcp_gateways_stop_the_server_with_one_line(k
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "pzq", "serve", "--database", str(tmp_path / "db"),
-                             "--curve-secret-key", str(keys / "server" / "server.key_secret"),
-                             "--curve-clients", str(keys / "clients")],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            str(tmp_path / "db"),
+            "--curve-secret-key",
+            str(keys / "server" / "server.key_secret"),
+            "--curve-clients",
+            str(keys / "clients"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "pzq: error: --phpmq-dsn tcp://127.0.0.1:9100: PHPMQ clients cannot authenticate, and CURVE is configured: "
-        "disable it (--phpmq-dsn '') or accept it knowingly with --unauthenticated phpmq"]
+        "disable it (--phpmq-dsn '') or accept it knowingly with --unauthenticated phpmq"
+    ]
     assert not (tmp_path / "db").exists(), "nothing was opened"
 
 
@@ -192,9 +235,20 @@ def test_a_revoked_emqp_worker_is_dropped_and_its_job_goes_to_an_allowed_one(pro
     front, _ = free_tcp_endpoint()
     back, _ = free_tcp_endpoint()
     shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")
-    srv = process_server("--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--emqp-publish-dsn", "",
-                         "--curve-secret-key", str(keys / "server" / "server.key_secret"),
-                         "--curve-clients", str(keys / "clients"), "--unauthenticated", "monitor")
+    srv = process_server(
+        "--emqp-frontend-dsn",
+        front,
+        "--emqp-backend-dsn",
+        back,
+        "--emqp-publish-dsn",
+        "",
+        "--curve-secret-key",
+        str(keys / "server" / "server.key_secret"),
+        "--curve-clients",
+        str(keys / "clients"),
+        "--unauthenticated",
+        "monitor",
+    )
     made = []
 
     def peer(endpoint, name):
@@ -246,8 +300,12 @@ def test_a_consumer_group_belongs_to_the_key_that_made_it(make_server, keys):
     try:
         alice.produce([("q", b"m%d" % i) for i in range(3)])
         assert alice.call("LEASE", queue="q", group="billing", after=0, max=3)["end"] == 3
-        for command, args in (("FETCH", {"lo": 0, "hi": 3}), ("ACK_UPTO", {"upto": 3}), ("OFFSETS", {}),
-                              ("LEASE", {"after": 3, "max": 1})):
+        for command, args in (
+            ("FETCH", {"lo": 0, "hi": 3}),
+            ("ACK_UPTO", {"upto": 3}),
+            ("OFFSETS", {}),
+            ("LEASE", {"after": 3, "max": 1}),
+        ):
             with pytest.raises(ApiError, match="not-owner"):
                 mallory.call(command, queue="q", group="billing", **args)
         rows = alice.call("FETCH", queue="q", group="billing", lo=0, hi=3)["messages"]
@@ -289,8 +347,11 @@ def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
         job = next_command(honest, b"REQUEST")
         honest.close(linger=0)  # its connection drops; its worker entry (and job) live on for now
         impostor = peer(back, "mallory", identity)
-        for command in ([b"REPLY", mid(), b'{"forged": true}', job[3]], [b"READY", mid()],
-                        [b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"]):
+        for command in (
+            [b"REPLY", mid(), b'{"forged": true}', job[3]],
+            [b"READY", mid()],
+            [b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"],
+        ):
             impostor.send_multipart([b"", V, *command])
         from conftest import wait_until
 

@@ -1,6 +1,7 @@
 """A damaged store is named, not crashed on: an empty or truncated data file stops the server at start
 with one clear line (never a silent fresh start, never SIGBUS), and one unreadable record is set aside
 while the server goes on serving."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,9 +9,10 @@ import subprocess
 import lmdb
 import pytest
 
-from conftest import ProcessServer, start_every_gateway
 from pzq import client
 from pzq.store import _KEY
+
+from conftest import ProcessServer, start_every_gateway
 
 
 def serve_exits(srv: ProcessServer) -> subprocess.CompletedProcess:
@@ -90,8 +92,9 @@ def test_pzq_check_and_dump_read_a_store_and_name_what_is_unreadable(process_ser
     check = subprocess.run([*srv.argv[:3], "check", str(srv.database)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "1 unreadable" in check.stdout and "Traceback" not in check.stderr
     out = tmp_path / "dump.jsonl"
-    dump = subprocess.run([*srv.argv[:3], "dump", str(srv.database), str(out)], capture_output=True, text=True,
-                          timeout=60)
+    dump = subprocess.run(
+        [*srv.argv[:3], "dump", str(srv.database), str(out)], capture_output=True, text=True, timeout=60
+    )
     assert dump.returncode == 1 and "some records could not be read" in dump.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 9 and {r["queue"] for r in rows} == {"default"}
@@ -107,8 +110,10 @@ def test_pzq_check_names_a_truncated_store_in_one_line(process_server):
     assert check.stderr.strip().splitlines()[-1].startswith("pzq: error:") and "truncated" in check.stderr
 
 
-@pytest.mark.parametrize("table, key", [("groups", b"\0" * 7 + b"\x01g"), ("leases", b"\0" * 16),
-                                        ("mqks", b"q"), ("schedules", b"s"), ("produced", b"k")])
+@pytest.mark.parametrize(
+    "table, key",
+    [("groups", b"\0" * 7 + b"\x01g"), ("leases", b"\0" * 16), ("mqks", b"q"), ("schedules", b"s"), ("produced", b"k")],
+)
 @pytest.mark.parametrize("value", [b"\xc1 not msgpack", b"\x80"])
 def test_a_damaged_side_record_is_skipped_at_start_and_named_by_check(process_server, tmp_path, table, key, value):
     srv = stored(process_server, n=3)

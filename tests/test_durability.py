@@ -1,4 +1,5 @@
 """Real `pzq serve` subprocesses, stopped with SIGTERM or killed with SIGKILL, restarted on the same data."""
+
 from __future__ import annotations
 
 import signal
@@ -7,8 +8,9 @@ import threading
 import pytest
 import zmq
 
-from conftest import recv, wait_connected, wait_until
 from pzq import client
+
+from conftest import recv, wait_connected, wait_until
 
 
 def drain(sockets, server, expected: int, timeout_ms: int = 5000) -> list[bytes]:
@@ -89,7 +91,7 @@ def test_delivery_counts_and_dead_letters_survive_restarts(process_server, socke
         syncs = server.stats()["syncs"]
         assert recv(c)[-1] == b"poison"
         # The count is committed within --commit-interval (10 ms), not with the send: wait for it.
-        wait_until(lambda: server.stats()["syncs"] > syncs)
+        wait_until(lambda syncs=syncs: server.stats()["syncs"] > syncs)
         c.close(linger=0)
         server.restart(signal.SIGKILL)
     c = wait_connected(sockets(zmq.ROUTER, None), server.send)
@@ -119,13 +121,37 @@ def test_a_second_server_on_the_same_store_is_refused_with_one_clear_line(proces
     for name in removed:  # whatever an operator deletes, short of the data itself, the lock holds
         if (server.database / name).exists():
             (server.database / name).unlink()
-    second = subprocess.run([sys.executable, "-m", "pzq", "serve", "--database", str(server.database),
-                             "--receive-dsn", "ipc://" + str(server.tmp_path / "r2"),
-                             "--send-dsn", "ipc://" + str(server.tmp_path / "s2"),
-                             "--monitor-dsn", "ipc://" + str(server.tmp_path / "m2"), "--phpmq-dsn", "",
-                             "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", "",
-                             "--mqks-dsn", "", "--api-dsn", ""],
-                            capture_output=True, text=True, timeout=30)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--database",
+            str(server.database),
+            "--receive-dsn",
+            "ipc://" + str(server.tmp_path / "r2"),
+            "--send-dsn",
+            "ipc://" + str(server.tmp_path / "s2"),
+            "--monitor-dsn",
+            "ipc://" + str(server.tmp_path / "m2"),
+            "--phpmq-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--api-dsn",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert second.returncode == 2
     assert "in use by another pzq process" in second.stderr and "Traceback" not in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1, second.stderr

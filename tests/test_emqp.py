@@ -1,4 +1,5 @@
 """The eMQP gateway with raw pyzmq DEALER peers speaking like eventmq's client and JobManager."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,9 @@ import uuid
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
 from pzq import client
+
+from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
 
 V = b"eMQP/1.0"
 
@@ -130,7 +132,7 @@ def test_retry_count_caps_deliveries_then_the_job_goes_to_the_dead_letters(emqp)
         w = worker()
         next_command(w, b"REQUEST")
         w.close(linger=0)
-        wait_until(lambda: srv.stats()["emqp"]["dead_workers_total"] >= dead, timeout_s=5)
+        wait_until(lambda dead=dead: srv.stats()["emqp"]["dead_workers_total"] >= dead, timeout_s=5)
     survivor = worker()
     wait_until(lambda: srv.stats()["queues"]["jobs"]["dead_letters"] == 1, timeout_s=5)
     assert no_command(survivor, b"REQUEST", 300)
@@ -200,9 +202,13 @@ def test_the_monitor_shows_workers_and_slots(emqp):
 def test_bad_frames_are_counted_and_never_stop_the_broker(emqp):
     srv, client_of, worker = emqp()
     c = client_of()
-    for frames in ([b"x"], [b"", V, b"REQUEST", mid(), b"q", b"timeout:soon", b"p"],
-                   [b"", V, b"REQUEST", mid(), b"", b"", b"p"], [b"", V, b"REPLY", mid(), b"\xff"],
-                   [b"", V, b"REQUEST", mid(), b"q" * 300, b"", b"p"]):
+    for frames in (
+        [b"x"],
+        [b"", V, b"REQUEST", mid(), b"q", b"timeout:soon", b"p"],
+        [b"", V, b"REQUEST", mid(), b"", b"", b"p"],
+        [b"", V, b"REPLY", mid(), b"\xff"],
+        [b"", V, b"REQUEST", mid(), b"q" * 300, b"", b"p"],
+    ):
         c.send_multipart(frames)
     w = client_of()  # a worker socket on the frontend is just a client
     w.send_multipart([b"", V, b"INFORM", mid(), b"[[true, 1]]", b"worker"])
@@ -214,8 +220,9 @@ def test_bad_frames_are_counted_and_never_stop_the_broker(emqp):
 def test_an_interval_schedule_enqueues_its_job_until_its_run_count_is_spent(emqp):
     srv, client_of, worker = emqp()
     c = client_of()
-    payload = json.dumps(["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {},
-                                  "class_args": [], "class_kwargs": {}}]).encode()
+    payload = json.dumps(
+        ["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {}, "class_args": [], "class_kwargs": {}}]
+    ).encode()
     m = mid()
     c.send_multipart([b"", V, b"SCHEDULE", m, b"ticks", b"run_count:2", b"1", payload, b""])
     assert next_command(c, b"ACK")[4] == m
@@ -232,8 +239,9 @@ def test_an_interval_schedule_enqueues_its_job_until_its_run_count_is_spent(emqp
 def test_unschedule_stops_a_schedule_and_nohaste_waits_an_interval(emqp):
     srv, client_of, worker = emqp()
     c = client_of()
-    payload = json.dumps(["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {},
-                                  "class_args": [], "class_kwargs": {}}]).encode()
+    payload = json.dumps(
+        ["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {}, "class_args": [], "class_kwargs": {}}]
+    ).encode()
     c.send_multipart([b"", V, b"SCHEDULE", mid(), b"s", b"nohaste", b"60", payload, b""])
     next_command(c, b"ACK")
     w = worker(b'[[10, "s"]]')
@@ -295,9 +303,14 @@ def test_two_clients_reusing_one_msgid_each_get_their_own_reply(emqp):
 def test_schedules_with_a_bad_interval_or_cron_are_refused_with_an_error_reply(emqp):
     srv, client_of, _ = emqp()
     c = client_of()
-    for interval, cron in ((b"--5", b""), ("\N{SUPERSCRIPT TWO}".encode(), b""),
-                           (b"9" * 30, b""), (b"-1", b"not a cron"), (b"-1", b"0 0 31 2 *"),
-                           (b"-1", b"* " * 200)):
+    for interval, cron in (
+        (b"--5", b""),
+        ("\N{SUPERSCRIPT TWO}".encode(), b""),
+        (b"9" * 30, b""),
+        (b"-1", b"not a cron"),
+        (b"-1", b"0 0 31 2 *"),
+        (b"-1", b"* " * 200),
+    ):
         m = mid()
         c.send_multipart([b"", V, b"SCHEDULE", m, b"s", b"", interval, b'["run", {}]', cron])
         reply = next_command(c, b"REPLY")

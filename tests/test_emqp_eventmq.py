@@ -3,6 +3,7 @@
 Workers run as subprocesses in their own sessions (a JobManager forks its job processes), with
 tests/ on their path so that they can import tests/eventmq_app/jobs.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,13 @@ class Workers:
     def start(self, queue: str = "jobs", concurrent: int = 2) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "eventmq_app.worker", self.backend, queue, str(concurrent)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eventmq_app.worker", self.backend, queue, str(concurrent)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -57,8 +63,16 @@ def emqp_server(process_server, tmp_path):
     1 s x 4 notices a dead worker within about 4 s."""
     front, _ = free_tcp_endpoint()
     back, _ = free_tcp_endpoint()
-    server = process_server("--emqp-frontend-dsn", front, "--emqp-backend-dsn", back,
-                            "--emqp-heartbeat-interval", "1", "--emqp-heartbeat-liveness", "4")
+    server = process_server(
+        "--emqp-frontend-dsn",
+        front,
+        "--emqp-backend-dsn",
+        back,
+        "--emqp-heartbeat-interval",
+        "1",
+        "--emqp-heartbeat-liveness",
+        "4",
+    )
     workers = Workers(back, tmp_path)
     yield server, front, workers
     workers.close()
@@ -91,10 +105,9 @@ def test_real_jobs_run_on_a_real_job_manager_and_replies_reach_the_client(emqp_s
     server, front, workers = emqp_server
     workers.start()
     s = sender(front)
-    ids = {defer_job(s, "eventmq_app.jobs.add", args=[i, i], queue="jobs", reply_requested=True): i
-           for i in range(6)}
+    ids = {defer_job(s, "eventmq_app.jobs.add", args=[i, i], queue="jobs", reply_requested=True): i for i in range(6)}
     got = replies(s, 6)
-    assert {ids[m]: value for m, value in got.items()} == {i: '{"value": %d}' % (2 * i) for i in range(6)}
+    assert {ids[m]: value for m, value in got.items()} == {i: f'{{"value": {2 * i}}}' for i in range(6)}
     wait_until(lambda: server.stats()["queues"]["jobs"]["depth"] == 0)
 
 
@@ -116,8 +129,7 @@ def test_a_worker_stopped_with_sigterm_finishes_its_job_which_runs_only_once(emq
     trace = tmp_path / "trace"
     first = workers.start(concurrent=1)
     s = sender(front)
-    msgid = defer_job(s, "eventmq_app.jobs.mark", args=[str(trace), "once", 2], queue="jobs",
-                      reply_requested=True)
+    msgid = defer_job(s, "eventmq_app.jobs.mark", args=[str(trace), "once", 2], queue="jobs", reply_requested=True)
     wait_until(lambda: lines(trace) == ["start once"], timeout_s=20)
     first.send_signal(signal.SIGTERM)  # to the JobManager only: it sends KBYE, then drains its jobs
     workers.start(concurrent=1)
@@ -131,8 +143,7 @@ def test_a_job_running_across_a_broker_kill_9_is_completed_by_its_reply_and_runs
     trace = tmp_path / "trace"
     workers.start(concurrent=1)
     s = sender(front)
-    msgid = defer_job(s, "eventmq_app.jobs.mark", args=[str(trace), "long", 4], queue="jobs",
-                      reply_requested=True)
+    msgid = defer_job(s, "eventmq_app.jobs.mark", args=[str(trace), "long", 4], queue="jobs", reply_requested=True)
     wait_until(lambda: lines(trace) == ["start long"], timeout_s=20)
     server.restart(signal.SIGKILL)  # the JobManager and its running job outlive the broker
     wait_until(lambda: server.stats()["queues"]["jobs"]["depth"] == 0, timeout_s=30)  # its REPLY completed it
@@ -177,11 +188,20 @@ def test_a_real_cron_schedule_runs_its_job_and_unschedule_stops_it(emqp_server, 
 def test_the_real_scheduler_daemon_stays_connected_for_a_minute(emqp_server, tmp_path):
     server, front, _ = emqp_server
     log = tmp_path / "scheduler.log"
-    env = dict(os.environ, EVENTMQ_SCHEDULER_ADDR=front, EVENTMQ_REDIS_STARTUP_ERROR_HARD_KILL="false",
-               EVENTMQ_CONFIG_FILE=str(tmp_path / "none.conf"))
+    env = dict(
+        os.environ,
+        EVENTMQ_SCHEDULER_ADDR=front,
+        EVENTMQ_REDIS_STARTUP_ERROR_HARD_KILL="false",
+        EVENTMQ_CONFIG_FILE=str(tmp_path / "none.conf"),
+    )
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(sys.executable).parent / "emq-scheduler")], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(sys.executable).parent / "emq-scheduler")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_until(lambda: server.stats()["emqp"]["schedulers"] == 1, timeout_s=20)
         deadline = time.monotonic() + 60

@@ -1,5 +1,6 @@
 """The eMQP gateway on an injected clock and a real store: draining workers' liveness, jobs held across
 a restart, scheduler peers' heartbeats and cron schedules (no test waits for time to pass)."""
+
 from __future__ import annotations
 
 import uuid
@@ -29,8 +30,9 @@ def worker(gateway: EmqpGateway, peer: bytes, name: bytes, *args: bytes, now: fl
 
 
 def request(gateway: EmqpGateway, msgid: bytes, payload: bytes = b'"x"', now: float = T0) -> None:
-    gateway.from_client([b"client", b"", V, b"REQUEST", msgid, b"jobs", b"reply-requested", payload],
-                        now=now, now_us=int(now * 1e6))
+    gateway.from_client(
+        [b"client", b"", V, b"REQUEST", msgid, b"jobs", b"reply-requested", payload], now=now, now_us=int(now * 1e6)
+    )
 
 
 def given_a_job(gateway: EmqpGateway, peer: bytes = b"w1", now: float = T0) -> list[bytes]:
@@ -38,6 +40,21 @@ def given_a_job(gateway: EmqpGateway, peer: bytes = b"w1", now: float = T0) -> l
     worker(gateway, peer, b"READY", now=now)
     [(_, job)] = gateway.dispatch(now=now, now_us=int(now * 1e6))
     return job
+
+
+@pytest.fixture
+def job_before_a_restart(tmp_path):
+    """(store reopened after a restart, the job frames a worker b"w1" was given before it); the REQUEST
+    left after the turn's commit, and a kill -9 keeps exactly what was committed."""
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    store.commit()
+    store.close()
+    store = Store(tmp_path / "db")
+    yield store, job
+    store.close()
 
 
 def test_a_draining_worker_silent_for_liveness_intervals_is_dead_and_its_jobs_go_back_at_once(store):
@@ -49,7 +66,7 @@ def test_a_draining_worker_silent_for_liveness_intervals_is_dead_and_its_jobs_go
     assert gateway.broker.ready_count("jobs") == 0, "draining: it may still REPLY"
     gateway.tick(T0 + 1 + 3 * 3 + 0.5)  # silent for liveness (3) x interval (3 s)
     assert gateway.broker.ready_count("jobs") == 1 and gateway.counters["dead_workers_total"] == 1
-    assert "w1".encode() not in gateway.workers
+    assert b"w1" not in gateway.workers
 
 
 def test_a_draining_worker_that_replies_in_time_completes_its_job(store):
@@ -62,89 +79,50 @@ def test_a_draining_worker_that_replies_in_time_completes_its_job(store):
     assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
 
 
-def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(tmp_path):
-    store = Store(tmp_path / "db")
-    gateway = gateway_on(store)
-    request(gateway, b"req-1")
-    job = given_a_job(gateway)
-    store.commit()  # the turn's commit: the REQUEST left after it
-    store.close()  # (a kill -9 keeps exactly what was committed)
-
-    store = Store(tmp_path / "db")
-    try:
-        gateway = gateway_on(store, now=T0 + 100)
-        assert gateway.broker.ready_count("jobs") == 0, "held for its worker, not handed out again"
-        given_new = worker(gateway, b"w1-reset", b"INFORM", b'[[10, "jobs"]]', b"worker", now=T0 + 101)
-        assert given_new[0][1][3] == b"ACK"
-        worker(gateway, b"w1-reset", b"READY", now=T0 + 101)
-        assert gateway.dispatch(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
-        out = worker(gateway, b"w1-reset", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 102)
-        assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
-        assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
-        store.commit()
-        assert store.records("emqp_jobs") == []
-    finally:
-        store.close()
-
-
-def test_a_job_whose_reply_never_comes_after_a_restart_runs_again_after_the_grace(tmp_path):
-    from pzq.gateways import emqp as emqp_gateway
-
-    store = Store(tmp_path / "db")
-    gateway = gateway_on(store)
-    request(gateway, b"req-1")
-    given_a_job(gateway)
+def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(job_before_a_restart):
+    store, job = job_before_a_restart
+    gateway = gateway_on(store, now=T0 + 100)
+    assert gateway.broker.ready_count("jobs") == 0, "held for its worker, not handed out again"
+    given_new = worker(gateway, b"w1-reset", b"INFORM", b'[[10, "jobs"]]', b"worker", now=T0 + 101)
+    assert given_new[0][1][3] == b"ACK"
+    worker(gateway, b"w1-reset", b"READY", now=T0 + 101)
+    assert gateway.dispatch(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
+    out = worker(gateway, b"w1-reset", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 102)
+    assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
+    assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
     store.commit()
-    store.close()
-    store = Store(tmp_path / "db")
-    try:
-        gateway = gateway_on(store, now=T0)
-        assert gateway.broker.expire(T0 + emqp_gateway.RESTART_GRACE_S - 1) == 0
-        assert gateway.broker.expire(T0 + emqp_gateway.RESTART_GRACE_S + 1) == 1
-        assert gateway.broker.ready_count("jobs") == 1
-        job = given_a_job(gateway, b"w2", now=T0 + emqp_gateway.RESTART_GRACE_S + 2)
-        assert job[4] == b"req-1"
-    finally:
-        store.close()
+    assert store.records("emqp_jobs") == []
+
+
+def test_a_job_whose_reply_never_comes_after_a_restart_runs_again_after_the_grace(job_before_a_restart):
+    from pzq.gateways.emqp import RESTART_GRACE_S
+
+    store, _ = job_before_a_restart
+    gateway = gateway_on(store, now=T0)
+    assert gateway.broker.expire(T0 + RESTART_GRACE_S - 1) == 0
+    assert gateway.broker.expire(T0 + RESTART_GRACE_S + 1) == 1
+    assert gateway.broker.ready_count("jobs") == 1
+    assert given_a_job(gateway, b"w2", now=T0 + RESTART_GRACE_S + 2)[4] == b"req-1"
 
 
 @pytest.mark.parametrize("peer_of", ["another worker", "another key"])
-def test_a_restored_job_is_not_completed_by_a_worker_that_cannot_inherit_it(tmp_path, peer_of):
-    store = Store(tmp_path / "db")
-    gateway = gateway_on(store)
-    request(gateway, b"req-1")
-    job = given_a_job(gateway)
-    store.commit()
-    store.close()
-    store = Store(tmp_path / "db")
-    try:
-        gateway = gateway_on(store, now=T0)
-        queues = b'[[10, "other"]]' if peer_of == "another worker" else b'[[10, "jobs"]]'
-        gateway.from_worker([b"w9", b"", V, b"INFORM", mid(), queues, b"worker"], now=T0, now_us=1,
-                            user="another-key" if peer_of == "another key" else None)
-        gateway.from_worker([b"w9", b"", V, b"REPLY", mid(), b"{}", job[4]], now=T0, now_us=1,
-                            user="another-key" if peer_of == "another key" else None)
-        assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 1
-    finally:
-        store.close()
+def test_a_restored_job_is_not_completed_by_a_worker_that_cannot_inherit_it(job_before_a_restart, peer_of):
+    store, job = job_before_a_restart
+    gateway = gateway_on(store, now=T0)
+    queues = b'[[10, "other"]]' if peer_of == "another worker" else b'[[10, "jobs"]]'
+    user = "another-key" if peer_of == "another key" else None
+    gateway.from_worker([b"w9", b"", V, b"INFORM", mid(), queues, b"worker"], now=T0, now_us=1, user=user)
+    gateway.from_worker([b"w9", b"", V, b"REPLY", mid(), b"{}", job[4]], now=T0, now_us=1, user=user)
+    assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 1
 
 
-def test_after_a_restart_the_same_jobmanager_connection_is_taken_back_by_its_heartbeat(tmp_path):
-    store = Store(tmp_path / "db")
-    gateway = gateway_on(store)
-    request(gateway, b"req-1")
-    job = given_a_job(gateway)
-    store.commit()
-    store.close()
-    store = Store(tmp_path / "db")
-    try:
-        gateway = gateway_on(store, now=T0)
-        worker(gateway, b"w1", b"HEARTBEAT", b"0", now=T0 + 1)  # no INFORM: it never noticed the restart
-        assert b"w1" in gateway.workers and [b"w1", b"", V, b"HEARTBEAT"] == gateway.tick(T0 + 1)[0][1][:4]
-        out = worker(gateway, b"w1", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 2)
-        assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
-    finally:
-        store.close()
+def test_after_a_restart_the_same_jobmanager_connection_is_taken_back_by_its_heartbeat(job_before_a_restart):
+    store, job = job_before_a_restart
+    gateway = gateway_on(store, now=T0)
+    worker(gateway, b"w1", b"HEARTBEAT", b"0", now=T0 + 1)  # no INFORM: it never noticed the restart
+    assert b"w1" in gateway.workers and [b"w1", b"", V, b"HEARTBEAT"] == gateway.tick(T0 + 1)[0][1][:4]
+    out = worker(gateway, b"w1", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 2)
+    assert out[0][1][3] == b"REPLY" and store.queue("jobs").count == 0
 
 
 def test_a_scheduler_peer_gets_heartbeats_on_the_frontend_until_it_falls_silent(store):
@@ -159,14 +137,15 @@ def test_a_scheduler_peer_gets_heartbeats_on_the_frontend_until_it_falls_silent(
 
 
 def schedule(gateway, payload: bytes, cron: bytes, headers: bytes = b"", now_us: int = 0) -> list:
-    return gateway.from_client([b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"-1", payload, cron],
-                               now=T0, now_us=now_us)
+    return gateway.from_client(
+        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"-1", payload, cron], now=T0, now_us=now_us
+    )
 
 
 def utc_us(text: str) -> int:
     import datetime
 
-    return int(datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.timezone.utc).timestamp() * 1e6)
+    return int(datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.UTC).timestamp() * 1e6)
 
 
 def test_a_cron_schedule_runs_now_then_at_each_cron_time_in_utc(store):
@@ -185,8 +164,7 @@ def test_a_cron_schedule_runs_now_then_at_each_cron_time_in_utc(store):
 def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tmp_path):
     store = Store(tmp_path / "db")
     gateway = gateway_on(store)
-    schedule(gateway, b'"nightly"', b"30 2 * * *", headers=b"nohaste,run_count:2",
-             now_us=utc_us("2026-11-23 10:00:00"))
+    schedule(gateway, b'"nightly"', b"30 2 * * *", headers=b"nohaste,run_count:2", now_us=utc_us("2026-11-23 10:00:00"))
     assert gateway.run_schedules(utc_us("2026-11-23 10:00:00")) == 0, "nohaste: not now"
     assert gateway.run_schedules(utc_us("2026-11-24 02:30:00")) == 1
     store.commit()
@@ -204,8 +182,13 @@ def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tm
 
 
 def test_cron_times_are_read_in_the_configured_time_zone(store):
-    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3,
-                          cron_timezone="Europe/Berlin")
+    gateway = EmqpGateway(
+        Broker(store, ack_timeout_s=5),
+        default_queues=["default"],
+        heartbeat_s=3,
+        liveness=3,
+        cron_timezone="Europe/Berlin",
+    )
     schedule(gateway, b'"berlin"', b"0 9 * * *", headers=b"nohaste", now_us=utc_us("2026-11-23 06:00:00"))
     assert gateway.run_schedules(utc_us("2026-11-23 07:59:59")) == 0
     assert gateway.run_schedules(utc_us("2026-11-23 08:00:00")) == 1  # 09:00 in Berlin (UTC+1 in November)

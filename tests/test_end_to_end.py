@@ -1,4 +1,5 @@
 """A real server (in a thread) with real ZeroMQ producers, consumers and monitors on ipc endpoints."""
+
 from __future__ import annotations
 
 import time
@@ -6,9 +7,10 @@ import time
 import pytest
 import zmq
 
-from conftest import recv, wait_connected, wait_until
 from pzq import client
 from pzq.protocols.pzq import QUEUE_FULL
+
+from conftest import recv, wait_connected, wait_until
 
 
 def produce(sockets, server, *bodies: list[bytes]) -> list[list[bytes]]:
@@ -174,8 +176,14 @@ def test_garbage_from_a_consumer_is_ignored_and_the_server_keeps_serving(server,
 
 def test_the_monitor_answers_every_request_even_unknown_ones(server):
     text = client.monitor_request(server.monitor, "MONITOR")
-    assert text.splitlines()[:6] == ["messages: 0", "messages_inflight: 0", text.splitlines()[2],
-                                     "inflight_db_size: 0", text.splitlines()[4], "expired_messages: 0"]
+    assert text.splitlines()[:6] == [
+        "messages: 0",
+        "messages_inflight: 0",
+        text.splitlines()[2],
+        "inflight_db_size: 0",
+        text.splitlines()[4],
+        "expired_messages: 0",
+    ]
     assert client.monitor_request(server.monitor, "HELLO").startswith("error: ")
     assert client.monitor_request(server.monitor, "DEADLETTERS").startswith("error: ")
     assert client.monitor_request(server.monitor, "REQUEUE default nope").startswith("error: ")

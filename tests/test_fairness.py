@@ -1,15 +1,17 @@
 """Native consumers share the send socket's DEALER, which cannot tell them apart: a consumer that reads
 without acking must not starve the honest ones, and a lone slow consumer still gets at most
 --max-inflight at once."""
+
 from __future__ import annotations
 
 import time
 
 import zmq
 
-from conftest import wait_connected
 from pzq import client
 from pzq.credit import HOARD, MIN_WINDOW_S, NativeCredit
+
+from conftest import wait_connected
 
 
 def test_young_deliveries_count_while_acks_flow_and_all_count_when_none_do():

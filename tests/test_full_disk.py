@@ -1,6 +1,7 @@
 """A full disk never wedges the store: on a real small filesystem (a tmpfs this test mounts), producers
 get "queue full" before it fills, consumers drain even when something else takes the last byte, and a
 restart with a limit below what is stored starts and drains."""
+
 from __future__ import annotations
 
 import os
@@ -10,9 +11,10 @@ import time
 
 import pytest
 
-from conftest import ProcessServer, free_tcp_endpoint, wait_until
 from pzq import client
 from pzq.protocols.phpmq import encode
+
+from conftest import ProcessServer, free_tcp_endpoint, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 MB = 1 << 20
@@ -23,8 +25,9 @@ def small_disk(tmp_path):
     """A 24 MiB tmpfs mounted at tmp_path/disk (needs root or CAP_SYS_ADMIN; skipped otherwise)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {result.stderr.strip() or result.returncode}")
     yield mount

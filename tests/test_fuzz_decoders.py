@@ -1,6 +1,7 @@
 """Property-based fuzzing of every decoder: whatever bytes arrive, a decoder answers with its result or
 its protocol's own error (ProtocolError), never with another exception. The gateways that hold state
 (MQKS, API) get the same treatment on a real store."""
+
 from __future__ import annotations
 
 import msgpack
@@ -22,18 +23,51 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[Hea
 
 frames = st.lists(st.binary(max_size=64), max_size=8)
 # Bytes that look like the protocol now and then, so that fuzzing gets past the first check.
-mqks_words = st.sampled_from(["publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue",
-                              "ping", "_eval", "--confirm", "--add", "--remove", "--remove-mask", "--manual-ack",
-                              "--delete-queue-when-unused=1", "--prefetch=2", "--all", "q1", "e1", "e.*.x", "c1",
-                              "m1", "*", "\t", "\r", ""])
+mqks_words = st.sampled_from(
+    [
+        "publish",
+        "consume",
+        "rebind",
+        "ack",
+        "reject",
+        "delete_consumer",
+        "delete_queue",
+        "ping",
+        "_eval",
+        "--confirm",
+        "--add",
+        "--remove",
+        "--remove-mask",
+        "--manual-ack",
+        "--delete-queue-when-unused=1",
+        "--prefetch=2",
+        "--all",
+        "q1",
+        "e1",
+        "e.*.x",
+        "c1",
+        "m1",
+        "*",
+        "\t",
+        "\r",
+        "",
+    ]
+)
 mqks_lines = st.lists(st.one_of(mqks_words, st.text(max_size=12)), max_size=8).map(" ".join)
 api_commands = st.sampled_from([b"OFFSETS", b"LEASE", b"FETCH", b"ACK_UPTO", b"INFO", b"SNAPSHOT", b"PRODUCE", b"X"])
-api_values = st.one_of(st.integers(min_value=-2**70, max_value=2**70), st.text(max_size=8), st.binary(max_size=8),
-                       st.booleans(), st.none(), st.lists(st.lists(st.one_of(st.text(max_size=4),
-                                                                             st.binary(max_size=4)), max_size=3),
-                                                          max_size=3))
-api_args = st.dictionaries(st.sampled_from(["queue", "group", "after", "max", "lo", "hi", "upto", "before",
-                                            "limit", "messages", "key"]), api_values, max_size=6)
+api_values = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.booleans(),
+    st.none(),
+    st.lists(st.lists(st.one_of(st.text(max_size=4), st.binary(max_size=4)), max_size=3), max_size=3),
+)
+api_args = st.dictionaries(
+    st.sampled_from(["queue", "group", "after", "max", "lo", "hi", "upto", "before", "limit", "messages", "key"]),
+    api_values,
+    max_size=6,
+)
 
 
 @FUZZ
@@ -78,9 +112,17 @@ def test_phpmq_decoder_raises_only_protocol_errors_on_near_valid_bytes(pieces):
 
 
 @FUZZ
-@given(st.lists(st.one_of(st.binary(max_size=40), st.sampled_from([b"", b"eMQP/1.0", b"REQUEST", b"INFORM", b"READY",
-                                                                    b"REPLY", b"HEARTBEAT", b"SCHEDULE", b"KBYE"])),
-                max_size=9))
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.sampled_from(
+                [b"", b"eMQP/1.0", b"REQUEST", b"INFORM", b"READY", b"REPLY", b"HEARTBEAT", b"SCHEDULE", b"KBYE"]
+            ),
+        ),
+        max_size=9,
+    )
+)
 def test_emqp_frames_raise_only_protocol_errors(parts):
     try:
         emqp.parse(parts)
@@ -123,8 +165,14 @@ def test_mqks_masks_never_raise(mask, event):
 
 
 @FUZZ
-@given(st.one_of(frames, st.tuples(api_commands, api_args).map(
-    lambda c: [b"peer", b"", b"1", c[0], msgpack.packb(c[1], use_bin_type=True)] if _packable(c[1]) else [b"x"])))
+@given(
+    st.one_of(
+        frames,
+        st.tuples(api_commands, api_args).map(
+            lambda c: [b"peer", b"", b"1", c[0], msgpack.packb(c[1], use_bin_type=True)] if _packable(c[1]) else [b"x"]
+        ),
+    )
+)
 def test_api_requests_never_raise(parts):
     api.parse_request(parts)
     api.parse_reply(parts)
@@ -143,8 +191,11 @@ def gateways(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("fuzz") / "db", max_size=64 << 20)
     broker = Broker(store, ack_timeout_s=5.0)
     leases = Leases(broker, timeout_s=60)
-    yield (MqksGateway(broker, max_line=256, window=10, drop_queue=broker.drop_queue),
-           ApiGateway(broker, leases, max_message_size=1024, dedup_window_s=60), store)
+    yield (
+        MqksGateway(broker, max_line=256, window=10, drop_queue=broker.drop_queue),
+        ApiGateway(broker, leases, max_message_size=1024, dedup_window_s=60),
+        store,
+    )
     store.close()
 
 

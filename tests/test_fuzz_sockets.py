@@ -1,5 +1,6 @@
 """A socket fuzzer against a running server: random and mutated traffic to every endpoint for a bounded
 time; then the server must still be up, answer MONITOR, and hold every message stored before."""
+
 from __future__ import annotations
 
 import random
@@ -11,10 +12,11 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import start_every_gateway
 from pzq import client
 from pzq.api_client import ApiClient
 from pzq.protocols import emqp, phpmq
+
+from conftest import start_every_gateway
 
 pytestmark = pytest.mark.timeout(120)
 FUZZ_SECONDS = 8.0
@@ -22,14 +24,25 @@ FUZZ_SECONDS = 8.0
 # Valid traffic per endpoint, for the fuzzer to mutate.
 NATIVE = [[b"1", b"", b"hello"], [b"2", b"h", b"", b"a", b"b"]]
 MONITOR = [[b"", b"MONITOR"], [b"", b"STATS"], [b"", b"DEADLETTERS default 5"]]
-API = [[b"", b"1", b"INFO", msgpack.packb({"queue": "default"})],
-       [b"", b"2", b"LEASE", msgpack.packb({"queue": "default", "group": "g", "after": 0, "max": 5})],
-       [b"", b"3", b"PRODUCE", msgpack.packb({"messages": [["default", b"x"]]}, use_bin_type=True)]]
-EMQP = [[b"", *emqp.request("m1", "default", "", '["run", {"path": "x"}]')[1:]],
-        [b"", b"eMQP/1.0", b"INFORM", b"m2", b"default", b"worker"], [b"", b"eMQP/1.0", b"READY", b"m3"]]
+API = [
+    [b"", b"1", b"INFO", msgpack.packb({"queue": "default"})],
+    [b"", b"2", b"LEASE", msgpack.packb({"queue": "default", "group": "g", "after": 0, "max": 5})],
+    [b"", b"3", b"PRODUCE", msgpack.packb({"messages": [["default", b"x"]]}, use_bin_type=True)],
+]
+EMQP = [
+    [b"", *emqp.request("m1", "default", "", '["run", {"path": "x"}]')[1:]],
+    [b"", b"eMQP/1.0", b"INFORM", b"m2", b"default", b"worker"],
+    [b"", b"eMQP/1.0", b"READY", b"m3"],
+]
 PHPMQ = [phpmq.encode(1, [(1, b"default"), (2, b"body")]), phpmq.encode(2, [(1, b"default"), (3, b"5")])]
-MQKS = [b"c1 consume --confirm q1 e1 --manual-ack\n", b"m1 publish e1 data\n", b"r1 rebind q1 --add e2\n",
-        b"a1 ack c1 --all\n", b"p1 ping x\n", b"d1 delete_queue q1\n"]
+MQKS = [
+    b"c1 consume --confirm q1 e1 --manual-ack\n",
+    b"m1 publish e1 data\n",
+    b"r1 rebind q1 --add e2\n",
+    b"a1 ack c1 --all\n",
+    b"p1 ping x\n",
+    b"d1 delete_queue q1\n",
+]
 
 
 def mutate(rng: random.Random, data: bytes) -> bytes:
@@ -60,8 +73,14 @@ def fuzz_frames(rng: random.Random, samples: list[list[bytes]]) -> list[bytes]:
 
 def test_random_and_mutated_traffic_to_every_endpoint_harms_nothing(process_server, tmp_path):
     every = start_every_gateway(process_server, tmp_path, "--max-message-size", "65536")
-    srv, phpmq_addr, mqks_addr, front, back, api_dsn = (every.server, every.phpmq, every.mqks, every.emqp_front,
-                                                        every.emqp_back, every.api)
+    srv, phpmq_addr, mqks_addr, front, back, api_dsn = (
+        every.server,
+        every.phpmq,
+        every.mqks,
+        every.emqp_front,
+        every.emqp_back,
+        every.api,
+    )
     keep = f"keep-{uuid.uuid4().hex}"  # no fuzzer can guess this queue's name
     kept = [b"kept %d " % i + bytes(range(256)) for i in range(200)]
     with ApiClient(api_dsn, timeout_s=20) as api:
@@ -70,8 +89,13 @@ def test_random_and_mutated_traffic_to_every_endpoint_harms_nothing(process_serv
     rng = random.Random(1234)
     ctx = zmq.Context.instance()
     targets = {}
-    for name, endpoint in (("native", srv.receive), ("monitor", srv.monitor), ("api", api_dsn),
-                           ("emqp-front", front), ("emqp-back", back)):
+    for name, endpoint in (
+        ("native", srv.receive),
+        ("monitor", srv.monitor),
+        ("api", api_dsn),
+        ("emqp-front", front),
+        ("emqp-back", back),
+    ):
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)

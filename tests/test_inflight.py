@@ -1,6 +1,6 @@
 """InFlight: deliveries waiting for an ack, with their deadlines in order (pure, no clock)."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 from pzq.inflight import InFlight
 

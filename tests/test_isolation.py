@@ -1,14 +1,16 @@
 """A client settles only what was delivered to it: hostile clients of every protocol, over real sockets,
 try to ack, requeue, dead-letter or complete other clients' messages, and the victims' messages stay."""
+
 from __future__ import annotations
 
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
 from pzq import client
 from pzq.api_client import ApiClient
 from pzq.store import message_id
+
+from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
 from test_emqp import V, mid, next_command
 from test_phpmq import Client as PhpmqClient
 
@@ -227,8 +229,9 @@ def test_a_schedules_payload_stays_in_the_store_and_each_run_reads_it(store):
 
     gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3)
     big = "p" * 100_000
-    out = gateway.from_client([b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()],
-                              now=0, now_us=1_000_000)
+    out = gateway.from_client(
+        [b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()], now=0, now_us=1_000_000
+    )
     assert out[0][1][3] == b"ACK"
     assert all("payload" not in record for record in gateway.schedules.values())
     assert gateway.run_schedules(1_000_000) == 1 and gateway.run_schedules(61_000_000) == 1

@@ -1,4 +1,5 @@
 """Durable leases per consumer group, on a real LMDB store (no sockets: the rules themselves)."""
+
 from __future__ import annotations
 
 import pytest
@@ -62,8 +63,9 @@ def test_fetch_is_read_only_and_replays_identically(leased):
     store.commit()
     first = leases.fetch("q", "g", 2, 6, now_us=T0)
     again = leases.fetch("q", "g", 2, 6, now_us=T0)
-    assert [(lseq, m.id, m.frames, m.deliveries) for lseq, m in first[0]] == \
-           [(lseq, m.id, m.frames, m.deliveries) for lseq, m in again[0]]
+    assert [(lseq, m.id, m.frames, m.deliveries) for lseq, m in first[0]] == [
+        (lseq, m.id, m.frames, m.deliveries) for lseq, m in again[0]
+    ]
     assert store.queue("q").count == 10
 
 
@@ -86,13 +88,16 @@ def test_a_reader_that_starts_below_the_base_reads_on_from_the_base(leased):
     assert leases.lease("q", "g", 0, 3, now=0, now_us=T0) == (3, 6)
 
 
-@pytest.mark.parametrize("call", [
-    lambda l: l.lease("q", "g", 7, 1, now=0, now_us=T0),  # past what was ever leased
-    lambda l: l.lease("q", "g", 0, -1, now=0, now_us=T0),
-    lambda l: l.fetch("q", "g", 0, 5, now_us=T0),  # past the leases
-    lambda l: l.fetch("q", "g", 3, 2, now_us=T0),
-    lambda l: l.ack_upto("q", "g", 5, now_us=T0),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda leases: leases.lease("q", "g", 7, 1, now=0, now_us=T0),  # past what was ever leased
+        lambda leases: leases.lease("q", "g", 0, -1, now=0, now_us=T0),
+        lambda leases: leases.fetch("q", "g", 0, 5, now_us=T0),  # past the leases
+        lambda leases: leases.fetch("q", "g", 3, 2, now_us=T0),
+        lambda leases: leases.ack_upto("q", "g", 5, now_us=T0),
+    ],
+)
 def test_offsets_outside_the_leases_are_refused_with_a_protocol_error(leased, call):
     store, broker, leases = leased
     leases.lease("q", "g", 0, 4, now=0, now_us=T0)
@@ -151,12 +156,15 @@ def test_an_expiry_is_durable_and_so_is_the_deadline_of_a_group_after_a_restart(
         store.close()
 
 
-@pytest.mark.parametrize("meddle", [
-    lambda b, ref: b.ack(ref, by="native"),  # a late ack from the consumer that had it before
-    lambda b, ref: b.nack(ref, by="native"),
-    lambda b, ref: b.requeue_at_end(ref, by=("phpmq", b"c")),  # PHPMQ REQUEUE naming its id
-    lambda b, ref: b.dead_letter(ref, "by a client", by=("phpmq", b"c"), now_us=T0),
-])
+@pytest.mark.parametrize(
+    "meddle",
+    [
+        lambda b, ref: b.ack(ref, by="native"),  # a late ack from the consumer that had it before
+        lambda b, ref: b.nack(ref, by="native"),
+        lambda b, ref: b.requeue_at_end(ref, by=("phpmq", b"c")),  # PHPMQ REQUEUE naming its id
+        lambda b, ref: b.dead_letter(ref, "by a client", by=("phpmq", b"c"), now_us=T0),
+    ],
+)
 def test_no_other_client_can_settle_a_leased_message(leased, meddle):
     store, broker, leases = leased
     leases.lease("q", "g", 0, 3, now=0, now_us=T0)

@@ -1,5 +1,6 @@
 """Limits of a real server process: oversized messages are refused before they are buffered, whatever
 the protocol, and a consumer that stops reading does not make the server's memory grow."""
+
 from __future__ import annotations
 
 import socket
@@ -7,9 +8,10 @@ import socket
 import pytest
 import zmq
 
-from conftest import start_every_gateway, wait_until
 from pzq import client
 from pzq.api_client import ApiClient
+
+from conftest import start_every_gateway, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 LIMIT = "1M"
@@ -38,8 +40,11 @@ def test_oversized_messages_are_refused_before_buffering_in_every_protocol(proce
     srv, phpmq_addr, mqks_addr, front, api_dsn = every.server, every.phpmq, every.mqks, every.emqp_front, every.api
     before = rss_mb(srv.proc.pid)
     ctx = zmq.Context.instance()
-    for endpoint, frames in ((srv.receive, [b"1", b"", b"x" * HUGE]), (api_dsn, [b"", b"1", b"PRODUCE", b"x" * HUGE]),
-                             (front, [b"", b"eMQP/1.0", b"REQUEST", b"m1", b"q", b"", b"x" * HUGE])):
+    for endpoint, frames in (
+        (srv.receive, [b"1", b"", b"x" * HUGE]),
+        (api_dsn, [b"", b"1", b"PRODUCE", b"x" * HUGE]),
+        (front, [b"", b"eMQP/1.0", b"REQUEST", b"m1", b"q", b"", b"x" * HUGE]),
+    ):
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)

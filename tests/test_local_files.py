@@ -1,6 +1,7 @@
 """Local files: the store is private whatever the umask, the monitor socket is not where another local
 user can squat it, pzq never binds over or talks to another user's socket file, and every CLI command
 gives one clear line (not a traceback) when what answers is not pzq."""
+
 from __future__ import annotations
 
 import os
@@ -13,11 +14,12 @@ import threading
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, make_config
 from pzq.config import Config
 from pzq.errors import ConfigError
 from pzq.server import Server
 from pzq.store import Store
+
+from conftest import free_tcp_endpoint, make_config
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
@@ -28,8 +30,9 @@ def mode(path) -> int:
 
 
 def pzq(*args: str, cwd=None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pzq", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "pzq", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def one_clear_line(result: subprocess.CompletedProcess) -> str:
@@ -64,10 +67,32 @@ def test_files_an_earlier_version_left_readable_are_made_private(tmp_path):
 def test_the_default_monitor_socket_lives_in_the_private_store_directory(tmp_path):
     assert Config().monitor_dsn == "ipc://./pzq-data/monitor"
     assert Config(database="/var/lib/pzq/").monitor_dsn == "ipc:///var/lib/pzq/monitor"
-    server = subprocess.Popen([sys.executable, "-m", "pzq", "serve", "--receive-dsn", f"ipc://{tmp_path}/r",
-                               "--send-dsn", f"ipc://{tmp_path}/s", "--phpmq-dsn", "", "--emqp-frontend-dsn", "",
-                               "--emqp-backend-dsn", "", "--emqp-publish-dsn", "", "--mqks-dsn", "", "--api-dsn", ""],
-                              cwd=tmp_path, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pzq",
+            "serve",
+            "--receive-dsn",
+            f"ipc://{tmp_path}/r",
+            "--send-dsn",
+            f"ipc://{tmp_path}/s",
+            "--phpmq-dsn",
+            "",
+            "--emqp-frontend-dsn",
+            "",
+            "--emqp-backend-dsn",
+            "",
+            "--emqp-publish-dsn",
+            "",
+            "--mqks-dsn",
+            "",
+            "--api-dsn",
+            "",
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         result = pzq("monitor", "--json", "--timeout", "20000", cwd=tmp_path)  # the same default, found alone
         assert result.returncode == 0 and '"messages": 0' in result.stdout, result.stderr
@@ -125,14 +150,23 @@ class FakeServer:
 
 
 @pytest.mark.parametrize("answer", [b"hello", b'{"messages": 1, "queues": 7}', b"[1, 2", b"\xff\xfe"])
-@pytest.mark.parametrize("command", [["monitor"], ["monitor", "--json"], ["dead-letters", "list", "q"],
-                                     ["dead-letters", "requeue", "q", "--all"]])
+@pytest.mark.parametrize(
+    "command",
+    [["monitor"], ["monitor", "--json"], ["dead-letters", "list", "q"], ["dead-letters", "requeue", "q", "--all"]],
+)
 def test_a_monitor_command_answered_by_something_else_prints_one_line(tmp_path, command, answer):
     endpoint = f"ipc://{tmp_path}/monitor"
     fake = FakeServer(zmq.REP, endpoint, lambda frames: [[answer]])
     try:
-        one_clear_line(pzq(*command, "--monitor-dsn", endpoint, "--timeout" if command[0] == "monitor" else "--",
-                           *(["3000"] if command[0] == "monitor" else [])))
+        one_clear_line(
+            pzq(
+                *command,
+                "--monitor-dsn",
+                endpoint,
+                "--timeout" if command[0] == "monitor" else "--",
+                *(["3000"] if command[0] == "monitor" else []),
+            )
+        )
     finally:
         fake.close()
 
@@ -152,8 +186,12 @@ def test_consume_fed_by_something_else_prints_one_line(tmp_path):
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.bind(endpoint)
-    proc = subprocess.Popen([sys.executable, "-m", "pzq", "consume", "--send-dsn", endpoint, "--timeout", "20000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pzq", "consume", "--send-dsn", endpoint, "--timeout", "20000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         sock.send_multipart([b"key", b"not a time", b"x", b"", b"body"])  # queued until the consumer connects
         out, err = proc.communicate(timeout=30)

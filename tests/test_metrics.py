@@ -1,4 +1,5 @@
 """The Prometheus endpoint of a real server, scraped over HTTP."""
+
 from __future__ import annotations
 
 import re
@@ -6,10 +7,11 @@ import urllib.request
 
 import pytest
 
-from conftest import free_tcp_endpoint, wait_until
 from pzq import client
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
+
+from conftest import free_tcp_endpoint, wait_until
 
 
 def scrape(url: str) -> str:
@@ -33,6 +35,7 @@ def test_metrics_report_queues_counters_commits_and_protocols(make_server):
         for _ in range(4):
             delivery = consumer.receive(5000)
             consumer.ack(delivery)
+
     def settled() -> str | None:  # the loop publishes its figures once a second
         text = scrape(url)
         return text if value(text, 'pzq_queue_depth{queue="default"}') == 6 else None

@@ -1,4 +1,5 @@
 """The monitor socket's requests and replies (pure functions)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ STATS = {
     "inflight_db_size": 240,
     "syncs": 7,
     "expired_messages": 2,
-    "queues": {"default": {"depth": 3, "inflight": 1, "dead_letters": 0, "bytes": 300},
-               "jobs": {"depth": 0, "inflight": 0, "dead_letters": 4, "bytes": 0}},
+    "queues": {
+        "default": {"depth": 3, "inflight": 1, "dead_letters": 0, "bytes": 300},
+        "jobs": {"depth": 0, "inflight": 0, "dead_letters": 4, "bytes": 0},
+    },
     "uptime_seconds": 12.34,
     "produce_rate": 0.0,
 }
@@ -35,14 +38,17 @@ def test_a_request_is_split_into_a_command_and_its_arguments():
     assert (request.command, request.args) == ("REQUEUE", ["jobs", "all"])
 
 
-@pytest.mark.parametrize("frames", [
-    [b"peer", b"", b""],
-    [b"peer", b"", b"   "],
-    [b"peer", b""],
-    [b"peer", b"", b"\xff\xfeMONITOR"],
-    [b"peer", b"", b"MONITOR", b"extra"],
-    [b"peer", b"", b"MONITOR " + b"x" * 4096],
-])
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"peer", b"", b""],
+        [b"peer", b"", b"   "],
+        [b"peer", b""],
+        [b"peer", b"", b"\xff\xfeMONITOR"],
+        [b"peer", b"", b"MONITOR", b"extra"],
+        [b"peer", b"", b"MONITOR " + b"x" * 4096],
+    ],
+)
 def test_an_empty_garbled_or_multi_frame_request_has_no_command(frames):
     request = monitor.parse_request(frames)
     assert (request.envelope, request.command, request.args) == ([b"peer", b""], "", [])
@@ -63,18 +69,30 @@ def test_an_unknown_request_is_answered_with_one_error_line():
 
 def test_the_text_reply_starts_with_the_six_pzq_lines_in_order():
     lines = monitor.render_text(STATS).splitlines()
-    assert lines[:6] == ["messages: 3", "messages_inflight: 1", "db_size: 40960", "inflight_db_size: 240",
-                         "syncs: 7", "expired_messages: 2"]
+    assert lines[:6] == [
+        "messages: 3",
+        "messages_inflight: 1",
+        "db_size: 40960",
+        "inflight_db_size: 240",
+        "syncs: 7",
+        "expired_messages: 2",
+    ]
 
 
 def test_the_text_reply_flattens_queues_and_lists_the_other_figures_after():
     text = monitor.render_text(STATS)
     assert text.endswith("\n")
     assert text.splitlines()[6:] == [
-        "queue.default.depth: 3", "queue.default.inflight: 1", "queue.default.dead_letters: 0",
+        "queue.default.depth: 3",
+        "queue.default.inflight: 1",
+        "queue.default.dead_letters: 0",
         "queue.default.bytes: 300",
-        "queue.jobs.depth: 0", "queue.jobs.inflight: 0", "queue.jobs.dead_letters: 4", "queue.jobs.bytes: 0",
-        "uptime_seconds: 12.3", "produce_rate: 0.0",
+        "queue.jobs.depth: 0",
+        "queue.jobs.inflight: 0",
+        "queue.jobs.dead_letters: 4",
+        "queue.jobs.bytes: 0",
+        "uptime_seconds: 12.3",
+        "produce_rate: 0.0",
     ]
 
 

@@ -1,5 +1,6 @@
 """The MQKS gateway over real TCP: a transcript per action, the seed's hello world, framing, bad lines,
 durability across kill -9, and MQKS next to the other protocols on the same queues."""
+
 from __future__ import annotations
 
 import logging
@@ -10,10 +11,12 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from conftest import free_tcp_endpoint, wait_until
 from pzq import client
 from pzq.cli import cli
+from pzq.errors import ClientError
 from pzq.mqks_client import MqksClient
+
+from conftest import free_tcp_endpoint, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 QUIET_S = 0.3
@@ -88,19 +91,28 @@ def test_consume_replaces_adds_or_keeps_bindings_and_tells_the_other_consumers(c
     talk(c2, "c3 consume --confirm q1 e3", "c2 ok --update q1 e3", "c3 ok ")
     assert c1.read_line() == "c1 ok --update q1 e3 --manual-ack"
     # Adding events: the consumer that added them hears of it too.
-    talk(c1, "c4 consume q1 --add e4 --delete-queue-when-unused=5",
-         "c1 ok --update q1 e3 e4 --delete-queue-when-unused=5.0 --manual-ack",
-         "c4 ok --update q1 e3 e4 --delete-queue-when-unused=5.0")
-    assert sorted([c2.read_line(), c2.read_line()]) == ["c2 ok --update q1 e3 e4 --delete-queue-when-unused=5.0",
-                                                         "c3 ok --update q1 e3 e4 --delete-queue-when-unused=5.0"]
+    talk(
+        c1,
+        "c4 consume q1 --add e4 --delete-queue-when-unused=5",
+        "c1 ok --update q1 e3 e4 --delete-queue-when-unused=5.0 --manual-ack",
+        "c4 ok --update q1 e3 e4 --delete-queue-when-unused=5.0",
+    )
+    assert sorted([c2.read_line(), c2.read_line()]) == [
+        "c2 ok --update q1 e3 e4 --delete-queue-when-unused=5.0",
+        "c3 ok --update q1 e3 e4 --delete-queue-when-unused=5.0",
+    ]
 
 
 def test_rebind_replaces_removes_by_name_and_by_mask_then_adds(connect):
     c = connect()
     talk(c, "c1 consume --confirm q1 e0", "c1 ok ")
     talk(c, "rb1 rebind q1 e3 e4 e5.id1.a1 e5.id2.a2", "c1 ok --update q1 e3 e4 e5.id1.a1 e5.id2.a2")
-    talk(c, "rb2 rebind --confirm q1 --remove e3 --add e6 e7", "c1 ok --update q1 e4 e5.id1.a1 e5.id2.a2 e6 e7",
-         "rb2 ok ")
+    talk(
+        c,
+        "rb2 rebind --confirm q1 --remove e3 --add e6 e7",
+        "c1 ok --update q1 e4 e5.id1.a1 e5.id2.a2 e6 e7",
+        "rb2 ok ",
+    )
     talk(c, "rb3 rebind q1 --remove-mask e5.*.a1 e5.*.a2 --add e8", "c1 ok --update q1 e4 e6 e7 e8")
     talk(c, "rb4 rebind --confirm q1 --add e8", "rb4 ok ")  # no change, no notice
     p = connect()
@@ -116,8 +128,9 @@ def test_ack_and_reject_one_or_all_with_retry_counts(connect):
     p.send("m2 publish e1 two")
     assert [c.read_line(), c.read_line()] == ["c1 ok m1 event=e1 one", "c1 ok m2 event=e1 two"]
     talk(c, "rj1 reject c1 m1", "c1 ok m1 event=e1,retry=1 one")  # back at the end, retry raised
-    talk(c, "rj2 reject --confirm c1 --all", "rj2 ok ", "c1 ok m2 event=e1,retry=1 two",
-         "c1 ok m1 event=e1,retry=2 one")
+    talk(
+        c, "rj2 reject --confirm c1 --all", "rj2 ok ", "c1 ok m2 event=e1,retry=1 two", "c1 ok m1 event=e1,retry=2 one"
+    )
     talk(c, "a1 ack --confirm c1 m2", "a1 ok ")
     talk(c, "a2 ack --confirm c1 --all", "a2 ok ")
     c.send("a3 ack c1 m9")  # nothing held under that id
@@ -127,8 +140,14 @@ def test_ack_and_reject_one_or_all_with_retry_counts(connect):
 def test_errors_are_answered_with_an_id_that_the_log_explains(connect, caplog):
     c = connect()
     with caplog.at_level(logging.WARNING, logger="pzq.input"):
-        for line in ("x1 blabla 123", "ev1 _eval len(state.queues)", "a1 ack nobody m1", "x2 consume",
-                     "dc1 delete_consumer nobody", "dq1 delete_queue never-made"):
+        for line in (
+            "x1 blabla 123",
+            "ev1 _eval len(state.queues)",
+            "a1 ack nobody m1",
+            "x2 consume",
+            "dc1 delete_consumer nobody",
+            "dq1 delete_queue never-made",
+        ):
             c.send(line)
             answer = c.read_line()
             match = re.fullmatch(r"(\S+) error ([0-9a-f]{24})", answer or "")
@@ -228,7 +247,7 @@ def test_bad_bytes_get_errors_and_an_endless_line_closes_only_that_connection(ma
         c.sock.sendall(b"x\t2 ping\n")
         assert re.fullmatch(r"- error [0-9a-f]{24}", c.read_line())
         c.sock.sendall(b"x3 publish e1 " + b"y" * 10_000)  # no newline: the stream cannot be framed
-        with pytest.raises(Exception):
+        with pytest.raises(ClientError, match="closed|failed"):
             while c.read_line(2.0) is not None:
                 pass
             pytest.fail("the connection stayed open")
@@ -246,9 +265,14 @@ def test_bindings_settings_messages_and_retries_survive_kill_9(process_server, t
         talk(c, "m2 publish --confirm e2 second", "m2 ok ")
     srv.restart(signal.SIGKILL)
     with MqksClient(endpoint) as c:
-        talk(c, "c2 consume --confirm q1 --add e3 --manual-ack",
-             "c2 ok --update q1 e1 e2 e3 --delete-queue-when-unused=600.0 --manual-ack", "c2 ok ",
-             "c2 ok m1 event=e1,retry=2 first", "c2 ok m2 event=e2 second")
+        talk(
+            c,
+            "c2 consume --confirm q1 --add e3 --manual-ack",
+            "c2 ok --update q1 e1 e2 e3 --delete-queue-when-unused=600.0 --manual-ack",
+            "c2 ok ",
+            "c2 ok m1 event=e1,retry=2 first",
+            "c2 ok m2 event=e2 second",
+        )
 
 
 def test_mqks_and_native_clients_share_queues_both_ways(make_server, tmp_path):
@@ -386,7 +410,8 @@ def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_ma
 
 
 def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_over_several_turns(
-        connect, monkeypatch, mqks_server):
+    connect, monkeypatch, mqks_server
+):
     from pzq.gateways import mqks as gateway
 
     monkeypatch.setattr(gateway, "MAX_UNACKED_PER_CONN", 30)

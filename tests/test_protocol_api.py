@@ -1,4 +1,5 @@
 """The API codec by frame vectors: what a client sends, what the server answers."""
+
 from __future__ import annotations
 
 import msgpack
@@ -31,34 +32,54 @@ def test_ok_and_error_replies_carry_the_request_id_back():
     assert api.parse_reply(api.as_error(reply, "store-failed", "x")[1:])[1] is False
 
 
-@pytest.mark.parametrize("frames", [
-    [ROUTING, b"1", b"INFO"],  # no delimiter
-    [b"", b"1", b"INFO", b"\x80"],  # no routing
-    [ROUTING, b""],  # no request id
-])
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [ROUTING, b"1", b"INFO"],  # no delimiter
+        [b"", b"1", b"INFO", b"\x80"],  # no routing
+        [ROUTING, b""],  # no request id
+    ],
+)
 def test_a_request_that_cannot_be_answered_is_none(frames):
     assert api.parse_request(frames) is None
 
 
-@pytest.mark.parametrize("frames, code", [
-    ([ROUTING, b"", b"1", b"INFO"], "bad-frames"),
-    ([ROUTING, b"", b"1", b"DROP", b"\x80"], "unknown-command"),
-    ([ROUTING, b"", b"1", b"INFO", b"\xc1"], "bad-arguments"),  # 0xc1 is never valid msgpack
-    ([ROUTING, b"", b"1", b"INFO", msgpack.packb([1, 2])], "bad-arguments"),
-    ([ROUTING, b"", b"1", b"INFO", msgpack.packb({})], "bad-arguments"),
-    ([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": 5})], "bad-arguments"),
-    ([ROUTING, b"", b"1", b"LEASE", msgpack.packb({"queue": "q", "group": "g", "after": True, "max": 1})],
-     "bad-arguments"),
-    ([ROUTING, b"", b"1", b"LEASE", msgpack.packb({"queue": "q", "group": "g", "after": "0", "max": 1})],
-     "bad-arguments"),
-    ([ROUTING, b"", b"1", b"SNAPSHOT", msgpack.packb({"queue": "q", "after": 2**64 - 1, "before": 1, "limit": 1})],
-     "bad-arguments"),
-    ([ROUTING, b"", b"1", b"FETCH", msgpack.packb({"queue": "q", "group": "g", "lo": -1, "hi": 1})],
-     "bad-arguments"),
-    ([ROUTING, b"", b"1", b"OFFSETS", msgpack.packb({"queue": "q", "group": "g" * 256})], "bad-arguments"),
-    ([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": ""})], "bad-arguments"),
-    ([ROUTING, b"", b"1", b"PRODUCE", msgpack.packb({"messages": [], "key": "k" * 257})], "bad-arguments"),
-])
+@pytest.mark.parametrize(
+    "frames, code",
+    [
+        ([ROUTING, b"", b"1", b"INFO"], "bad-frames"),
+        ([ROUTING, b"", b"1", b"DROP", b"\x80"], "unknown-command"),
+        ([ROUTING, b"", b"1", b"INFO", b"\xc1"], "bad-arguments"),  # 0xc1 is never valid msgpack
+        ([ROUTING, b"", b"1", b"INFO", msgpack.packb([1, 2])], "bad-arguments"),
+        ([ROUTING, b"", b"1", b"INFO", msgpack.packb({})], "bad-arguments"),
+        ([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": 5})], "bad-arguments"),
+        (
+            [ROUTING, b"", b"1", b"LEASE", msgpack.packb({"queue": "q", "group": "g", "after": True, "max": 1})],
+            "bad-arguments",
+        ),
+        (
+            [ROUTING, b"", b"1", b"LEASE", msgpack.packb({"queue": "q", "group": "g", "after": "0", "max": 1})],
+            "bad-arguments",
+        ),
+        (
+            [
+                ROUTING,
+                b"",
+                b"1",
+                b"SNAPSHOT",
+                msgpack.packb({"queue": "q", "after": 2**64 - 1, "before": 1, "limit": 1}),
+            ],
+            "bad-arguments",
+        ),
+        (
+            [ROUTING, b"", b"1", b"FETCH", msgpack.packb({"queue": "q", "group": "g", "lo": -1, "hi": 1})],
+            "bad-arguments",
+        ),
+        ([ROUTING, b"", b"1", b"OFFSETS", msgpack.packb({"queue": "q", "group": "g" * 256})], "bad-arguments"),
+        ([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": ""})], "bad-arguments"),
+        ([ROUTING, b"", b"1", b"PRODUCE", msgpack.packb({"messages": [], "key": "k" * 257})], "bad-arguments"),
+    ],
+)
 def test_a_wrong_request_is_rejected_with_a_code_and_still_answered(frames, code):
     rejected = api.parse_request(frames)
     assert isinstance(rejected, api.Rejected)
@@ -78,8 +99,10 @@ def test_unknown_argument_names_are_dropped():
     assert request.args == {"queue": "q"}
 
 
-@pytest.mark.parametrize("frames", [[b"x"], [b"", b"1", b"MAYBE", b"\x80"], [b"", b"1", b"OK", b"\xc1"],
-                                    [b"", b"1", b"OK", msgpack.packb([1])]])
+@pytest.mark.parametrize(
+    "frames",
+    [[b"x"], [b"", b"1", b"MAYBE", b"\x80"], [b"", b"1", b"OK", b"\xc1"], [b"", b"1", b"OK", msgpack.packb([1])]],
+)
 def test_a_client_ignores_what_is_not_a_reply(frames):
     assert api.parse_reply(frames) is None
 

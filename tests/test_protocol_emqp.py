@@ -1,5 +1,6 @@
 """The eMQP codec (shared/specs/emqp.md) as pure functions: every command of the spec's frame table as a
 ROUTER receives it from eventmq, malformed frame lists, the frames pzq sends, headers and INFORM queues."""
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,10 @@ MSGID = "0e1f7f0a-3b9c-4d2e-8f6a-5c4b3a291807"
 REQID = "9a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c6d"
 HEAD = [PEER, b"", b"eMQP/1.0"]
 UUID4 = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
-JOB = '["run", {"callable": "add", "path": "jobs.math", "args": [1, 2], "kwargs": {}, ' \
-      '"class_args": [], "class_kwargs": {}}]'
+JOB = (
+    '["run", {"callable": "add", "path": "jobs.math", "args": [1, 2], "kwargs": {}, '
+    '"class_args": [], "class_kwargs": {}}]'
+)
 
 
 def frames(name: str, *args: str) -> list[bytes]:
@@ -45,8 +48,7 @@ EVENTMQ_SENDS = [
 ]
 
 
-@pytest.mark.parametrize("name, args", EVENTMQ_SENDS,
-                         ids=[f"{n}-{len(a)}" for n, a in EVENTMQ_SENDS])
+@pytest.mark.parametrize("name, args", EVENTMQ_SENDS, ids=[f"{n}-{len(a)}" for n, a in EVENTMQ_SENDS])
 def test_every_command_eventmq_sends_parses_to_its_name_msgid_and_text_args(name, args):
     assert emqp.parse(frames(name, *args)) == emqp.Command(PEER, name, MSGID, args)
 
@@ -82,10 +84,27 @@ def test_an_unknown_command_is_rejected(name):
     assert parse_error([*HEAD, name, MSGID.encode()]) == "unknown-command"
 
 
-WRONG_ARITY = [("REQUEST", 2), ("REQUEST", 4), ("REPLY", 0), ("REPLY", 3), ("INFORM", 0), ("INFORM", 3),
-               ("READY", 1), ("HEARTBEAT", 2), ("DISCONNECT", 1), ("KBYE", 1), ("KBAI", 1), ("ACK", 0),
-               ("ACK", 2), ("SCHEDULE", 2), ("SCHEDULE", 6), ("UNSCHEDULE", 2), ("UNSCHEDULE", 6),
-               ("PUBLISH", 1), ("PUBLISH", 4)]
+WRONG_ARITY = [
+    ("REQUEST", 2),
+    ("REQUEST", 4),
+    ("REPLY", 0),
+    ("REPLY", 3),
+    ("INFORM", 0),
+    ("INFORM", 3),
+    ("READY", 1),
+    ("HEARTBEAT", 2),
+    ("DISCONNECT", 1),
+    ("KBYE", 1),
+    ("KBAI", 1),
+    ("ACK", 0),
+    ("ACK", 2),
+    ("SCHEDULE", 2),
+    ("SCHEDULE", 6),
+    ("UNSCHEDULE", 2),
+    ("UNSCHEDULE", 6),
+    ("PUBLISH", 1),
+    ("PUBLISH", 4),
+]
 
 
 @pytest.mark.parametrize("name, count", WRONG_ARITY, ids=[f"{n}-{c}" for n, c in WRONG_ARITY])
@@ -149,8 +168,7 @@ def test_heartbeat_with_a_given_time_sends_that_time():
 
 def test_request_keeps_the_clients_msgid_and_frames():
     message = emqp.request(MSGID, "q1", "reply-requested", JOB)
-    assert message == [b"", b"eMQP/1.0", b"REQUEST", MSGID.encode(), b"q1", b"reply-requested",
-                       JOB.encode()]
+    assert message == [b"", b"eMQP/1.0", b"REQUEST", MSGID.encode(), b"q1", b"reply-requested", JOB.encode()]
     assert_sendable(message)
 
 
@@ -167,12 +185,15 @@ def test_what_pzq_sends_parses_back_once_a_router_identity_is_prepended():
     assert (command.name, command.args) == ("REPLY", ['{"value": 3}', REQID])
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("", {}),
-    ("reply-requested,retry-count:3,timeout:10", {"reply-requested": "", "retry-count": "3", "timeout": "10"}),
-    (" guarantee , ,nohaste,, run_count:2 ", {"guarantee": "", "nohaste": "", "run_count": "2"}),
-    (",", {}),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", {}),
+        ("reply-requested,retry-count:3,timeout:10", {"reply-requested": "", "retry-count": "3", "timeout": "10"}),
+        (" guarantee , ,nohaste,, run_count:2 ", {"guarantee": "", "nohaste": "", "run_count": "2"}),
+        (",", {}),
+    ],
+)
 def test_parse_headers_reads_comma_joined_names_and_values(text, expected):
     assert emqp.parse_headers(text) == expected
 
@@ -199,12 +220,15 @@ def test_header_int_rejects_a_superscript_digit_with_a_protocol_error():
         emqp.header_int({"timeout": "²"}, "timeout")
 
 
-@pytest.mark.parametrize("headers, expected", [
-    ("", "reply-requested"),
-    ("guarantee", "guarantee,reply-requested"),
-    ("reply-requested", "reply-requested"),
-    ("retry-count:3,reply-requested,timeout:10", "retry-count:3,reply-requested,timeout:10"),
-])
+@pytest.mark.parametrize(
+    "headers, expected",
+    [
+        ("", "reply-requested"),
+        ("guarantee", "guarantee,reply-requested"),
+        ("reply-requested", "reply-requested"),
+        ("retry-count:3,reply-requested,timeout:10", "retry-count:3,reply-requested,timeout:10"),
+    ],
+)
 def test_with_header_adds_a_header_once(headers, expected):
     assert emqp.with_header(headers, "reply-requested") == expected
     assert emqp.with_header(expected, "reply-requested") == expected
@@ -213,25 +237,47 @@ def test_with_header_adds_a_header_once(headers, expected):
 DEFAULT = ["default", "urgent"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('[[10, "default"], [5, "q1"]]', [(10, "default"), (5, "q1")]),
-    ('[[1, "low"], [30, "high"], [5, "mid"], [30, "high2"]]',
-     [(30, "high"), (30, "high2"), (5, "mid"), (1, "low")]),
-    ("q1,q2", [(10, "q1"), (10, "q2")]),
-    (" q1 , ,q2 ", [(10, "q1"), (10, "q2")]),
-    ("", [(10, "default"), (10, "urgent")]),
-    ("  ", [(10, "default"), (10, "urgent")]),
-    (f'[[1, "{"é" * 127}a"]]', [(1, "é" * 127 + "a")]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('[[10, "default"], [5, "q1"]]', [(10, "default"), (5, "q1")]),
+        (
+            '[[1, "low"], [30, "high"], [5, "mid"], [30, "high2"]]',
+            [(30, "high"), (30, "high2"), (5, "mid"), (1, "low")],
+        ),
+        ("q1,q2", [(10, "q1"), (10, "q2")]),
+        (" q1 , ,q2 ", [(10, "q1"), (10, "q2")]),
+        ("", [(10, "default"), (10, "urgent")]),
+        ("  ", [(10, "default"), (10, "urgent")]),
+        (f'[[1, "{"é" * 127}a"]]', [(1, "é" * 127 + "a")]),
+    ],
+)
 def test_parse_queues_reads_json_pairs_csv_names_or_the_defaults_heaviest_first(text, expected):
     assert emqp.parse_queues(text, DEFAULT) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "[[10, 'q1']]", "[[10, \"q1\"]", "[]", '[["10", "q1"]]', '[[10]]', '[[10, "q1", 1]]', '[10, "q1"]',
-    '[[true, "q1"]]', '[[1.5, "q1"]]', '[[10, ""]]', '[[10, null]]', '[["q1", 10]]',
-    f'[[10, "{"a" * 256}"]]', f'[[10, "{"é" * 128}"]]', "a" * 256, ",", " , ",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[[10, 'q1']]",
+        '[[10, "q1"]',
+        "[]",
+        '[["10", "q1"]]',
+        "[[10]]",
+        '[[10, "q1", 1]]',
+        '[10, "q1"]',
+        '[[true, "q1"]]',
+        '[[1.5, "q1"]]',
+        '[[10, ""]]',
+        "[[10, null]]",
+        '[["q1", 10]]',
+        f'[[10, "{"a" * 256}"]]',
+        f'[[10, "{"é" * 128}"]]',
+        "a" * 256,
+        ",",
+        " , ",
+    ],
+)
 def test_parse_queues_rejects_anything_but_usable_queue_names(text):
     with pytest.raises(ProtocolError) as caught:
         emqp.parse_queues(text, DEFAULT)

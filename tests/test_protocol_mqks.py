@@ -1,4 +1,5 @@
 """The MQKS line codec by vectors: lines in, requests out; requests' answers as exact bytes."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ def parse(line: str) -> mqks.Request:
 
 
 def test_publish_keeps_spaces_in_its_data():
-    assert parse("m1 publish e1 hello  big world") == mqks.Request("m1", "publish", False,
-                                                                  {"event": "e1", "data": "hello  big world"})
+    assert parse("m1 publish e1 hello  big world") == mqks.Request(
+        "m1", "publish", False, {"event": "e1", "data": "hello  big world"}
+    )
 
 
 def test_confirm_is_only_a_flag_when_it_is_the_first_token_of_data():
@@ -25,17 +27,34 @@ def test_confirm_is_only_a_flag_when_it_is_the_first_token_of_data():
 
 def test_consume_reads_events_added_events_and_flags_in_the_seed_example():
     request = parse("c1 consume --confirm q1 e1 e2 --delete-queue-when-unused=5 --manual-ack")
-    assert request.confirm and request.args == {"queue": "q1", "events": ["e1", "e2"], "add": [], "unused": 5.0,
-                                                "manual_ack": True, "prefetch": None}
-    assert parse("c2 consume q1 --add e3 e4").args == {"queue": "q1", "events": None, "add": ["e3", "e4"],
-                                                       "unused": None, "manual_ack": False, "prefetch": None}
+    assert request.confirm and request.args == {
+        "queue": "q1",
+        "events": ["e1", "e2"],
+        "add": [],
+        "unused": 5.0,
+        "manual_ack": True,
+        "prefetch": None,
+    }
+    assert parse("c2 consume q1 --add e3 e4").args == {
+        "queue": "q1",
+        "events": None,
+        "add": ["e3", "e4"],
+        "unused": None,
+        "manual_ack": False,
+        "prefetch": None,
+    }
     assert parse("c4 consume q1 --manual-ack --prefetch=1").args["prefetch"] == 1
     assert parse("c3 consume q1 --delete-queue-when-unused").args["unused"] == 0.0
 
 
 def test_rebind_reads_replace_remove_remove_mask_and_add():
     assert parse("rb3 rebind q1 e1 --remove e3 --remove-mask e5.*.a1 e5.*.a2 --add e8").args == {
-        "queue": "q1", "events": ["e1"], "remove": ["e3"], "remove_mask": ["e5.*.a1", "e5.*.a2"], "add": ["e8"]}
+        "queue": "q1",
+        "events": ["e1"],
+        "remove": ["e3"],
+        "remove_mask": ["e5.*.a1", "e5.*.a2"],
+        "add": ["e8"],
+    }
 
 
 def test_ack_and_reject_take_a_message_id_or_all():
@@ -43,19 +62,22 @@ def test_ack_and_reject_take_a_message_id_or_all():
     assert parse("rj1 reject c1 --all").args == {"consumer": "c1", "msg_id": None}
 
 
-@pytest.mark.parametrize("line, code", [
-    ("x1", "no-action"),
-    ("x1 blabla 123", "unknown-action"),
-    ("x1 consume", "no-queue"),
-    ("x1 consume q1 --bogus", "bad-option"),
-    ("x1 consume q1 --delete-queue-when-unused=soon", "bad-option"),
-    ("x1 consume q1 --prefetch=0", "bad-option"),
-    ("x1 ack c1", "bad-arguments"),
-    ("x1 delete_queue", "bad-arguments"),
-    ("x1 consume q\t1 e1", "bad-id"),
-    ("x1 publish e\x01 data", "bad-id"),
-    ("x1 consume " + "q" * 256, "bad-id"),
-])
+@pytest.mark.parametrize(
+    "line, code",
+    [
+        ("x1", "no-action"),
+        ("x1 blabla 123", "unknown-action"),
+        ("x1 consume", "no-queue"),
+        ("x1 consume q1 --bogus", "bad-option"),
+        ("x1 consume q1 --delete-queue-when-unused=soon", "bad-option"),
+        ("x1 consume q1 --prefetch=0", "bad-option"),
+        ("x1 ack c1", "bad-arguments"),
+        ("x1 delete_queue", "bad-arguments"),
+        ("x1 consume q\t1 e1", "bad-id"),
+        ("x1 publish e\x01 data", "bad-id"),
+        ("x1 consume " + "q" * 256, "bad-id"),
+    ],
+)
 def test_bad_lines_raise_a_protocol_error_with_a_code(line, code):
     with pytest.raises(ProtocolError) as info:
         parse(line)
@@ -73,17 +95,20 @@ def test_a_crlf_line_end_is_accepted():
     assert parse("pg1 ping hi\r").args == {"data": "hi"}
 
 
-@pytest.mark.parametrize("mask, event, removed", [
-    ("*.updated", "user.updated", True),
-    ("document.*", "document.created", True),
-    ("user.*.connected", "user.57e82b3931d9d614f0247ac7.connected", True),
-    ("*.*.deleted", "category.subcategory.deleted", True),
-    ("*.*.deleted", "post.deleted", False),
-    ("user.*.connected", "user.1.2.connected", False),
-    ("*", "nodots", False),  # masks only apply to events with dots
-    ("e5.*.a1", "e5.id1.a1", True),
-    ("e5.*.a1", "e5.id1.a2", False),
-])
+@pytest.mark.parametrize(
+    "mask, event, removed",
+    [
+        ("*.updated", "user.updated", True),
+        ("document.*", "document.created", True),
+        ("user.*.connected", "user.57e82b3931d9d614f0247ac7.connected", True),
+        ("*.*.deleted", "category.subcategory.deleted", True),
+        ("*.*.deleted", "post.deleted", False),
+        ("user.*.connected", "user.1.2.connected", False),
+        ("*", "nodots", False),  # masks only apply to events with dots
+        ("e5.*.a1", "e5.id1.a1", True),
+        ("e5.*.a1", "e5.id1.a2", False),
+    ],
+)
 def test_masks_match_runs_without_dots(mask, event, removed):
     assert mqks.matches(mask, event) is removed
 
@@ -103,8 +128,10 @@ def test_responses_are_exact_lines():
     assert mqks.error("x1", "0123456789abcdef01234567") == b"x1 error 0123456789abcdef01234567\n"
     assert mqks.delivery("c1", "m1", "e1", 0, "d1") == b"c1 ok m1 event=e1 d1\n"
     assert mqks.delivery("c1", "m1", "e1", 1, "d1") == b"c1 ok m1 event=e1,retry=1 d1\n"
-    assert mqks.update("c1", "q1", ["e1", "e2"], 5.0, True) == \
-        b"c1 ok --update q1 e1 e2 --delete-queue-when-unused=5.0 --manual-ack\n"
+    assert (
+        mqks.update("c1", "q1", ["e1", "e2"], 5.0, True)
+        == b"c1 ok --update q1 e1 e2 --delete-queue-when-unused=5.0 --manual-ack\n"
+    )
     assert mqks.update("c1", "q1", [], None, False) == b"c1 ok --update q1\n"
     assert len(mqks.error_id()) == 24
 

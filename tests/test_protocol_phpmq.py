@@ -1,5 +1,6 @@
 """The PHPMQ codec (shared/specs/phpmq.md) as pure functions: the spec's byte vectors in both
 directions, round trips, fragmentation, garbage, and the per-connection dialect rule."""
+
 from __future__ import annotations
 
 import random
@@ -8,30 +9,56 @@ import pytest
 
 from pzq.errors import ProtocolError
 from pzq.protocols import phpmq
-from pzq.protocols.phpmq import (ACK, CONSUME, CONTENT, COUNT, DEAD_LETTER, DISPATCH, MESSAGE_ID, QUEUE,
-                                 REQUEUE, SEND, TTL, Decoder, Dialect, Message, encode, encode_dispatch,
-                                 speaks_current)
+from pzq.protocols.phpmq import (
+    ACK,
+    CONSUME,
+    CONTENT,
+    COUNT,
+    DEAD_LETTER,
+    DISPATCH,
+    MESSAGE_ID,
+    QUEUE,
+    REQUEUE,
+    SEND,
+    TTL,
+    Decoder,
+    Dialect,
+    Message,
+    encode,
+    encode_dispatch,
+    speaks_current,
+)
 
 LIMIT = 1 << 20
 MID = "d7e7f68761d34838494b233148b5486c"
 BMID = MID.encode("ascii")
 
 # The conformance vectors of the spec, verbatim.
-ACK_VECTOR = (b"H0100402P0100000000000000000000000000003FooP0300000000000000000000000000032"
-              b"d7e7f68761d34838494b233148b5486c")
+ACK_VECTOR = (
+    b"H0100402P0100000000000000000000000000003FooP0300000000000000000000000000032d7e7f68761d34838494b233148b5486c"
+)
 CONSUME_VECTOR = b"H0100202P0100000000000000000000000000003FooP04000000000000000000000000000015"
-DEAD_LETTER_VECTOR = (b"H0100602P0100000000000000000000000000003FooP0300000000000000000000000000032"
-                      b"d7e7f68761d34838494b233148b5486c")
-SEND_VECTOR = (b"H0100103P0100000000000000000000000000003FooP0200000000000000000000000000011Hello World"
-               b"P05000000000000000000000000000010")
-DISPATCH_VECTOR = (b"H0100304P0100000000000000000000000000003FooP0200000000000000000000000000011Hello World"
-                   b"P0300000000000000000000000000032d7e7f68761d34838494b233148b5486c"
-                   b"P05000000000000000000000000000010")
-REQUEUE_VECTOR = (b"H0100503P0100000000000000000000000000003FooP0300000000000000000000000000032"
-                  b"d7e7f68761d34838494b233148b5486cP05000000000000000000000000000043600")
+DEAD_LETTER_VECTOR = (
+    b"H0100602P0100000000000000000000000000003FooP0300000000000000000000000000032d7e7f68761d34838494b233148b5486c"
+)
+SEND_VECTOR = (
+    b"H0100103P0100000000000000000000000000003FooP0200000000000000000000000000011Hello World"
+    b"P05000000000000000000000000000010"
+)
+DISPATCH_VECTOR = (
+    b"H0100304P0100000000000000000000000000003FooP0200000000000000000000000000011Hello World"
+    b"P0300000000000000000000000000032d7e7f68761d34838494b233148b5486c"
+    b"P05000000000000000000000000000010"
+)
+REQUEUE_VECTOR = (
+    b"H0100503P0100000000000000000000000000003FooP0300000000000000000000000000032"
+    b"d7e7f68761d34838494b233148b5486cP05000000000000000000000000000043600"
+)
 LEGACY_SEND_VECTOR = b"H0100102P0100000000000000000000000000003FooP0200000000000000000000000000011Hello World"
-LEGACY_DISPATCH_VECTOR = (b"H0100303P0100000000000000000000000000003FooP0200000000000000000000000000011"
-                          b"Hello WorldP0300000000000000000000000000032d7e7f68761d34838494b233148b5486c")
+LEGACY_DISPATCH_VECTOR = (
+    b"H0100303P0100000000000000000000000000003FooP0200000000000000000000000000011"
+    b"Hello WorldP0300000000000000000000000000032d7e7f68761d34838494b233148b5486c"
+)
 
 # What a client may send: (vector, the message it decodes to).
 CLIENT_VECTORS = [
@@ -62,6 +89,7 @@ def raises_code(data: bytes, max_content: int = LIMIT) -> str:
 
 
 # ---------------------------------------------------------------- encoding: the vectors exactly
+
 
 def test_a_send_with_a_ttl_encodes_to_the_send_vector():
     assert encode(SEND, [(QUEUE, b"Foo"), (CONTENT, b"Hello World"), (TTL, b"0")]) == SEND_VECTOR
@@ -97,7 +125,8 @@ def test_a_current_dialect_dispatch_without_a_ttl_says_zero():
 
 def test_a_current_dialect_dispatch_carries_the_remaining_ttl_in_decimal():
     assert encode_dispatch("Foo", b"Hello World", MID, 3300, Dialect.CURRENT) == (
-        DISPATCH_VECTOR[:-33] + b"P05000000000000000000000000000043300")
+        DISPATCH_VECTOR[:-33] + b"P05000000000000000000000000000043300"
+    )
 
 
 def test_a_legacy_dialect_dispatch_encodes_to_the_legacy_dispatch_vector():
@@ -110,33 +139,44 @@ def test_a_legacy_dialect_dispatch_leaves_out_the_ttl_whatever_it_is():
 
 
 def test_an_encoded_dispatch_is_the_generic_encoding_of_its_packets():
-    assert encode(DISPATCH, [(QUEUE, b"Foo"), (CONTENT, b"Hello World"), (MESSAGE_ID, BMID), (TTL, b"0")]) \
+    assert (
+        encode(DISPATCH, [(QUEUE, b"Foo"), (CONTENT, b"Hello World"), (MESSAGE_ID, BMID), (TTL, b"0")])
         == DISPATCH_VECTOR
-    assert encode(DISPATCH, [(QUEUE, b"Foo"), (CONTENT, b"Hello World"), (MESSAGE_ID, BMID)]) \
-        == LEGACY_DISPATCH_VECTOR
+    )
+    assert encode(DISPATCH, [(QUEUE, b"Foo"), (CONTENT, b"Hello World"), (MESSAGE_ID, BMID)]) == LEGACY_DISPATCH_VECTOR
 
 
 def test_a_dispatch_keeps_a_non_ascii_queue_name_as_utf8_bytes():
     wire = encode_dispatch("Fö", b"x", MID, None, Dialect.LEGACY)
-    assert wire[8:8 + 32 + 3] == packet_header(QUEUE, 3) + "Fö".encode("utf-8")
+    assert wire[8 : 8 + 32 + 3] == packet_header(QUEUE, 3) + "Fö".encode()
 
 
-@pytest.mark.parametrize("msg_type, count, header", [
-    (1, 3, b"H0100103"), (2, 2, b"H0100202"), (3, 4, b"H0100304"),
-    (4, 2, b"H0100402"), (5, 3, b"H0100503"), (6, 2, b"H0100602"),
-])
+@pytest.mark.parametrize(
+    "msg_type, count, header",
+    [
+        (1, 3, b"H0100103"),
+        (2, 2, b"H0100202"),
+        (3, 4, b"H0100304"),
+        (4, 2, b"H0100402"),
+        (5, 3, b"H0100503"),
+        (6, 2, b"H0100602"),
+    ],
+)
 def test_message_headers_match_the_spec_vectors(msg_type, count, header):
     wire = encode(msg_type, [(QUEUE, b"")] * count)
     assert wire[:8] == header
     assert len(wire) == 8 + 32 * count
 
 
-@pytest.mark.parametrize("packet_type, length, header", [
-    (1, 3, b"P0100000000000000000000000000003"),
-    (2, 11, b"P0200000000000000000000000000011"),
-    (3, 32, b"P0300000000000000000000000000032"),
-    (5, 4, b"P0500000000000000000000000000004"),
-])
+@pytest.mark.parametrize(
+    "packet_type, length, header",
+    [
+        (1, 3, b"P0100000000000000000000000000003"),
+        (2, 11, b"P0200000000000000000000000000011"),
+        (3, 32, b"P0300000000000000000000000000032"),
+        (5, 4, b"P0500000000000000000000000000004"),
+    ],
+)
 def test_packet_headers_match_the_spec_vectors(packet_type, length, header):
     content = bytes(range(length))
     wire = encode(SEND, [(packet_type, content)])
@@ -147,10 +187,12 @@ def test_packet_headers_match_the_spec_vectors(packet_type, length, header):
 
 def test_an_encoding_keeps_the_packets_in_the_order_given():
     assert encode(SEND, [(TTL, b"7"), (CONTENT, b"c"), (QUEUE, b"q")]) == (
-        b"H0100103" + packet(TTL, b"7") + packet(CONTENT, b"c") + packet(QUEUE, b"q"))
+        b"H0100103" + packet(TTL, b"7") + packet(CONTENT, b"c") + packet(QUEUE, b"q")
+    )
 
 
 # ---------------------------------------------------------------- decoding: the vectors exactly
+
 
 @pytest.mark.parametrize("vector, message", CLIENT_VECTORS, ids=CLIENT_IDS)
 def test_each_client_vector_decodes_to_exactly_one_message(vector, message):
@@ -198,11 +240,20 @@ def test_packets_in_any_order_decode_to_the_same_message():
 
 # ---------------------------------------------------------------- round trips
 
+
 def _random_contents() -> list[bytes]:
     rng = random.Random(20180101)
-    contents = [b"", b"\x00", b"\xff", b"\x00" * 100, b"\xff" * 100, bytes(range(256)),
-                b"H0100103P0100000000000000000000000000003Foo",  # looks like a message: it is content
-                b"P" * 32, "Grüße ☃".encode("utf-8")]
+    contents = [
+        b"",
+        b"\x00",
+        b"\xff",
+        b"\x00" * 100,
+        b"\xff" * 100,
+        bytes(range(256)),
+        b"H0100103P0100000000000000000000000000003Foo",  # looks like a message: it is content
+        b"P" * 32,
+        "Grüße ☃".encode(),
+    ]
     contents += [rng.randbytes(rng.randrange(1, 2000)) for _ in range(20)]
     contents.append(rng.randbytes(LIMIT))  # as big as the decoder allows
     return contents
@@ -249,6 +300,7 @@ def test_a_content_of_exactly_max_content_bytes_is_accepted():
 
 # ---------------------------------------------------------------- fragmentation
 
+
 def test_the_whole_stream_fed_at_once_decodes_every_client_vector_in_order():
     decoder = Decoder(LIMIT)
     assert decoder.feed(STREAM) == STREAM_MESSAGES
@@ -259,7 +311,7 @@ def test_a_stream_fed_one_byte_at_a_time_decodes_the_same_messages():
     decoder = Decoder(LIMIT)
     out = []
     for i in range(len(STREAM)):
-        out += decoder.feed(STREAM[i:i + 1])
+        out += decoder.feed(STREAM[i : i + 1])
     assert out == STREAM_MESSAGES
     assert decoder.buffered == 0
 
@@ -271,7 +323,7 @@ def test_a_stream_fed_in_random_chunks_decodes_the_same_messages(seed):
     out, pos = [], 0
     while pos < len(STREAM):
         size = rng.randint(0, 80)  # empty chunks included
-        out += decoder.feed(STREAM[pos:pos + size])
+        out += decoder.feed(STREAM[pos : pos + size])
         pos += size
     assert out == STREAM_MESSAGES
     assert decoder.buffered == 0
@@ -290,7 +342,7 @@ def test_a_big_message_written_in_1024_byte_slices_decodes_once_complete():
     decoder = Decoder(LIMIT)
     out = []
     for pos in range(0, len(wire), 1024):
-        got = decoder.feed(wire[pos:pos + 1024])
+        got = decoder.feed(wire[pos : pos + 1024])
         if pos + 1024 < len(wire) - len(ACK_VECTOR):
             assert got == []
         out += got
@@ -301,7 +353,7 @@ def test_a_big_message_written_in_1024_byte_slices_decodes_once_complete():
 def test_partial_input_yields_nothing_until_the_last_byte(vector, message):
     decoder = Decoder(LIMIT)
     for i in range(len(vector) - 1):
-        assert decoder.feed(vector[i:i + 1]) == []
+        assert decoder.feed(vector[i : i + 1]) == []
     assert decoder.feed(vector[-1:]) == [message]
     assert decoder.buffered == 0
 
@@ -315,7 +367,7 @@ def test_an_empty_feed_yields_nothing_and_holds_nothing():
 def test_a_partial_header_is_held_in_the_buffer():
     decoder = Decoder(LIMIT)
     for n in range(1, 8):
-        assert decoder.feed(ACK_VECTOR[n - 1:n]) == []
+        assert decoder.feed(ACK_VECTOR[n - 1 : n]) == []
         assert decoder.buffered == n
 
 
@@ -336,7 +388,7 @@ def test_bytes_after_a_whole_message_stay_buffered_for_the_next_one():
 def test_buffered_counts_every_byte_of_an_incomplete_message():
     decoder = Decoder(LIMIT)
     for n in range(1, len(ACK_VECTOR)):
-        assert decoder.feed(ACK_VECTOR[n - 1:n]) == []
+        assert decoder.feed(ACK_VECTOR[n - 1 : n]) == []
         assert decoder.buffered == n
 
 
@@ -349,6 +401,7 @@ def test_decoded_messages_do_not_share_their_packets():
 
 
 # ---------------------------------------------------------------- garbage
+
 
 def test_a_bad_first_byte_raises_at_once_without_waiting_for_a_header():
     decoder = Decoder(LIMIT)
@@ -380,8 +433,20 @@ def test_a_wrong_version_or_marker_raises_a_bad_header(header):
     assert raises_code(header + CONSUME_VECTOR[8:]) == "bad-header"
 
 
-@pytest.mark.parametrize("header", [b"H01abc02", b"H0100a02", b"H01 0202", b"H01-0102", b"H01+0202",
-                                    b"H010020x", b"H01002 2", b"H01002-2", b"H01002\x0002"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"H01abc02",
+        b"H0100a02",
+        b"H01 0202",
+        b"H01-0102",
+        b"H01+0202",
+        b"H010020x",
+        b"H01002 2",
+        b"H01002-2",
+        b"H01002\x0002",
+    ],
+)
 def test_a_non_digit_type_or_count_raises_a_bad_header(header):
     assert raises_code(header) == "bad-header"
 
@@ -391,9 +456,22 @@ def test_an_unknown_message_type_raises_a_bad_type(header):
     assert raises_code(header) == "bad-type"
 
 
-@pytest.mark.parametrize("header", [b"H0100403", b"H0100401", b"H0100400", b"H0100101", b"H0100104",
-                                    b"H0100203", b"H0100201", b"H0100504", b"H0100501",
-                                    b"H0100603", b"H0100699"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"H0100403",
+        b"H0100401",
+        b"H0100400",
+        b"H0100101",
+        b"H0100104",
+        b"H0100203",
+        b"H0100201",
+        b"H0100504",
+        b"H0100501",
+        b"H0100603",
+        b"H0100699",
+    ],
+)
 def test_a_packet_count_the_type_cannot_have_raises_a_bad_count(header):
     assert raises_code(header) == "bad-count"
 
@@ -403,15 +481,18 @@ def test_an_ack_with_three_packets_raises_a_bad_count():
     assert raises_code(wire) == "bad-count"
 
 
-@pytest.mark.parametrize("bad", [
-    b"Q0100000000000000000000000000003",
-    b"p0100000000000000000000000000003",
-    b"P0x00000000000000000000000000003",
-    b"P010000000000000000000000000000x",
-    b"P01-0000000000000000000000000003",
-    b"P01 0000000000000000000000000003",
-    b"P01000000000000000000000000003\r\n",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"Q0100000000000000000000000000003",
+        b"p0100000000000000000000000000003",
+        b"P0x00000000000000000000000000003",
+        b"P010000000000000000000000000000x",
+        b"P01-0000000000000000000000000003",
+        b"P01 0000000000000000000000000003",
+        b"P01000000000000000000000000003\r\n",
+    ],
+)
 def test_a_bad_packet_header_raises_a_bad_packet(bad):
     assert len(bad) == 32
     assert raises_code(b"H0100202" + bad + b"Foo") == "bad-packet"
@@ -439,8 +520,10 @@ def test_an_unknown_packet_type_raises_a_bad_packet(packet_type):
 
 def test_a_duplicate_packet_type_raises_a_duplicate_packet():
     assert raises_code(b"H0100202" + packet(QUEUE, b"Foo") + packet(QUEUE, b"Bar")) == "duplicate-packet"
-    assert raises_code(b"H0100103" + packet(QUEUE, b"Foo") + packet(CONTENT, b"a") + packet(CONTENT, b"b")) \
+    assert (
+        raises_code(b"H0100103" + packet(QUEUE, b"Foo") + packet(CONTENT, b"a") + packet(CONTENT, b"b"))
         == "duplicate-packet"
+    )
 
 
 def test_a_content_length_over_max_content_raises_from_the_packet_header_alone():
@@ -455,30 +538,36 @@ def test_an_absurd_content_length_raises_too_large():
     assert raises_code(b"H0100102P02" + b"9" * 29, max_content=LIMIT) == "too-large"
 
 
-@pytest.mark.parametrize("msg_type, packets", [
-    (SEND, [(QUEUE, b"Foo"), (TTL, b"0")]),
-    (SEND, [(CONTENT, b"x"), (TTL, b"0")]),
-    (SEND, [(QUEUE, b"Foo"), (CONTENT, b"x"), (COUNT, b"1")]),
-    (CONSUME, [(QUEUE, b"Foo"), (MESSAGE_ID, BMID)]),
-    (CONSUME, [(QUEUE, b"Foo"), (TTL, b"5")]),
-    (ACK, [(QUEUE, b"Foo"), (CONTENT, BMID)]),
-    (ACK, [(MESSAGE_ID, BMID), (COUNT, b"1")]),
-    (REQUEUE, [(QUEUE, b"Foo"), (TTL, b"5")]),
-    (REQUEUE, [(QUEUE, b"Foo"), (MESSAGE_ID, BMID), (CONTENT, b"x")]),
-    (DEAD_LETTER, [(MESSAGE_ID, BMID), (TTL, b"0")]),
-])
+@pytest.mark.parametrize(
+    "msg_type, packets",
+    [
+        (SEND, [(QUEUE, b"Foo"), (TTL, b"0")]),
+        (SEND, [(CONTENT, b"x"), (TTL, b"0")]),
+        (SEND, [(QUEUE, b"Foo"), (CONTENT, b"x"), (COUNT, b"1")]),
+        (CONSUME, [(QUEUE, b"Foo"), (MESSAGE_ID, BMID)]),
+        (CONSUME, [(QUEUE, b"Foo"), (TTL, b"5")]),
+        (ACK, [(QUEUE, b"Foo"), (CONTENT, BMID)]),
+        (ACK, [(MESSAGE_ID, BMID), (COUNT, b"1")]),
+        (REQUEUE, [(QUEUE, b"Foo"), (TTL, b"5")]),
+        (REQUEUE, [(QUEUE, b"Foo"), (MESSAGE_ID, BMID), (CONTENT, b"x")]),
+        (DEAD_LETTER, [(MESSAGE_ID, BMID), (TTL, b"0")]),
+    ],
+)
 def test_missing_required_or_foreign_packets_raise_bad_packets(msg_type, packets):
     assert raises_code(encode(msg_type, packets)) == "bad-packets"
 
 
-@pytest.mark.parametrize("msg_type, packets", [
-    (SEND, [(QUEUE, b""), (CONTENT, b"x")]),
-    (SEND, [(QUEUE, b""), (CONTENT, b"x"), (TTL, b"0")]),
-    (CONSUME, [(QUEUE, b""), (COUNT, b"1")]),
-    (ACK, [(QUEUE, b""), (MESSAGE_ID, BMID)]),
-    (REQUEUE, [(QUEUE, b""), (MESSAGE_ID, BMID), (TTL, b"1")]),
-    (DEAD_LETTER, [(QUEUE, b""), (MESSAGE_ID, BMID)]),
-])
+@pytest.mark.parametrize(
+    "msg_type, packets",
+    [
+        (SEND, [(QUEUE, b""), (CONTENT, b"x")]),
+        (SEND, [(QUEUE, b""), (CONTENT, b"x"), (TTL, b"0")]),
+        (CONSUME, [(QUEUE, b""), (COUNT, b"1")]),
+        (ACK, [(QUEUE, b""), (MESSAGE_ID, BMID)]),
+        (REQUEUE, [(QUEUE, b""), (MESSAGE_ID, BMID), (TTL, b"1")]),
+        (DEAD_LETTER, [(QUEUE, b""), (MESSAGE_ID, BMID)]),
+    ],
+)
 def test_an_empty_queue_name_raises_bad_queue(msg_type, packets):
     assert raises_code(encode(msg_type, packets)) == "bad-queue"
 
@@ -502,18 +591,21 @@ def test_a_protocol_error_carries_its_code_and_detail():
 
 # ---------------------------------------------------------------- Message.number
 
+
 def _with(raw: bytes) -> Message:
     return Message(CONSUME, {QUEUE: b"q", COUNT: raw}, 2)
 
 
-@pytest.mark.parametrize("raw, value", [(b"0", 0), (b"5", 5), (b"0005", 5), (b"3600", 3600),
-                                        (b"9" * 18, 999_999_999_999_999_999)])
+@pytest.mark.parametrize(
+    "raw, value", [(b"0", 0), (b"5", 5), (b"0005", 5), (b"3600", 3600), (b"9" * 18, 999_999_999_999_999_999)]
+)
 def test_a_decimal_packet_reads_as_its_number(raw, value):
     assert _with(raw).number(COUNT) == value
 
 
-@pytest.mark.parametrize("raw", [b"abc", b"-1", b"+1", b"1.5", b" 5", b"5 ", b"5\n", b"0x10", b"1e3",
-                                 b"\xd9\xa3", "٣".encode("utf-8"), b"\x00"])
+@pytest.mark.parametrize(
+    "raw", [b"abc", b"-1", b"+1", b"1.5", b" 5", b"5 ", b"5\n", b"0x10", b"1e3", b"\xd9\xa3", "٣".encode(), b"\x00"]
+)
 def test_a_non_decimal_packet_raises_bad_number(raw):
     with pytest.raises(ProtocolError) as caught:
         _with(raw).number(COUNT)
@@ -544,10 +636,19 @@ def test_a_bad_number_in_a_decoded_message_raises_only_when_read():
 
 # ---------------------------------------------------------------- the dialect rule
 
-@pytest.mark.parametrize("vector, current", [
-    (SEND_VECTOR, True), (REQUEUE_VECTOR, True), (DEAD_LETTER_VECTOR, True),
-    (LEGACY_SEND_VECTOR, False), (CONSUME_VECTOR, False), (ACK_VECTOR, False),
-], ids=["3-packet-send", "requeue", "dead-letter", "2-packet-send", "consume", "ack"])
+
+@pytest.mark.parametrize(
+    "vector, current",
+    [
+        (SEND_VECTOR, True),
+        (REQUEUE_VECTOR, True),
+        (DEAD_LETTER_VECTOR, True),
+        (LEGACY_SEND_VECTOR, False),
+        (CONSUME_VECTOR, False),
+        (ACK_VECTOR, False),
+    ],
+    ids=["3-packet-send", "requeue", "dead-letter", "2-packet-send", "consume", "ack"],
+)
 def test_speaks_current_follows_the_vectors(vector, current):
     [message] = Decoder(LIMIT).feed(vector)
     assert speaks_current(message) is current

@@ -1,4 +1,5 @@
 """Frame vectors of the native PZQ protocol (shared/specs/pzq-wire.md), as pure functions."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ from pzq.protocols import pzq as native
 from pzq.protocols.pzq import ConsumerAck, Produce, Rejected
 
 LIMIT = 1024
-MID = "0000000000000001" "000000000000002a"
+MID = "0000000000000001000000000000002a"
 
 
 def test_a_produce_with_no_headers_yields_its_body():
@@ -76,17 +77,26 @@ def test_a_message_key_is_the_enqueue_time_and_the_message_id():
     assert native.key_message_id(key) == MID
 
 
-@pytest.mark.parametrize("key", [b"", b"no-separator" + MID.encode(), b"1|" + MID[:31].encode(),
-                                 b"1|" + MID.encode() + b"0", b"1|" + b"\xff" * 32, MID.encode() + b"|"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        b"",
+        b"no-separator" + MID.encode(),
+        b"1|" + MID[:31].encode(),
+        b"1|" + MID.encode() + b"0",
+        b"1|" + b"\xff" * 32,
+        MID.encode() + b"|",
+    ],
+)
 def test_a_key_that_pzq_did_not_make_gives_no_message_id(key):
     assert native.key_message_id(key) is None
 
 
 def test_a_delivery_is_key_sent_time_timeout_delimiter_then_the_body():
-    frames = native.delivery(b"0000000000000042|" + MID.encode(), 1_700_000_000_000_000, 5_000_000,
-                             [b"a", b"", b"\x00"])
-    assert frames == [b"0000000000000042|" + MID.encode(), b"1700000000000000", b"5000000", b"",
-                      b"a", b"", b"\x00"]
+    frames = native.delivery(
+        b"0000000000000042|" + MID.encode(), 1_700_000_000_000_000, 5_000_000, [b"a", b"", b"\x00"]
+    )
+    assert frames == [b"0000000000000042|" + MID.encode(), b"1700000000000000", b"5000000", b"", b"a", b"", b"\x00"]
     assert frames[4:] == [b"a", b"", b"\x00"]  # body at index 5 once the consumer's ROUTER adds the peer id
 
 

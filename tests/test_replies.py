@@ -1,5 +1,6 @@
 """No reply vanishes: a ROUTER's replies to a peer that reads slowly wait in a bounded backlog, and a
 producer whose acks cannot leave is stored for no more (backpressure)."""
+
 from __future__ import annotations
 
 import time

@@ -1,12 +1,14 @@
 """The server's socket maker: re-binding a socket (as a CURVE revocation does) leaves a working endpoint,
 on ipc (whose file the closed listener unlinks) and on tcp (whose port it frees a moment later)."""
+
 from __future__ import annotations
 
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, recv
 from pzq.endpoints.base import Sockets
+
+from conftest import free_tcp_endpoint, recv
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])

@@ -1,4 +1,5 @@
 """The Spark connector against a real server and one real local[2] Spark session for the module."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,9 +28,14 @@ def spark():
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("pzq-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pzq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
@@ -49,7 +55,7 @@ def api_server(process_server, tmp_path):
 
 def produce(api: ApiClient, queue: str, bodies: list[bytes]) -> None:
     for i in range(0, len(bodies), 1000):
-        api.produce([(queue, b) for b in bodies[i:i + 1000]])
+        api.produce([(queue, b) for b in bodies[i : i + 1000]])
 
 
 def stream(spark, srv, queue: str, **options):
@@ -61,8 +67,13 @@ def stream(spark, srv, queue: str, **options):
 
 def to_memory(spark, srv, queue: str, checkpoint: Path, **options):
     """A started query copying ``queue`` into the in-memory table of the same name."""
-    return (stream(spark, srv, queue, **options).writeStream.format("memory").queryName(queue)
-            .option("checkpointLocation", str(checkpoint)).start())
+    return (
+        stream(spark, srv, queue, **options)
+        .writeStream.format("memory")
+        .queryName(queue)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
 
 
 class Batches:
@@ -88,10 +99,14 @@ class Batches:
 def test_a_stream_reads_every_message_complete_and_in_queue_order_per_partition(spark, api_server, tmp_path):
     bodies = [b"message-%04d" % i for i in range(250)]
     produce(api_server.api, "events", bodies)
-    query = (stream(spark, api_server, "events", maxMessagesPerBatch=100, numPartitions=2)
-             .selectExpr("*", "spark_partition_id() AS part")
-             .writeStream.format("memory").queryName("ordered")
-             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    query = (
+        stream(spark, api_server, "events", maxMessagesPerBatch=100, numPartitions=2)
+        .selectExpr("*", "spark_partition_id() AS part")
+        .writeStream.format("memory")
+        .queryName("ordered")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
     try:
         query.processAllAvailable()
         rows = spark.sql("SELECT seq, body, queue, key, deliveries, enqueued_at, part FROM ordered").collect()
@@ -103,8 +118,7 @@ def test_a_stream_reads_every_message_complete_and_in_queue_order_per_partition(
     assert all(len(r.key) == 32 and r.enqueued_at is not None for r in rows)
     for part in {r.part for r in rows}:  # within a partition, seq order is queue order
         in_part = [r for r in rows if r.part == part]
-        assert [bytes(r.body) for r in sorted(in_part, key=lambda r: r.seq)] == \
-               sorted(bytes(r.body) for r in in_part)
+        assert [bytes(r.body) for r in sorted(in_part, key=lambda r: r.seq)] == sorted(bytes(r.body) for r in in_part)
 
 
 def test_nothing_leaves_the_queue_until_spark_commits_the_batch(spark, api_server, tmp_path):
@@ -141,8 +155,12 @@ def test_a_restart_on_the_same_checkpoint_replays_the_uncommitted_batch_identica
     sink = Batches(tmp_path / "batches.jsonl", fail_batch=1)
 
     def run():
-        return (stream(spark, api_server, "replay", maxMessagesPerBatch=15).writeStream
-                .option("checkpointLocation", str(tmp_path / "ck")).foreachBatch(sink).start())
+        return (
+            stream(spark, api_server, "replay", maxMessagesPerBatch=15)
+            .writeStream.option("checkpointLocation", str(tmp_path / "ck"))
+            .foreachBatch(sink)
+            .start()
+        )
 
     query = run()
     with pytest.raises(Exception, match="on purpose"):
@@ -158,7 +176,7 @@ def test_a_restart_on_the_same_checkpoint_replays_the_uncommitted_batch_identica
     attempts = [b for b in sink.read() if b["batch"] == 1]
     assert len(attempts) == 2 and attempts[1]["rows"] == attempts[0]["rows"]  # same seqs, keys, bodies
     seen = {row[2] for b in sink.read() for row in b["rows"]}
-    assert seen == {"r%d" % i for i in range(40)}
+    assert seen == {f"r{i}" for i in range(40)}
 
 
 def test_killing_the_server_with_sigkill_between_batches_loses_nothing(spark, api_server, tmp_path):
@@ -182,7 +200,7 @@ def test_killing_the_server_with_sigkill_between_batches_loses_nothing(spark, ap
 
 
 def test_the_sink_stores_rows_that_native_consumers_receive(spark, api_server):
-    df = spark.createDataFrame([("row-%d" % i,) for i in range(20)], "body string")
+    df = spark.createDataFrame([(f"row-{i}",) for i in range(20)], "body string")
     df.write.format("pzq").option("endpoint", api_server.endpoint).option("queue", "default").mode("append").save()
     got = []
     with client.Consumer(api_server.send) as consumer:
@@ -192,14 +210,19 @@ def test_the_sink_stores_rows_that_native_consumers_receive(spark, api_server):
     assert sorted(got) == sorted(b"row-%d" % i for i in range(20))
 
 
-def test_a_streaming_sink_routes_rows_by_their_queue_column_and_a_rerun_batch_is_stored_once(spark, api_server,
-                                                                                              tmp_path):
+def test_a_streaming_sink_routes_rows_by_their_queue_column_and_a_rerun_batch_is_stored_once(
+    spark, api_server, tmp_path
+):
     api = api_server.api
     produce(api, "in", [b"x%d" % i for i in range(10)])
-    query = (stream(spark, api_server, "in").selectExpr("body", "CASE WHEN seq % 2 = 0 THEN 'even' ELSE 'odd' "
-                                                        "END AS queue")
-             .writeStream.format("pzq").option("endpoint", api_server.endpoint)
-             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    query = (
+        stream(spark, api_server, "in")
+        .selectExpr("body", "CASE WHEN seq % 2 = 0 THEN 'even' ELSE 'odd' END AS queue")
+        .writeStream.format("pzq")
+        .option("endpoint", api_server.endpoint)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
     try:
         query.processAllAvailable()
     finally:
@@ -208,16 +231,27 @@ def test_a_streaming_sink_routes_rows_by_their_queue_column_and_a_rerun_batch_is
     # The same write named by the same key (what a re-run batch is) stores nothing more.
     df = spark.createDataFrame([("again",)], "body string")
     for _ in range(2):
-        (df.write.format("pzq").option("endpoint", api_server.endpoint).option("queue", "even")
-         .option("dedupKey", "batch-7").mode("append").save())
+        (
+            df.write.format("pzq")
+            .option("endpoint", api_server.endpoint)
+            .option("queue", "even")
+            .option("dedupKey", "batch-7")
+            .mode("append")
+            .save()
+        )
     assert api.info("even")["depth"] == 6
 
 
 def test_a_batch_read_is_a_snapshot_that_changes_nothing(spark, api_server):
     api = api_server.api
     produce(api, "snap", [b"s%d" % i for i in range(120)])
-    df = spark.read.format("pzq").option("endpoint", api_server.endpoint).option("queue", "snap") \
-        .option("numPartitions", 3).load()
+    df = (
+        spark.read.format("pzq")
+        .option("endpoint", api_server.endpoint)
+        .option("queue", "snap")
+        .option("numPartitions", 3)
+        .load()
+    )
     rows = df.collect()
     assert sorted(r.seq for r in rows) == list(range(1, 121))
     assert {bytes(r.body) for r in rows} == {b"s%d" % i for i in range(120)}
@@ -237,25 +271,37 @@ def test_the_pipeline_aggregates_json_events_per_key_and_window_into_parquet(spa
     bodies = [json.dumps(e).encode() for e in events] + [b"not json", b'{"key": "a"}']
     produce(api_server.api, "events", bodies)
     output, checkpoint = tmp_path / "agg", tmp_path / "ck"
-    query = pipeline.start(spark, endpoint=api_server.endpoint, queue="events", group="pipeline",
-                           output=str(output), checkpoint=str(checkpoint), results_queue="results")
+    query = pipeline.start(
+        spark,
+        endpoint=api_server.endpoint,
+        queue="events",
+        group="pipeline",
+        output=str(output),
+        checkpoint=str(checkpoint),
+        results_queue="results",
+    )
     try:
         query.processAllAvailable()
-        produce(api_server.api, "events", [json.dumps({"key": "c", "ts": "2026-11-21T12:11:00Z",
-                                                       "value": 1.0}).encode()])
+        produce(
+            api_server.api, "events", [json.dumps({"key": "c", "ts": "2026-11-21T12:11:00Z", "value": 1.0}).encode()]
+        )
         query.processAllAvailable()
     finally:
         query.stop()
-    result = {(r.window_start.strftime("%H:%M"), r.key): (r.events, r.total)
-              for r in spark.read.parquet(str(output)).collect()}
-    assert result == {("12:00", "a"): (12, 12.0), ("12:01", "a"): (12, 12.0),
-                      ("12:00", "b"): (12, float(sum(range(0, 60, 5)))),
-                      ("12:01", "b"): (12, float(sum(range(60, 120, 5))))}
+    result = {
+        (r.window_start.strftime("%H:%M"), r.key): (r.events, r.total)
+        for r in spark.read.parquet(str(output)).collect()
+    }
+    assert result == {
+        ("12:00", "a"): (12, 12.0),
+        ("12:01", "a"): (12, 12.0),
+        ("12:00", "b"): (12, float(sum(range(0, 60, 5)))),
+        ("12:01", "b"): (12, float(sum(range(60, 120, 5)))),
+    }
     assert api_server.api.info("results")["depth"] == 4
 
 
-def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_acknowledges_it(spark, api_server,
-                                                                                           tmp_path):
+def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_acknowledges_it(spark, api_server, tmp_path):
     api = api_server.api
     produce(api, "nightly", [b"n%d" % i for i in range(25)])
 
@@ -263,8 +309,13 @@ def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_ackno
 
     def run() -> int:
         before = sum(len(b["rows"]) for b in sink.read())
-        query = (stream(spark, api_server, "nightly", maxMessagesPerBatch=10).writeStream.foreachBatch(sink)
-                 .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
+        query = (
+            stream(spark, api_server, "nightly", maxMessagesPerBatch=10)
+            .writeStream.foreachBatch(sink)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
         assert query.awaitTermination(120)
         return sum(len(b["rows"]) for b in sink.read()) - before
 

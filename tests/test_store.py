@@ -1,4 +1,5 @@
 """The store contract, on a real LMDB environment in tmp_path."""
+
 from __future__ import annotations
 
 import msgpack
@@ -112,8 +113,7 @@ def test_a_dead_letter_leaves_the_queue_and_is_kept_with_its_reason(store, reope
     info = store.queue("q", create=False)
     assert (info.count, info.dead_count) == (1, 1)
     assert info.dead_bytes > 0
-    assert store.dead_letters("q") == [
-        DeadLetter(Message("q", 1, 1, [b"a"], 10, 20, 1), "max-deliveries", 99)]
+    assert store.dead_letters("q") == [DeadLetter(Message("q", 1, 1, [b"a"], 10, 20, 1), "max-deliveries", 99)]
 
 
 def test_requeue_dead_by_seq_moves_only_that_letter_to_the_end_with_no_deliveries(store):
@@ -246,7 +246,7 @@ def test_commit_reports_and_counts_only_commits_that_wrote_something(store):
 
 
 def test_a_message_id_is_32_hex_digits_that_parse_back_to_queue_and_seq(store):
-    assert message_id(1, 2) == "0000000000000001" "0000000000000002"
+    assert message_id(1, 2) == "00000000000000010000000000000002"
     assert message_id(2**64 - 1, 255) == "f" * 16 + "00000000000000ff"
     assert store.put("q", [b"a"], now_us=1).id == message_id(1, 1)
     for qid, seq in ((1, 2), (2**64 - 1, 2**64 - 1), (0, 0)):
@@ -259,9 +259,16 @@ def test_a_malformed_message_id_does_not_parse(bad):
     assert parse_message_id(bad) is None
 
 
-@pytest.mark.parametrize("bad", ["0000000000000001-000000000000001", "0000000000000001+000000000000001",
-                                 "0000000000000001 000000000000001", "00000000000000010x00000000000001",
-                                 "00000000000000010000_00000000001"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "0000000000000001-000000000000001",
+        "0000000000000001+000000000000001",
+        "0000000000000001 000000000000001",
+        "00000000000000010x00000000000001",
+        "00000000000000010000_00000000001",
+    ],
+)
 def test_a_message_id_with_non_hex_characters_does_not_parse(bad):
     assert parse_message_id(bad) is None
 
@@ -276,8 +283,7 @@ def test_a_write_that_finds_its_key_already_stored_is_a_store_error_and_rolls_ba
     info = store.queue("q")
     # What a second writer on the same file would have done: stored the next seq behind our back.
     with store._env.begin(write=True) as txn:
-        txn.put(_KEY.pack(info.qid, info.next_seq), msgpack.packb([5, 0, [b"someone else's"]]),
-                db=store._messages_db)
+        txn.put(_KEY.pack(info.qid, info.next_seq), msgpack.packb([5, 0, [b"someone else's"]]), db=store._messages_db)
     store.put("other", [b"in the same turn"], now_us=2)
     with pytest.raises(StoreError, match="already stored"):
         store.put("q", [b"second"], now_us=3)
@@ -315,7 +321,9 @@ def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_pat
         assert store.get("q", 2) is None and store.damaged_total == 2
         store.commit()
         assert (store.queue("q").count, [k for k, _ in store.records("damaged")]) == (
-            3, [_KEY.pack(qid, 2), _KEY.pack(qid, 3)])
+            3,
+            [_KEY.pack(qid, 2), _KEY.pack(qid, 3)],
+        )
     finally:
         store.close()
     reopened = Store(tmp_path / "db", max_size=16 << 20)

@@ -1,4 +1,5 @@
 """The API endpoint: request/reply for the Spark connector, answered by the API gateway."""
+
 from __future__ import annotations
 
 import time
@@ -24,9 +25,13 @@ class ApiEndpoint(Endpoint):
 
     def __init__(self, config: Config, gateway: ApiGateway, binder: Sockets):
         self.gateway = gateway
-        self.sock = binder.bind(zmq.ROUTER, config.api_dsn, "--api-dsn",
-                                MAXMSGSIZE=config.max_message_size + (8 << 20),
-                                SNDHWM=REPLIES_UNREAD)  # replies may be MiBs: few wait in a client's pipe
+        self.sock = binder.bind(
+            zmq.ROUTER,
+            config.api_dsn,
+            "--api-dsn",
+            MAXMSGSIZE=config.max_message_size + (8 << 20),
+            SNDHWM=REPLIES_UNREAD,
+        )  # replies may be MiBs: few wait in a client's pipe
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "api")
         self._gate = binder.gate(self.sock)
@@ -58,8 +63,10 @@ class ApiEndpoint(Endpoint):
         return bool(self._out)
 
     def rolled_back(self) -> None:
-        self._out = [api_proto.as_error(reply, "store-failed", "store failure: nothing was done, try again")
-                     for reply in self._out]
+        self._out = [
+            api_proto.as_error(reply, "store-failed", "store failure: nothing was done, try again")
+            for reply in self._out
+        ]
 
     def recover(self) -> None:
         self.gateway.load()

@@ -1,4 +1,5 @@
 """What every endpoint adapter offers the server loop; each step has a do-nothing default."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,9 @@ class Sockets:
     is a CURVE server unless its role (``--receive-dsn`` -> ``receive``) is named in
     ``unauthenticated``."""
 
-    def __init__(self, ctx: zmq.Context, curve: CurveServer | None = None,
-                 unauthenticated: frozenset[str] = frozenset()):
+    def __init__(
+        self, ctx: zmq.Context, curve: CurveServer | None = None, unauthenticated: frozenset[str] = frozenset()
+    ):
         self.ctx = ctx
         self.curve = curve
         self.unauthenticated = unauthenticated
@@ -51,13 +53,17 @@ class Sockets:
         role = option.removeprefix("--").removesuffix("-dsn")
         # A STREAM socket is raw TCP, no CURVE: Config.validate lets one be bound under CURVE only when
         # the operator named it unauthenticated.
-        secured = (self.curve is not None and role not in self.unauthenticated and kind != zmq.STREAM
-                   and not endpoint.startswith("inproc://"))
+        secured = (
+            self.curve is not None
+            and role not in self.unauthenticated
+            and kind != zmq.STREAM
+            and not endpoint.startswith("inproc://")
+        )
         if not secured:
             self.open_roles.append(f"{role} {endpoint}")
         if endpoint.startswith("ipc://"):
             _check_ipc_path(endpoint, option)
-        if secured:
+        if secured and self.curve is not None:
             options = {**self.curve.options(), **options}
         sock = self._socket(kind, options)
         self._watch(sock, role, endpoint)
@@ -105,7 +111,7 @@ class Sockets:
 
     def gate(self, sock: zmq.Socket) -> Gate | None:
         """The allow-list every message received on ``sock`` is checked against (None: not CURVE)."""
-        return self.curve.gate if self._made[sock][4] else None
+        return self.curve.gate if self.curve is not None and self._made[sock][4] else None
 
     def rebind(self, sock: zmq.Socket) -> zmq.Socket:
         """Close ``sock`` and bind a new one like it: every peer is cut off and must connect (and
@@ -180,14 +186,14 @@ def _restrict_ipc(endpoint: str) -> None:
     """Make an ipc socket file owner-only, whatever the umask: other local users cannot connect."""
     if not endpoint.startswith("ipc://@"):
         try:
-            os.chmod(endpoint[len("ipc://"):], 0o600)
+            os.chmod(endpoint[len("ipc://") :], 0o600)
         except OSError as exc:
             log.warning("cannot restrict %s to its owner: %s", endpoint, exc)
 
 
 def _check_ipc_path(endpoint: str, option: str) -> None:
     """Never bind over a socket file of another user: whoever made it may be waiting for our clients."""
-    path = endpoint[len("ipc://"):]
+    path = endpoint[len("ipc://") :]
     if path.startswith("@"):  # Linux abstract namespace: no file
         return
     try:
@@ -197,8 +203,10 @@ def _check_ipc_path(endpoint: str, option: str) -> None:
     except OSError as exc:
         raise ConfigError(f"{option} {endpoint}: cannot check the socket file: {exc.strerror}") from None
     if info.st_uid != os.geteuid():
-        raise ConfigError(f"{option} {endpoint}: the file exists and belongs to uid {info.st_uid}, not to this "
-                          "process: refusing to bind over it (another user may have put it there)")
+        raise ConfigError(
+            f"{option} {endpoint}: the file exists and belongs to uid {info.st_uid}, not to this "
+            "process: refusing to bind over it (another user may have put it there)"
+        )
     if not stat.S_ISSOCK(info.st_mode):
         raise ConfigError(f"{option} {endpoint}: the path exists and is not a socket: refusing to replace it")
 

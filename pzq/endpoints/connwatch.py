@@ -7,6 +7,7 @@ socket with a socket monitor (``Sockets.monitors``): each accepted connection is
 ones (``ConnectionLimit``), and one past ``--max-connections`` (or past one endpoint's share) is shut
 down at once through a duplicate of its descriptor; libzmq sees the end of the stream and closes it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,20 +61,27 @@ class ConnectionWatch(Endpoint):
                 self.limit.zmq_open[pair] = held + 1
                 if self.limit.total() > self.limit.limit or held >= self.limit.per_endpoint:
                     self.refused_total += 1
-                    warn_bad(role, "too-many-connections", f"{self.limit.total() - 1} connections are open "
-                             f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
-                             "endpoint): a new one was closed at once")
+                    warn_bad(
+                        role,
+                        "too-many-connections",
+                        f"{self.limit.total() - 1} connections are open "
+                        f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
+                        "endpoint): a new one was closed at once",
+                    )
                     _shut(event["value"])
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
             elif kind == zmq.EVENT_ACCEPT_FAILED:
                 self.accept_failed_total += 1
-                warn_bad(role, "accept-failed", f"libzmq could not accept a connection: "
-                                                f"{os.strerror(event['value'])}")
+                warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")
 
     def stats(self) -> dict | None:
-        return {"open": self.limit.total(), "limit": self.limit.limit, "refused_total": self.refused_total,
-                "accept_failed_total": self.accept_failed_total}
+        return {
+            "open": self.limit.total(),
+            "limit": self.limit.limit,
+            "refused_total": self.refused_total,
+            "accept_failed_total": self.accept_failed_total,
+        }
 
 
 def _shut(fd: int) -> None:

@@ -1,4 +1,5 @@
 """The eMQP endpoints: clients on the frontend ROUTER, workers on the backend ROUTER, PUBLISH on a PUB."""
+
 from __future__ import annotations
 
 import logging
@@ -29,17 +30,21 @@ class EmqpEndpoint(Endpoint):
         limit = config.max_message_size + 4096
         self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", MAXMSGSIZE=limit)
         self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", MAXMSGSIZE=limit)
-        self.pub = (binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn")
-                    if config.emqp_publish_dsn else None)
+        self.pub = (
+            binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn") if config.emqp_publish_dsn else None
+        )
         self.sockets = [self.front, self.back]
         self.replies = {FRONT: Replies(self.front, "emqp client"), BACK: Replies(self.back, "emqp worker")}
         self.binder = binder
         self._front_gate, self._back_gate = binder.gate(self.front), binder.gate(self.back)
-        self.gateway = EmqpGateway(broker, heartbeat_s=config.emqp_heartbeat_interval,
-                                   liveness=config.emqp_heartbeat_liveness, publish=self.pub is not None,
-                                   cron_timezone=config.emqp_cron_timezone,
-                                   default_queues=[q.strip() for q in config.emqp_default_queues.split(",")
-                                                   if q.strip()])
+        self.gateway = EmqpGateway(
+            broker,
+            heartbeat_s=config.emqp_heartbeat_interval,
+            liveness=config.emqp_heartbeat_liveness,
+            publish=self.pub is not None,
+            cron_timezone=config.emqp_cron_timezone,
+            default_queues=[q.strip() for q in config.emqp_default_queues.split(",") if q.strip()],
+        )
         self.gateway.restore_jobs(time.monotonic())
         self._out: list = []
 
@@ -86,9 +91,19 @@ class EmqpEndpoint(Endpoint):
         self.gateway.recover(out)
         # A client's ACK promised a durable REQUEST or SCHEDULE that the rollback took back: it gets an
         # error REPLY instead (as a native producer gets "store failure"), never silence.
-        self._out = [(FRONT, [frames[0], *emqp.error_reply("store failure: nothing was stored, try again",
-                                                           frames[5].decode("utf-8", "replace"))])
-                     for target, frames in out if target == FRONT and len(frames) > 5 and frames[3] == b"ACK"]
+        self._out = [
+            (
+                FRONT,
+                [
+                    frames[0],
+                    *emqp.error_reply(
+                        "store failure: nothing was stored, try again", frames[5].decode("utf-8", "replace")
+                    ),
+                ],
+            )
+            for target, frames in out
+            if target == FRONT and len(frames) > 5 and frames[3] == b"ACK"
+        ]
 
     def recover(self) -> None:
         self.gateway.recover([])
@@ -101,6 +116,8 @@ class EmqpEndpoint(Endpoint):
             if target in self.replies:
                 self.replies[target].send(frames)
                 continue
+            if self.pub is None:
+                continue  # (the gateway says PUBLISH only when there is a publish socket)
             try:  # PUB: fire and forget, as ZeroMQ's publish-subscribe is (a slow subscriber misses some)
                 send_frames(self.pub, frames, NOBLOCK)
             except Again:

@@ -1,4 +1,5 @@
 """The monitor endpoint: REQ clients asking MONITOR, STATS, DEADLETTERS or REQUEUE."""
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,9 @@ class MonitorEndpoint(Endpoint):
 
     name = "monitor"
 
-    def __init__(self, config: Config, admin: Admin, binder: Sockets, *,
-                 wrote: Callable[[], None], failed: Callable[[], None]):
+    def __init__(
+        self, config: Config, admin: Admin, binder: Sockets, *, wrote: Callable[[], None], failed: Callable[[], None]
+    ):
         self.admin = admin
         # Answers may be large (a line per queue): only a few wait in one client's pipe.
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)

@@ -1,4 +1,5 @@
 """The native PZQ endpoints: producers on the receive ROUTER, consumers on the send DEALER."""
+
 from __future__ import annotations
 
 import logging
@@ -34,14 +35,17 @@ class NativeEndpoints(Endpoint):
         self.config = config
         self.broker = broker
         # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
-        self.receive = binder.bind(zmq.ROUTER, config.receive_dsn, "--receive-dsn",
-                                   MAXMSGSIZE=config.max_message_size + 4096,
-                                   SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe
-                                   LINGER=2000)  # let the last acks out on shutdown
+        self.receive = binder.bind(
+            zmq.ROUTER,
+            config.receive_dsn,
+            "--receive-dsn",
+            MAXMSGSIZE=config.max_message_size + 4096,
+            SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe
+            LINGER=2000,
+        )  # let the last acks out on shutdown
         self.acks = Replies(self.receive, "producer")
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
-        self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn",
-                                SNDHWM=max(config.max_inflight, 1000))
+        self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=max(config.max_inflight, 1000))
         self.sockets = [self.receive, self.send]
         self.binder = binder
         self._receive_gate, self._send_gate = binder.gate(self.receive), binder.gate(self.send)
@@ -59,8 +63,7 @@ class NativeEndpoints(Endpoint):
         return self.credit.available(now, self.broker.inflight.count(CONSUMER))
 
     def before_poll(self, poller: zmq.Poller) -> None:
-        want_out = (not self.stalled and self._credit(time.monotonic()) > 0
-                    and self.broker.has_ready(self.config.queue))
+        want_out = not self.stalled and self._credit(time.monotonic()) > 0 and self.broker.has_ready(self.config.queue)
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
@@ -117,15 +120,25 @@ class NativeEndpoints(Endpoint):
                 warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
                 continue
             delivery = self.broker.inflight.get(ref)
-            self.credit.answered(ref, delivery.deadline - ack_timeout_s if delivery is not None
-                                 and delivery.consumer == CONSUMER else None, now)
+            self.credit.answered(
+                ref,
+                delivery.deadline - ack_timeout_s if delivery is not None and delivery.consumer == CONSUMER else None,
+                now,
+            )
             if answer.ok:
                 if not self.broker.ack(ref, by=CONSUMER):
-                    warn_bad("consumer", "not-held", f"ack for {answer.key[:80]!r}, which no delivery through "
-                                                     "the send socket holds (unknown, settled or another's): ignored")
+                    warn_bad(
+                        "consumer",
+                        "not-held",
+                        f"ack for {answer.key[:80]!r}, which no delivery through "
+                        "the send socket holds (unknown, settled or another's): ignored",
+                    )
             elif not self.broker.nack(ref, by=CONSUMER):
-                warn_bad("consumer", "not-held", f"nack for {answer.key[:80]!r}, not in flight through the "
-                                                 "send socket: ignored")
+                warn_bad(
+                    "consumer",
+                    "not-held",
+                    f"nack for {answer.key[:80]!r}, not in flight through the send socket: ignored",
+                )
 
     def work(self, now: float, now_us: int) -> None:
         held = self.broker.inflight.count(CONSUMER)
@@ -135,8 +148,13 @@ class NativeEndpoints(Endpoint):
                 self.broker.take_back(ref, by=CONSUMER)
             self.taken_back_total += len(overdue)
             self.stalled = False
-            log.warning("native consumers hold %d unacknowledged deliveries together (the most is %d): the %d "
-                        "oldest went back to the queue early", held, self.credit.cap, len(overdue))
+            log.warning(
+                "native consumers hold %d unacknowledged deliveries together (the most is %d): the %d "
+                "oldest went back to the queue early",
+                held,
+                self.credit.cap,
+                len(overdue),
+            )
         credit = self._credit(now)
         if credit <= 0 or not events(self.send) & POLLOUT:
             return
@@ -171,8 +189,11 @@ class NativeEndpoints(Endpoint):
         self.credit.reset()  # the broker forgot every delivery
 
     def stats(self) -> dict:
-        return {"consumer_window_ms": round(self.credit.window_s * 1000, 1),
-                "young_deliveries": self.credit.young, "taken_back_total": self.taken_back_total}
+        return {
+            "consumer_window_ms": round(self.credit.window_s * 1000, 1),
+            "young_deliveries": self.credit.young,
+            "taken_back_total": self.taken_back_total,
+        }
 
     def rolled_back(self) -> None:
         self._acks = [(r, m, err or native.STORE_FAILED) for r, m, err in self._acks]
@@ -186,8 +207,9 @@ class NativeEndpoints(Endpoint):
         deliveries, self._deliveries = self._deliveries, []
         timeout_us = self.config.ack_timeout
         for i, message in enumerate(deliveries):
-            frames = native.delivery(native.message_key(message.enqueued_us, message.id), now_us, timeout_us,
-                                     message.frames)
+            frames = native.delivery(
+                native.message_key(message.enqueued_us, message.id), now_us, timeout_us, message.frames
+            )
             try:
                 send_frames(self.send, frames, NOBLOCK)
             except Again:

@@ -7,6 +7,7 @@ order as the peer reads. A backlog has a bound: past it the peer is not reading 
 dropped and logged. An endpoint asks ``blocked(peer)`` before serving a peer more (a producer whose
 acks cannot leave is not stored for: backpressure).
 """
+
 from __future__ import annotations
 
 import collections
@@ -58,8 +59,13 @@ class Replies:
         self._bytes[peer] += sum(map(len, frames))
         if len(waiting) > BACKLOG_MESSAGES or self._bytes[peer] > BACKLOG_BYTES:
             self.dropped_total += len(waiting)
-            log.warning("%s peer %r reads none of its replies: %d waiting replies (%d bytes) dropped",
-                        self.role, peer[:40], len(waiting), self._bytes[peer])
+            log.warning(
+                "%s peer %r reads none of its replies: %d waiting replies (%d bytes) dropped",
+                self.role,
+                peer[:40],
+                len(waiting),
+                self._bytes[peer],
+            )
             self._forget(peer)
 
     def flush(self) -> None:
@@ -83,8 +89,13 @@ class Replies:
                 self._moved[peer] = now
             elif waiting and now - self._moved[peer] > STALE_S:
                 self.dropped_total += len(waiting)
-                log.warning("%s peer %r has read none of its replies for %.0f s: %d waiting replies dropped",
-                            self.role, peer[:40], now - self._moved[peer], len(waiting))
+                log.warning(
+                    "%s peer %r has read none of its replies for %.0f s: %d waiting replies dropped",
+                    self.role,
+                    peer[:40],
+                    now - self._moved[peer],
+                    len(waiting),
+                )
                 waiting.clear()
             if not waiting:
                 self._forget(peer)

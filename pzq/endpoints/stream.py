@@ -9,6 +9,7 @@ reply; False: the gateway took the message back), ``blocked`` (a set this endpoi
 with a backlog, which a gateway should not hand more messages to), ``closed_total``, ``stats()`` and
 optionally ``next_wake()``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,8 +76,9 @@ class StreamEndpoint(Endpoint):
     legacy client needs (it reads a header in one 8-byte read). Memory per slow reader is bounded by
     its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
 
-    def __init__(self, name: str, dsn: str, gateway, config: Config, binder: Sockets,
-                 connections: ConnectionLimit | None = None):
+    def __init__(
+        self, name: str, dsn: str, gateway, config: Config, binder: Sockets, connections: ConnectionLimit | None = None
+    ):
         self.name = name
         self.connections = connections or ConnectionLimit(1 << 62)
         self.connections.gateways.append(gateway)
@@ -112,14 +114,21 @@ class StreamEndpoint(Endpoint):
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     if self.allowed is not None and not _allowed(peer, self.allowed):
-                        warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} "
-                                                           "refused by --allow-ips")
+                        warn_bad(
+                            self.name,
+                            "not-allowed",
+                            f"connection from {peer or 'an unknown address'} refused by --allow-ips",
+                        )
                         self._closing.append(conn)
                         continue
                     if self.connections.full(len(sessions)):
-                        warn_bad(self.name, "too-many-connections", f"{self.connections.total()} connections are "
-                                 f"open (--max-connections {self.connections.limit}, at most "
-                                 f"{self.connections.per_endpoint} on one endpoint): a new one was closed at once")
+                        warn_bad(
+                            self.name,
+                            "too-many-connections",
+                            f"{self.connections.total()} connections are "
+                            f"open (--max-connections {self.connections.limit}, at most "
+                            f"{self.connections.per_endpoint} on one endpoint): a new one was closed at once",
+                        )
                         self._closing.append(conn)
                         continue
                     self.gateway.connected(conn)
@@ -129,8 +138,11 @@ class StreamEndpoint(Endpoint):
             try:
                 self.gateway.received(conn, data, now=now, now_us=now_us)
                 if not self.connections.hold((self.name, conn), self.gateway.buffered(conn)):
-                    raise ProtocolError("partial-input", f"unfinished input of every connection is over "
-                                        f"{self.connections.partial_limit} bytes (--max-partial-input)")
+                    raise ProtocolError(
+                        "partial-input",
+                        f"unfinished input of every connection is over "
+                        f"{self.connections.partial_limit} bytes (--max-partial-input)",
+                    )
             except ProtocolError as exc:
                 warn_bad(self.name, exc.code, f"{exc.detail}; closing the connection")
                 self.gateway.closed_total += 1
@@ -163,8 +175,12 @@ class StreamEndpoint(Endpoint):
             except Again:  # the client reads too slowly
                 kept = backlog + [d for d, token in items if token is None or self.gateway.unsent(conn, token)]
                 if sum(map(len, kept)) > BACKLOG_BYTES:
-                    log.warning("%s connection %s reads too slowly (%d bytes waiting): closing it",
-                                self.name, conn.hex(), sum(map(len, kept)))
+                    log.warning(
+                        "%s connection %s reads too slowly (%d bytes waiting): closing it",
+                        self.name,
+                        conn.hex(),
+                        sum(map(len, kept)),
+                    )
                     self.gateway.closed_total += 1
                     self._gone(conn)
                     self._closing.append(conn)

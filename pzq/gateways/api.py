@@ -9,6 +9,7 @@ Spark task whose rows came in another order) is stored: a duplicate is better th
 The Spark sink keys each chunk by query, batch, partition and chunk, so a batch Spark runs again with
 the same rows is not stored twice.
 """
+
 from __future__ import annotations
 
 import collections
@@ -88,8 +89,7 @@ class ApiGateway:
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
         if request.command == "LEASE":
-            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us,
-                                     user=user)
+            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us, user=user)
             return {"base": base, "end": end}
         if request.command == "FETCH":
             return self._fetch(a, now_us, user)
@@ -108,8 +108,9 @@ class ApiGateway:
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
         at REPLY_BYTES) and ``gone`` counts what is missing before it."""
-        messages, gone, upto = self.leases.fetch(a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us,
-                                                 max_bytes=REPLY_BYTES, user=user)
+        messages, gone, upto = self.leases.fetch(
+            a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us, max_bytes=REPLY_BYTES, user=user
+        )
         return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone, "next": upto}
 
     def _snapshot(self, a: dict) -> dict:
@@ -141,13 +142,19 @@ class ApiGateway:
             if not body:
                 raise ProtocolError("empty-message", f"a message for {queue!r} has an empty body")
             if len(body) > self.max_message_size:
-                raise ProtocolError("too-large", f"a message of {len(body)} bytes is over the limit of "
-                                                 f"{self.max_message_size}")
+                raise ProtocolError(
+                    "too-large", f"a message of {len(body)} bytes is over the limit of {self.max_message_size}"
+                )
         key = a.get("key") if messages else None  # nothing to store: nothing to remember either
-        if key is not None and len(self._keys_by_age) >= MAX_DEDUP_KEYS and self.store.get_record(
-                "produced", key.encode()) is None:
-            raise ProtocolError("too-many-keys", f"{MAX_DEDUP_KEYS} dedup keys are remembered (--api-dedup-window): "
-                                                 "no new one until the oldest expire")
+        if (
+            key is not None
+            and len(self._keys_by_age) >= MAX_DEDUP_KEYS
+            and self.store.get_record("produced", key.encode()) is None
+        ):
+            raise ProtocolError(
+                "too-many-keys",
+                f"{MAX_DEDUP_KEYS} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
+            )
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
         digests: list[bytes] = []
         if key is not None:
@@ -165,8 +172,9 @@ class ApiGateway:
                 else:
                     log.warning("PRODUCE key %r came again with other messages: stored as well", key)
         if key is not None:  # first: a key refused for room (StoreFull) leaves nothing stored
-            self.store.put_record("produced", key.encode(),
-                                  msgpack.packb([now_us, len(messages), [*digests[-15:], digest]]))
+            self.store.put_record(
+                "produced", key.encode(), msgpack.packb([now_us, len(messages), [*digests[-15:], digest]])
+            )
         try:
             self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
         except StoreFull:
@@ -194,6 +202,9 @@ class ApiGateway:
                 self.store.delete_record("produced", key)
 
     def stats(self) -> dict:
-        return {"requests": self.requests_total, "errors": self.errors_total,
-                "duplicates_dropped": self.duplicates_total, "groups": self.leases.stats()}
-
+        return {
+            "requests": self.requests_total,
+            "errors": self.errors_total,
+            "duplicates_dropped": self.duplicates_total,
+            "groups": self.leases.stats(),
+        }

@@ -9,6 +9,7 @@ client's identity, msgid and headers kept as the message's meta; a message from 
 reaches workers with its 32-hex id as msgid, no headers, and its frames joined as the payload (bytes
 that are not UTF-8 are replaced, since eventmq peers decode every frame).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,16 @@ class Worker:
 class EmqpGateway:
     """Every eMQP worker and what clients ask of the broker."""
 
-    def __init__(self, broker: Broker, *, default_queues: list[str], heartbeat_s: float, liveness: int,
-                 publish: bool = False, cron_timezone: str = "UTC"):
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        default_queues: list[str],
+        heartbeat_s: float,
+        liveness: int,
+        publish: bool = False,
+        cron_timezone: str = "UTC",
+    ):
         self.broker = broker
         self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.default_queues = default_queues
@@ -89,9 +98,15 @@ class EmqpGateway:
         # id -> record (see _schedule) without its payload, which stays in the store until a run: up to
         # MAX_SCHEDULES payloads of up to --max-message-size each must not be held in memory.
         self.schedules: dict[str, dict] = _timing(broker.store.schedules())
-        self.counters = {"requests_total": 0, "replies_total": 0, "replies_forwarded_total": 0,
-                         "dead_workers_total": 0, "bad_input_total": 0,
-                         "replies_refused_total": 0, "jobs_restored_total": 0}
+        self.counters = {
+            "requests_total": 0,
+            "replies_total": 0,
+            "replies_forwarded_total": 0,
+            "dead_workers_total": 0,
+            "bad_input_total": 0,
+            "replies_refused_total": 0,
+            "jobs_restored_total": 0,
+        }
 
     def restore_jobs(self, now: float) -> int:
         """Jobs handed out before a restart (or a rolled-back turn) are held again for their workers:
@@ -152,8 +167,7 @@ class EmqpGateway:
             log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
         elif cmd.name == "DISCONNECT":
             log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
-            return [(FRONT, [cmd.peer, *emqp.error_reply("DISCONNECT refused: pzq stops on a signal only",
-                                                         cmd.msgid)])]
+            return [(FRONT, [cmd.peer, *emqp.error_reply("DISCONNECT refused: pzq stops on a signal only", cmd.msgid)])]
         elif cmd.name == "SCHEDULE":
             return self._schedule(cmd, now_us)
         elif cmd.name == "UNSCHEDULE":
@@ -175,16 +189,22 @@ class EmqpGateway:
         try:
             headers = emqp.parse_headers(headers_text)
             runs = emqp.header_int(headers, "run_count")
-            interval = (int(interval_text) if interval_text.isascii() and interval_text.isdigit()
-                        and len(interval_text) <= 9 else None)
+            interval = (
+                int(interval_text)
+                if interval_text.isascii() and interval_text.isdigit() and len(interval_text) <= 9
+                else None
+            )
             if not queue or len(queue.encode()) > 255:
                 raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
             if cron:  # (eventmq sends interval -1 with it)
                 interval = 0
                 first_cron = self._cron_next(cron, now_us)
             elif interval is None or interval <= 0:
-                raise ProtocolError("bad-schedule", "a schedule needs an interval (whole seconds > 0) or a cron "
-                                    f"expression, got interval {interval_text[:20]!r}")
+                raise ProtocolError(
+                    "bad-schedule",
+                    "a schedule needs an interval (whole seconds > 0) or a cron "
+                    f"expression, got interval {interval_text[:20]!r}",
+                )
             key = emqp.schedule_id(payload)
             if key not in self.schedules and len(self.schedules) >= MAX_SCHEDULES:
                 raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
@@ -197,10 +217,17 @@ class EmqpGateway:
             first = now_us
         else:
             first = first_cron if cron else now_us + interval * 1_000_000
-        job_headers = ",".join(h for h in headers_text.split(",") if h and h.split(":")[0] not in
-                               ("nohaste", "run_count"))
-        record = {"queue": queue, "headers": job_headers, "interval": interval, "payload": payload,
-                  "remaining": runs or -1, "next_us": first}
+        job_headers = ",".join(
+            h for h in headers_text.split(",") if h and h.split(":")[0] not in ("nohaste", "run_count")
+        )
+        record = {
+            "queue": queue,
+            "headers": job_headers,
+            "interval": interval,
+            "payload": payload,
+            "remaining": runs or -1,
+            "next_us": first,
+        }
         if cron:
             record["cron"] = cron
         try:
@@ -210,8 +237,13 @@ class EmqpGateway:
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc}", cmd.msgid)])]
         self.schedules[key] = _timing({key: record})[key]
         self._next_due = None
-        log.info("eMQP schedule %s: %r %s into %r", key, payload[:60],
-                 f"at cron {cron!r} ({self.cron_tz.key})" if cron else f"every {interval} s", queue)
+        log.info(
+            "eMQP schedule %s: %r %s into %r",
+            key,
+            payload[:60],
+            f"at cron {cron!r} ({self.cron_tz.key})" if cron else f"every {interval} s",
+            queue,
+        )
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
 
     def _cron_next(self, expression: str, after_us: int) -> int:
@@ -241,8 +273,12 @@ class EmqpGateway:
                 continue
             payload = stored["payload"]
             try:
-                self.broker.produce(record["queue"], [payload.encode()], now_us=now_us,
-                                    meta={"msgid": emqp.new_msgid(), "headers": record["headers"]})
+                self.broker.produce(
+                    record["queue"],
+                    [payload.encode()],
+                    now_us=now_us,
+                    meta={"msgid": emqp.new_msgid(), "headers": record["headers"]},
+                )
             except StoreFull:
                 log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
             ran += 1
@@ -296,7 +332,7 @@ class EmqpGateway:
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             return [(FRONT, [cmd.peer, *emqp.error_reply(f"request refused: {exc.detail}", cmd.msgid)])]
-        meta = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
+        meta: dict[str, object] = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
         if retries:
             meta["max_deliveries"] = retries + 1
         if timeout:
@@ -305,8 +341,7 @@ class EmqpGateway:
             self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
         except StoreFull:
             log.warning("eMQP REQUEST %s for %r refused: queue full", cmd.msgid, queue)
-            return [(FRONT, [cmd.peer, *emqp.error_reply("request refused: queue full, try again later",
-                                                         cmd.msgid)])]
+            return [(FRONT, [cmd.peer, *emqp.error_reply("request refused: queue full, try again later", cmd.msgid)])]
         self.counters["requests_total"] += 1
         return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
 
@@ -322,8 +357,12 @@ class EmqpGateway:
         if known != user:
             # Its identity was registered by another key: an impostor (a ROUTER identity is the peer's
             # choice), whatever it sends, until that worker is forgotten.
-            self._bad(cmd.peer, ProtocolError("wrong-key", f"{cmd.name} under a worker identity registered with "
-                                              "another CURVE key: ignored"))
+            self._bad(
+                cmd.peer,
+                ProtocolError(
+                    "wrong-key", f"{cmd.name} under a worker identity registered with another CURVE key: ignored"
+                ),
+            )
             return []
         if worker is not None:
             worker.last_seen = now  # every command counts as a heartbeat
@@ -337,8 +376,9 @@ class EmqpGateway:
         if cmd.name == "REPLY":
             if worker is None:
                 self.counters["replies_refused_total"] += 1
-                self._bad(cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: "
-                                                  "ignored"))
+                self._bad(
+                    cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: ignored")
+                )
                 return []
             return self._reply(cmd, worker, now)
         if worker is None:
@@ -376,9 +416,15 @@ class EmqpGateway:
         message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
         if job is None or not self.broker.ack(job[0], by=("emqp", *job[1])):
             self.counters["replies_refused_total"] += 1
-            self._bad(cmd.peer, ProtocolError("not-held", f"REPLY for job {request_msgid[:60]!r}, which this worker "
-                                              "does not hold (unknown, done, another's, or given out before a "
-                                              "restart): ignored"))
+            self._bad(
+                cmd.peer,
+                ProtocolError(
+                    "not-held",
+                    f"REPLY for job {request_msgid[:60]!r}, which this worker "
+                    "does not hold (unknown, done, another's, or given out before a "
+                    "restart): ignored",
+                ),
+            )
             return []
         self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*job[0]))
         self.counters["replies_total"] += 1
@@ -402,11 +448,10 @@ class EmqpGateway:
         if chosen is None:
             served = {name for _, name in worker.queues}
             for ref, (identity, user) in holders.items():
-                holder = self.workers.get(identity)
+                live = self.workers.get(identity)
                 info = self.broker.store.queue_by_id(ref[0])
-                gone = holder is None or holder.draining or now - holder.last_seen > 2 * self.heartbeat_s
-                if (gone and user == worker.user
-                        and info is not None and info.name in served):
+                gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
+                if gone and user == worker.user and info is not None and info.name in served:
                     chosen = ref
                     break
         if chosen is None:
@@ -468,8 +513,12 @@ class EmqpGateway:
             payload = b"".join(message.frames).decode("utf-8", "replace")
             self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
-            self.broker.store.put_record("emqp_jobs", _JOB_KEY.pack(message.qid, message.seq),
-                                         msgpack.packb([msgid, worker.identity, worker.user]), counted=False)
+            self.broker.store.put_record(
+                "emqp_jobs",
+                _JOB_KEY.pack(message.qid, message.seq),
+                msgpack.packb([msgid, worker.identity, worker.user]),
+                counted=False,
+            )
             return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 
@@ -496,8 +545,9 @@ class EmqpGateway:
             if now - seen > self.liveness * self.heartbeat_s:
                 del self.schedulers[peer]
                 log.info("eMQP scheduler %r silent for %.1f s: forgotten", peer[:40], now - seen)
-        return ([(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers]
-                + [(FRONT, [peer, *emqp.heartbeat()]) for peer in self.schedulers])
+        return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers] + [
+            (FRONT, [peer, *emqp.heartbeat()]) for peer in self.schedulers
+        ]
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -513,10 +563,15 @@ class EmqpGateway:
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
     def stats(self) -> dict:
-        return {"workers": len(self.workers), "schedulers": len(self.schedulers), "schedules": len(self.schedules), "slots": sum(w.slots for w in self.workers.values()),
-                "draining": sum(1 for w in self.workers.values() if w.draining),
-                "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
-                **self.counters}
+        return {
+            "workers": len(self.workers),
+            "schedulers": len(self.schedulers),
+            "schedules": len(self.schedules),
+            "slots": sum(w.slots for w in self.workers.values()),
+            "draining": sum(1 for w in self.workers.values() if w.draining),
+            "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
+            **self.counters,
+        }
 
 
 def _timing(records: dict[str, dict]) -> dict[str, dict]:

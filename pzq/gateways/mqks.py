@@ -15,6 +15,7 @@ message at most once: it is deleted (durably) before its line is sent. Manual-ac
 least once: unacknowledged after ``--ack-timeout``, or when the consumer or its connection goes, it is
 delivered again with ``retry`` raised; a reject puts it at the end of its queue, retry raised.
 """
+
 from __future__ import annotations
 
 import collections
@@ -201,8 +202,9 @@ class MqksGateway:
             self.unrouted_total += 1  # as the reference: no queue is bound to the event
             return
         body = [data.encode()]
-        self.broker.produce_all([(queue, body) for queue in sorted(queues)], now_us=now_us,
-                                meta={"mqks": [msg_id, event]})
+        self.broker.produce_all(
+            [(queue, body) for queue in sorted(queues)], now_us=now_us, meta={"mqks": [msg_id, event]}
+        )
         self.published_total += 1
 
     def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
@@ -252,8 +254,9 @@ class MqksGateway:
         """Make ``binding`` the queue's; True if its set of events changed."""
         binding.events = sorted(set(binding.events))
         if save and len(binding.events) > MAX_EVENTS:
-            raise ProtocolError("too-many-events", f"queue {queue!r} would have {len(binding.events)} events; "
-                                                   f"at most {MAX_EVENTS}")
+            raise ProtocolError(
+                "too-many-events", f"queue {queue!r} would have {len(binding.events)} events; at most {MAX_EVENTS}"
+            )
         old = self.bindings.get(queue)
         changed = (old.events if old else []) != binding.events
         if old is not None:
@@ -264,8 +267,9 @@ class MqksGateway:
         for event in binding.events:
             self.by_event.setdefault(event, set()).add(queue)
         if save and (old is None or changed or old.unused != binding.unused):
-            self.store.put_record("mqks", queue.encode(),
-                                  msgpack.packb([binding.events, binding.unused, binding.owned]))
+            self.store.put_record(
+                "mqks", queue.encode(), msgpack.packb([binding.events, binding.unused, binding.owned])
+            )
         return changed
 
     def _unbind(self, queue: str, events: list[str]) -> None:
@@ -281,8 +285,9 @@ class MqksGateway:
         events, unused = (binding.events, binding.unused) if binding else ([], None)
         for consumer in self.by_queue.get(queue, []):
             if consumer is not skip:
-                self._out.append((consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack),
-                                  (UPDATE,)))
+                self._out.append(
+                    (consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack), (UPDATE,))
+                )
 
     def _settle(self, conn: Hashable, action: str, consumer_id: str, msg_id: str | None) -> None:
         consumer = self.consumers.get((conn, consumer_id))
@@ -345,12 +350,17 @@ class MqksGateway:
         # Only an MQKS queue, and not from under another protocol's clients: deleting it would settle
         # every message they hold or lease, which no client may do to another's.
         if queue not in self.bindings or not self.bindings[queue].owned:
-            raise ProtocolError("unknown-queue", f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
-                                "through it; one that existed before MQKS bound it belongs to others too)")
+            raise ProtocolError(
+                "unknown-queue",
+                f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
+                "through it; one that existed before MQKS bound it belongs to others too)",
+            )
         info = self.store.queue(queue, create=False)
         if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
-            raise ProtocolError("queue-in-use", f"queue {queue!r} has messages held by clients of another "
-                                "protocol or leased by an API group")
+            raise ProtocolError(
+                "queue-in-use",
+                f"queue {queue!r} has messages held by clients of another protocol or leased by an API group",
+            )
         consumers = self.by_queue.pop(queue, [])
         for consumer in consumers:
             self._forget(consumer)
@@ -397,20 +407,28 @@ class MqksGateway:
         out, self._out = self._out, []
         return out
 
-    def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int,
-                 conn_held: dict[Hashable, int]) -> None:
+    def _deliver(
+        self, consumer: Consumer, budget: int, now: float, now_us: int, conn_held: dict[Hashable, int]
+    ) -> None:
         if consumer.conn in self.blocked:
             return
         if consumer.manual_ack:
             window = consumer.prefetch or self.window
             if consumer.conn not in conn_held:
-                conn_held[consumer.conn] = sum(self.broker.inflight.count(c.key)
-                                          for c in self._by_conn.get(consumer.conn, {}).values() if c.manual_ack)
-            credit = min(budget, window - self.broker.inflight.count(consumer.key),
-                         MAX_UNACKED_PER_CONN - conn_held[consumer.conn])
+                conn_held[consumer.conn] = sum(
+                    self.broker.inflight.count(c.key)
+                    for c in self._by_conn.get(consumer.conn, {}).values()
+                    if c.manual_ack
+                )
+            credit = min(
+                budget,
+                window - self.broker.inflight.count(consumer.key),
+                MAX_UNACKED_PER_CONN - conn_held[consumer.conn],
+            )
             if sum(map(len, consumer.unacked.values())) > 2 * window:  # forget what went elsewhere
-                consumer.unacked = {m: [r for r in refs if self._held_by(r, consumer)]
-                                    for m, refs in consumer.unacked.items()}
+                consumer.unacked = {
+                    m: [r for r in refs if self._held_by(r, consumer)] for m, refs in consumer.unacked.items()
+                }
                 consumer.unacked = {m: refs for m, refs in consumer.unacked.items() if refs}
         else:
             credit = budget
@@ -424,7 +442,7 @@ class MqksGateway:
                 held = consumer.unacked.setdefault(msg_id, [])
                 if ref not in held:  # back again after its ack timeout: still one message
                     held.append(ref)
-                undo = ("manual", consumer, msg_id, ref)
+                undo: tuple = ("manual", consumer, msg_id, ref)
             else:
                 # at most once: gone (durably, with this turn) before the line leaves
                 self.broker.ack(ref, by=consumer.key)
@@ -472,10 +490,17 @@ class MqksGateway:
         return min(self.delete_at.values()) if self.delete_at else None
 
     def stats(self) -> dict:
-        return {"connections": len(self.sessions), "consumers": len(self.consumers),
-                "bound_queues": len(self.bindings), "bindings": self.bound_total, "published_total": self.published_total,
-                "unrouted_total": self.unrouted_total, "delivered_total": self.delivered_total,
-                "errors_total": self.errors_total, "closed_bad_input_total": self.closed_total}
+        return {
+            "connections": len(self.sessions),
+            "consumers": len(self.consumers),
+            "bound_queues": len(self.bindings),
+            "bindings": self.bound_total,
+            "published_total": self.published_total,
+            "unrouted_total": self.unrouted_total,
+            "delivered_total": self.delivered_total,
+            "errors_total": self.errors_total,
+            "closed_bad_input_total": self.closed_total,
+        }
 
 
 MAX_MASKS = 100  # --remove-mask masks in one request

@@ -7,6 +7,7 @@ that connection (the protocol has no error message) and calls ``disconnected``.
 Body mapping: a PHPMQ content blob is stored as a one-frame body; a multi-frame body from another
 protocol reaches PHPMQ consumers as its frames concatenated in order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,8 +90,12 @@ class PhpmqGateway:
         if message.type == phpmq.SEND:
             ttl = _ttl(message)
             try:
-                self.broker.produce(queue, [message.packets[phpmq.CONTENT]], now_us=now_us,
-                                    expires_us=now_us + ttl * 1_000_000 if ttl else 0)
+                self.broker.produce(
+                    queue,
+                    [message.packets[phpmq.CONTENT]],
+                    now_us=now_us,
+                    expires_us=now_us + ttl * 1_000_000 if ttl else 0,
+                )
             except StoreFull:
                 # PHPMQ has no reply to a send: closing is the only way to tell the client.
                 raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
@@ -104,15 +109,21 @@ class PhpmqGateway:
                 done = self.broker.ack(ref, by=session.consumer)
             elif message.type == phpmq.REQUEUE:
                 ttl = _ttl(message)
-                done = self.broker.requeue_at_end(ref, by=session.consumer,
-                                                  expires_us=now_us + ttl * 1_000_000 if ttl else 0)
+                done = self.broker.requeue_at_end(
+                    ref, by=session.consumer, expires_us=now_us + ttl * 1_000_000 if ttl else 0
+                )
             else:
-                done = self.broker.dead_letter(ref, "dead-lettered by a PHPMQ client", by=session.consumer,
-                                               now_us=now_us)
+                done = self.broker.dead_letter(
+                    ref, "dead-lettered by a PHPMQ client", by=session.consumer, now_us=now_us
+                )
             if not done:  # PHPMQ has no error reply: ignored, and logged
-                warn_bad("phpmq", "not-held", f"{_NAMES[message.type]} of message "
-                         f"{message.packets[phpmq.MESSAGE_ID][:40]!r} in queue {queue!r}, which this connection "
-                         "does not hold (never dispatched to it, settled, or another's): ignored")
+                warn_bad(
+                    "phpmq",
+                    "not-held",
+                    f"{_NAMES[message.type]} of message "
+                    f"{message.packets[phpmq.MESSAGE_ID][:40]!r} in queue {queue!r}, which this connection "
+                    "does not hold (never dispatched to it, settled, or another's): ignored",
+                )
 
     def _ref(self, queue: str, message: phpmq.Message):
         ref = parse_message_id(message.packets[phpmq.MESSAGE_ID])
@@ -134,17 +145,26 @@ class PhpmqGateway:
             for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
-                out.append((session.conn, phpmq.encode_dispatch(message.queue, b"".join(message.frames),
-                                                                message.id, ttl_left, session.dialect),
-                            (message.qid, message.seq)))
+                out.append(
+                    (
+                        session.conn,
+                        phpmq.encode_dispatch(
+                            message.queue, b"".join(message.frames), message.id, ttl_left, session.dialect
+                        ),
+                        (message.qid, message.seq),
+                    )
+                )
         self.dispatched_total += len(out)
         return out
 
     def stats(self) -> dict:
-        return {"connections": len(self.sessions),
-                "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
-                "received_total": self.received_total, "dispatched_total": self.dispatched_total,
-                "closed_bad_input_total": self.closed_total}
+        return {
+            "connections": len(self.sessions),
+            "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
+            "received_total": self.received_total,
+            "dispatched_total": self.dispatched_total,
+            "closed_bad_input_total": self.closed_total,
+        }
 
 
 MAX_TTL_S = 10 * 365 * 86400

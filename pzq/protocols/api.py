@@ -23,6 +23,7 @@ PRODUCE    messages: [[queue, body], ...], key (optional)         count, duplica
 A message in results is ``[seq, key, enqueued_us, deliveries, body]``: ``seq`` is the lease seq (FETCH)
 or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames joined.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +65,7 @@ def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request 
         split = list(frames).index(b"")
     except ValueError:
         return None
-    routing, rest = tuple(frames[:split]), frames[split + 1:]
+    routing, rest = tuple(frames[:split]), frames[split + 1 :]
     if not routing or not rest:
         return None
     request_id = rest[0]
@@ -73,11 +74,22 @@ def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request 
     name = bytes(rest[1]).decode("ascii", "replace")
     schema = SCHEMAS.get(name)
     if schema is None:
-        return _bad(routing, request_id, "unknown-command", f"unknown command {name[:40]!r}; "
-                                                             f"known: {', '.join(sorted(SCHEMAS))}")
+        return _bad(
+            routing,
+            request_id,
+            "unknown-command",
+            f"unknown command {name[:40]!r}; known: {', '.join(sorted(SCHEMAS))}",
+        )
     try:
-        args = msgpack.unpackb(rest[2], raw=False, strict_map_key=True, max_bin_len=max_size,
-                               max_str_len=max_size, max_array_len=1 << 20, max_map_len=64)
+        args = msgpack.unpackb(
+            rest[2],
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_size,
+            max_str_len=max_size,
+            max_array_len=1 << 20,
+            max_map_len=64,
+        )
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
         return _bad(routing, request_id, "bad-arguments", f"arguments are not msgpack: {type(exc).__name__}")
     if not isinstance(args, dict):
@@ -129,14 +141,21 @@ MAX_PRODUCE = 5_000  # messages in one PRODUCE, ~20 ms of the loop (the Spark si
 def produce_messages(args: dict) -> list[tuple[str, bytes]]:
     """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body."""
     if len(args["messages"]) > MAX_PRODUCE:  # one request must not hold the loop for seconds
-        raise ProtocolError("too-many", f"PRODUCE: at most {MAX_PRODUCE} messages per request, not "
-                                        f"{len(args['messages'])}")
+        raise ProtocolError(
+            "too-many", f"PRODUCE: at most {MAX_PRODUCE} messages per request, not {len(args['messages'])}"
+        )
     out = []
     for item in args["messages"]:
-        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
-                or not isinstance(item[1], bytes) or _out_of_range("queue", item[0])):
-            raise ProtocolError("bad-arguments", f"PRODUCE: each message must be [queue (str of 1 to {MAX_NAME} "
-                                                 "bytes), body (bin)]")
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], bytes)
+            or _out_of_range("queue", item[0])
+        ):
+            raise ProtocolError(
+                "bad-arguments", f"PRODUCE: each message must be [queue (str of 1 to {MAX_NAME} bytes), body (bin)]"
+            )
         out.append((item[0], item[1]))
     return out
 
@@ -146,8 +165,13 @@ def ok(request: Request, results: dict) -> list[bytes]:
 
 
 def error(request: Request, code: str, detail: str) -> list[bytes]:
-    return [*request.routing, b"", request.request_id, ERR,
-            msgpack.packb({"code": code, "detail": detail}, use_bin_type=True)]
+    return [
+        *request.routing,
+        b"",
+        request.request_id,
+        ERR,
+        msgpack.packb({"code": code, "detail": detail}, use_bin_type=True),
+    ]
 
 
 def as_error(reply: list[bytes], code: str, detail: str) -> list[bytes]:
@@ -156,6 +180,7 @@ def as_error(reply: list[bytes], code: str, detail: str) -> list[bytes]:
 
 
 # -- the client's side ------------------------------------------------------------------------------
+
 
 def request(request_id: bytes, command: str, args: dict) -> list[bytes]:
     """The frames a DEALER client sends."""

@@ -3,6 +3,7 @@
 Every command is ``['', 'eMQP/1.0', COMMAND, msgid, ...]`` of UTF-8 text frames (eventmq peers decode
 every frame, so nothing binary may ever be sent to them). A ROUTER prepends the sender's identity.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,18 +18,18 @@ VERSION = b"eMQP/1.0"
 
 # command -> how many frames follow the msgid (min, max)
 _ARITY = {
-    b"REQUEST": (3, 3),      # queue, headers, payload
-    b"REPLY": (1, 2),        # reply (, original msgid)
-    b"INFORM": (1, 2),       # queues (, peer type)
+    b"REQUEST": (3, 3),  # queue, headers, payload
+    b"REPLY": (1, 2),  # reply (, original msgid)
+    b"INFORM": (1, 2),  # queues (, peer type)
     b"READY": (0, 0),
-    b"HEARTBEAT": (0, 1),    # unix timestamp
+    b"HEARTBEAT": (0, 1),  # unix timestamp
     b"DISCONNECT": (0, 0),
     b"KBYE": (0, 0),
     b"KBAI": (0, 0),
     b"ACK": (1, 1),
-    b"SCHEDULE": (3, 5),     # queue, headers, interval (, payload, cron): 9 frames as eventmq sends
+    b"SCHEDULE": (3, 5),  # queue, headers, interval (, payload, cron): 9 frames as eventmq sends
     b"UNSCHEDULE": (3, 5),
-    b"PUBLISH": (2, 3),      # topic (, headers), payload
+    b"PUBLISH": (2, 3),  # topic (, headers), payload
 }
 
 
@@ -59,8 +60,9 @@ def parse(frames: Sequence[bytes]) -> Command:
     low, high = _ARITY[name]
     rest = frames[5:]
     if not low <= len(rest) <= high:
-        raise ProtocolError("bad-arity", f"{name.decode()} takes {low} to {high} frames after the msgid, "
-                                         f"got {len(rest)}")
+        raise ProtocolError(
+            "bad-arity", f"{name.decode()} takes {low} to {high} frames after the msgid, got {len(rest)}"
+        )
     try:
         text = [f.decode("utf-8") for f in (frames[4], *rest)]
     except UnicodeDecodeError:
@@ -74,8 +76,13 @@ def new_msgid() -> str:
 
 def command(name: str, *args: str | bytes) -> list[bytes]:
     """The frames of a command to send (without the ROUTER's routing frame), with a fresh msgid."""
-    return [b"", VERSION, name.encode(), new_msgid().encode(),
-            *(a if isinstance(a, bytes) else a.encode("utf-8") for a in args)]
+    return [
+        b"",
+        VERSION,
+        name.encode(),
+        new_msgid().encode(),
+        *(a if isinstance(a, bytes) else a.encode("utf-8") for a in args),
+    ]
 
 
 def ack(acked_msgid: str) -> list[bytes]:
@@ -136,8 +143,9 @@ def schedule_id(payload: str) -> str:
 
     try:
         job = json.loads(payload)[1]
-        key = json.dumps({k: job[k] for k in ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")},
-                         sort_keys=True)
+        key = json.dumps(
+            {k: job[k] for k in ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")}, sort_keys=True
+        )
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         key = payload
     return hashlib.sha1(key.encode("utf-8")).hexdigest()
@@ -159,8 +167,14 @@ def parse_queues(text: str, default: Sequence[str]) -> list[tuple[int, str]]:
             raise ProtocolError("bad-queues", "INFORM queues are not valid JSON") from None
         out = []
         for pair in pairs if isinstance(pairs, list) else [None]:
-            if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], int)
-                    or isinstance(pair[0], bool) or not isinstance(pair[1], str) or not pair[1].strip()):
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not isinstance(pair[0], int)
+                or isinstance(pair[0], bool)
+                or not isinstance(pair[1], str)
+                or not pair[1].strip()
+            ):
                 raise ProtocolError("bad-queues", "INFORM queues must be [[weight, name], ...]")
             out.append((pair[0], pair[1]))
     else:

@@ -10,6 +10,7 @@ Requests (case-sensitive, words separated by spaces):
 Anything else is answered with one ``error: ...`` line, never with silence (which would hang a REQ
 client forever).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,8 +65,7 @@ def error_text(error: ProtocolError | str) -> str:
 
 
 def unknown_request(request: Request) -> str:
-    return error_text("unknown request; send MONITOR, STATS, DEADLETTERS <queue> [limit] or "
-                      "REQUEUE <queue> <id>|all")
+    return error_text("unknown request; send MONITOR, STATS, DEADLETTERS <queue> [limit] or REQUEUE <queue> <id>|all")
 
 
 def render_text(stats: dict) -> str:
@@ -97,5 +97,5 @@ def _scalar(value) -> str:
     return str(value)
 
 
-def render_json(stats: dict) -> str:
+def render_json(stats: dict | list) -> str:
     return json.dumps(stats, sort_keys=False, separators=(",", ":"))

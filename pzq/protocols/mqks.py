@@ -9,11 +9,13 @@ IDs (request, queue, event, consumer, message) are tokens without spaces or cont
 the data of ``publish`` and ``ping`` may contain spaces. A parse error raises ProtocolError whose
 detail goes to the log; the client gets ``{request_id} error {error_id}``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
 import secrets
+from typing import Any
 
 from pzq.errors import ProtocolError
 
@@ -45,8 +47,9 @@ def request_id_of(line: bytes) -> str:
 
 def _check_id(kind: str, value: str) -> str:
     if not value or _BAD_ID.search(value) or len(value.encode()) > MAX_ID:
-        raise ProtocolError("bad-id", f"{kind} {value[:80]!r} must be 1 to {MAX_ID} bytes without spaces "
-                                      "or control characters")
+        raise ProtocolError(
+            "bad-id", f"{kind} {value[:80]!r} must be 1 to {MAX_ID} bytes without spaces or control characters"
+        )
     return value
 
 
@@ -68,7 +71,7 @@ def parse_line(line: bytes) -> Request:
     data = parts[2] if len(parts) > 2 else ""
     confirm = data == "--confirm" or data.startswith("--confirm ")
     if confirm:
-        data = data[len("--confirm "):]
+        data = data[len("--confirm ") :]
     return Request(request_id, action, confirm, _ARGS[action](data))
 
 
@@ -93,8 +96,14 @@ def _consume(data: str) -> dict:
     tokens = _tokens(data)
     if not tokens or tokens[0].startswith("--"):
         raise ProtocolError("no-queue", "consume needs a queue")
-    out = {"queue": _check_id("queue", tokens[0]), "events": None, "add": [], "unused": None, "manual_ack": False,
-           "prefetch": None}
+    out: dict[str, Any] = {
+        "queue": _check_id("queue", tokens[0]),
+        "events": None,
+        "add": [],
+        "unused": None,
+        "manual_ack": False,
+        "prefetch": None,
+    }
     mode, events = "replace", []
     for token in tokens[1:]:
         if token == "--add":
@@ -139,7 +148,13 @@ def _rebind(data: str) -> dict:
     tokens = _tokens(data)
     if not tokens or tokens[0].startswith("--"):
         raise ProtocolError("no-queue", "rebind needs a queue")
-    out = {"queue": _check_id("queue", tokens[0]), "events": None, "remove": [], "remove_mask": [], "add": []}
+    out: dict[str, Any] = {
+        "queue": _check_id("queue", tokens[0]),
+        "events": None,
+        "remove": [],
+        "remove_mask": [],
+        "add": [],
+    }
     mode, events = "replace", []
     for token in tokens[1:]:
         if token in ("--remove", "--remove-mask", "--add"):
@@ -160,8 +175,10 @@ def _settle(data: str) -> dict:
     if len(tokens) != 2:
         raise ProtocolError("bad-arguments", "expected {consumer_id} {msg_id}|--all")
     consumer, message = tokens
-    return {"consumer": _check_id("consumer id", consumer),
-            "msg_id": None if message == "--all" else _check_id("message id", message)}
+    return {
+        "consumer": _check_id("consumer id", consumer),
+        "msg_id": None if message == "--all" else _check_id("message id", message),
+    }
 
 
 def _one(name: str):
@@ -170,6 +187,7 @@ def _one(name: str):
         if len(tokens) != 1:
             raise ProtocolError("bad-arguments", f"expected one {name}")
         return {name: _check_id(name, tokens[0])}
+
     return parse
 
 
@@ -193,7 +211,7 @@ def matches(mask: str, event: str) -> bool:
     if "." not in event:
         return False
     masks, parts = mask.split("."), event.split(".")
-    return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts))
+    return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts, strict=True))
 
 
 def remove_masked(events: list[str], masks: list[str], budget: int = 20_000) -> list[str]:
@@ -226,8 +244,11 @@ def remove_masked(events: list[str], masks: list[str], budget: int = 20_000) -> 
         if mixed:
             budget -= len(candidates)
             if budget < 0:
-                raise ProtocolError("too-complex", "--remove-mask would glob too many events in one request; "
-                                    "use masks with literal segments or fewer events")
+                raise ProtocolError(
+                    "too-complex",
+                    "--remove-mask would glob too many events in one request; "
+                    "use masks with literal segments or fewer events",
+                )
             candidates = {e for e in candidates if all(_glob(s, e.split(".")[pos]) for pos, s in mixed)}
         removed |= candidates
     return [e for e in events if e not in removed] if removed else events
@@ -253,6 +274,7 @@ def _glob(pattern: str, text: str) -> bool:
 
 
 # -- responses -------------------------------------------------------------------------------------
+
 
 def ok(request_id: str, data: str = "") -> bytes:
     return f"{request_id} ok {data}\n".encode()

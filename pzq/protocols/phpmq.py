@@ -8,6 +8,7 @@ Two dialects share version 01. The legacy one (the php-mq client and server) sen
 reads exactly 3 packets of a 003; the current one (the protocol README) adds a TTL packet to 001 and
 003 and defines 005 and 006. The packet count is read from each header, so both decode alike.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +70,11 @@ def encode(msg_type: int, packets: list[tuple[int, bytes]]) -> bytes:
 
 def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_left: int | None, dialect: Dialect) -> bytes:
     """A 003 for ``dialect``: legacy clients read exactly queue, content, id; current ones get the TTL."""
-    packets = [(QUEUE, queue.encode("utf-8", "surrogateescape")), (CONTENT, content),
-               (MESSAGE_ID, message_id.encode("ascii"))]
+    packets = [
+        (QUEUE, queue.encode("utf-8", "surrogateescape")),
+        (CONTENT, content),
+        (MESSAGE_ID, message_id.encode("ascii")),
+    ]
     if dialect is Dialect.CURRENT:
         packets.append((TTL, b"%d" % (ttl_left or 0)))
     return encode(DISPATCH, packets)
@@ -123,8 +127,8 @@ class Decoder:
             packet_type, length = self._parse_packet_header(bytes(buf[:PACKET_HEADER_SIZE]))
             if len(buf) < PACKET_HEADER_SIZE + length:
                 return None
-            content = bytes(buf[PACKET_HEADER_SIZE:PACKET_HEADER_SIZE + length])
-            del buf[:PACKET_HEADER_SIZE + length]
+            content = bytes(buf[PACKET_HEADER_SIZE : PACKET_HEADER_SIZE + length])
+            del buf[: PACKET_HEADER_SIZE + length]
             self._held += PACKET_HEADER_SIZE + length
             if packet_type in self._packets:
                 raise ProtocolError("duplicate-packet", f"packet type {packet_type:02d} appears twice")
@@ -137,8 +141,8 @@ class Decoder:
 
     @staticmethod
     def _check_prefix(partial: bytes, expected: bytes, code: str) -> None:
-        if not expected.startswith(partial[:len(expected)]):
-            raise ProtocolError(code, f"expected {expected!r}, got {partial[:len(expected)]!r}")
+        if not expected.startswith(partial[: len(expected)]):
+            raise ProtocolError(code, f"expected {expected!r}, got {partial[: len(expected)]!r}")
 
     @staticmethod
     def _parse_header(raw: bytes) -> tuple[int, int]:
@@ -167,8 +171,10 @@ class Decoder:
         required, optional = _CLIENT_MESSAGES[message.type]
         present = set(message.packets)
         if not required <= present or not present <= required | optional:
-            raise ProtocolError("bad-packets", f"message type {message.type:03d} needs packets "
-                                               f"{sorted(required)}, got {sorted(present)}")
+            raise ProtocolError(
+                "bad-packets",
+                f"message type {message.type:03d} needs packets {sorted(required)}, got {sorted(present)}",
+            )
         if not message.packets[QUEUE]:
             raise ProtocolError("bad-queue", "empty queue name")
         return message

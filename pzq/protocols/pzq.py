@@ -5,6 +5,7 @@ server    -> producer [routing, message id, "1", ""] | [routing, message id, "0"
 server    -> consumer [message key, sent µs, ack timeout µs, "", body+]  (server DEALER, client ROUTER)
 consumer  -> server   [message key, "1" | anything else]
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,15 +55,18 @@ def parse_produce(frames: Sequence[bytes], max_size: int) -> Produce | Rejected 
         return None
     routing, message_id = frames[0], frames[1]
     if len(message_id) > MAX_ID:  # it is echoed in the ack: it must not let a producer size our memory
-        return Rejected(routing, message_id[:MAX_ID],
-                        ProtocolError("id-too-long", ID_TOO_LONG.format(size=len(message_id), limit=MAX_ID)))
+        return Rejected(
+            routing,
+            message_id[:MAX_ID],
+            ProtocolError("id-too-long", ID_TOO_LONG.format(size=len(message_id), limit=MAX_ID)),
+        )
     if len(frames) == 2:
         return Rejected(routing, message_id, ProtocolError("only-id", ONLY_ID))
     try:
         delimiter = frames.index(b"", 2)
     except ValueError:
         return Rejected(routing, message_id, ProtocolError("no-delimiter", NO_DELIMITER))
-    body = list(frames[delimiter + 1:])
+    body = list(frames[delimiter + 1 :])
     if not body:
         return Rejected(routing, message_id, ProtocolError("empty", EMPTY_MESSAGE))
     size = sum(map(len, body))

@@ -1,4 +1,5 @@
 """Job functions a real eventmq JobManager runs in the tests (importable: tests/ is on its path)."""
+
 from __future__ import annotations
 
 import time

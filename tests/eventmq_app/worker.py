@@ -1,4 +1,5 @@
 """Run a real eventmq JobManager: python -m eventmq_app.worker BACKEND QUEUE CONCURRENT_JOBS."""
+
 from __future__ import annotations
 
 import sys
