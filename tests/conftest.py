@@ -314,3 +314,29 @@ def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGat
             continue
         return EveryGateway(srv, phpmq_addr, mqks_addr, front, back, api_dsn)
     raise AssertionError("unreachable")
+
+
+# The slow tier: real subprocess servers (restarts, kill -9, full disks), the real eventmq and PHP
+# clients, Spark, the fuzzers and the benchmarks. `pytest -m "not slow"` runs the rest, the fast tier.
+SLOW_MODULES = {
+    "test_crash",
+    "test_fuzz_sockets",
+    "test_fuzz_decoders",
+    "test_bench",
+    "test_torture",
+    "test_emqp_eventmq",
+    "test_spark",
+    "test_limits",
+    "test_full_disk",
+    "test_systemd",
+    "test_damaged_store",
+    "test_durability",
+}
+SLOW_FIXTURES = {"process_server", "emqp_server", "api_server", "spark"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -192,6 +192,7 @@ def php(addr, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # (a PHP runtime per run)
 def test_a_real_php_client_sends_consumes_acks_requeues_and_dead_letters(phpmq):
     import base64
 
