@@ -34,7 +34,7 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import lmdb
 import msgpack
@@ -174,6 +174,11 @@ def read_schedule(key: bytes, value: bytes) -> tuple[str, dict]:
     if record["interval"] <= 0 and not cron:  # (a cron schedule keeps interval 0)
         raise ValueError("schedule interval is not positive")
     return key.decode(), record
+
+
+def _pages(stat: Any) -> int:  # (py-lmdb types it as a TypedDict)
+    """Pages one B-tree uses, from LMDB's statistics of it."""
+    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
 
 
 def _raise(exc: Exception):
@@ -348,11 +353,7 @@ class Store:
 
     def _table_bytes(self, txn) -> int:
         """Bytes of the pages the side tables fill (a B-tree statistic: no records are read)."""
-        total = 0
-        for db in self._tables.values():
-            stat = txn.stat(db)
-            total += (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
-        return total
+        return sum(_pages(txn.stat(db)) for db in self._tables.values()) * self._env.stat()["psize"]
 
     def close(self) -> None:
         """Commit what is pending and close the environment."""
@@ -925,22 +926,9 @@ class Store:
     def _reusable_bytes(self) -> int:
         """Bytes of the data file's pages that no table uses (free for LMDB to reuse)."""
         txn = self._txn_for_read()
-        used = 2  # the two meta pages
-        for stat in (
-            self._env.stat(),
-            *(
-                txn.stat(db)
-                for db in (
-                    self._queues_db,
-                    self._meta_db,
-                    self._messages_db,
-                    self._deliveries_db,
-                    self._dead_db,
-                    *self._tables.values(),
-                )
-            ),
-        ):
-            used += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        tables = (self._queues_db, self._meta_db, self._messages_db, self._deliveries_db, self._dead_db)
+        used = 2 + _pages(self._env.stat()) + sum(_pages(txn.stat(db)) for db in tables)  # 2: the meta pages
+        used += self._table_bytes(txn) // self._env.stat()["psize"]
         info = self._env.info()
         return max(0, info["last_pgno"] + 1 - used) * self._env.stat()["psize"]
 

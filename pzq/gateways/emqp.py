@@ -61,7 +61,7 @@ class Worker:
     def consumer(self) -> tuple:
         # The key is part of the holder: a ROUTER identity is the peer's choice, and another key
         # reusing it after this connection dropped must not settle what this one held.
-        return ("emqp", self.identity, self.user)
+        return holder_of(self.identity, self.user)
 
 
 class EmqpGateway:
@@ -115,7 +115,7 @@ class EmqpGateway:
         restored = 0
         for ref, (msgid, identity, user) in self.broker.store.read_records("emqp_jobs", read_job):
             message = self._stored(ref)
-            holder = ("emqp", identity, user)  # (Worker.consumer)
+            holder = holder_of(identity, user)
             if message is None:  # completed through another protocol, or its queue was deleted
                 self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*ref))
                 continue
@@ -414,7 +414,7 @@ class EmqpGateway:
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
         message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
-        if job is None or not self.broker.ack(job[0], by=("emqp", *job[1])):
+        if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(
                 cmd.peer,
@@ -572,6 +572,11 @@ class EmqpGateway:
             "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
             **self.counters,
         }
+
+
+def holder_of(identity: bytes, user: str | None) -> tuple:
+    """The broker's holder for what a worker connection holds: the key is part of it (see Worker)."""
+    return ("emqp", identity, user)
 
 
 def _timing(records: dict[str, dict]) -> dict[str, dict]:
