@@ -57,9 +57,10 @@ class ConnectionWatch(Endpoint):
             kind = event["event"]
             if kind == zmq.EVENT_ACCEPTED:
                 held = self.limit.zmq_open.get(pair, 0)
-                # Counted before the check: the one cut off still sends its DISCONNECTED event.
+                refuse = self.limit.full(held)  # (the rule raw-TCP connections follow too)
+                # Counted all the same: the one cut off still sends its DISCONNECTED event.
                 self.limit.zmq_open[pair] = held + 1
-                if self.limit.total() > self.limit.limit or held >= self.limit.per_endpoint:
+                if refuse:
                     self.refused_total += 1
                     warn_bad(
                         role,
