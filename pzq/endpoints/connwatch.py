@@ -69,7 +69,7 @@ class ConnectionWatch(Endpoint):
                         f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
                         "endpoint): a new one was closed at once",
                     )
-                    _shut(event["value"])
+                    _shut(event["value"], event["endpoint"])
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
             elif kind == zmq.EVENT_ACCEPT_FAILED:
@@ -85,9 +85,11 @@ class ConnectionWatch(Endpoint):
         }
 
 
-def _shut(fd: int) -> None:
+def _shut(fd: int, endpoint: bytes | str) -> None:
     """End the connection on descriptor ``fd`` (libzmq's) without closing the descriptor itself:
-    shutting down a duplicate ends the stream for both, and libzmq closes its own when it sees that."""
+    shutting down a duplicate ends the stream for both, and libzmq closes its own when it sees that.
+    Only a connected socket accepted on ``endpoint``'s port is touched: if libzmq closed it first and
+    the number was reused, whatever holds it now (a listener above all) is left alone."""
     try:
         copy = os.dup(fd)
     except OSError:  # already closed by libzmq: the peer left first
@@ -97,8 +99,14 @@ def _shut(fd: int) -> None:
     except OSError:  # not a socket (the number was reused): nothing of ours to end
         os.close(copy)
         return
+    text = endpoint.decode("ascii", "replace") if isinstance(endpoint, bytes) else endpoint
+    port = text.rpartition(":")[2]
     try:
-        if dup.type == socket.SOCK_STREAM:
+        if (
+            dup.type == socket.SOCK_STREAM
+            and not dup.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            and str(dup.getsockname()[1]) == port
+        ):
             dup.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # not connected any more: nothing to end
