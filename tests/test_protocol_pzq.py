@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.protocols import pzq as native
-from pzq.protocols.pzq import ConsumerAck, Produce, Rejected
+from pzq.protocols.pzq import ConsumerAck, Delivered, Produce, ProduceAck, Rejected
 
 LIMIT = 1024
 MID = "0000000000000001000000000000002a"
@@ -117,3 +117,57 @@ def test_a_message_id_over_max_id_is_refused_with_its_first_bytes_echoed():
     event = native.parse_produce([b"peer", b"i" * (native.MAX_ID + 1), b"", b"body"], 1024)
     assert isinstance(event, Rejected) and event.error.code == "id-too-long"
     assert event.message_id == b"i" * native.MAX_ID
+
+
+# -- the client's side ---------------------------------------------------------------------------------
+
+
+def test_a_producer_sends_its_id_a_delimiter_and_the_body():
+    assert native.produce(b"7", [b"a", b"", b"\x00"]) == [b"7", b"", b"a", b"", b"\x00"]
+    routed = [b"peer", *native.produce(b"7", [b"body"])]  # what the server's ROUTER reads
+    assert native.parse_produce(routed, LIMIT) == Produce(b"peer", b"7", [b"body"])
+
+
+def test_a_producer_reads_both_acks_as_the_server_writes_them():
+    assert native.parse_produce_ack([b"7", b"1", b""]) == ProduceAck(b"7", True, "")
+    assert native.parse_produce_ack([b"7", b"0", b"", b"queue full"]) == ProduceAck(b"7", False, "queue full")
+    assert native.parse_produce_ack([b"7", b"0", b"", b"\xff"]) == ProduceAck(b"7", False, "\ufffd")
+    for error in (None, "Trying to save empty message"):
+        frames = native.produce_ack(b"peer", b"id-9", error)[1:]  # the DEALER gets no routing frame
+        assert native.parse_produce_ack(frames) == ProduceAck(b"id-9", error is None, error or "")
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [[], [b"7"], [b"7", b"1"], [b"7", b"2", b""], [b"7", b"1", b"x"], [b"7", b"", b"1"]],
+)
+def test_anything_else_is_not_an_ack(frames):
+    assert native.parse_produce_ack(frames) is None
+
+
+def test_a_consumer_reads_a_delivery_as_the_server_writes_it():
+    key = b"0000000000000042|" + MID.encode()
+    frames = native.delivery(key, 1_700_000_000_000_000, 5_000_000, [b"a", b"", b"\x00"])
+    assert native.parse_delivery(frames) == Delivered(key, 1_700_000_000_000_000, 5_000_000, [b"a", b"", b"\x00"])
+    assert native.parse_delivery([b"k", b"1", b"2", b""]) == Delivered(b"k", 1, 2, [])
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"k", b"1", b"2"],
+        [b"k", b"1", b"2", b"body"],
+        [b"k", b"-1", b"2", b"", b"x"],
+        [b"k", b"1", b"2.5", b"", b"x"],
+        [b"k", b"", b"2", b"", b"x"],
+    ],
+)
+def test_anything_else_is_not_a_delivery(frames):
+    assert native.parse_delivery(frames) is None
+
+
+def test_a_consumer_answers_one_or_zero_and_the_server_reads_it_so():
+    assert native.consumer_ack(b"key") == [b"key", b"1"]
+    assert native.consumer_ack(b"key", ok=False) == [b"key", b"0"]
+    assert native.parse_consumer_ack(native.consumer_ack(b"key")) == ConsumerAck(b"key", True)
+    assert native.parse_consumer_ack(native.consumer_ack(b"key", ok=False)) == ConsumerAck(b"key", False)

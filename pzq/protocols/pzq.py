@@ -108,3 +108,50 @@ def parse_consumer_ack(frames: Sequence[bytes]) -> ConsumerAck | None:
     if len(frames) < 2:
         return None
     return ConsumerAck(frames[0], frames[1] == b"1")
+
+
+# -- the client's side: what a producer's DEALER and a consumer's ROUTER send and read -----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ProduceAck:
+    """The server's answer to one produced message, as the producer reads it."""
+
+    message_id: bytes
+    ok: bool
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivered:
+    """A delivery as the consumer reads it, once its ROUTER's peer frame is taken off."""
+
+    key: bytes
+    sent_us: int
+    ack_timeout_us: int
+    body: list[bytes]
+
+
+def produce(message_id: bytes, body: Sequence[bytes]) -> list[bytes]:
+    """A producer's message without headers; the server's ROUTER puts the routing frame before it."""
+    return [message_id, b"", *body]
+
+
+def parse_produce_ack(frames: Sequence[bytes]) -> ProduceAck | None:
+    """Read what ``produce_ack`` sent, without its routing frame; None if it is not a pzq ack."""
+    if len(frames) < 3 or frames[1] not in (b"1", b"0") or frames[2] != b"":
+        return None
+    error = frames[3].decode("utf-8", "replace") if len(frames) > 3 else ""
+    return ProduceAck(frames[0], frames[1] == b"1", error)
+
+
+def parse_delivery(frames: Sequence[bytes]) -> Delivered | None:
+    """Read what ``delivery`` sent (the frames after the consumer ROUTER's peer id); None if it is not one."""
+    if len(frames) < 4 or frames[3] != b"" or not (frames[1].isdigit() and frames[2].isdigit()):
+        return None
+    return Delivered(frames[0], int(frames[1]), int(frames[2]), list(frames[4:]))
+
+
+def consumer_ack(key: bytes, ok: bool = True) -> list[bytes]:
+    """A consumer's answer for the delivery with ``key``: "1" deletes it, "0" puts it back."""
+    return [key, b"1" if ok else b"0"]
