@@ -31,13 +31,15 @@ class ProtocolError(PzqError):
     """A peer sent something its protocol does not allow.
 
     ``code`` is a short machine-readable name (e.g. ``no-delimiter``); ``detail`` is the human text that a
-    protocol with error replies sends back to the peer.
+    protocol with error replies sends back to the peer. ``fatal`` says the peer's stream cannot be read
+    any further (its framing is lost): the connection is closed, whatever the protocol's error replies.
     """
 
-    def __init__(self, code: str, detail: str):
+    def __init__(self, code: str, detail: str, fatal: bool = False):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        self.fatal = fatal
 
 
 class ClientError(PzqError):

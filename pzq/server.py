@@ -33,6 +33,8 @@ from pzq.endpoints.native import NativeEndpoints
 from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
 from pzq.errors import ConfigError, StoreError
 from pzq.gateways.api import ApiGateway
+from pzq.gateways.contract import FramesGateway, StreamGateway
+from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
@@ -105,14 +107,24 @@ class Server:
         self.endpoints = [self.native, monitor]
         connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
         if cfg.phpmq_dsn:
-            phpmq = PhpmqGateway(
+            phpmq: StreamGateway = PhpmqGateway(
                 self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
             )
             self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
         if cfg.emqp_frontend_dsn:
-            self.endpoints.append(EmqpEndpoint(cfg, self.broker, owned))
+            emqp = EmqpGateway(
+                self.broker,
+                heartbeat_s=cfg.emqp_heartbeat_interval,
+                liveness=cfg.emqp_heartbeat_liveness,
+                publish=bool(cfg.emqp_publish_dsn),
+                cron_timezone=cfg.emqp_cron_timezone,
+                default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",") if q.strip()],
+            )
+            emqp.restore_jobs(time.monotonic())
+            _conforms: FramesGateway = emqp  # (mypy checks each gateway against the contract)
+            self.endpoints.append(EmqpEndpoint(cfg, emqp, owned))
         if cfg.mqks_dsn:
-            mqks = MqksGateway(
+            mqks: StreamGateway = MqksGateway(
                 self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight, drop_queue=self._drop_queue
             )
             self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))

@@ -38,7 +38,7 @@ def request(gateway: EmqpGateway, msgid: bytes, payload: bytes = b'"x"', now: fl
 def given_a_job(gateway: EmqpGateway, peer: bytes = b"w1", now: float = T0) -> list[bytes]:
     worker(gateway, peer, b"INFORM", b'[[10, "jobs"]]', b"worker", now=now)
     worker(gateway, peer, b"READY", now=now)
-    [(_, job)] = gateway.dispatch(now=now, now_us=int(now * 1e6))
+    [(_, job, _, _)] = gateway.hand_out(now=now, now_us=int(now * 1e6))
     return job
 
 
@@ -86,7 +86,7 @@ def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(job_befo
     given_new = worker(gateway, b"w1-reset", b"INFORM", b'[[10, "jobs"]]', b"worker", now=T0 + 101)
     assert given_new[0][1][3] == b"ACK"
     worker(gateway, b"w1-reset", b"READY", now=T0 + 101)
-    assert gateway.dispatch(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
+    assert gateway.hand_out(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
     out = worker(gateway, b"w1-reset", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 102)
     assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
     assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
@@ -130,7 +130,7 @@ def test_a_scheduler_peer_gets_heartbeats_on_the_frontend_until_it_falls_silent(
     out = gateway.from_client([b"sched", b"", V, b"INFORM", b"m1", b"", b"scheduler"], now=T0, now_us=1)
     assert out[0][1][3] == b"ACK"
     beats = gateway.tick(T0)
-    assert [(target, frames[0], frames[3]) for target, frames in beats] == [("front", b"sched", b"HEARTBEAT")]
+    assert [(send.socket, send.peer, send.frames[3]) for send in beats] == [("front", b"sched", b"HEARTBEAT")]
     gateway.from_client([b"sched", b"", V, b"HEARTBEAT", b"m2", b"1.0"], now=T0 + 8, now_us=1)
     assert gateway.tick(T0 + 16) != [], "heard from 8 s before: alive"
     assert gateway.tick(T0 + 30) == [] and gateway.schedulers == {}, "silent for more than 3 x 3 s"

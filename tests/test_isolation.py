@@ -172,7 +172,7 @@ def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_two
     gateway.from_client([b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"", b'"x"'], now=0, now_us=1)
     command(b"old", b"INFORM", b'[[10, "jobs"]]', b"worker", now=0)
     command(b"old", b"READY", now=0)
-    [(_, job)] = gateway.dispatch(now=0, now_us=1)
+    [(_, job, _, _)] = gateway.hand_out(now=0, now_us=1)
     command(b"new", b"INFORM", b'[[10, "jobs"]]', b"worker", now=1)
     command(b"elsewhere", b"INFORM", b'[[10, "other"]]', b"worker", now=1)
     command(b"new", b"REPLY", b"{}", b"req-1", now=5)  # the old connection is still live: not yet

@@ -9,8 +9,7 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
-from pzq.gateways.api import ApiGateway
-from pzq.protocols import api as api_proto
+from pzq.gateways.contract import ONLY, FramesGateway, Send
 from pzq.zmqio import NOBLOCK, Again
 
 READ_BATCH = 4096
@@ -23,7 +22,7 @@ class ApiEndpoint(Endpoint):
 
     name = "api"
 
-    def __init__(self, config: Config, gateway: ApiGateway, binder: Sockets):
+    def __init__(self, config: Config, gateway: FramesGateway, binder: Sockets):
         self.gateway = gateway
         self.sock = binder.bind(
             zmq.ROUTER,
@@ -35,7 +34,7 @@ class ApiEndpoint(Endpoint):
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "api")
         self._gate = binder.gate(self.sock)
-        self._out: list[list[bytes]] = []
+        self._out: list[Send] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -55,27 +54,23 @@ class ApiEndpoint(Endpoint):
                 continue
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
-            reply = self.gateway.handle(frames, now=now, now_us=now_us, user=user)
-            if reply is not None:
-                self._out.append(reply)
+            self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
 
     def waiting(self) -> bool:
         return bool(self._out)
 
     def rolled_back(self) -> None:
-        self._out = [
-            api_proto.as_error(reply, "store-failed", "store failure: nothing was done, try again")
-            for reply in self._out
-        ]
+        out, self._out = self._out, []
+        self._out = self.gateway.rolled_back(out)
 
     def recover(self) -> None:
-        self.gateway.load()
+        self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
         self.replies.flush()
         out, self._out = self._out, []
-        for reply in out:
-            self.replies.send(reply)
+        for send in out:
+            self.replies.send(send.frames)
 
     def wake_at(self, now: float) -> float | None:
         return self.replies.wake_at(now)

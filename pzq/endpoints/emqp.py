@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import zmq
 
-from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive, receive_from
+from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import RETRY_S, Replies
+from pzq.gateways.contract import Send
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.protocols import emqp
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -26,7 +24,7 @@ class EmqpEndpoint(Endpoint):
 
     name = "emqp"
 
-    def __init__(self, config: Config, broker: Broker, binder: Sockets):
+    def __init__(self, config: Config, gateway: EmqpGateway, binder: Sockets):
         limit = config.max_message_size + 4096
         self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", MAXMSGSIZE=limit)
         self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", MAXMSGSIZE=limit)
@@ -36,51 +34,31 @@ class EmqpEndpoint(Endpoint):
         self.sockets = [self.front, self.back]
         self.replies = {FRONT: Replies(self.front, "emqp client"), BACK: Replies(self.back, "emqp worker")}
         self.binder = binder
-        self._front_gate, self._back_gate = binder.gate(self.front), binder.gate(self.back)
-        self.gateway = EmqpGateway(
-            broker,
-            heartbeat_s=config.emqp_heartbeat_interval,
-            liveness=config.emqp_heartbeat_liveness,
-            publish=self.pub is not None,
-            cron_timezone=config.emqp_cron_timezone,
-            default_queues=[q.strip() for q in config.emqp_default_queues.split(",") if q.strip()],
-        )
-        self.gateway.restore_jobs(time.monotonic())
-        self._out: list = []
+        self._gates = {FRONT: binder.gate(self.front), BACK: binder.gate(self.back)}
+        self.gateway = gateway
+        self._out: list[Send] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         budget = TURN_BYTES
-        if self.front in ready:
+        for name, sock in ((FRONT, self.front), (BACK, self.back)):
+            if sock not in ready:
+                continue
             for _ in range(READ_BATCH):
                 if budget <= 0:
                     break
-                try:
-                    frames = receive(self.front, self._front_gate, "emqp", NOBLOCK)
+                try:  # a worker's key is kept with it: a revocation drops the workers of that key
+                    frames, user = receive_from(sock, self._gates[name], "emqp", NOBLOCK)
                 except Again:
                     break
                 if frames is None:
                     continue
                 budget -= sum(map(len, frames))
                 # Its ACKs cannot leave: store nothing more for it, rather than answers it would never get.
-                if self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
+                if name == FRONT and self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
                     continue
-                self._out += self.gateway.from_client(frames, now=now, now_us=now_us)
-        if self.back in ready:
-            for _ in range(READ_BATCH):
-                if budget <= 0:
-                    break
-                try:  # the worker's key is kept with it: a revocation drops the workers of that key
-                    frames, user = receive_from(self.back, self._back_gate, "emqp", NOBLOCK)
-                except Again:
-                    break
-                if frames is None:
-                    continue
-                budget -= sum(map(len, frames))
-                self._out += self.gateway.from_worker(frames, now=now, now_us=now_us, user=user)
+                self._out += self.gateway.received(name, frames, now=now, now_us=now_us, user=user)
 
     def work(self, now: float, now_us: int) -> None:
-        self.gateway.run_schedules(now_us)
-        self._out += self.gateway.tick(now)
         self._out += self.gateway.dispatch(now=now, now_us=now_us)
 
     def waiting(self) -> bool:
@@ -88,31 +66,16 @@ class EmqpEndpoint(Endpoint):
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
-        self.gateway.recover(out)
-        # A client's ACK promised a durable REQUEST or SCHEDULE that the rollback took back: it gets an
-        # error REPLY instead (as a native producer gets "store failure"), never silence.
-        self._out = [
-            (
-                FRONT,
-                [
-                    frames[0],
-                    *emqp.error_reply(
-                        "store failure: nothing was stored, try again", frames[5].decode("utf-8", "replace")
-                    ),
-                ],
-            )
-            for target, frames in out
-            if target == FRONT and len(frames) > 5 and frames[3] == b"ACK"
-        ]
+        self._out = self.gateway.rolled_back(out)
 
     def recover(self) -> None:
-        self.gateway.recover([])
+        self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
         for replies in self.replies.values():
             replies.flush()
         out, self._out = self._out, []
-        for target, frames in out:
+        for target, frames, _, _ in out:
             if target in self.replies:
                 self.replies[target].send(frames)
                 continue
@@ -124,12 +87,9 @@ class EmqpEndpoint(Endpoint):
                 log.warning("eMQP publish socket full: a PUBLISH to %r was dropped", frames[0][:40])
 
     def wake_at(self, now: float) -> float | None:
-        wake = self.gateway.next_heartbeat
-        if any(r.wake_at(now) for r in self.replies.values()):
-            wake = min(wake, now + RETRY_S)  # a backlog waits for its peer
-        due_us = self.gateway.next_schedule_us()
-        if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
-            wake = min(wake, now + (due_us - time.time_ns() // 1000) / 1e6)
+        wake = self.gateway.next_wake(now)
+        if any(r.wake_at(now) for r in self.replies.values()):  # a backlog waits for its peer
+            wake = now + RETRY_S if wake is None else min(wake, now + RETRY_S)
         return wake
 
     def stats(self) -> dict:

@@ -1,14 +1,6 @@
-"""Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a connection-oriented gateway.
-
-The gateway offers ``sessions`` (by connection), ``connected(conn)``, ``disconnected(conn)``,
-``buffered(conn)`` (bytes of unfinished input it holds),
-``received(conn, data, now=, now_us=)`` (a ProtocolError closes that connection: the stream cannot be
-read any more), ``dispatch(now=, now_us=) -> [(conn, bytes, token)]``, ``unsent(conn, token) -> bool``
-for what a slow reader's connection would not take (True: keep the bytes and send them later, e.g. a
-reply; False: the gateway took the message back), ``blocked`` (a set this endpoint keeps: connections
-with a backlog, which a gateway should not hand more messages to), ``closed_total``, ``stats()`` and
-optionally ``next_wake()``.
-"""
+"""Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a ``StreamGateway``
+(gateways/contract.py). This adapter owns the connections' limits, slow readers' backlogs and closing;
+the gateway owns everything the protocol means."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets
-from pzq.errors import ProtocolError
+from pzq.gateways.contract import Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
 
@@ -43,7 +35,7 @@ class ConnectionLimit:
     def __init__(self, limit: int, partial_limit: int = 1 << 62):
         self.limit = limit
         self.partial_limit = partial_limit
-        self.gateways: list = []
+        self.gateways: list[StreamGateway] = []
         self.zmq_open: dict[object, int] = {}  # connections open on each watched ZeroMQ socket
         self._partial: dict[tuple[str, bytes], int] = {}
         self.partial_total = 0
@@ -77,7 +69,13 @@ class StreamEndpoint(Endpoint):
     its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
 
     def __init__(
-        self, name: str, dsn: str, gateway, config: Config, binder: Sockets, connections: ConnectionLimit | None = None
+        self,
+        name: str,
+        dsn: str,
+        gateway: StreamGateway,
+        config: Config,
+        binder: Sockets,
+        connections: ConnectionLimit | None = None,
     ):
         self.name = name
         self.connections = connections or ConnectionLimit(1 << 62)
@@ -88,9 +86,9 @@ class StreamEndpoint(Endpoint):
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []
-        self._out: list = []
+        self._out: list[Send] = []
         self._backlog: dict[bytes, list[bytes]] = {}  # per slow connection: bytes to send, in order
-        self.gateway.blocked = set()
+        self.closed_total = 0  # connections closed for bad input or for reading too slowly
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -135,45 +133,50 @@ class StreamEndpoint(Endpoint):
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
-            try:
-                self.gateway.received(conn, data, now=now, now_us=now_us)
-                if not self.connections.hold((self.name, conn), self.gateway.buffered(conn)):
-                    raise ProtocolError(
-                        "partial-input",
-                        f"unfinished input of every connection is over "
-                        f"{self.connections.partial_limit} bytes (--max-partial-input)",
-                    )
-            except ProtocolError as exc:
-                warn_bad(self.name, exc.code, f"{exc.detail}; closing the connection")
-                self.gateway.closed_total += 1
-                self._gone(conn)
-                self._closing.append(conn)
+            sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+            self._out += sends
+            if sends and sends[-1].close:
+                self._close(conn)
+            elif not self.connections.hold((self.name, conn), self.gateway.buffered(conn)):
+                warn_bad(
+                    self.name,
+                    "partial-input",
+                    f"unfinished input of every connection is over {self.connections.partial_limit} bytes "
+                    "(--max-partial-input); closing the connection",
+                )
+                self._close(conn)
+
+    def _close(self, conn: bytes) -> None:
+        self.closed_total += 1
+        self._gone(conn)
+        self._closing.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
-        self.gateway.blocked = set(self._backlog)
-        self._out = self.gateway.dispatch(now=now, now_us=now_us)
+        self._out += self.gateway.dispatch(now=now, now_us=now_us, blocked=frozenset(self._backlog))
 
     def waiting(self) -> bool:
         return bool(self._out)
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
-        salvage = getattr(self.gateway, "salvage", None)
-        if salvage is not None:  # the gateway decides what of a rolled-back turn may still be said
-            salvage(out)
+        self._out = self.gateway.rolled_back(out)  # the gateway decides what may still be said
 
     def flush(self, now: float, now_us: int) -> None:
         out, self._out = self._out, []
-        by_conn: dict[bytes, list[tuple[bytes, object]]] = {conn: [] for conn in self._backlog}
-        for conn, data, token in out:
-            by_conn.setdefault(conn, []).append((data, token))
+        by_conn: dict[bytes, list[Send]] = {conn: [] for conn in self._backlog}
+        for send in out:
+            if len(send.frames) > 1:  # (a bare close has no bytes)
+                by_conn.setdefault(send.peer, []).append(send)
         # One send per connection and turn (a client's lines in one TCP write), after its backlog.
-        for conn, items in by_conn.items():
+        for conn, sends in by_conn.items():
             backlog = self._backlog.pop(conn, [])
+            data = b"".join(backlog) + b"".join(b"".join(send.frames[1:]) for send in sends)
             try:
-                send_frames(self.sock, [conn, b"".join(backlog) + b"".join(d for d, _ in items)], NOBLOCK)
+                send_frames(self.sock, [conn, data], NOBLOCK)
             except Again:  # the client reads too slowly
-                kept = backlog + [d for d, token in items if token is None or self.gateway.unsent(conn, token)]
+                kept = backlog + [
+                    b"".join(send.frames[1:]) for send in sends if send.token is None or self.gateway.unsent(send)
+                ]
                 if sum(map(len, kept)) > BACKLOG_BYTES:
                     log.warning(
                         "%s connection %s reads too slowly (%d bytes waiting): closing it",
@@ -181,9 +184,7 @@ class StreamEndpoint(Endpoint):
                         conn.hex(),
                         sum(map(len, kept)),
                     )
-                    self.gateway.closed_total += 1
-                    self._gone(conn)
-                    self._closing.append(conn)
+                    self._close(conn)
                 elif kept:
                     self._backlog[conn] = kept
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
@@ -207,19 +208,20 @@ class StreamEndpoint(Endpoint):
         self.connections.hold((self.name, conn), 0)
 
     def recover(self) -> None:
-        recover = getattr(self.gateway, "recover", None)
-        if recover is not None:
-            recover()
+        self.gateway.recover()
 
     def wake_at(self, now: float) -> float | None:
         if self._backlog or self._closing:
             return now + RETRY_S
-        next_wake = getattr(self.gateway, "next_wake", None)
-        return None if next_wake is None else next_wake()
+        return self.gateway.next_wake(now)
 
     def stats(self) -> dict:
-        # (the unfinished input of every raw-TCP connection together, as --max-partial-input bounds it)
-        return {**self.gateway.stats(), "partial_input_bytes_all": self.connections.partial_total}
+        return {
+            **self.gateway.stats(),
+            "closed_bad_input_total": self.closed_total,
+            # (the unfinished input of every raw-TCP connection together, as --max-partial-input bounds it)
+            "partial_input_bytes_all": self.connections.partial_total,
+        }
 
 
 def allowed_networks(text: str) -> list | None:

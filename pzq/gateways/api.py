@@ -20,6 +20,7 @@ import msgpack
 
 from pzq.broker import Broker
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways.contract import ONLY, Send
 from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.protocols import api
@@ -60,6 +61,27 @@ class ApiGateway:
         """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
         keys = self.store.read_records("produced", read_produced)
         self._keys_by_age = collections.deque(sorted(keys))
+
+    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+        reply = self.handle(frames, now=now, now_us=now_us, user=user)
+        return [] if reply is None else [Send(ONLY, reply)]
+
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+        return []  # the API only answers
+
+    def unsent(self, send: Send) -> bool:
+        return True  # (the endpoint's Replies keep what a client has not read yet)
+
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        """Every reply of the turn becomes "store-failed": nothing it said was done is on disk."""
+        detail = "store failure: nothing was done, try again"
+        return [Send(ONLY, api.as_error(send.frames, "store-failed", detail)) for send in sends]
+
+    def recover(self) -> None:
+        self.load()
+
+    def next_wake(self, now: float) -> float | None:
+        return None
 
     def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
         """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is

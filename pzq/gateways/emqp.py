@@ -1,8 +1,9 @@
 """eMQP (EventMQ) clients and workers on the shared store: requests, jobs, replies, heartbeats.
 
-The server feeds ``from_client`` (frontend ROUTER) and ``from_worker`` (backend ROUTER) and sends what
-they, ``dispatch`` and ``tick`` return, after the turn's commit: a client's ACK therefore always
-follows the durable commit of its REQUEST. Rules: shared/specs/emqp.md, "pzq's rules".
+A ``FramesGateway`` (gateways/contract.py): the endpoint feeds ``received`` with what the frontend
+ROUTER (clients, FRONT) and the backend ROUTER (workers, BACK) bring, and sends what it and
+``dispatch`` return after the turn's commit: a client's ACK therefore always follows the durable
+commit of its REQUEST. Rules: shared/specs/emqp.md, "pzq's rules".
 
 Mapping to the store: a REQUEST is a one-frame message (its payload) in its named queue, with the
 client's identity, msgid and headers kept as the message's meta; a message from another protocol
@@ -17,13 +18,16 @@ import datetime
 import logging
 import struct
 import time
+import uuid
 import zoneinfo
+from collections.abc import Callable
 
 import croniter
 import msgpack
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways.contract import Send
 from pzq.logs import warn_bad
 from pzq.protocols import emqp
 from pzq.store import Message
@@ -42,8 +46,6 @@ MAX_CRON = 255  # characters of a cron expression
 # with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
 RESTART_GRACE_S = 300.0
 _JOB_KEY = struct.Struct(">QQ")  # an emqp_jobs record: (qid, seq) -> [msgid, worker identity, CURVE key]
-
-Out = tuple[str, list[bytes]]  # (which socket, frames including the routing frame)
 
 
 @dataclasses.dataclass
@@ -76,8 +78,12 @@ class EmqpGateway:
         liveness: int,
         publish: bool = False,
         cron_timezone: str = "UTC",
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.broker = broker
+        self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
+        self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
         self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.default_queues = default_queues
         self.heartbeat_s = heartbeat_s
@@ -144,7 +150,7 @@ class EmqpGateway:
 
     # -- clients ----------------------------------------------------------------------------------
 
-    def from_client(self, frames: list[bytes], *, now: float, now_us: int) -> list[Out]:
+    def from_client(self, frames: list[bytes], *, now: float, now_us: int) -> list[Send]:
         cmd = self._parse(frames)
         if cmd is None:
             return []
@@ -156,18 +162,26 @@ class EmqpGateway:
                     self._bad(cmd.peer, ProtocolError("too-many-schedulers", f"at most {MAX_SCHEDULERS} schedulers"))
                     return []
                 self.schedulers[cmd.peer] = now
-            return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+            return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
         if cmd.name == "HEARTBEAT":
             if cmd.peer in self.schedulers:
                 self.schedulers[cmd.peer] = now
             return []
         if cmd.name == "PUBLISH":
             if self.publish:
-                return [(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()])]
+                return [Send(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()])]
             log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
         elif cmd.name == "DISCONNECT":
             log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
-            return [(FRONT, [cmd.peer, *emqp.error_reply("DISCONNECT refused: pzq stops on a signal only", cmd.msgid)])]
+            return [
+                Send(
+                    FRONT,
+                    [
+                        cmd.peer,
+                        *emqp.error_reply(self.new_id(), "DISCONNECT refused: pzq stops on a signal only", cmd.msgid),
+                    ],
+                )
+            ]
         elif cmd.name == "SCHEDULE":
             return self._schedule(cmd, now_us)
         elif cmd.name == "UNSCHEDULE":
@@ -177,10 +191,10 @@ class EmqpGateway:
                 self.broker.store.delete_schedule(key)
                 self._next_due = None
                 log.info("eMQP schedule %s removed", key)
-            return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+            return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
         return []
 
-    def _schedule(self, cmd: emqp.Command, now_us: int) -> list[Out]:
+    def _schedule(self, cmd: emqp.Command, now_us: int) -> list[Send]:
         """Store a recurring job; the broker itself enqueues a REQUEST into its queue at each run."""
         queue, headers_text, interval_text = cmd.args[:3]
         payload = cmd.args[3] if len(cmd.args) > 3 else ""
@@ -210,7 +224,9 @@ class EmqpGateway:
                 raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
-            return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc.detail}", cmd.msgid)])]
+            return [
+                Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"schedule refused: {exc.detail}", cmd.msgid)])
+            ]
         # Haste (eventmq's default): the first run is now; with nohaste, after one interval (or at the
         # first cron time).
         if "nohaste" not in headers:
@@ -234,7 +250,7 @@ class EmqpGateway:
             self.broker.store.save_schedule(key, record)
         except StoreFull as exc:
             self._bad(cmd.peer, ProtocolError("queue-full", str(exc)))
-            return [(FRONT, [cmd.peer, *emqp.error_reply(f"schedule refused: {exc}", cmd.msgid)])]
+            return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"schedule refused: {exc}", cmd.msgid)])]
         self.schedules[key] = _timing({key: record})[key]
         self._next_due = None
         log.info(
@@ -244,7 +260,7 @@ class EmqpGateway:
             f"at cron {cron!r} ({self.cron_tz.key})" if cron else f"every {interval} s",
             queue,
         )
-        return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+        return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
 
     def _cron_next(self, expression: str, after_us: int) -> int:
         """The first time (µs) strictly after ``after_us`` that cron ``expression`` names, read in the
@@ -277,7 +293,7 @@ class EmqpGateway:
                     record["queue"],
                     [payload.encode()],
                     now_us=now_us,
-                    meta={"msgid": emqp.new_msgid(), "headers": record["headers"]},
+                    meta={"msgid": self.new_id(), "headers": record["headers"]},
                 )
             except StoreFull:
                 log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
@@ -308,20 +324,57 @@ class EmqpGateway:
             self._next_due = min(r["next_us"] for r in self.schedules.values())
         return self._next_due
 
-    def recover(self, discarded: list[Out]) -> None:
-        """The turn was rolled back: give back the slots of jobs that never left, forget them, and
-        reload the schedules as they are on disk."""
-        for target, frames in discarded:
-            if target == BACK and len(frames) > 3 and frames[3] == b"REQUEST":
+    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+        if socket == BACK:
+            return self.from_worker(frames, now=now, now_us=now_us, user=user)
+        return self.from_client(frames, now=now, now_us=now_us)
+
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+        """Due schedules run, heartbeats, and jobs for free workers (``blocked``: the endpoint's
+        Replies keep a backlog per peer, so nothing is held back here)."""
+        self.run_schedules(now_us)
+        return self.tick(now) + self.hand_out(now=now, now_us=now_us)
+
+    def unsent(self, send: Send) -> bool:
+        return True  # (the endpoint's Replies keep what a peer has not read yet)
+
+    def next_wake(self, now: float) -> float | None:
+        wake = self.next_heartbeat
+        due_us = self.next_schedule_us()
+        if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
+            wake = min(wake, now + (due_us - self.wall_clock() * 1e6) / 1e6)
+        return wake
+
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        """Jobs that never left give their workers' slots back. A client's ACK promised a durable
+        REQUEST or SCHEDULE that the rollback took back: it gets an error REPLY instead (as a native
+        producer gets "store failure"), never silence."""
+        out = []
+        for send in sends:
+            frames = send.frames
+            if send.socket == BACK and len(frames) > 3 and frames[3] == b"REQUEST":
                 worker = self.workers.get(frames[0])
                 if worker is not None:
                     worker.slots += 1
-        self.jobs.clear()  # the broker forgot every delivery; the durable ones are held again
+            elif send.socket == FRONT and len(frames) > 5 and frames[3] == b"ACK":
+                detail = "store failure: nothing was stored, try again"
+                out.append(
+                    Send(
+                        FRONT,
+                        [frames[0], *emqp.error_reply(self.new_id(), detail, frames[5].decode("utf-8", "replace"))],
+                    )
+                )
+        return out
+
+    def recover(self) -> None:
+        """The turn was rolled back: forget the jobs handed out (the broker forgot every delivery; the
+        durable ones are held again) and reload the schedules as they are on disk."""
+        self.jobs.clear()
         self.restore_jobs(time.monotonic())
         self.schedules = _timing(self.broker.store.schedules())
         self._next_due = None
 
-    def _request(self, cmd: emqp.Command, now_us: int) -> list[Out]:
+    def _request(self, cmd: emqp.Command, now_us: int) -> list[Send]:
         queue, headers_text, payload = cmd.args
         try:
             headers = emqp.parse_headers(headers_text)
@@ -331,7 +384,9 @@ class EmqpGateway:
                 raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
-            return [(FRONT, [cmd.peer, *emqp.error_reply(f"request refused: {exc.detail}", cmd.msgid)])]
+            return [
+                Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"request refused: {exc.detail}", cmd.msgid)])
+            ]
         meta: dict[str, object] = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
         if retries:
             meta["max_deliveries"] = retries + 1
@@ -341,13 +396,21 @@ class EmqpGateway:
             self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
         except StoreFull:
             log.warning("eMQP REQUEST %s for %r refused: queue full", cmd.msgid, queue)
-            return [(FRONT, [cmd.peer, *emqp.error_reply("request refused: queue full, try again later", cmd.msgid)])]
+            return [
+                Send(
+                    FRONT,
+                    [
+                        cmd.peer,
+                        *emqp.error_reply(self.new_id(), "request refused: queue full, try again later", cmd.msgid),
+                    ],
+                )
+            ]
         self.counters["requests_total"] += 1
-        return [(FRONT, [cmd.peer, *emqp.ack(cmd.msgid)])]
+        return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
 
     # -- workers ----------------------------------------------------------------------------------
 
-    def from_worker(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Out]:
+    def from_worker(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
         """A command from a worker; ``user`` is its CURVE public key (z85) when the backend uses CURVE."""
         cmd = self._parse(frames)
         if cmd is None:
@@ -393,7 +456,7 @@ class EmqpGateway:
             self._drop(worker, "it disconnected")
         return []
 
-    def _inform(self, cmd: emqp.Command, now: float, user: str | None) -> list[Out]:
+    def _inform(self, cmd: emqp.Command, now: float, user: str | None) -> list[Send]:
         try:
             queues = emqp.parse_queues(cmd.args[0], self.default_queues)
         except ProtocolError as exc:
@@ -405,9 +468,12 @@ class EmqpGateway:
             self.broker.consumer_gone(old.consumer)
         self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
         # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
-        return [(BACK, [cmd.peer, *emqp.ack(cmd.msgid)]), (BACK, [cmd.peer, *emqp.heartbeat()])]
+        return [
+            Send(BACK, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)]),
+            Send(BACK, [cmd.peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]),
+        ]
 
-    def _reply(self, cmd: emqp.Command, worker: Worker, now: float) -> list[Out]:
+    def _reply(self, cmd: emqp.Command, worker: Worker, now: float) -> list[Send]:
         if len(cmd.args) < 2:
             self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
             return []
@@ -431,7 +497,7 @@ class EmqpGateway:
         meta = message.meta if message is not None else None
         if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
             self.counters["replies_forwarded_total"] += 1
-            return [(FRONT, [meta["client"], *emqp.reply(reply_json, request_msgid)])]
+            return [Send(FRONT, [meta["client"], *emqp.reply(self.new_id(), reply_json, request_msgid)])]
         return []
 
     def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, tuple[bytes, str | None]] | None:
@@ -484,9 +550,9 @@ class EmqpGateway:
 
     # -- dispatch and time ------------------------------------------------------------------------
 
-    def dispatch(self, *, now: float, now_us: int) -> list[Out]:
+    def hand_out(self, *, now: float, now_us: int) -> list[Send]:
         """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
-        out: list[Out] = []
+        out: list[Send] = []
         for worker in list(self.workers.values()):
             while worker.slots > 0 and not worker.draining:
                 job = self._take_for(worker, now, now_us)
@@ -497,7 +563,7 @@ class EmqpGateway:
                 self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
         return out
 
-    def _take_for(self, worker: Worker, now: float, now_us: int) -> Out | None:
+    def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
         for _, queue in worker.queues:
             if not self.broker.has_ready(queue):
                 continue
@@ -519,10 +585,10 @@ class EmqpGateway:
                 msgpack.packb([msgid, worker.identity, worker.user]),
                 counted=False,
             )
-            return (BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
+            return Send(BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 
-    def tick(self, now: float) -> list[Out]:
+    def tick(self, now: float) -> list[Send]:
         """Heartbeat every worker each interval; drop the ones silent for ``liveness`` intervals."""
         if now < self.next_heartbeat:
             return []
@@ -545,9 +611,9 @@ class EmqpGateway:
             if now - seen > self.liveness * self.heartbeat_s:
                 del self.schedulers[peer]
                 log.info("eMQP scheduler %r silent for %.1f s: forgotten", peer[:40], now - seen)
-        return [(BACK, [identity, *emqp.heartbeat()]) for identity in self.workers] + [
-            (FRONT, [peer, *emqp.heartbeat()]) for peer in self.schedulers
-        ]
+        return [
+            Send(BACK, [identity, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for identity in self.workers
+        ] + [Send(FRONT, [peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for peer in self.schedulers]
 
     # -- helpers ----------------------------------------------------------------------------------
 

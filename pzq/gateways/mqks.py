@@ -22,12 +22,15 @@ import collections
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Hashable
+import secrets
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreError, StoreFull
+from pzq.gateways.contract import ONLY, Send
 from pzq.logs import warn_bad
 from pzq.protocols import mqks
 
@@ -44,7 +47,7 @@ _serials = itertools.count(1)
 
 @dataclasses.dataclass
 class Consumer:
-    conn: Hashable
+    conn: bytes
     id: str
     queue: str
     manual_ack: bool
@@ -71,20 +74,29 @@ class Binding:
 class MqksGateway:
     """Every MQKS connection, consumer and binding of the server."""
 
-    def __init__(self, broker: Broker, *, max_line: int, window: int, drop_queue: Callable[[str], int]):
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        max_line: int,
+        window: int,
+        drop_queue: Callable[[str], int],
+        error_id: Callable[[], str] = lambda: secrets.token_hex(12),
+    ):
         self.broker = broker
+        self.error_id = error_id  # a fresh id per error reply: the client gets it, the log the details
         self.store = broker.store
         self.max_line = max_line
         self.window = window  # unacked deliveries per manual-ack consumer
         self._drop_queue = drop_queue
-        self.sessions: dict[Hashable, mqks.LineBuffer] = {}
-        self.consumers: dict[tuple[Hashable, str], Consumer] = {}
-        self._by_conn: dict[Hashable, dict[str, Consumer]] = {}  # the same consumers, per connection
+        self.sessions: dict[bytes, mqks.LineBuffer] = {}
+        self.consumers: dict[tuple[bytes, str], Consumer] = {}
+        self._by_conn: dict[bytes, dict[str, Consumer]] = {}  # the same consumers, per connection
         self.by_queue: dict[str, list[Consumer]] = {}
-        self._out: list[tuple[Hashable, bytes, object]] = []
+        self._out: list[Send] = []
         self.delete_at: dict[str, float] = {}
-        self.blocked: set[Hashable] = set()  # connections that read too slowly: no more deliveries now
-        self.closed_total = self.published_total = self.unrouted_total = self.delivered_total = 0
+        self.blocked: frozenset = frozenset()  # connections that read too slowly: no more deliveries now
+        self.published_total = self.unrouted_total = self.delivered_total = 0
         self.errors_total = 0
         # Consumers gone with deliveries not yet put back: a few thousand are put back per turn, so
         # that a connection leaving with MAX_UNACKED_PER_CONN of them does not stall the loop.
@@ -107,41 +119,56 @@ class MqksGateway:
         for consumer in self.consumers.values():
             consumer.unacked.clear()
         self._leaving.clear()  # (the broker let go of every delivery)
-        out, self._out = self._out, []
-        self.salvage(out)
+        pending, self._out = self._out, []
+        self._out = self._salvage(pending)
         self.load()
 
-    def salvage(self, out: list) -> None:
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        return self._salvage(sends)
+
+    def _salvage(self, sends: list[Send]) -> list[Send]:
         """Lines of a rolled-back turn: errors and pings still go out, confirms become errors, and
         deliveries and --update notices (of a state that is gone) are dropped."""
-        for conn, line, token in out:
+        kept = []
+        for send in sends:
+            token: Any = send.token
             if token is None:
-                self._out.append((conn, line, None))
+                kept.append(send)
             elif token[0] == CONFIRM:
-                self._error(conn, token[1], "store-failed", "store failure: the request was rolled back")
+                self._error(send.peer, token[1], "store-failed", "store failure: the request was rolled back")
+        return kept + self._take_out()
+
+    def _take_out(self) -> list[Send]:
+        out, self._out = self._out, []
+        return out
 
     # -- connections ---------------------------------------------------------------------------------
 
-    def connected(self, conn: Hashable) -> None:
+    def connected(self, conn: bytes) -> None:
         self.sessions[conn] = mqks.LineBuffer(self.max_line)
 
-    def buffered(self, conn: Hashable) -> int:
+    def buffered(self, conn: bytes) -> int:
         """Bytes of an unfinished line this connection holds."""
         lines = self.sessions.get(conn)
         return 0 if lines is None else lines.buffered
 
-    def disconnected(self, conn: Hashable) -> None:
+    def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
         for consumer in list(self._by_conn.get(conn, {}).values()):
             self._remove_consumer(consumer)
 
-    def received(self, conn: Hashable, data: bytes, *, now: float, now_us: int) -> None:
-        """Bytes from a connection. Raises ProtocolError when its stream cannot be framed (close it)."""
+    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
+        """Bytes from a connection: the answers to its whole lines. A stream that cannot be framed any
+        more (an endless line) is closed."""
         buffer = self.sessions.get(conn)
         if buffer is None:  # a connection already closed (STREAM announces every new one first)
-            return
-        lines = buffer.feed(data)
+            return []
+        try:
+            lines = buffer.feed(data)
+        except ProtocolError as exc:
+            warn_bad("mqks", exc.code, f"{exc.detail}; closing the connection")
+            return [*self._take_out(), Send(ONLY, [conn], close=True)]
         for i, line in enumerate(lines):
             request_id = mqks.request_id_of(line)
             try:
@@ -157,21 +184,22 @@ class MqksGateway:
                 for rest in lines[i:]:
                     self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
                 raise
+        return self._take_out()
 
-    def _error(self, conn: Hashable, request_id: str, code: str, detail: str) -> None:
-        eid = mqks.error_id()
+    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
+        eid = self.error_id()
         self.errors_total += 1
         # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
         # ten of each kind, then every 1000th, carry their error id.
         warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
-        self._out.append((conn, mqks.error(request_id, eid), None))
+        self._out.append(Send(ONLY, [conn, mqks.error(request_id, eid)]))
 
-    def _reply(self, conn: Hashable, line: bytes) -> None:
-        self._out.append((conn, line, None))
+    def _reply(self, conn: bytes, line: bytes) -> None:
+        self._out.append(Send(ONLY, [conn, line]))
 
     # -- requests --------------------------------------------------------------------------------------
 
-    def _handle(self, conn: Hashable, req: mqks.Request, now_us: int) -> None:
+    def _handle(self, conn: bytes, req: mqks.Request, now_us: int) -> None:
         a = req.args
         if req.action == "ping":
             self._reply(conn, mqks.ok(req.request_id, a["data"]))
@@ -194,7 +222,7 @@ class MqksGateway:
         elif req.action == "delete_queue":
             self._delete_queue(a["queue"])
         if req.confirm:
-            self._out.append((conn, mqks.ok(req.request_id), (CONFIRM, req.request_id)))
+            self._out.append(Send(ONLY, [conn, mqks.ok(req.request_id)], (CONFIRM, req.request_id)))
 
     def _publish(self, msg_id: str, event: str, data: str, now_us: int) -> None:
         queues = self.by_event.get(event)
@@ -207,7 +235,7 @@ class MqksGateway:
         )
         self.published_total += 1
 
-    def _consume(self, conn: Hashable, consumer_id: str, a: dict) -> None:
+    def _consume(self, conn: bytes, consumer_id: str, a: dict) -> None:
         queue = a["queue"]
         _check_sizes(a)
         self._room_for(queue)
@@ -285,11 +313,10 @@ class MqksGateway:
         events, unused = (binding.events, binding.unused) if binding else ([], None)
         for consumer in self.by_queue.get(queue, []):
             if consumer is not skip:
-                self._out.append(
-                    (consumer.conn, mqks.update(consumer.id, queue, events, unused, consumer.manual_ack), (UPDATE,))
-                )
+                line = mqks.update(consumer.id, queue, events, unused, consumer.manual_ack)
+                self._out.append(Send(ONLY, [consumer.conn, line], (UPDATE,)))
 
-    def _settle(self, conn: Hashable, action: str, consumer_id: str, msg_id: str | None) -> None:
+    def _settle(self, conn: bytes, action: str, consumer_id: str, msg_id: str | None) -> None:
         consumer = self.consumers.get((conn, consumer_id))
         if consumer is None:
             raise ProtocolError("unknown-consumer", f"no consumer {consumer_id!r} on this connection")
@@ -364,7 +391,7 @@ class MqksGateway:
         consumers = self.by_queue.pop(queue, [])
         for consumer in consumers:
             self._forget(consumer)
-            self._out.append((consumer.conn, mqks.update(consumer.id, queue, [], None, False), (UPDATE,)))
+            self._out.append(Send(ONLY, [consumer.conn, mqks.update(consumer.id, queue, [], None, False)], (UPDATE,)))
         binding = self.bindings.pop(queue, None)
         if binding is not None:
             self._unbind(queue, binding.events)
@@ -390,11 +417,13 @@ class MqksGateway:
                 self._leaving.popleft()
                 self.broker.consumer_gone(consumer.key)  # whatever is left (requeued ones are no-ops)
 
-    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes, object]]:
-        """Everything to send this turn: replies, then deliveries; and queues unused for long enough go."""
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+        """Everything to send this turn: replies, then deliveries; and queues unused for long enough go.
+        ``blocked`` connections read too slowly: no more deliveries for them now."""
+        self.blocked = blocked
         self._expire_unused(now)
         self._put_back(PUT_BACK_PER_TURN)
-        conn_held: dict[Hashable, int] = {}  # unacked deliveries per connection, counted once per turn
+        conn_held: dict[bytes, int] = {}  # unacked deliveries per connection, counted once per turn
         for queue, consumers in list(self.by_queue.items()):
             ready = self.broker.ready_count(queue)
             if ready <= 0:
@@ -404,12 +433,9 @@ class MqksGateway:
                 self._deliver(consumer, min(share, TURN_BUDGET), now, now_us, conn_held)
             if len(consumers) > 1:  # and take turns at the head of the queue
                 consumers.append(consumers.pop(0))
-        out, self._out = self._out, []
-        return out
+        return self._take_out()
 
-    def _deliver(
-        self, consumer: Consumer, budget: int, now: float, now_us: int, conn_held: dict[Hashable, int]
-    ) -> None:
+    def _deliver(self, consumer: Consumer, budget: int, now: float, now_us: int, conn_held: dict[bytes, int]) -> None:
         if consumer.conn in self.blocked:
             return
         if consumer.manual_ack:
@@ -450,17 +476,18 @@ class MqksGateway:
             self.delivered_total += 1
             if consumer.manual_ack:
                 conn_held[consumer.conn] += 1
-            self._out.append((consumer.conn, line, undo))
+            self._out.append(Send(ONLY, [consumer.conn, line], undo))
 
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
         delivery = self.broker.inflight.get(ref)
         return delivery is not None and delivery.consumer == consumer.key
 
-    def unsent(self, conn: Hashable, token) -> bool:
+    def unsent(self, send: Send) -> bool:
         """A line the client's connection would not take now. A manual-ack delivery is taken back (it
         stays stored); anything else, an auto-ack delivery included (its message is already deleted),
         is kept by the endpoint and sent once the client reads again: True."""
-        if token[0] != "manual":
+        token: Any = send.token
+        if token is None or token[0] != "manual":
             return True
         _, consumer, msg_id, ref = token
         refs = consumer.unacked.get(msg_id, [])
@@ -486,7 +513,7 @@ class MqksGateway:
                     if self.bindings[queue].owned:  # in use by another protocol: try again after the wait
                         self.delete_at[queue] = now + max(self.bindings[queue].unused or 0, 1.0)
 
-    def next_wake(self) -> float | None:
+    def next_wake(self, now: float) -> float | None:
         return min(self.delete_at.values()) if self.delete_at else None
 
     def stats(self) -> dict:
@@ -499,7 +526,6 @@ class MqksGateway:
             "unrouted_total": self.unrouted_total,
             "delivered_total": self.delivered_total,
             "errors_total": self.errors_total,
-            "closed_bad_input_total": self.closed_total,
         }
 
 

@@ -1,8 +1,8 @@
 """PHPMQ connections on the shared store: sessions, credit windows, dialects, and the broker calls.
 
-The server hands every connection's bytes to ``received`` and sends what ``dispatch`` returns (after
-the turn's commit). A ProtocolError from ``received`` means the stream is garbage: the server closes
-that connection (the protocol has no error message) and calls ``disconnected``.
+A ``StreamGateway`` (gateways/contract.py): the endpoint hands every connection's bytes to
+``received`` and sends what it and ``dispatch`` return after the turn's commit. Input that is not
+PHPMQ (or a send the store refuses) closes the connection: the protocol has no error message.
 
 Body mapping: a PHPMQ content blob is stored as a one-frame body; a multi-frame body from another
 protocol reaches PHPMQ consumers as its frames concatenated in order.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Hashable
 
 from pzq.broker import Broker
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways.contract import ONLY, Send
 from pzq.logs import warn_bad
 from pzq.protocols import phpmq
 from pzq.store import parse_message_id
@@ -27,7 +27,7 @@ log = logging.getLogger("pzq.phpmq")
 class Session:
     """One PHPMQ connection."""
 
-    conn: Hashable
+    conn: bytes
     decoder: phpmq.Decoder
     dialect: phpmq.Dialect
     queue: str | None = None  # what its consume request asked for
@@ -46,39 +46,53 @@ class PhpmqGateway:
         self.max_content = max_content
         self.max_credit = max_credit  # a client's count is capped: it must not size the server's memory
         self.forced = None if dialect == "auto" else phpmq.Dialect(dialect)
-        self.sessions: dict[Hashable, Session] = {}
+        self.sessions: dict[bytes, Session] = {}
         self.received_total = 0
         self.dispatched_total = 0
-        self.closed_total = 0
 
-    def connected(self, conn: Hashable) -> None:
+    def connected(self, conn: bytes) -> None:
         self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
 
-    def disconnected(self, conn: Hashable) -> int:
-        """Forget the connection; everything it held goes back to its queue at once. Returns how many."""
+    def disconnected(self, conn: bytes) -> None:
+        """Forget the connection; everything it held goes back to its queue at once."""
         session = self.sessions.pop(conn, None)
-        return 0 if session is None else self.broker.consumer_gone(session.consumer)
+        if session is not None:
+            self.broker.consumer_gone(session.consumer)
 
-    def buffered(self, conn: Hashable) -> int:
+    def buffered(self, conn: bytes) -> int:
         """Bytes of an unfinished message this connection holds."""
         session = self.sessions.get(conn)
         return 0 if session is None else session.decoder.buffered
 
-    def unsent(self, conn: Hashable, ref) -> bool:
+    def unsent(self, send: Send) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
-        self.broker.undeliver(ref)
+        self.broker.undeliver(send.token)  # type: ignore[arg-type]  # (dispatch's tokens are refs)
         return False
 
-    def received(self, conn: Hashable, data: bytes, *, now: float = 0.0, now_us: int) -> None:
-        """Apply every whole message in ``data``; raises ProtocolError (close the connection) on garbage."""
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        return []  # only dispatches, of deliveries the rollback took back
+
+    def recover(self) -> None:
+        pass  # credit windows stay; the broker forgot what was delivered
+
+    def next_wake(self, now: float) -> float | None:
+        return None
+
+    def received(self, conn: bytes, data: bytes, *, now: float = 0.0, now_us: int) -> list[Send]:
+        """Apply every whole message in ``data``; garbage closes the connection."""
         session = self.sessions.get(conn)
         if session is None:  # bytes still queued from a connection closed for garbage: drop them
-            return
-        for message in session.decoder.feed(data):
-            self.received_total += 1
-            if self.forced is None and phpmq.speaks_current(message):
-                session.dialect = phpmq.Dialect.CURRENT
-            self._apply(session, message, now_us)
+            return []
+        try:
+            for message in session.decoder.feed(data):
+                self.received_total += 1
+                if self.forced is None and phpmq.speaks_current(message):
+                    session.dialect = phpmq.Dialect.CURRENT
+                self._apply(session, message, now_us)
+        except ProtocolError as exc:
+            warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
+            return [Send(ONLY, [conn], close=True)]
+        return []
 
     def _apply(self, session: Session, message: phpmq.Message, now_us: int) -> None:
         try:
@@ -132,12 +146,12 @@ class PhpmqGateway:
             return None
         return ref
 
-    def dispatch(self, *, now: float, now_us: int) -> list[tuple[Hashable, bytes, tuple]]:
-        """Fill every consumer's credit window from its queue; returns (connection, bytes, message ref)
-        to send (the ref lets the sender take a delivery back if the connection cannot take it)."""
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+        """Fill every consumer's credit window from its queue (each send's token is the message's ref,
+        to take it back if the connection cannot take it)."""
         out = []
         for session in self.sessions.values():
-            if session.queue is None:
+            if session.queue is None or session.conn in blocked:
                 continue
             credit = session.count - self.broker.inflight.count(session.consumer)
             if credit <= 0 or not self.broker.has_ready(session.queue):
@@ -145,15 +159,10 @@ class PhpmqGateway:
             for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
-                out.append(
-                    (
-                        session.conn,
-                        phpmq.encode_dispatch(
-                            message.queue, b"".join(message.frames), message.id, ttl_left, session.dialect
-                        ),
-                        (message.qid, message.seq),
-                    )
+                data = phpmq.encode_dispatch(
+                    message.queue, b"".join(message.frames), message.id, ttl_left, session.dialect
                 )
+                out.append(Send(ONLY, [session.conn, data], (message.qid, message.seq)))
         self.dispatched_total += len(out)
         return out
 
@@ -163,7 +172,6 @@ class PhpmqGateway:
             "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
             "received_total": self.received_total,
             "dispatched_total": self.dispatched_total,
-            "closed_bad_input_total": self.closed_total,
         }
 
 

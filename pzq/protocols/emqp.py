@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
-import uuid
 from collections.abc import Sequence
 
 from pzq.errors import ProtocolError
@@ -70,27 +68,24 @@ def parse(frames: Sequence[bytes]) -> Command:
     return Command(peer, name.decode(), text[0], text[1:])
 
 
-def new_msgid() -> str:
-    return str(uuid.uuid4())
-
-
-def command(name: str, *args: str | bytes) -> list[bytes]:
-    """The frames of a command to send (without the ROUTER's routing frame), with a fresh msgid."""
+def command(name: str, msgid: str, *args: str | bytes) -> list[bytes]:
+    """The frames of a command to send (without the ROUTER's routing frame). ``msgid`` is the caller's
+    fresh id (the codec draws no random numbers, so a byte vector test can name it)."""
     return [
         b"",
         VERSION,
         name.encode(),
-        new_msgid().encode(),
+        msgid.encode(),
         *(a if isinstance(a, bytes) else a.encode("utf-8") for a in args),
     ]
 
 
-def ack(acked_msgid: str) -> list[bytes]:
-    return command("ACK", acked_msgid)
+def ack(msgid: str, acked_msgid: str) -> list[bytes]:
+    return command("ACK", msgid, acked_msgid)
 
 
-def heartbeat(now: float | None = None) -> list[bytes]:
-    return command("HEARTBEAT", repr(time.time() if now is None else now))
+def heartbeat(msgid: str, now: float) -> list[bytes]:
+    return command("HEARTBEAT", msgid, repr(now))
 
 
 def request(msgid: str, queue: str, headers: str, payload: str) -> list[bytes]:
@@ -98,15 +93,15 @@ def request(msgid: str, queue: str, headers: str, payload: str) -> list[bytes]:
     return [b"", VERSION, b"REQUEST", msgid.encode(), queue.encode(), headers.encode(), payload.encode()]
 
 
-def reply(reply_json: str, request_msgid: str) -> list[bytes]:
+def reply(msgid: str, reply_json: str, request_msgid: str) -> list[bytes]:
     """A worker's REPLY passed on to the client: [.., new msgid, reply, the request's msgid]."""
-    return command("REPLY", reply_json, request_msgid)
+    return command("REPLY", msgid, reply_json, request_msgid)
 
 
-def error_reply(detail: str, request_msgid: str) -> list[bytes]:
+def error_reply(msgid: str, detail: str, request_msgid: str) -> list[bytes]:
     """eMQP has no error command: a refused request is answered with a REPLY whose body is
     ``{"error": detail}``, in the layout of a worker's REPLY, so the client can match it by msgid."""
-    return reply(json.dumps({"error": detail}), request_msgid)
+    return reply(msgid, json.dumps({"error": detail}), request_msgid)
 
 
 def parse_headers(text: str) -> dict[str, str]:

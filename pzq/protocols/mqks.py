@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import secrets
 from typing import Any
 
 from pzq.errors import ProtocolError
@@ -32,11 +31,6 @@ class Request:
     action: str
     confirm: bool
     args: dict
-
-
-def error_id() -> str:
-    """A fresh 24-character id for an error: the client gets it, the log gets it with the details."""
-    return secrets.token_hex(12)
 
 
 def request_id_of(line: bytes) -> str:
@@ -333,7 +327,7 @@ class LineBuffer:
         if self._size > self.limit:
             head = b"".join(self._parts)[:60]
             self._parts, self._size = [], 0
-            raise ProtocolError("line-too-long", f"a line is over {self.limit} bytes (starts {head!r})")
+            raise ProtocolError("line-too-long", f"a line is over {self.limit} bytes (starts {head!r})", fatal=True)
         return [line for line in lines if line.strip()]
 
 

@@ -80,6 +80,11 @@ def encode_dispatch(queue: str, content: bytes, message_id: str, ttl_left: int |
     return encode(DISPATCH, packets)
 
 
+def _broken(code: str, detail: str) -> ProtocolError:
+    """The stream cannot be framed past this point: PHPMQ has no resynchronisation and no error reply."""
+    return ProtocolError(code, detail, fatal=True)
+
+
 class Decoder:
     """Turns a byte stream, split or joined anyhow, into whole messages.
 
@@ -131,7 +136,7 @@ class Decoder:
             del buf[: PACKET_HEADER_SIZE + length]
             self._held += PACKET_HEADER_SIZE + length
             if packet_type in self._packets:
-                raise ProtocolError("duplicate-packet", f"packet type {packet_type:02d} appears twice")
+                raise _broken("duplicate-packet", f"packet type {packet_type:02d} appears twice")
             self._packets[packet_type] = content
             self._header = (self._header[0], self._header[1] - 1)
         msg_type = self._header[0]
@@ -142,28 +147,28 @@ class Decoder:
     @staticmethod
     def _check_prefix(partial: bytes, expected: bytes, code: str) -> None:
         if not expected.startswith(partial[: len(expected)]):
-            raise ProtocolError(code, f"expected {expected!r}, got {partial[: len(expected)]!r}")
+            raise _broken(code, f"expected {expected!r}, got {partial[: len(expected)]!r}")
 
     @staticmethod
     def _parse_header(raw: bytes) -> tuple[int, int]:
         if raw[:3] != b"H01" or not raw[3:].isdigit():
-            raise ProtocolError("bad-header", f"not a PHPMQ version 01 message header: {raw!r}")
+            raise _broken("bad-header", f"not a PHPMQ version 01 message header: {raw!r}")
         msg_type, count = int(raw[3:6]), int(raw[6:8])
         if msg_type not in _CLIENT_MESSAGES:
-            raise ProtocolError("bad-type", f"message type {msg_type:03d} cannot come from a client")
+            raise _broken("bad-type", f"message type {msg_type:03d} cannot come from a client")
         required, optional = _CLIENT_MESSAGES[msg_type]
         if not len(required) <= count <= len(required) + len(optional):
-            raise ProtocolError("bad-count", f"message type {msg_type:03d} cannot have {count} packets")
+            raise _broken("bad-count", f"message type {msg_type:03d} cannot have {count} packets")
         return msg_type, count
 
     def _parse_packet_header(self, raw: bytes) -> tuple[int, int]:
         if raw[:1] != b"P" or not raw[1:].isdigit():
-            raise ProtocolError("bad-packet", f"not a PHPMQ packet header: {raw!r}")
+            raise _broken("bad-packet", f"not a PHPMQ packet header: {raw!r}")
         packet_type, length = int(raw[1:3]), int(raw[3:])
         if packet_type not in (QUEUE, CONTENT, MESSAGE_ID, COUNT, TTL):
-            raise ProtocolError("bad-packet", f"unknown packet type {packet_type:02d}")
+            raise _broken("bad-packet", f"unknown packet type {packet_type:02d}")
         if length > self.max_content:
-            raise ProtocolError("too-large", f"packet of {length} bytes; the limit is {self.max_content}")
+            raise _broken("too-large", f"packet of {length} bytes; the limit is {self.max_content}")
         return packet_type, length
 
     @staticmethod
@@ -171,12 +176,12 @@ class Decoder:
         required, optional = _CLIENT_MESSAGES[message.type]
         present = set(message.packets)
         if not required <= present or not present <= required | optional:
-            raise ProtocolError(
+            raise _broken(
                 "bad-packets",
                 f"message type {message.type:03d} needs packets {sorted(required)}, got {sorted(present)}",
             )
         if not message.packets[QUEUE]:
-            raise ProtocolError("bad-queue", "empty queue name")
+            raise _broken("bad-queue", "empty queue name")
         return message
 
 

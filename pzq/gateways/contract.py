@@ -1,0 +1,97 @@
+"""The contract between the server loop's endpoint adapters and the protocol gateways.
+
+A gateway is the socket-free state machine of one protocol on the shared store: frames (ZeroMQ) or
+bytes (raw TCP) come in with the turn's clock, and what it wants sent comes out as a list of ``Send``.
+Its changes to the store go through the broker inside the loop's write transaction: the loop commits
+them, or rolls them back (``rolled_back`` then ``recover``); nothing a gateway returns leaves before
+that commit. A gateway never sees a socket, and an endpoint adapter keeps no gateway state and asks
+nothing but these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import NamedTuple, Protocol
+
+
+class Send(NamedTuple):
+    """Frames for one peer, to leave after the turn's commit.
+
+    ``socket`` names which of the endpoint's sockets (eMQP has three; the others one, ``ONLY``).
+    ``frames`` starts with the routing frame (a ROUTER identity, a raw TCP connection's id, a PUB
+    topic); a raw TCP endpoint writes the rest of a turn's frames for one connection as one write.
+    ``token`` lets the gateway take back a delivery that could not leave (see ``unsent``).
+    ``close`` asks the endpoint to close that connection once the frames are out (a stream that
+    cannot be read any more: the protocol has no error message)."""
+
+    socket: str
+    frames: list[bytes]
+    token: object = None
+    close: bool = False
+
+    @property
+    def peer(self) -> bytes:
+        return self.frames[0]
+
+
+ONLY = ""  # the socket of an endpoint that has one
+
+
+class Gateway(Protocol):
+    """What every gateway offers the endpoint that feeds it."""
+
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset[Hashable]) -> list[Send]:
+        """What the turn sends besides direct answers: deliveries, heartbeats, scheduled work.
+        ``blocked`` peers read too slowly: hand them nothing more now."""
+        ...
+
+    def unsent(self, send: Send) -> bool:
+        """``send`` could not leave (its peer's pipe is full): True to keep it for later (a reply);
+        False if the gateway took it back (a delivery, ready again for someone else)."""
+        ...
+
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        """The turn's commit failed: what of its sends may still be said (errors instead of
+        confirmations of what is gone). ``recover`` follows."""
+        ...
+
+    def recover(self) -> None:
+        """Start over from what is on disk (the broker was reset): forget deliveries, re-read state."""
+        ...
+
+    def next_wake(self, now: float) -> float | None:
+        """When the gateway next has work of its own (a heartbeat, a schedule, an expiry)."""
+        ...
+
+    def stats(self) -> dict:
+        """Figures for MONITOR and metrics."""
+        ...
+
+
+class FramesGateway(Gateway, Protocol):
+    """A gateway on ZeroMQ sockets: whole messages of frames, routing frame first."""
+
+    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+        """One message from ``socket``; ``user`` is the peer's CURVE key (z85) when it has one."""
+        ...
+
+
+class StreamGateway(Gateway, Protocol):
+    """A gateway on raw TCP connections: bytes as they arrive, and the connections' life."""
+
+    @property
+    def sessions(self) -> dict:
+        """Open connections (their count is held against --max-connections)."""
+        ...
+
+    def connected(self, conn: bytes) -> None: ...
+
+    def disconnected(self, conn: bytes) -> None:
+        """The connection is gone: what it held goes back to its queue."""
+        ...
+
+    def buffered(self, conn: bytes) -> int:
+        """Bytes of unfinished input it holds (held against --max-partial-input)."""
+        ...
+
+    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
