@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.bench_report import latency_ms, machine, medians
 from pzq.bench_workers import (
     TAG_SHIFT,

@@ -10,7 +10,8 @@ import time
 
 import click
 
-from pzq import __version__, client, config, logs
+from pzq import __version__, config, logs
+from pzq.clients import native as client
 from pzq.errors import ClientError, ConfigError, PzqError, StoreDamaged, StoreLocked
 
 
@@ -349,7 +350,7 @@ def mqks_group() -> None:
 @_errors_to_exit
 def mqks_publish(config_file, mqks_dsn, event, data) -> None:
     """Publish DATA (words joined by spaces, or each line of standard input) to EVENT, confirmed durable."""
-    from pzq.mqks_client import MqksClient
+    from pzq.clients.mqks import MqksClient
 
     endpoint = _resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
     lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
@@ -372,7 +373,7 @@ def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
 
     Each message is acked once printed, and only one is held at a time (pzq's --prefetch=1), so that
     nothing beyond COUNT is taken from the queue or has its retry count raised."""
-    from pzq.mqks_client import MqksClient
+    from pzq.clients.mqks import MqksClient
 
     endpoint = _resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
     got = 0

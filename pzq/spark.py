@@ -105,7 +105,7 @@ class Options:
         )
 
     def client(self):
-        from pzq.api_client import ApiClient  # imported where it runs: executors import pzq lazily
+        from pzq.clients.api import ApiClient  # imported where it runs: executors import pzq lazily
 
         return ApiClient(self.endpoint, timeout_s=self.timeout_s, curve=self.curve)
 

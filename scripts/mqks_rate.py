@@ -25,7 +25,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pzq.mqks_client import MqksClient, parse_delivery  # noqa: E402
+from pzq.clients.mqks import MqksClient, parse_delivery  # noqa: E402
 
 
 def _free_port() -> int:

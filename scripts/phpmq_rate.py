@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.bench import _free_ports
 from pzq.protocols.phpmq import ACK, CONSUME, SEND, encode
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pzq.api_client import ApiClient  # noqa: E402
+from pzq.clients.api import ApiClient  # noqa: E402
 
 
 def main() -> int:

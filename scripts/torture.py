@@ -23,7 +23,7 @@ import time
 
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 
 
 def _free_port() -> int:
@@ -253,7 +253,7 @@ def partial_input(srv: Server, size: int) -> str:
 
 def big_lease(srv: Server, size: int) -> str:
     """One LEASE of a million messages over ``size`` stored ones."""
-    from pzq.api_client import ApiClient
+    from pzq.clients.api import ApiClient
 
     with ApiClient(f"tcp://127.0.0.1:{srv.api_port}", timeout_s=120) as api:
         for start in range(0, size, 5_000):

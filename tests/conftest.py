@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from pzq import client, config
+from pzq import config
+from pzq.clients import native as client
 from pzq.server import Server
 from pzq.store import Store
 

@@ -8,8 +8,8 @@ import msgpack
 import pytest
 import zmq
 
-from pzq import client
-from pzq.api_client import ApiClient, ApiError
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient, ApiError
 
 from conftest import recv, wait_until
 
@@ -235,7 +235,7 @@ def test_big_fetches_come_in_several_replies_and_the_client_joins_them(api, monk
 
 def test_dedup_keys_are_bounded_and_an_empty_produce_remembers_none(make_server, tmp_path, monkeypatch):
     import pzq.gateways.api as gateway
-    from pzq.api_client import ApiClient, ApiError
+    from pzq.clients.api import ApiClient, ApiError
 
     monkeypatch.setattr(gateway, "MAX_DEDUP_KEYS", 2)
     srv = make_server(api_dsn=f"ipc://{tmp_path}/api")

@@ -91,7 +91,7 @@ def test_the_cli_produces_and_consumes_through_curve(make_server, keys):
 
 
 def test_the_api_client_speaks_curve_too(make_server, keys):
-    from pzq.api_client import ApiClient
+    from pzq.clients.api import ApiClient
     from pzq.errors import ClientError
 
     endpoint, _ = free_tcp_endpoint()
@@ -114,7 +114,7 @@ def curve_settings(keys, **more) -> dict:
 
 
 def test_with_curve_even_the_ipc_monitor_wants_a_key_unless_named_unauthenticated(make_server, keys, tmp_path):
-    from pzq import client
+    from pzq.clients import native as client
     from pzq.errors import ClientError
 
     srv = make_server(**curve_settings(keys))
@@ -147,7 +147,7 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
     import signal
     import time
 
-    from pzq import client
+    from pzq.clients import native as client
 
     from conftest import wait_until
 
@@ -289,7 +289,7 @@ def test_a_revoked_emqp_worker_is_dropped_and_its_job_goes_to_an_allowed_one(pro
 
 
 def test_a_consumer_group_belongs_to_the_key_that_made_it(make_server, keys):
-    from pzq.api_client import ApiClient, ApiError
+    from pzq.clients.api import ApiClient, ApiError
 
     endpoint, _ = free_tcp_endpoint()
     shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # an allowed key, but not alice's

@@ -9,7 +9,7 @@ import subprocess
 import lmdb
 import pytest
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.store import _KEY
 
 from conftest import ProcessServer, start_every_gateway

@@ -8,7 +8,7 @@ import threading
 import pytest
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 
 from conftest import recv, wait_connected, wait_until
 

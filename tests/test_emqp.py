@@ -9,7 +9,7 @@ import uuid
 import pytest
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 
 from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.protocols.pzq import QUEUE_FULL
 
 from conftest import recv, wait_connected, wait_until

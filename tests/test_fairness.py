@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.credit import HOARD, MIN_WINDOW_S, NativeCredit
 
 from conftest import wait_connected

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.protocols.phpmq import encode
 
 from conftest import ProcessServer, free_tcp_endpoint, wait_until
@@ -118,8 +118,8 @@ def test_a_restart_with_a_limit_below_what_is_stored_starts_and_drains(small_dis
 
 
 def test_side_records_are_refused_too_while_the_disk_is_short(small_disk, tmp_path):
+    from pzq.clients.mqks import MqksClient
     from pzq.errors import ClientError
-    from pzq.mqks_client import MqksClient
 
     mqks_dsn, _ = free_tcp_endpoint()
     srv = serve_on(small_disk, tmp_path, "--max-store-size", "100M", "--mqks-dsn", mqks_dsn)

@@ -12,8 +12,8 @@ import msgpack
 import pytest
 import zmq
 
-from pzq import client
-from pzq.api_client import ApiClient
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient
 from pzq.protocols import emqp, phpmq
 
 from conftest import start_every_gateway

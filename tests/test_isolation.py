@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from pzq import client
-from pzq.api_client import ApiClient
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient
 from pzq.store import message_id
 
 from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
@@ -183,8 +183,8 @@ def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_two
 
 
 def test_mqks_delete_queue_cannot_settle_what_other_protocols_hold(make_server):
+    from pzq.clients.mqks import MqksClient
     from pzq.errors import ClientError
-    from pzq.mqks_client import MqksClient
 
     mqks_dsn, _ = free_tcp_endpoint()
     phpmq_dsn, phpmq_addr = free_tcp_endpoint()
@@ -209,8 +209,8 @@ def test_mqks_delete_queue_cannot_settle_what_other_protocols_hold(make_server):
 
 
 def test_mqks_cannot_delete_a_queue_it_did_not_make_by_binding_it_first(make_server):
+    from pzq.clients.mqks import MqksClient
     from pzq.errors import ClientError
-    from pzq.mqks_client import MqksClient
 
     mqks_dsn, _ = free_tcp_endpoint()
     srv = make_server(mqks_dsn=mqks_dsn)

@@ -8,8 +8,8 @@ import socket
 import pytest
 import zmq
 
-from pzq import client
-from pzq.api_client import ApiClient
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient
 
 from conftest import start_every_gateway, wait_until
 

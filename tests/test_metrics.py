@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
 

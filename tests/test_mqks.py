@@ -11,10 +11,10 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from pzq import client
 from pzq.cli import cli
+from pzq.clients import native as client
+from pzq.clients.mqks import MqksClient
 from pzq.errors import ClientError
-from pzq.mqks_client import MqksClient
 
 from conftest import free_tcp_endpoint, wait_until
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.protocols.phpmq import encode
 
 from conftest import free_tcp_endpoint, recv, wait_connected, wait_until

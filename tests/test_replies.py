@@ -7,7 +7,7 @@ import time
 
 import zmq
 
-from pzq import client
+from pzq.clients import native as client
 
 
 def acks_until_quiet(sock: zmq.Socket, quiet_ms: int = 1000) -> list[list[bytes]]:

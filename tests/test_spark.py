@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pzq import client
-from pzq.api_client import ApiClient
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.timeout(300)

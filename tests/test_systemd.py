@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pzq import client
+from pzq.clients import native as client
 from pzq.systemd import Notifier
 
 from conftest import ProcessServer

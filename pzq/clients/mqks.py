@@ -1,51 +1,26 @@
 """A small blocking MQKS client (one TCP connection, one line per request): the CLI's `pzq mqks`, the
-tests and the rate script use it. Every read has a timeout."""
+tests and `pzq bench --protocol mqks` use it. Lines are written and read by protocols/mqks.py; every
+read has a timeout."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import re
 import secrets
-import socket
 import time
 
+from pzq.clients.sockets import tcp_connect
 from pzq.errors import ClientError
+from pzq.protocols.mqks import Delivery, parse_answer, parse_delivery, request_line
 
 MAX_LINE = 64 << 20  # an unfinished line longer than this is not an MQKS server speaking
 MAX_KEPT = 100_000  # other lines kept while waiting for an answer
-_DELIVERY = re.compile(r"^(\S+) ok (\S+) event=([^, ]+)(?:,retry=(\d+))? (.*)$", re.S)
-
-
-@dataclasses.dataclass(frozen=True)
-class Delivery:
-    consumer: str
-    msg_id: str
-    event: str
-    retry: int
-    data: str
-
-
-def parse_delivery(line: str) -> Delivery | None:
-    """A delivery line as a Delivery; None for other lines (confirms, --update notices)."""
-    if " ok --update " in line:
-        return None
-    match = _DELIVERY.match(line)
-    if match is None:
-        return None
-    consumer, msg_id, event, retry, data = match.groups()
-    return Delivery(consumer, msg_id, event, int(retry or 0), data)
 
 
 class MqksClient:
     """Lines out with fresh request ids; lines in, buffered."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:25000", *, timeout_s: float = 5.0, prefix: str | None = None):
-        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
-        try:
-            self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        except (OSError, ValueError) as exc:
-            raise ClientError(f"cannot connect to MQKS at {endpoint}: {exc}") from None
+        self.sock = tcp_connect(endpoint, timeout_s=timeout_s)
         self.timeout_s = timeout_s
         # Request ids double as message ids: a random prefix keeps them unique across clients and runs.
         prefix = prefix if prefix is not None else secrets.token_hex(4) + "-"
@@ -63,15 +38,20 @@ class MqksClient:
         self.close()
 
     def send(self, line: str) -> None:
+        """Write one line as it is (a raw request, for tests and tools); its newline is added."""
+        self.write(line.encode() + b"\n")
+
+    def write(self, lines: bytes) -> None:
+        """Write whole lines, each ending with its newline."""
         try:
-            self.sock.sendall(line.encode() + b"\n")
+            self.sock.sendall(lines)
         except OSError as exc:
             raise ClientError(f"the connection to the MQKS server failed: {exc}") from None
 
     def request(self, action: str, data: str = "", *, confirm: bool = False) -> str:
         """Send one request; returns its request id."""
         request_id = next(self._ids)
-        self.send(" ".join(p for p in (request_id, action, "--confirm" if confirm else "", data) if p))
+        self.write(request_line(request_id, action, data, confirm))
         return request_id
 
     def read_line(self, timeout_s: float | None = None) -> str | None:
@@ -103,11 +83,13 @@ class MqksClient:
                 line = self.read_line(max(0.001, deadline - time.monotonic()))
                 if line is None or time.monotonic() > deadline or len(kept) > MAX_KEPT:
                     raise ClientError(f"no answer to {request_id} within {self.timeout_s} s")
-                if line.startswith(f"{request_id} ok") and not line.startswith(f"{request_id} ok --update"):
-                    return line[len(request_id) + 4 :]
-                if line.startswith(f"{request_id} error "):
-                    raise ClientError(f"{request_id} refused: error id {line.split()[-1]} (in the server log)")
-                kept.append(line)
+                answer = parse_answer(line, request_id)
+                if answer is None:
+                    kept.append(line)
+                elif answer.ok:
+                    return answer.data
+                else:
+                    raise ClientError(f"{request_id} refused: error id {answer.data} (in the server log)")
         finally:
             self.pending[:0] = kept
 

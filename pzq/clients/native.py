@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import stat
 from collections.abc import Iterable, Sequence
 
 import zmq
 
+from pzq.clients.sockets import Curve, connect, receive
 from pzq.errors import ClientError
+from pzq.protocols import pzq as wire
+from pzq.protocols.monitor import PZQ_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,53 +35,13 @@ class ProduceResult:
     error: str = ""
 
 
-Curve = tuple[str, str]  # (this client's .key_secret file, the server's .key file)
-
-
-def check_ipc_owner(endpoint: str) -> None:
-    """Refuse an ipc socket file that someone other than its server may have made: it must belong to
-    this user, or sit in a directory that only its owner can write to (``/run/pzq/monitor`` of the
-    ``pzq`` user, for root). A file of another user in a shared directory such as /tmp may be a squatter
-    waiting for our requests. A missing file is fine: ZeroMQ connects once the server binds it."""
-    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
-        return
-    path = endpoint[len("ipc://") :]
-    try:
-        info = os.lstat(path)
-        parent = os.stat(os.path.dirname(os.path.abspath(path)))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ClientError(f"cannot check {endpoint}: {exc.strerror}") from None
-    if info.st_uid == os.geteuid():
-        return
-    if info.st_uid == parent.st_uid and not parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return
-    raise ClientError(
-        f"refusing to talk to {endpoint}: the socket file belongs to uid {info.st_uid}, not to you, "
-        "in a directory others can write to (another user may have put it there)"
-    )
-
-
-def _socket(ctx: zmq.Context | None, kind: int, endpoint: str, curve: Curve | None = None) -> zmq.Socket:
-    check_ipc_owner(endpoint)
-    sock = (ctx or zmq.Context.instance()).socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if curve:
-        from pzq.curve import secure_client
-
-        secure_client(sock, *curve)
-    sock.connect(endpoint)
-    return sock
-
-
 class Producer:
     """A DEALER producer that pipelines up to ``window`` messages and waits for every ack."""
 
     def __init__(
         self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None, curve: Curve | None = None
     ):
-        self.sock = _socket(ctx, zmq.DEALER, endpoint, curve)
+        self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve)
         self.timeout_ms = timeout_ms
         self._counter = 0
 
@@ -108,32 +69,31 @@ class Producer:
             self._counter += 1
             mid = b"%d" % self._counter
             order.append(mid)
-            self.sock.send_multipart([mid, b"", *body])
+            self.sock.send_multipart(wire.produce(mid, body))
             pending += 1
         while pending:
             self._collect(results)
             pending -= 1
         return [results[mid] for mid in order]
 
-    def _collect(self, results: dict) -> None:
-        if not self.sock.poll(self.timeout_ms):
+    def _collect(self, results: dict[bytes, ProduceResult]) -> None:
+        frames = receive(self.sock, self.timeout_ms)
+        if frames is None:
             raise ClientError(f"no ack from the server within {self.timeout_ms} ms")
-        frames = self.sock.recv_multipart()
-        if len(frames) < 3 or frames[1] not in (b"1", b"0") or frames[2] != b"" or frames[0] in results:
+        ack = wire.parse_produce_ack(frames)
+        if ack is None or ack.message_id in results:
             raise ClientError(
                 f"an answer that is not a pzq ack ({len(frames)} frame(s): "
                 f"{b' '.join(f[:20] for f in frames[:4])!r}): is a pzq server at this endpoint?"
             )
-        ok = frames[1] == b"1"
-        error = frames[3].decode("utf-8", "replace") if len(frames) > 3 else ""
-        results[frames[0]] = ProduceResult(frames[0], ok, error)
+        results[ack.message_id] = ProduceResult(ack.message_id, ack.ok, ack.error)
 
 
 class Consumer:
     """A ROUTER consumer that connects and waits, as PZQ consumers do."""
 
     def __init__(self, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None):
-        self.sock = _socket(ctx, zmq.ROUTER, endpoint, curve)
+        self.sock = connect(zmq.ROUTER, endpoint, ctx=ctx, curve=curve)
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -146,19 +106,19 @@ class Consumer:
 
     def receive(self, timeout_ms: int = 10_000) -> Delivery | None:
         """The next delivery, or None if none came within ``timeout_ms``."""
-        if not self.sock.poll(timeout_ms):
+        frames = receive(self.sock, timeout_ms)
+        if frames is None:
             return None
-        frames = self.sock.recv_multipart()
-        if len(frames) < 5 or frames[4] != b"" or not (frames[2].isdigit() and frames[3].isdigit()):
+        delivered = wire.parse_delivery(frames[1:])
+        if delivered is None:
             raise ClientError(f"malformed delivery of {len(frames)} frames: is a pzq server at this endpoint?")
-        peer, key, sent, timeout = frames[:4]
-        return Delivery(peer, key, int(sent), int(timeout), frames[5:])
+        return Delivery(frames[0], delivered.key, delivered.sent_us, delivered.ack_timeout_us, delivered.body)
 
     def ack(self, delivery: Delivery) -> None:
-        self.sock.send_multipart([delivery.peer, delivery.key, b"1"])
+        self.sock.send_multipart([delivery.peer, *wire.consumer_ack(delivery.key)])
 
     def nack(self, delivery: Delivery) -> None:
-        self.sock.send_multipart([delivery.peer, delivery.key, b"0"])
+        self.sock.send_multipart([delivery.peer, *wire.consumer_ack(delivery.key, ok=False)])
 
 
 def monitor_request(
@@ -170,12 +130,13 @@ def monitor_request(
     curve: Curve | None = None,
 ) -> str:
     """Send one monitor request and return the reply text; ClientError if no reply in time."""
-    sock = _socket(ctx, zmq.REQ, endpoint, curve)
+    sock = connect(zmq.REQ, endpoint, ctx=ctx, curve=curve)
     try:
         sock.send_string(request)
-        if not sock.poll(timeout_ms):
+        frames = receive(sock, timeout_ms)
+        if frames is None:
             raise ClientError(f"no answer from the monitor at {endpoint} within {timeout_ms} ms")
-        return sock.recv().decode("utf-8", "replace")
+        return frames[0].decode("utf-8", "replace")
     finally:
         sock.close(linger=0)
 
@@ -189,14 +150,11 @@ def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) 
     if (
         not isinstance(figures, dict)
         or not isinstance(figures.get("queues"), dict)
-        or not all(isinstance(figures.get(name), int) for name in PZQ_FIGURES)
+        or not all(isinstance(figures.get(name), int) for name in PZQ_FIELDS)
         or not all(isinstance(q, dict) for q in figures["queues"].values())
     ):
         raise ClientError(f"the answer from {endpoint} is not pzq's figures: is a pzq monitor there?")
     return figures
-
-
-PZQ_FIGURES = ("messages", "messages_inflight", "db_size", "inflight_db_size", "syncs", "expired_messages")
 
 
 def monitor_json(endpoint: str, text: str):

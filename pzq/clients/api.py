@@ -13,6 +13,7 @@ import uuid
 
 import zmq
 
+from pzq.clients.sockets import Curve, connect, receive
 from pzq.errors import ClientError
 from pzq.protocols import api
 
@@ -37,10 +38,10 @@ class ApiClient:
         *,
         timeout_s: float = 60.0,
         attempt_s: float = 5.0,
-        curve: tuple[str, str] | None = None,
+        curve: Curve | None = None,
     ):
         self.endpoint = endpoint
-        self.curve = curve  # (this client's .key_secret file, the server's .key file) for a CURVE server
+        self.curve = curve
         self.timeout_s = timeout_s
         self.attempt_s = attempt_s
         self._pid = os.getpid()
@@ -50,13 +51,7 @@ class ApiClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            self._sock = self._ctx.socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            if self.curve:
-                from pzq.curve import secure_client
-
-                secure_client(self._sock, *self.curve)
-            self._sock.connect(self.endpoint)
+            self._sock = connect(zmq.DEALER, self.endpoint, ctx=self._ctx, curve=self.curve)
         return self._sock
 
     def close(self) -> None:
@@ -82,9 +77,10 @@ class ApiClient:
             sock.send_multipart(frames)
             attempt_end = min(deadline, time.monotonic() + self.attempt_s)
             while (left := attempt_end - time.monotonic()) > 0:
-                if not sock.poll(int(left * 1000) + 1):
+                answer = receive(sock, int(left * 1000) + 1)
+                if answer is None:
                     break
-                reply = api.parse_reply(sock.recv_multipart())
+                reply = api.parse_reply(answer)
                 if reply is None or reply[0] != request_id:
                     continue  # the answer to an earlier attempt, or garbage
                 if not reply[1]:
