@@ -61,19 +61,27 @@ class Admin:
         stats.update(self.gateways())
         return stats
 
-    def answer(self, request: monitor_proto.Request) -> tuple[str, bool]:
-        """The reply text, and whether the request changed (and committed) the store."""
+    @staticmethod
+    def writes(request: monitor_proto.Request) -> bool:
+        """True for a request that changes the store (REQUEUE): it is carried out inside the turn and
+        answered after the turn's commit, like every write."""
+        return request.command == "REQUEUE" and len(request.args) == 2
+
+    def write(self, request: monitor_proto.Request) -> tuple[str, bool]:
+        """Carry out a request that ``writes``; the reply text, and whether anything changed."""
+        return self._requeue(request.args)
+
+    def answer(self, request: monitor_proto.Request) -> str:
+        """The reply to a request that only reads."""
         if request.command == "MONITOR":
-            return monitor_proto.render_text(self.stats()), False
+            return monitor_proto.render_text(self.stats())
         if request.command == "STATS":
-            return monitor_proto.render_json(self.stats()), False
+            return monitor_proto.render_json(self.stats())
         if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
-            return self._dead_letters(request.args), False
-        if request.command == "REQUEUE" and len(request.args) == 2:
-            return self._requeue(request.args)
+            return self._dead_letters(request.args)
         if request.command:
             warn_bad("monitor", "unknown", f"request {request.command[:40]!r}")
-        return monitor_proto.unknown_request(request), False
+        return monitor_proto.unknown_request(request)
 
     def _dead_letters(self, args: list[str]) -> str:
         queue = args[0]
@@ -108,5 +116,4 @@ class Admin:
             if parsed is None or info is None or parsed[0] != info.qid:
                 return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}"), False
             moved = store.requeue_dead(queue, parsed[1])
-        store.commit()
-        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), True
+        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), bool(moved)

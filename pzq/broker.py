@@ -276,7 +276,7 @@ class Broker:
 
     def requeue_at_end(self, ref: Ref, *, by: Hashable, expires_us: int = 0) -> bool:
         """Move a message ``by`` holds to the end of its queue with a new expiry (0 = never)."""
-        message = self._stored(ref) if self._may_settle(ref, by) else None
+        message = self.stored(ref) if self._may_settle(ref, by) else None
         if message is None:
             return False
         self._settle(ref)
@@ -285,7 +285,7 @@ class Broker:
 
     def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool:
         """Move a message ``by`` holds to its queue's dead letters at that client's request."""
-        message = self._stored(ref) if self._may_settle(ref, by) else None
+        message = self.stored(ref) if self._may_settle(ref, by) else None
         if message is None:
             return False
         self._settle(ref)
@@ -298,7 +298,8 @@ class Broker:
         self.counters.refused_not_held += 1
         return False
 
-    def _stored(self, ref: Ref) -> Message | None:
+    def stored(self, ref: Ref) -> Message | None:
+        """The stored message of ``ref``; None once it is gone."""
         info = self.store.queue_by_id(ref[0])
         return None if info is None else self.store.get(info.name, ref[1])
 

@@ -16,7 +16,7 @@ from typing import IO
 import lmdb
 
 from pzq.errors import StoreDamaged, StoreError
-from pzq.store import DeadLetter, Store
+from pzq.store import DeadLetter, Store, side_tables
 
 ADVICE = "run `pzq check` to see what is readable, then restore it from a backup or `pzq dump` what is readable"
 
@@ -159,27 +159,13 @@ def _walk(path: str, target: str | None, say) -> None:
                 f"queue {info.name!r}: {counts['message']} messages (its counter says {info.count}), "
                 f"{counts['dead']} dead letters, {counts['unreadable']} unreadable",
             )
-        from pzq.gateways.api import read_produced
-        from pzq.gateways.emqp import read_job
-        from pzq.gateways.mqks import read_binding
-        from pzq.leases import read_group, read_lease
-        from pzq.store import read_schedule
-
-        readers = {
-            "schedules": read_schedule,
-            "groups": read_group,
-            "leases": read_lease,
-            "produced": read_produced,
-            "mqks": read_binding,
-            "emqp_jobs": read_job,
-        }
-        for table, reader in readers.items():
+        for table in side_tables(store):
             before = store.unreadable_records
-            count = len(store.read_records(table, reader))
+            count = len(table.items())
             bad = store.unreadable_records - before
             clean = clean and not bad
-            say("line", f"table {table}: {count} records, {bad} unreadable")
-        damaged = store.records("damaged")
+            say("line", f"table {table.NAME}: {count} records, {bad} unreadable")
+        damaged = store.damaged()
         if sink is not None:
             for key, value in damaged:
                 _line(sink, {"damaged_key": key, "raw": value})

@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import struct
 from typing import Literal, overload
-
-import msgpack
 
 from pzq.broker import Broker, Exclusive
 from pzq.errors import ProtocolError, StoreFull
 from pzq.store import Message
+from pzq.store.groups import Groups, LeaseRecords
 
 log = logging.getLogger("pzq.leases")
 
-_U64 = struct.Struct(">Q")
-_LEASE_KEY = struct.Struct(">QQ")  # gid, lease seq
-_LEASE_VALUE = struct.Struct(">QI")  # message seq, deliveries when leased
 # Messages one lease call takes at most; a larger ``max`` gets this many (the caller reads a shorter
 # range and leases on from its end). Each costs a store write and ~250 B of memory while held: this
 # bounds what one request makes the loop do.
@@ -63,19 +58,8 @@ class Group:
     def holder(self) -> Exclusive:
         return Exclusive(f"lease {self.gid}")
 
-    def key(self) -> bytes:
-        return _U64.pack(self.qid) + self.name.encode()
-
-
-def read_group(key: bytes, value: bytes) -> tuple[int, str, list]:
-    record = msgpack.unpackb(value)
-    if not isinstance(record, list) or len(record) < 4 or not all(isinstance(n, int) for n in record[:4]):
-        raise TypeError("not a group record")
-    return _U64.unpack(key[:8])[0], key[8:].decode(), record
-
-
-def read_lease(key: bytes, value: bytes) -> int:
-    return _LEASE_VALUE.unpack(value)[0]
+    def key(self) -> tuple[int, str]:
+        return self.qid, self.name
 
 
 class Leases:
@@ -84,6 +68,8 @@ class Leases:
     def __init__(self, broker: Broker, *, timeout_s: float):
         self.broker = broker
         self.store = broker.store
+        self.group_table = Groups(broker.store)
+        self.lease_table = LeaseRecords(broker.store)
         self.timeout_us = int(timeout_s * 1e6)
         self.groups: dict[tuple[str, str], Group] = {}
         self.expired_total = 0
@@ -93,7 +79,7 @@ class Leases:
         """Read every group and hold its leased messages again: at start-up and after a rollback."""
         self.groups.clear()
         self._next_gid = 1
-        for qid, name, record in self.store.read_records("groups", read_group):
+        for (qid, name), record in self.group_table.items():
             gid, base, end, deadline_us, *rest = record  # (an owner since pzq 0.3)
             self._next_gid = max(self._next_gid, gid + 1)
             info = self.store.queue_by_id(qid)
@@ -101,7 +87,7 @@ class Leases:
                 continue
             group = Group(info.name, qid, name, gid, base, end, deadline_us, deadline_us, rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
-            for seq in self.store.read_records("leases", read_lease, _U64.pack(gid)):
+            for _, (seq, _) in self.lease_table.of_group(gid):
                 if self.store.get(info.name, seq) is not None:
                     self.broker.hold((qid, seq), group.holder)
 
@@ -138,7 +124,7 @@ class Leases:
         record: list[int | str] = [group.gid, group.base, group.end, group.deadline_us]
         if group.owner is not None:
             record.append(group.owner)
-        self.store.put_record("groups", group.key(), msgpack.packb(record), counted=False)
+        self.group_table.put(group.key(), record)
         group.saved_deadline_us = group.deadline_us
 
     def _touch(self, group: Group, now_us: int) -> None:
@@ -178,12 +164,7 @@ class Leases:
                 queue, target - group.end, group.holder, now=now, now_us=now_us, timeout_s=float("inf")
             )
             for message in taken:
-                self.store.put_record(
-                    "leases",
-                    _LEASE_KEY.pack(group.gid, group.end),
-                    _LEASE_VALUE.pack(message.seq, message.deliveries),
-                    counted=False,
-                )
+                self.lease_table.put((group.gid, group.end), (message.seq, message.deliveries))
                 group.end += 1
             if taken:
                 self._save(group)
@@ -219,10 +200,10 @@ class Leases:
         for lseq in range(max(lo, group.base), hi):
             if out and max_bytes is not None and size >= max_bytes:
                 return out, (lseq - lo) - len(out), lseq
-            raw = self.store.get_record("leases", _LEASE_KEY.pack(group.gid, lseq))
-            if raw is None or len(raw) != _LEASE_VALUE.size:  # (gone, or a damaged record: gone too)
+            lease = self.lease_table.get((group.gid, lseq))
+            if lease is None:  # (gone, or a damaged record: gone too)
                 continue
-            seq, deliveries = _LEASE_VALUE.unpack(raw)
+            seq, deliveries = lease
             message = self.store.get(queue, seq)
             if message is not None:  # held by the lease, so only an ack of this group deletes it
                 message.deliveries = deliveries
@@ -242,12 +223,10 @@ class Leases:
             return upto if group is None else group.base
         self._touch(group, now_us)
         for lseq in range(group.base, upto):
-            key = _LEASE_KEY.pack(group.gid, lseq)
-            raw = self.store.get_record("leases", key)
-            if raw is not None:
-                if len(raw) == _LEASE_VALUE.size:
-                    self.broker.ack((group.qid, _LEASE_VALUE.unpack(raw)[0]), by=group.holder)
-                self.store.delete_record("leases", key)
+            lease = self.lease_table.get((group.gid, lseq))
+            if lease is not None:
+                self.broker.ack((group.qid, lease[0]), by=group.holder)
+            self.lease_table.delete((group.gid, lseq))  # (a damaged record goes too)
         group.base = upto
         self._save(group)
         return group.base
@@ -256,9 +235,9 @@ class Leases:
         """Forget every group of a queue that is being deleted, with its lease records."""
         for key in [k for k in self.groups if k[0] == queue]:
             group = self.groups.pop(key)
-            for record_key, _ in self.store.records("leases", _U64.pack(group.gid)):
-                self.store.delete_record("leases", record_key)
-            self.store.delete_record("groups", group.key())
+            for record_key in self.lease_table.keys_of_group(group.gid):
+                self.lease_table.delete_raw(record_key)
+            self.group_table.delete(group.key())
 
     # -- expiry -------------------------------------------------------------------------------------
 
@@ -270,7 +249,7 @@ class Leases:
                 continue
             n = self.broker.consumer_gone(group.holder)
             for lseq in range(group.base, group.end):
-                self.store.delete_record("leases", _LEASE_KEY.pack(group.gid, lseq))
+                self.lease_table.delete((group.gid, lseq))
             log.warning(
                 "group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
                 "(leases %d..%d) went back to the queue",

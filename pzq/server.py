@@ -103,7 +103,7 @@ class Server:
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.native = NativeEndpoints(cfg, self.broker, owned)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote, failed=self._recover)
+        monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote)
         self.endpoints = [self.native, monitor]
         connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
         if cfg.phpmq_dsn:
@@ -361,8 +361,7 @@ class Server:
         self.metrics.update(self.stats(), oldest, {q: dict(c) for q, c in self.broker.per_queue.items()})
 
     def _admin_wrote(self) -> None:
-        """The monitor committed (a REQUEUE): nothing waits, and requeued letters are ready."""
-        self._dirty_since = None
+        """The monitor requeued dead letters: they are ready for native consumers."""
         self.native.unstall()
 
     def _commit_if_due(self, now: float, waiting: bool) -> None:

@@ -10,6 +10,8 @@ import pytest
 from pzq.broker import Broker
 from pzq.gateways.emqp import EmqpGateway
 from pzq.store import Store
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
 
 V = b"eMQP/1.0"
 T0 = 1_000.0  # monotonic seconds of the injected clock
@@ -91,7 +93,7 @@ def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(job_befo
     assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
     assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
     store.commit()
-    assert store.records("emqp_jobs") == []
+    assert EmqpJobs(store).raw() == []
 
 
 def test_a_job_whose_reply_never_comes_after_a_restart_runs_again_after_the_grace(job_before_a_restart):
@@ -174,7 +176,7 @@ def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tm
         gateway = gateway_on(store)
         assert gateway.run_schedules(utc_us("2026-11-24 12:00:00")) == 0
         assert gateway.run_schedules(utc_us("2026-11-25 02:30:00")) == 1
-        assert gateway.schedules == {} and store.records("schedules") == [], "run_count:2 spent"
+        assert gateway.schedules == {} and Schedules(store).raw() == [], "run_count:2 spent"
         assert gateway.run_schedules(utc_us("2026-11-26 02:30:00")) == 0
         assert store.queue("jobs").count == 2
     finally:
@@ -200,4 +202,4 @@ def test_unschedule_of_the_same_job_removes_a_cron_schedule(store):
     schedule(gateway, job, b"* * * * *")
     assert len(gateway.schedules) == 1
     gateway.from_client([b"client", b"", V, b"UNSCHEDULE", mid(), b"jobs", b"", b"-1", job, b""], now=T0, now_us=1)
-    assert gateway.schedules == {} and store.records("schedules") == []
+    assert gateway.schedules == {} and Schedules(store).raw() == []

@@ -7,6 +7,8 @@ import pytest
 
 from pzq.errors import StoreError, StoreFull
 from pzq.store import DeadLetter, Message, Store, message_id, parse_message_id
+from pzq.store.groups import LeaseRecords
+from pzq.store.schedules import Schedules
 
 
 @pytest.fixture
@@ -183,20 +185,20 @@ def test_side_records_count_toward_the_store_limit_and_new_ones_are_refused_past
     added = 0
     with pytest.raises(StoreFull):
         while True:
-            store.put_record("schedules", b"k%d" % added, b"v" * 1000)
+            Schedules(store).put_raw(b"k%d" % added, b"v" * 1000)
             added += 1
     assert 30 <= added < 64
     with pytest.raises(StoreFull):  # the records left no room for messages either
         store.put("q", [b"x" * 1000], now_us=1)
-    store.put_record("schedules", b"k0", b"w" * 2000)  # a replacement is always written
-    store.put_record("leases", b"lease", b"1", counted=False)  # so are records that let consumers drain
+    Schedules(store).put_raw(b"k0", b"w" * 2000)  # a replacement is always written
+    LeaseRecords(store).put_raw(b"lease", b"1")  # so are records that let consumers drain
     store.commit()
     store = reopen(store)
     assert store.stored_bytes > 60 << 10  # counted again after a restart (LMDB's page statistics)
     with pytest.raises(StoreFull):
-        store.put_record("schedules", b"new", b"v")
+        Schedules(store).put_raw(b"new", b"v")
     for i in range(added):
-        store.delete_record("schedules", b"k%d" % i)
+        Schedules(store).delete_raw(b"k%d" % i)
     store.put("q", [b"x" * 1000], now_us=1)
 
 
@@ -276,14 +278,15 @@ def test_a_message_id_with_non_hex_characters_does_not_parse(bad):
 def test_a_write_that_finds_its_key_already_stored_is_a_store_error_and_rolls_back(store):
     import msgpack
 
-    from pzq.store import _KEY
+    from pzq.store.queues import _KEY
 
     store.put("q", [b"first"], now_us=1)
     store.commit()
     info = store.queue("q")
     # What a second writer on the same file would have done: stored the next seq behind our back.
-    with store._env.begin(write=True) as txn:
-        txn.put(_KEY.pack(info.qid, info.next_seq), msgpack.packb([5, 0, [b"someone else's"]]), db=store._messages_db)
+    txn = store.env.write()  # (committed below without the store's knowledge, as another process would)
+    txn.put(_KEY.pack(info.qid, info.next_seq), msgpack.packb([5, 0, [b"someone else's"]]), db=store._messages_db)
+    store.env.commit()
     store.put("other", [b"in the same turn"], now_us=2)
     with pytest.raises(StoreError, match="already stored"):
         store.put("q", [b"second"], now_us=3)
@@ -306,7 +309,7 @@ def test_a_new_queue_past_max_queues_is_refused_as_full_and_existing_ones_still_
 
 
 def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_path):
-    from pzq.store import _KEY
+    from pzq.store.queues import _KEY
 
     store = Store(tmp_path / "db", max_size=16 << 20)
     try:
@@ -314,13 +317,14 @@ def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_pat
             store.put("q", [b"m%d" % i], now_us=1)
         store.commit()
         qid = store.queue("q").qid
-        with store._env.begin(write=True) as txn:  # what a damaged page or a bug leaves behind
-            txn.put(_KEY.pack(qid, 2), b"\xc1 not msgpack", db=store._messages_db)
-            txn.put(_KEY.pack(qid, 3), msgpack.packb({"not": "a record"}), db=store._messages_db)
+        txn = store.env.write()  # what a damaged page or a bug leaves behind
+        txn.put(_KEY.pack(qid, 2), b"\xc1 not msgpack", db=store._messages_db)
+        txn.put(_KEY.pack(qid, 3), msgpack.packb({"not": "a record"}), db=store._messages_db)
+        store.env.commit()
         assert [m.frames for m in store.scan("q", 0, 2)] == [[b"m0"], [b"m3"]]
         assert store.get("q", 2) is None and store.damaged_total == 2
         store.commit()
-        assert (store.queue("q").count, [k for k, _ in store.records("damaged")]) == (
+        assert (store.queue("q").count, [k for k, _ in store.damaged()]) == (
             3,
             [_KEY.pack(qid, 2), _KEY.pack(qid, 3)],
         )

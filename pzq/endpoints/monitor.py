@@ -11,7 +11,6 @@ from pzq.admin import Admin
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
-from pzq.errors import StoreError
 from pzq.protocols import monitor as monitor_proto
 
 log = logging.getLogger("pzq.server")
@@ -20,14 +19,12 @@ READ_BATCH = 64
 
 
 class MonitorEndpoint(Endpoint):
-    """Answers after the turn's commit, so the figures include the turn. A REQUEUE commits on its own:
-    ``wrote`` is then called; a store failure while answering calls ``failed`` (the server's rollback)."""
+    """Answers after the turn's commit, so the figures include the turn. A REQUEUE is carried out in
+    the turn (``work``) and answered after its commit; ``wrote`` is then told that letters are ready."""
 
     name = "monitor"
 
-    def __init__(
-        self, config: Config, admin: Admin, binder: Sockets, *, wrote: Callable[[], None], failed: Callable[[], None]
-    ):
+    def __init__(self, config: Config, admin: Admin, binder: Sockets, *, wrote: Callable[[], None]):
         self.admin = admin
         # Answers may be large (a line per queue): only a few wait in one client's pipe.
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)
@@ -35,8 +32,8 @@ class MonitorEndpoint(Endpoint):
         self.replies = Replies(self.sock, "monitor")
         self._gate = binder.gate(self.sock)
         self._wrote = wrote
-        self._failed = failed
         self._requests: list[monitor_proto.Request] = []
+        self._written: dict[int, str] = {}  # index of a REQUEUE in _requests -> its answer
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -49,18 +46,33 @@ class MonitorEndpoint(Endpoint):
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
 
+    def work(self, now: float, now_us: int) -> None:
+        wrote = False
+        for i, request in enumerate(self._requests):
+            if i not in self._written and self.admin.writes(request):
+                self._written[i], changed = self.admin.write(request)
+                wrote = wrote or changed
+        if wrote:
+            self._wrote()
+
+    def waiting(self) -> bool:
+        return bool(self._written)  # a REQUEUE's answer waits for the commit
+
+    def rolled_back(self) -> None:
+        for i in self._written:
+            self._written[i] = monitor_proto.error_text("store failure: nothing was requeued, try again")
+
     def flush(self, now: float, now_us: int) -> None:
         self.replies.flush()
         requests, self._requests = self._requests, []
-        for request in requests:
-            try:
-                text, wrote = self.admin.answer(request)
-                if wrote:
-                    self._wrote()
-            except StoreError as exc:
-                log.exception("monitor request %s failed", request.command)
-                self._failed()
-                text = monitor_proto.error_text(str(exc))
+        written, self._written = self._written, {}
+        for i, request in enumerate(requests):
+            if i in written:
+                text = written[i]
+            elif self.admin.writes(request):  # (the turn failed before it was carried out)
+                text = monitor_proto.error_text("store failure: nothing was requeued, try again")
+            else:
+                text = self.admin.answer(request)
             self.replies.send(monitor_proto.reply(request, text))
 
     def wake_at(self, now: float) -> float | None:

@@ -24,7 +24,8 @@ from pzq.gateways.contract import ONLY, Send
 from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.protocols import api
-from pzq.store import UNREADABLE, Message
+from pzq.store import Message
+from pzq.store.dedup_keys import DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
 
@@ -37,18 +38,13 @@ def _row(seq: int, message: Message) -> list:
     return [seq, message.id, message.enqueued_us, message.deliveries, b"".join(message.frames)]
 
 
-def read_produced(key: bytes, value: bytes) -> tuple[int, bytes]:
-    """(when it was stored, key) of a dedup record; raises on a damaged one (Store.read_records)."""
-    stored_us, count, digests = msgpack.unpackb(value)
-    return int(stored_us), key
-
-
 class ApiGateway:
     """Carries out API requests; one instance per server, driven by the loop."""
 
     def __init__(self, broker: Broker, leases: Leases, *, max_message_size: int, dedup_window_s: float):
         self.broker = broker
         self.store = broker.store
+        self.keys = DedupKeys(broker.store)
         self.leases = leases
         self.max_message_size = max_message_size
         self.dedup_window_us = int(dedup_window_s * 1e6)
@@ -59,8 +55,8 @@ class ApiGateway:
 
     def load(self) -> None:
         """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
-        keys = self.store.read_records("produced", read_produced)
-        self._keys_by_age = collections.deque(sorted(keys))
+        keys = [(record.stored_us, key) for key, record in self.keys.items()]
+        self._keys_by_age: collections.deque[tuple[int, str]] = collections.deque(sorted(keys))
 
     def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
         reply = self.handle(frames, now=now, now_us=now_us, user=user)
@@ -171,7 +167,7 @@ class ApiGateway:
         if (
             key is not None
             and len(self._keys_by_age) >= MAX_DEDUP_KEYS
-            and self.store.get_record("produced", key.encode()) is None
+            and self.keys.get_raw(self.keys.key(key)) is None
         ):
             raise ProtocolError(
                 "too-many-keys",
@@ -179,35 +175,31 @@ class ApiGateway:
             )
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
         digests: list[bytes] = []
+        seen = None
         if key is not None:
-            seen = self.store.get_record("produced", key.encode())
-            try:
-                stored_us, count, digests = msgpack.unpackb(seen) if seen is not None else (0, 0, [])
-            except UNREADABLE:  # a damaged record: as if the key were new (it is written again below)
-                seen, digests = None, []
+            seen = self.keys.get(key)  # (a damaged record reads as None: as if the key were new)
             if seen is not None:
-                if stored_us + self.dedup_window_us <= now_us:
+                if seen.stored_us + self.dedup_window_us <= now_us:
                     digests = []
-                elif digest in digests:
+                elif digest in seen.digests:
                     self.duplicates_total += 1
-                    return {"count": count, "duplicate": True}
+                    return {"count": seen.messages, "duplicate": True}
                 else:
+                    digests = seen.digests
                     log.warning("PRODUCE key %r came again with other messages: stored as well", key)
-        if key is not None:  # first: a key refused for room (StoreFull) leaves nothing stored
-            self.store.put_record(
-                "produced", key.encode(), msgpack.packb([now_us, len(messages), [*digests[-15:], digest]])
-            )
+            # first: a key refused for room (StoreFull) leaves nothing stored
+            self.keys.put(key, Produced(now_us, len(messages), [*digests[-15:], digest]))
         try:
             self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
         except StoreFull:
             if key is not None:  # as before the call, so that the client's retry is not a "duplicate"
                 if seen is None:
-                    self.store.delete_record("produced", key.encode())
+                    self.keys.delete(key)
                 else:
-                    self.store.put_record("produced", key.encode(), seen)
+                    self.keys.put(key, seen)
             raise
         if key is not None:
-            self._keys_by_age.append((now_us, key.encode()))
+            self._keys_by_age.append((now_us, key))
             self._prune(now_us)
         return {"count": len(messages), "duplicate": False}
 
@@ -215,13 +207,9 @@ class ApiGateway:
         keys = self._keys_by_age
         while keys and keys[0][0] + self.dedup_window_us <= now_us:
             stored_us, key = keys.popleft()
-            record = self.store.get_record("produced", key)
-            try:
-                reused = record is None or msgpack.unpackb(record)[0] != stored_us
-            except UNREADABLE:
-                reused = False  # damaged: it goes
-            if not reused:  # (not since reused by a later PRODUCE)
-                self.store.delete_record("produced", key)
+            record = self.keys.get(key)  # (damaged reads as None: it goes)
+            if record is None or record.stored_us == stored_us:  # (not since reused by a later PRODUCE)
+                self.keys.delete(key)
 
     def stats(self) -> dict:
         return {

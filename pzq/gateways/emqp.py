@@ -16,21 +16,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import struct
 import time
 import uuid
 import zoneinfo
 from collections.abc import Callable
 
 import croniter
-import msgpack
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import Send
 from pzq.logs import warn_bad
 from pzq.protocols import emqp
-from pzq.store import Message
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.emqp")
 
@@ -45,7 +44,6 @@ MAX_CRON = 255  # characters of a cron expression
 # broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
 # with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
 RESTART_GRACE_S = 300.0
-_JOB_KEY = struct.Struct(">QQ")  # an emqp_jobs record: (qid, seq) -> [msgid, worker identity, CURVE key]
 
 
 @dataclasses.dataclass
@@ -82,6 +80,8 @@ class EmqpGateway:
         wall_clock: Callable[[], float] = time.time,
     ):
         self.broker = broker
+        self.schedule_table = Schedules(broker.store)  # (durable: the loop keeps their timing only)
+        self.job_table = EmqpJobs(broker.store)  # jobs handed out, for a REPLY after a restart
         self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
         self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
         self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
@@ -103,7 +103,7 @@ class EmqpGateway:
         self.next_heartbeat = 0.0
         # id -> record (see _schedule) without its payload, which stays in the store until a run: up to
         # MAX_SCHEDULES payloads of up to --max-message-size each must not be held in memory.
-        self.schedules: dict[str, dict] = _timing(broker.store.schedules())
+        self.schedules: dict[str, dict] = _timing(self.schedule_table.all())
         self.counters = {
             "requests_total": 0,
             "replies_total": 0,
@@ -119,11 +119,11 @@ class EmqpGateway:
         a REPLY for one completes it (from its worker, or one that inherits it: see _pop_job); one
         with no REPLY within RESTART_GRACE_S goes back to its queue and runs again."""
         restored = 0
-        for ref, (msgid, identity, user) in self.broker.store.read_records("emqp_jobs", read_job):
-            message = self._stored(ref)
+        for ref, (msgid, identity, user) in self.job_table.items():
+            message = self.broker.stored(ref)
             holder = holder_of(identity, user)
             if message is None:  # completed through another protocol, or its queue was deleted
-                self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*ref))
+                self.job_table.delete(ref)
                 continue
             if ref in self.broker.inflight:
                 if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
@@ -188,7 +188,7 @@ class EmqpGateway:
             payload = cmd.args[3] if len(cmd.args) > 3 else ""
             key = emqp.schedule_id(payload)
             if self.schedules.pop(key, None) is not None:
-                self.broker.store.delete_schedule(key)
+                self.schedule_table.delete(key)
                 self._next_due = None
                 log.info("eMQP schedule %s removed", key)
             return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
@@ -247,7 +247,7 @@ class EmqpGateway:
         if cron:
             record["cron"] = cron
         try:
-            self.broker.store.save_schedule(key, record)
+            self.schedule_table.put(key, record)
         except StoreFull as exc:
             self._bad(cmd.peer, ProtocolError("queue-full", str(exc)))
             return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"schedule refused: {exc}", cmd.msgid)])]
@@ -283,7 +283,7 @@ class EmqpGateway:
         for key, record in list(self.schedules.items()):
             if record["next_us"] > now_us:
                 continue
-            stored = self.broker.store.schedule(key)
+            stored = self.schedule_table.get(key)
             if stored is None:  # damaged or gone from the store: it cannot run
                 del self.schedules[key]
                 continue
@@ -313,9 +313,9 @@ class EmqpGateway:
                 record["remaining"] -= 1
             if record["remaining"] == 0:
                 del self.schedules[key]  # (the cache is already reset above)
-                self.broker.store.delete_schedule(key)
+                self.schedule_table.delete(key)
             else:
-                self.broker.store.save_schedule(key, {**record, "payload": payload})
+                self.schedule_table.put(key, {**record, "payload": payload})
         return ran
 
     def next_schedule_us(self) -> int | None:
@@ -371,7 +371,7 @@ class EmqpGateway:
         durable ones are held again) and reload the schedules as they are on disk."""
         self.jobs.clear()
         self.restore_jobs(time.monotonic())
-        self.schedules = _timing(self.broker.store.schedules())
+        self.schedules = _timing(self.schedule_table.all())
         self._next_due = None
 
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Send]:
@@ -479,7 +479,7 @@ class EmqpGateway:
             return []
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
-        message = self._stored(job[0]) if job is not None else None  # read before the ack deletes it
+        message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
         if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(
@@ -492,7 +492,7 @@ class EmqpGateway:
                 ),
             )
             return []
-        self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*job[0]))
+        self.job_table.delete(job[0])
         self.counters["replies_total"] += 1
         meta = message.meta if message is not None else None
         if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
@@ -535,10 +535,6 @@ class EmqpGateway:
             self._drop(worker, "its CURVE key was revoked")
         return len(gone)
 
-    def _stored(self, ref: Ref) -> Message | None:
-        info = self.broker.store.queue_by_id(ref[0])
-        return None if info is None else self.broker.store.get(info.name, ref[1])
-
     def _drop(self, worker: Worker, why: str) -> None:
         self.workers.pop(worker.identity, None)
         if not worker.draining:
@@ -579,12 +575,7 @@ class EmqpGateway:
             payload = b"".join(message.frames).decode("utf-8", "replace")
             self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
-            self.broker.store.put_record(
-                "emqp_jobs",
-                _JOB_KEY.pack(message.qid, message.seq),
-                msgpack.packb([msgid, worker.identity, worker.user]),
-                counted=False,
-            )
+            self.job_table.put((message.qid, message.seq), (msgid, worker.identity, worker.user))
             return Send(BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
         return None
 
@@ -596,7 +587,7 @@ class EmqpGateway:
         # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
         for msgid in [m for m, holders in self.jobs.items() if not any(r in self.broker.inflight for r in holders)]:
             for ref in self.jobs.pop(msgid):
-                self.broker.store.delete_record("emqp_jobs", _JOB_KEY.pack(*ref))
+                self.job_table.delete(ref)
         for worker in list(self.workers.values()):
             if worker.draining and not self.broker.inflight.count(worker.consumer):
                 self._drop(worker, "it finished draining")
@@ -648,11 +639,3 @@ def holder_of(identity: bytes, user: str | None) -> tuple:
 def _timing(records: dict[str, dict]) -> dict[str, dict]:
     """Schedules as the loop keeps them: everything but the payload (read from the store at each run)."""
     return {key: {k: v for k, v in record.items() if k != "payload"} for key, record in records.items()}
-
-
-def read_job(key: bytes, value: bytes) -> tuple[tuple[int, int], tuple[str, bytes, str | None]]:
-    """An emqp_jobs record: ((qid, seq), (msgid, worker identity, CURVE key))."""
-    msgid, identity, user = msgpack.unpackb(value)
-    if not isinstance(msgid, str) or not isinstance(identity, bytes) or not (user is None or isinstance(user, str)):
-        raise TypeError("not an eMQP job record")
-    return _JOB_KEY.unpack(key), (msgid, identity, user)

@@ -26,13 +26,12 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.gateways.contract import ONLY, Send
 from pzq.logs import warn_bad
 from pzq.protocols import mqks
+from pzq.store.bindings import Binding, Bindings
 
 log = logging.getLogger("pzq.mqks")
 
@@ -62,15 +61,6 @@ class Consumer:
         return ("mqks", self.conn, self.id, self.serial)
 
 
-@dataclasses.dataclass
-class Binding:
-    """An MQKS queue's durable settings."""
-
-    events: list[str]
-    unused: float | None = None  # --delete-queue-when-unused seconds
-    owned: bool = True  # the queue did not exist before MQKS bound it: MQKS may delete it
-
-
 class MqksGateway:
     """Every MQKS connection, consumer and binding of the server."""
 
@@ -86,6 +76,7 @@ class MqksGateway:
         self.broker = broker
         self.error_id = error_id  # a fresh id per error reply: the client gets it, the log the details
         self.store = broker.store
+        self.table = Bindings(broker.store)
         self.max_line = max_line
         self.window = window  # unacked deliveries per manual-ack consumer
         self._drop_queue = drop_queue
@@ -108,7 +99,7 @@ class MqksGateway:
         self.bindings: dict[str, Binding] = {}
         self.by_event: dict[str, set[str]] = {}
         self.bound_total = 0  # events of every binding together
-        for queue, binding in self.store.read_records("mqks", read_binding):
+        for queue, binding in self.table.items():
             self._set_binding(queue, binding, save=False)
         self._orphans = {q for q, b in self.bindings.items() if b.unused is not None and not self.by_queue.get(q)}
         self._orphan_grace = RESTART_GRACE_S
@@ -295,9 +286,7 @@ class MqksGateway:
         for event in binding.events:
             self.by_event.setdefault(event, set()).add(queue)
         if save and (old is None or changed or old.unused != binding.unused):
-            self.store.put_record(
-                "mqks", queue.encode(), msgpack.packb([binding.events, binding.unused, binding.owned])
-            )
+            self.table.put(queue, binding)
         return changed
 
     def _unbind(self, queue: str, events: list[str]) -> None:
@@ -396,7 +385,7 @@ class MqksGateway:
         if binding is not None:
             self._unbind(queue, binding.events)
             self.bound_total -= len(binding.events)
-        self.store.delete_record("mqks", queue.encode())
+        self.table.delete(queue)
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
         dropped = self._drop_queue(queue)
@@ -535,15 +524,6 @@ MAX_ALL_CONSUMERS = 100_000  # consumers of every connection together
 MAX_BINDINGS = 1_000_000  # (queue, event) bindings of every queue together
 MAX_UNACKED_PER_CONN = 10_000  # manual-ack deliveries one connection's consumers hold together
 PUT_BACK_PER_TURN = 2_000  # deliveries of departed consumers put back per turn (~20 ms)
-
-
-def read_binding(key: bytes, value: bytes) -> tuple[str, Binding]:
-    events, unused, *rest = msgpack.unpackb(value)  # (owned since pzq 0.3; earlier bindings count as owned)
-    if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
-        raise TypeError("events are not a list of names")
-    if unused is not None and not isinstance(unused, (int, float)):
-        raise TypeError("the unused delay is not a number")
-    return key.decode(), Binding(events, unused, bool(rest[0]) if rest else True)
 
 
 def _check_sizes(a: dict) -> None:

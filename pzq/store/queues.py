@@ -1,4 +1,4 @@
-"""The durable store: named FIFO queues in one LMDB environment. The only module that imports lmdb.
+"""The queue model: named durable FIFO queues, their messages, delivery counts and dead letters.
 
 Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
 
@@ -8,17 +8,13 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
                                                     (, meta: a protocol's own fields, e.g. eMQP's)]
     deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
-    schedules   schedule id (utf-8)     -> msgpack {a protocol's recurring job: eMQP SCHEDULE}
-    groups      qid u64 | group (utf-8) -> msgpack [gid, base, end, deadline_us]  (leases.py)
-    leases      gid u64 | lease seq u64 -> seq u64 | deliveries u32                 (leases.py)
-    produced    dedup key (utf-8)       -> msgpack [stored_us, count, [digest, ...]] (gateways/api.py)
-    mqks        queue name (utf-8)      -> msgpack [[event, ...], unused seconds | nil] (gateways/mqks.py)
     damaged     qid u64 | seq u64       -> the raw record of a message that could not be read (set aside)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
 
-Group commit: every write joins one open write transaction; ``commit()`` ends it with one durable
-commit (fsync'd unless ``sync=False``). Nothing else in pzq decides when data reaches the disk.
+Side tables (schedules, consumer groups, dedup keys, bindings, eMQP jobs) live in the same
+environment, each with one owner in this package (``SIDE_TABLES``); their pages count toward the
+store limit with the queues'.
 
 The per-queue counters (count, bytes) live in the ``queues`` record and are written once per commit,
 so start-up reads one small record per queue and never scans the messages.
@@ -34,12 +30,13 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
-import lmdb
 import msgpack
 
-from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreLocked
+from pzq.errors import StoreError, StoreFull
+from pzq.store.environment import Environment, KeyExists, LmdbError
+from pzq.store.side_table import UNREADABLE
 
 log = logging.getLogger("pzq.store")
 
@@ -50,10 +47,10 @@ _U32 = struct.Struct(">I")
 # slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
 _OVERHEAD = 64
 _FORMAT = 1
-RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
-_MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-TABLES = ("schedules", "groups", "leases", "produced", "mqks", "damaged", "emqp_jobs")
+QUEUE_TABLES = ("queues", "meta", "messages", "deliveries", "dead", "damaged")
+# Tables of the side-table owners (schedules.py, groups.py, dedup_keys.py, bindings.py, emqp_jobs.py)
+SIDE_TABLES = ("schedules", "groups", "leases", "produced", "mqks", "emqp_jobs")
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,63 +121,6 @@ def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
     return int(text[:16], 16), int(text[16:], 16)
 
 
-def _lock_exclusively(path: str) -> int:
-    """Hold an exclusive flock on the store's data file for as long as the returned descriptor is open.
-
-    LMDB lets several processes open one environment; pzq's in-memory state (in-flight deliveries,
-    cursors, queue counters) assumes it is the only writer, so a second server on the same store must be
-    refused. The lock is on ``data.mdb`` itself, not on a file of its own that anyone could delete: the
-    only way around it is to remove the data. (flock and LMDB's own fcntl locks do not interact.)"""
-    import fcntl
-
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
-    return fd
-
-
-def _private_directory(path: str) -> None:
-    """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
-    open to others, since it is the operator's directory to change."""
-    import stat
-
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
-        log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
-
-
-UNREADABLE = (ValueError, TypeError, KeyError, IndexError, struct.error, UnicodeDecodeError, msgpack.UnpackException)
-
-
-def read_schedule(key: bytes, value: bytes) -> tuple[str, dict]:
-    record = msgpack.unpackb(value)
-    for name, kind in (
-        ("queue", str),
-        ("headers", str),
-        ("interval", int),
-        ("payload", str),
-        ("remaining", int),
-        ("next_us", int),
-    ):
-        if not isinstance(record[name], kind):
-            raise TypeError(f"schedule field {name} is not {kind.__name__}")
-    cron = record.get("cron")
-    if cron is not None and not isinstance(cron, str):
-        raise TypeError("schedule field cron is not str")
-    if record["interval"] <= 0 and not cron:  # (a cron schedule keeps interval 0)
-        raise ValueError("schedule interval is not positive")
-    return key.decode(), record
-
-
-def _pages(stat: Any) -> int:  # (py-lmdb types it as a TypedDict)
-    """Pages one B-tree uses, from LMDB's statistics of it."""
-    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-
-
 def _raise(exc: Exception):
     raise exc
 
@@ -208,92 +148,21 @@ class Store:
         self.max_size = max_size
         self.max_queues = max_queues
         self.min_disk_free = min_disk_free
-        self.disk_reserve = disk_reserve
-        self.low_disk = False  # free space is under min_disk_free: producers are refused
-        self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
-        self._reserve_path = os.path.join(self.path, "reserve")
-        # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
-        # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
-        # also after a restart with a limit below what is stored, so the data file counts too.
-        data_file = os.path.join(self.path, "data.mdb")
-        try:
-            stored = os.path.getsize(data_file)
-        except OSError:
-            stored = 0
-        if stored < _MIN_DATA_FILE and os.path.exists(data_file):
-            # LMDB would take an empty file for a new store: everything that was in it would be gone
-            # without a word. (It writes its two meta pages the moment it creates the file.)
-            raise StoreDamaged(
-                f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
-                "or move the directory aside to start with an empty store"
-            )
-        self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
-        self.syncs = 0
-        self._sync = sync
         self._readonly = readonly
-        self._lock_fd: int | None = None
-        try:
-            if readonly:
-                os.makedirs(self.path, exist_ok=True)
-            else:
-                _private_directory(self.path)
-        except OSError as exc:
-            raise StoreError(f"cannot open the store at {self.path}: {exc.strerror or exc}") from None
-        try:
-            # The whole cap is reserved as address space only: LMDB's data file still grows page by page
-            # as data is written, and no single turn, however large, can run out of map mid-way.
-            # mode 0600: the data and lock files are the owner's alone, whatever the umask.
-            self._env = lmdb.open(
-                self.path,
-                map_size=self.map_cap,
-                max_dbs=16,
-                sync=sync,
-                readonly=readonly,
-                lock=True,
-                meminit=False,
-                mode=0o600,
-            )
-        except lmdb.Error as exc:
-            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
-        needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
-        # The size is read again after the meta page: a live writer (pzq check beside a running server)
-        # only ever grows the file, and writes pages before the meta page that names them.
-        stored = os.path.getsize(data_file) if stored else 0
-        if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
-            self._env.close()
-            raise StoreDamaged(
-                f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
-                "from a backup, or move the directory aside to start with an empty store"
-            )
-        try:
-            if not readonly:
-                self._lock_fd = _lock_exclusively(os.path.join(self.path, "data.mdb"))
-                for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
-                    os.chmod(os.path.join(self.path, name), 0o600)
-                if verify and stored:
-                    from pzq.check import verify_pages  # (check reads stores: it imports this module)
-
-                    started = time.monotonic()
-                    records = verify_pages(self.path)
-                    log.info("%s verified: %d records in %.2f s", data_file, records, time.monotonic() - started)
-            self._queues_db = self._env.open_db(b"queues", create=not readonly)
-            self._meta_db = self._env.open_db(b"meta", create=not readonly)
-            self._messages_db = self._env.open_db(b"messages", create=not readonly)
-            self._deliveries_db = self._env.open_db(b"deliveries", create=not readonly)
-            self._dead_db = self._env.open_db(b"dead", create=not readonly)
-            # Side tables: small records a feature keeps next to the queues (see put_record).
-            self._tables = {name: self._env.open_db(name.encode(), create=not readonly) for name in TABLES}
-        except (lmdb.Error, OSError) as exc:
-            self._env.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
-        except StoreError:
-            self._env.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-            raise
-        self._txn: lmdb.Transaction | None = None
+        self.env = Environment(
+            self.path,
+            QUEUE_TABLES + SIDE_TABLES,
+            max_size=max_size,
+            sync=sync,
+            readonly=readonly,
+            min_disk_free=min_disk_free,
+            disk_reserve=disk_reserve,
+            verify=verify,
+        )
+        self.env.on_abort.append(self._rolled_back)
+        dbs = self.env.dbs
+        self._queues_db, self._meta_db, self._messages_db = dbs["queues"], dbs["meta"], dbs["messages"]
+        self._deliveries_db, self._dead_db, self._damaged_db = dbs["deliveries"], dbs["dead"], dbs["damaged"]
         self._unreadable: list[tuple[QueueInfo, bytes, str]] = []  # found by _decode, for _set_aside
         self.damaged_total = 0
         self.unreadable_records = 0  # side records skipped by read_records
@@ -311,9 +180,7 @@ class Store:
         try:
             self._load()
         except BaseException:
-            self._env.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
+            self.env.close()
             raise
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -321,7 +188,7 @@ class Store:
     def _load(self) -> None:
         self._queues.clear()
         self._by_id.clear()
-        with self._env.begin() as txn:
+        with self.env.reading() as txn:
             fmt = txn.get(b"format", db=self._meta_db)
             if fmt is not None and _U64.unpack(fmt)[0] != _FORMAT:
                 raise StoreError(f"{self.path} has store format {_U64.unpack(fmt)[0]}; this pzq reads {_FORMAT}")
@@ -339,7 +206,7 @@ class Store:
                     ) from None
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
-            self._side_bytes = self._table_bytes(txn)
+            self._side_bytes = self.env.pages_of(SIDE_TABLES, txn) * self.env.page_size
             self._side_stale = False
         self._dirty_queues.clear()
         self._total_bytes = sum(q.bytes + q.dead_bytes for q in self._queues.values())
@@ -347,26 +214,24 @@ class Store:
     def _side(self) -> int:
         """Bytes of the side tables, read again only after they changed (a lease call writes thousands)."""
         if self._side_stale:
-            self._side_bytes = self._table_bytes(self._txn_for_read())
+            with self.env.reading() as txn:
+                self._side_bytes = self.env.pages_of(SIDE_TABLES, txn) * self.env.page_size
             self._side_stale = False
         return self._side_bytes
 
-    def _table_bytes(self, txn) -> int:
-        """Bytes of the pages the side tables fill (a B-tree statistic: no records are read)."""
-        return sum(_pages(txn.stat(db)) for db in self._tables.values()) * self._env.stat()["psize"]
+    def side_changed(self) -> None:
+        """A side table's owner wrote: its pages are counted again when next needed."""
+        self._side_stale = True
+        self._dirty = True
 
     def close(self) -> None:
         """Commit what is pending and close the environment."""
-        if self._env is None:
+        if self.env.closed:
             return
         try:
             self.commit()
         finally:
-            self._env.close()
-            self._env = None  # type: ignore[assignment]  # (closed: every later call fails, close does nothing)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)  # releases the flock
-                self._lock_fd = None
+            self.env.close()
 
     @property
     def dirty(self) -> bool:
@@ -386,65 +251,39 @@ class Store:
             if counts_older_than is None or since <= counts_older_than
         ]
         if not self._dirty and not due:
-            if self._txn is not None:
-                self._txn.abort()
-                self._txn = None
+            self.env.end_clean()  # (a transaction only read in, or nothing at all)
             return False
-        txn = self._write()
-        self._txn = None
-        try:
-            for key, count in due:
-                txn.put(key, _U32.pack(count), db=self._deliveries_db)
-            # Only what changed: every extra record written is another B-tree path copied and synced.
-            for name in self._dirty_queues:
-                info = self._queues[name]
-                txn.put(name.encode(), info.pack(), db=self._queues_db)
-            if self._meta_dirty:
-                txn.put(b"next_qid", _U64.pack(self._next_qid), db=self._meta_db)
-                txn.put(b"format", _U64.pack(_FORMAT), db=self._meta_db)
-            txn.commit()
-        except lmdb.Error as exc:
-            txn.abort()
-            self._dirty = False
-            self._pending_counts.clear()
-            self._load()
-            if self._release_reserve():  # most likely the disk is full: give the next commit room
-                self.low_disk = True
-            raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
+        txn = self.env.write()
+        for key, count in due:
+            self.env.do(txn.put, key, _U32.pack(count), db=self._deliveries_db)
+        # Only what changed: every extra record written is another B-tree path copied and synced.
+        for name in self._dirty_queues:
+            self.env.do(txn.put, name.encode(), self._queues[name].pack(), db=self._queues_db)
+        if self._meta_dirty:
+            self.env.do(txn.put, b"next_qid", _U64.pack(self._next_qid), db=self._meta_db)
+            self.env.do(txn.put, b"format", _U64.pack(_FORMAT), db=self._meta_db)
+        self.env.commit()  # (a failure rolls back and calls _rolled_back, then raises StoreError)
         self._dirty = False
         self._dirty_queues.clear()
         for key, _ in due:
             del self._pending_counts[key]
         self._meta_dirty = False
-        self.syncs += 1
         return True
+
+    @property
+    def syncs(self) -> int:
+        """Durable commits so far."""
+        return self.env.syncs
 
     def abort(self) -> None:
         """Drop every write since the last commit, counters included."""
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
+        self.env.abort()
+
+    def _rolled_back(self) -> None:
+        """The environment dropped the open transaction: the counters are read again from the disk."""
         self._dirty = False
         self._pending_counts.clear()
         self._load()
-
-    def _write(self) -> lmdb.Transaction:
-        if self._readonly:
-            raise StoreError("the store is open read-only")
-        if self._txn is None:
-            self._txn = self._env.begin(write=True)
-        return self._txn
-
-    def _do(self, op, *args, **kwargs):
-        """Run one LMDB write; a failure rolls the whole open transaction back (LMDB demands it)."""
-        try:
-            return op(*args, **kwargs)
-        except lmdb.MapFullError as exc:
-            self.abort()
-            raise StoreError("the LMDB map is full; the open transaction was rolled back") from exc
-        except lmdb.Error as exc:
-            self.abort()
-            raise StoreError(f"write failed, the open transaction was rolled back: {exc}") from exc
 
     # -- queues -----------------------------------------------------------------------------------
 
@@ -465,7 +304,7 @@ class Store:
             self._next_qid += 1
             self._queues[name] = info
             self._by_id[info.qid] = info
-            self._write()
+            self.env.write()
             self._dirty = self._meta_dirty = True
             self._dirty_queues.add(name)
         return info
@@ -519,19 +358,16 @@ class Store:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
         info = self._queues.get(queue) or self.queue(queue)
         seq = info.next_seq
-        txn = self._txn or self._write()
-        try:  # inline rather than through _do(): this is the hottest write
+        txn = self.env.write()
+        try:  # inline rather than through env.do(): this is the hottest write
             fresh = txn.put(_KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
-        except lmdb.Error as exc:
-            self._do(_raise, exc)
+        except LmdbError as exc:
+            self.env.do(_raise, exc)
         if not fresh:  # another writer used this seq: storing over it would lose a message someone was acked for
-            self._do(_raise, lmdb.KeyExistsError(f"message {message_id(info.qid, seq)} is already stored"))
+            self.env.do(_raise, KeyExists(f"message {message_id(info.qid, seq)} is already stored"))
         info.next_seq = seq + 1
         self._account(info, 1, size)
         return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta)
-
-    def _txn_for_read(self):
-        return self._txn if self._txn is not None else self._env.begin()
 
     def _deliveries(self, key: bytes, txn) -> int:
         pending = self._pending_counts.get(key)
@@ -571,10 +407,10 @@ class Store:
         info = self._queues.get(queue)
         if info is None:
             return None
-        txn = self._txn_for_read()
         key = _KEY.pack(info.qid, seq)
-        value = txn.get(key, db=self._messages_db)
-        message = None if value is None else self._decode(info, key, value, txn)
+        with self.env.reading() as txn:
+            value = txn.get(key, db=self._messages_db)
+            message = None if value is None else self._decode(info, key, value, txn)
         self._set_aside()
         return message
 
@@ -593,12 +429,12 @@ class Store:
         (a crash loop), and its bytes stay for ``pzq dump``. Written with the turn's commit."""
         while self._unreadable:
             info, key, reason = self._unreadable.pop()
-            txn = self._write()
+            txn = self.env.write()
             value = txn.get(key, db=self._messages_db)
             if value is None or info.name not in self._queues:
                 continue
-            self._do(txn.put, key, value, db=self._tables["damaged"])
-            self._do(txn.delete, key, db=self._messages_db)
+            self.env.do(txn.put, key, value, db=self._damaged_db)
+            self.env.do(txn.delete, key, db=self._messages_db)
             self._pending_counts.pop(key, None)
             self._account(info, -1, -_accounted(key, value))
             self.damaged_total += 1
@@ -614,17 +450,17 @@ class Store:
         info = self._queues.get(queue)
         if info is None or limit <= 0:
             return
-        txn = self._txn_for_read()
-        cursor = txn.cursor(db=db)
         prefix = _U64.pack(info.qid)
-        if not cursor.set_range(_KEY.pack(info.qid, from_seq)):
-            return
-        n = 0
-        for key, value in cursor:
-            if not key.startswith(prefix) or n >= limit:
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=db)
+            if not cursor.set_range(_KEY.pack(info.qid, from_seq)):
                 return
-            n += 1
-            yield decode(info, key, value, txn)
+            n = 0
+            for key, value in cursor:
+                if not key.startswith(prefix) or n >= limit:
+                    return
+                n += 1
+                yield decode(info, key, value, txn)
 
     def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
         """Count one more delivery of the message, durably with a later commit; returns the new count.
@@ -642,7 +478,8 @@ class Store:
         # deliveries are acked before the next commit, and their counts never cost a write.
         key = _KEY.pack(self._queues[queue].qid, seq)
         if current is None:
-            current = self._deliveries(key, self._txn_for_read())
+            with self.env.reading() as txn:
+                current = self._deliveries(key, txn)
         count = max(0, current + step)
         self._pending_counts[key] = (count, time.monotonic())
         return count
@@ -652,14 +489,14 @@ class Store:
         info = self._queues.get(queue)
         if info is None:
             return False
-        txn = self._write()
+        txn = self.env.write()
         key = _KEY.pack(info.qid, seq)
         value = txn.get(key, db=self._messages_db)
         if value is None:
             return False
-        self._do(txn.delete, key, db=self._messages_db)
+        self.env.do(txn.delete, key, db=self._messages_db)
         self._pending_counts.pop(key, None)
-        self._do(txn.delete, key, db=self._deliveries_db)  # a lookup only, when it was never written
+        self.env.do(txn.delete, key, db=self._deliveries_db)  # a lookup only, when it was never written
         self._account(info, -1, -_accounted(key, value))
         return True
 
@@ -676,8 +513,8 @@ class Store:
             meta=message.meta,
         )
         if message.deliveries:  # written now, not lazily: a retry count must survive a crash
-            self._do(
-                self._write().put,
+            self.env.do(
+                self.env.write().put,
                 _KEY.pack(moved.qid, moved.seq),
                 _U32.pack(message.deliveries),
                 db=self._deliveries_db,
@@ -691,15 +528,15 @@ class Store:
         info = self._queues.get(name)
         if info is None:
             return 0
-        txn, prefix = self._write(), _U64.pack(info.qid)
+        txn, prefix = self.env.write(), _U64.pack(info.qid)
         for db in (self._messages_db, self._deliveries_db, self._dead_db):
             cursor = txn.cursor(db=db)
             if cursor.set_range(prefix):
-                while cursor.key()[:8] == prefix and self._do(cursor.delete):
+                while cursor.key()[:8] == prefix and self.env.do(cursor.delete):
                     pass
         for key in [k for k in self._pending_counts if k[:8] == prefix]:
             del self._pending_counts[key]
-        self._do(txn.delete, name.encode(), db=self._queues_db)
+        self.env.do(txn.delete, name.encode(), db=self._queues_db)
         del self._queues[name]
         del self._by_id[info.qid]
         self._dirty_queues.discard(name)
@@ -719,8 +556,8 @@ class Store:
         if message.meta:
             record.append(message.meta)
         value = msgpack.packb(record)
-        if not self._do(self._write().put, key, value, db=self._dead_db, overwrite=False):
-            self._do(_raise, lmdb.KeyExistsError(f"dead letter {message.id} is already stored"))
+        if not self.env.do(self.env.write().put, key, value, db=self._dead_db, overwrite=False):
+            self.env.do(_raise, KeyExists(f"dead letter {message.id} is already stored"))
         self._account(info, dead_count=1, dead_size=_accounted(key, value))
         return True
 
@@ -757,8 +594,8 @@ class Store:
         moved = []
         for letter in letters:
             key = _KEY.pack(info.qid, letter.message.seq)
-            value = self._write().get(key, db=self._dead_db) or b""
-            self._do(self._write().delete, key, db=self._dead_db)
+            value = self.env.write().get(key, db=self._dead_db) or b""
+            self.env.do(self.env.write().delete, key, db=self._dead_db)
             self._account(info, dead_count=-1, dead_size=-_accounted(key, value))
             moved.append(
                 self._append(
@@ -772,7 +609,7 @@ class Store:
             )
         return moved
 
-    # -- side records ---------------------------------------------------------------------------
+    # -- room ---------------------------------------------------------------------------------------
 
     def check_room(self, size: int) -> None:
         """Raise StoreFull unless ``size`` more bytes fit under the store limit and the disk has room."""
@@ -781,82 +618,18 @@ class Store:
         if self._total_bytes + self._side() + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
 
-    def put_record(self, table: str, key: bytes, value: bytes, *, counted: bool = True) -> None:
-        """Store (or replace) one record of a side table, durable with the next commit.
+    @property
+    def low_disk(self) -> bool:
+        """Free space is under --min-disk-free: producers are refused."""
+        return self.env.low_disk
 
-        Side records count toward the store limit like messages do. A new record past that limit, or
-        while the disk is short (``low_disk``), raises StoreFull, writing nothing; a replacement is
-        always written (so a schedule's next run never fails for room). ``counted=False`` is for records
-        that let consumers drain a full store (groups, leases): they count, but are never refused."""
-        txn = self._write()
-        db = self._tables[table]
-        if counted and txn.get(key, db=db) is None:
-            self.check_room(_accounted(key, value))
-        self._do(txn.put, key, value, db=db)
-        self._side_stale = True
-        self._dirty = True
+    def watch_disk(self) -> int | None:
+        """One statvfs of the store's filesystem (see Environment.watch_disk); returns the free bytes."""
+        return self.env.watch_disk()
 
-    def get_record(self, table: str, key: bytes) -> bytes | None:
-        return self._txn_for_read().get(key, db=self._tables[table])
-
-    def delete_record(self, table: str, key: bytes) -> bool:
-        txn = self._write()
-        found = bool(self._do(txn.delete, key, db=self._tables[table]))
-        self._side_stale = self._side_stale or found
-        self._dirty = self._dirty or found
-        return found
-
-    def records(self, table: str, prefix: bytes = b"") -> list[tuple[bytes, bytes]]:
-        """Every record of ``table`` whose key starts with ``prefix``, in key order."""
-        cursor = self._txn_for_read().cursor(db=self._tables[table])
-        out: list[tuple[bytes, bytes]] = []
-        if cursor.set_range(prefix):
-            for key, value in cursor:
-                if not key.startswith(prefix):
-                    break
-                out.append((key, value))
-        return out
-
-    def save_schedule(self, key: str, record: dict) -> None:
-        """Store (or replace) a recurring job, durable with the next commit."""
-        self.put_record("schedules", key.encode(), msgpack.packb(record))
-
-    def delete_schedule(self, key: str) -> bool:
-        return self.delete_record("schedules", key.encode())
-
-    def schedules(self) -> dict[str, dict]:
-        """Every stored recurring job (they are few: read whole at start-up)."""
-        return dict(self.read_records("schedules", read_schedule))
-
-    def schedule(self, key: str) -> dict | None:
-        """One stored recurring job, or None if it is gone or cannot be read."""
-        raw = self.get_record("schedules", key.encode())
-        if raw is None:
-            return None
-        try:
-            return read_schedule(key.encode(), raw)[1]
-        except UNREADABLE:
-            return None
-
-    def read_records(self, table: str, decode, prefix: bytes = b"") -> list:
-        """``decode(key, value)`` of every record of ``table`` under ``prefix``. A record it cannot read
-        (it raises ValueError, TypeError, KeyError, IndexError, struct.error or a msgpack error) is
-        skipped, logged and counted in ``unreadable_records``: one damaged record must not stop the
-        server from starting, nor fail every turn that reads the table."""
-        out = []
-        for key, value in self.records(table, prefix):
-            try:
-                out.append(decode(key, value))
-            except UNREADABLE as exc:
-                self.unreadable_records += 1
-                log.error(
-                    "a record of the store's %s table cannot be read and is skipped (key %r): %s: %s",
-                    table,
-                    key[:60],
-                    type(exc).__name__,
-                    exc,
-                )
-        return out
+    def disk_bytes(self) -> int:
+        """Bytes of the store's pages in use on disk (the high-water mark of the data file)."""
+        return self.env.disk_bytes()
 
     # -- checking -----------------------------------------------------------------------------------
 
@@ -864,122 +637,25 @@ class Store:
         """Every record of ``queue``, in order: ("message", Message), ("dead", DeadLetter), or (kind,
         None) for one that cannot be read. Read-only: nothing is set aside (``pzq check``, ``pzq dump``)."""
         info = self._queues[queue]
-        txn = self._txn_for_read()
         prefix = _U64.pack(info.qid)
-        for kind, db in (("message", self._messages_db), ("dead", self._dead_db)):
-            cursor = txn.cursor(db=db)
-            if not cursor.set_range(prefix):
-                continue
-            for key, value in cursor:
-                if not key.startswith(prefix):
-                    break
-                if kind == "message":
-                    yield kind, self._decode(info, key, value, txn)
-                    self._unreadable.clear()
+        with self.env.reading() as txn:
+            for kind, db in (("message", self._messages_db), ("dead", self._dead_db)):
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(prefix):
                     continue
-                try:
-                    yield kind, self._decode_dead(info, key, value, txn)
-                except (ValueError, TypeError, msgpack.UnpackException):
-                    yield kind, None
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    if kind == "message":
+                        yield kind, self._decode(info, bytes(key), bytes(value), txn)
+                        self._unreadable.clear()
+                        continue
+                    try:
+                        yield kind, self._decode_dead(info, bytes(key), bytes(value), txn)
+                    except (ValueError, TypeError, msgpack.UnpackException):
+                        yield kind, None
 
-    # -- disk space ---------------------------------------------------------------------------------
-
-    def watch_disk(self) -> int | None:
-        """Check the free space of the store's filesystem (one statvfs); returns it.
-
-        Under ``min_disk_free`` producers are refused ("queue full"). The reserve file is given back
-        when a commit fails (``commit``), so that acks, nacks and deletes, which need new pages too
-        (copy-on-write), still commit when something else took the rest of the disk. Once there is room
-        for it again it is made anew."""
-        if not self.min_disk_free and not self.disk_reserve:
-            return None
-        try:
-            st = os.statvfs(self.path)
-        except OSError:
-            return None
-        free = st.f_bavail * st.f_frsize
-        if free < self.min_disk_free + self.disk_reserve:
-            # LMDB's data file never shrinks: pages freed by acks are reused from inside it, so they
-            # count as room too (only looked at when the filesystem itself is short).
-            free += self._reusable_bytes()
-        if free < self.min_disk_free:
-            if not self.low_disk:
-                log.warning(
-                    "the disk of %s has %d bytes free, under --min-disk-free %d: producers are refused "
-                    "until there is room; consumers go on",
-                    self.path,
-                    free,
-                    self.min_disk_free,
-                )
-            self.low_disk = True
-        else:
-            if self.low_disk:
-                log.warning("the disk of %s has %d bytes free again: producers are served", self.path, free)
-            self.low_disk = False
-            if (
-                st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
-                and time.monotonic() >= self._reserve_retry_at
-            ):
-                self._make_reserve()
-        return free
-
-    def _reusable_bytes(self) -> int:
-        """Bytes of the data file's pages that no table uses (free for LMDB to reuse)."""
-        txn = self._txn_for_read()
-        tables = (self._queues_db, self._meta_db, self._messages_db, self._deliveries_db, self._dead_db)
-        used = 2 + _pages(self._env.stat()) + sum(_pages(txn.stat(db)) for db in tables)  # 2: the meta pages
-        used += self._table_bytes(txn) // self._env.stat()["psize"]
-        info = self._env.info()
-        return max(0, info["last_pgno"] + 1 - used) * self._env.stat()["psize"]
-
-    def _make_reserve(self) -> bool:
-        """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
-        if not self.disk_reserve or self._readonly:
-            return True
-        try:
-            if os.path.getsize(self._reserve_path) >= self.disk_reserve:
-                return True
-        except OSError:
-            pass
-        try:
-            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, self.disk_reserve)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-            log.warning(
-                "cannot reserve %d bytes in %s (trying again in %d s): %s",
-                self.disk_reserve,
-                self._reserve_path,
-                RESERVE_RETRY_S,
-                exc,
-            )
-            try:
-                os.unlink(self._reserve_path)  # no half reserve
-            except OSError:
-                pass
-            return False
-        return True
-
-    def _release_reserve(self) -> bool:
-        try:
-            os.unlink(self._reserve_path)
-        except OSError:
-            return False
-        # Not made again at once: the failed turn's acks come back next turn and need that room.
-        self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-        log.warning(
-            "a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
-            "consumers' acks commit next time",
-            self.path,
-            self.disk_reserve,
-        )
-        return True
-
-    # -- figures ----------------------------------------------------------------------------------
-
-    def disk_bytes(self) -> int:
-        """Bytes of the store's pages in use on disk (the high-water mark of the data file)."""
-        return (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+    def damaged(self) -> list[tuple[bytes, bytes]]:
+        """The raw records set aside as unreadable (for ``pzq dump``)."""
+        with self.env.reading() as txn:
+            return [(bytes(key), bytes(value)) for key, value in txn.cursor(db=self._damaged_db)]

@@ -1,0 +1,349 @@
+"""The LMDB boundary: the one environment, its named databases, and the write transaction.
+
+Nothing else in pzq imports lmdb (but ``pzq check``'s page walk, in a child interpreter). The loop
+owns the write transaction: every write of a turn joins the one open transaction (``write()``), and
+``commit()`` ends it with one durable commit (fsync'd unless ``sync=False``); a failed write or
+commit rolls all of it back and tells the listeners (``on_abort``) so that their in-memory state
+follows. Reads go through ``reading()``, a ``with`` block that sees the turn's own uncommitted
+writes, or a read-only snapshot outside a turn.
+
+Also here, because they are about the file and not about queues: the exclusive lock that keeps a
+second server off the store, the start-up checks of a damaged or truncated file, and the disk watch
+(free space, and a reserve file given back when a commit fails for room).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lmdb
+
+from pzq.errors import StoreDamaged, StoreError, StoreLocked
+
+log = logging.getLogger("pzq.store")
+
+RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
+_MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
+
+# Python errors a write may raise from inside LMDB, every one of which leaves the transaction unusable.
+LmdbError = lmdb.Error
+KeyExists = lmdb.KeyExistsError
+
+
+def pages(stat: Any) -> int:  # (py-lmdb types it as a TypedDict)
+    """Pages one B-tree uses, from LMDB's statistics of it."""
+    return stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+
+
+class Environment:
+    """One LMDB environment with the named databases ``names``. Single-threaded: one owner."""
+
+    def __init__(
+        self,
+        path: str,
+        names: tuple[str, ...],
+        *,
+        max_size: int,
+        sync: bool = True,
+        readonly: bool = False,
+        min_disk_free: int = 0,
+        disk_reserve: int = 0,
+        verify: bool = False,
+    ):
+        self.path = path
+        self.readonly = readonly
+        self.min_disk_free = min_disk_free
+        self.disk_reserve = disk_reserve
+        self.low_disk = False  # free space is under min_disk_free: producers are refused
+        self.syncs = 0
+        self.on_abort: list[Callable[[], None]] = []  # told when the open transaction was rolled back
+        self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
+        self._reserve_path = os.path.join(path, "reserve")
+        # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
+        # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
+        # also after a restart with a limit below what is stored, so the data file counts too.
+        data_file = os.path.join(path, "data.mdb")
+        try:
+            stored = os.path.getsize(data_file)
+        except OSError:
+            stored = 0
+        if stored < _MIN_DATA_FILE and os.path.exists(data_file):
+            # LMDB would take an empty file for a new store: everything that was in it would be gone
+            # without a word. (It writes its two meta pages the moment it creates the file.)
+            raise StoreDamaged(
+                f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
+                "or move the directory aside to start with an empty store"
+            )
+        self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
+        self._lock_fd: int | None = None
+        try:
+            if readonly:
+                os.makedirs(path, exist_ok=True)
+            else:
+                _private_directory(path)
+        except OSError as exc:
+            raise StoreError(f"cannot open the store at {path}: {exc.strerror or exc}") from None
+        try:
+            # The whole cap is reserved as address space only: LMDB's data file still grows page by page
+            # as data is written, and no single turn, however large, can run out of map mid-way.
+            # mode 0600: the data and lock files are the owner's alone, whatever the umask.
+            self._env = lmdb.open(
+                path,
+                map_size=self.map_cap,
+                max_dbs=16,
+                sync=sync,
+                readonly=readonly,
+                lock=True,
+                meminit=False,
+                mode=0o600,
+            )
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+        needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        # The size is read again after the meta page: a live writer (pzq check beside a running server)
+        # only ever grows the file, and writes pages before the meta page that names them.
+        stored = os.path.getsize(data_file) if stored else 0
+        if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
+            self._env.close()
+            raise StoreDamaged(
+                f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
+                "from a backup, or move the directory aside to start with an empty store"
+            )
+        try:
+            if not readonly:
+                self._lock_fd = _lock_exclusively(data_file)
+                for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
+                    os.chmod(os.path.join(path, name), 0o600)
+                if verify and stored:
+                    from pzq.check import verify_pages  # (check reads stores: it imports this package)
+
+                    started = time.monotonic()
+                    records = verify_pages(path)
+                    log.info("%s verified: %d records in %.2f s", data_file, records, time.monotonic() - started)
+            self.dbs = {name: self._env.open_db(name.encode(), create=not readonly) for name in names}
+        except (lmdb.Error, OSError) as exc:
+            self.close()
+            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+        except StoreError:
+            self.close()
+            raise
+        self.page_size: int = self._env.stat()["psize"]
+        self._txn: lmdb.Transaction | None = None
+
+    def close(self) -> None:
+        """Close the environment (what is not committed is lost) and release the lock."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None  # type: ignore[assignment]  # (closed: every later call fails, close does nothing)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._env is None
+
+    # -- the write transaction --------------------------------------------------------------------
+
+    @property
+    def writing(self) -> bool:
+        """True while a write transaction is open."""
+        return self._txn is not None
+
+    def write(self) -> lmdb.Transaction:
+        """The open write transaction (begun on first use)."""
+        if self._txn is None:
+            if self.readonly:
+                raise StoreError("the store is open read-only")
+            self._txn = self._env.begin(write=True)
+        return self._txn
+
+    def do(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one LMDB write; a failure rolls the whole open transaction back (LMDB demands it)."""
+        try:
+            return op(*args, **kwargs)
+        except lmdb.MapFullError as exc:
+            self.abort()
+            raise StoreError("the LMDB map is full; the open transaction was rolled back") from exc
+        except lmdb.Error as exc:
+            self.abort()
+            raise StoreError(f"write failed, the open transaction was rolled back: {exc}") from exc
+
+    def commit(self) -> None:
+        """End the open write transaction durably (nothing to do without one)."""
+        txn, self._txn = self._txn, None
+        if txn is None:
+            return
+        try:
+            txn.commit()
+        except lmdb.Error as exc:
+            txn.abort()
+            self._aborted()
+            if self._release_reserve():  # most likely the disk is full: give the next commit room
+                self.low_disk = True
+            raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
+        self.syncs += 1
+
+    def end_clean(self) -> None:
+        """End an open transaction that wrote nothing (no listener needs telling)."""
+        txn, self._txn = self._txn, None
+        if txn is not None:
+            txn.abort()
+
+    def abort(self) -> None:
+        """Drop every write since the last commit."""
+        txn, self._txn = self._txn, None
+        if txn is not None:
+            txn.abort()
+        self._aborted()
+
+    def _aborted(self) -> None:
+        for listener in self.on_abort:
+            listener()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[lmdb.Transaction]:
+        """A transaction to read in: the open write transaction (its writes are seen), or a read-only
+        snapshot that ends with the block."""
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin() as txn:
+            yield txn
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def pages_of(self, names: tuple[str, ...], txn: lmdb.Transaction) -> int:
+        """Pages the B-trees of ``names`` fill (statistics only: no record is read)."""
+        return sum(pages(txn.stat(self.dbs[name])) for name in names)
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's pages in use on disk (the high-water mark of the data file)."""
+        return (self._env.info()["last_pgno"] + 1) * self.page_size
+
+    # -- disk space ---------------------------------------------------------------------------------
+
+    def watch_disk(self) -> int | None:
+        """Check the free space of the store's filesystem (one statvfs); returns it.
+
+        Under ``min_disk_free`` producers are refused ("queue full"). The reserve file is given back
+        when a commit fails (``commit``), so that acks, nacks and deletes, which need new pages too
+        (copy-on-write), still commit when something else took the rest of the disk. Once there is room
+        for it again it is made anew."""
+        if not self.min_disk_free and not self.disk_reserve:
+            return None
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        if free < self.min_disk_free + self.disk_reserve:
+            # LMDB's data file never shrinks: pages freed by acks are reused from inside it, so they
+            # count as room too (only looked at when the filesystem itself is short).
+            free += self._reusable_bytes()
+        if free < self.min_disk_free:
+            if not self.low_disk:
+                log.warning(
+                    "the disk of %s has %d bytes free, under --min-disk-free %d: producers are refused "
+                    "until there is room; consumers go on",
+                    self.path,
+                    free,
+                    self.min_disk_free,
+                )
+            self.low_disk = True
+        else:
+            if self.low_disk:
+                log.warning("the disk of %s has %d bytes free again: producers are served", self.path, free)
+            self.low_disk = False
+            if (
+                st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
+                and time.monotonic() >= self._reserve_retry_at
+            ):
+                self._make_reserve()
+        return free
+
+    def _reusable_bytes(self) -> int:
+        """Bytes of the data file's pages that no database uses (free for LMDB to reuse)."""
+        with self.reading() as txn:
+            used = 2 + pages(self._env.stat()) + self.pages_of(tuple(self.dbs), txn)  # 2: the meta pages
+        return max(0, self._env.info()["last_pgno"] + 1 - used) * self.page_size
+
+    def _make_reserve(self) -> bool:
+        """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
+        if not self.disk_reserve or self.readonly:
+            return True
+        try:
+            if os.path.getsize(self._reserve_path) >= self.disk_reserve:
+                return True
+        except OSError:
+            pass
+        try:
+            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.disk_reserve)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
+            log.warning(
+                "cannot reserve %d bytes in %s (trying again in %d s): %s",
+                self.disk_reserve,
+                self._reserve_path,
+                RESERVE_RETRY_S,
+                exc,
+            )
+            try:
+                os.unlink(self._reserve_path)  # no half reserve
+            except OSError:
+                pass
+            return False
+        return True
+
+    def _release_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve_path)
+        except OSError:
+            return False
+        # Not made again at once: the failed turn's acks come back next turn and need that room.
+        self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
+        log.warning(
+            "a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
+            "consumers' acks commit next time",
+            self.path,
+            self.disk_reserve,
+        )
+        return True
+
+
+def _lock_exclusively(path: str) -> int:
+    """Hold an exclusive flock on the store's data file for as long as the returned descriptor is open.
+
+    LMDB lets several processes open one environment; pzq's in-memory state (in-flight deliveries,
+    cursors, queue counters) assumes it is the only writer, so a second server on the same store must be
+    refused. The lock is on ``data.mdb`` itself, not on a file of its own that anyone could delete: the
+    only way around it is to remove the data. (flock and LMDB's own fcntl locks do not interact.)"""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
+    return fd
+
+
+def _private_directory(path: str) -> None:
+    """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
+    open to others, since it is the operator's directory to change."""
+    import stat
+
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
