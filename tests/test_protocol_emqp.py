@@ -3,7 +3,6 @@ ROUTER receives it from eventmq, malformed frame lists, the frames pzq sends, he
 
 from __future__ import annotations
 
-
 import pytest
 
 from pzq.errors import ProtocolError
