@@ -48,7 +48,8 @@ def test_an_empty_or_oversized_body_is_refused_and_nothing_of_the_request_is_sto
 
 
 def test_a_full_store_refuses_the_whole_request_and_keeps_serving(make_server, tmp_path):
-    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    # (a limit, not durability, is tested: no fsync per request)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20, hard_sync=False)
     with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
         api.produce([("q", b"x" * 1000)] * 500)
         with pytest.raises(ApiError, match="queue-full"):
@@ -57,7 +58,8 @@ def test_a_full_store_refuses_the_whole_request_and_keeps_serving(make_server, t
 
 
 def test_a_produce_refused_as_full_remembers_no_key_so_its_retry_is_stored(make_server, tmp_path):
-    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    # (a limit, not durability, is tested: no fsync per request)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20, hard_sync=False)
     with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
         api.produce([("q", b"x" * 1000)] * 900)
         with pytest.raises(ApiError, match="queue-full"):
@@ -69,7 +71,8 @@ def test_a_produce_refused_as_full_remembers_no_key_so_its_retry_is_stored(make_
 
 
 def test_dedup_keys_count_toward_the_store_limit(make_server, tmp_path):
-    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20)
+    # (a limit, not durability, is tested: no fsync per request)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_store_size=1 << 20, hard_sync=False)
     with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
         produced = 0
         with pytest.raises(ApiError, match="queue-full"):

@@ -124,34 +124,6 @@ def test_jobs_reach_workers_with_reply_requested_and_a_reply_is_kept_from_client
     assert no_command(c, b"REPLY", 300)
 
 
-def test_retry_count_caps_deliveries_then_the_job_goes_to_the_dead_letters(emqp):
-    srv, client_of, worker = emqp(emqp_heartbeat_interval=0.2, emqp_heartbeat_liveness=2)
-    c = client_of()
-    request(c, headers=b"retry-count:1")
-    for dead in (1, 2):  # two deliveries: the first and one retry, each to a worker that then dies
-        w = worker()
-        next_command(w, b"REQUEST")
-        w.close(linger=0)
-        wait_until(lambda dead=dead: srv.stats()["emqp"]["dead_workers_total"] >= dead, timeout_s=5)
-    survivor = worker()
-    wait_until(lambda: srv.stats()["queues"]["jobs"]["dead_letters"] == 1, timeout_s=5)
-    assert no_command(survivor, b"REQUEST", 300)
-
-
-def test_a_job_past_its_timeout_and_grace_is_requeued(emqp, monkeypatch):
-    from pzq.gateways import emqp as gateway
-
-    monkeypatch.setattr(gateway, "TIMEOUT_GRACE_S", 0.0)  # the grace is seconds; the rule is what is tested
-    srv, client_of, worker = emqp()
-    c = client_of()
-    m = request(c, headers=b"timeout:1")
-    w = worker(ready=2)
-    assert next_command(w, b"REQUEST")[3] == m
-    started = time.monotonic()
-    assert next_command(w, b"REQUEST", 4000)[3] == m
-    assert time.monotonic() - started >= 0.9
-
-
 def test_messages_from_other_protocols_reach_workers_as_text_jobs(emqp, sockets):
     srv, _, worker = emqp()
     d = sockets(zmq.DEALER, srv.receive)
@@ -217,37 +189,21 @@ def test_bad_frames_are_counted_and_never_stop_the_broker(emqp):
     assert next_command(c, b"ACK")[4] == m
 
 
-def test_an_interval_schedule_enqueues_its_job_until_its_run_count_is_spent(emqp):
+def test_a_schedule_is_acked_its_job_reaches_a_worker_and_unschedule_removes_it(emqp):
+    # (its timing rules are tested on an injected clock in test_emqp_gateway.py)
     srv, client_of, worker = emqp()
     c = client_of()
     payload = json.dumps(
         ["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {}, "class_args": [], "class_kwargs": {}}]
     ).encode()
     m = mid()
-    c.send_multipart([b"", V, b"SCHEDULE", m, b"ticks", b"run_count:2", b"1", payload, b""])
+    c.send_multipart([b"", V, b"SCHEDULE", m, b"ticks", b"", b"60", payload, b""])
     assert next_command(c, b"ACK")[4] == m
     w = worker(b'[[10, "ticks"]]', ready=3)
     first = next_command(w, b"REQUEST")
     assert first[6] == payload and first[5] == b"reply-requested"
-    started = time.monotonic()
-    next_command(w, b"REQUEST", 3000)
-    assert time.monotonic() - started >= 0.8, "runs are an interval apart"
-    assert no_command(w, b"REQUEST", 1500), "run_count:2 ran a third time"
-    assert srv.stats()["emqp"]["schedules"] == 0
-
-
-def test_unschedule_stops_a_schedule_and_nohaste_waits_an_interval(emqp):
-    srv, client_of, worker = emqp()
-    c = client_of()
-    payload = json.dumps(
-        ["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {}, "class_args": [], "class_kwargs": {}}]
-    ).encode()
-    c.send_multipart([b"", V, b"SCHEDULE", mid(), b"s", b"nohaste", b"60", payload, b""])
-    next_command(c, b"ACK")
-    w = worker(b'[[10, "s"]]')
-    assert no_command(w, b"REQUEST", 500), "nohaste ran at once"
     assert srv.stats()["emqp"]["schedules"] == 1
-    c.send_multipart([b"", V, b"UNSCHEDULE", mid(), b"s", b"", b"-1", payload, b""])
+    c.send_multipart([b"", V, b"UNSCHEDULE", mid(), b"ticks", b"", b"-1", payload, b""])
     next_command(c, b"ACK")
     wait_until(lambda: srv.stats()["emqp"]["schedules"] == 0)
 

@@ -203,3 +203,62 @@ def test_unschedule_of_the_same_job_removes_a_cron_schedule(store):
     assert len(gateway.schedules) == 1
     gateway.from_client([b"client", b"", V, b"UNSCHEDULE", mid(), b"jobs", b"", b"-1", job, b""], now=T0, now_us=1)
     assert gateway.schedules == {} and Schedules(store).raw() == []
+
+
+def interval_schedule(gateway, seconds: bytes, headers: bytes, now_us: int) -> None:
+    job = b'["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {}, "class_args": [], "class_kwargs": {}}]'
+    out = gateway.from_client(
+        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, seconds, job, b""], now=T0, now_us=now_us
+    )
+    assert out[0].frames[3] == b"ACK"
+
+
+def test_an_interval_schedule_runs_now_then_an_interval_apart_until_its_run_count_is_spent(store):
+    gateway = gateway_on(store)
+    interval_schedule(gateway, b"10", b"run_count:2", now_us=0)
+    assert gateway.run_schedules(0) == 1, "haste: the first run is at once"
+    assert gateway.run_schedules(9_999_999) == 0
+    assert gateway.run_schedules(10_000_000) == 1
+    assert gateway.schedules == {} and Schedules(store).raw() == [], "run_count:2 spent"
+    assert gateway.run_schedules(60_000_000) == 0 and store.queue("jobs").count == 2
+
+
+def test_nohaste_waits_one_interval_and_a_pause_runs_a_schedule_once_then_on_time(store):
+    gateway = gateway_on(store)
+    interval_schedule(gateway, b"60", b"nohaste", now_us=0)
+    assert gateway.run_schedules(0) == 0 and gateway.run_schedules(59_999_999) == 0
+    assert gateway.run_schedules(60_000_000) == 1
+    assert gateway.run_schedules(500_000_000) == 1, "after a pause: once, not once per missed interval"
+    assert gateway.run_schedules(559_999_999) == 0 and gateway.run_schedules(560_000_000) == 1
+
+
+def test_a_job_with_a_timeout_header_is_requeued_after_its_timeout_and_the_grace(store):
+    from pzq.gateways.emqp import TIMEOUT_GRACE_S
+
+    gateway = gateway_on(store)
+    gateway.from_client(
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"timeout:2", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+    )
+    given_a_job(gateway)
+    assert gateway.broker.expire(T0 + 2 + TIMEOUT_GRACE_S - 0.01) == 0, "--ack-timeout does not apply to jobs"
+    assert gateway.broker.expire(T0 + 2 + TIMEOUT_GRACE_S + 0.01) == 1
+    worker(gateway, b"w1", b"READY", now=T0 + 10)
+    [again] = gateway.hand_out(now=T0 + 10, now_us=int((T0 + 10) * 1e6))
+    assert again.frames[3] == b"REQUEST" and again.frames[4] == b"req-1"
+
+
+def test_retry_count_caps_deliveries_then_the_job_is_dead_lettered(store):
+    gateway = gateway_on(store)
+    gateway.from_client(
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"retry-count:1", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+    )
+    now = T0
+    for peer in (b"w1", b"w2"):  # the first delivery and one retry, each to a worker that then dies
+        given_a_job(gateway, peer, now=now)
+        now += 3 * 3 + 1  # silent for liveness (3) x interval (3 s)
+        gateway.tick(now)
+        assert peer not in gateway.workers
+    worker(gateway, b"w3", b"INFORM", b'[[10, "jobs"]]', b"worker", now=now)
+    worker(gateway, b"w3", b"READY", now=now)
+    assert gateway.hand_out(now=now, now_us=int(now * 1e6)) == []
+    assert store.queue("jobs").dead_count == 1 and store.queue("jobs").count == 0

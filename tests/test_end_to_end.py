@@ -176,12 +176,21 @@ def test_garbage_from_a_consumer_is_ignored_and_the_server_keeps_serving(server,
 
 def test_the_monitor_answers_every_request_even_unknown_ones(server):
     text = client.monitor_request(server.monitor, "MONITOR")
-    assert text.splitlines()[:6] == [
+    first = text.splitlines()[:6]
+    assert [line.split(": ")[0] for line in first] == [
+        "messages",
+        "messages_inflight",
+        "db_size",
+        "inflight_db_size",
+        "syncs",
+        "expired_messages",
+    ]
+    assert all(line.split(": ")[1].isdigit() for line in first), first
+    assert int(first[2].split(": ")[1]) > 0, "db_size: the store's pages on disk"
+    assert [first[0], first[1], first[3], first[5]] == [
         "messages: 0",
         "messages_inflight: 0",
-        text.splitlines()[2],
         "inflight_db_size: 0",
-        text.splitlines()[4],
         "expired_messages: 0",
     ]
     assert client.monitor_request(server.monitor, "HELLO").startswith("error: ")
