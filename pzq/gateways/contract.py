@@ -11,7 +11,7 @@ nothing but these methods.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
 class Send(NamedTuple):
@@ -68,6 +68,7 @@ class Gateway(Protocol):
         ...
 
 
+@runtime_checkable
 class FramesGateway(Gateway, Protocol):
     """A gateway on ZeroMQ sockets: whole messages of frames, routing frame first."""
 
@@ -76,6 +77,7 @@ class FramesGateway(Gateway, Protocol):
         ...
 
 
+@runtime_checkable
 class StreamGateway(Gateway, Protocol):
     """A gateway on raw TCP connections: bytes as they arrive, and the connections' life."""
 

@@ -1,0 +1,70 @@
+"""The monitor's answers without a socket: figures, dead letters, and a REQUEUE that writes inside the
+loop's turn and leaves the commit to the loop."""
+
+from __future__ import annotations
+
+import json
+
+from pzq.admin import Admin
+from pzq.broker import Broker
+from pzq.protocols import monitor as monitor_proto
+from pzq.store import message_id
+
+
+def admin_on(store) -> Admin:
+    return Admin(Broker(store, ack_timeout_s=5), store_limit=64 << 20, gateways=lambda: {"phpmq": {"connections": 2}})
+
+
+def ask(text: str) -> monitor_proto.Request:
+    return monitor_proto.parse_request([b"peer", b"", text.encode()])
+
+
+def dead_letter_one(admin: Admin) -> str:
+    message = admin.broker.produce("q", [b"poison"], now_us=1)
+    admin.broker.store.dead_letter(message, "max-deliveries", now_us=2)
+    admin.broker.store.commit()
+    return message.id
+
+
+def test_monitor_reports_the_six_pzq_fields_first_then_queues_and_gateways(store):
+    admin = admin_on(store)
+    admin.broker.produce("q", [b"m"], now_us=1)
+    lines = admin.answer(ask("MONITOR")).splitlines()
+    assert [line.split(": ")[0] for line in lines[:6]] == list(monitor_proto.PZQ_FIELDS)
+    assert lines[0] == "messages: 1"
+    assert "queue.q.depth: 1" in lines and "phpmq.connections: 2" in lines
+
+
+def test_deadletters_lists_what_went_there_and_why(store):
+    admin = admin_on(store)
+    key = dead_letter_one(admin)
+    [letter] = json.loads(admin.answer(ask("DEADLETTERS q")))
+    assert (letter["id"], letter["reason"], letter["body"]) == (key, "max-deliveries", ["poison"])
+
+
+def test_requeue_writes_in_the_turn_and_leaves_the_commit_to_the_loop(store):
+    admin = admin_on(store)
+    key = dead_letter_one(admin)
+    request = ask(f"REQUEUE q {key}")
+    assert admin.writes(request) and not admin.writes(ask("MONITOR"))
+    syncs = store.syncs
+    text, changed = admin.write(request)
+    assert changed and json.loads(text)["requeued"] == 1
+    assert store.dirty and store.syncs == syncs, "not committed by the monitor"
+    assert store.queue("q").count == 1 and store.queue("q").dead_count == 0
+
+
+def test_requeue_of_an_id_that_is_not_a_dead_letter_changes_nothing(store):
+    admin = admin_on(store)
+    dead_letter_one(admin)
+    text, changed = admin.write(ask(f"REQUEUE q {message_id(store.queue('q').qid, 999)}"))
+    assert not changed and json.loads(text)["requeued"] == 0
+    text, changed = admin.write(ask("REQUEUE q nope"))
+    assert not changed and text.startswith("error: ")
+    assert store.queue("q").dead_count == 1
+
+
+def test_unknown_and_malformed_requests_get_an_error_text(store):
+    admin = admin_on(store)
+    assert admin.answer(ask("HELLO")).startswith("error: ")
+    assert admin.answer(ask("DEADLETTERS")).startswith("error: ")
