@@ -207,9 +207,10 @@ class Environment:
             listener()
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[lmdb.Transaction]:
+    def reading(self) -> Iterator[Any]:
         """A transaction to read in: the open write transaction (its writes are seen), or a read-only
-        snapshot that ends with the block."""
+        snapshot that ends with the block. (Typed Any: py-lmdb types every value bytes | memoryview,
+        but pzq never asks for buffers, so they are bytes.)"""
         if self._txn is not None:
             yield self._txn
             return

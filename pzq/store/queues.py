@@ -647,15 +647,15 @@ class Store:
                     if not key.startswith(prefix):
                         break
                     if kind == "message":
-                        yield kind, self._decode(info, bytes(key), bytes(value), txn)
+                        yield kind, self._decode(info, key, value, txn)
                         self._unreadable.clear()
                         continue
                     try:
-                        yield kind, self._decode_dead(info, bytes(key), bytes(value), txn)
+                        yield kind, self._decode_dead(info, key, value, txn)
                     except (ValueError, TypeError, msgpack.UnpackException):
                         yield kind, None
 
     def damaged(self) -> list[tuple[bytes, bytes]]:
         """The raw records set aside as unreadable (for ``pzq dump``)."""
         with self.env.reading() as txn:
-            return [(bytes(key), bytes(value)) for key, value in txn.cursor(db=self._damaged_db)]
+            return list(txn.cursor(db=self._damaged_db))

@@ -103,7 +103,7 @@ class SideTable(Generic[K, V]):
                 for key, value in cursor:
                     if not key.startswith(prefix):
                         break
-                    out.append((key, bytes(value)))
+                    out.append((key, value))
         return out
 
     def items(self, prefix: bytes = b"") -> list[tuple[K, V]]:
