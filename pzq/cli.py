@@ -518,8 +518,8 @@ def main() -> None:
 @_errors_to_exit
 def bench(json_path, plot_path, quiet, server_args, **options) -> None:
     """Measure throughput and latency of a fresh local server, with the no-storage ceiling beside it."""
-    from pzq import bench as bench_mod
-    from pzq import bench_report
+    from pzq.bench import native as bench_mod
+    from pzq.bench import report as bench_report
 
     if options["size"] < 16:
         raise ConfigError("--size: at least 16 bytes (the benchmark stamps each body)")

@@ -27,9 +27,9 @@ import sys
 import tempfile
 import time
 
-from pzq import bench
-from pzq.bench_report import _fmt, medians
-from pzq.bench_workers import _HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
+from pzq.bench import native as bench
+from pzq.bench.report import _fmt, medians
+from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
 
 STREAM, GROUP = "pzq-bench", "bench"
 

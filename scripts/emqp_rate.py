@@ -27,7 +27,7 @@ TESTS = HERE.parent / "tests"
 
 
 def free_ports(n: int) -> list[int]:
-    from pzq.bench import _free_ports
+    from pzq.bench.native import _free_ports
 
     return _free_ports(n)
 

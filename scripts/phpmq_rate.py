@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
+from pzq.bench.native import _free_ports
 from pzq.clients import native as client
-from pzq.bench import _free_ports
 from pzq.protocols.phpmq import ACK, CONSUME, SEND, encode
 
 

@@ -20,9 +20,8 @@ import threading
 import time
 from typing import Any
 
-from pzq.clients import native as client
-from pzq.bench_report import latency_ms, machine, medians
-from pzq.bench_workers import (
+from pzq.bench.report import latency_ms, machine, medians
+from pzq.bench.workers import (
     TAG_SHIFT,
     ConsumerJob,
     ProducerJob,
@@ -33,6 +32,7 @@ from pzq.bench_workers import (
     run_phpmq_producer,
     run_producer,
 )
+from pzq.clients import native as client
 from pzq.errors import PzqError
 
 _mp = multiprocessing.get_context("spawn")
