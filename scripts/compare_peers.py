@@ -9,7 +9,7 @@ pzq's fsync'd acks:
   consumers XREADGROUP (COUNT 100) + XACK.
 - RabbitMQ: a durable quorum queue, persistent messages, publisher confirms (up to the window
   unconfirmed), consumers with prefetch 100 and manual acks.
-The phases, processes, body stamps and figures are pzq bench's own (pzq.bench.run_phase), so the only
+The phases, processes, body stamps and figures are pzq bench's own (pzq.bench.phases.run_phase), so the only
 difference between the columns is the system under test. `--install` apt-installs the servers and
 pip-installs the Python clients (redis, pika) when they are missing.
 """
@@ -28,7 +28,9 @@ import tempfile
 import time
 
 from pzq.bench import native as bench
-from pzq.bench.report import _fmt, medians
+from pzq.bench.phases import BenchOptions, Progress, run_phase
+from pzq.bench.report import _fmt, machine, medians
+from pzq.bench.server import cpu_seconds, free_ports
 from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
 
 STREAM, GROUP = "pzq-bench", "bench"
@@ -132,7 +134,7 @@ class RedisPeer:
         r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
 
     def cpu_seconds(self) -> float:
-        return bench.cpu_seconds(self.proc.pid)
+        return cpu_seconds(self.proc.pid)
 
     def commits(self):
         return None
@@ -279,7 +281,7 @@ class RabbitPeer:
 
     def cpu_seconds(self) -> float:
         # The Erlang VM (beam) is a child of the rabbitmq-server script: count the whole session.
-        return sum(bench.cpu_seconds(pid) for pid in _session_pids(self.proc.pid))
+        return sum(cpu_seconds(pid) for pid in _session_pids(self.proc.pid))
 
     def commits(self):
         return None
@@ -304,7 +306,7 @@ class RabbitPeer:
 
 
 def _free_port() -> int:
-    return bench._free_ports(1)[0]
+    return free_ports(1)[0]
 
 
 def _wait_port(port: int, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:
@@ -333,12 +335,12 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def one_run(peer, options: bench.BenchOptions) -> dict:
-    progress = bench._Progress(options.progress)
+def one_run(peer, options: BenchOptions) -> dict:
+    progress = Progress(options.progress)
     kw = dict(progress=progress, server=peer, producer_fn=peer.producer_fn, consumer_fn=peer.consumer_fn)
     out = {}
     peer.reset()
-    out["producer_w1"], _ = bench.run_phase(
+    out["producer_w1"], _ = run_phase(
         "producer w1",
         options,
         peer.endpoint,
@@ -349,7 +351,7 @@ def one_run(peer, options: bench.BenchOptions) -> dict:
         consumers=0,
         **kw,
     )
-    out["producer_w100"], _ = bench.run_phase(
+    out["producer_w100"], _ = run_phase(
         f"producer w{options.window}",
         options,
         peer.endpoint,
@@ -360,7 +362,7 @@ def one_run(peer, options: bench.BenchOptions) -> dict:
         consumers=0,
         **kw,
     )
-    out["consumer"], _ = bench.run_phase(
+    out["consumer"], _ = run_phase(
         "consumer drain",
         options,
         None,
@@ -372,7 +374,7 @@ def one_run(peer, options: bench.BenchOptions) -> dict:
         **kw,
     )
     peer.reset()
-    out["e2e"], _ = bench.run_phase(
+    out["e2e"], _ = run_phase(
         "end to end",
         options,
         peer.endpoint,
@@ -384,7 +386,7 @@ def one_run(peer, options: bench.BenchOptions) -> dict:
         **kw,
     )
     peer.reset()
-    out["e2e_paced"], _ = bench.run_phase(
+    out["e2e_paced"], _ = run_phase(
         f"paced {options.rate:g}/s",
         options,
         peer.endpoint,
@@ -428,7 +430,7 @@ def main() -> None:
     parser.add_argument("--install", action="store_true", help="apt/pip-install what is missing")
     parser.add_argument("--json", default="compare-peers.json")
     args = parser.parse_args()
-    options = bench.BenchOptions(
+    options = BenchOptions(
         count=args.count,
         latency_count=args.latency_count,
         window=args.window,
@@ -441,7 +443,7 @@ def main() -> None:
         "redis": (RedisPeer, "redis-server", "redis-server", "redis"),
         "rabbitmq": (RabbitPeer, "rabbitmq-server", "rabbitmq-server", "pika"),
     }
-    results = {"machine": bench.machine(), "options": vars(args)}
+    results = {"machine": machine(), "options": vars(args)}
     print("pzq ...", file=sys.stderr)
     results["pzq"] = bench.bench(dataclasses.replace(options, ceiling=False))["median"]
     for name in args.peers.split(","):

@@ -12,83 +12,30 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 
 import zmq
 
+from pzq.bench.server import PzqServer
 from pzq.clients import native as client
+from pzq.clients.sockets import tcp_address
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(PzqServer):
+    """A fresh server with the MQKS and API gateways, started."""
 
-
-class Server:
     def __init__(self, *extra: str):
-        self.tmp = tempfile.mkdtemp(prefix="pzq-torture-")
-        self.mqks_port, self.api_port = _free_port(), _free_port()
-        self.receive, self.send, self.monitor = (f"ipc://{self.tmp}/{n}" for n in ("r", "s", "m"))
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pzq",
-                "serve",
-                "--database",
-                f"{self.tmp}/db",
-                "--receive-dsn",
-                self.receive,
-                "--send-dsn",
-                self.send,
-                "--monitor-dsn",
-                self.monitor,
-                "--phpmq-dsn",
-                "",
-                "--emqp-frontend-dsn",
-                "",
-                "--emqp-backend-dsn",
-                "",
-                "--emqp-publish-dsn",
-                "",
-                "--api-dsn",
-                f"tcp://127.0.0.1:{self.api_port}",
-                "--disk-reserve",
-                "0",
-                "--mqks-dsn",
-                f"tcp://127.0.0.1:{self.mqks_port}",
-                *extra,
-            ],
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+        super().__init__(
+            gateways=("api", "mqks"), transport="ipc", args=("--disk-reserve", "0", *extra), prefix="pzq-torture-"
         )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.stats(self.monitor, timeout_ms=300)
-                return
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("pzq serve did not start") from None
+        self.start(timeout_s=20)
+        self.mqks_port, self.api_port = (tcp_address(dsn)[1] for dsn in (self.mqks, self.api))
 
-    def peak_rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return 0.0
-
-    def close(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+    def close(self, *, kill: bool = True) -> None:
+        super().close(kill=kill)  # a tortured server owes no clean shutdown
 
 
 class Honest(threading.Thread):

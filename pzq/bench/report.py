@@ -36,6 +36,7 @@ def latency_ms(latencies_ns: list[int], prefix: str) -> dict[str, float]:
         f"{prefix}_p50_ms": round(percentile(values, 50) / 1e6, 3),
         f"{prefix}_p99_ms": round(percentile(values, 99) / 1e6, 3),
         f"{prefix}_p999_ms": round(percentile(values, 99.9) / 1e6, 3),
+        f"{prefix}_max_ms": round(values[-1] / 1e6, 3) if values else 0.0,
     }
 
 
@@ -55,6 +56,26 @@ def medians(runs: list[dict]) -> dict[str, float]:
     flat = [flatten(r) for r in runs]
     keys = sorted({k for f in flat for k in f})
     return {k: round(statistics.median(f[k] for f in flat if k in f), 3) for k in keys}
+
+
+def lost_or_duplicated(result: dict) -> list[str]:
+    """The figures of any run that say a message was lost or duplicated: pzq's end-to-end counts, and
+    the other protocols' ``distinct`` (or ``finished``) that must equal their count, ``left`` that must be 0."""
+    problems = []
+    for number, run in enumerate(result["runs"], 1):
+        figures = flatten(run)
+        for key, value in figures.items():
+            prefix, _, name = key.rpartition(".")
+            prefix += "." if prefix else ""
+            wrong = (
+                (key.startswith(("e2e.", "e2e_paced.")) and name in ("lost", "duplicated") and value != 0)
+                or (name == "left" and value != 0)
+                or (name == "distinct" and value != figures.get(prefix + "messages"))
+                or (name == "finished" and value != figures.get(prefix + "jobs"))
+            )
+            if wrong:
+                problems.append(f"run {number}: {key} {value:g}")
+    return problems
 
 
 def machine() -> dict:
@@ -81,6 +102,9 @@ ROWS = [
     ("  ack latency p50 (ms)", "producer_w100.ack_p50_ms", "ceiling_w100.ack_p50_ms"),
     ("  ack latency p99 (ms)", "producer_w100.ack_p99_ms", "ceiling_w100.ack_p99_ms"),
     ("send, written, no receipt (msg/s)", "send.msg_s", None),
+    ("send, until all stored (msg/s)", "send_then_consume.send_msg_s", None),
+    ("consume + ack, until 0 (msg/s)", "send_then_consume.consume_msg_s", None),
+    ("send -> consume -> ack (msg/s)", "send_then_consume.msg_s", None),
     ("consumer, draining (msg/s)", "consumer.msg_s", None),
     ("end to end (msg/s)", "e2e.msg_s", "ceiling_e2e.msg_s"),
     ("  latency p50 (ms)", "e2e.lat_p50_ms", "ceiling_e2e.lat_p50_ms"),

@@ -1,0 +1,120 @@
+"""`pzq bench --protocol spark`: rows per second through the Spark connector on a local[2] session and
+a real pzq server.
+
+Each run fills a fresh queue with N small messages (API PRODUCE, 1,000 per request), then times:
+  snapshot     a batch read (spark.read.format("pzq") ... .count()) of the N messages;
+  stream read  a streaming query (format pzq -> noop sink) from start until all N rows are processed
+               (leases, fetches, and the acknowledging commits of every batch but the last);
+  sink         a DataFrame of N rows written into a queue (format pzq, durable before each task ends).
+Spark start-up is not counted; the first run also pays for Spark's JIT warm-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from pzq.bench.report import machine, medians
+from pzq.bench.server import PzqServer
+from pzq.clients.api import ApiClient
+from pzq.errors import PzqError
+
+PRODUCE_BATCH = 1000  # messages per API PRODUCE
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkOptions:
+    messages: int = 100_000
+    runs: int = 3
+    batch: int = 20_000  # maxMessagesPerBatch
+    size: int = 100  # body bytes
+    server_args: tuple[str, ...] = ()
+
+
+def _timed(count: int, seconds: float, unit: str, rate: str) -> dict:
+    return {unit: count, "seconds": round(seconds, 6), rate: round(count / seconds)}
+
+
+def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOptions, checkpoints: str) -> dict:
+    n, queue = options.messages, f"rate{run}"
+    body = b"x" * options.size
+    t0 = time.perf_counter()
+    for i in range(0, n, PRODUCE_BATCH):
+        api.produce([(queue, body)] * min(PRODUCE_BATCH, n - i))
+    produce = _timed(n, time.perf_counter() - t0, "messages", "msg_s")
+
+    t0 = time.perf_counter()
+    count = spark.read.format("pzq").option("endpoint", endpoint).option("queue", queue).load().count()
+    snapshot = _timed(count, time.perf_counter() - t0, "rows", "rows_s")
+
+    t0 = time.perf_counter()
+    query = (
+        spark.readStream.format("pzq")
+        .option("endpoint", endpoint)
+        .option("queue", queue)
+        .option("maxMessagesPerBatch", options.batch)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", f"{checkpoints}/ck{run}")
+        .start()
+    )
+    query.processAllAvailable()
+    seconds = time.perf_counter() - t0
+    progress = query.lastProgress["sources"][0] if query.lastProgress else {}
+    query.stop()
+    leased = api.offsets(queue, "spark")[1]
+    if leased != n:
+        raise PzqError(f"spark: the stream leased {leased} of {n}: {progress}")
+    stream = _timed(leased, seconds, "rows", "rows_s")
+
+    df = spark.range(n).selectExpr(f"repeat('x', {options.size}) AS body").cache()
+    df.count()
+    t0 = time.perf_counter()
+    df.write.format("pzq").option("endpoint", endpoint).option("queue", f"sink{run}").mode("append").save()
+    seconds = time.perf_counter() - t0
+    df.unpersist()
+    stored = api.info(f"sink{run}")["depth"]
+    if stored != n:
+        raise PzqError(f"spark: the sink stored {stored} of {n} rows")
+    sink = _timed(stored, seconds, "rows", "rows_s")
+    return {"messages": n, "produce": produce, "stream": stream, "snapshot": snapshot, "sink": sink}
+
+
+def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
+    """A local[2] session and one server for every run; a row per run as it ends."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from pzq.spark import register
+
+    runs = []
+    with PzqServer(gateways=("api",), transport="ipc", api_transport="ipc", args=options.server_args) as server:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            register(spark)
+            with ApiClient(server.api, timeout_s=60) as api:
+                n, size, batch = options.messages, options.size, options.batch
+                echo(f"{n:,} messages of {size} B, local[2], maxMessagesPerBatch {batch:,}")
+                echo(
+                    f"{'run':>3} {'produce msg/s':>14} {'stream read rows/s':>19} {'snapshot rows/s':>16} "
+                    f"{'sink rows/s':>12}"
+                )
+                for run in range(1, options.runs + 1):
+                    r = one_run(spark, api, server.api, run, options, server.workdir)
+                    runs.append(r)
+                    echo(
+                        f"{run:>3} {r['produce']['msg_s']:>14,.0f} {r['stream']['rows_s']:>19,.0f} "
+                        f"{r['snapshot']['rows_s']:>16,.0f} {r['sink']['rows_s']:>12,.0f}"
+                    )
+        finally:
+            spark.stop()
+    return {"machine": machine(), "options": dataclasses.asdict(options), "runs": runs, "median": medians(runs)}
