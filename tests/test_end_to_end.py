@@ -8,6 +8,7 @@ import pytest
 import zmq
 
 from pzq.clients import native as client
+from pzq.protocols.monitor import PZQ_FIELDS
 from pzq.protocols.pzq import QUEUE_FULL
 
 from conftest import recv, wait_connected, wait_until
@@ -177,14 +178,7 @@ def test_garbage_from_a_consumer_is_ignored_and_the_server_keeps_serving(server,
 def test_the_monitor_answers_every_request_even_unknown_ones(server):
     text = client.monitor_request(server.monitor, "MONITOR")
     first = text.splitlines()[:6]
-    assert [line.split(": ")[0] for line in first] == [
-        "messages",
-        "messages_inflight",
-        "db_size",
-        "inflight_db_size",
-        "syncs",
-        "expired_messages",
-    ]
+    assert tuple(line.split(": ")[0] for line in first) == PZQ_FIELDS
     assert all(line.split(": ")[1].isdigit() for line in first), first
     assert int(first[2].split(": ")[1]) > 0, "db_size: the store's pages on disk"
     assert [first[0], first[1], first[3], first[5]] == [
