@@ -14,22 +14,18 @@ that are not UTF-8 are replaced, since eventmq peers decode every frame).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import time
 import uuid
-import zoneinfo
 from collections.abc import Callable
-
-import croniter
 
 from pzq.broker import Broker, Ref
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import Send
+from pzq.gateways.emqp_scheduler import Scheduler
 from pzq.logs import warn_bad
 from pzq.protocols import emqp
 from pzq.store.emqp_jobs import EmqpJobs
-from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.emqp")
 
@@ -37,9 +33,7 @@ FRONT, BACK, PUB = "front", "back", "pub"
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
 REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
-MAX_SCHEDULES = 10_000  # recurring jobs at most
 MAX_SCHEDULERS = 100  # scheduler daemons heartbeaten at once
-MAX_CRON = 255  # characters of a cron expression
 # After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
 # broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
 # with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
@@ -80,11 +74,9 @@ class EmqpGateway:
         wall_clock: Callable[[], float] = time.time,
     ):
         self.broker = broker
-        self.schedule_table = Schedules(broker.store)  # (durable: the loop keeps their timing only)
         self.job_table = EmqpJobs(broker.store)  # jobs handed out, for a REPLY after a restart
         self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
         self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
-        self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.default_queues = default_queues
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
@@ -99,11 +91,8 @@ class EmqpGateway:
         self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
         # dropped -> (queues, slots, CURVE key)
         self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
-        self._next_due: int | None = None
         self.next_heartbeat = 0.0
-        # id -> record (see _schedule) without its payload, which stays in the store until a run: up to
-        # MAX_SCHEDULES payloads of up to --max-message-size each must not be held in memory.
-        self.schedules: dict[str, dict] = _timing(self.schedule_table.all())
+        self.scheduler = Scheduler(broker, cron_timezone, new_id)
         self.counters = {
             "requests_total": 0,
             "replies_total": 0,
@@ -186,11 +175,7 @@ class EmqpGateway:
             return self._schedule(cmd, now_us)
         elif cmd.name == "UNSCHEDULE":
             payload = cmd.args[3] if len(cmd.args) > 3 else ""
-            key = emqp.schedule_id(payload)
-            if self.schedules.pop(key, None) is not None:
-                self.schedule_table.delete(key)
-                self._next_due = None
-                log.info("eMQP schedule %s removed", key)
+            self.scheduler.remove(payload)
             return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
         return []
 
@@ -199,130 +184,26 @@ class EmqpGateway:
         queue, headers_text, interval_text = cmd.args[:3]
         payload = cmd.args[3] if len(cmd.args) > 3 else ""
         cron = (cmd.args[4] if len(cmd.args) > 4 else "").strip()
-        first_cron = 0
         try:
-            headers = emqp.parse_headers(headers_text)
-            runs = emqp.header_int(headers, "run_count")
-            interval = (
-                int(interval_text)
-                if interval_text.isascii() and interval_text.isdigit() and len(interval_text) <= 9
-                else None
-            )
-            if not queue or len(queue.encode()) > 255:
-                raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
-            if cron:  # (eventmq sends interval -1 with it)
-                interval = 0
-                first_cron = self._cron_next(cron, now_us)
-            elif interval is None or interval <= 0:
-                raise ProtocolError(
-                    "bad-schedule",
-                    "a schedule needs an interval (whole seconds > 0) or a cron "
-                    f"expression, got interval {interval_text[:20]!r}",
-                )
-            key = emqp.schedule_id(payload)
-            if key not in self.schedules and len(self.schedules) >= MAX_SCHEDULES:
-                raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
+            self.scheduler.add(queue, headers_text, interval_text, payload, cron, now_us)
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
-            return [
-                Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"schedule refused: {exc.detail}", cmd.msgid)])
-            ]
-        # Haste (eventmq's default): the first run is now; with nohaste, after one interval (or at the
-        # first cron time).
-        if "nohaste" not in headers:
-            first = now_us
-        else:
-            first = first_cron if cron else now_us + interval * 1_000_000
-        job_headers = ",".join(
-            h for h in headers_text.split(",") if h and h.split(":")[0] not in ("nohaste", "run_count")
-        )
-        record = {
-            "queue": queue,
-            "headers": job_headers,
-            "interval": interval,
-            "payload": payload,
-            "remaining": runs or -1,
-            "next_us": first,
-        }
-        if cron:
-            record["cron"] = cron
-        try:
-            self.schedule_table.put(key, record)
+            detail = f"schedule refused: {exc.detail}"
+            return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), detail, cmd.msgid)])]
         except StoreFull as exc:
             self._bad(cmd.peer, ProtocolError("queue-full", str(exc)))
-            return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"schedule refused: {exc}", cmd.msgid)])]
-        self.schedules[key] = _timing({key: record})[key]
-        self._next_due = None
-        log.info(
-            "eMQP schedule %s: %r %s into %r",
-            key,
-            payload[:60],
-            f"at cron {cron!r} ({self.cron_tz.key})" if cron else f"every {interval} s",
-            queue,
-        )
+            detail = f"schedule refused: {exc}"
+            return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), detail, cmd.msgid)])]
         return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
 
-    def _cron_next(self, expression: str, after_us: int) -> int:
-        """The first time (µs) strictly after ``after_us`` that cron ``expression`` names, read in the
-        configured time zone; ProtocolError if it is not a cron expression or names no time at all."""
-        if len(expression) > MAX_CRON:
-            raise ProtocolError("bad-cron", f"a cron expression of at most {MAX_CRON} characters")
-        try:
-            start = datetime.datetime.fromtimestamp(after_us / 1e6, self.cron_tz)
-            return int(croniter.croniter(expression, start).get_next(float) * 1e6)
-        except (ValueError, KeyError, TypeError, OverflowError, IndexError) as exc:  # croniter's errors are ValueErrors
-            raise ProtocolError("bad-cron", f"cron {expression[:60]!r}: {exc}") from None
+    @property
+    def schedules(self) -> dict[str, dict]:
+        """Every schedule's timing (see Scheduler)."""
+        return self.scheduler.timing
 
     def run_schedules(self, now_us: int) -> int:
         """Enqueue a REQUEST for every schedule that is due; returns how many ran."""
-        due = self.next_schedule_us()
-        if due is None or due > now_us:
-            return 0
-        self._next_due = None
-        ran = 0
-        for key, record in list(self.schedules.items()):
-            if record["next_us"] > now_us:
-                continue
-            stored = self.schedule_table.get(key)
-            if stored is None:  # damaged or gone from the store: it cannot run
-                del self.schedules[key]
-                continue
-            payload = stored["payload"]
-            try:
-                self.broker.produce(
-                    record["queue"],
-                    [payload.encode()],
-                    now_us=now_us,
-                    meta={"msgid": self.new_id(), "headers": record["headers"]},
-                )
-            except StoreFull:
-                log.warning("eMQP schedule %s could not run: queue full; trying at its next interval", key)
-            ran += 1
-            # After a pause longer than the interval (a restart), run once now, then every interval
-            # (or at the next cron time after now).
-            if record.get("cron"):
-                try:
-                    record["next_us"] = self._cron_next(record["cron"], max(record["next_us"], now_us))
-                except ProtocolError as exc:  # (a time zone change may leave no next time)
-                    log.warning("eMQP schedule %s has no next run and is removed: %s", key, exc.detail)
-                    record["remaining"] = 1
-            else:
-                step = record["interval"] * 1_000_000
-                record["next_us"] = max(record["next_us"] + step, now_us + step)
-            if record["remaining"] > 0:
-                record["remaining"] -= 1
-            if record["remaining"] == 0:
-                del self.schedules[key]  # (the cache is already reset above)
-                self.schedule_table.delete(key)
-            else:
-                self.schedule_table.put(key, {**record, "payload": payload})
-        return ran
-
-    def next_schedule_us(self) -> int | None:
-        """When the next schedule is due (cached: computed again only after schedules change or run)."""
-        if self._next_due is None and self.schedules:
-            self._next_due = min(r["next_us"] for r in self.schedules.values())
-        return self._next_due
+        return self.scheduler.run(now_us)
 
     def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
         if socket == BACK:
@@ -340,7 +221,7 @@ class EmqpGateway:
 
     def next_wake(self, now: float) -> float | None:
         wake = self.next_heartbeat
-        due_us = self.next_schedule_us()
+        due_us = self.scheduler.next_us()
         if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
             wake = min(wake, now + (due_us - self.wall_clock() * 1e6) / 1e6)
         return wake
@@ -371,8 +252,7 @@ class EmqpGateway:
         durable ones are held again) and reload the schedules as they are on disk."""
         self.jobs.clear()
         self.restore_jobs(time.monotonic())
-        self.schedules = _timing(self.schedule_table.all())
-        self._next_due = None
+        self.scheduler.reload()
 
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Send]:
         queue, headers_text, payload = cmd.args
@@ -634,8 +514,3 @@ class EmqpGateway:
 def holder_of(identity: bytes, user: str | None) -> tuple:
     """The broker's holder for what a worker connection holds: the key is part of it (see Worker)."""
     return ("emqp", identity, user)
-
-
-def _timing(records: dict[str, dict]) -> dict[str, dict]:
-    """Schedules as the loop keeps them: everything but the payload (read from the store at each run)."""
-    return {key: {k: v for k, v in record.items() if k != "payload"} for key, record in records.items()}
