@@ -202,3 +202,21 @@ def test_bench_through_the_spark_connector_reads_and_writes_every_row(tmp_path):
         assert run[part]["rows"] == 300, (part, run)
         assert_rate(run[part], "rows", "rows_s")
     assert "300 messages of 100 B, local[2], maxMessagesPerBatch 100" in stdout
+
+
+def test_an_emqp_bench_process_that_died_is_named_at_once_with_its_log(tmp_path):
+    from pzq.bench.emqp import _check_alive
+    from pzq.errors import PzqError
+
+    log = tmp_path / "router.log"
+    with open(log, "wb") as err:
+        dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit('no psutil here')"], stderr=err)
+    dead.wait(30)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _check_alive([("JobManager", alive, ""), ("pzq server", None, "")])  # running or not started: fine
+        with pytest.raises(PzqError, match="the reference router exited with 1: no psutil here"):
+            _check_alive([("JobManager", alive, ""), ("reference router", dead, str(log))])
+    finally:
+        alive.kill()
+        alive.wait(30)

@@ -46,14 +46,25 @@ def tally(path: str) -> None:
         f.write(b".")
 
 
-def _spawn(code: str, cwd: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def _spawn(code: str, cwd: str, name: str) -> subprocess.Popen:
+    """A Python process of eventmq's, in its own session; its stderr in ``cwd/name.log``."""
+    with open(os.path.join(cwd, f"{name}.log"), "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", code], cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log
+        )
+
+
+def _check_alive(processes: list[tuple[str, subprocess.Popen | None, str]]) -> None:
+    """A broker or JobManager that died would leave the jobs waiting for the whole timeout: say so now.
+    ``processes``: (name, process, its log file)."""
+    for name, proc, log in processes:
+        if proc is not None and proc.poll() is not None:
+            try:
+                with open(log, "rb") as f:
+                    tail = f.read()[-400:].decode("utf-8", "replace").strip()
+            except OSError:
+                tail = ""
+            raise PzqError(f"emqp: the {name} exited with {proc.returncode}: {tail or '(nothing in its log)'}")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -84,13 +95,20 @@ def run(broker: str, options: EmqpOptions) -> dict:
                 "import logging; logging.disable(logging.CRITICAL); from eventmq.router import Router; "
                 f"Router().start(frontend_addr={front!r}, backend_addr={back!r}, administrative_addr={admin!r})",
                 workdir,
+                "router",
             )
         worker = _spawn(
             "from eventmq.jobmanager import JobManager; "
             f"JobManager(queues=[[10, {QUEUE!r}]], concurrent_jobs={options.concurrent})"
             f".jobmanager_main(broker_addr={back!r})",
             workdir,
+            "jobmanager",
         )
+        watched = [
+            ("JobManager", worker, os.path.join(workdir, "jobmanager.log")),
+            ("reference router", router, os.path.join(workdir, "router.log")),
+            ("pzq server", pzq.proc if pzq else None, pzq.log if pzq else ""),
+        ]
         tally_file = Path(workdir) / "tally"
         sender = Sender()
         sender.connect(front)
@@ -101,6 +119,7 @@ def run(broker: str, options: EmqpOptions) -> dict:
         def wait_for(count: int) -> None:
             deadline = time.monotonic() + options.timeout_s
             while finished() < count:
+                _check_alive(watched)
                 if time.monotonic() > deadline:
                     raise PzqError(f"emqp {broker}: {finished()} of {count} jobs finished in {options.timeout_s:g} s")
                 if sender.zsocket.poll(10):  # ACKs: read so they do not pile up; the poll is the wait
