@@ -122,8 +122,9 @@ def server(make_server):
 class ProcessServer:
     """`python -m pzq serve` as a real subprocess, restartable on the same database."""
 
-    def __init__(self, tmp_path: Path, *extra: str, ack_timeout: int = 1_000_000):
+    def __init__(self, tmp_path: Path, *extra: str, ack_timeout: int = 1_000_000, env: dict | None = None):
         self.tmp_path = tmp_path
+        self.env = None if env is None else {**os.environ, **env}
         self.database = tmp_path / "db"
         self.receive = f"ipc://{tmp_path}/receive"
         self.send = f"ipc://{tmp_path}/send"
@@ -162,7 +163,9 @@ class ProcessServer:
 
     def start(self) -> ProcessServer:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -195,11 +198,12 @@ class ProcessServer:
 
 @pytest.fixture
 def process_server(tmp_path):
-    """process_server(*extra flags, ack_timeout=µs) -> a started subprocess server, reaped after the test."""
+    """process_server(*extra flags, ack_timeout=µs, env={...}) -> a started subprocess server, reaped after
+    the test."""
     made: list[ProcessServer] = []
 
-    def make(*extra: str, ack_timeout: int = 1_000_000) -> ProcessServer:
-        srv = ProcessServer(tmp_path, *extra, ack_timeout=ack_timeout)
+    def make(*extra: str, ack_timeout: int = 1_000_000, env: dict | None = None) -> ProcessServer:
+        srv = ProcessServer(tmp_path, *extra, ack_timeout=ack_timeout, env=env)
         made.append(srv)
         return srv.start()
 
