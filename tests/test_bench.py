@@ -50,6 +50,12 @@ def assert_producer_phase(figures: dict, messages: int) -> None:
     assert_latencies_ordered(figures, "ack")
 
 
+def assert_server_cost(figures: dict) -> None:
+    """The server's CPU per message is its CPU seconds over the phase's messages."""
+    per_message = figures["server_cpu_s"] / figures["messages"] * 1e6
+    assert figures["server_cpu_s"] > 0 and abs(figures["server_cpu_us"] - per_message) <= 0.01, figures
+
+
 def assert_end_to_end(figures: dict, messages: int) -> None:
     assert (figures["acked"], figures["refused"], figures["received"]) == (messages, 0, messages), figures
     assert (figures["lost"], figures["duplicated"]) == (0, 0), figures
@@ -68,6 +74,9 @@ def test_bench_runs_every_phase_and_its_figures_add_up(tmp_path):
     assert_producer_phase(run["producer_w1"], 50)
     assert_producer_phase(run["producer_w100"], 600)
     assert run["producer_w1"]["commits"] >= 1  # window 1: each ack waited for a commit
+    for phase in ("producer_w1", "producer_w100", "consumer"):
+        assert_server_cost(run[phase])
+    assert "server CPU µs/msg, window W" in stdout
     drain = run["consumer"]
     assert drain["messages"] == 650 and 650 <= drain["received"] <= 650 + 200, drain  # the preload may come too
     assert_rate(drain, "received")
