@@ -105,6 +105,22 @@ class Broker:
         self._count(queue, "produced")
         return message
 
+    def produce_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
+        """Store messages in one go (see Store.put_many): how many, from the first, were stored; the
+        rest were refused for room."""
+        try:
+            stored = self.store.put_many(queue, bodies, now_us=now_us)
+        except StoreFull:
+            stored = 0
+        self.counters.refused_full += len(bodies) - stored
+        if stored:
+            self.counters.produced += stored
+            counts = self.per_queue.get(queue)
+            if counts is None:
+                counts = self.per_queue[queue] = collections.Counter()
+            counts["produced"] += stored
+        return stored
+
     def produce_all(
         self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
     ) -> list[Message]:

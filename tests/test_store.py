@@ -335,3 +335,36 @@ def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_pat
         assert [m.frames for m in reopened.scan("q")] == [[b"m0"], [b"m3"], [b"m4"]]
     finally:
         reopened.close()
+
+
+def test_put_many_stores_in_order_what_fits_and_refuses_the_rest(tmp_path):
+    store = Store(tmp_path / "small", max_size=64 << 10)
+    try:
+        stored = store.put_many("q", [[b"m%05d" % i + b"x" * 1000] for i in range(100)], now_us=7)
+        assert 30 < stored < 100, "the store limit cut the batch"
+        assert [m.frames[0][:6] for m in store.scan("q", 0, 200)] == [b"m%05d" % i for i in range(stored)]
+        assert store.queue("q").count == stored and store.put_many("q", [[b"y" * 1000]], now_us=8) == 0
+        store.commit()
+        assert store.put_many("other", [], now_us=9) == 0 and store.queue("other", create=False) is None
+    finally:
+        store.close()
+
+
+def test_put_many_after_another_writer_took_the_next_seq_fails_the_turn(tmp_path):
+    from pzq.store.queues import _KEY
+
+    store = Store(tmp_path / "db", max_size=16 << 20)
+    try:
+        store.put("q", [b"first"], now_us=1)
+        store.commit()
+        info = store.queue("q")
+        txn = store.env.write()  # (committed without the store's knowledge, as another process would)
+        txn.put(
+            _KEY.pack(info.qid, info.next_seq + 1), msgpack.packb([5, 0, [b"someone else's"]]), db=store._messages_db
+        )
+        store.env.commit()
+        with pytest.raises(StoreError, match="already stored"):
+            store.put_many("q", [[b"a"], [b"b"], [b"c"]], now_us=2)
+        assert [m.frames for m in store.scan("q")] == [[b"first"], [b"someone else's"]]
+    finally:
+        store.close()

@@ -12,11 +12,11 @@ from pzq.config import Config
 from pzq.credit import NativeCredit
 from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
-from pzq.errors import StoreFull
+from pzq.errors import StoreError
 from pzq.logs import warn_bad
 from pzq.protocols import pzq as native
 from pzq.store import Message, parse_message_id
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -75,32 +75,56 @@ class NativeEndpoints(Endpoint):
             self.stalled = False
 
     def _read_producers(self, now_us: int) -> None:
-        queue, limit = self.config.queue, self.config.max_message_size
+        queue, limit, gate, acks = self.config.queue, self.config.max_message_size, self._receive_gate, self._acks
         budget = TURN_BYTES
-        for _ in range(READ_BATCH):
-            if budget <= 0:
-                return
-            try:
-                frames = receive(self.receive, self._receive_gate, "producer", NOBLOCK)
-            except Again:
-                return
-            budget -= sum(map(len, frames or ()))
-            event = native.parse_produce(frames, limit) if frames is not None else None
-            if event is None:
-                continue
-            # Its acks cannot leave: store nothing more for it. Unacknowledged, it is the producer's to resend.
-            if self.acks.refuses(event.routing, "its messages are discarded unstored"):
-                continue
-            if isinstance(event, native.Rejected):
-                warn_bad("producer", event.error.code, event.error.detail)
-                self._acks.append((event.routing, event.message_id, event.error.detail))
-                continue
-            try:
-                self.broker.produce(queue, event.body, now_us=now_us)
-            except StoreFull:
-                self._acks.append((event.routing, event.message_id, native.QUEUE_FULL))
-                continue
-            self._acks.append((event.routing, event.message_id, None))
+        batch: list[tuple[bytes, bytes]] = []  # (routing, message id) of what is stored in one go
+        bodies: list[list[bytes]] = []
+        try:
+            for _ in range(READ_BATCH):
+                if budget <= 0:
+                    return
+                try:
+                    frames = recv_frames(self.receive, NOBLOCK) if gate is None else self._receive_gated()
+                except Again:
+                    return
+                if frames is None:
+                    continue
+                budget -= sum(map(len, frames))
+                event = native.parse_produce(frames, limit)
+                if event is None:
+                    continue
+                # Its acks cannot leave: store nothing more for it. Unacknowledged, it is the producer's to resend.
+                if self.acks.refuses(event.routing, "its messages are discarded unstored"):
+                    continue
+                if isinstance(event, native.Rejected):
+                    self._store(queue, batch, bodies, now_us)  # (acks keep the order of the messages)
+                    warn_bad("producer", event.error.code, event.error.detail)
+                    acks.append((event.routing, event.message_id, event.error.detail))
+                    continue
+                batch.append((event.routing, event.message_id))
+                bodies.append(event.body)
+        finally:
+            self._store(queue, batch, bodies, now_us)
+
+    def _receive_gated(self) -> list[bytes] | None:
+        return receive(self.receive, self._receive_gate, "producer", NOBLOCK)
+
+    def _store(self, queue: str, batch: list[tuple[bytes, bytes]], bodies: list[list[bytes]], now_us: int) -> None:
+        """Store the messages read so far in one call and queue their acks; those past the store limit
+        are answered "queue full"."""
+        if not batch:
+            return
+        acks = self._acks
+        try:
+            stored = self.broker.produce_many(queue, bodies, now_us=now_us)
+        except StoreError:  # the turn is rolled back: every one of them hears so
+            acks.extend((routing, message_id, native.STORE_FAILED) for routing, message_id in batch)
+            batch.clear()
+            raise
+        for i, (routing, message_id) in enumerate(batch):
+            acks.append((routing, message_id, None if i < stored else native.QUEUE_FULL))
+        batch.clear()
+        bodies.clear()
 
     def _read_consumer_answers(self, now: float) -> None:
         ack_timeout_s = self.config.ack_timeout / 1e6

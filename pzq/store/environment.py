@@ -64,6 +64,7 @@ class Environment:
         self.on_abort: list[Callable[[], None]] = []  # told when the open transaction was rolled back
         self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
         self._reserve_path = os.path.join(path, "reserve")
+        self._reserved = False  # the reserve file is known to be whole
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
         # also after a restart with a limit below what is stored, so the data file counts too.
@@ -276,10 +277,11 @@ class Environment:
 
     def _make_reserve(self) -> bool:
         """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
-        if not self.disk_reserve or self.readonly:
+        if not self.disk_reserve or self.readonly or self._reserved:
             return True
         try:
             if os.path.getsize(self._reserve_path) >= self.disk_reserve:
+                self._reserved = True  # (not looked at again each turn until it is given back)
                 return True
         except OSError:
             pass
@@ -303,9 +305,11 @@ class Environment:
             except OSError:
                 pass
             return False
+        self._reserved = True
         return True
 
     def _release_reserve(self) -> bool:
+        self._reserved = False
         try:
             os.unlink(self._reserve_path)
         except OSError:
