@@ -347,7 +347,12 @@ def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
         next_command(honest, b"ACK")
         honest.send_multipart([b"", V, b"READY", mid()])
         job = next_command(honest, b"REQUEST")
+        from conftest import wait_until
+
+        open_before = srv.stats()["connections"]["open"]
         honest.close(linger=0)  # its connection drops; its worker entry (and job) live on for now
+        # (until the server saw it go, its ROUTER would refuse a second connection of that identity)
+        wait_until(lambda: srv.stats()["connections"]["open"] < open_before)
         impostor = peer(back, "mallory", identity)
         for command in (
             [b"REPLY", mid(), b'{"forged": true}', job[3]],
@@ -355,8 +360,6 @@ def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
             [b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"],
         ):
             impostor.send_multipart([b"", V, *command])
-        from conftest import wait_until
-
         wait_until(lambda: srv.stats()["emqp"]["bad_input_total"] >= 3)
         assert not c.poll(300), "no forged REPLY reached the client"
         assert srv.stats()["queues"]["jobs"]["depth"] == 1
