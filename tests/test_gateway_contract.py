@@ -111,3 +111,11 @@ def test_emqp_heartbeats_carry_the_injected_time_and_id(store):
     gateway.received(BACK, [b"w", b"", V, b"INFORM", b"i1", b"", b"worker"], now=0.0, now_us=1, user=None)
     beats = [s for s in gateway.dispatch(now=0.0, now_us=2) if s.frames[3] == b"HEARTBEAT"]
     assert beats == [Send(BACK, [b"w", b"", V, b"HEARTBEAT", b"ID", b"7.0"])]
+
+
+def test_a_phpmq_message_that_shares_a_read_with_garbage_is_stored_before_the_close(store):
+    gateway = gateways(store)["phpmq"]
+    gateway.connected(b"a")
+    send = phpmq.encode(phpmq.SEND, [(phpmq.QUEUE, b"q"), (phpmq.CONTENT, b"whole")])
+    assert gateway.received(b"a", send + b"GARBAGE!", now_us=1) == [Send(ONLY, [b"a"], close=True)]
+    assert gateway.broker.ready_count("q") == 1

@@ -677,3 +677,13 @@ def test_the_dialect_names_match_the_setting_values():
     assert Dialect("current") is Dialect.CURRENT
     assert phpmq.HEADER_SIZE == 8
     assert phpmq.PACKET_HEADER_SIZE == 32
+
+
+def test_whole_messages_before_garbage_in_one_read_are_returned_then_the_garbage_raises():
+    decoder = phpmq.Decoder(1 << 20)
+    good = phpmq.encode(phpmq.SEND, [(phpmq.QUEUE, b"q"), (phpmq.CONTENT, b"before the garbage")])
+    [message] = decoder.feed(good + b"GARBAGE!")
+    assert message.packets[phpmq.CONTENT] == b"before the garbage"
+    assert decoder.broken is not None and decoder.broken.fatal
+    with pytest.raises(ProtocolError):
+        decoder.feed(b"")

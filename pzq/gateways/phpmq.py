@@ -89,6 +89,8 @@ class PhpmqGateway:
                 if self.forced is None and phpmq.speaks_current(message):
                     session.dialect = phpmq.Dialect.CURRENT
                 self._apply(session, message, now_us)
+            if session.decoder.broken is not None:  # garbage after the whole messages just applied
+                raise session.decoder.broken
         except ProtocolError as exc:
             warn_bad("phpmq", exc.code, f"{exc.detail}; closing the connection")
             return [Send(ONLY, [conn], close=True)]

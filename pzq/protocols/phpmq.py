@@ -99,6 +99,7 @@ class Decoder:
         self._packets: dict[int, bytes] = {}
         self._count = 0
         self._held = 0  # bytes of the incomplete message already taken out of the buffer
+        self.broken: ProtocolError | None = None  # garbage found after whole messages were returned
 
     @property
     def buffered(self) -> int:
@@ -106,10 +107,21 @@ class Decoder:
         return len(self._buf) + self._held
 
     def feed(self, data: bytes) -> list[Message]:
+        """Every whole message in what has arrived. Garbage raises ProtocolError (fatal), but only once
+        the whole messages before it were returned: whether a message counts must not depend on how
+        TCP split the bytes."""
+        if self.broken is not None:
+            raise self.broken
         self._buf += data
         out: list[Message] = []
         while True:
-            message = self._next()
+            try:
+                message = self._next()
+            except ProtocolError as exc:
+                if not out:
+                    raise
+                self.broken = exc  # raised by the next feed (or ``check``)
+                return out
             if message is None:
                 return out
             out.append(message)
