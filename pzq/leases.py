@@ -222,11 +222,11 @@ class Leases:
         if group is None or upto <= group.base:
             return upto if group is None else group.base
         self._touch(group, now_us)
-        for lseq in range(group.base, upto):
+        for lseq, key in self.lease_table.between(group.gid, group.base, upto):  # (the records there are)
             lease = self.lease_table.get((group.gid, lseq))
             if lease is not None:
                 self.broker.ack((group.qid, lease[0]), by=group.holder)
-            self.lease_table.delete((group.gid, lseq))  # (a damaged record goes too)
+            self.lease_table.delete_raw(key)  # (a damaged record goes too)
         group.base = upto
         self._save(group)
         return group.base
@@ -248,8 +248,8 @@ class Leases:
             if group.base == group.end or group.deadline_us > now_us:
                 continue
             n = self.broker.consumer_gone(group.holder)
-            for lseq in range(group.base, group.end):
-                self.lease_table.delete((group.gid, lseq))
+            for _, key in self.lease_table.between(group.gid, group.base, group.end):
+                self.lease_table.delete_raw(key)
             log.warning(
                 "group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
                 "(leases %d..%d) went back to the queue",

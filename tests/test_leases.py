@@ -209,3 +209,23 @@ def test_one_lease_call_takes_at_most_max_lease_messages_and_the_next_goes_on(tm
         assert leases.lease("q", "g", 4, 1_000_000, now=0, now_us=T0) == (0, 8)
     finally:
         store.close()
+
+
+def test_a_group_record_claiming_a_vast_lease_range_costs_only_the_leases_it_has(tmp_path):
+    # A damaged (or forged) group record saying leases 0 .. 10**12 exist: expiry and acknowledgement
+    # walk the lease records there are, not the range (a loop over it would hold the server for hours).
+    from pzq.store.groups import Groups, LeaseRecords
+
+    store, broker, leases = _open(tmp_path / "db")
+    message = broker.produce("q", [b"m"], now_us=1)
+    Groups(store).put((message.qid, "g"), [1, 0, 10**12, 0])
+    LeaseRecords(store).put((1, 5), (message.seq, 0))
+    store.commit()
+    store.close()
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        assert broker.ready_count("q") == 0, "held by the group's one lease"
+        assert leases.expire(now_us=10**15) == 1 and broker.ready_count("q") == 1
+        assert LeaseRecords(store).raw() == []
+    finally:
+        store.close()

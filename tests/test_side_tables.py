@@ -106,3 +106,32 @@ def test_records_count_toward_the_store_limit_and_only_counted_tables_refuse_new
         assert table.get(k1) == v2
     finally:
         store.close()
+
+
+# Records that decode but whose numbers are out of range: each would crash a start-up, wedge a loop or
+# fail every turn if it were believed (found by a hostile run: tests/test_damaged_store.py has the server).
+OUT_OF_RANGE: list[tuple[type[SideTable], object]] = [
+    (Groups, [-1, 0, 0, 0]),
+    (Groups, [7, 5, 4, 0]),
+    (DedupKeys, [float("inf"), 1, []]),
+    (DedupKeys, [float("nan"), 1, []]),
+    (Schedules, {**SCHEDULE, "queue": ""}),
+    (Schedules, {**SCHEDULE, "queue": "q" * 300}),
+    (Schedules, {**SCHEDULE, "interval": (1 << 64) - 1}),
+    (Schedules, {**SCHEDULE, "next_us": -5}),
+]
+
+
+@pytest.mark.parametrize("owner, value", OUT_OF_RANGE, ids=lambda v: getattr(v, "NAME", None) or repr(v)[:30])
+def test_a_record_with_numbers_out_of_range_is_unreadable_not_believed(tmp_path, owner, value):
+    import msgpack
+
+    store = open_store(tmp_path / "db")
+    try:
+        table = owner(store)
+        (k1, v1), (k2, _) = SAMPLES[owner]
+        table.put(k1, v1)
+        table.put_raw(table.key(k2), msgpack.packb(value))
+        assert table.items() == [(k1, v1)] and store.unreadable_records == 1
+    finally:
+        store.close()

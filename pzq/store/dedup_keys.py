@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from pzq.store.side_table import SideTable
+from pzq.store.side_table import SideTable, whole
 
 
 class Produced(NamedTuple):
@@ -34,4 +34,4 @@ class DedupKeys(SideTable[str, Produced]):
         stored_us, count, digests = msgpack.unpackb(value)
         if not isinstance(digests, list) or not all(isinstance(d, bytes) for d in digests):
             raise TypeError("not a list of digests")
-        return key.decode(), Produced(int(stored_us), int(count), digests)
+        return key.decode(), Produced(whole(stored_us, "stored_us"), whole(count, "count"), digests)

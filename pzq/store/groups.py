@@ -14,7 +14,7 @@ import struct
 
 import msgpack
 
-from pzq.store.side_table import SideTable
+from pzq.store.side_table import SideTable, whole
 
 _U64 = struct.Struct(">Q")
 _LEASE_KEY = struct.Struct(">QQ")
@@ -35,8 +35,12 @@ class Groups(SideTable[tuple[int, str], GroupRecord]):
 
     def unpack(self, key: bytes, value: bytes) -> tuple[tuple[int, str], GroupRecord]:
         record = msgpack.unpackb(value)
-        if not isinstance(record, list) or len(record) < 4 or not all(isinstance(n, int) for n in record[:4]):
+        if not isinstance(record, list) or len(record) < 4:
             raise TypeError("not a group record")
+        for field, name in zip(record[:4], ("gid", "base", "end", "deadline_us"), strict=True):
+            whole(field, f"group {name}")
+        if record[1] > record[2]:
+            raise ValueError(f"group base {record[1]} is past its end {record[2]}")
         if len(record) > 4 and not isinstance(record[4], str):
             raise TypeError("a group owner is not a key")
         return (_U64.unpack(key[:8])[0], key[8:].decode()), record
@@ -65,3 +69,17 @@ class LeaseRecords(SideTable[tuple[int, int], tuple[int, int]]):
 
     def keys_of_group(self, gid: int) -> list[bytes]:
         return [key for key, _ in self.raw(_U64.pack(gid))]
+
+    def between(self, gid: int, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        """(lease seq, key) of the records group ``gid`` holds from ``lo`` to ``hi - 1``, as stored:
+        a walk over what exists, so a range as wide as a damaged record's costs no more than its leases."""
+        out: list[tuple[int, bytes]] = []
+        start, stop = _LEASE_KEY.pack(gid, lo), _LEASE_KEY.pack(gid, hi)
+        with self._env.reading() as txn:
+            cursor = txn.cursor(db=self._db)
+            if cursor.set_range(start):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key >= stop:
+                        break
+                    out.append((_LEASE_KEY.unpack(key)[1], key))
+        return out

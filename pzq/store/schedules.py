@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import msgpack
 
-from pzq.store.side_table import SideTable
+from pzq.store.side_table import U64_MAX, SideTable, whole
 
+MAX_INTERVAL_S = 999_999_999  # what a SCHEDULE may ask for (nine digits)
+MAX_TIME_US = 1 << 62  # next_us and each run's next one must stay in msgpack's and the loop's range
 _FIELDS = (("queue", str), ("headers", str), ("interval", int), ("payload", str), ("remaining", int), ("next_us", int))
 
 
@@ -34,7 +36,12 @@ class Schedules(SideTable[str, dict]):
         cron = record.get("cron")
         if cron is not None and not isinstance(cron, str):
             raise TypeError("schedule field cron is not str")
-        if record["interval"] <= 0 and not cron:  # (a cron schedule keeps interval 0)
+        if not 1 <= len(record["queue"].encode()) <= 255:  # (a run would fail every turn)
+            raise ValueError(f"schedule queue {record['queue'][:40]!r} is not 1 to 255 bytes")
+        whole(record["interval"], "schedule interval", 0, MAX_INTERVAL_S)
+        whole(record["next_us"], "schedule next_us", 0, MAX_TIME_US)
+        whole(record["remaining"], "schedule remaining", -1, U64_MAX)
+        if record["interval"] == 0 and not cron:  # (a cron schedule keeps interval 0)
             raise ValueError("schedule interval is not positive")
         return key.decode(), record
 

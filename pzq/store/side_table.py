@@ -28,7 +28,27 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 # What reading a damaged record raises; anything else is a bug and propagates.
-UNREADABLE = (ValueError, TypeError, KeyError, IndexError, struct.error, UnicodeDecodeError, msgpack.UnpackException)
+UNREADABLE = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    struct.error,
+    UnicodeDecodeError,
+    msgpack.UnpackException,
+)
+U64_MAX = (1 << 64) - 1
+
+
+def whole(value: object, what: str, low: int = 0, high: int = U64_MAX) -> int:
+    """``value`` if it is an int from ``low`` to ``high``; ValueError (an unreadable record) if not.
+    A damaged record must be refused when read, not when its numbers reach a loop or a struct."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} {value!r:.40} is not a whole number from {low} to {high}")
+    return value
+
+
 OVERHEAD = 64  # bytes per record beyond key and value (LMDB's node header, page slack), as for messages
 
 
