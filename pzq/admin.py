@@ -53,6 +53,7 @@ class Admin:
                 "refused_full_total": counters.refused_full,
                 "refused_not_held_total": counters.refused_not_held,
                 "damaged_total": self.broker.store.damaged_total,
+                "unreadable_records_total": self.broker.store.unreadable_records,
                 "produce_rate": self._rate("produced"),
                 "ack_rate": self._rate("acked"),
                 "store_limit_bytes": self.store_limit,

@@ -68,3 +68,12 @@ def test_unknown_and_malformed_requests_get_an_error_text(store):
     admin = admin_on(store)
     assert admin.answer(ask("HELLO")).startswith("error: ")
     assert admin.answer(ask("DEADLETTERS")).startswith("error: ")
+
+
+def test_side_records_skipped_as_unreadable_are_counted_in_the_figures(store):
+    from pzq.store.schedules import Schedules
+
+    admin = admin_on(store)
+    Schedules(store).put_raw(b"broken", b"\xc1 not msgpack")
+    assert Schedules(store).all() == {}
+    assert admin.stats()["unreadable_records_total"] == 1

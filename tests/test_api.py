@@ -250,4 +250,10 @@ def test_dedup_keys_are_bounded_and_an_empty_produce_remembers_none(make_server,
         with pytest.raises(ApiError, match="too-many-keys"):
             api.produce([("q", b"c")], key="k3")
         assert api.produce([("q", b"a")], key="k1")["duplicate"] is True  # a known key still works
-    assert srv.stats()["queues"]["q"]["depth"] == 2
+        for i in range(10):  # one key reused with other messages is still one key, not ten
+            api.produce([("q", b"again %d" % i)], key="k2")
+        with pytest.raises(ApiError, match="too-many-keys"):
+            api.produce([("q", b"c")], key="k3")
+    assert srv.stats()["queues"]["q"]["depth"] == 12
+    api_gateway = next(e for e in srv.server.endpoints if e.name == "api").gateway
+    assert len(api_gateway._keys_by_age) == 2, "memory holds one entry per key"

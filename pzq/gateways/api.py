@@ -56,7 +56,10 @@ class ApiGateway:
     def load(self) -> None:
         """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
         keys = [(record.stored_us, key) for key, record in self.keys.items()]
-        self._keys_by_age: collections.deque[tuple[int, str]] = collections.deque(sorted(keys))
+        # key -> when it was last stored, oldest first: one entry per key, however often it is reused
+        self._keys_by_age: collections.OrderedDict[str, int] = collections.OrderedDict(
+            (key, stored_us) for stored_us, key in sorted(keys)
+        )
 
     def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
         reply = self.handle(frames, now=now, now_us=now_us, user=user)
@@ -167,7 +170,7 @@ class ApiGateway:
         if (
             key is not None
             and len(self._keys_by_age) >= MAX_DEDUP_KEYS
-            and self.keys.get_raw(self.keys.key(key)) is None
+            and key not in self._keys_by_age
         ):
             raise ProtocolError(
                 "too-many-keys",
@@ -199,17 +202,16 @@ class ApiGateway:
                     self.keys.put(key, seen)
             raise
         if key is not None:
-            self._keys_by_age.append((now_us, key))
+            self._keys_by_age[key] = now_us
+            self._keys_by_age.move_to_end(key)
             self._prune(now_us)
         return {"count": len(messages), "duplicate": False}
 
     def _prune(self, now_us: int) -> None:
         keys = self._keys_by_age
-        while keys and keys[0][0] + self.dedup_window_us <= now_us:
-            stored_us, key = keys.popleft()
-            record = self.keys.get(key)  # (damaged reads as None: it goes)
-            if record is None or record.stored_us == stored_us:  # (not since reused by a later PRODUCE)
-                self.keys.delete(key)
+        while keys and next(iter(keys.values())) + self.dedup_window_us <= now_us:
+            key, _ = keys.popitem(last=False)
+            self.keys.delete(key)
 
     def stats(self) -> dict:
         return {
