@@ -167,11 +167,7 @@ class ApiGateway:
                     "too-large", f"a message of {len(body)} bytes is over the limit of {self.max_message_size}"
                 )
         key = a.get("key") if messages else None  # nothing to store: nothing to remember either
-        if (
-            key is not None
-            and len(self._keys_by_age) >= MAX_DEDUP_KEYS
-            and key not in self._keys_by_age
-        ):
+        if key is not None and len(self._keys_by_age) >= MAX_DEDUP_KEYS and key not in self._keys_by_age:
             raise ProtocolError(
                 "too-many-keys",
                 f"{MAX_DEDUP_KEYS} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
