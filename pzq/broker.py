@@ -115,10 +115,7 @@ class Broker:
         self.counters.refused_full += len(bodies) - stored
         if stored:
             self.counters.produced += stored
-            counts = self.per_queue.get(queue)
-            if counts is None:
-                counts = self.per_queue[queue] = collections.Counter()
-            counts["produced"] += stored
+            self._count(queue, "produced", stored)
         return stored
 
     def produce_all(
@@ -233,11 +230,11 @@ class Broker:
         self.per_queue.pop(queue, None)
         return self.store.drop_queue(queue)
 
-    def _count(self, queue: str, what: str) -> None:
+    def _count(self, queue: str, what: str, n: int = 1) -> None:
         counts = self.per_queue.get(queue)
         if counts is None:
             counts = self.per_queue[queue] = collections.Counter()
-        counts[what] += 1
+        counts[what] += n
 
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):
