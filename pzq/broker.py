@@ -9,6 +9,10 @@ Readiness without scans: a queue's never-delivered messages are found by a disk 
 read, moving only forward), and messages that come back (nack, ack timeout, a consumer that left) wait
 in a small heap of seqs that is served first, so a queue stays FIFO across redeliveries. Both are
 bounded by what is in flight, not by what is stored.
+
+Consumer groups hold messages by range (``take_ranges``): one entry per run of consecutive seqs, not
+one in-flight entry per message, so a lease of a million messages costs a few entries. The cursor
+jumps over held ranges, and a released range rewinds it, so those messages are found again in order.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import math
 from collections.abc import Hashable, Sequence
 
 from pzq.errors import StoreFull
+from pzq.held_ranges import HeldRanges
 from pzq.inflight import InFlight
 from pzq.store import Message, Store
 
@@ -76,6 +81,7 @@ class Broker:
         self.counters = Counters()
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
         self._ready: dict[int, _Ready] = {}
+        self._held: dict[int, HeldRanges] = {}  # qid -> ranges leased by consumer groups
         self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
 
     def _state(self, qid: int) -> _Ready:
@@ -88,6 +94,7 @@ class Broker:
         """Forget every delivery, as a restart does: whatever was in flight is ready again."""
         self.inflight = InFlight()
         self._ready.clear()
+        self._held.clear()
         self._late.clear()
 
     # -- producing --------------------------------------------------------------------------------
@@ -185,23 +192,140 @@ class Broker:
 
     def _next_ready(self, queue: str, qid: int, state: _Ready, n: int) -> list[Message]:
         out: list[Message] = []
+        held = self._held.get(qid) or None  # (None when it holds no range: the hot path stays as it was)
         while state.requeued and len(out) < n:
             seq = heapq.heappop(state.requeued)
             # At or past the cursor (held since start-up, not yet scanned), the cursor will find it.
-            if (qid, seq) in self.inflight or seq >= state.cursor:
+            if (qid, seq) in self.inflight or seq >= state.cursor or (held and held.holder_of(seq) is not None):
                 continue
             message = self.store.get(queue, seq)
             if message is not None:  # else acked late or dead-lettered while it waited
                 out.append(message)
-        # Scan on past messages that are all in flight (held by leases after a restart), or a
-        # consumer would see "nothing ready" while ready messages wait behind them.
+        # Scan on past messages that are all in flight, or a consumer would see "nothing ready" while
+        # ready messages wait behind them; held ranges are jumped, not read.
         while len(out) < n:
-            fresh = self.store.scan(queue, state.cursor, n - len(out))
+            limit = n - len(out)
+            if held:
+                span = held.span_of(state.cursor)
+                if span is not None:
+                    state.cursor = span[1]
+                    continue
+                start = held.next_start(state.cursor)
+                if start is not None:  # (a bound: seqs are never reused, so no more records lie before it)
+                    limit = min(limit, start - state.cursor)
+            fresh = self.store.scan(queue, state.cursor, limit)
             if not fresh:
                 break
             state.cursor = fresh[-1].seq + 1
-            out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
+            if held:
+                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight and held.holder_of(m.seq) is None)
+            else:
+                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
         return out
+
+    # -- ranges held by consumer groups -----------------------------------------------------------
+
+    def take_ranges(self, queue: str, n: int, holder: Exclusive, *, now_us: int) -> list[tuple[int, int, int]]:
+        """Hold up to ``n`` ready messages of ``queue`` for ``holder`` (a consumer group), oldest first,
+        as runs ``(first seq, count, deliveries)``: consecutive seqs with the same delivery count,
+        this delivery included. Nothing is written per message: the group records the runs, and the
+        counts are raised in the store only if the messages come back (``release_range``). Messages
+        past their TTL or their delivery cap go to the dead letters, as with ``take``."""
+        info = self.store.queue(queue, create=False)
+        if info is None or n <= 0:
+            return []
+        state = self._state(info.qid)
+        runs: list[list[int]] = []
+        taken = 0
+        while taken < n:
+            batch = self._next_ready(queue, info.qid, state, n - taken)
+            if not batch:
+                break
+            for message in batch:
+                if message.expires_us and message.expires_us <= now_us:
+                    self._dead_letter(message, "expired", now_us)
+                    continue
+                cap = (message.meta or {}).get("max_deliveries") or self.max_deliveries
+                if cap and message.deliveries >= cap:
+                    self._dead_letter(message, "max-deliveries", now_us)
+                    continue
+                deliveries = message.deliveries + 1
+                if deliveries > 1:
+                    self.counters.redelivered += 1
+                    self._count(queue, "redelivered")
+                last = runs[-1] if runs else None
+                if last is not None and last[0] + last[1] == message.seq and last[2] == deliveries:
+                    last[1] += 1
+                else:
+                    runs.append([message.seq, 1, deliveries])
+                taken += 1
+        # (A message is read once: the cursor has passed it, or it left the requeued heap.)
+        for lo, count, _ in runs:
+            self.hold_range(info.qid, lo, lo + count, holder)
+        return [(lo, count, deliveries) for lo, count, deliveries in runs]
+
+    def hold_range(self, qid: int, lo: int, hi: int, holder: Exclusive) -> None:
+        """Keep seqs ``lo .. hi-1`` of queue ``qid`` away from every other consumer (a group's lease,
+        also when re-registered after a restart); the caller makes sure no other holder has them."""
+        held = self._held.get(qid)
+        if held is None:
+            held = self._held[qid] = HeldRanges()
+        before = held.count
+        held.add(lo, hi, holder)
+        self._state(qid).inflight += held.count - before
+
+    def release_range(self, qid: int, lo: int, hi: int, *, deliveries: int | None = None) -> int:
+        """Stop holding ``lo .. hi-1``: with ``deliveries`` the messages go back to their queue, their
+        delivery count raised to it, and the cursor rewinds to find them in order; without, they were
+        deleted (acknowledged). Returns how many seqs were held."""
+        held = self._held.get(qid)
+        if held is None:
+            return 0
+        released = held.remove(lo, hi)
+        self._state(qid).inflight -= released
+        if deliveries is not None and released:
+            info = self.store.queue_by_id(qid)
+            if info is not None:
+                for seq in self.store.seqs_in(info.name, lo, hi, hi - lo):
+                    self.store.mark_delivered(info.name, seq, current=deliveries - 1)
+            state = self._state(qid)
+            state.cursor = min(state.cursor, lo)
+            self.counters.expired += released
+        return released
+
+    def ack_range(self, qid: int, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Delete (acknowledge) at most ``limit`` of the held messages ``lo .. hi-1`` and stop holding
+        what was walked; returns (deleted, where the walk stopped: ``hi`` once done)."""
+        info = self.store.queue_by_id(qid)
+        if info is None:
+            return 0, hi
+        deleted, at = self.store.delete_range(info.name, lo, hi, limit)
+        self.release_range(qid, lo, at)
+        if deleted:
+            self.counters.acked += deleted
+            self._count(info.name, "acked", deleted)
+        return deleted, at
+
+    def range_free(self, qid: int, lo: int, hi: int) -> bool:
+        """True if no group holds any seq of ``lo .. hi-1`` of queue ``qid``."""
+        held = self._held.get(qid)
+        if not held:
+            return True
+        start = held.next_start(lo)
+        return held.span_of(lo) is None and (start is None or start >= hi)
+
+    def holder_of(self, ref: Ref) -> Hashable | None:
+        """Who holds ``ref``: a group holding its range, or the consumer it is in flight to."""
+        held = self._held.get(ref[0])
+        if held:
+            holder = held.holder_of(ref[1])
+            if holder is not None:
+                return holder
+        delivery = self.inflight.get(ref)
+        return None if delivery is None else delivery.consumer
+
+    def held_ranges(self, qid: int) -> HeldRanges | None:
+        return self._held.get(qid)
 
     def hold(self, ref: Ref, consumer: Hashable) -> None:
         """Keep a stored message away from every consumer until ``consumer`` settles it (a durable
@@ -213,6 +337,8 @@ class Broker:
     def held_by_others(self, qid: int, ours) -> bool:
         """True if a message of queue ``qid`` is in flight to (or leased by) a holder for which
         ``ours(holder)`` is false (a scan of what is in flight: for rare requests)."""
+        if self._held.get(qid):
+            return True  # (a group's range: groups are nobody's but their own)
         return any(
             ref[0] == qid and not (isinstance(holder, tuple) and ours(holder))
             for ref, holder in self.inflight.holders()
@@ -224,6 +350,7 @@ class Broker:
         if info is None:
             return 0
         self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
+        self._held.pop(info.qid, None)
         for ref in [r for r in self._late if r[0] == info.qid]:
             del self._late[ref]
         self._ready.pop(info.qid, None)
@@ -261,6 +388,9 @@ class Broker:
             return True
         if delivery is not None and isinstance(delivery.consumer, Exclusive):
             return False  # a durable lease: only its group may settle it, however late the answer
+        held = self._held.get(ref[0])
+        if held and held.holder_of(ref[1]) is not None:
+            return False  # leased by a group, which settles by range (ack_range), never by message
         return self._late.get(ref, _NOBODY) == by
 
     def ack(self, ref: Ref, *, by: Hashable) -> bool:
@@ -400,7 +530,7 @@ class Broker:
             }
         return {
             "messages": sum(q.count for q in self.store.queues()),
-            "messages_inflight": len(self.inflight),
+            "messages_inflight": len(self.inflight) + sum(held.count for held in self._held.values()),
             "db_size": self.store.disk_bytes(),
             "inflight_db_size": self.inflight.approx_bytes(),
             "syncs": self.store.syncs,

@@ -12,11 +12,14 @@ read again, identically, until they are acknowledged. A group does that:
   the delivery count they had when they were leased.
 - ``ack_upto(seq)`` deletes every leased message below ``seq`` for good (idempotent).
 
-Leased messages are held by the broker exclusively (no other consumer gets them, and another client's
-late ack, nack, requeue or dead-letter of one is refused), across restarts too: the lease records are
-in the store and ``load()`` registers them again. A group that nobody has called for
-``timeout`` seconds is expired: its unacknowledged messages return to their queue with their delivery
-count already raised, and a later fetch of that range reports them as ``gone`` instead of returning them.
+Leases are kept by range: a group's record is a *run* of consecutive queue seqs leased as consecutive
+lease seqs (store/groups.py), and the broker holds each run as one range, not one in-flight entry per
+message. Leased messages are held exclusively (no other consumer gets them, and another client's late
+ack, nack, requeue or dead-letter of one is refused), across restarts too: ``load()`` holds the runs
+again. ``ack_upto`` moves the group's base durably at once and deletes the runs below it with a cursor,
+a few thousand messages per turn (``work``). A group that nobody has called for ``timeout`` seconds is
+expired: its unacknowledged messages return to their queue over the next turns, lowest leases first,
+with their delivery count raised, and a later fetch of that range reports them as ``gone``.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from pzq.store.groups import Groups, LeaseRecords
 log = logging.getLogger("pzq.leases")
 
 # Messages one lease call takes at most; a larger ``max`` gets this many (the caller reads a shorter
-# range and leases on from its end). Each costs a store write and ~250 B of memory while held: this
-# bounds what one request makes the loop do.
+# range and leases on from its end). A lease writes one record per run of consecutive seqs and holds
+# one range per run, whatever its size; what bounds a call is reading the messages (their TTL and
+# delivery cap are checked), about 2 µs each.
 MAX_LEASE = 5_000  # messages one lease call may take: ~30 ms of the loop, so that others wait no longer
 MAX_FETCH = 10_000  # messages one fetch may return
+WORK_PER_TURN = 5_000  # acknowledged messages deleted (or expired ones returned) per turn
 MAX_GROUPS = 100_000  # consumer groups of every queue together (each is a record and a timer)
 
 
@@ -73,11 +78,16 @@ class Leases:
         self.timeout_us = int(timeout_s * 1e6)
         self.groups: dict[tuple[str, str], Group] = {}
         self.expired_total = 0
+        self._acking: set[tuple[str, str]] = set()  # groups with acknowledged runs still stored
+        self._expiring: set[tuple[str, str]] = set()  # expired groups whose runs are going back
         self.load()
 
     def load(self) -> None:
-        """Read every group and hold its leased messages again: at start-up and after a rollback."""
+        """Read every group and hold its leased runs again: at start-up and after a rollback. Runs
+        below a group's base were acknowledged and are deleted over the next turns."""
         self.groups.clear()
+        self._acking.clear()
+        self._expiring.clear()
         self._next_gid = 1
         for (qid, name), record in self.group_table.items():
             gid, base, end, deadline_us, *rest = record  # (an owner since pzq 0.3)
@@ -87,9 +97,21 @@ class Leases:
                 continue
             group = Group(info.name, qid, name, gid, base, end, deadline_us, deadline_us, rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
-            for _, (seq, _) in self.lease_table.of_group(gid):
-                if self.store.get(info.name, seq) is not None:
-                    self.broker.hold((qid, seq), group.holder)
+            for (_, lseq), (seq, count, _) in self.lease_table.of_group(gid):
+                if not self.broker.range_free(qid, seq, seq + count):
+                    log.error(
+                        "lease record %d of group %r of queue %r claims seqs %d..%d, which another "
+                        "lease holds: not held (a damaged record)",
+                        lseq,
+                        name,
+                        info.name,
+                        seq,
+                        seq + count - 1,
+                    )
+                    continue
+                self.broker.hold_range(qid, seq, seq + count, group.holder)
+                if lseq < base:
+                    self._acking.add((group.queue, group.name))
 
     @overload
     def _group(self, queue: str, name: str, create: Literal[True], user: str | None) -> Group: ...
@@ -160,13 +182,11 @@ class Leases:
         # Below base is acknowledged or expired: a reader that starts there simply reads on from base.
         target = max(after, group.base) + max_n
         if group.end < target:
-            taken = self.broker.take(
-                queue, target - group.end, group.holder, now=now, now_us=now_us, timeout_s=float("inf")
-            )
-            for message in taken:
-                self.lease_table.put((group.gid, group.end), (message.seq, message.deliveries))
-                group.end += 1
-            if taken:
+            runs = self.broker.take_ranges(queue, target - group.end, group.holder, now_us=now_us)
+            for seq, count, deliveries in runs:  # one record per run of consecutive seqs
+                self.lease_table.put((group.gid, group.end), (seq, count, deliveries))
+                group.end += count
+            if runs:
                 self._save(group)
         return group.base, min(group.end, target)
 
@@ -197,15 +217,17 @@ class Leases:
             return out, 0, hi
         self._touch(group, now_us)
         size = 0
-        for lseq in range(max(lo, group.base), hi):
-            if out and max_bytes is not None and size >= max_bytes:
-                return out, (lseq - lo) - len(out), lseq
-            lease = self.lease_table.get((group.gid, lseq))
-            if lease is None:  # (gone, or a damaged record: gone too)
+        for first, (seq, count, deliveries) in self.lease_table.covering(group.gid, max(lo, group.base), hi):
+            a, b = max(lo, group.base, first), min(hi, first + count)
+            if a >= b:
                 continue
-            seq, deliveries = lease
-            message = self.store.get(queue, seq)
-            if message is not None:  # held by the lease, so only an ack of this group deletes it
+            # The run's messages are consecutive records: read them in one cursor walk.
+            for message in self.store.scan(queue, seq + (a - first), b - a):
+                lseq = first + (message.seq - seq)
+                if lseq >= b:  # (a message of the run is gone: the walk went past it)
+                    break
+                if out and max_bytes is not None and size >= max_bytes:
+                    return out, (lseq - lo) - len(out), lseq
                 message.deliveries = deliveries
                 out.append((lseq, message))
                 size += sum(len(f) for f in message.frames)
@@ -222,49 +244,120 @@ class Leases:
         if group is None or upto <= group.base:
             return upto if group is None else group.base
         self._touch(group, now_us)
-        for lseq, key in self.lease_table.between(group.gid, group.base, upto):  # (the records there are)
-            lease = self.lease_table.get((group.gid, lseq))
-            if lease is not None:
-                self.broker.ack((group.qid, lease[0]), by=group.holder)
-            self.lease_table.delete_raw(key)  # (a damaged record goes too)
         group.base = upto
-        self._save(group)
+        self._save(group)  # durable with this turn: below base is acknowledged, deleted or not yet
+        self._acking.add((group.queue, group.name))
+        self._ack_some(group, WORK_PER_TURN)  # the rest over the next turns (see work)
         return group.base
 
     def drop_queue(self, queue: str) -> None:
         """Forget every group of a queue that is being deleted, with its lease records."""
         for key in [k for k in self.groups if k[0] == queue]:
             group = self.groups.pop(key)
+            self._acking.discard(key)
+            self._expiring.discard(key)
             for record_key in self.lease_table.keys_of_group(group.gid):
                 self.lease_table.delete_raw(record_key)
             self.group_table.delete(group.key())
 
-    # -- expiry -------------------------------------------------------------------------------------
+    # -- work spread over turns: deleting acknowledged runs, returning expired ones ----------------
+
+    @property
+    def pending(self) -> bool:
+        """True while acknowledged runs wait to be deleted or expired ones to go back."""
+        return bool(self._acking or self._expiring)
 
     def expire(self, now_us: int) -> int:
-        """Return the messages of every group idle past its deadline to their queues; how many."""
-        returned = 0
+        """Start returning the messages of every group idle past its deadline to their queues; how
+        many went back in this call (the rest go with ``work`` over the next turns)."""
         for group in self.groups.values():
-            if group.base == group.end or group.deadline_us > now_us:
+            if group.base == group.end or group.deadline_us > now_us or (group.queue, group.name) in self._expiring:
                 continue
-            n = self.broker.consumer_gone(group.holder)
-            for _, key in self.lease_table.between(group.gid, group.base, group.end):
-                self.lease_table.delete_raw(key)
+            self._expiring.add((group.queue, group.name))
             log.warning(
-                "group %r of queue %r was idle for %.0f s: its %d unacknowledged message(s) "
-                "(leases %d..%d) went back to the queue",
+                "group %r of queue %r was idle for %.0f s: its unacknowledged messages (leases %d..%d) "
+                "go back to the queue",
                 group.name,
                 group.queue,
                 self.timeout_us / 1e6,
-                n,
                 group.base,
                 group.end - 1,
             )
-            group.base = group.end
-            self._save(group)
+        return self.work(now_us)
+
+    def work(self, now_us: int, budget: int = WORK_PER_TURN) -> int:
+        """Delete up to ``budget`` acknowledged messages and return up to ``budget`` of expired
+        groups to their queues; returns how many went back. One turn's share: a group of a million
+        leases never holds the loop."""
+        for key in list(self._acking):
+            group = self.groups.get(key)
+            if group is None:
+                self._acking.discard(key)
+                continue
+            budget = self._ack_some(group, budget)
+            if budget <= 0:
+                break
+        returned = 0
+        for key in list(self._expiring):
+            group = self.groups.get(key)
+            if group is None or group.deadline_us > now_us or key in self._acking:
+                if group is None or group.deadline_us > now_us:
+                    self._expiring.discard(key)  # (gone, or called again in time: what is left stays)
+                continue
+            n = self._return_some(group, budget - returned)
             returned += n
+            if budget - returned <= 0:
+                break
         self.expired_total += returned
         return returned
+
+    def _ack_some(self, group: Group, budget: int) -> int:
+        """Delete the messages of group's runs below its base, at most ``budget``; the budget left."""
+        while budget > 0:
+            first = self.lease_table.first(group.gid)
+            if first is None or first[1] >= group.base:
+                self._acking.discard((group.queue, group.name))
+                return budget
+            key, lseq, run = first
+            if run is None:  # a damaged record: its leases are gone
+                self.lease_table.delete_raw(key)
+                continue
+            seq, count, deliveries = run
+            upto = seq + min(count, group.base - lseq)
+            deleted, at = self.broker.ack_range(group.qid, seq, upto, budget)
+            budget -= max(deleted, 1)
+            self._advance(group, key, lseq, run, at - seq)
+        return budget
+
+    def _return_some(self, group: Group, budget: int) -> int:
+        """Send back up to ``budget`` leased messages of an expired group, lowest leases first, with
+        their delivery count raised; its base follows. Returns how many went back."""
+        returned = 0
+        while returned < budget:
+            first = self.lease_table.first(group.gid)
+            if first is None:
+                group.base = group.end
+                self._expiring.discard((group.queue, group.name))
+                break
+            key, lseq, run = first
+            if run is None:
+                self.lease_table.delete_raw(key)
+                continue
+            seq, count, deliveries = run
+            k = min(count, budget - returned)
+            self.broker.release_range(group.qid, seq, seq + k, deliveries=deliveries)
+            returned += k
+            self._advance(group, key, lseq, run, k)
+            group.base = max(group.base, lseq + k)
+        self._save(group)
+        return returned
+
+    def _advance(self, group: Group, key: bytes, lseq: int, run: tuple[int, int, int], done: int) -> None:
+        """The first ``done`` messages of a run are settled: drop its record, or move its start on."""
+        seq, count, deliveries = run
+        self.lease_table.delete_raw(key)
+        if done < count:
+            self.lease_table.put((group.gid, lseq + done), (seq + done, count - done, deliveries))
 
     def stats(self) -> dict:
         return {

@@ -280,6 +280,8 @@ class Server:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
+        if self.leases.pending:
+            return 0  # acknowledged runs to delete or expired ones to return: the next share at once
         now = time.monotonic()
         wake = min(self._next_tick, now + self.config.reaper_frequency / 1e6)
         deadline = self.broker.next_deadline()
@@ -308,6 +310,8 @@ class Server:
             for endpoint in self.endpoints:
                 endpoint.read(ready, now, now_us)
             if now >= self._next_tick and self.leases.expire(now_us):
+                self.native.unstall()
+            elif self.leases.pending and self.leases.work(now_us):  # (a share per turn of big acks, expiries)
                 self.native.unstall()
             if self.broker.expire(now):
                 self.native.unstall()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from pzq.broker import Broker
@@ -219,7 +221,8 @@ def test_a_group_record_claiming_a_vast_lease_range_costs_only_the_leases_it_has
     store, broker, leases = _open(tmp_path / "db")
     message = broker.produce("q", [b"m"], now_us=1)
     Groups(store).put((message.qid, "g"), [1, 0, 10**12, 0])
-    LeaseRecords(store).put((1, 5), (message.seq, 0))
+    # (the record as pzq 0.4 wrote it: one message, seq u64 | deliveries u32)
+    LeaseRecords(store).put_raw(LeaseRecords(store).key((1, 5)), struct.pack(">QI", message.seq, 0))
     store.commit()
     store.close()
     store, broker, leases = _open(tmp_path / "db")
@@ -227,5 +230,97 @@ def test_a_group_record_claiming_a_vast_lease_range_costs_only_the_leases_it_has
         assert broker.ready_count("q") == 0, "held by the group's one lease"
         assert leases.expire(now_us=10**15) == 1 and broker.ready_count("q") == 1
         assert LeaseRecords(store).raw() == []
+    finally:
+        store.close()
+
+
+def test_a_lease_of_a_fresh_queue_is_one_record_and_one_held_range_however_many_messages(tmp_path):
+    from pzq.store.groups import LeaseRecords
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(3000)], now_us=T0)
+        assert leases.lease("q", "g", 0, 3000, now=0, now_us=T0) == (0, 3000)
+        assert len(LeaseRecords(store).raw()) == 1
+        held = broker.held_ranges(store.queue("q").qid)
+        assert held is not None and len(held) == 1 and held.count == 3000
+        assert broker.stats()["messages_inflight"] == 3000 and broker.ready_count("q") == 0
+    finally:
+        store.close()
+
+
+def test_messages_another_consumer_holds_split_a_lease_into_runs_and_each_fetches_right(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(10)], now_us=T0)
+        native = broker.take("q", 3, "native", now=0, now_us=T0)  # m0 m1 m2
+        broker.nack((native[1].qid, native[1].seq), by="native")  # m1 is ready again, delivered once
+        assert leases.lease("q", "g", 0, 5, now=0, now_us=T0) == (0, 5)
+        fetched = leases.fetch("q", "g", 0, 5, now_us=T0)[0]
+        assert [(lseq, b"".join(m.frames), m.deliveries) for lseq, m in fetched] == [
+            (0, b"m1", 2),
+            (1, b"m3", 1),
+            (2, b"m4", 1),
+            (3, b"m5", 1),
+            (4, b"m6", 1),
+        ]
+        assert [b"".join(m.frames) for _, m in leases.fetch("q", "g", 2, 4, now_us=T0)[0]] == [b"m4", b"m5"]
+        assert broker.ack((native[0].qid, native[0].seq), by="native")  # the native consumer's own: fine
+    finally:
+        store.close()
+
+
+def test_a_big_acknowledgement_is_durable_at_once_and_deleted_a_share_per_turn(tmp_path, monkeypatch):
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "WORK_PER_TURN", 100)
+    store, broker, leases = _open(tmp_path / "db")
+    broker.produce_many("q", [[b"m%d" % i] for i in range(1000)], now_us=T0)
+    leases.lease("q", "g", 0, 1000, now=0, now_us=T0)
+    assert leases.ack_upto("q", "g", 1000, now_us=T0) == 1000
+    assert store.queue("q").count == 900 and leases.pending
+    assert leases.fetch("q", "g", 0, 1000, now_us=T0)[1] == 1000, "acknowledged: all gone at once"
+    store.commit()
+    store.close()  # a restart before the rest is deleted: the base says they are acknowledged
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        assert leases.pending and broker.ready_count("q") == 0, "held until deleted, never handed out"
+        for _ in range(9):  # the 900 left, 100 a turn
+            leases.work(T0, budget=100)
+        assert store.queue("q").count == 0
+        leases.work(T0, budget=100)
+        assert not leases.pending
+        assert broker.take("q", 10, "native", now=0, now_us=T0) == []
+    finally:
+        store.close()
+
+
+def test_an_expired_group_of_many_runs_goes_back_over_several_turns_lowest_first(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(50)], now_us=T0)
+        leases.lease("q", "g", 0, 50, now=0, now_us=T0)
+        leases.ack_upto("q", "g", 10, now_us=T0)
+        assert leases.expire(T0 + 60_000_000) == 40
+        assert leases.offsets("q", "g") == (50, 50)
+        taken = broker.take("q", 100, "native", now=0, now_us=T0)
+        assert [(b"".join(m.frames), m.deliveries) for m in taken] == [(b"m%d" % i, 2) for i in range(10, 50)]
+    finally:
+        store.close()
+
+
+def test_an_expiry_share_per_turn_returns_the_lowest_leases_and_moves_the_base(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(30)], now_us=T0)
+        leases.lease("q", "g", 0, 30, now=0, now_us=T0)
+        leases._expiring.add(("q", "g"))
+        assert leases.work(T0 + 60_000_000, budget=12) == 12
+        assert leases.offsets("q", "g") == (12, 30)
+        assert [b"".join(m.frames) for m in broker.take("q", 100, "x", now=0, now_us=T0)] == [
+            b"m%d" % i for i in range(12)
+        ]
+        assert leases.fetch("q", "g", 12, 14, now_us=T0 + 60_000_000)[0][0][1].frames == [b"m12"]
     finally:
         store.close()

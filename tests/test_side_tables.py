@@ -18,7 +18,7 @@ SCHEDULE = {"queue": "jobs", "headers": "", "interval": 60, "payload": '["run", 
 SAMPLES: dict[type[SideTable], list[tuple]] = {
     Schedules: [("a1", SCHEDULE), ("b2", {**SCHEDULE, "interval": 0, "cron": "*/5 * * * *"})],
     Groups: [((1, "spark"), [7, 0, 10, 123]), ((2, "other"), [8, 3, 4, 456, "z85-key"])],
-    LeaseRecords: [((7, 0), (11, 1)), ((7, 1), (12, 3))],
+    LeaseRecords: [((7, 0), (11, 1, 1)), ((7, 1), (12, 5, 3))],
     DedupKeys: [("batch-1", Produced(5, 2, [b"d" * 16])), ("batch-2", Produced(6, 1, [b"e" * 16, b"f" * 16]))],
     Bindings: [("orders", Binding(["paid", "shipped"], 30.0, True)), ("logs", Binding(["*"], None, False))],
     EmqpJobs: [((1, 5), ("msg-1", b"worker-a", None)), ((1, 6), ("msg-2", b"worker-b", "z85"))],

@@ -536,6 +536,49 @@ class Store:
         self._account(info, -1, -_accounted(key, value))
         return True
 
+    def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Remove at most ``limit`` stored messages with seqs ``lo .. hi-1``, walking only the records
+        that exist (a consumer group's acknowledged range); returns (how many, the seq to go on from:
+        ``hi`` once the range is done)."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi:
+            return 0, hi
+        txn = self.env.write()
+        removed = size = 0
+        end = _KEY.pack(info.qid, hi)
+        try:
+            cursor = txn.cursor(db=self._messages_db)
+            key: bytes = bytes(cursor.key()) if cursor.set_range(_KEY.pack(info.qid, lo)) else b""
+            while key and key < end and removed < limit:
+                size += _accounted(key, cursor.value())
+                txn.delete(key, db=self._deliveries_db)
+                self._pending_counts.pop(key, None)
+                removed += 1
+                cursor.delete()  # (and moves to the next record: b"" past the last)
+                key = bytes(cursor.key())
+            at = hi if not key or key >= end else _KEY.unpack(key)[1]
+        except LmdbError as exc:
+            self.env.do(_raise, exc)  # (rolls the turn back and raises StoreError)
+            raise
+        if removed:
+            self._account(info, -removed, -size)
+        return removed, at
+
+    def seqs_in(self, queue: str, lo: int, hi: int, limit: int) -> list[int]:
+        """The seqs of at most ``limit`` stored messages of ``queue`` from ``lo`` to ``hi - 1``, keys only."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi or limit <= 0:
+            return []
+        end, out = _KEY.pack(info.qid, hi), list[int]()
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(_KEY.pack(info.qid, lo)):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key >= end or len(out) >= limit:
+                        break
+                    out.append(_KEY.unpack(key)[1])
+        return out
+
     def requeue_at_end(self, message: Message, *, expires_us: int | None = None) -> Message:
         """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
         if not self.delete(message.queue, message.seq):
