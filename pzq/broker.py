@@ -190,7 +190,20 @@ class Broker:
                 out.append(message)
         return out
 
-    def _next_ready(self, queue: str, qid: int, state: _Ready, n: int) -> list[Message]:
+    def _cursor_limit(self, state: _Ready, held: HeldRanges | None, n: int) -> int | None:
+        """How many records to read from the cursor (never into a held range); None if the cursor
+        stood in one and jumped past it."""
+        if held:
+            span = held.span_of(state.cursor)
+            if span is not None:
+                state.cursor = span[1]
+                return None
+            start = held.next_start(state.cursor)
+            if start is not None:  # (a bound: seqs are never reused, so no more records lie before it)
+                return min(n, start - state.cursor)
+        return n
+
+    def _next_ready(self, queue: str, qid: int, state: _Ready, n: int, cursor: bool = True) -> list[Message]:
         out: list[Message] = []
         held = self._held.get(qid) or None  # (None when it holds no range: the hot path stays as it was)
         while state.requeued and len(out) < n:
@@ -203,16 +216,10 @@ class Broker:
                 out.append(message)
         # Scan on past messages that are all in flight, or a consumer would see "nothing ready" while
         # ready messages wait behind them; held ranges are jumped, not read.
-        while len(out) < n:
-            limit = n - len(out)
-            if held:
-                span = held.span_of(state.cursor)
-                if span is not None:
-                    state.cursor = span[1]
-                    continue
-                start = held.next_start(state.cursor)
-                if start is not None:  # (a bound: seqs are never reused, so no more records lie before it)
-                    limit = min(limit, start - state.cursor)
+        while cursor and len(out) < n:
+            limit = self._cursor_limit(state, held, n - len(out))
+            if limit is None:
+                continue
             fresh = self.store.scan(queue, state.cursor, limit)
             if not fresh:
                 break
@@ -237,28 +244,51 @@ class Broker:
         state = self._state(info.qid)
         runs: list[list[int]] = []
         taken = 0
-        while taken < n:
-            batch = self._next_ready(queue, info.qid, state, n - taken)
+
+        def lease(seq: int, expires_us: int, cap: int, deliveries: int) -> None:
+            nonlocal taken
+            if (expires_us and expires_us <= now_us) or (
+                (cap or self.max_deliveries) and deliveries >= (cap or self.max_deliveries)
+            ):
+                message = self.store.get(queue, seq)  # (rare: read whole to move it)
+                if message is not None:
+                    self._dead_letter(
+                        message, "expired" if expires_us and expires_us <= now_us else "max-deliveries", now_us
+                    )
+                return
+            deliveries += 1
+            if deliveries > 1:
+                self.counters.redelivered += 1
+                self._count(queue, "redelivered")
+            last = runs[-1] if runs else None
+            if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
+                last[1] += 1
+            else:
+                runs.append([seq, 1, deliveries])
+            taken += 1
+
+        # Messages that came back first (few: read whole), then the cursor's, by their headers only.
+        while state.requeued and taken < n:
+            batch = self._next_ready(queue, info.qid, state, n - taken, cursor=False)
             if not batch:
                 break
-            for message in batch:
-                if message.expires_us and message.expires_us <= now_us:
-                    self._dead_letter(message, "expired", now_us)
+            for m in batch:
+                cap = (m.meta or {}).get("max_deliveries") or 0
+                lease(m.seq, m.expires_us, cap if type(cap) is int else 0, m.deliveries)
+        held = self._held.get(info.qid) or None
+        inflight = self.inflight
+        while taken < n:
+            limit = self._cursor_limit(state, held, n - taken)
+            if limit is None:
+                continue  # (the cursor jumped a held range)
+            rows = self.store.headers(queue, state.cursor, limit)
+            if not rows:
+                break
+            state.cursor = rows[-1][0] + 1
+            for row in rows:
+                if (info.qid, row[0]) in inflight or (held and held.holder_of(row[0]) is not None):
                     continue
-                cap = (message.meta or {}).get("max_deliveries") or self.max_deliveries
-                if cap and message.deliveries >= cap:
-                    self._dead_letter(message, "max-deliveries", now_us)
-                    continue
-                deliveries = message.deliveries + 1
-                if deliveries > 1:
-                    self.counters.redelivered += 1
-                    self._count(queue, "redelivered")
-                last = runs[-1] if runs else None
-                if last is not None and last[0] + last[1] == message.seq and last[2] == deliveries:
-                    last[1] += 1
-                else:
-                    runs.append([message.seq, 1, deliveries])
-                taken += 1
+                lease(*row)
         # (A message is read once: the cursor has passed it, or it left the requeued heap.)
         for lo, count, _ in runs:
             self.hold_range(info.qid, lo, lo + count, holder)

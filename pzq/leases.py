@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Literal, overload
 
 from pzq.broker import Broker, Exclusive
@@ -35,11 +36,14 @@ from pzq.store.groups import Groups, LeaseRecords
 
 log = logging.getLogger("pzq.leases")
 
-# Messages one lease call takes at most; a larger ``max`` gets this many (the caller reads a shorter
-# range and leases on from its end). A lease writes one record per run of consecutive seqs and holds
-# one range per run, whatever its size; what bounds a call is reading the messages (their TTL and
-# delivery cap are checked), about 2 µs each.
-MAX_LEASE = 5_000  # messages one lease call may take: ~30 ms of the loop, so that others wait no longer
+# What one call may cost the loop: a lease or a fetch stops after CALL_BUDGET_S of work (or MAX_LEASE,
+# MAX_FETCH messages) and answers the shorter range; the caller goes on from its end. A lease writes
+# one record per run of consecutive seqs and holds one range per run, whatever its size; what costs is
+# reading the messages (their TTL and delivery cap are checked), about 2 µs each.
+CALL_BUDGET_S = 0.010
+LEASE_CHUNK = 1_000  # messages taken (or fetched: FETCH_CHUNK) between two looks at the clock
+FETCH_CHUNK = 1_000
+MAX_LEASE = 1_000_000  # messages one lease call may take at most
 MAX_FETCH = 10_000  # messages one fetch may return
 WORK_PER_TURN = 5_000  # acknowledged messages deleted (or expired ones returned) per turn
 MAX_GROUPS = 100_000  # consumer groups of every queue together (each is a record and a timer)
@@ -58,6 +62,7 @@ class Group:
     deadline_us: int = 0  # wall clock, so it outlives restarts
     saved_deadline_us: int = 0
     owner: str | None = None  # the CURVE key (z85) the group belongs to; None: any client (no CURVE)
+    tail: tuple[int, int, int, int] | None = None  # its last run (lease seq, seq, count, deliveries), if known
 
     @property
     def holder(self) -> Exclusive:
@@ -182,9 +187,31 @@ class Leases:
         # Below base is acknowledged or expired: a reader that starts there simply reads on from base.
         target = max(after, group.base) + max_n
         if group.end < target:
-            runs = self.broker.take_ranges(queue, target - group.end, group.holder, now_us=now_us)
+            runs: list[list[int]] = []
+            wanted = target - group.end
+            deadline = time.perf_counter() + CALL_BUDGET_S
+            while wanted > 0:
+                chunk = self.broker.take_ranges(queue, min(wanted, LEASE_CHUNK), group.holder, now_us=now_us)
+                if not chunk:
+                    break
+                for seq, count, deliveries in chunk:
+                    last = runs[-1] if runs else None
+                    if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
+                        last[1] += count  # (a run that goes on across chunks stays one record)
+                    else:
+                        runs.append([seq, count, deliveries])
+                    wanted -= count
+                if time.perf_counter() >= deadline:  # a shorter range: the caller goes on from its end
+                    break
+            tail = group.tail
+            if runs and tail is not None and tail[0] + tail[2] == group.end:
+                first, seq, count, deliveries = tail  # the group's last run: does the first new one go on from it?
+                if seq + count == runs[0][0] and deliveries == runs[0][2]:
+                    runs[0] = [seq, count + runs[0][1], deliveries]
+                    group.end = first
             for seq, count, deliveries in runs:  # one record per run of consecutive seqs
                 self.lease_table.put((group.gid, group.end), (seq, count, deliveries))
+                group.tail = (group.end, seq, count, deliveries)
                 group.end += count
             if runs:
                 self._save(group)
@@ -203,7 +230,8 @@ class Leases:
     ) -> tuple[list[tuple[int, Message]], int, int]:
         """The messages leased as ``lo .. hi-1`` with their lease seqs, how many of that range are gone
         (acknowledged, or expired back to the queue), and where the answer ends: ``hi``, or earlier
-        once ``max_bytes`` of bodies are read (at least one message is always returned)."""
+        once ``max_bytes`` of bodies are read or CALL_BUDGET_S is spent (at least one message is
+        always returned)."""
         group = self._group(queue, name, False, user)
         end = 0 if group is None else group.end
         if not 0 <= lo <= hi <= end:
@@ -217,21 +245,47 @@ class Leases:
             return out, 0, hi
         self._touch(group, now_us)
         size = 0
+        deadline = time.perf_counter() + CALL_BUDGET_S
         for first, (seq, count, deliveries) in self.lease_table.covering(group.gid, max(lo, group.base), hi):
             a, b = max(lo, group.base, first), min(hi, first + count)
             if a >= b:
                 continue
             # The run's messages are consecutive records: read them in one cursor walk.
-            for message in self.store.scan(queue, seq + (a - first), b - a):
-                lseq = first + (message.seq - seq)
-                if lseq >= b:  # (a message of the run is gone: the walk went past it)
-                    break
-                if out and max_bytes is not None and size >= max_bytes:
-                    return out, (lseq - lo) - len(out), lseq
-                message.deliveries = deliveries
-                out.append((lseq, message))
-                size += sum(len(f) for f in message.frames)
+            for at in range(a, b, FETCH_CHUNK):
+                if out and time.perf_counter() > deadline:
+                    return out, (at - lo) - len(out), at
+                more = self._fetch_run(
+                    queue, first, seq, deliveries, at, min(b, at + FETCH_CHUNK), out, size, max_bytes
+                )
+                if more is None:
+                    return out, ((out[-1][0] + 1) - lo) - len(out), out[-1][0] + 1
+                size = more
         return out, (hi - lo) - len(out), hi
+
+    def _fetch_run(
+        self,
+        queue: str,
+        first: int,
+        seq: int,
+        deliveries: int,
+        a: int,
+        b: int,
+        out: list[tuple[int, Message]],
+        size: int,
+        max_bytes: int | None,
+    ) -> int | None:
+        """Append leases ``a .. b-1`` of the run that starts at lease ``first`` (message ``seq``);
+        returns the bytes read so far, or None once ``max_bytes`` is reached."""
+        for message in self.store.scan(queue, seq + (a - first), b - a):
+            lseq = first + (message.seq - seq)
+            if lseq >= b:  # (a message of the run is gone: the walk went past it)
+                break
+            if out and max_bytes is not None and size >= max_bytes:
+                return None
+            message.deliveries = deliveries
+            out.append((lseq, message))
+            size += sum(len(f) for f in message.frames)
+        return size
 
     def ack_upto(self, queue: str, name: str, upto: int, *, now_us: int, user: str | None = None) -> int:
         """Delete every message leased below ``upto``; returns the group's new base."""
@@ -355,6 +409,8 @@ class Leases:
     def _advance(self, group: Group, key: bytes, lseq: int, run: tuple[int, int, int], done: int) -> None:
         """The first ``done`` messages of a run are settled: drop its record, or move its start on."""
         seq, count, deliveries = run
+        if group.tail is not None and group.tail[0] == lseq:
+            group.tail = None  # (the next lease makes a record of its own rather than extend this one)
         self.lease_table.delete_raw(key)
         if done < count:
             self.lease_table.put((group.gid, lseq + done), (seq + done, count - done, deliveries))

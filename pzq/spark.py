@@ -27,7 +27,7 @@ Rows read: queue string, key string (the 32-hex message id, stable across redeli
 (the lease seq when streaming, the queue seq in a snapshot), body binary (the message's frames
 joined), enqueued_at timestamp, deliveries int (deliveries including this one; 0 in a snapshot).
 
-Options: endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (10000),
+Options: endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (100000),
 numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120);
 for a batch write, dedupKey names the write so that writing it again stores nothing (use the batch id
 inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``); for a CURVE server,
@@ -61,7 +61,10 @@ except ImportError:  # pragma: no cover - older pyspark calls latestOffset() wit
 log = logging.getLogger("pzq.spark")
 
 SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp, deliveries int"
-ALL_AVAILABLE = 20_000  # messages of one batch when Spark asks for all there is (in several lease calls)
+# Messages of one micro-batch at most. Leases are ranges on the server (one record and one held range
+# per run of consecutive seqs), so a big batch costs it no memory; what it costs is replay time when a
+# batch fails, and rows Spark holds at once if the query caches them.
+MAX_BATCH = 1_000_000
 _UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
 
@@ -73,7 +76,7 @@ class Options:
     endpoint: str = "tcp://127.0.0.1:11133"
     queue: str = "default"
     group: str = "spark"
-    max_per_batch: int = 10_000
+    max_per_batch: int = 100_000
     partitions: int = 2
     fetch_size: int = 2000
     timeout_s: float = 120.0
@@ -96,7 +99,7 @@ class Options:
             endpoint=options.get("endpoint") or cls.endpoint,
             queue=options.get("queue") or cls.queue,
             group=options.get("group") or cls.group,
-            max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), ALL_AVAILABLE),
+            max_per_batch=min(number("maxMessagesPerBatch", cls.max_per_batch), MAX_BATCH),
             partitions=number("numPartitions", cls.partitions),
             fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
             timeout_s=number("timeout", cls.timeout_s, float),
@@ -204,12 +207,12 @@ class LeaseStreamReader(DataSourceStreamReader):
             after = self._api().offsets(self.options.queue, self.options.group)[0]
         max_n = self.options.max_per_batch
         if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
-            max_n = ALL_AVAILABLE
+            max_n = MAX_BATCH  # (availableNow: what is there is the run's end; Spark reads it in batches)
         elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", 0)  # (named both ways by version)
-            max_n = min(int(rows or 0), ALL_AVAILABLE)
+            max_n = min(int(rows or 0), MAX_BATCH)
         end = after
-        while end < after + max_n:  # the server leases at most 5,000 per call (pzq.leases.MAX_LEASE)
+        while end < after + max_n:  # the server answers a shorter range past 10 ms of work: go on
             _, more = self._api().lease(self.options.queue, self.options.group, end, after + max_n - end)
             if more <= end:
                 break  # nothing more is ready

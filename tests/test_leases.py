@@ -14,6 +14,15 @@ from pzq.store import Store
 T0 = 1_800_000_000_000_000  # wall-clock µs
 
 
+@pytest.fixture(autouse=True)
+def no_time_budget(monkeypatch):
+    """A call's 10 ms budget makes its range shorter on a busy machine: these tests count messages,
+    so they lift it (the budget has its own test)."""
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "CALL_BUDGET_S", 60.0)
+
+
 def _open(path, timeout_s: float = 60.0) -> tuple[Store, Broker, Leases]:
     store = Store(path, max_size=64 << 20)
     broker = Broker(store, ack_timeout_s=5.0)
@@ -322,5 +331,59 @@ def test_an_expiry_share_per_turn_returns_the_lowest_leases_and_moves_the_base(t
             b"m%d" % i for i in range(12)
         ]
         assert leases.fetch("q", "g", 12, 14, now_us=T0 + 60_000_000)[0][0][1].frames == [b"m12"]
+    finally:
+        store.close()
+
+
+def test_an_unreadable_message_met_by_a_lease_is_set_aside_and_the_lease_goes_on_past_it(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(5)], now_us=T0)
+        info = store.queue("q")
+        txn = store.env.write()
+        txn.put(struct.pack(">QQ", info.qid, 2), b"\xc1 not msgpack", db=store.env.dbs["messages"])
+        assert leases.lease("q", "g", 0, 10, now=0, now_us=T0) == (0, 4)
+        assert [b"".join(m.frames) for _, m in leases.fetch("q", "g", 0, 4, now_us=T0)[0]] == [
+            b"m0",
+            b"m2",
+            b"m3",
+            b"m4",
+        ]
+        assert store.damaged_total == 1 and store.queue("q").count == 4
+    finally:
+        store.close()
+
+
+def test_a_lease_or_fetch_past_its_time_budget_answers_a_shorter_range_and_the_next_call_goes_on(tmp_path, monkeypatch):
+    import pzq.leases
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(10)], now_us=T0)
+        monkeypatch.setattr(pzq.leases, "CALL_BUDGET_S", 0.0)  # one chunk per call, whatever the machine
+        monkeypatch.setattr(pzq.leases, "LEASE_CHUNK", 3)
+        monkeypatch.setattr(pzq.leases, "FETCH_CHUNK", 4)
+        assert leases.lease("q", "g", 0, 10, now=0, now_us=T0) == (0, 3)
+        assert leases.lease("q", "g", 3, 7, now=0, now_us=T0) == (0, 6)
+        messages, gone, upto = leases.fetch("q", "g", 0, 6, now_us=T0)
+        assert [lseq for lseq, _ in messages] == [0, 1, 2, 3] and gone == 0 and upto == 4
+    finally:
+        store.close()
+
+
+def test_leases_that_go_on_from_the_last_run_extend_its_record_but_never_past_an_acknowledged_part(tmp_path):
+    from pzq.store.groups import LeaseRecords
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(30)], now_us=T0)
+        for after in (0, 5, 10):
+            leases.lease("q", "g", after, 5, now=0, now_us=T0)
+        assert len(LeaseRecords(store).raw()) == 1
+        leases.ack_upto("q", "g", 12, now_us=T0)
+        leases.lease("q", "g", 15, 5, now=0, now_us=T0)
+        assert store.queue("q").count == 18
+        fetched = leases.fetch("q", "g", 0, 20, now_us=T0)
+        assert [b"".join(m.frames) for _, m in fetched[0]] == [b"m%d" % i for i in range(12, 20)] and fetched[1] == 12
     finally:
         store.close()

@@ -139,7 +139,7 @@ def test_nothing_leaves_the_queue_until_spark_commits_the_batch(spark, api_serve
 
 def test_a_batch_larger_than_one_lease_call_is_read_whole(spark, api_server, tmp_path):
     api = api_server.api
-    produce(api, "wide", [b"w%d" % i for i in range(12_000)])  # the server leases 5,000 per call
+    produce(api, "wide", [b"w%d" % i for i in range(12_000)])  # (a lease call stops after 10 ms of work)
     query = to_memory(spark, api_server, "wide", tmp_path / "ck", maxMessagesPerBatch=12_000)
     try:
         query.processAllAvailable()

@@ -455,6 +455,43 @@ class Store:
             if self.damaged_total == damaged or len(messages) >= limit:
                 return messages  # (else read again: what was set aside is gone, more may follow it)
 
+    def headers(self, queue: str, from_seq: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """``(seq, expires_us, max_deliveries or 0, deliveries)`` of up to ``limit`` messages of
+        ``queue`` from ``from_seq`` on, in FIFO order: what a lease needs to know of each, read in one
+        cursor walk without building messages (a quarter of ``scan``'s cost). Unreadable records
+        are set aside, as ``scan`` does."""
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return []
+        out: list[tuple[int, int, int, int]] = []
+        prefix, unpack_key, unpackb, pending = _U64.pack(info.qid), _KEY.unpack, msgpack.unpackb, self._pending_counts
+        deliveries_db = self._deliveries_db
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(_KEY.pack(info.qid, from_seq)):
+                for key, value in cursor:
+                    if len(out) >= limit or not key.startswith(prefix):
+                        break
+                    try:
+                        record = unpackb(value)
+                        expires_us = record[1]
+                        if type(expires_us) is not int or type(record[2]) is not list:
+                            raise ValueError("not a message record")
+                        meta = record[3] if len(record) > 3 else None
+                        cap = meta.get("max_deliveries") or 0 if type(meta) is dict else 0
+                    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+                        self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
+                        continue
+                    count = pending.get(key)
+                    if count is not None:
+                        deliveries = count[0]
+                    else:
+                        raw = txn.get(key, db=deliveries_db)
+                        deliveries = _U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
+                    out.append((unpack_key(key)[1], expires_us, cap if type(cap) is int else 0, deliveries))
+        self._set_aside()
+        return out
+
     def _set_aside(self) -> None:
         """Move unreadable message records (a damaged page, a bug) out of their queue into the
         ``damaged`` table, raw, and count them: one bad record must not fail every turn that meets it
