@@ -493,7 +493,7 @@ _BENCH_OPTIONS = {
     "phpmq": _NATIVE_BENCH,
     "mqks": {"count", "runs", "size", "server_args", "json_path", "quiet"},
     "emqp": {"count", "concurrent", "broker", "server_args", "json_path", "quiet"},
-    "spark": {"count", "runs", "batch", "size", "server_args", "json_path", "quiet"},
+    "spark": {"count", "runs", "batch", "size", "server_args", "json_path", "quiet", "spark_master"},
 }
 _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000, "spark": 100_000}
 
@@ -535,7 +535,13 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
     show_default=True,
     help="Also drive a no-storage pyzmq echo server with the same producer code.",
 )
-@click.option("--batch", type=int, default=20_000, show_default=True, help="spark: maxMessagesPerBatch.")
+@click.option("--batch", type=int, default=100_000, show_default=True, help="spark: maxMessagesPerBatch.")
+@click.option(
+    "--spark-master",
+    default="local[2]",
+    show_default=True,
+    help="spark: where the queries run (spark://HOST:PORT for a standalone cluster).",
+)
 @click.option("--concurrent", type=int, default=4, show_default=True, help="emqp: the JobManager's job processes.")
 @click.option(
     "--broker",
@@ -550,7 +556,9 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
 @_errors_to_exit
-def bench(ctx, protocol, json_path, plot_path, quiet, server_args, batch, concurrent, broker, **options) -> None:
+def bench(
+    ctx, protocol, json_path, plot_path, quiet, server_args, batch, concurrent, broker, spark_master, **options
+) -> None:
     """Measure throughput and latency of a fresh local server (with the no-storage ceiling beside it for
     --protocol pzq); figures are printed and written to --json."""
     from pzq.bench import report
@@ -563,7 +571,7 @@ def bench(ctx, protocol, json_path, plot_path, quiet, server_args, batch, concur
     if options["count"] is None:
         options["count"] = _BENCH_COUNT[protocol]
     if protocol in ("mqks", "emqp", "spark"):
-        result = _bench_other(protocol, options, batch, concurrent, broker, tuple(server_args))
+        result = _bench_other(protocol, options, batch, concurrent, broker, tuple(server_args), spark_master)
     else:
         result = _bench_native(protocol, options, server_args, quiet)
         click.echo(report.table(result))
@@ -599,7 +607,9 @@ def _bench_native(protocol: str, options: dict, server_args, quiet: bool) -> dic
     return native.bench(opts)
 
 
-def _bench_other(protocol: str, options: dict, batch: int, concurrent: int, broker: str, server_args: tuple) -> dict:
+def _bench_other(
+    protocol: str, options: dict, batch: int, concurrent: int, broker: str, server_args: tuple, master: str
+) -> dict:
     count, runs, size = options["count"], options["runs"], options["size"]
     if min(count, runs, batch, concurrent) < 1 or size < 0:
         raise ConfigError("--count, --runs, --batch, --concurrent: at least 1; --size: at least 0")
@@ -613,4 +623,4 @@ def _bench_other(protocol: str, options: dict, batch: int, concurrent: int, brok
         return emqp.bench(emqp.EmqpOptions(count, concurrent, broker, server_args), click.echo)
     from pzq.bench import spark
 
-    return spark.bench(spark.SparkOptions(count, runs, batch, size, server_args), click.echo)
+    return spark.bench(spark.SparkOptions(count, runs, batch, size, server_args, master), click.echo)
