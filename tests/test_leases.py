@@ -230,7 +230,7 @@ def test_a_group_record_claiming_a_vast_lease_range_costs_only_the_leases_it_has
     store, broker, leases = _open(tmp_path / "db")
     message = broker.produce("q", [b"m"], now_us=1)
     Groups(store).put((message.qid, "g"), [1, 0, 10**12, 0])
-    # (the record as pzq 0.4 wrote it: one message, seq u64 | deliveries u32)
+    # (the record as pzq 0.1.0 wrote it: one message, seq u64 | deliveries u32)
     LeaseRecords(store).put_raw(LeaseRecords(store).key((1, 5)), struct.pack(">QI", message.seq, 0))
     store.commit()
     store.close()

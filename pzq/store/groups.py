@@ -3,7 +3,7 @@ tables.
 
     groups      qid u64 | group name (utf-8) -> msgpack [gid, base, end, deadline_us (, owner z85)]
     leases      gid u64 | first lease seq u64 -> first message seq u64 | count u32 | deliveries u32
-                                                 (before pzq 0.5: message seq u64 | deliveries u32,
+                                                 (pzq 0.1.0 wrote: message seq u64 | deliveries u32,
                                                   a run of one, still read)
 
 A group's leases are its lease seqs ``base .. end-1``; a Spark offset is a lease seq. One record is a
