@@ -294,47 +294,53 @@ class Broker:
             self.hold_range(info.qid, lo, lo + count, holder)
         return [(lo, count, deliveries) for lo, count, deliveries in runs]
 
-    def hold_range(self, qid: int, lo: int, hi: int, holder: Exclusive) -> None:
+    def hold_range(self, qid: int, lo: int, hi: int, holder: Exclusive, stored: int | None = None) -> None:
         """Keep seqs ``lo .. hi-1`` of queue ``qid`` away from every other consumer (a group's lease,
-        also when re-registered after a restart); the caller makes sure no other holder has them."""
+        also when re-registered after a restart: then ``stored`` says how many of them are stored);
+        the caller makes sure no other holder has them."""
         held = self._held.get(qid)
         if held is None:
             held = self._held[qid] = HeldRanges()
-        before = held.count
         held.add(lo, hi, holder)
-        self._state(qid).inflight += held.count - before
+        self._state(qid).inflight += hi - lo if stored is None else stored
 
-    def release_range(self, qid: int, lo: int, hi: int, *, deliveries: int | None = None) -> int:
-        """Stop holding ``lo .. hi-1``: with ``deliveries`` the messages go back to their queue, their
-        delivery count raised to it, and the cursor rewinds to find them in order; without, they were
-        deleted (acknowledged). Returns how many seqs were held."""
+    def release_range(self, qid: int, lo: int, hi: int, holder: Exclusive, *, deliveries: int | None = None) -> int:
+        """Give ``holder``'s seqs ``lo .. hi-1`` back to their queue (only what ``holder`` holds, within
+        one range): with ``deliveries``, their delivery count is written as that (durable with this
+        turn); without, they were never handed out (a lease cut short). The cursor rewinds to find
+        them in order. Returns how many stored messages went back."""
         held = self._held.get(qid)
-        if held is None:
-            return 0
-        released = held.remove(lo, hi)
-        self._state(qid).inflight -= released
-        if deliveries is not None and released:
-            info = self.store.queue_by_id(qid)
-            if info is not None:
-                for seq in self.store.seqs_in(info.name, lo, hi, hi - lo):
-                    self.store.mark_delivered(info.name, seq, current=deliveries - 1)
-            state = self._state(qid)
-            state.cursor = min(state.cursor, lo)
-            self.counters.expired += released
-        return released
-
-    def ack_range(self, qid: int, lo: int, hi: int, limit: int) -> tuple[int, int]:
-        """Delete (acknowledge) at most ``limit`` of the held messages ``lo .. hi-1`` and stop holding
-        what was walked; returns (deleted, where the walk stopped: ``hi`` once done)."""
         info = self.store.queue_by_id(qid)
-        if info is None:
+        span = None if held is None else held.span_of(lo)
+        if held is None or info is None or span is None or span[2] != holder:
+            return 0
+        hi = min(hi, span[1])
+        seqs = self.store.seqs_in(info.name, lo, hi, hi - lo)
+        if deliveries is not None:
+            self.store.set_delivered(info.name, seqs, deliveries)
+            self.counters.expired += len(seqs)
+        held.remove(lo, hi, holder)
+        state = self._state(qid)
+        state.inflight -= len(seqs)
+        state.cursor = min(state.cursor, lo)
+        return len(seqs)
+
+    def ack_range(self, qid: int, lo: int, hi: int, holder: Exclusive, limit: int) -> tuple[int, int]:
+        """Delete (acknowledge) at most ``limit`` of the messages ``holder`` holds from ``lo`` to
+        ``hi - 1`` and stop holding what was walked; returns (deleted, where the walk stopped: ``hi``
+        once done). Seqs ``holder`` does not hold are never deleted: the walk skips them."""
+        held = self._held.get(qid)
+        info = self.store.queue_by_id(qid)
+        span = None if held is None else held.span_of(lo)
+        if held is None or info is None or span is None or span[2] != holder:
             return 0, hi
-        deleted, at = self.store.delete_range(info.name, lo, hi, limit)
-        self.release_range(qid, lo, at)
+        deleted, at = self.store.delete_range(info.name, lo, min(hi, span[1]), limit)
+        held.remove(lo, at, holder)
+        self._state(qid).inflight -= deleted
         if deleted:
             self.counters.acked += deleted
             self._count(info.name, "acked", deleted)
-        return deleted, at
+        return deleted, at  # (at the range's end if it ends before hi: the rest is not holder's)
 
     def range_free(self, qid: int, lo: int, hi: int) -> bool:
         """True if no group holds any seq of ``lo .. hi-1`` of queue ``qid``."""

@@ -62,10 +62,12 @@ class HeldRanges:
         i = bisect.bisect_left(self._starts, seq)
         return self._starts[i] if i < len(self._starts) else None
 
-    def remove(self, lo: int, hi: int) -> int:
-        """Stop holding ``lo .. hi-1`` (which must lie within one range); returns how many seqs."""
+    def remove(self, lo: int, hi: int, holder: Hashable) -> int:
+        """Stop holding ``lo .. hi-1`` for ``holder`` (within the range that holds ``lo``, and only if
+        it is ``holder``'s: a damaged record of another group can never release this one's); returns
+        how many seqs."""
         span = self.span_of(lo)
-        if span is None:
+        if span is None or span[2] != holder:
             return 0
         start, end, holder = span
         hi = min(hi, end)

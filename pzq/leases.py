@@ -33,6 +33,7 @@ from pzq.broker import Broker, Exclusive
 from pzq.errors import ProtocolError, StoreFull
 from pzq.store import Message
 from pzq.store.groups import Groups, LeaseRecords
+from pzq.store.side_table import UNREADABLE
 
 log = logging.getLogger("pzq.leases")
 
@@ -45,7 +46,12 @@ LEASE_CHUNK = 1_000  # messages taken (or fetched: FETCH_CHUNK) between two look
 FETCH_CHUNK = 1_000
 MAX_LEASE = 1_000_000  # messages one lease call may take at most
 MAX_FETCH = 10_000  # messages one fetch may return
-WORK_PER_TURN = 5_000  # acknowledged messages deleted (or expired ones returned) per turn
+WORK_PER_TURN = 5_000  # acknowledged messages deleted (or expired ones returned) per turn, within CALL_BUDGET_S
+# Runs (records, held ranges) of one group and of all groups: a run costs a record and ~100 B, and
+# every lookup bisects them. A fresh queue's lease is one run; a queue shared with other consumers
+# splits into more. Past either limit a lease answers the shorter range it has (possibly none).
+MAX_RUNS_PER_GROUP = 10_000
+MAX_RUNS = 100_000
 MAX_GROUPS = 100_000  # consumer groups of every queue together (each is a record and a timer)
 
 
@@ -63,6 +69,7 @@ class Group:
     saved_deadline_us: int = 0
     owner: str | None = None  # the CURVE key (z85) the group belongs to; None: any client (no CURVE)
     tail: tuple[int, int, int, int] | None = None  # its last run (lease seq, seq, count, deliveries), if known
+    runs: int = 0  # lease records it has (each a held range until acknowledged or returned)
 
     @property
     def holder(self) -> Exclusive:
@@ -83,40 +90,73 @@ class Leases:
         self.timeout_us = int(timeout_s * 1e6)
         self.groups: dict[tuple[str, str], Group] = {}
         self.expired_total = 0
+        self._spent = 0  # of this turn's WORK_PER_TURN, by ACK_UPTO calls
+        self.runs_total = 0
         self._acking: set[tuple[str, str]] = set()  # groups with acknowledged runs still stored
         self._expiring: set[tuple[str, str]] = set()  # expired groups whose runs are going back
         self.load()
 
     def load(self) -> None:
         """Read every group and hold its leased runs again: at start-up and after a rollback. Runs
-        below a group's base were acknowledged and are deleted over the next turns."""
+        below a group's base were acknowledged and are deleted over the next turns. A damaged record
+        (a second group with one gid, a run past its queue's end or over another run) is removed and
+        logged: it must never make a group fetch, acknowledge or return what it does not hold."""
         self.groups.clear()
         self._acking.clear()
         self._expiring.clear()
+        self.runs_total = 0
         self._next_gid = 1
+        gids: set[int] = set()
+        by_queue: dict[int, list[tuple[int, int, Group, bytes]]] = {}
         for (qid, name), record in self.group_table.items():
             gid, base, end, deadline_us, *rest = record  # (an owner since pzq 0.3)
             self._next_gid = max(self._next_gid, gid + 1)
             info = self.store.queue_by_id(qid)
             if info is None:
                 continue
+            if gid in gids:
+                self._damaged(f"group {name!r} of queue {info.name!r} has the gid {gid} of another group: ignored")
+                continue
+            gids.add(gid)
             group = Group(info.name, qid, name, gid, base, end, deadline_us, deadline_us, rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
-            for (_, lseq), (seq, count, _) in self.lease_table.of_group(gid):
-                if not self.broker.range_free(qid, seq, seq + count):
-                    log.error(
-                        "lease record %d of group %r of queue %r claims seqs %d..%d, which another "
-                        "lease holds: not held (a damaged record)",
-                        lseq,
-                        name,
-                        info.name,
-                        seq,
-                        seq + count - 1,
+            for key, value in self.lease_table.raw(self.lease_table.key((gid, 0))[:8]):
+                try:
+                    (_, lseq), (seq, count, _) = self.lease_table.unpack(key, value)
+                except UNREADABLE:
+                    continue  # (its leases read as gone; _ack_some or _return_some deletes it)
+                if seq + count > info.next_seq:
+                    self._damaged(
+                        f"a lease record of group {name!r} claims seqs {seq}..{seq + count - 1} of "
+                        f"{info.name!r}, past its end: removed"
                     )
+                    self.lease_table.delete_raw(key)
                     continue
-                self.broker.hold_range(qid, seq, seq + count, group.holder)
+                by_queue.setdefault(qid, []).append((seq, seq + count, group, key))
+                group.runs += 1
                 if lseq < base:
                     self._acking.add((group.queue, group.name))
+        for qid, runs in by_queue.items():  # in seq order: every range goes at the end of its list
+            runs.sort(key=lambda run: run[0])
+            info = self.store.queue_by_id(qid)
+            reached = 0
+            for lo, hi, group, key in runs:
+                if lo < reached and info is not None:
+                    self._damaged(
+                        f"a lease record of group {group.name!r} claims seqs {lo}..{hi - 1} of "
+                        f"{info.name!r}, which another lease holds: removed"
+                    )
+                    self.lease_table.delete_raw(key)
+                    group.runs -= 1
+                    continue
+                reached = hi
+                stored = 0 if info is None else self.store.count_in(info.name, lo, hi)
+                self.broker.hold_range(qid, lo, hi, group.holder, stored)
+        self.runs_total = sum(group.runs for group in self.groups.values())
+
+    def _damaged(self, what: str) -> None:
+        self.store.unreadable_records += 1
+        log.error("damaged consumer group record: %s", what)
 
     @overload
     def _group(self, queue: str, name: str, create: Literal[True], user: str | None) -> Group: ...
@@ -190,7 +230,8 @@ class Leases:
             runs: list[list[int]] = []
             wanted = target - group.end
             deadline = time.perf_counter() + CALL_BUDGET_S
-            while wanted > 0:
+            room = min(MAX_RUNS_PER_GROUP - group.runs, MAX_RUNS - self.runs_total)
+            while wanted > 0 and room > 0:
                 chunk = self.broker.take_ranges(queue, min(wanted, LEASE_CHUNK), group.holder, now_us=now_us)
                 if not chunk:
                     break
@@ -198,8 +239,12 @@ class Leases:
                     last = runs[-1] if runs else None
                     if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
                         last[1] += count  # (a run that goes on across chunks stays one record)
-                    else:
+                    elif len(runs) < room:
                         runs.append([seq, count, deliveries])
+                    else:  # past the runs a group may hold: back to the queue, never handed out
+                        self.broker.release_range(group.qid, seq, seq + count, group.holder)
+                        wanted = 0
+                        continue
                     wanted -= count
                 if time.perf_counter() >= deadline:  # a shorter range: the caller goes on from its end
                     break
@@ -210,6 +255,9 @@ class Leases:
                     runs[0] = [seq, count + runs[0][1], deliveries]
                     group.end = first
             for seq, count, deliveries in runs:  # one record per run of consecutive seqs
+                if group.end != (group.tail[0] if group.tail else -1):
+                    group.runs += 1
+                    self.runs_total += 1
                 self.lease_table.put((group.gid, group.end), (seq, count, deliveries))
                 group.tail = (group.end, seq, count, deliveries)
                 group.end += count
@@ -248,8 +296,8 @@ class Leases:
         deadline = time.perf_counter() + CALL_BUDGET_S
         for first, (seq, count, deliveries) in self.lease_table.covering(group.gid, max(lo, group.base), hi):
             a, b = max(lo, group.base, first), min(hi, first + count)
-            if a >= b:
-                continue
+            if a >= b or self.broker.holder_of((group.qid, seq + (a - first))) != group.holder:
+                continue  # (nothing here, or a damaged record over what the group does not hold: gone)
             # The run's messages are consecutive records: read them in one cursor walk.
             for at in range(a, b, FETCH_CHUNK):
                 if out and time.perf_counter() > deadline:
@@ -301,7 +349,10 @@ class Leases:
         group.base = upto
         self._save(group)  # durable with this turn: below base is acknowledged, deleted or not yet
         self._acking.add((group.queue, group.name))
-        self._ack_some(group, WORK_PER_TURN)  # the rest over the next turns (see work)
+        # A first share now, so that the queue's depth follows at once; the rest over the next turns,
+        # and the turn's own share is smaller by this one (see work).
+        left = self._ack_some(group, WORK_PER_TURN - self._spent, time.perf_counter() + CALL_BUDGET_S)
+        self._spent = WORK_PER_TURN - left
         return group.base
 
     def drop_queue(self, queue: str) -> None:
@@ -310,6 +361,7 @@ class Leases:
             group = self.groups.pop(key)
             self._acking.discard(key)
             self._expiring.discard(key)
+            self.runs_total -= group.runs
             for record_key in self.lease_table.keys_of_group(group.gid):
                 self.lease_table.delete_raw(record_key)
             self.group_table.delete(group.key())
@@ -321,9 +373,8 @@ class Leases:
         """True while acknowledged runs wait to be deleted or expired ones to go back."""
         return bool(self._acking or self._expiring)
 
-    def expire(self, now_us: int) -> int:
-        """Start returning the messages of every group idle past its deadline to their queues; how
-        many went back in this call (the rest go with ``work`` over the next turns)."""
+    def mark_expired(self, now_us: int) -> None:
+        """Start returning the messages of every group idle past its deadline (``work`` does it)."""
         for group in self.groups.values():
             if group.base == group.end or group.deadline_us > now_us or (group.queue, group.name) in self._expiring:
                 continue
@@ -337,20 +388,28 @@ class Leases:
                 group.base,
                 group.end - 1,
             )
+
+    def expire(self, now_us: int) -> int:
+        """``mark_expired`` and one turn's ``work``: how many messages went back in this call."""
+        self.mark_expired(now_us)
         return self.work(now_us)
 
-    def work(self, now_us: int, budget: int = WORK_PER_TURN) -> int:
-        """Delete up to ``budget`` acknowledged messages and return up to ``budget`` of expired
-        groups to their queues; returns how many went back. One turn's share: a group of a million
-        leases never holds the loop."""
+    def work(self, now_us: int, budget: int | None = None) -> int:
+        """One turn's share: delete acknowledged messages and return expired groups' messages to their
+        queues, at most ``budget`` (WORK_PER_TURN, less what an ACK_UPTO of this turn did) and
+        CALL_BUDGET_S of work; returns how many went back. A group of a million leases never holds
+        the loop."""
+        budget = (WORK_PER_TURN - self._spent) if budget is None else budget
+        self._spent = 0
+        deadline = time.perf_counter() + CALL_BUDGET_S
         for key in list(self._acking):
             group = self.groups.get(key)
             if group is None:
                 self._acking.discard(key)
                 continue
-            budget = self._ack_some(group, budget)
-            if budget <= 0:
-                break
+            budget = self._ack_some(group, budget, deadline)
+            if budget <= 0 or time.perf_counter() > deadline:
+                return 0
         returned = 0
         for key in list(self._expiring):
             group = self.groups.get(key)
@@ -358,16 +417,17 @@ class Leases:
                 if group is None or group.deadline_us > now_us:
                     self._expiring.discard(key)  # (gone, or called again in time: what is left stays)
                 continue
-            n = self._return_some(group, budget - returned)
+            n, budget = self._return_some(group, budget, deadline)
             returned += n
-            if budget - returned <= 0:
+            if budget <= 0 or time.perf_counter() > deadline:
                 break
         self.expired_total += returned
         return returned
 
-    def _ack_some(self, group: Group, budget: int) -> int:
-        """Delete the messages of group's runs below its base, at most ``budget``; the budget left."""
-        while budget > 0:
+    def _ack_some(self, group: Group, budget: int, deadline: float) -> int:
+        """Delete the messages of group's runs below its base, within ``budget`` and ``deadline``;
+        returns the budget left."""
+        while budget > 0 and time.perf_counter() <= deadline:
             first = self.lease_table.first(group.gid)
             if first is None or first[1] >= group.base:
                 self._acking.discard((group.queue, group.name))
@@ -378,16 +438,17 @@ class Leases:
                 continue
             seq, count, deliveries = run
             upto = seq + min(count, group.base - lseq)
-            deleted, at = self.broker.ack_range(group.qid, seq, upto, budget)
+            deleted, at = self.broker.ack_range(group.qid, seq, upto, group.holder, budget)
             budget -= max(deleted, 1)
             self._advance(group, key, lseq, run, at - seq)
         return budget
 
-    def _return_some(self, group: Group, budget: int) -> int:
-        """Send back up to ``budget`` leased messages of an expired group, lowest leases first, with
-        their delivery count raised; its base follows. Returns how many went back."""
+    def _return_some(self, group: Group, budget: int, deadline: float) -> tuple[int, int]:
+        """Send back an expired group's leased messages, lowest leases first, with their delivery
+        count raised (written with this turn), within ``budget`` seqs and ``deadline``; its base
+        follows. Returns (how many went back, the budget left)."""
         returned = 0
-        while returned < budget:
+        while budget > 0 and time.perf_counter() <= deadline:
             first = self.lease_table.first(group.gid)
             if first is None:
                 group.base = group.end
@@ -398,13 +459,13 @@ class Leases:
                 self.lease_table.delete_raw(key)
                 continue
             seq, count, deliveries = run
-            k = min(count, budget - returned)
-            self.broker.release_range(group.qid, seq, seq + k, deliveries=deliveries)
-            returned += k
+            k = min(count, budget)
+            returned += self.broker.release_range(group.qid, seq, seq + k, group.holder, deliveries=deliveries)
+            budget -= k
             self._advance(group, key, lseq, run, k)
             group.base = max(group.base, lseq + k)
         self._save(group)
-        return returned
+        return returned, budget
 
     def _advance(self, group: Group, key: bytes, lseq: int, run: tuple[int, int, int], done: int) -> None:
         """The first ``done`` messages of a run are settled: drop its record, or move its start on."""
@@ -414,6 +475,9 @@ class Leases:
         self.lease_table.delete_raw(key)
         if done < count:
             self.lease_table.put((group.gid, lseq + done), (seq + done, count - done, deliveries))
+        else:
+            group.runs -= 1
+            self.runs_total -= 1
 
     def stats(self) -> dict:
         return {

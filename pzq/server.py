@@ -309,9 +309,9 @@ class Server:
         try:
             for endpoint in self.endpoints:
                 endpoint.read(ready, now, now_us)
-            if now >= self._next_tick and self.leases.expire(now_us):
-                self.native.unstall()
-            elif self.leases.pending and self.leases.work(now_us):  # (a share per turn of big acks, expiries)
+            if now >= self._next_tick:
+                self.leases.mark_expired(now_us)
+            if self.leases.pending and self.leases.work(now_us):  # (a share per turn of big acks, expiries)
                 self.native.unstall()
             if self.broker.expire(now):
                 self.native.unstall()

@@ -16,7 +16,7 @@ def test_a_seq_is_held_by_the_range_that_contains_it_and_by_no_other():
 def test_removing_a_prefix_keeps_the_rest_of_the_range_with_its_holder():
     held = HeldRanges()
     held.add(0, 100, "g")
-    assert held.remove(0, 40) == 40
+    assert held.remove(0, 40, "g") == 40
     assert held.span_of(39) is None and held.span_of(40) == (40, 100, "g")
     assert held.count == 60
 
@@ -24,7 +24,7 @@ def test_removing_a_prefix_keeps_the_rest_of_the_range_with_its_holder():
 def test_removing_the_middle_splits_the_range_in_two():
     held = HeldRanges()
     held.add(0, 10, "g")
-    held.remove(3, 5)
+    held.remove(3, 5, "g")
     assert held.of_holder("g") == [(0, 3), (5, 10)]
     assert held.count == 8
 
@@ -39,7 +39,12 @@ def test_next_start_finds_the_first_range_at_or_after_a_seq():
 def test_removing_what_is_not_held_changes_nothing():
     held = HeldRanges()
     held.add(5, 8, "a")
-    assert held.remove(0, 3) == 0 and held.of_holder("a") == [(5, 8)] and held.count == 3
+    assert (
+        held.remove(0, 3, "a") == 0
+        and held.remove(6, 7, "b") == 0
+        and held.of_holder("a") == [(5, 8)]
+        and held.count == 3
+    )
 
 
 def test_adjacent_ranges_of_one_holder_are_one_entry_and_of_two_holders_stay_two():

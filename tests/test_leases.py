@@ -387,3 +387,111 @@ def test_leases_that_go_on_from_the_last_run_extend_its_record_but_never_past_an
         assert [b"".join(m.frames) for _, m in fetched[0]] == [b"m%d" % i for i in range(12, 20)] and fetched[1] == 12
     finally:
         store.close()
+
+
+def _forge(store, gid: int, lseq: int, run: tuple[int, int, int]) -> None:
+    from pzq.store.groups import LeaseRecords
+
+    LeaseRecords(store).put((gid, lseq), run)
+    store.commit()
+
+
+def test_a_forged_run_over_another_groups_leases_is_removed_at_start_and_acknowledges_nothing_of_theirs(tmp_path):
+    from pzq.store.groups import Groups
+
+    store, broker, leases = _open(tmp_path / "db")
+    broker.produce_many("q", [[b"m%d" % i] for i in range(12)], now_us=T0)
+    leases.lease("q", "a", 0, 10, now=0, now_us=T0)
+    leases.lease("q", "b", 0, 2, now=0, now_us=T0)
+    qid = store.queue("q").qid
+    gid_b = Groups(store).get((qid, "b"))[0]
+    first_seq = leases.fetch("q", "a", 0, 1, now_us=T0)[0][0][1].seq
+    _forge(store, gid_b, 2, (first_seq, 10, 1))  # b claims a's messages
+    Groups(store).put((qid, "b"), [gid_b, 0, 12, T0 + 10**9])
+    store.commit()
+    store.close()
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        assert store.unreadable_records == 1
+        assert leases.fetch("q", "b", 0, 12, now_us=T0)[1] == 10, "the forged part reads as gone"
+        leases.ack_upto("q", "b", 12, now_us=T0)
+        assert len(leases.fetch("q", "a", 0, 10, now_us=T0)[0]) == 10 and store.queue("q").count == 10
+    finally:
+        store.close()
+
+
+def test_a_run_past_the_queues_end_and_a_second_group_with_one_gid_are_removed_and_nothing_stalls(tmp_path):
+    from pzq.store.groups import Groups
+
+    store, broker, leases = _open(tmp_path / "db")
+    broker.produce_many("q", [[b"m%d" % i] for i in range(3)], now_us=T0)
+    leases.lease("q", "a", 0, 1, now=0, now_us=T0)
+    qid = store.queue("q").qid
+    gid = Groups(store).get((qid, "a"))[0]
+    _forge(store, gid, 1, (store.queue("q").next_seq, 2**32 - 1, 1))
+    Groups(store).put((qid, "z"), [gid, 0, 1, T0 + 10**9])  # another group with a's gid
+    store.commit()
+    store.close()
+
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        assert store.unreadable_records == 2
+        broker.produce("q", [b"late"], now_us=T0)
+        assert broker.ready_count("q") == 3 and broker.stats()["messages_inflight"] == 1
+        taken = broker.take("q", 10, "native", now=0, now_us=T0)
+        assert [b"".join(m.frames) for m in taken] == [b"m1", b"m2", b"late"]
+        assert leases.offsets("q", "z") == (0, 0)
+    finally:
+        store.close()
+
+
+def test_a_group_holds_at_most_max_runs_and_what_it_could_not_hold_stays_ready(tmp_path, monkeypatch):
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "MAX_RUNS_PER_GROUP", 3)
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(20)], now_us=T0)
+        taken = broker.take("q", 20, "native", now=0, now_us=T0)
+        for m in taken[1::2]:  # every other message back: a lease of them is one run each
+            broker.nack((m.qid, m.seq), by="native")
+        assert leases.lease("q", "g", 0, 10, now=0, now_us=T0) == (0, 3)
+        assert leases.lease("q", "g", 3, 10, now=0, now_us=T0) == (0, 3), "no room for a fourth run"
+        again = broker.take("q", 20, "other", now=0, now_us=T0)
+        assert [b"".join(m.frames) for m in again] == [b"m7", b"m9", b"m11", b"m13", b"m15", b"m17", b"m19"]
+    finally:
+        store.close()
+
+
+def test_an_expirys_raised_delivery_counts_are_durable_with_the_turn_that_returns_them(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    broker.produce_many("q", [[b"m%d" % i] for i in range(3)], now_us=T0)
+    leases.lease("q", "g", 0, 3, now=0, now_us=T0)
+    store.commit()
+    assert leases.expire(T0 + 60_000_000) == 3
+    store.commit(counts_older_than=0.0)  # the server's commit: young pending counts wait
+    store.close()  # (a SIGKILL here loses nothing that commit made durable)
+
+    store, broker, leases = _open(tmp_path / "db", timeout_s=10)
+    try:
+        assert [m.deliveries for m in broker.take("q", 10, "native", now=0, now_us=T0)] == [2, 2, 2]
+    finally:
+        store.close()
+
+
+def test_an_acknowledgements_first_share_counts_against_its_turns_share(tmp_path, monkeypatch):
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "WORK_PER_TURN", 100)
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(1000)], now_us=T0)
+        leases.lease("q", "g", 0, 1000, now=0, now_us=T0)
+        leases.ack_upto("q", "g", 1000, now_us=T0)
+        leases.work(T0)  # the same turn: its share is spent
+        assert store.queue("q").count == 900
+        leases.work(T0)
+        assert store.queue("q").count == 800
+    finally:
+        store.close()

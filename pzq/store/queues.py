@@ -601,6 +601,35 @@ class Store:
             self._account(info, -removed, -size)
         return removed, at
 
+    def set_delivered(self, queue: str, seqs: Sequence[int], count: int) -> None:
+        """Write the delivery count of stored messages at once, in the open transaction (durable with
+        its commit, with whatever else that commit makes durable: a returned lease's record goes in
+        the same one, so a crash can lose neither without the other)."""
+        info = self._queues.get(queue)
+        if info is None or not seqs:
+            return
+        txn, value = self.env.write(), _U32.pack(count)
+        for seq in seqs:
+            key = _KEY.pack(info.qid, seq)
+            self._pending_counts.pop(key, None)
+            self.env.do(txn.put, key, value, db=self._deliveries_db)
+        self._dirty = True
+
+    def count_in(self, queue: str, lo: int, hi: int) -> int:
+        """How many messages of ``queue`` are stored with seqs ``lo .. hi-1`` (a walk of keys only)."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi:
+            return 0
+        end, n = _KEY.pack(info.qid, hi), 0
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(_KEY.pack(info.qid, lo)):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key >= end:
+                        break
+                    n += 1
+        return n
+
     def seqs_in(self, queue: str, lo: int, hi: int, limit: int) -> list[int]:
         """The seqs of at most ``limit`` stored messages of ``queue`` from ``lo`` to ``hi - 1``, keys only."""
         info = self._queues.get(queue)
