@@ -88,7 +88,9 @@ def start(
     def write_batch(rows: DataFrame, batch_id: int) -> None:
         # The query id lives in the checkpoint: a re-run batch has the same one, a new checkpoint not.
         query_id = rows.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or name
-        rows = rows.persist()
+        # A re-run batch is deduplicated chunk by chunk, and a chunk's digest covers its rows in order:
+        # the same rows per partition (hash-partitioned by key) must also come out in the same order.
+        rows = rows.sortWithinPartitions("window_start", "key").persist()
         try:
             rows.write.mode("overwrite").parquet(f"{output}/query_id={query_id}/batch_id={batch_id}")
             if results_queue:

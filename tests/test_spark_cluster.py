@@ -13,18 +13,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from pzq.bench.spark_cluster import StandaloneCluster, stop_group
 from pzq.clients.api import ApiClient
+from pzq.errors import PzqError
 
 from conftest import free_tcp_endpoint, wait_until
 
@@ -45,29 +45,6 @@ SUBMIT_CONF = {
 
 
 # -- the cluster --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    return free_tcp_endpoint()[1][1]
-
-
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
-    """Signal ``proc``'s process group (it leads one: start_new_session), wait with a timeout, then
-    SIGKILL whatever is left of the group (executors and Python workers a JVM started)."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
 
 
 @dataclasses.dataclass
@@ -106,88 +83,15 @@ class Cluster:
         return found
 
 
-def spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def wait_for_log(proc: subprocess.Popen, log: Path, pattern: str, timeout_s: float) -> re.Match:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{log.name}: exited {proc.returncode}: {log.read_text()[-3000:]}")
-        match = re.search(pattern, log.read_text(errors="replace"))
-        if match:
-            return match
-        time.sleep(0.1)
-    pytest.fail(f"{log.name}: no {pattern!r} within {timeout_s} s: {log.read_text(errors='replace')[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A standalone master and two workers (one core, 1 GiB each), stopped after the module."""
-    spark_class = SPARK_HOME / "bin" / "spark-class"
-    if not os.access(spark_class, os.X_OK):
-        pytest.skip(f"pyspark has no launcher at {spark_class}")
     root = tmp_path_factory.mktemp("spark-cluster")
-    logs, conf, local = root / "logs", root / "conf", root / "local"
-    for d in (logs, conf, local):
-        d.mkdir()
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_CONF_DIR": str(conf),  # empty: no spark-defaults.conf of this machine applies
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_LOCAL_DIRS": str(local),
-        "SPARK_LOG_DIR": str(logs),
-        "SPARK_DAEMON_MEMORY": "256m",
-        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",  # else it binds the fixed port 6066
-        "PYSPARK_PYTHON": sys.executable,  # executors' Python workers: this venv, which has pzq
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-    }
-    procs: list[subprocess.Popen] = []
     try:
-        master_log = logs / "master.log"
-        master = spawn(
-            [
-                str(spark_class),
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--webui-port",
-                str(free_port()),
-            ],
-            master_log,
-            env,
-        )
-        procs.append(master)
-        # A port taken meanwhile makes Spark try the next one: read the ports it really bound.
-        url = wait_for_log(master, master_log, r"Starting Spark master at (spark://\S+)", 90)[1]
-        webui = int(wait_for_log(master, master_log, r"MasterWebUI.* started at http://[^:/]+:(\d+)", 60)[1])
-        wait_for_log(master, master_log, r"I have been elected leader", 60)
-        work_dirs = []
-        for i in (1, 2):
-            work = root / f"worker-{i}"
-            work.mkdir()
-            work_dirs.append(work)
-            argv = [str(spark_class), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1"]
-            argv += ["--cores", "1", "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(work)]
-            procs.append(spawn(argv, logs / f"worker-{i}.log", env))
-        cl = Cluster(root, env, url, webui, work_dirs)
-
-        def registered():
-            for proc in procs:
-                if proc.poll() is not None:
-                    pytest.fail(f"a cluster process exited {proc.returncode}; logs in {logs}")
-            return cl.state().get("aliveworkers") == 2
-
-        wait_until(registered, timeout_s=90, interval_s=0.2)
-        yield cl
-    finally:
-        for proc in reversed(procs):  # workers (and their executors) first, then the master
-            stop_group(proc)
+        with StandaloneCluster(root, workers=2, cores=1, memory="1g") as running:
+            yield Cluster(root, running.env, running.url, running.webui, running.work_dirs)
+    except PzqError as exc:
+        pytest.fail(str(exc))
 
 
 # -- pzq, events and results --------------------------------------------------------------------------

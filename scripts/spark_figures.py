@@ -1,0 +1,66 @@
+"""Every Spark figure of the README in one run: streaming read, snapshot and sink rows/s, on local[2]
+and on a standalone cluster (a master and two one-core workers started here from pyspark's launcher),
+for 100,000 and 1,000,000 messages of 100 B.
+
+    .venv/bin/python scripts/spark_figures.py [--counts 100000,1000000] [--runs 2] [--json spark-figures.json]
+
+Each (master, count) pair is `pzq bench --protocol spark` (pzq/bench/spark.py) against a fresh server:
+its runs' medians are printed. "stream read" is timed from the query's start to processAllAvailable's
+return; "in batches" is the same rows over the micro-batches' own time (Spark's triggerExecution).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # (runs from a checkout)
+
+from pzq.bench import spark  # noqa: E402
+from pzq.bench.spark_cluster import StandaloneCluster  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="100000,1000000")
+    parser.add_argument("--runs", type=int, default=2, help="per case; the first pays for Spark's warm-up")
+    parser.add_argument("--batch", type=int, default=100_000, help="maxMessagesPerBatch")
+    parser.add_argument("--no-cluster", action="store_true", help="local[2] only")
+    parser.add_argument("--json", default="spark-figures.json")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    rows: list[dict] = []
+
+    def measure(master: str) -> None:
+        for count in counts:
+            result = spark.bench(spark.SparkOptions(count, args.runs, args.batch, 100, (), master))
+            median = result["median"]
+            rows.append(
+                {"master": "local[2]" if master.startswith("local") else "standalone", "count": count, **median}
+            )
+
+    measure("local[2]")
+    if not args.no_cluster:
+        with tempfile.TemporaryDirectory() as tmp, StandaloneCluster(Path(tmp), workers=2, cores=1) as cluster:
+            measure(cluster.url)
+    print()
+    print(
+        f"{'master':<11} {'messages':>9} {'stream read':>12} {'in batches':>11} {'snapshot':>9} {'sink':>9} "
+        f"{'read/snapshot':>14}"
+    )
+    for r in rows:
+        stream, batches, snapshot, sink = (r[f"{k}.rows_s"] for k in ("stream", "stream_batches", "snapshot", "sink"))
+        print(
+            f"{r['master']:<11} {r['count']:>9,} {stream:>12,.0f} {batches:>11,.0f} {snapshot:>9,.0f} {sink:>9,.0f} "
+            f"{stream / snapshot:>13.2f}x"
+        )
+    Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(f"\nJSON written to {args.json} (rows/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
