@@ -5,8 +5,9 @@ for 100,000 and 1,000,000 messages of 100 B.
     .venv/bin/python scripts/spark_figures.py [--counts 100000,1000000] [--runs 2] [--json spark-figures.json]
 
 Each (master, count) pair is `pzq bench --protocol spark` (pzq/bench/spark.py) against a fresh server:
-its runs' medians are printed. "stream read" is timed from the query's start to processAllAvailable's
-return; "in batches" is the same rows over the micro-batches' own time (Spark's triggerExecution).
+the medians of its runs are printed, after a warm-up run that is not counted. "stream read" is timed
+from the query's start to processAllAvailable's return; "in batches" is the same rows over the
+micro-batches' own time (Spark's triggerExecution).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # (runs from a checkout)
 
 from pzq.bench import spark  # noqa: E402
+from pzq.bench.report import medians  # noqa: E402
 from pzq.bench.spark_cluster import StandaloneCluster  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="100000,1000000")
-    parser.add_argument("--runs", type=int, default=2, help="per case; the first pays for Spark's warm-up")
+    parser.add_argument("--runs", type=int, default=2, help="per case, after one warm-up run that is not counted")
     parser.add_argument("--batch", type=int, default=100_000, help="maxMessagesPerBatch")
     parser.add_argument("--no-cluster", action="store_true", help="local[2] only")
     parser.add_argument("--json", default="spark-figures.json")
@@ -36,8 +38,8 @@ def main() -> int:
 
     def measure(master: str) -> None:
         for count in counts:
-            result = spark.bench(spark.SparkOptions(count, args.runs, args.batch, 100, (), master))
-            median = result["median"]
+            result = spark.bench(spark.SparkOptions(count, args.runs + 1, args.batch, 100, (), master))
+            median = medians(result["runs"][1:])  # (the first run pays for Spark's and the JIT's warm-up)
             rows.append(
                 {"master": "local[2]" if master.startswith("local") else "standalone", "count": count, **median}
             )

@@ -210,6 +210,36 @@ def big_lease(srv: Server, size: int) -> str:
         return f"LEASE of 1,000,000 over {size}: got {end - base} in {time.perf_counter() - started:.3f} s"
 
 
+def stream_read(srv: Server, size: int) -> str:
+    """What a Spark query does to ``size`` stored messages in one batch, as fast as one client can:
+    lease them all, fetch them all, acknowledge them all."""
+    from pzq.clients.api import ApiClient
+
+    with ApiClient(f"tcp://127.0.0.1:{srv.api_port}", timeout_s=120) as api:
+        for start in range(0, size, 5_000):
+            api.produce([("stream", b"x" * 100)] * min(5_000, size - start))
+        started = time.perf_counter()
+        end, calls = 0, 0
+        while end < size:
+            _, end = api.lease("stream", "g", end, size - end)
+            calls += 1
+        leased = time.perf_counter() - started
+        for lo in range(0, size, 10_000):
+            messages, gone = api.fetch("stream", "g", lo, min(size, lo + 10_000))
+            if len(messages) + gone != min(size, lo + 10_000) - lo:
+                return f"FETCH of {lo}.. answered {len(messages)} + {gone} gone"
+        fetched = time.perf_counter() - started - leased
+        api.ack_upto("stream", "g", size)
+        deadline = time.monotonic() + 120
+        while api.info("stream")["depth"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        acked = time.perf_counter() - started - leased - fetched
+        return (
+            f"{size:,} leased in {calls} calls ({leased:.2f} s), fetched ({fetched:.2f} s), "
+            f"acknowledged and deleted ({acked:.2f} s)"
+        )
+
+
 def mqks_consumers(srv: Server, size: int) -> str:
     """``size`` MQKS consumers on one connection."""
     conn = socket.create_connection(("127.0.0.1", srv.mqks_port), timeout=60)
@@ -235,6 +265,7 @@ CASES = {
     "idle-connections": (idle_connections, 18_000, 300),
     "partial-input": (partial_input, 40, 4),
     "big-lease": (big_lease, 200_000, 20_000),
+    "stream-read": (stream_read, 1_000_000, 20_000),
     "mqks-consumers": (mqks_consumers, 2_000, 200),
 }
 
