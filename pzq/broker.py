@@ -82,6 +82,7 @@ class Broker:
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
         self._ready: dict[int, _Ready] = {}
         self._held: dict[int, HeldRanges] = {}  # qid -> ranges leased by consumer groups
+        store.on_set_aside.append(self._set_aside)
         self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
 
     def _state(self, qid: int) -> _Ready:
@@ -341,6 +342,13 @@ class Broker:
             self.counters.acked += deleted
             self._count(info.name, "acked", deleted)
         return deleted, at  # (at the range's end if it ends before hi: the rest is not holder's)
+
+    def _set_aside(self, qid: int, seq: int) -> None:
+        # A held message found unreadable is no longer stored: it no longer counts as held either, or
+        # the queue would look empty of ready messages while one waits.
+        held = self._held.get(qid)
+        if held and held.holder_of(seq) is not None:
+            self._state(qid).inflight -= 1
 
     def range_free(self, qid: int, lo: int, hi: int) -> bool:
         """True if no group holds any seq of ``lo .. hi-1`` of queue ``qid``."""

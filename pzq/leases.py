@@ -231,7 +231,8 @@ class Leases:
             wanted = target - group.end
             deadline = time.perf_counter() + CALL_BUDGET_S
             room = min(MAX_RUNS_PER_GROUP - group.runs, MAX_RUNS - self.runs_total)
-            while wanted > 0 and room > 0:
+            tail = group.tail if group.tail is not None and group.tail[0] + group.tail[2] == group.end else None
+            while wanted > 0:
                 chunk = self.broker.take_ranges(queue, min(wanted, LEASE_CHUNK), group.holder, now_us=now_us)
                 if not chunk:
                     break
@@ -239,7 +240,9 @@ class Leases:
                     last = runs[-1] if runs else None
                     if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
                         last[1] += count  # (a run that goes on across chunks stays one record)
-                    elif len(runs) < room:
+                    elif len(runs) < room or (
+                        not runs and tail is not None and tail[1] + tail[2] == seq and tail[3] == deliveries
+                    ):  # (a run that goes on from the group's last record adds no record: always room)
                         runs.append([seq, count, deliveries])
                     else:  # past the runs a group may hold: back to the queue, never handed out
                         self.broker.release_range(group.qid, seq, seq + count, group.holder)
@@ -248,8 +251,7 @@ class Leases:
                     wanted -= count
                 if time.perf_counter() >= deadline:  # a shorter range: the caller goes on from its end
                     break
-            tail = group.tail
-            if runs and tail is not None and tail[0] + tail[2] == group.end:
+            if runs and tail is not None:
                 first, seq, count, deliveries = tail  # the group's last run: does the first new one go on from it?
                 if seq + count == runs[0][0] and deliveries == runs[0][2]:
                     runs[0] = [seq, count + runs[0][1], deliveries]

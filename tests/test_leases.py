@@ -495,3 +495,33 @@ def test_an_acknowledgements_first_share_counts_against_its_turns_share(tmp_path
         assert store.queue("q").count == 800
     finally:
         store.close()
+
+
+def test_at_the_run_limit_a_group_still_leases_what_goes_on_from_its_own_last_run(tmp_path, monkeypatch):
+    import pzq.leases
+
+    monkeypatch.setattr(pzq.leases, "MAX_RUNS", 1)
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(20)], now_us=T0)
+        assert leases.lease("q", "g", 0, 5, now=0, now_us=T0) == (0, 5)
+        assert leases.lease("q", "other", 0, 5, now=0, now_us=T0) == (0, 0), "no room for a second run"
+        assert leases.lease("q", "g", 5, 5, now=0, now_us=T0) == (0, 10), "one record, extended"
+        assert broker.ready_count("q") == 10
+    finally:
+        store.close()
+
+
+def test_a_leased_message_found_unreadable_no_longer_counts_as_held(tmp_path):
+    store, broker, leases = _open(tmp_path / "db")
+    try:
+        broker.produce_many("q", [[b"m%d" % i] for i in range(4)], now_us=T0)
+        leases.lease("q", "g", 0, 4, now=0, now_us=T0)
+        info = store.queue("q")
+        txn = store.env.write()
+        txn.put(struct.pack(">QQ", info.qid, 2), b"\xc1 not msgpack", db=store.env.dbs["messages"])
+        assert leases.fetch("q", "g", 0, 4, now_us=T0)[1] == 1
+        broker.produce("q", [b"late"], now_us=T0)
+        assert broker.has_ready("q") and broker.ready_count("q") == 1
+    finally:
+        store.close()

@@ -29,7 +29,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, NoReturn, overload
 
 import msgpack
@@ -164,6 +164,7 @@ class Store:
         self._queues_db, self._meta_db, self._messages_db = dbs["queues"], dbs["meta"], dbs["messages"]
         self._deliveries_db, self._dead_db, self._damaged_db = dbs["deliveries"], dbs["dead"], dbs["damaged"]
         self._unreadable: list[tuple[QueueInfo, bytes, str]] = []  # found by _decode, for _set_aside
+        self.on_set_aside: list[Callable[[int, int], None]] = []  # told (qid, seq) of each message set aside
         self.damaged_total = 0
         self.unreadable_records = 0  # side records skipped by read_records
         self._dirty = False
@@ -507,6 +508,8 @@ class Store:
             self._pending_counts.pop(key, None)
             self._account(info, -1, -_accounted(key, value))
             self.damaged_total += 1
+            for listener in self.on_set_aside:
+                listener(info.qid, _KEY.unpack(key)[1])
             log.error(
                 "message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
                 "(`pzq dump` copies it out); the queue goes on",
