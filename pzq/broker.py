@@ -61,6 +61,7 @@ class Counters:
     """Figures since start, for the monitor."""
 
     produced: int = 0
+    delivered: int = 0  # handed to a consumer or leased by a group (the console's delivery rate)
     acked: int = 0
     nacked: int = 0
     expired: int = 0
@@ -189,6 +190,7 @@ class Broker:
                 state.inflight += 1
                 message.deliveries = deliveries
                 out.append(message)
+        self.counters.delivered += len(out)
         return out
 
     def _cursor_limit(self, state: _Ready, held: HeldRanges | None, n: int) -> int | None:
@@ -290,6 +292,7 @@ class Broker:
                 if (info.qid, row[0]) in inflight or (held and held.holder_of(row[0]) is not None):
                     continue
                 lease(*row)
+        self.counters.delivered += taken
         # (A message is read once: the cursor has passed it, or it left the requeued heap.)
         for lo, count, _ in runs:
             self.hold_range(info.qid, lo, lo + count, holder)

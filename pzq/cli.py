@@ -185,6 +185,7 @@ def cli() -> None:
 @click.option(
     "--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  [default: '']"
 )
+@click.option("--http-dsn", help="The read-only web console, e.g. http://127.0.0.1:9180; '' disables.  [default: '']")
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),

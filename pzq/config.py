@@ -61,6 +61,7 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     metrics_dsn: str = ""
+    http_dsn: str = ""
     allow_ips: str = ""
     curve_secret_key: str = ""
     curve_clients: str = ""
@@ -156,6 +157,10 @@ class Config:
             from pzq.metrics import parse_endpoint
 
             parse_endpoint(self.metrics_dsn)
+        if self.http_dsn:
+            from pzq.metrics import parse_endpoint
+
+            parse_endpoint(self.http_dsn, "--http-dsn")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -33,10 +33,10 @@ _TOTALS = (
 )
 
 
-def parse_endpoint(dsn: str) -> tuple[str, int]:
+def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
     match = re.fullmatch(r"http://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?", dsn)
     if not match or not 0 < int(match.group(2)) < 65536:
-        raise ConfigError(f"--metrics-dsn: {dsn!r} is not http://HOST:PORT (or empty to disable)")
+        raise ConfigError(f"{option}: {dsn!r} is not http://HOST:PORT (or empty to disable)")
     return match.group(1).strip("[]"), int(match.group(2))
 
 

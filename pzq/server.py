@@ -42,6 +42,7 @@ from pzq.store import Store
 from pzq.systemd import Notifier
 
 if TYPE_CHECKING:
+    from pzq.console.web import Console
     from pzq.curve import CurveServer
     from pzq.metrics import Metrics
 
@@ -74,6 +75,8 @@ class Server:
         self._reload_requested = False
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
         self.metrics: Metrics | None = None
+        self.console: Console | None = None
+        self._last_commit_ms = 0.0
         self._produced_at_commit = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -138,6 +141,10 @@ class Server:
             from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
 
             self.metrics = Metrics(cfg.metrics_dsn)
+        if cfg.http_dsn:
+            from pzq.console.web import Console
+
+            self.console = Console(cfg.http_dsn, cfg.database)
         self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
@@ -245,6 +252,9 @@ class Server:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+        if self.console is not None:
+            self.console.close()
+            self.console = None
 
     def run(self) -> None:
         """Serve until ``stop()``. The commit of the turn in progress always completes.
@@ -333,8 +343,8 @@ class Server:
         if now >= self._next_tick:
             self.admin.tick(now)
             self._next_tick = now + TICK_S
-            if self.metrics is not None:
-                self._publish_metrics(now_us)
+            if self.metrics is not None or self.console is not None:
+                self._publish_metrics(now, now_us)
         if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
             self._next_watchdog = now + self.notifier.watchdog_s / 2
@@ -354,15 +364,18 @@ class Server:
         self.leases.drop_queue(queue)
         return self.broker.drop_queue(queue)
 
-    def _publish_metrics(self, now_us: int) -> None:
-        if self.metrics is None:
-            return
+    def _publish_metrics(self, now: float, now_us: int) -> None:
         oldest = {}
         for info in self.store.queues():
             head = self.store.scan(info.name, 0, 1) if info.count else []
             if head:
                 oldest[info.name] = max(0.0, (now_us - head[0].enqueued_us) / 1e6)
-        self.metrics.update(self.stats(), oldest, {q: dict(c) for q, c in self.broker.per_queue.items()})
+        stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
+        if self.metrics is not None:
+            self.metrics.update(stats, oldest, per_queue)
+        if self.console is not None:
+            figures = {**stats, "delivered_total": self.broker.counters.delivered}
+            self.console.publish(now, figures, oldest, per_queue, self._last_commit_ms)
 
     def _admin_wrote(self) -> None:
         """The monitor requeued dead letters: they are ready for native consumers."""
@@ -378,6 +391,7 @@ class Server:
         if waiting or now - self._dirty_since >= interval:
             started = time.perf_counter()
             self.store.commit(counts_older_than=now - interval)
+            self._last_commit_ms = (time.perf_counter() - started) * 1000
             if self.metrics is not None:
                 produced = self.broker.counters.produced
                 self.metrics.observe_commit(time.perf_counter() - started, produced - self._produced_at_commit)

@@ -1,0 +1,139 @@
+"""The console's pages, rendered from the loop's published snapshot. Pure: figures in, HTML out.
+
+Every value that came from a client (queue names above all) goes through ``html.escape``; the pages
+carry no script, so a hostile queue name can only ever show as text. Charts are inline SVG drawn here.
+"""
+
+from __future__ import annotations
+
+import html
+import urllib.parse
+
+QUEUE_COLUMNS = ("depth", "inflight", "dead_letters", "bytes", "oldest_s", "produced", "acked")
+CHART_W, CHART_H = 600, 120
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)} - pzq</title>"
+        '<link rel=stylesheet href="/static/console.css"></head><body>'
+        '<nav><a href="/">Overview</a> <a href="/queues">Queues</a> <a href="/api/stats">JSON</a></nav>'
+        f"<h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:,.2f}"
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.1f} {unit}" if unit != "B" else f"{value:,.0f} B"
+        value /= 1024
+    return f"{value:,.1f} GiB"
+
+
+def chart(name: str, points: list[tuple[float, float]], unit: str) -> str:
+    """An SVG line of ``(seconds ago, value)`` over the last 15 minutes, with its latest value."""
+    label = f"{html.escape(name)}: {_number(points[-1][1]) if points else '-'} {html.escape(unit)}"
+    if len(points) < 2:
+        return f"<figure class=chart><figcaption>{label}</figcaption><p class=empty>collecting</p></figure>"
+    top = max(v for _, v in points) or 1.0
+    span = 900.0
+    coords = " ".join(f"{CHART_W * (1 - min(ago, span) / span):.1f},{CHART_H * (1 - v / top):.1f}" for ago, v in points)
+    return (
+        f"<figure class=chart><figcaption>{label} (max {_number(top)})</figcaption>"
+        f'<svg viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" height="{CHART_H}" role=img '
+        f'aria-label="{html.escape(name)}"><polyline fill=none stroke=currentColor points="{coords}"/></svg>'
+        "</figure>"
+    )
+
+
+def overview(stats: dict, series: dict[str, list[tuple[float, float]]], disk_free: int | None) -> str:
+    """Totals, the store against its limit, disk free, uptime, and the last 15 minutes' rates."""
+    limit = stats.get("store_limit_bytes", 0)
+    rows = [
+        ("uptime", f"{_number(stats.get('uptime_seconds', 0))} s"),
+        ("messages stored", _number(stats.get("messages", 0))),
+        ("in flight", _number(stats.get("messages_inflight", 0))),
+        ("queues", _number(len(stats.get("queues", {})))),
+        ("store size / limit", f"{_bytes(stats.get('db_size', 0))} / {_bytes(limit)}"),
+        ("disk free", "-" if disk_free is None else _bytes(disk_free)),
+        (
+            "produced / acked since start",
+            f"{_number(stats.get('produced_total', 0))} / {_number(stats.get('acked_total', 0))}",
+        ),
+        (
+            "dead-lettered / redelivered",
+            f"{_number(stats.get('dead_lettered_total', 0))} / {_number(stats.get('redelivered_total', 0))}",
+        ),
+        ("commits", _number(stats.get("syncs", 0))),
+    ]
+    table = (
+        "<table class=figures>"
+        + "".join(
+            f'<tr><th>{html.escape(k)}</th><td data-figure="{html.escape(k)}">{html.escape(v)}</td></tr>'
+            for k, v in rows
+        )
+        + "</table>"
+    )
+    charts = "".join(
+        chart(title, series.get(key, []), unit)
+        for key, title, unit in (
+            ("produced_total", "produced", "msg/s"),
+            ("delivered_total", "delivered", "msg/s"),
+            ("acked_total", "acked", "msg/s"),
+            ("commit_ms", "commit latency", "ms"),
+        )
+    )
+    return _page("Overview", table + "<section class=charts>" + charts + "</section>")
+
+
+def queues(stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], sort: str, descending: bool) -> str:
+    """Every queue in a table sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``)."""
+    rows = []
+    for name, figures in stats.get("queues", {}).items():
+        counts = per_queue.get(name, {})
+        rows.append(
+            {
+                "name": name,
+                **{k: figures.get(k, 0) for k in ("depth", "inflight", "dead_letters", "bytes")},
+                "oldest_s": round(oldest.get(name, 0.0), 1),
+                "produced": counts.get("produced", 0),
+                "acked": counts.get("acked", 0),
+            }
+        )
+    key = sort if sort in QUEUE_COLUMNS or sort == "name" else "name"
+    rows.sort(key=lambda r: r[key], reverse=descending)
+    head = "".join(
+        f'<th><a href="/queues?sort={c}&amp;order={"asc" if c == key and descending else "desc"}">'
+        f"{html.escape(c.replace('_', ' '))}</a></th>"
+        for c in ("name", *QUEUE_COLUMNS)
+    )
+    body = "".join(
+        "<tr>"
+        + f'<td class=name data-queue="{html.escape(r["name"])}">{html.escape(r["name"])}</td>'
+        + "".join(
+            f'<td data-column="{c}">{_bytes(r[c]) if c == "bytes" else _number(r[c])}</td>' for c in QUEUE_COLUMNS
+        )
+        + "</tr>"
+        for r in rows
+    )
+    return _page("Queues", f"<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def query_sort(query: str) -> tuple[str, bool]:
+    """``sort`` and whether descending, from a query string (anything unknown: by name, ascending)."""
+    params = urllib.parse.parse_qs(query, max_num_fields=4)
+    sort = (params.get("sort") or ["name"])[0]
+    return sort, (params.get("order") or ["asc"])[0] == "desc"
+
+
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}nav a{margin-right:1em}
+table{border-collapse:collapse}th,td{padding:.25em .75em;border-bottom:1px solid #ddd;text-align:right}
+th:first-child,td.name{text-align:left}.figures th{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:1em}
+.chart{margin:0;color:#2563eb}.chart figcaption{color:#222}.chart svg{background:#f8fafc;border:1px solid #e2e8f0}
+.empty{color:#888}
+"""

@@ -1,0 +1,109 @@
+"""The web console: its pages rendered from figures, and a real server's console read over HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pzq.clients import native as client
+from pzq.console import pages
+from pzq.console.history import History
+
+from conftest import free_tcp_endpoint, wait_until
+
+
+def get(url: str) -> tuple[int, str, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+def test_rates_are_the_counters_differences_over_the_seconds_between_samples():
+    history = History()
+    history.add(100.0, {"produced_total": 0, "acked_total": 0}, 0.5)
+    history.add(101.0, {"produced_total": 500, "acked_total": 100}, 0.7)
+    history.add(103.0, {"produced_total": 900, "acked_total": 100}, 0.9)
+    series = history.series()
+    assert series["produced_total"] == [(2.0, 500.0), (0.0, 200.0)]
+    assert series["acked_total"] == [(2.0, 100.0), (0.0, 0.0)]
+    assert series["commit_ms"] == [(2.0, 0.7), (0.0, 0.9)]
+
+
+def test_the_history_keeps_fifteen_minutes_of_samples_and_no_more():
+    history = History()
+    for second in range(2000):
+        history.add(float(second), {"produced_total": second}, 0.1)
+    points = history.series()["produced_total"]
+    assert len(points) == 900 and points[0][0] == 899.0
+
+
+def test_a_hostile_queue_name_is_shown_as_text_never_as_markup():
+    name = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    stats = {"queues": {name: {"depth": 3, "inflight": 0, "dead_letters": 0, "bytes": 10}}}
+    page = pages.queues(stats, {}, {}, "name", False)
+    assert "<script>" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in page
+
+
+def test_the_queues_table_sorts_by_the_column_asked_for_and_ignores_unknown_ones():
+    stats = {"queues": {q: {"depth": d} for q, d in (("a", 5), ("b", 50), ("c", 1))}}
+    order = re.compile(r'data-queue="(\w)"')
+    assert order.findall(pages.queues(stats, {}, {}, "depth", True)) == ["b", "a", "c"]
+    assert order.findall(pages.queues(stats, {}, {}, "__class__", False)) == ["a", "b", "c"]
+
+
+@pytest.mark.slow
+def test_a_servers_console_shows_the_figures_the_monitor_reports_and_refuses_changes(make_server):
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    srv = make_server(http_dsn=url)
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(10)))
+    with client.Consumer(srv.send) as consumer:
+        for _ in range(4):
+            consumer.ack(consumer.receive(5000))
+
+    def settled() -> dict | None:  # the loop publishes its figures once a second
+        figures = json.loads(get(url + "/api/stats")[1])
+        return figures if figures.get("queues", {}).get("default", {}).get("depth") == 6 else None
+
+    figures = wait_until(settled, timeout_s=10)
+    monitor = client.stats(srv.monitor)
+    assert (figures["messages"], figures["produced_total"], figures["acked_total"]) == (6, 10, 4)
+    assert (monitor["messages"], monitor["produced_total"], monitor["acked_total"]) == (6, 10, 4)
+    status, overview, headers = get(url + "/")
+    assert status == 200 and "script-src 'none'" in headers["Content-Security-Policy"]
+    assert re.search(r'data-figure="messages stored">6<', overview)
+    status, table, _ = get(url + "/queues?sort=depth&order=desc")
+    assert status == 200 and re.search(r'data-queue="default">default</td><td data-column="depth">6<', table)
+    request = urllib.request.Request(url + "/queues", data=b"purge=default", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 405
+    assert get(url + "/../../etc/passwd")[0] == 404
+
+
+@pytest.mark.slow
+def test_connections_that_send_nothing_take_at_most_sixteen_threads_and_the_console_answers_after(make_server):
+    import socket
+
+    from pzq.console.web import MAX_CONNECTIONS
+
+    tcp, (host, port) = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    make_server(http_dsn=url)
+    idle = [socket.create_connection((host, port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        extra = socket.create_connection((host, port), timeout=5)
+        assert wait_until(lambda: extra.recv(1) == b"", timeout_s=5), "one past the limit is closed at once"
+        extra.close()
+    finally:
+        for sock in idle:
+            sock.close()
+    assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10)
