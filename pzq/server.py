@@ -145,6 +145,7 @@ class Server:
             from pzq.console.web import Console
 
             self.console = Console(cfg.http_dsn, cfg.database)
+            self.console.wake = self._wake_for_console
         self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
@@ -202,6 +203,34 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
+
+    def _wake_for_console(self) -> None:
+        try:
+            os.write(self._wake_w, b"c")
+        except OSError:  # (a wake-up is pending already)
+            pass
+
+    def _console_read(self, kind: str, args: dict) -> dict:
+        """What a console page asks the loop to read: a queue's first messages and dead letters,
+        bodies cut to what a page shows (the console's thread never touches the store)."""
+        from pzq.console.pages import SHOWN
+
+        name = args["name"]
+
+        def row(message, **extra) -> dict:
+            body = b"".join(message.frames)
+            return {
+                "id": message.id,
+                "enqueued_us": message.enqueued_us,
+                "deliveries": message.deliveries,
+                "body": body[:1024],
+                **extra,
+            }
+
+        return {
+            "messages": [row(m) for m in self.store.scan(name, 0, SHOWN)],
+            "dead": [row(d.message, reason=d.reason) for d in self.store.dead_letters(name, 0, SHOWN)],
+        }
 
     def request_reload(self) -> None:
         """Re-read what can change while running (the log level) at the next turn; signal-safe."""
@@ -327,6 +356,8 @@ class Server:
                 self.native.unstall()
             for endpoint in self.endpoints:
                 endpoint.work(now, now_us)
+            if self.console is not None:
+                self.console.serve(self._console_read)
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced

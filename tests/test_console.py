@@ -51,6 +51,13 @@ def test_a_hostile_queue_name_is_shown_as_text_never_as_markup():
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in page
 
 
+def test_a_body_shows_as_text_when_printable_else_as_hex_and_is_cut_short():
+    assert pages.show_body(b"<b>hi</b>") == "&lt;b&gt;hi&lt;/b&gt;"
+    assert pages.show_body(b"\x00\xff") == "hex 00 ff"
+    long = pages.show_body(b"x" * 1000)
+    assert long.startswith("x" * 200) and long.endswith("(1,000 bytes)") and "x" * 201 not in long
+
+
 def test_the_queues_table_sorts_by_the_column_asked_for_and_ignores_unknown_ones():
     stats = {"queues": {q: {"depth": d} for q, d in (("a", 5), ("b", 50), ("c", 1))}}
     order = re.compile(r'data-queue="(\w)"')
@@ -81,7 +88,15 @@ def test_a_servers_console_shows_the_figures_the_monitor_reports_and_refuses_cha
     assert status == 200 and "script-src 'none'" in headers["Content-Security-Policy"]
     assert re.search(r'data-figure="messages stored">6<', overview)
     status, table, _ = get(url + "/queues?sort=depth&order=desc")
-    assert status == 200 and re.search(r'data-queue="default">default</td><td data-column="depth">6<', table)
+    assert status == 200 and re.search(
+        r'data-queue="default"><a href="/queue\?name=default">default</a></td>'
+        r'<td data-column="depth">6<',
+        table,
+    )
+    status, queue_page, _ = get(url + "/queue?name=default")
+    assert status == 200 and re.search(r'data-figure="depth">6<', queue_page)
+    assert re.findall(r"<td class=body>(m\d)</td>", queue_page) == ["m4", "m5", "m6", "m7", "m8", "m9"]
+    assert get(url + "/queue?name=nosuch")[0] == 404
     request = urllib.request.Request(url + "/queues", data=b"purge=default", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)

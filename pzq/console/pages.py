@@ -35,6 +35,10 @@ def _bytes(value: float) -> str:
     return f"{value:,.1f} GiB"
 
 
+def _q(name: str) -> str:
+    return html.escape(urllib.parse.urlencode({"name": name}))
+
+
 def chart(name: str, points: list[tuple[float, float]], unit: str) -> str:
     """An SVG line of ``(seconds ago, value)`` over the last 15 minutes, with its latest value."""
     label = f"{html.escape(name)}: {_number(points[-1][1]) if points else '-'} {html.escape(unit)}"
@@ -114,7 +118,8 @@ def queues(stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], so
     )
     body = "".join(
         "<tr>"
-        + f'<td class=name data-queue="{html.escape(r["name"])}">{html.escape(r["name"])}</td>'
+        + f'<td class=name data-queue="{html.escape(r["name"])}"><a href="/queue?{_q(r["name"])}">'
+        + f"{html.escape(r['name'])}</a></td>"
         + "".join(
             f'<td data-column="{c}">{_bytes(r[c]) if c == "bytes" else _number(r[c])}</td>' for c in QUEUE_COLUMNS
         )
@@ -122,6 +127,65 @@ def queues(stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], so
         for r in rows
     )
     return _page("Queues", f"<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+SHOWN = 50  # messages and dead letters a queue's page shows
+BODY_CHARS = 200  # of each body
+
+
+def show_body(body: bytes) -> str:
+    """A body as text when it is printable UTF-8, else as hex; truncated; never markup."""
+    try:
+        text = body.decode("utf-8")
+        printable = text.isprintable()
+    except UnicodeDecodeError:
+        printable = False
+    shown = text if printable else "hex " + body[: BODY_CHARS // 2].hex(" ")
+    more = len(shown) > BODY_CHARS or (not printable and len(body) > BODY_CHARS // 2)
+    return html.escape(shown[:BODY_CHARS]) + (f" … ({len(body):,} bytes)" if more else "")
+
+
+def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, content: dict) -> str:
+    """One queue: its figures, its first messages and its first dead letters (``content`` as the
+    loop read it: ``messages`` and ``dead`` lists of dicts with id, enqueued_us, deliveries, body)."""
+    rows = [
+        ("depth", _number(figures.get("depth", 0))),
+        ("in flight", _number(figures.get("inflight", 0))),
+        ("dead letters", _number(figures.get("dead_letters", 0))),
+        ("bytes", _bytes(figures.get("bytes", 0))),
+        ("oldest message", "-" if oldest is None else f"{oldest:,.1f} s"),
+        ("produced / acked since start", f"{_number(counts.get('produced', 0))} / {_number(counts.get('acked', 0))}"),
+    ]
+    table = (
+        "<table class=figures>"
+        + "".join(
+            f'<tr><th>{html.escape(k)}</th><td data-figure="{html.escape(k)}">{html.escape(v)}</td></tr>'
+            for k, v in rows
+        )
+        + "</table>"
+    )
+
+    def listing(title: str, items: list[dict], extra: str) -> str:
+        head = f"<h2>{html.escape(title)} (first {SHOWN})</h2>"
+        if not items:
+            return head + "<p class=empty>none</p>"
+        cells = "".join(
+            f"<tr><td class=name>{html.escape(m['id'])}</td><td>{m['deliveries']}</td>"
+            f"<td>{html.escape(str(m.get(extra, '')))}</td><td class=body>{show_body(m['body'])}</td></tr>"
+            for m in items
+        )
+        return (
+            head
+            + f"<table class=messages><tr><th>id</th><th>deliveries</th><th>{extra}</th><th>body</th></tr>"
+            + f"{cells}</table>"
+        )
+
+    return _page(
+        f"Queue {name}",
+        table
+        + listing("Messages", content.get("messages", []), "enqueued_us")
+        + listing("Dead letters", content.get("dead", []), "reason"),
+    )
 
 
 def query_sort(query: str) -> tuple[str, bool]:
@@ -135,5 +199,5 @@ CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}nav a{m
 table{border-collapse:collapse}th,td{padding:.25em .75em;border-bottom:1px solid #ddd;text-align:right}
 th:first-child,td.name{text-align:left}.figures th{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:1em}
 .chart{margin:0;color:#2563eb}.chart figcaption{color:#222}.chart svg{background:#f8fafc;border:1px solid #e2e8f0}
-.empty{color:#888}
+.empty{color:#888}td.body{text-align:left;font-family:monospace;white-space:pre-wrap;word-break:break-all}
 """

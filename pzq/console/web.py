@@ -10,9 +10,14 @@ headers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import queue
 import shutil
 import threading
+import urllib.parse
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -22,7 +27,20 @@ from pzq.console.history import History
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
 
+log = logging.getLogger("pzq.console")
 MAX_CONNECTIONS = 16
+MAX_WAITING = 32  # page views waiting for the loop to read messages for them; more get 503
+ANSWER_S = 2.0  # how long a page view waits for the loop
+
+
+@dataclasses.dataclass
+class LoopRequest:
+    """A read the console asks the loop to make (the loop owns the store); answered within a turn."""
+
+    kind: str
+    args: dict
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: Any = None
 
 
 class Console:
@@ -34,6 +52,8 @@ class Console:
         self.history = History()
         self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
         self._lock = threading.Lock()
+        self.requests: queue.Queue[LoopRequest] = queue.Queue(maxsize=MAX_WAITING)
+        self.wake: Callable[[], None] = lambda: None  # the server's: interrupts the loop's poll
         handler = type("Handler", (_Handler,), {"console": self})
         try:
             self.server = _Server((self.host, self.port), handler)
@@ -60,6 +80,30 @@ class Console:
         }
         with self._lock:
             self._snapshot = snapshot
+
+    def ask(self, kind: str, **args) -> Any:
+        """Have the loop read something (``serve``) and wait for it; None if the loop is too busy."""
+        request = LoopRequest(kind, args)
+        try:
+            self.requests.put_nowait(request)
+        except queue.Full:
+            return None
+        self.wake()
+        return request.result if request.done.wait(ANSWER_S) else None
+
+    def serve(self, answer: Callable[[str, dict], Any], limit: int = 8) -> None:
+        """Answer up to ``limit`` waiting requests with ``answer`` (called by the loop, each turn)."""
+        for _ in range(limit):
+            try:
+                request = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                request.result = answer(request.kind, request.args)
+            except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
+                log.exception("the console's %s request failed", request.kind)
+            finally:
+                request.done.set()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -110,6 +154,17 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/queues":
             sort, descending = pages.query_sort(query)
             body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending)
+        elif path == "/queue":
+            name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
+            figures = snap["stats"].get("queues", {}).get(name)
+            if figures is None:
+                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"no such queue\n")
+                return
+            content = self.console.ask("queue", name=name)
+            if content is None:
+                self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", b"the server is busy: try again\n")
+                return
+            body = pages.queue_page(name, figures, snap["oldest"].get(name), snap["per_queue"].get(name, {}), content)
         elif path == "/api/stats":
             figures = {**snap["stats"], "oldest_seconds": snap["oldest"], "per_queue": snap["per_queue"]}
             self._send(HTTPStatus.OK, "application/json", json.dumps(figures).encode())
