@@ -6,6 +6,7 @@ carry no script, so a hostile queue name can only ever show as text. Charts are 
 
 from __future__ import annotations
 
+import datetime
 import html
 import urllib.parse
 
@@ -33,6 +34,10 @@ def _bytes(value: float) -> str:
             return f"{value:,.1f} {unit}" if unit != "B" else f"{value:,.0f} B"
         value /= 1024
     return f"{value:,.1f} GiB"
+
+
+def _when(us: int) -> str:
+    return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _q(name: str) -> str:
@@ -171,12 +176,14 @@ def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, con
             return head + "<p class=empty>none</p>"
         cells = "".join(
             f"<tr><td class=name>{html.escape(m['id'])}</td><td>{m['deliveries']}</td>"
-            f"<td>{html.escape(str(m.get(extra, '')))}</td><td class=body>{show_body(m['body'])}</td></tr>"
+            f"<td>{html.escape(_when(m[extra]) if extra == 'enqueued_us' else str(m.get(extra, '')))}</td>"
+            f"<td class=body>{show_body(m['body'])}</td></tr>"
             for m in items
         )
         return (
             head
-            + f"<table class=messages><tr><th>id</th><th>deliveries</th><th>{extra}</th><th>body</th></tr>"
+            + "<table class=messages><tr><th>id</th><th>deliveries</th>"
+            + f"<th>{'enqueued' if extra == 'enqueued_us' else extra}</th><th>body</th></tr>"
             + f"{cells}</table>"
         )
 
