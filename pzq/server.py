@@ -146,6 +146,7 @@ class Server:
 
             self.console = Console(cfg.http_dsn, cfg.database)
             self.console.wake = self._wake_for_console
+            log.info("web console (read-only, no login) at http://%s:%d/", self.console.host, self.console.port)
         self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)

@@ -36,6 +36,14 @@ def _bytes(value: float) -> str:
     return f"{value:,.1f} GiB"
 
 
+def _figures(rows: list[tuple[str, str]]) -> str:
+    """A two-column table of named figures; each value cell carries its name for tests and scripts."""
+    cells = "".join(
+        f'<tr><th>{html.escape(k)}</th><td data-figure="{html.escape(k)}">{html.escape(v)}</td></tr>' for k, v in rows
+    )
+    return f"<table class=figures>{cells}</table>"
+
+
 def _when(us: int) -> str:
     return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -80,14 +88,7 @@ def overview(stats: dict, series: dict[str, list[tuple[float, float]]], disk_fre
         ),
         ("commits", _number(stats.get("syncs", 0))),
     ]
-    table = (
-        "<table class=figures>"
-        + "".join(
-            f'<tr><th>{html.escape(k)}</th><td data-figure="{html.escape(k)}">{html.escape(v)}</td></tr>'
-            for k, v in rows
-        )
-        + "</table>"
-    )
+    table = _figures(rows)
     charts = "".join(
         chart(title, series.get(key, []), unit)
         for key, title, unit in (
@@ -161,14 +162,7 @@ def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, con
         ("oldest message", "-" if oldest is None else f"{oldest:,.1f} s"),
         ("produced / acked since start", f"{_number(counts.get('produced', 0))} / {_number(counts.get('acked', 0))}"),
     ]
-    table = (
-        "<table class=figures>"
-        + "".join(
-            f'<tr><th>{html.escape(k)}</th><td data-figure="{html.escape(k)}">{html.escape(v)}</td></tr>'
-            for k, v in rows
-        )
-        + "</table>"
-    )
+    table = _figures(rows)
 
     def listing(title: str, items: list[dict], extra: str) -> str:
         head = f"<h2>{html.escape(title)} (first {SHOWN})</h2>"
