@@ -58,6 +58,17 @@ def test_a_body_shows_as_text_when_printable_else_as_hex_and_is_cut_short():
     assert long.startswith("x" * 200) and long.endswith("(1,000 bytes)") and "x" * 201 not in long
 
 
+def test_the_clients_page_shows_each_gateways_figures_and_each_groups_lease_range_and_lag():
+    stats = {
+        "queues": {"q": {"depth": 10}},
+        "mqks": {"connections": 2, "bindings": 7, "note": "text is left out"},
+        "api": {"requests": 3, "groups": {"q/<g>": {"base": 2, "end": 6, "held": 4}}},
+    }
+    page = pages.clients(stats)
+    assert re.search(r'data-figure="connections">2<', page) and "text is left out" not in page
+    assert re.search(r'data-group="q/&lt;g&gt;">q/&lt;g&gt;</td><td>2 \.\. 6</td><td>4</td><td>6</td>', page)
+
+
 def test_the_queues_table_sorts_by_the_column_asked_for_and_ignores_unknown_ones():
     stats = {"queues": {q: {"depth": d} for q, d in (("a", 5), ("b", 50), ("c", 1))}}
     order = re.compile(r'data-queue="(\w)"')

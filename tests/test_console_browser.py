@@ -77,6 +77,11 @@ def test_every_console_page_shows_the_servers_figures_in_chromium(make_server, b
     )
     browser.save_screenshot(str(artifacts / "console-queues.png"))
 
+    browser.get(url + "/clients")
+    assert "Native PZQ" in browser.page_source
+    browser.save_screenshot(str(artifacts / "console-clients.png"))
+
+    browser.get(url + "/queues")
     browser.find_element("link text", "default").click()
     bodies = [cell.text for cell in browser.find_elements("css selector", "table.messages td.body")]
     assert bodies == [f"event {i}" for i in range(5, 12)]

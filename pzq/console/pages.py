@@ -19,7 +19,8 @@ def _page(title: str, body: str) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{html.escape(title)} - pzq</title>"
         '<link rel=stylesheet href="/static/console.css"></head><body>'
-        '<nav><a href="/">Overview</a> <a href="/queues">Queues</a> <a href="/api/stats">JSON</a></nav>'
+        '<nav><a href="/">Overview</a> <a href="/queues">Queues</a> <a href="/clients">Clients</a> '
+        '<a href="/api/stats">JSON</a></nav>'
         f"<h1>{html.escape(title)}</h1>{body}</body></html>"
     )
 
@@ -187,6 +188,52 @@ def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, con
         + listing("Messages", content.get("messages", []), "enqueued_us")
         + listing("Dead letters", content.get("dead", []), "reason"),
     )
+
+
+PROTOCOLS = (
+    ("native", "Native PZQ (producers and consumers)"),
+    ("connections", "ZeroMQ TCP connections"),
+    ("phpmq", "PHPMQ"),
+    ("mqks", "MQKS"),
+    ("emqp", "eMQP (workers, schedules, jobs)"),
+    ("api", "API (Spark and batch clients)"),
+)
+
+
+def clients(stats: dict) -> str:
+    """What every gateway reports of its clients, and each consumer group's leases: its range, what
+    it holds unacknowledged, and its lag (messages of its queue it holds no lease on yet)."""
+    parts = []
+    for key, title in PROTOCOLS:
+        figures = stats.get(key)
+        if not isinstance(figures, dict):
+            continue
+        rows = [(name.replace("_", " "), _number(v)) for name, v in figures.items() if _is_number(v)]
+        parts.append(f"<h2>{html.escape(title)}</h2>" + (_figures(rows) if rows else "<p class=empty>none</p>"))
+    groups = (stats.get("api") or {}).get("groups") or {}
+    queues = stats.get("queues", {})
+    rows_html = "".join(
+        f'<tr><td class=name data-group="{html.escape(name)}">{html.escape(name)}</td>'
+        f"<td>{_number(g.get('base', 0))} .. {_number(g.get('end', 0))}</td><td>{_number(g.get('held', 0))}</td>"
+        f"<td>{_number(max(0, queues.get(name.rsplit('/', 1)[0], {}).get('depth', 0) - g.get('held', 0)))}</td></tr>"
+        for name, g in sorted(groups.items())
+        if isinstance(g, dict)
+    )
+    parts.append(
+        "<h2>Consumer groups (Spark and API)</h2>"
+        + (
+            "<table class=groups><tr><th>queue/group</th><th>leases</th><th>held</th><th>lag</th></tr>"
+            + rows_html
+            + "</table>"
+            if rows_html
+            else "<p class=empty>none</p>"
+        )
+    )
+    return _page("Clients", "".join(parts))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def query_sort(query: str) -> tuple[str, bool]:

@@ -154,6 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/queues":
             sort, descending = pages.query_sort(query)
             body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending)
+        elif path == "/clients":
+            body = pages.clients(snap["stats"])
         elif path == "/queue":
             name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
             figures = snap["stats"].get("queues", {}).get(name)
