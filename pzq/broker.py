@@ -33,6 +33,14 @@ log = logging.getLogger("pzq.broker")
 _NOBODY = object()
 
 Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
+
+
+def continues(run: Sequence[int], seq: int, deliveries: int) -> bool:
+    """True if a message (``seq``, ``deliveries``) extends a lease run ``[first seq, count, deliveries]``:
+    the next seq, with the same delivery count."""
+    return run[0] + run[1] == seq and run[2] == deliveries
+
+
 # Deliveries that timed out (or whose consumer left) and whose holder may still settle them late: the
 # last holder of each, for this many messages at most. Older ones are forgotten: that holder's late
 # answer is then refused and the message is simply delivered again (at-least-once).
@@ -175,12 +183,10 @@ class Broker:
             if not batch:
                 break
             for message in batch:
-                if message.expires_us and message.expires_us <= now_us:
-                    self._dead_letter(message, "expired", now_us)
-                    continue
-                cap = (message.meta or {}).get("max_deliveries") or self.max_deliveries
-                if cap and message.deliveries >= cap:
-                    self._dead_letter(message, "max-deliveries", now_us)
+                cap = (message.meta or {}).get("max_deliveries") or 0
+                reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
+                if reason:
+                    self._dead_letter(message, reason, now_us)
                     continue
                 deliveries = self.store.mark_delivered(queue, message.seq, current=message.deliveries)
                 if deliveries > 1:
@@ -192,6 +198,14 @@ class Broker:
                 out.append(message)
         self.counters.delivered += len(out)
         return out
+
+    def _past_limits(self, expires_us: int, cap: int, deliveries: int, now_us: int) -> str | None:
+        """Why a message goes to the dead letters instead of a consumer: its TTL passed, or it was
+        delivered as often as its own cap (or --max-deliveries) allows; None if it may go out."""
+        if expires_us and expires_us <= now_us:
+            return "expired"
+        cap = cap or self.max_deliveries
+        return "max-deliveries" if cap and deliveries >= cap else None
 
     def _cursor_limit(self, state: _Ready, held: HeldRanges | None, n: int) -> int | None:
         """How many records to read from the cursor (never into a held range); None if the cursor
@@ -250,22 +264,18 @@ class Broker:
 
         def lease(seq: int, expires_us: int, cap: int, deliveries: int) -> None:
             nonlocal taken
-            if (expires_us and expires_us <= now_us) or (
-                (cap or self.max_deliveries) and deliveries >= (cap or self.max_deliveries)
-            ):
+            reason = self._past_limits(expires_us, cap, deliveries, now_us)
+            if reason:
                 message = self.store.get(queue, seq)  # (rare: read whole to move it)
                 if message is not None:
-                    self._dead_letter(
-                        message, "expired" if expires_us and expires_us <= now_us else "max-deliveries", now_us
-                    )
+                    self._dead_letter(message, reason, now_us)
                 return
             deliveries += 1
             if deliveries > 1:
                 self.counters.redelivered += 1
                 self._count(queue, "redelivered")
-            last = runs[-1] if runs else None
-            if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
-                last[1] += 1
+            if runs and continues(runs[-1], seq, deliveries):
+                runs[-1][1] += 1
             else:
                 runs.append([seq, 1, deliveries])
             taken += 1

@@ -29,7 +29,7 @@ import logging
 import time
 from typing import Literal, overload
 
-from pzq.broker import Broker, Exclusive
+from pzq.broker import Broker, Exclusive, continues
 from pzq.errors import ProtocolError, StoreFull
 from pzq.store import Message
 from pzq.store.groups import Groups, LeaseRecords
@@ -237,11 +237,10 @@ class Leases:
                 if not chunk:
                     break
                 for seq, count, deliveries in chunk:
-                    last = runs[-1] if runs else None
-                    if last is not None and last[0] + last[1] == seq and last[2] == deliveries:
-                        last[1] += count  # (a run that goes on across chunks stays one record)
+                    if runs and continues(runs[-1], seq, deliveries):
+                        runs[-1][1] += count  # (a run that goes on across chunks stays one record)
                     elif len(runs) < room or (
-                        not runs and tail is not None and tail[1] + tail[2] == seq and tail[3] == deliveries
+                        not runs and tail is not None and continues(tail[1:], seq, deliveries)
                     ):  # (a run that goes on from the group's last record adds no record: always room)
                         runs.append([seq, count, deliveries])
                     else:  # past the runs a group may hold: back to the queue, never handed out
@@ -253,7 +252,7 @@ class Leases:
                     break
             if runs and tail is not None:
                 first, seq, count, deliveries = tail  # the group's last run: does the first new one go on from it?
-                if seq + count == runs[0][0] and deliveries == runs[0][2]:
+                if continues(tail[1:], runs[0][0], runs[0][2]):
                     runs[0] = [seq, count + runs[0][1], deliveries]
                     group.end = first
             for seq, count, deliveries in runs:  # one record per run of consecutive seqs
