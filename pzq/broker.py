@@ -27,7 +27,7 @@ from collections.abc import Hashable, Sequence
 from pzq.errors import StoreFull
 from pzq.held_ranges import HeldRanges
 from pzq.inflight import InFlight
-from pzq.store import Message, Store
+from pzq.store import Message, QueueInfo, Store
 
 log = logging.getLogger("pzq.broker")
 _NOBODY = object()
@@ -414,6 +414,23 @@ class Broker:
         self.per_queue.pop(queue, None)
         return self.store.drop_queue(queue)
 
+    def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Delete the ready messages of ``queue`` with seqs ``lo .. hi-1``, at most ``limit`` of the
+        stored ones walked (the operator's purge, done a share per turn); what is in flight to a
+        consumer or held by a group stays, to be settled by its holder. Returns (deleted, the seq to
+        go on from: ``hi`` once done)."""
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return 0, hi
+        held = self._held.get(info.qid)
+        seqs = self.store.seqs_in(queue, lo, hi, limit)
+        deleted = 0
+        for seq in seqs:
+            if (info.qid, seq) in self.inflight or (held and held.holder_of(seq) is not None):
+                continue
+            deleted += self.store.delete(queue, seq)
+        return deleted, hi if len(seqs) < limit else seqs[-1] + 1
+
     def _count(self, queue: str, what: str, n: int = 1) -> None:
         counts = self.per_queue.get(queue)
         if counts is None:
@@ -575,16 +592,18 @@ class Broker:
         state = self._ready.get(qid)
         return state.inflight if state else 0
 
+    def queue_figures(self, info: QueueInfo) -> dict:
+        """One queue's figures as STATS reports them."""
+        return {
+            "depth": info.count,
+            "inflight": self.queue_inflight(info.qid),
+            "dead_letters": info.dead_count,
+            "bytes": info.bytes,
+        }
+
     def stats(self) -> dict:
         """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
-        queues = {}
-        for info in self.store.queues():
-            queues[info.name] = {
-                "depth": info.count,
-                "inflight": self.queue_inflight(info.qid),
-                "dead_letters": info.dead_count,
-                "bytes": info.bytes,
-            }
+        queues = {info.name: self.queue_figures(info) for info in self.store.queues()}
         return {
             "messages": sum(q.count for q in self.store.queues()),
             "messages_inflight": len(self.inflight) + sum(held.count for held in self._held.values()),

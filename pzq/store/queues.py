@@ -741,10 +741,7 @@ class Store:
             letters = [d for d in letters if d.message.seq == seq]
         moved = []
         for letter in letters:
-            key = _KEY.pack(info.qid, letter.message.seq)
-            value = self.env.write().get(key, db=self._dead_db) or b""
-            self.env.do(self.env.write().delete, key, db=self._dead_db)
-            self._account(info, dead_count=-1, dead_size=-_accounted(key, value))
+            self._remove_dead(info, letter.message.seq)
             moved.append(
                 self._append(
                     queue,
@@ -756,6 +753,27 @@ class Store:
                 )
             )
         return moved
+
+    def delete_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> int:
+        """Delete dead letters for good: one by ``seq``, or up to ``limit`` of the oldest when ``seq``
+        is None. Returns how many went."""
+        info = self._queues.get(queue)
+        if info is None:
+            return 0
+        letters = self.dead_letters(queue, seq or 0, 1 if seq is not None else limit)
+        gone = 0
+        for letter in letters:
+            if seq is not None and letter.message.seq != seq:
+                continue
+            self._remove_dead(info, letter.message.seq)
+            gone += 1
+        return gone
+
+    def _remove_dead(self, info: QueueInfo, seq: int) -> None:
+        key = _KEY.pack(info.qid, seq)
+        value = self.env.write().get(key, db=self._dead_db) or b""
+        self.env.do(self.env.write().delete, key, db=self._dead_db)
+        self._account(info, dead_count=-1, dead_size=-_accounted(key, value))
 
     # -- room ---------------------------------------------------------------------------------------
 
