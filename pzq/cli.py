@@ -185,7 +185,13 @@ def cli() -> None:
 @click.option(
     "--metrics-dsn", help="Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.  [default: '']"
 )
-@click.option("--http-dsn", help="The read-only web console, e.g. http://127.0.0.1:9180; '' disables.  [default: '']")
+@click.option("--http-dsn", help="The web console, e.g. http://127.0.0.1:9180; '' disables.  [default: '']")
+@click.option(
+    "--http-auth-file",
+    type=click.Path(dir_okay=False),
+    help="A file whose first line is the secret that logs in to the web console to requeue, delete "
+    "and purge (without it the console is read-only).  [default: '']",
+)
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),

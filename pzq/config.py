@@ -62,6 +62,7 @@ class Config:
     log_format: str = "text"
     metrics_dsn: str = ""
     http_dsn: str = ""
+    http_auth_file: str = ""
     allow_ips: str = ""
     curve_secret_key: str = ""
     curve_clients: str = ""
@@ -161,6 +162,8 @@ class Config:
             from pzq.metrics import parse_endpoint
 
             parse_endpoint(self.http_dsn, "--http-dsn")
+        if self.http_auth_file and not self.http_dsn:
+            raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

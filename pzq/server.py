@@ -143,10 +143,19 @@ class Server:
             self.metrics = Metrics(cfg.metrics_dsn)
         if cfg.http_dsn:
             from pzq.console.web import Console
+            from pzq.endpoints.console import ConsoleEndpoint
 
-            self.console = Console(cfg.http_dsn, cfg.database)
+            self.console = Console(cfg.http_dsn, cfg.database, cfg.http_auth_file)
             self.console.wake = self._wake_for_console
-            log.info("web console (read-only, no login) at http://%s:%d/", self.console.host, self.console.port)
+            self.endpoints.append(
+                ConsoleEndpoint(self.console, self.broker, wrote=self._admin_wrote, clients=self._client_lists)
+            )
+            log.info(
+                "web console at http://%s:%d/ (%s)",
+                self.console.host,
+                self.console.port,
+                "changes after a login" if cfg.http_auth_file else "read-only: no --http-auth-file",
+            )
         self._register()
         if cfg.user:
             _drop_privileges(cfg.user, cfg.database)
@@ -211,27 +220,10 @@ class Server:
         except OSError:  # (a wake-up is pending already)
             pass
 
-    def _console_read(self, kind: str, args: dict) -> dict:
-        """What a console page asks the loop to read: a queue's first messages and dead letters,
-        bodies cut to what a page shows (the console's thread never touches the store)."""
-        from pzq.console.pages import SHOWN
+    def _client_lists(self, now: float) -> list[dict]:
+        from pzq.console.pages import CLIENT_ROWS
 
-        name = args["name"]
-
-        def row(message, **extra) -> dict:
-            body = b"".join(message.frames)
-            return {
-                "id": message.id,
-                "enqueued_us": message.enqueued_us,
-                "deliveries": message.deliveries,
-                "body": body[:1024],
-                **extra,
-            }
-
-        return {
-            "messages": [row(m) for m in self.store.scan(name, 0, SHOWN)],
-            "dead": [row(d.message, reason=d.reason) for d in self.store.dead_letters(name, 0, SHOWN)],
-        }
+        return [table for endpoint in self.endpoints for table in endpoint.clients(now, CLIENT_ROWS)]
 
     def request_reload(self) -> None:
         """Re-read what can change while running (the log level) at the next turn; signal-safe."""
@@ -357,8 +349,6 @@ class Server:
                 self.native.unstall()
             for endpoint in self.endpoints:
                 endpoint.work(now, now_us)
-            if self.console is not None:
-                self.console.serve(self._console_read)
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced

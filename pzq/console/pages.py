@@ -6,23 +6,71 @@ carry no script, so a hostile queue name can only ever show as text. Charts are 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import html
 import urllib.parse
 
 QUEUE_COLUMNS = ("depth", "inflight", "dead_letters", "bytes", "oldest_s", "produced", "acked")
+QUEUE_CHARTS = (("produced", "produced", "msg/s"), ("acked", "acked", "msg/s"), ("depth", "depth", "messages"))
 CHART_W, CHART_H = 600, 120
 
 
-def _page(title: str, body: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Viewer:
+    """Who looks: with ``csrf`` a logged-in operator (the pages offer changes, each form carrying the
+    token), else a reader; ``notice`` is what the operator's last change did."""
+
+    csrf: str | None = None
+    can_log_in: bool = False
+    notice: str = ""
+
+
+READER = Viewer()
+
+
+def _page(title: str, body: str, viewer: Viewer = READER) -> str:
+    if viewer.csrf:
+        account = _form("/logout", viewer, "", "Log out", css="inline")
+    elif viewer.can_log_in:
+        account = '<a href="/login">Log in</a>'
+    else:
+        account = "<span class=muted>read-only</span>"
+    notice = f"<p class=notice role=status>{html.escape(viewer.notice)}</p>" if viewer.notice else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{html.escape(title)} - pzq</title>"
         '<link rel=stylesheet href="/static/console.css"></head><body>'
         '<nav><a href="/">Overview</a> <a href="/queues">Queues</a> <a href="/clients">Clients</a> '
-        '<a href="/api/stats">JSON</a></nav>'
-        f"<h1>{html.escape(title)}</h1>{body}</body></html>"
+        f'<a href="/api/stats">JSON</a> <span class=account>{account}</span></nav>'
+        f"<h1>{html.escape(title)}</h1>{notice}{body}</body></html>"
     )
+
+
+def _form(action: str, viewer: Viewer, fields: str, label: str, *, confirm: str = "", css: str = "") -> str:
+    """A POST form for a change: the session's CSRF token, ``fields`` (hidden inputs), and a button
+    (with ``confirm``, a box that must be ticked too)."""
+    box = f"<label><input type=checkbox name=confirm value=yes> {html.escape(confirm)}</label> " if confirm else ""
+    return (
+        f'<form method=post action="{action}" class="{css}">'
+        f'<input type=hidden name=csrf value="{html.escape(viewer.csrf or "")}">{fields}{box}'
+        f'<button type=submit data-action="{html.escape(action)}">{html.escape(label)}</button></form>'
+    )
+
+
+def _hidden(**fields: str) -> str:
+    return "".join(f'<input type=hidden name="{k}" value="{html.escape(v)}">' for k, v in fields.items())
+
+
+def login(enabled: bool, viewer: Viewer) -> str:
+    """The login form (the operator's secret from --http-auth-file)."""
+    if not enabled:
+        return _page("Log in", "<p>This console is read-only: the server was started without --http-auth-file.</p>")
+    form = (
+        '<form method=post action="/login"><label>Secret <input type=password name=secret '
+        "autocomplete=current-password required autofocus></label> <button type=submit>Log in</button></form>"
+    )
+    return _page("Log in", form, Viewer(notice=viewer.notice))
 
 
 def _number(value: float) -> str:
@@ -69,7 +117,9 @@ def chart(name: str, points: list[tuple[float, float]], unit: str) -> str:
     )
 
 
-def overview(stats: dict, series: dict[str, list[tuple[float, float]]], disk_free: int | None) -> str:
+def overview(
+    stats: dict, series: dict[str, list[tuple[float, float]]], disk_free: int | None, *, viewer: Viewer = READER
+) -> str:
     """Totals, the store against its limit, disk free, uptime, and the last 15 minutes' rates."""
     limit = stats.get("store_limit_bytes", 0)
     rows = [
@@ -99,10 +149,18 @@ def overview(stats: dict, series: dict[str, list[tuple[float, float]]], disk_fre
             ("commit_ms", "commit latency", "ms"),
         )
     )
-    return _page("Overview", table + "<section class=charts>" + charts + "</section>")
+    return _page("Overview", table + "<section class=charts>" + charts + "</section>", viewer)
 
 
-def queues(stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], sort: str, descending: bool) -> str:
+def queues(
+    stats: dict,
+    oldest: dict[str, float],
+    per_queue: dict[str, dict],
+    sort: str,
+    descending: bool,
+    *,
+    viewer: Viewer = READER,
+) -> str:
     """Every queue in a table sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``)."""
     rows = []
     for name, figures in stats.get("queues", {}).items():
@@ -133,7 +191,7 @@ def queues(stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], so
         + "</tr>"
         for r in rows
     )
-    return _page("Queues", f"<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    return _page("Queues", f"<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>", viewer)
 
 
 SHOWN = 50  # messages and dead letters a queue's page shows
@@ -152,9 +210,19 @@ def show_body(body: bytes) -> str:
     return html.escape(shown[:BODY_CHARS]) + (f" … ({len(body):,} bytes)" if more else "")
 
 
-def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, content: dict) -> str:
-    """One queue: its figures, its first messages and its first dead letters (``content`` as the
-    loop read it: ``messages`` and ``dead`` lists of dicts with id, enqueued_us, deliveries, body)."""
+def queue_page(
+    name: str,
+    figures: dict,
+    oldest: float | None,
+    counts: dict,
+    content: dict,
+    series: dict[str, list[tuple[float, float]]] | None = None,
+    *,
+    viewer: Viewer = READER,
+) -> str:
+    """One queue: its figures and charts, its first messages and its first dead letters (``content``
+    as the loop read it: ``messages`` and ``dead`` lists of dicts with id, enqueued_us, deliveries,
+    body); a logged-in operator also gets the forms to requeue or delete dead letters and purge."""
     rows = [
         ("depth", _number(figures.get("depth", 0))),
         ("in flight", _number(figures.get("inflight", 0))),
@@ -164,29 +232,61 @@ def queue_page(name: str, figures: dict, oldest: float | None, counts: dict, con
         ("produced / acked since start", f"{_number(counts.get('produced', 0))} / {_number(counts.get('acked', 0))}"),
     ]
     table = _figures(rows)
+    series = series or {}
+    charts = "".join(chart(title, series.get(key, []), unit) for key, title, unit in QUEUE_CHARTS)
+    q = _hidden(name=name)
 
-    def listing(title: str, items: list[dict], extra: str) -> str:
+    def listing(title: str, items: list[dict], extra: str, actions: bool = False) -> str:
         head = f"<h2>{html.escape(title)} (first {SHOWN})</h2>"
         if not items:
             return head + "<p class=empty>none</p>"
         cells = "".join(
-            f"<tr><td class=name>{html.escape(m['id'])}</td><td>{m['deliveries']}</td>"
+            f'<tr data-message="{html.escape(m["id"])}"><td class=name>{html.escape(m["id"])}</td>'
+            f"<td>{m['deliveries']}</td>"
             f"<td>{html.escape(_when(m[extra]) if extra == 'enqueued_us' else str(m.get(extra, '')))}</td>"
-            f"<td class=body>{show_body(m['body'])}</td></tr>"
+            f"<td class=body>{show_body(m['body'])}</td>"
+            + (
+                "<td class=actions>"
+                + _form("/queue/requeue", viewer, q + _hidden(which=m["id"]), "Requeue", css="inline")
+                + _form("/queue/delete", viewer, q + _hidden(which=m["id"]), "Delete", css="inline")
+                + "</td>"
+                if actions
+                else ""
+            )
+            + "</tr>"
             for m in items
         )
         return (
             head
             + "<table class=messages><tr><th>id</th><th>deliveries</th>"
-            + f"<th>{'enqueued' if extra == 'enqueued_us' else extra}</th><th>body</th></tr>"
-            + f"{cells}</table>"
+            + f"<th>{'enqueued' if extra == 'enqueued_us' else extra}</th><th>body</th>"
+            + ("<th></th>" if actions else "")
+            + f"</tr>{cells}</table>"
         )
 
+    changes = ""
+    if viewer.csrf:
+        changes = (
+            "<section class=changes>"
+            + _form("/queue/requeue", viewer, q + _hidden(which="all"), "Requeue dead letters (up to 1,000)")
+            + _form(
+                "/queue/delete", viewer, q + _hidden(which="all"), "Delete dead letters (up to 1,000)", confirm="sure"
+            )
+            + _form("/queue/purge", viewer, q, "Purge ready messages", confirm="sure")
+            + "</section>"
+        )
+    purging = "<p class=notice>A purge of this queue is under way.</p>" if content.get("purging") else ""
     return _page(
         f"Queue {name}",
         table
+        + purging
+        + "<section class=charts>"
+        + charts
+        + "</section>"
+        + changes
         + listing("Messages", content.get("messages", []), "enqueued_us")
-        + listing("Dead letters", content.get("dead", []), "reason"),
+        + listing("Dead letters", content.get("dead", []), "reason", actions=bool(viewer.csrf)),
+        viewer,
     )
 
 
@@ -200,16 +300,43 @@ PROTOCOLS = (
 )
 
 
-def clients(stats: dict) -> str:
-    """What every gateway reports of its clients, and each consumer group's leases: its range, what
-    it holds unacknowledged, and its lag (messages of its queue it holds no lease on yet)."""
-    parts = []
+CLIENT_ROWS = 200  # rows of one client list a page shows
+
+
+def _client_table(table: dict) -> str:
+    """One list of clients: ``title``, ``columns``, ``rows`` (at most CLIENT_ROWS shown), ``total``."""
+    title = f"<h3>{html.escape(table['title'])} ({_number(table.get('total', len(table['rows'])))})</h3>"
+    if not table["rows"]:
+        return title + "<p class=empty>none</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table["columns"])
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{"name" if i == 0 else ""}">{html.escape(_number(v) if _is_number(v) else str(v))}</td>'
+            for i, v in enumerate(row)
+        )
+        + "</tr>"
+        for row in table["rows"][:CLIENT_ROWS]
+    )
+    more = table.get("total", 0) - min(len(table["rows"]), CLIENT_ROWS)
+    tail = f"<p class=muted>and {_number(more)} more</p>" if more > 0 else ""
+    kind = html.escape(table.get("kind", ""))
+    return f'{title}<table class=clients data-clients="{kind}"><tr>{head}</tr>{body}</table>{tail}'
+
+
+def clients(stats: dict, tables: list[dict] | None = None, *, viewer: Viewer = READER) -> str:
+    """What every gateway reports of its clients, with the loop's lists of them (``tables``, each with
+    its ``gateway``: eMQP workers and schedules, PHPMQ and MQKS connections), and each consumer group's
+    leases: its range, what it holds unacknowledged, and its lag (messages of its queue it holds no
+    lease on yet). ``tables`` None: the loop was too busy to list them."""
+    parts = [] if tables is not None else ["<p class=notice>The server is busy: the lists of clients are left out.</p>"]
     for key, title in PROTOCOLS:
         figures = stats.get(key)
         if not isinstance(figures, dict):
             continue
         rows = [(name.replace("_", " "), _number(v)) for name, v in figures.items() if _is_number(v)]
         parts.append(f"<h2>{html.escape(title)}</h2>" + (_figures(rows) if rows else "<p class=empty>none</p>"))
+        parts.extend(_client_table(t) for t in tables or () if t.get("gateway") == key)
     groups = (stats.get("api") or {}).get("groups") or {}
     queues = stats.get("queues", {})
     rows_html = "".join(
@@ -229,7 +356,7 @@ def clients(stats: dict) -> str:
             else "<p class=empty>none</p>"
         )
     )
-    return _page("Clients", "".join(parts))
+    return _page("Clients", "".join(parts), viewer)
 
 
 def _is_number(value: object) -> bool:
@@ -247,5 +374,7 @@ CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}nav a{m
 table{border-collapse:collapse}th,td{padding:.25em .75em;border-bottom:1px solid #ddd;text-align:right}
 th:first-child,td.name{text-align:left}.figures th{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:1em}
 .chart{margin:0;color:#2563eb}.chart figcaption{color:#222}.chart svg{background:#f8fafc;border:1px solid #e2e8f0}
-.empty{color:#888}td.body{text-align:left;font-family:monospace;white-space:pre-wrap;word-break:break-all}
+.empty,.muted{color:#888}.notice{background:#fef9c3;padding:.5em}.account{float:right}
+form.inline{display:inline;margin-right:.25em}.changes form{margin:.5em 0}
+td.body{text-align:left;font-family:monospace;white-space:pre-wrap;word-break:break-all}
 """

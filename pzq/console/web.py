@@ -2,19 +2,24 @@
 library's HTTP server that renders the snapshot the loop publishes once a second, so a page view never
 touches the store, the sockets or the loop's state, and a slow browser never holds the loop.
 
-Read-only in this version: GET only (anything else gets 405), no script in the pages, loopback unless
-the operator names another address. Limits: 16 connections at once (more are closed at once), 10 s to
-send a request, and the standard library's own: a request or header line of at most 64 KiB, 100
-headers.
+Read-only without a login; with ``--http-auth-file`` a person who knows its secret may requeue or
+delete dead letters and purge queues (pzq/console/auth.py: sessions, CSRF). A change is a POST form
+from the console's own pages, handed to the loop (pzq/endpoints/console.py) and answered after its
+commit. No script in the pages; a Host header must name this server (against DNS rebinding); loopback
+unless the operator names another address. Limits: 16 connections at once (more are closed at once),
+10 s to send a request, forms of 8 KiB, and the standard library's own: a request or header line of at
+most 64 KiB, 100 headers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import queue
 import shutil
+import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -23,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pzq.console import pages
+from pzq.console.auth import SESSION_S, Logins, read_secret
 from pzq.console.history import History
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
@@ -31,25 +37,50 @@ log = logging.getLogger("pzq.console")
 MAX_CONNECTIONS = 16
 MAX_WAITING = 32  # page views waiting for the loop to read messages for them; more get 503
 ANSWER_S = 2.0  # how long a page view waits for the loop
+CHANGE_S = 10.0  # how long a change waits for the loop (and its commit)
+MAX_FORM = 8192  # bytes of a posted form
+COOKIE = "pzq_session"
+COMMANDS = {"/queue/requeue": "requeue", "/queue/delete": "delete_dead", "/queue/purge": "purge"}
+BEGUN = object()  # ask(): the loop took a change on but did not answer in time
 
 
 @dataclasses.dataclass
 class LoopRequest:
-    """A read the console asks the loop to make (the loop owns the store); answered within a turn."""
+    """A read or a change the console asks of the loop (the loop owns the store): a read is answered
+    within a turn, a change after the commit of the turn that made it."""
 
     kind: str
     args: dict
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: Any = None
+    _state: str = "waiting"  # -> "begun" (the loop took it on) or "dropped" (the page stopped waiting)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """The loop takes the request on: False if its page stopped waiting (then nothing is done)."""
+        with self._lock:
+            if self._state == "dropped":
+                return False
+            self._state = "begun"
+            return True
+
+    def drop(self) -> bool:
+        """The page stops waiting: True if the loop had not begun it (and now never will)."""
+        with self._lock:
+            if self._state == "begun":
+                return False
+            self._state = "dropped"
+            return True
 
 
 class Console:
-    """The snapshot, the history and the HTTP thread."""
+    """The snapshot, the history, the logins and the HTTP thread."""
 
-    def __init__(self, dsn: str, data_dir: str):
+    def __init__(self, dsn: str, data_dir: str, auth_file: str = ""):
         self.host, self.port = parse_endpoint(dsn, "--http-dsn")
         self.data_dir = data_dir
         self.history = History()
+        self.logins = Logins(read_secret(auth_file) if auth_file else None)
         self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
         self._lock = threading.Lock()
         self.requests: queue.Queue[LoopRequest] = queue.Queue(maxsize=MAX_WAITING)
@@ -61,12 +92,13 @@ class Console:
             raise ConfigError(f"--http-dsn {dsn}: cannot listen: {exc}") from None
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
+        self.hosts = _host_names(self.host, self.port)
         self.thread = threading.Thread(target=self.server.serve_forever, name="pzq-console", daemon=True)
         self.thread.start()
 
     def publish(self, at: float, stats: dict, oldest: dict[str, float], per_queue: dict, commit_ms: float) -> None:
         """The loop's figures for the next page views (called from the loop, about once a second)."""
-        self.history.add(at, stats, commit_ms)
+        self.history.add(at, stats, commit_ms, per_queue)
         try:
             disk_free: int | None = shutil.disk_usage(self.data_dir).free
         except OSError:
@@ -81,29 +113,30 @@ class Console:
         with self._lock:
             self._snapshot = snapshot
 
-    def ask(self, kind: str, **args) -> Any:
-        """Have the loop read something (``serve``) and wait for it; None if the loop is too busy."""
+    def ask(self, kind: str, wait_s: float = ANSWER_S, **args) -> Any:
+        """Have the loop read or change something and wait for its answer: None if the loop is too
+        busy (nothing was done), ``BEGUN`` if it took a change on but did not answer in time."""
         request = LoopRequest(kind, args)
         try:
             self.requests.put_nowait(request)
         except queue.Full:
             return None
         self.wake()
-        return request.result if request.done.wait(ANSWER_S) else None
+        if request.done.wait(wait_s):
+            return request.result
+        if request.drop():
+            return None  # (the loop never began it, and now never will)
+        return request.result if request.done.wait(wait_s) else BEGUN
 
-    def serve(self, answer: Callable[[str, dict], Any], limit: int = 8) -> None:
-        """Answer up to ``limit`` waiting requests with ``answer`` (called by the loop, each turn)."""
+    def take(self, limit: int) -> list[LoopRequest]:
+        """Up to ``limit`` waiting requests (called by the loop, each turn)."""
+        taken = []
         for _ in range(limit):
             try:
-                request = self.requests.get_nowait()
+                taken.append(self.requests.get_nowait())
             except queue.Empty:
-                return
-            try:
-                request.result = answer(request.kind, request.args)
-            except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
-                log.exception("the console's %s request failed", request.kind)
-            finally:
-                request.done.set()
+                break
+        return taken
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -147,15 +180,19 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # seconds a client may take to send its request
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        if not self._host_ok():
+            return
         path, _, query = self.path.partition("?")
         snap = self.console.snapshot()
+        viewer = self._viewer()
         if path == "/":
-            body = pages.overview(snap["stats"], snap["series"], snap["disk_free"])
+            body = pages.overview(snap["stats"], snap["series"], snap["disk_free"], viewer=viewer)
         elif path == "/queues":
             sort, descending = pages.query_sort(query)
-            body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending)
+            body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending, viewer=viewer)
         elif path == "/clients":
-            body = pages.clients(snap["stats"])
+            content = self.console.ask("clients")
+            body = pages.clients(snap["stats"], (content or {}).get("tables"), viewer=viewer)
         elif path == "/queue":
             name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
             figures = snap["stats"].get("queues", {}).get(name)
@@ -166,7 +203,20 @@ class _Handler(BaseHTTPRequestHandler):
             if content is None:
                 self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", b"the server is busy: try again\n")
                 return
-            body = pages.queue_page(name, figures, snap["oldest"].get(name), snap["per_queue"].get(name, {}), content)
+            if content.get("gone"):
+                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"no such queue\n")
+                return
+            body = pages.queue_page(
+                name,
+                content.get("figures", figures),
+                snap["oldest"].get(name),
+                snap["per_queue"].get(name, {}),
+                content,
+                self.console.history.queue_series(name),
+                viewer=viewer,
+            )
+        elif path == "/login":
+            body = pages.login(self.console.logins.enabled, viewer)
         elif path == "/api/stats":
             figures = {**snap["stats"], "oldest_seconds": snap["oldest"], "per_queue": snap["per_queue"]}
             self._send(HTTPStatus.OK, "application/json", json.dumps(figures).encode())
@@ -179,10 +229,136 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(HTTPStatus.OK, "text/html; charset=utf-8", body.encode())
 
-    def _refuse(self) -> None:
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain", b"the console is read-only: GET only\n")
+    def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+        if not self._host_ok():
+            return
+        path = self.path.partition("?")[0]
+        if path not in ("/login", "/logout", *COMMANDS):
+            self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found\n")
+            return
+        if not self.console.logins.enabled:
+            self._send(HTTPStatus.FORBIDDEN, "text/plain", b"the console is read-only: no --http-auth-file\n")
+            return
+        if not self._same_origin():
+            self._refuse_change(HTTPStatus.FORBIDDEN, "a request from another site")
+            return
+        form = self._form()
+        if form is None:
+            return
+        if path == "/login":
+            self._log_in(form)
+            return
+        key = self._cookie()
+        session = self.console.logins.session(key)
+        if session is None or key is None:
+            self._refuse_change(HTTPStatus.FORBIDDEN, "no session: log in first")
+            return
+        if not Logins.csrf_ok(session, form.get("csrf", "")):
+            self._refuse_change(HTTPStatus.FORBIDDEN, "a form without this session's CSRF token")
+            return
+        if path == "/logout":
+            self.console.logins.log_out(key)
+            log.warning("console: %s logged out", self.client_address[0])
+            self._redirect("/", cookie=f"{COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict")
+            return
+        name = form.get("name", "")
+        if path == "/queue/purge" and form.get("confirm") != "yes":
+            session.notice = "not purged: tick the box to confirm"
+        elif path == "/queue/delete" and form.get("which", "all") == "all" and form.get("confirm") != "yes":
+            session.notice = "nothing deleted: tick the box to confirm"
+        else:
+            who = f"{self.client_address[0]}, session {key[:6]}"
+            answer = self.console.ask(
+                COMMANDS[path], wait_s=CHANGE_S, name=name, which=form.get("which", "all"), who=who
+            )
+            if answer is None:
+                session.notice = "the server is busy: nothing was changed; try again"
+            elif answer is BEGUN:
+                session.notice = "the server did not confirm in time: look at the queue to see what was done"
+            else:
+                session.notice = answer["text"]
+        self._redirect("/queue?" + urllib.parse.urlencode({"name": name}))
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+    def _log_in(self, form: dict[str, str]) -> None:
+        address = self.client_address[0]
+        logins = self.console.logins
+        if logins.throttled(address):
+            log.warning("console: login from %s refused unchecked: too many failures lately", address)
+            self._send(HTTPStatus.TOO_MANY_REQUESTS, "text/plain", b"too many failed logins: wait a minute\n")
+            return
+        key = logins.log_in(form.get("secret", "").encode(), address)
+        if key is None:
+            body = pages.login(True, pages.Viewer(notice="wrong secret"))
+            self._send(HTTPStatus.FORBIDDEN, "text/html; charset=utf-8", body.encode())
+            return
+        self._redirect("/", cookie=f"{COOKIE}={key}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_S}")
+
+    def _viewer(self) -> pages.Viewer:
+        session = self.console.logins.session(self._cookie())
+        if session is None:
+            return pages.Viewer(can_log_in=self.console.logins.enabled)
+        notice, session.notice = session.notice, ""
+        return pages.Viewer(csrf=session.csrf, notice=notice)
+
+    def _cookie(self) -> str | None:
+        for part in (self.headers.get("Cookie") or "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE:
+                return value
+        return None
+
+    def _host_ok(self) -> bool:
+        """Refuse a Host that is not this server's (a DNS-rebinding page would name its own)."""
+        host = _host_of(self.headers.get("Host") or "")
+        if host is None or host in self.console.hosts or _is_ip(host):
+            return True
+        self._send(HTTPStatus.MISDIRECTED_REQUEST, "text/plain", b"unknown host name\n")
+        return False
+
+    def _same_origin(self) -> bool:
+        """A change must come from the console's own pages: a browser names the page's origin (and
+        says whether it is another site); SameSite=Strict already keeps the cookie off other sites."""
+        origin = self.headers.get("Origin")
+        if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
+            return False
+        return origin is None or urllib.parse.urlsplit(origin).netloc == self.headers.get("Host")
+
+    def _form(self) -> dict[str, str] | None:
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            self._send(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "text/plain", b"a form, please\n")
+            return None
+        try:
+            size = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            size = -1
+        if not 0 <= size <= MAX_FORM:
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "text/plain", b"a form of at most 8 KiB, please\n")
+            return None
+        try:
+            fields = urllib.parse.parse_qs(self.rfile.read(size).decode("utf-8", "replace"), max_num_fields=8)
+        except ValueError:
+            self._send(HTTPStatus.BAD_REQUEST, "text/plain", b"too many fields\n")
+            return None
+        return {k: v[0] for k, v in fields.items()}
+
+    def _refuse_change(self, status: HTTPStatus, why: str) -> None:
+        log.warning("console: change refused from %s: %s", self.client_address[0], why)
+        self._send(status, "text/plain", f"refused: {why}\n".encode())
+
+    def _redirect(self, where: str, cookie: str = "") -> None:
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", where)
+        if cookie:
+            self.send_header("Set-Cookie", cookie)
+        self.send_header("Content-Length", "0")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+
+    def _refuse(self) -> None:
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain", b"GET and POST only\n")
+
+    do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
 
     def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
         self.send_response(status)
@@ -190,9 +366,37 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'")
+        self.send_header("Referrer-Policy", "same-origin")
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'self'; script-src 'none'; form-action 'self'; frame-ancestors 'none'",
+        )
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the standard library's name
-        pass  # (page views are not logged; refusals and errors are the loop's business)
+        pass  # (page views are not logged; logins, changes and refusals are, above)
+
+
+def _host_names(host: str, port: int) -> frozenset[str]:
+    """The names a browser may call this console by (IP literals are always accepted)."""
+    names = {host.lower(), "localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+    return frozenset(n for n in names if n)
+
+
+def _host_of(header: str) -> str | None:
+    """The host name of a Host header (without its port or an IPv6 literal's brackets); None if empty."""
+    header = header.strip().lower()
+    if not header:
+        return None
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.partition(":")[0]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -75,5 +75,8 @@ class ApiEndpoint(Endpoint):
     def wake_at(self, now: float) -> float | None:
         return self.replies.wake_at(now)
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+
     def stats(self) -> dict:
         return self.gateway.stats()

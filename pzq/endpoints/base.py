@@ -248,6 +248,11 @@ class Endpoint:
         """This endpoint's monitor figures, or None to report nothing."""
         return None
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        """Lists of this endpoint's clients for the web console (see Gateway.clients), each table
+        naming its ``gateway``; none by default (ZeroMQ does not name a socket's peers)."""
+        return []
+
     def revoked(self, users: set[str]) -> None:
         """These CURVE keys were removed (SIGHUP): cut off their peers where a message check cannot
         (sockets that only send, workers given jobs unasked). Sockets may be replaced: the server

@@ -92,6 +92,9 @@ class EmqpEndpoint(Endpoint):
             wake = now + RETRY_S if wake is None else min(wake, now + RETRY_S)
         return wake
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+
     def stats(self) -> dict:
         return self.gateway.stats()
 

@@ -215,6 +215,9 @@ class StreamEndpoint(Endpoint):
             return now + RETRY_S
         return self.gateway.next_wake(now)
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+
     def stats(self) -> dict:
         return {
             **self.gateway.stats(),

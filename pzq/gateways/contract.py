@@ -67,6 +67,11 @@ class Gateway(Protocol):
         """Figures for MONITOR and metrics."""
         ...
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        """Lists of its clients for the web console: tables of ``title``, ``columns``, ``rows`` (at
+        most ``limit`` each) and ``total``; read by the loop, so bounded by ``limit``."""
+        ...
+
 
 @runtime_checkable
 class FramesGateway(Gateway, Protocol):

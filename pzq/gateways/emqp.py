@@ -14,6 +14,8 @@ that are not UTF-8 are replaced, since eventmq peers decode every frame).
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import itertools
 import logging
 import time
 import uuid
@@ -499,6 +501,53 @@ class EmqpGateway:
         self.counters["bad_input_total"] += 1
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        workers = [
+            [
+                _shown(w.identity),
+                ", ".join(f"{name} ({weight})" for weight, name in w.queues)[:200],
+                w.slots,
+                "yes" if w.draining else "no",
+                round(now - w.last_seen, 1),
+                self.broker.inflight.count(w.consumer),
+            ]
+            for w in itertools.islice(self.workers.values(), limit)
+        ]
+        schedules = [
+            [
+                key,
+                t.get("queue", ""),
+                f"cron {t['cron']}" if t.get("cron") else f"every {t.get('interval', 0)} s",
+                "forever" if t.get("remaining", -1) < 0 else t.get("remaining"),
+                _utc(t.get("next_us", 0)),
+            ]
+            for key, t in itertools.islice(self.schedules.items(), limit)
+        ]
+        schedulers = [[_shown(p), round(now - seen, 1)] for p, seen in itertools.islice(self.schedulers.items(), limit)]
+        return [
+            {
+                "kind": "emqp-workers",
+                "title": "Workers",
+                "columns": ["worker", "queues (weight)", "free slots", "draining", "heard, s ago", "jobs in flight"],
+                "rows": workers,
+                "total": len(self.workers),
+            },
+            {
+                "kind": "emqp-schedules",
+                "title": "Schedules",
+                "columns": ["schedule", "queue", "when", "runs left", "next run"],
+                "rows": schedules,
+                "total": len(self.schedules),
+            },
+            {
+                "kind": "emqp-schedulers",
+                "title": "Scheduler daemons",
+                "columns": ["scheduler", "last heard, s ago"],
+                "rows": schedulers,
+                "total": len(self.schedulers),
+            },
+        ]
+
     def stats(self) -> dict:
         return {
             "workers": len(self.workers),
@@ -509,6 +558,16 @@ class EmqpGateway:
             "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
             **self.counters,
         }
+
+
+def _shown(identity: bytes) -> str:
+    """A peer's identity for a page: as text when printable (eventmq's are), else hex."""
+    text = identity[:64].decode("ascii", "replace")
+    return text if text.isprintable() and "\ufffd" not in text else identity[:32].hex()
+
+
+def _utc(us: int) -> str:
+    return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if us else "-"
 
 
 def holder_of(identity: bytes, user: str | None) -> tuple:

@@ -505,6 +505,15 @@ class MqksGateway:
     def next_wake(self, now: float) -> float | None:
         return min(self.delete_at.values()) if self.delete_at else None
 
+    def clients(self, now: float, limit: int) -> list[dict]:
+        rows = []
+        for conn in itertools.islice(self.sessions, limit):
+            mine = list(self._by_conn.get(conn, {}).values())
+            queues = ", ".join(sorted({c.queue for c in mine}))
+            rows.append([conn.hex(), len(mine), queues[:200] or "-", sum(len(c.unacked) for c in mine)])
+        columns = ["connection", "consumers", "queues", "unacked"]
+        return [{"kind": "mqks", "title": "Connections", "columns": columns, "rows": rows, "total": len(self.sessions)}]
+
     def stats(self) -> dict:
         return {
             "connections": len(self.sessions),

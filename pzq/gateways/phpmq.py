@@ -11,6 +11,7 @@ protocol reaches PHPMQ consumers as its frames concatenated in order.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 
 from pzq.broker import Broker
@@ -167,6 +168,16 @@ class PhpmqGateway:
                 out.append(Send(ONLY, [session.conn, data], (message.qid, message.seq)))
         self.dispatched_total += len(out)
         return out
+
+    def clients(self, now: float, limit: int) -> list[dict]:
+        inflight = self.broker.inflight
+        rows = [
+            [s.conn.hex(), s.dialect.name.lower(), s.queue or "-", inflight.count(s.consumer), s.decoder.buffered]
+            for s in itertools.islice(self.sessions.values(), limit)
+        ]
+        columns = ["connection", "dialect", "consuming", "in flight", "unfinished input bytes"]
+        total = len(self.sessions)
+        return [{"kind": "phpmq", "title": "Connections", "columns": columns, "rows": rows, "total": total}]
 
     def stats(self) -> dict:
         return {

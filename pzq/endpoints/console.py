@@ -1,0 +1,152 @@
+"""The web console's side of the loop: what its pages ask the loop to read, and the changes a logged-in
+operator makes (requeue or delete dead letters, purge a queue), carried out in the turn and answered
+after its commit, like every write. The console's HTTP threads never touch the store; they hand
+``LoopRequest``s to this endpoint through the console's bounded queue (pzq/console/web.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pzq.broker import Broker
+from pzq.console.pages import SHOWN
+from pzq.console.web import Console, LoopRequest
+from pzq.endpoints.base import Endpoint
+from pzq.store import parse_message_id
+
+log = logging.getLogger("pzq.console")
+
+REQUESTS_PER_TURN = 8
+PURGE_PER_TURN = 5000  # stored messages a purge walks in one turn; a big queue is purged over turns
+DEAD_PER_CHANGE = 1000  # dead letters one "requeue all" or "delete all" moves (press again for more)
+BODY_BYTES = 1024  # of each body a page is given (it shows 200 characters)
+WRITES = frozenset({"requeue", "delete_dead", "purge"})
+
+
+class ConsoleEndpoint(Endpoint):
+    """Serves the console's requests: reads at once, writes after the turn's commit."""
+
+    name = "console"
+
+    def __init__(
+        self,
+        console: Console,
+        broker: Broker,
+        *,
+        wrote: Callable[[], None],
+        clients: Callable[[float], list[dict]],
+    ):
+        self.console = console
+        self.broker = broker
+        self.store = broker.store
+        self.sockets = []
+        self._wrote = wrote  # requeued letters are ready: native consumers may be unstalled
+        self._clients = clients
+        self._answered: list[LoopRequest] = []  # writes carried out this turn, answered after the commit
+        self._purges: dict[str, tuple[int, int]] = {}  # queue -> (next seq, end seq): purges under way
+
+    def work(self, now: float, now_us: int) -> None:
+        for name, (lo, hi) in list(self._purges.items()):
+            self._purge_share(name, lo, hi)
+        for request in self.console.take(REQUESTS_PER_TURN):
+            if request.kind not in WRITES:
+                try:
+                    request.result = self._read(request.kind, request.args, now)
+                except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
+                    log.exception("the console's %s request failed", request.kind)
+                request.done.set()
+            elif request.claim():  # (else the page stopped waiting: nothing is done)
+                request.result = self._write(request.kind, request.args)
+                self._answered.append(request)
+
+    def waiting(self) -> bool:
+        return bool(self._answered) or bool(self._purges)
+
+    def rolled_back(self) -> None:
+        for request in self._answered:
+            request.result = {"ok": False, "text": "store failure: nothing was changed; try again"}
+        for name in self._purges:
+            log.error("console: the purge of queue %r stopped on a store failure; purge it again", name)
+        self._purges.clear()
+
+    def recover(self) -> None:
+        self._purges.clear()
+
+    def flush(self, now: float, now_us: int) -> None:
+        answered, self._answered = self._answered, []
+        for request in answered:
+            result = request.result or {}
+            if result.get("ok"):
+                log.info("console: %s (by %s)", result.get("text"), request.args.get("who", "?"))
+            request.done.set()
+
+    def wake_at(self, now: float) -> float | None:
+        return now if self._purges else None
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def _read(self, kind: str, args: dict, now: float) -> dict:
+        if kind == "clients":
+            return {"tables": self._clients(now)}
+        name = args["name"]
+        info = self.store.queue(name, create=False)
+        if info is None:
+            return {"gone": True}
+
+        def row(message, **extra) -> dict:
+            return {
+                "id": message.id,
+                "enqueued_us": message.enqueued_us,
+                "deliveries": message.deliveries,
+                "body": b"".join(message.frames)[:BODY_BYTES],
+                **extra,
+            }
+
+        return {
+            "messages": [row(m) for m in self.store.scan(name, 0, SHOWN)],
+            "dead": [row(d.message, reason=d.reason) for d in self.store.dead_letters(name, 0, SHOWN)],
+            "purging": name in self._purges,
+            "figures": self.broker.queue_figures(info),  # (as of now: the snapshot may be a second old)
+        }
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def _write(self, kind: str, args: dict) -> dict:
+        name, which = args["name"], args.get("which", "all")
+        info = self.store.queue(name, create=False)
+        if info is None:
+            return {"ok": False, "text": f"there is no queue {name!r}"}
+        seq = None
+        if kind != "purge" and which != "all":
+            parsed = parse_message_id(which)
+            if parsed is None or parsed[0] != info.qid:
+                return {"ok": False, "text": f"{which!r} is not a dead letter of queue {name!r}"}
+            seq = parsed[1]
+        if kind == "requeue":
+            moved = self.store.requeue_dead(name, seq, limit=DEAD_PER_CHANGE)
+            if moved:
+                self._wrote()
+            return {"ok": bool(moved), "text": f"requeued {len(moved)} dead letter(s) of queue {name!r}"}
+        if kind == "delete_dead":
+            gone = self.store.delete_dead(name, seq, limit=DEAD_PER_CHANGE)
+            return {"ok": bool(gone), "text": f"deleted {gone} dead letter(s) of queue {name!r}"}
+        if name in self._purges:
+            return {"ok": False, "text": f"queue {name!r} is being purged already"}
+        deleted, more = self._purge_share(name, 0, info.next_seq)
+        text = f"purged {deleted} ready message(s) of queue {name!r}"
+        if more:
+            text += "; the rest follows over the next turns"
+        return {"ok": True, "text": text + " (messages in flight stay with their consumers)"}
+
+    def _purge_share(self, name: str, lo: int, hi: int) -> tuple[int, bool]:
+        """Purge the next share of ``name`` up to ``hi`` (the queue's end when the purge began: what
+        comes later is kept); whether more is left."""
+        started = time.perf_counter()
+        deleted, at = self.broker.purge(name, lo, hi, PURGE_PER_TURN)
+        if at < hi:
+            self._purges[name] = (at, hi)
+        else:
+            self._purges.pop(name, None)
+        log.debug("console: purge of %r: %d deleted in %.1f ms", name, deleted, (time.perf_counter() - started) * 1e3)
+        return deleted, at < hi

@@ -1,0 +1,252 @@
+"""Changing things through the web console: the login, its throttle and sessions, CSRF, and the
+requeue, delete and purge a logged-in operator makes, against a real server over HTTP."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import logging
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from pzq.clients import native as client
+from pzq.console import auth
+from pzq.errors import ConfigError
+
+from conftest import free_tcp_endpoint, wait_until
+
+SECRET = "correct horse battery staple"
+
+
+class Browser:
+    """A person at a browser: keeps the session cookie, follows the redirect after a form."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.cookies = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.cookies))
+
+    def open(self, path: str, form: dict | None = None, headers: dict | None = None) -> tuple[int, str]:
+        data = None if form is None else urllib.parse.urlencode(form).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=headers or {})
+        try:
+            with self.opener.open(request, timeout=15) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def log_in(self, secret: str = SECRET) -> tuple[int, str]:
+        return self.open("/login", {"secret": secret})
+
+    def csrf(self, path: str = "/") -> str:
+        found = re.search(r'name=csrf value="([^"]+)"', self.open(path)[1])
+        assert found, "a logged-in page carries the session's CSRF token"
+        return found.group(1)
+
+
+@pytest.fixture
+def console(make_server, tmp_path):
+    """make(**overrides) -> (server, console url) with a login secret in a private file."""
+    secret_file = tmp_path / "console.secret"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+
+    def make(**overrides):
+        tcp, _ = free_tcp_endpoint()
+        url = tcp.replace("tcp://", "http://")
+        return make_server(http_dsn=url, http_auth_file=str(secret_file), **overrides), url
+
+    return make
+
+
+def dead_letters(srv, count: int) -> list[str]:
+    """``count`` messages of queue "default" sent to the dead letters the way a user meets them: each
+    delivered once, never acknowledged, and out of deliveries (--max-deliveries 1) when it comes back."""
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([b"dead %d" % i] for i in range(count)))
+    with client.Consumer(srv.send) as consumer:
+        for _ in range(count):
+            consumer.receive(5000)  # (not acknowledged: back after the ack timeout, then dead)
+        assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=15)
+    letters = json.loads(client.monitor_request(srv.monitor, "DEADLETTERS default"))
+    return [letter["id"] for letter in letters]
+
+
+def test_a_secret_file_must_hold_a_secret_of_twelve_bytes_or_more(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("hunter2\n")
+    with pytest.raises(ConfigError, match="12 to 4096 bytes"):
+        auth.read_secret(str(short))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        auth.read_secret(str(tmp_path / "missing"))
+
+
+def test_a_secret_file_others_may_read_is_accepted_with_a_warning(tmp_path, caplog):
+    loose = tmp_path / "loose"
+    loose.write_text("  a long enough secret  \nsecond line ignored\n")
+    loose.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="pzq.console"):
+        assert auth.read_secret(str(loose)) == b"a long enough secret"
+    assert "chmod 600" in caplog.text
+
+
+def test_five_wrong_secrets_from_one_address_throttle_it_for_a_minute_but_not_the_others():
+    now = [0.0]
+    logins = auth.Logins(b"the right secret", clock=lambda: now[0])
+    for _ in range(auth.FAILURES_PER_ADDRESS):
+        assert not logins.throttled("10.0.0.1")
+        assert logins.log_in(b"guess", "10.0.0.1") is None
+    assert logins.throttled("10.0.0.1") and not logins.throttled("10.0.0.2")
+    now[0] += auth.FAILURE_WINDOW_S + 1
+    assert not logins.throttled("10.0.0.1")
+    assert logins.log_in(b"the right secret", "10.0.0.1") is not None
+
+
+def test_a_session_ends_eight_hours_after_its_login_and_at_its_logout():
+    now = [0.0]
+    logins = auth.Logins(b"the right secret", clock=lambda: now[0])
+    first, second = logins.log_in(b"the right secret", "a"), logins.log_in(b"the right secret", "a")
+    assert first and second and first != second
+    session = logins.session(first)
+    assert session is not None and logins.csrf_ok(session, session.csrf) and not logins.csrf_ok(session, "x")
+    logins.log_out(second)
+    assert logins.session(second) is None
+    now[0] += auth.SESSION_S
+    assert logins.session(first) is None
+
+
+@pytest.mark.slow
+def test_without_an_auth_file_the_console_refuses_every_change(make_server):
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    make_server(http_dsn=url)
+    browser = Browser(url)
+    assert "read-only" in browser.open("/")[1]
+    status, text = browser.open("/queue/purge", {"name": "default", "confirm": "yes"})
+    assert status == 403 and "read-only" in text
+    assert browser.log_in()[0] == 403
+
+
+@pytest.mark.slow
+def test_an_operator_logs_in_and_requeues_one_dead_letter_which_a_consumer_then_gets(console, caplog):
+    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    ids = dead_letters(srv, 2)
+    browser = Browser(url)
+    status, page = browser.log_in()
+    assert status == 200 and "Log out" in page
+    queue_page = browser.open("/queue?name=default")[1]
+    assert queue_page.count('data-action="/queue/requeue"') == 3  # one per letter, and "all"
+    with caplog.at_level(logging.INFO, logger="pzq.console"):
+        status, page = browser.open(
+            "/queue/requeue", {"name": "default", "which": ids[0], "csrf": browser.csrf("/queue?name=default")}
+        )
+    assert status == 200 and "requeued 1 dead letter(s) of queue &#x27;default&#x27;" in page
+    assert re.search(r"console: requeued 1 dead letter\(s\) of queue 'default' \(by 127\.0\.0\.1", caplog.text)
+    # Answered after the commit: the monitor sees it at once, with no wait for the next snapshot.
+    assert srv.stats()["queues"]["default"]["dead_letters"] == 1 and srv.stats()["queues"]["default"]["depth"] == 1
+    with client.Consumer(srv.send) as consumer:
+        message = consumer.receive(5000)
+        assert message.body == [b"dead 0"]
+        consumer.ack(message)
+    assert ids[0] not in browser.open("/queue?name=default")[1]
+
+
+@pytest.mark.slow
+def test_a_change_without_the_sessions_csrf_token_or_from_another_site_is_refused_and_logged(console, caplog):
+    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    dead_letters(srv, 1)
+    browser = Browser(url)
+    browser.log_in()
+    csrf = browser.csrf()
+    form = {"name": "default", "which": "all"}
+    with caplog.at_level(logging.WARNING, logger="pzq.console"):
+        assert browser.open("/queue/requeue", form)[0] == 403
+        assert browser.open("/queue/requeue", {**form, "csrf": csrf + "x"})[0] == 403
+        evil = {"Origin": "http://evil.example"}
+        assert browser.open("/queue/requeue", {**form, "csrf": csrf}, headers=evil)[0] == 403
+        cross = {"Sec-Fetch-Site": "cross-site"}
+        assert browser.open("/queue/requeue", {**form, "csrf": csrf}, headers=cross)[0] == 403
+        assert Browser(url).open("/queue/requeue", {**form, "csrf": csrf})[0] == 403  # (no session cookie)
+    assert caplog.text.count("change refused") == 5
+    assert srv.stats()["queues"]["default"]["dead_letters"] == 1
+    status, page = browser.open("/queue/requeue", {**form, "csrf": csrf})
+    assert status == 200 and srv.stats()["queues"]["default"]["dead_letters"] == 0
+
+
+@pytest.mark.slow
+def test_a_wrong_secret_is_refused_and_the_sixth_try_in_a_minute_is_not_even_checked(console, caplog):
+    _, url = console()
+    browser = Browser(url)
+    with caplog.at_level(logging.WARNING, logger="pzq.console"):
+        for _ in range(auth.FAILURES_PER_ADDRESS):
+            status, page = browser.log_in("a wrong guess")
+            assert status == 403 and "wrong secret" in page
+        assert browser.log_in()[0] == 429  # (even the right secret waits out the minute)
+    assert caplog.text.count("failed login from 127.0.0.1") == auth.FAILURES_PER_ADDRESS
+    assert "Log out" not in browser.open("/")[1]
+
+
+@pytest.mark.slow
+def test_deleting_every_dead_letter_needs_the_box_ticked(console):
+    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    dead_letters(srv, 3)
+    browser = Browser(url)
+    browser.log_in()
+    form = {"name": "default", "which": "all", "csrf": browser.csrf()}
+    status, page = browser.open("/queue/delete", form)
+    assert "nothing deleted: tick the box" in page and srv.stats()["queues"]["default"]["dead_letters"] == 3
+    status, page = browser.open("/queue/delete", {**form, "confirm": "yes"})
+    assert "deleted 3 dead letter(s)" in page
+    figures = srv.stats()["queues"]["default"]
+    assert (figures["dead_letters"], figures["depth"]) == (0, 0)
+
+
+@pytest.mark.slow
+def test_a_purge_deletes_every_ready_message_over_turns_and_leaves_the_one_in_flight(console):
+    srv, url = console(ack_timeout=60_000_000)
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(12_000)))
+    with client.Consumer(srv.send) as consumer:
+        held = consumer.receive(5000)  # in flight, unacknowledged, while the purge runs
+        browser = Browser(url)
+        browser.log_in()
+        form = {"name": "default", "csrf": browser.csrf()}
+        assert "not purged: tick the box" in browser.open("/queue/purge", form)[1]
+        status, page = browser.open("/queue/purge", {**form, "confirm": "yes"})
+        first_share = re.search(r"purged (\d+) ready message\(s\) of queue &#x27;default&#x27;; the rest follows", page)
+        assert status == 200 and first_share and 0 < int(first_share.group(1)) <= 5000
+        inflight = srv.stats()["messages_inflight"]
+        assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == inflight, timeout_s=10)
+        consumer.ack(held)
+        assert wait_until(lambda: srv.stats()["messages"] == inflight - 1, timeout_s=10)
+
+
+@pytest.mark.slow
+def test_a_page_asked_for_by_another_host_name_is_refused(console):
+    _, url = console()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: rebound.evil.example:%d\r\nConnection: close\r\n\r\n" % port)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 421") or answer.startswith(b"HTTP/1.1 421")
+
+
+@pytest.mark.slow
+def test_the_clients_page_lists_each_phpmq_connection(console):
+    tcp, (host, port) = free_tcp_endpoint()
+    _, url = console(phpmq_dsn=tcp)
+
+    def listed() -> str | None:
+        page = Browser(url).open("/clients")[1]
+        return page if "Connections (2)" in page else None
+
+    with socket.create_connection((host, port), timeout=5), socket.create_connection((host, port), timeout=5):
+        page = wait_until(listed, timeout_s=10)
+    assert 'data-clients="phpmq"' in page and "Connections (2)" in page
