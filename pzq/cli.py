@@ -187,6 +187,11 @@ def cli() -> None:
 )
 @click.option("--http-dsn", help="The web console, e.g. http://127.0.0.1:9180; '' disables.  [default: '']")
 @click.option(
+    "--http-host-names",
+    help="Other names browsers call the web console by (comma-separated, e.g. a TLS proxy's "
+    "'pzq.example.com'); any other Host gets 421.  [default: '']",
+)
+@click.option(
     "--http-auth-file",
     type=click.Path(dir_okay=False),
     help="A file whose first line is the secret that logs in to the web console to requeue, delete "

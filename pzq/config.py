@@ -63,6 +63,7 @@ class Config:
     metrics_dsn: str = ""
     http_dsn: str = ""
     http_auth_file: str = ""
+    http_host_names: str = ""
     allow_ips: str = ""
     curve_secret_key: str = ""
     curve_clients: str = ""

@@ -145,7 +145,7 @@ class Server:
             from pzq.console.web import Console
             from pzq.endpoints.console import ConsoleEndpoint
 
-            self.console = Console(cfg.http_dsn, cfg.database, cfg.http_auth_file)
+            self.console = Console(cfg.http_dsn, cfg.database, cfg.http_auth_file, cfg.http_host_names)
             self.console.wake = self._wake_for_console
             self.endpoints.append(
                 ConsoleEndpoint(self.console, self.broker, wrote=self._admin_wrote, clients=self._client_lists)
@@ -250,10 +250,16 @@ class Server:
                     for endpoint in self.endpoints:
                         endpoint.revoked(revoked)
                     self._register()
+            if self.console is not None:
+                try:
+                    self.console.reload_secret()
+                except ConfigError as exc:
+                    log.error("SIGHUP: the console's secret was not re-read (the old one stays): %s", exc)
             log.warning(
-                "SIGHUP: log level is now %s%s; other settings take effect at the next restart",
+                "SIGHUP: log level is now %s%s%s; other settings take effect at the next restart",
                 fresh.log_level,
                 ", CURVE client keys re-read" if self.curve else "",
+                ", the console's secret re-read" if self.console is not None and self.config.http_auth_file else "",
             )
         self.notifier.notify("READY=1", "STATUS=serving")
 

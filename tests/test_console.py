@@ -133,3 +133,55 @@ def test_connections_that_send_nothing_take_at_most_sixteen_threads_and_the_cons
         for sock in idle:
             sock.close()
     assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10)
+
+
+def test_a_queues_charts_are_its_rates_over_ten_second_samples_for_at_most_a_thousand_queues():
+    from pzq.console import history as history_module
+
+    history = History()
+
+    def at(second: float, queues: dict[str, tuple[int, int, int]]) -> None:
+        stats = {"queues": {q: {"depth": d} for q, (_, _, d) in queues.items()}}
+        history.add(second, stats, 0.1, {q: {"produced": p, "acked": a} for q, (p, a, _) in queues.items()})
+
+    at(0.0, {"q": (0, 0, 0)})
+    at(5.0, {"q": (999, 999, 9)})  # (between samples: not taken)
+    at(10.0, {"q": (500, 100, 400)})
+    at(20.0, {"q": (700, 700, 0)})
+    assert history.queue_series("q") == {
+        "produced": [(10.0, 50.0), (0.0, 20.0)],
+        "acked": [(10.0, 10.0), (0.0, 60.0)],
+        "depth": [(10.0, 400.0), (0.0, 0.0)],
+    }
+    at(30.0, {})  # the queue was deleted: its samples go
+    assert history.queue_series("q") == {"produced": [], "acked": [], "depth": []}
+    many = {f"q{i}": (0, 0, 0) for i in range(history_module.MAX_CHARTED_QUEUES + 5)}
+    at(40.0, many)
+    at(50.0, many)
+    charted = [q for q in many if history.queue_series(q)["depth"]]
+    assert len(charted) == history_module.MAX_CHARTED_QUEUES
+
+
+def test_a_client_list_shows_hostile_identities_as_text_and_at_most_two_hundred_rows():
+    table = {
+        "gateway": "emqp",
+        "kind": "emqp-workers",
+        "title": "Workers",
+        "columns": ["worker", "queues"],
+        "rows": [["<img src=x onerror=alert(1)>", "q"]] + [[f"w{i}", "q"] for i in range(300)],
+        "total": 301,
+    }
+    page = pages.clients({"emqp": {"workers": 301}}, [table])
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert page.count('<td class="name">') == pages.CLIENT_ROWS and "and 101 more" in page
+    assert "busy" in pages.clients({"emqp": {"workers": 1}}, None)
+
+
+def test_only_a_logged_in_operators_pages_carry_forms_and_each_form_its_csrf_token():
+    content = {"messages": [], "dead": [{"id": "0001", "enqueued_us": 0, "deliveries": 3, "body": b"x", "reason": "r"}]}
+    reader = pages.queue_page("q", {}, None, {}, content)
+    assert "<form" not in reader
+    operator = pages.queue_page("q", {}, None, {}, content, viewer=pages.Viewer(csrf='tok"en'))
+    forms = re.findall(r"<form method=post.*?</form>", operator)
+    assert len(forms) == 6  # log out, requeue all, delete all, purge, and the letter's requeue and delete
+    assert all('name=csrf value="tok&quot;en"' in form for form in forms)

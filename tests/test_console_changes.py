@@ -7,6 +7,7 @@ import http.cookiejar
 import json
 import logging
 import re
+import signal
 import socket
 import urllib.error
 import urllib.parse
@@ -227,15 +228,28 @@ def test_a_purge_deletes_every_ready_message_over_turns_and_leaves_the_one_in_fl
 
 
 @pytest.mark.slow
-def test_a_page_asked_for_by_another_host_name_is_refused(console):
-    _, url = console()
+def test_a_page_asked_for_by_a_host_name_not_its_own_is_refused_as_dns_rebinding_would(console):
+    _, url = console(http_host_names="pzq.example.com, other.example")
     port = int(url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET / HTTP/1.1\r\nHost: rebound.evil.example:%d\r\nConnection: close\r\n\r\n" % port)
-        answer = b""
-        while chunk := sock.recv(4096):
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.0 421") or answer.startswith(b"HTTP/1.1 421")
+
+    def status(host: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        return answer.split(b" ", 2)[1]
+
+    assert status(b"rebound.evil.example:%d" % port) == b"421"
+    assert status(b"pzq.example.com.evil.example") == b"421"
+    for ours in (
+        b"127.0.0.1:%d" % port,
+        b"LOCALHOST.:%d" % port,
+        b"[::1]:%d" % port,
+        b"PZQ.example.com",
+        b"other.example:443",
+    ):
+        assert status(ours) == b"200", ours
 
 
 @pytest.mark.slow
@@ -250,3 +264,37 @@ def test_the_clients_page_lists_each_phpmq_connection(console):
     with socket.create_connection((host, port), timeout=5), socket.create_connection((host, port), timeout=5):
         page = wait_until(listed, timeout_s=10)
     assert 'data-clients="phpmq"' in page and "Connections (2)" in page
+
+
+def test_a_rotated_secret_ends_every_session():
+    logins = auth.Logins(b"the first secret")
+    key = logins.log_in(b"the first secret", "a")
+    assert not logins.replace_secret(b"the first secret") and logins.session(key) is not None
+    assert logins.replace_secret(b"the second secret")
+    assert logins.session(key) is None and logins.log_in(b"the first secret", "a") is None
+    assert logins.log_in(b"the second secret", "a") is not None
+
+
+def test_an_auth_file_without_a_console_is_refused_at_start(tmp_path):
+    from pzq.config import Config
+
+    with pytest.raises(ConfigError, match="--http-dsn is not set"):
+        Config(database=str(tmp_path / "db"), http_auth_file=str(tmp_path / "secret")).validate()
+
+
+@pytest.mark.slow
+def test_sighup_rereads_the_secret_file_and_a_changed_secret_shuts_out_the_old_sessions(process_server, tmp_path):
+    secret = tmp_path / "console.secret"
+    secret.write_text(SECRET + "\n")
+    secret.chmod(0o600)
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    srv = process_server("--http-dsn", url, "--http-auth-file", str(secret))
+    browser = Browser(url)
+    assert "Log out" in browser.log_in()[1]
+    secret.write_text("a brand new secret, rotated\n")
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "every session has ended" in srv.log.read_text(), timeout_s=10)
+    assert "Log out" not in browser.open("/")[1]
+    assert browser.log_in()[0] == 403
+    assert "Log out" in Browser(url).log_in("a brand new secret, rotated")[1]

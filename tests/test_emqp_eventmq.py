@@ -214,3 +214,31 @@ def test_the_real_scheduler_daemon_stays_connected_for_a_minute(emqp_server, tmp
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def test_the_consoles_clients_page_lists_a_real_worker_its_slots_and_a_schedule(process_server, tmp_path):
+    import re
+    import urllib.request
+
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    http, _ = free_tcp_endpoint()
+    url = http.replace("tcp://", "http://")
+    server = process_server("--emqp-frontend-dsn", front, "--emqp-backend-dsn", back, "--http-dsn", url)
+    workers = Workers(back, tmp_path)
+    try:
+        workers.start(concurrent=2)
+        s = sender(front)
+        schedule(s, "eventmq_app.jobs.mark", args=[str(tmp_path / "trace"), "c"], cron="0 0 1 1 *", queue="jobs")
+        wait_until(lambda: lines(tmp_path / "trace") == ["start c", "done c"], timeout_s=20)
+        wait_until(lambda: server.stats()["emqp"]["slots"] == 2, timeout_s=20)
+        page = urllib.request.urlopen(url + "/clients", timeout=10).read().decode()
+    finally:
+        workers.close()
+    worker_rows = re.findall(
+        r"<tr><td class=\"name\">[^<]+</td><td class=\"\">([^<]*)</td><td class=\"\">(\d+)</td>",
+        re.search(r'data-clients="emqp-workers">.*?</table>', page).group(0),
+    )
+    assert worker_rows == [("jobs (10)", "2")]
+    schedules = re.search(r'data-clients="emqp-schedules">.*?</table>', page).group(0)
+    assert "cron 0 0 1 1 *" in schedules and ">jobs<" in schedules and "2027-01-01 00:00:00 UTC" in schedules

@@ -66,6 +66,17 @@ class Logins:
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
         self._failures: collections.deque[tuple[float, str]] = collections.deque()
 
+    def replace_secret(self, secret: bytes) -> bool:
+        """A new secret (the operator's file re-read on SIGHUP): if it changed, every session ends, as
+        a rotated secret means someone who knew the old one must be shut out. True if it changed."""
+        digest = hashlib.sha256(secret).digest()
+        with self._lock:
+            if self._digest is None or hmac.compare_digest(digest, self._digest):
+                return False
+            self._digest = digest
+            self._sessions.clear()
+        return True
+
     @property
     def enabled(self) -> bool:
         return self._digest is not None

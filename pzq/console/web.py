@@ -76,9 +76,10 @@ class LoopRequest:
 class Console:
     """The snapshot, the history, the logins and the HTTP thread."""
 
-    def __init__(self, dsn: str, data_dir: str, auth_file: str = ""):
+    def __init__(self, dsn: str, data_dir: str, auth_file: str = "", host_names: str = ""):
         self.host, self.port = parse_endpoint(dsn, "--http-dsn")
         self.data_dir = data_dir
+        self.auth_file = auth_file
         self.history = History()
         self.logins = Logins(read_secret(auth_file) if auth_file else None)
         self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
@@ -92,7 +93,7 @@ class Console:
             raise ConfigError(f"--http-dsn {dsn}: cannot listen: {exc}") from None
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.hosts = _host_names(self.host, self.port)
+        self.hosts = _host_names(self.host, host_names)
         self.thread = threading.Thread(target=self.server.serve_forever, name="pzq-console", daemon=True)
         self.thread.start()
 
@@ -127,6 +128,12 @@ class Console:
         if request.drop():
             return None  # (the loop never began it, and now never will)
         return request.result if request.done.wait(wait_s) else BEGUN
+
+    def reload_secret(self) -> None:
+        """Re-read --http-auth-file (SIGHUP): a changed secret ends every session. ConfigError if the
+        file is no longer readable (the old secret stays)."""
+        if self.auth_file and self.logins.replace_secret(read_secret(self.auth_file)):
+            log.warning("console: --http-auth-file changed: every session has ended")
 
     def take(self, limit: int) -> list[LoopRequest]:
         """Up to ``limit`` waiting requests (called by the loop, each turn)."""
@@ -378,9 +385,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # (page views are not logged; logins, changes and refusals are, above)
 
 
-def _host_names(host: str, port: int) -> frozenset[str]:
+def _host_names(host: str, configured: str) -> frozenset[str]:
     """The names a browser may call this console by (IP literals are always accepted)."""
     names = {host.lower(), "localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+    names.update(name.strip().lower().rstrip(".") for name in configured.split(","))
     return frozenset(n for n in names if n)
 
 
@@ -391,7 +399,7 @@ def _host_of(header: str) -> str | None:
         return None
     if header.startswith("["):
         return header[1:].partition("]")[0]
-    return header.partition(":")[0]
+    return header.partition(":")[0].rstrip(".")
 
 
 def _is_ip(text: str) -> bool:
