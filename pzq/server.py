@@ -220,10 +220,12 @@ class Server:
         except OSError:  # (a wake-up is pending already)
             pass
 
-    def _client_lists(self, now: float) -> list[dict]:
+    def _client_lists(self, now: float) -> dict:
+        """The console's clients page: each gateway's figures and lists of its clients, as of now."""
         from pzq.console.pages import CLIENT_ROWS
 
-        return [table for endpoint in self.endpoints for table in endpoint.clients(now, CLIENT_ROWS)]
+        tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, CLIENT_ROWS)]
+        return {"tables": tables, "figures": self._gateway_stats()}
 
     def request_reload(self) -> None:
         """Re-read what can change while running (the log level) at the next turn; signal-safe."""

@@ -16,6 +16,8 @@ from pzq.clients import native as client
 from conftest import free_tcp_endpoint, wait_until
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -105,12 +107,14 @@ def test_every_console_page_shows_the_servers_figures_in_chromium_and_a_dead_let
     browser.find_element("name", "secret").send_keys(SECRET)
     browser.save_screenshot(str(artifacts / "console-login.png"))
     browser.find_element("css selector", "form[action='/login'] button").click()
-    assert browser.find_element("css selector", "form[action='/logout'] button").text == "Log out"
+    logged_in = WebDriverWait(browser, 10).until(lambda b: b.find_elements("css selector", "form[action='/logout']"))
+    assert logged_in[0].text == "Log out"
     browser.get(url + "/queue?name=default")
     first_dead = browser.find_element("css selector", "tr[data-message] td.actions").find_element("xpath", "..")
     dead_id = first_dead.get_attribute("data-message")
     first_dead.find_element("css selector", "button[data-action='/queue/requeue']").click()
-    assert shown(browser, ".notice") == "requeued 1 dead letter(s) of queue 'default'"
+    notice = WebDriverWait(browser, 10).until(lambda b: b.find_elements("css selector", ".notice"))
+    assert notice[0].text == "requeued 1 dead letter(s) of queue 'default'"
     figures = client.stats(srv.monitor)["queues"]["default"]
     assert (figures["dead_letters"], figures["depth"]) == (2, 8)
     assert shown(browser, '[data-figure="dead letters"]') == "2", "the page shows the queue as the change left it"

@@ -198,8 +198,9 @@ class _Handler(BaseHTTPRequestHandler):
             sort, descending = pages.query_sort(query)
             body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending, viewer=viewer)
         elif path == "/clients":
-            content = self.console.ask("clients")
-            body = pages.clients(snap["stats"], (content or {}).get("tables"), viewer=viewer)
+            content = self.console.ask("clients") or {}  # (None: busy; the page says so)
+            stats = {**snap["stats"], **content.get("figures", {})}  # (the gateways' figures as of now)
+            body = pages.clients(stats, content.get("tables"), viewer=viewer)
         elif path == "/queue":
             name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
             figures = snap["stats"].get("queues", {}).get(name)

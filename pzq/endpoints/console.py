@@ -35,7 +35,7 @@ class ConsoleEndpoint(Endpoint):
         broker: Broker,
         *,
         wrote: Callable[[], None],
-        clients: Callable[[float], list[dict]],
+        clients: Callable[[float], dict],
     ):
         self.console = console
         self.broker = broker
@@ -88,7 +88,7 @@ class ConsoleEndpoint(Endpoint):
 
     def _read(self, kind: str, args: dict, now: float) -> dict:
         if kind == "clients":
-            return {"tables": self._clients(now)}
+            return self._clients(now)
         name = args["name"]
         info = self.store.queue(name, create=False)
         if info is None:
