@@ -51,9 +51,10 @@ def assert_producer_phase(figures: dict, messages: int) -> None:
 
 
 def assert_server_cost(figures: dict) -> None:
-    """The server's CPU per message is its CPU seconds over the phase's messages."""
+    """The server's CPU per message is its CPU seconds over the phase's messages. (A phase of a few
+    hundred messages may take less than one clock tick of /proc's CPU time, 10 ms: 0 is possible.)"""
     per_message = figures["server_cpu_s"] / figures["messages"] * 1e6
-    assert figures["server_cpu_s"] > 0 and abs(figures["server_cpu_us"] - per_message) <= 0.01, figures
+    assert figures["server_cpu_s"] >= 0 and abs(figures["server_cpu_us"] - per_message) <= 0.01, figures
 
 
 def assert_end_to_end(figures: dict, messages: int) -> None:
@@ -76,6 +77,7 @@ def test_bench_runs_every_phase_and_its_figures_add_up(tmp_path):
     assert run["producer_w1"]["commits"] >= 1  # window 1: each ack waited for a commit
     for phase in ("producer_w1", "producer_w100", "consumer"):
         assert_server_cost(run[phase])
+    assert sum(run[phase]["server_cpu_s"] for phase in ("producer_w1", "producer_w100", "consumer")) > 0
     assert "server CPU µs/msg, window W" in stdout
     drain = run["consumer"]
     assert drain["messages"] == 650 and 650 <= drain["received"] <= 650 + 200, drain  # the preload may come too
