@@ -19,7 +19,7 @@ import time
 
 import zmq
 
-from pzq.bench.server import PzqServer
+from pzq.bench.server import PzqServer, free_ports
 from pzq.clients import native as client
 from pzq.clients.sockets import tcp_address
 
@@ -33,6 +33,7 @@ class Server(PzqServer):
         )
         self.start(timeout_s=20)
         self.mqks_port, self.api_port = (tcp_address(dsn)[1] for dsn in (self.mqks, self.api))
+        self.console_url = ""  # (set when the case runs the web console)
 
     def close(self, *, kill: bool = True) -> None:
         super().close(kill=kill)  # a tortured server owes no clean shutdown
@@ -256,6 +257,41 @@ def mqks_consumers(srv: Server, size: int) -> str:
     return f"{size} consumers asked for: {size - refused} made, {refused} refused"
 
 
+def console_flood(srv: Server, seconds: int) -> str:
+    """Page views as fast as 16 connections go, of a queue of 50 messages of 4 MiB, and of the
+    clients page, without a login."""
+    import urllib.error
+    import urllib.request
+
+    from pzq.clients.api import ApiClient
+
+    with ApiClient(f"tcp://127.0.0.1:{srv.api_port}") as api:
+        for i in range(50):
+            api.produce([("big", os.urandom(4 << 20))], key=f"big-{i}")
+    url = srv.console_url
+    served, busy, stop = [0], [0], threading.Event()
+
+    def view() -> None:
+        while not stop.is_set():
+            for path in ("/queue?name=big", "/clients", "/queue?name=big"):
+                try:
+                    with urllib.request.urlopen(url + path, timeout=10) as page:
+                        page.read()
+                    served[0] += 1
+                except (urllib.error.URLError, OSError):
+                    busy[0] += 1
+
+    viewers = [threading.Thread(target=view, daemon=True) for _ in range(16)]
+    for viewer in viewers:
+        viewer.start()
+    time.sleep(seconds)
+    stop.set()
+    for viewer in viewers:
+        viewer.join(15)
+    depth = client.stats(srv.monitor)["queues"].get("big", {}).get("depth")
+    return f"{served[0]} pages served, {busy[0]} refused or busy in {seconds} s (queue depth {depth})"
+
+
 CASES = {
     "deaf-producer": (deaf_producer, 40_000, 5_000),
     "greedy-consumer": (greedy_consumer, 40_000, 5_000),
@@ -267,6 +303,7 @@ CASES = {
     "big-lease": (big_lease, 200_000, 20_000),
     "stream-read": (stream_read, 1_000_000, 20_000),
     "mqks-consumers": (mqks_consumers, 2_000, 200),
+    "console-flood": (console_flood, 20, 3),
 }
 
 
@@ -277,7 +314,9 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.case or CASES:
         func, full, short = CASES[name]
-        srv = Server()
+        console = f"http://127.0.0.1:{free_ports(1)[0]}"
+        srv = Server(*(("--http-dsn", console) if name == "console-flood" else ()))
+        srv.console_url = console
         try:
             honest = Honest(srv.receive)
             time.sleep(0.3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -116,72 +117,117 @@ def test_a_servers_console_shows_the_figures_the_monitor_reports(make_server):
 
 
 @pytest.mark.slow
-def test_connections_that_send_nothing_take_at_most_sixteen_threads_and_the_console_answers_after(make_server):
+def test_connections_that_send_nothing_take_at_most_sixteen_threads_eight_per_address(make_server):
     import socket
 
-    from pzq.console.web import MAX_CONNECTIONS
+    from pzq.console.web import MAX_CONNECTIONS, MAX_PER_ADDRESS
 
     tcp, (host, port) = free_tcp_endpoint()
     url = tcp.replace("tcp://", "http://")
     make_server(http_dsn=url)
-    idle = [socket.create_connection((host, port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+
+    def connect(source: str) -> socket.socket:
+        return socket.create_connection((host, port), timeout=5, source_address=(source, 0))
+
+    def closed_at_once(sock: socket.socket) -> bool:
+        try:
+            return wait_until(lambda: sock.recv(1) == b"", timeout_s=5)
+        except ConnectionResetError:
+            return True
+        finally:
+            sock.close()
+
+    idle = [connect("127.0.0.1") for _ in range(MAX_PER_ADDRESS)]
     try:
-        extra = socket.create_connection((host, port), timeout=5)
-        assert wait_until(lambda: extra.recv(1) == b"", timeout_s=5), "one past the limit is closed at once"
-        extra.close()
+        assert closed_at_once(connect("127.0.0.1")), "one address holds at most eight"
+        idle += [connect("127.0.0.2") for _ in range(MAX_CONNECTIONS - MAX_PER_ADDRESS)]
+        assert closed_at_once(connect("127.0.0.3")), "one past the limit is closed at once"
     finally:
         for sock in idle:
             sock.close()
     assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10)
 
 
-def test_a_queues_charts_are_its_rates_over_ten_second_samples_for_at_most_a_thousand_queues():
-    from pzq.console import history as history_module
+@pytest.mark.slow
+def test_a_client_that_sends_its_request_a_byte_at_a_time_is_cut_off_at_the_connections_deadline(
+    make_server, monkeypatch
+):
+    import socket
+    import time
 
-    history = History()
+    from pzq.console import web
 
-    def at(second: float, queues: dict[str, tuple[int, int, int]]) -> None:
-        stats = {"queues": {q: {"depth": d} for q, (_, _, d) in queues.items()}}
-        history.add(second, stats, 0.1, {q: {"produced": p, "acked": a} for q, (p, a, _) in queues.items()})
-
-    at(0.0, {"q": (0, 0, 0)})
-    at(5.0, {"q": (999, 999, 9)})  # (between samples: not taken)
-    at(10.0, {"q": (500, 100, 400)})
-    at(20.0, {"q": (700, 700, 0)})
-    assert history.queue_series("q") == {
-        "produced": [(10.0, 50.0), (0.0, 20.0)],
-        "acked": [(10.0, 10.0), (0.0, 60.0)],
-        "depth": [(10.0, 400.0), (0.0, 0.0)],
-    }
-    at(30.0, {})  # the queue was deleted: its samples go
-    assert history.queue_series("q") == {"produced": [], "acked": [], "depth": []}
-    many = {f"q{i}": (0, 0, 0) for i in range(history_module.MAX_CHARTED_QUEUES + 5)}
-    at(40.0, many)
-    at(50.0, many)
-    charted = [q for q in many if history.queue_series(q)["depth"]]
-    assert len(charted) == history_module.MAX_CHARTED_QUEUES
-
-
-def test_a_client_list_shows_hostile_identities_as_text_and_at_most_two_hundred_rows():
-    table = {
-        "gateway": "emqp",
-        "kind": "emqp-workers",
-        "title": "Workers",
-        "columns": ["worker", "queues"],
-        "rows": [["<img src=x onerror=alert(1)>", "q"]] + [[f"w{i}", "q"] for i in range(300)],
-        "total": 301,
-    }
-    page = pages.clients({"emqp": {"workers": 301}}, [table])
-    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
-    assert page.count('<td class="name">') == pages.CLIENT_ROWS and "and 101 more" in page
-    assert "busy" in pages.clients({"emqp": {"workers": 1}}, None)
+    monkeypatch.setattr(web, "CONNECTION_S", 1.0)
+    tcp, (host, port) = free_tcp_endpoint()
+    make_server(http_dsn=tcp.replace("tcp://", "http://"))
+    with socket.create_connection((host, port), timeout=5) as slow:
+        started = time.monotonic()
+        cut = False
+        for byte in b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"x" * 100:
+            try:
+                slow.sendall(bytes([byte]))
+                if slow.recv(1, socket.MSG_DONTWAIT) == b"":
+                    cut = True
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:  # (reset: cut off too)
+                cut = True
+                break
+            time.sleep(0.05)  # (the slow client's pace: well under the per-read timeout of 10 s)
+    assert cut and time.monotonic() - started < 4, "cut off at its deadline, not at its pace"
 
 
-def test_only_a_logged_in_operators_pages_carry_forms_and_each_form_its_csrf_token():
-    content = {"messages": [], "dead": [{"id": "0001", "enqueued_us": 0, "deliveries": 3, "body": b"x", "reason": "r"}]}
-    reader = pages.queue_page("q", {}, None, {}, content)
-    assert "<form" not in reader
-    operator = pages.queue_page("q", {}, None, {}, content, viewer=pages.Viewer(csrf='tok"en'))
-    forms = re.findall(r"<form method=post.*?</form>", operator)
-    assert len(forms) == 6  # log out, requeue all, delete all, purge, and the letter's requeue and delete
-    assert all('name=csrf value="tok&quot;en"' in form for form in forms)
+@pytest.mark.slow
+def test_a_query_string_of_too_many_fields_gets_400_and_a_flood_of_connections_is_cut_at_the_rate(
+    make_server, monkeypatch
+):
+    from pzq.console import web
+
+    monkeypatch.setattr(web, "CONNECTIONS_PER_S", 20)  # (100 by default: a flood of 120 would take long to show)
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    make_server(http_dsn=url)
+    assert get(url + "/queue?a=1&b=2&c=3")[0] == 400
+    assert get(url + "/queues?a&b&c&d&e&f")[0] == 200  # (sorting by name, as for any unknown query)
+    outcomes = []
+    started = time.monotonic()
+    for _ in range(120):
+        try:
+            outcomes.append(get(url + "/static/console.css")[0])
+        except (urllib.error.URLError, ConnectionError):
+            outcomes.append("closed")
+    refilled = int((time.monotonic() - started) * 20) + 1
+    assert outcomes.count(200) <= 20 + refilled and outcomes.count("closed") >= 120 - 20 - refilled
+    assert outcomes.count(200) >= 10
+
+
+def test_a_queue_page_viewed_again_within_a_second_is_not_read_again_unless_it_was_changed():
+    import threading
+
+    from pzq.console.web import Console
+
+    tcp, _ = free_tcp_endpoint()
+    console = Console(tcp.replace("tcp://", "http://"), ".")
+    reads, stop = [], threading.Event()
+
+    def loop() -> None:  # (the server's loop, reduced to answering the console)
+        while not stop.is_set():
+            for request in console.take(8):
+                if request.claim():
+                    reads.append(request.args["name"])
+                    request.result = {"read": len(reads)}
+                request.done.set()
+            stop.wait(0.005)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        assert console.look("q") == {"read": 1} and console.look("q") == {"read": 1}
+        assert console.look("other") == {"read": 2}
+        console.changed("q")
+        assert console.look("q") == {"read": 3} and reads == ["q", "other", "q"]
+    finally:
+        stop.set()
+        thread.join(5)
+        console.close()

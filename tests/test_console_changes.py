@@ -299,3 +299,58 @@ def test_sighup_rereads_the_secret_file_and_a_changed_secret_shuts_out_the_old_s
     assert "Log out" not in browser.open("/")[1]
     assert browser.log_in()[0] == 403
     assert "Log out" in Browser(url).log_in("a brand new secret, rotated")[1]
+
+
+def test_a_flood_of_wrong_guesses_from_many_addresses_does_not_lock_out_an_operator_who_logged_in_before():
+    logins = auth.Logins(b"the right secret")
+    assert logins.log_in(b"the right secret", "10.0.0.1")
+    for i in range(auth.FAILURES_IN_ALL):
+        logins.log_in(b"guess", f"192.0.2.{i}")
+    assert logins.throttled("198.51.100.7"), "a newcomer waits out the minute"
+    assert not logins.throttled("10.0.0.1") and logins.log_in(b"the right secret", "10.0.0.1")
+
+
+def test_the_addresses_of_one_ipv6_64_count_as_one_against_the_throttle():
+    logins = auth.Logins(b"the right secret")
+    for i in range(auth.FAILURES_PER_ADDRESS):
+        assert logins.log_in(b"guess", f"2001:db8:1:2::{i + 1:x}") is None
+    assert logins.throttled("2001:db8:1:2:ffff::1") and not logins.throttled("2001:db8:1:3::1")
+    assert logins.log_in(b"the right secret", "2001:db8:1:2::99") is None, "throttled: not even checked"
+
+
+@pytest.mark.slow
+def test_a_decoy_session_cookie_sent_first_does_not_hide_the_operators_own(console):
+    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    dead_letters(srv, 1)
+    browser = Browser(url)
+    browser.log_in()
+    csrf = browser.csrf()
+    own = next(c.value for c in browser.cookies if c.name == "pzq_session")
+    form = urllib.parse.urlencode({"name": "default", "which": "all", "csrf": csrf}).encode()
+    request = urllib.request.Request(
+        url + "/queue/requeue", data=form, headers={"Cookie": f"pzq_session=decoy; pzq_session={own}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert "requeued 1 dead letter(s)" in answer.read().decode()
+
+
+def test_a_purge_stops_when_its_queue_is_deleted_and_never_touches_a_new_queue_of_the_same_name(store):
+    from pzq.broker import Broker
+    from pzq.console.web import Console
+    from pzq.endpoints.console import PURGE_PER_TURN, ConsoleEndpoint
+
+    broker = Broker(store, ack_timeout_s=60)
+    tcp, _ = free_tcp_endpoint()
+    console = Console(tcp.replace("tcp://", "http://"), ".")
+    try:
+        endpoint = ConsoleEndpoint(console, broker, wrote=lambda: None, clients=lambda now: {})
+        store.put_many("q", [[b"old"]] * (3 * PURGE_PER_TURN), now_us=1)
+        answer = endpoint._write("purge", {"name": "q"})
+        assert answer["ok"] and "the rest follows" in answer["text"]
+        broker.drop_queue("q")
+        store.put_many("q", [[b"new"]] * (2 * PURGE_PER_TURN), now_us=2)
+        for _ in range(3):
+            endpoint.work(0.0, 0)
+        assert store.queue("q").count == 2 * PURGE_PER_TURN and not endpoint.waiting()
+    finally:
+        console.close()

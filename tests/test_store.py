@@ -368,3 +368,18 @@ def test_put_many_after_another_writer_took_the_next_seq_fails_the_turn(tmp_path
         assert [m.frames for m in store.scan("q")] == [[b"first"], [b"someone else's"]]
     finally:
         store.close()
+
+
+def test_a_preview_gives_the_start_of_each_body_its_size_and_a_dead_letters_reason(store):
+    big = [b"a" * 3000, b"b" * 3000]
+    store.put("q", big, now_us=5)
+    store.put("q", [b"small"], now_us=6)
+    letter = store.put("q", [b"\xff" * 10], now_us=7)
+    store.dead_letter(letter, "expired", now_us=8)
+    store.commit()
+    first, second = store.preview("q", 50, 1024)
+    assert (first.body_head, first.body_size, first.enqueued_us) == (b"a" * 1024, 6000, 5)
+    assert (second.body_head, second.body_size, second.id) == (b"small", 5, store.scan("q", 0, 2)[1].id)
+    (dead,) = store.preview("q", 50, 4, dead=True)
+    assert (dead.body_head, dead.body_size, dead.reason, dead.id) == (b"\xff" * 4, 10, "expired", letter.id)
+    assert len(store.preview("q", 1, 1024)) == 1 and store.preview("nosuch", 5, 10) == []

@@ -3,7 +3,9 @@
 Without ``--http-auth-file`` the console is read-only for everyone. With it, a person who types the
 file's secret gets a session: a random cookie (HttpOnly, SameSite=Strict, never in a URL) and a CSRF
 token that every form of a change carries back. Secrets are compared in constant time (as SHA-256
-digests, so their lengths leak nothing either) and failed logins are throttled per address and in all.
+digests, so their lengths leak nothing either) and failed logins are throttled per address (an IPv6
+/64 counts as one) and in all. The limit in all does not apply to an address that has logged in
+before: a flood of wrong guesses from elsewhere must not lock the operator out.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import collections
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -64,7 +67,8 @@ class Logins:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
-        self._failures: collections.deque[tuple[float, str]] = collections.deque()
+        self._failures: collections.deque[tuple[float, str]] = collections.deque(maxlen=4 * FAILURES_IN_ALL)
+        self._trusted: collections.OrderedDict[str, None] = collections.OrderedDict()  # logged in before
 
     def replace_secret(self, secret: bytes) -> bool:
         """A new secret (the operator's file re-read on SIGHUP): if it changed, every session ends, as
@@ -84,21 +88,37 @@ class Logins:
     def throttled(self, address: str) -> bool:
         """True if ``address`` (or everyone) failed too often lately: the login is refused unchecked."""
         with self._lock:
-            self._forget_failures()
-            mine = sum(1 for _, who in self._failures if who == address)
-            return mine >= FAILURES_PER_ADDRESS or len(self._failures) >= FAILURES_IN_ALL
+            return self._throttled(_source(address))
+
+    def _throttled(self, source: str) -> bool:
+        self._forget_failures()
+        mine = sum(1 for _, who in self._failures if who == source)
+        everyone = len(self._failures) >= FAILURES_IN_ALL and source not in self._trusted
+        return mine >= FAILURES_PER_ADDRESS or everyone
 
     def log_in(self, given: bytes, address: str) -> str | None:
-        """A new session's key if ``given`` is the secret; None (and the failure counted) if not."""
-        if self._digest is None:
-            return None
-        if not hmac.compare_digest(hashlib.sha256(given).digest(), self._digest):
-            with self._lock:
-                self._failures.append((self._clock(), address))
+        """A new session's key if ``given`` is the secret; None if not, or if ``address`` is throttled
+        (then ``given`` is not even looked at). Every attempt counts as a failure until it succeeds, so
+        parallel guesses cannot slip past the throttle."""
+        source = _source(address)
+        with self._lock:
+            if self._digest is None or self._throttled(source):
+                return None
+            attempt = (self._clock(), source)
+            self._failures.append(attempt)
+            digest = self._digest
+        if not hmac.compare_digest(hashlib.sha256(given).digest(), digest):
             log.warning("console: failed login from %s", address)
             return None
         key = secrets.token_urlsafe(32)
         with self._lock:
+            try:
+                self._failures.remove(attempt)
+            except ValueError:  # (pushed out by newer failures)
+                pass
+            self._trusted[source] = None
+            while len(self._trusted) > MAX_SESSIONS:
+                self._trusted.popitem(last=False)
             self._sessions[key] = Session(secrets.token_urlsafe(32), address, self._clock() + SESSION_S)
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
@@ -124,7 +144,21 @@ class Logins:
     def csrf_ok(session: Session, given: str) -> bool:
         return hmac.compare_digest(session.csrf.encode(), given.encode())
 
-    def _forget_failures(self) -> None:
+    def _forget_failures(self) -> None:  # (with the lock held)
         cutoff = self._clock() - FAILURE_WINDOW_S
         while self._failures and self._failures[0][0] < cutoff:
             self._failures.popleft()
+
+
+def _source(address: str) -> str:
+    """Whom a failed login counts against: the address, or its /64 for IPv6 (one host may hold a whole
+    /64 and guess from each of its addresses)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)

@@ -198,16 +198,22 @@ SHOWN = 50  # messages and dead letters a queue's page shows
 BODY_CHARS = 200  # of each body
 
 
-def show_body(body: bytes) -> str:
-    """A body as text when it is printable UTF-8, else as hex; truncated; never markup."""
-    try:
-        text = body.decode("utf-8")
+def show_body(body: bytes, size: int | None = None) -> str:
+    """A body as text when it is printable UTF-8, else as hex; truncated; never markup. ``body`` may
+    be the first bytes of a body of ``size`` bytes (a character cut at its end is left out)."""
+    size = len(body) if size is None else size
+    cut = 3 if size > len(body) else 0
+    text, printable = "", False
+    for end in range(len(body), len(body) - cut - 1, -1):
+        try:
+            text = body[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
         printable = text.isprintable()
-    except UnicodeDecodeError:
-        printable = False
+        break
     shown = text if printable else "hex " + body[: BODY_CHARS // 2].hex(" ")
-    more = len(shown) > BODY_CHARS or (not printable and len(body) > BODY_CHARS // 2)
-    return html.escape(shown[:BODY_CHARS]) + (f" … ({len(body):,} bytes)" if more else "")
+    more = len(shown) > BODY_CHARS or size > len(body) or (not printable and size > BODY_CHARS // 2)
+    return html.escape(shown[:BODY_CHARS]) + (f" … ({size:,} bytes)" if more else "")
 
 
 def queue_page(
@@ -244,7 +250,7 @@ def queue_page(
             f'<tr data-message="{html.escape(m["id"])}"><td class=name>{html.escape(m["id"])}</td>'
             f"<td>{m['deliveries']}</td>"
             f"<td>{html.escape(_when(m[extra]) if extra == 'enqueued_us' else str(m.get(extra, '')))}</td>"
-            f"<td class=body>{show_body(m['body'])}</td>"
+            f"<td class=body>{show_body(m['body'], m.get('size'))}</td>"
             + (
                 "<td class=actions>"
                 + _form("/queue/requeue", viewer, q + _hidden(which=m["id"]), "Requeue", css="inline")
@@ -365,7 +371,10 @@ def _is_number(value: object) -> bool:
 
 def query_sort(query: str) -> tuple[str, bool]:
     """``sort`` and whether descending, from a query string (anything unknown: by name, ascending)."""
-    params = urllib.parse.parse_qs(query, max_num_fields=4)
+    try:
+        params = urllib.parse.parse_qs(query, max_num_fields=4)
+    except ValueError:  # (more fields than that: a hand-made URL)
+        params = {}
     sort = (params.get("sort") or ["name"])[0]
     return sort, (params.get("order") or ["asc"])[0] == "desc"
 

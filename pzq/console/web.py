@@ -13,6 +13,7 @@ most 64 KiB, 100 headers.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import ipaddress
 import json
@@ -20,27 +21,36 @@ import logging
 import queue
 import shutil
 import socket
+import sys
 import threading
+import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pzq.console import pages
-from pzq.console.auth import SESSION_S, Logins, read_secret
+from pzq.console.auth import SESSION_S, Logins, Session, read_secret
 from pzq.console.history import History
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
 
 log = logging.getLogger("pzq.console")
 MAX_CONNECTIONS = 16
+RENDERING = 2  # requests handled at once (the rest wait their turn): the loop shares the GIL with them
+CONNECTIONS_PER_S = 100  # accepted a second, in bursts of as many; past that closed at once
+MAX_PER_ADDRESS = 8  # connections from one address: one client cannot take every slot
+CONNECTION_S = 15.0  # a connection's whole life: its request, the loop's answer, the page sent
 MAX_WAITING = 32  # page views waiting for the loop to read messages for them; more get 503
 ANSWER_S = 2.0  # how long a page view waits for the loop
 CHANGE_S = 10.0  # how long a change waits for the loop (and its commit)
 MAX_FORM = 8192  # bytes of a posted form
 COOKIE = "pzq_session"
+MAX_COOKIES = 50  # looked at in one Cookie header
 COMMANDS = {"/queue/requeue": "requeue", "/queue/delete": "delete_dead", "/queue/purge": "purge"}
+PAGE_CACHE_S = 1.0  # a queue's content is read by the loop at most this often
+PAGES_CACHED = 64
 BEGUN = object()  # ask(): the loop took a change on but did not answer in time
 
 
@@ -84,6 +94,7 @@ class Console:
         self.logins = Logins(read_secret(auth_file) if auth_file else None)
         self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
         self._lock = threading.Lock()
+        self._pages: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()  # (see look)
         self.requests: queue.Queue[LoopRequest] = queue.Queue(maxsize=MAX_WAITING)
         self.wake: Callable[[], None] = lambda: None  # the server's: interrupts the loop's poll
         handler = type("Handler", (_Handler,), {"console": self})
@@ -129,21 +140,43 @@ class Console:
             return None  # (the loop never began it, and now never will)
         return request.result if request.done.wait(wait_s) else BEGUN
 
+    def look(self, name: str) -> Any:
+        """A queue's first messages and dead letters, read by the loop at most once a second per queue
+        (a flood of views of one queue costs the loop one read a second); None if the loop is busy."""
+        with self._lock:
+            cached = self._pages.get(name)
+        if cached is not None and time.monotonic() - cached[0] < PAGE_CACHE_S:
+            return cached[1]
+        content = self.ask("queue", name=name)
+        if content is not None:
+            with self._lock:
+                self._pages[name] = (time.monotonic(), content)
+                self._pages.move_to_end(name)
+                while len(self._pages) > PAGES_CACHED:
+                    self._pages.popitem(last=False)
+        return content
+
+    def changed(self, name: str) -> None:
+        """A change was made to queue ``name``: its next page view reads it afresh."""
+        with self._lock:
+            self._pages.pop(name, None)
+
     def reload_secret(self) -> None:
         """Re-read --http-auth-file (SIGHUP): a changed secret ends every session. ConfigError if the
         file is no longer readable (the old secret stays)."""
         if self.auth_file and self.logins.replace_secret(read_secret(self.auth_file)):
             log.warning("console: --http-auth-file changed: every session has ended")
 
-    def take(self, limit: int) -> list[LoopRequest]:
-        """Up to ``limit`` waiting requests (called by the loop, each turn)."""
-        taken = []
+    def take(self, limit: int, until: Callable[[], bool] = lambda: False) -> Iterator[LoopRequest]:
+        """Up to ``limit`` waiting requests, one at a time until ``until()`` (the loop's budget for
+        them this turn) says stop: the rest wait for the next turn."""
         for _ in range(limit):
+            if until():
+                return
             try:
-                taken.append(self.requests.get_nowait())
+                yield self.requests.get_nowait()
             except queue.Empty:
-                break
-        return taken
+                return
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -155,30 +188,82 @@ class Console:
 
 
 class _Server(ThreadingHTTPServer):
-    """One thread per connection, at most MAX_CONNECTIONS of them: one past that is closed at once, so
-    that connections that never finish a request cannot pile up threads."""
+    """One thread per connection, at most MAX_CONNECTIONS of them and MAX_PER_ADDRESS from one address:
+    one past that is closed at once, so that connections that never finish a request cannot pile up
+    threads. Each connection has CONNECTION_S in all (not per read: a client that sends a byte every
+    few seconds is cut off all the same)."""
 
     daemon_threads = True
 
     def __init__(self, *args, **kwargs) -> None:
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.rendering = threading.BoundedSemaphore(RENDERING)
+        self.tokens, self.filled = float(CONNECTIONS_PER_S), time.monotonic()
+        self.per_address: collections.Counter[str] = collections.Counter()
+        self.count_lock = threading.Lock()
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self.spend():
+            self.shutdown_request(request)
+            return
+        address = client_address[0]
+        with self.count_lock:
+            crowded = self.per_address[address] >= MAX_PER_ADDRESS
+            if not crowded:
+                self.per_address[address] += 1
+        if crowded or not self.slots.acquire(blocking=False):
+            if not crowded:
+                self._forget(address)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.slots.release()
+            self._forget(address)
             raise
 
     def process_request_thread(self, request, client_address) -> None:
+        deadline = threading.Timer(CONNECTION_S, _cut, (request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            deadline.cancel()
             self.slots.release()
+            self._forget(client_address[0])
+
+    def spend(self) -> bool:
+        """Take one connection's token: False past CONNECTIONS_PER_S (a flood is closed before it costs
+        a thread, whoever sends it: the loop shares the GIL with every request handled)."""
+        with self.count_lock:
+            now = time.monotonic()
+            self.tokens = min(float(CONNECTIONS_PER_S), self.tokens + (now - self.filled) * CONNECTIONS_PER_S)
+            self.filled = now
+            if self.tokens < 1:
+                return False
+            self.tokens -= 1
+            return True
+
+    def _forget(self, address: str) -> None:
+        with self.count_lock:
+            self.per_address[address] -= 1
+            if self.per_address[address] <= 0:
+                del self.per_address[address]
+
+    def handle_error(self, request, client_address) -> None:
+        # (a browser that went away mid-answer, a connection cut at its deadline: one line, not a trace)
+        log.debug("console: connection from %s ended: %s", client_address[0], sys.exc_info()[1])
+
+
+def _cut(connection: socket.socket) -> None:
+    """End a connection past its deadline: its thread's blocked read or write returns at once."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -187,6 +272,12 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # seconds a client may take to send its request
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        # Two requests are handled at once, the rest wait their turn (the request is read by then):
+        # many busy browsers must not take the GIL from the loop.
+        with self.server.rendering:  # type: ignore[attr-defined]
+            self._get()
+
+    def _get(self) -> None:
         if not self._host_ok():
             return
         path, _, query = self.path.partition("?")
@@ -202,12 +293,16 @@ class _Handler(BaseHTTPRequestHandler):
             stats = {**snap["stats"], **content.get("figures", {})}  # (the gateways' figures as of now)
             body = pages.clients(stats, content.get("tables"), viewer=viewer)
         elif path == "/queue":
-            name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
+            try:
+                name = (urllib.parse.parse_qs(query, max_num_fields=2).get("name") or [""])[0]
+            except ValueError:  # (more fields than that)
+                self._send(HTTPStatus.BAD_REQUEST, "text/plain", b"a query of name=QUEUE, please\n")
+                return
             figures = snap["stats"].get("queues", {}).get(name)
             if figures is None:
                 self._send(HTTPStatus.NOT_FOUND, "text/plain", b"no such queue\n")
                 return
-            content = self.console.ask("queue", name=name)
+            content = self.console.look(name)
             if content is None:
                 self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", b"the server is busy: try again\n")
                 return
@@ -250,14 +345,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._same_origin():
             self._refuse_change(HTTPStatus.FORBIDDEN, "a request from another site")
             return
-        form = self._form()
+        form = self._form()  # (read before its turn: a client slow to send it holds only its connection)
         if form is None:
             return
+        with self.server.rendering:  # type: ignore[attr-defined]
+            self._change(path, form)
+
+    def _change(self, path: str, form: dict[str, str]) -> None:
         if path == "/login":
             self._log_in(form)
             return
-        key = self._cookie()
-        session = self.console.logins.session(key)
+        key, session = self._session()
         if session is None or key is None:
             self._refuse_change(HTTPStatus.FORBIDDEN, "no session: log in first")
             return
@@ -279,6 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
             answer = self.console.ask(
                 COMMANDS[path], wait_s=CHANGE_S, name=name, which=form.get("which", "all"), who=who
             )
+            self.console.changed(name)
             if answer is None:
                 session.notice = "the server is busy: nothing was changed; try again"
             elif answer is BEGUN:
@@ -302,18 +401,22 @@ class _Handler(BaseHTTPRequestHandler):
         self._redirect("/", cookie=f"{COOKIE}={key}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_S}")
 
     def _viewer(self) -> pages.Viewer:
-        session = self.console.logins.session(self._cookie())
+        session = self._session()[1]
         if session is None:
             return pages.Viewer(can_log_in=self.console.logins.enabled)
         notice, session.notice = session.notice, ""
         return pages.Viewer(csrf=session.csrf, notice=notice)
 
-    def _cookie(self) -> str | None:
-        for part in (self.headers.get("Cookie") or "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == COOKIE:
-                return value
-        return None
+    def _session(self) -> tuple[str | None, Session | None]:
+        """The live session one of the request's session cookies names. Every one is tried: another
+        site on this host (cookies ignore ports) may have set a decoy of the same name, which the
+        browser sends first."""
+        for header in self.headers.get_all("Cookie") or ():
+            for part in header.split(";")[:MAX_COOKIES]:
+                name, _, value = part.strip().partition("=")
+                if name == COOKIE and (session := self.console.logins.session(value)) is not None:
+                    return value, session
+        return None, None
 
     def _host_ok(self) -> bool:
         """Refuse a Host that is not this server's (a DNS-rebinding page would name its own)."""

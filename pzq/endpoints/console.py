@@ -18,6 +18,7 @@ from pzq.store import parse_message_id
 log = logging.getLogger("pzq.console")
 
 REQUESTS_PER_TURN = 8
+READ_BUDGET_S = 0.005  # of a turn spent on the console's reads; the rest wait for the next turn
 PURGE_PER_TURN = 5000  # stored messages a purge walks in one turn; a big queue is purged over turns
 DEAD_PER_CHANGE = 1000  # dead letters one "requeue all" or "delete all" moves (press again for more)
 BODY_BYTES = 1024  # of each body a page is given (it shows 200 characters)
@@ -44,21 +45,26 @@ class ConsoleEndpoint(Endpoint):
         self._wrote = wrote  # requeued letters are ready: native consumers may be unstalled
         self._clients = clients
         self._answered: list[LoopRequest] = []  # writes carried out this turn, answered after the commit
-        self._purges: dict[str, tuple[int, int]] = {}  # queue -> (next seq, end seq): purges under way
+        # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made
+        # again under the same name mid-purge is another queue, whose messages the purge must not touch)
+        self._purges: dict[str, tuple[int, int, int]] = {}
 
     def work(self, now: float, now_us: int) -> None:
-        for name, (lo, hi) in list(self._purges.items()):
-            self._purge_share(name, lo, hi)
-        for request in self.console.take(REQUESTS_PER_TURN):
-            if request.kind not in WRITES:
-                try:
-                    request.result = self._read(request.kind, request.args, now)
-                except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
-                    log.exception("the console's %s request failed", request.kind)
-                request.done.set()
-            elif request.claim():  # (else the page stopped waiting: nothing is done)
+        for name, (qid, lo, hi) in list(self._purges.items()):
+            self._purge_share(name, qid, lo, hi)
+        deadline = time.perf_counter() + READ_BUDGET_S
+        for request in self.console.take(REQUESTS_PER_TURN, until=lambda: time.perf_counter() >= deadline):
+            if not request.claim():
+                continue  # (its page stopped waiting: nothing is done)
+            if request.kind in WRITES:
                 request.result = self._write(request.kind, request.args)
                 self._answered.append(request)
+                continue
+            try:
+                request.result = self._read(request.kind, request.args, now)
+            except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
+                log.exception("the console's %s request failed", request.kind)
+            request.done.set()
 
     def waiting(self) -> bool:
         return bool(self._answered) or bool(self._purges)
@@ -82,7 +88,7 @@ class ConsoleEndpoint(Endpoint):
             request.done.set()
 
     def wake_at(self, now: float) -> float | None:
-        return now if self._purges else None
+        return now if self._purges or not self.console.requests.empty() else None
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -94,18 +100,22 @@ class ConsoleEndpoint(Endpoint):
         if info is None:
             return {"gone": True}
 
-        def row(message, **extra) -> dict:
-            return {
-                "id": message.id,
-                "enqueued_us": message.enqueued_us,
-                "deliveries": message.deliveries,
-                "body": b"".join(message.frames)[:BODY_BYTES],
-                **extra,
-            }
+        def rows(dead: bool) -> list[dict]:
+            return [
+                {
+                    "id": p.id,
+                    "enqueued_us": p.enqueued_us,
+                    "deliveries": p.deliveries,
+                    "body": p.body_head,
+                    "size": p.body_size,
+                    "reason": p.reason,
+                }
+                for p in self.store.preview(name, SHOWN, BODY_BYTES, dead=dead)
+            ]
 
         return {
-            "messages": [row(m) for m in self.store.scan(name, 0, SHOWN)],
-            "dead": [row(d.message, reason=d.reason) for d in self.store.dead_letters(name, 0, SHOWN)],
+            "messages": rows(dead=False),
+            "dead": rows(dead=True),
             "purging": name in self._purges,
             "figures": self.broker.queue_figures(info),  # (as of now: the snapshot may be a second old)
         }
@@ -133,19 +143,24 @@ class ConsoleEndpoint(Endpoint):
             return {"ok": bool(gone), "text": f"deleted {gone} dead letter(s) of queue {name!r}"}
         if name in self._purges:
             return {"ok": False, "text": f"queue {name!r} is being purged already"}
-        deleted, more = self._purge_share(name, 0, info.next_seq)
+        deleted, more = self._purge_share(name, info.qid, 0, info.next_seq)
         text = f"purged {deleted} ready message(s) of queue {name!r}"
         if more:
             text += "; the rest follows over the next turns"
         return {"ok": True, "text": text + " (messages in flight stay with their consumers)"}
 
-    def _purge_share(self, name: str, lo: int, hi: int) -> tuple[int, bool]:
-        """Purge the next share of ``name`` up to ``hi`` (the queue's end when the purge began: what
-        comes later is kept); whether more is left."""
+    def _purge_share(self, name: str, qid: int, lo: int, hi: int) -> tuple[int, bool]:
+        """Purge the next share of queue ``name`` (while it is queue ``qid``) up to ``hi`` (its end when
+        the purge began: what comes later is kept); whether more is left."""
         started = time.perf_counter()
+        info = self.store.queue(name, create=False)
+        if info is None or info.qid != qid:
+            log.warning("console: the purge of queue %r stopped: the queue was deleted", name)
+            self._purges.pop(name, None)
+            return 0, False
         deleted, at = self.broker.purge(name, lo, hi, PURGE_PER_TURN)
         if at < hi:
-            self._purges[name] = (at, hi)
+            self._purges[name] = (qid, at, hi)
         else:
             self._purges.pop(name, None)
         log.debug("console: purge of %r: %d deleted in %.1f ms", name, deleted, (time.perf_counter() - started) * 1e3)

@@ -218,6 +218,14 @@ class Environment:
         with self._env.begin() as txn:
             yield txn
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Any]:
+        """A read-only transaction of what is committed, whose values are memoryviews into the map
+        (nothing is copied until sliced): for looking at the start of big records. py-lmdb opens every
+        environment with MDB_NOTLS, so it may be open beside the loop's write transaction."""
+        with self._env.begin(buffers=True) as txn:
+            yield txn
+
     # -- figures ----------------------------------------------------------------------------------
 
     def pages_of(self, names: tuple[str, ...], txn: lmdb.Transaction) -> int:

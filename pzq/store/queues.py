@@ -105,6 +105,54 @@ class QueueInfo:
         return cls(name, qid, next_seq, count, size, dead_count, dead_bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Preview:
+    """The start of a stored message or dead letter, as the web console shows it."""
+
+    id: str
+    enqueued_us: int
+    deliveries: int
+    body_head: bytes  # the first bytes of its frames joined
+    body_size: int  # of all its frames
+    reason: str = ""  # a dead letter's
+
+
+_BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
+
+
+def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str] | None:
+    """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason) of a record, read
+    without copying its frames; None if it is not one. Walks the msgpack layout (module docstring):
+    the fields before the frames, each frame's bin header, and a dead letter's fields after them."""
+    try:
+        fields = msgpack.Unpacker()
+        fields.feed(view[:64])
+        if fields.read_array_header() < (6 if dead else 3):
+            return None
+        enqueued_us, _ = int(fields.unpack()), fields.unpack()
+        frames = fields.read_array_header()
+        at, head, size = fields.tell(), bytearray(), 0
+        for _ in range(frames):
+            header = _BIN_HEADERS.get(view[at])
+            if header is None:
+                return None
+            length = struct.unpack_from(header[1], view, at + 1)[0]
+            start = at + header[0]
+            if start + length > len(view):
+                return None
+            head += view[start : start + min(length, head_bytes - len(head))]
+            size += length
+            at = start + length
+        deliveries, reason = 0, ""
+        if dead:
+            rest = msgpack.Unpacker()
+            rest.feed(view[at : at + 1024])
+            deliveries, reason = int(rest.unpack()), str(rest.unpack())
+        return enqueued_us, bytes(head), size, deliveries, reason
+    except (ValueError, TypeError, IndexError, struct.error, msgpack.UnpackException):
+        return None
+
+
 def message_id(qid: int, seq: int) -> str:
     return f"{qid:016x}{seq:016x}"
 
@@ -533,6 +581,33 @@ class Store:
                     return
                 n += 1
                 yield decode(info, key, value, txn)
+
+    def preview(self, queue: str, limit: int, head_bytes: int, *, dead: bool = False) -> list[Preview]:
+        """The first ``limit`` committed messages (or dead letters) of ``queue``, each with only the
+        first ``head_bytes`` of its body: a look that costs the same for 16 MiB bodies as for tiny
+        ones. Unreadable records are left out (``scan`` sets them aside)."""
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return []
+        out: list[Preview] = []
+        prefix = _U64.pack(info.qid)
+        with self.env.snapshot() as txn:
+            cursor = txn.cursor(db=self._dead_db if dead else self._messages_db)
+            if not cursor.set_range(prefix):
+                return out
+            for key in cursor.iternext(keys=True, values=False):
+                if bytes(key[:8]) != prefix or len(out) >= limit:
+                    break
+                found = _preview_record(cursor.value(), head_bytes, dead)
+                if found is None:
+                    continue
+                enqueued_us, head, size, deliveries, reason = found
+                key = bytes(key)
+                if not dead:
+                    deliveries = self._deliveries(key, txn)
+                seq = _KEY.unpack(key)[1]
+                out.append(Preview(message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason))
+        return out
 
     def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
         """Count one more delivery of the message, durably with a later commit; returns the new count.
