@@ -57,8 +57,10 @@ class ConsoleEndpoint(Endpoint):
             if not request.claim():
                 continue  # (its page stopped waiting: nothing is done)
             if request.kind in WRITES:
-                request.result = self._write(request.kind, request.args)
+                # (answered after the commit, or after the rollback should the change fail the turn)
                 self._answered.append(request)
+                request.result = {"ok": False, "text": "the change failed: nothing was changed"}
+                request.result = self._write(request.kind, request.args)
                 continue
             try:
                 request.result = self._read(request.kind, request.args, now)
@@ -161,7 +163,7 @@ class ConsoleEndpoint(Endpoint):
         deleted, at = self.broker.purge(name, lo, hi, PURGE_PER_TURN)
         if at < hi:
             self._purges[name] = (qid, at, hi)
-        else:
-            self._purges.pop(name, None)
+        elif self._purges.pop(name, None) is not None:
+            log.info("console: the purge of queue %r is done", name)
         log.debug("console: purge of %r: %d deleted in %.1f ms", name, deleted, (time.perf_counter() - started) * 1e3)
         return deleted, at < hi
