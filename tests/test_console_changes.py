@@ -135,7 +135,8 @@ def test_without_an_auth_file_the_console_refuses_every_change(make_server):
 
 @pytest.mark.slow
 def test_an_operator_logs_in_and_requeues_one_dead_letter_which_a_consumer_then_gets(console, caplog):
-    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    # (writes nobody waits for are committed within 2 s: the page must show them all the same)
+    srv, url = console(max_deliveries=1, ack_timeout=200_000, commit_interval=2_000_000)
     ids = dead_letters(srv, 2)
     browser = Browser(url)
     status, page = browser.log_in()

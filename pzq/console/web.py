@@ -167,12 +167,9 @@ class Console:
         if self.auth_file and self.logins.replace_secret(read_secret(self.auth_file)):
             log.warning("console: --http-auth-file changed: every session has ended")
 
-    def take(self, limit: int, until: Callable[[], bool] = lambda: False) -> Iterator[LoopRequest]:
-        """Up to ``limit`` waiting requests, one at a time until ``until()`` (the loop's budget for
-        them this turn) says stop: the rest wait for the next turn."""
+    def take(self, limit: int) -> Iterator[LoopRequest]:
+        """Up to ``limit`` waiting requests, one at a time (the rest wait for the next turn)."""
         for _ in range(limit):
-            if until():
-                return
             try:
                 yield self.requests.get_nowait()
             except queue.Empty:

@@ -45,6 +45,9 @@ class ConsoleEndpoint(Endpoint):
         self._wrote = wrote  # requeued letters are ready: native consumers may be unstalled
         self._clients = clients
         self._answered: list[LoopRequest] = []  # writes carried out this turn, answered after the commit
+        # Reads wait for the turn's commit too: a page shows what is committed (it reads a snapshot of
+        # the store), so what the figures say happened is on the page as well.
+        self._reads: list[LoopRequest] = []
         # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made
         # again under the same name mid-purge is another queue, whose messages the purge must not touch)
         self._purges: dict[str, tuple[int, int, int]] = {}
@@ -52,24 +55,19 @@ class ConsoleEndpoint(Endpoint):
     def work(self, now: float, now_us: int) -> None:
         for name, (qid, lo, hi) in list(self._purges.items()):
             self._purge_share(name, qid, lo, hi)
-        deadline = time.perf_counter() + READ_BUDGET_S
-        for request in self.console.take(REQUESTS_PER_TURN, until=lambda: time.perf_counter() >= deadline):
+        for request in self.console.take(REQUESTS_PER_TURN - len(self._reads)):
             if not request.claim():
                 continue  # (its page stopped waiting: nothing is done)
-            if request.kind in WRITES:
-                # (answered after the commit, or after the rollback should the change fail the turn)
-                self._answered.append(request)
-                request.result = {"ok": False, "text": "the change failed: nothing was changed"}
-                request.result = self._write(request.kind, request.args)
+            if request.kind not in WRITES:
+                self._reads.append(request)
                 continue
-            try:
-                request.result = self._read(request.kind, request.args, now)
-            except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
-                log.exception("the console's %s request failed", request.kind)
-            request.done.set()
+            # Answered after the commit, or after the rollback should the change fail the turn.
+            self._answered.append(request)
+            request.result = {"ok": False, "text": "the change failed: nothing was changed"}
+            request.result = self._write(request.kind, request.args)
 
     def waiting(self) -> bool:
-        return bool(self._answered) or bool(self._purges)
+        return bool(self._answered or self._reads or self._purges)
 
     def rolled_back(self) -> None:
         for request in self._answered:
@@ -88,9 +86,17 @@ class ConsoleEndpoint(Endpoint):
             if result.get("ok"):
                 log.info("console: %s (by %s)", result.get("text"), request.args.get("who", "?"))
             request.done.set()
+        deadline = time.perf_counter() + READ_BUDGET_S
+        while self._reads and time.perf_counter() < deadline:  # (the rest: next turn)
+            request = self._reads.pop(0)
+            try:
+                request.result = self._read(request.kind, request.args, now)
+            except Exception:  # a page's read must never fail the loop's turn: the page says "busy"
+                log.exception("the console's %s request failed", request.kind)
+            request.done.set()
 
     def wake_at(self, now: float) -> float | None:
-        return now if self._purges or not self.console.requests.empty() else None
+        return now if self._purges or self._reads or not self.console.requests.empty() else None
 
     # -- reads ----------------------------------------------------------------------------------------
 
