@@ -92,7 +92,7 @@ def test_a_servers_console_shows_the_figures_the_monitor_reports(make_server):
         figures = json.loads(get(url + "/api/stats")[1])
         return figures if figures.get("queues", {}).get("default", {}).get("depth") == 6 else None
 
-    figures = wait_until(settled, timeout_s=10)
+    figures = wait_until(settled, timeout_s=10, interval_s=0.1)  # (HTTP: under the 20 a second one address may open)
     monitor = client.stats(srv.monitor)
     assert (figures["messages"], figures["produced_total"], figures["acked_total"]) == (6, 10, 4)
     assert (monitor["messages"], monitor["produced_total"], monitor["acked_total"]) == (6, 10, 4)
@@ -145,7 +145,7 @@ def test_connections_that_send_nothing_take_at_most_sixteen_threads_eight_per_ad
     finally:
         for sock in idle:
             sock.close()
-    assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10)
+    assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10, interval_s=0.1)
 
 
 @pytest.mark.slow
@@ -231,3 +231,46 @@ def test_a_queue_page_viewed_again_within_a_second_is_not_read_again_unless_it_w
         stop.set()
         thread.join(5)
         console.close()
+
+
+def test_the_queues_table_shows_two_hundred_queues_a_page_with_links_to_the_others():
+    stats = {"queues": {f"q{i:04d}": {"depth": i} for i in range(450)}}
+    first = pages.queues(stats, {}, {}, "depth", True)
+    assert re.findall(r'data-queue="(q\d+)"', first)[:2] == ["q0449", "q0448"] and first.count("data-queue=") == 200
+    assert "page 1 of 3 (450 queues)" in first and 'page=2" rel=next' in first and "rel=prev" not in first
+    last = pages.queues(stats, {}, {}, "depth", True, page=99)  # (past the end: the last page)
+    assert last.count("data-queue=") == 50 and "page 3 of 3" in last and 'page=2" rel=prev' in last
+    assert pages.query_sort("sort=depth&order=desc&page=2") == ("depth", True, 2)
+    assert pages.query_sort("sort=__class__&page=-1") == ("name", False, 1)
+
+
+def test_a_body_of_a_million_empty_frames_is_previewed_by_its_first_frames_only(store):
+    store.put("q", [b"start"] + [b""] * 1_000_000, now_us=1)
+    store.commit()
+    (preview,) = store.preview("q", 50, 1024)
+    assert preview.body_head == b"start" and not preview.size_exact and preview.body_size > 1_000_000
+    assert pages.show_body(preview.body_head, preview.body_size, preview.size_exact).startswith("start … (about ")
+
+
+@pytest.mark.slow
+def test_a_flood_of_connections_from_one_address_leaves_another_served(make_server):
+    import socket
+
+    tcp, (host, port) = free_tcp_endpoint()
+    make_server(http_dsn=tcp.replace("tcp://", "http://"))
+
+    def status(source: str) -> str:
+        try:
+            with socket.create_connection((host, port), timeout=5, source_address=(source, 0)) as sock:
+                sock.sendall(b"GET /static/console.css HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                return sock.recv(12).decode() or "closed"
+        except ConnectionError:
+            return "closed"
+
+    from pzq.console.web import SOURCE_PER_S
+
+    started = time.monotonic()
+    flood = [status("127.0.0.1") for _ in range(200)]
+    allowed = 2 * SOURCE_PER_S + (time.monotonic() - started) * SOURCE_PER_S + 1  # (its burst, then its rate)
+    assert flood.count("HTTP/1.0 200") <= allowed and flood.count("closed") >= 200 - allowed
+    assert all(status("127.0.0.2") == "HTTP/1.0 200" for _ in range(10))

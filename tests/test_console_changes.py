@@ -263,7 +263,7 @@ def test_the_clients_page_lists_each_phpmq_connection(console):
         return page if "Connections (2)" in page else None
 
     with socket.create_connection((host, port), timeout=5), socket.create_connection((host, port), timeout=5):
-        page = wait_until(listed, timeout_s=10)
+        page = wait_until(listed, timeout_s=10, interval_s=0.1)
     assert 'data-clients="phpmq"' in page and "Connections (2)" in page
     assert re.search(r'data-figure="connections">2<', page), "the figures are as fresh as the list"
 

@@ -81,6 +81,11 @@ class Logins:
             self._sessions.clear()
         return True
 
+    def trusted(self, address: str) -> bool:
+        """True if ``address`` (its /64 for IPv6) has logged in since the server started."""
+        with self._lock:
+            return source_of(address) in self._trusted
+
     @property
     def enabled(self) -> bool:
         return self._digest is not None
@@ -88,7 +93,7 @@ class Logins:
     def throttled(self, address: str) -> bool:
         """True if ``address`` (or everyone) failed too often lately: the login is refused unchecked."""
         with self._lock:
-            return self._throttled(_source(address))
+            return self._throttled(source_of(address))
 
     def _throttled(self, source: str) -> bool:
         self._forget_failures()
@@ -100,7 +105,7 @@ class Logins:
         """A new session's key if ``given`` is the secret; None if not, or if ``address`` is throttled
         (then ``given`` is not even looked at). Every attempt counts as a failure until it succeeds, so
         parallel guesses cannot slip past the throttle."""
-        source = _source(address)
+        source = source_of(address)
         with self._lock:
             if self._digest is None or self._throttled(source):
                 return None
@@ -150,9 +155,9 @@ class Logins:
             self._failures.popleft()
 
 
-def _source(address: str) -> str:
-    """Whom a failed login counts against: the address, or its /64 for IPv6 (one host may hold a whole
-    /64 and guess from each of its addresses)."""
+def source_of(address: str) -> str:
+    """Whom a failed login (or a connection's rate) counts against: the address, or its /64 for IPv6
+    (one host may hold a whole /64 and use each of its addresses)."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:

@@ -29,6 +29,11 @@ class Viewer:
 READER = Viewer()
 
 
+def page(title: str, body: str, viewer: Viewer = READER) -> str:
+    """A page of the console: the navigation (with the viewer's login or logout) around ``body``."""
+    return _page(title, body, viewer)
+
+
 def _page(title: str, body: str, viewer: Viewer = READER) -> str:
     if viewer.csrf:
         account = _form("/logout", viewer, "", "Log out", css="inline")
@@ -121,6 +126,11 @@ def overview(
     stats: dict, series: dict[str, list[tuple[float, float]]], disk_free: int | None, *, viewer: Viewer = READER
 ) -> str:
     """Totals, the store against its limit, disk free, uptime, and the last 15 minutes' rates."""
+    return _page("Overview", overview_body(stats, series, disk_free), viewer)
+
+
+def overview_body(stats: dict, series: dict[str, list[tuple[float, float]]], disk_free: int | None) -> str:
+    """The body of the overview (the same for every viewer: the console keeps it for a snapshot)."""
     limit = stats.get("store_limit_bytes", 0)
     rows = [
         ("uptime", f"{_number(stats.get('uptime_seconds', 0))} s"),
@@ -139,7 +149,6 @@ def overview(
         ),
         ("commits", _number(stats.get("syncs", 0))),
     ]
-    table = _figures(rows)
     charts = "".join(
         chart(title, series.get(key, []), unit)
         for key, title, unit in (
@@ -149,7 +158,7 @@ def overview(
             ("commit_ms", "commit latency", "ms"),
         )
     )
-    return _page("Overview", table + "<section class=charts>" + charts + "</section>", viewer)
+    return _figures(rows) + "<section class=charts>" + charts + "</section>"
 
 
 def queues(
@@ -160,8 +169,20 @@ def queues(
     descending: bool,
     *,
     viewer: Viewer = READER,
+    page: int = 1,
 ) -> str:
-    """Every queue in a table sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``)."""
+    """The queues in a table sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``), QUEUES_PER_PAGE
+    to a page."""
+    return _page("Queues", queues_table(stats, oldest, per_queue, sort, descending, page), viewer)
+
+
+QUEUES_PER_PAGE = 200
+
+
+def queues_table(
+    stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], sort: str, descending: bool, page: int
+) -> str:
+    """The body of the queues page (the same for every viewer: the console keeps it for a snapshot)."""
     rows = []
     for name, figures in stats.get("queues", {}).items():
         counts = per_queue.get(name, {})
@@ -176,11 +197,21 @@ def queues(
         )
     key = sort if sort in QUEUE_COLUMNS or sort == "name" else "name"
     rows.sort(key=lambda r: r[key], reverse=descending)
+    pages = max(1, -(-len(rows) // QUEUES_PER_PAGE))
+    page = min(max(1, page), pages)
+    shown = rows[(page - 1) * QUEUES_PER_PAGE : page * QUEUES_PER_PAGE]
     head = "".join(
         f'<th><a href="/queues?sort={c}&amp;order={"asc" if c == key and descending else "desc"}">'
         f"{html.escape(c.replace('_', ' '))}</a></th>"
         for c in ("name", *QUEUE_COLUMNS)
     )
+    order = "desc" if descending else "asc"
+    links = " ".join(
+        f'<a href="/queues?sort={key}&amp;order={order}&amp;page={n}" rel={rel}>{label}</a>'
+        for n, rel, label in ((page - 1, "prev", "previous"), (page + 1, "next", "next"))
+        if 1 <= n <= pages
+    )
+    nav = f"<p class=pages>page {page} of {pages} ({_number(len(rows))} queues) {links}</p>" if pages > 1 else ""
     body = "".join(
         "<tr>"
         + f'<td class=name data-queue="{html.escape(r["name"])}"><a href="/queue?{_q(r["name"])}">'
@@ -189,18 +220,19 @@ def queues(
             f'<td data-column="{c}">{_bytes(r[c]) if c == "bytes" else _number(r[c])}</td>' for c in QUEUE_COLUMNS
         )
         + "</tr>"
-        for r in rows
+        for r in shown
     )
-    return _page("Queues", f"<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>", viewer)
+    return f"{nav}<table class=queues><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{nav}"
 
 
 SHOWN = 50  # messages and dead letters a queue's page shows
 BODY_CHARS = 200  # of each body
 
 
-def show_body(body: bytes, size: int | None = None) -> str:
+def show_body(body: bytes, size: int | None = None, exact: bool = True) -> str:
     """A body as text when it is printable UTF-8, else as hex; truncated; never markup. ``body`` may
-    be the first bytes of a body of ``size`` bytes (a character cut at its end is left out)."""
+    be the first bytes of a body of ``size`` bytes (a character cut at its end is left out), or of
+    about that many when not ``exact``."""
     size = len(body) if size is None else size
     cut = 3 if size > len(body) else 0
     text, printable = "", False
@@ -213,7 +245,8 @@ def show_body(body: bytes, size: int | None = None) -> str:
         break
     shown = text if printable else "hex " + body[: BODY_CHARS // 2].hex(" ")
     more = len(shown) > BODY_CHARS or size > len(body) or (not printable and size > BODY_CHARS // 2)
-    return html.escape(shown[:BODY_CHARS]) + (f" … ({size:,} bytes)" if more else "")
+    about = "" if exact else "about "
+    return html.escape(shown[:BODY_CHARS]) + (f" … ({about}{size:,} bytes)" if more or not exact else "")
 
 
 def queue_page(
@@ -250,7 +283,7 @@ def queue_page(
             f'<tr data-message="{html.escape(m["id"])}"><td class=name>{html.escape(m["id"])}</td>'
             f"<td>{m['deliveries']}</td>"
             f"<td>{html.escape(_when(m[extra]) if extra == 'enqueued_us' else str(m.get(extra, '')))}</td>"
-            f"<td class=body>{show_body(m['body'], m.get('size'))}</td>"
+            f"<td class=body>{show_body(m['body'], m.get('size'), m.get('size_exact', True))}</td>"
             + (
                 "<td class=actions>"
                 + _form("/queue/requeue", viewer, q + _hidden(which=m["id"]), "Requeue", css="inline")
@@ -369,14 +402,18 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def query_sort(query: str) -> tuple[str, bool]:
-    """``sort`` and whether descending, from a query string (anything unknown: by name, ascending)."""
+def query_sort(query: str) -> tuple[str, bool, int]:
+    """``sort``, whether descending, and the page, from a query string (anything unknown: by name,
+    ascending, the first page)."""
     try:
         params = urllib.parse.parse_qs(query, max_num_fields=4)
     except ValueError:  # (more fields than that: a hand-made URL)
         params = {}
     sort = (params.get("sort") or ["name"])[0]
-    return sort, (params.get("order") or ["asc"])[0] == "desc"
+    sort = sort if sort in QUEUE_COLUMNS else "name"  # (a bounded set: the page cache's keys)
+    page = (params.get("page") or ["1"])[0]
+    number = int(page) if page.isascii() and page.isdigit() and len(page) < 7 else 1
+    return sort, (params.get("order") or ["asc"])[0] == "desc", number
 
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}nav a{margin-right:1em}

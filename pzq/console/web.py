@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pzq.console import pages
-from pzq.console.auth import SESSION_S, Logins, Session, read_secret
+from pzq.console.auth import SESSION_S, Logins, Session, read_secret, source_of
 from pzq.console.history import History
 from pzq.errors import ConfigError
 from pzq.metrics import parse_endpoint
@@ -39,7 +39,9 @@ from pzq.metrics import parse_endpoint
 log = logging.getLogger("pzq.console")
 MAX_CONNECTIONS = 16
 RENDERING = 2  # requests handled at once (the rest wait their turn): the loop shares the GIL with them
-CONNECTIONS_PER_S = 100  # accepted a second, in bursts of as many; past that closed at once
+CONNECTIONS_PER_S = 100  # accepted a second in all, in bursts of as many; past that closed at once
+MAX_SOURCES = 4096  # addresses whose rate is remembered (the least recent are forgotten)
+SOURCE_PER_S = 20  # accepted a second from one address (an IPv6 /64), in bursts of twice that
 MAX_PER_ADDRESS = 8  # connections from one address: one client cannot take every slot
 CONNECTION_S = 15.0  # a connection's whole life: its request, the loop's answer, the page sent
 MAX_WAITING = 32  # page views waiting for the loop to read messages for them; more get 503
@@ -49,6 +51,7 @@ MAX_FORM = 8192  # bytes of a posted form
 COOKIE = "pzq_session"
 MAX_COOKIES = 50  # looked at in one Cookie header
 COMMANDS = {"/queue/requeue": "requeue", "/queue/delete": "delete_dead", "/queue/purge": "purge"}
+RENDERED_KEPT = 256  # pages kept for the current snapshot
 PAGE_CACHE_S = 1.0  # a queue's content is read by the loop at most this often
 PAGES_CACHED = 64
 BEGUN = object()  # ask(): the loop took a change on but did not answer in time
@@ -95,6 +98,7 @@ class Console:
         self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
         self._lock = threading.Lock()
         self._pages: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()  # (see look)
+        self._rendered: dict[tuple, Any] = {}  # (see rendered)
         self.requests: queue.Queue[LoopRequest] = queue.Queue(maxsize=MAX_WAITING)
         self.wake: Callable[[], None] = lambda: None  # the server's: interrupts the loop's poll
         handler = type("Handler", (_Handler,), {"console": self})
@@ -105,6 +109,7 @@ class Console:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.hosts = _host_names(self.host, host_names)
+        self.server.trusted = self.logins.trusted
         self.thread = threading.Thread(target=self.server.serve_forever, name="pzq-console", daemon=True)
         self.thread.start()
 
@@ -124,6 +129,7 @@ class Console:
         }
         with self._lock:
             self._snapshot = snapshot
+            self._rendered = {}
 
     def ask(self, kind: str, wait_s: float = ANSWER_S, **args) -> Any:
         """Have the loop read or change something and wait for its answer: None if the loop is too
@@ -139,6 +145,20 @@ class Console:
         if request.drop():
             return None  # (the loop never began it, and now never will)
         return request.result if request.done.wait(wait_s) else BEGUN
+
+    def rendered(self, key: tuple, build: Callable[[dict[str, Any]], Any]) -> Any:
+        """``build(snapshot)``, made once per snapshot for every viewer: a page of every queue costs
+        its rendering (and the interpreter's lock the loop needs) once a second, however often it is
+        asked for. ``key`` names the page and its arguments (a bounded set: sorts and page numbers)."""
+        with self._lock:
+            snapshot, made = self._snapshot, self._rendered
+            if key in made:
+                return made[key]
+        value = build(snapshot)
+        with self._lock:
+            if self._rendered is made and len(made) < RENDERED_KEPT:
+                made[key] = value
+        return value
 
     def look(self, name: str) -> Any:
         """A queue's first messages and dead letters, read by the loop at most once a second per queue
@@ -196,12 +216,16 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.rendering = threading.BoundedSemaphore(RENDERING)
         self.tokens, self.filled = float(CONNECTIONS_PER_S), time.monotonic()
+        self.sources: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+        self.trusted: Callable[[str], bool] = lambda address: False  # (the console's logins say)
         self.per_address: collections.Counter[str] = collections.Counter()
         self.count_lock = threading.Lock()
         super().__init__(*args, **kwargs)
 
+    request_queue_size = 128  # (the listen backlog: socketserver's 5 drops a browser's burst)
+
     def process_request(self, request, client_address) -> None:
-        if not self.spend():
+        if not self.spend(client_address[0]):
             self.shutdown_request(request)
             return
         address = client_address[0]
@@ -232,17 +256,26 @@ class _Server(ThreadingHTTPServer):
             self.slots.release()
             self._forget(client_address[0])
 
-    def spend(self) -> bool:
-        """Take one connection's token: False past CONNECTIONS_PER_S (a flood is closed before it costs
-        a thread, whoever sends it: the loop shares the GIL with every request handled)."""
+    def spend(self, address: str) -> bool:
+        """Take a connection's tokens: False past SOURCE_PER_S from its address, or past
+        CONNECTIONS_PER_S in all unless the address has logged in before (a flood is closed before it
+        costs a thread: the loop shares the GIL with every request handled; and a flood from one
+        address, or from strangers, leaves the operator's browser served)."""
+        source, trusted = source_of(address), self.trusted(address)
         with self.count_lock:
             now = time.monotonic()
+            tokens, filled = self.sources.pop(source, (2.0 * SOURCE_PER_S, now))
+            tokens = min(2.0 * SOURCE_PER_S, tokens + (now - filled) * SOURCE_PER_S)
             self.tokens = min(float(CONNECTIONS_PER_S), self.tokens + (now - self.filled) * CONNECTIONS_PER_S)
             self.filled = now
-            if self.tokens < 1:
-                return False
-            self.tokens -= 1
-            return True
+            allowed = tokens >= 1 and (trusted or self.tokens >= 1)
+            if allowed:
+                tokens -= 1
+                self.tokens = max(0.0, self.tokens - 1)
+            self.sources[source] = (tokens, now)
+            while len(self.sources) > MAX_SOURCES:
+                self.sources.popitem(last=False)
+            return allowed
 
     def _forget(self, address: str) -> None:
         with self.count_lock:
@@ -281,10 +314,17 @@ class _Handler(BaseHTTPRequestHandler):
         snap = self.console.snapshot()
         viewer = self._viewer()
         if path == "/":
-            body = pages.overview(snap["stats"], snap["series"], snap["disk_free"], viewer=viewer)
+            overview = self.console.rendered(
+                ("/",), lambda s: pages.overview_body(s["stats"], s["series"], s["disk_free"])
+            )
+            body = pages.page("Overview", overview, viewer)
         elif path == "/queues":
-            sort, descending = pages.query_sort(query)
-            body = pages.queues(snap["stats"], snap["oldest"], snap["per_queue"], sort, descending, viewer=viewer)
+            sort, descending, number = pages.query_sort(query)
+            table = self.console.rendered(
+                ("/queues", sort, descending, number),
+                lambda s: pages.queues_table(s["stats"], s["oldest"], s["per_queue"], sort, descending, number),
+            )
+            body = pages.page("Queues", table, viewer)
         elif path == "/clients":
             content = self.console.ask("clients") or {}  # (None: busy; the page says so)
             stats = {**snap["stats"], **content.get("figures", {})}  # (the gateways' figures as of now)
@@ -318,8 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/login":
             body = pages.login(self.console.logins.enabled, viewer)
         elif path == "/api/stats":
-            figures = {**snap["stats"], "oldest_seconds": snap["oldest"], "per_queue": snap["per_queue"]}
-            self._send(HTTPStatus.OK, "application/json", json.dumps(figures).encode())
+            self._send(HTTPStatus.OK, "application/json", self.console.rendered(("/api/stats",), _stats_json))
             return
         elif path == "/static/console.css":
             self._send(HTTPStatus.OK, "text/css", pages.CSS.encode())
@@ -509,3 +548,8 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _stats_json(snapshot: dict[str, Any]) -> bytes:
+    figures = {**snapshot["stats"], "oldest_seconds": snapshot["oldest"], "per_queue": snapshot["per_queue"]}
+    return json.dumps(figures).encode()

@@ -116,6 +116,7 @@ class ConsoleEndpoint(Endpoint):
                     "deliveries": p.deliveries,
                     "body": p.body_head,
                     "size": p.body_size,
+                    "size_exact": p.size_exact,
                     "reason": p.reason,
                 }
                 for p in self.store.preview(name, SHOWN, BODY_BYTES, dead=dead)

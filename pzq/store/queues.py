@@ -113,17 +113,23 @@ class Preview:
     enqueued_us: int
     deliveries: int
     body_head: bytes  # the first bytes of its frames joined
-    body_size: int  # of all its frames
-    reason: str = ""  # a dead letter's
+    body_size: int  # of all its frames (its record's size when it has more than PREVIEW_FRAMES frames)
+    reason: str = ""  # a dead letter's (left out past PREVIEW_FRAMES frames)
+    size_exact: bool = True
+
+
+PREVIEW_FRAMES = 64  # frames of one record a preview walks: a million empty frames cost no more
 
 
 _BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
 
 
-def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str] | None:
-    """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason) of a record, read
-    without copying its frames; None if it is not one. Walks the msgpack layout (module docstring):
-    the fields before the frames, each frame's bin header, and a dead letter's fields after them."""
+def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str, bool] | None:
+    """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason, whether the size
+    is exact) of a record, read without copying its frames; None if it is not one. Walks the msgpack
+    layout (module docstring): the fields before the frames, each frame's bin header (at most
+    PREVIEW_FRAMES of them: past that the record's size stands for the body's), and a dead letter's
+    fields after them."""
     try:
         fields = msgpack.Unpacker()
         fields.feed(view[:64])
@@ -132,6 +138,16 @@ def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int,
         enqueued_us, _ = int(fields.unpack()), fields.unpack()
         frames = fields.read_array_header()
         at, head, size = fields.tell(), bytearray(), 0
+        if frames > PREVIEW_FRAMES:
+            for _ in range(PREVIEW_FRAMES):
+                header = _BIN_HEADERS.get(view[at])
+                if header is None or len(head) >= head_bytes:
+                    break
+                start = at + header[0]
+                length = struct.unpack_from(header[1], view, at + 1)[0]
+                head += view[start : start + min(length, head_bytes - len(head))]
+                at = start + length
+            return enqueued_us, bytes(head), len(view), 0, "", False
         for _ in range(frames):
             header = _BIN_HEADERS.get(view[at])
             if header is None:
@@ -148,7 +164,7 @@ def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int,
             rest = msgpack.Unpacker()
             rest.feed(view[at : at + 1024])
             deliveries, reason = int(rest.unpack()), str(rest.unpack())
-        return enqueued_us, bytes(head), size, deliveries, reason
+        return enqueued_us, bytes(head), size, deliveries, reason, True
     except (ValueError, TypeError, IndexError, struct.error, msgpack.UnpackException):
         return None
 
@@ -595,18 +611,18 @@ class Store:
             cursor = txn.cursor(db=self._dead_db if dead else self._messages_db)
             if not cursor.set_range(prefix):
                 return out
-            for key in cursor.iternext(keys=True, values=False):
-                if bytes(key[:8]) != prefix or len(out) >= limit:
-                    break
+            for walked, key in enumerate(cursor.iternext(keys=True, values=False)):
+                if bytes(key[:8]) != prefix or len(out) >= limit or walked >= 2 * limit:
+                    break  # (unreadable records count too: a damaged queue is not walked to its end)
                 found = _preview_record(cursor.value(), head_bytes, dead)
                 if found is None:
                     continue
-                enqueued_us, head, size, deliveries, reason = found
+                enqueued_us, head, size, deliveries, reason, exact = found
                 key = bytes(key)
                 if not dead:
                     deliveries = self._deliveries(key, txn)
                 seq = _KEY.unpack(key)[1]
-                out.append(Preview(message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason))
+                out.append(Preview(message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason, exact))
         return out
 
     def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
