@@ -40,6 +40,7 @@ from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
 from pzq.systemd import Notifier
+from pzq.zmqio import draining
 
 if TYPE_CHECKING:
     from pzq.console.web import Console
@@ -320,8 +321,9 @@ class Server:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
-        if self.leases.pending:
-            return 0  # acknowledged runs to delete or expired ones to return: the next share at once
+        if self.leases.pending or draining():
+            return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
+            # the rest of an oversized message to drain
         now = time.monotonic()
         wake = min(self._next_tick, now + self.config.reaper_frequency / 1e6)
         deadline = self.broker.next_deadline()

@@ -257,6 +257,19 @@ def mqks_consumers(srv: Server, size: int) -> str:
     return f"{size} consumers asked for: {size - refused} made, {refused} refused"
 
 
+def many_frames(srv: Server, size: int) -> str:
+    """Messages of a million empty frames each: nothing against --max-message-size."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(srv.receive)
+    started = time.perf_counter()
+    for i in range(size):
+        sock.send_multipart([b"%d" % i, b""] + [b""] * 1_000_000)
+    sock.send_multipart([b"last", b"", b"after them"])  # (its ack: the server has read past them)
+    answered = sock.poll(120_000) and sock.recv_multipart()
+    sock.close(0)
+    return f"{size} x 1,000,000 frames: read past in {time.perf_counter() - started:.1f} s, then {answered[-1]!r}"
+
+
 def console_flood(srv: Server, seconds: int) -> str:
     """Page views as fast as 16 connections go, of a queue of 50 messages of 4 MiB, and of the
     clients page, without a login."""
@@ -304,6 +317,7 @@ CASES = {
     "stream-read": (stream_read, 1_000_000, 20_000),
     "mqks-consumers": (mqks_consumers, 2_000, 200),
     "console-flood": (console_flood, 20, 3),
+    "many-frames": (many_frames, 5, 1),
 }
 
 

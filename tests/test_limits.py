@@ -83,3 +83,21 @@ def test_a_consumer_that_stops_reading_does_not_grow_the_servers_memory(process_
         print(f"\nstalled consumer: server RSS {start:.1f} MB -> {end:.1f} MB with 100 MB more stored")
     assert end - start < 40
     stalled.close(0)
+
+
+def test_a_message_of_a_million_empty_frames_is_dropped_and_honest_producers_go_on(server, caplog):
+    import logging
+
+    hostile = zmq.Context.instance().socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    hostile.connect(server.receive)
+    try:
+        with caplog.at_level(logging.WARNING):
+            hostile.send_multipart([b"m1", b""] + [b""] * 1_000_000)
+            with client.Producer(server.receive) as producer:
+                assert producer.produce([b"honest"]).ok
+            assert wait_until(lambda: "more than 1024 frames: dropped unread" in caplog.text, timeout_s=20)
+        stats = server.stats()
+        assert stats["messages"] == 1 and stats["produced_total"] == 1
+    finally:
+        hostile.close()
