@@ -78,6 +78,15 @@ def dead_letters(srv, count: int) -> list[str]:
     return [letter["id"] for letter in letters]
 
 
+def operator_with_dead_letters(console, count: int) -> tuple:
+    """(server, console url, a logged-in Browser) with ``count`` dead letters in queue "default"."""
+    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    dead_letters(srv, count)
+    browser = Browser(url)
+    assert "Log out" in browser.log_in()[1]
+    return srv, url, browser
+
+
 def test_a_secret_file_must_hold_a_secret_of_twelve_bytes_or_more(tmp_path):
     short = tmp_path / "short"
     short.write_text("hunter2\n")
@@ -160,10 +169,7 @@ def test_an_operator_logs_in_and_requeues_one_dead_letter_which_a_consumer_then_
 
 @pytest.mark.slow
 def test_a_change_without_the_sessions_csrf_token_or_from_another_site_is_refused_and_logged(console, caplog):
-    srv, url = console(max_deliveries=1, ack_timeout=200_000)
-    dead_letters(srv, 1)
-    browser = Browser(url)
-    browser.log_in()
+    srv, url, browser = operator_with_dead_letters(console, 1)
     csrf = browser.csrf()
     form = {"name": "default", "which": "all"}
     with caplog.at_level(logging.WARNING, logger="pzq.console"):
@@ -195,10 +201,7 @@ def test_a_wrong_secret_is_refused_and_the_sixth_try_in_a_minute_is_not_even_che
 
 @pytest.mark.slow
 def test_deleting_every_dead_letter_needs_the_box_ticked(console):
-    srv, url = console(max_deliveries=1, ack_timeout=200_000)
-    dead_letters(srv, 3)
-    browser = Browser(url)
-    browser.log_in()
+    srv, _, browser = operator_with_dead_letters(console, 3)
     form = {"name": "default", "which": "all", "csrf": browser.csrf()}
     status, page = browser.open("/queue/delete", form)
     assert "nothing deleted: tick the box" in page and srv.stats()["queues"]["default"]["dead_letters"] == 3
@@ -321,10 +324,7 @@ def test_the_addresses_of_one_ipv6_64_count_as_one_against_the_throttle():
 
 @pytest.mark.slow
 def test_a_decoy_session_cookie_sent_first_does_not_hide_the_operators_own(console):
-    srv, url = console(max_deliveries=1, ack_timeout=200_000)
-    dead_letters(srv, 1)
-    browser = Browser(url)
-    browser.log_in()
+    srv, url, browser = operator_with_dead_letters(console, 1)
     csrf = browser.csrf()
     own = next(c.value for c in browser.cookies if c.name == "pzq_session")
     form = urllib.parse.urlencode({"name": "default", "which": "all", "csrf": csrf}).encode()
