@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import ipaddress
 import json
 import logging
@@ -409,7 +410,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/queue/delete" and form.get("which", "all") == "all" and form.get("confirm") != "yes":
             session.notice = "nothing deleted: tick the box to confirm"
         else:
-            who = f"{self.client_address[0]}, session {key[:6]}"
+            # (a session named in the log by a digest of its key: the key itself is a credential)
+            who = f"{self.client_address[0]}, session {hashlib.sha256(key.encode()).hexdigest()[:8]}"
             answer = self.console.ask(
                 COMMANDS[path], wait_s=CHANGE_S, name=name, which=form.get("which", "all"), who=who
             )
