@@ -274,3 +274,15 @@ def test_a_flood_of_connections_from_one_address_leaves_another_served(make_serv
     allowed = 2 * SOURCE_PER_S + (time.monotonic() - started) * SOURCE_PER_S + 1  # (its burst, then its rate)
     assert flood.count("HTTP/1.0 200") <= allowed and flood.count("closed") >= 200 - allowed
     assert all(status("127.0.0.2") == "HTTP/1.0 200" for _ in range(10))
+
+
+def test_the_queues_table_shows_each_queues_rates_over_its_last_ten_seconds_and_sorts_by_them():
+    history = History()
+    for at, produced in ((0.0, 0), (10.0, 500), (20.0, 2500)):
+        stats = {"queues": {"slow": {"depth": 1}, "busy": {"depth": 1}}}
+        history.add(at, stats, 0.1, {"slow": {"produced": produced // 100}, "busy": {"produced": produced}})
+    rates = history.queue_rates()
+    assert rates == {"slow": (2.0, 0.0), "busy": (200.0, 0.0)}
+    table = pages.queues({"queues": {"slow": {}, "busy": {}}}, {}, {}, "produce_rate", True, rates=rates)
+    assert re.findall(r'data-queue="(\w+)"', table) == ["busy", "slow"] and ">produced/s<" in table
+    assert re.search(r'data-queue="busy">.*?<td data-column="produce_rate">200<', table)

@@ -53,6 +53,16 @@ class History:
             counts = per_queue.get(name, {})
             samples.append((at, counts.get("produced", 0), counts.get("acked", 0), figures.get("depth", 0)))
 
+    def queue_rates(self) -> dict[str, tuple[float, float]]:
+        """Each charted queue's produce and ack rates (msg/s) over its last 10 s."""
+        with self._lock:
+            last = {name: list(samples)[-2:] for name, samples in self._queues.items() if len(samples) > 1}
+        return {
+            name: (max(0.0, (b[1] - a[1]) / (b[0] - a[0])), max(0.0, (b[2] - a[2]) / (b[0] - a[0])))
+            for name, (a, b) in last.items()
+            if b[0] > a[0]
+        }
+
     def queue_series(self, name: str) -> dict[str, list[tuple[float, float]]]:
         """A queue's produce and ack rates (msg/s over each 10 s) and depth: ``(seconds ago, value)``."""
         out: dict[str, list[tuple[float, float]]] = {"produced": [], "acked": [], "depth": []}

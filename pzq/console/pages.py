@@ -11,7 +11,17 @@ import datetime
 import html
 import urllib.parse
 
-QUEUE_COLUMNS = ("depth", "inflight", "dead_letters", "bytes", "oldest_s", "produced", "acked")
+QUEUE_COLUMNS = (
+    "depth",
+    "inflight",
+    "dead_letters",
+    "bytes",
+    "oldest_s",
+    "produce_rate",
+    "ack_rate",
+    "produced",
+    "acked",
+)
 QUEUE_CHARTS = (("produced", "produced", "msg/s"), ("acked", "acked", "msg/s"), ("depth", "depth", "messages"))
 CHART_W, CHART_H = 600, 120
 
@@ -170,20 +180,29 @@ def queues(
     *,
     viewer: Viewer = READER,
     page: int = 1,
+    rates: dict[str, tuple[float, float]] | None = None,
 ) -> str:
     """The queues in a table sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``), QUEUES_PER_PAGE
-    to a page."""
-    return _page("Queues", queues_table(stats, oldest, per_queue, sort, descending, page), viewer)
+    to a page; ``rates``: each queue's produce and ack rates (msg/s over the last 10 s)."""
+    return _page("Queues", queues_table(stats, oldest, per_queue, sort, descending, page, rates), viewer)
 
 
 QUEUES_PER_PAGE = 200
+COLUMN_LABELS = {"oldest_s": "oldest, s", "produce_rate": "produced/s", "ack_rate": "acked/s"}
 
 
 def queues_table(
-    stats: dict, oldest: dict[str, float], per_queue: dict[str, dict], sort: str, descending: bool, page: int
+    stats: dict,
+    oldest: dict[str, float],
+    per_queue: dict[str, dict],
+    sort: str,
+    descending: bool,
+    page: int,
+    rates: dict[str, tuple[float, float]] | None = None,
 ) -> str:
     """The body of the queues page (the same for every viewer: the console keeps it for a snapshot)."""
     rows = []
+    rates = rates or {}
     for name, figures in stats.get("queues", {}).items():
         counts = per_queue.get(name, {})
         rows.append(
@@ -191,6 +210,8 @@ def queues_table(
                 "name": name,
                 **{k: figures.get(k, 0) for k in ("depth", "inflight", "dead_letters", "bytes")},
                 "oldest_s": round(oldest.get(name, 0.0), 1),
+                "produce_rate": rates.get(name, (0.0, 0.0))[0],
+                "ack_rate": rates.get(name, (0.0, 0.0))[1],
                 "produced": counts.get("produced", 0),
                 "acked": counts.get("acked", 0),
             }
@@ -202,7 +223,7 @@ def queues_table(
     shown = rows[(page - 1) * QUEUES_PER_PAGE : page * QUEUES_PER_PAGE]
     head = "".join(
         f'<th><a href="/queues?sort={c}&amp;order={"asc" if c == key and descending else "desc"}">'
-        f"{html.escape(c.replace('_', ' '))}</a></th>"
+        f"{html.escape(COLUMN_LABELS.get(c, c.replace('_', ' ')))}</a></th>"
         for c in ("name", *QUEUE_COLUMNS)
     )
     order = "desc" if descending else "asc"

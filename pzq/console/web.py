@@ -96,7 +96,14 @@ class Console:
         self.auth_file = auth_file
         self.history = History()
         self.logins = Logins(read_secret(auth_file) if auth_file else None)
-        self._snapshot: dict[str, Any] = {"stats": {}, "oldest": {}, "per_queue": {}, "series": {}, "disk_free": None}
+        self._snapshot: dict[str, Any] = {
+            "stats": {},
+            "oldest": {},
+            "per_queue": {},
+            "series": {},
+            "rates": {},
+            "disk_free": None,
+        }
         self._lock = threading.Lock()
         self._pages: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()  # (see look)
         self._rendered: dict[tuple, Any] = {}  # (see rendered)
@@ -126,6 +133,7 @@ class Console:
             "oldest": oldest,
             "per_queue": per_queue,
             "series": self.history.series(),
+            "rates": self.history.queue_rates(),
             "disk_free": disk_free,
         }
         with self._lock:
@@ -323,7 +331,9 @@ class _Handler(BaseHTTPRequestHandler):
             sort, descending, number = pages.query_sort(query)
             table = self.console.rendered(
                 ("/queues", sort, descending, number),
-                lambda s: pages.queues_table(s["stats"], s["oldest"], s["per_queue"], sort, descending, number),
+                lambda s: pages.queues_table(
+                    s["stats"], s["oldest"], s["per_queue"], sort, descending, number, s["rates"]
+                ),
             )
             body = pages.page("Queues", table, viewer)
         elif path == "/clients":
