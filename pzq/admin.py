@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pzq.broker import Broker
 from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
-from pzq.store import parse_message_id
 
 RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
 
@@ -112,9 +111,8 @@ class Admin:
         if which == "all":
             moved = store.requeue_dead(queue)
         else:
-            parsed = parse_message_id(which)
-            info = store.queue(queue, create=False)
-            if parsed is None or info is None or parsed[0] != info.qid:
+            parsed = store.ref_in(queue, which)
+            if parsed is None:
                 return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}"), False
             moved = store.requeue_dead(queue, parsed[1])
         return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), bool(moved)

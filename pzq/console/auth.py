@@ -37,7 +37,6 @@ MAX_SECRET = 4096
 @dataclasses.dataclass
 class Session:
     csrf: str
-    address: str
     ends: float
     notice: str = ""  # what the last change did, shown once on the next page
 
@@ -124,7 +123,7 @@ class Logins:
             self._trusted[source] = None
             while len(self._trusted) > MAX_SESSIONS:
                 self._trusted.popitem(last=False)
-            self._sessions[key] = Session(secrets.token_urlsafe(32), address, self._clock() + SESSION_S)
+            self._sessions[key] = Session(secrets.token_urlsafe(32), self._clock() + SESSION_S)
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
         log.warning("console: login from %s", address)

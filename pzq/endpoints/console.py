@@ -13,7 +13,6 @@ from pzq.broker import Broker
 from pzq.console.pages import SHOWN
 from pzq.console.web import Console, LoopRequest
 from pzq.endpoints.base import Endpoint
-from pzq.store import parse_message_id
 
 log = logging.getLogger("pzq.console")
 
@@ -138,8 +137,8 @@ class ConsoleEndpoint(Endpoint):
             return {"ok": False, "text": f"there is no queue {name!r}"}
         seq = None
         if kind != "purge" and which != "all":
-            parsed = parse_message_id(which)
-            if parsed is None or parsed[0] != info.qid:
+            parsed = self.store.ref_in(name, which)
+            if parsed is None:
                 return {"ok": False, "text": f"{which!r} is not a dead letter of queue {name!r}"}
             seq = parsed[1]
         if kind == "requeue":

@@ -19,7 +19,6 @@ from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
 from pzq.logs import warn_bad
 from pzq.protocols import phpmq
-from pzq.store import parse_message_id
 
 log = logging.getLogger("pzq.phpmq")
 
@@ -143,11 +142,7 @@ class PhpmqGateway:
                 )
 
     def _ref(self, queue: str, message: phpmq.Message):
-        ref = parse_message_id(message.packets[phpmq.MESSAGE_ID])
-        info = self.broker.store.queue(queue, create=False)
-        if ref is None or info is None or ref[0] != info.qid:
-            return None
-        return ref
+        return self.broker.store.ref_in(queue, message.packets[phpmq.MESSAGE_ID])
 
     def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
         """Fill every consumer's credit window from its queue (each send's token is the message's ref,

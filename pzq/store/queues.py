@@ -374,6 +374,13 @@ class Store:
             self._dirty_queues.add(name)
         return info
 
+    def ref_in(self, queue: str, message_id: str | bytes) -> tuple[int, int] | None:
+        """(qid, seq) of ``message_id`` if it names a message (or dead letter) of ``queue``: a client's
+        id of another queue, or no id at all, gets None."""
+        ref = parse_message_id(message_id)
+        info = self._queues.get(queue)
+        return ref if ref is not None and info is not None and ref[0] == info.qid else None
+
     def queue_by_id(self, qid: int) -> QueueInfo | None:
         return self._by_id.get(qid)
 
