@@ -23,6 +23,62 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 @dataclasses.dataclass(frozen=True)
+class Limits:
+    """The limits that are not settings of `pzq serve`: shares, chunks and caps the code keeps so that no
+    client can make the loop work or hold memory without bound. One frozen object, reached through
+    ``Config.limits``; tests pass small values (``Limits(max_runs=1)``) instead of patching modules.
+    Each owner reads only its own fields. Durations are seconds."""
+
+    # The loop and every endpoint
+    read_batch: int = 4096  # messages read from one socket per turn
+    turn_bytes: int = 8 << 20  # bytes read from one socket per turn
+    # Replies waiting for one ZeroMQ peer (pzq/endpoints/replies.py)
+    backlog_messages: int = 10_000
+    backlog_bytes: int = 16 << 20
+    reply_stale_s: float = 60.0  # a backlog its peer took nothing of for this long is dropped
+    # Raw TCP connections (pzq/endpoints/stream.py)
+    stream_backlog_bytes: int = 16 << 20  # unsent replies for a slow reader; past this it is closed
+    # The broker
+    late_memory: int = 50_000  # deliveries taken back early whose late answers are still recognised
+    # Range leases (pzq/leases.py, the API and Spark)
+    lease_call_budget_s: float = 0.010  # one lease or fetch call's work
+    lease_chunk: int = 1_000  # messages taken between two looks at the clock
+    fetch_chunk: int = 1_000
+    max_lease: int = 1_000_000  # messages one lease call may take
+    max_fetch: int = 10_000  # messages one fetch may return
+    lease_work_per_turn: int = 5_000  # acknowledged (or expired) messages handled per turn
+    max_runs_per_group: int = 10_000
+    max_runs: int = 100_000
+    max_groups: int = 100_000
+    # The API gateway
+    snapshot_max: int = 10_000
+    max_dedup_keys: int = 1_000_000  # PRODUCE keys remembered at once
+    api_reply_bytes: int = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
+    api_turn_work_s: float = 0.02
+    api_replies_unread: int = 8  # replies waiting in one client's pipe
+    # The MQKS gateway
+    mqks_turn_budget: int = 100  # deliveries per consumer per turn
+    mqks_max_events: int = 10_000  # events bound to one queue
+    mqks_max_masks: int = 100  # --remove-mask masks in one request
+    mqks_max_consumers: int = 1000  # consumers on one connection
+    mqks_max_all_consumers: int = 100_000
+    mqks_max_bindings: int = 1_000_000  # (queue, event) bindings of every queue together
+    mqks_max_unacked_per_conn: int = 10_000
+    mqks_put_back_per_turn: int = 2_000
+    # The eMQP gateway
+    max_schedules: int = 10_000
+    max_cron: int = 255  # characters of a cron expression
+    emqp_remembered: int = 1024  # dropped workers whose queues are kept
+    max_schedulers: int = 100
+    # The web console
+    console_connection_s: float = 15.0  # a connection's whole life
+    console_connections_per_s: int = 100
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """Every setting of `pzq serve`. Durations are microseconds, as in the original PZQ."""
 
@@ -68,6 +124,8 @@ class Config:
     curve_secret_key: str = ""
     curve_clients: str = ""
     unauthenticated: str = ""
+    # Not a setting (no flag, key or variable): the code's own limits, replaced whole by tests.
+    limits: Limits = dataclasses.field(default=DEFAULT_LIMITS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.monitor_dsn:
@@ -181,7 +239,7 @@ def _at_least(config: Config, name: str, low: int) -> None:
         raise ConfigError(f"{_flag(name)}: must be at least {low}, got {getattr(config, name)}")
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
 # Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
 ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
 SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve", "max_partial_input"}
