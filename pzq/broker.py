@@ -583,6 +583,10 @@ class Broker:
     def _requeue(self, ref: Ref) -> None:
         heapq.heappush(self._state(ref[0]).requeued, ref[1])
 
+    def held_count(self, holder: Hashable) -> int:
+        """How many deliveries ``holder`` holds (a gateway's question; the in-flight table is the broker's)."""
+        return self.inflight.count(holder)
+
     def next_deadline(self) -> float | None:
         return self.inflight.next_deadline()
 

@@ -214,12 +214,8 @@ class Config:
                     f"--unauthenticated {role}"
                 )
         if self.metrics_dsn:
-            from pzq.metrics import parse_endpoint
-
             parse_endpoint(self.metrics_dsn)
         if self.http_dsn:
-            from pzq.metrics import parse_endpoint
-
             parse_endpoint(self.http_dsn, "--http-dsn")
         if self.http_auth_file and not self.http_dsn:
             raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
@@ -243,6 +239,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
 # Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
 ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
 SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve", "max_partial_input"}
+
+
+def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
+    """'http://HOST:PORT' -> (host, port), or ConfigError naming ``option``."""
+    match = re.fullmatch(r"http://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?", dsn)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(f"{option}: {dsn!r} is not http://HOST:PORT (or empty to disable)")
+    return match.group(1).strip("[]"), int(match.group(2))
 
 
 def parse_size(text: str) -> int:

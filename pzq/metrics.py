@@ -12,11 +12,11 @@ acked / redelivered counters; totals of the broker's counters; per protocol the 
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from pzq.config import parse_endpoint
 from pzq.errors import ConfigError
 
 COMMIT_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -31,13 +31,6 @@ _TOTALS = (
     "refused_not_held_total",
     "expired_messages",
 )
-
-
-def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
-    match = re.fullmatch(r"http://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?", dsn)
-    if not match or not 0 < int(match.group(2)) < 65536:
-        raise ConfigError(f"{option}: {dsn!r} is not http://HOST:PORT (or empty to disable)")
-    return match.group(1).strip("[]"), int(match.group(2))
 
 
 class Metrics:

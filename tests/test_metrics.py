@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 
 from pzq.clients import native as client
+from pzq.config import parse_endpoint
 from pzq.errors import ConfigError
-from pzq.metrics import parse_endpoint
 
 from conftest import free_tcp_endpoint, wait_until
 

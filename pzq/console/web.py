@@ -31,11 +31,11 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from pzq.config import parse_endpoint
 from pzq.console import pages
 from pzq.console.auth import SESSION_S, Logins, Session, read_secret, source_of
 from pzq.console.history import History
 from pzq.errors import ConfigError
-from pzq.metrics import parse_endpoint
 
 log = logging.getLogger("pzq.console")
 MAX_CONNECTIONS = 16
