@@ -99,7 +99,7 @@ class Server:
         self.store.commit()
         self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
-        self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout)
+        self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
         if cfg.curve_secret_key:
             from pzq.curve import CurveServer
 
