@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,10 @@ def test_the_link_reader_finds_relative_links_and_skips_urls_anchors_and_code(tm
         encoding="utf-8",
     )
     assert relative_links(page) == ["docs/a.md", "tests/b.png", "docs/f.md#part"]
+
+
+def test_every_key_of_conf_pzq_toml_has_a_row_in_docs_configuration_md():
+    keys = tomllib.loads((ROOT / "conf" / "pzq.toml").read_text(encoding="utf-8"))
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    missing = [key for key in keys if f"| `{key}` |" not in page]
+    assert not missing, f"settings of conf/pzq.toml without a row in docs/configuration.md: {missing}"
