@@ -1,4 +1,4 @@
-"""Every Spark figure of the README in one run: streaming read, snapshot and sink rows/s, on local[2]
+"""Every Spark figure of docs/performance.md in one run: streaming read, snapshot and sink rows/s, on local[2]
 and on a standalone cluster (a master and two one-core workers started here from pyspark's launcher),
 for 100,000 and 1,000,000 messages of 100 B.
 

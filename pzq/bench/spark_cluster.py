@@ -1,5 +1,5 @@
 """A Spark standalone cluster on this machine: a master and workers started from pyspark's own launcher
-(``bin/spark-class``, as the README tells operators to), for the cluster tests and the Spark figures.
+(``bin/spark-class``, as docs/spark.md tells operators to), for the cluster tests and the Spark figures.
 
 Everything binds 127.0.0.1 on free ports; logs, work dirs and scratch space live under ``root``.
 """
