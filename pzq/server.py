@@ -40,6 +40,10 @@ from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
+from pzq.store.bindings import Bindings
+from pzq.store.dedup_keys import DedupKeys
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
 from pzq.systemd import Notifier
 from pzq.zmqio import draining
 
@@ -121,6 +125,9 @@ class Server:
         if cfg.emqp_frontend_dsn:
             emqp = EmqpGateway(
                 self.broker,
+                EmqpJobs(self.store),
+                Schedules(self.store),
+                limits=cfg.limits,
                 heartbeat_s=cfg.emqp_heartbeat_interval,
                 liveness=cfg.emqp_heartbeat_liveness,
                 publish=bool(cfg.emqp_publish_dsn),
@@ -132,12 +139,22 @@ class Server:
             self.endpoints.append(EmqpEndpoint(cfg, emqp, owned))
         if cfg.mqks_dsn:
             mqks: StreamGateway = MqksGateway(
-                self.broker, max_line=cfg.max_message_size + 4096, window=cfg.max_inflight, drop_queue=self._drop_queue
+                self.broker,
+                Bindings(self.store),
+                max_line=cfg.max_message_size + 4096,
+                window=cfg.max_inflight,
+                drop_queue=self._drop_queue,
+                limits=cfg.limits,
             )
             self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))
         if cfg.api_dsn:
             api = ApiGateway(
-                self.broker, self.leases, max_message_size=cfg.max_message_size, dedup_window_s=cfg.api_dedup_window
+                self.broker,
+                self.leases,
+                DedupKeys(self.store),
+                max_message_size=cfg.max_message_size,
+                dedup_window_s=cfg.api_dedup_window,
+                limits=cfg.limits,
             )
             self.endpoints.append(ApiEndpoint(cfg, api, owned))
         self.endpoints.append(ConnectionWatch(owned, connections))

@@ -10,6 +10,7 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient, ApiError
+from pzq.config import Limits
 
 from conftest import recv, wait_until
 
@@ -222,10 +223,13 @@ def test_a_key_reused_after_the_dedup_window_is_remembered_again(make_server, tm
         assert api.info("q")["depth"] == depth
 
 
-def test_big_fetches_come_in_several_replies_and_the_client_joins_them(api, monkeypatch):
-    from pzq.gateways import api as gateway
+def test_big_fetches_come_in_several_replies_and_the_client_joins_them(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", limits=Limits(api_reply_bytes=10))
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        fetch_in_several_replies(api)
 
-    monkeypatch.setattr(gateway, "REPLY_BYTES", 10)
+
+def fetch_in_several_replies(api: ApiClient) -> None:
     fill(api, "q", 7)
     api.lease("q", "g", 0, 7)
     raw = api.call("FETCH", queue="q", group="g", lo=0, hi=7)
@@ -236,12 +240,8 @@ def test_big_fetches_come_in_several_replies_and_the_client_joins_them(api, monk
     assert len(rows) < 7 and after == rows[-1][0] + 1
 
 
-def test_dedup_keys_are_bounded_and_an_empty_produce_remembers_none(make_server, tmp_path, monkeypatch):
-    import pzq.gateways.api as gateway
-    from pzq.clients.api import ApiClient, ApiError
-
-    monkeypatch.setattr(gateway, "MAX_DEDUP_KEYS", 2)
-    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+def test_dedup_keys_are_bounded_and_an_empty_produce_remembers_none(make_server, tmp_path):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", limits=Limits(max_dedup_keys=2))
     with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
         for i in range(5):
             assert api.produce([], key=f"empty-{i}")["count"] == 0  # remembers nothing

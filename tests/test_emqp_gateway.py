@@ -22,7 +22,14 @@ def mid() -> bytes:
 
 
 def gateway_on(store: Store, now: float = T0) -> EmqpGateway:
-    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3)
+    gateway = EmqpGateway(
+        Broker(store, ack_timeout_s=5),
+        EmqpJobs(store),
+        Schedules(store),
+        default_queues=["default"],
+        heartbeat_s=3,
+        liveness=3,
+    )
     gateway.restore_jobs(now)
     return gateway
 
@@ -97,7 +104,7 @@ def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(job_befo
 
 
 def test_a_job_whose_reply_never_comes_after_a_restart_runs_again_after_the_grace(job_before_a_restart):
-    from pzq.gateways.emqp import RESTART_GRACE_S
+    from pzq.gateways.emqp_workers import RESTART_GRACE_S
 
     store, _ = job_before_a_restart
     gateway = gateway_on(store, now=T0)
@@ -186,6 +193,8 @@ def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tm
 def test_cron_times_are_read_in_the_configured_time_zone(store):
     gateway = EmqpGateway(
         Broker(store, ack_timeout_s=5),
+        EmqpJobs(store),
+        Schedules(store),
         default_queues=["default"],
         heartbeat_s=3,
         liveness=3,
@@ -233,7 +242,7 @@ def test_nohaste_waits_one_interval_and_a_pause_runs_a_schedule_once_then_on_tim
 
 
 def test_a_job_with_a_timeout_header_is_requeued_after_its_timeout_and_the_grace(store):
-    from pzq.gateways.emqp import TIMEOUT_GRACE_S
+    from pzq.gateways.emqp_workers import TIMEOUT_GRACE_S
 
     gateway = gateway_on(store)
     gateway.from_client(

@@ -17,6 +17,8 @@ from pzq.leases import Leases
 from pzq.protocols import api, emqp, monitor, mqks, phpmq
 from pzq.protocols import pzq as native
 from pzq.store import Store
+from pzq.store.bindings import Bindings
+from pzq.store.dedup_keys import DedupKeys
 
 EXAMPLES = 3000  # inputs tried per decoder (the closing note reports these)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -192,8 +194,8 @@ def gateways(tmp_path_factory):
     broker = Broker(store, ack_timeout_s=5.0)
     leases = Leases(broker, timeout_s=60)
     yield (
-        MqksGateway(broker, max_line=256, window=10, drop_queue=broker.drop_queue),
-        ApiGateway(broker, leases, max_message_size=1024, dedup_window_s=60),
+        MqksGateway(broker, Bindings(store), max_line=256, window=10, drop_queue=broker.drop_queue),
+        ApiGateway(broker, leases, DedupKeys(store), max_message_size=1024, dedup_window_s=60),
         store,
     )
     store.close()

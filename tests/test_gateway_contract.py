@@ -11,6 +11,10 @@ from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.protocols import api, phpmq
+from pzq.store.bindings import Bindings
+from pzq.store.dedup_keys import DedupKeys
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
 
 V = b"eMQP/1.0"
 
@@ -19,10 +23,21 @@ def gateways(store) -> dict[str, object]:
     broker = Broker(store, ack_timeout_s=5)
     return {
         "phpmq": PhpmqGateway(broker, max_content=1 << 20),
-        "mqks": MqksGateway(broker, max_line=1 << 20, window=10, drop_queue=broker.drop_queue, error_id=lambda: "E1"),
-        "api": ApiGateway(broker, Leases(broker, timeout_s=60), max_message_size=1 << 20, dedup_window_s=60),
+        "mqks": MqksGateway(
+            broker, Bindings(store), max_line=1 << 20, window=10, drop_queue=broker.drop_queue, error_id=lambda: "E1"
+        ),
+        "api": ApiGateway(
+            broker, Leases(broker, timeout_s=60), DedupKeys(store), max_message_size=1 << 20, dedup_window_s=60
+        ),
         "emqp": EmqpGateway(
-            broker, default_queues=["default"], heartbeat_s=3, liveness=3, new_id=lambda: "ID", wall_clock=lambda: 7.0
+            broker,
+            EmqpJobs(store),
+            Schedules(store),
+            default_queues=["default"],
+            heartbeat_s=3,
+            liveness=3,
+            new_id=lambda: "ID",
+            wall_clock=lambda: 7.0,
         ),
     }
 

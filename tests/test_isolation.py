@@ -162,9 +162,13 @@ def test_a_jobmanager_that_reconnects_under_a_new_identity_may_finish_its_jobs(e
 def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_two_heartbeats(store):
     from pzq.broker import Broker
     from pzq.gateways.emqp import EmqpGateway
+    from pzq.store.emqp_jobs import EmqpJobs
+    from pzq.store.schedules import Schedules
 
     broker = Broker(store, ack_timeout_s=5)
-    gateway = EmqpGateway(broker, default_queues=["default"], heartbeat_s=3, liveness=3)
+    gateway = EmqpGateway(
+        broker, EmqpJobs(store), Schedules(store), default_queues=["default"], heartbeat_s=3, liveness=3
+    )
 
     def command(peer, name, *args, now):
         return gateway.from_worker([peer, b"", V, name, mid(), *args], now=now, now_us=1)
@@ -226,8 +230,17 @@ def test_mqks_cannot_delete_a_queue_it_did_not_make_by_binding_it_first(make_ser
 def test_a_schedules_payload_stays_in_the_store_and_each_run_reads_it(store):
     from pzq.broker import Broker
     from pzq.gateways.emqp import EmqpGateway
+    from pzq.store.emqp_jobs import EmqpJobs
+    from pzq.store.schedules import Schedules
 
-    gateway = EmqpGateway(Broker(store, ack_timeout_s=5), default_queues=["default"], heartbeat_s=3, liveness=3)
+    gateway = EmqpGateway(
+        Broker(store, ack_timeout_s=5),
+        EmqpJobs(store),
+        Schedules(store),
+        default_queues=["default"],
+        heartbeat_s=3,
+        liveness=3,
+    )
     big = "p" * 100_000
     out = gateway.from_client(
         [b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()], now=0, now_us=1_000_000

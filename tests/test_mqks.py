@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from pzq.cli import cli
 from pzq.clients import native as client
 from pzq.clients.mqks import MqksClient
+from pzq.config import Limits
 from pzq.errors import ClientError
 
 from conftest import free_tcp_endpoint, wait_until
@@ -36,6 +37,25 @@ def connect(mqks_server):
         conn = MqksClient(mqks_server.config.mqks_dsn)
         made.append(conn)
         return conn
+
+    yield make
+    for conn in made:
+        conn.close()
+
+
+@pytest.fixture
+def mqks_with(make_server):
+    """mqks_with(limits) -> (a server on those limits, a connect() whose clients close after the test)."""
+    made: list[MqksClient] = []
+
+    def make(limits: Limits):
+        server = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=limits)
+
+        def connect() -> MqksClient:
+            made.append(MqksClient(server.config.mqks_dsn))
+            return made[-1]
+
+        return server, connect
 
     yield make
     for conn in made:
@@ -395,10 +415,8 @@ def test_the_ip_allow_list_admits_or_disconnects_a_client(make_server, allow, ad
                 c.read_line()
 
 
-def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_max_prefetch(connect, monkeypatch):
-    from pzq.gateways import mqks as gateway
-
-    monkeypatch.setattr(gateway, "MAX_CONSUMERS", 3)
+def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_max_prefetch(mqks_with):
+    _, connect = mqks_with(Limits(mqks_max_consumers=3))
     c = connect()
     for i in range(3):
         talk(c, f"c{i} consume --confirm q{i} e", f"c{i} ok ")
@@ -409,13 +427,8 @@ def test_one_connection_holds_at_most_max_consumers_and_a_prefetch_of_at_most_ma
     assert re.fullmatch(r"c8 error [0-9a-f]{24}", c.read_line() or "")
 
 
-def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_over_several_turns(
-    connect, monkeypatch, mqks_server
-):
-    from pzq.gateways import mqks as gateway
-
-    monkeypatch.setattr(gateway, "MAX_UNACKED_PER_CONN", 30)
-    monkeypatch.setattr(gateway, "PUT_BACK_PER_TURN", 7)
+def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_over_several_turns(mqks_with):
+    _, connect = mqks_with(Limits(mqks_max_unacked_per_conn=30, mqks_put_back_per_turn=7))
     greedy, honest, producer = connect(), connect(), connect()
     for i in range(3):
         talk(greedy, f"c{i} consume --confirm q e --manual-ack --prefetch=25", f"c{i} ok ")
@@ -435,11 +448,8 @@ def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_ove
     assert bodies == {f"m{i}" for i in range(50)}
 
 
-def test_consumers_and_bindings_of_all_connections_together_are_bounded(connect, monkeypatch, mqks_server):
-    from pzq.gateways import mqks as gateway
-
-    monkeypatch.setattr(gateway, "MAX_ALL_CONSUMERS", 2)
-    monkeypatch.setattr(gateway, "MAX_BINDINGS", 3)
+def test_consumers_and_bindings_of_all_connections_together_are_bounded(mqks_with):
+    mqks_server, connect = mqks_with(Limits(mqks_max_all_consumers=2, mqks_max_bindings=3))
     a, b = connect(), connect()
     talk(a, "c1 consume --confirm q1 e1 e2", "c1 ok ")
     talk(b, "c2 consume --confirm q2 e3", "c2 ok ")

@@ -13,8 +13,8 @@ from pzq.gateways.contract import ONLY, FramesGateway, Send
 from pzq.zmqio import NOBLOCK, Again
 
 READ_BATCH = 4096
-TURN_WORK_S = 0.02  # time one turn spends carrying out API requests, before it lets others in
-REPLIES_UNREAD = 8  # replies (up to REPLY_BYTES each) waiting in one client's pipe
+# Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
+# Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
 
 
 class ApiEndpoint(Endpoint):
@@ -24,12 +24,13 @@ class ApiEndpoint(Endpoint):
 
     def __init__(self, config: Config, gateway: FramesGateway, binder: Sockets):
         self.gateway = gateway
+        self.turn_work_s = config.limits.api_turn_work_s
         self.sock = binder.bind(
             zmq.ROUTER,
             config.api_dsn,
             "--api-dsn",
             MAXMSGSIZE=config.max_message_size + (8 << 20),
-            SNDHWM=REPLIES_UNREAD,
+            SNDHWM=config.limits.api_replies_unread,
         )  # replies may be MiBs: few wait in a client's pipe
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "api")
@@ -41,9 +42,9 @@ class ApiEndpoint(Endpoint):
             return
         budget, started = TURN_BYTES, time.perf_counter()
         for _ in range(READ_BATCH):
-            # One LEASE or PRODUCE may take a while: after TURN_WORK_S of them, the rest wait for the
+            # One LEASE or PRODUCE may take a while: after turn_work_s of them, the rest wait for the
             # next turn, so that pipelined requests cannot hold every other client for seconds.
-            if budget <= 0 or time.perf_counter() - started > TURN_WORK_S:
+            if budget <= 0 or time.perf_counter() - started > self.turn_work_s:
                 return
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)

@@ -19,6 +19,7 @@ import logging
 import msgpack
 
 from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
 from pzq.leases import Leases
@@ -29,10 +30,6 @@ from pzq.store.dedup_keys import DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
 
-SNAPSHOT_MAX = 10_000
-MAX_DEDUP_KEYS = 1_000_000  # PRODUCE keys remembered at once (each ~100 B in memory and on disk)
-REPLY_BYTES = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
-
 
 def _row(seq: int, message: Message) -> list:
     return [seq, message.id, message.enqueued_us, message.deliveries, b"".join(message.frames)]
@@ -41,11 +38,22 @@ def _row(seq: int, message: Message) -> list:
 class ApiGateway:
     """Carries out API requests; one instance per server, driven by the loop."""
 
-    def __init__(self, broker: Broker, leases: Leases, *, max_message_size: int, dedup_window_s: float):
+    def __init__(
+        self,
+        broker: Broker,
+        leases: Leases,
+        keys: DedupKeys,
+        *,
+        max_message_size: int,
+        dedup_window_s: float,
+        limits: Limits = DEFAULT_LIMITS,
+    ):
+        """``keys`` is the store's table of PRODUCE dedup keys; ``limits`` gives snapshot_max,
+        max_dedup_keys (each ~100 B in memory and on disk) and api_reply_bytes."""
         self.broker = broker
-        self.store = broker.store
-        self.keys = DedupKeys(broker.store)
+        self.keys = keys
         self.leases = leases
+        self.limits = limits
         self.max_message_size = max_message_size
         self.dedup_window_us = int(dedup_window_s * 1e6)
         self.requests_total = 0
@@ -117,10 +125,10 @@ class ApiGateway:
         if request.command == "ACK_UPTO":
             return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us, user=user)}
         if request.command == "INFO":
-            info = self.store.queue(a["queue"], create=False)
+            info = self.broker.queue_info(a["queue"])
             if info is None:
                 return {"first": 0, "next": 0, "depth": 0}
-            head = self.store.scan(a["queue"], 0, 1)
+            head = self.broker.peek(a["queue"], 0, 1)
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         if request.command == "SNAPSHOT":
             return self._snapshot(a)
@@ -128,30 +136,30 @@ class ApiGateway:
 
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
-        at REPLY_BYTES) and ``gone`` counts what is missing before it."""
+        at api_reply_bytes) and ``gone`` counts what is missing before it."""
         messages, gone, upto = self.leases.fetch(
-            a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us, max_bytes=REPLY_BYTES, user=user
+            a["queue"], a["group"], a["lo"], a["hi"], now_us=now_us, max_bytes=self.limits.api_reply_bytes, user=user
         )
         return {"messages": [_row(lseq, m) for lseq, m in messages], "gone": gone, "next": upto}
 
     def _snapshot(self, a: dict) -> dict:
-        """Stored messages with ``after <= seq < before``, at most ``limit`` and about REPLY_BYTES:
+        """Stored messages with ``after <= seq < before``, at most ``limit`` and about api_reply_bytes:
         read-only, nothing changes. ``next`` is where to go on from (``before`` when done)."""
-        limit, before = min(max(a["limit"], 1), SNAPSHOT_MAX), a["before"]
+        limit, before = min(max(a["limit"], 1), self.limits.snapshot_max), a["before"]
         rows: list[list] = []
         size, after = 0, a["after"]
-        if self.store.queue(a["queue"], create=False) is None:
+        if self.broker.queue_info(a["queue"]) is None:
             return {"messages": rows, "next": before}
         while len(rows) < limit:
             want = min(100, limit - len(rows))
-            found = self.store.scan(a["queue"], after, want)
+            found = self.broker.peek(a["queue"], after, want)
             for message in found:
                 if message.seq >= before:
                     return {"messages": rows, "next": before}
                 rows.append(_row(message.seq, message))
                 size += sum(len(f) for f in message.frames)
                 after = message.seq + 1
-                if size >= REPLY_BYTES:
+                if size >= self.limits.api_reply_bytes:
                     return {"messages": rows, "next": after}
             if len(found) < want:
                 return {"messages": rows, "next": before}  # the end of the queue
@@ -167,10 +175,11 @@ class ApiGateway:
                     "too-large", f"a message of {len(body)} bytes is over the limit of {self.max_message_size}"
                 )
         key = a.get("key") if messages else None  # nothing to store: nothing to remember either
-        if key is not None and len(self._keys_by_age) >= MAX_DEDUP_KEYS and key not in self._keys_by_age:
+        most = self.limits.max_dedup_keys
+        if key is not None and len(self._keys_by_age) >= most and key not in self._keys_by_age:
             raise ProtocolError(
                 "too-many-keys",
-                f"{MAX_DEDUP_KEYS} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
+                f"{most} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
             )
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
         digests: list[bytes] = []

@@ -9,11 +9,13 @@ Mapping to the store: a REQUEST is a one-frame message (its payload) in its name
 client's identity, msgid and headers kept as the message's meta; a message from another protocol
 reaches workers with its 32-hex id as msgid, no headers, and its frames joined as the payload (bytes
 that are not UTF-8 are replaced, since eventmq peers decode every frame).
+
+This module holds the clients' side (FRONT) and the contract; workers and their jobs are kept by
+gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py. Limits come from ``Limits``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import itertools
 import logging
@@ -21,51 +23,31 @@ import time
 import uuid
 from collections.abc import Callable
 
-from pzq.broker import Broker, Ref
+from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp_scheduler import Scheduler
+from pzq.gateways.emqp_workers import BACK, FRONT, Roster, Worker
 from pzq.logs import warn_bad
 from pzq.protocols import emqp
 from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.emqp")
 
-FRONT, BACK, PUB = "front", "back", "pub"
-NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
-TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
-REMEMBERED = 1024  # dropped workers whose queues are kept, to take them back if they speak again
-MAX_SCHEDULERS = 100  # scheduler daemons heartbeaten at once
-# After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
-# broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
-# with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
-RESTART_GRACE_S = 300.0
-
-
-@dataclasses.dataclass
-class Worker:
-    """A JobManager: its queues heaviest first, free slots (one per READY), and whether it drains."""
-
-    identity: bytes
-    queues: list[tuple[int, str]]
-    last_seen: float
-    slots: int = 0
-    draining: bool = False
-    user: str | None = None  # its CURVE public key (z85), when the backend uses CURVE
-
-    @property
-    def consumer(self) -> tuple:
-        # The key is part of the holder: a ROUTER identity is the peer's choice, and another key
-        # reusing it after this connection dropped must not settle what this one held.
-        return holder_of(self.identity, self.user)
+PUB = "pub"
+__all__ = ["BACK", "FRONT", "PUB", "EmqpGateway"]
 
 
 class EmqpGateway:
-    """Every eMQP worker and what clients ask of the broker."""
+    """Every eMQP client, scheduler daemon and worker, and what they ask of the broker."""
 
     def __init__(
         self,
         broker: Broker,
+        jobs: EmqpJobs,
+        schedules: Schedules,
         *,
         default_queues: list[str],
         heartbeat_s: float,
@@ -74,27 +56,22 @@ class EmqpGateway:
         cron_timezone: str = "UTC",
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         wall_clock: Callable[[], float] = time.time,
+        limits: Limits = DEFAULT_LIMITS,
     ):
+        """``jobs`` and ``schedules`` are the store's tables of jobs handed out (for a REPLY after a
+        restart) and of recurring jobs."""
         self.broker = broker
-        self.job_table = EmqpJobs(broker.store)  # jobs handed out, for a REPLY after a restart
         self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
         self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
-        self.default_queues = default_queues
+        self.limits = limits
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
         self.publish = publish
-        self.workers: dict[bytes, Worker] = {}
         # Scheduler daemons (emq-scheduler) on the frontend -> when last heard: pzq runs schedules
         # itself, but a scheduler that hears no heartbeat for 15 s reconnects in a loop.
         self.schedulers: dict[bytes, float] = {}
-        # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
-        # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
-        # worker (or by its earlier connection: see _pop_job).
-        self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
-        # dropped -> (queues, slots, CURVE key)
-        self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
         self.next_heartbeat = 0.0
-        self.scheduler = Scheduler(broker, cron_timezone, new_id)
+        self.scheduler = Scheduler(broker, schedules, cron_timezone, new_id, limits=limits)
         self.counters = {
             "requests_total": 0,
             "replies_total": 0,
@@ -104,40 +81,27 @@ class EmqpGateway:
             "replies_refused_total": 0,
             "jobs_restored_total": 0,
         }
+        self.roster = Roster(
+            broker,
+            jobs,
+            limits=limits,
+            default_queues=default_queues,
+            heartbeat_s=heartbeat_s,
+            liveness=liveness,
+            new_id=new_id,
+            wall_clock=wall_clock,
+            counters=self.counters,
+            bad=self._bad,
+        )
+
+    @property
+    def workers(self) -> dict[bytes, Worker]:
+        """Every registered worker, by ROUTER identity."""
+        return self.roster.workers
 
     def restore_jobs(self, now: float) -> int:
-        """Jobs handed out before a restart (or a rolled-back turn) are held again for their workers:
-        a REPLY for one completes it (from its worker, or one that inherits it: see _pop_job); one
-        with no REPLY within RESTART_GRACE_S goes back to its queue and runs again."""
-        restored = 0
-        for ref, (msgid, identity, user) in self.job_table.items():
-            message = self.broker.stored(ref)
-            holder = holder_of(identity, user)
-            if message is None:  # completed through another protocol, or its queue was deleted
-                self.job_table.delete(ref)
-                continue
-            if ref in self.broker.inflight:
-                if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
-                    self.jobs.setdefault(msgid, {})[ref] = (identity, user)
-                continue
-            self.broker.hold(ref, holder)
-            if identity not in self.workers:
-                # Its JobManager outlived us and will speak again (HEARTBEAT, READY, REPLY) without an
-                # INFORM: remembered as departed, it is taken back with the queues of its jobs.
-                queues, slots, _ = self.departed.get(identity, ([], 0, user))
-                if all(name != message.queue for _, name in queues):
-                    queues = [*queues, (0, message.queue)]
-                self.departed[identity] = (queues, slots, user)
-            timeout = (message.meta or {}).get("timeout")
-            # A worker still connected (a rolled-back turn, not a restart) keeps its job as long as ever.
-            wait = NO_TIMEOUT_S if identity in self.workers else RESTART_GRACE_S
-            self.broker.set_deadline(ref, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
-            self.jobs.setdefault(msgid, {})[ref] = (identity, user)
-            restored += 1
-        if restored:
-            self.counters["jobs_restored_total"] += restored
-            log.info("eMQP: %d job(s) handed out before the restart wait for their REPLY", restored)
-        return restored
+        """Jobs handed out before a restart are held again for their workers (see Roster.restore_jobs)."""
+        return self.roster.restore_jobs(now)
 
     # -- clients ----------------------------------------------------------------------------------
 
@@ -149,8 +113,9 @@ class EmqpGateway:
             return self._request(cmd, now_us)
         if cmd.name == "INFORM":  # a scheduler introducing itself
             if cmd.args and cmd.args[-1] == "scheduler":
-                if cmd.peer not in self.schedulers and len(self.schedulers) >= MAX_SCHEDULERS:
-                    self._bad(cmd.peer, ProtocolError("too-many-schedulers", f"at most {MAX_SCHEDULERS} schedulers"))
+                most = self.limits.max_schedulers
+                if cmd.peer not in self.schedulers and len(self.schedulers) >= most:
+                    self._bad(cmd.peer, ProtocolError("too-many-schedulers", f"at most {most} schedulers"))
                     return []
                 self.schedulers[cmd.peer] = now
             return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
@@ -252,7 +217,7 @@ class EmqpGateway:
     def recover(self) -> None:
         """The turn was rolled back: forget the jobs handed out (the broker forgot every delivery; the
         durable ones are held again) and reload the schedules as they are on disk."""
-        self.jobs.clear()
+        self.roster.jobs.clear()
         self.restore_jobs(time.monotonic())
         self.scheduler.reload()
 
@@ -297,196 +262,31 @@ class EmqpGateway:
         cmd = self._parse(frames)
         if cmd is None:
             return []
-        worker = self.workers.get(cmd.peer)
-        known = worker.user if worker is not None else self.departed.get(cmd.peer, (None, None, user))[2]
-        if known != user:
-            # Its identity was registered by another key: an impostor (a ROUTER identity is the peer's
-            # choice), whatever it sends, until that worker is forgotten.
-            self._bad(
-                cmd.peer,
-                ProtocolError(
-                    "wrong-key", f"{cmd.name} under a worker identity registered with another CURVE key: ignored"
-                ),
-            )
-            return []
-        if worker is not None:
-            worker.last_seen = now  # every command counts as a heartbeat
-        if cmd.name == "INFORM":
-            return self._inform(cmd, now, user)
-        if worker is None and cmd.peer in self.departed and cmd.name in ("REPLY", "READY", "HEARTBEAT"):
-            # Dropped as silent (a long job, a pause) but alive: take it back with its queues.
-            queues, slots, _ = self.departed.pop(cmd.peer)
-            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
-            log.info("eMQP worker %r is back", cmd.peer[:40])
-        if cmd.name == "REPLY":
-            if worker is None:
-                self.counters["replies_refused_total"] += 1
-                self._bad(
-                    cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: ignored")
-                )
-                return []
-            return self._reply(cmd, worker, now)
-        if worker is None:
-            log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
-            return []
-        if cmd.name == "READY":
-            worker.slots += 1
-        elif cmd.name in ("KBYE", "KBAI"):
-            worker.draining = True  # finishes and REPLYs what it holds; gets nothing new
-            log.info("eMQP worker %r says goodbye: draining", cmd.peer[:40])
-        elif cmd.name == "DISCONNECT":
-            self._drop(worker, "it disconnected")
-        return []
-
-    def _inform(self, cmd: emqp.Command, now: float, user: str | None) -> list[Send]:
-        try:
-            queues = emqp.parse_queues(cmd.args[0], self.default_queues)
-        except ProtocolError as exc:
-            self._bad(cmd.peer, exc)
-            return []
-        self.departed.pop(cmd.peer, None)
-        old = self.workers.pop(cmd.peer, None)
-        if old is not None:
-            self.broker.consumer_gone(old.consumer)
-        self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
-        # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
-        return [
-            Send(BACK, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)]),
-            Send(BACK, [cmd.peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]),
-        ]
-
-    def _reply(self, cmd: emqp.Command, worker: Worker, now: float) -> list[Send]:
-        if len(cmd.args) < 2:
-            self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
-            return []
-        reply_json, request_msgid = cmd.args
-        job = self._pop_job(request_msgid, worker, now)
-        message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
-        if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
-            self.counters["replies_refused_total"] += 1
-            self._bad(
-                cmd.peer,
-                ProtocolError(
-                    "not-held",
-                    f"REPLY for job {request_msgid[:60]!r}, which this worker "
-                    "does not hold (unknown, done, another's, or given out before a "
-                    "restart): ignored",
-                ),
-            )
-            return []
-        self.job_table.delete(job[0])
-        self.counters["replies_total"] += 1
-        meta = message.meta if message is not None else None
-        if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
-            self.counters["replies_forwarded_total"] += 1
-            return [Send(FRONT, [meta["client"], *emqp.reply(self.new_id(), reply_json, request_msgid)])]
-        return []
-
-    def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, tuple[bytes, str | None]] | None:
-        """The job (message, (holder identity, its key)) this REPLY completes, taken off the books.
-
-        The replying worker's own job; else one whose holder is no longer live (it said KBYE, was
-        dropped, or has missed two heartbeats) and that this worker may have inherited: a JobManager that
-        resets reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the
-        new one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
-        holders = self.jobs.get(msgid)
-        if not holders:
-            return None
-        chosen = next((ref for ref, holder in holders.items() if holder == (worker.identity, worker.user)), None)
-        if chosen is None:
-            served = {name for _, name in worker.queues}
-            for ref, (identity, user) in holders.items():
-                live = self.workers.get(identity)
-                info = self.broker.store.queue_by_id(ref[0])
-                gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
-                if gone and user == worker.user and info is not None and info.name in served:
-                    chosen = ref
-                    break
-        if chosen is None:
-            return None
-        holder = holders.pop(chosen)
-        if not holders:
-            del self.jobs[msgid]
-        return chosen, holder
+        return self.roster.command(cmd, now=now, user=user)
 
     def revoke(self, users: set[str]) -> int:
         """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
-        gone = [w for w in self.workers.values() if w.user is not None and w.user in users]
-        for worker in gone:
-            worker.draining = True  # not remembered as departed: it may not come back
-            self._drop(worker, "its CURVE key was revoked")
-        return len(gone)
-
-    def _drop(self, worker: Worker, why: str) -> None:
-        self.workers.pop(worker.identity, None)
-        if not worker.draining:
-            self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
-            while len(self.departed) > REMEMBERED:
-                self.departed.pop(next(iter(self.departed)))
-        requeued = self.broker.consumer_gone(worker.consumer)
-        log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
+        return self.roster.revoke(users)
 
     # -- dispatch and time ------------------------------------------------------------------------
 
     def hand_out(self, *, now: float, now_us: int) -> list[Send]:
         """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
-        out: list[Send] = []
-        for worker in list(self.workers.values()):
-            while worker.slots > 0 and not worker.draining:
-                job = self._take_for(worker, now, now_us)
-                if job is None:
-                    break
-                out.append(job)
-                worker.slots -= 1
-                self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
-        return out
-
-    def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
-        for _, queue in worker.queues:
-            if not self.broker.has_ready(queue):
-                continue
-            taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
-            if not taken:
-                continue
-            message = taken[0]
-            meta = message.meta or {}
-            if meta.get("timeout"):
-                self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
-            msgid = meta.get("msgid") or message.id
-            headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
-            payload = b"".join(message.frames).decode("utf-8", "replace")
-            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
-            # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
-            self.job_table.put((message.qid, message.seq), (msgid, worker.identity, worker.user))
-            return Send(BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
-        return None
+        return self.roster.hand_out(now=now, now_us=now_us)
 
     def tick(self, now: float) -> list[Send]:
-        """Heartbeat every worker each interval; drop the ones silent for ``liveness`` intervals."""
+        """Heartbeat every worker and scheduler daemon each interval; drop the ones silent for
+        ``liveness`` intervals."""
         if now < self.next_heartbeat:
             return []
         self.next_heartbeat = now + self.heartbeat_s
-        # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
-        for msgid in [m for m, holders in self.jobs.items() if not any(r in self.broker.inflight for r in holders)]:
-            for ref in self.jobs.pop(msgid):
-                self.job_table.delete(ref)
-        for worker in list(self.workers.values()):
-            if worker.draining and not self.broker.inflight.count(worker.consumer):
-                self._drop(worker, "it finished draining")
-                continue
-            # Draining or not, a worker silent for `liveness` intervals is dead: its jobs go back at
-            # once. (A draining JobManager stops heartbeating, but each REPLY counts as one: only a
-            # job running longer than liveness x interval after KBYE may run twice.)
-            if now - worker.last_seen > self.liveness * self.heartbeat_s:
-                self.counters["dead_workers_total"] += 1
-                self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
+        out = self.roster.tick(now)
         for peer, seen in list(self.schedulers.items()):
             if now - seen > self.liveness * self.heartbeat_s:
                 del self.schedulers[peer]
                 log.info("eMQP scheduler %r silent for %.1f s: forgotten", peer[:40], now - seen)
-        return [
-            Send(BACK, [identity, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for identity in self.workers
-        ] + [Send(FRONT, [peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for peer in self.schedulers]
+        beat = [Send(FRONT, [peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for peer in self.schedulers]
+        return out + beat
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -509,7 +309,7 @@ class EmqpGateway:
                 w.slots,
                 "yes" if w.draining else "no",
                 round(now - w.last_seen, 1),
-                self.broker.inflight.count(w.consumer),
+                self.broker.held_count(w.consumer),
             ]
             for w in itertools.islice(self.workers.values(), limit)
         ]
@@ -555,7 +355,7 @@ class EmqpGateway:
             "schedules": len(self.schedules),
             "slots": sum(w.slots for w in self.workers.values()),
             "draining": sum(1 for w in self.workers.values() if w.draining),
-            "jobs_inflight": sum(self.broker.inflight.count(w.consumer) for w in self.workers.values()),
+            "jobs_inflight": sum(self.broker.held_count(w.consumer) for w in self.workers.values()),
             **self.counters,
         }
 
@@ -568,8 +368,3 @@ def _shown(identity: bytes) -> str:
 
 def _utc(us: int) -> str:
     return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if us else "-"
-
-
-def holder_of(identity: bytes, user: str | None) -> tuple:
-    """The broker's holder for what a worker connection holds: the key is part of it (see Worker)."""
-    return ("emqp", identity, user)

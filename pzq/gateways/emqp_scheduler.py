@@ -2,7 +2,7 @@
 expression, and each run enqueues a REQUEST into the schedule's queue.
 
 The loop keeps each schedule's timing only; its payload stays in the store (store/schedules.py) until
-a run: up to MAX_SCHEDULES payloads of up to --max-message-size each must not be held in memory.
+a run: up to ``Limits.max_schedules`` payloads of up to --max-message-size each must not be held in memory.
 Times are wall-clock microseconds (schedules outlive restarts); after a pause longer than an interval,
 a schedule runs once, then on time.
 """
@@ -17,22 +17,30 @@ from collections.abc import Callable
 import croniter
 
 from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.protocols import emqp
 from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.emqp")
 
-MAX_SCHEDULES = 10_000  # recurring jobs at most
-MAX_CRON = 255  # characters of a cron expression
-
 
 class Scheduler:
     """Every schedule of the server: added, removed, run when due."""
 
-    def __init__(self, broker: Broker, cron_timezone: str, new_id: Callable[[], str]):
+    def __init__(
+        self,
+        broker: Broker,
+        table: Schedules,
+        cron_timezone: str,
+        new_id: Callable[[], str],
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+    ):
+        """``table`` is the store's table of schedules; ``limits`` gives max_schedules and max_cron."""
         self.broker = broker
-        self.table = Schedules(broker.store)
+        self.table = table
+        self.limits = limits
         self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.new_id = new_id  # the msgid of each REQUEST a run makes
         self.timing: dict[str, dict] = {}  # id -> its record without the payload
@@ -65,8 +73,9 @@ class Scheduler:
                 f"expression, got interval {interval_text[:20]!r}",
             )
         key = emqp.schedule_id(payload)
-        if key not in self.timing and len(self.timing) >= MAX_SCHEDULES:
-            raise ProtocolError("too-many-schedules", f"at most {MAX_SCHEDULES} schedules")
+        most = self.limits.max_schedules
+        if key not in self.timing and len(self.timing) >= most:
+            raise ProtocolError("too-many-schedules", f"at most {most} schedules")
         # Haste (eventmq's default): the first run is now; with nohaste, after one interval (or at the
         # first cron time).
         if "nohaste" not in headers:
@@ -111,8 +120,8 @@ class Scheduler:
     def cron_next(self, expression: str, after_us: int) -> int:
         """The first time (µs) strictly after ``after_us`` that cron ``expression`` names, read in the
         configured time zone; ProtocolError if it is not a cron expression or names no time at all."""
-        if len(expression) > MAX_CRON:
-            raise ProtocolError("bad-cron", f"a cron expression of at most {MAX_CRON} characters")
+        if len(expression) > self.limits.max_cron:
+            raise ProtocolError("bad-cron", f"a cron expression of at most {self.limits.max_cron} characters")
         try:
             start = datetime.datetime.fromtimestamp(after_us / 1e6, self.cron_tz)
             return int(croniter.croniter(expression, start).get_next(float) * 1e6)

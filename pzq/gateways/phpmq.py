@@ -142,7 +142,7 @@ class PhpmqGateway:
                 )
 
     def _ref(self, queue: str, message: phpmq.Message):
-        return self.broker.store.ref_in(queue, message.packets[phpmq.MESSAGE_ID])
+        return self.broker.ref_in(queue, message.packets[phpmq.MESSAGE_ID])
 
     def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
         """Fill every consumer's credit window from its queue (each send's token is the message's ref,
@@ -151,7 +151,7 @@ class PhpmqGateway:
         for session in self.sessions.values():
             if session.queue is None or session.conn in blocked:
                 continue
-            credit = session.count - self.broker.inflight.count(session.consumer)
+            credit = session.count - self.broker.held_count(session.consumer)
             if credit <= 0 or not self.broker.has_ready(session.queue):
                 continue
             for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
@@ -165,9 +165,9 @@ class PhpmqGateway:
         return out
 
     def clients(self, now: float, limit: int) -> list[dict]:
-        inflight = self.broker.inflight
+        held = self.broker.held_count
         rows = [
-            [s.conn.hex(), s.dialect.name.lower(), s.queue or "-", inflight.count(s.consumer), s.decoder.buffered]
+            [s.conn.hex(), s.dialect.name.lower(), s.queue or "-", held(s.consumer), s.decoder.buffered]
             for s in itertools.islice(self.sessions.values(), limit)
         ]
         columns = ["connection", "dialect", "consuming", "in flight", "unfinished input bytes"]

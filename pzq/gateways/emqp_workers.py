@@ -1,0 +1,307 @@
+"""eMQP workers (JobManagers) on the backend: their registration, jobs, REPLYs, heartbeats and drops.
+
+The eMQP gateway (gateways/emqp.py) parses what the backend ROUTER brings and hands workers' commands
+to the ``Roster``; it also asks it, each turn, to hand jobs to free workers and to heartbeat them.
+A job handed out is recorded in the store's ``EmqpJobs`` table with the turn's commit, so that a REPLY
+after a restart still completes it (``restore_jobs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from pzq.broker import Broker, Ref
+from pzq.config import Limits
+from pzq.errors import ProtocolError
+from pzq.gateways.contract import Send
+from pzq.protocols import emqp
+from pzq.store.emqp_jobs import EmqpJobs
+
+log = logging.getLogger("pzq.emqp")
+
+FRONT, BACK = "front", "back"  # the frontend (clients) and backend (workers) sockets
+NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
+TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
+# After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
+# broker and reconnects, under a fresh identity, with the job still running); then it runs again. A job
+# with a timeout:N header waits N + TIMEOUT_GRACE_S instead.
+RESTART_GRACE_S = 300.0
+
+
+@dataclasses.dataclass
+class Worker:
+    """A JobManager: its queues heaviest first, free slots (one per READY), and whether it drains."""
+
+    identity: bytes
+    queues: list[tuple[int, str]]
+    last_seen: float
+    slots: int = 0
+    draining: bool = False
+    user: str | None = None  # its CURVE public key (z85), when the backend uses CURVE
+
+    @property
+    def consumer(self) -> tuple:
+        # The key is part of the holder: a ROUTER identity is the peer's choice, and another key
+        # reusing it after this connection dropped must not settle what this one held.
+        return holder_of(self.identity, self.user)
+
+
+class Roster:
+    """Every eMQP worker of the server, the jobs handed to them, and those that departed."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        job_table: EmqpJobs,
+        *,
+        limits: Limits,
+        default_queues: list[str],
+        heartbeat_s: float,
+        liveness: int,
+        new_id: Callable[[], str],
+        wall_clock: Callable[[], float],
+        counters: dict[str, int],
+        bad: Callable[[bytes, ProtocolError], None],
+    ):
+        self.broker = broker
+        self.job_table = job_table  # jobs handed out, for a REPLY after a restart
+        self.limits = limits
+        self.default_queues = default_queues
+        self.heartbeat_s = heartbeat_s
+        self.liveness = liveness
+        self.new_id = new_id
+        self.wall_clock = wall_clock
+        self.counters = counters  # the gateway's figures, which these commands count in
+        self._bad = bad  # (the gateway's: counted and logged, rate-limited)
+        self.workers: dict[bytes, Worker] = {}
+        # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
+        # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
+        # worker (or by its earlier connection: see _pop_job).
+        self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
+        # dropped -> (queues, slots, CURVE key)
+        self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
+
+    def restore_jobs(self, now: float) -> int:
+        """Jobs handed out before a restart (or a rolled-back turn) are held again for their workers:
+        a REPLY for one completes it (from its worker, or one that inherits it: see _pop_job); one
+        with no REPLY within RESTART_GRACE_S goes back to its queue and runs again."""
+        restored = 0
+        for ref, (msgid, identity, user) in self.job_table.items():
+            message = self.broker.stored(ref)
+            holder = holder_of(identity, user)
+            if message is None:  # completed through another protocol, or its queue was deleted
+                self.job_table.delete(ref)
+                continue
+            if self.broker.in_flight_to(ref) is not None:
+                if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
+                    self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+                continue
+            self.broker.hold(ref, holder)
+            if identity not in self.workers:
+                # Its JobManager outlived us and will speak again (HEARTBEAT, READY, REPLY) without an
+                # INFORM: remembered as departed, it is taken back with the queues of its jobs.
+                queues, slots, _ = self.departed.get(identity, ([], 0, user))
+                if all(name != message.queue for _, name in queues):
+                    queues = [*queues, (0, message.queue)]
+                self.departed[identity] = (queues, slots, user)
+            timeout = (message.meta or {}).get("timeout")
+            # A worker still connected (a rolled-back turn, not a restart) keeps its job as long as ever.
+            wait = NO_TIMEOUT_S if identity in self.workers else RESTART_GRACE_S
+            self.broker.set_deadline(ref, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
+            self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+            restored += 1
+        if restored:
+            self.counters["jobs_restored_total"] += restored
+            log.info("eMQP: %d job(s) handed out before the restart wait for their REPLY", restored)
+        return restored
+
+    def command(self, cmd: emqp.Command, *, now: float, user: str | None) -> list[Send]:
+        """A command from a worker; ``user`` is its CURVE public key (z85) when the backend uses CURVE."""
+        worker = self.workers.get(cmd.peer)
+        known = worker.user if worker is not None else self.departed.get(cmd.peer, (None, None, user))[2]
+        if known != user:
+            # Its identity was registered by another key: an impostor (a ROUTER identity is the peer's
+            # choice), whatever it sends, until that worker is forgotten.
+            self._bad(
+                cmd.peer,
+                ProtocolError(
+                    "wrong-key", f"{cmd.name} under a worker identity registered with another CURVE key: ignored"
+                ),
+            )
+            return []
+        if worker is not None:
+            worker.last_seen = now  # every command counts as a heartbeat
+        if cmd.name == "INFORM":
+            return self._inform(cmd, now, user)
+        if worker is None and cmd.peer in self.departed and cmd.name in ("REPLY", "READY", "HEARTBEAT"):
+            # Dropped as silent (a long job, a pause) but alive: take it back with its queues.
+            queues, slots, _ = self.departed.pop(cmd.peer)
+            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
+            log.info("eMQP worker %r is back", cmd.peer[:40])
+        if cmd.name == "REPLY":
+            if worker is None:
+                self.counters["replies_refused_total"] += 1
+                self._bad(
+                    cmd.peer, ProtocolError("not-registered", "REPLY from a peer that never sent INFORM: ignored")
+                )
+                return []
+            return self._reply(cmd, worker, now)
+        if worker is None:
+            log.info("eMQP %s from unknown worker %r: ignored (INFORM first)", cmd.name, cmd.peer[:40])
+            return []
+        if cmd.name == "READY":
+            worker.slots += 1
+        elif cmd.name in ("KBYE", "KBAI"):
+            worker.draining = True  # finishes and REPLYs what it holds; gets nothing new
+            log.info("eMQP worker %r says goodbye: draining", cmd.peer[:40])
+        elif cmd.name == "DISCONNECT":
+            self._drop(worker, "it disconnected")
+        return []
+
+    def _inform(self, cmd: emqp.Command, now: float, user: str | None) -> list[Send]:
+        try:
+            queues = emqp.parse_queues(cmd.args[0], self.default_queues)
+        except ProtocolError as exc:
+            self._bad(cmd.peer, exc)
+            return []
+        self.departed.pop(cmd.peer, None)
+        old = self.workers.pop(cmd.peer, None)
+        if old is not None:
+            self.broker.consumer_gone(old.consumer)
+        self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
+        # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
+        return [
+            Send(BACK, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)]),
+            Send(BACK, [cmd.peer, *emqp.heartbeat(self.new_id(), self.wall_clock())]),
+        ]
+
+    def _reply(self, cmd: emqp.Command, worker: Worker, now: float) -> list[Send]:
+        if len(cmd.args) < 2:
+            self._bad(cmd.peer, ProtocolError("bad-reply", "REPLY without the request's msgid"))
+            return []
+        reply_json, request_msgid = cmd.args
+        job = self._pop_job(request_msgid, worker, now)
+        message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
+        if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
+            self.counters["replies_refused_total"] += 1
+            self._bad(
+                cmd.peer,
+                ProtocolError(
+                    "not-held",
+                    f"REPLY for job {request_msgid[:60]!r}, which this worker "
+                    "does not hold (unknown, done, another's, or given out before a "
+                    "restart): ignored",
+                ),
+            )
+            return []
+        self.job_table.delete(job[0])
+        self.counters["replies_total"] += 1
+        meta = message.meta if message is not None else None
+        if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
+            self.counters["replies_forwarded_total"] += 1
+            return [Send(FRONT, [meta["client"], *emqp.reply(self.new_id(), reply_json, request_msgid)])]
+        return []
+
+    def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, tuple[bytes, str | None]] | None:
+        """The job (message, (holder identity, its key)) this REPLY completes, taken off the books.
+
+        The replying worker's own job; else one whose holder is no longer live (it said KBYE, was
+        dropped, or has missed two heartbeats) and that this worker may have inherited: a JobManager that
+        resets reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the
+        new one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
+        holders = self.jobs.get(msgid)
+        if not holders:
+            return None
+        chosen = next((ref for ref, holder in holders.items() if holder == (worker.identity, worker.user)), None)
+        if chosen is None:
+            served = {name for _, name in worker.queues}
+            for ref, (identity, user) in holders.items():
+                live = self.workers.get(identity)
+                name = self.broker.queue_name(ref[0])
+                gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
+                if gone and user == worker.user and name is not None and name in served:
+                    chosen = ref
+                    break
+        if chosen is None:
+            return None
+        holder = holders.pop(chosen)
+        if not holders:
+            del self.jobs[msgid]
+        return chosen, holder
+
+    def revoke(self, users: set[str]) -> int:
+        """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
+        gone = [w for w in self.workers.values() if w.user is not None and w.user in users]
+        for worker in gone:
+            worker.draining = True  # not remembered as departed: it may not come back
+            self._drop(worker, "its CURVE key was revoked")
+        return len(gone)
+
+    def _drop(self, worker: Worker, why: str) -> None:
+        self.workers.pop(worker.identity, None)
+        if not worker.draining:
+            self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
+            while len(self.departed) > self.limits.emqp_remembered:
+                self.departed.pop(next(iter(self.departed)))
+        requeued = self.broker.consumer_gone(worker.consumer)
+        log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
+
+    def hand_out(self, *, now: float, now_us: int) -> list[Send]:
+        """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
+        out: list[Send] = []
+        for worker in list(self.workers.values()):
+            while worker.slots > 0 and not worker.draining:
+                job = self._take_for(worker, now, now_us)
+                if job is None:
+                    break
+                out.append(job)
+                worker.slots -= 1
+                self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
+        return out
+
+    def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
+        for _, queue in worker.queues:
+            if not self.broker.has_ready(queue):
+                continue
+            taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
+            if not taken:
+                continue
+            message = taken[0]
+            meta = message.meta or {}
+            if meta.get("timeout"):
+                self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
+            msgid = meta.get("msgid") or message.id
+            headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
+            payload = b"".join(message.frames).decode("utf-8", "replace")
+            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
+            # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
+            self.job_table.put((message.qid, message.seq), (msgid, worker.identity, worker.user))
+            return Send(BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
+        return None
+
+    def tick(self, now: float) -> list[Send]:
+        """The heartbeat interval came: forget jobs that left without a REPLY, drop workers that
+        finished draining or fell silent for ``liveness`` intervals, and heartbeat the others."""
+        # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
+        gone = [m for m, holders in self.jobs.items() if all(self.broker.in_flight_to(r) is None for r in holders)]
+        for msgid in gone:
+            for ref in self.jobs.pop(msgid):
+                self.job_table.delete(ref)
+        for worker in list(self.workers.values()):
+            if worker.draining and not self.broker.held_count(worker.consumer):
+                self._drop(worker, "it finished draining")
+                continue
+            # Draining or not, a worker silent for `liveness` intervals is dead: its jobs go back at
+            # once. (A draining JobManager stops heartbeating, but each REPLY counts as one: only a
+            # job running longer than liveness x interval after KBYE may run twice.)
+            if now - worker.last_seen > self.liveness * self.heartbeat_s:
+                self.counters["dead_workers_total"] += 1
+                self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
+        return [Send(BACK, [identity, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for identity in self.workers]
+
+
+def holder_of(identity: bytes, user: str | None) -> tuple:
+    """The broker's holder for what a worker connection holds: the key is part of it (see Worker)."""
+    return ("emqp", identity, user)

@@ -1,0 +1,112 @@
+"""MQKS bindings: which events each queue is bound to, in memory and in the store's ``mqks`` table.
+
+The gateway (gateways/mqks.py) routes every publish through ``queues_for``; this index keeps the
+events of every queue together under ``Limits.mqks_max_bindings`` and each queue's under
+``Limits.mqks_max_events``, so that a publish's match stays cheap whoever bound what.
+"""
+
+from __future__ import annotations
+
+from pzq.config import Limits
+from pzq.errors import ProtocolError
+from pzq.store.bindings import Binding, Bindings
+
+
+class BindingIndex:
+    """Every MQKS queue's binding, by queue and by event; written through to its store table."""
+
+    def __init__(self, table: Bindings, limits: Limits):
+        self.table = table
+        self.limits = limits
+        self.load()
+
+    def load(self) -> None:
+        """Read the bindings: at start-up and after a rolled-back turn."""
+        self.bindings: dict[str, Binding] = {}
+        self.by_event: dict[str, set[str]] = {}
+        self.bound_total = 0  # events of every binding together
+        for queue, binding in self.table.items():
+            self.set(queue, binding, save=False)
+
+    def __contains__(self, queue: str) -> bool:
+        return queue in self.bindings
+
+    def __len__(self) -> int:
+        return len(self.bindings)
+
+    def get(self, queue: str) -> Binding | None:
+        return self.bindings.get(queue)
+
+    def queues_for(self, event: str) -> set[str]:
+        """The queues a publish of ``event`` goes to (empty when none is bound to it)."""
+        return self.by_event.get(event) or set()
+
+    def unused(self) -> list[str]:
+        """Queues that are deleted after a while without a consumer (--delete-queue-when-unused)."""
+        return [q for q, b in self.bindings.items() if b.unused is not None]
+
+    def set(self, queue: str, binding: Binding, *, save: bool) -> bool:
+        """Make ``binding`` the queue's; True if its set of events changed."""
+        binding.events = sorted(set(binding.events))
+        most = self.limits.mqks_max_events
+        if save and len(binding.events) > most:
+            raise ProtocolError(
+                "too-many-events", f"queue {queue!r} would have {len(binding.events)} events; at most {most}"
+            )
+        old = self.bindings.get(queue)
+        changed = (old.events if old else []) != binding.events
+        if old is not None:
+            self._unbind(queue, old.events)
+            self.bound_total -= len(old.events)
+        self.bindings[queue] = binding
+        self.bound_total += len(binding.events)
+        for event in binding.events:
+            self.by_event.setdefault(event, set()).add(queue)
+        if save and (old is None or changed or old.unused != binding.unused):
+            self.table.put(queue, binding)
+        return changed
+
+    def remove(self, queue: str) -> None:
+        """Forget the queue's binding, in memory and on disk."""
+        binding = self.bindings.pop(queue, None)
+        if binding is not None:
+            self._unbind(queue, binding.events)
+            self.bound_total -= len(binding.events)
+        self.table.delete(queue)
+
+    def _unbind(self, queue: str, events: list[str]) -> None:
+        for event in events:
+            queues = self.by_event.get(event)
+            if queues is not None:
+                queues.discard(queue)
+                if not queues:
+                    del self.by_event[event]
+
+    def room_for_events(self, queue: str, events: list[str]) -> None:
+        """Bindings of every queue together stay under the limit (each is matched on every publish)."""
+        old = self.bindings.get(queue)
+        total = self.bound_total - (len(old.events) if old else 0) + len(set(events))
+        most = self.limits.mqks_max_bindings
+        if total > most:
+            raise ProtocolError("too-many-bindings", f"{total} bindings of all queues together; at most {most}")
+
+    def check_sizes(self, a: dict) -> None:
+        """Refuse an oversized consume or rebind before any work is done for it."""
+        most = self.limits.mqks_max_events
+        for name in ("events", "remove", "add"):
+            if len(a.get(name) or ()) > most:
+                raise ProtocolError("too-many-events", f"{len(a[name])} events in one request; at most {most}")
+        masks = self.limits.mqks_max_masks
+        if len(a.get("remove_mask") or ()) > masks:
+            raise ProtocolError("too-many-masks", f"{len(a['remove_mask'])} masks in one request; at most {masks}")
+
+
+def with_added(events: list[str], added: list[str]) -> list[str]:
+    """``events`` then each of ``added`` not among them, in order."""
+    present = set(events)
+    out = list(events)
+    for event in added:
+        if event not in present:
+            present.add(event)
+            out.append(event)
+    return out
