@@ -98,7 +98,7 @@ def test_a_delivery_its_client_could_not_take_is_not_lost(pair):
     a = pair.client("a")
     a.produce("q", b"m")
     a.consume("q", 1)
-    pair.turn(full=frozenset({a.peer}))
+    pair.turn(full=frozenset({a.pipe}))
     assert delivered(a.take()) == []
     if a.unsent == "ready":  # taken back by the gateway: nobody holds it, ready for any client
         assert pair.loop.taken_back and pair.broker.ready_count("q") == 1
@@ -117,7 +117,7 @@ def test_a_reader_too_slow_for_its_deliveries_is_handed_nothing_more(pair):
         pytest.skip(f"{pair.spec.name}: its endpoint keeps a backlog per peer; the gateway hands out regardless")
     a.produce("q", b"m")
     a.consume("q", 1)
-    pair.turn(slow=frozenset({a.peer}))
+    pair.turn(slow=frozenset({a.pipe}))
     assert delivered(a.take()) == [] and pair.broker.ready_count("q") == 1
     pair.turn()
     assert bodies(a.take()) == [b"m"]
@@ -130,14 +130,15 @@ def test_garbage_harms_only_its_own_connection(pair):
     pair.turn()
     closed = Closed() in a.take()
     assert closed == a.closes
-    b.produce("q", b"fresh")
+    fresh = b.produce("q", b"fresh")
     b.consume("q", 2)
     pair.turn()
-    got = sorted(bodies(b.take()))
+    events, to_a = b.take(), bodies(a.take())
+    assert answers(events, fresh) == ([True] if b.confirms else [])
     if a.closes:  # its connection is gone, and with it what it held
-        assert got == [b"fresh", b"held"]
+        assert to_a == [] and sorted(bodies(events)) == [b"fresh", b"held"]
     else:  # a peer without a connection of its own keeps its session and what it holds
-        assert got == [b"fresh"]
+        assert sorted(bodies(events) + to_a) == [b"fresh"]  # (behind a DEALER, either may get it)
         a.ack(held)
         pair.turn()
         assert pair.stored("q") == 1
@@ -146,6 +147,8 @@ def test_garbage_harms_only_its_own_connection(pair):
 def test_a_client_settles_only_what_it_holds(pair):
     a, held = holding(pair)
     b = pair.client("b")
+    if not b.settles_own:
+        pytest.skip(f"{pair.spec.name}: its consumers share one holder (the send socket's DEALER hides who got what)")
     settle = b.ack(held)
     pair.turn()
     assert True not in answers(b.take(), settle)

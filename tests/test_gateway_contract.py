@@ -13,7 +13,13 @@ from pzq.gateways.emqp import BACK, FRONT
 from pzq.protocols import api, phpmq
 
 V = b"eMQP/1.0"
-KINDS = {"phpmq": StreamGateway, "mqks": StreamGateway, "api": FramesGateway, "emqp": FramesGateway}
+KINDS = {
+    "phpmq": StreamGateway,
+    "mqks": StreamGateway,
+    "api": FramesGateway,
+    "emqp": FramesGateway,
+    "native": FramesGateway,
+}
 
 
 def gateway(name: str, store):
