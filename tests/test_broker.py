@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
+from pzq.config import Limits
 from pzq.errors import StoreFull
 from pzq.store import Store
 
@@ -234,10 +235,8 @@ def test_a_late_answer_counts_only_from_the_last_holder_and_only_until_settled(b
     assert broker.store.get("q", given.seq) is None
 
 
-def test_the_late_answer_memory_is_bounded(broker, monkeypatch):
-    import pzq.broker
-
-    monkeypatch.setattr(pzq.broker, "LATE_MEMORY", 2)
+def test_the_late_answer_memory_is_bounded(store):
+    broker = Broker(store, ack_timeout_s=10.0, limits=Limits(late_memory=2))
     produce(broker, b"a", b"b", b"c")
     refs = [(m.qid, m.seq) for m in broker.take("q", 3, "alice", now=0.0, now_us=T0)]
     broker.expire(10.0)
