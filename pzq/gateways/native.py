@@ -73,18 +73,26 @@ class NativeGateway:
         waiting: list[tuple[bytes, bytes]] = []  # (routing, message id) of the messages not yet stored
         bodies: list[list[bytes]] = []
         limit = self.max_message_size
-        for frames in messages:
-            event = native.parse_produce(frames, limit)
-            if event is None:
-                continue  # (no id frame: there is no one to answer)
-            if isinstance(event, native.Rejected):
-                self._store(waiting, bodies, out, now_us)  # (acks keep the order of the messages)
-                warn_bad("producer", event.error.code, event.error.detail)
-                out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
-                continue
-            waiting.append((event.routing, event.message_id))
-            bodies.append(event.body)
-        self._store(waiting, bodies, out, now_us)
+        at = 0  # the message being looked at
+        try:
+            for at in range(len(messages)):
+                event = native.parse_produce(messages[at], limit)
+                if event is None:
+                    continue  # (no id frame: there is no one to answer)
+                if isinstance(event, native.Rejected):
+                    self._store(waiting, bodies, out, now_us)  # (acks keep the order of the messages)
+                    warn_bad("producer", event.error.code, event.error.detail)
+                    out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
+                    continue
+                waiting.append((event.routing, event.message_id))
+                bodies.append(event.body)
+            at = len(messages)
+            self._store(waiting, bodies, out, now_us)
+        except StoreError:
+            # The turn is rolled back: every producer of the run hears so, in order, those whose messages
+            # were not looked at yet too (they were read off the socket: nobody else will answer them).
+            self._owed = out + [_failed(routing, mid) for routing, mid in waiting] + _all_failed(messages[at:], limit)
+            raise
         return out
 
     def _store(
@@ -94,14 +102,7 @@ class NativeGateway:
         limit are answered "queue full"."""
         if not waiting:
             return
-        try:
-            stored = self.broker.produce_many(self.queue, bodies, now_us=now_us)
-        except StoreError:  # the turn is rolled back: every one of them hears so
-            self._owed = out + [
-                Send(RECEIVE, native.produce_ack(routing, mid, native.STORE_FAILED)) for routing, mid in waiting
-            ]
-            out.clear()
-            raise
+        stored = self.broker.produce_many(self.queue, bodies, now_us=now_us)
         for i, (routing, message_id) in enumerate(waiting):
             error = None if i < stored else native.QUEUE_FULL
             out.append(Send(RECEIVE, native.produce_ack(routing, message_id, error)))
@@ -215,9 +216,7 @@ class NativeGateway:
             if send.socket != RECEIVE:
                 continue
             routing, message_id, ok = send.frames[:3]
-            out.append(
-                Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED)) if ok == b"1" else send
-            )
+            out.append(_failed(routing, message_id) if ok == b"1" else send)
         self._owed = []
         return out
 
@@ -243,6 +242,22 @@ class NativeGateway:
 
     def _ours(self, ref: Ref) -> bool:
         return self.broker.deadline(ref, CONSUMER) is not None
+
+
+def _failed(routing: bytes, message_id: bytes) -> Send:
+    return Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED))
+
+
+def _all_failed(messages: Sequence[list[bytes]], limit: int) -> list[Send]:
+    """The answers to producers' messages of a turn that failed before they were stored."""
+    out = []
+    for frames in messages:
+        event = native.parse_produce(frames, limit)
+        if isinstance(event, native.Rejected):
+            out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
+        elif event is not None:
+            out.append(_failed(event.routing, event.message_id))
+    return out
 
 
 def ref_of_key(key: bytes) -> Ref | None:
