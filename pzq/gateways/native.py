@@ -221,13 +221,15 @@ class NativeGateway:
         return out
 
     def recover(self) -> None:
-        self.credit.reset()  # the broker forgot every delivery
+        """The broker forgot every delivery (a rolled-back turn): so does the credit."""
+        self.credit.reset()
 
     def next_wake(self, now: float) -> float | None:
         """When the oldest young delivery stops counting against the credit (no message wakes us then)."""
         return self.credit.wake_at()
 
     def stats(self) -> dict:
+        """The consumers' credit window, young deliveries, and deliveries taken back early."""
         return {
             "consumer_window_ms": round(self.credit.window_s * 1000, 1),
             "young_deliveries": self.credit.young,
@@ -235,7 +237,8 @@ class NativeGateway:
         }
 
     def clients(self, now: float, limit: int) -> list[dict]:
-        return []  # (ZeroMQ does not name a socket's peers, and the DEALER hides its consumers)
+        """None to list: ZeroMQ does not name a socket's peers, and the DEALER hides its consumers."""
+        return []
 
     def _available(self, now: float) -> int:
         return self.credit.available(now, self.broker.held_count(CONSUMER))
