@@ -109,10 +109,10 @@ class Admin:
         store = self.broker.store
         queue, which = args
         if which == "all":
-            moved = store.requeue_dead(queue)
+            moved = self.broker.requeue_dead(queue)
         else:
             parsed = store.ref_in(queue, which)
             if parsed is None:
                 return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}"), False
-            moved = store.requeue_dead(queue, parsed[1])
+            moved = self.broker.requeue_dead(queue, parsed[1])
         return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), bool(moved)

@@ -37,6 +37,7 @@ from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import FramesGateway, StreamGateway
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
+from pzq.gateways.native import NativeGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
@@ -104,7 +105,9 @@ class Server:
         self.store.watch_disk()
         self.store.queue(cfg.queue)
         self.store.commit()
-        self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
+        self.broker = Broker(
+            self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries, limits=cfg.limits
+        )
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
         self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
         if cfg.curve_secret_key:
@@ -112,10 +115,17 @@ class Server:
 
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
-        self.native = NativeEndpoints(cfg, self.broker, owned)
+        native = NativeGateway(
+            self.broker,
+            queue=cfg.queue,
+            max_message_size=cfg.max_message_size,
+            max_inflight=cfg.max_inflight,
+            ack_timeout_us=cfg.ack_timeout,
+        )
+        _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        monitor = MonitorEndpoint(cfg, self.admin, owned, wrote=self._admin_wrote)
-        self.endpoints = [self.native, monitor]
+        monitor = MonitorEndpoint(cfg, self.admin, owned)
+        self.endpoints = [NativeEndpoints(cfg, native, owned), monitor]
         connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
         if cfg.phpmq_dsn:
             phpmq: StreamGateway = PhpmqGateway(
@@ -167,9 +177,7 @@ class Server:
                 raise ConfigError("--http-dsn: this server was built without the web console")
             self.console = self._make_console(cfg)
             self.console.wake = self._wake_for_console
-            self.endpoints.append(
-                ConsoleEndpoint(self.console, self.broker, wrote=self._admin_wrote, clients=self._client_lists)
-            )
+            self.endpoints.append(ConsoleEndpoint(self.console, self.broker, clients=self._client_lists))
             log.info(
                 "web console at http://%s:%d/ (%s)",
                 self.console.host,
@@ -371,10 +379,9 @@ class Server:
                 endpoint.read(ready, now, now_us)
             if now >= self._next_tick:
                 self.leases.mark_expired(now_us)
-            if self.leases.pending and self.leases.work(now_us):  # (a share per turn of big acks, expiries)
-                self.native.unstall()
-            if self.broker.expire(now):
-                self.native.unstall()
+            if self.leases.pending:  # (a share per turn of big acks, expiries)
+                self.leases.work(now_us)
+            self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
             for endpoint in self.endpoints:
                 endpoint.work(now, now_us)
             # New messages are made durable at once, whether or not their protocol acks them.
@@ -426,10 +433,6 @@ class Server:
         if self.console is not None:
             figures = {**stats, "delivered_total": self.broker.counters.delivered}
             self.console.publish(now, figures, oldest, per_queue, self._last_commit_ms)
-
-    def _admin_wrote(self) -> None:
-        """The monitor requeued dead letters: they are ready for native consumers."""
-        self.native.unstall()
 
     def _commit_if_due(self, now: float, waiting: bool) -> None:
         """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable
 
+from pzq.gateways import native as native_gateway
 from pzq.gateways.contract import ONLY, Send
 from pzq.gateways.emqp import BACK, FRONT
 from pzq.protocols import api, emqp, mqks, phpmq
+from pzq.protocols import native as native_codec
 
 from pair_loop import (
     ACK_TIMEOUT_S,
@@ -22,12 +24,6 @@ from pair_loop import (
     Delivered,
     Loop,
 )
-
-try:  # the native gateway and its codec's new name arrive with another branch: paired once they exist
-    from pzq.gateways import native as native_gateway
-    from pzq.protocols import native as native_codec
-except ImportError:
-    native_gateway = native_codec = None  # type: ignore[assignment]
 
 
 class PhpmqClient(Client):

@@ -98,7 +98,7 @@ PAIRS = {
         Spec("mqks", make_mqks, MqksClient),
         Spec("emqp", make_emqp, EmqpClient),
         Spec("api", make_api, ApiClient),
-        *([Spec("native", make_native, NativeClient)] if native_gateway is not None else []),
+        Spec("native", make_native, NativeClient),
     )
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
+from pzq.config import Limits
 from pzq.errors import StoreFull
 from pzq.store import Store
 
@@ -234,12 +235,63 @@ def test_a_late_answer_counts_only_from_the_last_holder_and_only_until_settled(b
     assert broker.store.get("q", given.seq) is None
 
 
-def test_the_late_answer_memory_is_bounded(broker, monkeypatch):
-    import pzq.broker
-
-    monkeypatch.setattr(pzq.broker, "LATE_MEMORY", 2)
+def test_the_late_answer_memory_is_bounded(store):
+    broker = Broker(store, ack_timeout_s=10.0, limits=Limits(late_memory=2))
     produce(broker, b"a", b"b", b"c")
     refs = [(m.qid, m.seq) for m in broker.take("q", 3, "alice", now=0.0, now_us=T0)]
     broker.expire(10.0)
     assert broker.ack(refs[0], by="alice") is False  # forgotten: it will simply be delivered again
     assert broker.ack(refs[2], by="alice") is True
+
+
+def test_readiness_grows_whenever_messages_may_have_become_ready_and_only_then(broker):
+    seen = [broker.readiness]
+
+    def changed() -> bool:
+        seen.append(broker.readiness)
+        return seen[-1] != seen[-2]
+
+    produce(broker, b"a", b"b", b"c", b"d", b"e", b"f")
+    assert changed(), "produced"
+    assert broker.produce_many("q", [[b"g"]], now_us=T0) == 1 and changed()
+    refs = [(m.qid, m.seq) for m in broker.take("q", 6, "alice", now=0.0, now_us=T0)]
+    assert not changed(), "a take makes nothing ready"
+    assert broker.ack(refs[0], by="alice") and not changed(), "nor does an ack"
+    assert broker.nack(refs[1], by="alice") and changed()
+    assert broker.take_back(refs[2], by="alice") and changed()
+    broker.undeliver(refs[3])
+    assert changed()
+    assert broker.requeue_at_end(refs[4], by="alice") and changed()
+    assert broker.expire(100.0) == 1 and changed(), "an ack timeout"
+    [again] = broker.take("q", 1, "bob", now=100.0, now_us=T0)
+    assert not changed()
+    assert broker.consumer_gone("bob") == 1 and changed()
+    broker.dead_letter((again.qid, again.seq), "bad", by="bob", now_us=T0)  # (a late holder: still bob's)
+    assert not changed(), "a dead letter is not ready"
+    assert broker.requeue_dead("q") and changed(), "dead letters requeued by the operator"
+    broker.reset()
+    assert changed(), "every delivery forgotten"
+
+
+def test_a_released_range_raises_readiness(broker):
+    from pzq.broker import Exclusive
+
+    produce(broker, b"a", b"b")
+    group = Exclusive("g")
+    [(lo, count, _)] = broker.take_ranges("q", 2, group, now_us=T0)
+    before = broker.readiness
+    assert broker.release_range(broker.store.queue("q").qid, lo, lo + count, group, deliveries=1) == 2
+    assert broker.readiness != before and broker.ready_count("q") == 2
+
+
+def test_runs_of_acks_and_take_backs_settle_each_and_name_what_was_refused(broker):
+    produce(broker, b"a", b"b", b"c", b"d")
+    refs = [(m.qid, m.seq) for m in broker.take("q", 4, "alice", now=0.0, now_us=T0)]
+    assert broker.ack_many([refs[0], (refs[0][0], 999), refs[1]], by="alice") == [(refs[0][0], 999)]
+    assert broker.ack_many([refs[2]], by="bob") == [refs[2]], "not bob's"
+    assert broker.take_back_many(refs[2:], by="alice") == 2
+    assert broker.deadline(refs[2], "alice") is None and broker.ready_count("q") == 2
+    [again] = broker.take("q", 1, "bob", now=0.0, now_us=T0)
+    assert broker.deadline((again.qid, again.seq), "bob") == 10.0
+    broker.undeliver_many([(again.qid, again.seq)])
+    assert broker.ready_count("q") == 2

@@ -9,7 +9,7 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.protocols.monitor import PZQ_FIELDS
-from pzq.protocols.pzq import QUEUE_FULL
+from pzq.protocols.native import QUEUE_FULL
 
 from conftest import recv, wait_connected, wait_until
 

@@ -14,8 +14,7 @@ from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.mqks import MqksGateway
 from pzq.leases import Leases
-from pzq.protocols import api, emqp, monitor, mqks, phpmq
-from pzq.protocols import pzq as native
+from pzq.protocols import api, emqp, monitor, mqks, native, phpmq
 from pzq.store import Store
 from pzq.store.bindings import Bindings
 from pzq.store.dedup_keys import DedupKeys

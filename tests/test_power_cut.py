@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from pzq.protocols import pzq as wire
+from pzq.protocols import native as wire
 from pzq.store import Store
 
 SHIM = Path(__file__).parent / "powercut" / "powercut.c"

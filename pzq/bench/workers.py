@@ -7,7 +7,7 @@ A benchmark body is ``send time (u64 ns, CLOCK_MONOTONIC, system-wide on Linux) 
 the tag is ``producer index << 40 | message index``, which lets consumers count lost and duplicated
 messages exactly.
 
-The native frames are written inline here, not through protocols/pzq.py: these loops are what is
+The native frames are written inline here, not through protocols/native.py: these loops are what is
 measured, and the ceiling runs the very same code, so a function call per frame would only blur both.
 """
 

@@ -13,7 +13,7 @@ import zmq
 
 from pzq.clients.sockets import Curve, connect, receive
 from pzq.errors import ClientError
-from pzq.protocols import pzq as wire
+from pzq.protocols import native as wire
 from pzq.protocols.monitor import PZQ_FIELDS
 
 

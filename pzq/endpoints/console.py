@@ -84,14 +84,12 @@ class ConsoleEndpoint(Endpoint):
         console: WebConsole,
         broker: Broker,
         *,
-        wrote: Callable[[], None],
         clients: Callable[[float, int], dict],
     ):
         self.console = console
         self.broker = broker
         self.store = broker.store
         self.sockets = []
-        self._wrote = wrote  # requeued letters are ready: native consumers may be unstalled
         self._clients = clients  # (now, rows) -> the clients page's figures and tables
         self._answered: list[ConsoleRequest] = []  # writes carried out this turn, answered after the commit
         # Reads wait for the turn's commit too: a page shows what is committed (it reads a snapshot of
@@ -193,9 +191,7 @@ class ConsoleEndpoint(Endpoint):
                 return {"ok": False, "text": f"{which!r} is not a dead letter of queue {name!r}"}
             seq = parsed[1]
         if kind == "requeue":
-            moved = self.store.requeue_dead(name, seq, limit=DEAD_PER_CHANGE)
-            if moved:
-                self._wrote()
+            moved = self.broker.requeue_dead(name, seq, limit=DEAD_PER_CHANGE)  # (ready for every consumer)
             return {"ok": bool(moved), "text": f"requeued {len(moved)} dead letter(s) of queue {name!r}"}
         if kind == "delete_dead":
             gone = self.store.delete_dead(name, seq, limit=DEAD_PER_CHANGE)

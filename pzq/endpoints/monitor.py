@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import zmq
 
@@ -20,18 +19,18 @@ READ_BATCH = 64
 
 class MonitorEndpoint(Endpoint):
     """Answers after the turn's commit, so the figures include the turn. A REQUEUE is carried out in
-    the turn (``work``) and answered after its commit; ``wrote`` is then told that letters are ready."""
+    the turn (``work``) and answered after its commit (the broker's ``readiness`` tells every gateway
+    that the letters are ready)."""
 
     name = "monitor"
 
-    def __init__(self, config: Config, admin: Admin, binder: Sockets, *, wrote: Callable[[], None]):
+    def __init__(self, config: Config, admin: Admin, binder: Sockets):
         self.admin = admin
         # Answers may be large (a line per queue): only a few wait in one client's pipe.
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "monitor")
         self._gate = binder.gate(self.sock)
-        self._wrote = wrote
         self._requests: list[monitor_proto.Request] = []
         self._written: dict[int, str] = {}  # index of a REQUEUE in _requests -> its answer
 
@@ -47,13 +46,9 @@ class MonitorEndpoint(Endpoint):
                 self._requests.append(monitor_proto.parse_request(frames))
 
     def work(self, now: float, now_us: int) -> None:
-        wrote = False
         for i, request in enumerate(self._requests):
             if i not in self._written and self.admin.writes(request):
-                self._written[i], changed = self.admin.write(request)
-                wrote = wrote or changed
-        if wrote:
-            self._wrote()
+                self._written[i], _ = self.admin.write(request)
 
     def waiting(self) -> bool:
         return bool(self._written)  # a REQUEUE's answer waits for the commit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pzq.protocols import pzq as native
-from pzq.protocols.pzq import ConsumerAck, Delivered, Produce, ProduceAck, Rejected
+from pzq.protocols import native
+from pzq.protocols.native import ConsumerAck, Delivered, Produce, ProduceAck, Rejected
 
 LIMIT = 1024
 MID = "0000000000000001000000000000002a"

@@ -1,0 +1,185 @@
+"""The Broker: the queue rules on top of a Store, with its parts (range holds, settling) mixed in.
+
+Here: producing, handing out, dropping and purging queues, requeueing dead letters, and the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from pzq.broker.questions import Questions
+from pzq.broker.ranges import RangeHolds
+from pzq.broker.settle import Settling
+from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.errors import StoreFull
+from pzq.store import Message, QueueInfo, Store
+
+
+class Broker(RangeHolds, Settling, Questions):
+    """The queue rules on top of a Store; single-threaded, driven by the server loop."""
+
+    def __init__(self, store: Store, *, ack_timeout_s: float, max_deliveries: int = 0, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
+        store.on_set_aside.append(self._set_aside)
+
+    # -- producing --------------------------------------------------------------------------------
+
+    def produce(
+        self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
+        """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
+        try:
+            message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
+        except StoreFull:
+            self.counters.refused_full += 1
+            raise
+        self.counters.produced += 1
+        self.readiness += 1
+        self._count(queue, "produced")
+        return message
+
+    def produce_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
+        """Store messages in one go (see Store.put_many): how many, from the first, were stored; the
+        rest were refused for room."""
+        try:
+            stored = self.store.put_many(queue, bodies, now_us=now_us)
+        except StoreFull:
+            stored = 0
+        self.counters.refused_full += len(bodies) - stored
+        if stored:
+            self.counters.produced += stored
+            self.readiness += 1
+            self._count(queue, "produced", stored)
+        return stored
+
+    def produce_all(
+        self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
+    ) -> list[Message]:
+        """Store every ``(queue, body)`` or none: on StoreFull what this call stored is deleted again,
+        so that a client's retry of a refused batch (or fan-out) stores no duplicates."""
+        stored: list[Message] = []
+        try:
+            for queue, body in items:
+                stored.append(self.produce(queue, body, now_us=now_us, meta=meta))
+        except StoreFull:
+            for message in stored:
+                self.store.delete(message.queue, message.seq)
+                self.per_queue[message.queue]["produced"] -= 1
+            self.counters.produced -= len(stored)
+            raise
+        return stored
+
+    def requeue_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> list[Message]:
+        """Put dead letters back at the end of ``queue`` (one by ``seq``, or up to ``limit`` of the
+        oldest), ready for every consumer (see Store.requeue_dead); returns the new messages."""
+        moved = self.store.requeue_dead(queue, seq, limit=limit)
+        if moved:
+            self.readiness += 1
+        return moved
+
+    # -- handing out ------------------------------------------------------------------------------
+
+    def has_ready(self, queue: str) -> bool:
+        return self.ready_count(queue) > 0
+
+    def ready_count(self, queue: str) -> int:
+        """Stored messages of ``queue`` not in flight (some may turn out expired when taken)."""
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return 0
+        return info.count - self._state(info.qid).inflight
+
+    def take(
+        self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int, timeout_s: float | None = None
+    ) -> list[Message]:
+        """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first: a run, in one call.
+
+        Each is counted as delivered (durably, with the next commit) and tracked in flight until
+        ``now + timeout_s``. Messages past their TTL or their delivery cap go to the dead letters.
+        """
+        info = self.store.queue(queue, create=False)
+        if info is None or n <= 0:
+            return []
+        state = self._state(info.qid)
+        deadline = now + (self.ack_timeout_s if timeout_s is None else timeout_s)
+        out: list[Message] = []
+        while len(out) < n:
+            batch = self._next_ready(queue, info.qid, state, n - len(out))
+            if not batch:
+                break
+            for message in batch:
+                cap = (message.meta or {}).get("max_deliveries") or 0
+                reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
+                if reason:
+                    self._dead_letter(message, reason, now_us)
+                    continue
+                deliveries = self.store.mark_delivered(queue, message.seq, current=message.deliveries)
+                if deliveries > 1:
+                    self.counters.redelivered += 1
+                    self._count(queue, "redelivered")
+                self.inflight.add((message.qid, message.seq), deadline, consumer)
+                state.inflight += 1
+                message.deliveries = deliveries
+                out.append(message)
+        self.counters.delivered += len(out)
+        return out
+
+    # -- whole queues -----------------------------------------------------------------------------
+
+    def drop_queue(self, queue: str) -> int:
+        """Delete a queue and everything in it, in flight included; returns how many messages went."""
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return 0
+        self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
+        self._held.pop(info.qid, None)
+        for ref in [r for r in self._late if r[0] == info.qid]:
+            del self._late[ref]
+        self._ready.pop(info.qid, None)
+        self.per_queue.pop(queue, None)
+        return self.store.drop_queue(queue)
+
+    def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Delete the ready messages of ``queue`` with seqs ``lo .. hi-1``, at most ``limit`` of the
+        stored ones walked (the operator's purge, done a share per turn); what is in flight to a
+        consumer or held by a group stays, to be settled by its holder. Returns (deleted, the seq to
+        go on from: ``hi`` once done)."""
+        info = self.store.queue(queue, create=False)
+        if info is None:
+            return 0, hi
+        held = self._held.get(info.qid)
+        seqs = self.store.seqs_in(queue, lo, hi, limit)
+        deleted = 0
+        for seq in seqs:
+            if (info.qid, seq) in self.inflight or (held and held.holder_of(seq) is not None):
+                continue
+            deleted += self.store.delete(queue, seq)
+        return deleted, hi if len(seqs) < limit else seqs[-1] + 1
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def queue_inflight(self, qid: int) -> int:
+        state = self._ready.get(qid)
+        return state.inflight if state else 0
+
+    def queue_figures(self, info: QueueInfo) -> dict:
+        """One queue's figures as STATS reports them."""
+        return {
+            "depth": info.count,
+            "inflight": self.queue_inflight(info.qid),
+            "dead_letters": info.dead_count,
+            "bytes": info.bytes,
+        }
+
+    def stats(self) -> dict:
+        """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
+        queues = {info.name: self.queue_figures(info) for info in self.store.queues()}
+        return {
+            "messages": sum(q.count for q in self.store.queues()),
+            "messages_inflight": len(self.inflight) + sum(held.count for held in self._held.values()),
+            "db_size": self.store.disk_bytes(),
+            "inflight_db_size": self.inflight.approx_bytes(),
+            "syncs": self.store.syncs,
+            "expired_messages": self.counters.expired,
+            "queues": queues,
+        }

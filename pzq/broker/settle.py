@@ -1,0 +1,169 @@
+"""Answers from consumers, and deliveries that end without one: ack, nack, requeue, dead-letter,
+take back, undeliver, ack timeouts, consumers gone.
+
+Ownership: a client settles only what was delivered to it. ``by`` is the holder a protocol gave
+``take`` (a connection, a consumer, a worker, the native send socket, a lease group). A request naming
+a message ``by`` does not hold changes nothing and returns False (counted as refused). The ``_many``
+calls take runs of refs in one call (a batch of a consumer's acks, the deliveries of a turn that could
+not leave) and answer with what they refused, which is usually nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable
+
+from pzq.broker.state import BrokerState, Exclusive, Ref
+from pzq.store import Message
+
+_NOBODY = object()
+
+
+class Settling(BrokerState):
+    """The Broker's settling of deliveries, by their holder or by time."""
+
+    def holds(self, ref: Ref, by: Hashable) -> bool:
+        """True if ``by`` may settle ``ref``: it holds the delivery, or its delivery timed out (or it
+        left) and nobody has settled the message since (a late answer; see ``Limits.late_memory``)."""
+        delivery = self.inflight.get(ref)
+        if delivery is not None and delivery.consumer == by:
+            return True
+        if delivery is not None and isinstance(delivery.consumer, Exclusive):
+            return False  # a durable lease: only its group may settle it, however late the answer
+        held = self._held.get(ref[0])
+        if held and held.holder_of(ref[1]) is not None:
+            return False  # leased by a group, which settles by range (ack_range), never by message
+        return self._late.get(ref, _NOBODY) == by
+
+    def ack(self, ref: Ref, *, by: Hashable) -> bool:
+        """Delete the message for good (a late ack from its last holder still counts). False if ``by``
+        does not hold it or it is no longer stored."""
+        if not self._may_settle(ref, by):
+            return False
+        self._settle(ref)
+        info = self.store.queue_by_id(ref[0])
+        if info is None or not self.store.delete(info.name, ref[1]):
+            return False
+        self.counters.acked += 1
+        self._count(info.name, "acked")
+        return True
+
+    def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]:
+        """``ack`` each of ``refs`` in order; returns those refused (not held by ``by``, or gone)."""
+        return [ref for ref in refs if not self.ack(ref, by=by)]
+
+    def nack(self, ref: Ref, *, by: Hashable) -> bool:
+        """Requeue a message ``by`` holds in flight at once, ahead of newer ones. False otherwise."""
+        delivery = self.inflight.get(ref)
+        if delivery is None or delivery.consumer != by:
+            self.counters.refused_not_held += 1
+            return False
+        self._settle(ref)
+        self.counters.nacked += 1
+        self._requeue(ref)
+        return True
+
+    def requeue_at_end(self, ref: Ref, *, by: Hashable, expires_us: int = 0) -> bool:
+        """Move a message ``by`` holds to the end of its queue with a new expiry (0 = never)."""
+        message = self.stored(ref) if self._may_settle(ref, by) else None
+        if message is None:
+            return False
+        self._settle(ref)
+        self.store.requeue_at_end(message, expires_us=expires_us)
+        self.readiness += 1
+        return True
+
+    def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool:
+        """Move a message ``by`` holds to its queue's dead letters at that client's request."""
+        message = self.stored(ref) if self._may_settle(ref, by) else None
+        if message is None:
+            return False
+        self._settle(ref)
+        self._dead_letter(message, reason, now_us)
+        return True
+
+    def _may_settle(self, ref: Ref, by: Hashable) -> bool:
+        if self.holds(ref, by):
+            return True
+        self.counters.refused_not_held += 1
+        return False
+
+    def stored(self, ref: Ref) -> Message | None:
+        """The stored message of ``ref``; None once it is gone."""
+        info = self.store.queue_by_id(ref[0])
+        return None if info is None else self.store.get(info.name, ref[1])
+
+    def set_deadline(self, ref: Ref, deadline: float) -> None:
+        """Give a delivery in flight its own deadline (eMQP's timeout:N) instead of the ack timeout."""
+        delivery = self.inflight.get(ref)
+        if delivery is not None:
+            self.inflight.add(ref, deadline, delivery.consumer)
+
+    def deadline(self, ref: Ref, holder: Hashable) -> float | None:
+        """When ``holder``'s delivery of ``ref`` times out; None if ``ref`` is not in flight to ``holder``
+        (a gateway's question: when did it leave, is it still ours)."""
+        delivery = self.inflight.get(ref)
+        return delivery.deadline if delivery is not None and delivery.consumer == holder else None
+
+    def hold(self, ref: Ref, consumer: Hashable) -> None:
+        """Keep a stored message away from every consumer until ``consumer`` settles it (a durable
+        lease re-registered after a restart). It has no deadline here: its holder decides."""
+        if ref not in self.inflight:
+            self._state(ref[0]).inflight += 1
+        self.inflight.add(ref, math.inf, consumer)
+
+    def undeliver(self, ref: Ref) -> None:
+        """A delivery that never left (the socket refused it): requeue it and take back its count."""
+        if self._settle(ref) is None:
+            return
+        info = self.store.queue_by_id(ref[0])
+        if info is not None:
+            self.store.unmark_delivered(info.name, ref[1])
+        self._requeue(ref)
+
+    def undeliver_many(self, refs: Iterable[Ref]) -> None:
+        """``undeliver`` a run of deliveries that never left."""
+        for ref in refs:
+            self.undeliver(ref)
+
+    def expire(self, now: float) -> int:
+        """Requeue every delivery whose ack timeout has passed; returns how many."""
+        expired = self.inflight.pop_expired(now)
+        for delivery in expired:
+            self._state(delivery.ref[0]).inflight -= 1
+            self._remember_late(delivery.ref, delivery.consumer)
+            self._requeue(delivery.ref)
+        self.counters.expired += len(expired)
+        return len(expired)
+
+    def consumer_gone(self, consumer: Hashable) -> int:
+        """Requeue everything ``consumer`` held, at once; returns how many."""
+        held = self.inflight.remove_consumer(consumer)
+        for delivery in held:
+            self._state(delivery.ref[0]).inflight -= 1
+            self._remember_late(delivery.ref, consumer)
+            self._requeue(delivery.ref)
+        return len(held)
+
+    def take_back(self, ref: Ref, *, by: Hashable) -> bool:
+        """Requeue a delivery ``by`` holds before its deadline (consumers holding too much together);
+        as after an ack timeout, a late ack from ``by`` still counts."""
+        delivery = self.inflight.get(ref)
+        if delivery is None or delivery.consumer != by:
+            return False
+        self._settle(ref)
+        self._remember_late(ref, by)
+        self._requeue(ref)
+        self.counters.expired += 1
+        return True
+
+    def take_back_many(self, refs: Iterable[Ref], *, by: Hashable) -> int:
+        """``take_back`` a run of deliveries; returns how many ``by`` held and went back."""
+        return sum(self.take_back(ref, by=by) for ref in refs)
+
+    def held_count(self, holder: Hashable) -> int:
+        """How many deliveries ``holder`` holds (a gateway's question; the in-flight table is the broker's)."""
+        return self.inflight.count(holder)
+
+    def next_deadline(self) -> float | None:
+        return self.inflight.next_deadline()

@@ -1,0 +1,185 @@
+"""The broker's state and the rules its parts share: where each queue's next ready message is, who
+holds what, the late-answer memory, the readiness count, and the dead-letter and limit checks.
+
+Readiness without scans: a queue's never-delivered messages are found by a disk cursor (the next seq to
+read, moving only forward), and messages that come back (nack, ack timeout, a consumer that left) wait
+in a small heap of seqs that is served first, so a queue stays FIFO across redeliveries. Both are
+bounded by what is in flight, not by what is stored.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import logging
+from collections.abc import Hashable, Sequence
+
+from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.held_ranges import HeldRanges
+from pzq.inflight import InFlight
+from pzq.store import Message, Store
+
+log = logging.getLogger("pzq.broker")
+
+Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
+
+
+def continues(run: Sequence[int], seq: int, deliveries: int) -> bool:
+    """True if a message (``seq``, ``deliveries``) extends a lease run ``[first seq, count, deliveries]``:
+    the next seq, with the same delivery count."""
+    return run[0] + run[1] == seq and run[2] == deliveries
+
+
+@dataclasses.dataclass
+class _Ready:
+    """Where a queue's next ready message is."""
+
+    cursor: int = 0
+    requeued: list[int] = dataclasses.field(default_factory=list)
+    inflight: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusive:
+    """A holder whose messages only it may settle (a consumer group's durable lease): acks, nacks,
+    requeues and dead-letters naming them from anyone else are refused."""
+
+    name: str
+
+
+@dataclasses.dataclass
+class Counters:
+    """Figures since start, for the monitor."""
+
+    produced: int = 0
+    delivered: int = 0  # handed to a consumer or leased by a group (the console's delivery rate)
+    acked: int = 0
+    nacked: int = 0
+    expired: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    refused_full: int = 0
+    refused_not_held: int = 0  # settle requests naming a message the client did not hold
+
+
+class BrokerState:
+    """What every part of the Broker reads and keeps; single-threaded, driven by the server loop."""
+
+    def __init__(self, store: Store, *, ack_timeout_s: float, max_deliveries: int = 0, limits: Limits = DEFAULT_LIMITS):
+        self.store = store
+        self.ack_timeout_s = ack_timeout_s
+        self.max_deliveries = max_deliveries
+        # Deliveries that timed out (or whose consumer left) and whose holder may still settle them
+        # late: the last holder of each, for ``limits.late_memory`` messages at most. Older ones are
+        # forgotten: that holder's late answer is then refused and the message is simply delivered
+        # again (at-least-once).
+        self.late_memory = limits.late_memory
+        self.inflight: InFlight[Ref] = InFlight()
+        self.counters = Counters()
+        self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
+        self._ready: dict[int, _Ready] = {}
+        self._held: dict[int, HeldRanges] = {}  # qid -> ranges leased by consumer groups
+        self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
+        # Grows whenever messages may have become ready (produced, requeued by a nack, an ack timeout, a
+        # consumer gone, a take-back or a delivery that never left, released by a lease, moved to the
+        # end, dead letters requeued, every delivery forgotten). A gateway that found nothing to take
+        # remembers it and looks again only once it has changed: nobody has to be told by name.
+        self.readiness = 0
+
+    def _state(self, qid: int) -> _Ready:
+        state = self._ready.get(qid)
+        if state is None:
+            state = self._ready[qid] = _Ready()
+        return state
+
+    def reset(self) -> None:
+        """Forget every delivery, as a restart does: whatever was in flight is ready again."""
+        self.inflight = InFlight()
+        self._ready.clear()
+        self._held.clear()
+        self._late.clear()
+        self.readiness += 1
+
+    def _count(self, queue: str, what: str, n: int = 1) -> None:
+        counts = self.per_queue.get(queue)
+        if counts is None:
+            counts = self.per_queue[queue] = collections.Counter()
+        counts[what] += n
+
+    def _past_limits(self, expires_us: int, cap: int, deliveries: int, now_us: int) -> str | None:
+        """Why a message goes to the dead letters instead of a consumer: its TTL passed, or it was
+        delivered as often as its own cap (or --max-deliveries) allows; None if it may go out."""
+        if expires_us and expires_us <= now_us:
+            return "expired"
+        cap = cap or self.max_deliveries
+        return "max-deliveries" if cap and deliveries >= cap else None
+
+    def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
+        if self.store.dead_letter(message, reason, now_us=now_us):
+            self.counters.dead_lettered += 1
+            log.info(
+                "message %s of queue %r moved to the dead letters: %s (deliveries %d)",
+                message.id,
+                message.queue,
+                reason,
+                message.deliveries,
+            )
+
+    def _cursor_limit(self, state: _Ready, held: HeldRanges | None, n: int) -> int | None:
+        """How many records to read from the cursor (never into a held range); None if the cursor
+        stood in one and jumped past it."""
+        if held:
+            span = held.span_of(state.cursor)
+            if span is not None:
+                state.cursor = span[1]
+                return None
+            start = held.next_start(state.cursor)
+            if start is not None:  # (a bound: seqs are never reused, so no more records lie before it)
+                return min(n, start - state.cursor)
+        return n
+
+    def _next_ready(self, queue: str, qid: int, state: _Ready, n: int, cursor: bool = True) -> list[Message]:
+        out: list[Message] = []
+        held = self._held.get(qid) or None  # (None when it holds no range: the hot path stays as it was)
+        while state.requeued and len(out) < n:
+            seq = heapq.heappop(state.requeued)
+            # At or past the cursor (held since start-up, not yet scanned), the cursor will find it.
+            if (qid, seq) in self.inflight or seq >= state.cursor or (held and held.holder_of(seq) is not None):
+                continue
+            message = self.store.get(queue, seq)
+            if message is not None:  # else acked late or dead-lettered while it waited
+                out.append(message)
+        # Scan on past messages that are all in flight, or a consumer would see "nothing ready" while
+        # ready messages wait behind them; held ranges are jumped, not read.
+        while cursor and len(out) < n:
+            limit = self._cursor_limit(state, held, n - len(out))
+            if limit is None:
+                continue
+            fresh = self.store.scan(queue, state.cursor, limit)
+            if not fresh:
+                break
+            state.cursor = fresh[-1].seq + 1
+            if held:
+                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight and held.holder_of(m.seq) is None)
+            else:
+                out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
+        return out
+
+    def _remember_late(self, ref: Ref, holder: Hashable) -> None:
+        late = self._late
+        late[ref] = holder
+        late.move_to_end(ref)
+        if len(late) > self.late_memory:
+            late.popitem(last=False)
+
+    def _settle(self, ref: Ref):
+        self._late.pop(ref, None)
+        delivery = self.inflight.remove(ref)
+        if delivery is not None:
+            self._state(ref[0]).inflight -= 1
+        return delivery
+
+    def _requeue(self, ref: Ref) -> None:
+        heapq.heappush(self._state(ref[0]).requeued, ref[1])
+        self.readiness += 1

@@ -1,0 +1,277 @@
+"""The native PZQ protocol on the shared store: producers' runs of messages, consumers' acks, credit.
+
+Two sockets (see shared/specs/pzq-wire.md): producers speak on ``receive`` (the server's ROUTER: each
+message starts with the producer's routing frame, and so does each ack), consumers on ``send`` (the
+server's DEALER, which picks the consumer itself: deliveries carry no routing frame, and a consumer's
+answer arrives without one). The DEALER hides which consumer got what, so every delivery is held by
+one holder, ``CONSUMER``, and sized by one credit pool (pzq/credit.py).
+
+Inputs and outputs are runs: ``received_many`` takes every message a socket gave in a turn and stores
+a producer run in one ``produce_many`` call, acknowledging in the order the messages came (a rejected
+message in the middle is answered in its place); a consumer's run of acks is settled by ``ack_many``;
+``dispatch`` hands out one ``take`` of as many as the credit allows. A batched frame (many messages per
+ZeroMQ message) will feed the same runs. Nothing here touches a socket or reads a clock: ``now`` and
+``now_us`` are passed in, and every ``Send`` leaves only after the turn's commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Hashable, Sequence
+
+from pzq.broker import Broker, Ref
+from pzq.credit import NativeCredit
+from pzq.errors import StoreError
+from pzq.gateways.contract import Send
+from pzq.logs import warn_bad
+from pzq.protocols import native
+from pzq.store import parse_message_id
+
+log = logging.getLogger("pzq.server")
+
+RECEIVE = "receive"  # producers: the server's ROUTER
+SEND = "send"  # consumers: the server's DEALER (its sends have no routing frame)
+CONSUMER = "native"  # the holder of every delivery through the send socket: one credit pool
+_REF = struct.Struct(">QQ")  # a message id's 32 hex digits as bytes: (qid, seq)
+
+
+class NativeGateway:
+    """Stores what producers send and acks it after the commit; hands ``queue`` to consumers, at most
+    ``max_inflight`` young deliveries at once (see NativeCredit)."""
+
+    def __init__(self, broker: Broker, *, queue: str, max_message_size: int, max_inflight: int, ack_timeout_us: int):
+        self.broker = broker
+        self.queue = queue
+        self.max_message_size = max_message_size
+        self.ack_timeout_us = ack_timeout_us
+        self.credit = NativeCredit(max_inflight, ack_timeout_us / 1e6)
+        self.taken_back_total = 0
+        # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
+        self._stalled_at: int | None = None
+        self._owed: list[Send] = []  # answers of a run whose store call failed, for rolled_back
+
+    # -- what arrives ----------------------------------------------------------------------------
+
+    def received(
+        self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None = None
+    ) -> list[Send]:
+        """One message from ``socket`` (a run of one); ``user`` is not needed by this protocol."""
+        return self.received_many(socket, [frames], now=now, now_us=now_us)
+
+    def received_many(self, socket: str, messages: Sequence[list[bytes]], *, now: float, now_us: int) -> list[Send]:
+        """A run of messages from ``socket``, in the order they came: what to answer (producers' acks,
+        in that order; consumers' answers need none). Raises StoreError when the store failed: the
+        turn is rolled back, and ``rolled_back`` then answers every producer of the run."""
+        if socket == RECEIVE:
+            return self._produce(messages, now_us)
+        self._answers(messages, now)
+        return []
+
+    def _produce(self, messages: Sequence[list[bytes]], now_us: int) -> list[Send]:
+        out: list[Send] = []
+        waiting: list[tuple[bytes, bytes]] = []  # (routing, message id) of the messages not yet stored
+        bodies: list[list[bytes]] = []
+        limit = self.max_message_size
+        at = 0  # the message being looked at
+        try:
+            for at in range(len(messages)):
+                event = native.parse_produce(messages[at], limit)
+                if event is None:
+                    continue  # (no id frame: there is no one to answer)
+                if isinstance(event, native.Rejected):
+                    self._store(waiting, bodies, out, now_us)  # (acks keep the order of the messages)
+                    warn_bad("producer", event.error.code, event.error.detail)
+                    out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
+                    continue
+                waiting.append((event.routing, event.message_id))
+                bodies.append(event.body)
+            at = len(messages)
+            self._store(waiting, bodies, out, now_us)
+        except StoreError:
+            # The turn is rolled back: every producer of the run hears so, in order, those whose messages
+            # were not looked at yet too (they were read off the socket: nobody else will answer them).
+            self._owed = out + [_failed(routing, mid) for routing, mid in waiting] + _all_failed(messages[at:], limit)
+            raise
+        return out
+
+    def _store(
+        self, waiting: list[tuple[bytes, bytes]], bodies: list[list[bytes]], out: list[Send], now_us: int
+    ) -> None:
+        """Store the run read so far in one call and append its acks to ``out``; those past the store
+        limit are answered "queue full"."""
+        if not waiting:
+            return
+        stored = self.broker.produce_many(self.queue, bodies, now_us=now_us)
+        for i, (routing, message_id) in enumerate(waiting):
+            error = None if i < stored else native.QUEUE_FULL
+            out.append(Send(RECEIVE, native.produce_ack(routing, message_id, error)))
+        waiting.clear()
+        bodies.clear()
+
+    def _answers(self, messages: Sequence[list[bytes]], now: float) -> None:
+        """Consumers' acks and nacks, settled in order; a run of acks in one ``ack_many``."""
+        acks: list[Ref] = []
+        keys: list[bytes] = []
+        timeout_s = self.ack_timeout_us / 1e6
+        for frames in messages:
+            answer = native.parse_consumer_ack(frames)
+            if answer is None:
+                warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
+                continue
+            ref = ref_of_key(answer.key)
+            if ref is None:
+                warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
+                continue
+            deadline = self.broker.deadline(ref, CONSUMER)
+            self.credit.answered(ref, None if deadline is None else deadline - timeout_s, now)
+            if answer.ok:
+                acks.append(ref)
+                keys.append(answer.key)
+                continue
+            self._ack_run(acks, keys)  # (a nack settles after the acks before it)
+            if not self.broker.nack(ref, by=CONSUMER):
+                warn_bad(
+                    "consumer",
+                    "not-held",
+                    f"nack for {answer.key[:80]!r}, not in flight through the send socket: ignored",
+                )
+        self._ack_run(acks, keys)
+
+    def _ack_run(self, acks: list[Ref], keys: list[bytes]) -> None:
+        if not acks:
+            return
+        refused = self.broker.ack_many(acks, by=CONSUMER)
+        if refused:
+            key_of = dict(zip(acks, keys, strict=True))
+            for ref in refused:
+                warn_bad(
+                    "consumer",
+                    "not-held",
+                    f"ack for {key_of[ref][:80]!r}, which no delivery through "
+                    "the send socket holds (unknown, settled or another's): ignored",
+                )
+        acks.clear()
+        keys.clear()
+
+    # -- what the turn sends ---------------------------------------------------------------------
+
+    def would_send(self, now: float) -> bool:
+        """True if ``dispatch`` would hand out deliveries were the send socket writable: the endpoint
+        then polls it for writability (asking when nothing is ready would wake the loop for nothing)."""
+        return (
+            self._stalled_at != self.broker.readiness and self._available(now) > 0 and self.broker.has_ready(self.queue)
+        )
+
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset[Hashable] = frozenset()) -> list[Send]:
+        """Take back the oldest deliveries when consumers together hold too many, then hand out a run
+        of deliveries within the credit. ``blocked`` holds ``SEND`` while the send socket takes
+        nothing (no consumer, or every consumer's pipe full): then nothing is taken."""
+        held = self.broker.held_count(CONSUMER)
+        overdue = self.credit.overdue(held, self._ours)
+        if overdue:
+            self.broker.take_back_many(overdue, by=CONSUMER)
+            self.taken_back_total += len(overdue)
+            log.warning(
+                "native consumers hold %d unacknowledged deliveries together (the most is %d): the %d "
+                "oldest went back to the queue early",
+                held,
+                self.credit.cap,
+                len(overdue),
+            )
+        credit = self._available(now)
+        if credit <= 0 or SEND in blocked:
+            return []
+        taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us)
+        if not taken:
+            self._stalled_at = self.broker.readiness
+            return []
+        timeout_us, sent, key, delivery = self.ack_timeout_us, self.credit.sent, native.message_key, native.delivery
+        out = []
+        for message in taken:
+            ref = (message.qid, message.seq)
+            sent(ref, now)
+            frames = delivery(key(message.enqueued_us, message.id), now_us, timeout_us, message.frames)
+            out.append(Send(SEND, frames, ref))
+        return out
+
+    def unsent(self, send: Send) -> bool:
+        """A delivery the send socket would not take is ready again (False); replies are kept (True)."""
+        return bool(self.unsent_many([send]))
+
+    def unsent_many(self, sends: Sequence[Send]) -> list[Send]:
+        """A run of sends that could not leave: deliveries go back to the queue; returns what to keep
+        for later (producers' acks, which the endpoint's backlog never gives back)."""
+        refs: list[Ref] = [send.token for send in sends if send.socket == SEND]  # type: ignore[misc]
+        self.broker.undeliver_many(refs)
+        for ref in refs:
+            self.credit.forget(ref)
+        return [send for send in sends if send.socket != SEND]
+
+    def rolled_back(self, sends: list[Send]) -> list[Send]:
+        """The commit failed: a producer's "stored" becomes "store failure", errors stay, deliveries
+        (of a state that is gone) are dropped."""
+        out = []
+        for send in [*sends, *self._owed]:
+            if send.socket != RECEIVE:
+                continue
+            routing, message_id, ok = send.frames[:3]
+            out.append(_failed(routing, message_id) if ok == b"1" else send)
+        self._owed = []
+        return out
+
+    def recover(self) -> None:
+        """The broker forgot every delivery (a rolled-back turn): so does the credit."""
+        self.credit.reset()
+
+    def next_wake(self, now: float) -> float | None:
+        """When the oldest young delivery stops counting against the credit (no message wakes us then)."""
+        return self.credit.wake_at()
+
+    def stats(self) -> dict:
+        """The consumers' credit window, young deliveries, and deliveries taken back early."""
+        return {
+            "consumer_window_ms": round(self.credit.window_s * 1000, 1),
+            "young_deliveries": self.credit.young,
+            "taken_back_total": self.taken_back_total,
+        }
+
+    def clients(self, now: float, limit: int) -> list[dict]:
+        """None to list: ZeroMQ does not name a socket's peers, and the DEALER hides its consumers."""
+        return []
+
+    def _available(self, now: float) -> int:
+        return self.credit.available(now, self.broker.held_count(CONSUMER))
+
+    def _ours(self, ref: Ref) -> bool:
+        return self.broker.deadline(ref, CONSUMER) is not None
+
+
+def _failed(routing: bytes, message_id: bytes) -> Send:
+    return Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED))
+
+
+def _all_failed(messages: Sequence[list[bytes]], limit: int) -> list[Send]:
+    """The answers to producers' messages of a turn that failed before they were stored."""
+    out = []
+    for frames in messages:
+        event = native.parse_produce(frames, limit)
+        if isinstance(event, native.Rejected):
+            out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
+        elif event is not None:
+            out.append(_failed(event.routing, event.message_id))
+    return out
+
+
+def ref_of_key(key: bytes) -> Ref | None:
+    """The message a consumer's key names, or None if the key is not one pzq made."""
+    # The keys pzq made ("<16 digits>|<32 hex>") are read without a regex: every ack comes here.
+    if len(key) == 49 and key[16] == 0x7C and key[17:].isalnum() and key[17:] == key[17:].lower():
+        try:
+            raw = bytes.fromhex(key[17:].decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            raw = b""
+        if len(raw) == 16:
+            return _REF.unpack(raw)
+    mid = native.key_message_id(key)
+    return None if mid is None else parse_message_id(mid)
