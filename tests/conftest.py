@@ -34,7 +34,7 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
         receive_dsn=f"ipc://{tmp_path}/receive",
         send_dsn=f"ipc://{tmp_path}/send",
         monitor_dsn=f"ipc://{tmp_path}/monitor",
-        ack_timeout=1_000_000,
+        ack_timeout=1.0,
         phpmq_dsn="",
         emqp_frontend_dsn="",
         emqp_backend_dsn="",

@@ -54,7 +54,7 @@ class NativeEndpoints(Endpoint):
         self.stalled = False  # nothing ready last time we looked: skip until something changes
         self._acks: list[tuple[bytes, bytes, str | None]] = []
         self._deliveries: list[Message] = []
-        self.credit = NativeCredit(config.max_inflight, config.ack_timeout / 1e6)
+        self.credit = NativeCredit(config.max_inflight, config.ack_timeout)
         self.taken_back_total = 0
 
     def unstall(self) -> None:
@@ -129,7 +129,7 @@ class NativeEndpoints(Endpoint):
         bodies.clear()
 
     def _read_consumer_answers(self, now: float) -> None:
-        ack_timeout_s = self.config.ack_timeout / 1e6
+        ack_timeout_s = self.config.ack_timeout
         for _ in range(READ_BATCH):
             try:
                 frames = receive(self.send, self._send_gate, "consumer", NOBLOCK)
@@ -231,7 +231,7 @@ class NativeEndpoints(Endpoint):
         for routing, message_id, error in acks:
             self.acks.send(native.produce_ack(routing, message_id, error))
         deliveries, self._deliveries = self._deliveries, []
-        timeout_us = self.config.ack_timeout
+        timeout_us = round(self.config.ack_timeout * 1e6)  # the wire counts µs (pzq-wire.md)
         for i, message in enumerate(deliveries):
             frames = native.delivery(
                 native.message_key(message.enqueued_us, message.id), now_us, timeout_us, message.frames
