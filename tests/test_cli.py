@@ -146,6 +146,15 @@ def test_consume_exits_1_when_no_message_comes(server):
     assert result.exit_code == 1
 
 
+def test_client_timeouts_take_units_and_a_plain_number_keeps_its_old_unit(server):
+    result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
+    assert result.exit_code == 1 and "no message within 300ms after 0 received" in result.output
+    result = run("consume", "--send-dsn", server.send, "--timeout", "200")
+    assert result.exit_code == 1 and "no message within 200ms after 0 received" in result.output
+    result = run("consume", "--send-dsn", server.send, "--timeout", "soon")
+    assert result.exit_code == 2 and "'soon' is not a duration" in result.output
+
+
 def test_monitor_prints_a_table_and_json(server):
     run("produce", "--receive-dsn", server.receive, "x")
     table = run("monitor", "--monitor-dsn", server.monitor)

@@ -8,8 +8,9 @@ import time
 
 import click
 
-from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, resolve
+from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, resolve
 from pzq.clients import native as client
+from pzq.config import format_duration
 from pzq.errors import ClientError, ExitCode
 
 
@@ -17,8 +18,10 @@ from pzq.errors import ClientError, ExitCode
 @config_option
 @click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
 @click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
-@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until ^C.")
-@click.option("--timeout", type=int, default=5000, show_default=True, help="ms to wait for an answer.")
+@click.option("--watch", type=Duration("s"), help="Refresh this often until ^C; a plain number is seconds.")
+@click.option(
+    "--timeout", type=Duration("ms"), default="5s", show_default=True, help="Wait for an answer; a plain number is ms."
+)
 @curve_options
 @errors_to_exit
 def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:
@@ -26,7 +29,7 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
     endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
     keys = curve(curve_client_key, curve_server_key)
     while True:
-        figures = client.stats(endpoint, timeout_ms=timeout, curve=keys)
+        figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
         if as_json:
             click.echo(json.dumps(figures, indent=2))
         else:
@@ -69,7 +72,9 @@ def _table(figures: dict) -> str:
 @config_option
 @click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
-@click.option("--timeout", type=int, default=10_000, show_default=True, help="ms to wait for each ack.")
+@click.option(
+    "--timeout", type=Duration("ms"), default="10s", show_default=True, help="Wait for each ack; a plain number is ms."
+)
 @click.argument("messages", nargs=-1)
 @curve_options
 @errors_to_exit
@@ -81,7 +86,7 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    with client.Producer(endpoint, timeout_ms=timeout, curve=keys) as producer:
+    with client.Producer(endpoint, timeout_ms=round(timeout * 1000), curve=keys) as producer:
         results = producer.produce_many(bodies, window=max(1, window))
     failed = [r for r in results if not r.ok]
     for r in failed[:10]:
@@ -97,10 +102,10 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
-    type=int,
-    default=10_000,
+    type=Duration("ms"),
+    default="10s",
     show_default=True,
-    help="ms to wait for each message before giving up (exit 1).",
+    help="Wait for each message before giving up (exit 1); a plain number is ms.",
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
@@ -113,9 +118,9 @@ def consume(config_file, send_dsn, count, timeout, nack, as_json, curve_client_k
     got = 0
     with client.Consumer(endpoint, curve=curve(curve_client_key, curve_server_key)) as consumer:
         while count == 0 or got < count:
-            delivery = consumer.receive(timeout)
+            delivery = consumer.receive(round(timeout * 1000))
             if delivery is None:
-                click.echo(f"pzq: no message within {timeout} ms after {got} received", err=True)
+                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
                 sys.exit(ExitCode.FAILURE)
             if as_json:
                 out.write(
@@ -164,7 +169,13 @@ def mqks_publish(config_file, mqks_dsn, event, data) -> None:
 @config_option
 @click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for each message.")
+@click.option(
+    "--timeout",
+    type=Duration("s"),
+    default="10s",
+    show_default=True,
+    help="Wait for each message; a plain number is s.",
+)
 @click.argument("queue")
 @click.argument("events", nargs=-1)
 @errors_to_exit
@@ -182,7 +193,7 @@ def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
         while count == 0 or got < count:
             delivery = mq.receive(timeout)
             if delivery is None:
-                click.echo(f"pzq: no message within {timeout} s after {got} received", err=True)
+                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
                 sys.exit(ExitCode.FAILURE)
             click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
             got += 1

@@ -62,6 +62,22 @@ def curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | N
     return (client_key, server_key) if client_key and server_key else None
 
 
+class Duration(click.ParamType):
+    """A client's duration option: '250ms', '30s', '5m', '1h', held in seconds. A plain number is in
+    ``plain``, the unit the option took before it took units."""
+
+    name = "duration"
+
+    def __init__(self, plain: str):
+        self.plain = plain
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return value if isinstance(value, float) else config.parse_duration(value, self.plain)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 config_option = click.option(
     "--config",
     "config_file",
