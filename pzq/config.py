@@ -2,14 +2,17 @@
 
 Precedence is flag > environment > file > default. Every key of the file is the option's name with
 dashes turned into underscores (``ack_timeout``); the environment variable is ``PZQ_`` + the key in
-upper case (``PZQ_ACK_TIMEOUT``). ``conf/pzq.toml`` documents every key with its default, and a test
-keeps the two in step.
+upper case (``PZQ_ACK_TIMEOUT``). Each field of Config carries its help and unit: the `serve` options are
+made from them, and ``conf/pzq.toml`` documents every key with its default (a test keeps them in step).
+Durations take units ('250ms', '30s', '5m', '1h') and are held in seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import ipaddress
+import math
 import re
 import tomllib
 import zoneinfo
@@ -78,52 +81,115 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+# The unit of a setting, as its metadata names it. A duration takes a unit ('30s', '250ms', '5m', '1h',
+# '2us'); a plain number is read in the unit the setting had before durations took units, so existing
+# files, variables and scripts keep meaning what they meant. Every duration is held in seconds.
+DURATION_S, DURATION_US = "s", "µs"  # a duration; the unit a plain number of it is read in
+SIZE = "size"  # bytes; takes K, M, G or T
+_DIALECTS, _FORMATS = ("auto", "legacy", "current"), ("text", "json")
+
+
+def _setting(
+    default: Any, help: str, unit: str = "", *, choices: tuple[str, ...] = (), shown: str = "", **bounds: float
+) -> Any:
+    """A Config field with its help, its unit (DURATION_S, DURATION_US, SIZE, or a noun such as 'queues'
+    for a count), its ``low``/``high`` bounds and, where the value does not say it, how its default is shown."""
+    meta = {"help": help, "unit": unit, "choices": choices, "shown": shown, **bounds}
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Every setting of `pzq serve`. Durations are microseconds, as in the original PZQ."""
+    """Every setting of `pzq serve`, each with its help and unit: the `serve` options are made from these
+    fields, and conf/pzq.toml documents them (a test keeps the three in step). Durations are seconds."""
 
-    database: str = "./pzq-data"
-    receive_dsn: str = "tcp://127.0.0.1:11131"
-    send_dsn: str = "tcp://127.0.0.1:11132"
-    monitor_dsn: str = ""  # "" = ipc://DATABASE/monitor: inside the owner-only store directory
-    queue: str = "default"
-    phpmq_dsn: str = "tcp://127.0.0.1:9100"
-    phpmq_dialect: str = "auto"
-    emqp_frontend_dsn: str = "tcp://127.0.0.1:47291"
-    emqp_backend_dsn: str = "tcp://127.0.0.1:47290"
-    emqp_publish_dsn: str = "tcp://127.0.0.1:47292"
-    emqp_heartbeat_interval: float = 3.0
-    emqp_heartbeat_liveness: int = 3
-    emqp_default_queues: str = "default"
-    emqp_cron_timezone: str = "UTC"
-    mqks_dsn: str = "tcp://127.0.0.1:25000"
-    api_dsn: str = "tcp://127.0.0.1:11133"
-    lease_timeout: float = 3600.0
-    api_dedup_window: float = 86400.0
-    ack_timeout: int = 5_000_000
-    reaper_frequency: int = 2_500_000
-    hard_sync: bool = True
-    commit_interval: int = 10_000
-    max_inflight: int = 1000
-    max_deliveries: int = 0
-    max_store_size: int = 4 << 30
-    max_queues: int = 10_000
-    max_connections: int = 10_000
-    max_partial_input: int = 256 << 20
-    min_disk_free: int = 64 << 20
-    disk_reserve: int = 8 << 20
-    max_message_size: int = 16 << 20
-    user: str = ""
-    log_level: str = "info"
-    log_format: str = "text"
-    metrics_dsn: str = ""
-    http_dsn: str = ""
-    http_auth_file: str = ""
-    http_host_names: str = ""
-    allow_ips: str = ""
-    curve_secret_key: str = ""
-    curve_clients: str = ""
-    unauthenticated: str = ""
+    database: str = _setting("./pzq-data", "LMDB directory of the store (created if missing).")
+    receive_dsn: str = _setting("tcp://127.0.0.1:11131", "Producers' endpoint (ROUTER).")
+    send_dsn: str = _setting("tcp://127.0.0.1:11132", "Consumers' endpoint (DEALER).")
+    monitor_dsn: str = _setting("", "Monitor endpoint (REQ clients).", shown="ipc://DATABASE/monitor")
+    queue: str = _setting("default", "Queue the native sockets serve.")
+    phpmq_dsn: str = _setting("tcp://127.0.0.1:9100", "PHPMQ clients' TCP endpoint; '' disables.")
+    phpmq_dialect: str = _setting("auto", "PHPMQ dispatch dialect for every connection.", choices=_DIALECTS)
+    emqp_frontend_dsn: str = _setting("tcp://127.0.0.1:47291", "eMQP clients' endpoint; '' disables.")
+    emqp_backend_dsn: str = _setting("tcp://127.0.0.1:47290", "eMQP workers' endpoint; '' disables.")
+    emqp_publish_dsn: str = _setting("tcp://127.0.0.1:47292", "eMQP PUBLISH fan-out (PUB); '' disables.")
+    emqp_heartbeat_interval: float = _setting(3.0, "Time between eMQP heartbeats.", DURATION_S, low=0.01, high=3600)
+    emqp_heartbeat_liveness: int = _setting(3, "Silent intervals after which a worker is dead.", "intervals", low=1)
+    emqp_default_queues: str = _setting("default", "Queues (comma-separated) of a worker whose INFORM names none.")
+    emqp_cron_timezone: str = _setting("UTC", "Time zone of eMQP cron schedules (an IANA name).")
+    mqks_dsn: str = _setting("tcp://127.0.0.1:25000", "MQKS clients' TCP endpoint; '' disables.")
+    api_dsn: str = _setting(
+        "tcp://127.0.0.1:11133", "API endpoint (leases, snapshots, batch produce: the Spark connector); '' disables."
+    )
+    lease_timeout: float = _setting(
+        3600.0, "How long a silent consumer group keeps its leased messages.", DURATION_S, low=1, high=30 * 86400
+    )
+    api_dedup_window: float = _setting(
+        86400.0, "How long a PRODUCE key is remembered (a repeat stores nothing).", DURATION_S, low=0, high=30 * 86400
+    )
+    ack_timeout: float = _setting(5.0, "A consumer's time to ack a delivery before redelivery.", DURATION_US, low=0.001)
+    reaper_frequency: float = _setting(2.5, "Longest idle sleep (expiries are exact anyway).", DURATION_US, low=0.001)
+    hard_sync: bool = _setting(
+        True, "fsync every commit; --no-hard-sync is faster, but a power cut can lose recent acks or corrupt the store."
+    )
+    commit_interval: float = _setting(
+        0.01,
+        "Longest time consumer acks and delivery counts may wait for a commit; producer acks never wait.",
+        DURATION_US,
+        low=0,
+    )
+    max_inflight: int = _setting(1000, "Unacked deliveries at most, per consumer pool.", "deliveries", low=1)
+    max_deliveries: int = _setting(
+        0, "Deliveries before a message is dead-lettered; 0 = unlimited.", "deliveries", low=0
+    )
+    max_store_size: int = _setting(4 << 30, "Store limit; producers get 'queue full' past it.", SIZE, low=1 << 20)
+    max_queues: int = _setting(10_000, "Named queues at most; a new name past it gets 'queue full'.", "queues", low=1)
+    max_connections: int = _setting(
+        10_000, "TCP connections at most, together, 9/10 of it on one endpoint; more are closed.", "connections", low=1
+    )
+    max_partial_input: int = _setting(
+        256 << 20,
+        "Unfinished PHPMQ and MQKS input of all connections; past it the one that grew is closed.",
+        SIZE,
+        low=1 << 20,
+    )
+    min_disk_free: int = _setting(
+        64 << 20, "Free disk the store keeps: under it producers get 'queue full'; 0 = do not watch.", SIZE, low=0
+    )
+    disk_reserve: int = _setting(
+        8 << 20,
+        "Space held in DATABASE/reserve, given back when the disk fills so that acks still commit.",
+        SIZE,
+        low=0,
+    )
+    max_message_size: int = _setting(16 << 20, "Largest accepted message body, summed over its frames.", SIZE, low=1024)
+    user: str = _setting("", "Switch to this user after binding (when started as root).")
+    log_level: str = _setting("info", "debug, info, warning or error.")
+    log_format: str = _setting("text", "Log lines as text or as JSON objects (for log shippers).", choices=_FORMATS)
+    metrics_dsn: str = _setting("", "Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.")
+    http_dsn: str = _setting("", "The web console, e.g. http://127.0.0.1:9180; '' disables.")
+    http_auth_file: str = _setting(
+        "",
+        "A file whose first line is the secret that logs in to the web console to requeue, delete and purge "
+        "(without it the console is read-only).",
+        "file",
+    )
+    http_host_names: str = _setting(
+        "", "Other names browsers call the console by (comma-separated, e.g. 'pzq.example.com'); others get 421."
+    )
+    allow_ips: str = _setting(
+        "",
+        "Comma-separated addresses or networks that may connect to the raw-TCP gateways (PHPMQ, MQKS); '' = any.",
+    )
+    curve_secret_key: str = _setting(
+        "", "The server's CURVE secret key file (pzq keygen); enables CURVE on every ZeroMQ endpoint."
+    )
+    curve_clients: str = _setting("", "Directory of allowed client public keys (*.key).")
+    unauthenticated: str = _setting(
+        "",
+        "With CURVE: endpoints that serve clients without a key anyway, e.g. 'monitor,phpmq' (the raw-TCP "
+        "gateways must be named or disabled).",
+    )
     # Not a setting (no flag, key or variable): the code's own limits, replaced whole by tests.
     limits: Limits = dataclasses.field(default=DEFAULT_LIMITS, compare=False, repr=False)
 
@@ -144,21 +210,24 @@ class Config:
             value = getattr(self, name)
             if not re.match(r"^(tcp|ipc|inproc)://.+", value):
                 raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
-        if self.phpmq_dsn and not re.match(r"^tcp://.+:\d+$", self.phpmq_dsn):
-            raise ConfigError(f"--phpmq-dsn: {self.phpmq_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
-        if self.phpmq_dialect not in ("auto", "legacy", "current"):
+        for name in ("phpmq_dsn", "mqks_dsn"):
+            if getattr(self, name) and not re.match(r"^tcp://.+:\d+$", getattr(self, name)):
+                raise ConfigError(
+                    f"{_flag(name)}: {getattr(self, name)!r} is not tcp://HOST:PORT (or empty to disable)"
+                )
+        if self.phpmq_dialect not in _DIALECTS:
             raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
-        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn"):
+        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn"):
             value = getattr(self, name)
             if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
                 raise ConfigError(
                     f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
                 )
+        for name, field in FIELDS.items():
+            if "low" in field.metadata:
+                _between(self, name, field.metadata["low"], field.metadata.get("high"))
         if bool(self.emqp_frontend_dsn) != bool(self.emqp_backend_dsn):
             raise ConfigError("--emqp-frontend-dsn and --emqp-backend-dsn: give both or neither")
-        if not 0.01 <= self.emqp_heartbeat_interval <= 3600:
-            raise ConfigError(f"--emqp-heartbeat-interval: {self.emqp_heartbeat_interval} is not 0.01 to 3600 s")
-        _at_least(self, "emqp_heartbeat_liveness", 1)
         if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
             raise ConfigError("--emqp-default-queues: name at least one queue")
         try:
@@ -167,32 +236,10 @@ class Config:
             raise ConfigError(
                 f"--emqp-cron-timezone: {self.emqp_cron_timezone!r} is not a time zone name (e.g. UTC or Europe/Berlin)"
             ) from None
-        if self.mqks_dsn and not re.match(r"^tcp://.+:\d+$", self.mqks_dsn):
-            raise ConfigError(f"--mqks-dsn: {self.mqks_dsn!r} is not tcp://HOST:PORT (or empty to disable)")
-        if self.api_dsn and not re.match(r"^(tcp|ipc|inproc)://.+", self.api_dsn):
-            raise ConfigError(
-                f"--api-dsn: {self.api_dsn!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
-            )
-        if not 1 <= self.lease_timeout <= 30 * 86400:
-            raise ConfigError(f"--lease-timeout: {self.lease_timeout} is not 1 to 2592000 s")
-        if not 0 <= self.api_dedup_window <= 30 * 86400:
-            raise ConfigError(f"--api-dedup-window: {self.api_dedup_window} is not 0 to 2592000 s")
         if not self.database:
             raise ConfigError("--database: must name a directory")
         if not self.queue or len(self.queue.encode()) > 255:
             raise ConfigError("--queue: must be 1 to 255 bytes")
-        _at_least(self, "ack_timeout", 1000)
-        _at_least(self, "reaper_frequency", 1000)
-        _at_least(self, "commit_interval", 0)
-        _at_least(self, "max_inflight", 1)
-        _at_least(self, "max_deliveries", 0)
-        _at_least(self, "max_store_size", 1 << 20)
-        _at_least(self, "max_message_size", 1024)
-        _at_least(self, "max_queues", 1)
-        _at_least(self, "max_connections", 1)
-        _at_least(self, "max_partial_input", 1 << 20)
-        _at_least(self, "min_disk_free", 0)
-        _at_least(self, "disk_reserve", 0)
         for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):
             try:
                 ipaddress.ip_network(part, strict=False)
@@ -219,7 +266,7 @@ class Config:
             parse_endpoint(self.http_dsn, "--http-dsn")
         if self.http_auth_file and not self.http_dsn:
             raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
-        if self.log_format not in ("text", "json"):
+        if self.log_format not in _FORMATS:
             raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level: {self.log_level!r} is not one of debug, info, warning, error")
@@ -230,15 +277,82 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _at_least(config: Config, name: str, low: int) -> None:
-    if getattr(config, name) < low:
-        raise ConfigError(f"{_flag(name)}: must be at least {low}, got {getattr(config, name)}")
+def _between(config: Config, name: str, low: float, high: float | None) -> None:
+    value, unit = getattr(config, name), FIELDS[name].metadata["unit"]
+    as_text = (lambda v: show(name, v)) if unit in (DURATION_S, DURATION_US, SIZE) else str  # '1 queues' reads ill
+    if high is None and value < low:
+        raise ConfigError(f"{_flag(name)}: must be at least {as_text(low)}, got {as_text(value)}")
+    if high is not None and not low <= value <= high:
+        raise ConfigError(f"{_flag(name)}: {as_text(value)} is not {as_text(low)} to {as_text(high)}")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
 # Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
 ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
-SIZE_FIELDS = {"max_store_size", "max_message_size", "min_disk_free", "disk_reserve", "max_partial_input"}
+# Each duration setting and the unit a plain number of it is read in (what it meant before units).
+DURATION_FIELDS = {n: f.metadata["unit"] for n, f in FIELDS.items() if f.metadata["unit"] in (DURATION_S, DURATION_US)}
+_DURATION_UNITS = {
+    u: decimal.Decimal(f) for u, f in (("h", "3600"), ("m", "60"), ("s", "1"), ("ms", "1e-3"), ("us", "1e-6"))
+}
+_DURATION_UNITS.update({"µs": _DURATION_UNITS["us"], "μs": _DURATION_UNITS["us"]})  # micro sign and Greek mu
+
+
+def describe(name: str) -> str:
+    """A setting's help and the unit a plain number of it is read in: its option's help and its file comment."""
+    help, plain = FIELDS[name].metadata["help"], DURATION_FIELDS.get(name)
+    return f"{help} A plain number is {'seconds' if plain == 's' else plain}." if plain else help
+
+
+def show(name: str, value: Any) -> str:
+    """``value`` of setting ``name`` as a person would write it: '5s', '4G', '1000 deliveries', 'on'."""
+    unit = FIELDS[name].metadata["unit"]
+    if name in DURATION_FIELDS:
+        return format_duration(value)
+    if unit == SIZE:
+        return format_size(value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int):
+        return f"{value} {unit}".rstrip()
+    return str(value) or FIELDS[name].metadata["shown"] or "''"
+
+
+def format_duration(seconds: float) -> str:
+    """3600.0 -> '1h', 2.5 -> '2.5s', 0.01 -> '10ms': the largest unit the value is written short in."""
+    us = round(abs(seconds) * 1e6)
+    sign = "-" if seconds < 0 else ""
+    for unit, size, grain in (("h", 3600_000_000, 36_000_000), ("m", 60_000_000, 1_000_000), ("s", 1_000_000, 1000)):
+        if us >= size and us % grain == 0:
+            return f"{sign}{us / size:.2f}".rstrip("0").rstrip(".") + unit
+    if us % 1000 == 0:
+        return f"{sign}{us // 1000}ms" if us else "0s"
+    return f"{sign}{us}µs"
+
+
+def format_size(size: int) -> str:
+    """4294967296 -> '4G'; a size no suffix divides is plain bytes."""
+    for suffix, factor in reversed(list(_SIZE_UNITS.items())):
+        if factor > 1 and size and size % factor == 0:
+            return f"{size // factor}{suffix.upper()}"
+    return str(size)
+
+
+def parse_duration(value: str | float, plain: str = "s") -> float:
+    """'250ms', '30s', '5m', '1h', '2us' or '2µs' -> seconds; a plain number (or a TOML number) is in
+    ``plain`` ('s' or 'µs'). Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    m = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+))\s*(h|m|s|ms|us|µs|μs)?\s*", str(value))
+    if isinstance(value, int | float):  # repr: the shortest text that reads back as the number (1e-05 too)
+        number, unit = decimal.Decimal(repr(value)), plain
+    elif m:
+        number, unit = decimal.Decimal(m.group(1)), m.group(2) or plain
+    else:
+        raise ValueError(f"{value!r} is not a duration such as 250ms, 30s, 5m or 1h")
+    seconds = float(number * _DURATION_UNITS[unit])
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a finite duration")
+    return seconds
 
 
 def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
@@ -261,6 +375,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a value from a file, the environment or a flag into the field's type, or raise ConfigError."""
     kind = FIELDS[name].type
     try:
+        if name in DURATION_FIELDS:
+            return parse_duration(value, DURATION_FIELDS[name])
         if kind in (bool, "bool"):
             if isinstance(value, bool):
                 return value
@@ -270,16 +386,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"{value!r} is not true or false")
+        if kind in (float, "float", int, "int") and isinstance(value, bool):
+            raise ValueError(f"{value!r} is not a number")
         if kind in (float, "float"):
-            if isinstance(value, bool):
-                raise ValueError(f"{value!r} is not a number")
             return float(value)
         if kind in (int, "int"):
-            if isinstance(value, bool):
-                raise ValueError(f"{value!r} is not a number")
             if isinstance(value, int):
                 return value
-            if name in SIZE_FIELDS:
+            if FIELDS[name].metadata["unit"] == SIZE:
                 return parse_size(str(value))
             return int(str(value).strip())
         if not isinstance(value, str):

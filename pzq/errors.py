@@ -1,6 +1,19 @@
-"""The one exception tree of pzq: every error the package raises on purpose derives from PzqError."""
+"""The one exception tree of pzq (every error the package raises on purpose derives from PzqError), and
+the named exit codes of the `pzq` command."""
 
 from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What a `pzq` command's exit status means; every exit of the package names one of these."""
+
+    OK = 0
+    FAILURE = 1  # the work failed: no server answered, a message was refused, a record is unreadable
+    CONFIG = 2  # a bad setting, option or permission (click's usage errors exit 2 as well)
+    USAGE = 2
+    STORE = 3  # the store is damaged, or newer than this pzq: a restart would not help
 
 
 class PzqError(Exception):

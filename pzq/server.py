@@ -106,7 +106,7 @@ class Server:
         self.store.queue(cfg.queue)
         self.store.commit()
         self.broker = Broker(
-            self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries, limits=cfg.limits
+            self.store, ack_timeout_s=cfg.ack_timeout, max_deliveries=cfg.max_deliveries, limits=cfg.limits
         )
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
         self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
@@ -120,7 +120,7 @@ class Server:
             queue=cfg.queue,
             max_message_size=cfg.max_message_size,
             max_inflight=cfg.max_inflight,
-            ack_timeout_us=cfg.ack_timeout,
+            ack_timeout_s=cfg.ack_timeout,
         )
         _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
@@ -351,12 +351,12 @@ class Server:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
-        wake = min(self._next_tick, now + self.config.reaper_frequency / 1e6)
+        wake = min(self._next_tick, now + self.config.reaper_frequency)
         deadline = self.broker.next_deadline()
         if deadline is not None:
             wake = min(wake, deadline)
         if self._dirty_since is not None:
-            wake = min(wake, self._dirty_since + self.config.commit_interval / 1e6)
+            wake = min(wake, self._dirty_since + self.config.commit_interval)
         for endpoint in self.endpoints:
             due = endpoint.wake_at(now)
             if due is not None:
@@ -440,7 +440,7 @@ class Server:
             return
         if self._dirty_since is None:
             self._dirty_since = now
-        interval = self.config.commit_interval / 1e6
+        interval = self.config.commit_interval
         if waiting or now - self._dirty_since >= interval:
             started = time.perf_counter()
             self.store.commit(counts_older_than=now - interval)

@@ -35,7 +35,7 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
         receive_dsn=f"ipc://{tmp_path}/receive",
         send_dsn=f"ipc://{tmp_path}/send",
         monitor_dsn=f"ipc://{tmp_path}/monitor",
-        ack_timeout=1_000_000,
+        ack_timeout=1.0,
         phpmq_dsn="",
         emqp_frontend_dsn="",
         emqp_backend_dsn="",
@@ -123,7 +123,7 @@ def server(make_server):
 class ProcessServer:
     """`python -m pzq serve` as a real subprocess, restartable on the same database."""
 
-    def __init__(self, tmp_path: Path, *extra: str, ack_timeout: int = 1_000_000, env: dict | None = None):
+    def __init__(self, tmp_path: Path, *extra: str, ack_timeout: int | str = 1_000_000, env: dict | None = None):
         self.tmp_path = tmp_path
         self.env = None if env is None else {**os.environ, **env}
         self.database = tmp_path / "db"
@@ -199,11 +199,11 @@ class ProcessServer:
 
 @pytest.fixture
 def process_server(tmp_path):
-    """process_server(*extra flags, ack_timeout=µs, env={...}) -> a started subprocess server, reaped after
+    """process_server(*extra flags, ack_timeout=µs or "250ms", env={...}) -> a started subprocess server, reaped after
     the test."""
     made: list[ProcessServer] = []
 
-    def make(*extra: str, ack_timeout: int = 1_000_000, env: dict | None = None) -> ProcessServer:
+    def make(*extra: str, ack_timeout: int | str = 1_000_000, env: dict | None = None) -> ProcessServer:
         srv = ProcessServer(tmp_path, *extra, ack_timeout=ack_timeout, env=env)
         made.append(srv)
         return srv.start()

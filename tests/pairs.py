@@ -78,7 +78,7 @@ def make_native(loop: Loop):
         queue="q",
         max_message_size=MAX_INPUT,
         max_inflight=100,
-        ack_timeout_us=int(ACK_TIMEOUT_S * 1_000_000),
+        ack_timeout_s=ACK_TIMEOUT_S,
     )
 
 

@@ -55,7 +55,42 @@ def test_serve_help_keeps_the_original_option_names():
 def test_a_bad_option_value_is_one_clear_line_and_exit_2(tmp_path):
     result = run("serve", "--database", str(tmp_path / "db"), "--ack-timeout", "-5")
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == ["pzq: error: --ack-timeout: must be at least 1000, got -5"]
+    assert result.output.strip().splitlines() == ["pzq: error: --ack-timeout: must be at least 1ms, got -5µs"]
+
+
+def test_a_duration_flag_takes_a_unit_and_its_error_names_the_flag_with_units(tmp_path):
+    result = run("serve", "--database", str(tmp_path / "db"), "--ack-timeout", "500us")
+    assert (result.exit_code, result.output.strip()) == (
+        2,
+        "pzq: error: --ack-timeout: must be at least 1ms, got 500µs",
+    )
+    result = run("serve", "--database", str(tmp_path / "db"), "--lease-timeout", "5 parsecs")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "pzq: error: option --lease-timeout: lease_timeout: '5 parsecs' is not a duration such as 250ms, 30s, 5m or 1h"
+    )
+
+
+def test_every_serve_option_is_made_from_a_config_field_and_shows_its_default_with_its_unit():
+    from pzq import config
+    from pzq.cli.serve import serve
+
+    params = {p.name: p for p in serve.params}
+    assert set(params) == {"config_file", *config.FIELDS}
+    for name, field in config.FIELDS.items():
+        shown = config.show(name, field.default)
+        assert params[name].help.endswith(f"  [default: {shown}]"), name
+        assert params[name].help.startswith(field.metadata["help"]), name
+    assert "[default: 5s]" in params["ack_timeout"].help and "A plain number is µs." in params["ack_timeout"].help
+    assert "[default: 1h]" in params["lease_timeout"].help and "plain number is seconds" in params["lease_timeout"].help
+    assert "[default: 4G]" in params["max_store_size"].help
+    assert "[default: 1000 deliveries]" in params["max_inflight"].help
+
+
+def test_exit_codes_have_names():
+    from pzq.errors import ExitCode
+
+    assert (ExitCode.OK, ExitCode.FAILURE, ExitCode.CONFIG, ExitCode.USAGE, ExitCode.STORE) == (0, 1, 2, 2, 3)
 
 
 def test_a_broken_config_file_is_one_clear_line_and_exit_2(tmp_path):
@@ -109,6 +144,15 @@ def test_produce_fails_with_exit_1_when_no_server_answers(tmp_path):
 def test_consume_exits_1_when_no_message_comes(server):
     result = run("consume", "--send-dsn", server.send, "--timeout", "300")
     assert result.exit_code == 1
+
+
+def test_client_timeouts_take_units_and_a_plain_number_keeps_its_old_unit(server):
+    result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
+    assert result.exit_code == 1 and "no message within 300ms after 0 received" in result.output
+    result = run("consume", "--send-dsn", server.send, "--timeout", "200")
+    assert result.exit_code == 1 and "no message within 200ms after 0 received" in result.output
+    result = run("consume", "--send-dsn", server.send, "--timeout", "soon")
+    assert result.exit_code == 2 and "'soon' is not a duration" in result.output
 
 
 def test_monitor_prints_a_table_and_json(server):

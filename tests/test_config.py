@@ -31,7 +31,7 @@ def test_a_flag_beats_the_environment_which_beats_the_file_which_beats_the_defau
     path = write(tmp_path, 'ack_timeout = 3000\nqueue = "from-file"\nmax_inflight = 7\n')
     env = {"PZQ_ACK_TIMEOUT": "2000", "PZQ_QUEUE": "from-env"}
     cfg = config.load(flags={"ack_timeout": 1000, "queue": None}, env=env, file=path)
-    assert (cfg.ack_timeout, cfg.queue, cfg.max_inflight, cfg.reaper_frequency) == (1000, "from-env", 7, 2_500_000)
+    assert (cfg.ack_timeout, cfg.queue, cfg.max_inflight, cfg.reaper_frequency) == (0.001, "from-env", 7, 2.5)
 
 
 def test_every_setting_is_read_from_pzq_and_its_key_in_upper_case():
@@ -55,7 +55,7 @@ def test_every_setting_is_read_from_pzq_and_its_key_in_upper_case():
         "nobody",
         False,
     )
-    assert (cfg.ack_timeout, cfg.max_inflight) == (5_000_000, 1000)
+    assert (cfg.ack_timeout, cfg.max_inflight) == (5.0, 1000)
 
 
 @pytest.mark.parametrize(
@@ -111,14 +111,15 @@ def test_a_toml_boolean_is_taken_as_is(tmp_path):
 def test_dashed_keys_are_accepted_in_the_file(tmp_path):
     path = write(tmp_path, 'ack-timeout = 2000\nlog-level = "error"\n')
     cfg = config.load(file=path)
-    assert (cfg.ack_timeout, cfg.log_level) == (2000, "error")
+    assert (cfg.ack_timeout, cfg.log_level) == (0.002, "error")
 
 
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
         ({"env": {"PZQ_HARD_SYNC": "maybe"}}, "PZQ_HARD_SYNC"),
-        ({"env": {"PZQ_ACK_TIMEOUT": "5s"}}, "PZQ_ACK_TIMEOUT"),
+        ({"env": {"PZQ_ACK_TIMEOUT": "5 parsecs"}}, "PZQ_ACK_TIMEOUT"),
+        ({"flags": {"lease_timeout": "500ms"}}, "--lease-timeout: 500ms is not 1s to 720h"),
         ({"env": {"PZQ_MAX_STORE_SIZE": "lots"}}, "max_store_size"),
         ({"flags": {"ack_timeout": -1}}, "--ack-timeout"),
         ({"flags": {"max_deliveries": -1}}, "--max-deliveries"),
@@ -167,3 +168,110 @@ def test_the_shipped_conf_file_lists_every_setting_with_its_default():
     keys = set(tomllib.loads(CONF.read_text(encoding="utf-8")))
     assert keys == {f.name for f in dataclasses.fields(Config)} - {"limits"}
     assert config.load(file=CONF) == Config()
+
+
+def comment_blocks(text: str) -> dict[str, str]:
+    """Each key of a TOML file -> the comment lines just above it, joined into one line."""
+    blocks, comment = {}, []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            comment.append(line.lstrip("# "))
+        elif "=" in line:
+            blocks[line.split("=")[0].strip()] = " ".join(comment)
+            comment = []
+        else:
+            comment = []
+    return blocks
+
+
+def test_the_conf_file_says_of_every_key_what_its_option_help_says_and_writes_its_default_with_the_unit():
+    text = CONF.read_text(encoding="utf-8")
+    blocks, values = comment_blocks(text), tomllib.loads(text)
+    for name, field in config.FIELDS.items():
+        assert field.metadata["help"], f"{name} has no help"
+        assert " ".join(config.describe(name).split()) in blocks[name], f"conf/pzq.toml: {name}'s comment"
+        if name in config.DURATION_FIELDS or field.metadata["unit"] == config.SIZE:
+            assert values[name] == config.show(name, field.default), f"conf/pzq.toml: {name} not with its unit"
+
+
+def test_each_duration_keeps_the_unit_a_plain_number_of_it_had():
+    assert config.DURATION_FIELDS == {
+        "emqp_heartbeat_interval": "s",
+        "lease_timeout": "s",
+        "api_dedup_window": "s",
+        "ack_timeout": "µs",
+        "reaper_frequency": "µs",
+        "commit_interval": "µs",
+    }
+    legacy = {
+        "PZQ_EMQP_HEARTBEAT_INTERVAL": "3",
+        "PZQ_LEASE_TIMEOUT": "3600",
+        "PZQ_API_DEDUP_WINDOW": "86400.0",
+        "PZQ_ACK_TIMEOUT": "5000000",
+        "PZQ_REAPER_FREQUENCY": "2500000",
+        "PZQ_COMMIT_INTERVAL": "10000",
+    }
+    assert config.load(env=legacy) == Config()
+    for name in config.DURATION_FIELDS:
+        assert "A plain number is" in config.describe(name)
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("30s", 30.0),
+        ("250ms", 0.25),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("2us", 2e-6),
+        ("2µs", 2e-6),
+        ("2μs", 2e-6),
+        ("1.5s", 1.5),
+        (" 10 ms ", 0.01),
+        (".5s", 0.5),
+        ("7", 7.0),
+    ],
+)
+def test_durations_take_units(text, seconds):
+    assert config.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 parsecs", "s", "1e3s", "", "inf", "nan", "--5s", "5 s s", "1,5s"])
+def test_a_malformed_duration_is_refused(text):
+    with pytest.raises(ValueError):
+        config.parse_duration(text)
+
+
+def test_a_toml_number_or_boolean_for_a_duration_is_read_in_the_legacy_unit_or_refused(tmp_path):
+    cfg = config.load(file=write(tmp_path, "ack_timeout = 3000\ncommit_interval = 0\nlease_timeout = 60.5\n"))
+    assert (cfg.ack_timeout, cfg.commit_interval, cfg.lease_timeout) == (0.003, 0.0, 60.5)
+    with pytest.raises(ConfigError, match="ack_timeout"):
+        config.load(file=write(tmp_path, "ack_timeout = true\n"))
+    with pytest.raises(ConfigError, match="lease_timeout"):
+        config.load(file=write(tmp_path, "lease_timeout = inf\n"))
+
+
+def test_durations_take_units_from_flags_variables_and_the_file_and_are_held_in_seconds(tmp_path):
+    path = write(tmp_path, 'ack_timeout = "30s"\nlease_timeout = "5m"\n')
+    env = {"PZQ_COMMIT_INTERVAL": "250ms", "PZQ_API_DEDUP_WINDOW": "1h"}
+    cfg = config.load(flags={"reaper_frequency": "1.5s", "emqp_heartbeat_interval": "500ms"}, env=env, file=path)
+    assert (cfg.ack_timeout, cfg.lease_timeout, cfg.commit_interval, cfg.api_dedup_window) == (30, 300, 0.25, 3600)
+    assert (cfg.reaper_frequency, cfg.emqp_heartbeat_interval) == (1.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(3600.0, "1h"), (86400.0, "24h"), (5400.0, "1.5h"), (90.0, "1.5m"), (5.0, "5s"), (2.5, "2.5s")]
+    + [(0.01, "10ms"), (0.001, "1ms"), (2e-6, "2µs"), (0.0, "0s"), (-5e-6, "-5µs")],
+)
+def test_a_duration_is_shown_in_the_largest_unit_that_writes_it_short_and_reads_back_the_same(seconds, text):
+    assert config.format_duration(seconds) == text
+    assert config.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "size, text", [(4 << 30, "4G"), (256 << 20, "256M"), (1 << 40, "1T"), (1000, "1000"), (0, "0")]
+)
+def test_a_size_is_shown_with_the_largest_suffix_that_divides_it(size, text):
+    assert config.format_size(size) == text
+    assert config.parse_size(text) == size

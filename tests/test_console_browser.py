@@ -62,7 +62,7 @@ def test_every_console_page_shows_the_servers_figures_in_chromium_and_a_dead_let
     secret = tmp_path / "console.secret"
     secret.write_text(SECRET + "\n")
     secret.chmod(0o600)
-    srv = make_server(http_dsn=url, http_auth_file=str(secret), max_deliveries=1, ack_timeout=300_000)
+    srv = make_server(http_dsn=url, http_auth_file=str(secret), max_deliveries=1, ack_timeout=0.3)
     with client.Producer(srv.receive) as producer:  # poison: delivered once, never acked, then dead
         assert all(r.ok for r in producer.produce_many([b"poison %d" % i] for i in range(3)))
     with client.Consumer(srv.send) as consumer:

@@ -80,7 +80,7 @@ def dead_letters(srv, count: int) -> list[str]:
 
 def operator_with_dead_letters(console, count: int) -> tuple:
     """(server, console url, a logged-in Browser) with ``count`` dead letters in queue "default"."""
-    srv, url = console(max_deliveries=1, ack_timeout=200_000)
+    srv, url = console(max_deliveries=1, ack_timeout=0.2)
     dead_letters(srv, count)
     browser = Browser(url)
     assert "Log out" in browser.log_in()[1]
@@ -145,7 +145,7 @@ def test_without_an_auth_file_the_console_refuses_every_change(make_server):
 @pytest.mark.slow
 def test_an_operator_logs_in_and_requeues_one_dead_letter_which_a_consumer_then_gets(console, caplog):
     # (writes nobody waits for are committed within 2 s: the page must show them all the same)
-    srv, url = console(max_deliveries=1, ack_timeout=200_000, commit_interval=2_000_000)
+    srv, url = console(max_deliveries=1, ack_timeout=0.2, commit_interval=2.0)
     ids = dead_letters(srv, 2)
     browser = Browser(url)
     status, page = browser.log_in()
@@ -213,7 +213,7 @@ def test_deleting_every_dead_letter_needs_the_box_ticked(console):
 
 @pytest.mark.slow
 def test_a_purge_deletes_every_ready_message_over_turns_and_leaves_the_one_in_flight(console):
-    srv, url = console(ack_timeout=60_000_000)
+    srv, url = console(ack_timeout=60.0)
     with client.Producer(srv.receive) as producer:
         assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(12_000)))
     with client.Consumer(srv.send) as consumer:

@@ -34,12 +34,12 @@ def test_a_produced_message_reaches_a_waiting_router_consumer_with_pzq_frames(se
     peer, key, sent, timeout, delimiter, *body = recv(c)
     assert body == [b"hello", b"", b"\x00world"]
     assert delimiter == b""
-    assert int(timeout) == server.config.ack_timeout
+    assert int(timeout) == server.config.ack_timeout * 1_000_000  # seconds in the config, µs on the wire
     assert abs(int(sent) / 1e6 - time.time()) < 5
 
 
 def test_an_acked_message_is_deleted_and_never_delivered_again(make_server, sockets):
-    server = make_server(ack_timeout=200_000)
+    server = make_server(ack_timeout=0.2)
     c = consumer(sockets, server)
     produce(sockets, server, [b"once"])
     peer, key, *_ = recv(c)
@@ -61,7 +61,7 @@ def test_a_nacked_message_comes_back_at_once_with_the_same_key(server, sockets):
 
 
 def test_an_unacked_message_is_redelivered_after_the_ack_timeout_and_counted_as_expired(make_server, sockets):
-    server = make_server(ack_timeout=200_000)
+    server = make_server(ack_timeout=0.2)
     c = consumer(sockets, server)
     produce(sockets, server, [b"slow"])
     first = recv(c)
@@ -73,7 +73,7 @@ def test_an_unacked_message_is_redelivered_after_the_ack_timeout_and_counted_as_
 
 
 def test_a_late_ack_for_a_redelivered_message_deletes_it(make_server, sockets):
-    server = make_server(ack_timeout=200_000)
+    server = make_server(ack_timeout=0.2)
     c = consumer(sockets, server)
     produce(sockets, server, [b"late"])
     peer, key, *_ = recv(c)
@@ -98,7 +98,7 @@ def test_messages_are_delivered_fifo_also_after_a_redelivery(server, sockets):
 
 
 def test_consumers_share_the_queue_round_robin(make_server, sockets):
-    server = make_server(ack_timeout=30_000_000)
+    server = make_server(ack_timeout=30.0)
     consumers = [consumer(sockets, server) for _ in range(2)]
     produce(sockets, server, *[[b"%d" % i] for i in range(10)])
     counts = []
@@ -113,7 +113,7 @@ def test_consumers_share_the_queue_round_robin(make_server, sockets):
 
 
 def test_no_more_than_max_inflight_unacked_messages_are_pushed(make_server, sockets):
-    server = make_server(max_inflight=3, ack_timeout=30_000_000)
+    server = make_server(max_inflight=3, ack_timeout=30.0)
     c = consumer(sockets, server)
     produce(sockets, server, *[[b"%d" % i] for i in range(10)])
     held = [recv(c) for _ in range(3)]
@@ -199,3 +199,13 @@ def test_a_dealer_monitor_client_gets_the_delimiter_and_the_text_as_from_the_ori
     dealer.send_multipart(request_frames)
     empty, text = recv(dealer)
     assert empty == b"" and text.startswith(b"messages: 0\n")
+
+
+def test_the_ack_timeout_goes_on_the_wire_in_microseconds_whatever_unit_configured_it(process_server):
+    server = process_server(ack_timeout="250ms")  # the flag with a unit; the config holds 0.25 s
+    with client.Producer(server.receive, timeout_ms=5000) as producer:
+        assert producer.produce([b"x"]).ok
+    with client.Consumer(server.send) as consumer:
+        delivery = consumer.receive(5000)
+        assert delivery is not None and delivery.ack_timeout_us == 250_000
+        consumer.ack(delivery)

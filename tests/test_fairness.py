@@ -28,7 +28,7 @@ def test_young_deliveries_count_while_acks_flow_and_all_count_when_none_do():
 
 
 def test_an_honest_consumer_is_not_starved_by_one_that_reads_without_acking(make_server, sockets):
-    server = make_server(max_inflight=100, ack_timeout=30_000_000)
+    server = make_server(max_inflight=100, ack_timeout=30.0)
     greedy = wait_connected(sockets(zmq.ROUTER, None), server.send)
     honest = wait_connected(sockets(zmq.ROUTER, None), server.send)
     with client.Producer(server.receive) as producer:

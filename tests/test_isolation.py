@@ -42,7 +42,7 @@ def test_a_native_consumer_that_received_nothing_cannot_ack_guessed_keys(make_se
 
 
 def test_a_native_consumer_may_ack_what_it_was_delivered_even_late(make_server, sockets):
-    srv = make_server(ack_timeout=100_000)
+    srv = make_server(ack_timeout=0.1)
     with client.Producer(srv.receive) as producer:
         assert producer.produce([b"slow"]).ok
     consumer = sockets(zmq.ROUTER, None)

@@ -208,7 +208,7 @@ def test_auto_ack_consumers_get_each_message_once_and_it_leaves_the_store(mqks_s
 
 def test_competing_consumers_share_a_queue(make_server):
     endpoint, _ = free_tcp_endpoint()
-    make_server(mqks_dsn=endpoint, ack_timeout=30_000_000)  # no redelivery while the test reads slowly
+    make_server(mqks_dsn=endpoint, ack_timeout=30.0)  # no redelivery while the test reads slowly
     c1, c2, p = MqksClient(endpoint), MqksClient(endpoint), MqksClient(endpoint)
     talk(c1, "c1 consume --confirm q1 e1 --manual-ack", "c1 ok ")
     talk(c2, "c2 consume --confirm q1 --manual-ack", "c2 ok ")

@@ -26,7 +26,7 @@ def make(store: Store, *, max_inflight: int = 10) -> NativeGateway:
     broker = Broker(store, ack_timeout_s=TIMEOUT_US / 1e6)
     store.queue("q")
     return NativeGateway(
-        broker, queue="q", max_message_size=1 << 20, max_inflight=max_inflight, ack_timeout_us=TIMEOUT_US
+        broker, queue="q", max_message_size=1 << 20, max_inflight=max_inflight, ack_timeout_s=TIMEOUT_US / 1e6
     )
 
 

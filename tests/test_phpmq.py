@@ -122,7 +122,7 @@ def test_an_expired_message_is_never_dispatched_and_goes_to_the_dead_letters(php
 
 
 def test_an_unacked_message_comes_back_after_the_ack_timeout(phpmq):
-    srv, connect, _ = phpmq(ack_timeout=200_000)
+    srv, connect, _ = phpmq(ack_timeout=0.2)
     p = connect()
     p.send(1, (1, b"slow"), (2, b"x"))
     c = connect()

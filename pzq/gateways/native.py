@@ -40,12 +40,13 @@ class NativeGateway:
     """Stores what producers send and acks it after the commit; hands ``queue`` to consumers, at most
     ``max_inflight`` young deliveries at once (see NativeCredit)."""
 
-    def __init__(self, broker: Broker, *, queue: str, max_message_size: int, max_inflight: int, ack_timeout_us: int):
+    def __init__(self, broker: Broker, *, queue: str, max_message_size: int, max_inflight: int, ack_timeout_s: float):
         self.broker = broker
         self.queue = queue
         self.max_message_size = max_message_size
-        self.ack_timeout_us = ack_timeout_us
-        self.credit = NativeCredit(max_inflight, ack_timeout_us / 1e6)
+        self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
+        self.ack_timeout_s = ack_timeout_s
+        self.credit = NativeCredit(max_inflight, ack_timeout_s)
         self.taken_back_total = 0
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
         self._stalled_at: int | None = None
@@ -113,7 +114,7 @@ class NativeGateway:
         """Consumers' acks and nacks, settled in order; a run of acks in one ``ack_many``."""
         acks: list[Ref] = []
         keys: list[bytes] = []
-        timeout_s = self.ack_timeout_us / 1e6
+        timeout_s = self.ack_timeout_s
         for frames in messages:
             answer = native.parse_consumer_ack(frames)
             if answer is None:

@@ -1,0 +1,38 @@
+"""The `pzq` command line (click). Wiring only: the work lives in server, clients, check and bench.
+
+``serve`` (pzq/cli/serve.py) takes its options from Config's fields; the clients' commands are in
+clients.py, the store and key commands in admin.py, the benchmark in bench.py.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pzq import __version__
+from pzq.cli import admin, bench, clients, serve
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="pzq")
+def cli() -> None:
+    """pzq: a durable message queue that speaks PZQ (and more) on ZeroMQ and LMDB."""
+
+
+for command in (
+    serve.serve,
+    clients.monitor,
+    clients.produce,
+    clients.consume,
+    admin.keygen,
+    clients.mqks_group,
+    admin.dead_letters,
+    admin.check_store,
+    admin.dump_store,
+    bench.bench,
+):
+    cli.add_command(command)
+
+
+def main() -> None:
+    """The console script `pzq` (and `python -m pzq`)."""
+    cli(prog_name="pzq")

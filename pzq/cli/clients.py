@@ -1,0 +1,207 @@
+"""The clients' commands: produce, consume and monitor (native), and mqks publish/consume."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, resolve
+from pzq.clients import native as client
+from pzq.config import format_duration
+from pzq.errors import ClientError, ExitCode
+
+
+@click.command()
+@config_option
+@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
+@click.option("--watch", type=Duration("s"), help="Refresh this often until ^C; a plain number is seconds.")
+@click.option(
+    "--timeout", type=Duration("ms"), default="5s", show_default=True, help="Wait for an answer; a plain number is ms."
+)
+@curve_options
+@errors_to_exit
+def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:
+    """Show the server's figures."""
+    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    keys = curve(curve_client_key, curve_server_key)
+    while True:
+        figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
+        if as_json:
+            click.echo(json.dumps(figures, indent=2))
+        else:
+            try:
+                table = _table(figures)
+            except (TypeError, KeyError, ValueError):  # a queue entry without pzq's fields
+                raise ClientError(f"the figures from {endpoint} are not pzq's: is a pzq monitor there?") from None
+            if watch:
+                click.clear()
+            click.echo(table)
+        if not watch:
+            return
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _table(figures: dict) -> str:
+    lines = []
+    flat = {}
+    for name, value in figures.items():
+        if isinstance(value, dict) and name != "queues":
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        elif name != "queues":
+            flat[name] = value
+    width = max(len(k) for k in flat)
+    for name, value in flat.items():
+        lines.append(f"{name:<{width}}  {value}")
+    queues = figures.get("queues", {})
+    if queues:
+        lines.append("")
+        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
+        for name, q in queues.items():
+            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+    return "\n".join(lines)
+
+
+@click.command()
+@config_option
+@click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
+@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
+@click.option(
+    "--timeout", type=Duration("ms"), default="10s", show_default=True, help="Wait for each ack; a plain number is ms."
+)
+@click.argument("messages", nargs=-1)
+@curve_options
+@errors_to_exit
+def produce(config_file, receive_dsn, window, timeout, messages, curve_client_key, curve_server_key) -> None:
+    """Store MESSAGES (or each line of standard input) and wait until every one is acked."""
+    endpoint = resolve(config_file, receive_dsn=receive_dsn).receive_dsn
+    if messages:
+        bodies = ([m.encode()] for m in messages)
+    else:
+        bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
+    keys = curve(curve_client_key, curve_server_key)
+    with client.Producer(endpoint, timeout_ms=round(timeout * 1000), curve=keys) as producer:
+        results = producer.produce_many(bodies, window=max(1, window))
+    failed = [r for r in results if not r.ok]
+    for r in failed[:10]:
+        click.echo(f"pzq: message {r.message_id.decode()} refused: {r.error}", err=True)
+    click.echo(f"{len(results) - len(failed)} stored, {len(failed)} refused", err=True)
+    if failed:
+        sys.exit(ExitCode.FAILURE)
+
+
+@click.command()
+@config_option
+@click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
+@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "--timeout",
+    type=Duration("ms"),
+    default="10s",
+    show_default=True,
+    help="Wait for each message before giving up (exit 1); a plain number is ms.",
+)
+@click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
+@curve_options
+@errors_to_exit
+def consume(config_file, send_dsn, count, timeout, nack, as_json, curve_client_key, curve_server_key) -> None:
+    """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line)."""
+    endpoint = resolve(config_file, send_dsn=send_dsn).send_dsn
+    out = sys.stdout.buffer
+    got = 0
+    with client.Consumer(endpoint, curve=curve(curve_client_key, curve_server_key)) as consumer:
+        while count == 0 or got < count:
+            delivery = consumer.receive(round(timeout * 1000))
+            if delivery is None:
+                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
+                sys.exit(ExitCode.FAILURE)
+            if as_json:
+                out.write(
+                    json.dumps(
+                        {
+                            "key": delivery.key.decode(),
+                            "sent_us": delivery.sent_us,
+                            "body": [f.decode("utf-8", "replace") for f in delivery.body],
+                        }
+                    ).encode()
+                )
+            else:
+                out.write(b"\t".join(delivery.body))
+            out.write(b"\n")
+            out.flush()
+            (consumer.nack if nack else consumer.ack)(delivery)
+            got += 1
+        # Let the last acks leave before the socket closes.
+        consumer.sock.setsockopt(client.zmq.LINGER, 2000)
+
+
+@click.group("mqks")
+def mqks_group() -> None:
+    """Publish and consume through the MQKS gateway (one text line per request)."""
+
+
+@mqks_group.command("publish")
+@config_option
+@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.argument("event")
+@click.argument("data", nargs=-1)
+@errors_to_exit
+def mqks_publish(config_file, mqks_dsn, event, data) -> None:
+    """Publish DATA (words joined by spaces, or each line of standard input) to EVENT, confirmed durable."""
+    from pzq.clients.mqks import MqksClient
+
+    endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
+    lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
+    with MqksClient(endpoint) as mq:
+        for line in lines:
+            mq.publish(event, line)
+    click.echo(f"{len(lines)} published", err=True)
+
+
+@mqks_group.command("consume")
+@config_option
+@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "--timeout",
+    type=Duration("s"),
+    default="10s",
+    show_default=True,
+    help="Wait for each message; a plain number is s.",
+)
+@click.argument("queue")
+@click.argument("events", nargs=-1)
+@errors_to_exit
+def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
+    """Consume COUNT messages of QUEUE (binding it to EVENTS if given); print msg_id, event, retry, data.
+
+    Each message is acked once printed, and only one is held at a time (pzq's --prefetch=1), so that
+    nothing beyond COUNT is taken from the queue or has its retry count raised."""
+    from pzq.clients.mqks import MqksClient
+
+    endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
+    got = 0
+    with MqksClient(endpoint) as mq:
+        consumer = mq.consume(queue, list(events), manual_ack=True, prefetch=1)
+        while count == 0 or got < count:
+            delivery = mq.receive(timeout)
+            if delivery is None:
+                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
+                sys.exit(ExitCode.FAILURE)
+            click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
+            got += 1
+            if got == count:  # the last ack and the goodbye in one write: no next message is handed out
+                mq.sock.sendall(
+                    f"{consumer}-a ack {consumer} {delivery.msg_id}\n"
+                    f"{consumer}-dc delete_consumer --confirm {consumer}\n".encode()
+                )
+                mq.wait_ok(f"{consumer}-dc")  # the acks before it are done once this is answered
+                return
+            mq.ack(consumer, delivery.msg_id)

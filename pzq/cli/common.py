@@ -1,0 +1,87 @@
+"""What every `pzq` command shares: one clear line and a named exit code for each pzq error, settings
+resolved from flags, environment and file, and the CURVE client options."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from pzq import config
+from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreLocked
+
+
+def fail(message: str, code: ExitCode = ExitCode.FAILURE) -> NoReturn:
+    """Print ``pzq: error: MESSAGE`` to standard error and exit with ``code``."""
+    click.echo(f"pzq: error: {message}", err=True)
+    sys.exit(code)
+
+
+def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One clear line and a non-zero exit for every pzq error: no tracebacks for users' mistakes."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (ConfigError, StoreLocked) as exc:
+            fail(str(exc), ExitCode.CONFIG)
+        except StoreDamaged as exc:
+            fail(str(exc), ExitCode.STORE)
+        except PzqError as exc:
+            fail(str(exc), ExitCode.FAILURE)
+
+    return wrapper
+
+
+def resolve(config_file: str | None, **flags: Any) -> config.Config:
+    """The settings: ``flags`` (None = not given) over PZQ_* variables over ``config_file`` over defaults."""
+    return config.load(flags, os.environ, config_file)
+
+
+def curve_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--curve-client-key / --curve-server-key for commands that talk to a CURVE server."""
+    func = click.option(
+        "--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY", help="The server's CURVE public key file (server.key)."
+    )(func)
+    return click.option(
+        "--curve-client-key",
+        envvar="PZQ_CURVE_CLIENT_KEY",
+        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.",
+    )(func)
+
+
+def curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:
+    """The (client key pair, server public key) files, or None without CURVE; ConfigError for one alone."""
+    if bool(client_key) != bool(server_key):
+        raise ConfigError("--curve-client-key and --curve-server-key: give both or neither")
+    return (client_key, server_key) if client_key and server_key else None
+
+
+class Duration(click.ParamType):
+    """A client's duration option: '250ms', '30s', '5m', '1h', held in seconds. A plain number is in
+    ``plain``, the unit the option took before it took units."""
+
+    name = "duration"
+
+    def __init__(self, plain: str):
+        self.plain = plain
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return value if isinstance(value, float) else config.parse_duration(value, self.plain)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+config_option = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    envvar="PZQ_CONFIG",
+    help="TOML file of settings (see conf/pzq.toml).",
+)
