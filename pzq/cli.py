@@ -12,7 +12,7 @@ import click
 
 from pzq import __version__, config, logs
 from pzq.clients import native as client
-from pzq.errors import ClientError, ConfigError, PzqError, StoreDamaged, StoreLocked
+from pzq.errors import ClientError, ConfigError, PzqError, StoreDamaged, StoreLocked, StoreTooNew
 
 
 def _fail(message: str, code: int = 1):
@@ -29,7 +29,7 @@ def _errors_to_exit(func):
             return func(*args, **kwargs)
         except (ConfigError, StoreLocked) as exc:
             _fail(str(exc), 2)
-        except StoreDamaged as exc:
+        except (StoreDamaged, StoreTooNew) as exc:
             _fail(str(exc), 3)
         except PzqError as exc:
             _fail(str(exc), 1)
