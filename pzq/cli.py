@@ -207,9 +207,10 @@ def serve(config_file, **flags) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
     cfg = _resolve(config_file, **flags)
     logs.configure(cfg.log_level, cfg.log_format)
+    from pzq.console.web import Console
     from pzq.server import serve as run_server
 
-    run_server(cfg, reload=lambda: _resolve(config_file, **flags))
+    run_server(cfg, reload=lambda: _resolve(config_file, **flags), console=Console.from_config)
 
 
 @cli.command()

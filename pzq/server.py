@@ -27,6 +27,7 @@ from pzq.config import Config
 from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.connwatch import ConnectionWatch
+from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.native import NativeEndpoints
@@ -43,7 +44,6 @@ from pzq.systemd import Notifier
 from pzq.zmqio import draining
 
 if TYPE_CHECKING:
-    from pzq.console.web import Console
     from pzq.curve import CurveServer
     from pzq.metrics import Metrics
 
@@ -54,10 +54,13 @@ MAX_FAILED_TURNS = 100
 
 
 class Server:
-    """A pzq server on one Config. ``start()`` binds, ``run()`` loops until ``stop()`` or a signal."""
+    """A pzq server on one Config. ``start()`` binds, ``run()`` loops until ``stop()`` or a signal.
+    ``console`` makes the web console of ``--http-dsn`` (the CLI hands pzq.console's; the server never
+    imports it)."""
 
-    def __init__(self, config: Config, *, context: zmq.Context | None = None):
+    def __init__(self, config: Config, *, context: zmq.Context | None = None, console: ConsoleFactory | None = None):
         self.config = config
+        self._make_console = console
         self.ctx = context or zmq.Context.instance()
         # Made by start(); nothing but start() and close() runs before it.
         self.store: Store
@@ -76,7 +79,7 @@ class Server:
         self._reload_requested = False
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
         self.metrics: Metrics | None = None
-        self.console: Console | None = None
+        self.console: WebConsole | None = None
         self._last_commit_ms = 0.0
         self._produced_at_commit = 0
 
@@ -99,7 +102,7 @@ class Server:
         self.store.commit()
         self.broker = Broker(self.store, ack_timeout_s=cfg.ack_timeout / 1e6, max_deliveries=cfg.max_deliveries)
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
-        self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout)
+        self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
         if cfg.curve_secret_key:
             from pzq.curve import CurveServer
 
@@ -143,10 +146,9 @@ class Server:
 
             self.metrics = Metrics(cfg.metrics_dsn)
         if cfg.http_dsn:
-            from pzq.console.web import Console
-            from pzq.endpoints.console import ConsoleEndpoint
-
-            self.console = Console(cfg.http_dsn, cfg.database, cfg.http_auth_file, cfg.http_host_names)
+            if self._make_console is None:
+                raise ConfigError("--http-dsn: this server was built without the web console")
+            self.console = self._make_console(cfg)
             self.console.wake = self._wake_for_console
             self.endpoints.append(
                 ConsoleEndpoint(self.console, self.broker, wrote=self._admin_wrote, clients=self._client_lists)
@@ -221,11 +223,10 @@ class Server:
         except OSError:  # (a wake-up is pending already)
             pass
 
-    def _client_lists(self, now: float) -> dict:
-        """The console's clients page: each gateway's figures and lists of its clients, as of now."""
-        from pzq.console.pages import CLIENT_ROWS
-
-        tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, CLIENT_ROWS)]
+    def _client_lists(self, now: float, rows: int) -> dict:
+        """The console's clients page: each gateway's figures and lists of its clients (at most ``rows``
+        a list), as of now."""
+        tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, rows)]
         return {"tables": tables, "figures": self._gateway_stats()}
 
     def request_reload(self) -> None:
@@ -485,10 +486,10 @@ def _drop_privileges(user: str, database: str) -> None:
     log.info("dropped privileges to %s", user)
 
 
-def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+def serve(config: Config, reload: Callable[[], Config] | None = None, console: ConsoleFactory | None = None) -> None:
     """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
-    the settings on SIGHUP."""
-    server = Server(config)
+    the settings on SIGHUP; ``console`` makes the web console (see Server)."""
+    server = Server(config, console=console)
     server.reloader = reload
     try:
         server.start()

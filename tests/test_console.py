@@ -11,10 +11,11 @@ import urllib.request
 import pytest
 
 from pzq.clients import native as client
+from pzq.config import Limits
 from pzq.console import pages
 from pzq.console.history import History
 
-from conftest import free_tcp_endpoint, wait_until
+from conftest import free_tcp_endpoint, make_config, wait_until
 
 
 def get(url: str) -> tuple[int, str, dict]:
@@ -120,7 +121,7 @@ def test_a_servers_console_shows_the_figures_the_monitor_reports(make_server):
 def test_connections_that_send_nothing_take_at_most_sixteen_threads_eight_per_address(make_server):
     import socket
 
-    from pzq.console.web import MAX_CONNECTIONS, MAX_PER_ADDRESS
+    from pzq.console.listener import MAX_CONNECTIONS, MAX_PER_ADDRESS
 
     tcp, (host, port) = free_tcp_endpoint()
     url = tcp.replace("tcp://", "http://")
@@ -149,17 +150,12 @@ def test_connections_that_send_nothing_take_at_most_sixteen_threads_eight_per_ad
 
 
 @pytest.mark.slow
-def test_a_client_that_sends_its_request_a_byte_at_a_time_is_cut_off_at_the_connections_deadline(
-    make_server, monkeypatch
-):
+def test_a_client_that_sends_its_request_a_byte_at_a_time_is_cut_off_at_the_connections_deadline(make_server):
     import socket
     import time
 
-    from pzq.console import web
-
-    monkeypatch.setattr(web, "CONNECTION_S", 1.0)
     tcp, (host, port) = free_tcp_endpoint()
-    make_server(http_dsn=tcp.replace("tcp://", "http://"))
+    make_server(http_dsn=tcp.replace("tcp://", "http://"), limits=Limits(console_connection_s=1.0))
     with socket.create_connection((host, port), timeout=5) as slow:
         started = time.monotonic()
         cut = False
@@ -179,15 +175,11 @@ def test_a_client_that_sends_its_request_a_byte_at_a_time_is_cut_off_at_the_conn
 
 
 @pytest.mark.slow
-def test_a_query_string_of_too_many_fields_gets_400_and_a_flood_of_connections_is_cut_at_the_rate(
-    make_server, monkeypatch
-):
-    from pzq.console import web
-
-    monkeypatch.setattr(web, "CONNECTIONS_PER_S", 20)  # (100 by default: a flood of 120 would take long to show)
+def test_a_query_string_of_too_many_fields_gets_400_and_a_flood_of_connections_is_cut_at_the_rate(make_server):
     tcp, _ = free_tcp_endpoint()
     url = tcp.replace("tcp://", "http://")
-    make_server(http_dsn=url)
+    # (100 a second by default: a flood of 120 would take long to show)
+    make_server(http_dsn=url, limits=Limits(console_connections_per_s=20))
     assert get(url + "/queue?a=1&b=2&c=3")[0] == 400
     assert get(url + "/queues?a&b&c&d&e&f")[0] == 200  # (sorting by name, as for any unknown query)
     outcomes = []
@@ -267,7 +259,7 @@ def test_a_flood_of_connections_from_one_address_leaves_another_served(make_serv
         except ConnectionError:
             return "closed"
 
-    from pzq.console.web import SOURCE_PER_S
+    from pzq.console.listener import SOURCE_PER_S
 
     started = time.monotonic()
     flood = [status("127.0.0.1") for _ in range(200)]
@@ -286,3 +278,18 @@ def test_the_queues_table_shows_each_queues_rates_over_its_last_ten_seconds_and_
     table = pages.queues({"queues": {"slow": {}, "busy": {}}}, {}, {}, "produce_rate", True, rates=rates)
     assert re.findall(r'data-queue="(\w+)"', table) == ["busy", "slow"] and ">produced/s<" in table
     assert re.search(r'data-queue="busy">.*?<td data-column="produce_rate">200<', table)
+
+
+def test_a_server_built_without_a_console_refuses_an_http_dsn_with_a_clear_error(tmp_path):
+    import zmq
+
+    from pzq.errors import ConfigError
+    from pzq.server import Server
+
+    tcp, _ = free_tcp_endpoint()
+    server = Server(make_config(tmp_path, http_dsn=tcp.replace("tcp://", "http://")), context=zmq.Context.instance())
+    try:
+        with pytest.raises(ConfigError, match="--http-dsn: this server was built without the web console"):
+            server.start()
+    finally:
+        server.close()

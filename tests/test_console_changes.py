@@ -344,7 +344,7 @@ def test_a_purge_stops_when_its_queue_is_deleted_and_never_touches_a_new_queue_o
     tcp, _ = free_tcp_endpoint()
     console = Console(tcp.replace("tcp://", "http://"), ".")
     try:
-        endpoint = ConsoleEndpoint(console, broker, wrote=lambda: None, clients=lambda now: {})
+        endpoint = ConsoleEndpoint(console, broker, wrote=lambda: None, clients=lambda now, rows: {})
         store.put_many("q", [[b"old"]] * (3 * PURGE_PER_TURN), now_us=1)
         answer = endpoint._write("purge", {"name": "q"})
         assert answer["ok"] and "the rest follows" in answer["text"]

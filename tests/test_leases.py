@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
 
 from pzq.broker import Broker
+from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.leases import Leases
 from pzq.store import Store
@@ -14,19 +16,15 @@ from pzq.store import Store
 T0 = 1_800_000_000_000_000  # wall-clock µs
 
 
-@pytest.fixture(autouse=True)
-def no_time_budget(monkeypatch):
-    """A call's 10 ms budget makes its range shorter on a busy machine: these tests count messages,
-    so they lift it (the budget has its own test)."""
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "CALL_BUDGET_S", 60.0)
+# A call's 10 ms budget makes its range shorter on a busy machine: these tests count messages, so they
+# lift it (the budget has its own test).
+NO_TIME_BUDGET = Limits(lease_call_budget_s=60.0)
 
 
-def _open(path, timeout_s: float = 60.0) -> tuple[Store, Broker, Leases]:
+def _open(path, timeout_s: float = 60.0, **limits) -> tuple[Store, Broker, Leases]:
     store = Store(path, max_size=64 << 20)
     broker = Broker(store, ack_timeout_s=5.0)
-    return store, broker, Leases(broker, timeout_s=timeout_s)
+    return store, broker, Leases(broker, timeout_s=timeout_s, limits=dataclasses.replace(NO_TIME_BUDGET, **limits))
 
 
 @pytest.fixture
@@ -208,11 +206,8 @@ def test_a_fetch_stops_after_max_bytes_and_says_where(leased):
     assert [lseq for lseq, _ in messages] == [0, 1, 2] and gone == 0 and upto == 3
 
 
-def test_one_lease_call_takes_at_most_max_lease_messages_and_the_next_goes_on(tmp_path, monkeypatch):
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "MAX_LEASE", 4)
-    store, broker, leases = _open(tmp_path / "db")
+def test_one_lease_call_takes_at_most_max_lease_messages_and_the_next_goes_on(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", max_lease=4)
     try:
         for i in range(10):
             broker.produce("q", [b"m%d" % i], now_us=T0)
@@ -279,11 +274,8 @@ def test_messages_another_consumer_holds_split_a_lease_into_runs_and_each_fetche
         store.close()
 
 
-def test_a_big_acknowledgement_is_durable_at_once_and_deleted_a_share_per_turn(tmp_path, monkeypatch):
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "WORK_PER_TURN", 100)
-    store, broker, leases = _open(tmp_path / "db")
+def test_a_big_acknowledgement_is_durable_at_once_and_deleted_a_share_per_turn(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", lease_work_per_turn=100)
     broker.produce_many("q", [[b"m%d" % i] for i in range(1000)], now_us=T0)
     leases.lease("q", "g", 0, 1000, now=0, now_us=T0)
     assert leases.ack_upto("q", "g", 1000, now_us=T0) == 1000
@@ -292,7 +284,7 @@ def test_a_big_acknowledgement_is_durable_at_once_and_deleted_a_share_per_turn(t
     store.commit()
     store.close()  # a restart before the rest is deleted: the base says they are acknowledged
 
-    store, broker, leases = _open(tmp_path / "db")
+    store, broker, leases = _open(tmp_path / "db", lease_work_per_turn=100)
     try:
         assert leases.pending and broker.ready_count("q") == 0, "held until deleted, never handed out"
         for _ in range(9):  # the 900 left, 100 a turn
@@ -354,15 +346,11 @@ def test_an_unreadable_message_met_by_a_lease_is_set_aside_and_the_lease_goes_on
         store.close()
 
 
-def test_a_lease_or_fetch_past_its_time_budget_answers_a_shorter_range_and_the_next_call_goes_on(tmp_path, monkeypatch):
-    import pzq.leases
+def test_a_lease_or_fetch_past_its_time_budget_answers_a_shorter_range_and_the_next_call_goes_on(tmp_path):
 
-    store, broker, leases = _open(tmp_path / "db")
+    store, broker, leases = _open(tmp_path / "db", lease_call_budget_s=0.0, lease_chunk=3, fetch_chunk=4)
     try:
         broker.produce_many("q", [[b"m%d" % i] for i in range(10)], now_us=T0)
-        monkeypatch.setattr(pzq.leases, "CALL_BUDGET_S", 0.0)  # one chunk per call, whatever the machine
-        monkeypatch.setattr(pzq.leases, "LEASE_CHUNK", 3)
-        monkeypatch.setattr(pzq.leases, "FETCH_CHUNK", 4)
         assert leases.lease("q", "g", 0, 10, now=0, now_us=T0) == (0, 3)
         assert leases.lease("q", "g", 3, 7, now=0, now_us=T0) == (0, 6)
         messages, gone, upto = leases.fetch("q", "g", 0, 6, now_us=T0)
@@ -446,11 +434,8 @@ def test_a_run_past_the_queues_end_and_a_second_group_with_one_gid_are_removed_a
         store.close()
 
 
-def test_a_group_holds_at_most_max_runs_and_what_it_could_not_hold_stays_ready(tmp_path, monkeypatch):
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "MAX_RUNS_PER_GROUP", 3)
-    store, broker, leases = _open(tmp_path / "db")
+def test_a_group_holds_at_most_max_runs_and_what_it_could_not_hold_stays_ready(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", max_runs_per_group=3)
     try:
         broker.produce_many("q", [[b"m%d" % i] for i in range(20)], now_us=T0)
         taken = broker.take("q", 20, "native", now=0, now_us=T0)
@@ -480,11 +465,8 @@ def test_an_expirys_raised_delivery_counts_are_durable_with_the_turn_that_return
         store.close()
 
 
-def test_an_acknowledgements_first_share_counts_against_its_turns_share(tmp_path, monkeypatch):
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "WORK_PER_TURN", 100)
-    store, broker, leases = _open(tmp_path / "db")
+def test_an_acknowledgements_first_share_counts_against_its_turns_share(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", lease_work_per_turn=100)
     try:
         broker.produce_many("q", [[b"m%d" % i] for i in range(1000)], now_us=T0)
         leases.lease("q", "g", 0, 1000, now=0, now_us=T0)
@@ -497,11 +479,8 @@ def test_an_acknowledgements_first_share_counts_against_its_turns_share(tmp_path
         store.close()
 
 
-def test_at_the_run_limit_a_group_still_leases_what_goes_on_from_its_own_last_run(tmp_path, monkeypatch):
-    import pzq.leases
-
-    monkeypatch.setattr(pzq.leases, "MAX_RUNS", 1)
-    store, broker, leases = _open(tmp_path / "db")
+def test_at_the_run_limit_a_group_still_leases_what_goes_on_from_its_own_last_run(tmp_path):
+    store, broker, leases = _open(tmp_path / "db", max_runs=1)
     try:
         broker.produce_many("q", [[b"m%d" % i] for i in range(20)], now_us=T0)
         assert leases.lease("q", "g", 0, 5, now=0, now_us=T0) == (0, 5)

@@ -58,18 +58,17 @@ def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others
     assert len(acks) == before - 1000, "every message stored for it was acked once it read"
 
 
-def test_a_backlog_its_peer_never_reads_is_dropped_after_a_while(sockets, monkeypatch):
-    import pzq.endpoints.replies as replies_module
+def test_a_backlog_its_peer_never_reads_is_dropped_after_a_while(sockets):
+    from pzq.config import Limits
     from pzq.endpoints.replies import Replies
 
-    monkeypatch.setattr(replies_module, "STALE_S", 0.2)
     router = sockets(zmq.ROUTER, None)
     router.sndhwm = 1
     router.bind("inproc://stale-replies")
     peer = sockets(zmq.DEALER, "inproc://stale-replies")
     peer.send(b"hello")
     identity = router.recv_multipart()[0]
-    replies = Replies(router, "test")
+    replies = Replies(router, "test", Limits(reply_stale_s=0.2))
     for i in range(5000):  # more than its pipe holds (inproc: our SNDHWM plus its RCVHWM)
         replies.send([identity, b"%d" % i])
     assert replies.blocked(identity), "a peer that does not read gets a backlog"

@@ -1,17 +1,21 @@
 """The web console's side of the loop: what its pages ask the loop to read, and the changes a logged-in
 operator makes (requeue or delete dead letters, purge a queue), carried out in the turn and answered
 after its commit, like every write. The console's HTTP threads never touch the store; they hand
-``LoopRequest``s to this endpoint through the console's bounded queue (pzq/console/web.py)."""
+requests to this endpoint through the console's bounded queue (pzq/console/state.py).
+
+The loop knows the console only as ``WebConsole``: the CLI builds it (pzq.console.web.Console) and
+hands the server a factory, so nothing below the CLI imports pzq.console."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from pzq.broker import Broker
-from pzq.console.pages import SHOWN
-from pzq.console.web import Console, LoopRequest
+from pzq.config import Config
 from pzq.endpoints.base import Endpoint
 
 log = logging.getLogger("pzq.console")
@@ -21,7 +25,53 @@ READ_BUDGET_S = 0.005  # of a turn spent on the console's reads; the rest wait f
 PURGE_PER_TURN = 5000  # stored messages a purge walks in one turn; a big queue is purged over turns
 DEAD_PER_CHANGE = 1000  # dead letters one "requeue all" or "delete all" moves (press again for more)
 BODY_BYTES = 1024  # of each body a page is given (it shows 200 characters)
+MAX_ROWS = 1000  # messages, dead letters or clients of one list a page may ask for
 WRITES = frozenset({"requeue", "delete_dead", "purge"})
+
+
+class ConsoleRequest(Protocol):
+    """A read or a change a page asks of the loop: ``kind`` (``queue``, ``clients`` or one of WRITES)
+    and its ``args``; the loop sets ``result``, then ``done``."""
+
+    kind: str
+    args: dict
+    result: Any
+    done: threading.Event
+
+    def claim(self) -> bool:
+        """The loop takes the request on: False if its page stopped waiting (then nothing is done)."""
+        ...
+
+
+class WebConsole(Protocol):
+    """What the loop needs of the web console (its HTTP side runs in threads of its own)."""
+
+    host: str
+    port: int
+    wake: Callable[[], None]  # set by the server: interrupts the loop's poll when a request waits
+
+    def take(self, limit: int) -> Iterator[ConsoleRequest]:
+        """Up to ``limit`` waiting requests."""
+        ...
+
+    def pending(self) -> bool:
+        """Whether requests wait for the loop."""
+        ...
+
+    def publish(self, at: float, stats: dict, oldest: dict[str, float], per_queue: dict, commit_ms: float) -> None:
+        """The loop's figures for the next page views (about once a second)."""
+        ...
+
+    def reload_secret(self) -> None:
+        """Re-read the login secret (SIGHUP); ConfigError if it cannot be read."""
+        ...
+
+    def close(self) -> None:
+        """Stop serving."""
+        ...
+
+
+ConsoleFactory = Callable[[Config], WebConsole]  # the web console of a Config's --http-dsn
 
 
 class ConsoleEndpoint(Endpoint):
@@ -31,22 +81,22 @@ class ConsoleEndpoint(Endpoint):
 
     def __init__(
         self,
-        console: Console,
+        console: WebConsole,
         broker: Broker,
         *,
         wrote: Callable[[], None],
-        clients: Callable[[float], dict],
+        clients: Callable[[float, int], dict],
     ):
         self.console = console
         self.broker = broker
         self.store = broker.store
         self.sockets = []
         self._wrote = wrote  # requeued letters are ready: native consumers may be unstalled
-        self._clients = clients
-        self._answered: list[LoopRequest] = []  # writes carried out this turn, answered after the commit
+        self._clients = clients  # (now, rows) -> the clients page's figures and tables
+        self._answered: list[ConsoleRequest] = []  # writes carried out this turn, answered after the commit
         # Reads wait for the turn's commit too: a page shows what is committed (it reads a snapshot of
         # the store), so what the figures say happened is on the page as well.
-        self._reads: list[LoopRequest] = []
+        self._reads: list[ConsoleRequest] = []
         # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made
         # again under the same name mid-purge is another queue, whose messages the purge must not touch)
         self._purges: dict[str, tuple[int, int, int]] = {}
@@ -95,19 +145,20 @@ class ConsoleEndpoint(Endpoint):
             request.done.set()
 
     def wake_at(self, now: float) -> float | None:
-        return now if self._purges or self._reads or not self.console.requests.empty() else None
+        return now if self._purges or self._reads or self.console.pending() else None
 
     # -- reads ----------------------------------------------------------------------------------------
 
     def _read(self, kind: str, args: dict, now: float) -> dict:
+        rows = max(0, min(int(args.get("rows", 0)), MAX_ROWS))
         if kind == "clients":
-            return self._clients(now)
+            return self._clients(now, rows)
         name = args["name"]
         info = self.store.queue(name, create=False)
         if info is None:
             return {"gone": True}
 
-        def rows(dead: bool) -> list[dict]:
+        def listed(dead: bool) -> list[dict]:
             return [
                 {
                     "id": p.id,
@@ -118,12 +169,12 @@ class ConsoleEndpoint(Endpoint):
                     "size_exact": p.size_exact,
                     "reason": p.reason,
                 }
-                for p in self.store.preview(name, SHOWN, BODY_BYTES, dead=dead)
+                for p in self.store.preview(name, rows, BODY_BYTES, dead=dead)
             ]
 
         return {
-            "messages": rows(dead=False),
-            "dead": rows(dead=True),
+            "messages": listed(dead=False),
+            "dead": listed(dead=True),
             "purging": name in self._purges,
             "figures": self.broker.queue_figures(info),  # (as of now: the snapshot may be a second old)
         }

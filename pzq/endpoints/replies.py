@@ -16,22 +16,21 @@ import time
 
 import zmq
 
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
 
-BACKLOG_MESSAGES = 10_000  # replies waiting for one peer, at most
-BACKLOG_BYTES = 16 << 20  # bytes of replies waiting for one peer, at most
 RETRY_S = 0.01  # how soon a backlog is tried again
-STALE_S = 60.0  # a backlog its peer has taken nothing of for this long is dropped (and logged)
 
 
 class Replies:
     """Sends on one ROUTER socket; every reply goes out, waits in a bounded backlog, or is logged."""
 
-    def __init__(self, sock: zmq.Socket, role: str):
+    def __init__(self, sock: zmq.Socket, role: str, limits: Limits = DEFAULT_LIMITS):
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.limits = limits  # backlog_messages, backlog_bytes, reply_stale_s
         self.sock = sock
         self.role = role
         self._backlog: dict[bytes, collections.deque[list[bytes]]] = {}
@@ -57,7 +56,7 @@ class Replies:
                 return
         waiting.append(frames)
         self._bytes[peer] += sum(map(len, frames))
-        if len(waiting) > BACKLOG_MESSAGES or self._bytes[peer] > BACKLOG_BYTES:
+        if len(waiting) > self.limits.backlog_messages or self._bytes[peer] > self.limits.backlog_bytes:
             self.dropped_total += len(waiting)
             log.warning(
                 "%s peer %r reads none of its replies: %d waiting replies (%d bytes) dropped",
@@ -70,7 +69,7 @@ class Replies:
 
     def flush(self) -> None:
         """Send what waits, in order, as far as each peer's pipe takes it. A backlog that has not moved
-        for STALE_S goes: its peer is connected but reads nothing, and must not hold memory forever."""
+        for limits.reply_stale_s goes: its peer is connected but reads nothing, and must not hold memory forever."""
         now = time.monotonic()
         for peer, waiting in list(self._backlog.items()):
             sent = 0
@@ -87,7 +86,7 @@ class Replies:
                 sent += 1
             if sent:
                 self._moved[peer] = now
-            elif waiting and now - self._moved[peer] > STALE_S:
+            elif waiting and now - self._moved[peer] > self.limits.reply_stale_s:
                 self.dropped_total += len(waiting)
                 log.warning(
                     "%s peer %r has read none of its replies for %.0f s: %d waiting replies dropped",
