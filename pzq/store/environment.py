@@ -83,6 +83,7 @@ class Environment:
             )
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self._lock_fd: int | None = None
+        self.verified = ""  # what the page walk found, when it ran
         try:
             if readonly:
                 os.makedirs(path, exist_ok=True)
@@ -124,7 +125,8 @@ class Environment:
                 if verify and stored:
                     started = time.monotonic()
                     records = verify_pages(path)
-                    log.info("%s verified: %d records in %.2f s", data_file, records, time.monotonic() - started)
+                    # (logged by the store once it read the rest: a store it refuses says one line only)
+                    self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
             self.dbs = {name: self._env.open_db(name.encode(), create=not readonly) for name in names}
         except (lmdb.Error, OSError) as exc:
             self.close()

@@ -87,6 +87,8 @@ class Queues:
         except BaseException:
             self.env.close()
             raise
+        if self.env.verified:
+            log.info("%s", self.env.verified)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -94,10 +96,11 @@ class Queues:
         self._queues.clear()
         self._by_id.clear()
         with self.env.reading() as txn:
-            self.format = self._format(txn.get(b"format", db=self._meta_db))
-            # An older format is marked as this one with the next write. (Format 1 is the first: when a
-            # layout changes, the conversion of the older records goes here, before that mark.)
-            self._meta_dirty = self.format < FORMAT and not self._readonly
+            raw = txn.get(b"format", db=self._meta_db)
+            self.format = self._format(raw)
+            # An older format (or none written) is marked as this one with the next write. (Format 1 is
+            # the first: when a layout changes, the conversion of the older records goes here.)
+            self._meta_dirty = (raw is None or self.format < FORMAT) and not self._readonly
             raw = txn.get(b"next_qid", db=self._meta_db)
             self._next_qid = U64.unpack(raw)[0] if raw else 1
             for name, value in txn.cursor(db=self._queues_db):
