@@ -36,7 +36,7 @@ _BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
 def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str, bool] | None:
     """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason, whether the size
     is exact) of a record, read without copying its frames; None if it is not one. Walks the msgpack
-    layout (module docstring): the fields before the frames, each frame's bin header (at most
+    layout (layout.py): the fields before the frames, each frame's bin header (at most
     PREVIEW_FRAMES of them: past that the record's size stands for the body's), and a dead letter's
     fields after them."""
     try:
