@@ -9,58 +9,14 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 from typing import IO
 
-import lmdb
-
-from pzq.errors import StoreDamaged, StoreError
+from pzq.errors import StoreError, StoreTooNew
 from pzq.store import DeadLetter, Store, side_tables
 
-ADVICE = "run `pzq check` to see what is readable, then restore it from a backup or `pzq dump` what is readable"
-
-
-def verify_pages(path: str) -> int:
-    """Walk every B-tree page of the store at ``path`` in a child process before the server opens it;
-    returns the records seen. Raises StoreDamaged (one line) if LMDB cannot walk it: a wrecked page
-    makes LMDB abort the process, and a server that met it while serving would abort, restart, serve
-    up to the same page and abort again. (A fresh interpreter, not a fork: py-lmdb refuses a second
-    environment on a path its process already has open.)"""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    child = subprocess.run(
-        [sys.executable, "-c", "import sys; from pzq.check import _verify_main; _verify_main(sys.argv[1])", path],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    data_file = os.path.join(path, "data.mdb")
-    answer = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
-    if child.returncode < 0:
-        raise StoreDamaged(
-            f"{data_file} is damaged: LMDB died of {signal.Signals(-child.returncode).name} walking it; " + ADVICE
-        )
-    if child.returncode != 0 or not answer.isdigit():
-        raise StoreDamaged(f"{data_file} is damaged: {answer or 'its reader failed'}; " + ADVICE)
-    return int(answer)
-
-
-def _verify_main(path: str) -> None:
-    try:
-        env = lmdb.open(path, readonly=True, lock=False, max_dbs=64, subdir=True)
-        seen = 0
-        with env.begin(buffers=True) as txn:
-            names = [bytes(name) for name in txn.cursor().iternext(values=False)]
-            for name in [None, *names]:
-                db = env.open_db(name, txn=txn, create=False) if name is not None else None
-                # Keys only: every branch and leaf page is read; values stay where they are.
-                for _ in txn.cursor(db=db).iternext(values=False):
-                    seen += 1
-        env.close()
-        print(seen)
-    except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever the file does, one line
-        print(f"{type(exc).__name__}: {exc}")
+# Errors of the reader child kept by name across the pipe: a store too new exits 3 as `pzq serve` does.
+# (Any other StoreError, a damaged or truncated file included, is check's "cannot read": exit 1.)
+_ERRORS: dict[str, type[StoreError]] = {StoreTooNew.__name__: StoreTooNew}
 
 
 def check(path: str, out: IO[str]) -> bool:
@@ -89,7 +45,8 @@ def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
         except EOFError:
             break
         if kind == "error":
-            raise StoreError(text)
+            name, text = text
+            raise _ERRORS.get(name, StoreError)(text)  # (the class decides the exit status: kept)
         if kind == "done":
             ok = text == "clean"
             continue
@@ -113,15 +70,12 @@ def _child(func, path: str, target: str | None, conn) -> None:
     try:
         func(path, target, lambda kind, text: conn.send((kind, text)))
     except StoreError as exc:
-        conn.send(("error", str(exc)))
+        conn.send(("error", (type(exc).__name__, str(exc))))
     except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever a damaged store does, one line
-        conn.send(
-            (
-                "error",
-                f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; "
-                "restore it from a backup",
-            )
+        text = (
+            f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; restore it from a backup"
         )
+        conn.send(("error", ("StoreError", text)))
     finally:
         conn.close()
 

@@ -2,11 +2,12 @@
 pyzmq's authenticator (a ZAP handler in a thread of its own, as pyzmq provides it), and the gate that
 checks every received message's key against the current allow-list.
 
-Keys are pyzmq certificate files (``zmq.auth``): ``NAME.key`` holds a public key, ``NAME.key_secret``
-the pair. ``pzq keygen DIR NAME`` writes both. The server reads its ``.key_secret`` file; a client is
-let in only if its public key is a ``.key`` file in the clients directory (read at start-up and on
-SIGHUP). The handshake alone would let a connection made before a key's removal live on, so every
-message is checked too: libzmq tags it with the key its connection authenticated with (ZAP User-Id).
+Keys are pyzmq certificate files (``zmq.auth``, read by ``curve_keys.py``, which the clients use too):
+``NAME.key`` holds a public key, ``NAME.key_secret`` the pair. ``pzq keygen DIR NAME`` writes both. The
+server reads its ``.key_secret`` file; a client is let in only if its public key is a ``.key`` file in
+the clients directory (read at start-up and on SIGHUP). The handshake alone would let a connection made
+before a key's removal live on, so every message is checked too: libzmq tags it with the key its
+connection authenticated with (ZAP User-Id).
 """
 
 from __future__ import annotations
@@ -19,35 +20,13 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from pzq.curve_keys import keygen, load_pair, secure_client
 from pzq.errors import ConfigError
+
+__all__ = ["DOMAIN", "CurveServer", "Gate", "keygen", "secure_client"]  # (the key helpers stay here too)
 
 log = logging.getLogger("pzq.curve")
 DOMAIN = "pzq"
-
-
-def keygen(directory: str, name: str) -> tuple[str, str]:
-    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (owner-only) in ``directory``."""
-    os.makedirs(directory, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(directory, name)
-    os.chmod(secret, 0o600)
-    return public, secret
-
-
-def load_pair(path: str, option: str) -> tuple[bytes, bytes]:
-    try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{option} {path}: cannot read a key file: {exc}") from None
-    if not secret:
-        raise ConfigError(f"{option} {path}: holds no secret key (give the .key_secret file)")
-    return public, secret
-
-
-def load_public(path: str, option: str) -> bytes:
-    try:
-        return zmq.auth.load_certificate(path)[0]
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{option} {path}: cannot read a key file: {exc}") from None
 
 
 class Gate:
@@ -122,11 +101,3 @@ class CurveServer:
 
     def close(self) -> None:
         self.auth.stop()
-
-
-def secure_client(sock: zmq.Socket, client_secret_file: str, server_public_file: str) -> zmq.Socket:
-    """Make ``sock`` (not yet connected) a CURVE client with this key pair, trusting this server key."""
-    public, secret = load_pair(client_secret_file, "--curve-client-key")
-    sock.curve_publickey, sock.curve_secretkey = public, secret
-    sock.curve_serverkey = load_public(server_public_file, "--curve-server-key")
-    return sock

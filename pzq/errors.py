@@ -36,6 +36,10 @@ class StoreDamaged(StoreError):
     """The data file cannot be read as an LMDB store: a restart would not help (exit status 3)."""
 
 
+class StoreTooNew(StoreError):
+    """The store was written by a newer pzq, in a format this one cannot read (exit status 3)."""
+
+
 class StoreLocked(StoreError):
     """Another pzq process holds the store: there is one writer, and it is not this process."""
 

@@ -10,7 +10,7 @@ import lmdb
 import pytest
 
 from pzq.clients import native as client
-from pzq.store.queues import _KEY
+from pzq.store.layout import KEY as _KEY
 
 from conftest import ProcessServer, start_every_gateway
 

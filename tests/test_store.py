@@ -278,7 +278,7 @@ def test_a_message_id_with_non_hex_characters_does_not_parse(bad):
 def test_a_write_that_finds_its_key_already_stored_is_a_store_error_and_rolls_back(store):
     import msgpack
 
-    from pzq.store.queues import _KEY
+    from pzq.store.layout import KEY as _KEY
 
     store.put("q", [b"first"], now_us=1)
     store.commit()
@@ -309,7 +309,7 @@ def test_a_new_queue_past_max_queues_is_refused_as_full_and_existing_ones_still_
 
 
 def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_path):
-    from pzq.store.queues import _KEY
+    from pzq.store.layout import KEY as _KEY
 
     store = Store(tmp_path / "db", max_size=16 << 20)
     try:
@@ -351,7 +351,7 @@ def test_put_many_stores_in_order_what_fits_and_refuses_the_rest(tmp_path):
 
 
 def test_put_many_after_another_writer_took_the_next_seq_fails_the_turn(tmp_path):
-    from pzq.store.queues import _KEY
+    from pzq.store.layout import KEY as _KEY
 
     store = Store(tmp_path / "db", max_size=16 << 20)
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from typing import Any
 
 from pzq.bench.phases import BenchOptions, Progress, mp, run_phase
@@ -19,12 +18,14 @@ from pzq.bench.phpmq import phases as phpmq_phases
 from pzq.bench.report import machine, medians
 from pzq.bench.server import PzqServer, free_ports
 from pzq.bench.workers import TAG_SHIFT, run_echo_server, run_forwarder
+from pzq.clients import native as client
+from pzq.errors import ClientError
 
 __all__ = ["BenchOptions", "bench"]
 
 
 def server_for(options: BenchOptions) -> PzqServer:
-    """The server under test, not started yet (a preload fills its store first)."""
+    """The server under test, not started yet."""
     return PzqServer(
         gateways=("phpmq",) if options.protocol == "phpmq" else (),
         transport=options.transport,
@@ -36,19 +37,15 @@ def server_for(options: BenchOptions) -> PzqServer:
     )
 
 
-def preload(database: str, count: int, size: int) -> None:
-    """Fill the store directly (the server is not running yet), 10,000 messages per commit."""
-    from pzq.store import Store
-
-    store = Store(database, max_size=max(4 << 30, count * (size + 200)))
+def preload(endpoint: str, count: int, size: int) -> None:
+    """Store ``count`` messages through the running server's native producer endpoint, 10,000 per
+    window of acks (the bench is a client: it writes no store itself); ClientError if one is refused."""
     body = b"\xff" * 8 + ((1 << TAG_SHIFT) - 1).to_bytes(8, "big") + b"p" * max(0, size - 16)
-    now = time.time_ns() // 1000
-    for i in range(count):
-        store.put("default", [body], now_us=now)
-        if i % 10_000 == 9_999:
-            store.commit()
-    store.commit()
-    store.close()
+    with client.Producer(endpoint, timeout_ms=60_000) as producer:
+        for start in range(0, count, 10_000):
+            refused = [r for r in producer.produce_many([[body]] * min(10_000, count - start), window=1000) if not r.ok]
+            if refused:
+                raise ClientError(f"the preload was refused at message {start}: {refused[0].error}")
 
 
 def one_run(options: BenchOptions, progress: Progress) -> tuple[dict, dict]:
@@ -56,10 +53,9 @@ def one_run(options: BenchOptions, progress: Progress) -> tuple[dict, dict]:
     result: dict = {}
     samples: dict = {}
     try:
-        if options.preload:
-            preload(server.database, options.preload, options.size)
         server.start()
-        if options.preload:
+        if options.preload:  # stored before the restart that is measured
+            preload(server.receive, options.preload, options.size)
             server.stop()
             result["restart_s"] = round(server.start(), 3)
         kw: dict[str, Any] = dict(progress=progress, server=server)

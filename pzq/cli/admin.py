@@ -20,7 +20,7 @@ from pzq.errors import ClientError, ExitCode
 def keygen(directory, name) -> None:
     """Write a CURVE key pair: DIRECTORY/NAME.key (public: give it to the other side) and
     DIRECTORY/NAME.key_secret (keep it: owner-only)."""
-    from pzq.curve import keygen as make_keys
+    from pzq.curve_keys import keygen as make_keys
 
     public, secret = make_keys(directory, name)
     click.echo(f"public key: {public}\nsecret key: {secret}")

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from pzq import config
-from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreLocked
+from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreLocked, StoreTooNew
 
 
 def fail(message: str, code: ExitCode = ExitCode.FAILURE) -> NoReturn:
@@ -30,7 +30,7 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         except (ConfigError, StoreLocked) as exc:
             fail(str(exc), ExitCode.CONFIG)
-        except StoreDamaged as exc:
+        except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)
         except PzqError as exc:
             fail(str(exc), ExitCode.FAILURE)

@@ -46,7 +46,7 @@ def connect(kind: int, endpoint: str, *, ctx: zmq.Context | None = None, curve: 
     sock = (ctx or zmq.Context.instance()).socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if curve:
-        from pzq.curve import secure_client
+        from pzq.curve_keys import secure_client
 
         secure_client(sock, *curve)
     sock.connect(endpoint)

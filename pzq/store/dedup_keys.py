@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import msgpack
 
-from pzq.store.side_table import SideTable, whole
+from pzq.store.layout import whole
+from pzq.store.side_table import SideTable
 
 
 class Produced(NamedTuple):

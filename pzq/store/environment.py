@@ -1,6 +1,6 @@
 """The LMDB boundary: the one environment, its named databases, and the write transaction.
 
-Nothing else in pzq imports lmdb (but ``pzq check``'s page walk, in a child interpreter). The loop
+Nothing outside this package imports lmdb (the page walk, ``pages.py``, is its other user). The loop
 owns the write transaction: every write of a turn joins the one open transaction (``write()``), and
 ``commit()`` ends it with one durable commit (fsync'd unless ``sync=False``); a failed write or
 commit rolls all of it back and tells the listeners (``on_abort``) so that their in-memory state
@@ -24,6 +24,7 @@ from typing import Any
 import lmdb
 
 from pzq.errors import StoreDamaged, StoreError, StoreLocked
+from pzq.store.pages import verify_pages
 
 log = logging.getLogger("pzq.store")
 
@@ -82,6 +83,7 @@ class Environment:
             )
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self._lock_fd: int | None = None
+        self.verified = ""  # what the page walk found, when it ran
         try:
             if readonly:
                 os.makedirs(path, exist_ok=True)
@@ -121,11 +123,10 @@ class Environment:
                 for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
                     os.chmod(os.path.join(path, name), 0o600)
                 if verify and stored:
-                    from pzq.check import verify_pages  # (check reads stores: it imports this package)
-
                     started = time.monotonic()
                     records = verify_pages(path)
-                    log.info("%s verified: %d records in %.2f s", data_file, records, time.monotonic() - started)
+                    # (logged by the store once it read the rest: a store it refuses says one line only)
+                    self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
             self.dbs = {name: self._env.open_db(name.encode(), create=not readonly) for name in names}
         except (lmdb.Error, OSError) as exc:
             self.close()

@@ -19,7 +19,8 @@ import struct
 
 import msgpack
 
-from pzq.store.side_table import UNREADABLE, SideTable, whole
+from pzq.store.layout import UNREADABLE, whole
+from pzq.store.side_table import SideTable
 
 _U64 = struct.Struct(">Q")
 _LEASE_KEY = struct.Struct(">QQ")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import msgpack
 
-from pzq.store.side_table import U64_MAX, SideTable, whole
+from pzq.store.layout import U64_MAX, whole
+from pzq.store.side_table import SideTable
 
 MAX_INTERVAL_S = 999_999_999  # what a SCHEDULE may ask for (nine digits)
 MAX_TIME_US = 1 << 62  # next_us and each run's next one must stay in msgpack's and the loop's range

@@ -14,40 +14,17 @@ leases, eMQP jobs) has ``COUNTED = False``: its records count, but are never ref
 from __future__ import annotations
 
 import logging
-import struct
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
-import msgpack
+from pzq.store.layout import UNREADABLE
 
 if TYPE_CHECKING:
-    from pzq.store.queues import Store
+    from pzq.store.queues import Queues
 
 log = logging.getLogger("pzq.store")
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-# What reading a damaged record raises; anything else is a bug and propagates.
-UNREADABLE = (
-    ValueError,
-    TypeError,
-    KeyError,
-    IndexError,
-    OverflowError,
-    struct.error,
-    UnicodeDecodeError,
-    msgpack.UnpackException,
-)
-U64_MAX = (1 << 64) - 1
-
-
-def whole(value: object, what: str, low: int = 0, high: int = U64_MAX) -> int:
-    """``value`` if it is an int from ``low`` to ``high``; ValueError (an unreadable record) if not.
-    A damaged record must be refused when read, not when its numbers reach a loop or a struct."""
-    if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{what} {value!r:.40} is not a whole number from {low} to {high}")
-    return value
-
 
 OVERHEAD = 64  # bytes per record beyond key and value (LMDB's node header, page slack), as for messages
 
@@ -58,7 +35,7 @@ class SideTable(Generic[K, V]):
     NAME: ClassVar[str]
     COUNTED: ClassVar[bool] = True
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Queues):
         self.store = store
         self._env = store.env
         self._db = store.env.dbs[self.NAME]

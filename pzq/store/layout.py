@@ -1,0 +1,140 @@
+"""The store's key layout and record types: what every part of the queue model reads and writes.
+
+Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
+
+    queues      name (utf-8)            -> msgpack [qid, next_seq, count, bytes, dead_count, dead_bytes]
+    meta        b"next_qid"             -> u64 (ids are never reused, so message ids stay unique)
+                b"format"               -> u64 (the store's format version, ``FORMAT``; absent = 1)
+    messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
+                                                    (, meta: a protocol's own fields, e.g. eMQP's)]
+    deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
+    damaged     qid u64 | seq u64       -> the raw record of a message that could not be read (set aside)
+    dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
+                                                    reason, dead_at_us (, meta)]
+
+Side tables (schedules, consumer groups, dedup keys, bindings, eMQP jobs) live in the same
+environment, each with one owner in this package (``SIDE_TABLES``); their pages count toward the
+store limit with the queues'.
+
+Format versions: 1 is the layout above (pzq up to and including this one). A change of any record's
+layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the older one, and comes with a
+test that opens a store written by the older pzq (tests/test_upgrade.py).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import re
+import struct
+
+import msgpack
+
+FORMAT = 1  # the store format this pzq writes and the newest it reads
+
+# What reading a damaged record raises; anything else is a bug and propagates.
+UNREADABLE = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    struct.error,
+    UnicodeDecodeError,
+    msgpack.UnpackException,
+)
+U64_MAX = (1 << 64) - 1
+
+
+def whole(value: object, what: str, low: int = 0, high: int = U64_MAX) -> int:
+    """``value`` if it is an int from ``low`` to ``high``; ValueError (an unreadable record) if not.
+    A damaged record must be refused when read, not when its numbers reach a loop or a struct."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} {value!r:.40} is not a whole number from {low} to {high}")
+    return value
+
+
+KEY = struct.Struct(">QQ")
+U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+# Accounted bytes per message beyond key and value: LMDB node headers, the deliveries entry and page
+# slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
+OVERHEAD = 64
+HEX32 = re.compile(r"[0-9a-f]{32}")
+QUEUE_TABLES = ("queues", "meta", "messages", "deliveries", "dead", "damaged")
+# Tables of the side-table owners (schedules.py, groups.py, dedup_keys.py, bindings.py, emqp_jobs.py)
+SIDE_TABLES = ("schedules", "groups", "leases", "produced", "mqks", "emqp_jobs")
+
+
+@dataclasses.dataclass(slots=True)
+class Message:
+    """One stored message. ``frames`` are the body parts exactly as produced.
+
+    Not frozen: a frozen dataclass costs a microsecond more per message on the hot path.
+    """
+
+    queue: str
+    qid: int
+    seq: int
+    frames: list[bytes]
+    enqueued_us: int
+    expires_us: int = 0
+    deliveries: int = 0
+    meta: dict | None = None  # a protocol's own fields (eMQP: client, msgid, headers); others ignore it
+
+    @property
+    def id(self) -> str:
+        """32 lowercase hex characters, unique in the store and stable across redeliveries."""
+        return message_id(self.qid, self.seq)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A message moved aside after too many deliveries, an expired TTL, or a client's request."""
+
+    message: Message
+    reason: str
+    dead_at_us: int
+
+
+@dataclasses.dataclass
+class QueueInfo:
+    """Counters of one queue, kept in memory and written back with each commit."""
+
+    name: str
+    qid: int
+    next_seq: int = 1
+    count: int = 0
+    bytes: int = 0
+    dead_count: int = 0
+    dead_bytes: int = 0
+
+    def pack(self) -> builtins.bytes:  # ("bytes" is also a field of this class)
+        return msgpack.packb([self.qid, self.next_seq, self.count, self.bytes, self.dead_count, self.dead_bytes])
+
+    @classmethod
+    def unpack(cls, name: str, raw: builtins.bytes) -> QueueInfo:
+        qid, next_seq, count, size, dead_count, dead_bytes = msgpack.unpackb(raw)
+        return cls(name, qid, next_seq, count, size, dead_count, dead_bytes)
+
+
+def message_id(qid: int, seq: int) -> str:
+    """The 32-hex id of message ``seq`` of queue ``qid``."""
+    return f"{qid:016x}{seq:016x}"
+
+
+def parse_message_id(text: str | bytes) -> tuple[int, int] | None:
+    """(qid, seq) of a 32-hex message id, or None when it is not one."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not HEX32.fullmatch(text):
+        return None
+    return int(text[:16], 16), int(text[16:], 16)
+
+
+def accounted(key: bytes, value: bytes | memoryview) -> int:
+    """Bytes a record counts toward the store limit."""
+    return len(key) + len(value) + OVERHEAD

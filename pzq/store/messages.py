@@ -1,0 +1,382 @@
+"""Messages: put (one or a run), get, scan and the headers a lease reads; delivery counts (the take
+bookkeeping, written lazily with a commit); deletes (acks), range deletes, requeues; setting aside
+a record that cannot be read. Drawn on ``Queues`` (queues.py); the layout is in ``layout.py``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import msgpack
+
+from pzq.errors import StoreError, StoreFull
+from pzq.store.environment import KeyExists, LmdbError
+from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message, QueueInfo, accounted, message_id
+from pzq.store.queues import Queues, raise_
+
+log = logging.getLogger("pzq.store")
+
+
+class Messages(Queues):
+    """The messages of the queues (see the module's text)."""
+
+    def put(
+        self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
+        """Append a message to ``queue``. Raises StoreFull (writing nothing) past the store limit."""
+        return self._append(queue, frames, now_us, expires_us, check_limit=True, meta=meta)
+
+    def put_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
+        """Append messages (no TTL, no meta) to ``queue`` in one call: how many of them, from the first,
+        were stored; the others did not fit under the store limit (or the disk is short). The native
+        producers' hot path: one LMDB call for a turn's messages, no Message objects. Raises
+        StoreFull, storing nothing, when the queue cannot be made."""
+        if not bodies or self.low_disk:
+            return 0
+        info = self._queues.get(queue) or self.queue(queue)
+        room = self.max_size - self._total_bytes - self._side()
+        items: list[tuple[bytes, bytes]] = []
+        pack, key, qid, seq, total = msgpack.packb, KEY.pack, info.qid, info.next_seq, 0
+        for body in bodies:
+            value = pack([now_us, 0, body])
+            size = len(value) + KEY.size + OVERHEAD
+            if total + size > room:
+                break
+            items.append((key(qid, seq), value))
+            seq += 1
+            total += size
+        if not items:
+            return 0
+        cursor = self.env.write().cursor(db=self._messages_db)
+        try:
+            _, added = cursor.putmulti(items, overwrite=False)
+        except LmdbError as exc:
+            self.env.do(raise_, exc)
+        if added != len(items):  # another writer used these seqs: storing over them would lose messages
+            self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {info.next_seq} are already stored"))
+        info.next_seq = seq
+        self._account(info, len(items), total)
+        return len(items)
+
+    def _append(
+        self,
+        queue: str,
+        frames: Sequence[bytes],
+        enqueued_us: int,
+        expires_us: int,
+        *,
+        check_limit: bool,
+        meta: dict | None = None,
+    ) -> Message:
+        record = [enqueued_us, expires_us, list(frames)]
+        if meta:
+            record.append(meta)
+        value = msgpack.packb(record)
+        size = accounted(KEY.pack(0, 0), value)
+        if check_limit and self._total_bytes + self._side() + size > self.max_size:
+            raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
+        if check_limit and self.low_disk:
+            raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
+        info = self._queues.get(queue) or self.queue(queue)
+        seq = info.next_seq
+        txn = self.env.write()
+        try:  # inline rather than through env.do(): this is the hottest write
+            fresh = txn.put(KEY.pack(info.qid, seq), value, db=self._messages_db, overwrite=False)
+        except LmdbError as exc:
+            self.env.do(raise_, exc)
+        if not fresh:  # another writer used this seq: storing over it would lose a message someone was acked for
+            self.env.do(raise_, KeyExists(f"message {message_id(info.qid, seq)} is already stored"))
+        info.next_seq = seq + 1
+        self._account(info, 1, size)
+        return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta)
+
+    def _deliveries(self, key: bytes, txn) -> int:
+        pending = self._pending_counts.get(key)
+        if pending is not None:
+            return pending[0]
+        raw = txn.get(key, db=self._deliveries_db)
+        # (a damaged count reads as 0: the message is still delivered, its retry count starts over)
+        return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
+
+    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+        """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
+        try:
+            record = msgpack.unpackb(value)
+            if (
+                type(record) is not list
+                or len(record) < 3
+                or type(record[2]) is not list
+                or not all(type(f) is bytes for f in record[2])
+                or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)
+            ):
+                raise ValueError("not a message record")
+            return Message(
+                info.name,
+                info.qid,
+                KEY.unpack(key)[1],
+                record[2],
+                int(record[0]),
+                int(record[1]),
+                self._deliveries(key, txn),
+                record[3] if len(record) > 3 else None,
+            )
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
+            return None
+
+    def get(self, queue: str, seq: int) -> Message | None:
+        info = self._queues.get(queue)
+        if info is None:
+            return None
+        key = KEY.pack(info.qid, seq)
+        with self.env.reading() as txn:
+            value = txn.get(key, db=self._messages_db)
+            message = None if value is None else self._decode(info, key, value, txn)
+        self._set_aside()
+        return message
+
+    def scan(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[Message]:
+        """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order."""
+        while True:
+            damaged = self.damaged_total
+            messages = [m for m in self._iter(self._messages_db, queue, from_seq, limit, self._decode) if m is not None]
+            self._set_aside()
+            if self.damaged_total == damaged or len(messages) >= limit:
+                return messages  # (else read again: what was set aside is gone, more may follow it)
+
+    def headers(self, queue: str, from_seq: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """``(seq, expires_us, max_deliveries or 0, deliveries)`` of up to ``limit`` messages of
+        ``queue`` from ``from_seq`` on, in FIFO order: what a lease needs to know of each, read in one
+        cursor walk without building messages (a quarter of ``scan``'s cost). Unreadable records
+        are set aside, as ``scan`` does."""
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return []
+        out: list[tuple[int, int, int, int]] = []
+        prefix, unpack_key, unpackb, pending = U64.pack(info.qid), KEY.unpack, msgpack.unpackb, self._pending_counts
+        deliveries_db = self._deliveries_db
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(KEY.pack(info.qid, from_seq)):
+                for key, value in cursor:
+                    if len(out) >= limit or not key.startswith(prefix):
+                        break
+                    try:
+                        record = unpackb(value)
+                        expires_us = record[1]
+                        if type(expires_us) is not int or type(record[2]) is not list:
+                            raise ValueError("not a message record")
+                        meta = record[3] if len(record) > 3 else None
+                        cap = meta.get("max_deliveries") or 0 if type(meta) is dict else 0
+                    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+                        self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
+                        continue
+                    count = pending.get(key)
+                    if count is not None:
+                        deliveries = count[0]
+                    else:
+                        raw = txn.get(key, db=deliveries_db)
+                        deliveries = U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
+                    out.append((unpack_key(key)[1], expires_us, cap if type(cap) is int else 0, deliveries))
+        self._set_aside()
+        return out
+
+    def _set_aside(self) -> None:
+        """Move unreadable message records (a damaged page, a bug) out of their queue into the
+        ``damaged`` table, raw, and count them: one bad record must not fail every turn that meets it
+        (a crash loop), and its bytes stay for ``pzq dump``. Written with the turn's commit."""
+        while self._unreadable:
+            info, key, reason = self._unreadable.pop()
+            txn = self.env.write()
+            value = txn.get(key, db=self._messages_db)
+            if value is None or info.name not in self._queues:
+                continue
+            self.env.do(txn.put, key, value, db=self._damaged_db)
+            self.env.do(txn.delete, key, db=self._messages_db)
+            self._pending_counts.pop(key, None)
+            self._account(info, -1, -accounted(key, value))
+            self.damaged_total += 1
+            for listener in self.on_set_aside:
+                listener(info.qid, KEY.unpack(key)[1])
+            log.error(
+                "message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
+                "(`pzq dump` copies it out); the queue goes on",
+                message_id(info.qid, KEY.unpack(key)[1]),
+                info.name,
+                reason,
+            )
+
+    def _iter(self, db, queue: str, from_seq: int, limit: int, decode) -> Iterator:
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return
+        prefix = U64.pack(info.qid)
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=db)
+            if not cursor.set_range(KEY.pack(info.qid, from_seq)):
+                return
+            n = 0
+            for key, value in cursor:
+                if not key.startswith(prefix) or n >= limit:
+                    return
+                n += 1
+                yield decode(info, key, value, txn)
+
+    def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
+        """Count one more delivery of the message, durably with a later commit; returns the new count.
+
+        ``current`` is the count the caller just read with the message (the hot path): no second read.
+        """
+        return self._bump(queue, seq, +1, current)
+
+    def unmark_delivered(self, queue: str, seq: int) -> int:
+        """Take back a delivery that never left (the socket refused it)."""
+        return self._bump(queue, seq, -1)
+
+    def _bump(self, queue: str, seq: int, step: int, current: int | None = None) -> int:
+        # Counts wait in memory and are written by commit(), only for messages still stored then: most
+        # deliveries are acked before the next commit, and their counts never cost a write.
+        key = KEY.pack(self._queues[queue].qid, seq)
+        if current is None:
+            with self.env.reading() as txn:
+                current = self._deliveries(key, txn)
+        count = max(0, current + step)
+        self._pending_counts[key] = (count, time.monotonic())
+        return count
+
+    def delete(self, queue: str, seq: int) -> bool:
+        """Remove a message for good (it was acknowledged). False if it was not stored."""
+        info = self._queues.get(queue)
+        if info is None:
+            return False
+        txn = self.env.write()
+        key = KEY.pack(info.qid, seq)
+        try:  # inline rather than through env.do(): every ack comes here
+            value = txn.pop(key, db=self._messages_db)
+            if value is not None:
+                txn.delete(key, db=self._deliveries_db)  # a lookup only, when it was never written
+        except LmdbError as exc:
+            self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
+            raise
+        if value is None:
+            return False
+        self._pending_counts.pop(key, None)
+        self._account(info, -1, -accounted(key, value))
+        return True
+
+    def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Remove at most ``limit`` stored messages with seqs ``lo .. hi-1``, walking only the records
+        that exist (a consumer group's acknowledged range); returns (how many, the seq to go on from:
+        ``hi`` once the range is done)."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi:
+            return 0, hi
+        txn = self.env.write()
+        removed = size = 0
+        end = KEY.pack(info.qid, hi)
+        try:
+            cursor = txn.cursor(db=self._messages_db)
+            key: bytes = bytes(cursor.key()) if cursor.set_range(KEY.pack(info.qid, lo)) else b""
+            while key and key < end and removed < limit:
+                size += accounted(key, cursor.value())
+                txn.delete(key, db=self._deliveries_db)
+                self._pending_counts.pop(key, None)
+                removed += 1
+                cursor.delete()  # (and moves to the next record: b"" past the last)
+                key = bytes(cursor.key())
+            at = hi if not key or key >= end else KEY.unpack(key)[1]
+        except LmdbError as exc:
+            self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
+            raise
+        if removed:
+            self._account(info, -removed, -size)
+        return removed, at
+
+    def set_delivered(self, queue: str, seqs: Sequence[int], count: int) -> None:
+        """Write the delivery count of stored messages at once, in the open transaction (durable with
+        its commit, with whatever else that commit makes durable: a returned lease's record goes in
+        the same one, so a crash can lose neither without the other)."""
+        info = self._queues.get(queue)
+        if info is None or not seqs:
+            return
+        txn, value = self.env.write(), U32.pack(count)
+        for seq in seqs:
+            key = KEY.pack(info.qid, seq)
+            self._pending_counts.pop(key, None)
+            self.env.do(txn.put, key, value, db=self._deliveries_db)
+        self._dirty = True
+
+    def count_in(self, queue: str, lo: int, hi: int) -> int:
+        """How many messages of ``queue`` are stored with seqs ``lo .. hi-1`` (a walk of keys only)."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi:
+            return 0
+        end, n = KEY.pack(info.qid, hi), 0
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(KEY.pack(info.qid, lo)):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key >= end:
+                        break
+                    n += 1
+        return n
+
+    def seqs_in(self, queue: str, lo: int, hi: int, limit: int) -> list[int]:
+        """The seqs of at most ``limit`` stored messages of ``queue`` from ``lo`` to ``hi - 1``, keys only."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi or limit <= 0:
+            return []
+        end, out = KEY.pack(info.qid, hi), list[int]()
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if cursor.set_range(KEY.pack(info.qid, lo)):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key >= end or len(out) >= limit:
+                        break
+                    out.append(KEY.unpack(key)[1])
+        return out
+
+    def requeue_at_end(self, message: Message, *, expires_us: int | None = None) -> Message:
+        """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
+        if not self.delete(message.queue, message.seq):
+            raise StoreError(f"message {message.id} is not stored")
+        moved = self._append(
+            message.queue,
+            message.frames,
+            message.enqueued_us,
+            message.expires_us if expires_us is None else expires_us,
+            check_limit=False,
+            meta=message.meta,
+        )
+        if message.deliveries:  # written now, not lazily: a retry count must survive a crash
+            self.env.do(
+                self.env.write().put,
+                KEY.pack(moved.qid, moved.seq),
+                U32.pack(message.deliveries),
+                db=self._deliveries_db,
+            )
+        moved.deliveries = message.deliveries
+        return moved
+
+    def drop_queue(self, name: str) -> int:
+        """Delete a queue with its messages, delivery counts and dead letters (MQKS delete_queue);
+        returns how many messages went. A later ``queue(name)`` makes a new, empty queue."""
+        info = self._queues.get(name)
+        if info is None:
+            return 0
+        txn, prefix = self.env.write(), U64.pack(info.qid)
+        for db in (self._messages_db, self._deliveries_db, self._dead_db):
+            cursor = txn.cursor(db=db)
+            if cursor.set_range(prefix):
+                while cursor.key()[:8] == prefix and self.env.do(cursor.delete):
+                    pass
+        for key in [k for k in self._pending_counts if k[:8] == prefix]:
+            del self._pending_counts[key]
+        self.env.do(txn.delete, name.encode(), db=self._queues_db)
+        del self._queues[name]
+        del self._by_id[info.qid]
+        self._dirty_queues.discard(name)
+        self._total_bytes -= info.bytes + info.dead_bytes
+        self._dirty = True
+        return info.count

@@ -1,0 +1,136 @@
+"""Looking without changing: the web console's previews (the start of a message's body, read in place
+from the map) and the audit of every record that ``pzq check`` and ``pzq dump`` read. Drawn on
+``DeadLetters``; nothing here writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Iterator
+
+import msgpack
+
+from pzq.store.dead_letters import DeadLetters
+from pzq.store.layout import KEY, U64, DeadLetter, Message, message_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Preview:
+    """The start of a stored message or dead letter, as the web console shows it."""
+
+    id: str
+    enqueued_us: int
+    deliveries: int
+    body_head: bytes  # the first bytes of its frames joined
+    body_size: int  # of all its frames (its record's size when it has more than PREVIEW_FRAMES frames)
+    reason: str = ""  # a dead letter's (left out past PREVIEW_FRAMES frames)
+    size_exact: bool = True
+
+
+PREVIEW_FRAMES = 64  # frames of one record a preview walks: a million empty frames cost no more
+
+
+_BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
+
+
+def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str, bool] | None:
+    """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason, whether the size
+    is exact) of a record, read without copying its frames; None if it is not one. Walks the msgpack
+    layout (layout.py): the fields before the frames, each frame's bin header (at most
+    PREVIEW_FRAMES of them: past that the record's size stands for the body's), and a dead letter's
+    fields after them."""
+    try:
+        fields = msgpack.Unpacker()
+        fields.feed(view[:64])
+        if fields.read_array_header() < (6 if dead else 3):
+            return None
+        enqueued_us, _ = int(fields.unpack()), fields.unpack()
+        frames = fields.read_array_header()
+        at, head, size = fields.tell(), bytearray(), 0
+        if frames > PREVIEW_FRAMES:
+            for _ in range(PREVIEW_FRAMES):
+                header = _BIN_HEADERS.get(view[at])
+                if header is None or len(head) >= head_bytes:
+                    break
+                start = at + header[0]
+                length = struct.unpack_from(header[1], view, at + 1)[0]
+                head += view[start : start + min(length, head_bytes - len(head))]
+                at = start + length
+            return enqueued_us, bytes(head), len(view), 0, "", False
+        for _ in range(frames):
+            header = _BIN_HEADERS.get(view[at])
+            if header is None:
+                return None
+            length = struct.unpack_from(header[1], view, at + 1)[0]
+            start = at + header[0]
+            if start + length > len(view):
+                return None
+            head += view[start : start + min(length, head_bytes - len(head))]
+            size += length
+            at = start + length
+        deliveries, reason = 0, ""
+        if dead:
+            rest = msgpack.Unpacker()
+            rest.feed(view[at : at + 1024])
+            deliveries, reason = int(rest.unpack()), str(rest.unpack())
+        return enqueued_us, bytes(head), size, deliveries, reason, True
+    except (ValueError, TypeError, IndexError, struct.error, msgpack.UnpackException):
+        return None
+
+
+class Previews(DeadLetters):
+    """Previews and the audit (see the module's text)."""
+
+    def preview(self, queue: str, limit: int, head_bytes: int, *, dead: bool = False) -> list[Preview]:
+        """The first ``limit`` committed messages (or dead letters) of ``queue``, each with only the
+        first ``head_bytes`` of its body: a look that costs the same for 16 MiB bodies as for tiny
+        ones. Unreadable records are left out (``scan`` sets them aside)."""
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return []
+        out: list[Preview] = []
+        prefix = U64.pack(info.qid)
+        with self.env.snapshot() as txn:
+            cursor = txn.cursor(db=self._dead_db if dead else self._messages_db)
+            if not cursor.set_range(prefix):
+                return out
+            for walked, key in enumerate(cursor.iternext(keys=True, values=False)):
+                if bytes(key[:8]) != prefix or len(out) >= limit or walked >= 2 * limit:
+                    break  # (unreadable records count too: a damaged queue is not walked to its end)
+                found = _preview_record(cursor.value(), head_bytes, dead)
+                if found is None:
+                    continue
+                enqueued_us, head, size, deliveries, reason, exact = found
+                key = bytes(key)
+                if not dead:
+                    deliveries = self._deliveries(key, txn)
+                seq = KEY.unpack(key)[1]
+                out.append(Preview(message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason, exact))
+        return out
+
+    def audit(self, queue: str) -> Iterator[tuple[str, Message | DeadLetter | None]]:
+        """Every record of ``queue``, in order: ("message", Message), ("dead", DeadLetter), or (kind,
+        None) for one that cannot be read. Read-only: nothing is set aside (``pzq check``, ``pzq dump``)."""
+        info = self._queues[queue]
+        prefix = U64.pack(info.qid)
+        with self.env.reading() as txn:
+            for kind, db in (("message", self._messages_db), ("dead", self._dead_db)):
+                cursor = txn.cursor(db=db)
+                if not cursor.set_range(prefix):
+                    continue
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    if kind == "message":
+                        yield kind, self._decode(info, key, value, txn)
+                        self._unreadable.clear()
+                        continue
+                    try:
+                        yield kind, self._decode_dead(info, key, value, txn)
+                    except (ValueError, TypeError, msgpack.UnpackException):
+                        yield kind, None
+
+    def damaged(self) -> list[tuple[bytes, bytes]]:
+        """The raw records set aside as unreadable (for ``pzq dump``)."""
+        with self.env.reading() as txn:
+            return list(txn.cursor(db=self._damaged_db))
