@@ -50,7 +50,6 @@ def test_every_relative_link_points_to_an_existing_file(page):
     broken = []
     for target in relative_links(page):
         path = (page.parent / target.split("#", 1)[0]).resolve()
-        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
         if not path.exists():
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)} links to files that do not exist: {broken}"
