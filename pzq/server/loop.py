@@ -1,4 +1,4 @@
-"""The server: one thread, one poller, one loop; the endpoint adapters (pzq/endpoints) own the sockets.
+"""The server loop: lifecycle, turn order, the group-commit boundary, signals (see pzq.server).
 
 Each turn of the loop:
   1. polls every socket, with a timeout that ends at the next deadline (never a busy loop);
@@ -24,27 +24,16 @@ import zmq
 from pzq.admin import Admin
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
-from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.monitor import MonitorEndpoint
-from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
+from pzq.endpoints.stream import ConnectionLimit
 from pzq.errors import ConfigError, StoreError
-from pzq.gateways.api import ApiGateway
-from pzq.gateways.contract import FramesGateway, StreamGateway
-from pzq.gateways.emqp import EmqpGateway
-from pzq.gateways.mqks import MqksGateway
-from pzq.gateways.native import NativeGateway
-from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
+from pzq.server.process import connection_limit, drain_fd, drop_privileges
+from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
-from pzq.store.bindings import Bindings
-from pzq.store.dedup_keys import DedupKeys
-from pzq.store.emqp_jobs import EmqpJobs
-from pzq.store.schedules import Schedules
 from pzq.systemd import Notifier
 from pzq.zmqio import draining
 
@@ -115,58 +104,12 @@ class Server:
 
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
-        native = NativeGateway(
-            self.broker,
-            queue=cfg.queue,
-            max_message_size=cfg.max_message_size,
-            max_inflight=cfg.max_inflight,
-            ack_timeout_s=cfg.ack_timeout,
-        )
-        _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
         self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        monitor = MonitorEndpoint(cfg, self.admin, owned)
-        self.endpoints = [NativeEndpoints(cfg, native, owned), monitor]
-        connections = ConnectionLimit(_connection_limit(cfg.max_connections), cfg.max_partial_input)
-        if cfg.phpmq_dsn:
-            phpmq: StreamGateway = PhpmqGateway(
-                self.broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
-            )
-            self.endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
-        if cfg.emqp_frontend_dsn:
-            emqp = EmqpGateway(
-                self.broker,
-                EmqpJobs(self.store),
-                Schedules(self.store),
-                limits=cfg.limits,
-                heartbeat_s=cfg.emqp_heartbeat_interval,
-                liveness=cfg.emqp_heartbeat_liveness,
-                publish=bool(cfg.emqp_publish_dsn),
-                cron_timezone=cfg.emqp_cron_timezone,
-                default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",") if q.strip()],
-            )
-            emqp.restore_jobs(time.monotonic())
-            _conforms: FramesGateway = emqp  # (mypy checks each gateway against the contract)
-            self.endpoints.append(EmqpEndpoint(cfg, emqp, owned))
-        if cfg.mqks_dsn:
-            mqks: StreamGateway = MqksGateway(
-                self.broker,
-                Bindings(self.store),
-                max_line=cfg.max_message_size + 4096,
-                window=cfg.max_inflight,
-                drop_queue=self._drop_queue,
-                limits=cfg.limits,
-            )
-            self.endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))
-        if cfg.api_dsn:
-            api = ApiGateway(
-                self.broker,
-                self.leases,
-                DedupKeys(self.store),
-                max_message_size=cfg.max_message_size,
-                dedup_window_s=cfg.api_dedup_window,
-                limits=cfg.limits,
-            )
-            self.endpoints.append(ApiEndpoint(cfg, api, owned))
+        connections = ConnectionLimit(connection_limit(cfg.max_connections), cfg.max_partial_input)
+        self.endpoints = gateway_endpoints(
+            cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue
+        )
+        self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned))
         self.endpoints.append(ConnectionWatch(owned, connections))
         if cfg.metrics_dsn:
             from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
@@ -186,40 +129,8 @@ class Server:
             )
         self._register()
         if cfg.user:
-            _drop_privileges(cfg.user, cfg.database)
-        log.info(
-            "pzq serving queue %r from %s: %s",
-            cfg.queue,
-            cfg.database,
-            ", ".join(
-                f"{name} {value}"
-                for name, value in (
-                    ("receive", cfg.receive_dsn),
-                    ("send", cfg.send_dsn),
-                    ("monitor", cfg.monitor_dsn),
-                    ("phpmq", cfg.phpmq_dsn),
-                    ("emqp", cfg.emqp_frontend_dsn),
-                    ("mqks", cfg.mqks_dsn),
-                    ("api", cfg.api_dsn),
-                )
-                if value
-            ),
-        )
-        if connections.limit < cfg.max_connections:
-            log.info(
-                "connections at most %d (--max-connections %d, under half the open-files limit)",
-                connections.limit,
-                cfg.max_connections,
-            )
-        if self.curve is None:
-            log.info("no CURVE configured: every endpoint serves any client that can reach it")
-        elif owned.open_roles:
-            log.warning(
-                "CURVE configured, but these endpoints serve clients without a key (--unauthenticated): %s",
-                ", ".join(owned.open_roles),
-            )
-        else:
-            log.info("CURVE configured: every endpoint requires an allowed client key")
+            drop_privileges(cfg.user, cfg.database)
+        log_start(cfg, owned.open_roles, connections.limit, curve=self.curve is not None)
 
     def _register(self) -> None:
         """(Re)build the poller from every endpoint's sockets (a revocation may replace some)."""
@@ -371,7 +282,7 @@ class Server:
         ready = dict(self.poller.poll(timeout_ms))
         now, now_us = time.monotonic(), time.time_ns() // 1000
         if self._wake_r in ready:
-            _drain_fd(self._wake_r)
+            drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
         produced = self.broker.counters.produced
         try:
@@ -457,53 +368,6 @@ class Server:
 
     def _gateway_stats(self) -> dict:
         return {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
-
-
-FD_RESERVE = 1024  # descriptors kept for the store, the sockets, libzmq's own and ZeroMQ clients
-
-
-def _connection_limit(configured: int) -> int:
-    """Raise the soft limit of open files to the hard one, and keep connections (of every endpoint
-    together) to half of what is left after FD_RESERVE, so that the process never runs out of
-    descriptors: a burst of connections is accepted before pzq can close the ones past the limit."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            soft = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        except (ValueError, OSError):
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return min(configured, max(16, (soft - FD_RESERVE) // 2))
-
-
-def _drain_fd(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _drop_privileges(user: str, database: str) -> None:
-    import pwd
-
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise ConfigError(f"--user: no such user {user!r}") from None
-    if os.getuid() != 0:
-        if os.getuid() != entry.pw_uid:
-            raise ConfigError(f"--user {user}: only root can switch users")
-        return
-    for root, _dirs, files in os.walk(database):
-        for name in [root, *(os.path.join(root, f) for f in files)]:
-            os.chown(name, entry.pw_uid, entry.pw_gid)
-    os.setgroups([])
-    os.setgid(entry.pw_gid)
-    os.setuid(entry.pw_uid)
-    log.info("dropped privileges to %s", user)
 
 
 def serve(config: Config, reload: Callable[[], Config] | None = None, console: ConsoleFactory | None = None) -> None:

@@ -1,0 +1,15 @@
+"""The server: one thread, one poller, one loop; the endpoint adapters (pzq/endpoints) own the sockets.
+
+Each turn of the loop:
+  1. polls every socket, with a timeout that ends at the next deadline (never a busy loop);
+  2. lets each endpoint read what arrived (bounded per socket, so one busy peer cannot starve the
+     others) and feed it to its protocol codec, gateway and the broker;
+  3. requeues expired deliveries and leases, and lets each endpoint pick what to send;
+  4. commits the turn's writes in one durable transaction (group commit);
+  5. only then lets each endpoint send producer acks, deliveries and replies.
+Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk.
+"""
+
+from pzq.server.loop import Server, serve
+
+__all__ = ["Server", "serve"]

@@ -1,0 +1,58 @@
+"""What the server asks of its process: descriptors enough for every connection, a wake-up pipe
+drained, and the privileges of --user dropped after binding."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pzq.errors import ConfigError
+
+log = logging.getLogger("pzq.server")
+
+
+FD_RESERVE = 1024  # descriptors kept for the store, the sockets, libzmq's own and ZeroMQ clients
+
+
+def connection_limit(configured: int) -> int:
+    """Raise the soft limit of open files to the hard one, and keep connections (of every endpoint
+    together) to half of what is left after FD_RESERVE, so that the process never runs out of
+    descriptors: a burst of connections is accepted before pzq can close the ones past the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            soft = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return min(configured, max(16, (soft - FD_RESERVE) // 2))
+
+
+def drain_fd(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def drop_privileges(user: str, database: str) -> None:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(f"--user: no such user {user!r}") from None
+    if os.getuid() != 0:
+        if os.getuid() != entry.pw_uid:
+            raise ConfigError(f"--user {user}: only root can switch users")
+        return
+    for root, _dirs, files in os.walk(database):
+        for name in [root, *(os.path.join(root, f) for f in files)]:
+            os.chown(name, entry.pw_uid, entry.pw_gid)
+    os.setgroups([])
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    log.info("dropped privileges to %s", user)

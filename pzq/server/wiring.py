@@ -1,0 +1,130 @@
+"""Which gateways and endpoints a Config asks for, each made with what it needs handed in (its side
+tables, its limits), and the start-up lines that say what is served and to whom."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pzq.broker import Broker
+from pzq.config import Config
+from pzq.endpoints.api import ApiEndpoint
+from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.emqp import EmqpEndpoint
+from pzq.endpoints.native import NativeEndpoints
+from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
+from pzq.gateways.api import ApiGateway
+from pzq.gateways.contract import FramesGateway, StreamGateway
+from pzq.gateways.emqp import EmqpGateway
+from pzq.gateways.mqks import MqksGateway
+from pzq.gateways.native import NativeGateway
+from pzq.gateways.phpmq import PhpmqGateway
+from pzq.leases import Leases
+from pzq.store import Store
+from pzq.store.bindings import Bindings
+from pzq.store.dedup_keys import DedupKeys
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
+
+log = logging.getLogger("pzq.server")
+
+
+def gateway_endpoints(
+    cfg: Config,
+    broker: Broker,
+    leases: Leases,
+    store: Store,
+    owned: Sockets,
+    connections: ConnectionLimit,
+    drop_queue: Callable[[str], int],
+) -> list[Endpoint]:
+    """The endpoints of every gateway the config enables (native, PHPMQ, eMQP, MQKS, API), in the order
+    the loop serves them."""
+    native = NativeGateway(
+        broker,
+        queue=cfg.queue,
+        max_message_size=cfg.max_message_size,
+        max_inflight=cfg.max_inflight,
+        ack_timeout_s=cfg.ack_timeout,
+    )
+    _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
+    endpoints: list[Endpoint] = [NativeEndpoints(cfg, native, owned)]
+    if cfg.phpmq_dsn:
+        phpmq: StreamGateway = PhpmqGateway(
+            broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
+        )
+        endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
+    if cfg.emqp_frontend_dsn:
+        emqp = EmqpGateway(
+            broker,
+            EmqpJobs(store),
+            Schedules(store),
+            limits=cfg.limits,
+            heartbeat_s=cfg.emqp_heartbeat_interval,
+            liveness=cfg.emqp_heartbeat_liveness,
+            publish=bool(cfg.emqp_publish_dsn),
+            cron_timezone=cfg.emqp_cron_timezone,
+            default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",") if q.strip()],
+        )
+        emqp.restore_jobs(time.monotonic())
+        _conforms: FramesGateway = emqp  # (mypy checks each gateway against the contract)
+        endpoints.append(EmqpEndpoint(cfg, emqp, owned))
+    if cfg.mqks_dsn:
+        mqks: StreamGateway = MqksGateway(
+            broker,
+            Bindings(store),
+            max_line=cfg.max_message_size + 4096,
+            window=cfg.max_inflight,
+            drop_queue=drop_queue,
+            limits=cfg.limits,
+        )
+        endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))
+    if cfg.api_dsn:
+        api = ApiGateway(
+            broker,
+            leases,
+            DedupKeys(store),
+            max_message_size=cfg.max_message_size,
+            dedup_window_s=cfg.api_dedup_window,
+            limits=cfg.limits,
+        )
+        endpoints.append(ApiEndpoint(cfg, api, owned))
+    return endpoints
+
+
+def log_start(cfg: Config, open_roles: list[str], connections: int, *, curve: bool) -> None:
+    """Say what is served, where, and which endpoints serve clients without a key."""
+    log.info(
+        "pzq serving queue %r from %s: %s",
+        cfg.queue,
+        cfg.database,
+        ", ".join(
+            f"{name} {value}"
+            for name, value in (
+                ("receive", cfg.receive_dsn),
+                ("send", cfg.send_dsn),
+                ("monitor", cfg.monitor_dsn),
+                ("phpmq", cfg.phpmq_dsn),
+                ("emqp", cfg.emqp_frontend_dsn),
+                ("mqks", cfg.mqks_dsn),
+                ("api", cfg.api_dsn),
+            )
+            if value
+        ),
+    )
+    if connections < cfg.max_connections:
+        log.info(
+            "connections at most %d (--max-connections %d, under half the open-files limit)",
+            connections,
+            cfg.max_connections,
+        )
+    if not curve:
+        log.info("no CURVE configured: every endpoint serves any client that can reach it")
+    elif open_roles:
+        log.warning(
+            "CURVE configured, but these endpoints serve clients without a key (--unauthenticated): %s",
+            ", ".join(open_roles),
+        )
+    else:
+        log.info("CURVE configured: every endpoint requires an allowed client key")
