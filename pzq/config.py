@@ -34,7 +34,9 @@ class Limits:
 
     # The loop and every endpoint
     read_batch: int = 4096  # messages read from one socket per turn
-    turn_bytes: int = 8 << 20  # bytes read from one socket per turn
+    # Bytes one socket's reads may bring into a turn: with 16 MiB messages, a turn of read_batch messages
+    # could hold gigabytes. What is left waits in the socket for the next turn (polled level-triggered).
+    turn_bytes: int = 8 << 20
     # Replies waiting for one ZeroMQ peer (pzq/endpoints/replies.py)
     backlog_messages: int = 10_000
     backlog_bytes: int = 16 << 20

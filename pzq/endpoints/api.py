@@ -7,12 +7,11 @@ import time
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import ONLY, FramesGateway, Send
 from pzq.zmqio import NOBLOCK, Again
 
-READ_BATCH = 4096
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
 
@@ -23,6 +22,7 @@ class ApiEndpoint(Endpoint):
     name = "api"
 
     def __init__(self, config: Config, gateway: FramesGateway, binder: Sockets):
+        self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.gateway = gateway
         self.turn_work_s = config.limits.api_turn_work_s
         self.sock = binder.bind(
@@ -33,15 +33,15 @@ class ApiEndpoint(Endpoint):
             SNDHWM=config.limits.api_replies_unread,
         )  # replies may be MiBs: few wait in a client's pipe
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "api")
+        self.replies = Replies(self.sock, "api", config.limits)
         self._gate = binder.gate(self.sock)
         self._out: list[Send] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
             return
-        budget, started = TURN_BYTES, time.perf_counter()
-        for _ in range(READ_BATCH):
+        budget, started = self.limits.turn_bytes, time.perf_counter()
+        for _ in range(self.limits.read_batch):
             # One LEASE or PRODUCE may take a while: after turn_work_s of them, the rest wait for the
             # next turn, so that pipelined requests cannot hold every other client for seconds.
             if budget <= 0 or time.perf_counter() - started > self.turn_work_s:

@@ -17,9 +17,6 @@ from pzq.zmqio import recv_frames, recv_frames_user
 
 log = logging.getLogger("pzq.server")
 
-# Bytes one socket's reads may bring into a turn: with 16 MiB messages, a turn of READ_BATCH messages
-# could hold gigabytes. What is left waits in the socket for the next turn (polled level-triggered).
-TURN_BYTES = 8 << 20
 _watch_ids = itertools.count(1)
 REBIND_WAIT_S = 2.0  # how long a revocation may hold the loop while a re-made socket waits for its address
 

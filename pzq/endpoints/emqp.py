@@ -7,15 +7,13 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
 log = logging.getLogger("pzq.server")
-
-READ_BATCH = 4096
 
 
 class EmqpEndpoint(Endpoint):
@@ -25,6 +23,7 @@ class EmqpEndpoint(Endpoint):
     name = "emqp"
 
     def __init__(self, config: Config, gateway: EmqpGateway, binder: Sockets):
+        self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         limit = config.max_message_size + 4096
         self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", MAXMSGSIZE=limit)
         self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", MAXMSGSIZE=limit)
@@ -32,18 +31,21 @@ class EmqpEndpoint(Endpoint):
             binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn") if config.emqp_publish_dsn else None
         )
         self.sockets = [self.front, self.back]
-        self.replies = {FRONT: Replies(self.front, "emqp client"), BACK: Replies(self.back, "emqp worker")}
+        self.replies = {
+            FRONT: Replies(self.front, "emqp client", config.limits),
+            BACK: Replies(self.back, "emqp worker", config.limits),
+        }
         self.binder = binder
         self._gates = {FRONT: binder.gate(self.front), BACK: binder.gate(self.back)}
         self.gateway = gateway
         self._out: list[Send] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        budget = TURN_BYTES
+        budget = self.limits.turn_bytes
         for name, sock in ((FRONT, self.front), (BACK, self.back)):
             if sock not in ready:
                 continue
-            for _ in range(READ_BATCH):
+            for _ in range(self.limits.read_batch):
                 if budget <= 0:
                     break
                 try:  # a worker's key is kept with it: a revocation drops the workers of that key

@@ -29,7 +29,7 @@ class MonitorEndpoint(Endpoint):
         # Answers may be large (a line per queue): only a few wait in one client's pipe.
         self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "monitor")
+        self.replies = Replies(self.sock, "monitor", config.limits)
         self._gate = binder.gate(self.sock)
         self._requests: list[monitor_proto.Request] = []
         self._written: dict[int, str] = {}  # index of a REQUEUE in _requests -> its answer

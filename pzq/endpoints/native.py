@@ -13,7 +13,7 @@ import time
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
@@ -21,7 +21,6 @@ from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
 
-READ_BATCH = 4096  # messages read from one socket per turn
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 
@@ -32,6 +31,7 @@ class NativeEndpoints(Endpoint):
     name = "native"
 
     def __init__(self, config: Config, gateway: NativeGateway, binder: Sockets):
+        self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.gateway = gateway
         # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
         self.receive = binder.bind(
@@ -42,7 +42,7 @@ class NativeEndpoints(Endpoint):
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe
             LINGER=2000,
         )  # let the last acks out on shutdown
-        self.replies = Replies(self.receive, "producer")
+        self.replies = Replies(self.receive, "producer", config.limits)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=max(config.max_inflight, 1000))
         self.sockets = [self.receive, self.send]
@@ -66,8 +66,8 @@ class NativeEndpoints(Endpoint):
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
         run: list[list[bytes]] = []
-        budget = TURN_BYTES
-        for _ in range(READ_BATCH):
+        budget = self.limits.turn_bytes
+        for _ in range(self.limits.read_batch):
             if budget <= 0:
                 break
             try:

@@ -9,14 +9,13 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import TURN_BYTES, Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets
 from pzq.gateways.contract import Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
 
 log = logging.getLogger("pzq.server")
 
-READ_BATCH = 4096
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
 RETRY_S = 0.01  # how soon a backlog is tried again
@@ -77,6 +76,7 @@ class StreamEndpoint(Endpoint):
         binder: Sockets,
         connections: ConnectionLimit | None = None,
     ):
+        self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.name = name
         self.connections = connections or ConnectionLimit(1 << 62)
         self.connections.gateways.append(gateway)
@@ -94,8 +94,8 @@ class StreamEndpoint(Endpoint):
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
-        budget = TURN_BYTES
-        for _ in range(READ_BATCH):
+        budget = self.limits.turn_bytes
+        for _ in range(self.limits.read_batch):
             if budget <= 0:
                 return
             try:
