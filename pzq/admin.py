@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pzq.broker import Broker
 from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
+from pzq.store import Store
 
 RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
 
@@ -19,8 +20,9 @@ RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
 class Admin:
     """Answers MONITOR, STATS, DEADLETTERS and REQUEUE over a broker and its store."""
 
-    def __init__(self, broker: Broker, *, store_limit: int, gateways: Callable[[], dict]):
+    def __init__(self, broker: Broker, store: Store, *, store_limit: int, gateways: Callable[[], dict]):
         self.broker = broker
+        self.store = store  # (handed in: the broker's store is the broker's)
         self.store_limit = store_limit
         self.gateways = gateways  # () -> {"phpmq": {...}, "emqp": {...}} for the gateways that run
         self.started = time.monotonic()
@@ -51,8 +53,8 @@ class Admin:
                 "dead_lettered_total": counters.dead_lettered,
                 "refused_full_total": counters.refused_full,
                 "refused_not_held_total": counters.refused_not_held,
-                "damaged_total": self.broker.store.damaged_total,
-                "unreadable_records_total": self.broker.store.unreadable_records,
+                "damaged_total": self.store.damaged_total,
+                "unreadable_records_total": self.store.unreadable_records,
                 "produce_rate": self._rate("produced"),
                 "ack_rate": self._rate("acked"),
                 "store_limit_bytes": self.store_limit,
@@ -89,7 +91,7 @@ class Admin:
             limit = int(args[1]) if len(args) > 1 else 100
         except ValueError:
             return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
-        letters = self.broker.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
+        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
         return monitor_proto.render_json(
             [
                 {
@@ -106,7 +108,7 @@ class Admin:
         )
 
     def _requeue(self, args: list[str]) -> tuple[str, bool]:
-        store = self.broker.store
+        store = self.store
         queue, which = args
         if which == "all":
             moved = self.broker.requeue_dead(queue)

@@ -12,7 +12,9 @@ from pzq.store import message_id
 
 
 def admin_on(store) -> Admin:
-    return Admin(Broker(store, ack_timeout_s=5), store_limit=64 << 20, gateways=lambda: {"phpmq": {"connections": 2}})
+    return Admin(
+        Broker(store, ack_timeout_s=5), store, store_limit=64 << 20, gateways=lambda: {"phpmq": {"connections": 2}}
+    )
 
 
 def ask(text: str) -> monitor_proto.Request:

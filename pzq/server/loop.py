@@ -104,7 +104,7 @@ class Server:
 
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
-        self.admin = Admin(self.broker, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
+        self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         connections = ConnectionLimit(connection_limit(cfg.max_connections), cfg.max_partial_input)
         self.endpoints = gateway_endpoints(
             cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue
