@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -268,6 +269,23 @@ def wait_connected(sock: zmq.Socket, endpoint: str, timeout_ms: int = 5000) -> z
         sock.disable_monitor()
         mon.close(linger=0)
     return sock
+
+
+def mqks_barrier(conn) -> list[str]:
+    """Every line the server sends ``conn`` (an MqksClient) before a barrier: "nothing more arrives"
+    without a fixed wait. A ping is answered in the turn that reads it, in order after that turn's
+    other answers but possibly before its deliveries; a second ping, sent once the first is
+    answered, is read in a later turn, so its answer follows everything the server sent ``conn``
+    for any request made before the barrier."""
+    got = []
+    for _ in range(2):
+        token = f"barrier-{secrets.token_hex(4)}"
+        conn.send(f"{token} ping {token}")
+        while (line := conn.read_line()) != f"{token} ok {token}":
+            if line is None:
+                pytest.fail(f"no answer to the barrier ping within {conn.timeout_s} s")
+            got.append(line)
+    return got
 
 
 def free_tcp_endpoint() -> tuple[str, tuple[str, int]]:
