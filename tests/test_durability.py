@@ -46,7 +46,7 @@ def test_every_acked_message_survives_a_kill_9_in_the_middle_of_a_stream(process
             if status == b"1":
                 acked.append(b"body-" + mid)
 
-    producer = threading.Thread(target=produce_until_killed)
+    producer = threading.Thread(target=produce_until_killed, daemon=True)  # (never outlives a failed test)
     producer.start()
     while len(acked) < 2000 and producer.is_alive():
         threading.Event().wait(0.01)
