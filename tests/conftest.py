@@ -375,12 +375,24 @@ _watchdog = session_guard.Watchdog()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Before the summary: bound what is left of the run, then release what failed tests left open."""
+    """First of all at session end: bound what is left of the run (the teardown of module fixtures
+    that an interrupted run left, the clean-up, the summary)."""
+    session.config._pzq_session = session
     _watchdog.arm(exitstatus, session_guard.CLEANUP_S)
-    found = session_guard.clean_up()
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if found and reporter is not None:
-        reporter.write_line(f"tests left behind (now released): {'; '.join(found)}", yellow=True)
+
+
+class _CleanUp:
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        """After every fixture's teardown, before the summary: release what failed tests left open."""
+        found = session_guard.clean_up()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if found and reporter is not None:
+            reporter.write_line(f"tests left behind (now released): {'; '.join(found)}", yellow=True)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_CleanUp(), "pzq-tests-clean-up")
 
 
 @pytest.hookimpl(trylast=True)
@@ -389,7 +401,3 @@ def pytest_unconfigure(config):
     pytest's own exit status."""
     session = getattr(config, "_pzq_session", None)
     _watchdog.arm(_watchdog.status if session is None else session.exitstatus, session_guard.EXIT_GRACE_S)
-
-
-def pytest_sessionstart(session):
-    session.config._pzq_session = session

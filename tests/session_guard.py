@@ -29,7 +29,7 @@ import zmq
 from zmq.sugar import context as zmq_context
 
 EXIT_GRACE_S = 20.0  # from the summary to the end of the process: more means something hangs
-CLEANUP_S = 30.0  # the clean-up and the summary together (stopping a Spark session takes seconds)
+CLEANUP_S = 60.0  # teardown left by an interrupted run, the clean-up, the summary (Spark stops in seconds)
 
 
 def never_block_on_collection() -> None:
