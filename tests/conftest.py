@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pzq.clients import native as client
 from pzq.console.web import Console
 from pzq.server import Server
 from pzq.store import Store
+
+import session_guard
 
 
 @pytest.fixture
@@ -269,6 +272,23 @@ def wait_connected(sock: zmq.Socket, endpoint: str, timeout_ms: int = 5000) -> z
     return sock
 
 
+def mqks_barrier(conn) -> list[str]:
+    """Every line the server sends ``conn`` (an MqksClient) before a barrier: "nothing more arrives"
+    without a fixed wait. A ping is answered in the turn that reads it, in order after that turn's
+    other answers but possibly before its deliveries; a second ping, sent once the first is
+    answered, is read in a later turn, so its answer follows everything the server sent ``conn``
+    for any request made before the barrier."""
+    got = []
+    for _ in range(2):
+        token = f"barrier-{secrets.token_hex(4)}"
+        conn.send(f"{token} ping {token}")
+        while (line := conn.read_line()) != f"{token} ok {token}":
+            if line is None:
+                pytest.fail(f"no answer to the barrier ping within {conn.timeout_s} s")
+            got.append(line)
+    return got
+
+
 def free_tcp_endpoint() -> tuple[str, tuple[str, int]]:
     """A tcp:// endpoint on a free loopback port, and its (host, port) for plain sockets."""
     import socket
@@ -346,3 +366,39 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+# -- the session always ends (tests/session_guard.py) ---------------------------------------------------
+
+session_guard.never_block_on_collection()
+_watchdog = session_guard.Watchdog()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """First of all at session end: bound what is left of the run (the teardown of module fixtures
+    that an interrupted run left, the clean-up, the summary)."""
+    session.config._pzq_session = session
+    _watchdog.arm(exitstatus, session_guard.CLEANUP_S)
+
+
+class _CleanUp:
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        """After every fixture's teardown, before the summary: release what failed tests left open."""
+        found = session_guard.clean_up()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if found and reporter is not None:
+            reporter.write_line(f"tests left behind (now released): {'; '.join(found)}", yellow=True)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_CleanUp(), "pzq-tests-clean-up")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """After the summary: the interpreter has EXIT_GRACE_S to exit, or the watchdog ends it with
+    pytest's own exit status."""
+    session = getattr(config, "_pzq_session", None)
+    _watchdog.arm(_watchdog.status if session is None else session.exitstatus, session_guard.EXIT_GRACE_S)

@@ -118,7 +118,11 @@ def test_native_consumers_do_not_get_leased_messages_but_get_the_rest(api, socke
         delivery = consumer.receive(5000)
         assert delivery is not None and delivery.body == [b"m3"]
         consumer.ack(delivery)
-        assert consumer.receive(300) is None
+        # A barrier, not a quiet wait: a message produced now reaches this (only) consumer through the
+        # same ordered pipe as anything the server meant to hand it before.
+        api.produce([("default", b"marker")])
+        delivery = consumer.receive(5000)
+        assert delivery is not None and delivery.body == [b"marker"], "a leased message went to a consumer"
     finally:
         consumer.close()
 

@@ -9,6 +9,7 @@ import stat
 import pytest
 import zmq
 from click.testing import CliRunner
+from zmq.utils.monitor import recv_monitor_message
 
 from pzq.cli import cli
 from pzq.curve import secure_client
@@ -16,6 +17,13 @@ from pzq.curve import secure_client
 from conftest import free_tcp_endpoint
 
 pytestmark = pytest.mark.timeout(60)
+HANDSHAKE_ENDS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_DISCONNECTED  # (a plain client to a CURVE server: the server drops the connection)
+)
 
 
 @pytest.fixture
@@ -29,16 +37,29 @@ def keys(tmp_path):
     return tmp_path
 
 
-def produce_once(endpoint: str, curve: tuple[str, str] | None, wait_ms: int = 1500) -> list[bytes] | None:
+def produce_once(endpoint: str, curve: tuple[str, str] | None) -> list[bytes] | None:
+    """Produce one message and return its ack; None if the server refused the client's handshake.
+
+    A refusal is silence on the wire (a failed CURVE handshake sends the client nothing it could
+    read), so instead of waiting for nothing, the socket's monitor tells how the handshake ended:
+    until it succeeds, the message waits in the client's pipe and nothing can come back."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if curve:
         secure_client(sock, *curve)
-    sock.connect(endpoint)
+    monitor = sock.get_monitor_socket(HANDSHAKE_ENDS)
     try:
+        sock.connect(endpoint)
         sock.send_multipart([b"1", b"", b"secret payload"])
-        return sock.recv_multipart() if sock.poll(wait_ms) else None
+        if not monitor.poll(5000):
+            pytest.fail(f"the handshake with {endpoint} did not end within 5 s")
+        if recv_monitor_message(monitor)["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            assert not sock.poll(0)
+            return None
+        return sock.recv_multipart() if sock.poll(5000) else None
     finally:
+        sock.disable_monitor()
+        monitor.close(0)
         sock.close(0)
 
 
@@ -58,15 +79,14 @@ def test_only_clients_with_an_allowed_key_are_served(make_server, keys):
     server_key = str(keys / "server" / "server.key")
     alice = (str(keys / "alice" / "alice.key_secret"), server_key)
     mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
-    # (a refusal is silence: a CURVE handshake that fails sends nothing back; 0.8 s of it is plenty on loopback)
-    assert produce_once(endpoint, None, 800) is None  # plain ZeroMQ: the handshake never completes
-    assert produce_once(endpoint, mallory, 800) is None  # a key pair of its own, but not an allowed one
+    assert produce_once(endpoint, None) is None  # plain ZeroMQ: the handshake never completes
+    assert produce_once(endpoint, mallory) is None  # a key pair of its own, but not an allowed one
     assert produce_once(endpoint, alice) == [b"1", b"1", b""]
     assert srv.stats()["messages"] == 1  # the monitor was named unauthenticated: it needs no key
     os.remove(keys / "clients" / "alice.key")
     (keys / "clients" / "garbage.key").write_text("not a key")  # does not stop the revocation
     srv.server.curve.reload()  # what SIGHUP does
-    assert produce_once(endpoint, alice, 800) is None
+    assert produce_once(endpoint, alice) is None
     assert srv.stats()["messages"] == 1, "nothing of the refused clients was stored"
 
 
@@ -319,7 +339,7 @@ def test_a_consumer_group_belongs_to_the_key_that_made_it(make_server, keys):
 
 
 def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
-    from test_emqp import V, mid, next_command
+    from test_emqp import V, before_barrier, mid, next_command
 
     front, _ = free_tcp_endpoint()
     back, _ = free_tcp_endpoint()
@@ -361,9 +381,12 @@ def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
         ):
             impostor.send_multipart([b"", V, *command])
         wait_until(lambda: srv.stats()["emqp"]["bad_input_total"] >= 3)
-        assert not c.poll(300), "no forged REPLY reached the client"
+        # (a barrier, not a quiet wait: its ACK leaves in a later turn than the impostor's commands)
+        assert not [f for f in before_barrier(c) if f[2] == b"REPLY"], "no forged REPLY reached the client"
         assert srv.stats()["queues"]["jobs"]["depth"] == 1
-        assert not impostor.poll(300), "the impostor got no job and no ACK"
+        # The turns that refused the impostor's commands (all three counted) are over: anything they
+        # sent it would be there by the time the client's barrier came back.
+        assert not impostor.poll(0), "the impostor got no job and no ACK"
     finally:
         for s in made:
             s.close(linger=0)

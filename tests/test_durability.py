@@ -46,7 +46,7 @@ def test_every_acked_message_survives_a_kill_9_in_the_middle_of_a_stream(process
             if status == b"1":
                 acked.append(b"body-" + mid)
 
-    producer = threading.Thread(target=produce_until_killed)
+    producer = threading.Thread(target=produce_until_killed, daemon=True)  # (never outlives a failed test)
     producer.start()
     while len(acked) < 2000 and producer.is_alive():
         threading.Event().wait(0.01)
@@ -95,9 +95,16 @@ def test_delivery_counts_and_dead_letters_survive_restarts(process_server, socke
         c.close(linger=0)
         server.restart(signal.SIGKILL)
     c = wait_connected(sockets(zmq.ROUTER, None), server.send)
-    assert c.poll(500) == 0, "a third delivery passed --max-deliveries 2"
-    assert server.stats()["queues"]["default"]["dead_letters"] == 1
+    wait_until(lambda: server.stats()["queues"]["default"]["dead_letters"] == 1)
     assert server.stats()["messages"] == 0
+    # A barrier, not a quiet wait: a marker produced now reaches the only consumer through the same
+    # ordered pipe as a third delivery would have.
+    with client.Producer(server.receive) as producer:
+        producer.produce_many([[b"marker"]])
+    peer, key, *frames = recv(c)
+    assert frames[-1] == b"marker", "a third delivery passed --max-deliveries 2"
+    c.send_multipart([peer, key, b"1"])
+    wait_until(lambda: server.stats()["messages"] == 0)
     server.restart(signal.SIGTERM)
     assert '"reason":"max-deliveries"' in client.monitor_request(server.monitor, "DEADLETTERS default")
 

@@ -17,10 +17,9 @@ from pzq.clients.mqks import MqksClient
 from pzq.config import Limits
 from pzq.errors import ClientError
 
-from conftest import free_tcp_endpoint, wait_until
+from conftest import free_tcp_endpoint, mqks_barrier, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-QUIET_S = 0.1  # nothing more within this on loopback (replies come within a millisecond)
 
 
 @pytest.fixture
@@ -67,7 +66,7 @@ def talk(conn: MqksClient, line: str, *expected: str) -> None:
     conn.send(line)
     got = [conn.read_line() for _ in expected]
     assert got == list(expected)
-    assert conn.read_line(QUIET_S) is None
+    assert mqks_barrier(conn) == []
 
 
 def consumers(server) -> int:
@@ -82,9 +81,9 @@ def test_the_seed_hello_world_works_as_written(mqks_server, connect):
     wait_until(lambda: consumers(mqks_server) == 3)
     dave.send("Dave publish hello world")
     assert charlie.read_line() == "Charlie ok Dave event=hello world"
-    got = [line for line in (alice.read_line(1.0), bob.read_line(QUIET_S)) if line is not None]
+    got = mqks_barrier(alice) + mqks_barrier(bob)
     assert got in (["Alice ok Dave event=hello world"], ["Bob ok Dave event=hello world"])
-    assert dave.read_line(QUIET_S) is None
+    assert mqks_barrier(dave) == []
 
 
 def test_ping_answers_with_its_data(connect):
@@ -106,7 +105,7 @@ def test_consume_replaces_adds_or_keeps_bindings_and_tells_the_other_consumers(c
     c1, c2 = connect(), connect()
     talk(c1, "c1 consume --confirm q1 e1 e2 --manual-ack", "c1 ok ")
     talk(c2, "c2 consume --confirm q1", "c2 ok ")  # no events: keeps e1 e2, nothing changed
-    assert c1.read_line(QUIET_S) is None
+    assert mqks_barrier(c1) == []
     # Replacing the events: every other consumer hears of it (c2 shares c3's connection), c3 does not.
     talk(c2, "c3 consume --confirm q1 e3", "c2 ok --update q1 e3", "c3 ok ")
     assert c1.read_line() == "c1 ok --update q1 e3 --manual-ack"
@@ -235,7 +234,7 @@ def test_delete_queue_unbinds_tells_its_consumers_and_drops_its_messages(mqks_se
     talk(p, "dq1 delete_queue --confirm q1", "dq1 ok ")
     assert c.read_line() == "c1 ok --update q1"
     talk(p, "m2 publish --confirm e1 y", "m2 ok ")
-    assert c.read_line(QUIET_S) is None
+    assert mqks_barrier(c) == []
     assert "q1" not in mqks_server.stats()["queues"]
 
 
@@ -436,7 +435,8 @@ def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_ove
         producer.send(f"p{i} publish e m{i}")
     got = [greedy.read_line() for _ in range(30)]
     assert all(re.fullmatch(r"c[012] ok p\d+ event=e m\d+", line or "") for line in got), got
-    assert greedy.read_line(QUIET_S) is None, "30 unacked in all, whatever the consumers' prefetch"
+    assert mqks_barrier(producer) == []  # every publish read, and the turns that read them over
+    assert mqks_barrier(greedy) == [], "30 unacked in all, whatever the consumers' prefetch"
     greedy.close()  # 30 held: put back 7 per turn, none lost
     honest.send("h consume --confirm q e")
     assert honest.read_line() == "h ok "
