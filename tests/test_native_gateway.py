@@ -62,7 +62,7 @@ def answer(gateway: NativeGateway, delivery: Send, ok: bool = True, *, now: floa
 def someone_else_stores_the_seq_after_next(store: Store) -> None:
     """Make the store's second write of queue ``q`` fail as it would with a second writer on the file
     (a real StoreError, raised by the store itself, which rolls the turn back)."""
-    from pzq.store.queues import _KEY
+    from pzq.store.layout import KEY as _KEY
 
     info = store.queue("q")
     store.commit()
