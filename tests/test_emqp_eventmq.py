@@ -185,7 +185,7 @@ def test_a_real_cron_schedule_runs_its_job_and_unschedule_stops_it(emqp_server, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_the_real_scheduler_daemon_stays_connected_for_a_minute(emqp_server, tmp_path):
+def test_the_real_scheduler_daemon_stays_connected_across_four_of_its_heartbeat_timeouts(emqp_server, tmp_path):
     server, front, _ = emqp_server
     log = tmp_path / "scheduler.log"
     env = dict(
@@ -204,11 +204,13 @@ def test_the_real_scheduler_daemon_stays_connected_for_a_minute(emqp_server, tmp
         )
     try:
         wait_until(lambda: server.stats()["emqp"]["schedulers"] == 1, timeout_s=20)
-        deadline = time.monotonic() + 60
+        # eventmq's scheduler gives the broker up after HEARTBEAT_TIMEOUT (5 s) without a heartbeat:
+        # four of those without a reconnect show the gateway's heartbeats keep it (it was a minute).
+        deadline = time.monotonic() + 4 * 5
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-2000:]
             assert "appears to have gone away" not in log.read_text(), log.read_text()[-2000:]
-            time.sleep(1)  # (watching a real daemon for a minute is the point of this test)
+            time.sleep(1)  # (watching a real daemon for a while is the point of this test)
         assert log.read_text().count("Received ACK") == 1, "one INFORM, never a reconnect"
         assert server.stats()["emqp"]["schedulers"] == 1
     finally:
