@@ -21,7 +21,7 @@ def mid() -> bytes:
     return str(uuid.uuid4()).encode()
 
 
-def gateway_on(store: Store, now: float = T0) -> EmqpGateway:
+def gateway_on(store: Store, now: float = T0, **options) -> EmqpGateway:
     gateway = EmqpGateway(
         Broker(store, ack_timeout_s=5),
         EmqpJobs(store),
@@ -29,6 +29,7 @@ def gateway_on(store: Store, now: float = T0) -> EmqpGateway:
         default_queues=["default"],
         heartbeat_s=3,
         liveness=3,
+        **options,
     )
     gateway.restore_jobs(now)
     return gateway
@@ -191,15 +192,7 @@ def test_a_cron_schedule_honours_nohaste_and_run_count_and_survives_a_restart(tm
 
 
 def test_cron_times_are_read_in_the_configured_time_zone(store):
-    gateway = EmqpGateway(
-        Broker(store, ack_timeout_s=5),
-        EmqpJobs(store),
-        Schedules(store),
-        default_queues=["default"],
-        heartbeat_s=3,
-        liveness=3,
-        cron_timezone="Europe/Berlin",
-    )
+    gateway = gateway_on(store, cron_timezone="Europe/Berlin")
     schedule(gateway, b'"berlin"', b"0 9 * * *", headers=b"nohaste", now_us=utc_us("2026-11-23 06:00:00"))
     assert gateway.run_schedules(utc_us("2026-11-23 07:59:59")) == 0
     assert gateway.run_schedules(utc_us("2026-11-23 08:00:00")) == 1  # 09:00 in Berlin (UTC+1 in November)

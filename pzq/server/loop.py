@@ -1,13 +1,6 @@
 """The server loop: lifecycle, turn order, the group-commit boundary, signals (see pzq.server).
 
-Each turn of the loop:
-  1. polls every socket, with a timeout that ends at the next deadline (never a busy loop);
-  2. lets each endpoint read what arrived (bounded per socket, so one busy peer cannot starve the
-     others) and feed it to its protocol codec, gateway and the broker;
-  3. requeues expired deliveries and leases, and lets each endpoint pick what to send;
-  4. commits the turn's writes in one durable transaction (group commit);
-  5. only then lets each endpoint send producer acks, deliveries and replies.
-Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk.
+The turn's steps and the durability promise they keep are drawn in pzq.server's docstring.
 """
 
 from __future__ import annotations
