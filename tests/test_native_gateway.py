@@ -287,3 +287,19 @@ def test_a_recovered_gateway_forgets_its_young_deliveries(gateway):
     gateway.broker.reset()
     gateway.recover()
     assert gateway.stats()["young_deliveries"] == 0 and gateway.clients(0.0, 10) == []
+
+
+@pytest.mark.parametrize("repeat", [True, False], ids=["ack-ack", "ack-nack"])
+def test_a_repeated_answer_in_one_run_counts_once_toward_the_consumers_latency(store, repeat):
+    def latency_after(answers: int) -> float:
+        gateway = make(store)
+        gateway.broker.produce("q", [b"m"], now_us=T0)
+        [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+        key = delivery.frames[0]
+        run = [native.consumer_ack(key), native.consumer_ack(key, ok=repeat)][:answers]
+        gateway.received_many(SEND, run, now=1.0, now_us=T0)
+        store.abort()  # (the next gateway starts from the same stored message)
+        gateway.broker.reset()
+        return gateway.credit.latency_s
+
+    assert latency_after(2) == latency_after(1), "a repeat of an answer is not a second sample"

@@ -22,7 +22,6 @@ from collections.abc import Hashable, Sequence
 
 from pzq.broker import Broker, Ref
 from pzq.credit import NativeCredit
-from pzq.errors import StoreError
 from pzq.gateways.contract import Send
 from pzq.logs import warn_bad
 from pzq.protocols import native
@@ -89,9 +88,9 @@ class NativeGateway:
                 bodies.append(event.body)
             at = len(messages)
             self._store(waiting, bodies, out, now_us)
-        except StoreError:
-            # The turn is rolled back: every producer of the run hears so, in order, those whose messages
-            # were not looked at yet too (they were read off the socket: nobody else will answer them).
+        except Exception:  # noqa: BLE001 - a StoreError, or a bug: the loop rolls the turn back either way
+            # Every producer of the run hears so, in order, those whose messages were not looked at yet
+            # too (they were read off the socket: nobody else will answer them).
             self._owed = out + [_failed(routing, mid) for routing, mid in waiting] + _all_failed(messages[at:], limit)
             raise
         return out
@@ -114,6 +113,7 @@ class NativeGateway:
         """Consumers' acks and nacks, settled in order; a run of acks in one ``ack_many``."""
         acks: list[Ref] = []
         keys: list[bytes] = []
+        answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
         for frames in messages:
             answer = native.parse_consumer_ack(frames)
@@ -124,7 +124,8 @@ class NativeGateway:
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
                 continue
-            deadline = self.broker.deadline(ref, CONSUMER)
+            deadline = None if ref in answered else self.broker.deadline(ref, CONSUMER)
+            answered.add(ref)
             self.credit.answered(ref, None if deadline is None else deadline - timeout_s, now)
             if answer.ok:
                 acks.append(ref)
