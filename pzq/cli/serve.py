@@ -53,7 +53,13 @@ def serve(config_file: str | None, **flags: Any) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
     cfg = resolve(config_file, **flags)
     logs.configure(cfg.log_level, cfg.log_format)
-    from pzq.console.web import Console
     from pzq.server import serve as run_server
 
-    run_server(cfg, reload=lambda: resolve(config_file, **flags), console=Console.from_config)
+    run_server(cfg, reload=lambda: resolve(config_file, **flags), console=_console)
+
+
+def _console(cfg: config.Config) -> Any:
+    """The web console of --http-dsn, imported only when it is asked for."""
+    from pzq.console.web import Console
+
+    return Console.from_config(cfg)
