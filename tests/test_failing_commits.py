@@ -16,7 +16,7 @@ from pzq.gateways.native import ref_of_key
 from pzq.store import Store
 from pzq.store.layout import KEY
 
-from conftest import make_config
+from conftest import ThreadServer, make_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,8 +47,6 @@ def failing_producer(endpoint: str, stop: threading.Event) -> None:
 def test_a_failing_commit_counts_no_delivery_that_did_not_leave(tmp_path, caplog):
     cfg = make_config(tmp_path, ack_timeout=600.0)
     plant_a_foreign_record(tmp_path / "db", cfg.queue, 50)
-    from conftest import ThreadServer
-
     srv = ThreadServer(cfg)
     stop = threading.Event()
     received: collections.Counter = collections.Counter()
@@ -74,7 +72,23 @@ def test_a_failing_commit_counts_no_delivery_that_did_not_leave(tmp_path, caplog
             }
     finally:
         store.close()
-    print("received", sum(received.values()), "max", max(received.values(), default=0), "failed lines", len(failed))
     assert received, "the consumer was served while commits failed"
     wrong = {ref: (counts.get(ref), n) for ref, n in received.items() if counts.get(ref) != n}
-    assert not wrong, f"(stored count, deliveries that left) differ for {len(wrong)} messages: {list(wrong.items())[:5]}"
+    assert not wrong, f"(stored count, deliveries that left) of {len(wrong)} messages: {list(wrong.items())[:5]}"
+    assert len(failed) == 1, "hundreds of failed turns in 3 s: one line (the next one 10 s later)"
+    assert "already stored" in failed[0].getMessage() and failed[0].exc_info is None, "one line, no traceback"
+
+
+def test_a_run_of_failures_is_logged_with_how_many_were_not(caplog):
+    from pzq.logs import Throttled
+
+    throttled = Throttled(logging.getLogger("pzq.test"), every_s=0.0)
+    quiet = Throttled(logging.getLogger("pzq.test"), every_s=3600.0)
+    with caplog.at_level(logging.DEBUG, logger="pzq.test"):
+        assert quiet.error("commit failed: %s", "full") and not quiet.error("commit failed: %s", "full")
+        quiet.every_s = 0.0
+        assert quiet.error("commit failed: %s", "full")
+        assert throttled.error("x")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["commit failed: full", "commit failed: full (1 more failed since the last line)", "x"]
+    assert all(r.exc_info is None for r in caplog.records if r.levelno == logging.ERROR)

@@ -59,7 +59,7 @@ class PendingCounts(dict[bytes, tuple[int, float]]):
         self._note(key)
         super().__delitem__(key)
 
-    def pop(self, key: bytes, *default):  # type: ignore[override]
+    def pop(self, key: bytes, *default):
         if key in self:
             self._note(key)
         return super().pop(key, *default)
