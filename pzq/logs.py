@@ -53,7 +53,7 @@ class Throttled:
         The traceback of the exception being handled goes to DEBUG only."""
         self.total += 1
         now = time.monotonic()
-        self.logger.debug("(the traceback of the failure below)", exc_info=True)
+        self.logger.debug("the traceback of: " + msg, *args, exc_info=True)
         if self._logged_at is not None and now - self._logged_at < self.every_s:
             self._since += 1
             return False
