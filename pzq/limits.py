@@ -63,6 +63,8 @@ class Limits:
     # The web console
     console_connection_s: float = 15.0  # a connection's whole life
     console_connections_per_s: int = 100
+    # Logs and disk (i26-logsdisk)
+    store_failure_log_s: float = 10.0  # a failing commit logs one line at most this often
 
 
 DEFAULT_LIMITS = Limits()

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 
 log = logging.getLogger("pzq.input")
 _counts: collections.Counter = collections.Counter()
@@ -36,6 +37,68 @@ def warn_bad(peer: str, code: str, detail: str) -> None:
         window[2] += 1
 
 
+class Throttled:
+    """One kind of repeated failure, logged as one line at most every ``every_s`` seconds: the first
+    at once, later ones with how many happened since the last line (a full disk fails every turn)."""
+
+    def __init__(self, logger: logging.Logger, every_s: float):
+        self.logger = logger
+        self.every_s = every_s
+        self.total = 0
+        self._logged_at: float | None = None
+        self._since = 0  # failures not logged since the last line
+
+    def error(self, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` at ERROR unless a line was logged less than every_s ago; True if logged.
+        The traceback of the exception being handled goes to DEBUG only."""
+        self.total += 1
+        now = time.monotonic()
+        self.logger.debug("the traceback of: " + msg, *args, exc_info=True)
+        if self._logged_at is not None and now - self._logged_at < self.every_s:
+            self._since += 1
+            return False
+        more = f" ({self._since} more failed since the last line)" if self._since else ""
+        self.logger.error(msg + more, *args)
+        self._logged_at, self._since = now, 0
+        return True
+
+
+def escape(text: str) -> str:
+    """``text`` with every character that is not printable (newlines, carriage returns, tabs, escape
+    sequences, Unicode line separators) written as its Python escape, so that client text in a log
+    line can never start a line of its own or drive the terminal that shows it."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+class TextFormatter(logging.Formatter):
+    """Text lines whose message is escaped (see ``escape``): a log line is one line, whatever a client
+    sent. Only the traceback of an exception spans lines, and the exception's own text in it is
+    escaped too (a StoreError may quote a client's queue name)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return "".join(_escaped_traceback(ei)).rstrip("\n")
+
+
+def _escaped_traceback(ei) -> list[str]:
+    """The traceback of ``ei`` with each exception's text escaped; frames (pzq's own source) as they are."""
+    chunks = []
+    for chunk in traceback.format_exception(*ei):
+        if chunk.startswith(("  ", "Traceback ", "\nDuring handling", "\nThe above exception")):
+            chunks.append(chunk)
+        else:  # "Type: message" (and notes): text that may quote a client
+            chunks.append(escape(chunk.rstrip("\n")) + "\n")
+    return chunks
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, for journald and log shippers: time, level, logger, message (and the
     traceback, if any)."""
@@ -56,9 +119,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, fmt: str = "text") -> None:
     """Log to standard error (journald under systemd) at ``level``, as text lines or JSON lines."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

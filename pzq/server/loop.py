@@ -24,6 +24,7 @@ from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.stream import ConnectionLimit
 from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
+from pzq.logs import Throttled
 from pzq.server.process import connection_limit, drain_fd, drop_privileges
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -69,6 +70,8 @@ class Server:
         self.console: WebConsole | None = None
         self._last_commit_ms = 0.0
         self._produced_at_commit = 0
+        # A full disk fails every turn's commit: one line now and then, not a traceback each time.
+        self._store_failures = Throttled(log, config.limits.store_failure_log_s)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -278,6 +281,7 @@ class Server:
             drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
         produced = self.broker.counters.produced
+        self.store.turn_begins()
         try:
             for endpoint in self.endpoints:
                 endpoint.read(ready, now, now_us)
@@ -292,8 +296,10 @@ class Server:
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
             )
-        except StoreError:
-            log.exception("store failure; this turn was rolled back and in-flight deliveries will repeat")
+        except StoreError as exc:
+            self._store_failures.error(
+                "store failure; this turn was rolled back and in-flight deliveries will repeat: %s", exc
+            )
             self._recover()
             for endpoint in self.endpoints:
                 endpoint.rolled_back()

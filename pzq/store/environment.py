@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,6 +71,7 @@ class Environment:
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
         # also after a restart with a limit below what is stored, so the data file counts too.
         data_file = os.path.join(path, "data.mdb")
+        _refuse_links(path)
         try:
             stored = os.path.getsize(data_file)
         except OSError:
@@ -289,13 +291,20 @@ class Environment:
         if not self.disk_reserve or self.readonly or self._reserved:
             return True
         try:
-            if os.path.getsize(self._reserve_path) >= self.disk_reserve:
-                self._reserved = True  # (not looked at again each turn until it is given back)
-                return True
+            found = os.lstat(self._reserve_path)  # (lstat: a link planted in its place is not followed)
         except OSError:
-            pass
+            found = None
+        if found is not None and stat.S_ISREG(found.st_mode) and found.st_size >= self.disk_reserve:
+            self._reserved = True  # (not looked at again each turn until it is given back)
+            return True
         try:
-            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
+            if found is not None and not stat.S_ISREG(found.st_mode):
+                # Someone else's link (or whatever it is) in the server's place: the reserve is the
+                # server's own file, so the link goes and the file is made; its target is not touched.
+                log.warning("%s is not a regular file (a symlink?): it is replaced by the reserve", self._reserve_path)
+                os.unlink(self._reserve_path)
+            # O_NOFOLLOW: a link planted between the unlink and here fails the open, it is never written through.
+            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.posix_fallocate(fd, 0, self.disk_reserve)
             finally:
@@ -343,7 +352,7 @@ def _lock_exclusively(path: str) -> int:
     only way around it is to remove the data. (flock and LMDB's own fcntl locks do not interact.)"""
     import fcntl
 
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -352,11 +361,22 @@ def _lock_exclusively(path: str) -> int:
     return fd
 
 
+def _refuse_links(path: str) -> None:
+    """Refuse a store whose data or lock file is a symbolic link: LMDB opens both for writing and
+    follows links, so a link planted in a directory others can write would have the server (often
+    root) write, truncate or chmod the file it names."""
+    for name in ("data.mdb", "lock.mdb"):
+        file = os.path.join(path, name)
+        if os.path.islink(file):
+            raise StoreError(
+                f"{file} is a symbolic link (to {os.readlink(file)!r}): pzq opens only files of its own "
+                "in the store directory; move the file it names into its place"
+            )
+
+
 def _private_directory(path: str) -> None:
     """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
     open to others, since it is the operator's directory to change."""
-    import stat
-
     os.makedirs(path, mode=0o700, exist_ok=True)
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077:

@@ -31,6 +31,49 @@ def raise_(exc: Exception) -> NoReturn:
     raise exc
 
 
+_MISSING = (-1, 0.0)  # (in the journal: the key had no pending count)
+
+
+class PendingCounts(dict[bytes, tuple[int, float]]):
+    """Delivery counts not yet written (key -> (count, monotonic time of the delivery)), with a journal
+    of what changed since ``mark()``. A rolled-back turn undoes only its own changes (``undo()``): its
+    deliveries never left, but those of earlier turns did, and their counts must not be lost with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._undo: dict[bytes, tuple[int, float]] = {}
+
+    def mark(self) -> None:
+        """What ``undo()`` goes back to: a turn begins, or a commit made the counts so far durable."""
+        self._undo.clear()
+
+    def _note(self, key: bytes) -> None:
+        if key not in self._undo:
+            self._undo[key] = dict.get(self, key, _MISSING)
+
+    def __setitem__(self, key: bytes, value: tuple[int, float]) -> None:
+        self._note(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: bytes) -> None:
+        self._note(key)
+        super().__delitem__(key)
+
+    def pop(self, key: bytes, *default):
+        if key in self:
+            self._note(key)
+        return super().pop(key, *default)
+
+    def undo(self) -> None:
+        """Put back every count as it was at ``mark()``."""
+        for key, value in self._undo.items():
+            if value is _MISSING:
+                super().pop(key, None)
+            else:
+                super().__setitem__(key, value)
+        self._undo.clear()
+
+
 class Queues:
     """Named durable FIFO queues: their environment and counters. Single-threaded: one owner calls every
     method."""
@@ -73,7 +116,7 @@ class Queues:
         self._dirty = False
         self._dirty_queues: set[str] = set()
         # Delivery counts not yet written: key -> (count, monotonic time of the delivery).
-        self._pending_counts: dict[bytes, tuple[int, float]] = {}
+        self._pending_counts = PendingCounts()
         self._meta_dirty = False
         self._total_bytes = 0
         self._side_bytes = 0  # pages of the side tables: schedules, bindings, dedup keys, groups count too
@@ -191,8 +234,14 @@ class Queues:
         self._dirty_queues.clear()
         for key, _ in due:
             del self._pending_counts[key]
+        self._pending_counts.mark()
         self._meta_dirty = False
         return True
+
+    def turn_begins(self) -> None:
+        """A turn of the loop begins: a rollback from here on keeps the delivery counts of every earlier
+        turn (its deliveries left), and drops only this turn's (they are never sent)."""
+        self._pending_counts.mark()
 
     @property
     def syncs(self) -> int:
@@ -206,7 +255,7 @@ class Queues:
     def _rolled_back(self) -> None:
         """The environment dropped the open transaction: the counters are read again from the disk."""
         self._dirty = False
-        self._pending_counts.clear()
+        self._pending_counts.undo()  # (the counts of deliveries that left in earlier turns stay)
         self._load()
 
     # -- queues -----------------------------------------------------------------------------------
