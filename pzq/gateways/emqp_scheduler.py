@@ -259,14 +259,21 @@ class Scheduler:
 
 
 def _days_occur(parsed: croniter.croniter) -> bool:
-    """Whether the days of the month that ``parsed`` names occur in one of its months (29 Feb counts).
-    Only days named alone are checked: with weekdays too, cron runs on either (and croniter's '#' and
-    'W' are left to its bounded search)."""
+    """Whether the days of the month that ``parsed`` names can occur in one of its months (29 Feb
+    counts): a necessary condition of croniter finding a time, read on tables. Days named with plain
+    weekdays are not checked (cron runs on either), nor 'W' days (left to croniter's bounded search);
+    with an n-th weekday ('1#5'), croniter wants both, and the n-th falls on days 7n-6 to 7n."""
     days, months, weekdays = parsed.expanded[DAY], parsed.expanded[MONTH], parsed.expanded[WEEKDAY]
-    if days[0] == "*" or weekdays[0] != "*" or "l" in days or parsed.nearest_weekday:
+    nth = parsed.nth_weekday_of_month
+    if days[0] == "*" or (weekdays[0] != "*" and not nth) or parsed.nearest_weekday:
         return True
     longest = max(MONTH_DAYS[m - 1] for m in (range(1, 13) if months[0] == "*" else months))
-    return any(day <= longest for day in days)
+    named = {day for day in days if day != "l"} | (set(range(28, 32)) if "l" in days else set())
+    named = {day for day in named if day <= longest}
+    if nth:
+        windows = [range(22, 32) if n == "l" else range(7 * n - 6, 7 * n + 1) for ns in nth.values() for n in ns]
+        named = {day for day in named if any(day in window for window in windows)}
+    return bool(named)
 
 
 def _without_payload(record: dict) -> dict:
