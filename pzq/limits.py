@@ -65,6 +65,12 @@ class Limits:
     console_connections_per_s: int = 100
     # Logs and disk (i26-logsdisk)
     store_failure_log_s: float = 10.0  # a failing commit logs one line at most this often
+    # The eMQP scheduler (helper "scheduler", issue 26): a turn runs due schedules in due order up to a
+    # share, the rest the next turn; a cron expression is searched at most cron_max_years ahead (8: the
+    # longest gap between two 29ths of February), so no SCHEDULE or run searches for decades.
+    schedule_runs_per_turn: int = 200
+    schedule_turn_s: float = 0.005
+    cron_max_years: int = 8
 
 
 DEFAULT_LIMITS = Limits()

@@ -135,3 +135,23 @@ def test_a_record_with_numbers_out_of_range_is_unreadable_not_believed(tmp_path,
         assert table.items() == [(k1, v1)] and store.unreadable_records == 1
     finally:
         store.close()
+
+
+def test_a_schedules_run_record_overrides_its_moving_part_and_a_damaged_one_leaves_the_whole_record(tmp_path):
+    import msgpack
+
+    store = open_store(tmp_path / "db")
+    try:
+        table = Schedules(store)
+        table.put("a1", SCHEDULE)
+        table.put("b2", SCHEDULE)
+        table.ran("a1", 70, 4)
+        table.put_raw(b"\0b2", msgpack.packb([-5, 1]))  # out of range: unreadable, not believed
+        assert table.get("a1") == {**SCHEDULE, "next_us": 70, "remaining": 4} and table.get("b2") == SCHEDULE
+        assert table.all() == {"a1": {**SCHEDULE, "next_us": 70, "remaining": 4}, "b2": SCHEDULE}
+        assert store.unreadable_records == 1 and table.payload("a1") == SCHEDULE["payload"]
+        table.put("a1", {**SCHEDULE, "next_us": 9})  # a SCHEDULE again: its runs start afresh
+        assert table.get("a1") == {**SCHEDULE, "next_us": 9} and table.get_raw(b"\0a1") is None
+        assert table.delete("b2") and table.raw() == [(b"a1", table.pack({**SCHEDULE, "next_us": 9}))]
+    finally:
+        store.close()

@@ -62,6 +62,8 @@ store.dead_letter(doomed, "too many deliveries", now_us=NOW_US + 7)
 facts["dead"] = doomed.id
 Schedules(store).put("sched-1", {"queue": "jobs", "headers": "", "interval": 60, "payload": "p",
                                  "remaining": -1, "next_us": NOW_US + 60_000_000})
+Schedules(store).put("sched-2", {"queue": "nightly", "headers": "", "interval": 0, "cron": "30 2 * * *",
+                                 "payload": "q", "remaining": 2, "next_us": NOW_US + 120_000_000})
 for i in range(5):
     broker.produce("spark", [b"row-%d" % i], now_us=NOW_US)
 leases = Leases(broker, timeout_s=3600)
@@ -158,6 +160,7 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
             **{"queue": "jobs", "headers": "", "interval": 60, "payload": "p", "remaining": -1},
             "next_us": 1_700_000_000_000_000 + 60_000_000,
         }
+        runs_old_schedules_to_their_end(store, broker)
         qid = store.queue("spark").qid
         (((group_qid, group_name), group),) = Groups(store).items()
         assert (group_qid, group_name, group[1:3]) == (qid, "g1", [0, 3])  # [gid, base, end, deadline_us]
@@ -183,6 +186,45 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
     finally:
         store.close()
     assert format_record(database) == FORMAT
+
+
+def runs_old_schedules_to_their_end(store: Store, broker: Broker) -> None:
+    """The old layout's schedules run on time in the new one, each run writing only its run record."""
+    from pzq.gateways.emqp import EmqpGateway
+
+    now_us = 1_700_000_000_000_000
+    gateway = EmqpGateway(
+        broker, EmqpJobs(store), Schedules(store), default_queues=["default"], heartbeat_s=3, liveness=3
+    )
+    assert gateway.run_schedules(now_us) == 0
+    whole = Schedules(store).get_raw(b"sched-1")
+    assert gateway.run_schedules(now_us + 120_000_000) == 2, "both due"
+    assert Schedules(store).get_raw(b"sched-1") == whole and Schedules(store).get("sched-1")["remaining"] == -1
+    day = 86_400_000_000
+    assert gateway.run_schedules(now_us + day) == 2 and "sched-2" not in gateway.schedules, "run_count 2 spent"
+    assert [m.frames for m in store.scan("nightly")] == [[b"q"], [b"q"]]
+    assert [m.frames for m in store.scan("jobs") if m.frames == [b"p"]] == [[b"p"], [b"p"]]
+
+
+def test_a_store_written_by_this_pzq_is_refused_by_db15207_which_would_run_spent_runs_again(tmp_path):
+    code = old_code(tmp_path)
+    database = tmp_path / "db"
+    store = Store(database)
+    Schedules(store).put(
+        "s", {"queue": "q", "headers": "", "interval": 60, "payload": "p", "remaining": 2, "next_us": 1}
+    )
+    Schedules(store).ran("s", 61_000_000, 1)
+    store.commit()
+    store.close()
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from pzq.store import Store; Store(sys.argv[1])", str(database)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(code)},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert child.returncode != 0 and f"has store format {FORMAT}; this pzq reads 1" in child.stderr
 
 
 def test_a_store_without_a_format_record_is_read_as_format_1_and_marked_after_a_write(tmp_path):

@@ -169,7 +169,8 @@ class EmqpGateway:
         return self.scheduler.timing
 
     def run_schedules(self, now_us: int) -> int:
-        """Enqueue a REQUEST for every schedule that is due; returns how many ran."""
+        """Enqueue a REQUEST for the schedules that are due, up to a turn's share (Scheduler.run); returns
+        how many ran. Due ones left over make ``next_wake`` say now."""
         return self.scheduler.run(now_us)
 
     def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
@@ -190,6 +191,7 @@ class EmqpGateway:
         wake = self.next_heartbeat
         due_us = self.scheduler.next_us()
         if due_us is not None:  # schedules keep wall-clock times (they outlive restarts)
+            # (due ones a turn's share left over are in the past: the next turn polls without waiting)
             wake = min(wake, now + (due_us - self.wall_clock() * 1e6) / 1e6)
         return wake
 

@@ -16,9 +16,11 @@ Side tables (schedules, consumer groups, dedup keys, bindings, eMQP jobs) live i
 environment, each with one owner in this package (``SIDE_TABLES``); their pages count toward the
 store limit with the queues'.
 
-Format versions: 1 is the layout above (pzq up to and including this one). A change of any record's
-layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the older one, and comes with a
-test that opens a store written by the older pzq (tests/test_upgrade.py).
+Format versions: 1 is the layout above. 2 adds the schedules' run records (store/schedules.py: each run
+writes its next time and runs left apart from the payload). Format-1 records are read as they are; a
+format-1 pzq, which would run spent runs again from the older whole record, refuses a format-2 store.
+A change of any record's layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the
+older one, and comes with a test that opens a store written by the older pzq (tests/test_upgrade.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import struct
 
 import msgpack
 
-FORMAT = 1  # the store format this pzq writes and the newest it reads
+FORMAT = 2  # the store format this pzq writes and the newest it reads
 
 # What reading a damaged record raises; anything else is a bug and propagates.
 UNREADABLE = (
