@@ -63,6 +63,11 @@ class Limits:
     # The web console
     console_connection_s: float = 15.0  # a connection's whole life
     console_connections_per_s: int = 100
+    # Fair shares of the connection pools (slice i26-shares: pzq/endpoints/shares.py)
+    connections_reserved_part: int = 4  # this part of --max-connections is split evenly into endpoint reserves
+    partial_reserved_part: int = 4  # the same for --max-partial-input among the raw-TCP endpoints
+    partial_connection_part: int = 8  # one connection holds at most this part of --max-partial-input,
+    partial_slack: int = 64 << 10  # or one message of --max-message-size and this much, if smaller
 
 
 DEFAULT_LIMITS = Limits()
