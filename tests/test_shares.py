@@ -9,6 +9,7 @@ import socket
 import pytest
 import zmq
 
+from pzq.endpoints.shares import ConnectionLimit
 from pzq.protocols.phpmq import encode
 
 from conftest import ended, free_tcp_endpoint, recv, wait_until
@@ -87,3 +88,26 @@ def test_a_connection_holding_more_than_its_share_is_closed_and_the_others_stay(
     finally:
         honest.close()
         greedy.close()
+
+
+class _Gateway:
+    """A gateway's one part that ConnectionLimit reads: its connections."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[bytes, object] = {}
+
+
+def test_the_pool_closes_the_largest_holder_past_its_reserve_and_the_grower_on_a_tie():
+    closed: list[tuple[str, bytes]] = []
+    pool = ConnectionLimit(100, partial_limit=800, message_size=1000)  # 100 a connection, 100 reserved each
+    for name in ("phpmq", "mqks"):
+        pool.join(name, _Gateway(), lambda conn, name=name: closed.append((name, conn)))
+    assert (pool.connection_share, pool.partial_reserve) == (100, 100)
+    assert pool.hold("phpmq", b"honest", 60) == []
+    for i in range(8):  # mqks: its reserve of 100 and the shared 600
+        assert pool.hold("mqks", b"p%d" % i, [100, 100, 100, 100, 100, 90, 100, 10][i]) == []
+    assert pool.hold("mqks", b"p8", 10) == [("mqks", b"p0")], "the largest of the endpoint past its reserve"
+    assert pool.hold("mqks", b"p9", 100) == [("mqks", b"p9")], "a tie: the one that grew"
+    assert pool.hold("phpmq", b"honest", 100) == [], "its own reserve"
+    assert pool.hold("mqks", b"big", 101) == [("mqks", b"big")], "over one connection's share"
+    assert pool.partial_closed_total == 3 and pool.partial_of("mqks") == 5 * 100 + 90 + 10 + 10
