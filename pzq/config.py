@@ -90,11 +90,14 @@ class Config:
     max_store_size: int = _setting(4 << 30, "Store limit; producers get 'queue full' past it.", SIZE, low=1 << 20)
     max_queues: int = _setting(10_000, "Named queues at most; a new name past it gets 'queue full'.", "queues", low=1)
     max_connections: int = _setting(
-        10_000, "TCP connections at most, together, 9/10 of it on one endpoint; more are closed.", "connections", low=1
+        10_000,
+        "TCP connections at most, together; each endpoint keeps a reserve; more are closed.",
+        "connections",
+        low=1,
     )
     max_partial_input: int = _setting(
         256 << 20,
-        "Unfinished PHPMQ and MQKS input of all connections; past it the one that grew is closed.",
+        "Unfinished PHPMQ and MQKS input of all connections, shared fairly; past a share one is closed.",
         SIZE,
         low=1 << 20,
     )

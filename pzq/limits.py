@@ -71,6 +71,11 @@ class Limits:
     schedule_runs_per_turn: int = 200
     schedule_turn_s: float = 0.005
     cron_max_years: int = 8
+    # Fair shares of the connection pools (slice i26-shares: pzq/endpoints/shares.py)
+    connections_reserved_part: int = 4  # this part of --max-connections is split evenly into endpoint reserves
+    partial_reserved_part: int = 4  # the same for --max-partial-input among the raw-TCP endpoints
+    partial_connection_part: int = 8  # one connection holds at most this part of --max-partial-input,
+    partial_slack: int = 64 << 10  # or one message of --max-message-size and this much, if smaller
 
 
 DEFAULT_LIMITS = Limits()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -402,3 +404,23 @@ def pytest_unconfigure(config):
     pytest's own exit status."""
     session = getattr(config, "_pzq_session", None)
     _watchdog.arm(_watchdog.status if session is None else session.exitstatus, session_guard.EXIT_GRACE_S)
+
+
+def ended(raws: list[socket.socket], seconds: float) -> list[bool]:
+    """Which of ``raws`` the server ends within ``seconds`` (libzmq's greeting is read past)."""
+    done = [False] * len(raws)
+    with selectors.DefaultSelector() as sel:
+        for i, raw in enumerate(raws):
+            raw.setblocking(False)
+            sel.register(raw, selectors.EVENT_READ, i)
+        deadline = time.monotonic() + seconds
+        while not all(done) and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                try:
+                    data = key.fileobj.recv(4096)
+                except ConnectionResetError:
+                    data = b""
+                if data == b"":
+                    done[key.data] = True
+                    sel.unregister(key.fileobj)
+    return done

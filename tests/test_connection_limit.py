@@ -3,36 +3,14 @@ ones is cut off at once, the server keeps serving, and each endpoint leaves the 
 
 from __future__ import annotations
 
-import selectors
 import socket
-import time
 
 import pytest
 import zmq
 
-from conftest import free_tcp_endpoint, recv, wait_until
+from conftest import ended, free_tcp_endpoint, recv, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def ended(raws: list[socket.socket], seconds: float) -> list[bool]:
-    """Which of ``raws`` the server ends within ``seconds`` (libzmq's greeting is read past)."""
-    done = [False] * len(raws)
-    with selectors.DefaultSelector() as sel:
-        for i, raw in enumerate(raws):
-            raw.setblocking(False)
-            sel.register(raw, selectors.EVENT_READ, i)
-        deadline = time.monotonic() + seconds
-        while not all(done) and (left := deadline - time.monotonic()) > 0:
-            for key, _ in sel.select(left):
-                try:
-                    data = key.fileobj.recv(4096)
-                except ConnectionResetError:
-                    data = b""
-                if data == b"":
-                    done[key.data] = True
-                    sel.unregister(key.fileobj)
-    return done
 
 
 def test_idle_zeromq_connections_past_the_limit_are_closed_and_the_server_serves_on(make_server, sockets):

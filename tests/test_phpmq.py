@@ -250,12 +250,18 @@ def test_connections_past_max_connections_are_closed_at_once_and_others_go_on(ph
 
 
 def test_unfinished_input_of_all_connections_together_is_bounded(phpmq):
-    srv, connect, addr = phpmq(max_partial_input=1 << 20)
-    head = b"H0100102P01" + b"%029d" % 1 + b"w" + b"P02" + b"%029d" % (900_000)  # then only part of it
-    first, second = connect(), connect()
-    first.sock.sendall(head + b"x" * 600_000)
-    wait_until(lambda: srv.stats()["phpmq"]["partial_input_bytes_all"] >= 600_000)
-    second.sock.sendall(head + b"y" * 600_000)  # 1.2 MB unfinished in all: over the limit
-    assert second.sock.recv(10) == b"", "the connection whose input went over the limit is closed"
-    first.sock.sendall(b"x" * 300_000)  # the first finishes its message and is served
+    srv, connect, addr = phpmq(max_partial_input=1 << 20)  # 128 KiB a connection at most
+
+    def head(size: int) -> bytes:
+        return b"H0100102P01" + b"%029d" % 1 + b"w" + b"P02" + b"%029d" % size  # then only part of it
+
+    first = connect()
+    first.sock.sendall(head(90_000) + b"x" * 60_000)
+    wait_until(lambda: srv.stats()["phpmq"]["partial_input_bytes_all"] >= 60_000)
+    parked = [connect() for _ in range(9)]
+    for other in parked:  # 9 x 120 KB more: over the 1 MiB in all
+        other.sock.sendall(head(127_000) + b"y" * 120_000)
+    wait_until(lambda: srv.stats()["connections"]["partial_input_closed_total"] == 1)
+    assert srv.stats()["phpmq"]["connections"] == 9, "one connection holding the most is closed, not the first"
+    first.sock.sendall(b"x" * 30_000)  # the first finishes its message and is served
     wait_until(lambda: srv.stats()["queues"].get("w", {}).get("depth") == 1)

@@ -18,7 +18,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from pzq.endpoints.base import Endpoint, Sockets
-from pzq.endpoints.stream import ConnectionLimit
+from pzq.endpoints.shares import ConnectionLimit
 from pzq.logs import warn_bad
 
 log = logging.getLogger("pzq.server")
@@ -34,8 +34,13 @@ class ConnectionWatch(Endpoint):
     def __init__(self, binder: Sockets, limit: ConnectionLimit):
         self.binder = binder
         self.limit = limit
-        self.refused_total = 0
+        self.limit.zmq_endpoints = len(binder.monitors)  # (each has its reserve of connections)
         self.accept_failed_total = 0
+
+    @property
+    def refused_total(self) -> int:
+        """Connections refused for want of room, on every endpoint (raw TCP too)."""
+        return self.limit.refused_total
 
     @property
     def sockets(self) -> list[zmq.Socket]:  # type: ignore[override]
@@ -44,6 +49,7 @@ class ConnectionWatch(Endpoint):
     def read(self, ready: dict, now: float, now_us: int) -> None:
         for pair in [p for p in self.limit.zmq_open if p not in self.binder.monitors]:
             del self.limit.zmq_open[pair]  # its socket was closed: so were its connections
+        self.limit.zmq_endpoints = len(self.binder.monitors)
         for pair, (role, _) in self.binder.monitors.items():
             if pair in ready:
                 self._events(pair, role)
@@ -57,17 +63,16 @@ class ConnectionWatch(Endpoint):
             kind = event["event"]
             if kind == zmq.EVENT_ACCEPTED:
                 held = self.limit.zmq_open.get(pair, 0)
-                refuse = self.limit.full(held)  # (the rule raw-TCP connections follow too)
+                refuse = self.limit.full(held)  # (the rule raw-TCP connections follow too; counted there)
                 # Counted all the same: the one cut off still sends its DISCONNECTED event.
                 self.limit.zmq_open[pair] = held + 1
                 if refuse:
-                    self.refused_total += 1
                     warn_bad(
                         role,
                         "too-many-connections",
                         f"{self.limit.total() - 1} connections are open "
                         f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
-                        "endpoint): a new one was closed at once",
+                        f"endpoint, {self.limit.reserve} kept for each): a new one was closed at once",
                     )
                     _shut(event["value"], event["endpoint"])
             elif kind == zmq.EVENT_DISCONNECTED:
@@ -82,6 +87,7 @@ class ConnectionWatch(Endpoint):
             "limit": self.limit.limit,
             "refused_total": self.refused_total,
             "accept_failed_total": self.accept_failed_total,
+            **self.limit.stats(),
         }
 
 

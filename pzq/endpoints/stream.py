@@ -10,6 +10,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.shares import ConnectionLimit
 from pzq.gateways.contract import Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
@@ -19,46 +20,6 @@ log = logging.getLogger("pzq.server")
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
 RETRY_S = 0.01  # how soon a backlog is tried again
-
-
-class ConnectionLimit:
-    """What the connections of every endpoint hold together (raw TCP, and ZeroMQ through
-    ``ConnectionWatch``).
-
-    At most ``limit`` connections: each costs a file descriptor, and a process out of them can accept
-    nothing (libzmq spins, or aborts on the next one it needs); past it a new connection is closed at
-    once. At most ``partial_limit`` bytes of unfinished input (a PHPMQ message or MQKS line not yet
-    whole) in all of them: each may hold up to a message's size, and thousands of them would hold
-    gigabytes; past it the connection whose input grew is closed. Both are logged."""
-
-    def __init__(self, limit: int, partial_limit: int = 1 << 62):
-        self.limit = limit
-        self.partial_limit = partial_limit
-        self.gateways: list[StreamGateway] = []
-        self.zmq_open: dict[object, int] = {}  # connections open on each watched ZeroMQ socket
-        self._partial: dict[tuple[str, bytes], int] = {}
-        self.partial_total = 0
-
-    @property
-    def per_endpoint(self) -> int:
-        """What one endpoint may hold: a flood of one leaves a tenth of the limit to the others (the
-        monitor, the consumers)."""
-        return self.limit - self.limit // 10
-
-    def total(self) -> int:
-        return sum(len(g.sessions) for g in self.gateways) + sum(self.zmq_open.values())
-
-    def full(self, held: int) -> bool:
-        """True if a new connection of an endpoint that holds ``held`` must be closed at once."""
-        return held >= self.per_endpoint or self.total() >= self.limit
-
-    def hold(self, key: tuple[str, bytes], size: int) -> bool:
-        """Note that connection ``key`` now holds ``size`` unfinished bytes; False if all together
-        are over the limit."""
-        self.partial_total += size - self._partial.pop(key, 0)
-        if size:
-            self._partial[key] = size
-        return self.partial_total <= self.partial_limit
 
 
 class StreamEndpoint(Endpoint):
@@ -79,7 +40,7 @@ class StreamEndpoint(Endpoint):
         self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.name = name
         self.connections = connections or ConnectionLimit(1 << 62)
-        self.connections.gateways.append(gateway)
+        self.connections.join(name, gateway, self._close_for_share)
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
@@ -125,7 +86,8 @@ class StreamEndpoint(Endpoint):
                             "too-many-connections",
                             f"{self.connections.total()} connections are "
                             f"open (--max-connections {self.connections.limit}, at most "
-                            f"{self.connections.per_endpoint} on one endpoint): a new one was closed at once",
+                            f"{self.connections.per_endpoint} on one endpoint, {self.connections.reserve} kept for "
+                            "each): a new one was closed at once",
                         )
                         self._closing.append(conn)
                         continue
@@ -137,14 +99,23 @@ class StreamEndpoint(Endpoint):
             self._out += sends
             if sends and sends[-1].close:
                 self._close(conn)
-            elif not self.connections.hold((self.name, conn), self.gateway.buffered(conn)):
-                warn_bad(
-                    self.name,
-                    "partial-input",
-                    f"unfinished input of every connection is over {self.connections.partial_limit} bytes "
-                    "(--max-partial-input); closing the connection",
-                )
-                self._close(conn)
+            else:
+                for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
+                    self.connections.close(name, victim)
+
+    def _close_for_share(self, conn: bytes) -> None:
+        """Close ``conn``, which holds more unfinished input than its share (``ConnectionLimit.hold``)."""
+        if conn not in self.gateway.sessions:
+            return  # (already closed)
+        share = self.connections
+        warn_bad(
+            self.name,
+            "partial-input",
+            f"a connection holds more unfinished input than its share ({share.connection_share} bytes of one, "
+            f"{share.partial_reserve} kept for each endpoint, {share.partial_limit} in all: --max-partial-input); "
+            "closing it",
+        )
+        self._close(conn)
 
     def _close(self, conn: bytes) -> None:
         self.closed_total += 1
@@ -205,7 +176,7 @@ class StreamEndpoint(Endpoint):
 
     def _gone(self, conn: bytes) -> None:
         self.gateway.disconnected(conn)
-        self.connections.hold((self.name, conn), 0)
+        self.connections.hold(self.name, conn, 0)
 
     def recover(self) -> None:
         self.gateway.recover()
@@ -224,6 +195,7 @@ class StreamEndpoint(Endpoint):
             "closed_bad_input_total": self.closed_total,
             # (the unfinished input of every raw-TCP connection together, as --max-partial-input bounds it)
             "partial_input_bytes_all": self.connections.partial_total,
+            "partial_input_bytes": self.connections.partial_of(self.name),  # (this endpoint's connections')
         }
 
 

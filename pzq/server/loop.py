@@ -21,7 +21,7 @@ from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
 from pzq.endpoints.monitor import MonitorEndpoint
-from pzq.endpoints.stream import ConnectionLimit
+from pzq.endpoints.shares import ConnectionLimit
 from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
 from pzq.logs import Throttled
@@ -101,7 +101,9 @@ class Server:
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        connections = ConnectionLimit(connection_limit(cfg.max_connections), cfg.max_partial_input)
+        connections = ConnectionLimit(
+            connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
+        )
         self.endpoints = gateway_endpoints(
             cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue
         )

@@ -13,7 +13,8 @@ from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.stream import ConnectionLimit, StreamEndpoint
+from pzq.endpoints.shares import ConnectionLimit
+from pzq.endpoints.stream import StreamEndpoint
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import FramesGateway, StreamGateway
 from pzq.gateways.emqp import EmqpGateway
