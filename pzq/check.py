@@ -9,14 +9,16 @@ import json
 import multiprocessing
 import os
 import signal
+import stat
 from typing import IO
 
-from pzq.errors import StoreError, StoreTooNew
+from pzq.errors import StoreDamaged, StoreDenied, StoreError, StoreTooNew
 from pzq.store import DeadLetter, Store, side_tables
 
-# Errors of the reader child kept by name across the pipe: a store too new exits 3 as `pzq serve` does.
-# (Any other StoreError, a damaged or truncated file included, is check's "cannot read": exit 1.)
-_ERRORS: dict[str, type[StoreError]] = {StoreTooNew.__name__: StoreTooNew}
+# Errors of the reader child kept by name across the pipe, since the class decides the exit status: a
+# store too new or damaged exits 3 and one this user may not read exits 2, as `pzq serve` does. (Any
+# other StoreError is check's "cannot read": exit 1.)
+_ERRORS: dict[str, type[StoreError]] = {e.__name__: e for e in (StoreTooNew, StoreDamaged, StoreDenied)}
 
 
 def check(path: str, out: IO[str]) -> bool:
@@ -32,7 +34,13 @@ def dump(path: str, target: str, out: IO[str]) -> bool:
 
 
 def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
-    if not os.path.isdir(path):
+    try:
+        there = stat.S_ISDIR(os.stat(path).st_mode)
+    except PermissionError as exc:  # (a directory on the way cannot be searched: not "no store")
+        raise StoreDenied(f"{path}: {exc.strerror}: this user may not read the store") from None
+    except OSError:
+        there = False
+    if not there:
         raise StoreError(f"{path}: no store there")
     reader, writer = multiprocessing.Pipe(duplex=False)
     child = multiprocessing.get_context("fork").Process(target=_child, args=(func, path, target, writer))
@@ -53,12 +61,12 @@ def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
         out.write(text + "\n")
     child.join()
     if child.exitcode and child.exitcode > 0:
-        raise StoreError(
+        raise StoreDamaged(
             f"{path}: the reader failed (exit {child.exitcode}): the store is damaged in a way "
             "pzq cannot name; restore it from a backup"
         )
     if child.exitcode and child.exitcode < 0:
-        raise StoreError(
+        raise StoreDamaged(
             f"{path}: LMDB could not read part of the store (the reader died of "
             f"{signal.Signals(-child.exitcode).name}): restore it from a backup; `pzq dump` copies "
             "out what comes before the damage"
@@ -71,11 +79,13 @@ def _child(func, path: str, target: str | None, conn) -> None:
         func(path, target, lambda kind, text: conn.send((kind, text)))
     except StoreError as exc:
         conn.send(("error", (type(exc).__name__, str(exc))))
+    except OSError as exc:  # (the store's own are StoreErrors by now: this is dump's output file)
+        conn.send(("error", ("StoreError", f"{exc.filename or target}: {exc.strerror or exc}")))
     except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever a damaged store does, one line
         text = (
             f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; restore it from a backup"
         )
-        conn.send(("error", ("StoreError", text)))
+        conn.send(("error", ("StoreDamaged", text)))
     finally:
         conn.close()
 

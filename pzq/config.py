@@ -136,7 +136,7 @@ class Config:
     unauthenticated: str = _setting(
         "",
         "With CURVE: endpoints that serve clients without a key anyway, e.g. 'monitor,phpmq' (the raw-TCP "
-        "gateways must be named or disabled).",
+        "gateways and the web console must be named or disabled).",
     )
     # Not a setting (no flag, key or variable): the code's own limits, replaced whole by tests.
     limits: Limits = dataclasses.field(default=DEFAULT_LIMITS, compare=False, repr=False)
@@ -208,6 +208,13 @@ class Config:
                     f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
                     f"--unauthenticated {role}"
                 )
+        if self.curve_secret_key and self.http_dsn and "console" not in self.unauthenticated_roles:
+            # The console shows message bodies to whoever reaches its port, and speaks no CURVE.
+            raise ConfigError(
+                f"--http-dsn {self.http_dsn}: the web console shows message bodies without a CURVE key, and "
+                "CURVE is configured: disable it (--http-dsn '') or accept it knowingly with "
+                "--unauthenticated console"
+            )
         if self.metrics_dsn:
             parse_endpoint(self.metrics_dsn)
         if self.http_dsn:
@@ -235,8 +242,20 @@ def _between(config: Config, name: str, low: float, high: float | None) -> None:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
-# Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option.
-ROLES = ("receive", "send", "monitor", "phpmq", "emqp-frontend", "emqp-backend", "emqp-publish", "mqks", "api")
+# Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option, but for the web
+# console's, --http-dsn.
+ROLES = (
+    "receive",
+    "send",
+    "monitor",
+    "phpmq",
+    "emqp-frontend",
+    "emqp-backend",
+    "emqp-publish",
+    "mqks",
+    "api",
+    "console",
+)
 # Each duration setting and the unit a plain number of it is read in (what it meant before units).
 DURATION_FIELDS = {n: f.metadata["unit"] for n, f in FIELDS.items() if f.metadata["unit"] in (DURATION_S, DURATION_US)}
 _DURATION_UNITS = {

@@ -77,13 +77,13 @@ class CurveServer:
         try:
             certs = self._load()
         except ConfigError as exc:
-            log.error("CURVE keys not reloaded, the previous ones still apply: %s", exc)
+            log.error("SIGHUP: CURVE client keys not reloaded, the previous ones still apply: %s", exc)
             return set()
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
         old, self.gate.allowed = self.gate.allowed, Gate(certs).allowed
         revoked = set(old - self.gate.allowed)
-        log.info(
-            "CURVE: %d allowed client key(s) in %s%s",
+        log.warning(  # (a warning, as every SIGHUP line: an operator who sent one sees what it did)
+            "SIGHUP: CURVE client keys re-read: %d allowed in %s%s",
             len(certs),
             self.clients_dir,
             f"; {len(revoked)} revoked, their open connections are cut off" if revoked else "",

@@ -40,6 +40,11 @@ class StoreTooNew(StoreError):
     """The store was written by a newer pzq, in a format this one cannot read (exit status 3)."""
 
 
+class StoreDenied(StoreError):
+    """The user pzq runs as may not read or write the store, or its data file is not a file: a
+    permission or a setting to fix, not damage (exit status 2)."""
+
+
 class StoreLocked(StoreError):
     """Another pzq process holds the store: there is one writer, and it is not this process."""
 

@@ -390,3 +390,60 @@ def test_another_key_cannot_take_over_a_workers_identity(make_server, keys):
     finally:
         for s in made:
             s.close(linger=0)
+
+
+def test_with_curve_the_web_console_starts_only_when_named_unauthenticated(make_server, keys, caplog):
+    import urllib.request
+
+    from pzq.errors import ConfigError
+
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    with pytest.raises(ConfigError, match="web console shows message bodies.*--unauthenticated console"):
+        make_server(http_dsn=url, **curve_settings(keys))
+    caplog.set_level("WARNING")
+    make_server(http_dsn=url, **curve_settings(keys, unauthenticated="console"))
+    assert f"serve clients without a key (--unauthenticated): console {url}" in caplog.text
+    with urllib.request.urlopen(url + "/", timeout=5) as page:  # knowingly open
+        assert page.status == 200
+
+
+def test_a_sighup_revokes_a_removed_key_even_when_the_config_file_has_a_bad_value(process_server, keys, tmp_path):
+    import signal
+
+    from pzq.clients import native as client
+
+    from conftest import wait_until
+
+    receive, _ = free_tcp_endpoint()
+    settings = tmp_path / "pzq.toml"
+    settings.write_text('log_level = "info"\n')
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # mallory is allowed, for now
+    srv = process_server(
+        "--config",
+        str(settings),
+        "--receive-dsn",
+        receive,
+        "--curve-secret-key",
+        str(keys / "server" / "server.key_secret"),
+        "--curve-clients",
+        str(keys / "clients"),
+        "--unauthenticated",
+        "monitor",
+    )
+    server_key = str(keys / "server" / "server.key")
+    mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
+    alice = (str(keys / "alice" / "alice.key_secret"), server_key)
+    with client.Producer(receive, curve=mallory, timeout_ms=1500) as open_connection:
+        assert open_connection.produce([b"before"]).ok
+        settings.write_text('log_level = "loud"\n')  # one bad value: the settings cannot be reloaded
+        os.remove(keys / "clients" / "mallory.key")
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "1 revoked" in srv.log.read_text(), timeout_s=10)
+        with pytest.raises(client.ClientError, match="no ack"):
+            open_connection.produce([b"after revocation"])
+    assert produce_once(receive, mallory) is None, "a new handshake with the removed key is refused"
+    assert produce_once(receive, alice) == [b"1", b"1", b""]
+    log = srv.log.read_text()
+    assert "SIGHUP: settings not reloaded, the log level stays info: --log-level: 'loud'" in log
+    assert srv.stats()["messages"] == 2 and srv.proc.poll() is None

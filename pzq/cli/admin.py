@@ -86,7 +86,8 @@ def dead_letters_requeue(
 @errors_to_exit
 def check_store(database) -> None:
     """Read every record of the store at DATABASE (read-only; a running server goes on) and say what is
-    readable. Exit 0 if all of it is, 1 if not."""
+    readable. Exit 0 if all of it is, 1 if some records are not, 3 if the store cannot be read as one (as
+    `pzq serve` exits on it), 2 if this user may not read it."""
     from pzq import check
 
     if not check.check(database, sys.stdout):

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from pzq import config
-from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreLocked, StoreTooNew
+from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreDenied, StoreLocked, StoreTooNew
 
 
 def fail(message: str, code: ExitCode = ExitCode.FAILURE) -> NoReturn:
@@ -28,7 +28,7 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ConfigError, StoreLocked) as exc:
+        except (ConfigError, StoreLocked, StoreDenied) as exc:
             fail(str(exc), ExitCode.CONFIG)
         except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)

@@ -120,6 +120,8 @@ def log_start(cfg: Config, open_roles: list[str], connections: int, *, curve: bo
             connections,
             cfg.max_connections,
         )
+    if cfg.http_dsn:  # (a web server, not a ZeroMQ socket: never CURVE; with CURVE, named --unauthenticated)
+        open_roles = [*open_roles, f"console {cfg.http_dsn}"]
     if not curve:
         log.info("no CURVE configured: every endpoint serves any client that can reach it")
     elif open_roles:

@@ -15,6 +15,7 @@ second server off the store, the start-up checks of a damaged or truncated file,
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -24,7 +25,7 @@ from typing import Any
 
 import lmdb
 
-from pzq.errors import StoreDamaged, StoreError, StoreLocked
+from pzq.errors import StoreDamaged, StoreDenied, StoreError, StoreLocked
 from pzq.store.pages import verify_pages
 
 log = logging.getLogger("pzq.store")
@@ -74,8 +75,12 @@ class Environment:
         _refuse_links(path)
         try:
             stored = os.path.getsize(data_file)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in _DENIED:  # (the directory cannot be searched: data.mdb may well be there)
+                raise _open_failed(path, exc, readonly=readonly, existed=False) from None
             stored = 0
+        if os.path.exists(data_file) and not os.path.isfile(data_file):
+            raise StoreDenied(f"{data_file} is not a file: --database must name a pzq store's directory")
         if stored < _MIN_DATA_FILE and os.path.exists(data_file):
             # LMDB would take an empty file for a new store: everything that was in it would be gone
             # without a word. (It writes its two meta pages the moment it creates the file.)
@@ -92,7 +97,7 @@ class Environment:
             else:
                 _private_directory(path)
         except OSError as exc:
-            raise StoreError(f"cannot open the store at {path}: {exc.strerror or exc}") from None
+            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
@@ -108,7 +113,7 @@ class Environment:
                 mode=0o600,
             )
         except lmdb.Error as exc:
-            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
         needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         # The size is read again after the meta page: a live writer (pzq check beside a running server)
         # only ever grows the file, and writes pages before the meta page that names them.
@@ -132,7 +137,7 @@ class Environment:
             self.dbs = {name: self._env.open_db(name.encode(), create=not readonly) for name in names}
         except (lmdb.Error, OSError) as exc:
             self.close()
-            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
         except StoreError:
             self.close()
             raise
@@ -381,3 +386,43 @@ def _private_directory(path: str) -> None:
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077:
         log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
+
+
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+# What LMDB says of a data file whose meta pages (its header) it cannot read: not an LMDB file, another
+# format version, or values no store has (EINVAL: pzq's own parameters never change).
+_HEADER_ERRORS = (
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidParameterError,
+)
+
+
+def _open_failed(path: str, exc: Exception, *, readonly: bool, existed: bool) -> StoreError:
+    """Why the store at ``path`` did not open, as the error whose class names the exit status: a
+    permission to give (StoreDenied, 2), a data file that is not a readable LMDB store (StoreDamaged, 3:
+    a restart would not help), or anything else (StoreError, 1). One line, without LMDB's repeat of the
+    path."""
+    text = str(exc).removeprefix(f"{path}: ")
+    if isinstance(exc, lmdb.ReadonlyError) or (isinstance(exc, OSError) and exc.errno in _DENIED):
+        import pwd
+
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = f"uid {os.geteuid()}"
+        need = "read" if readonly else "read and write"
+        return StoreDenied(
+            f"cannot open the store at {path}: {getattr(exc, 'strerror', None) or text}: user {user} must be "
+            f"able to {need} the directory and every file in it (chown or chmod it, or run pzq as its owner)"
+        )
+    # (A meta page's version field that is not LMDB's: py-lmdb raises its base class, with this text.)
+    header = isinstance(exc, _HEADER_ERRORS) or (type(exc) is lmdb.Error and "data format" in text)
+    if existed and header:
+        return StoreDamaged(
+            f"{os.path.join(path, 'data.mdb')} is damaged: LMDB cannot read its header ({text}); restore it "
+            "from a backup, or move the directory aside to start with an empty store"
+        )
+    return StoreError(f"cannot open the store at {path}: {text}")
