@@ -63,6 +63,10 @@ class Limits:
     # The web console
     console_connection_s: float = 15.0  # a connection's whole life
     console_connections_per_s: int = 100
+    # decoders: sizes and counts checked from the frame before anything is built (issue 26)
+    emqp_header_bytes: int = 64 << 10  # an eMQP headers frame (eventmq's name a few flags)
+    emqp_header_items: int = 64  # comma-separated items in it
+    mqks_mask_work: int = 200_000  # event segments one rebind's --remove-mask may split, index and check
 
 
 DEFAULT_LIMITS = Limits()
