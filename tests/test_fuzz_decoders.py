@@ -166,6 +166,15 @@ def test_mqks_masks_never_raise(mask, event):
 
 
 @FUZZ
+@given(st.text(alphabet="ab*", max_size=12), st.text(alphabet="ab", max_size=12))
+def test_the_mqks_glob_agrees_with_a_regular_expression(pattern, text):
+    import re
+
+    expected = re.fullmatch(".*".join(re.escape(piece) for piece in pattern.split("*")), text, re.S) is not None
+    assert mqks._glob(pattern, text) is expected
+
+
+@FUZZ
 @given(
     st.one_of(
         frames,
