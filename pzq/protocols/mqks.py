@@ -12,6 +12,7 @@ detail goes to the log; the client gets ``{request_id} error {error_id}``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from typing import Any
@@ -225,10 +226,11 @@ def matches(mask: str, event: str) -> bool:
 def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) -> list[str]:
     """``events`` without those any of ``masks`` removes (``matches``), at a cost counted before it is
     spent and at most ``budget`` (else ProtocolError too-complex: a request must not make the loop work
-    for long). Only events with as many segments as some mask are split (each segment counts), and
-    indexed only at the one position each mask picks by its first literal segment (each entry counts);
-    a mask's candidates are then checked at its other literal and ``*``-mixed segments (each check
-    counts: ``_glob`` is linear). A mask of bare ``*`` segments takes every event of its length."""
+    for long). Only events with as many segments as some mask are looked at. A mask whose first segment
+    is literal finds its candidates by bisecting them sorted (the sort counts one per event); one whose
+    first literal segment comes later, through an index of the positions masks pick (each event split
+    counts its segments, each entry one); one of bare ``*`` segments takes them all. Candidates are then
+    split and checked at the mask's other literal and ``*``-mixed segments (``_glob`` is linear)."""
     plans: dict[int, list[tuple[tuple[int, str] | None, list[tuple[int, str]], list[tuple[int, str]]]]] = {}
     for mask in masks:
         segments = mask.split(".")
@@ -256,24 +258,38 @@ def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) ->
         same = of_length.get(event.count(".") + 1)
         if same is not None:
             same.append(event)
-    spend(sum(n * len(same) for n, same in of_length.items()))  # before any is split
     removed: set[str] = set()
     for n, mask_plans in plans.items():
-        rows = [(event, event.split(".")) for event in of_length[n]]
-        positions = {key[0] for key, _, _ in mask_plans if key is not None}
-        spend(len(rows) * len(positions))
-        index: dict[tuple[int, str], list[tuple[str, list[str]]]] = {}
-        for pos in positions:
-            for row in rows:
-                index.setdefault((pos, row[1][pos]), []).append(row)
+        same = of_length[n]
+        keys = {key[0] for key, _, _ in mask_plans if key is not None}
+        ordered: list[str] = []
+        if 0 in keys:
+            spend(len(same))
+            ordered = sorted(same)
+        index: dict[tuple[int, str], list[str]] = {}
+        positions = keys - {0}
+        if positions:
+            spend(len(same) * (n + len(positions)))  # before any is split
+            for event in same:
+                parts = event.split(".")
+                for pos in positions:
+                    index.setdefault((pos, parts[pos]), []).append(event)
         for key, others, mixed in mask_plans:
-            candidates = rows if key is None else index.get(key, [])
-            spend(len(candidates) * (len(others) + len(mixed)))
-            removed.update(
-                event
-                for event, parts in candidates
-                if all(parts[pos] == seg for pos, seg in others) and all(_glob(seg, parts[pos]) for pos, seg in mixed)
-            )
+            if key is None:
+                candidates = same
+            elif key[0] == 0:  # events starting with "segment." sort from "segment." to before "segment/"
+                low = bisect.bisect_left(ordered, key[1] + ".")
+                candidates = ordered[low : bisect.bisect_left(ordered, key[1] + "/", low)]
+            else:
+                candidates = index.get(key, [])
+            if not others and not mixed:
+                removed.update(candidates)
+                continue
+            spend(len(candidates) * (n + len(others) + len(mixed)))
+            for event in candidates:
+                parts = event.split(".")
+                if all(parts[pos] == seg for pos, seg in others) and all(_glob(seg, parts[pos]) for pos, seg in mixed):
+                    removed.add(event)
     return [e for e in events if e not in removed] if removed else events
 
 
