@@ -76,6 +76,10 @@ class Limits:
     partial_reserved_part: int = 4  # the same for --max-partial-input among the raw-TCP endpoints
     partial_connection_part: int = 8  # one connection holds at most this part of --max-partial-input,
     partial_slack: int = 64 << 10  # or one message of --max-message-size and this much, if smaller
+    # decoders: sizes and counts checked from the frame before anything is built (issue 26)
+    emqp_header_bytes: int = 64 << 10  # an eMQP headers frame (eventmq's name a few flags)
+    emqp_header_items: int = 64  # comma-separated items in it
+    mqks_mask_work: int = 200_000  # event segments one rebind's --remove-mask may split, index and check
 
 
 DEFAULT_LIMITS = Limits()

@@ -264,3 +264,45 @@ def test_retry_count_caps_deliveries_then_the_job_is_dead_lettered(store):
     worker(gateway, b"w3", b"READY", now=now)
     assert gateway.hand_out(now=now, now_us=int(now * 1e6)) == []
     assert store.queue("jobs").dead_count == 1 and store.queue("jobs").count == 0
+
+
+@pytest.mark.parametrize("command", [b"REQUEST", b"SCHEDULE"])
+def test_a_request_whose_headers_frame_is_over_the_limit_is_answered_with_an_error_and_not_stored(store, command):
+    import dataclasses
+
+    from pzq.limits import DEFAULT_LIMITS
+
+    gateway = gateway_on(store, limits=dataclasses.replace(DEFAULT_LIMITS, emqp_header_bytes=64))
+    args = [b"jobs", b"a" * 65, *([b"60", b"payload", b""] if command == b"SCHEDULE" else [b'"x"'])]
+    [answer] = gateway.from_client([b"client", b"", V, command, b"m1", *args], now=T0, now_us=int(T0 * 1e6))
+    assert answer.frames[3] == b"REPLY" and answer.frames[-1] == b"m1"
+    assert b"refused: a headers frame of 65 bytes; at most 64" in answer.frames[5]
+    assert store.queue("jobs", create=False) is None and gateway.schedules == {}
+    assert gateway.counters["bad_input_total"] == 1
+
+
+def test_a_requests_headers_are_parsed_once_from_its_arrival_to_its_reply(store, monkeypatch):
+    from pzq.protocols import emqp
+
+    parsed: list[str] = []
+    real = emqp.parse_headers
+    monkeypatch.setattr(emqp, "parse_headers", lambda text: parsed.append(text) or real(text))
+    gateway = gateway_on(store)
+    gateway.from_client(
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"guarantee", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+    )
+    job = given_a_job(gateway)
+    assert job[6] == b"guarantee,reply-requested", "the worker is still asked for its REPLY"
+    assert worker(gateway, b"w1", b"REPLY", b'"done"', b"req-1", now=T0) == [], "the client did not ask for it"
+    assert parsed == ["guarantee"]
+
+
+def test_a_job_stored_before_the_reply_flag_is_still_dispatched_and_its_reply_forwarded(store):
+    # A REQUEST stored by an older pzq keeps the client's headers text only: read as before.
+    gateway = gateway_on(store)
+    meta = {"client": b"client", "msgid": "req-1", "headers": "reply-requested"}
+    gateway.broker.produce("jobs", [b'"x"'], now_us=int(T0 * 1e6), meta=meta)
+    job = given_a_job(gateway)
+    assert job[6] == b"reply-requested"
+    [forwarded] = worker(gateway, b"w1", b"REPLY", b'"done"', b"req-1", now=T0)
+    assert forwarded.frames[0] == b"client" and forwarded.frames[-1] == b"req-1"

@@ -166,6 +166,28 @@ def test_mqks_masks_never_raise(mask, event):
 
 
 @FUZZ
+@given(st.text(alphabet="ab*", max_size=12), st.text(alphabet="ab", max_size=12))
+def test_the_mqks_glob_agrees_with_a_regular_expression(pattern, text):
+    import re
+
+    expected = re.fullmatch(".*".join(re.escape(piece) for piece in pattern.split("*")), text, re.S) is not None
+    assert mqks._glob(pattern, text) is expected
+
+
+mask_segments = st.sampled_from(["a", "b", "*", "a*", "*b", ""])
+
+
+@FUZZ
+@given(
+    st.lists(st.lists(st.sampled_from(["a", "b", "ab", ""]), min_size=1, max_size=4).map(".".join), max_size=12),
+    st.lists(st.lists(mask_segments, min_size=1, max_size=4).map(".".join), max_size=4),
+)
+def test_remove_masked_removes_exactly_what_the_masks_match(events, masks):
+    kept = mqks.remove_masked(events, masks)
+    assert kept == [e for e in events if not any(mqks.matches(m, e) for m in masks)]
+
+
+@FUZZ
 @given(
     st.one_of(
         frames,

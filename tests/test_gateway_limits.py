@@ -62,6 +62,39 @@ def test_mqks_refuses_a_consumer_past_the_limit_per_connection_and_one_past_the_
     assert gateway.stats()["consumers"] == 1 and gateway.stats()["bindings"] == 1
 
 
+def test_mqks_refuses_a_rebind_whose_remove_mask_would_work_past_its_budget_and_changes_nothing(store):
+    gateway = mqks_on(store, Limits(mqks_mask_work=20))
+    gateway.connected(b"c")
+    events = b" ".join(b"e%d.x.y" % i for i in range(10))  # indexed at "x": 10 x (3 + 1) units of work
+    assert gateway.received(b"c", b"c1 consume --confirm q1 " + events + b"\n", now=0.0, now_us=1)[0].frames[1] == (
+        b"c1 ok \n"
+    )
+    assert gateway.received(b"c", b"r1 rebind --confirm q1 --remove-mask *.x.y\n", now=0.0, now_us=2) == [
+        Send(ONLY, [b"c", b"r1 error E\n"])
+    ]
+    assert len(gateway.bindings.get("q1").events) == 10
+    assert gateway.received(b"c", b"r2 rebind --confirm q1 --remove-mask e1.*\n", now=0.0, now_us=3)[-1].frames[1] == (
+        b"r2 ok \n"
+    ), "a mask of two segments splits none of these events"
+
+
+def test_a_rebind_to_the_events_a_queue_has_leaves_its_index_as_it_was(store):
+    gateway = mqks_on(store, Limits())
+    gateway.connected(b"c")
+    gateway.received(b"c", b"r1 rebind q1 e1 e2 e3\n", now=0.0, now_us=1)
+    gateway.received(b"c", b"r2 rebind q2 e2\n", now=0.0, now_us=1)
+    gateway.received(b"c", b"r3 rebind q1 e3 e2 e1\n", now=0.0, now_us=2)
+    gateway.received(b"c", b"r4 rebind q1 e2 e4\n", now=0.0, now_us=3)
+    index = gateway.bindings
+    assert {event: index.queues_for(event) for event in ("e1", "e2", "e3", "e4")} == {
+        "e1": set(),
+        "e2": {"q1", "q2"},
+        "e3": set(),
+        "e4": {"q1"},
+    }
+    assert index.bound_total == 3 and "e1" not in index.by_event
+
+
 def test_mqks_hands_a_consumer_at_most_its_turn_budget_per_turn(store):
     gateway = mqks_on(store, Limits(mqks_turn_budget=2))
     gateway.connected(b"c")

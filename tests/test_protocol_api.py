@@ -111,3 +111,64 @@ def test_a_produce_of_more_than_max_produce_messages_is_refused_before_any_work(
     with pytest.raises(ProtocolError, match="too-many"):
         api.produce_messages({"messages": [["q", b"x"]] * (api.MAX_PRODUCE + 1)})
     assert len(api.produce_messages({"messages": [["q", b"x"]] * api.MAX_PRODUCE})) == api.MAX_PRODUCE
+
+
+def _info_with(value: bytes) -> list[bytes]:
+    """An INFO request whose map holds "queue": "q" and "x": ``value`` (raw msgpack bytes)."""
+    return [
+        ROUTING,
+        b"",
+        b"1",
+        b"INFO",
+        b"\x82" + msgpack.packb("queue") + msgpack.packb("q") + msgpack.packb("x") + value,
+    ]
+
+
+def test_a_produce_announcing_more_than_max_produce_messages_is_refused_from_its_header_alone():
+    # The frame ends after the list's header: a refusal that needed any item would see truncated msgpack.
+    header = b"\x81" + msgpack.packb("messages") + b"\xdd" + (1 << 20).to_bytes(4, "big")
+    rejected = api.parse_request([ROUTING, b"", b"1", b"PRODUCE", header])
+    assert isinstance(rejected, api.Rejected) and rejected.error.code == "too-many"
+    assert "1048576" in rejected.error.detail
+
+
+def test_a_list_where_a_value_belongs_is_refused_from_its_header_alone():
+    # 15 Mi nils announced, none sent: the decoder refuses at the header instead of building the list.
+    rejected = api.parse_request(_info_with(b"\xdd" + (15 << 20).to_bytes(4, "big")))
+    assert isinstance(rejected, api.Rejected) and rejected.error.code == "bad-arguments"
+    assert "max_array_len" in rejected.error.detail
+
+
+def test_a_map_where_a_value_belongs_is_refused_from_its_header_alone():
+    rejected = api.parse_request(_info_with(b"\xdf" + (1 << 24).to_bytes(4, "big")))
+    assert isinstance(rejected, api.Rejected) and "max_map_len" in rejected.error.detail
+
+
+def test_a_map_of_more_than_max_arguments_entries_is_refused_from_its_header_alone():
+    rejected = api.parse_request([ROUTING, b"", b"1", b"INFO", b"\xdf\xff\xff\xff\xff"])
+    assert isinstance(rejected, api.Rejected) and rejected.error.code == "bad-arguments"
+    assert f"at most {api.MAX_ARGUMENTS}" in rejected.error.detail
+
+
+def test_a_message_that_is_not_a_pair_is_refused_before_the_next_is_read():
+    frame = b"\x81" + msgpack.packb("messages") + b"\x92" + b"\x93\xa1q\xc4\x01x\xc0"  # a triple, then nothing
+    rejected = api.parse_request([ROUTING, b"", b"1", b"PRODUCE", frame])
+    assert isinstance(rejected, api.Rejected) and "each message must be" in rejected.error.detail
+
+
+def test_a_repeated_argument_name_is_refused():
+    # Else 16 "messages" of 5,000 each would decode 80,000 messages past MAX_PRODUCE.
+    one = msgpack.packb("messages") + msgpack.packb([["q", b"x"]])
+    rejected = api.parse_request([ROUTING, b"", b"1", b"PRODUCE", b"\x82" + one + one])
+    assert isinstance(rejected, api.Rejected) and "distinct" in rejected.error.detail
+
+
+def test_bytes_after_the_arguments_map_are_refused():
+    rejected = api.parse_request([ROUTING, b"", b"1", b"INFO", msgpack.packb({"queue": "q"}) + b"\xc0"])
+    assert isinstance(rejected, api.Rejected) and "after the arguments" in rejected.error.detail
+
+
+def test_a_produce_of_max_produce_messages_with_a_key_still_parses():
+    messages = [["q", b"x" * 10]] * api.MAX_PRODUCE
+    request = api.parse_request([ROUTING, *api.request(b"1", "PRODUCE", {"messages": messages, "key": "k1"})])
+    assert isinstance(request, api.Request) and request.args == {"messages": messages, "key": "k1"}

@@ -291,3 +291,44 @@ def test_an_inform_naming_more_than_max_queues_is_refused():
 def test_a_msgid_over_max_msgid_is_refused():
     with pytest.raises(ProtocolError, match="bad-msgid"):
         emqp.parse([b"peer", b"", emqp.VERSION, b"READY", b"m" * (emqp.MAX_MSGID + 1)])
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("REQUEST", ["q1", "{headers}", JOB]),
+        ("SCHEDULE", ["q1", "{headers}", "60", JOB, ""]),
+        ("UNSCHEDULE", ["q1", "{headers}", "60", JOB, ""]),
+        ("PUBLISH", ["topic", "{headers}", "data"]),
+    ],
+)
+def test_a_headers_frame_over_its_length_is_refused_before_it_is_decoded(name, args):
+    # Bytes that are not UTF-8: refused as "bad-headers", not "not-utf8", so nothing decoded the frame.
+    over = b"\xff" * 101
+    message = [*HEAD, name.encode(), MSGID.encode(), *(over if a == "{headers}" else a.encode() for a in args)]
+    with pytest.raises(ProtocolError) as refused:
+        emqp.parse(message, max_header_bytes=100)
+    assert refused.value.code == "bad-headers" and "101 bytes; at most 100" in refused.value.detail
+
+
+def test_a_headers_frame_of_more_than_its_items_is_refused_before_it_is_split():
+    with pytest.raises(ProtocolError) as refused:
+        emqp.parse([*HEAD, b"REQUEST", MSGID.encode(), b"q1", b"," * 4 + b"\xff", JOB.encode()], max_header_items=4)
+    assert refused.value.code == "bad-headers"
+
+
+def test_a_headers_frame_at_its_limits_parses():
+    headers = ",".join(["guarantee"] * 4)
+    command = emqp.parse(frames("REQUEST", "q1", headers, JOB), max_header_bytes=len(headers), max_header_items=4)
+    assert command.args == ["q1", headers, JOB]
+
+
+def test_the_default_header_limits_leave_room_for_what_eventmq_sends():
+    assert emqp.parse(frames("REQUEST", "q1", "reply-requested,retry-count:3,timeout:10,guarantee", JOB))
+    with pytest.raises(ProtocolError, match="bad-headers"):
+        emqp.parse(frames("REQUEST", "q1", "a" * (emqp.MAX_HEADER_BYTES + 1), JOB))
+
+
+def test_with_header_uses_headers_already_parsed():
+    assert emqp.with_header("a:1", "reply-requested", {"a": "1"}) == "a:1,reply-requested"
+    assert emqp.with_header("a:1", "reply-requested", {"reply-requested": ""}) == "a:1"  # believed as given

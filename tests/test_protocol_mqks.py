@@ -159,9 +159,46 @@ def test_remove_masked_keeps_the_mask_rules_and_globs_only_within_its_budget():
     many = [f"e{i}.x{i}.a{i % 7}" for i in range(10_000)]
     masks = [f"e{i}.*.a{i % 7}" for i in range(100)]
     assert len(mqks.remove_masked(many, masks)) == 10_000 - 100  # literal segments: no glob at all
-    assert len(mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=10_000)) == 0
+    # Indexed at their third segment (30,000 segments split, 10,000 entries), then each of the 10,000
+    # candidates split again (3) and globbed twice: 90,000 units of work.
+    assert len(mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=90_000)) == 0
     with pytest.raises(ProtocolError, match="too-complex"):  # every candidate globbed: over the budget
-        mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=5_000)
+        mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=89_999)
+
+
+class Counted(str):
+    """An event that counts the times it is split (the work remove_masked does per event)."""
+
+    splits = 0
+
+    def split(self, *args, **kwargs):
+        Counted.splits += 1
+        return super().split(*args, **kwargs)
+
+
+def test_remove_masked_refuses_work_over_its_budget_before_splitting_any_event():
+    deep = "".join(".a" for _ in range(120))  # 121 segments, as long as an id may be
+    events = [Counted(f"{i}{deep}") for i in range(10_000)]
+    Counted.splits = 0
+    with pytest.raises(ProtocolError, match="too-complex"):  # indexed at their second segment: 1.2 M
+        mqks.remove_masked(events, [f"*{deep[:-2]}.{i}" for i in range(100)], budget=200_000)
+    assert Counted.splits == 0
+    # A first literal segment: the 10 events sorted (10), the one candidate split (121) and checked (120)
+    assert mqks.remove_masked(events[:10], ["3" + deep], budget=10 + 121 + 120) == events[:3] + events[4:10]
+    assert Counted.splits == 1
+
+
+def test_remove_masked_splits_only_events_with_as_many_segments_as_a_mask():
+    events = [Counted(f"e{i}.x") for i in range(100)] + [Counted(f"e{i}.x.y") for i in range(3)]
+    Counted.splits = 0
+    assert mqks.remove_masked(events, ["*.x.y"]) == events[:100]
+    assert Counted.splits == 2 * 3  # each of the three indexed, then checked; none of the hundred
+
+
+def test_a_glob_that_would_backtrack_is_matched_by_finding_its_pieces():
+    assert not mqks.matches("*" + "a" * 120 + "b.x", "a" * 250 + ".x")
+    assert mqks.matches("*a*b*.x", "zzazzbzz.x") and not mqks.matches("ab*ba.x", "aba.x")
+    assert mqks.matches("**.x", ".x") and mqks.matches("**.x", "q.x")  # (a star may match nothing)
 
 
 # -- the client's side ---------------------------------------------------------------------------------

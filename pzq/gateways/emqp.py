@@ -106,8 +106,15 @@ class EmqpGateway:
     # -- clients ----------------------------------------------------------------------------------
 
     def from_client(self, frames: list[bytes], *, now: float, now_us: int) -> list[Send]:
-        cmd = self._parse(frames)
-        if cmd is None:
+        try:
+            cmd = self._decode(frames)
+        except ProtocolError as exc:
+            self._bad(frames[0] if frames else b"?", exc)
+            if exc.code == "bad-headers" and frames[3] in (b"REQUEST", b"SCHEDULE", b"UNSCHEDULE"):
+                # Refused from its size alone: answered as any refused request, by its msgid.
+                msgid, what = frames[4].decode("utf-8", "replace"), frames[3].decode().lower()
+                detail = f"{what} refused: {exc.detail}"
+                return [Send(FRONT, [frames[0], *emqp.error_reply(self.new_id(), detail, msgid)])]
             return []
         if cmd.name == "REQUEST":
             return self._request(cmd, now_us)
@@ -226,7 +233,7 @@ class EmqpGateway:
     def _request(self, cmd: emqp.Command, now_us: int) -> list[Send]:
         queue, headers_text, payload = cmd.args
         try:
-            headers = emqp.parse_headers(headers_text)
+            headers = emqp.parse_headers(headers_text)  # once: the job keeps what dispatch needs of it
             retries = emqp.header_int(headers, "retry-count")
             timeout = emqp.header_int(headers, "timeout")
             if not queue or len(queue.encode()) > 255:
@@ -236,7 +243,14 @@ class EmqpGateway:
             return [
                 Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"request refused: {exc.detail}", cmd.msgid)])
             ]
-        meta: dict[str, object] = {"client": cmd.peer, "msgid": cmd.msgid, "headers": headers_text}
+        # The headers the worker gets (with reply-requested) and whether the client asked for the REPLY:
+        # neither dispatch nor the REPLY parses them again. (Jobs stored without "reply" are older.)
+        meta: dict[str, object] = {
+            "client": cmd.peer,
+            "msgid": cmd.msgid,
+            "headers": emqp.with_header(headers_text, "reply-requested", headers),
+            "reply": "reply-requested" in headers,
+        }
         if retries:
             meta["max_deliveries"] = retries + 1
         if timeout:
@@ -292,9 +306,13 @@ class EmqpGateway:
 
     # -- helpers ----------------------------------------------------------------------------------
 
+    def _decode(self, frames: list[bytes]) -> emqp.Command:
+        most = self.limits
+        return emqp.parse(frames, max_header_bytes=most.emqp_header_bytes, max_header_items=most.emqp_header_items)
+
     def _parse(self, frames: list[bytes]) -> emqp.Command | None:
         try:
-            return emqp.parse(frames)
+            return self._decode(frames)
         except ProtocolError as exc:
             self._bad(frames[0] if frames else b"?", exc)
             return None

@@ -199,7 +199,7 @@ class Roster:
         self.job_table.delete(job[0])
         self.counters["replies_total"] += 1
         meta = message.meta if message is not None else None
-        if meta and meta.get("client") and "reply-requested" in emqp.parse_headers(meta.get("headers", "")):
+        if meta and meta.get("client") and _reply_requested(meta):
             self.counters["replies_forwarded_total"] += 1
             return [Send(FRONT, [meta["client"], *emqp.reply(self.new_id(), reply_json, request_msgid)])]
         return []
@@ -273,7 +273,9 @@ class Roster:
             if meta.get("timeout"):
                 self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
             msgid = meta.get("msgid") or message.id
-            headers = emqp.with_header(meta.get("headers", ""), "reply-requested")
+            headers = meta.get("headers", "")
+            if "reply" not in meta:  # (a scheduled run, another protocol's message, or a job stored before)
+                headers = emqp.with_header(headers, "reply-requested")
             payload = b"".join(message.frames).decode("utf-8", "replace")
             self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
@@ -300,6 +302,13 @@ class Roster:
                 self.counters["dead_workers_total"] += 1
                 self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
         return [Send(BACK, [identity, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for identity in self.workers]
+
+
+def _reply_requested(meta: dict) -> bool:
+    """Whether the client asked for the worker's REPLY: kept with the job when its REQUEST came."""
+    if "reply" in meta:
+        return bool(meta["reply"])
+    return "reply-requested" in emqp.parse_headers(meta.get("headers", ""))  # (a job stored before)
 
 
 def holder_of(identity: bytes, user: str | None) -> tuple:

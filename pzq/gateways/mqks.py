@@ -243,7 +243,9 @@ class MqksGateway:
         binding = self._binding_of(queue)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
-        events = mqks.remove_masked([e for e in events if e not in removed], a["remove_mask"])
+        events = mqks.remove_masked(
+            [e for e in events if e not in removed], a["remove_mask"], self.limits.mqks_mask_work
+        )
         events = with_added(events, a["add"])
         self.bindings.room_for_events(queue, events)
         self.broker.create_queue(queue)

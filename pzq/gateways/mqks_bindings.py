@@ -7,6 +7,8 @@ events of every queue together under ``Limits.mqks_max_bindings`` and each queue
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.store.bindings import Binding, Bindings
@@ -55,13 +57,14 @@ class BindingIndex:
             )
         old = self.bindings.get(queue)
         changed = (old.events if old else []) != binding.events
-        if old is not None:
-            self._unbind(queue, old.events)
-            self.bound_total -= len(old.events)
+        if changed:  # only the difference touches the index: a rebind to the same events costs no more
+            before = set(old.events) if old else set()
+            after = set(binding.events)
+            self._unbind(queue, before - after)
+            for event in after - before:
+                self.by_event.setdefault(event, set()).add(queue)
+            self.bound_total += len(after) - len(before)
         self.bindings[queue] = binding
-        self.bound_total += len(binding.events)
-        for event in binding.events:
-            self.by_event.setdefault(event, set()).add(queue)
         if save and (old is None or changed or old.unused != binding.unused):
             self.table.put(queue, binding)
         return changed
@@ -74,7 +77,7 @@ class BindingIndex:
             self.bound_total -= len(binding.events)
         self.table.delete(queue)
 
-    def _unbind(self, queue: str, events: list[str]) -> None:
+    def _unbind(self, queue: str, events: Iterable[str]) -> None:
         for event in events:
             queues = self.by_event.get(event)
             if queues is not None:

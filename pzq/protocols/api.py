@@ -27,6 +27,7 @@ or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames 
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Sequence
 
 import msgpack
@@ -81,19 +82,9 @@ def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request 
             f"unknown command {name[:40]!r}; known: {', '.join(sorted(SCHEMAS))}",
         )
     try:
-        args = msgpack.unpackb(
-            rest[2],
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_size,
-            max_str_len=max_size,
-            max_array_len=1 << 20,
-            max_map_len=64,
-        )
-    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
-        return _bad(routing, request_id, "bad-arguments", f"arguments are not msgpack: {type(exc).__name__}")
-    if not isinstance(args, dict):
-        return _bad(routing, request_id, "bad-arguments", "arguments must be a msgpack map")
+        args = _arguments(bytes(rest[2]), name, max_size)
+    except ProtocolError as exc:
+        return _bad(routing, request_id, exc.code, exc.detail)
     for field, (kind, required) in schema.items():
         value = args.get(field)
         if value is None:
@@ -106,6 +97,73 @@ def parse_request(frames: Sequence[bytes], max_size: int = 64 << 20) -> Request 
         if problem:
             return _bad(routing, request_id, "bad-arguments", f"{name}: {problem}")
     return Request(routing, request_id, name, {k: v for k, v in args.items() if k in schema})
+
+
+MAX_ARGUMENTS = 16  # entries of a request's map (its schema names at most four; unknown ones are dropped)
+
+
+def _arguments(data: bytes, command: str, max_size: int) -> dict:
+    """A request's msgpack map, decoded with its sizes checked before anything is built: the map's and
+    PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and MAX_PRODUCE,
+    every other value must be a scalar (a list or map header there is refused as it is read), and no
+    string, bin or ext is longer than ``max_size``. So a refusal costs a few bytes' reading, however
+    many items the frame announces (a 16 MiB frame of nils would decode into 16 million objects)."""
+    if not data or not (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)):
+        raise ProtocolError("bad-arguments", "arguments must be a msgpack map")
+    unpacker = msgpack.Unpacker(
+        io.BytesIO(data),  # read as needed (64 KiB at a time), not copied whole before the first check
+        read_size=min(len(data), 64 << 10),
+        raw=False,
+        strict_map_key=True,
+        max_buffer_size=len(data),
+        max_str_len=max_size,
+        max_bin_len=max_size,
+        max_ext_len=0,
+        max_array_len=0,  # (scalars only: the one list, PRODUCE's messages, is read by its headers)
+        max_map_len=0,
+    )
+    args: dict = {}
+    try:
+        entries = unpacker.read_map_header()
+        if entries > MAX_ARGUMENTS:
+            raise ProtocolError("bad-arguments", f"a map of {entries} arguments; at most {MAX_ARGUMENTS}")
+        for _ in range(entries):
+            key = unpacker.unpack()
+            if not isinstance(key, str) or key in args:
+                raise ProtocolError("bad-arguments", "argument names must be distinct strings")
+            if command == "PRODUCE" and key == "messages":
+                args[key] = _messages(unpacker)
+            else:
+                args[key] = unpacker.unpack()
+        if unpacker.tell() != len(data):
+            raise ProtocolError("bad-arguments", f"{len(data) - unpacker.tell()} byte(s) after the arguments' map")
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
+        raise ProtocolError("bad-arguments", f"arguments are not msgpack within limits: {exc}"[:200]) from None
+    return args
+
+
+def _messages(unpacker: msgpack.Unpacker) -> list:
+    """PRODUCE's ``[[queue, body], ...]``, its length checked from its header before any item is read."""
+    try:
+        count = unpacker.read_array_header()
+    except ValueError:
+        raise ProtocolError("bad-arguments", "PRODUCE: 'messages' must be list") from None
+    if count > MAX_PRODUCE:  # one request must not hold the loop for seconds
+        raise ProtocolError("too-many", f"PRODUCE: at most {MAX_PRODUCE} messages per request, not {count}")
+    out = []
+    for _ in range(count):
+        try:
+            pair = unpacker.read_array_header()
+        except ValueError:
+            pair = 0
+        if pair != 2:
+            raise ProtocolError(
+                "bad-arguments", f"PRODUCE: each message must be [queue (str of 1 to {MAX_NAME} bytes), body (bin)]"
+            )
+        out.append([unpacker.unpack(), unpacker.unpack()])
+    return out
 
 
 MAX_INT = 1 << 62  # seqs and counts; anything larger is a mistake (and would not fit a u64 key)

@@ -42,10 +42,16 @@ class Command:
 
 
 MAX_MSGID = 255  # bytes (eventmq's are uuid4 strings of 36)
+MAX_HEADER_BYTES, MAX_HEADER_ITEMS = 64 << 10, 64  # (the server passes Limits.emqp_header_*)
+_HEADERS = {b"REQUEST", b"SCHEDULE", b"UNSCHEDULE"}  # commands whose second argument is a headers frame
 
 
-def parse(frames: Sequence[bytes]) -> Command:
-    """Read one ROUTER-received message; raises ProtocolError on anything that is not eMQP/1.0."""
+def parse(
+    frames: Sequence[bytes], *, max_header_bytes: int = MAX_HEADER_BYTES, max_header_items: int = MAX_HEADER_ITEMS
+) -> Command:
+    """Read one ROUTER-received message; raises ProtocolError on anything that is not eMQP/1.0. A
+    headers frame longer than ``max_header_bytes`` or of more than ``max_header_items`` comma-separated
+    items is refused ("bad-headers") from its length and comma count, before it is decoded or split."""
     if len(frames) < 5:
         raise ProtocolError("short", f"{len(frames)} frame(s) is too short for an eMQP command")
     peer, empty, version, name = frames[0], frames[1], frames[2], frames[3]
@@ -61,6 +67,8 @@ def parse(frames: Sequence[bytes]) -> Command:
         raise ProtocolError(
             "bad-arity", f"{name.decode()} takes {low} to {high} frames after the msgid, got {len(rest)}"
         )
+    if name in _HEADERS or (name == b"PUBLISH" and len(rest) == 3):
+        check_headers(rest[1], max_header_bytes, max_header_items)
     try:
         text = [f.decode("utf-8") for f in (frames[4], *rest)]
     except UnicodeDecodeError:
@@ -104,6 +112,14 @@ def error_reply(msgid: str, detail: str, request_msgid: str) -> list[bytes]:
     return reply(msgid, json.dumps({"error": detail}), request_msgid)
 
 
+def check_headers(frame: bytes, max_bytes: int, max_items: int) -> None:
+    """Refuse a headers frame too long or of too many items, at the cost of one count of its commas."""
+    if len(frame) > max_bytes:
+        raise ProtocolError("bad-headers", f"a headers frame of {len(frame)} bytes; at most {max_bytes}")
+    if frame.count(b",") >= max_items:
+        raise ProtocolError("bad-headers", f"a headers frame of more than {max_items} items")
+
+
 def parse_headers(text: str) -> dict[str, str]:
     """'reply-requested,retry-count:3' -> {'reply-requested': '', 'retry-count': '3'}."""
     out = {}
@@ -124,9 +140,10 @@ def header_int(headers: dict[str, str], name: str) -> int:
     return int(value)
 
 
-def with_header(headers: str, name: str) -> str:
-    """``headers`` with ``name`` added unless present (jobs always ask the worker for a REPLY)."""
-    if name in parse_headers(headers):
+def with_header(headers: str, name: str, parsed: dict[str, str] | None = None) -> str:
+    """``headers`` with ``name`` added unless present (jobs always ask the worker for a REPLY);
+    ``parsed`` is ``parse_headers(headers)`` when the caller has it already."""
+    if name in (parse_headers(headers) if parsed is None else parsed):
         return headers
     return f"{headers},{name}" if headers else name
 
