@@ -63,6 +63,13 @@ class Limits:
     # The web console
     console_connection_s: float = 15.0  # a connection's whole life
     console_connections_per_s: int = 100
+    # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
+    # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
+    # between requests after this long, and the rest goes first next turn
+    turn_budget_s: float = 0.010
+    # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all (a message
+    # bigger than this is committed in a turn of its own)
+    turn_write_bytes: int = 32 << 20
 
 
 DEFAULT_LIMITS = Limits()

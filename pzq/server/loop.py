@@ -17,7 +17,7 @@ import zmq
 from pzq.admin import Admin
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, TurnBudget
 from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
 from pzq.endpoints.monitor import MonitorEndpoint
@@ -69,6 +69,10 @@ class Server:
         self.console: WebConsole | None = None
         self._last_commit_ms = 0.0
         self._produced_at_commit = 0
+        self._budget = TurnBudget.start(0.0, 0)  # the turn's, made anew by each _turn
+        self._first_task = 0  # the task the next turn begins with: the first one the last turn did not reach
+        self._behind = False  # the last turn's budget ran out with work left: poll without waiting
+        self.turns = 0  # turns run (tests count them)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -251,7 +255,8 @@ class Server:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
-        if self.leases.pending or draining():
+        # (_behind: the last turn's budget ran out before its work did, whatever is left goes on at once)
+        if self.leases.pending or draining() or self._behind:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
@@ -269,7 +274,50 @@ class Server:
             wake = min(wake, self._next_watchdog)
         return max(0, int((wake - now) * 1000 + 0.999))
 
+    def _tasks(self) -> list[Callable[[dict, float, int], None]]:
+        """The turn's work before the commit, in its usual order: each endpoint's reads, lease returns,
+        expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
+        reads = [self._reader(e) for e in self.endpoints]
+        works = [self._worker(e) for e in self.endpoints]
+        return [*reads, self._lease_work, self._expire, *works, self._tick]
+
+    @staticmethod
+    def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
+        return lambda ready, now, now_us: endpoint.read(ready, now, now_us)
+
+    def _worker(self, endpoint: Endpoint) -> Callable[[dict, float, int], None]:
+        def work(ready: dict, now: float, now_us: int) -> None:
+            endpoint.work(now, now_us)
+            self._budget.take()
+
+        return work
+
+    def _lease_work(self, ready: dict, now: float, now_us: int) -> None:
+        if self.leases.pending:  # (a share per turn of big acks, expiries)
+            self.leases.work(now_us)
+            self._budget.take()
+
+    def _expire(self, ready: dict, now: float, now_us: int) -> None:
+        self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
+        self._budget.take()
+
+    def _tick(self, ready: dict, now: float, now_us: int) -> None:
+        """Once a second: expired leases, the admin's rates, the figures the metrics and console show."""
+        if now < self._next_tick:
+            return
+        self.leases.mark_expired(now_us)
+        self.admin.tick(now)
+        self._next_tick = now + TICK_S
+        if self.metrics is not None or self.console is not None:
+            self._publish_metrics(now, now_us)
+        self._budget.take()
+
     def _turn(self, timeout_ms: int) -> None:
+        """One turn. Its work before the commit draws on one ``TurnBudget`` (a clock deadline and the
+        bytes it may let in), shared by every endpoint and periodic task: readers stop between requests
+        once it is spent, and the tasks not reached wait for the next turn, which polls without waiting
+        and begins with the first of them (round-robin), so that no flood on one endpoint starves the
+        others' reads or the deliveries."""
         for endpoint in self.endpoints:
             endpoint.before_poll(self.poller)
         ready = dict(self.poller.poll(timeout_ms))
@@ -278,16 +326,19 @@ class Server:
             drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
         produced = self.broker.counters.produced
+        limits = self.config.limits
+        budget = self._budget = TurnBudget.start(limits.turn_budget_s, limits.turn_write_bytes)
+        for endpoint in self.endpoints:
+            endpoint.budget = budget
+        self.turns += 1
         try:
-            for endpoint in self.endpoints:
-                endpoint.read(ready, now, now_us)
-            if now >= self._next_tick:
-                self.leases.mark_expired(now_us)
-            if self.leases.pending:  # (a share per turn of big acks, expiries)
-                self.leases.work(now_us)
-            self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
-            for endpoint in self.endpoints:
-                endpoint.work(now, now_us)
+            tasks = self._tasks()
+            first, self._first_task, self._behind = self._first_task % len(tasks), 0, False
+            for i in range(len(tasks)):
+                if budget.spent():  # the rest (from this task on) goes first next turn
+                    self._first_task, self._behind = (first + i) % len(tasks), True
+                    break
+                tasks[(first + i) % len(tasks)](ready, now, now_us)
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
@@ -297,15 +348,11 @@ class Server:
             self._recover()
             for endpoint in self.endpoints:
                 endpoint.rolled_back()
+        self._behind = self._behind or budget.spent()  # (a reader cut short: more may wait in its socket)
         for endpoint in self.endpoints:
             endpoint.flush(now, now_us)
         if self._sockets.pending:
             self._sockets.bind_pending()
-        if now >= self._next_tick:
-            self.admin.tick(now)
-            self._next_tick = now + TICK_S
-            if self.metrics is not None or self.console is not None:
-                self._publish_metrics(now, now_us)
         if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
             self._next_watchdog = now + self.notifier.watchdog_s / 2
