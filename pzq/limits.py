@@ -67,9 +67,10 @@ class Limits:
     # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
     # between requests after this long, and the rest goes first next turn
     turn_budget_s: float = 0.010
-    # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all (a message
-    # bigger than this is committed in a turn of its own)
-    turn_write_bytes: int = 32 << 20
+    # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all. A native
+    # message that would take a turn past it is committed in a turn of its own, so that the small messages
+    # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
+    turn_write_bytes: int = 16 << 20
 
 
 DEFAULT_LIMITS = Limits()

@@ -59,10 +59,12 @@ class NativeEndpoints(Endpoint):
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        if self._held is not None:  # a message the last turn read but had no bytes left for: its turn now
+        if self._held is not None:  # a message the last turn read but had no bytes left for: a turn of its own
             held, self._held = self._held, None
             self.budget.take(sum(map(len, held)))
+            self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
             self._replies += self.gateway.received_many(RECEIVE, [held], now=now, now_us=now_us)
+            return
         names = [RECEIVE, SEND] if self._first == RECEIVE else [SEND, RECEIVE]
         for name in names:
             if name == RECEIVE and self.receive not in ready or name == SEND and not ready.get(self.send, 0) & POLLIN:

@@ -70,6 +70,7 @@ class Server:
         self._last_commit_ms = 0.0
         self._produced_at_commit = 0
         self._budget = TurnBudget.start(0.0, 0)  # the turn's, made anew by each _turn
+        self._task_list: list[Callable[[dict, float, int], None]] = []  # made by _register
         self._first_task = 0  # the task the next turn begins with: the first one the last turn did not reach
         self._behind = False  # the last turn's budget ran out with work left: poll without waiting
         self.turns = 0  # turns run (tests count them)
@@ -136,6 +137,7 @@ class Server:
             for sock in endpoint.sockets:
                 self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
+        self._task_list = self._tasks()
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
@@ -332,13 +334,14 @@ class Server:
             endpoint.budget = budget
         self.turns += 1
         try:
-            tasks = self._tasks()
+            tasks = self._task_list
             first, self._first_task, self._behind = self._first_task % len(tasks), 0, False
             for i in range(len(tasks)):
                 if budget.spent():  # the rest (from this task on) goes first next turn
                     self._first_task, self._behind = (first + i) % len(tasks), True
                     break
                 tasks[(first + i) % len(tasks)](ready, now, now_us)
+            self._behind = self._behind or budget.spent()  # (a reader cut short: more waits in its socket)
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
@@ -348,7 +351,6 @@ class Server:
             self._recover()
             for endpoint in self.endpoints:
                 endpoint.rolled_back()
-        self._behind = self._behind or budget.spent()  # (a reader cut short: more may wait in its socket)
         for endpoint in self.endpoints:
             endpoint.flush(now, now_us)
         if self._sockets.pending:
