@@ -80,6 +80,14 @@ class Limits:
     emqp_header_bytes: int = 64 << 10  # an eMQP headers frame (eventmq's name a few flags)
     emqp_header_items: int = 64  # comma-separated items in it
     mqks_mask_work: int = 200_000  # event segments one rebind's --remove-mask may split, index and check
+    # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
+    # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
+    # between requests after this long, and the rest goes first next turn
+    turn_budget_s: float = 0.010
+    # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all. A native
+    # message that would take a turn past it is committed in a turn of its own, so that the small messages
+    # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
+    turn_write_bytes: int = 16 << 20
 
 
 DEFAULT_LIMITS = Limits()

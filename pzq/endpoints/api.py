@@ -44,13 +44,15 @@ class ApiEndpoint(Endpoint):
         for _ in range(self.limits.read_batch):
             # One LEASE or PRODUCE may take a while: after turn_work_s of them, the rest wait for the
             # next turn, so that pipelined requests cannot hold every other client for seconds.
-            if budget <= 0 or time.perf_counter() - started > self.turn_work_s:
+            if budget <= 0 or time.perf_counter() - started > self.turn_work_s or self.budget.spent():
                 return
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)
             except Again:
                 return
-            budget -= sum(map(len, frames or ()))
+            size = sum(map(len, frames or ()))
+            budget -= size
+            self.budget.take(size)  # (the turn's budget, shared by every endpoint)
             if frames is None:
                 continue
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):

@@ -1,4 +1,5 @@
-"""What every endpoint adapter offers the server loop; each step has a do-nothing default."""
+"""What every endpoint adapter offers the server loop; each step has a do-nothing default. Also the
+turn's budget (``TurnBudget``), which the loop shares among every endpoint and periodic task."""
 
 from __future__ import annotations
 
@@ -208,12 +209,58 @@ def _check_ipc_path(endpoint: str, option: str) -> None:
         raise ConfigError(f"{option} {endpoint}: the path exists and is not a socket: refusing to replace it")
 
 
+class TurnBudget:
+    """One turn's budget for all the work outside the commit: a clock deadline (``limits.turn_budget_s``
+    from the turn's start) and the bytes of messages the turn may let in (``limits.turn_write_bytes``:
+    the commit pays for them all, so one client's big messages cannot make another's ack wait for
+    several big writes).
+
+    Readers call ``spent()`` before each request and ``take(size)`` after reading one; they stop
+    between requests, never inside one (each request stays atomic), and leave the rest to the next turn.
+    The first request of a turn is always served (``spent()`` is False until something was taken), so a
+    budget of zero still serves one request a turn, and a message bigger than the byte budget gets a
+    turn of its own."""
+
+    __slots__ = ("deadline", "bytes_left", "served", "let_in")
+
+    def __init__(self, deadline: float, bytes_left: int):
+        self.deadline = deadline  # time.monotonic() at which the turn's work stops
+        self.bytes_left = bytes_left
+        self.served = 0  # requests (and periodic tasks) served this turn
+        self.let_in = 0  # bytes of the requests served
+
+    @classmethod
+    def start(cls, seconds: float, write_bytes: int) -> TurnBudget:
+        """A budget that begins now."""
+        return cls(time.monotonic() + seconds, write_bytes)
+
+    def take(self, size: int = 0) -> None:
+        """One request served, which let ``size`` bytes into the turn."""
+        self.served += 1
+        self.bytes_left -= size
+        self.let_in += size
+
+    def left(self) -> float:
+        """Seconds left (negative once the deadline passed)."""
+        return self.deadline - time.monotonic()
+
+    def spent(self) -> bool:
+        """True when the turn must stop taking work: its time or its bytes are used up, and it has
+        served something already."""
+        return self.served > 0 and (self.bytes_left <= 0 or time.monotonic() >= self.deadline)
+
+
+UNBOUNDED = TurnBudget(float("inf"), 1 << 62)  # an endpoint's budget outside a server's turn (tests)
+
+
 class Endpoint:
     """One endpoint's turn: ``read`` and ``work`` before the commit, ``flush`` after it (or
     ``rolled_back`` first, when the commit failed and the turn's writes are gone)."""
 
     name = ""
     sockets: list[zmq.Socket]  # polled for input
+    # The turn's shared budget: the loop sets it before each turn; read loops check it between requests.
+    budget: TurnBudget = UNBOUNDED
 
     def before_poll(self, poller: zmq.Poller) -> None:
         """Adjust what the poller waits for (e.g. writability) before the turn's poll."""

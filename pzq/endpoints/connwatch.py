@@ -56,10 +56,13 @@ class ConnectionWatch(Endpoint):
 
     def _events(self, pair: zmq.Socket, role: str) -> None:
         for _ in range(EVENTS_PER_TURN):
+            if self.budget.spent():  # (the rest wait in the pipe, which loses none: next turn)
+                return
             try:
                 event = parse_monitor_message(pair.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
+            self.budget.take()
             kind = event["event"]
             if kind == zmq.EVENT_ACCEPTED:
                 held = self.limit.zmq_open.get(pair, 0)

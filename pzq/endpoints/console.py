@@ -102,7 +102,13 @@ class ConsoleEndpoint(Endpoint):
     def work(self, now: float, now_us: int) -> None:
         for name, (qid, lo, hi) in list(self._purges.items()):
             self._purge_share(name, qid, lo, hi)
-        for request in self.console.take(REQUESTS_PER_TURN - len(self._reads)):
+        for _ in range(REQUESTS_PER_TURN - len(self._reads)):
+            if self.budget.spent():  # (the rest wait in the console's queue: next turn)
+                break
+            request = next(iter(self.console.take(1)), None)
+            if request is None:
+                break
+            self.budget.take()
             if not request.claim():
                 continue  # (its page stopped waiting: nothing is done)
             if request.kind not in WRITES:

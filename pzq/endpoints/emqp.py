@@ -39,14 +39,18 @@ class EmqpEndpoint(Endpoint):
         self._gates = {FRONT: binder.gate(self.front), BACK: binder.gate(self.back)}
         self.gateway = gateway
         self._out: list[Send] = []
+        self._first = FRONT  # the socket read first: the other one when a turn's budget cut this one short
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        budget = self.limits.turn_bytes
-        for name, sock in ((FRONT, self.front), (BACK, self.back)):
+        budget = self.limits.turn_bytes  # (this endpoint's share; the turn's budget, shared, may end it first)
+        sockets = [(FRONT, self.front), (BACK, self.back)]
+        if self._first == BACK:  # (the one a spent budget cut short last time goes first)
+            sockets.reverse()
+        for name, sock in sockets:
             if sock not in ready:
                 continue
             for _ in range(self.limits.read_batch):
-                if budget <= 0:
+                if budget <= 0 or self.budget.spent():
                     break
                 try:  # a worker's key is kept with it: a revocation drops the workers of that key
                     frames, user = receive_from(sock, self._gates[name], "emqp", NOBLOCK)
@@ -54,11 +58,16 @@ class EmqpEndpoint(Endpoint):
                     break
                 if frames is None:
                     continue
-                budget -= sum(map(len, frames))
+                size = sum(map(len, frames))
+                budget -= size
+                self.budget.take(size)
                 # Its ACKs cannot leave: store nothing more for it, rather than answers it would never get.
                 if name == FRONT and self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
                     continue
                 self._out += self.gateway.received(name, frames, now=now, now_us=now_us, user=user)
+            if self.budget.spent():
+                self._first = BACK if name == FRONT else FRONT
+                return
 
     def work(self, now: float, now_us: int) -> None:
         self._out += self.gateway.dispatch(now=now, now_us=now_us)

@@ -38,10 +38,13 @@ class MonitorEndpoint(Endpoint):
         if self.sock not in ready:
             return
         for _ in range(READ_BATCH):
+            if self.budget.spent():  # (the rest: next turn)
+                return
             try:
                 frames = receive(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.budget.take(sum(map(len, frames or ())))
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
 
@@ -64,11 +67,14 @@ class MonitorEndpoint(Endpoint):
         for i, request in enumerate(requests):
             if i in written:
                 text = written[i]
-            elif self.admin.writes(request):  # (the turn failed before it was carried out)
-                text = monitor_proto.error_text("store failure: nothing was requeued, try again")
+            elif self.admin.writes(request):  # not carried out yet (the turn's budget ran out first)
+                self._requests.append(request)  # (carried out and answered in a later turn)
+                continue
             else:
                 text = self.admin.answer(request)
             self.replies.send(monitor_proto.reply(request, text))
 
     def wake_at(self, now: float) -> float | None:
+        if self._requests:  # a REQUEUE read after this turn's work: carried out in the next one
+            return now
         return self.replies.wake_at(now)

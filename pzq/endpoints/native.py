@@ -1,6 +1,6 @@
 """The native PZQ endpoints: producers on the receive ROUTER, consumers on the send DEALER.
 
-A thin adapter: it reads each socket's run of messages within the turn's budget, feeds the run to the
+A thin adapter: it reads each socket's run of messages within its share and the turn's budget, feeds the run to the
 NativeGateway, and sends what the gateway answers after the commit (replies through a backlog that never
 drops one silently; deliveries through the DEALER, handing back those it would not take).
 """
@@ -21,6 +21,7 @@ from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
 
+RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 
@@ -50,38 +51,71 @@ class NativeEndpoints(Endpoint):
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
         self._replies: list[Send] = []  # answers to producers: they wait for the commit
         self._deliveries: list[Send] = []  # they leave after the turn's commit, whether or not it wrote
+        self._held: list[bytes] | None = None  # a producer's message waiting for a turn with room for it
+        self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
 
     def before_poll(self, poller: zmq.Poller) -> None:
         want_out = self.gateway.would_send(time.monotonic())
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        if self.receive in ready:
-            self._replies += self.gateway.received_many(RECEIVE, self._run(RECEIVE), now=now, now_us=now_us)
-        if ready.get(self.send, 0) & POLLIN:
-            self._replies += self.gateway.received_many(SEND, self._run(SEND), now=now, now_us=now_us)
+        if self._held is not None:  # a message the last turn read but had no bytes left for: a turn of its own
+            held, self._held = self._held, None
+            self.budget.take(sum(map(len, held)))
+            self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
+            self._replies += self.gateway.received_many(RECEIVE, [held], now=now, now_us=now_us)
+            return
+        names = [RECEIVE, SEND] if self._first == RECEIVE else [SEND, RECEIVE]
+        for name in names:
+            if name == RECEIVE and self.receive not in ready or name == SEND and not ready.get(self.send, 0) & POLLIN:
+                continue
+            # Each socket's share: read_batch messages, turn_bytes bytes; the turn's budget may end it first.
+            count, share = self.limits.read_batch, self.limits.turn_bytes
+            while count > 0 and share > 0:
+                run, read, size = self._run(name, min(count, RUN_CHUNK), share)
+                if not read:
+                    break
+                count, share = count - read, share - size
+                # (decoded a chunk at a time, so that the budget's clock sees the decoding too)
+                if run:
+                    self._replies += self.gateway.received_many(name, run, now=now, now_us=now_us)
+            if self.budget.spent():  # cut short: the other socket goes first next time
+                self._first = SEND if name == RECEIVE else RECEIVE
+                return
 
-    def _run(self, name: str) -> list[list[bytes]]:
-        """The messages waiting on socket ``name``, up to the turn's share of messages and bytes."""
+    def _run(self, name: str, most: int, share: int) -> tuple[list[list[bytes]], int, int]:
+        """The messages waiting on socket ``name``, up to ``most`` messages and ``share`` bytes, and no
+        further than the turn's budget; how many were read (some may be refused) and their size."""
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
+        budget = self.budget
         run: list[list[bytes]] = []
-        budget = self.limits.turn_bytes
-        for _ in range(self.limits.read_batch):
-            if budget <= 0:
+        read = size = 0
+        for _ in range(most):
+            if size >= share or budget.spent():
                 break
             try:
                 frames = receive(sock, gate, role, NOBLOCK)
             except Again:
                 break
+            read += 1
             if frames is None:
                 continue
-            budget -= sum(map(len, frames))
+            length = sum(map(len, frames))
+            size += length
             # Its answers cannot leave: store nothing more for it. Unanswered, it is the peer's to resend.
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
+                budget.take(length)
                 continue
+            if replies is not None and length > budget.bytes_left and budget.let_in:
+                # More than the turn may still let in: this message is committed in the next turn, so
+                # that what this turn took in (a small producer's message) does not wait for its write.
+                self._held = frames
+                budget.bytes_left = 0  # (the turn's bytes are over: the loop goes on at once)
+                break
+            budget.take(length)
             run.append(frames)
-        return run
+        return run, read, size
 
     def work(self, now: float, now_us: int) -> None:
         blocked = frozenset() if events(self.send) & POLLOUT else frozenset({SEND})

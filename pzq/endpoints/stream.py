@@ -55,9 +55,9 @@ class StreamEndpoint(Endpoint):
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
-        budget = self.limits.turn_bytes
+        budget = self.limits.turn_bytes  # (this socket's share; the turn's budget, shared, may end it first)
         for _ in range(self.limits.read_batch):
-            if budget <= 0:
+            if budget <= 0 or self.budget.spent():
                 return
             try:
                 if self.allowed is None:
@@ -67,6 +67,7 @@ class StreamEndpoint(Endpoint):
             except Again:
                 return
             budget -= len(data)
+            self.budget.take(len(data))
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
                     self._backlog.pop(conn, None)

@@ -17,7 +17,7 @@ import zmq
 from pzq.admin import Admin
 from pzq.broker import Broker
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.base import Endpoint, Sockets, TurnBudget
 from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
 from pzq.endpoints.monitor import MonitorEndpoint
@@ -26,6 +26,7 @@ from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
 from pzq.logs import Throttled
 from pzq.server.process import connection_limit, drain_fd, drop_privileges
+from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
 from pzq.systemd import Notifier
@@ -41,7 +42,7 @@ TICK_S = 1.0  # housekeeping (rates, lease expiry); idle wake-ups are at most th
 MAX_FAILED_TURNS = 100
 
 
-class Server:
+class Server(Reloading):
     """A pzq server on one Config. ``start()`` binds, ``run()`` loops until ``stop()`` or a signal.
     ``console`` makes the web console of ``--http-dsn`` (the CLI hands pzq.console's; the server never
     imports it)."""
@@ -72,6 +73,11 @@ class Server:
         self._produced_at_commit = 0
         # A full disk fails every turn's commit: one line now and then, not a traceback each time.
         self._store_failures = Throttled(log, config.limits.store_failure_log_s)
+        self._budget = TurnBudget.start(0.0, 0)  # the turn's, made anew by each _turn
+        self._task_list: list[Callable[[dict, float, int], None]] = []  # made by _register
+        self._first_task = 0  # the task the next turn begins with: the first one the last turn did not reach
+        self._behind = False  # the last turn's budget ran out with work left: poll without waiting
+        self.turns = 0  # turns run (tests count them)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -137,6 +143,7 @@ class Server:
             for sock in endpoint.sockets:
                 self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
+        self._task_list = self._tasks()
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
@@ -162,70 +169,6 @@ class Server:
         a list), as of now."""
         tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, rows)]
         return {"tables": tables, "figures": self._gateway_stats()}
-
-    def request_reload(self) -> None:
-        """Re-read what can change while running (the log level, the CURVE client keys, the console's
-        secret) at the next turn; signal-safe."""
-        self._reload_requested = True
-        try:
-            os.write(self._wake_w, b"r")
-        except OSError:
-            pass
-
-    def _reload(self) -> None:
-        """Each part on its own, each saying in one line whether it took: a bad value in the config file
-        must not keep a revoked key in (the revocation is what a SIGHUP is most often sent for)."""
-        self._reload_requested = False
-        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
-        parts = (
-            ("the CURVE client keys", self._reload_curve),  # first: a revocation waits for nothing else
-            ("the settings", self._reload_settings),
-            ("the console's secret", self._reload_console),
-        )
-        for what, part in parts:
-            try:
-                part()
-            except Exception as exc:  # noqa: BLE001 - a part failing on a bug must not skip the others
-                log.error("SIGHUP: %s not reloaded, what was there stays (%s: %s)", what, type(exc).__name__, exc)
-                log.debug("SIGHUP: %s", what, exc_info=True)  # (the traceback, for a bug report)
-        self.notifier.notify("READY=1", "STATUS=serving")
-
-    def _reload_curve(self) -> None:
-        if self.curve is None:
-            return
-        revoked = self.curve.reload()  # (logs how many keys, how many revoked, or why none were re-read)
-        if revoked:
-            for endpoint in self.endpoints:
-                endpoint.revoked(revoked)
-            self._register()
-
-    def _reload_settings(self) -> None:
-        if self.reloader is None:
-            return
-        try:
-            fresh = self.reloader()
-        except ConfigError as exc:
-            log.error("SIGHUP: settings not reloaded, the log level stays %s: %s", self._log_level(), exc)
-            return
-        logging.getLogger().setLevel(fresh.log_level.upper())
-        log.warning(
-            "SIGHUP: settings reloaded: log level is now %s; other settings take effect at the next restart",
-            fresh.log_level,
-        )
-
-    def _reload_console(self) -> None:
-        if self.console is None or not self.config.http_auth_file:
-            return
-        try:
-            self.console.reload_secret()
-        except ConfigError as exc:
-            log.error("SIGHUP: the console's secret was not re-read (the old one stays): %s", exc)
-        else:
-            log.warning("SIGHUP: the console's secret re-read")
-
-    @staticmethod
-    def _log_level() -> str:
-        return logging.getLevelName(logging.getLogger().level).lower()
 
     def close(self) -> None:
         self._sockets.close()
@@ -282,7 +225,8 @@ class Server:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
-        if self.leases.pending or draining():
+        # (_behind: the last turn's budget ran out before its work did, whatever is left goes on at once)
+        if self.leases.pending or draining() or self._behind:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
@@ -300,7 +244,50 @@ class Server:
             wake = min(wake, self._next_watchdog)
         return max(0, int((wake - now) * 1000 + 0.999))
 
+    def _tasks(self) -> list[Callable[[dict, float, int], None]]:
+        """The turn's work before the commit, in its usual order: each endpoint's reads, lease returns,
+        expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
+        reads = [self._reader(e) for e in self.endpoints]
+        works = [self._worker(e) for e in self.endpoints]
+        return [*reads, self._lease_work, self._expire, *works, self._tick]
+
+    @staticmethod
+    def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
+        return lambda ready, now, now_us: endpoint.read(ready, now, now_us)
+
+    def _worker(self, endpoint: Endpoint) -> Callable[[dict, float, int], None]:
+        def work(ready: dict, now: float, now_us: int) -> None:
+            endpoint.work(now, now_us)
+            self._budget.take()
+
+        return work
+
+    def _lease_work(self, ready: dict, now: float, now_us: int) -> None:
+        if self.leases.pending:  # (a share per turn of big acks, expiries)
+            self.leases.work(now_us)
+            self._budget.take()
+
+    def _expire(self, ready: dict, now: float, now_us: int) -> None:
+        self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
+        self._budget.take()
+
+    def _tick(self, ready: dict, now: float, now_us: int) -> None:
+        """Once a second: expired leases, the admin's rates, the figures the metrics and console show."""
+        if now < self._next_tick:
+            return
+        self.leases.mark_expired(now_us)
+        self.admin.tick(now)
+        self._next_tick = now + TICK_S
+        if self.metrics is not None or self.console is not None:
+            self._publish_metrics(now, now_us)
+        self._budget.take()
+
     def _turn(self, timeout_ms: int) -> None:
+        """One turn. Its work before the commit draws on one ``TurnBudget`` (a clock deadline and the
+        bytes it may let in), shared by every endpoint and periodic task: readers stop between requests
+        once it is spent, and the tasks not reached wait for the next turn, which polls without waiting
+        and begins with the first of them (round-robin), so that no flood on one endpoint starves the
+        others' reads or the deliveries."""
         for endpoint in self.endpoints:
             endpoint.before_poll(self.poller)
         ready = dict(self.poller.poll(timeout_ms))
@@ -310,16 +297,20 @@ class Server:
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
         produced = self.broker.counters.produced
         self.store.turn_begins()
+        limits = self.config.limits
+        budget = self._budget = TurnBudget.start(limits.turn_budget_s, limits.turn_write_bytes)
+        for endpoint in self.endpoints:
+            endpoint.budget = budget
+        self.turns += 1
         try:
-            for endpoint in self.endpoints:
-                endpoint.read(ready, now, now_us)
-            if now >= self._next_tick:
-                self.leases.mark_expired(now_us)
-            if self.leases.pending:  # (a share per turn of big acks, expiries)
-                self.leases.work(now_us)
-            self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
-            for endpoint in self.endpoints:
-                endpoint.work(now, now_us)
+            tasks = self._task_list
+            first, self._first_task, self._behind = self._first_task % len(tasks), 0, False
+            for i in range(len(tasks)):
+                if budget.spent():  # the rest (from this task on) goes first next turn
+                    self._first_task, self._behind = (first + i) % len(tasks), True
+                    break
+                tasks[(first + i) % len(tasks)](ready, now, now_us)
+            self._behind = self._behind or budget.spent()  # (a reader cut short: more waits in its socket)
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
@@ -335,11 +326,6 @@ class Server:
             endpoint.flush(now, now_us)
         if self._sockets.pending:
             self._sockets.bind_pending()
-        if now >= self._next_tick:
-            self.admin.tick(now)
-            self._next_tick = now + TICK_S
-            if self.metrics is not None or self.console is not None:
-                self._publish_metrics(now, now_us)
         if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
             self._next_watchdog = now + self.notifier.watchdog_s / 2

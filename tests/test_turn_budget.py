@@ -1,0 +1,179 @@
+"""One turn budget (issue 26, item 1 and 2): the loop's work outside the commit stops between requests
+once the turn's clock or bytes are spent, the rest goes first next turn (round-robin), and a message
+bigger than what a turn may still let in waits for a turn of its own. Budgets of zero make every turn
+serve one request, so these tests see the order of turns, never the clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import zmq
+
+from pzq.clients import native as client
+from pzq.config import DEFAULT_LIMITS
+from pzq.endpoints.base import TurnBudget
+from pzq.protocols import native as wire
+from pzq.server import Server
+
+from conftest import make_config
+
+ZERO = dataclasses.replace(DEFAULT_LIMITS, turn_budget_s=0.0)
+_inproc = itertools.count()
+
+
+def test_a_budget_serves_the_first_request_of_a_turn_whatever_it_is_and_stops_after():
+    budget = TurnBudget.start(0.0, 100)
+    assert not budget.spent(), "nothing served yet: the first request always goes through"
+    budget.take(10)
+    assert budget.spent(), "the clock is over"
+    roomy = TurnBudget.start(3600.0, 100)
+    roomy.take(60)
+    assert not roomy.spent() and roomy.left() > 0
+    roomy.take(60)
+    assert roomy.spent() and roomy.let_in == 120, "the turn's bytes are over"
+
+
+def test_a_server_with_a_zero_turn_budget_stores_and_delivers_everything_once_and_in_order(make_server):
+    srv = make_server(limits=ZERO, ack_timeout=30.0)
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"m%d" % i] for i in range(300)], window=50))
+    turns = srv.server.turns
+    assert turns >= 300, f"one request a turn at most: 300 produced in {turns} turns"
+    got = []
+    with client.Consumer(srv.send) as consumer:
+        for _ in range(300):
+            delivery = consumer.receive(5000)
+            assert delivery is not None, f"only {len(got)} of 300 delivered"
+            got.append(delivery.body[0])
+            consumer.ack(delivery)
+        assert consumer.receive(200) is None, "nothing is delivered twice"
+    assert got == [b"m%d" % i for i in range(300)]
+    stats = client.stats(srv.monitor)
+    assert stats["produced_total"] == 300 and stats["acked_total"] == 300
+
+
+def test_a_flood_of_one_producer_under_a_zero_budget_leaves_the_monitor_served_within_a_few_turns(make_server):
+    srv = make_server(limits=ZERO, ack_timeout=30.0)
+    flood = zmq.Context.instance().socket(zmq.DEALER)
+    flood.setsockopt(zmq.LINGER, 0)
+    flood.connect(srv.receive)
+    try:
+        for i in range(3000):
+            flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
+        assert flood.poll(5000), "the flood is being read"
+        before = srv.server.turns
+        stats = client.stats(srv.monitor)
+        after = srv.server.turns
+        # Without the round-robin, the producer's read (the first task) would spend every turn's
+        # budget and the monitor would wait for the whole flood: one message a turn, 3000 turns.
+        assert stats["produced_total"] < 3000, "the monitor was answered before the flood was read"
+        assert after - before <= 40, f"the monitor waited {after - before} turns"
+    finally:
+        flood.close(0)
+
+
+def test_a_consumer_is_given_a_delivery_within_a_few_turns_beside_a_producer_flood(make_server):
+    srv = make_server(limits=ZERO, ack_timeout=30.0)
+    with client.Producer(srv.receive) as producer:
+        assert producer.produce([b"first"]).ok
+    flood = zmq.Context.instance().socket(zmq.DEALER)
+    flood.setsockopt(zmq.LINGER, 0)
+    flood.connect(srv.receive)
+    try:
+        for i in range(3000):
+            flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
+        assert flood.poll(5000), "the flood is being read"
+        with client.Consumer(srv.send) as consumer:
+            delivery = consumer.receive(5000)
+            assert delivery is not None and delivery.body == [b"first"]
+            consumer.ack(delivery)
+        assert client.stats(srv.monitor)["produced_total"] < 3001, "delivered while the flood was still read"
+    finally:
+        flood.close(0)
+
+
+def _turn_by_turn(tmp_path, **limits) -> tuple[Server, str]:
+    """A started server whose turns the test runs itself (``_turn``), on inproc endpoints: a message sent
+    on inproc is in the server's pipe when send returns, so the order of turns is the test's."""
+    n = next(_inproc)
+    receive = f"inproc://budget-receive-{n}"
+    cfg = make_config(
+        tmp_path,
+        receive_dsn=receive,
+        send_dsn=f"inproc://budget-send-{n}",
+        monitor_dsn=f"inproc://budget-monitor-{n}",
+        limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+    )
+    server = Server(cfg, context=zmq.Context.instance())
+    server.start()
+    return server, receive
+
+
+def _acks(sock: zmq.Socket) -> list[bytes]:
+    """The message ids of every ack waiting on a producer's socket."""
+    ids = []
+    while sock.poll(0):
+        ack = wire.parse_produce_ack(sock.recv_multipart())
+        assert ack is not None and ack.ok
+        ids.append(ack.message_id)
+    return ids
+
+
+def test_a_small_producers_ack_waits_for_at_most_one_big_commit_of_another_producer(tmp_path):
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20)
+    ctx = zmq.Context.instance()
+    big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        for sock in (big, small):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(receive)
+        body = b"x" * (1 << 20)
+        for i in range(4):
+            big.send_multipart(wire.produce(b"b%d" % i, [body]))
+        small.send_multipart(wire.produce(b"s", [b"small"]))
+        big_acked: list[bytes] = []
+        for _ in range(30):
+            server._turn(0)
+            big_acked += _acks(big)
+            if _acks(small) == [b"s"]:
+                break
+        else:
+            raise AssertionError("the small producer was never acked")
+        # Each turn lets in at most one big message, and none after a small one: the small message is
+        # committed either alone or behind the one big message read before it. Without the byte budget,
+        # all five would share one commit (4 MiB is within one socket's 8 MiB share).
+        assert len(big_acked) <= 1, f"the small ack came after {len(big_acked)} big commits"
+        for _ in range(30):
+            server._turn(0)
+            big_acked += _acks(big)
+            if len(big_acked) == 4:
+                break
+        assert sorted(big_acked) == [b"b0", b"b1", b"b2", b"b3"], "every big message stored, each once"
+        assert server.stats()["messages"] == 5
+    finally:
+        big.close(0)
+        small.close(0)
+        server.close()
+
+
+def test_a_message_bigger_than_a_turns_bytes_is_committed_in_a_turn_of_its_own(tmp_path):
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1000)
+    producer = zmq.Context.instance().socket(zmq.DEALER)
+    producer.setsockopt(zmq.LINGER, 0)
+    producer.connect(receive)
+    try:
+        producer.send_multipart(wire.produce(b"a", [b"small"]))
+        producer.send_multipart(wire.produce(b"b", [b"y" * 5000]))
+        producer.send_multipart(wire.produce(b"c", [b"small"]))
+        per_turn = []
+        for _ in range(30):
+            server._turn(0)
+            if acked := _acks(producer):
+                per_turn.append(acked)
+            if sum(map(len, per_turn)) == 3:
+                break
+        assert per_turn == [[b"a"], [b"b"], [b"c"]], "in order, the big one alone"
+    finally:
+        producer.close(0)
+        server.close()
