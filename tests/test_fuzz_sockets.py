@@ -118,7 +118,7 @@ def test_random_and_mutated_traffic_to_every_endpoint_harms_nothing(process_serv
             for name, addr, sample in (("phpmq", phpmq_addr, PHPMQ), ("mqks", mqks_addr, MQKS)):
                 conns = raw[name]
                 if not conns or (len(conns) < 20 and rng.random() < 0.05):
-                    conns.append(socket.create_connection(addr, timeout=1))
+                    conns.append(socket.create_connection(addr, timeout=5))  # (a SYN retransmits after 1 s)
                 conn = rng.choice(conns)
                 payload = mutate(rng, rng.choice(sample)) if rng.random() < 0.7 else rng.randbytes(rng.randint(1, 300))
                 try:
