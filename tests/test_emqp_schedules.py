@@ -8,12 +8,13 @@ import json
 import random
 
 import pytest
-from test_emqp_gateway import T0, V, gateway_on, mid, schedule, utc_us
 
 from pzq.config import Limits
 from pzq.gateways.emqp import EmqpGateway
 from pzq.store import Store
 from pzq.store.schedules import Schedules
+
+from test_emqp_gateway import T0, V, gateway_on, mid, schedule, utc_us
 
 
 def job(name: str) -> bytes:

@@ -228,19 +228,9 @@ def test_mqks_cannot_delete_a_queue_it_did_not_make_by_binding_it_first(make_ser
 
 
 def test_a_schedules_payload_stays_in_the_store_and_each_run_reads_it(store):
-    from pzq.broker import Broker
-    from pzq.gateways.emqp import EmqpGateway
-    from pzq.store.emqp_jobs import EmqpJobs
-    from pzq.store.schedules import Schedules
+    from test_emqp_gateway import gateway_on
 
-    gateway = EmqpGateway(
-        Broker(store, ack_timeout_s=5),
-        EmqpJobs(store),
-        Schedules(store),
-        default_queues=["default"],
-        heartbeat_s=3,
-        liveness=3,
-    )
+    gateway = gateway_on(store)
     big = "p" * 100_000
     out = gateway.from_client(
         [b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()], now=0, now_us=1_000_000

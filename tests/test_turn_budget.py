@@ -19,6 +19,19 @@ from pzq.server import Server
 from conftest import make_config
 
 ZERO = dataclasses.replace(DEFAULT_LIMITS, turn_budget_s=0.0)
+
+
+def flooding(srv, n: int) -> zmq.Socket:
+    """A producer that has sent ``n`` messages at once, once the server has begun to read them."""
+    flood = zmq.Context.instance().socket(zmq.DEALER)
+    flood.setsockopt(zmq.LINGER, 0)
+    flood.connect(srv.receive)
+    for i in range(n):
+        flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
+    assert flood.poll(5000), "the flood is being read"
+    return flood
+
+
 _inproc = itertools.count()
 
 
@@ -55,13 +68,8 @@ def test_a_server_with_a_zero_turn_budget_stores_and_delivers_everything_once_an
 
 def test_a_flood_of_one_producer_under_a_zero_budget_leaves_the_monitor_served_within_a_few_turns(make_server):
     srv = make_server(limits=ZERO, ack_timeout=30.0)
-    flood = zmq.Context.instance().socket(zmq.DEALER)
-    flood.setsockopt(zmq.LINGER, 0)
-    flood.connect(srv.receive)
+    flood = flooding(srv, 3000)
     try:
-        for i in range(3000):
-            flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
-        assert flood.poll(5000), "the flood is being read"
         before = srv.server.turns
         stats = client.stats(srv.monitor)
         after = srv.server.turns
@@ -77,13 +85,8 @@ def test_a_consumer_is_given_a_delivery_within_a_few_turns_beside_a_producer_flo
     srv = make_server(limits=ZERO, ack_timeout=30.0)
     with client.Producer(srv.receive) as producer:
         assert producer.produce([b"first"]).ok
-    flood = zmq.Context.instance().socket(zmq.DEALER)
-    flood.setsockopt(zmq.LINGER, 0)
-    flood.connect(srv.receive)
+    flood = flooding(srv, 3000)
     try:
-        for i in range(3000):
-            flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
-        assert flood.poll(5000), "the flood is being read"
         with client.Consumer(srv.send) as consumer:
             delivery = consumer.receive(5000)
             assert delivery is not None and delivery.body == [b"first"]
