@@ -89,6 +89,13 @@ class Config:
     )
     max_store_size: int = _setting(4 << 30, "Store limit; producers get 'queue full' past it.", SIZE, low=1 << 20)
     max_queues: int = _setting(10_000, "Named queues at most; a new name past it gets 'queue full'.", "queues", low=1)
+    implicit_queue_ttl: float = _setting(
+        60.0,
+        "How long a queue made by a client's request lives once empty and unused; then it is deleted.",
+        DURATION_S,
+        low=0.001,
+        high=30 * 86400,
+    )
     max_connections: int = _setting(
         10_000,
         "TCP connections at most, together; each endpoint keeps a reserve; more are closed.",

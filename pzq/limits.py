@@ -88,6 +88,12 @@ class Limits:
     # message that would take a turn past it is committed in a turn of its own, so that the small messages
     # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
     turn_write_bytes: int = 16 << 20
+    # Queues made by clients' requests (slice i26-queues; pzq/broker/implicit.py): this part of --max-queues
+    # is kept for explicit (configured) queues; one client (a connection, or a CURVE key) has at most this
+    # part of --max-queues made by its requests alive at once; the expiry sweep looks at this many a turn
+    implicit_reserved_part: int = 10
+    implicit_connection_part: int = 100
+    implicit_sweep_per_turn: int = 256
 
 
 DEFAULT_LIMITS = Limits()

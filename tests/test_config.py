@@ -199,6 +199,7 @@ def test_each_duration_keeps_the_unit_a_plain_number_of_it_had():
         "emqp_heartbeat_interval": "s",
         "lease_timeout": "s",
         "api_dedup_window": "s",
+        "implicit_queue_ttl": "s",
         "ack_timeout": "µs",
         "reaper_frequency": "µs",
         "commit_interval": "µs",

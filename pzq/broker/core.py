@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+from pzq.broker.implicit import ImplicitQueues
 from pzq.broker.questions import Questions
 from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
@@ -15,12 +16,28 @@ from pzq.errors import StoreFull
 from pzq.store import Message, QueueInfo, Store
 
 
-class Broker(RangeHolds, Settling, Questions):
+class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     """The queue rules on top of a Store; single-threaded, driven by the server loop."""
 
-    def __init__(self, store: Store, *, ack_timeout_s: float, max_deliveries: int = 0, limits: Limits = DEFAULT_LIMITS):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ack_timeout_s: float,
+        max_deliveries: int = 0,
+        limits: Limits = DEFAULT_LIMITS,
+        implicit_ttl_s: float = 60.0,
+    ):
+        """``implicit_ttl_s``: how long a queue made by a client's request lives unused (see implicit.py)."""
         super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
+        per_owner = max(1, store.max_queues // limits.implicit_connection_part)
+        self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn)
         store.on_set_aside.append(self._set_aside)
+
+    def reset(self) -> None:
+        """Forget every delivery, as a restart does (and start the unused queues' clocks again)."""
+        super().reset()
+        self.reset_implicit()
 
     # -- producing --------------------------------------------------------------------------------
 
@@ -137,6 +154,7 @@ class Broker(RangeHolds, Settling, Questions):
             del self._late[ref]
         self._ready.pop(info.qid, None)
         self.per_queue.pop(queue, None)
+        self._forget_owner(queue)
         return self.store.drop_queue(queue)
 
     def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:

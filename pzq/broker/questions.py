@@ -11,16 +11,11 @@ from pzq.store import Message, QueueInfo
 
 
 class Questions(BrokerState):
-    """Read-only questions (and the one queue creation a gateway asks for by name)."""
+    """Read-only questions (a gateway's queue creation is ``create_queue``, in implicit.py)."""
 
     def queue_info(self, queue: str) -> QueueInfo | None:
         """The counters of ``queue``; None if there is no such queue (nothing is created)."""
         return self.store.queue(queue, create=False)
-
-    def create_queue(self, queue: str) -> QueueInfo:
-        """``queue``, made (durable with the next commit) if it did not exist; StoreFull when there is
-        no room for it, StoreError for a bad name or one queue too many."""
-        return self.store.queue(queue)
 
     def queue_name(self, qid: int) -> str | None:
         """The name of queue ``qid``; None once it is gone."""

@@ -93,6 +93,14 @@ class EmqpGateway:
             counters=self.counters,
             bad=self._bad,
         )
+        broker.add_queue_user(self)
+
+    def uses_queue(self, queue: str) -> bool:
+        """A queue a worker serves or a schedule runs into is in use (the broker's implicit queues)."""
+        return self.roster.workers.counts[queue] > 0 or self.scheduler.timing.counts[queue] > 0
+
+    def queue_expired(self, queue: str) -> None:
+        pass  # (nothing is kept for a queue no worker serves and no schedule names)
 
     @property
     def workers(self) -> dict[bytes, Worker]:
@@ -256,6 +264,8 @@ class EmqpGateway:
         if timeout:
             meta["timeout"] = timeout
         try:
+            if self.broker.queue_info(queue) is None:  # made on this client's share of --max-queues
+                self.broker.create_queue(queue, owner=("emqp", cmd.peer))
             self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
         except StoreFull:
             log.warning("eMQP REQUEST %s for %r refused: queue full", cmd.msgid, queue)

@@ -29,6 +29,7 @@ import croniter
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways.tally import Tally
 from pzq.protocols import emqp
 from pzq.store.schedules import Schedules
 
@@ -63,7 +64,7 @@ class Scheduler:
         self.clock = clock
         self.cron_tz = zoneinfo.ZoneInfo(cron_timezone)
         self.new_id = new_id  # the msgid of each REQUEST a run makes
-        self.timing: dict[str, dict] = {}  # id -> its record without the payload
+        self.timing: Tally[str, dict] = Tally(_queue_of)  # id -> its record without the payload
         # (next_us, id) of every schedule; an entry whose time is no longer its schedule's is stale and
         # skipped when met (rebuilt when stale ones outnumber the schedules)
         self._heap: list[tuple[int, str]] = []
@@ -72,7 +73,7 @@ class Scheduler:
 
     def reload(self) -> None:
         """Read the schedules as they are on disk: at start-up and after a rolled-back turn."""
-        self.timing = {key: _without_payload(record) for key, record in self.table.all().items()}
+        self.timing = Tally(_queue_of, {key: _without_payload(record) for key, record in self.table.all().items()})
         self._crons.clear()
         self._rebuild()
 
@@ -278,3 +279,8 @@ def _days_occur(parsed: croniter.croniter) -> bool:
 
 def _without_payload(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "payload"}
+
+
+def _queue_of(record: dict) -> tuple[str]:
+    """The queue a schedule's runs go to (its queue is in use while it is scheduled)."""
+    return (record["queue"],)

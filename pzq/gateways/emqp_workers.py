@@ -16,6 +16,7 @@ from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.contract import Send
+from pzq.gateways.tally import Tally
 from pzq.protocols import emqp
 from pzq.store.emqp_jobs import EmqpJobs
 
@@ -75,7 +76,7 @@ class Roster:
         self.wall_clock = wall_clock
         self.counters = counters  # the gateway's figures, which these commands count in
         self._bad = bad  # (the gateway's: counted and logged, rate-limited)
-        self.workers: dict[bytes, Worker] = {}
+        self.workers: Tally[bytes, Worker] = Tally(_queues_of)
         # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
         # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
         # worker (or by its earlier connection: see _pop_job).
@@ -314,3 +315,8 @@ def _reply_requested(meta: dict) -> bool:
 def holder_of(identity: bytes, user: str | None) -> tuple:
     """The broker's holder for what a worker connection holds: the key is part of it (see Worker)."""
     return ("emqp", identity, user)
+
+
+def _queues_of(worker: Worker) -> list[str]:
+    """The queues a worker serves (in use while it is registered)."""
+    return [name for _, name in worker.queues]

@@ -74,6 +74,7 @@ class MqksGateway:
         self.errors_total = 0
         self.bindings = BindingIndex(bindings, limits)
         self._start_unused_clocks()
+        broker.add_queue_user(self)
 
     def _start_unused_clocks(self) -> None:
         self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}
@@ -126,6 +127,19 @@ class MqksGateway:
         self.sessions.pop(conn, None)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
+        self.broker.owner_gone(("mqks", conn))
+
+    def uses_queue(self, queue: str) -> bool:
+        """A queue with a consumer, or bound to an event, is in use (a publish may fill it)."""
+        binding = self.bindings.get(queue)
+        return self.consumers.used(queue) or (binding is not None and bool(binding.events))
+
+    def queue_expired(self, queue: str) -> None:
+        """An unused queue expired: its binding record (no events) goes with it."""
+        if queue in self.bindings:
+            self.bindings.remove(queue)
+        self.delete_at.pop(queue, None)
+        self._orphans.discard(queue)
 
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
         """Bytes from a connection: the answers to its whole lines. A stream that cannot be framed any
@@ -180,7 +194,7 @@ class MqksGateway:
         elif req.action == "consume":
             self._consume(conn, req.request_id, a)
         elif req.action == "rebind":
-            self._rebind(req.request_id, a)
+            self._rebind(conn, a)
         elif req.action in ("ack", "reject"):
             self.consumers.settle(self._consumer(conn, a["consumer"]), req.action, a["msg_id"])
         elif req.action == "delete_consumer":
@@ -224,7 +238,8 @@ class MqksGateway:
         if len(set(events)) > most:  # checked before anything changes (the old consumer included)
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
         self.bindings.room_for_events(queue, events)
-        self.broker.create_queue(queue)  # the queue exists from now on, bound or not (may raise StoreFull)
+        # The queue exists from now on, bound or not: made implicit, on this connection's share (StoreFull)
+        self.broker.create_queue(queue, owner=("mqks", conn))
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
         unused = a["unused"] if a["unused"] is not None else binding.unused
@@ -236,7 +251,7 @@ class MqksGateway:
         if changed:
             self._notify(queue, skip=None if a["add"] else consumer)
 
-    def _rebind(self, request_id: str, a: dict) -> None:
+    def _rebind(self, conn: bytes, a: dict) -> None:
         queue = a["queue"]
         self.bindings.check_sizes(a)
         self._room_for(queue)
@@ -248,7 +263,7 @@ class MqksGateway:
         )
         events = with_added(events, a["add"])
         self.bindings.room_for_events(queue, events)
-        self.broker.create_queue(queue)
+        self.broker.create_queue(queue, owner=("mqks", conn))
         if self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True):
             self._notify(queue, skip=None)
 

@@ -10,6 +10,7 @@ protocol reaches PHPMQ consumers as its frames concatenated in order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -49,6 +50,15 @@ class PhpmqGateway:
         self.sessions: dict[bytes, Session] = {}
         self.received_total = 0
         self.dispatched_total = 0
+        self.consumed: collections.Counter[str] = collections.Counter()  # queue -> sessions consuming it
+        broker.add_queue_user(self)
+
+    def uses_queue(self, queue: str) -> bool:
+        """A queue a session consumes is in use (the broker's implicit queues)."""
+        return self.consumed[queue] > 0
+
+    def queue_expired(self, queue: str) -> None:
+        pass  # (nothing is kept for a queue nobody consumes)
 
     def connected(self, conn: bytes) -> None:
         self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
@@ -58,6 +68,17 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         if session is not None:
             self.broker.consumer_gone(session.consumer)
+            self.broker.owner_gone(session.consumer)
+            self._consume(session, None)
+
+    def _consume(self, session: Session, queue: str | None) -> None:
+        if session.queue is not None:
+            self.consumed[session.queue] -= 1
+            if self.consumed[session.queue] <= 0:
+                del self.consumed[session.queue]
+        if queue is not None:
+            self.consumed[queue] += 1
+        session.queue = queue
 
     def buffered(self, conn: bytes) -> int:
         """Bytes of an unfinished message this connection holds."""
@@ -106,6 +127,8 @@ class PhpmqGateway:
         if message.type == phpmq.SEND:
             ttl = _ttl(message)
             try:
+                if self.broker.queue_info(queue) is None:  # made on this connection's share of --max-queues
+                    self.broker.create_queue(queue, owner=session.consumer)
                 self.broker.produce(
                     queue,
                     [message.packets[phpmq.CONTENT]],
@@ -116,7 +139,8 @@ class PhpmqGateway:
                 # PHPMQ has no reply to a send: closing is the only way to tell the client.
                 raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
         elif message.type == phpmq.CONSUME:
-            session.queue, session.count = queue, min(message.number(phpmq.COUNT), self.max_credit)
+            self._consume(session, queue)
+            session.count = min(message.number(phpmq.COUNT), self.max_credit)
         else:
             ref = self._ref(queue, message)
             if ref is None:

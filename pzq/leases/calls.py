@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Literal, overload
@@ -28,12 +29,21 @@ class Leases(LeaseReturns):
         self.lease_table = LeaseRecords(broker.store)
         self.timeout_us = int(timeout_s * 1e6)
         self.groups: dict[tuple[str, str], Group] = {}
+        self.group_queues: collections.Counter[str] = collections.Counter()  # queue -> its groups
         self.expired_total = 0
         self._spent = 0  # of this turn's share (limits.lease_work_per_turn), by ACK_UPTO calls
         self.runs_total = 0
         self._acking: set[tuple[str, str]] = set()  # groups with acknowledged runs still stored
         self._expiring: set[tuple[str, str]] = set()  # expired groups whose runs are going back
         self.load()
+        broker.add_queue_user(self)
+
+    def uses_queue(self, queue: str) -> bool:
+        """A queue with a consumer group is in use (its offsets name its seqs): it never expires."""
+        return self.group_queues.get(queue, 0) > 0
+
+    def queue_expired(self, queue: str) -> None:
+        pass  # (a queue with a group never expires: nothing is kept for one without)
 
     def load(self) -> None:
         """Read every group and hold its leased runs again: at start-up and after a rollback. Runs
@@ -41,6 +51,7 @@ class Leases(LeaseReturns):
         (a second group with one gid, a run past its queue's end or over another run) is removed and
         logged: it must never make a group fetch, acknowledge or return what it does not hold."""
         self.groups.clear()
+        self.group_queues.clear()
         self._acking.clear()
         self._expiring.clear()
         self.runs_total = 0
@@ -59,6 +70,7 @@ class Leases(LeaseReturns):
             gids.add(gid)
             group = Group(info.name, qid, name, gid, base, end, deadline_us, deadline_us, rest[0] if rest else None)
             self.groups[(group.queue, group.name)] = group
+            self.group_queues[group.queue] += 1
             for key, value in self.lease_table.raw(self.lease_table.key((gid, 0))[:8]):
                 try:
                     (_, lseq), (seq, count, _) = self.lease_table.unpack(key, value)
@@ -113,11 +125,12 @@ class Leases(LeaseReturns):
                     "too-many-groups",
                     f"{self.limits.max_groups} consumer groups exist; no new one until some expire (--lease-timeout)",
                 )
-            info = self.store.queue(queue)
+            info = self.broker.create_queue(queue, owner=None if user is None else ("key", user))
             group = Group(queue, info.qid, name, self._next_gid, owner=user)
             self._save(group)  # first: it may be refused (StoreFull), and then nothing is changed
             self._next_gid += 1
             self.groups[(queue, name)] = group
+            self.group_queues[queue] += 1
         elif group is not None and group.owner != user:
             if group.owner is not None:
                 raise ProtocolError("not-owner", f"group {name!r} of {queue!r} belongs to another client key")

@@ -14,6 +14,7 @@ shorter range it has (possibly none).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -58,6 +59,7 @@ class LeaseReturns:
     lease_table: LeaseRecords
     timeout_us: int
     groups: dict[tuple[str, str], Group]
+    group_queues: collections.Counter[str]
     expired_total: int
     runs_total: int
     _spent: int
@@ -75,6 +77,7 @@ class LeaseReturns:
         """Forget every group of a queue that is being deleted, with its lease records."""
         for key in [k for k in self.groups if k[0] == queue]:
             group = self.groups.pop(key)
+            self.group_queues.pop(queue, None)
             self._acking.discard(key)
             self._expiring.discard(key)
             self.runs_total -= group.runs

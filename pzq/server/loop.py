@@ -91,13 +91,18 @@ class Server(Reloading):
             min_disk_free=cfg.min_disk_free,
             disk_reserve=cfg.disk_reserve,
             max_queues=cfg.max_queues,
+            max_implicit=cfg.max_queues - cfg.max_queues // cfg.limits.implicit_reserved_part,
             verify=True,
         )
         self.store.watch_disk()
-        self.store.queue(cfg.queue)
+        self.store.name_queue(cfg.queue)  # (configured: it never expires)
         self.store.commit()
         self.broker = Broker(
-            self.store, ack_timeout_s=cfg.ack_timeout, max_deliveries=cfg.max_deliveries, limits=cfg.limits
+            self.store,
+            ack_timeout_s=cfg.ack_timeout,
+            max_deliveries=cfg.max_deliveries,
+            limits=cfg.limits,
+            implicit_ttl_s=cfg.implicit_queue_ttl,
         )
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
         self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
@@ -231,9 +236,9 @@ class Server(Reloading):
             # the rest of an oversized message to drain
         now = time.monotonic()
         wake = min(self._next_tick, now + self.config.reaper_frequency)
-        deadline = self.broker.next_deadline()
-        if deadline is not None:
-            wake = min(wake, deadline)
+        for deadline in (self.broker.next_deadline(), self.broker.next_sweep()):
+            if deadline is not None:
+                wake = min(wake, deadline)
         if self._dirty_since is not None:
             wake = min(wake, self._dirty_since + self.config.commit_interval)
         for endpoint in self.endpoints:
@@ -249,7 +254,7 @@ class Server(Reloading):
         expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
         reads = [self._reader(e) for e in self.endpoints]
         works = [self._worker(e) for e in self.endpoints]
-        return [*reads, self._lease_work, self._expire, *works, self._tick]
+        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._tick]
 
     @staticmethod
     def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
@@ -270,6 +275,13 @@ class Server(Reloading):
     def _expire(self, ready: dict, now: float, now_us: int) -> None:
         self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
         self._budget.take()
+
+    def _sweep(self, ready: dict, now: float, now_us: int) -> None:
+        """Queues made by clients' requests that stayed unused for --implicit-queue-ttl go (a share a turn)."""
+        due = self.broker.next_sweep()
+        if due is not None and now >= due:
+            self.broker.sweep_implicit(now)
+            self._budget.take()
 
     def _tick(self, ready: dict, now: float, now_us: int) -> None:
         """Once a second: expired leases, the admin's rates, the figures the metrics and console show."""

@@ -2,8 +2,12 @@
 
 Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
 
-    queues      name (utf-8)            -> msgpack [qid, next_seq, count, bytes, dead_count, dead_bytes]
+    queues      name (utf-8)            -> msgpack [qid, next_seq, count, bytes, dead_count, dead_bytes, flags]
+                                           (flags: 1 = implicit, made by a client's request; format 3)
     meta        b"next_qid"             -> u64 (ids are never reused, so message ids stay unique)
+                b"seq_floor"            -> u64 (a new queue's first seq: above every seq of a queue that
+                                           was deleted or expired, so no seq a Spark offset names comes
+                                           again under the same name; format 3)
                 b"format"               -> u64 (the store's format version, ``FORMAT``; absent = 1)
     messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
                                                     (, meta: a protocol's own fields, e.g. eMQP's)]
@@ -19,6 +23,8 @@ store limit with the queues'.
 Format versions: 1 is the layout above. 2 adds the schedules' run records (store/schedules.py: each run
 writes its next time and runs left apart from the payload). Format-1 records are read as they are; a
 format-1 pzq, which would run spent runs again from the older whole record, refuses a format-2 store.
+3 adds the queue record's flags (implicit queues expire when unused: store/queues.py) and the seq floor;
+a record of six fields is an explicit queue (it never expires), and no floor reads as 1.
 A change of any record's layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the
 older one, and comes with a test that opens a store written by the older pzq (tests/test_upgrade.py).
 """
@@ -32,7 +38,7 @@ import struct
 
 import msgpack
 
-FORMAT = 2  # the store format this pzq writes and the newest it reads
+FORMAT = 3  # the store format this pzq writes and the newest it reads
 
 # What reading a damaged record raises; anything else is a bug and propagates.
 UNREADABLE = (
@@ -110,14 +116,19 @@ class QueueInfo:
     bytes: int = 0
     dead_count: int = 0
     dead_bytes: int = 0
+    implicit: bool = False  # made by a client's request, not named by the operator: expires when unused
 
     def pack(self) -> builtins.bytes:  # ("bytes" is also a field of this class)
-        return msgpack.packb([self.qid, self.next_seq, self.count, self.bytes, self.dead_count, self.dead_bytes])
+        fields = [self.qid, self.next_seq, self.count, self.bytes, self.dead_count, self.dead_bytes, int(self.implicit)]
+        return msgpack.packb(fields)
 
     @classmethod
     def unpack(cls, name: str, raw: builtins.bytes) -> QueueInfo:
-        qid, next_seq, count, size, dead_count, dead_bytes = msgpack.unpackb(raw)
-        return cls(name, qid, next_seq, count, size, dead_count, dead_bytes)
+        fields = msgpack.unpackb(raw)
+        if len(fields) == 6:  # (formats 1 and 2: every queue was kept for ever, so it stays explicit)
+            fields.append(0)
+        qid, next_seq, count, size, dead_count, dead_bytes, flags = fields
+        return cls(name, qid, next_seq, count, size, dead_count, dead_bytes, bool(whole(flags, "queue flags", 0, 1)))
 
 
 def message_id(qid: int, seq: int) -> str:

@@ -34,7 +34,7 @@ class Messages(Queues):
         StoreFull, storing nothing, when the queue cannot be made."""
         if not bodies or self.low_disk:
             return 0
-        info = self._queues.get(queue) or self.queue(queue)
+        info = self._queues.get(queue) or self.queue(queue, implicit=True)
         room = self.max_size - self._total_bytes - self._side()
         items: list[tuple[bytes, bytes]] = []
         pack, key, qid, seq, total = msgpack.packb, KEY.pack, info.qid, info.next_seq, 0
@@ -78,7 +78,7 @@ class Messages(Queues):
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
         if check_limit and self.low_disk:
             raise StoreFull(f"queue full: the disk of {self.path} has less than {self.min_disk_free} bytes free")
-        info = self._queues.get(queue) or self.queue(queue)
+        info = self._queues.get(queue) or self.queue(queue, implicit=True)
         seq = info.next_seq
         txn = self.env.write()
         try:  # inline rather than through env.do(): this is the hottest write
@@ -378,5 +378,9 @@ class Messages(Queues):
         del self._by_id[info.qid]
         self._dirty_queues.discard(name)
         self._total_bytes -= info.bytes + info.dead_bytes
-        self._dirty = True
+        self.implicit_count -= info.implicit
+        # A queue made again under this name starts above every seq it had (a Spark offset may name
+        # one): one floor for every new queue, so the record stays one u64 however many names went.
+        self.seq_floor = max(self.seq_floor, info.next_seq)
+        self._dirty = self._meta_dirty = True
         return info.count

@@ -88,11 +88,16 @@ class Queues:
         min_disk_free: int = 0,
         disk_reserve: int = 0,
         max_queues: int = 1_000_000,
+        max_implicit: int | None = None,
         verify: bool = False,
     ):
         self.path = os.fspath(path)
         self.max_size = max_size
         self.max_queues = max_queues
+        # Queues made by clients' requests at most (None: --max-queues); the rest is kept for named ones
+        self.max_implicit = max_queues if max_implicit is None else max_implicit
+        self.implicit_count = 0
+        self.seq_floor = 1  # a new queue's first seq (meta b"seq_floor")
         self.min_disk_free = min_disk_free
         self._readonly = readonly
         self.env = Environment(
@@ -146,6 +151,8 @@ class Queues:
             self._meta_dirty = (raw is None or self.format < FORMAT) and not self._readonly
             raw = txn.get(b"next_qid", db=self._meta_db)
             self._next_qid = U64.unpack(raw)[0] if raw else 1
+            raw = txn.get(b"seq_floor", db=self._meta_db)
+            self.seq_floor = U64.unpack(raw)[0] if raw and len(raw) == U64.size else 1
             for name, value in txn.cursor(db=self._queues_db):
                 try:
                     info = QueueInfo.unpack(name.decode(), value)
@@ -161,6 +168,7 @@ class Queues:
             self._side_stale = False
         self._dirty_queues.clear()
         self._total_bytes = sum(q.bytes + q.dead_bytes for q in self._queues.values())
+        self.implicit_count = sum(q.implicit for q in self._queues.values())
 
     def _format(self, raw: bytes | None) -> int:
         """The store's format version from its meta record: 1 without one (pzq wrote none before it
@@ -227,6 +235,7 @@ class Queues:
             self.env.do(txn.put, name.encode(), self._queues[name].pack(), db=self._queues_db)
         if self._meta_dirty:
             self.env.do(txn.put, b"next_qid", U64.pack(self._next_qid), db=self._meta_db)
+            self.env.do(txn.put, b"seq_floor", U64.pack(self.seq_floor), db=self._meta_db)
             self.env.do(txn.put, b"format", U64.pack(FORMAT), db=self._meta_db)
             self.format = FORMAT
         self.env.commit()  # (a failure rolls back and calls _rolled_back, then raises StoreError)
@@ -261,19 +270,30 @@ class Queues:
     # -- queues -----------------------------------------------------------------------------------
 
     @overload
-    def queue(self, name: str, create: Literal[True] = True) -> QueueInfo: ...
+    def queue(self, name: str, create: Literal[True] = True, *, implicit: bool = False) -> QueueInfo: ...
     @overload
-    def queue(self, name: str, create: bool) -> QueueInfo | None: ...
+    def queue(self, name: str, create: bool, *, implicit: bool = False) -> QueueInfo | None: ...
 
-    def queue(self, name: str, create: bool = True) -> QueueInfo | None:
-        """The counters of queue ``name`` (created empty on first use unless ``create`` is False)."""
+    def queue(self, name: str, create: bool = True, *, implicit: bool = False) -> QueueInfo | None:
+        """The counters of queue ``name`` (created empty on first use unless ``create`` is False).
+
+        ``implicit``: made by a client's request (a produce, a consume, a group), not named by the
+        operator: such a queue expires when empty and unused (the broker's sweep), and all of them
+        together stay under ``max_implicit``. A queue made without it is explicit and never expires
+        (``name_queue`` makes an implicit one explicit)."""
         info = self._queues.get(name)
         if info is None and create:
             if not name or len(name.encode()) > 255:
                 raise StoreError(f"queue name must be 1 to 255 bytes: {name!r}")
             if len(self._queues) >= self.max_queues:  # every queue costs memory and a line of figures
                 raise StoreFull(f"queue full: there are {len(self._queues)} queues, the most --max-queues allows")
-            info = QueueInfo(name, self._next_qid)
+            if implicit and self.implicit_count >= self.max_implicit:  # (the rest is kept for named queues)
+                raise StoreFull(
+                    f"queue full: {self.implicit_count} queues made by clients' requests, the most of "
+                    "--max-queues they may take (the rest is kept for configured queues)"
+                )
+            info = QueueInfo(name, self._next_qid, self.seq_floor, implicit=implicit)
+            self.implicit_count += implicit
             self._next_qid += 1
             self._queues[name] = info
             self._by_id[info.qid] = info
@@ -281,6 +301,22 @@ class Queues:
             self._dirty = self._meta_dirty = True
             self._dirty_queues.add(name)
         return info
+
+    def name_queue(self, name: str) -> QueueInfo:
+        """Queue ``name`` as the operator names it (``--queue``): made explicit, or made so if a
+        client's request made it, so that it never expires."""
+        info = self.queue(name)
+        if info.implicit:
+            self.implicit_count -= 1
+            info.implicit = False
+            self.env.write()
+            self._dirty = True
+            self._dirty_queues.add(info.name)
+        return info
+
+    def implicit_names(self) -> list[str]:
+        """The names of every implicit queue (the broker's sweep walks them a share per turn)."""
+        return [info.name for info in self._queues.values() if info.implicit]
 
     def ref_in(self, queue: str, message_id: str | bytes) -> tuple[int, int] | None:
         """(qid, seq) of ``message_id`` if it names a message (or dead letter) of ``queue``: a client's

@@ -1,0 +1,168 @@
+"""Queues made by clients' requests: who made them (a share each), who still uses them, and their expiry.
+
+A queue a client's request made (a produce, an MQKS consume or rebind, a consumer group) is *implicit*
+(``QueueInfo.implicit``); one named by the operator (``--queue``) is explicit and never expires. An
+implicit queue expires once it has been unused for ``implicit_ttl_s``: unused means no message (ready,
+in flight or dead), no range a group holds, and no *user* that says it uses the queue. A user is any
+part with consumers, bindings, workers, schedules or groups (the gateways, the leases): it registers
+with ``add_queue_user`` and answers ``uses_queue``; it is told ``queue_expired`` when a queue goes, so
+that it forgets what it kept for it. Nobody reaches into anyone else's tables.
+
+The sweep (``sweep_implicit``) looks at a bounded share of the implicit queues per call, so the loop
+can run it as one of its periodic tasks inside the turn budget; a whole pass over them is followed by
+a rest of at most a second.
+
+Shares: a client (``owner``: a connection, or a CURVE key where there is one) has at most
+``Limits.implicit_connection_part``-th of ``--max-queues`` implicit queues alive that it made, and the
+store keeps ``Limits.implicit_reserved_part``-th of ``--max-queues`` for explicit queues
+(``Store.max_implicit``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Protocol
+
+from pzq.broker.state import BrokerState
+from pzq.errors import StoreFull
+from pzq.store import QueueInfo
+
+log = logging.getLogger("pzq.broker")
+
+SWEEP_REST_S = 1.0  # the longest rest between two passes of the sweep
+
+
+class QueueUser(Protocol):
+    """A part that keeps things of its own for queues (consumers, bindings, workers, schedules, groups)."""
+
+    def uses_queue(self, queue: str) -> bool:
+        """True while this part still uses ``queue`` (it must then not expire)."""
+        ...
+
+    def queue_expired(self, queue: str) -> None:
+        """``queue`` was unused for the TTL and is gone: forget what was kept for it."""
+        ...
+
+
+class ImplicitQueues(BrokerState):
+    """The Broker's implicit queues: their owners' shares, their users and their bounded expiry."""
+
+    implicit_ttl_s = 60.0
+    implicit_per_owner = 0  # 0: no share per owner (the server sets it from the limits)
+    sweep_per_call = 256
+
+    def _init_implicit(self, ttl_s: float, per_owner: int, sweep_per_call: int) -> None:
+        self.implicit_ttl_s = ttl_s
+        self.implicit_per_owner = per_owner
+        self.sweep_per_call = sweep_per_call
+        self._users: list[QueueUser] = []
+        self._made_by: dict[Hashable, set[str]] = {}  # owner -> implicit queues it made that still exist
+        self._owner_of: dict[str, Hashable] = {}  # and back: both as many entries as implicit queues at most
+        self._unused_since: dict[str, float] = {}  # implicit queue -> when the sweep first saw it unused
+        self._sweep_names: list[str] = []
+        self._sweep_at = 0
+        self._next_sweep = 0.0
+        self.implicit_expired = 0  # queues expired since start (figures)
+
+    def add_queue_user(self, user: QueueUser) -> None:
+        """Register a part that keeps things for queues: asked before any implicit queue expires."""
+        self._users.append(user)
+
+    def create_queue(self, queue: str, owner: Hashable | None = None) -> QueueInfo:
+        """``queue``, made implicit (durable with the next commit) if it did not exist; StoreFull when
+        there is no room for it, ``owner`` made its share already, or implicit queues have taken theirs;
+        StoreError for a bad name. ``owner`` is who asks: a connection, or its CURVE key."""
+        info = self.store.queue(queue, create=False)
+        if info is not None:
+            return info
+        if owner is not None and self.implicit_per_owner:
+            made = self._made_by.get(owner)
+            if made is not None and len(made) >= self.implicit_per_owner:
+                made.intersection_update(n for n in made if self._still_implicit(n))  # (expired ones leave)
+                if len(made) >= self.implicit_per_owner:
+                    raise StoreFull(
+                        f"queue full: this client made {len(made)} queues that still exist, its share of "
+                        "--max-queues (they expire when empty and unused)"
+                    )
+        info = self.store.queue(queue, implicit=True)
+        if owner is not None and self.implicit_per_owner:
+            self._made_by.setdefault(owner, set()).add(queue)
+            self._owner_of[queue] = owner
+        return info
+
+    def owner_gone(self, owner: Hashable) -> None:
+        """A connection closed: its queues are no longer counted against it (they expire on their own)."""
+        for queue in self._made_by.pop(owner, ()):
+            self._owner_of.pop(queue, None)
+
+    def _forget_owner(self, queue: str) -> None:
+        """``queue`` is gone: it no longer counts against whoever made it."""
+        owner = self._owner_of.pop(queue, None)
+        made = self._made_by.get(owner) if owner is not None else None
+        if made is not None:
+            made.discard(queue)
+            if not made:
+                del self._made_by[owner]
+
+    def _still_implicit(self, queue: str) -> bool:
+        info = self.store.queue(queue, create=False)
+        return info is not None and info.implicit
+
+    def in_use(self, info: QueueInfo) -> bool:
+        """True if the queue holds anything or any user still uses it."""
+        if info.count or info.dead_count or self._held.get(info.qid):
+            return True
+        return any(user.uses_queue(info.name) for user in self._users)
+
+    def next_sweep(self) -> float | None:
+        """When the sweep has work next (None while there are no implicit queues)."""
+        return self._next_sweep if self.store.implicit_count else None
+
+    def sweep_implicit(self, now: float) -> int:
+        """Look at up to ``sweep_per_call`` implicit queues and delete those unused for the TTL; returns
+        how many went. A queue's clock starts when the sweep first finds it unused and stops whenever it
+        is in use again."""
+        if now < self._next_sweep or not self.store.implicit_count:
+            return 0
+        if self._sweep_at >= len(self._sweep_names):  # a pass begins: with the implicit queues of now
+            self._sweep_names, self._sweep_at = self.store.implicit_names(), 0
+            known = set(self._sweep_names)
+            for name in [n for n in self._unused_since if n not in known]:
+                del self._unused_since[name]
+        expired = 0
+        end = min(len(self._sweep_names), self._sweep_at + self.sweep_per_call)
+        while self._sweep_at < end:
+            name = self._sweep_names[self._sweep_at]
+            self._sweep_at += 1
+            info = self.store.queue(name, create=False)
+            if info is None or not info.implicit or self.in_use(info):
+                self._unused_since.pop(name, None)
+                continue
+            since = self._unused_since.setdefault(name, now)
+            if now - since >= self.implicit_ttl_s:
+                self._expire_queue(name)
+                expired += 1
+        if self._sweep_at >= len(self._sweep_names):  # the pass is done: rest (the next goes on at once)
+            self._next_sweep = now + min(SWEEP_REST_S, self.implicit_ttl_s / 2)
+        if expired:  # (one line a call, not one a queue: a flood's queues expire together)
+            log.info(
+                "%d queue(s) made by clients' requests expired: empty and unused for %gs", expired, self.implicit_ttl_s
+            )
+        return expired
+
+    def _expire_queue(self, queue: str) -> None:
+        del self._unused_since[queue]
+        self.drop_queue(queue)
+        for user in self._users:
+            user.queue_expired(queue)
+        self.implicit_expired += 1
+        log.debug("queue %r expired", queue)
+
+    def drop_queue(self, queue: str) -> int:  # (the Broker's, in core.py)
+        raise NotImplementedError
+
+    def reset_implicit(self) -> None:
+        """The turn was rolled back: every clock starts again (a queue the sweep deleted may be back)."""
+        self._unused_since.clear()
+        self._sweep_names, self._sweep_at = [], 0

@@ -1,0 +1,218 @@
+"""Queues made by clients' requests: each client's share, their expiry when empty and unused, and the seq
+floor that keeps a queue made again from reusing a seq (issue 26, item 4).
+
+The hostile client is a raw MQKS connection that names new queues as fast as it can; the honest one
+makes one new queue beside it. Expiry is driven by the broker's own sweep with explicit times where the
+test is about the rule, and by a real server (in a thread, or a subprocess restarted on the same data
+directory) where it is about what a client sees."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+import pytest
+
+from pzq.broker import Broker
+from pzq.clients.api import ApiClient
+from pzq.clients.mqks import MqksClient
+from pzq.config import Limits
+from pzq.errors import StoreFull
+from pzq.gateways.emqp import EmqpGateway
+from pzq.gateways.mqks import MqksGateway
+from pzq.leases import Leases
+from pzq.store import Store
+from pzq.store.bindings import Bindings
+from pzq.store.emqp_jobs import EmqpJobs
+from pzq.store.schedules import Schedules
+
+from conftest import free_tcp_endpoint, mqks_barrier, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def world(tmp_path, ttl_s: float = 1.0, max_queues: int = 1000, **limits):
+    """A store, a broker and every kind of queue user on it (MQKS, eMQP, the leases)."""
+    store = Store(tmp_path / "db", max_size=64 << 20, max_queues=max_queues)
+    lim = dataclasses.replace(Limits(), **limits)
+    broker = Broker(store, ack_timeout_s=5, implicit_ttl_s=ttl_s, limits=lim)
+    mqks = MqksGateway(broker, Bindings(store), max_line=1 << 16, window=100, drop_queue=broker.drop_queue, limits=lim)
+    emqp = EmqpGateway(broker, EmqpJobs(store), Schedules(store), default_queues=["default"], heartbeat_s=3, liveness=3)
+    leases = Leases(broker, timeout_s=3600, limits=lim)
+    return store, broker, mqks, emqp, leases
+
+
+def queues(store: Store) -> set[str]:
+    return {info.name for info in store.queues()}
+
+
+def test_a_queue_a_request_made_expires_once_empty_and_unused_for_the_ttl_and_a_configured_one_never(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0)
+    try:
+        store.name_queue("configured")
+        message = broker.produce("made", [b"x"], now_us=1)
+        assert store.queue("made").implicit and not store.queue("configured").implicit
+        assert broker.sweep_implicit(0.0) == 0 and broker.sweep_implicit(5.0) == 0, "it holds a message"
+        broker.take("made", 1, "c", now=5.0, now_us=2)
+        broker.ack((message.qid, message.seq), by="c")
+        assert broker.sweep_implicit(6.0) == 0, "its clock starts now"
+        assert broker.sweep_implicit(6.5) == 0, "unused for half the TTL"
+        assert broker.sweep_implicit(7.0) == 1 and queues(store) == {"configured"}
+        assert broker.sweep_implicit(100.0) == 0 and queues(store) == {"configured"}
+    finally:
+        store.close()
+
+
+def test_a_queue_with_a_dead_letter_a_binding_a_schedule_a_group_or_a_consumer_does_not_expire(tmp_path):
+    store, broker, mqks, emqp, leases = world(tmp_path, ttl_s=1.0)
+    try:
+        dead = broker.produce("dead", [b"x"], now_us=1)
+        store.dead_letter(dead, "too many deliveries", now_us=1)
+        mqks.connected(b"c1")
+        mqks.received(b"c1", b"r1 rebind bound ev.a\n", now=0.0, now_us=1)  # bound, no consumer
+        mqks.received(b"c1", b"r2 consume consumed\n", now=0.0, now_us=1)  # a consumer, no event
+        broker.create_queue("scheduled")
+        emqp.scheduler.add("scheduled", "", "3600", "job", "", 1)
+        leases.lease("grouped", "g", 0, 10, now=0.0, now_us=1)  # (a group makes its queue)
+        broker.create_queue("idle")
+        for now in (0.0, 0.5, 1.0, 1.5, 30.0):
+            broker.sweep_implicit(now)
+        assert queues(store) == {"dead", "bound", "consumed", "scheduled", "grouped"}, "only the idle one went"
+        mqks.disconnected(b"c1")  # the consumer goes: its queue (and its binding record, without events) follow
+        for now in (31.0, 31.5, 32.0):
+            broker.sweep_implicit(now)
+        assert "consumed" not in queues(store) and Bindings(store).get("consumed") is None
+        assert queues(store) == {"dead", "bound", "scheduled", "grouped"}
+    finally:
+        store.close()
+
+
+def test_a_queue_made_again_starts_above_every_seq_its_name_had_also_after_a_reopen(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=0.5)
+    try:
+        last = [broker.produce("remade", [b"%d" % i], now_us=1) for i in range(3)][-1]
+        taken = broker.take("remade", 3, "c", now=0.0, now_us=1)
+        broker.ack_many([(m.qid, m.seq) for m in taken], by="c")
+        for now in (0.0, 1.0):
+            broker.sweep_implicit(now)
+        assert "remade" not in queues(store)
+        store.commit()
+    finally:
+        store.close()
+    store, broker, *_ = world(tmp_path, ttl_s=0.5)
+    try:
+        again = broker.produce("remade", [b"again"], now_us=2)
+        assert again.seq > last.seq and again.qid != last.qid
+        assert broker.produce("new-name", [b"y"], now_us=2).seq > last.seq, "one floor for every name"
+    finally:
+        store.close()
+
+
+def test_the_sweep_looks_at_a_bounded_share_of_the_queues_per_call(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0, implicit_sweep_per_turn=100)
+    try:
+        for i in range(350):
+            broker.create_queue(f"q{i}")
+        looked = [broker.sweep_implicit(0.0) for _ in range(4)]  # a pass of 350: four calls, none expires
+        assert looked == [0, 0, 0, 0] and broker.next_sweep() == 0.5
+        expired = [broker.sweep_implicit(1.0) for _ in range(4)]
+        assert expired == [100, 100, 100, 50] and not queues(store)
+    finally:
+        store.close()
+
+
+def test_one_owner_makes_at_most_its_share_and_queues_made_by_requests_leave_room_for_configured_ones(tmp_path):
+    store = Store(tmp_path / "db", max_size=64 << 20, max_queues=1000, max_implicit=900)
+    try:
+        broker = Broker(store, ack_timeout_s=5)  # (a share per owner: 1/100 of --max-queues)
+        for i in range(10):
+            broker.create_queue(f"mine-{i}", owner="hostile")
+        with pytest.raises(StoreFull, match="this client made 10 queues"):
+            broker.create_queue("mine-10", owner="hostile")
+        broker.create_queue("mine-0", owner="hostile")  # (one it made already is no new queue)
+        broker.drop_queue("mine-0")
+        broker.create_queue("mine-10", owner="hostile")  # a queue that went leaves room in its share
+        for i in range(890):
+            broker.create_queue(f"other-{i}", owner=f"client-{i}")
+        with pytest.raises(StoreFull, match="kept for configured queues"):
+            broker.create_queue("one-too-many", owner="honest")
+        assert store.name_queue("configured").implicit is False, "the reserve is for named queues"
+    finally:
+        store.close()
+
+
+# -- over real sockets --------------------------------------------------------------------------------
+
+
+def flood(address: tuple[str, int], prefix: str, n: int) -> tuple[int, int]:
+    """A raw MQKS connection that pipelines ``n`` confirmed consumes of new names: (ok, error) answers."""
+    with socket.create_connection(address, timeout=10) as raw:
+        raw.sendall(
+            b"".join(b"%s-%d consume --confirm %s-%d\n" % (prefix.encode(), i, prefix.encode(), i) for i in range(n))
+        )
+        got = b""
+        while got.count(b"\n") < n:
+            chunk = raw.recv(1 << 16)
+            assert chunk, "the server closed the connection"
+            got += chunk
+    lines = got.decode().splitlines()
+    return sum(" ok" in line for line in lines), sum(" error " in line for line in lines)
+
+
+def test_a_flood_of_consumes_to_new_names_is_refused_past_the_share_and_an_honest_client_still_makes_its_queue(
+    make_server,
+):
+    endpoint, address = free_tcp_endpoint()
+    server = make_server(mqks_dsn=endpoint, max_queues=1000)
+    hostile = [socket.create_connection(address, timeout=10) for _ in range(11)]
+    try:
+        answers = []
+        for k, raw in enumerate(hostile):  # 11 connections x 1,000 consumes, all open at once
+            raw.sendall(b"".join(b"h%d-%d consume --confirm h%d-%d\n" % (k, i, k, i) for i in range(1000)))
+        for raw in hostile:
+            got = b""
+            while got.count(b"\n") < 1000:
+                chunk = raw.recv(1 << 16)
+                assert chunk, "the server closed a hostile connection instead of refusing its requests"
+                got += chunk
+            lines = got.decode().splitlines()
+            answers.append((sum(" ok" in line for line in lines), sum(" error " in line for line in lines)))
+        assert answers == [(10, 990)] * 11, "each connection makes 1/100 of --max-queues"
+        with MqksClient(endpoint) as honest:
+            consumer = honest.consume("honest-new", ["ev.honest"])
+            honest.publish("ev.honest", "hello")
+            delivery = honest.receive()
+            assert delivery is not None and (delivery.consumer, delivery.data) == (consumer, "hello")
+        assert "honest-new" in server.stats()["queues"]
+    finally:
+        for raw in hostile:
+            raw.close()
+
+
+def test_a_hostile_connections_queues_expire_after_it_closes_and_the_ttl_and_survive_no_restart(process_server):
+    endpoint, address = free_tcp_endpoint()
+    srv = process_server("--mqks-dsn", endpoint, "--max-queues", "1000", "--implicit-queue-ttl", "0.3")
+    assert flood(address, "gone", 50) == (10, 40)
+    assert sum(name.startswith("gone-") for name in srv.stats()["queues"]) == 10
+    wait_until(lambda: not any(name.startswith("gone-") for name in srv.stats()["queues"]), timeout_s=10)
+    srv.restart()
+    assert not any(name.startswith("gone-") for name in srv.stats()["queues"]), "the expiry was durable"
+    assert "default" in srv.stats()["queues"], "the configured queue never expires"
+
+
+def test_a_queue_made_again_after_it_expired_gets_seqs_above_its_old_last_through_a_restart(process_server, tmp_path):
+    endpoint, address = free_tcp_endpoint()
+    api_dsn = f"ipc://{tmp_path}/api"
+    srv = process_server("--mqks-dsn", endpoint, "--api-dsn", api_dsn, "--implicit-queue-ttl", "0.3")
+    with ApiClient(api_dsn) as api:
+        api.produce([("remade", b"1"), ("remade", b"2"), ("remade", b"3")])
+        last = api.info("remade")["next"] - 1
+        with MqksClient(endpoint) as consumer:  # auto-ack: the three are deleted as they go out
+            consumer.consume("remade")
+            assert [consumer.receive() is not None for _ in range(3)] == [True] * 3
+            mqks_barrier(consumer)
+        wait_until(lambda: api.info("remade") == {"first": 0, "next": 0, "depth": 0}, timeout_s=10)
+    srv.restart()
+    with ApiClient(api_dsn) as api:
+        api.produce([("remade", b"again")])
+        assert api.info("remade")["first"] > last
