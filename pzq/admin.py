@@ -58,6 +58,8 @@ class Admin:
                 "produce_rate": self._rate("produced"),
                 "ack_rate": self._rate("acked"),
                 "store_limit_bytes": self.store_limit,
+                "queues_implicit": self.store.implicit_count,  # made by clients' requests: they expire unused
+                "queues_expired_total": self.broker.implicit_expired,
             }
         )
         stats.update(self.gateways())
