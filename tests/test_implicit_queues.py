@@ -21,7 +21,7 @@ from pzq.errors import StoreFull
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
 from pzq.leases import Leases
-from pzq.store import Store
+from pzq.store import FORMAT, Store
 from pzq.store.bindings import Bindings
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
@@ -216,3 +216,61 @@ def test_a_queue_made_again_after_it_expired_gets_seqs_above_its_old_last_throug
     with ApiClient(api_dsn) as api:
         api.produce([("remade", b"again")])
         assert api.info("remade")["first"] > last
+
+
+def test_a_queue_expired_in_a_turn_that_was_rolled_back_is_back_and_expires_again_later(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0)
+    try:
+        broker.create_queue("q")
+        store.commit()
+        for now in (0.0, 1.0):
+            broker.sweep_implicit(now)
+        assert "q" not in queues(store)
+        store.abort()  # (the loop's recovery: the store from the disk, every delivery forgotten)
+        broker.reset()
+        assert store.queue("q", create=False) is not None and store.implicit_count == 1
+        assert broker.sweep_implicit(2.0) == 0, "its clock starts again"
+        assert broker.sweep_implicit(3.0) == 1 and "q" not in queues(store)
+    finally:
+        store.close()
+
+
+def test_a_queue_a_request_made_becomes_explicit_when_the_configuration_names_it(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0)
+    try:
+        broker.create_queue("named-later", owner="someone")
+        assert store.name_queue("named-later").implicit is False and store.implicit_count == 0
+        store.commit()
+        for now in (0.0, 5.0):
+            broker.sweep_implicit(now)
+        assert queues(store) == {"named-later"}
+    finally:
+        store.close()
+    store = Store(tmp_path / "db")
+    try:
+        assert store.queue("named-later").implicit is False, "durably"
+    finally:
+        store.close()
+
+
+def test_the_queues_of_a_store_written_by_db15207_are_explicit_and_never_expire(tmp_path):
+    from test_upgrade import write_old_store
+
+    database, _ = write_old_store(tmp_path)
+    store = Store(database)
+    try:
+        broker = Broker(store, ack_timeout_s=30, implicit_ttl_s=0.1)
+        before = queues(store)
+        assert "mqks-q" in before and store.implicit_count == 0 and store.seq_floor == 1
+        for now in (0.0, 1.0, 2.0):
+            broker.sweep_implicit(now)
+        assert queues(store) == before
+        broker.produce("new", [b"x"], now_us=1)
+        store.commit()
+    finally:
+        store.close()
+    store = Store(database)
+    try:
+        assert store.format == FORMAT and store.queue("new").implicit and not store.queue("mqks-q").implicit
+    finally:
+        store.close()
