@@ -274,3 +274,15 @@ def test_the_queues_of_a_store_written_by_db15207_are_explicit_and_never_expire(
         assert store.format == FORMAT and store.queue("new").implicit and not store.queue("mqks-q").implicit
     finally:
         store.close()
+
+
+def test_a_sweep_stops_at_the_turns_deadline_after_a_few_queues_and_goes_on_from_there(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0)
+    try:
+        for i in range(100):
+            broker.create_queue(f"q{i}")
+        broker.sweep_implicit(0.0)
+        assert broker.sweep_implicit(1.0, deadline=0.0) == 16, "a deadline already past: 16, then it stops"
+        assert broker.sweep_implicit(1.0) == 84 and not queues(store)
+    finally:
+        store.close()

@@ -21,6 +21,7 @@ store keeps ``Limits.implicit_reserved_part``-th of ``--max-queues`` for explici
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable
 from typing import Protocol
 
@@ -119,10 +120,11 @@ class ImplicitQueues(BrokerState):
         """When the sweep has work next (None while there are no implicit queues)."""
         return self._next_sweep if self.store.implicit_count else None
 
-    def sweep_implicit(self, now: float) -> int:
+    def sweep_implicit(self, now: float, deadline: float | None = None) -> int:
         """Look at up to ``sweep_per_call`` implicit queues and delete those unused for the TTL; returns
         how many went. A queue's clock starts when the sweep first finds it unused and stops whenever it
-        is in use again."""
+        is in use again. ``deadline`` (monotonic; the turn's budget) stops it early, between queues, after
+        at least a few: a deletion costs some LMDB work, so the count alone does not bound the time."""
         if now < self._next_sweep or not self.store.implicit_count:
             return 0
         if self._sweep_at >= len(self._sweep_names):  # a pass begins: with the implicit queues of now
@@ -132,7 +134,11 @@ class ImplicitQueues(BrokerState):
                 del self._unused_since[name]
         expired = 0
         end = min(len(self._sweep_names), self._sweep_at + self.sweep_per_call)
+        begun = self._sweep_at
         while self._sweep_at < end:
+            looked = self._sweep_at - begun
+            if deadline is not None and looked and looked % 16 == 0 and time.monotonic() >= deadline:
+                break  # (16 queues at least: a call always moves the pass on)
             name = self._sweep_names[self._sweep_at]
             self._sweep_at += 1
             info = self.store.queue(name, create=False)

@@ -280,7 +280,7 @@ class Server(Reloading):
         """Queues made by clients' requests that stayed unused for --implicit-queue-ttl go (a share a turn)."""
         due = self.broker.next_sweep()
         if due is not None and now >= due:
-            self.broker.sweep_implicit(now)
+            self.broker.sweep_implicit(now, self._budget.deadline)
             self._budget.take()
 
     def _tick(self, ready: dict, now: float, now_us: int) -> None:
