@@ -27,6 +27,7 @@ from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
 
 from conftest import free_tcp_endpoint, mqks_barrier, wait_until
+from pairs import PAIRS, Closed, Pair
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -284,5 +285,26 @@ def test_a_sweep_stops_at_the_turns_deadline_after_a_few_queues_and_goes_on_from
         broker.sweep_implicit(0.0)
         assert broker.sweep_implicit(1.0, deadline=0.0) == 16, "a deadline already past: 16, then it stops"
         assert broker.sweep_implicit(1.0) == 84 and not queues(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("protocol", ["phpmq", "emqp"])
+def test_a_client_producing_into_new_names_is_refused_past_its_share_and_another_client_still_makes_one(
+    tmp_path, protocol
+):
+    store = Store(tmp_path / "db", max_size=64 << 20, max_queues=300)  # a share of 3 queues per client
+    try:
+        pair = Pair(PAIRS[protocol], store)
+        hostile, honest = pair.client("hostile"), pair.client("honest")
+        for i in range(5):
+            hostile.produce(f"h{i}", b"x")
+            pair.turn()
+        assert {name for name in queues(store) if name.startswith("h")} == {"h0", "h1", "h2"}
+        refused = [e for e in hostile.events if e == Closed() or getattr(e, "ok", True) is False]
+        assert refused, "the hostile client was told (an error REPLY, or its PHPMQ connection closed)"
+        honest.produce("honest-new", b"m")
+        pair.turn()
+        assert pair.stored("honest-new") == 1
     finally:
         store.close()
