@@ -308,3 +308,22 @@ def test_a_client_producing_into_new_names_is_refused_past_its_share_and_another
         assert pair.stored("honest-new") == 1
     finally:
         store.close()
+
+
+def test_over_sockets_a_bound_queue_and_a_grouped_one_stay_while_idle_ones_expire(make_server, tmp_path):
+    endpoint, _ = free_tcp_endpoint()
+    server = make_server(mqks_dsn=endpoint, api_dsn=f"ipc://{tmp_path}/api", implicit_queue_ttl=0.2)
+    with MqksClient(endpoint) as client:
+        client.wait_ok(client.request("rebind", "bound ev.bound", confirm=True))  # bound, never consumed
+        client.consume("idle-1")
+    with ApiClient(f"ipc://{tmp_path}/api") as api:
+        api.lease("grouped", "g", 0, 10)  # a consumer group (its queue made by the call)
+    wait_until(lambda: "idle-1" not in server.stats()["queues"], timeout_s=10)
+    with MqksClient(endpoint) as client:  # a later one: once it went too, the others were unused longer
+        client.consume("idle-2")
+    wait_until(lambda: "idle-2" not in server.stats()["queues"], timeout_s=10)
+    figures = server.stats()
+    assert {"bound", "grouped", "default"} <= set(figures["queues"]) and figures["queues_expired_total"] == 2
+    with MqksClient(endpoint) as client:  # the bound queue still gets what is published to its event
+        client.publish("ev.bound", "kept")
+    assert server.stats()["queues"]["bound"]["depth"] == 1
