@@ -327,3 +327,17 @@ def test_over_sockets_a_bound_queue_and_a_grouped_one_stay_while_idle_ones_expir
     with MqksClient(endpoint) as client:  # the bound queue still gets what is published to its event
         client.publish("ev.bound", "kept")
     assert server.stats()["queues"]["bound"]["depth"] == 1
+
+
+def test_a_damaged_seq_floor_record_is_refused_as_a_damaged_store_not_read_as_no_floor(tmp_path):
+    import lmdb
+
+    from pzq.errors import StoreDamaged
+
+    Store(tmp_path / "db").close()
+    env = lmdb.open(str(tmp_path / "db"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.put(b"seq_floor", b"\x01\x02", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(StoreDamaged, match="seq floor"):
+        Store(tmp_path / "db")

@@ -152,7 +152,9 @@ class Queues:
             raw = txn.get(b"next_qid", db=self._meta_db)
             self._next_qid = U64.unpack(raw)[0] if raw else 1
             raw = txn.get(b"seq_floor", db=self._meta_db)
-            self.seq_floor = U64.unpack(raw)[0] if raw and len(raw) == U64.size else 1
+            if raw is not None and len(raw) != U64.size:  # (guessing low could hand out seqs again)
+                raise StoreDamaged(f"{self.path}/data.mdb: its seq floor record {raw[:16]!r} cannot be read; " + ADVICE)
+            self.seq_floor = U64.unpack(raw)[0] if raw else 1
             for name, value in txn.cursor(db=self._queues_db):
                 try:
                     info = QueueInfo.unpack(name.decode(), value)
