@@ -289,7 +289,7 @@ def test_a_sweep_stops_at_the_turns_deadline_after_a_few_queues_and_goes_on_from
         store.close()
 
 
-@pytest.mark.parametrize("protocol", ["phpmq", "emqp"])
+@pytest.mark.parametrize("protocol", ["phpmq", "emqp", "api"])
 def test_a_client_producing_into_new_names_is_refused_past_its_share_and_another_client_still_makes_one(
     tmp_path, protocol
 ):

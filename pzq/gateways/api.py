@@ -132,7 +132,7 @@ class ApiGateway:
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         if request.command == "SNAPSHOT":
             return self._snapshot(a)
-        return self._produce(a, now_us)
+        return self._produce(a, now_us, ("key", user) if user else ("api", request.routing))
 
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
@@ -165,7 +165,9 @@ class ApiGateway:
                 return {"messages": rows, "next": before}  # the end of the queue
         return {"messages": rows, "next": after}
 
-    def _produce(self, a: dict, now_us: int) -> dict:
+    def _produce(self, a: dict, now_us: int, owner: tuple) -> dict:
+        """Store a PRODUCE's messages, all or none; the queues it names that do not exist are made on
+        ``owner``'s share of --max-queues (its CURVE key, or its connection)."""
         messages = api.produce_messages(a)
         for queue, body in messages:
             if not body:
@@ -181,6 +183,9 @@ class ApiGateway:
                 "too-many-keys",
                 f"{most} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
             )
+        for queue in dict.fromkeys(queue for queue, _ in messages):
+            if self.broker.queue_info(queue) is None:
+                self.broker.create_queue(queue, owner=owner)
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
         digests: list[bytes] = []
         seen = None
