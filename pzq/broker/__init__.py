@@ -9,7 +9,8 @@ whenever messages may have become ready, for any gateway that waits for that.
 
 Modules: ``state`` (what every part keeps and the rules they share), ``core`` (producing, handing out,
 whole queues, figures), ``settle`` (answers from consumers, timeouts), ``ranges`` (consumer groups'
-range holds), ``questions`` (what gateways ask instead of reaching into the store).
+range holds), ``questions`` (what gateways ask instead of reaching into the store), ``implicit`` (queues
+made by clients' requests: shares, users, expiry).
 """
 
 from pzq.broker.core import Broker
