@@ -115,7 +115,7 @@ def test_the_sweep_looks_at_a_bounded_share_of_the_queues_per_call(tmp_path):
         for i in range(350):
             broker.create_queue(f"q{i}")
         looked = [broker.sweep_implicit(0.0) for _ in range(4)]  # a pass of 350: four calls, none expires
-        assert looked == [0, 0, 0, 0] and broker.next_sweep() == 0.5
+        assert looked == [0, 0, 0, 0] and broker.next_sweep() == 0.25
         expired = [broker.sweep_implicit(1.0) for _ in range(4)]
         assert expired == [100, 100, 100, 50] and not queues(store)
     finally:
@@ -341,3 +341,17 @@ def test_a_damaged_seq_floor_record_is_refused_as_a_damaged_store_not_read_as_no
     env.close()
     with pytest.raises(StoreDamaged, match="seq floor"):
         Store(tmp_path / "db")
+
+
+def test_a_queue_used_between_two_looks_of_the_sweep_starts_its_clock_again(tmp_path):
+    store, broker, *_ = world(tmp_path, ttl_s=1.0)
+    try:
+        broker.create_queue("busy")
+        broker.sweep_implicit(0.0)
+        message = broker.produce("busy", [b"x"], now_us=1)  # produced and taken while the sweep rests
+        broker.take("busy", 1, "c", now=0.5, now_us=1)
+        broker.ack((message.qid, message.seq), by="c")
+        assert broker.sweep_implicit(1.0) == 0, "it was in use 0.5 s ago"
+        assert broker.sweep_implicit(1.5) == 0 and broker.sweep_implicit(2.0) == 1
+    finally:
+        store.close()

@@ -10,7 +10,7 @@ that it forgets what it kept for it. Nobody reaches into anyone else's tables.
 
 The sweep (``sweep_implicit``) looks at a bounded share of the implicit queues per call, so the loop
 can run it as one of its periodic tasks inside the turn budget; a whole pass over them is followed by
-a rest of at most a second.
+a rest of a quarter of the TTL (at most 10 s): queues in use cost a look each per pass, not per turn.
 
 Shares: a client (``owner``: a connection, or a CURVE key where there is one) has at most
 ``Limits.implicit_connection_part``-th of ``--max-queues`` implicit queues alive that it made, and the
@@ -31,7 +31,7 @@ from pzq.store import QueueInfo
 
 log = logging.getLogger("pzq.broker")
 
-SWEEP_REST_S = 1.0  # the longest rest between two passes of the sweep
+SWEEP_REST_S = 10.0  # the longest rest between two passes of the sweep
 
 
 class QueueUser(Protocol):
@@ -60,7 +60,9 @@ class ImplicitQueues(BrokerState):
         self._users: list[QueueUser] = []
         self._made_by: dict[Hashable, set[str]] = {}  # owner -> implicit queues it made that still exist
         self._owner_of: dict[str, Hashable] = {}  # and back: both as many entries as implicit queues at most
-        self._unused_since: dict[str, float] = {}  # implicit queue -> when the sweep first saw it unused
+        # implicit queue -> (when the sweep first saw it unused, its next seq then): a message produced
+        # and taken between two looks moves the next seq, and its clock starts again
+        self._unused_since: dict[str, tuple[float, int]] = {}
         self._sweep_names: list[str] = []
         self._sweep_at = 0
         self._next_sweep = 0.0
@@ -145,12 +147,15 @@ class ImplicitQueues(BrokerState):
             if info is None or not info.implicit or self.in_use(info):
                 self._unused_since.pop(name, None)
                 continue
-            since = self._unused_since.setdefault(name, now)
+            since, seq = self._unused_since.get(name, (now, info.next_seq))
+            if seq != info.next_seq:
+                since = now
+            self._unused_since[name] = (since, info.next_seq)
             if now - since >= self.implicit_ttl_s:
                 self._expire_queue(name)
                 expired += 1
         if self._sweep_at >= len(self._sweep_names):  # the pass is done: rest (the next goes on at once)
-            self._next_sweep = now + min(SWEEP_REST_S, self.implicit_ttl_s / 2)
+            self._next_sweep = now + min(SWEEP_REST_S, self.implicit_ttl_s / 4)
         if expired:  # (one line a call, not one a queue: a flood's queues expire together)
             log.info(
                 "%d queue(s) made by clients' requests expired: empty and unused for %gs", expired, self.implicit_ttl_s
