@@ -17,7 +17,7 @@ from pzq.broker import Broker
 from pzq.clients.api import ApiClient
 from pzq.clients.mqks import MqksClient
 from pzq.config import Limits
-from pzq.errors import StoreFull
+from pzq.errors import ClientError, StoreFull
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
 from pzq.leases import Leases
@@ -355,3 +355,24 @@ def test_a_queue_used_between_two_looks_of_the_sweep_starts_its_clock_again(tmp_
         assert broker.sweep_implicit(1.5) == 0 and broker.sweep_implicit(2.0) == 1
     finally:
         store.close()
+
+
+def test_connections_that_come_and_go_filling_the_room_lose_their_unused_queues_at_once_not_after_the_ttl(
+    make_server,
+):
+    endpoint, address = free_tcp_endpoint()
+    server = make_server(mqks_dsn=endpoint, max_queues=1000)  # 900 made by requests, 10 per connection; TTL 60 s
+    for k in range(95):  # each within its share, then gone: 950 names asked for, more than the room
+        flood(address, f"c{k}", 10)
+    with MqksClient(endpoint) as honest:
+
+        def made() -> bool:
+            try:
+                honest.consume("honest-after-the-flood", ["ev.honest"])
+            except ClientError:
+                return False
+            return True
+
+        wait_until(made, timeout_s=10)
+    figures = server.stats()
+    assert figures["queues_expired_total"] >= 90 and figures["queues_implicit"] < 900

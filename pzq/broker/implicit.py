@@ -15,7 +15,9 @@ a rest of a quarter of the TTL (at most 10 s): queues in use cost a look each pe
 Shares: a client (``owner``: a connection, or a CURVE key where there is one) has at most
 ``Limits.implicit_connection_part``-th of ``--max-queues`` implicit queues alive that it made, and the
 store keeps ``Limits.implicit_reserved_part``-th of ``--max-queues`` for explicit queues
-(``Store.max_implicit``).
+(``Store.max_implicit``). Connections that come and go can still fill that room, each within its share:
+while implicit queues fill nine tenths of it (``pressed``), the unused ones expire at once, a pass every
+second, so that honest clients' new names find room again within seconds, not after the TTL.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pzq.store import QueueInfo
 log = logging.getLogger("pzq.broker")
 
 SWEEP_REST_S = 10.0  # the longest rest between two passes of the sweep
+PRESSED_REST_S = 1.0  # the rest while implicit queues fill nine tenths of their room: they expire unused at once
 
 
 class QueueUser(Protocol):
@@ -66,6 +69,7 @@ class ImplicitQueues(BrokerState):
         self._sweep_names: list[str] = []
         self._sweep_at = 0
         self._next_sweep = 0.0
+        self._pass_done = float("-inf")  # when the last pass ended
         self.implicit_expired = 0  # queues expired since start (figures)
 
     def add_queue_user(self, user: QueueUser) -> None:
@@ -118,17 +122,26 @@ class ImplicitQueues(BrokerState):
             return True
         return any(user.uses_queue(info.name) for user in self._users)
 
+    def pressed(self) -> bool:
+        """True while implicit queues fill nine tenths of the room they may take: a flood of names from
+        connections that come and go, each within its share. Unused ones then expire at once."""
+        return self.store.implicit_count * 10 >= self.store.max_implicit * 9
+
     def next_sweep(self) -> float | None:
         """When the sweep has work next (None while there are no implicit queues)."""
-        return self._next_sweep if self.store.implicit_count else None
+        if not self.store.implicit_count:
+            return None
+        return min(self._next_sweep, self._pass_done + PRESSED_REST_S) if self.pressed() else self._next_sweep
 
     def sweep_implicit(self, now: float, deadline: float | None = None) -> int:
         """Look at up to ``sweep_per_call`` implicit queues and delete those unused for the TTL; returns
         how many went. A queue's clock starts when the sweep first finds it unused and stops whenever it
         is in use again. ``deadline`` (monotonic; the turn's budget) stops it early, between queues, after
         at least a few: a deletion costs some LMDB work, so the count alone does not bound the time."""
-        if now < self._next_sweep or not self.store.implicit_count:
+        due = self.next_sweep()
+        if due is None or now < due:
             return 0
+        ttl = 0.0 if self.pressed() else self.implicit_ttl_s
         if self._sweep_at >= len(self._sweep_names):  # a pass begins: with the implicit queues of now
             self._sweep_names, self._sweep_at = self.store.implicit_names(), 0
             known = set(self._sweep_names)
@@ -151,11 +164,12 @@ class ImplicitQueues(BrokerState):
             if seq != info.next_seq:
                 since = now
             self._unused_since[name] = (since, info.next_seq)
-            if now - since >= self.implicit_ttl_s:
+            if now - since >= ttl:
                 self._expire_queue(name)
                 expired += 1
         if self._sweep_at >= len(self._sweep_names):  # the pass is done: rest (the next goes on at once)
             self._next_sweep = now + min(SWEEP_REST_S, self.implicit_ttl_s / 4)
+            self._pass_done = now
         if expired:  # (one line a call, not one a queue: a flood's queues expire together)
             log.info(
                 "%d queue(s) made by clients' requests expired: empty and unused for %gs", expired, self.implicit_ttl_s
