@@ -86,7 +86,8 @@ class ImplicitQueues(BrokerState):
         if owner is not None and self.implicit_per_owner:
             made = self._made_by.get(owner)
             if made is not None and len(made) >= self.implicit_per_owner:
-                made.intersection_update(n for n in made if self._still_implicit(n))  # (expired ones leave)
+                for stale in [name for name in made if not self._still_implicit(name)]:
+                    self._forget_owner(stale)  # (made in a turn that was rolled back)
                 if len(made) >= self.implicit_per_owner:
                     raise StoreFull(
                         f"queue full: this client made {len(made)} queues that still exist, its share of "
