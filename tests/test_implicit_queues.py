@@ -376,3 +376,18 @@ def test_connections_that_come_and_go_filling_the_room_lose_their_unused_queues_
         wait_until(made, timeout_s=10)
     figures = server.stats()
     assert figures["queues_expired_total"] >= 90 and figures["queues_implicit"] < 900
+
+
+def test_queues_made_in_a_rolled_back_turn_leave_their_makers_share(tmp_path):
+    store = Store(tmp_path / "db", max_size=64 << 20, max_queues=1000)
+    try:
+        broker = Broker(store, ack_timeout_s=5)  # a share of 10 per owner
+        for i in range(10):
+            broker.create_queue(f"lost-{i}", owner="client")
+        store.abort()  # (the turn failed: nothing of it was committed)
+        broker.reset()
+        assert not queues(store)
+        broker.create_queue("kept", owner="client")
+        assert queues(store) == {"kept"}
+    finally:
+        store.close()
