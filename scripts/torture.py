@@ -54,6 +54,7 @@ NO_NATIVE_CONSUMER = frozenset({"native-cons"})  # (the case's own consumers are
 
 # name: (function, full size, short size, extra `pzq serve` arguments, honest clients left out)
 CASES = {
+    "baseline": (cases.baseline, 3, 1, _none, frozenset()),
     "emqp-bad-cron": (cases.emqp_bad_cron, 1_000, 50, _none, frozenset()),
     "emqp-bad-cron-2500": (cases.emqp_bad_cron, 2_500, 100, _none, frozenset()),
     "cron-seconds": (cases.cron_seconds, 3_000, 100, _none, frozenset()),

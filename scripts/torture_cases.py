@@ -33,12 +33,19 @@ def collect(sock: zmq.Socket, want: int, timeout_s: float) -> list[list[bytes]]:
     return answers
 
 
-def emqp_outcome(answers: list[list[bytes]], sent: int, seconds: float) -> str:
+def emqp_outcome(answers: list[list[bytes]], sent: int, seconds: float, dispatched: str = "") -> str:
     acked = sum(1 for a in answers if a[2:3] == [b"ACK"])
     refused = sum(1 for a in answers if a[2:3] == [b"REPLY"] and b"error" in a[-2])
     errors = [a[-2] for a in answers if a[2:3] == [b"REPLY"] and b"error" in a[-2]]
     why = f" ({errors[0][10:60].decode('utf-8', 'replace')})" if errors else ""
-    return f"refused {refused}/{sent}{why}, stored {acked}, unanswered {sent - len(answers)} ({seconds:.1f} s)"
+    unanswered = sent - len(answers)
+    return f"refused {refused}/{sent}{why}, stored {acked}, unanswered {unanswered}{dispatched} ({seconds:.1f} s)"
+
+
+def baseline(srv: Server, size: int, short: bool) -> str:
+    """Nothing hostile: the honest clients alone for ``size`` seconds, to read the others against."""
+    time.sleep(size)
+    return "nothing hostile"
 
 
 # -- issue 26's symptoms --------------------------------------------------------------------------
@@ -64,7 +71,7 @@ def cron_seconds(srv: Server, size: int, short: bool) -> str:
     answers = collect(sock, size, 120)
     sock.close(0)
     outcome = emqp_outcome(answers, size, time.monotonic() - started)
-    time.sleep(2 if short else 6)
+    time.sleep(1 if short else 6)
     return f"{outcome}; then {depth(srv.monitor, 'cronq')} jobs queued"
 
 
@@ -94,7 +101,7 @@ def emqp_big_headers(srv: Server, size: int, short: bool) -> str:
             break  # (all refused: nothing will be dispatched)
     sock.close(0)
     worker.close(0)
-    return emqp_outcome(answers, size, time.monotonic() - started).replace(" (", f", dispatched {dispatched} (")
+    return emqp_outcome(answers, size, time.monotonic() - started, f", dispatched {dispatched}")
 
 
 def api_produce_items(srv: Server, size: int, short: bool) -> str:
@@ -321,7 +328,7 @@ def snapshot_readers(srv: Server, size: int, short: bool) -> str:
     for sock in socks:
         for _ in range(each):
             sock.send_multipart(api_request("SNAPSHOT", args))
-    time.sleep(2 if short else 6)
+    time.sleep(1 if short else 6)
     for sock in socks:
         sock.close(0)
     return f"{size} x {each} SNAPSHOTs of 4 MiB unread"

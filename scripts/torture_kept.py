@@ -21,7 +21,7 @@ def deaf_producer(srv: Server, size: int, short: bool) -> str:
     sock = dealer(srv.receive, sndhwm=0)
     for i in range(size):
         sock.send_multipart([b"%d" % i, b"", b"d"])
-    time.sleep(2)
+    time.sleep(1 if short else 2)
     sock.close(0)
     return f"{size} sent unread"
 
@@ -100,8 +100,8 @@ def mqks_consumers(srv: Server, size: int, short: bool) -> str:
 
 
 def console_flood(srv: Server, seconds: int, short: bool) -> str:
-    """Page views as fast as 16 connections go, of a queue of 50 messages of 4 MiB, without a login."""
-    for i in range(50):
+    """Page views as fast as 16 connections go, of a queue of 50 messages of 4 MiB (10 when short), without a login."""
+    for i in range(10 if short else 50):
         api_call(srv.api, "PRODUCE", {"messages": [["big", os.urandom(4 << 20)]], "key": f"big-{i}"})
     srv.begin()
     served, busy, stop = [0], [0], threading.Event()
