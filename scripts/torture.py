@@ -76,6 +76,7 @@ CASES = {
     "api-pipeline": (kept.api_pipeline, 60, 3, _none, frozenset()),
     "many-frames": (kept.many_frames, 5, 1, _none, frozenset()),
     "big-lease": (kept.big_lease, 200_000, 20_000, _none, frozenset()),
+    "stream-read": (kept.stream_read, 1_000_000, 20_000, _none, frozenset()),
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
 }

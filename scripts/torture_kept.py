@@ -124,3 +124,38 @@ def console_flood(srv: Server, seconds: int, short: bool) -> str:
     for viewer in viewers:
         viewer.join(15)
     return f"{served[0]} pages served, {busy[0]} refused or busy in {seconds} s"
+
+
+def stream_read(srv: Server, size: int, short: bool) -> str:
+    """What a Spark query does to ``size`` stored messages in one batch, as fast as one client can:
+    lease them all, fetch them all, acknowledge them all."""
+    for start in range(0, size, 5_000):
+        batch = [["stream", b"x" * 100]] * min(5_000, size - start)
+        api_call(srv.api, "PRODUCE", {"messages": batch, "key": f"st{start}"})
+    srv.begin()
+    started = time.monotonic()
+    end, calls, base = 0, 0, None
+    while end < size:
+        ok, answer = api_call(srv.api, "LEASE", {"queue": "stream", "group": "g", "after": end, "max": size - end})
+        if not ok:
+            return f"LEASE after {end} refused: {answer.get('code')}"
+        end, calls = answer["end"], calls + 1
+        base = answer["base"] if base is None else base
+    leased = time.monotonic() - started
+    lo = base or 0
+    while lo < end:  # (in pieces of 10,000, as the Spark connector asks)
+        hi = min(end, lo + 10_000)
+        ok, answer = api_call(srv.api, "FETCH", {"queue": "stream", "group": "g", "lo": lo, "hi": hi})
+        if not ok:
+            return f"FETCH of {lo}..{hi} refused: {answer.get('code')} {answer.get('detail')}"
+        lo = answer["next"]
+    fetched = time.monotonic() - started - leased
+    api_call(srv.api, "ACK_UPTO", {"queue": "stream", "group": "g", "upto": end})
+    deadline = time.monotonic() + 120
+    while api_call(srv.api, "INFO", {"queue": "stream"})[1].get("depth") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    acked = time.monotonic() - started - leased - fetched
+    return (
+        f"{size:,} leased in {calls} calls ({leased:.2f} s), fetched ({fetched:.2f} s), "
+        f"acknowledged and deleted ({acked:.2f} s)"
+    )
