@@ -10,6 +10,7 @@ victim harmed, fails too).
     PYTHONPATH=$PWD .venv/bin/python scripts/torture.py            # every case, full size
     PYTHONPATH=$PWD .venv/bin/python scripts/torture.py --short    # small sizes (CI's smoke run)
     PYTHONPATH=$PWD .venv/bin/python scripts/torture.py --case emqp-bad-cron --case big-messages
+    PYTHONPATH=$PWD .venv/bin/python scripts/torture.py --before db15207   # that revision's server
     git archive db15207 | tar -x -C /tmp/old && PYTHONPATH=/tmp/old .venv/bin/python scripts/torture.py
 
 The hostile and honest clients speak the wire themselves (nothing of pzq is imported), so the same

@@ -2,7 +2,8 @@
 server, its size and whether the run is short, does its harm, and returns what it achieved in a few
 words. They speak the wire themselves, so that they work against any pzq tree.
 
-The first cases are issue 26's symptoms, in its order; the last ones are round 2's cases, kept.
+These are issue 26's symptoms, in its order (round 2's cases, kept, are in torture_kept.py), and the
+helpers both share.
 """
 
 from __future__ import annotations
