@@ -129,7 +129,7 @@ def run_case(name: str, size: int, short: bool) -> tuple[str, bool]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--short", action="store_true", help="small sizes (a smoke run, under a minute)")
     parser.add_argument("--case", choices=list(CASES), action="append", help="run only these cases")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a case misses a target")
