@@ -11,7 +11,7 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.gateways.contract import Send, StreamGateway
+from pzq.gateways.contract import PacedGateway, Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
 
@@ -43,6 +43,8 @@ class StreamEndpoint(Endpoint):
         self.connections.join(name, gateway, self._close_for_share)
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
+        # (MQKS: a gateway that serves a write's pipelined requests while the turn's budget lasts)
+        self.paced: PacedGateway | None = gateway if isinstance(gateway, PacedGateway) else None
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
@@ -52,6 +54,10 @@ class StreamEndpoint(Endpoint):
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.paced is not None and self.paced.waiting():  # lines read in an earlier turn go first
+            self._out += self.paced.serve(now=now, now_us=now_us, budget=self.budget)
+            if self.paced.waiting():
+                return  # (the budget ran out: the socket waits, level-triggered, for the next turn)
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
@@ -96,7 +102,10 @@ class StreamEndpoint(Endpoint):
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
-            sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+            if self.paced is not None:
+                sends = self.paced.received(conn, data, now=now, now_us=now_us, budget=self.budget)
+            else:
+                sends = self.gateway.received(conn, data, now=now, now_us=now_us)
             self._out += sends
             if sends and sends[-1].close:
                 self._close(conn)
@@ -183,6 +192,8 @@ class StreamEndpoint(Endpoint):
         self.gateway.recover()
 
     def wake_at(self, now: float) -> float | None:
+        if self.paced is not None and self.paced.waiting():
+            return now
         if self._backlog or self._closing:
             return now + RETRY_S
         return self.gateway.next_wake(now)

@@ -22,6 +22,7 @@ and the consumers and their deliveries by gateways/mqks_consumers.py. Its limits
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import secrets
@@ -31,7 +32,7 @@ from typing import Any
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
 from pzq.gateways.mqks_bindings import BindingIndex, with_added
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.logs import warn_bad
@@ -67,6 +68,9 @@ class MqksGateway:
         self.max_line = max_line
         self._drop_queue = drop_queue
         self.sessions: dict[bytes, mqks.LineBuffer] = {}
+        # Whole lines read but not served yet: the turn's budget ran out before them (pipelined rebinds).
+        # At most what one turn read (Limits.turn_bytes per socket), since waiting lines go before reads.
+        self._waiting: dict[bytes, collections.deque[bytes]] = {}
         self.consumers = Consumers(broker, limits, window)
         self._out: list[Send] = []
         self.delete_at: dict[str, float] = {}
@@ -124,12 +128,13 @@ class MqksGateway:
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
+        self._waiting.pop(conn, None)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
 
-    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
-        """Bytes from a connection: the answers to its whole lines. A stream that cannot be framed any
-        more (an endless line) is closed."""
+    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED) -> list[Send]:
+        """Bytes from a connection: the answers to its whole lines, served while ``budget`` lasts (the
+        rest wait for ``serve``). A stream that cannot be framed any more (an endless line) is closed."""
         buffer = self.sessions.get(conn)
         if buffer is None:  # a connection already closed (STREAM announces every new one first)
             return []
@@ -137,8 +142,34 @@ class MqksGateway:
             lines = buffer.feed(data)
         except ProtocolError as exc:
             warn_bad("mqks", exc.code, f"{exc.detail}; closing the connection")
+            self._waiting.pop(conn, None)
             return [*self._take_out(), Send(ONLY, [conn], close=True)]
-        for i, line in enumerate(lines):
+        if lines:
+            self._waiting.setdefault(conn, collections.deque()).extend(lines)
+            self._serve_conn(conn, now_us, budget)
+        return self._take_out()
+
+    def waiting(self) -> bool:
+        """True while whole lines read in an earlier turn wait (its budget ran out before them)."""
+        return bool(self._waiting)
+
+    def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
+        """Serve the lines that wait, a connection at a time in the order they were cut short; one
+        cut short again goes last, so that a client pipelining heavy lines takes turns with the others."""
+        for conn in list(self._waiting):
+            if budget.spent():
+                break
+            self._serve_conn(conn, now_us, budget)
+            if conn in self._waiting:  # cut short: the others go first next turn
+                self._waiting[conn] = self._waiting.pop(conn)
+        return self._take_out()
+
+    def _serve_conn(self, conn: bytes, now_us: int, budget: Budget) -> None:
+        """One connection's waiting lines, in order, while the budget lasts: it is asked between lines,
+        never inside one, so each request stays atomic (one rolled back is answered, never run twice)."""
+        lines = self._waiting[conn]
+        while lines and not budget.spent():
+            line = lines.popleft()
             request_id = mqks.request_id_of(line)
             try:
                 if len(line) > self.max_line:
@@ -150,10 +181,13 @@ class MqksGateway:
                 self._error(conn, request_id, "queue-full", str(exc))
             except StoreError:
                 # The whole turn is rolled back by the server: this line and the rest get an error.
-                for rest in lines[i:]:
+                for rest in [line, *lines]:
                     self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
+                del self._waiting[conn]
                 raise
-        return self._take_out()
+            budget.take()
+        if not lines:
+            del self._waiting[conn]
 
     def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
         eid = self.error_id()
@@ -353,4 +387,6 @@ class MqksGateway:
             "unrouted_total": self.unrouted_total,
             "delivered_total": self.consumers.delivered_total,
             "errors_total": self.errors_total,
+            # (whole lines read but not served yet: the turn's budget ran out before them)
+            "lines_waiting": sum(map(len, self._waiting.values())),
         }

@@ -1,0 +1,82 @@
+"""Pipelined MQKS lines and the turn budget (issue 26, item 1): a client that writes many lines at once
+has them served while the turn's budget lasts and the rest in later turns, in order, while every other
+endpoint is served in between; a single rebind's work is capped far under a turn."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from pzq.clients import native as client
+from pzq.config import DEFAULT_LIMITS
+
+from conftest import free_tcp_endpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+ZERO = dataclasses.replace(DEFAULT_LIMITS, turn_budget_s=0.0)  # one request a turn: the order of turns shows
+
+
+def read_lines(conn: socket.socket, count: int) -> list[str]:
+    """The next ``count`` lines from a raw MQKS connection (its timeout bounds each read)."""
+    reader = READERS.setdefault(conn, conn.makefile("rb"))
+    lines = [reader.readline().decode() for _ in range(count)]
+    assert all(line.endswith("\n") for line in lines), f"closed before {count} lines came"
+    return [line[:-1] for line in lines]
+
+
+READERS: dict[socket.socket, Any] = {}  # (one buffered reader per connection)
+
+
+def test_lines_written_at_once_under_a_zero_budget_are_each_answered_once_in_order_with_others_between(make_server):
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO)
+    port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"".join(b"p%d ping %d\n" % (i, i) for i in range(500)))
+        got = read_lines(conn, 1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as other:
+            other.sendall(b"o1 ping other\n")  # (a connection's lines are served after those read before)
+            assert read_lines(other, 1) == ["o1 ok other"]
+        got += read_lines(conn, 499)
+    assert got == [f"p{i} ok {i}" for i in range(500)]
+
+
+def test_a_producer_is_acked_while_a_pipelined_flood_of_lines_still_waits_to_be_served(make_server):
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO)
+    port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
+    hostile = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(2)]
+    try:
+        for n, conn in enumerate(hostile):
+            lines = (b"c%d.%d rebind --confirm q%d e%d.x --remove e%d.x\n" % (n, i, n, i, i) for i in range(2000))
+            conn.sendall(b"".join(lines))
+        with client.Producer(srv.receive) as producer:
+            deadline = time.monotonic() + 10
+            while srv.stats()["mqks"]["lines_waiting"] == 0:  # (the flood is read)
+                assert time.monotonic() < deadline, "the flood was never read"
+            assert producer.produce([b"honest"]).ok
+            waiting = srv.stats()["mqks"]["lines_waiting"]
+        assert waiting > 0, "the producer's ack came only after every pipelined line was served"
+        for n, conn in enumerate(hostile):
+            answers = read_lines(conn, 2000)
+            assert answers == [f"c{n}.{i} ok " for i in range(2000)], "each line answered once, in order"
+    finally:
+        for conn in hostile:
+            conn.close()
+
+
+def test_one_rebind_of_a_queue_at_the_event_limit_costs_a_few_milliseconds_or_is_refused(make_server):
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0])
+    port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
+    events = " ".join(f"e{i}.s{i % 97}.t{i % 13}" for i in range(10_000))
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
+        conn.sendall(f"b rebind --confirm q {events}\n".encode())
+        assert read_lines(conn, 1) == ["b ok "]
+        # Masks without a literal segment look at every bound event: 60 ms a line before the cap
+        conn.sendall(b"r1 rebind --confirm q --remove-mask *.*.zz* *.*.zy* *.*.zx* *.*.zw*\n")
+        assert read_lines(conn, 1)[0].startswith("r1 error "), "refused as too complex before any work"
+        conn.sendall(b"r2 rebind --confirm q --remove-mask e1.*.t* e2.*.t*\n")
+        assert read_lines(conn, 1) == ["r2 ok "], "masks with a literal first segment still work"
