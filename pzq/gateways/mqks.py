@@ -129,6 +129,7 @@ class MqksGateway:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
         self._waiting.pop(conn, None)
+        self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
 
@@ -214,7 +215,7 @@ class MqksGateway:
         elif req.action == "consume":
             self._consume(conn, req.request_id, a)
         elif req.action == "rebind":
-            self._rebind(req.request_id, a)
+            self._rebind(conn, a)
         elif req.action in ("ack", "reject"):
             self.consumers.settle(self._consumer(conn, a["consumer"]), req.action, a["msg_id"])
         elif req.action == "delete_consumer":
@@ -257,20 +258,21 @@ class MqksGateway:
         most = self.limits.mqks_max_events
         if len(set(events)) > most:  # checked before anything changes (the old consumer included)
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
-        self.bindings.room_for_events(queue, events)
+        growth = self.bindings.room_for_events(queue, events, conn)
         self.broker.create_queue(queue)  # the queue exists from now on, bound or not (may raise StoreFull)
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
         unused = a["unused"] if a["unused"] is not None else binding.unused
         consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
         changed = self.bindings.set(queue, Binding(events, unused, binding.owned), save=True)
+        self.bindings.took(conn, growth)
         self.consumers.add(consumer)
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
         if changed:
             self._notify(queue, skip=None if a["add"] else consumer)
 
-    def _rebind(self, request_id: str, a: dict) -> None:
+    def _rebind(self, conn: bytes, a: dict) -> None:
         queue = a["queue"]
         self.bindings.check_sizes(a)
         self._room_for(queue)
@@ -281,9 +283,11 @@ class MqksGateway:
             [e for e in events if e not in removed], a["remove_mask"], self.limits.mqks_mask_work
         )
         events = with_added(events, a["add"])
-        self.bindings.room_for_events(queue, events)
+        growth = self.bindings.room_for_events(queue, events, conn)
         self.broker.create_queue(queue)
-        if self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True):
+        changed = self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True)
+        self.bindings.took(conn, growth)
+        if changed:
             self._notify(queue, skip=None)
 
     def _notify(self, queue: str, skip: Consumer | None) -> None:
@@ -383,6 +387,7 @@ class MqksGateway:
             "consumers": len(self.consumers),
             "bound_queues": len(self.bindings),
             "bindings": self.bindings.bound_total,
+            "bindings_refused_total": self.bindings.shares.refused_total,  # (past a connection's share)
             "published_total": self.published_total,
             "unrouted_total": self.unrouted_total,
             "delivered_total": self.consumers.delivered_total,

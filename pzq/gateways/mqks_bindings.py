@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pzq.config import Limits
+from pzq.config import ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.store.bindings import Binding, Bindings
 
@@ -20,10 +20,13 @@ class BindingIndex:
     def __init__(self, table: Bindings, limits: Limits):
         self.table = table
         self.limits = limits
+        # Each connection's share of mqks_max_bindings: the events it added (less those it removed)
+        self.shares = ClientShares(limits.mqks_max_bindings, limits)
         self.load()
 
     def load(self) -> None:
-        """Read the bindings: at start-up and after a rolled-back turn."""
+        """Read the bindings: at start-up and after a rolled-back turn (which forgets who added what)."""
+        self.shares.held.clear()
         self.bindings: dict[str, Binding] = {}
         self.by_event: dict[str, set[str]] = {}
         self.bound_total = 0  # events of every binding together
@@ -85,13 +88,25 @@ class BindingIndex:
                 if not queues:
                     del self.by_event[event]
 
-    def room_for_events(self, queue: str, events: list[str]) -> None:
-        """Bindings of every queue together stay under the limit (each is matched on every publish)."""
+    def room_for_events(self, queue: str, events: list[str], conn: bytes | None = None) -> int:
+        """Bindings of every queue together stay under the limit (each is matched on every publish), and
+        what connection ``conn`` added under its share (``ClientShares``). Returns the growth, which the
+        caller adds to the connection's share once the binding is set (``took``)."""
         old = self.bindings.get(queue)
-        total = self.bound_total - (len(old.events) if old else 0) + len(set(events))
+        growth = len(set(events)) - (len(old.events) if old else 0)
+        total = self.bound_total + growth
         most = self.limits.mqks_max_bindings
         if total > most:
             raise ProtocolError("too-many-bindings", f"{total} bindings of all queues together; at most {most}")
+        if growth > 0 and conn is not None:
+            reason = self.shares.refusal(conn, self.bound_total, growth)
+            if reason is not None:
+                raise ProtocolError("too-many-bindings", f"no more bindings for this connection: {reason}")
+        return growth
+
+    def took(self, conn: bytes, growth: int) -> None:
+        """``conn`` added ``growth`` bindings (or removed, if negative)."""
+        self.shares.add(conn, growth)
 
     def check_sizes(self, a: dict) -> None:
         """Refuse an oversized consume or rebind before any work is done for it."""
