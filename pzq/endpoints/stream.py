@@ -56,14 +56,12 @@ class StreamEndpoint(Endpoint):
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.paced is not None and self.paced.waiting():  # lines read in an earlier turn go first
             self._out += self.paced.serve(now=now, now_us=now_us, budget=self.budget)
-            if self.paced.waiting():
-                return  # (the budget ran out: the socket waits, level-triggered, for the next turn)
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
         budget = self.limits.turn_bytes  # (this socket's share; the turn's budget, shared, may end it first)
         for _ in range(self.limits.read_batch):
-            if budget <= 0 or self.budget.spent():
+            if budget <= 0 or (self.budget.spent() and not self._keeps_reading()):
                 return
             try:
                 if self.allowed is None:
@@ -112,6 +110,12 @@ class StreamEndpoint(Endpoint):
             else:
                 for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
                     self.connections.close(name, victim)
+
+    def _keeps_reading(self) -> bool:
+        """Whether to read on once the turn's budget is spent: a paced gateway keeps what is read (and
+        serves it in later turns, connections in turn) while it weighs under a turn's bytes, so that one
+        connection's pipelined lines do not keep every other connection's unread."""
+        return self.paced is not None and self.paced.waiting_bytes < self.limits.turn_bytes
 
     def _close_for_share(self, conn: bytes) -> None:
         """Close ``conn``, which holds more unfinished input than its share (``ConnectionLimit.hold``)."""

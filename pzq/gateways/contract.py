@@ -130,12 +130,18 @@ UNBOUNDED: Budget = _Unbounded()
 class PacedGateway(StreamGateway, Protocol):
     """A raw-TCP gateway whose requests may cost more than a turn can give them all (MQKS: a client
     pipelines many lines in one write). ``received`` serves a connection's whole requests while
-    ``budget`` lasts and keeps the rest; ``serve`` goes on with them in a later turn, before the
-    endpoint reads more (so that what was read first is served first)."""
+    ``budget`` lasts and keeps the rest; ``serve`` goes on with them in a later turn, connections in
+    turn. The endpoint serves them before it reads more, and reads on (keeping what it reads) while
+    they weigh under a turn's bytes, so that another connection's lines take their turn too."""
 
     def received(
         self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED
     ) -> list[Send]: ...
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes of the requests that wait: the endpoint reads more only while they weigh little."""
+        ...
 
     def waiting(self) -> bool:
         """True while requests read in an earlier turn wait to be served."""

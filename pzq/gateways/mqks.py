@@ -69,8 +69,9 @@ class MqksGateway:
         self._drop_queue = drop_queue
         self.sessions: dict[bytes, mqks.LineBuffer] = {}
         # Whole lines read but not served yet: the turn's budget ran out before them (pipelined rebinds).
-        # At most what one turn read (Limits.turn_bytes per socket), since waiting lines go before reads.
+        # The endpoint reads more only while they weigh under Limits.turn_bytes (waiting_bytes).
         self._waiting: dict[bytes, collections.deque[bytes]] = {}
+        self.waiting_bytes = 0
         self.consumers = Consumers(broker, limits, window)
         self._out: list[Send] = []
         self.delete_at: dict[str, float] = {}
@@ -128,7 +129,7 @@ class MqksGateway:
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
-        self._waiting.pop(conn, None)
+        self._drop_waiting(conn)
         self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
@@ -143,16 +144,20 @@ class MqksGateway:
             lines = buffer.feed(data)
         except ProtocolError as exc:
             warn_bad("mqks", exc.code, f"{exc.detail}; closing the connection")
-            self._waiting.pop(conn, None)
+            self._drop_waiting(conn)
             return [*self._take_out(), Send(ONLY, [conn], close=True)]
         if lines:
             self._waiting.setdefault(conn, collections.deque()).extend(lines)
+            self.waiting_bytes += sum(map(len, lines))
             self._serve_conn(conn, now_us, budget)
         return self._take_out()
 
     def waiting(self) -> bool:
         """True while whole lines read in an earlier turn wait (its budget ran out before them)."""
         return bool(self._waiting)
+
+    def _drop_waiting(self, conn: bytes) -> None:
+        self.waiting_bytes -= sum(map(len, self._waiting.pop(conn, ())))
 
     def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
         """Serve the lines that wait, a connection at a time in the order they were cut short; one
@@ -171,6 +176,7 @@ class MqksGateway:
         lines = self._waiting[conn]
         while lines and not budget.spent():
             line = lines.popleft()
+            self.waiting_bytes -= len(line)
             request_id = mqks.request_id_of(line)
             try:
                 if len(line) > self.max_line:
@@ -184,7 +190,7 @@ class MqksGateway:
                 # The whole turn is rolled back by the server: this line and the rest get an error.
                 for rest in [line, *lines]:
                     self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
-                del self._waiting[conn]
+                self._drop_waiting(conn)
                 raise
             budget.take()
         if not lines:
