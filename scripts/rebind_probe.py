@@ -5,7 +5,9 @@ thousands of events, written at once on one connection, then spread over two. Pr
 producer's ack p50/p99/longest while the rebinds are served, and how long they took.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/rebind_probe.py
-    PYTHONPATH=/path/to/an/older/tree .venv/bin/python scripts/rebind_probe.py   # before
+    cd /tmp && PYTHONPATH=/path/to/an/older/tree .venv/bin/python /path/to/scripts/rebind_probe.py  # before
+
+(`python -m pzq` puts the current directory first on the server's path: run the older tree's from elsewhere.)
 
 The figures are the loop's stall for every other client: on a busy machine they are noisy.
 """

@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import socket
 import uuid
 
 import pytest
 import zmq
+from click.testing import CliRunner
 
+from pzq.cli import cli
 from pzq.clients.api import ApiClient, ApiError
 from pzq.config import DEFAULT_LIMITS, ClientShares
 
@@ -60,11 +63,14 @@ def _dealer(endpoint: str) -> zmq.Socket:
     return sock
 
 
+def _payload(n: int) -> bytes:
+    return json.dumps(["run", {"callable": "tick", "path": "m", "args": [n]}]).encode()
+
+
 def _schedule(sock: zmq.Socket, n: int) -> list[bytes]:
     """SCHEDULE a job of its own (a schedule is named by its payload); the answer (ACK or REPLY)."""
     msgid = uuid.uuid4().hex.encode()
-    payload = json.dumps(["run", {"callable": "tick", "path": "m", "args": [n]}]).encode()
-    sock.send_multipart([b"", V, b"SCHEDULE", msgid, b"ticks", b"", b"3600", payload, b""])
+    sock.send_multipart([b"", V, b"SCHEDULE", msgid, b"ticks", b"", b"3600", _payload(n), b""])
     while True:
         frames = recv(sock, 5000)
         if frames[2] in (b"ACK", b"REPLY"):
@@ -84,6 +90,9 @@ def test_an_emqp_client_flooding_schedules_is_refused_past_its_share_and_another
         assert stats["schedules"] == 2 and stats["schedules_refused_total"] == 8, "refused ones change nothing"
         assert _schedule(honest, 100)[2] == b"ACK", "another client still schedules"
         assert srv.stats()["emqp"]["schedules"] == 3
+        hostile.send_multipart([b"", V, b"UNSCHEDULE", b"u1", b"ticks", b"", b"-1", _payload(0), b""])
+        assert recv(hostile, 5000)[2:5:2] == [b"ACK", b"u1"]
+        assert _schedule(hostile, 50)[2] == b"ACK", "a schedule removed no longer counts against its maker"
     finally:
         hostile.close(0)
         honest.close(0)
@@ -132,3 +141,39 @@ def test_an_mqks_connection_flooding_bindings_is_refused_past_its_share_and_anot
         assert stats["bindings"] == 2 and stats["bindings_refused_total"] == 2, "refused ones change nothing"
         honest.sendall(b"c3 consume --confirm q3 x1 x2\n")
         assert _lines(honest, good, 1) == ["c3 ok "], "another connection still binds"
+
+
+def test_with_curve_one_key_on_many_connections_is_one_client_and_another_key_still_makes_groups(make_server, tmp_path):
+    runner = CliRunner()
+    for name in ("server", "alice", "mallory"):
+        assert runner.invoke(cli, ["keygen", str(tmp_path / name), name]).exit_code == 0
+    (tmp_path / "clients").mkdir()
+    for name in ("alice", "mallory"):
+        shutil.copy(tmp_path / name / f"{name}.key", tmp_path / "clients")
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(
+        api_dsn=endpoint,
+        limits=SMALL,
+        curve_secret_key=str(tmp_path / "server" / "server.key_secret"),
+        curve_clients=str(tmp_path / "clients"),
+        unauthenticated="monitor",
+    )
+
+    def client(name: str) -> ApiClient:
+        key = (str(tmp_path / name / f"{name}.key_secret"), str(tmp_path / "server" / "server.key"))
+        return ApiClient(endpoint, timeout_s=10, curve=key)
+
+    mallorys = [client("mallory") for _ in range(3)]  # three connections, one key
+    alice = client("alice")
+    try:
+        mallorys[0].produce([("q", b"m")])
+        mallorys[0].lease("q", "g0", 0, 1)
+        mallorys[1].lease("q", "g1", 0, 1)
+        with pytest.raises(ApiError) as refused:  # the key's share is spent, whichever connection asks
+            mallorys[2].lease("q", "g2", 0, 1)
+        assert refused.value.code == "too-many-groups"
+        alice.lease("q", "a0", 0, 1)
+        assert set(srv.stats()["api"]["groups"]) == {"q/g0", "q/g1", "q/a0"}
+    finally:
+        for c in [*mallorys, alice]:
+            c.close()
