@@ -79,9 +79,9 @@ class Limits:
     # decoders: sizes and counts checked from the frame before anything is built (issue 26)
     emqp_header_bytes: int = 64 << 10  # an eMQP headers frame (eventmq's name a few flags)
     emqp_header_items: int = 64  # comma-separated items in it
-    # Event segments one rebind's --remove-mask may split, index and check (about 0.4 us each): one
-    # request stays far under the turn budget (slice i26-shares; it was 200,000, 60 ms a line)
-    mqks_mask_work: int = 20_000
+    # Event segments one rebind's --remove-mask may split, index and check (about 0.4 us each on one
+    # core): one request stays far under the turn budget (slice i26-shares; it was 200,000, 60 ms a line)
+    mqks_mask_work: int = 10_000
     # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
     # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
     # between requests after this long, and the rest goes first next turn
