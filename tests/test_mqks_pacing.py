@@ -5,6 +5,7 @@ endpoint is served in between; a single rebind's work is capped far under a turn
 from __future__ import annotations
 
 import dataclasses
+import random
 import socket
 import time
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 
 from pzq.clients import native as client
 from pzq.config import DEFAULT_LIMITS
+from pzq.gateways.mqks_bindings import BindingIndex
+from pzq.store.bindings import Binding, Bindings
 
 from conftest import free_tcp_endpoint
 
@@ -84,3 +87,20 @@ def test_one_rebind_of_a_queue_at_the_event_limit_costs_a_few_milliseconds_or_is
         assert read_lines(conn, 1)[0].startswith("r1 error "), "refused as too complex before any work"
         conn.sendall(b"r2 rebind --confirm q --remove-mask e1.*.t* e2.*.t*\n")
         assert read_lines(conn, 1) == ["r2 ok "], "masks with a literal first segment still work"
+
+
+def test_a_binding_edited_a_few_events_at_a_time_stays_sorted_indexed_and_stored_as_one_sorted_anew(store):
+    index = BindingIndex(Bindings(store), DEFAULT_LIMITS)
+    rng = random.Random(26)
+    events = {f"e{i}.x" for i in range(2000)}
+    index.set("q", Binding(list(events)), save=True)
+    for _ in range(200):
+        gone = set(rng.sample(sorted(events), rng.randint(0, 3)))
+        added = {f"n{rng.randint(0, 10_000)}.y" for _ in range(rng.randint(0, 3))}
+        changed = index.set("q", Binding([*(events - gone), *added, *added]), save=True)
+        assert changed == bool(gone - added or added - events)
+        events = (events - gone) | added
+        assert index.get("q").events == sorted(events)
+        assert index.bound_total == len(events)
+    assert {e for e, queues in index.by_event.items() if "q" in queues} == events
+    assert BindingIndex(Bindings(store), DEFAULT_LIMITS).get("q").events == sorted(events), "as stored"
