@@ -14,7 +14,6 @@ from pzq.config import ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.store.bindings import Binding, Bindings
 
-
 SMALL_CHANGE = 64  # events added or removed that are put in place in the sorted list, not sorted again
 
 
