@@ -82,6 +82,9 @@ class Limits:
     # Event segments one rebind's --remove-mask may split, index and check (about 0.4 us each on one
     # core): one request stays far under the turn budget (slice i26-shares; it was 200,000, 60 ms a line)
     mqks_mask_work: int = 10_000
+    # Bytes of one consume or rebind line (10,000 events of 25 bytes): a longer one is refused before it
+    # is parsed, which costs about 10 ms a MiB (more events go in with --add, in several requests)
+    mqks_bind_line_bytes: int = 256 << 10
     # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
     # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
     # between requests after this long, and the rest goes first next turn

@@ -87,6 +87,13 @@ def test_one_rebind_of_a_queue_at_the_event_limit_costs_a_few_milliseconds_or_is
         assert read_lines(conn, 1)[0].startswith("r1 error "), "refused as too complex before any work"
         conn.sendall(b"r2 rebind --confirm q --remove-mask e1.*.t* e2.*.t*\n")
         assert read_lines(conn, 1) == ["r2 ok "], "masks with a literal first segment still work"
+        # A line of 10,000 events of 250 bytes: parsing it alone would take tens of ms
+        long_events = " ".join(f"{i}." + "a" * 240 for i in range(10_000))
+        conn.sendall(f"r3 rebind --confirm q {long_events}\nr4 consume --confirm q2 {long_events}\n".encode())
+        assert [line.split()[:2] for line in read_lines(conn, 2)] == [["r3", "error"], ["r4", "error"]]
+        conn.sendall(b"r5 ping after\n")
+        assert read_lines(conn, 1) == ["r5 ok after"]
+    assert srv.stats()["mqks"]["bindings"] == 10_000 - 2, "the refused lines changed nothing"
 
 
 def test_a_binding_edited_a_few_events_at_a_time_stays_sorted_indexed_and_stored_as_one_sorted_anew(store):

@@ -181,6 +181,7 @@ class MqksGateway:
             try:
                 if len(line) > self.max_line:
                     raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
+                self._check_bind_size(line)
                 self._handle(conn, mqks.parse_line(line), now_us)
             except ProtocolError as exc:
                 self._error(conn, request_id, exc.code, exc.detail)
@@ -195,6 +196,18 @@ class MqksGateway:
             budget.take()
         if not lines:
             del self._waiting[conn]
+
+    def _check_bind_size(self, line: bytes) -> None:
+        """A consume or rebind line over ``Limits.mqks_bind_line_bytes`` is refused before it is parsed:
+        parsing and checking its events costs about 10 ms a MiB, which no turn can give one request.
+        (Its action is read from the line's head: an id is at most 255 bytes.)"""
+        most = self.limits.mqks_bind_line_bytes
+        if len(line) > most and line[:300].split(b" ", 2)[1:2] in ([b"consume"], [b"rebind"]):
+            raise ProtocolError(
+                "line-too-long",
+                f"a consume or rebind line of {len(line)} bytes is over {most}: bind more events with --add "
+                "in several requests",
+            )
 
     def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
         eid = self.error_id()
@@ -285,9 +298,9 @@ class MqksGateway:
         binding = self._binding_of(queue)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
-        events = mqks.remove_masked(
-            [e for e in events if e not in removed], a["remove_mask"], self.limits.mqks_mask_work
-        )
+        if removed:
+            events = [e for e in events if e not in removed]
+        events = mqks.remove_masked(events, a["remove_mask"], self.limits.mqks_mask_work)
         events = with_added(events, a["add"])
         growth = self.bindings.room_for_events(queue, events, conn)
         self.broker.create_queue(queue)

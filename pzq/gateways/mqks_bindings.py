@@ -136,6 +136,8 @@ class BindingIndex:
 
 def with_added(events: list[str], added: list[str]) -> list[str]:
     """``events`` then each of ``added`` not among them, in order."""
+    if not added:
+        return events
     present = set(events)
     out = list(events)
     for event in added:
