@@ -22,6 +22,7 @@ from typing import Any
 
 from pzq.errors import ConfigError
 from pzq.limits import DEFAULT_LIMITS, Limits
+from pzq.limits import ClientShares as ClientShares  # (re-exported: the pools' owners use it)
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -79,7 +79,12 @@ class Limits:
     # decoders: sizes and counts checked from the frame before anything is built (issue 26)
     emqp_header_bytes: int = 64 << 10  # an eMQP headers frame (eventmq's name a few flags)
     emqp_header_items: int = 64  # comma-separated items in it
-    mqks_mask_work: int = 200_000  # event segments one rebind's --remove-mask may split, index and check
+    # Event segments one rebind's --remove-mask may split, index and check (about 0.4 us each on one
+    # core): one request stays far under the turn budget (slice i26-shares; it was 200,000, 60 ms a line)
+    mqks_mask_work: int = 10_000
+    # Bytes of one consume or rebind line (10,000 events of 25 bytes): a longer one is refused before it
+    # is parsed, which costs about 10 ms a MiB (more events go in with --add, in several requests)
+    mqks_bind_line_bytes: int = 256 << 10
     # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
     # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
     # between requests after this long, and the rest goes first next turn
@@ -94,6 +99,56 @@ class Limits:
     implicit_reserved_part: int = 10
     implicit_connection_part: int = 100
     implicit_sweep_per_turn: int = 256
+    # Fair shares of the pools clients make things in (slice i26-shares; ClientShares below): eMQP
+    # schedules (max_schedules, per CURVE key or frontend peer), API consumer groups (max_groups, per CURVE
+    # key or peer) and MQKS bindings (mqks_max_bindings, per connection). A client holds at most this part
+    # of a pool, and this part of it is kept for clients that hold none yet.
+    share_part: int = 8
+    share_reserve_part: int = 8
 
 
 DEFAULT_LIMITS = Limits()
+
+
+class ClientShares:
+    """What each client holds of one pool that every client draws on (eMQP schedules, API consumer
+    groups, MQKS bindings), so that no client takes it all (slice i26-shares).
+
+    A client (a CURVE key where there is one, else a connection: a ZeroMQ peer's routing identity or a
+    raw-TCP connection) holds at most ``limit // Limits.share_part``; and the last
+    ``limit // Limits.share_reserve_part`` of the pool is kept for clients that hold none yet, so that
+    however many clients filled it, another can still begin. Counts are in memory: what was made before
+    a restart belongs to no one (the pool's own limit still counts it). The caller refuses with its
+    protocol's error and counts nothing else; ``refused_total`` counts the refusals."""
+
+    def __init__(self, limit: int, limits: Limits):
+        self.limit = limit
+        self.share = max(1, limit // limits.share_part)
+        self.reserve = limit // limits.share_reserve_part
+        self.held: dict[object, int] = {}
+        self.refused_total = 0
+
+    def refusal(self, client: object, total: int, more: int = 1) -> str | None:
+        """Why ``client`` may not take ``more`` of the pool, of which ``total`` is taken; None if it may.
+        A refusal is counted."""
+        held = self.held.get(client, 0)
+        reason = None
+        if held + more > self.share:
+            reason = f"one client may hold {self.share} (it holds {held})"
+        elif held and total + more > self.limit - self.reserve:
+            reason = f"the last {self.reserve} of {self.limit} are kept for clients that hold none yet"
+        if reason is not None:
+            self.refused_total += 1
+        return reason
+
+    def add(self, client: object, count: int = 1) -> None:
+        """``client`` took ``count`` (or gave back, if negative: never below nothing)."""
+        held = max(0, self.held.get(client, 0) + count)
+        if held:
+            self.held[client] = held
+        else:
+            self.held.pop(client, None)
+
+    def forget(self, client: object) -> None:
+        """The client is gone (a closed connection): what it made stays, counted by the pool alone."""
+        self.held.pop(client, None)

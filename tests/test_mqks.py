@@ -449,7 +449,8 @@ def test_one_connection_holds_at_most_max_unacked_and_what_it_held_goes_back_ove
 
 
 def test_consumers_and_bindings_of_all_connections_together_are_bounded(mqks_with):
-    mqks_server, connect = mqks_with(Limits(mqks_max_all_consumers=2, mqks_max_bindings=3))
+    # (share_part=1: one connection may hold the whole pool here; tests/test_client_shares.py tests shares)
+    mqks_server, connect = mqks_with(Limits(mqks_max_all_consumers=2, mqks_max_bindings=3, share_part=1))
     a, b = connect(), connect()
     talk(a, "c1 consume --confirm q1 e1 e2", "c1 ok ")
     talk(b, "c2 consume --confirm q2 e3", "c2 ok ")

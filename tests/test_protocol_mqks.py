@@ -160,10 +160,13 @@ def test_remove_masked_keeps_the_mask_rules_and_globs_only_within_its_budget():
     masks = [f"e{i}.*.a{i % 7}" for i in range(100)]
     assert len(mqks.remove_masked(many, masks)) == 10_000 - 100  # literal segments: no glob at all
     # Indexed at their third segment (30,000 segments split, 10,000 entries), then each of the 10,000
-    # candidates split again (3) and globbed twice: 90,000 units of work.
-    assert len(mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=90_000)) == 0
+    # candidates split again (3) and globbed twice: 90,000 units of work, and their characters read by
+    # the globs (one unit per 16, each mask's candidates apart).
+    per_unit = mqks.GLOB_CHARS_PER_UNIT
+    globbed = sum(sum(len(e) for e in many if e.endswith(f".a{i}")) // per_unit for i in range(7))
+    assert len(mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=90_000 + globbed)) == 0
     with pytest.raises(ProtocolError, match="too-complex"):  # every candidate globbed: over the budget
-        mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=89_999)
+        mqks.remove_masked(many, [f"e*.x*.a{i}" for i in range(7)], budget=90_000 + globbed - 1)
 
 
 class Counted(str):
@@ -183,8 +186,8 @@ def test_remove_masked_refuses_work_over_its_budget_before_splitting_any_event()
     with pytest.raises(ProtocolError, match="too-complex"):  # indexed at their second segment: 1.2 M
         mqks.remove_masked(events, [f"*{deep[:-2]}.{i}" for i in range(100)], budget=200_000)
     assert Counted.splits == 0
-    # A first literal segment: the 10 events sorted (10), the one candidate split (121) and checked (120)
-    assert mqks.remove_masked(events[:10], ["3" + deep], budget=10 + 121 + 120) == events[:3] + events[4:10]
+    # A first literal segment: the 10 events sorted (10 // 4), the one candidate split (121) and checked (120)
+    assert mqks.remove_masked(events[:10], ["3" + deep], budget=2 + 121 + 120) == events[:3] + events[4:10]
     assert Counted.splits == 1
 
 

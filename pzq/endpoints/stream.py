@@ -11,7 +11,7 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.gateways.contract import Send, StreamGateway
+from pzq.gateways.contract import PacedGateway, Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
 
@@ -43,6 +43,8 @@ class StreamEndpoint(Endpoint):
         self.connections.join(name, gateway, self._close_for_share)
         self.allowed = allowed_networks(config.allow_ips)  # None: every address (the bind address decides)
         self.gateway = gateway
+        # (MQKS: a gateway that serves a write's pipelined requests while the turn's budget lasts)
+        self.paced: PacedGateway | None = gateway if isinstance(gateway, PacedGateway) else None
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
@@ -52,12 +54,14 @@ class StreamEndpoint(Endpoint):
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.paced is not None and self.paced.waiting():  # lines read in an earlier turn go first
+            self._out += self.paced.serve(now=now, now_us=now_us, budget=self.budget)
         if self.sock not in ready:
             return
         sessions = self.gateway.sessions
         budget = self.limits.turn_bytes  # (this socket's share; the turn's budget, shared, may end it first)
         for _ in range(self.limits.read_batch):
-            if budget <= 0 or self.budget.spent():
+            if budget <= 0 or (self.budget.spent() and not self._keeps_reading()):
                 return
             try:
                 if self.allowed is None:
@@ -96,13 +100,22 @@ class StreamEndpoint(Endpoint):
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
-            sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+            if self.paced is not None:
+                sends = self.paced.received(conn, data, now=now, now_us=now_us, budget=self.budget)
+            else:
+                sends = self.gateway.received(conn, data, now=now, now_us=now_us)
             self._out += sends
             if sends and sends[-1].close:
                 self._close(conn)
             else:
                 for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
                     self.connections.close(name, victim)
+
+    def _keeps_reading(self) -> bool:
+        """Whether to read on once the turn's budget is spent: a paced gateway keeps what is read (and
+        serves it in later turns, connections in turn) while it weighs under a turn's bytes, so that one
+        connection's pipelined lines do not keep every other connection's unread."""
+        return self.paced is not None and self.paced.waiting_bytes < self.limits.turn_bytes
 
     def _close_for_share(self, conn: bytes) -> None:
         """Close ``conn``, which holds more unfinished input than its share (``ConnectionLimit.hold``)."""
@@ -183,6 +196,8 @@ class StreamEndpoint(Endpoint):
         self.gateway.recover()
 
     def wake_at(self, now: float) -> float | None:
+        if self.paced is not None and self.paced.waiting():
+            return now
         if self._backlog or self._closing:
             return now + RETRY_S
         return self.gateway.next_wake(now)

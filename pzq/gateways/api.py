@@ -101,7 +101,7 @@ class ApiGateway:
         if isinstance(parsed, api.Rejected):
             return self._error(parsed.request, parsed.error)
         try:
-            return api.ok(parsed, self._carry_out(parsed, now, now_us, user))
+            return api.ok(parsed, self._carry_out(parsed, now, now_us, user, frames[0]))
         except ProtocolError as exc:
             return self._error(parsed, exc)
         except StoreFull as exc:
@@ -112,13 +112,17 @@ class ApiGateway:
         warn_bad("api", exc.code, exc.detail)
         return api.error(request, exc.code, exc.detail)
 
-    def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None) -> dict:
+    def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None, peer: bytes) -> dict:
+        """``peer``: the caller's routing identity, its connection (a group it makes counts against its
+        key's share with CURVE, else against the connection's)."""
         a, leases = request.args, self.leases
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
         if request.command == "LEASE":
-            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us, user=user)
+            base, end = leases.lease(
+                a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us, user=user, client=peer
+            )
             return {"base": base, "end": end}
         if request.command == "FETCH":
             return self._fetch(a, now_us, user)
@@ -232,4 +236,5 @@ class ApiGateway:
             "errors": self.errors_total,
             "duplicates_dropped": self.duplicates_total,
             "groups": self.leases.stats(),
+            "groups_refused_total": self.leases.group_shares.refused_total,  # (past a client's share)
         }

@@ -102,3 +102,51 @@ class StreamGateway(Gateway, Protocol):
         ...
 
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
+
+
+class Budget(Protocol):
+    """The turn's budget as a gateway sees it (the loop's ``TurnBudget``): asked before each request,
+    told after each one."""
+
+    def spent(self) -> bool: ...
+
+    def take(self, size: int = 0) -> None: ...
+
+
+class _Unbounded:
+    """A budget that never runs out: a gateway called outside a server's turn (tests, scripts)."""
+
+    def spent(self) -> bool:
+        return False
+
+    def take(self, size: int = 0) -> None:
+        pass
+
+
+UNBOUNDED: Budget = _Unbounded()
+
+
+@runtime_checkable
+class PacedGateway(StreamGateway, Protocol):
+    """A raw-TCP gateway whose requests may cost more than a turn can give them all (MQKS: a client
+    pipelines many lines in one write). ``received`` serves a connection's whole requests while
+    ``budget`` lasts and keeps the rest; ``serve`` goes on with them in a later turn, connections in
+    turn. The endpoint serves them before it reads more, and reads on (keeping what it reads) while
+    they weigh under a turn's bytes, so that another connection's lines take their turn too."""
+
+    def received(
+        self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED
+    ) -> list[Send]: ...
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes of the requests that wait: the endpoint reads more only while they weigh little."""
+        ...
+
+    def waiting(self) -> bool:
+        """True while requests read in an earlier turn wait to be served."""
+        ...
+
+    def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
+        """Serve the waiting requests while ``budget`` lasts, connections in turn."""
+        ...

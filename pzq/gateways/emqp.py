@@ -113,7 +113,8 @@ class EmqpGateway:
 
     # -- clients ----------------------------------------------------------------------------------
 
-    def from_client(self, frames: list[bytes], *, now: float, now_us: int) -> list[Send]:
+    def from_client(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
+        """A command from a client; ``user`` is its CURVE key (z85) when the frontend uses CURVE."""
         try:
             cmd = self._decode(frames)
         except ProtocolError as exc:
@@ -153,21 +154,21 @@ class EmqpGateway:
                     ],
                 )
             ]
-        elif cmd.name == "SCHEDULE":
-            return self._schedule(cmd, now_us)
+        elif cmd.name == "SCHEDULE":  # (a share per CURVE key, else per peer: its routing identity)
+            return self._schedule(cmd, now_us, user or cmd.peer)
         elif cmd.name == "UNSCHEDULE":
             payload = cmd.args[3] if len(cmd.args) > 3 else ""
             self.scheduler.remove(payload)
             return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
         return []
 
-    def _schedule(self, cmd: emqp.Command, now_us: int) -> list[Send]:
+    def _schedule(self, cmd: emqp.Command, now_us: int, client: object) -> list[Send]:
         """Store a recurring job; the broker itself enqueues a REQUEST into its queue at each run."""
         queue, headers_text, interval_text = cmd.args[:3]
         payload = cmd.args[3] if len(cmd.args) > 3 else ""
         cron = (cmd.args[4] if len(cmd.args) > 4 else "").strip()
         try:
-            self.scheduler.add(queue, headers_text, interval_text, payload, cron, now_us)
+            self.scheduler.add(queue, headers_text, interval_text, payload, cron, now_us, client)
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             detail = f"schedule refused: {exc.detail}"
@@ -191,7 +192,7 @@ class EmqpGateway:
     def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
         if socket == BACK:
             return self.from_worker(frames, now=now, now_us=now_us, user=user)
-        return self.from_client(frames, now=now, now_us=now_us)
+        return self.from_client(frames, now=now, now_us=now_us, user=user)
 
     def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
         """Due schedules run, heartbeats, and jobs for free workers (``blocked``: the endpoint's
@@ -383,6 +384,7 @@ class EmqpGateway:
             "workers": len(self.workers),
             "schedulers": len(self.schedulers),
             "schedules": len(self.schedules),
+            "schedules_refused_total": self.scheduler.shares.refused_total,  # (past a client's share)
             "slots": sum(w.slots for w in self.workers.values()),
             "draining": sum(1 for w in self.workers.values() if w.draining),
             "jobs_inflight": sum(self.broker.held_count(w.consumer) for w in self.workers.values()),

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import croniter
 
 from pzq.broker import Broker
-from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.tally import Tally
 from pzq.protocols import emqp
@@ -69,13 +69,24 @@ class Scheduler:
         # skipped when met (rebuilt when stale ones outnumber the schedules)
         self._heap: list[tuple[int, str]] = []
         self._crons: dict[str, croniter.croniter] = {}  # id -> its parsed expression (parsing costs 4 runs)
+        # Each client's share of max_schedules (its CURVE key, else its frontend peer), and who made each
+        self.shares = ClientShares(limits.max_schedules, limits)
+        self._maker: dict[str, object] = {}
         self.reload()
 
     def reload(self) -> None:
         """Read the schedules as they are on disk: at start-up and after a rolled-back turn."""
         self.timing = Tally(_queue_of, {key: _without_payload(record) for key, record in self.table.all().items()})
         self._crons.clear()
+        for key in [k for k in self._maker if k not in self.timing]:  # (made in a rolled-back turn)
+            self._release(key)
         self._rebuild()
+
+    def _release(self, key: str) -> None:
+        """The schedule is gone: it no longer counts against its maker's share."""
+        maker = self._maker.pop(key, None)
+        if maker is not None:
+            self.shares.add(maker, -1)
 
     def _rebuild(self) -> None:
         self._heap = [(record["next_us"], key) for key, record in self.timing.items()]
@@ -86,7 +97,16 @@ class Scheduler:
         if len(self._heap) > 2 * len(self.timing) + 64:  # (a client re-sending one SCHEDULE for ever)
             self._rebuild()
 
-    def add(self, queue: str, headers_text: str, interval_text: str, payload: str, cron: str, now_us: int) -> str:
+    def add(
+        self,
+        queue: str,
+        headers_text: str,
+        interval_text: str,
+        payload: str,
+        cron: str,
+        now_us: int,
+        client: object = None,
+    ) -> str:
         """Store a schedule (replacing one of the same job); its id. Raises ProtocolError for a bad
         one, StoreFull when there is no room for it."""
         headers = emqp.parse_headers(headers_text)
@@ -112,6 +132,10 @@ class Scheduler:
         most = self.limits.max_schedules
         if key not in self.timing and len(self.timing) >= most:
             raise ProtocolError("too-many-schedules", f"at most {most} schedules")
+        if key not in self.timing and client is not None:
+            reason = self.shares.refusal(client, len(self.timing))
+            if reason is not None:
+                raise ProtocolError("too-many-schedules", f"no more schedules for this client: {reason}")
         # Haste (eventmq's default): the first run is now; with nohaste, after one interval (or at the
         # first cron time).
         if "nohaste" not in headers:
@@ -132,6 +156,9 @@ class Scheduler:
         if cron:
             record["cron"] = cron
         self.table.put(key, record)
+        if key not in self.timing and client is not None:
+            self._maker[key] = client
+            self.shares.add(client)
         self.timing[key] = _without_payload(record)
         self._crons.pop(key, None)
         if parsed is not None:
@@ -152,6 +179,7 @@ class Scheduler:
         if self.timing.pop(key, None) is None:
             return False
         self.table.delete(key)
+        self._release(key)
         self._crons.pop(key, None)  # (its heap entry is stale now: skipped when met)
         log.info("eMQP schedule %s removed", key)
         return True
@@ -216,6 +244,7 @@ class Scheduler:
         payload = self.table.payload(key)
         if payload is None:  # damaged or gone from the store: it cannot run
             del self.timing[key]
+            self._release(key)
             self._crons.pop(key, None)
             return
         try:
@@ -242,6 +271,7 @@ class Scheduler:
             record["remaining"] -= 1
         if record["remaining"] == 0:
             del self.timing[key]
+            self._release(key)
             self._crons.pop(key, None)
             self.table.delete(key)
         else:

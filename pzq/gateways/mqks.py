@@ -22,6 +22,7 @@ and the consumers and their deliveries by gateways/mqks_consumers.py. Its limits
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import secrets
@@ -31,7 +32,7 @@ from typing import Any
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
 from pzq.gateways.mqks_bindings import BindingIndex, with_added
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.logs import warn_bad
@@ -67,6 +68,10 @@ class MqksGateway:
         self.max_line = max_line
         self._drop_queue = drop_queue
         self.sessions: dict[bytes, mqks.LineBuffer] = {}
+        # Whole lines read but not served yet: the turn's budget ran out before them (pipelined rebinds).
+        # The endpoint reads more only while they weigh under Limits.turn_bytes (waiting_bytes).
+        self._waiting: dict[bytes, collections.deque[bytes]] = {}
+        self.waiting_bytes = 0
         self.consumers = Consumers(broker, limits, window)
         self._out: list[Send] = []
         self.delete_at: dict[str, float] = {}
@@ -125,6 +130,8 @@ class MqksGateway:
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
+        self._drop_waiting(conn)
+        self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
         self.broker.owner_gone(("mqks", conn))
@@ -141,9 +148,9 @@ class MqksGateway:
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
 
-    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
-        """Bytes from a connection: the answers to its whole lines. A stream that cannot be framed any
-        more (an endless line) is closed."""
+    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED) -> list[Send]:
+        """Bytes from a connection: the answers to its whole lines, served while ``budget`` lasts (the
+        rest wait for ``serve``). A stream that cannot be framed any more (an endless line) is closed."""
         buffer = self.sessions.get(conn)
         if buffer is None:  # a connection already closed (STREAM announces every new one first)
             return []
@@ -151,12 +158,44 @@ class MqksGateway:
             lines = buffer.feed(data)
         except ProtocolError as exc:
             warn_bad("mqks", exc.code, f"{exc.detail}; closing the connection")
+            self._drop_waiting(conn)
             return [*self._take_out(), Send(ONLY, [conn], close=True)]
-        for i, line in enumerate(lines):
+        if lines:
+            self._waiting.setdefault(conn, collections.deque()).extend(lines)
+            self.waiting_bytes += sum(map(len, lines))
+            self._serve_conn(conn, now_us, budget)
+        return self._take_out()
+
+    def waiting(self) -> bool:
+        """True while whole lines read in an earlier turn wait (its budget ran out before them)."""
+        return bool(self._waiting)
+
+    def _drop_waiting(self, conn: bytes) -> None:
+        self.waiting_bytes -= sum(map(len, self._waiting.pop(conn, ())))
+
+    def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
+        """Serve the lines that wait, a connection at a time in the order they were cut short; one
+        cut short again goes last, so that a client pipelining heavy lines takes turns with the others."""
+        for conn in list(self._waiting):
+            if budget.spent():
+                break
+            self._serve_conn(conn, now_us, budget)
+            if conn in self._waiting:  # cut short: the others go first next turn
+                self._waiting[conn] = self._waiting.pop(conn)
+        return self._take_out()
+
+    def _serve_conn(self, conn: bytes, now_us: int, budget: Budget) -> None:
+        """One connection's waiting lines, in order, while the budget lasts: it is asked between lines,
+        never inside one, so each request stays atomic (one rolled back is answered, never run twice)."""
+        lines = self._waiting[conn]
+        while lines and not budget.spent():
+            line = lines.popleft()
+            self.waiting_bytes -= len(line)
             request_id = mqks.request_id_of(line)
             try:
                 if len(line) > self.max_line:
                     raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
+                self._check_bind_size(line)
                 self._handle(conn, mqks.parse_line(line), now_us)
             except ProtocolError as exc:
                 self._error(conn, request_id, exc.code, exc.detail)
@@ -164,10 +203,25 @@ class MqksGateway:
                 self._error(conn, request_id, "queue-full", str(exc))
             except StoreError:
                 # The whole turn is rolled back by the server: this line and the rest get an error.
-                for rest in lines[i:]:
+                for rest in [line, *lines]:
                     self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
+                self._drop_waiting(conn)
                 raise
-        return self._take_out()
+            budget.take()
+        if not lines:
+            del self._waiting[conn]
+
+    def _check_bind_size(self, line: bytes) -> None:
+        """A consume or rebind line over ``Limits.mqks_bind_line_bytes`` is refused before it is parsed:
+        parsing and checking its events costs about 10 ms a MiB, which no turn can give one request.
+        (Its action is read from the line's head: an id is at most 255 bytes.)"""
+        most = self.limits.mqks_bind_line_bytes
+        if len(line) > most and line[:300].split(b" ", 2)[1:2] in ([b"consume"], [b"rebind"]):
+            raise ProtocolError(
+                "line-too-long",
+                f"a consume or rebind line of {len(line)} bytes is over {most}: bind more events with --add "
+                "in several requests",
+            )
 
     def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
         eid = self.error_id()
@@ -237,7 +291,7 @@ class MqksGateway:
         most = self.limits.mqks_max_events
         if len(set(events)) > most:  # checked before anything changes (the old consumer included)
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
-        self.bindings.room_for_events(queue, events)
+        growth = self.bindings.room_for_events(queue, events, conn)
         # The queue exists from now on, bound or not: made implicit, on this connection's share (StoreFull)
         self.broker.create_queue(queue, owner=("mqks", conn))
         if old is not None:  # the same id again on this connection: it starts over
@@ -245,6 +299,7 @@ class MqksGateway:
         unused = a["unused"] if a["unused"] is not None else binding.unused
         consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
         changed = self.bindings.set(queue, Binding(events, unused, binding.owned), save=True)
+        self.bindings.took(conn, growth)
         self.consumers.add(consumer)
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
@@ -258,13 +313,15 @@ class MqksGateway:
         binding = self._binding_of(queue)
         events = list(a["events"]) if a["events"] is not None else list(binding.events)
         removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
-        events = mqks.remove_masked(
-            [e for e in events if e not in removed], a["remove_mask"], self.limits.mqks_mask_work
-        )
+        if removed:
+            events = [e for e in events if e not in removed]
+        events = mqks.remove_masked(events, a["remove_mask"], self.limits.mqks_mask_work)
         events = with_added(events, a["add"])
-        self.bindings.room_for_events(queue, events)
+        growth = self.bindings.room_for_events(queue, events, conn)
         self.broker.create_queue(queue, owner=("mqks", conn))
-        if self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True):
+        changed = self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True)
+        self.bindings.took(conn, growth)
+        if changed:
             self._notify(queue, skip=None)
 
     def _notify(self, queue: str, skip: Consumer | None) -> None:
@@ -364,8 +421,11 @@ class MqksGateway:
             "consumers": len(self.consumers),
             "bound_queues": len(self.bindings),
             "bindings": self.bindings.bound_total,
+            "bindings_refused_total": self.bindings.shares.refused_total,  # (past a connection's share)
             "published_total": self.published_total,
             "unrouted_total": self.unrouted_total,
             "delivered_total": self.consumers.delivered_total,
             "errors_total": self.errors_total,
+            # (whole lines read but not served yet: the turn's budget ran out before them)
+            "lines_waiting": sum(map(len, self._waiting.values())),
         }

@@ -7,11 +7,14 @@ events of every queue together under ``Limits.mqks_max_bindings`` and each queue
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
-from pzq.config import Limits
+from pzq.config import ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.store.bindings import Binding, Bindings
+
+SMALL_CHANGE = 64  # events added or removed that are put in place in the sorted list, not sorted again
 
 
 class BindingIndex:
@@ -20,12 +23,16 @@ class BindingIndex:
     def __init__(self, table: Bindings, limits: Limits):
         self.table = table
         self.limits = limits
+        # Each connection's share of mqks_max_bindings: the events it added (less those it removed)
+        self.shares = ClientShares(limits.mqks_max_bindings, limits)
         self.load()
 
     def load(self) -> None:
-        """Read the bindings: at start-up and after a rolled-back turn."""
+        """Read the bindings: at start-up and after a rolled-back turn (which forgets who added what)."""
+        self.shares.held.clear()
         self.bindings: dict[str, Binding] = {}
         self.by_event: dict[str, set[str]] = {}
+        self._sets: dict[str, set[str]] = {}  # each queue's events as a set (a rebind's difference)
         self.bound_total = 0  # events of every binding together
         for queue, binding in self.table.items():
             self.set(queue, binding, save=False)
@@ -48,23 +55,33 @@ class BindingIndex:
         return [q for q, b in self.bindings.items() if b.unused is not None]
 
     def set(self, queue: str, binding: Binding, *, save: bool) -> bool:
-        """Make ``binding`` the queue's; True if its set of events changed."""
-        binding.events = sorted(set(binding.events))
+        """Make ``binding`` the queue's; True if its set of events changed. A change of a few events
+        edits the sorted list in place: sorting 10,000 events again costs milliseconds, a rebind that
+        adds or removes one should not."""
+        after = set(binding.events)
         most = self.limits.mqks_max_events
-        if save and len(binding.events) > most:
-            raise ProtocolError(
-                "too-many-events", f"queue {queue!r} would have {len(binding.events)} events; at most {most}"
-            )
+        if save and len(after) > most:
+            raise ProtocolError("too-many-events", f"queue {queue!r} would have {len(after)} events; at most {most}")
         old = self.bindings.get(queue)
-        changed = (old.events if old else []) != binding.events
+        before = self._sets.get(queue, set())
+        added, gone = after - before, before - after
+        changed = bool(added or gone)
+        if old is not None and len(added) + len(gone) <= SMALL_CHANGE:
+            events = list(old.events)
+            for event in gone:
+                del events[bisect.bisect_left(events, event)]
+            for event in added:
+                bisect.insort(events, event)
+            binding.events = events
+        else:
+            binding.events = sorted(after)
         if changed:  # only the difference touches the index: a rebind to the same events costs no more
-            before = set(old.events) if old else set()
-            after = set(binding.events)
-            self._unbind(queue, before - after)
-            for event in after - before:
+            self._unbind(queue, gone)
+            for event in added:
                 self.by_event.setdefault(event, set()).add(queue)
-            self.bound_total += len(after) - len(before)
+            self.bound_total += len(added) - len(gone)
         self.bindings[queue] = binding
+        self._sets[queue] = after
         if save and (old is None or changed or old.unused != binding.unused):
             self.table.put(queue, binding)
         return changed
@@ -72,6 +89,7 @@ class BindingIndex:
     def remove(self, queue: str) -> None:
         """Forget the queue's binding, in memory and on disk."""
         binding = self.bindings.pop(queue, None)
+        self._sets.pop(queue, None)
         if binding is not None:
             self._unbind(queue, binding.events)
             self.bound_total -= len(binding.events)
@@ -85,13 +103,25 @@ class BindingIndex:
                 if not queues:
                     del self.by_event[event]
 
-    def room_for_events(self, queue: str, events: list[str]) -> None:
-        """Bindings of every queue together stay under the limit (each is matched on every publish)."""
+    def room_for_events(self, queue: str, events: list[str], conn: bytes | None = None) -> int:
+        """Bindings of every queue together stay under the limit (each is matched on every publish), and
+        what connection ``conn`` added under its share (``ClientShares``). Returns the growth, which the
+        caller adds to the connection's share once the binding is set (``took``)."""
         old = self.bindings.get(queue)
-        total = self.bound_total - (len(old.events) if old else 0) + len(set(events))
+        growth = len(set(events)) - (len(old.events) if old else 0)
+        total = self.bound_total + growth
         most = self.limits.mqks_max_bindings
         if total > most:
             raise ProtocolError("too-many-bindings", f"{total} bindings of all queues together; at most {most}")
+        if growth > 0 and conn is not None:
+            reason = self.shares.refusal(conn, self.bound_total, growth)
+            if reason is not None:
+                raise ProtocolError("too-many-bindings", f"no more bindings for this connection: {reason}")
+        return growth
+
+    def took(self, conn: bytes, growth: int) -> None:
+        """``conn`` added ``growth`` bindings (or removed, if negative)."""
+        self.shares.add(conn, growth)
 
     def check_sizes(self, a: dict) -> None:
         """Refuse an oversized consume or rebind before any work is done for it."""
@@ -106,6 +136,8 @@ class BindingIndex:
 
 def with_added(events: list[str], added: list[str]) -> list[str]:
     """``events`` then each of ``added`` not among them, in order."""
+    if not added:
+        return events
     present = set(events)
     out = list(events)
     for event in added:

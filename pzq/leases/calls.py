@@ -8,7 +8,7 @@ import time
 from typing import Literal, overload
 
 from pzq.broker import Broker, continues
-from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.leases.returns import Group, LeaseReturns
 from pzq.store import Message
@@ -35,6 +35,8 @@ class Leases(LeaseReturns):
         self.runs_total = 0
         self._acking: set[tuple[str, str]] = set()  # groups with acknowledged runs still stored
         self._expiring: set[tuple[str, str]] = set()  # expired groups whose runs are going back
+        self.group_shares = ClientShares(limits.max_groups, limits)
+        self._group_maker: dict[tuple[str, str], object] = {}
         self.load()
         broker.add_queue_user(self)
 
@@ -104,20 +106,25 @@ class Leases(LeaseReturns):
                 stored = 0 if info is None else self.store.count_in(info.name, lo, hi)
                 self.broker.hold_range(qid, lo, hi, group.holder, stored)
         self.runs_total = sum(group.runs for group in self.groups.values())
+        for gone in [k for k in self._group_maker if k not in self.groups]:  # (made in a rolled-back turn)
+            self._release_group(gone)
 
     def _damaged(self, what: str) -> None:
         self.store.unreadable_records += 1
         log.error("damaged consumer group record: %s", what)
 
     @overload
-    def _group(self, queue: str, name: str, create: Literal[True], user: str | None) -> Group: ...
+    def _group(
+        self, queue: str, name: str, create: Literal[True], user: str | None, client: object = None
+    ) -> Group: ...
     @overload
-    def _group(self, queue: str, name: str, create: bool, user: str | None) -> Group | None: ...
+    def _group(self, queue: str, name: str, create: bool, user: str | None, client: object = None) -> Group | None: ...
 
-    def _group(self, queue: str, name: str, create: bool, user: str | None) -> Group | None:
+    def _group(self, queue: str, name: str, create: bool, user: str | None, client: object = None) -> Group | None:
         """The group, if ``user`` (the caller's CURVE key, None without CURVE) may use it: a group
         belongs to the key that made it (or first used it with a key), so that another client cannot
-        read or acknowledge its leases."""
+        read or acknowledge its leases. A new one counts against the share of its maker (``user``,
+        else ``client``: the connection, when the caller can tell one)."""
         group = self.groups.get((queue, name))
         if group is None and create:
             if len(self.groups) >= self.limits.max_groups:
@@ -125,12 +132,19 @@ class Leases(LeaseReturns):
                     "too-many-groups",
                     f"{self.limits.max_groups} consumer groups exist; no new one until some expire (--lease-timeout)",
                 )
+            maker = user if user is not None else client
+            reason = None if maker is None else self.group_shares.refusal(maker, len(self.groups))
+            if reason is not None:
+                raise ProtocolError("too-many-groups", f"no more consumer groups for this client: {reason}")
             info = self.broker.create_queue(queue, owner=None if user is None else ("key", user))
             group = Group(queue, info.qid, name, self._next_gid, owner=user)
             self._save(group)  # first: it may be refused (StoreFull), and then nothing is changed
             self._next_gid += 1
             self.groups[(queue, name)] = group
             self.group_queues[queue] += 1
+            if maker is not None:
+                self._group_maker[(queue, name)] = maker
+                self.group_shares.add(maker)
         elif group is not None and group.owner != user:
             if group.owner is not None:
                 raise ProtocolError("not-owner", f"group {name!r} of {queue!r} belongs to another client key")
@@ -154,16 +168,26 @@ class Leases(LeaseReturns):
         return (0, 0) if group is None else (group.base, group.end)
 
     def lease(
-        self, queue: str, name: str, after: int, max_n: int, *, now: float, now_us: int, user: str | None = None
+        self,
+        queue: str,
+        name: str,
+        after: int,
+        max_n: int,
+        *,
+        now: float,
+        now_us: int,
+        user: str | None = None,
+        client: object = None,
     ) -> tuple[int, int]:
         """Make sure leases ``after .. after+max_n-1`` exist as far as messages are ready; returns
-        (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read."""
+        (base, end) where ``end`` (at most ``after + max_n``) is the end of the range to read. A group
+        made by it counts against ``user``'s share, else ``client``'s (the caller's connection)."""
         if max_n < 0:
             raise ProtocolError("bad-max", f"max must be 0 or more, not {max_n}")
         max_n = min(max_n, self.limits.max_lease)
         if self.store.low_disk:  # refused before any message is taken: its records could not be written
             raise StoreFull(f"queue full: the disk of {self.store.path} is nearly full; no new leases")
-        group = self._group(queue, name, True, user)
+        group = self._group(queue, name, True, user, client)
         if after > group.end:
             raise ProtocolError(
                 "bad-offset", f"group {name!r} of {queue!r} never leased up to {after} (its leases end at {group.end})"

@@ -20,7 +20,7 @@ import logging
 import time
 
 from pzq.broker import Broker, Exclusive
-from pzq.config import Limits
+from pzq.config import ClientShares, Limits
 from pzq.store.groups import Groups, LeaseRecords
 
 log = logging.getLogger("pzq.leases")
@@ -65,6 +65,14 @@ class LeaseReturns:
     _spent: int
     _acking: set[tuple[str, str]]
     _expiring: set[tuple[str, str]]
+    group_shares: ClientShares  # each client's share of max_groups (its CURVE key, else its peer)
+    _group_maker: dict[tuple[str, str], object]  # who made each group since start-up
+
+    def _release_group(self, key: tuple[str, str]) -> None:
+        """The group is gone: it no longer counts against its maker's share."""
+        maker = self._group_maker.pop(key, None)
+        if maker is not None:
+            self.group_shares.add(maker, -1)
 
     def _save(self, group: Group) -> None:
         record: list[int | str] = [group.gid, group.base, group.end, group.deadline_us]
@@ -78,6 +86,7 @@ class LeaseReturns:
         for key in [k for k in self.groups if k[0] == queue]:
             group = self.groups.pop(key)
             self.group_queues.pop(queue, None)
+            self._release_group(key)
             self._acking.discard(key)
             self._expiring.discard(key)
             self.runs_total -= group.runs

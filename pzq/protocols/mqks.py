@@ -36,7 +36,8 @@ class Request:
 
 def request_id_of(line: bytes) -> str:
     """The request id of a line, as far as one can be read (for answering a line that does not parse)."""
-    head = line.split(b" ", 1)[0].decode("utf-8", "replace")
+    # (only the line's start is split: a head past 4 x MAX_ID bytes is too long whatever it decodes to)
+    head = line[: 4 * MAX_ID + 1].split(b" ", 1)[0].decode("utf-8", "replace")
     return head if head and not _BAD_ID.search(head) and len(head) <= MAX_ID else "-"
 
 
@@ -101,6 +102,24 @@ def _check_word(kind: str, value: str) -> str:
     return value
 
 
+def _check_words(kind: str, words: list[str]) -> list[str]:
+    """``_check_word`` of each of ``words``, at C speed when none is long enough to be over MAX_ID."""
+    if words and max(map(len, words)) * 4 > MAX_ID:
+        for word in words:
+            _check_word(kind, word)
+    return words
+
+
+def _by_option(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """``tokens`` cut at each option (a word starting with ``--``): the words before the first under
+    "", then each option with the words after it. A rebind of 10,000 events has a few options: its words
+    are sliced, not looked at one by one in Python."""
+    marks = [i for i, token in enumerate(tokens) if token[:2] == "--"]
+    ends = [*marks, len(tokens)]
+    options = [(tokens[i], tokens[i + 1 : end]) for i, end in zip(marks, ends[1:], strict=True)]
+    return [("", tokens[: ends[0]]), *options]
+
+
 def _consume(data: str) -> dict:
     tokens = _tokens(data)
     if not tokens or tokens[0].startswith("--"):
@@ -113,22 +132,20 @@ def _consume(data: str) -> dict:
         "manual_ack": False,
         "prefetch": None,
     }
-    mode, events = "replace", []
-    for token in tokens[1:]:
-        if token == "--add":
-            mode = "add"
-        elif token == "--manual-ack":
+    events: list[str] = []
+    into = events  # (words go to the events until --add; flags leave that as it is)
+    for option, words in _by_option(tokens[1:]):
+        if option == "--add":
+            into = out["add"]
+        elif option == "--manual-ack":
             out["manual_ack"] = True
-        elif token == "--delete-queue-when-unused" or token.startswith("--delete-queue-when-unused="):
-            out["unused"] = _seconds(token.partition("=")[2]) if "=" in token else 0.0
-        elif token.startswith("--prefetch="):  # pzq's own: unacked messages at most (manual ack)
-            out["prefetch"] = _count(token.partition("=")[2])
-        elif token.startswith("--"):
-            raise ProtocolError("bad-option", f"consume: unknown option {token[:40]!r}")
-        elif mode == "add":
-            out["add"].append(_check_word("event", token))
-        else:
-            events.append(_check_word("event", token))
+        elif option == "--delete-queue-when-unused" or option.startswith("--delete-queue-when-unused="):
+            out["unused"] = _seconds(option.partition("=")[2]) if "=" in option else 0.0
+        elif option.startswith("--prefetch="):  # pzq's own: unacked messages at most (manual ack)
+            out["prefetch"] = _count(option.partition("=")[2])
+        elif option:
+            raise ProtocolError("bad-option", f"consume: unknown option {option[:40]!r}")
+        into.extend(_check_words("event", words))
     if events:
         out["events"] = events
     return out
@@ -164,16 +181,14 @@ def _rebind(data: str) -> dict:
         "remove_mask": [],
         "add": [],
     }
-    mode, events = "replace", []
-    for token in tokens[1:]:
-        if token in ("--remove", "--remove-mask", "--add"):
-            mode = token[2:].replace("-", "_")
-        elif token.startswith("--"):
-            raise ProtocolError("bad-option", f"rebind: unknown option {token[:40]!r}")
-        elif mode == "replace":
-            events.append(_check_word("event", token))
+    events: list[str] = []
+    for option, words in _by_option(tokens[1:]):
+        if option in ("--remove", "--remove-mask", "--add"):
+            out[option[2:].replace("-", "_")].extend(_check_words("event", words))
+        elif option:
+            raise ProtocolError("bad-option", f"rebind: unknown option {option[:40]!r}")
         else:
-            out[mode].append(_check_word("event", token))
+            events = _check_words("event", words)
     if events:
         out["events"] = events
     return out
@@ -223,14 +238,19 @@ def matches(mask: str, event: str) -> bool:
     return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts, strict=True))
 
 
+SORT_PER_UNIT = 4  # events sorted per unit of --remove-mask work
+GLOB_CHARS_PER_UNIT = 16  # characters of candidate events globbed per unit (about as long as a split)
+
+
 def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) -> list[str]:
     """``events`` without those any of ``masks`` removes (``matches``), at a cost counted before it is
     spent and at most ``budget`` (else ProtocolError too-complex: a request must not make the loop work
     for long). Only events with as many segments as some mask are looked at. A mask whose first segment
-    is literal finds its candidates by bisecting them sorted (the sort counts one per event); one whose
+    is literal finds its candidates by bisecting them sorted (the sort counts one per four events); one whose
     first literal segment comes later, through an index of the positions masks pick (each event split
     counts its segments, each entry one); one of bare ``*`` segments takes them all. Candidates are then
-    split and checked at the mask's other literal and ``*``-mixed segments (``_glob`` is linear)."""
+    split and checked at the mask's other literal and ``*``-mixed segments (``_glob`` is linear; globbing
+    counts the candidates' characters too). A unit is about 0.4 us on one core."""
     plans: dict[int, list[tuple[tuple[int, str] | None, list[tuple[int, str]], list[tuple[int, str]]]]] = {}
     for mask in masks:
         segments = mask.split(".")
@@ -264,7 +284,7 @@ def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) ->
         keys = {key[0] for key, _, _ in mask_plans if key is not None}
         ordered: list[str] = []
         if 0 in keys:
-            spend(len(same))
+            spend(len(same) // SORT_PER_UNIT)  # (sorted in C; a binding's events come sorted already)
             ordered = sorted(same)
         index: dict[tuple[int, str], list[str]] = {}
         positions = keys - {0}
@@ -286,6 +306,8 @@ def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) ->
                 removed.update(candidates)
                 continue
             spend(len(candidates) * (n + len(others) + len(mixed)))
+            if mixed:  # a glob reads its segment's characters: long events cost more
+                spend(sum(map(len, candidates)) // GLOB_CHARS_PER_UNIT)
             for event in candidates:
                 parts = event.split(".")
                 if all(parts[pos] == seg for pos, seg in others) and all(_glob(seg, parts[pos]) for pos, seg in mixed):
