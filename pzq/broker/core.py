@@ -21,6 +21,9 @@ class Broker(RangeHolds, Settling, Questions):
     def __init__(self, store: Store, *, ack_timeout_s: float, max_deliveries: int = 0, limits: Limits = DEFAULT_LIMITS):
         super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
         store.on_set_aside.append(self._set_aside)
+        # While set (the server's memory alarm: pzq/endpoints/memory.py), every producer is refused with
+        # this text ("queue full" in each protocol); consumers and acks go on, so that memory drains.
+        self.refusing: str | None = None
 
     # -- producing --------------------------------------------------------------------------------
 
@@ -29,6 +32,8 @@ class Broker(RangeHolds, Settling, Questions):
     ) -> Message:
         """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
         try:
+            if self.refusing is not None:
+                raise StoreFull(self.refusing)
             message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
         except StoreFull:
             self.counters.refused_full += 1
@@ -42,7 +47,7 @@ class Broker(RangeHolds, Settling, Questions):
         """Store messages in one go (see Store.put_many): how many, from the first, were stored; the
         rest were refused for room."""
         try:
-            stored = self.store.put_many(queue, bodies, now_us=now_us)
+            stored = 0 if self.refusing is not None else self.store.put_many(queue, bodies, now_us=now_us)
         except StoreFull:
             stored = 0
         self.counters.refused_full += len(bodies) - stored

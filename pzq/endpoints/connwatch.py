@@ -80,6 +80,9 @@ class ConnectionWatch(Endpoint):
                     _shut(event["value"], event["endpoint"])
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
+                told = self.binder.on_disconnect.get(self.binder.monitors[pair][1])
+                if told is not None:
+                    told(event["value"])
             elif kind == zmq.EVENT_ACCEPT_FAILED:
                 self.accept_failed_total += 1
                 warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")
