@@ -49,6 +49,7 @@ class ApiEndpoint(Endpoint):
         # A big reply is about this big (it stops growing past api_reply_bytes of bodies).
         self.big_reply = config.limits.api_reply_bytes + (64 << 10)
         self._gate = binder.gate(self.sock)
+        self.binder = binder
         self._out: list[Send] = []
         self._pending: collections.deque[tuple[list[bytes], str | None]] = collections.deque()
         self._pending_bytes = 0
@@ -74,20 +75,30 @@ class ApiEndpoint(Endpoint):
 
     def _take_in(self) -> None:
         """Read what waits, without decoding it: up to PENDING requests and a turn's share of bytes."""
+        came: list[tuple[bytes, int]] = []  # (peer, descriptor of its connection) of each request
         for _ in range(self.limits.read_batch):
             if len(self._pending) >= PENDING or self._pending_bytes >= self.limits.turn_bytes:
-                return
+                break
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user, fd = receive_with_fd(self.sock, self._gate, "api", NOBLOCK)
             except Again:
-                return
+                break
             if frames is None:
                 continue
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
-            self.replies.read(frames[0], fd)
+            came.append((frames[0], fd))
             self._pending.append((frames, user))
             self._pending_bytes += sum(map(len, frames))
+        if not came:
+            return
+        # Every connection that closed before these requests came is known gone first (its descriptor
+        # may be the one a request came over now); a request over a descriptor the monitor does not
+        # know open came from a connection gone since (its replies will find nobody: EHOSTUNREACH).
+        self.binder.drain_events(self.sock)
+        open_fds = self.binder.open_fds.get(self.sock, set())
+        for peer, fd in came:
+            self.replies.read(peer, fd if fd in open_fds else -1)
 
     def _room_for_big_reply(self, peer: bytes) -> bool:
         """A SNAPSHOT or FETCH is carried out only if its reply finds room: the client's unread replies

@@ -49,6 +49,10 @@ class Sockets:
         # Told the descriptor of each connection a watched socket loses (its monitor's DISCONNECTED
         # event; ConnectionWatch calls them): the memory bound forgets what that peer's pipe held.
         self.on_disconnect: dict[zmq.Socket, Callable[[int], None]] = {}
+        # The descriptors of each watched socket's open connections, as its monitor's events have told
+        # so far; ``drain_events(sock)`` reads the events waiting now (set by ConnectionWatch).
+        self.open_fds: dict[zmq.Socket, set[int]] = {}
+        self.drain_events: Callable[[zmq.Socket], None] = lambda sock: None
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming

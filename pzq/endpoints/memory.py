@@ -65,6 +65,9 @@ class PipeEstimate:
     def read(self, peer: bytes, fd: int = -1) -> None:
         """A request came from ``peer`` (over the connection of descriptor ``fd``, -1 if unknown)."""
         if fd >= 0:
+            before = self._fds.get(fd)
+            if before is not None and before != peer:
+                self.gone(before)  # (one connection on a descriptor at a time: the one before it went)
             self._fds[fd] = peer
         pipe = self._take(peer)
         if pipe.unanswered:
