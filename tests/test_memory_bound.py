@@ -19,13 +19,44 @@ from pzq.broker import Broker
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient, ApiError
 from pzq.config import DEFAULT_LIMITS
+from pzq.endpoints.base import Sockets
 from pzq.endpoints.memory import MemoryAlarm, PipeEstimate
 from pzq.errors import ConfigError, StoreFull
 from pzq.protocols import api as api_proto
 
-from conftest import make_config, wait_until
+from conftest import free_tcp_endpoint, make_config, wait_until
+from pairs import PAIRS, Answered, Delivered, Pair
 
 MiB = 1 << 20
+
+
+# -- every bound socket says what its pipes may hold ------------------------------------------------
+
+
+def test_a_socket_bound_without_both_high_water_marks_is_refused():
+    made = Sockets(zmq.Context.instance())
+    try:
+        with pytest.raises(TypeError, match="SNDHWM and RCVHWM"):
+            made.bind(zmq.ROUTER, "inproc://memory-bound-test", "--api-dsn", SNDHWM=2)
+    finally:
+        made.close()
+
+
+def test_a_server_with_every_endpoint_binds_each_socket_with_its_high_water_marks(make_server):
+    srv = make_server(
+        phpmq_dsn=free_tcp_endpoint()[0],
+        mqks_dsn=free_tcp_endpoint()[0],
+        emqp_frontend_dsn=free_tcp_endpoint()[0],
+        emqp_backend_dsn=free_tcp_endpoint()[0],
+        emqp_publish_dsn=free_tcp_endpoint()[0],
+        api_dsn=free_tcp_endpoint()[0],
+    )
+    owned = srv.server._sockets.owned
+    assert len(owned) == 9  # native receive and send, monitor, PHPMQ, MQKS, eMQP's three, API
+    marks = {(s.getsockopt(zmq.SNDHWM), s.getsockopt(zmq.RCVHWM)) for s in owned}
+    assert all(0 < out <= 10_000 and 0 < into <= 10_000 for out, into in marks)  # (0 would be no bound)
+    api = next(s for s in owned if s.getsockopt(zmq.LAST_ENDPOINT).decode() == srv.config.api_dsn)
+    assert (api.getsockopt(zmq.SNDHWM), api.getsockopt(zmq.RCVHWM)) == (2, 16)
 
 
 # -- the pipe estimate ------------------------------------------------------------------------------
@@ -172,6 +203,36 @@ def test_while_the_broker_refuses_every_producer_gets_queue_full_and_consumers_s
     assert broker.ready_count("q") == 2
 
 
+@pytest.mark.parametrize("protocol", sorted(PAIRS))
+def test_while_the_alarm_is_raised_a_producer_of_every_protocol_is_refused_and_a_consumer_drains(protocol, store):
+    pair = Pair(PAIRS[protocol], store)
+    before = pair.client("before")
+    before.produce("q", b"stored before")
+    pair.turn()
+    pair.broker.refusing = "queue full: memory alarm (a test)"
+    producer = pair.client("producer")
+    refused = producer.produce("q", b"refused")
+    pair.turn()
+    if producer.confirms:
+        assert [e.ok for e in producer.take() if isinstance(e, Answered) and e.tag == refused] == [False]
+    assert pair.stored("q") == 1
+    consumer = pair.client("consumer")
+    consumer.consume("q", 1)
+    pair.turn()
+    [delivery] = [e for e in consumer.take() if isinstance(e, Delivered)]
+    assert delivery.body == b"stored before"
+    consumer.ack(delivery)
+    pair.turn()
+    assert pair.stored("q") == 0
+    pair.broker.refusing = None
+    again = pair.client("again")
+    served = again.produce("q", b"served")
+    pair.turn()
+    if again.confirms:
+        assert [e.ok for e in again.take() if isinstance(e, Answered) and e.tag == served] == [True]
+    assert pair.stored("q") == 1
+
+
 # -- hostile API clients over real sockets ----------------------------------------------------------
 
 
@@ -202,8 +263,6 @@ def _memory(srv) -> dict:
 def alarmed_server(make_server, tmp_path):
     """A server with a low high-water mark (16 MiB, cleared under 8) and the API on tcp:// (its monitor
     names the connections that go); its queue "big" holds 5 MiB, so every SNAPSHOT reply is 4 MiB."""
-    from conftest import free_tcp_endpoint
-
     srv = make_server(api_dsn=free_tcp_endpoint()[0], memory_high_water=16 * MiB, memory_low_water=8 * MiB)
     _fill(srv.config.api_dsn)
     return srv

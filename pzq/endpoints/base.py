@@ -56,7 +56,10 @@ class Sockets:
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
-        ``option`` if it cannot bind."""
+        ``option`` if it cannot bind. ``options`` must give SNDHWM and RCVHWM: what each of its pipes
+        may hold is part of the memory bound (docs/limits.md), so no socket is bound without saying it."""
+        if "SNDHWM" not in options or "RCVHWM" not in options:
+            raise TypeError(f"{option}: a bound socket must set SNDHWM and RCVHWM (the memory bound)")
         role = option.removeprefix("--").removesuffix("-dsn")
         # A STREAM socket is raw TCP, no CURVE: Config.validate lets one be bound under CURVE only when
         # the operator named it unauthenticated.
