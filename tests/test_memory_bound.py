@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,18 @@ def test_a_request_over_a_descriptor_another_peer_had_means_that_peer_left():
     pipes.sent(b"b", 10)
     pipes.disconnected(7)
     assert pipes.total == 0
+
+
+def test_a_peer_of_no_known_connection_is_forgotten_once_idle_and_one_with_a_connection_is_not():
+    pipes = PipeEstimate(depth=3, idle_s=60.0)
+    pipes.read(b"ipc", fd=-1)
+    pipes.sent(b"ipc", 100)
+    pipes.read(b"tcp", fd=9)
+    pipes.sent(b"tcp", 10)
+    pipes.sweep(time.monotonic() + 30)
+    assert pipes.total == 110
+    pipes.sweep(time.monotonic() + 61)
+    assert (pipes.of(b"ipc"), pipes.of(b"tcp")) == (0, 10)
 
 
 def test_at_most_so_many_peers_are_remembered_the_least_recent_forgotten_first():

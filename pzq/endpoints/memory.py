@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 from pzq.config import DEFAULT_LIMITS, Limits
 
@@ -37,17 +38,21 @@ class PipeEstimate:
     fewer than ``depth`` replies before its pipe fills.
 
     A ROUTER does not say when a peer leaves; a send to it does (``gone``), and so does the socket's
-    monitor, by the descriptor its requests came over (``disconnected``; tcp:// only). At most ``peers``
-    peers are remembered (the least recently active forgotten first)."""
+    monitor, by the descriptor its requests came over (``disconnected``; tcp:// only). A peer whose
+    connection is not known (ipc://, whose files only pzq's own user can reach) is forgotten after
+    ``idle_s`` without a request or a reply (``sweep``). At most ``peers`` peers are remembered (the
+    least recently active forgotten first)."""
 
-    __slots__ = ("depth", "peers", "total", "_peers", "_fds")
+    __slots__ = ("depth", "peers", "idle_s", "total", "_peers", "_fds", "_unmapped")
 
-    def __init__(self, depth: int, peers: int = 10_000):
+    def __init__(self, depth: int, peers: int = 10_000, idle_s: float = 60.0):
         self.depth = max(1, depth)
         self.peers = peers
+        self.idle_s = idle_s
         self.total = 0  # bytes of every remembered peer
         self._peers: dict[bytes, _Pipe] = {}
         self._fds: dict[int, bytes] = {}  # connection descriptor -> the peer whose requests came over it
+        self._unmapped: dict[bytes, None] = {}  # peers of no known connection, the least recently active first
 
     def sent(self, peer: bytes, size: int) -> None:
         """A message of ``size`` bytes went into ``peer``'s pipe (a reply to its oldest request)."""
@@ -70,6 +75,9 @@ class PipeEstimate:
                 self.gone(before)  # (one connection on a descriptor at a time: the one before it went)
             self._fds[fd] = peer
         pipe = self._take(peer)
+        if fd >= 0:
+            pipe.mapped = True
+            self._unmapped.pop(peer, None)
         if pipe.unanswered:
             pipe.pipelines = True  # (a request before the answer to the last: no credit from now on)
             self._hold(pipe, sum(size for _, size in pipe.sizes))
@@ -87,8 +95,18 @@ class PipeEstimate:
     def gone(self, peer: bytes) -> None:
         """``peer`` disconnected (a send to it found nobody): its pipe is gone with it."""
         pipe = self._peers.pop(peer, None)
+        self._unmapped.pop(peer, None)
         if pipe is not None:
             self.total -= pipe.held
+
+    def sweep(self, now: float) -> None:
+        """Forget the peers of no known connection that have been idle for ``idle_s``."""
+        while self._unmapped:
+            peer = next(iter(self._unmapped))
+            pipe = self._peers.get(peer)
+            if pipe is not None and now - pipe.last < self.idle_s:
+                return
+            self.gone(peer)
 
     def disconnected(self, fd: int) -> None:
         """The connection of descriptor ``fd`` went: so did the pipe of the peer whose requests came over it."""
@@ -108,6 +126,10 @@ class PipeEstimate:
             while len(self._peers) >= self.peers:
                 self.gone(next(iter(self._peers)))
         self._peers[peer] = pipe
+        pipe.last = time.monotonic()
+        if not pipe.mapped:
+            self._unmapped.pop(peer, None)
+            self._unmapped[peer] = None
         return pipe
 
     def _hold(self, pipe: _Pipe, held: int) -> None:
@@ -118,9 +140,11 @@ class PipeEstimate:
 class _Pipe:
     """One peer's part of a PipeEstimate."""
 
-    __slots__ = ("serial", "credited", "unanswered", "pipelines", "held", "sizes")
+    __slots__ = ("serial", "credited", "unanswered", "pipelines", "held", "sizes", "mapped", "last")
 
     def __init__(self) -> None:
+        self.mapped = False  # its connection is known (the socket monitor will say when it goes)
+        self.last = 0.0  # when it last asked or was answered (time.monotonic())
         self.serial = 0  # of the next message sent
         self.credited = 0  # messages before this serial have been read
         self.unanswered = 0  # requests read, not yet answered
@@ -198,13 +222,6 @@ class MemoryAlarm:
             return False
         self._granted += size
         return True
-
-    def holds_too_much(self, peer_holds: int) -> bool:
-        """True (counted) if a peer's unread replies are past its share: it is refused anything big."""
-        if peer_holds > self.limits.memory_peer_share:
-            self.refused_replies_total += 1
-            return True
-        return False
 
     def stats(self) -> dict:
         """The monitor's ``memory`` figures."""

@@ -27,13 +27,14 @@ class MonitorEndpoint(Endpoint):
     def __init__(self, config: Config, admin: Admin, binder: Sockets):
         self.admin = admin
         # Answers may be large (a line per queue): only a few wait in one client's pipe; requests are a
-        # few words each: 16 of at most 1 MiB are what one client's pipe may hold.
+        # few words each: 16 of at most 1 MiB are what one client's pipe may hold. (Its clients connect
+        # for one request each, so their pipes are not estimated, only its backlog counted: a REQ
+        # client asks again only after reading, and one whose pipe is full is refused, ``refuses``.)
         self.sock = binder.bind(
             zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16, RCVHWM=16, MAXMSGSIZE=1 << 20
         )
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "monitor", config.limits, pipes=True)
-        self._busy: list[monitor_proto.Request] = []  # refused for want of memory: answered so
+        self.replies = Replies(self.sock, "monitor", config.limits)
         self._gate = binder.gate(self.sock)
         self._requests: list[monitor_proto.Request] = []
         self._written: dict[int, str] = {}  # index of a REQUEUE in _requests -> its answer
@@ -50,12 +51,7 @@ class MonitorEndpoint(Endpoint):
                 return
             self.budget.take(sum(map(len, frames or ())))
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
-                self.replies.read(frames[0])
-                request = monitor_proto.parse_request(frames)
-                if self.alarm.holds_too_much(self.replies.held(frames[0])):
-                    self._busy.append(request)  # its unread answers are past its share: a short answer
-                else:
-                    self._requests.append(request)
+                self._requests.append(monitor_proto.parse_request(frames))
 
     def work(self, now: float, now_us: int) -> None:
         for i, request in enumerate(self._requests):
@@ -73,10 +69,6 @@ class MonitorEndpoint(Endpoint):
         self.replies.flush()
         requests, self._requests = self._requests, []
         written, self._written = self._written, {}
-        busy, self._busy = self._busy, []
-        for request in busy:
-            text = monitor_proto.error_text("busy: read your answers, try again")
-            self.replies.send(monitor_proto.reply(request, text))
         for i, request in enumerate(requests):
             if i in written:
                 text = written[i]
@@ -88,7 +80,7 @@ class MonitorEndpoint(Endpoint):
             self.replies.send(monitor_proto.reply(request, text))
 
     def memory(self) -> dict[str, int]:
-        return {"monitor_backlogs": self.replies.backlog_bytes, "monitor_pipes": self.replies.pipe_bytes()}
+        return {"monitor_backlogs": self.replies.backlog_bytes}
 
     def wake_at(self, now: float) -> float | None:
         if self._requests:  # a REQUEUE read after this turn's work: carried out in the next one

@@ -47,7 +47,7 @@ class Replies:
         self.backlog_bytes = 0  # of every backlog
         # (each peer's pipe holds its SNDHWM messages at most, and libzmq's encoder one more)
         depth = int(sock.getsockopt(zmq.SNDHWM)) + 1
-        self.pipes = PipeEstimate(depth, limits.memory_peers_tracked) if pipes else None
+        self.pipes = PipeEstimate(depth, limits.memory_peers_tracked, limits.reply_stale_s) if pipes else None
 
     def read(self, peer: bytes, fd: int = -1) -> None:
         """A request came from ``peer`` over the connection of descriptor ``fd`` (for the pipe estimate)."""
@@ -107,6 +107,8 @@ class Replies:
         """Send what waits, in order, as far as each peer's pipe takes it. A backlog that has not moved
         for limits.reply_stale_s goes: its peer is connected but reads nothing, and must not hold memory forever."""
         now = time.monotonic()
+        if self.pipes is not None:
+            self.pipes.sweep(now)
         for peer, waiting in list(self._backlog.items()):
             sent = 0
             while waiting:
