@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import logging
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -364,3 +365,17 @@ def test_eighty_clients_that_read_none_of_their_snapshots_leave_the_server_under
     figures = _probe_module().probe(80)
     assert figures["peak_rss_anon_mb"] < 512, figures
     assert figures["honest_produce_after"] == "ok", figures
+
+
+def test_the_metrics_endpoint_shows_the_alarm_and_the_counted_bytes(make_server):
+    url = free_tcp_endpoint()[0].replace("tcp://", "http://")
+    make_server(metrics_dsn=url)
+
+    def scraped() -> str | None:  # (the loop publishes its figures once a second)
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return text if "pzq_memory_alarm" in text else None
+
+    text = wait_until(scraped, timeout_s=10)
+    assert "pzq_memory_alarm 0.0" in text
+    assert "pzq_memory_counted_bytes " in text
