@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -269,15 +270,26 @@ def _fill(api_endpoint: str, queue: str = "big", mib: int = 5) -> None:
             api.produce([(queue, b"m" * (64 << 10))] * 16)
 
 
+def _snapshot_rows(endpoint: str) -> int:
+    with ApiClient(endpoint, timeout_s=30) as api:
+        return len(api.snapshot("big", 0, 1 << 40, limit=10_000)[0])
+
+
 def _memory(srv) -> dict:
     return srv.stats()["memory"]
 
 
 @pytest.fixture
 def alarmed_server(make_server, tmp_path):
-    """A server with a low high-water mark (16 MiB, cleared under 8) and the API on tcp:// (its monitor
-    names the connections that go); its queue "big" holds 5 MiB, so every SNAPSHOT reply is 4 MiB."""
-    srv = make_server(api_dsn=free_tcp_endpoint()[0], memory_high_water=16 * MiB, memory_low_water=8 * MiB)
+    """A server with a low high-water mark (16 MiB, cleared under 8; no big reply past 24) and the API on
+    tcp:// (its monitor names the connections that go); its queue "big" holds 5 MiB, so every SNAPSHOT
+    reply is 4 MiB."""
+    srv = make_server(
+        api_dsn=free_tcp_endpoint()[0],
+        memory_high_water=16 * MiB,
+        memory_low_water=8 * MiB,
+        limits=dataclasses.replace(DEFAULT_LIMITS, memory_reply_reserve=8 * MiB),
+    )
     _fill(srv.config.api_dsn)
     return srv
 
@@ -308,11 +320,17 @@ def test_clients_that_ask_for_snapshots_and_read_none_raise_the_alarm_and_produc
             delivery = consumer.receive(timeout_ms=5000)
             assert delivery is not None and delivery.body == [b"for the consumer"]
             consumer.ack(delivery)
-        # Past their share, the hostile clients' snapshots were refused rather than made.
+        # Past their share, the hostile clients' snapshots were refused rather than made; an honest
+        # client's is answered "busy" while the bound is full, and its client asks again until served.
         assert _memory(srv)["big_replies_refused_total"] > 0
+        honest: list[int] = []
+        reader = threading.Thread(target=lambda: honest.append(_snapshot_rows(srv.config.api_dsn)), daemon=True)
+        reader.start()
         for sock in socks:
             sock.close(0)
         wait_until(lambda: _memory(srv)["alarm"] == 0, timeout_s=20)
+        reader.join(30)
+        assert honest == [64]
     finally:
         ctx.term()
     with client.Producer(srv.receive) as producer:
@@ -379,3 +397,32 @@ def test_the_metrics_endpoint_shows_the_alarm_and_the_counted_bytes(make_server)
     text = wait_until(scraped, timeout_s=10)
     assert "pzq_memory_alarm 0.0" in text
     assert "pzq_memory_counted_bytes " in text
+
+
+def test_the_api_client_asks_again_after_a_busy_answer_until_it_is_served():
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    server.setsockopt(zmq.LINGER, 0)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[bytes] = []
+
+    def answer() -> None:  # busy twice, then the results
+        for i in range(3):
+            if not server.poll(10_000):
+                return
+            frames = server.recv_multipart()
+            request = api_proto.parse_request(frames)
+            assert isinstance(request, api_proto.Request)
+            seen.append(request.request_id)
+            reply = api_proto.error(request, "busy", "not now") if i < 2 else api_proto.ok(request, {"depth": 7})
+            server.send_multipart(reply)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with ApiClient(f"tcp://127.0.0.1:{port}", timeout_s=10) as api:
+            assert api.call("INFO", queue="q") == {"depth": 7}
+    finally:
+        thread.join(10)
+        server.close(0)
+    assert len(seen) == 3 and len(set(seen)) == 1  # (the same request, asked again)
