@@ -113,6 +113,7 @@ class Sockets:
     def _unwatch(self, sock: zmq.Socket) -> None:
         """Stop the monitor before its reader goes: libzmq sends monitor events from its I/O thread
         without NOBLOCK, and an event with no reader would block that thread (every socket) for good."""
+        self.open_fds.pop(sock, None)
         for pair, (_, watched) in list(self.monitors.items()):
             if watched is sock:
                 del self.monitors[pair]

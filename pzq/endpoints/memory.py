@@ -29,12 +29,13 @@ class PipeEstimate:
     messages sent to it (its SNDHWM, and the one libzmq's encoder may be writing), minus those it has
     shown it read.
 
-    The API's clients are lock-step: each sends its next request after reading the reply to its last. A request from a peer with no request unanswered is taken to show that what was
-    sent to it before has been read. A peer that pipelines (a request read while another is unanswered)
-    earns no credit, and one whose pipe turns out full (``full``: a send failed for want of room) was not
-    reading what it was credited for: from then on all of its last ``depth`` messages count. So a client
-    that sends requests without reading keeps its replies counted; one that fakes the lock-step can hide
-    fewer than ``depth`` replies before its pipe fills.
+    The API's clients are lock-step: each sends its next request after reading the reply to its last. A
+    request from a peer with no request unanswered is taken to show that what was sent to it before has
+    been read. A peer that pipelines (a request read while another is unanswered) earns no credit, and
+    one whose pipe turns out full (``full``: a send failed for want of room) was not reading what it was
+    credited for: from then on all of its last ``depth`` messages count. So a client that sends requests
+    without reading keeps its replies counted; one that fakes the lock-step can hide fewer than
+    ``depth`` replies before its pipe fills.
 
     A ROUTER does not say when a peer leaves; a send to it does (``gone``), and so does the socket's
     monitor, by the descriptor its requests came over (``disconnected``; tcp:// only). A peer whose
