@@ -119,6 +119,16 @@ class Config:
         low=0,
     )
     max_message_size: int = _setting(16 << 20, "Largest accepted message body, summed over its frames.", SIZE, low=1024)
+    memory_high_water: int = _setting(
+        256 << 20,
+        "Bytes pzq may hold for its clients (unread replies, unfinished input); past it producers get "
+        "'queue full' until it is under --memory-low-water.",
+        SIZE,
+        low=1 << 20,
+    )
+    memory_low_water: int = _setting(
+        192 << 20, "Under this, a raised memory alarm clears and producers are served again.", SIZE, low=0
+    )
     user: str = _setting("", "Switch to this user after binding (when started as root).")
     log_level: str = _setting("info", "debug, info, warning or error.")
     log_format: str = _setting("text", "Log lines as text or as JSON objects (for log shippers).", choices=_FORMATS)
@@ -166,6 +176,11 @@ class Config:
             value = getattr(self, name)
             if not re.match(r"^(tcp|ipc|inproc)://.+", value):
                 raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
+        if self.memory_low_water >= self.memory_high_water:
+            raise ConfigError(
+                f"--memory-low-water: {self.memory_low_water} must be under --memory-high-water "
+                f"{self.memory_high_water} (the alarm clears under it)"
+            )
         for name in ("phpmq_dsn", "mqks_dsn"):
             if getattr(self, name) and not re.match(r"^tcp://.+:\d+$", getattr(self, name)):
                 raise ConfigError(

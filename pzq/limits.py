@@ -45,7 +45,9 @@ class Limits:
     max_dedup_keys: int = 1_000_000  # PRODUCE keys remembered at once
     api_reply_bytes: int = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
     api_turn_work_s: float = 0.02
-    api_replies_unread: int = 8  # replies waiting in one client's pipe
+    # Replies waiting in one client's pipe (its SNDHWM): a lock-step client needs one, a resend two; each may
+    # be api_reply_bytes and one message, so the pipe holds at most three of them (with libzmq's encoder)
+    api_replies_unread: int = 2
     # The MQKS gateway
     mqks_turn_budget: int = 100  # deliveries per consumer per turn
     mqks_max_events: int = 10_000  # events bound to one queue
@@ -105,6 +107,14 @@ class Limits:
     # of a pool, and this part of it is kept for clients that hold none yet.
     share_part: int = 8
     share_reserve_part: int = 8
+    # One memory bound (slice i26-mem: pzq/endpoints/memory.py). Unread reply bytes one peer may hold before
+    # its requests for big replies (API SNAPSHOT, FETCH) are refused: a lock-step client holds at most
+    # one reply; the API endpoint raises it to two of its biggest replies
+    memory_peer_share: int = 12 << 20
+    # Big replies are still made past --memory-high-water up to this much more (consumers drain the queues
+    # the alarm closes to producers), and none past it
+    memory_reply_reserve: int = 64 << 20
+    memory_peers_tracked: int = 10_000  # peers whose pipe estimate one socket remembers
 
 
 DEFAULT_LIMITS = Limits()

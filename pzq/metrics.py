@@ -109,6 +109,9 @@ class Metrics:
         yield g("pzq_store_limit_bytes", "The configured store limit", value=stats.get("store_limit_bytes", 0))
         yield c("pzq_commits", "Durable commits since start", value=stats.get("syncs", 0))
         yield g("pzq_uptime_seconds", "Seconds since start", value=stats.get("uptime_seconds", 0))
+        memory = stats.get("memory") or {}
+        yield g("pzq_memory_alarm", "1 while the memory alarm refuses producers", value=memory.get("alarm", 0))
+        yield g("pzq_memory_counted_bytes", "Bytes pzq holds for its clients", value=memory.get("counted_bytes", 0))
         figure = g("pzq_protocol_figure", "A gateway's own figures, per protocol", labels=["protocol", "figure"])
         for protocol in ("phpmq", "emqp", "mqks", "api"):
             for name, value in (stats.get(protocol) or {}).items():

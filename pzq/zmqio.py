@@ -94,6 +94,19 @@ def recv_frames_from(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str
     return frames, str(last.get("Peer-Address") or "")
 
 
+def recv_frames_fd(sock: zmq.Socket, flags: int = 0, *, user: bool = False) -> tuple[list[bytes], str | None, int]:
+    """``recv_frames``, the CURVE key as ``recv_frames_user`` has it (if ``user``: only on a CURVE server
+    socket) and the descriptor of the connection it came over (libzmq's SRCFD; -1 when unknown): a
+    socket monitor's DISCONNECTED event names the same descriptor."""
+    frames, last = _recv_message(sock, flags)
+    key = last.get("User-Id") if user else None
+    try:
+        fd = int(last.get(zmq.SRCFD))
+    except zmq.ZMQError:  # (a libzmq without the property)
+        fd = -1
+    return frames, key if isinstance(key, str) else None, fd
+
+
 def recv_frames_user(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str | None]:
     """``recv_frames`` plus the CURVE key (z85) its connection authenticated with: libzmq's ZAP User-Id
     property, only on a CURVE server socket."""

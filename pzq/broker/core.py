@@ -33,6 +33,9 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         per_owner = max(1, store.max_queues // limits.implicit_connection_part)
         self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn)
         store.on_set_aside.append(self._set_aside)
+        # While set (the server's memory alarm: pzq/endpoints/memory.py), every producer is refused with
+        # this text ("queue full" in each protocol); consumers and acks go on, so that memory drains.
+        self.refusing: str | None = None
 
     def reset(self) -> None:
         """Forget every delivery, as a restart does (and start the unused queues' clocks again)."""
@@ -46,6 +49,8 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     ) -> Message:
         """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
         try:
+            if self.refusing is not None:
+                raise StoreFull(self.refusing)
             message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
         except StoreFull:
             self.counters.refused_full += 1
@@ -59,7 +64,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         """Store messages in one go (see Store.put_many): how many, from the first, were stored; the
         rest were refused for room."""
         try:
-            stored = self.store.put_many(queue, bodies, now_us=now_us)
+            stored = 0 if self.refusing is not None else self.store.put_many(queue, bodies, now_us=now_us)
         except StoreFull:
             stored = 0
         self.counters.refused_full += len(bodies) - stored

@@ -18,6 +18,7 @@ from pzq.errors import ClientError
 from pzq.protocols import api
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:11133"
+BUSY_WAIT_S = 0.2  # how long a request answered "busy" (the server's memory bound; nothing done) waits to ask again
 
 
 class ApiError(ClientError):
@@ -76,6 +77,7 @@ class ApiClient:
             sock = self._socket()
             sock.send_multipart(frames)
             attempt_end = min(deadline, time.monotonic() + self.attempt_s)
+            busy = False
             while (left := attempt_end - time.monotonic()) > 0:
                 answer = receive(sock, int(left * 1000) + 1)
                 if answer is None:
@@ -84,8 +86,15 @@ class ApiClient:
                 if reply is None or reply[0] != request_id:
                     continue  # the answer to an earlier attempt, or garbage
                 if not reply[1]:
-                    raise ApiError(str(reply[2].get("code")), str(reply[2].get("detail")))
+                    code, detail = str(reply[2].get("code")), str(reply[2].get("detail"))
+                    if code != "busy" or time.monotonic() + BUSY_WAIT_S >= deadline:
+                        raise ApiError(code, detail)
+                    busy = True  # (the server holds too much unread: nothing was done, ask again soon)
+                    break
                 return reply[2]
+            if busy:
+                time.sleep(BUSY_WAIT_S)
+                continue
             # No answer: the server may be restarting. Drop what this socket queued and start over.
             sock.close(0)
             self._sock = None

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import ONLY, FramesGateway, Send
+from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again
 
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
+BIG_REPLIES = (b"SNAPSHOT", b"FETCH")  # commands whose reply may be api_reply_bytes and a message
+REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
+PENDING = 256  # requests read and not yet carried out, all clients together (and a turn's share of bytes)
 
 
 class ApiEndpoint(Endpoint):
-    """Every reply leaves after the commit of what its request changed."""
+    """Every reply leaves after the commit of what its request changed.
+
+    Requests are taken in as they come (up to PENDING requests or a turn's share of bytes), and carried
+    out within the turn's budget, the rest first next turn: so that a client that sends a request before
+    it has read the answer to its last is seen doing so (the memory bound counts its unread replies,
+    pzq/endpoints/memory.py), however slowly the loop gets round to its requests."""
 
     name = "api"
 
@@ -30,34 +40,81 @@ class ApiEndpoint(Endpoint):
             config.api_dsn,
             "--api-dsn",
             MAXMSGSIZE=config.max_message_size + (8 << 20),
-            SNDHWM=config.limits.api_replies_unread,
-        )  # replies may be MiBs: few wait in a client's pipe
+            SNDHWM=config.limits.api_replies_unread,  # replies may be MiBs: few wait in a client's pipe
+            RCVHWM=REQUESTS_UNREAD,  # (a lock-step client sends one at a time; a PRODUCE may be MiBs)
+        )
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "api", config.limits)
+        self.replies = Replies(self.sock, "api", config.limits, pipes=True)
+        binder.on_disconnect[self.sock] = self.replies.disconnected
+        # A big reply is about this big (it stops growing past api_reply_bytes of bodies).
+        self.big_reply = config.limits.api_reply_bytes + (64 << 10)
         self._gate = binder.gate(self.sock)
+        self.binder = binder
         self._out: list[Send] = []
+        self._pending: collections.deque[tuple[list[bytes], str | None]] = collections.deque()
+        self._pending_bytes = 0
+        self._granted: dict[bytes, int] = {}  # big replies admitted this turn, not sent yet, per peer
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        if self.sock not in ready:
-            return
-        budget, started = self.limits.turn_bytes, time.perf_counter()
-        for _ in range(self.limits.read_batch):
+        if self.sock in ready:
+            self._take_in()
+        started = time.perf_counter()
+        while self._pending:
             # One LEASE or PRODUCE may take a while: after turn_work_s of them, the rest wait for the
             # next turn, so that pipelined requests cannot hold every other client for seconds.
-            if budget <= 0 or time.perf_counter() - started > self.turn_work_s or self.budget.spent():
+            if time.perf_counter() - started > self.turn_work_s or self.budget.spent():
                 return
-            try:  # the client's key goes with the request: consumer groups belong to one key
-                frames, user = receive_from(self.sock, self._gate, "api", NOBLOCK)
-            except Again:
-                return
-            size = sum(map(len, frames or ()))
-            budget -= size
+            frames, user = self._pending.popleft()
+            size = sum(map(len, frames))
+            self._pending_bytes -= size
             self.budget.take(size)  # (the turn's budget, shared by every endpoint)
+            if _big(frames) and not self._room_for_big_reply(frames[0]):
+                self._out.append(Send(ONLY, _busy(frames, self.alarm.total)))
+                continue
+            self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
+
+    def _take_in(self) -> None:
+        """Read what waits, without decoding it: up to PENDING requests and a turn's share of bytes."""
+        came: list[tuple[bytes, int]] = []  # (peer, descriptor of its connection) of each request
+        for _ in range(self.limits.read_batch):
+            if len(self._pending) >= PENDING or self._pending_bytes >= self.limits.turn_bytes:
+                break
+            try:  # the client's key goes with the request: consumer groups belong to one key
+                frames, user, fd = receive_with_fd(self.sock, self._gate, "api", NOBLOCK)
+            except Again:
+                break
             if frames is None:
                 continue
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
-            self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
+            came.append((frames[0], fd))
+            self._pending.append((frames, user))
+            self._pending_bytes += sum(map(len, frames))
+        if not came:
+            return
+        # Every connection that closed before these requests came is known gone first (its descriptor
+        # may be the one a request came over now); a request over a descriptor the monitor does not
+        # know open came from a connection gone since (its replies will find nobody: EHOSTUNREACH).
+        self.binder.drain_events(self.sock)
+        open_fds = self.binder.open_fds.get(self.sock, set())
+        for peer, fd in came:
+            self.replies.read(peer, fd if fd in open_fds else -1)
+
+    def _room_for_big_reply(self, peer: bytes) -> bool:
+        """A SNAPSHOT or FETCH is carried out only if its reply finds room: the client's unread replies
+        under its share, and the memory bound's ceiling (see MemoryAlarm.admit)."""
+        granted = self._granted.get(peer, 0)
+        if not self.alarm.admit(self.replies.held(peer) + granted, self.big_reply):
+            return False
+        self._granted[peer] = granted + self.big_reply
+        return True
+
+    def memory(self) -> dict[str, int]:
+        return {
+            "api_requests": self._pending_bytes,
+            "api_backlogs": self.replies.backlog_bytes,
+            "api_pipes": self.replies.pipe_bytes(),
+        }
 
     def waiting(self) -> bool:
         return bool(self._out)
@@ -70,16 +127,34 @@ class ApiEndpoint(Endpoint):
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
+        self._granted.clear()  # (sent now: counted by the pipe estimate from here on)
         self.replies.flush()
         out, self._out = self._out, []
         for send in out:
             self.replies.send(send.frames)
 
     def wake_at(self, now: float) -> float | None:
-        return self.replies.wake_at(now)
+        return now if self._pending else self.replies.wake_at(now)
 
     def clients(self, now: float, limit: int) -> list[dict]:
         return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+
+def _big(frames: list[bytes]) -> bool:
+    """A well-formed SNAPSHOT or FETCH (routing, "", id, command, arguments), told from its command frame
+    before anything is decoded."""
+    return len(frames) >= 5 and frames[-4] == b"" and frames[-2] in BIG_REPLIES
+
+
+def _busy(frames: list[bytes], held: int) -> list[bytes]:
+    """The ERR for a big request refused for want of memory (nothing was done: the client may retry)."""
+    request = api_proto.Request(tuple(frames[:-4]), frames[-3], "", {})
+    return api_proto.error(
+        request,
+        "busy",
+        f"not now: pzq holds {held} bytes of replies that clients have not read, or this client's own unread "
+        "replies are past its share; read your replies, try again later",
+    )

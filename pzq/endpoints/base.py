@@ -8,13 +8,15 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 
 import zmq
 
 from pzq.curve import CurveServer, Gate
+from pzq.endpoints.memory import UNWATCHED, MemoryAlarm
 from pzq.errors import ConfigError
 from pzq.logs import warn_bad
-from pzq.zmqio import recv_frames, recv_frames_user
+from pzq.zmqio import recv_frames, recv_frames_fd, recv_frames_user
 
 log = logging.getLogger("pzq.server")
 
@@ -44,10 +46,20 @@ class Sockets:
         # The socket monitor (an inproc PAIR) of each bound tcp:// ZeroMQ socket -> (role,
         # socket): libzmq accepts connections by itself, and its events are how pzq counts them.
         self.monitors: dict[zmq.Socket, tuple[str, zmq.Socket]] = {}
+        # Told the descriptor of each connection a watched socket loses (its monitor's DISCONNECTED
+        # event; ConnectionWatch calls them): the memory bound forgets what that peer's pipe held.
+        self.on_disconnect: dict[zmq.Socket, Callable[[int], None]] = {}
+        # The descriptors of each watched socket's open connections, as its monitor's events have told
+        # so far; ``drain_events(sock)`` reads the events waiting now (set by ConnectionWatch).
+        self.open_fds: dict[zmq.Socket, set[int]] = {}
+        self.drain_events: Callable[[zmq.Socket], None] = lambda sock: None
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
-        ``option`` if it cannot bind."""
+        ``option`` if it cannot bind. ``options`` must give SNDHWM and RCVHWM: what each of its pipes
+        may hold is part of the memory bound (docs/limits.md), so no socket is bound without saying it."""
+        if "SNDHWM" not in options or "RCVHWM" not in options:
+            raise TypeError(f"{option}: a bound socket must set SNDHWM and RCVHWM (the memory bound)")
         role = option.removeprefix("--").removesuffix("-dsn")
         # A STREAM socket is raw TCP, no CURVE: Config.validate lets one be bound under CURVE only when
         # the operator named it unauthenticated.
@@ -101,6 +113,7 @@ class Sockets:
     def _unwatch(self, sock: zmq.Socket) -> None:
         """Stop the monitor before its reader goes: libzmq sends monitor events from its I/O thread
         without NOBLOCK, and an event with no reader would block that thread (every socket) for good."""
+        self.open_fds.pop(sock, None)
         for pair, (_, watched) in list(self.monitors.items()):
             if watched is sock:
                 del self.monitors[pair]
@@ -178,6 +191,18 @@ def receive_from(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> 
         return frames, user
     warn_bad(role, "revoked", f"a message from CURVE key {user!r}, no longer allowed: dropped")
     return None, user
+
+
+def receive_with_fd(
+    sock: zmq.Socket, gate: Gate | None, role: str, flags: int
+) -> tuple[list[bytes] | None, str | None, int]:
+    """``receive_from`` plus the descriptor of the sender's connection (-1 when unknown), which a
+    socket monitor names when that connection goes."""
+    frames, user, fd = recv_frames_fd(sock, flags, user=gate is not None)
+    if gate is None or gate.admits(user):
+        return frames, user, fd
+    warn_bad(role, "revoked", f"a message from CURVE key {user!r}, no longer allowed: dropped")
+    return None, user, fd
 
 
 def _restrict_ipc(endpoint: str) -> None:
@@ -261,6 +286,8 @@ class Endpoint:
     sockets: list[zmq.Socket]  # polled for input
     # The turn's shared budget: the loop sets it before each turn; read loops check it between requests.
     budget: TurnBudget = UNBOUNDED
+    # The server's memory alarm (set by the loop at start): asked before a big reply is made.
+    alarm: MemoryAlarm = UNWATCHED
 
     def before_poll(self, poller: zmq.Poller) -> None:
         """Adjust what the poller waits for (e.g. writability) before the turn's poll."""
@@ -291,6 +318,11 @@ class Endpoint:
     def stats(self) -> dict | None:
         """This endpoint's monitor figures, or None to report nothing."""
         return None
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this endpoint holds for its clients, by what holds them (the memory bound adds them up
+        once a turn): backlogs, unfinished input, what its pipes may hold. Running totals: cheap."""
+        return {}
 
     def clients(self, now: float, limit: int) -> list[dict]:
         """Lists of this endpoint's clients for the web console (see Gateway.clients), each table

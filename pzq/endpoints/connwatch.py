@@ -36,6 +36,14 @@ class ConnectionWatch(Endpoint):
         self.limit = limit
         self.limit.zmq_endpoints = len(binder.monitors)  # (each has its reserve of connections)
         self.accept_failed_total = 0
+        binder.drain_events = self.drain
+
+    def drain(self, sock: zmq.Socket) -> None:
+        """Read the events waiting for ``sock`` now, whatever the turn's budget: an endpoint that maps a
+        request to its connection (the memory bound) must have seen every DISCONNECTED before it."""
+        for pair, (role, watched) in self.binder.monitors.items():
+            if watched is sock:
+                self._events(pair, role, bounded=False)
 
     @property
     def refused_total(self) -> int:
@@ -54,9 +62,11 @@ class ConnectionWatch(Endpoint):
             if pair in ready:
                 self._events(pair, role)
 
-    def _events(self, pair: zmq.Socket, role: str) -> None:
+    def _events(self, pair: zmq.Socket, role: str, *, bounded: bool = True) -> None:
+        sock = self.binder.monitors[pair][1]
+        open_fds = self.binder.open_fds.setdefault(sock, set())
         for _ in range(EVENTS_PER_TURN):
-            if self.budget.spent():  # (the rest wait in the pipe, which loses none: next turn)
+            if bounded and self.budget.spent():  # (the rest wait in the pipe, which loses none: next turn)
                 return
             try:
                 event = parse_monitor_message(pair.recv_multipart(zmq.NOBLOCK))
@@ -69,6 +79,7 @@ class ConnectionWatch(Endpoint):
                 refuse = self.limit.full(held)  # (the rule raw-TCP connections follow too; counted there)
                 # Counted all the same: the one cut off still sends its DISCONNECTED event.
                 self.limit.zmq_open[pair] = held + 1
+                open_fds.add(event["value"])
                 if refuse:
                     warn_bad(
                         role,
@@ -80,6 +91,10 @@ class ConnectionWatch(Endpoint):
                     _shut(event["value"], event["endpoint"])
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
+                open_fds.discard(event["value"])
+                told = self.binder.on_disconnect.get(sock)
+                if told is not None:
+                    told(event["value"])
             elif kind == zmq.EVENT_ACCEPT_FAILED:
                 self.accept_failed_total += 1
                 warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")

@@ -25,10 +25,17 @@ class EmqpEndpoint(Endpoint):
     def __init__(self, config: Config, gateway: EmqpGateway, binder: Sockets):
         self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         limit = config.max_message_size + 4096
-        self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", MAXMSGSIZE=limit)
-        self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", MAXMSGSIZE=limit)
+        # Both ROUTERs: libzmq's defaults, set so that the bound is written down (docs/limits.md): a
+        # client's pipelined REQUESTs wait in its pipe until a turn reads them; answers and jobs are what
+        # the gateway sends, waiting in a backlog past the pipe.
+        hwm = {"SNDHWM": 1000, "RCVHWM": 1000, "MAXMSGSIZE": limit}
+        self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", **hwm)
+        self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", **hwm)
+        # PUB drops what a subscriber cannot take past SNDHWM (fire and forget); it reads subscriptions only.
         self.pub = (
-            binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn") if config.emqp_publish_dsn else None
+            binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn", SNDHWM=1000, RCVHWM=1000)
+            if config.emqp_publish_dsn
+            else None
         )
         self.sockets = [self.front, self.back]
         self.replies = {
@@ -108,6 +115,9 @@ class EmqpEndpoint(Endpoint):
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+    def memory(self) -> dict[str, int]:
+        return {"emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values())}
 
     def revoked(self, users: set[str]) -> None:
         dropped = self.gateway.revoke(users)

@@ -26,8 +26,13 @@ class MonitorEndpoint(Endpoint):
 
     def __init__(self, config: Config, admin: Admin, binder: Sockets):
         self.admin = admin
-        # Answers may be large (a line per queue): only a few wait in one client's pipe.
-        self.sock = binder.bind(zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16)
+        # Answers may be large (a line per queue): only a few wait in one client's pipe; requests are a
+        # few words each: 16 of at most 1 MiB are what one client's pipe may hold. (Its clients connect
+        # for one request each, so their pipes are not estimated, only its backlog counted: a REQ
+        # client asks again only after reading, and one whose pipe is full is refused, ``refuses``.)
+        self.sock = binder.bind(
+            zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16, RCVHWM=16, MAXMSGSIZE=1 << 20
+        )
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "monitor", config.limits)
         self._gate = binder.gate(self.sock)
@@ -73,6 +78,9 @@ class MonitorEndpoint(Endpoint):
             else:
                 text = self.admin.answer(request)
             self.replies.send(monitor_proto.reply(request, text))
+
+    def memory(self) -> dict[str, int]:
+        return {"monitor_backlogs": self.replies.backlog_bytes}
 
     def wake_at(self, now: float) -> float | None:
         if self._requests:  # a REQUEUE read after this turn's work: carried out in the next one

@@ -40,12 +40,19 @@ class NativeEndpoints(Endpoint):
             config.receive_dsn,
             "--receive-dsn",
             MAXMSGSIZE=config.max_message_size + 4096,
-            SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe
+            SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
+            # A producer's window of messages waits here until a turn reads it (every turn does, within
+            # its budget): up to 1000 messages of MAXMSGSIZE (see docs/limits.md, "Memory bound")
+            RCVHWM=1000,
             LINGER=2000,
         )  # let the last acks out on shutdown
         self.replies = Replies(self.receive, "producer", config.limits)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
-        self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=max(config.max_inflight, 1000))
+        # SNDHWM: deliveries in flight are at most --max-inflight (a delivery is in flight from its send);
+        # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
+        self.send = binder.bind(
+            zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=max(config.max_inflight, 1000), RCVHWM=10_000
+        )
         self.sockets = [self.receive, self.send]
         self.binder = binder
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
@@ -142,6 +149,9 @@ class NativeEndpoints(Endpoint):
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+    def memory(self) -> dict[str, int]:
+        return {"native_backlogs": self.replies.backlog_bytes}
 
     def rolled_back(self) -> None:
         out = self.gateway.rolled_back(self._replies + self._deliveries)

@@ -6,6 +6,9 @@ ROUTER_MANDATORY the send fails instead, and the reply waits here, in a per-peer
 order as the peer reads. A backlog has a bound: past it the peer is not reading at all, its backlog is
 dropped and logged. An endpoint asks ``blocked(peer)`` before serving a peer more (a producer whose
 acks cannot leave is not stored for: backpressure).
+
+What a backlog holds is counted (``backlog_bytes``), and, for sockets whose replies are big, what the
+peers' pipes may hold (``pipes``, a PipeEstimate): both go into the memory bound (pzq/endpoints/memory.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 import zmq
 
 from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.endpoints.memory import PipeEstimate
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, send_frames
 
@@ -28,7 +32,9 @@ RETRY_S = 0.01  # how soon a backlog is tried again
 class Replies:
     """Sends on one ROUTER socket; every reply goes out, waits in a bounded backlog, or is logged."""
 
-    def __init__(self, sock: zmq.Socket, role: str, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, sock: zmq.Socket, role: str, limits: Limits = DEFAULT_LIMITS, *, pipes: bool = False):
+        """``pipes``: estimate what the peers' pipes hold (for replies that may be big; needs lock-step
+        peers, whose requests the endpoint reports with ``read``)."""
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.limits = limits  # backlog_messages, backlog_bytes, reply_stale_s
         self.sock = sock
@@ -38,6 +44,28 @@ class Replies:
         self._moved: dict[bytes, float] = {}  # when each backlog last moved (a peer connected but not reading)
         self.dropped_total = 0  # replies to a peer that never read them (logged)
         self.gone_total = 0  # replies to a peer that had disconnected
+        self.backlog_bytes = 0  # of every backlog
+        # (each peer's pipe holds its SNDHWM messages at most, and libzmq's encoder one more)
+        depth = int(sock.getsockopt(zmq.SNDHWM)) + 1
+        self.pipes = PipeEstimate(depth, limits.memory_peers_tracked, limits.reply_stale_s) if pipes else None
+
+    def read(self, peer: bytes, fd: int = -1) -> None:
+        """A request came from ``peer`` over the connection of descriptor ``fd`` (for the pipe estimate)."""
+        if self.pipes is not None:
+            self.pipes.read(peer, fd)
+
+    def disconnected(self, fd: int) -> None:
+        """The connection of descriptor ``fd`` went (the socket monitor says so): its pipe with it."""
+        if self.pipes is not None:
+            self.pipes.disconnected(fd)
+
+    def held(self, peer: bytes) -> int:
+        """Bytes of replies to ``peer`` that may be unread: its backlog and its pipe's estimate."""
+        return self._bytes.get(peer, 0) + (self.pipes.of(peer) if self.pipes is not None else 0)
+
+    def pipe_bytes(self) -> int:
+        """What every peer's pipe may hold (0 when not estimated)."""
+        return self.pipes.total if self.pipes is not None else 0
 
     def send(self, frames: list[bytes]) -> None:
         """Send ``frames`` (routing id first) now, or after what already waits for that peer."""
@@ -46,16 +74,24 @@ class Replies:
         if waiting is None:
             try:
                 send_frames(self.sock, frames, NOBLOCK)
+                if self.pipes is not None:
+                    self.pipes.sent(peer, sum(map(len, frames)))
                 return
             except Again:  # the peer's pipe is full: it reads slower than it asks
                 waiting = self._backlog[peer] = collections.deque()
                 self._bytes[peer] = 0
                 self._moved[peer] = time.monotonic()
+                if self.pipes is not None:
+                    self.pipes.full(peer)
             except zmq.ZMQError:  # EHOSTUNREACH: it disconnected; nobody is there to tell
                 self.gone_total += 1
+                if self.pipes is not None:
+                    self.pipes.gone(peer)
                 return
+        size = sum(map(len, frames))
         waiting.append(frames)
-        self._bytes[peer] += sum(map(len, frames))
+        self._bytes[peer] += size
+        self.backlog_bytes += size
         if len(waiting) > self.limits.backlog_messages or self._bytes[peer] > self.limits.backlog_bytes:
             self.dropped_total += len(waiting)
             log.warning(
@@ -71,6 +107,8 @@ class Replies:
         """Send what waits, in order, as far as each peer's pipe takes it. A backlog that has not moved
         for limits.reply_stale_s goes: its peer is connected but reads nothing, and must not hold memory forever."""
         now = time.monotonic()
+        if self.pipes is not None:
+            self.pipes.sweep(now)
         for peer, waiting in list(self._backlog.items()):
             sent = 0
             while waiting:
@@ -80,9 +118,15 @@ class Replies:
                     break
                 except zmq.ZMQError:
                     self.gone_total += len(waiting)
+                    if self.pipes is not None:
+                        self.pipes.gone(peer)
                     waiting.clear()
                     break
-                self._bytes[peer] -= sum(map(len, waiting.popleft()))
+                size = sum(map(len, waiting.popleft()))
+                self._bytes[peer] -= size
+                self.backlog_bytes -= size
+                if self.pipes is not None:
+                    self.pipes.sent(peer, size)
                 sent += 1
             if sent:
                 self._moved[peer] = now
@@ -115,5 +159,5 @@ class Replies:
 
     def _forget(self, peer: bytes) -> None:
         del self._backlog[peer]
-        del self._bytes[peer]
+        self.backlog_bytes -= self._bytes.pop(peer)
         del self._moved[peer]

@@ -45,7 +45,9 @@ class StreamEndpoint(Endpoint):
         self.gateway = gateway
         # (MQKS: a gateway that serves a write's pipelined requests while the turn's budget lasts)
         self.paced: PacedGateway | None = gateway if isinstance(gateway, PacedGateway) else None
-        self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight)
+        # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
+        # 8 KiB each wait for a turn to read them (libzmq's default, written down)
+        self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []
@@ -204,6 +206,12 @@ class StreamEndpoint(Endpoint):
 
     def clients(self, now: float, limit: int) -> list[dict]:
         return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+
+    def memory(self) -> dict[str, int]:
+        return {
+            f"{self.name}_backlogs": sum(len(chunk) for chunks in self._backlog.values() for chunk in chunks),
+            f"{self.name}_partial_input": self.connections.partial_of(self.name),
+        }
 
     def stats(self) -> dict:
         return {

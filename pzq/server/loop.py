@@ -20,12 +20,13 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, TurnBudget
 from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
+from pzq.endpoints.memory import MemoryAlarm
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
 from pzq.logs import Throttled
-from pzq.server.process import connection_limit, drain_fd, drop_privileges
+from pzq.server.process import connection_limit, drain_fd, drop_privileges, return_freed_memory
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -78,6 +79,7 @@ class Server(Reloading):
         self._first_task = 0  # the task the next turn begins with: the first one the last turn did not reach
         self._behind = False  # the last turn's budget ran out with work left: poll without waiting
         self.turns = 0  # turns run (tests count them)
+        self.alarm = MemoryAlarm(config.memory_high_water, config.memory_low_water, config.limits)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -136,6 +138,8 @@ class Server(Reloading):
                 self.console.port,
                 "changes after a login" if cfg.http_auth_file else "read-only: no --http-auth-file",
             )
+        for endpoint in self.endpoints:
+            endpoint.alarm = self.alarm
         self._register()
         if cfg.user:
             drop_privileges(cfg.user, cfg.database)
@@ -307,6 +311,7 @@ class Server(Reloading):
         if self._wake_r in ready:
             drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
+        self._measure_memory()
         produced = self.broker.counters.produced
         self.store.turn_begins()
         limits = self.config.limits
@@ -341,6 +346,14 @@ class Server(Reloading):
         if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
             self._next_watchdog = now + self.notifier.watchdog_s / 2
+
+    def _measure_memory(self) -> None:
+        """The memory bound: add up what every endpoint holds; while the alarm is raised, the broker
+        refuses every producer (see pzq/endpoints/memory.py)."""
+        parts: dict[str, int] = {}
+        for endpoint in self.endpoints:
+            parts.update(endpoint.memory())
+        self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
 
     def _recover(self) -> None:
         """Start over from what is on disk, as a restart would: uncommitted writes are dropped and
@@ -392,12 +405,15 @@ class Server(Reloading):
         return self.admin.stats()
 
     def _gateway_stats(self) -> dict:
-        return {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
+        stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
+        stats["memory"] = self.alarm.stats()
+        return stats
 
 
 def serve(config: Config, reload: Callable[[], Config] | None = None, console: ConsoleFactory | None = None) -> None:
     """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
     the settings on SIGHUP; ``console`` makes the web console (see Server)."""
+    return_freed_memory()  # (the process's own malloc: before the first big buffer)
     server = Server(config, console=console)
     server.reloader = reload
     try:

@@ -56,3 +56,27 @@ def drop_privileges(user: str, database: str) -> None:
     os.setgid(entry.pw_gid)
     os.setuid(entry.pw_uid)
     log.info("dropped privileges to %s", user)
+
+
+MMAP_THRESHOLD = 256 << 10  # buffers from this size on are mapped on their own, and unmapped when freed
+
+
+def return_freed_memory() -> None:
+    """Have glibc map every big buffer (a reply, a message) on its own and unmap it when it is freed.
+
+    By default glibc raises its mmap threshold to the size of the biggest buffer freed (up to 32 MiB),
+    and from then on takes buffers of MiBs from the heap, which it gives back to the system only from
+    its top: after a burst of big replies the process keeps the memory they had, freed or not, for as
+    long as one buffer above them lives. The memory bound counts what is held; this makes the resident
+    size follow it. Nothing happens on another C library."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3  # (glibc's malloc.h)
+    if not mallopt(m_mmap_threshold, MMAP_THRESHOLD):
+        log.debug("mallopt(M_MMAP_THRESHOLD) refused: freed big buffers may stay resident")
