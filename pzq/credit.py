@@ -72,6 +72,12 @@ class NativeCredit:
         self._young.clear()
         self._order.clear()
 
+    def retain(self, holds) -> None:
+        """Forget the deliveries no longer in flight (``holds(ref)`` says which are): a rolled-back turn
+        took back its own, or the server started over from the disk."""
+        self._young = {ref: young for ref, young in self._young.items() if holds(ref)}
+        self._order = collections.deque(ref for ref in self._order if holds(ref))
+
     def sent(self, ref: Hashable, now: float) -> None:
         self._young.pop(ref, None)
         self._sends += 1

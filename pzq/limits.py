@@ -88,6 +88,9 @@ class Limits:
     # message that would take a turn past it is committed in a turn of its own, so that the small messages
     # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
     turn_write_bytes: int = 16 << 20
+    # A failed commit (slice i26-send; pzq/broker/state.py): native consumers' acks since the last commit
+    # that a rollback undoes are done again, this many at most (older ones: the message is delivered again)
+    rollback_acks_kept: int = 10_000
 
 
 DEFAULT_LIMITS = Limits()

@@ -47,6 +47,9 @@ class NativeGateway:
         self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
         self.ack_timeout_s = ack_timeout_s
         self.credit = NativeCredit(max_inflight, ack_timeout_s)
+        # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
+        # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
+        broker.keep_on_rollback.add(CONSUMER)
         self.taken_back_total = 0
         self._take_back_logged = float("-inf")
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
@@ -228,8 +231,9 @@ class NativeGateway:
         return out
 
     def recover(self) -> None:
-        """The broker forgot every delivery (a rolled-back turn): so does the credit."""
-        self.credit.reset()
+        """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
+        so does the credit."""
+        self.credit.retain(self._ours)
 
     def next_wake(self, now: float) -> float | None:
         """When the oldest young delivery stops counting against the credit (no message wakes us then)."""
