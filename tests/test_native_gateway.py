@@ -316,3 +316,18 @@ def test_a_repeated_answer_in_one_run_counts_once_toward_the_consumers_latency(s
         return gateway.credit.latency_s
 
     assert latency_after(2) == latency_after(1), "a repeat of an answer is not a second sample"
+
+
+def test_a_consumer_that_answers_newest_first_holds_no_more_than_the_cap(store):
+    # Each answer passes every delivery sent before it: a hostile consumer answering only the newest of
+    # each run is credited anew each turn, and what it holds is still bounded (the oldest go back early).
+    gateway = make(store, max_inflight=4)
+    gateway.broker.produce_many("q", [[b"%d" % i] for i in range(500)], now_us=T0)
+    most, now = 0, 0.0
+    for _ in range(100):
+        now += 0.01
+        sent = gateway.dispatch(now=now, now_us=T0)
+        if sent:
+            answer(gateway, sent[-1], now=now)
+        most = max(most, gateway.broker.held_count(CONSUMER))
+    assert gateway.taken_back_total > 0 and most <= HOARD * 4
