@@ -123,5 +123,5 @@ def test_an_honest_consumer_keeps_most_of_its_rate_beside_one_that_acks_every_de
         honest.join(5)
         late.join(5)
         srv.stop()
-    assert alone > 500, f"the honest consumer alone: {alone:.0f} msg/s"
+    assert alone > 100, f"the honest consumer alone: {alone:.0f} msg/s"
     assert beside >= 0.4 * alone, f"{beside:.0f} msg/s beside a late consumer, {alone:.0f} alone"
