@@ -14,18 +14,20 @@ applies) but stops blocking new deliveries, so honest consumers keep their round
 The prompt latency is a low quantile (QUANTILE) of the acks' latencies, not their mean: a consumer that
 acks every delivery late answers as often as an honest one (the DEALER hands them the same number), and
 a mean of both would stretch the window to its lateness, its deliveries would fill the credit, and the
-honest consumer would be held to the late one's pace (35 % of its rate alone, measured). A quantile
+honest consumer would be held to the late one's pace (9 % of its rate alone, measured). A quantile
 does not move while at least QUANTILE of the answers are prompt: late answers cannot widen the window.
 
 And a delivery stops counting as soon as one sent after it is answered (it is passed): a consumer that
 answers in order answers its own deliveries first, so only another consumer's answer passes one. So by
 construction a late consumer's deliveries count for one round trip of the prompt one, not for its own
-lateness, and the credit left for the prompt one is at least half of ``--max-inflight`` whatever the
-other does (the DEALER hands them deliveries in turn). A lone consumer is never passed: one plain pool. When no ack came
-within the window, every delivery counts, as one plain pool: a lone slow consumer gets at most
-``--max-inflight``. What all consumers hold together is capped at HOARD x ``--max-inflight``; past it
-the oldest deliveries go back to the queue early (a late ack of one still counts). A slow but honest
-consumer raises the latency, hence the window, and is credited as before.
+lateness: of what counts, the prompt one's deliveries are about half (the DEALER hands them out in
+turn), whatever the other does. A lone consumer that answers in order is never passed.
+
+When no ack came within the window, every delivery counts, as one plain pool: a lone slow consumer gets
+at most ``--max-inflight``. What all consumers hold together is capped at HOARD x ``--max-inflight``;
+past it the oldest deliveries go back to the queue early (a late ack of one still counts). A lone slow
+but honest consumer raises the latency, hence the window, and is credited as before; beside a prompt
+one, its deliveries are passed and it is handed its round-robin share, as much as its pipe takes.
 """
 
 from __future__ import annotations
