@@ -34,6 +34,8 @@ class InFlight(Generic[Ref]):
         self._heap: list[tuple[float, int, Ref]] = []
         self._per_consumer: dict[Hashable, int] = {}
         self._tokens = 0
+        # Since mark(): each ref changed, with its entry before the first change (None: not in flight).
+        self._journal: dict[Ref, Delivery[Ref] | None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,7 +52,8 @@ class InFlight(Generic[Ref]):
 
     def add(self, ref: Ref, deadline: float, consumer: Hashable = None) -> Delivery[Ref]:
         """Track a delivery; a ref already in flight is replaced (its old deadline no longer counts)."""
-        self.remove(ref)
+        self._note(ref)
+        self._take(ref)
         self._tokens += 1
         entry = Delivery(ref, deadline, consumer, self._tokens)
         self._entries[ref] = entry
@@ -60,6 +63,30 @@ class InFlight(Generic[Ref]):
 
     def remove(self, ref: Ref) -> Delivery[Ref] | None:
         """Stop tracking ``ref`` (acked, nacked, or its consumer left); None if it was not in flight."""
+        self._note(ref)
+        return self._take(ref)
+
+    def mark(self) -> None:
+        """Begin a journal of changes (a turn begins): ``undo`` puts back every entry as it is now."""
+        self._journal = {}
+
+    def undo(self) -> None:
+        """Put every entry changed since ``mark`` back as it was then (a rolled-back turn)."""
+        journal, self._journal = self._journal or {}, {}
+        for ref, entry in journal.items():
+            self._take(ref)
+            if entry is not None:
+                self._entries[ref] = entry
+                self._per_consumer[entry.consumer] = self._per_consumer.get(entry.consumer, 0) + 1
+                # (a twin of it may still be in the heap: popped once, the other is then stale)
+                heapq.heappush(self._heap, (entry.deadline, entry.token, ref))
+
+    def _note(self, ref: Ref) -> None:
+        journal = self._journal
+        if journal is not None and ref not in journal:
+            journal[ref] = self._entries.get(ref)
+
+    def _take(self, ref: Ref) -> Delivery[Ref] | None:
         entry = self._entries.pop(ref, None)
         if entry is None:
             return None

@@ -115,6 +115,9 @@ class Limits:
     # the alarm closes to producers), and none past it
     memory_reply_reserve: int = 64 << 20
     memory_peers_tracked: int = 10_000  # peers whose pipe estimate one socket remembers
+    # A failed commit (slice i26-send; pzq/broker/state.py): native consumers' acks since the last commit
+    # that a rollback undoes are done again, this many at most (older ones: the message is delivered again)
+    rollback_acks_kept: int = 10_000
 
 
 DEFAULT_LIMITS = Limits()

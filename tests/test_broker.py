@@ -295,3 +295,26 @@ def test_runs_of_acks_and_take_backs_settle_each_and_name_what_was_refused(broke
     assert broker.deadline((again.qid, again.seq), "bob") == 10.0
     broker.undeliver_many([(again.qid, again.seq)])
     assert broker.ready_count("q") == 2
+
+
+def test_a_rolled_back_turn_undoes_only_its_own_deliveries_and_acks_are_done_again(store):
+    broker = Broker(store, ack_timeout_s=10.0)
+    broker.keep_on_rollback.add("native")
+    produce(broker, b"a", b"b", b"c", b"d")
+    store.commit()
+    broker.turn_begins()
+    first, second = broker.take("q", 2, "native", now=0.0, now_us=T0)
+    other = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]  # a holder whose gateway forgets its own
+    store.commit()
+    broker.committed()
+    broker.turn_begins()  # the turn that fails: an ack, and a delivery that never leaves
+    assert broker.ack((first.qid, first.seq), by="native")
+    [fourth] = broker.take("q", 1, "native", now=1.0, now_us=T0)
+    store.abort()  # (the commit failed)
+    broker.rolled_back()
+    assert broker.deadline((second.qid, second.seq), "native") == 10.0, "it left in an earlier turn: still held"
+    assert broker.deadline((fourth.qid, fourth.seq), "native") is None, "it never left: ready again"
+    assert broker.deadline((other.qid, other.seq), "c1") is None, "forgotten, as its gateway forgets it"
+    broker.turn_begins()  # the ack the rollback took back is done again
+    assert broker.stored((first.qid, first.seq)) is None
+    assert take(broker, consumer="c2", now=2.0) == [b"c", b"d"], "neither the acked nor the held one again"

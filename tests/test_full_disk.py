@@ -133,3 +133,29 @@ def test_side_records_are_refused_too_while_the_disk_is_short(small_disk, tmp_pa
         assert "bound-after" not in srv.stats()["queues"]
     finally:
         srv.stop()
+
+
+def test_commits_failing_on_a_full_disk_deliver_each_message_about_once(small_disk, tmp_path):
+    # Something else takes every byte left and there is no reserve to give back: every commit fails
+    # while a consumer drains. A failed commit undoes only its own turn: a delivery that left in an
+    # earlier turn stays in flight, and a consumer's ack whose delete was rolled back is done again, so
+    # a message is not delivered again at each failure (old main: 20 to 41 deliveries a message).
+    srv = serve_on(small_disk, tmp_path, "--max-store-size", "100M", "--disk-reserve", "0")
+    try:
+        stored, _ = fill_until_refused(srv)
+        fill_the_rest(small_disk / "filler")
+        deliveries = 0
+        with client.Consumer(srv.send) as consumer:
+            deadline = time.monotonic() + 5  # commits fail all along: nothing more can be freed
+            while time.monotonic() < deadline:
+                delivery = consumer.receive(200)
+                if delivery is not None:
+                    consumer.ack(delivery)
+                    deliveries += 1
+        failed = srv.log.read_text().count("store failure")
+        os.unlink(small_disk / "filler")  # room again: what was acked is deleted, the rest drains
+        deliveries += drain(srv)
+    finally:
+        srv.stop()
+    assert failed >= 1, "the commits failed while the consumer drained"
+    assert stored <= deliveries <= 2 * stored, f"{deliveries} deliveries for {stored} messages"

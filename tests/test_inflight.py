@@ -128,3 +128,22 @@ def test_the_heap_stays_bounded_when_one_ref_is_re_added_many_times():
     assert len(table._heap) < 2 * len(table) + 1100
     assert refs(table.pop_expired(1e9)) == ["busy", "steady"]
     assert table.get("busy") is None
+
+
+def test_undo_puts_back_every_entry_changed_since_the_mark_and_nothing_else():
+    table = InFlight()
+    table.add("kept", 10.0, "c1")
+    table.add("acked", 20.0, "c1")
+    table.add("expires", 1.0, "c2")
+    table.mark()
+    table.remove("acked")
+    table.add("new", 30.0, "c2")
+    table.add("kept", 99.0, "c3")  # (its deadline and holder replaced)
+    assert refs(table.pop_expired(5.0)) == ["expires"]
+    table.undo()
+    assert sorted(ref for ref, _ in table.holders()) == ["acked", "expires", "kept"]
+    assert (table.get("kept").deadline, table.get("kept").consumer) == (10.0, "c1")
+    assert table.count("c1") == 2 and table.count("c2") == 1 and table.count("c3") == 0
+    assert refs(table.pop_expired(15.0)) == ["expires", "kept"], "deadlines are in the heap again"
+    table.undo()  # (the journal goes on after an undo: what was popped since comes back)
+    assert table.count("c1") == 2 and "expires" in table

@@ -209,17 +209,30 @@ def test_a_lone_consumer_that_answers_nothing_gets_at_most_max_inflight(store):
     assert len(gateway.dispatch(now=6.0, now_us=T0)) == 3
 
 
-def test_a_delivery_nobody_answers_stops_blocking_while_others_acks_flow(store):
+def test_a_delivery_nobody_answers_stops_blocking_once_a_later_one_is_answered_or_it_is_old(store):
     gateway = make(store, max_inflight=2)
     gateway.broker.produce_many("q", [[b"%d" % i] for i in range(10)], now_us=T0)
     kept, answered = gateway.dispatch(now=0.0, now_us=T0)
-    answer(gateway, answered, now=0.01)
-    [third] = gateway.dispatch(now=0.02, now_us=T0)  # one young delivery (``kept``) still counts
-    assert gateway.dispatch(now=0.03, now_us=T0) == []
-    answer(gateway, third, now=0.1)
-    assert len(gateway.dispatch(now=0.1, now_us=T0)) == 2, "the unanswered one is old: it blocks nothing"
+    answer(gateway, answered, now=0.01)  # answered before ``kept``: ``kept`` is passed, it blocks nothing
+    third, fourth = gateway.dispatch(now=0.02, now_us=T0)
     assert gateway.broker.deadline(kept.token, CONSUMER) is not None, "it is still in flight, its ack counts"
+    assert gateway.dispatch(now=0.03, now_us=T0) == [], "two young deliveries nobody passed still count"
+    answer(gateway, kept, now=0.1)  # (a late answer passes nothing newer, but says someone answers)
+    assert len(gateway.dispatch(now=0.1, now_us=T0)) == 2, "the unanswered ones are old: they block nothing"
+    assert gateway.broker.deadline(third.token, CONSUMER) is not None
     assert gateway.next_wake(0.1) is not None, "credit comes back when young deliveries age: wake then"
+
+
+def test_a_late_consumers_answers_do_not_stretch_the_window_of_the_prompt_ones(store):
+    gateway = make(store, max_inflight=1000)
+    gateway.broker.produce_many("q", [[b"%d" % i] for i in range(4000)], now_us=T0)
+    now = 0.0
+    for _ in range(20):  # the DEALER hands them out in turn: every other one to a consumer 4 s late
+        now += 0.1
+        sent = gateway.dispatch(now=now, now_us=T0)[:200]
+        for i, delivery in enumerate(sent):
+            answer(gateway, delivery, now=now + (4.0 if i % 2 else 0.001))
+    assert gateway.credit.window_s < 0.1, "half the answers are prompt: the window is theirs"
 
 
 def test_consumers_holding_too_much_together_lose_the_oldest_early_and_a_late_ack_still_counts(store):
@@ -303,3 +316,18 @@ def test_a_repeated_answer_in_one_run_counts_once_toward_the_consumers_latency(s
         return gateway.credit.latency_s
 
     assert latency_after(2) == latency_after(1), "a repeat of an answer is not a second sample"
+
+
+def test_a_consumer_that_answers_newest_first_holds_no_more_than_the_cap(store):
+    # Each answer passes every delivery sent before it: a hostile consumer answering only the newest of
+    # each run is credited anew each turn, and what it holds is still bounded (the oldest go back early).
+    gateway = make(store, max_inflight=4)
+    gateway.broker.produce_many("q", [[b"%d" % i] for i in range(500)], now_us=T0)
+    most, now = 0, 0.0
+    for _ in range(100):
+        now += 0.01
+        sent = gateway.dispatch(now=now, now_us=T0)
+        if sent:
+            answer(gateway, sent[-1], now=now)
+        most = max(most, gateway.broker.held_count(CONSUMER))
+    assert gateway.taken_back_total > 0 and most <= HOARD * 4

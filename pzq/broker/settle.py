@@ -46,6 +46,10 @@ class Settling(BrokerState):
             return False
         self.counters.acked += 1
         self._count(info.name, "acked")
+        if by in self.keep_on_rollback:
+            self._unwritten[ref] = None
+            if len(self._unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
+                del self._unwritten[next(iter(self._unwritten))]
         return True
 
     def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]:

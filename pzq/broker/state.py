@@ -75,6 +75,7 @@ class BrokerState:
         # forgotten: that holder's late answer is then refused and the message is simply delivered
         # again (at-least-once).
         self.late_memory = limits.late_memory
+        self.rollback_acks_kept = limits.rollback_acks_kept
         self.inflight: InFlight[Ref] = InFlight()
         self.counters = Counters()
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
@@ -86,6 +87,13 @@ class BrokerState:
         # end, dead letters requeued, every delivery forgotten). A gateway that found nothing to take
         # remembers it and looks again only once it has changed: nobody has to be told by name.
         self.readiness = 0
+        # Holders whose deliveries outlive a rolled-back turn (their gateway keeps no state of its own
+        # that the rollback would undo: the native send socket). Their deliveries of earlier turns left
+        # and stay in flight; their acks since the last commit are done again (``_unwritten``), since
+        # their consumer was told nothing and will not ack again.
+        self.keep_on_rollback: set[Hashable] = set()
+        self._unwritten: dict[Ref, None] = {}  # acks by those holders since the last commit, in order
+        self._redo = False  # a rollback undid them: done again as the next turn begins
 
     def _state(self, qid: int) -> _Ready:
         state = self._ready.get(qid)
@@ -99,6 +107,41 @@ class BrokerState:
         self._ready.clear()
         self._held.clear()
         self._late.clear()
+        self._unwritten.clear()
+        self._redo = False
+        self.readiness += 1
+
+    def turn_begins(self) -> None:
+        """A turn begins: what it changes in flight can be undone (``rolled_back``). Acks that a rolled
+        back turn took back are done again first (within this turn: a failing store fails it too)."""
+        self.inflight.mark()
+        if self._redo:
+            self._redo = False
+            for ref in self._unwritten:
+                self._settle(ref)
+                info = self.store.queue_by_id(ref[0])
+                if info is not None:
+                    self.store.delete(info.name, ref[1])
+
+    def committed(self) -> None:
+        """A commit made every ack so far durable."""
+        self._unwritten.clear()
+
+    def rolled_back(self) -> None:
+        """The store dropped what was written since its last commit: undo only this turn's work. Every
+        delivery of an earlier turn to a ``keep_on_rollback`` holder left, and stays in flight (else a
+        failing commit would deliver everything in flight again each turn: 41 deliveries a message,
+        measured on a full disk); other holders' deliveries are forgotten, as on a restart, since their
+        gateways forget theirs. Readiness is found again from the store and what is in flight."""
+        self.inflight.undo()
+        keep = self.keep_on_rollback
+        for ref in [ref for ref, holder in self.inflight.holders() if holder not in keep]:
+            self.inflight.remove(ref)
+        self._ready.clear()
+        for ref, _ in self.inflight.holders():
+            self._state(ref[0]).inflight += 1
+        self._held.clear()  # (the leases are read again from the disk)
+        self._redo = bool(self._unwritten)
         self.readiness += 1
 
     def _count(self, queue: str, what: str, n: int = 1) -> None:

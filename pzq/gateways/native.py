@@ -32,6 +32,7 @@ log = logging.getLogger("pzq.server")
 RECEIVE = "receive"  # producers: the server's ROUTER
 SEND = "send"  # consumers: the server's DEALER (its sends have no routing frame)
 CONSUMER = "native"  # the holder of every delivery through the send socket: one credit pool
+TAKE_BACK_LOG_S = 10.0  # at most one line this often about deliveries taken back early
 _REF = struct.Struct(">QQ")  # a message id's 32 hex digits as bytes: (qid, seq)
 
 
@@ -46,7 +47,11 @@ class NativeGateway:
         self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
         self.ack_timeout_s = ack_timeout_s
         self.credit = NativeCredit(max_inflight, ack_timeout_s)
+        # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
+        # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
+        broker.keep_on_rollback.add(CONSUMER)
         self.taken_back_total = 0
+        self._take_back_logged = float("-inf")
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
         self._stalled_at: int | None = None
         self._owed: list[Send] = []  # answers of a run whose store call failed, for rolled_back
@@ -174,13 +179,16 @@ class NativeGateway:
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
             self.taken_back_total += len(overdue)
-            log.warning(
-                "native consumers hold %d unacknowledged deliveries together (the most is %d): the %d "
-                "oldest went back to the queue early",
-                held,
-                self.credit.cap,
-                len(overdue),
-            )
+            # (a consumer that acks late takes this path every turn: one line per TAKE_BACK_LOG_S)
+            if now >= self._take_back_logged + TAKE_BACK_LOG_S:
+                log.warning(
+                    "native consumers hold %d unacknowledged deliveries together (the most is %d): the "
+                    "oldest went back to the queue early (%d in all so far)",
+                    held,
+                    self.credit.cap,
+                    self.taken_back_total,
+                )
+                self._take_back_logged = now
         credit = self._available(now)
         if credit <= 0 or SEND in blocked:
             return []
@@ -223,8 +231,9 @@ class NativeGateway:
         return out
 
     def recover(self) -> None:
-        """The broker forgot every delivery (a rolled-back turn): so does the credit."""
-        self.credit.reset()
+        """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
+        so does the credit."""
+        self.credit.retain(self._ours)
 
     def next_wake(self, now: float) -> float | None:
         """When the oldest young delivery stops counting against the credit (no message wakes us then)."""

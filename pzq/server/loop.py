@@ -320,6 +320,7 @@ class Server(Reloading):
             endpoint.budget = budget
         self.turns += 1
         try:
+            self.broker.turn_begins()  # (acks a rolled-back turn took back are done again first)
             tasks = self._task_list
             first, self._first_task, self._behind = self._first_task % len(tasks), 0, False
             for i in range(len(tasks)):
@@ -333,10 +334,8 @@ class Server(Reloading):
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
             )
         except StoreError as exc:
-            self._store_failures.error(
-                "store failure; this turn was rolled back and in-flight deliveries will repeat: %s", exc
-            )
-            self._recover()
+            self._store_failures.error("store failure; this turn was rolled back: %s", exc)
+            self._recover(whole=False)
             for endpoint in self.endpoints:
                 endpoint.rolled_back()
         for endpoint in self.endpoints:
@@ -355,11 +354,15 @@ class Server(Reloading):
             parts.update(endpoint.memory())
         self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
 
-    def _recover(self) -> None:
-        """Start over from what is on disk, as a restart would: uncommitted writes are dropped and
-        whatever was in flight is ready again (at-least-once)."""
+    def _recover(self, whole: bool = True) -> None:
+        """Start over from what is on disk: uncommitted writes are dropped. After a bug (``whole``),
+        as a restart would: whatever was in flight is ready again (at-least-once). After a failed
+        commit, only the turn's own work is undone (see Broker.rolled_back)."""
         self.store.abort()
-        self.broker.reset()
+        if whole:
+            self.broker.reset()
+        else:
+            self.broker.rolled_back()
         self.leases.load()
         self._dirty_since = None
         for endpoint in self.endpoints:
@@ -393,6 +396,7 @@ class Server(Reloading):
         if waiting or now - self._dirty_since >= interval:
             started = time.perf_counter()
             self.store.commit(counts_older_than=now - interval)
+            self.broker.committed()
             self._last_commit_ms = (time.perf_counter() - started) * 1000
             if self.metrics is not None:
                 produced = self.broker.counters.produced
