@@ -111,9 +111,10 @@ class Limits:
     # its requests for big replies (API SNAPSHOT, FETCH) are refused: a lock-step client holds at most
     # one reply; the API endpoint raises it to two of its biggest replies
     memory_peer_share: int = 12 << 20
-    # Big replies are still made past --memory-high-water up to this much more (consumers drain the queues
-    # the alarm closes to producers), and none past it
-    memory_reply_reserve: int = 64 << 20
+    # Big replies are made while the total stays under --memory-low-water and this much more; none past it
+    # (``ERR busy``), so that slow readers of big replies never raise the alarm that closes the server to
+    # every producer
+    memory_reply_reserve: int = 0
     memory_peers_tracked: int = 10_000  # peers whose pipe estimate one socket remembers
     # A failed commit (slice i26-send; pzq/broker/state.py): native consumers' acks since the last commit
     # that a rollback undoes are done again, this many at most (older ones: the message is delivered again)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import socket
 import threading
 import time
 import urllib.request
@@ -21,6 +22,7 @@ import zmq
 from pzq.broker import Broker
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient, ApiError
+from pzq.clients.sockets import tcp_address
 from pzq.config import DEFAULT_LIMITS
 from pzq.endpoints.base import Sockets
 from pzq.endpoints.memory import MemoryAlarm, PipeEstimate
@@ -175,8 +177,8 @@ def test_the_alarm_stats_show_its_state_the_total_and_each_part():
 
 
 def test_a_big_reply_is_refused_to_a_client_past_its_share_but_one_holding_nothing_gets_one():
-    limits = dataclasses.replace(DEFAULT_LIMITS, memory_peer_share=10 * MiB, memory_reply_reserve=0)
-    alarm = MemoryAlarm(high_water=1 << 40, low_water=0, limits=limits)
+    limits = dataclasses.replace(DEFAULT_LIMITS, memory_peer_share=10 * MiB)
+    alarm = MemoryAlarm(high_water=1 << 40, low_water=1 << 39, limits=limits)
     alarm.measure({})
     assert alarm.admit(0, 20 * MiB)  # (bigger than the share, but it holds nothing)
     assert alarm.admit(4 * MiB, 4 * MiB)
@@ -184,14 +186,14 @@ def test_a_big_reply_is_refused_to_a_client_past_its_share_but_one_holding_nothi
     assert alarm.stats()["big_replies_refused_total"] == 1
 
 
-def test_big_replies_stop_at_the_high_water_mark_and_its_reserve_whoever_asks():
-    limits = dataclasses.replace(DEFAULT_LIMITS, memory_reply_reserve=10)
-    alarm = MemoryAlarm(high_water=100, low_water=50, limits=limits)
-    alarm.measure({"api_pipes": 100})  # (raised: producers are refused, consumers may still have replies)
+def test_big_replies_stop_at_the_low_water_mark_whoever_asks_so_they_never_raise_the_alarm():
+    alarm = MemoryAlarm(high_water=100, low_water=50)
+    alarm.measure({"api_pipes": 40})
     assert alarm.admit(0, 6)
-    assert not alarm.admit(0, 6)  # (what this turn granted counts: 100 + 6 + 6 > 110)
-    alarm.measure({"api_pipes": 100})
+    assert not alarm.admit(0, 6)  # (what this turn granted counts: 40 + 6 + 6 > 50)
+    alarm.measure({"api_pipes": 40})
     assert alarm.admit(0, 6)
+    assert not alarm.measure({"api_pipes": 46})  # (all that was granted: still under the high-water mark)
 
 
 def test_a_low_water_mark_not_under_the_high_one_is_refused(tmp_path):
@@ -281,62 +283,77 @@ def _memory(srv) -> dict:
 
 @pytest.fixture
 def alarmed_server(make_server, tmp_path):
-    """A server with a low high-water mark (16 MiB, cleared under 8; no big reply past 24) and the API on
-    tcp:// (its monitor names the connections that go); its queue "big" holds 5 MiB, so every SNAPSHOT
-    reply is 4 MiB."""
+    """A server with a low high-water mark (16 MiB, cleared under 12, where big replies stop too), the API on
+    tcp:// (its monitor names the connections that go) and MQKS; its queue "big" holds 5 MiB, so every
+    SNAPSHOT reply is 4 MiB."""
     srv = make_server(
         api_dsn=free_tcp_endpoint()[0],
+        mqks_dsn=free_tcp_endpoint()[0],
         memory_high_water=16 * MiB,
-        memory_low_water=8 * MiB,
-        limits=dataclasses.replace(DEFAULT_LIMITS, memory_reply_reserve=8 * MiB),
+        memory_low_water=12 * MiB,
     )
     _fill(srv.config.api_dsn)
     return srv
 
 
-def test_clients_that_ask_for_snapshots_and_read_none_raise_the_alarm_and_producers_are_refused_until_they_go(
+def test_clients_that_ask_for_snapshots_and_read_none_are_answered_busy_and_every_producer_is_still_served(
+    alarmed_server,
+):
+    srv = alarmed_server
+    ctx = zmq.Context()
+    try:
+        socks = [_hostile(ctx, srv.config.api_dsn, 12, i) for i in range(8)]
+        wait_until(lambda: _memory(srv)["big_replies_refused_total"] >= 8, timeout_s=20)
+        memory = _memory(srv)
+        assert memory["alarm"] == 0 and memory["alarms_total"] == 0
+        assert 0 < memory["api_pipes_bytes"] <= 12 * MiB + 5 * MiB  # (under the low-water mark, and one reply)
+        with client.Producer(srv.receive) as producer:
+            assert producer.produce([b"served"]).ok
+        with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+            assert api.produce([("honest", b"served")])["count"] == 1
+        # An honest client's snapshot is answered "busy" while the hostile ones hold the room, and its
+        # client asks again until it is served, once they go.
+        honest: list[int] = []
+        reader = threading.Thread(target=lambda: honest.append(_snapshot_rows(srv.config.api_dsn)), daemon=True)
+        reader.start()
+        for sock in socks:
+            sock.close(0)
+        reader.join(30)
+        assert honest == [64]
+    finally:
+        ctx.term()
+    assert _memory(srv)["alarms_total"] == 0
+
+
+def test_unfinished_input_past_the_high_water_mark_raises_the_alarm_and_producers_are_refused_until_it_goes(
     alarmed_server,
 ):
     srv = alarmed_server
     with client.Producer(srv.receive) as producer:
         assert producer.produce([b"for the consumer"]).ok
-    ctx = zmq.Context()
+    host, port = tcp_address(srv.config.mqks_dsn)
+    parkers = [socket.create_connection((host, port), timeout=10) for _ in range(3)]
     try:
-        socks = [_hostile(ctx, srv.config.api_dsn, 12, i) for i in range(8)]
+        for raw in parkers:  # 3 x 7 MiB of a line never finished: what pzq cannot refuse but holds
+            raw.sendall(b"p1 publish e " + b"x" * (7 * MiB))
         wait_until(lambda: _memory(srv)["alarm"] == 1, timeout_s=20)
-        memory = _memory(srv)
-        assert memory["counted_bytes"] >= 8 * MiB
-        assert memory["api_pipes_bytes"] > 0
         assert "memory.alarm: 1" in client.monitor_request(srv.monitor)
-        # Producers of the native and API protocols are refused ...
         with client.Producer(srv.receive) as producer:
             refused = producer.produce([b"refused"])
         assert not refused.ok and "queue full" in refused.error
         with ApiClient(srv.config.api_dsn, timeout_s=10) as api, pytest.raises(ApiError) as exc:
             api.produce([("honest", b"refused")])
         assert exc.value.code == "queue-full"
-        # ... while a consumer still gets and acks what is stored.
-        with client.Consumer(srv.send) as consumer:
+        with client.Consumer(srv.send) as consumer:  # consumers still get and ack what is stored
             delivery = consumer.receive(timeout_ms=5000)
             assert delivery is not None and delivery.body == [b"for the consumer"]
             consumer.ack(delivery)
-        # Past their share, the hostile clients' snapshots were refused rather than made; an honest
-        # client's is answered "busy" while the bound is full, and its client asks again until served.
-        assert _memory(srv)["big_replies_refused_total"] > 0
-        honest: list[int] = []
-        reader = threading.Thread(target=lambda: honest.append(_snapshot_rows(srv.config.api_dsn)), daemon=True)
-        reader.start()
-        for sock in socks:
-            sock.close(0)
-        wait_until(lambda: _memory(srv)["alarm"] == 0, timeout_s=20)
-        reader.join(30)
-        assert honest == [64]
     finally:
-        ctx.term()
+        for raw in parkers:
+            raw.close()
+    wait_until(lambda: _memory(srv)["alarm"] == 0, timeout_s=20)
     with client.Producer(srv.receive) as producer:
         assert producer.produce([b"served again"]).ok
-    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
-        assert api.produce([("honest", b"served again")])["count"] == 1
     assert _memory(srv)["alarms_total"] == 1
 
 

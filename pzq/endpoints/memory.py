@@ -7,7 +7,8 @@ once a turn (``MemoryAlarm.measure``). Past ``--memory-high-water`` the alarm is
 refuses every producer ("queue full" in each protocol) while consumers and acks go on, until the total
 is back under ``--memory-low-water``. A request whose reply is big (an API SNAPSHOT or FETCH) is served
 only if its peer does not already hold its share of unread replies and the total stays under the
-high-water mark and a reserve (``admit``): refused rather than grown.
+low-water mark (``admit``): refused rather than grown, so that readers of big replies, however slow, are
+refused before they could close the server to every producer.
 
 libzmq gives no sign of what a peer has read, so the pipes are estimated (``PipeEstimate``): a peer's
 pipe holds at most the last SNDHWM messages sent to it, and libzmq's encoder one more.
@@ -173,8 +174,12 @@ class MemoryAlarm:
 
     @property
     def ceiling(self) -> int:
-        """Past this total no big reply is made: the high-water mark and a reserve for consumers."""
-        return self.high_water + self.limits.memory_reply_reserve
+        """Past this total no big reply is made: the low-water mark (and ``limits.memory_reply_reserve``,
+        0 by default). A big reply is the one thing pzq may refuse instead of holding (``ERR busy``), so
+        slow readers of big replies are refused before they could raise the alarm, which would close the
+        server to every producer: the alarm is left to what cannot be refused (unfinished input, backlogs
+        of small replies)."""
+        return self.low_water + self.limits.memory_reply_reserve
 
     def measure(self, parts: dict[str, int]) -> bool:
         """Take the turn's count (name -> bytes); raise or clear the alarm; True while it is raised."""
