@@ -42,8 +42,9 @@ class NativeEndpoints(Endpoint):
             MAXMSGSIZE=config.max_message_size + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
-            # its budget): up to 1000 messages of MAXMSGSIZE (see docs/limits.md, "Memory bound")
-            RCVHWM=1000,
+            # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
+            # bound"); the rest of its window waits in its own process
+            RCVHWM=config.limits.pipe_messages(config.max_message_size + 4096, 1000),
             LINGER=2000,
         )  # let the last acks out on shutdown
         self.replies = Replies(self.receive, "producer", config.limits)
