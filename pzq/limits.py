@@ -119,6 +119,17 @@ class Limits:
     # A failed commit (slice i26-send; pzq/broker/state.py): native consumers' acks since the last commit
     # that a rollback undoes are done again, this many at most (older ones: the message is delivered again)
     rollback_acks_kept: int = 10_000
+    # Incoming pipes bounded by bytes (slice i26b-big): libzmq bounds a pipe in messages (RCVHWM), so a
+    # producer pipelining 60 messages of 16 MiB parked 960 MiB in its pipe under RCVHWM 1000. Each
+    # receiving pipe now holds about this many bytes of its largest messages (see pipe_messages), and at
+    # least pipe_in_floor messages so that a producer's next message is already there when a turn reads
+    pipe_in_bytes: int = 64 << 20
+    pipe_in_floor: int = 4
+
+    def pipe_messages(self, message_size: int, cap: int) -> int:
+        """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
+        of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""
+        return max(self.pipe_in_floor, min(cap, self.pipe_in_bytes // max(message_size, 1)))
 
 
 DEFAULT_LIMITS = Limits()

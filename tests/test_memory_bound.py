@@ -23,7 +23,7 @@ from pzq.broker import Broker
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient, ApiError
 from pzq.clients.sockets import tcp_address
-from pzq.config import DEFAULT_LIMITS
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.base import Sockets
 from pzq.endpoints.memory import MemoryAlarm, PipeEstimate
 from pzq.errors import ConfigError, StoreFull
@@ -61,7 +61,40 @@ def test_a_server_with_every_endpoint_binds_each_socket_with_its_high_water_mark
     marks = {(s.getsockopt(zmq.SNDHWM), s.getsockopt(zmq.RCVHWM)) for s in owned}
     assert all(0 < out <= 10_000 and 0 < into <= 10_000 for out, into in marks)  # (0 would be no bound)
     api = next(s for s in owned if s.getsockopt(zmq.LAST_ENDPOINT).decode() == srv.config.api_dsn)
-    assert (api.getsockopt(zmq.SNDHWM), api.getsockopt(zmq.RCVHWM)) == (2, 16)
+    # (16 requests of up to 24 MiB were 384 MiB in one client's pipe: now Limits.pipe_in_bytes' worth)
+    assert (api.getsockopt(zmq.SNDHWM), api.getsockopt(zmq.RCVHWM)) == (2, 4)
+
+
+def test_a_producer_pipelining_messages_of_the_largest_size_parks_at_most_the_pipe_budget_in_its_pipe(make_server):
+    srv = make_server(
+        emqp_frontend_dsn=free_tcp_endpoint()[0],
+        emqp_backend_dsn=free_tcp_endpoint()[0],
+        api_dsn=free_tcp_endpoint()[0],
+    )
+    limits = srv.config.limits
+    by_dsn = {s.getsockopt(zmq.LAST_ENDPOINT).decode(): s for s in srv.server._sockets.owned}
+    for dsn in (srv.config.receive_dsn, srv.config.emqp_frontend_dsn, srv.config.emqp_backend_dsn, srv.config.api_dsn):
+        sock = by_dsn[dsn]
+        held = sock.getsockopt(zmq.RCVHWM) * sock.getsockopt(zmq.MAXMSGSIZE)
+        # 1000 x 16 MiB before: one producer pipelining 60 messages of 16 MiB parked 960 MiB in pzq
+        assert held <= max(limits.pipe_in_bytes, limits.pipe_in_floor * sock.getsockopt(zmq.MAXMSGSIZE)), dsn
+        assert held <= 128 << 20, dsn
+
+
+def test_small_messages_keep_a_deep_receive_pipe_so_a_pipelining_producer_never_waits_on_it(make_server):
+    srv = make_server(max_message_size=16 << 10)
+    receive = next(
+        s for s in srv.server._sockets.owned if s.getsockopt(zmq.LAST_ENDPOINT).decode() == srv.config.receive_dsn
+    )
+    assert receive.getsockopt(zmq.RCVHWM) == 1000
+
+
+def test_the_pipe_depth_is_the_budget_over_the_message_size_within_its_floor_and_cap():
+    limits = Limits(pipe_in_bytes=1 << 20, pipe_in_floor=2)
+    assert limits.pipe_messages(1 << 10, 1000) == 1000
+    assert limits.pipe_messages(16 << 10, 1000) == 64
+    assert limits.pipe_messages(1 << 20, 1000) == 2
+    assert limits.pipe_messages(16 << 20, 16) == 2
 
 
 # -- the pipe estimate ------------------------------------------------------------------------------

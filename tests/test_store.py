@@ -8,6 +8,7 @@ import pytest
 from pzq.errors import StoreError, StoreFull
 from pzq.store import DeadLetter, Message, Store, message_id, parse_message_id
 from pzq.store.groups import LeaseRecords
+from pzq.store.messages import native_record
 from pzq.store.schedules import Schedules
 
 
@@ -383,3 +384,12 @@ def test_a_preview_gives_the_start_of_each_body_its_size_and_a_dead_letters_reas
     (dead,) = store.preview("q", 50, 4, dead=True)
     assert (dead.body_head, dead.body_size, dead.reason, dead.id) == (b"\xff" * 4, 10, "expired", letter.id)
     assert len(store.preview("q", 1, 1024)) == 1 and store.preview("nosuch", 5, 10) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[b"x" * (1 << 20)], [b"a", b"b" * ((1 << 20) + 5), b"", b"c" * 300, b"d" * 70_000], [b"z" * 70_000] * 17, [b"s"]],
+)
+def test_a_big_native_record_joined_from_its_frames_is_msgpacks_bytes_to_the_byte(body):
+    for now_us in (0, 5, 1_764_190_000_000_000, 2**63 - 1):
+        assert native_record(now_us, body) == msgpack.packb([now_us, 0, body])

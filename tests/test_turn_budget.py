@@ -180,3 +180,69 @@ def test_a_message_bigger_than_a_turns_bytes_is_committed_in_a_turn_of_its_own(t
     finally:
         producer.close(0)
         server.close()
+
+
+def test_a_small_message_read_after_a_big_one_first_in_a_turn_is_committed_before_it(tmp_path):
+    # A hostile producer's big message may come first out of the ROUTER's fair queue: it is held for a turn
+    # of its own and the small message behind it (another producer's) is committed first, not after it.
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20)
+    ctx = zmq.Context.instance()
+    big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        for sock in (big, small):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(receive)
+        body = b"x" * ((1 << 20) + 1)
+        for i in range(6):  # pipelined: more than the turns may hold (HELD_BIG), waiting in the pipe
+            big.send_multipart(wire.produce(b"b%d" % i, [body]))
+        small.send_multipart(wire.produce(b"s0", [b"small"]))
+        per_turn, sent = [], 0
+        for _ in range(40):
+            server._turn(0)
+            acked = _acks(big) + _acks(small)
+            per_turn.append(acked)
+            if any(a.startswith(b"s") for a in acked) and sent < 4:
+                sent += 1  # the honest producer sends its next one when its last is acked (window 1)
+                small.send_multipart(wire.produce(b"s%d" % sent, [b"small"]))
+            if sum(map(len, per_turn)) == 11:
+                break
+        flat = [a for acked in per_turn for a in acked]
+        assert sorted(flat) == sorted([b"b%d" % i for i in range(6)] + [b"s%d" % i for i in range(5)])
+        assert flat[0] == b"s0", f"the small message was committed after a big one: {per_turn}"
+        assert all(len([a for a in acked if a.startswith(b"b")]) <= 1 for acked in per_turn), "one big a turn"
+        # Each small message, sent after the last was acked, waits for at most one big commit
+        waits, bigs = [], 0
+        for acked in per_turn:
+            bigs += sum(1 for a in acked if a.startswith(b"b"))
+            if any(a.startswith(b"s") for a in acked):
+                waits.append(bigs)
+                bigs = 0
+        assert max(waits) <= 1, f"big commits before each small ack: {waits}"
+        assert [a for a in flat if a.startswith(b"b")] == [b"b%d" % i for i in range(6)], "in order"
+    finally:
+        big.close(0)
+        small.close(0)
+        server.close()
+
+
+def test_a_producers_messages_after_its_held_big_one_keep_their_order_behind_it(tmp_path):
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1000)
+    producer = zmq.Context.instance().socket(zmq.DEALER)
+    producer.setsockopt(zmq.LINGER, 0)
+    producer.connect(receive)
+    try:
+        for mid, body in ((b"a", b"y" * 5000), (b"b", b"small"), (b"c", b"y" * 5000), (b"d", b"small")):
+            producer.send_multipart(wire.produce(mid, [body]))
+        per_turn = []
+        for _ in range(30):
+            server._turn(0)
+            if acked := _acks(producer):
+                per_turn.append(acked)
+            if sum(map(len, per_turn)) == 4:
+                break
+        assert [a for acked in per_turn for a in acked] == [b"a", b"b", b"c", b"d"], per_turn
+        assert [b"a"] in per_turn and [b"c"] in per_turn, f"each big one alone: {per_turn}"
+    finally:
+        producer.close(0)
+        server.close()

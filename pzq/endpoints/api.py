@@ -41,7 +41,8 @@ class ApiEndpoint(Endpoint):
             "--api-dsn",
             MAXMSGSIZE=config.max_message_size + (8 << 20),
             SNDHWM=config.limits.api_replies_unread,  # replies may be MiBs: few wait in a client's pipe
-            RCVHWM=REQUESTS_UNREAD,  # (a lock-step client sends one at a time; a PRODUCE may be MiBs)
+            # (a lock-step client sends one at a time; a PRODUCE may be MiBs: Limits.pipe_in_bytes of them)
+            RCVHWM=config.limits.pipe_messages(config.max_message_size + (8 << 20), REQUESTS_UNREAD),
         )
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "api", config.limits, pipes=True)

@@ -7,6 +7,7 @@ drops one silently; deliveries through the DEALER, handing back those it would n
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -24,6 +25,9 @@ log = logging.getLogger("pzq.server")
 RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
+# Big messages (past what a turn may still let in) read and held at once, each for a turn of its own: past
+# two, reading stops, so what a turn holds is bounded and a small message is never behind more than one
+HELD_BIG = 2
 
 
 class NativeEndpoints(Endpoint):
@@ -42,8 +46,9 @@ class NativeEndpoints(Endpoint):
             MAXMSGSIZE=config.max_message_size + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
-            # its budget): up to 1000 messages of MAXMSGSIZE (see docs/limits.md, "Memory bound")
-            RCVHWM=1000,
+            # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
+            # bound"); the rest of its window waits in its own process
+            RCVHWM=config.limits.pipe_messages(config.max_message_size + 4096, 1000),
             LINGER=2000,
         )  # let the last acks out on shutdown
         self.replies = Replies(self.receive, "producer", config.limits)
@@ -58,7 +63,12 @@ class NativeEndpoints(Endpoint):
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
         self._replies: list[Send] = []  # answers to producers: they wait for the commit
         self._deliveries: list[Send] = []  # they leave after the turn's commit, whether or not it wrote
-        self._held: list[bytes] | None = None  # a producer's message waiting for a turn with room for it
+        # Messages read but left for later turns, in order: each big one (more than the turn could still let
+        # in) gets a turn of its own, with the messages its producer sent after it (they keep its order)
+        self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
+        self._held_from: set[bytes] = set()  # producers with a held message: their next ones wait behind it
+        self._held_big = 0
+        self._due = False  # the next turn is the oldest held big message's own
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
 
     def before_poll(self, poller: zmq.Poller) -> None:
@@ -66,12 +76,41 @@ class NativeEndpoints(Endpoint):
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        if self._held is not None:  # a message the last turn read but had no bytes left for: a turn of its own
-            held, self._held = self._held, None
-            self.budget.take(sum(map(len, held)))
-            self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
-            self._replies += self.gateway.received_many(RECEIVE, [held], now=now, now_us=now_us)
+        if self._due:  # a big message an earlier turn read and held: a turn of its own
+            self._due = False
+            self._commit_held(now, now_us)
             return
+        self._release_held(now, now_us)
+        self._read(ready, now, now_us)
+        # Turns with a held big message and turns that read alternate, so that a small message read after
+        # the big one (another producer's) is committed first, and one sent during its commit is read next
+        if self._held:
+            if self.budget.let_in:
+                self._due = True
+                self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
+            else:  # nothing else in this turn: the big message has it to itself already
+                self._commit_held(now, now_us)
+
+    def _commit_held(self, now: float, now_us: int) -> None:
+        """Let in the oldest held big message alone (the messages behind it go first the next turn)."""
+        frames, _ = self._held.popleft()
+        self._held_big -= 1
+        self._held_from = {held[0] for held, _ in self._held}
+        self.budget.take(sum(map(len, frames)))
+        self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
+        self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+
+    def _release_held(self, now: float, now_us: int) -> None:
+        """Let in the held messages before the next big one: they were sent after a big one now stored."""
+        run: list[list[bytes]] = []
+        while self._held and not self._held[0][1]:
+            run.append(self._held.popleft()[0])
+        if run:
+            self._held_from = {held[0] for held, _ in self._held}
+            self.budget.take(sum(len(f) for frames in run for f in frames))
+            self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)
+
+    def _read(self, ready: dict, now: float, now_us: int) -> None:
         names = [RECEIVE, SEND] if self._first == RECEIVE else [SEND, RECEIVE]
         for name in names:
             if name == RECEIVE and self.receive not in ready or name == SEND and not ready.get(self.send, 0) & POLLIN:
@@ -99,7 +138,7 @@ class NativeEndpoints(Endpoint):
         run: list[list[bytes]] = []
         read = size = 0
         for _ in range(most):
-            if size >= share or budget.spent():
+            if size >= share or budget.spent() or self._held_big >= HELD_BIG:
                 break
             try:
                 frames = receive(sock, gate, role, NOBLOCK)
@@ -114,12 +153,18 @@ class NativeEndpoints(Endpoint):
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
                 budget.take(length)
                 continue
-            if replies is not None and length > budget.bytes_left and budget.let_in:
-                # More than the turn may still let in: this message is committed in the next turn, so
-                # that what this turn took in (a small producer's message) does not wait for its write.
-                self._held = frames
-                budget.bytes_left = 0  # (the turn's bytes are over: the loop goes on at once)
-                break
+            if replies is not None and (length > budget.bytes_left or frames[0] in self._held_from):
+                # More than the turn may still let in: this message is committed in a turn of its own, so
+                # that what this turn takes in (another producer's small message) does not wait for its
+                # write; its producer's next messages wait behind it, in order.
+                big = length > budget.bytes_left
+                size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
+                self._held.append((frames, big))
+                self._held_from.add(frames[0])
+                self._held_big += big
+                if self._held_big >= HELD_BIG:
+                    break
+                continue
             budget.take(length)
             run.append(frames)
         return run, read, size
