@@ -21,11 +21,19 @@ from conftest import make_config
 ZERO = dataclasses.replace(DEFAULT_LIMITS, turn_budget_s=0.0)
 
 
+def _producer(endpoint: str, **options: int) -> zmq.Socket:
+    """A raw producer's DEALER, closed at linger 0, connected to ``endpoint``."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    sock.connect(endpoint)
+    return sock
+
+
 def flooding(srv, n: int) -> zmq.Socket:
     """A producer that has sent ``n`` messages at once, once the server has begun to read them."""
-    flood = zmq.Context.instance().socket(zmq.DEALER)
-    flood.setsockopt(zmq.LINGER, 0)
-    flood.connect(srv.receive)
+    flood = _producer(srv.receive)
     for i in range(n):
         flood.send_multipart(wire.produce(b"%d" % i, [b"flood"]))
     assert flood.poll(5000), "the flood is being read"
@@ -125,12 +133,8 @@ def _acks(sock: zmq.Socket) -> list[bytes]:
 
 def test_a_small_producers_ack_waits_for_at_most_one_big_commit_of_another_producer(tmp_path):
     server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20)
-    ctx = zmq.Context.instance()
-    big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    big, small = _producer(receive), _producer(receive)
     try:
-        for sock in (big, small):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(receive)
         body = b"x" * (1 << 20)
         for i in range(4):
             big.send_multipart(wire.produce(b"b%d" % i, [body]))
@@ -162,9 +166,7 @@ def test_a_small_producers_ack_waits_for_at_most_one_big_commit_of_another_produ
 
 def test_a_message_bigger_than_a_turns_bytes_is_committed_in_a_turn_of_its_own(tmp_path):
     server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1000)
-    producer = zmq.Context.instance().socket(zmq.DEALER)
-    producer.setsockopt(zmq.LINGER, 0)
-    producer.connect(receive)
+    producer = _producer(receive)
     try:
         producer.send_multipart(wire.produce(b"a", [b"small"]))
         producer.send_multipart(wire.produce(b"b", [b"y" * 5000]))
@@ -186,13 +188,8 @@ def test_a_small_message_read_after_a_big_one_first_in_a_turn_is_committed_befor
     # A hostile producer's big message may come first out of the ROUTER's fair queue: it is held for a turn
     # of its own and the small message behind it (another producer's) is committed first, not after it.
     server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20)
-    ctx = zmq.Context.instance()
-    big, small = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    big, small = _producer(receive, SNDHWM=0), _producer(receive, SNDHWM=0)
     try:
-        for sock in (big, small):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(receive)
         body = b"x" * ((1 << 20) + 1)
         for i in range(6):  # pipelined: more than the turns may hold (HELD_BIG), waiting in the pipe
             big.send_multipart(wire.produce(b"b%d" % i, [body]))
@@ -228,9 +225,7 @@ def test_a_small_message_read_after_a_big_one_first_in_a_turn_is_committed_befor
 
 def test_a_producers_messages_after_its_held_big_one_keep_their_order_behind_it(tmp_path):
     server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1000)
-    producer = zmq.Context.instance().socket(zmq.DEALER)
-    producer.setsockopt(zmq.LINGER, 0)
-    producer.connect(receive)
+    producer = _producer(receive)
     try:
         for mid, body in ((b"a", b"y" * 5000), (b"b", b"small"), (b"c", b"y" * 5000), (b"d", b"small")):
             producer.send_multipart(wire.produce(mid, [body]))
