@@ -123,12 +123,13 @@ class NativeCredit:
             return None
         return next(iter(self._young.values()))[1] + self.window_s
 
-    def overdue(self, held: int, holds) -> list:
+    def overdue(self, held: int, holds, most: int | None = None) -> list:
         """The oldest deliveries to take back early when all consumers together hold more than the cap
-        (``holds(ref)``: whether ``ref`` is still in flight through the send socket)."""
+        (``holds(ref)``: whether ``ref`` is still in flight through the send socket); at most ``most``
+        of them (the rest the next time)."""
         out: list = []
         order = self._order
-        while order and held - len(out) > self.cap - self.max_inflight:
+        while order and held - len(out) > self.cap - self.max_inflight and (most is None or len(out) < most):
             ref = order.popleft()
             if holds(ref):
                 out.append(ref)

@@ -125,6 +125,13 @@ class Limits:
     # least pipe_in_floor messages so that a producer's next message is already there when a turn reads
     pipe_in_bytes: int = 64 << 20
     pipe_in_floor: int = 4
+    # The length of a whole turn (slice i26c-turn; TurnBudget in pzq/endpoints/base.py): records one turn
+    # may touch, all its work together (a request served counts one; a delivery, an ack, a return or an
+    # expiry each counts one), so that the commit and the flush that follow it (neither of which the
+    # budget's clock sees) stay bounded; and the records one run of work (a dispatch, an expiry) handles
+    # between two looks at the budget
+    turn_records: int = 2_000
+    turn_chunk: int = 128
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

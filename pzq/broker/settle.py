@@ -130,9 +130,10 @@ class Settling(BrokerState):
         for ref in refs:
             self.undeliver(ref)
 
-    def expire(self, now: float) -> int:
-        """Requeue every delivery whose ack timeout has passed; returns how many."""
-        expired = self.inflight.pop_expired(now)
+    def expire(self, now: float, limit: int | None = None) -> int:
+        """Requeue the deliveries whose ack timeout has passed, earliest first and at most ``limit`` (the
+        rest the next time: ``next_deadline`` is then already due); returns how many."""
+        expired = self.inflight.pop_expired(now, limit)
         for delivery in expired:
             self._state(delivery.ref[0]).inflight -= 1
             self._remember_late(delivery.ref, delivery.consumer)

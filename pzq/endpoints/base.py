@@ -236,43 +236,56 @@ def _check_ipc_path(endpoint: str, option: str) -> None:
 
 class TurnBudget:
     """One turn's budget for all the work outside the commit: a clock deadline (``limits.turn_budget_s``
-    from the turn's start) and the bytes of messages the turn may let in (``limits.turn_write_bytes``:
-    the commit pays for them all, so one client's big messages cannot make another's ack wait for
-    several big writes).
+    from the turn's start), the bytes of messages the turn may let in (``limits.turn_write_bytes``: the
+    commit pays for them all, so one client's big messages cannot make another's ack wait for several big
+    writes) and the records it may touch (``limits.turn_records``: each request served counts one, a run
+    of deliveries, acks or returns counts each of its messages). The commit's cost and the flush's (what
+    the turn sends after it) grow with the records and bytes, which the clock before the commit does not
+    see: the counts bound them whatever the clock says.
 
     Readers call ``spent()`` before each request and ``take(size)`` after reading one; they stop
     between requests, never inside one (each request stays atomic), and leave the rest to the next turn.
+    Work that comes in runs (deliveries, acks) asks ``records_for(chunk)`` how many it may do next.
     The first request of a turn is always served (``spent()`` is False until something was taken), so a
     budget of zero still serves one request a turn, and a message bigger than the byte budget gets a
     turn of its own."""
 
-    __slots__ = ("deadline", "bytes_left", "served", "let_in")
+    __slots__ = ("deadline", "bytes_left", "records_left", "served", "let_in")
 
-    def __init__(self, deadline: float, bytes_left: int):
+    def __init__(self, deadline: float, bytes_left: int, records_left: int = 1 << 62):
         self.deadline = deadline  # time.monotonic() at which the turn's work stops
         self.bytes_left = bytes_left
+        self.records_left = records_left
         self.served = 0  # requests (and periodic tasks) served this turn
         self.let_in = 0  # bytes of the requests served
 
     @classmethod
-    def start(cls, seconds: float, write_bytes: int) -> TurnBudget:
+    def start(cls, seconds: float, write_bytes: int, records: int = 1 << 62) -> TurnBudget:
         """A budget that begins now."""
-        return cls(time.monotonic() + seconds, write_bytes)
+        return cls(time.monotonic() + seconds, write_bytes, records)
 
-    def take(self, size: int = 0) -> None:
-        """One request served, which let ``size`` bytes into the turn."""
+    def take(self, size: int = 0, records: int = 1) -> None:
+        """One request (or run) served, which let ``size`` bytes into the turn and touched ``records``."""
         self.served += 1
         self.bytes_left -= size
         self.let_in += size
+        self.records_left -= records
 
     def left(self) -> float:
         """Seconds left (negative once the deadline passed)."""
         return self.deadline - time.monotonic()
 
     def spent(self) -> bool:
-        """True when the turn must stop taking work: its time or its bytes are used up, and it has
+        """True when the turn must stop taking work: its time, bytes or records are used up, and it has
         served something already."""
-        return self.served > 0 and (self.bytes_left <= 0 or time.monotonic() >= self.deadline)
+        return self.served > 0 and (self.bytes_left <= 0 or self.records_left <= 0 or time.monotonic() >= self.deadline)
+
+    def records_for(self, chunk: int) -> int:
+        """How many records the next run of work may touch: at most ``chunk`` and what the turn has left,
+        none once the budget is spent, and always something for the turn's first work."""
+        if self.spent():
+            return 0
+        return max(1, min(chunk, self.records_left))
 
 
 UNBOUNDED = TurnBudget(float("inf"), 1 << 62)  # an endpoint's budget outside a server's turn (tests)

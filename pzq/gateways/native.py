@@ -55,6 +55,7 @@ class NativeGateway:
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
         self._stalled_at: int | None = None
         self._owed: list[Send] = []  # answers of a run whose store call failed, for rolled_back
+        self.dispatched = 0  # deliveries taken back and handed out by the last dispatch call
 
     # -- what arrives ----------------------------------------------------------------------------
 
@@ -170,12 +171,17 @@ class NativeGateway:
             self._stalled_at != self.broker.readiness and self._available(now) > 0 and self.broker.has_ready(self.queue)
         )
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset[Hashable] = frozenset()) -> list[Send]:
+    def dispatch(
+        self, *, now: float, now_us: int, blocked: frozenset[Hashable] = frozenset(), most: int | None = None
+    ) -> list[Send]:
         """Take back the oldest deliveries when consumers together hold too many, then hand out a run
         of deliveries within the credit. ``blocked`` holds ``SEND`` while the send socket takes
-        nothing (no consumer, or every consumer's pipe full): then nothing is taken."""
+        nothing (no consumer, or every consumer's pipe full): then nothing is taken. ``most`` bounds the
+        call's work (the turn's share): at most that many taken back, or else that many handed out; the
+        caller calls again for more (``dispatched`` says how many this call handled)."""
         held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self._ours)
+        overdue = self.credit.overdue(held, self._ours, most)
+        self.dispatched = len(overdue)
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
             self.taken_back_total += len(overdue)
@@ -189,10 +195,15 @@ class NativeGateway:
                     self.taken_back_total,
                 )
                 self._take_back_logged = now
+            if most is not None and len(overdue) >= most:
+                return []  # (this call's work is done: what else is overdue, and the deliveries, come next)
         credit = self._available(now)
         if credit <= 0 or SEND in blocked:
             return []
+        if most is not None:
+            credit = min(credit, most - len(overdue))
         taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us)
+        self.dispatched += len(taken)
         if not taken:
             self._stalled_at = self.broker.readiness
             return []

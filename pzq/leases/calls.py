@@ -10,7 +10,7 @@ from typing import Literal, overload
 from pzq.broker import Broker, continues
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError, StoreFull
-from pzq.leases.returns import Group, LeaseReturns
+from pzq.leases.returns import UNBOUNDED_RECORDS, Group, LeaseReturns, TurnRecords
 from pzq.store import Message
 from pzq.store.groups import Groups, LeaseRecords
 from pzq.store.side_table import UNREADABLE
@@ -37,6 +37,8 @@ class Leases(LeaseReturns):
         self._expiring: set[tuple[str, str]] = set()  # expired groups whose runs are going back
         self.group_shares = ClientShares(limits.max_groups, limits)
         self._group_maker: dict[tuple[str, str], object] = {}
+        # Records the server's turn has left (its TurnBudget's), asked by ACK_UPTO; unbounded outside a turn
+        self.turn_records: TurnRecords = UNBOUNDED_RECORDS
         self.load()
         broker.add_queue_user(self)
 
@@ -322,11 +324,12 @@ class Leases(LeaseReturns):
         self._save(group)  # durable with this turn: below base is acknowledged, deleted or not yet
         self._acking.add((group.queue, group.name))
         # A first share now, so that the queue's depth follows at once; the rest over the next turns,
-        # and the turn's own share is smaller by this one (see work).
-        left = self._ack_some(
-            group, self.limits.lease_work_per_turn - self._spent, time.perf_counter() + self.limits.lease_call_budget_s
-        )
-        self._spent = self.limits.lease_work_per_turn - left
+        # and the turn's own share is smaller by this one (see work). The share is also within the records
+        # the turn has left (``turn_records``: set by the server loop each turn), so the commit stays small.
+        share = min(self.share_left(), max(0, self.turn_records()))
+        left = self._ack_some(group, share, time.perf_counter() + self.limits.lease_call_budget_s)
+        self._spent += share - left
+        self.turn_records.took(share - left)
         return group.base
 
     def stats(self) -> dict:

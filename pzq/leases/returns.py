@@ -50,6 +50,26 @@ class Group:
         return self.qid, self.name
 
 
+class TurnRecords:
+    """The records the server's turn has left, as lease calls see them: ``budget`` is the loop's
+    TurnBudget (anything with ``records_left`` and ``take``), None outside a server's turn (unbounded)."""
+
+    __slots__ = ("budget",)
+
+    def __init__(self, budget=None):
+        self.budget = budget
+
+    def __call__(self) -> int:
+        return 1 << 62 if self.budget is None else self.budget.records_left
+
+    def took(self, records: int) -> None:
+        if self.budget is not None:
+            self.budget.take(0, records)
+
+
+UNBOUNDED_RECORDS = TurnRecords()
+
+
 class LeaseReturns:
     """The part of ``Leases`` that runs a share per turn; ``Leases`` adds the calls."""
 
@@ -116,6 +136,10 @@ class LeaseReturns:
                 group.base,
                 group.end - 1,
             )
+
+    def share_left(self) -> int:
+        """What is left of this turn's share of deletions and returns (``work``'s default budget)."""
+        return max(0, self.limits.lease_work_per_turn - self._spent)
 
     def expire(self, now_us: int) -> int:
         """``mark_expired`` and one turn's ``work``: how many messages went back in this call."""

@@ -25,6 +25,7 @@ from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
+from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
 from pzq.server.process import connection_limit, drain_fd, drop_privileges, return_freed_memory
 from pzq.server.reload import Reloading
@@ -272,13 +273,17 @@ class Server(Reloading):
         return work
 
     def _lease_work(self, ready: dict, now: float, now_us: int) -> None:
-        if self.leases.pending:  # (a share per turn of big acks, expiries)
-            self.leases.work(now_us)
-            self._budget.take()
+        if self.leases.pending:  # (a share per turn of big acks, expiries, within the turn's records)
+            share = self.leases.share_left()
+            most = min(share, self._budget.records_for(share))
+            self.leases.work(now_us, most)
+            self._budget.take(records=most)
 
     def _expire(self, ready: dict, now: float, now_us: int) -> None:
-        self.broker.expire(now)  # (what comes back raises the broker's readiness, for every gateway)
-        self._budget.take()
+        # (what comes back raises the broker's readiness, for every gateway; the rest, if any, next turn:
+        # next_deadline is due, so the loop polls without waiting)
+        expired = self.broker.expire(now, self._budget.records_for(self.config.limits.turn_records))
+        self._budget.take(records=expired)
 
     def _sweep(self, ready: dict, now: float, now_us: int) -> None:
         """Queues made by clients' requests that stayed unused for --implicit-queue-ttl go (a share a turn)."""
@@ -315,9 +320,10 @@ class Server(Reloading):
         produced = self.broker.counters.produced
         self.store.turn_begins()
         limits = self.config.limits
-        budget = self._budget = TurnBudget.start(limits.turn_budget_s, limits.turn_write_bytes)
+        budget = self._budget = TurnBudget.start(limits.turn_budget_s, limits.turn_write_bytes, limits.turn_records)
         for endpoint in self.endpoints:
             endpoint.budget = budget
+        self.leases.turn_records = TurnRecords(budget)  # (an ACK_UPTO deletes within the turn's records)
         self.turns += 1
         try:
             self.broker.turn_begins()  # (acks a rolled-back turn took back are done again first)
