@@ -132,6 +132,9 @@ class Limits:
     # between two looks at the budget
     turn_records: int = 2_000
     turn_chunk: int = 128
+    # Stale seqs (of messages taken back, then acked late) one take passes over in a queue's heap of
+    # returned messages before it stops (the rest the next take): each costs a store lookup
+    take_skips: int = 512
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

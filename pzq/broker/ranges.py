@@ -48,6 +48,7 @@ class RangeHolds(BrokerState):
             taken += 1
 
         # Messages that came back first (few: read whole), then the cursor's, by their headers only.
+        cut_short = False
         while state.requeued and taken < n:
             batch = self._next_ready(queue, info.qid, state, n - taken, cursor=False)
             if not batch:
@@ -55,9 +56,12 @@ class RangeHolds(BrokerState):
             for m in batch:
                 cap = (m.meta or {}).get("max_deliveries") or 0
                 lease(m.seq, m.expires_us, cap if type(cap) is int else 0, m.deliveries)
+            if self.cut_short:  # (stale seqs passed over: the rest is the next call's, in order)
+                cut_short = True
+                break
         held = self._held.get(info.qid) or None
         inflight = self.inflight
-        while taken < n:
+        while taken < n and not cut_short:
             limit = self._cursor_limit(state, held, n - taken)
             if limit is None:
                 continue  # (the cursor jumped a held range)

@@ -76,6 +76,8 @@ class BrokerState:
         # again (at-least-once).
         self.late_memory = limits.late_memory
         self.rollback_acks_kept = limits.rollback_acks_kept
+        self.take_skips = limits.take_skips
+        self.cut_short = False  # the last _next_ready stopped at take_skips stale seqs
         self.inflight: InFlight[Ref] = InFlight()
         self.counters = Counters()
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
@@ -183,16 +185,30 @@ class BrokerState:
         return n
 
     def _next_ready(self, queue: str, qid: int, state: _Ready, n: int, cursor: bool = True) -> list[Message]:
+        """Up to ``n`` ready messages: those that came back first, then the cursor's. ``cut_short`` is set
+        when it stopped after ``limits.take_skips`` stale seqs of the heap (the caller stops there: the
+        rest is the next call's; readiness is raised so that nobody takes "nothing found" for "none")."""
         out: list[Message] = []
         held = self._held.get(qid) or None  # (None when it holds no range: the hot path stays as it was)
+        self.cut_short = False
+        skips = self.take_skips
         while state.requeued and len(out) < n:
             seq = heapq.heappop(state.requeued)
             # At or past the cursor (held since start-up, not yet scanned), the cursor will find it.
             if (qid, seq) in self.inflight or seq >= state.cursor or (held and held.holder_of(seq) is not None):
-                continue
-            message = self.store.get(queue, seq)
+                message = None
+            else:
+                message = self.store.get(queue, seq)
             if message is not None:  # else acked late or dead-lettered while it waited
                 out.append(message)
+                continue
+            # A consumer that acks every delivery late leaves thousands of stale seqs here (taken back,
+            # then acked): a take passes over a bounded number of them, 17 ms for 97 deliveries before
+            skips -= 1
+            if skips <= 0 and state.requeued:
+                self.cut_short = True
+                self.readiness += 1
+                return out
         # Scan on past messages that are all in flight, or a consumer would see "nothing ready" while
         # ready messages wait behind them; held ranges are jumped, not read.
         while cursor and len(out) < n:

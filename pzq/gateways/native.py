@@ -202,10 +202,11 @@ class NativeGateway:
             return []
         if most is not None:
             credit = min(credit, most - len(overdue))
+        readiness = self.broker.readiness  # (as the take began: a take cut short raises it, and is no stall)
         taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us)
         self.dispatched += len(taken)
         if not taken:
-            self._stalled_at = self.broker.readiness
+            self._stalled_at = readiness
             return []
         timeout_us, sent, key, delivery = self.ack_timeout_us, self.credit.sent, native.message_key, native.delivery
         out = []
