@@ -135,6 +135,9 @@ class Limits:
     # Stale seqs (of messages taken back, then acked late) one take passes over in a queue's heap of
     # returned messages before it stops (the rest the next take): each costs a store lookup
     take_skips: int = 512
+    # What survives a full garbage collection is frozen, so the next walks only what is new; everything is
+    # walked (cyclic garbage among frozen objects freed) once this often (pzq/server/collector.py)
+    gc_whole_s: float = 600.0
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

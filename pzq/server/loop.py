@@ -27,6 +27,7 @@ from pzq.errors import ConfigError, StoreError
 from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
+from pzq.server.collector import Collector
 from pzq.server.process import connection_limit, drain_fd, drop_privileges, return_freed_memory
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
@@ -209,6 +210,17 @@ class Server(Reloading):
         in a row means something is broken for good, and the server exits for its supervisor to
         restart it.
         """
+        collector = Collector(self.config.limits.gc_whole_s)
+        collector.start(time.monotonic())
+        try:
+            self._serve(collector)
+        finally:
+            collector.stop()
+        self.notifier.stopping()
+        log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
+
+    def _serve(self, collector: Collector) -> None:
+        """The loop of ``run``: turns until ``stop()``, the collector told after each."""
         failed = 0
         self.notifier.ready(f"serving {len(self._sockets.owned)} sockets from {self.config.database}")
         while not self._stopping:
@@ -219,6 +231,7 @@ class Server(Reloading):
                     log.exception("SIGHUP: reload failed; the server goes on with its settings")
             try:
                 self._turn(self._poll_timeout_ms())
+                collector.turn_ends(time.monotonic())
                 failed = 0
             except Exception:  # noqa: BLE001 - keep serving other clients; logged with its traceback
                 failed += 1
@@ -229,8 +242,6 @@ class Server(Reloading):
                 if failed >= MAX_FAILED_TURNS:
                     self.notifier.notify("STATUS=too many failing turns in a row; exiting", "ERRNO=5")
                     raise
-        self.notifier.stopping()
-        log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
 
     # -- the loop ---------------------------------------------------------------------------------
 
