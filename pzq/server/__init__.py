@@ -6,11 +6,14 @@ Each turn of the loop:
      others) and feed it to its protocol codec, gateway and the broker;
   3. requeues expired deliveries and leases, and lets each endpoint pick what to send;
   Steps 2 and 3 (and the once-a-second tick) draw on one budget per turn (``TurnBudget``: a clock
-  deadline and the bytes the turn may let in); they stop between requests once it is spent, and what
-  was not reached goes first in the next turn, which polls without waiting (round-robin);
+  deadline, the bytes the turn may let in and the records it may touch, which bound steps 4 and 5);
+  they stop between requests once it is spent, and what was not reached goes first in the next turn,
+  which polls without waiting (round-robin);
   4. commits the turn's writes in one durable transaction (group commit);
   5. only then lets each endpoint send producer acks, deliveries and replies.
-Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk.
+Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk. After each
+turn the garbage collector's survivors are frozen (pzq/server/collector.py), so that its full
+collections stay short.
 """
 
 from pzq.server.loop import Server, serve
