@@ -89,10 +89,10 @@ class Limits:
     mqks_bind_line_bytes: int = 256 << 10
     # The turn budget (slice i26-budget; pzq/server/loop.py, TurnBudget in pzq/endpoints/base.py): every
     # turn's work outside the commit (reads and decoding, dispatch, expiry, lease returns, the tick) stops
-    # between requests after this long, and the rest goes first next turn. (5 ms since slice i26c-turn: the
-    # commit and the flush come on top of it, and a request through eMQP waits for three turns or more;
-    # native throughput measured the same as with 10 ms)
-    turn_budget_s: float = 0.005
+    # between requests after this long, and the rest goes first next turn. (3 ms since slice i26c-turn, was
+    # 10: the commit and the flush come on top of it, and a request through eMQP waits for three turns or
+    # more; `pzq bench` native throughput measured the same with 10, 5 and 3 ms)
+    turn_budget_s: float = 0.003
     # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all. A native
     # message that would take a turn past it is committed in a turn of its own, so that the small messages
     # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
@@ -132,7 +132,7 @@ class Limits:
     # expiry each counts one), so that the commit and the flush that follow it (neither of which the
     # budget's clock sees) stay bounded; and the records one run of work (a dispatch, an expiry) handles
     # between two looks at the budget
-    turn_records: int = 2_000
+    turn_records: int = 1_000
     turn_chunk: int = 128
     # Stale seqs (of messages taken back, then acked late) one take passes over in a queue's heap of
     # returned messages before it stops (the rest the next take): each costs a store lookup

@@ -200,7 +200,7 @@ class Leases(LeaseReturns):
         if group.end < target:
             runs: list[list[int]] = []
             wanted = target - group.end
-            deadline = time.perf_counter() + self.limits.lease_call_budget_s
+            deadline = self.turn_records.deadline(self.limits.lease_call_budget_s)
             room = min(self.limits.max_runs_per_group - group.runs, self.limits.max_runs - self.runs_total)
             tail = group.tail if group.tail is not None and group.tail[0] + group.tail[2] == group.end else None
             while wanted > 0:
@@ -267,7 +267,7 @@ class Leases(LeaseReturns):
             return out, 0, hi
         self._touch(group, now_us)
         size = 0
-        deadline = time.perf_counter() + self.limits.lease_call_budget_s
+        deadline = self.turn_records.deadline(self.limits.lease_call_budget_s)
         for first, (seq, count, deliveries) in self.lease_table.covering(group.gid, max(lo, group.base), hi):
             a, b = max(lo, group.base, first), min(hi, first + count)
             if a >= b or self.broker.holder_of((group.qid, seq + (a - first))) != group.holder:

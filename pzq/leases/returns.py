@@ -2,10 +2,12 @@
 
 Every call here stops within one turn's share (``Limits.lease_work_per_turn`` messages and
 ``Limits.lease_call_budget_s`` of work), so a group of a million leases never holds the loop. What one
-call of the API may cost (``Limits``): a lease or a fetch stops after ``lease_call_budget_s`` of work
-(or ``max_lease``, ``max_fetch`` messages) and answers the shorter range; the caller goes on from its
-end. A lease writes one record per run of consecutive seqs and holds one range per run, whatever its
-size; what costs is reading the messages (their TTL and delivery cap are checked), about 2 µs each.
+call of the API may cost (``Limits``): a lease or a fetch stops after ``lease_call_budget_s`` of work,
+or where the server's turn budget ends if sooner (after its first chunk at least), or after ``max_lease``,
+``max_fetch`` messages, and answers the shorter range; the caller goes on from its end. The turn's
+records bound the deletions of an ACK_UPTO and of each turn's share. A lease writes one record per run
+of consecutive seqs and holds one range per run, whatever its size; what costs is reading the messages
+(their TTL and delivery cap are checked), about 2 µs each.
 Runs (records, held ranges) of one group (``max_runs_per_group``) and of all groups (``max_runs``)
 are bounded: a run costs a record and ~100 B, and every lookup bisects them. A fresh queue's lease is
 one run; a queue shared with other consumers splits into more. Past either limit a lease answers the
@@ -66,6 +68,12 @@ class TurnRecords:
         if self.budget is not None:
             self.budget.take(0, records)
 
+    def deadline(self, seconds: float) -> float:
+        """A call's ``time.perf_counter()`` deadline: ``seconds`` from now, and no later than the turn's
+        budget (one call whose work began late in a turn must not take the turn far past it)."""
+        left = seconds if self.budget is None else min(seconds, max(0.0, self.budget.left()))
+        return time.perf_counter() + left
+
 
 UNBOUNDED_RECORDS = TurnRecords()
 
@@ -87,6 +95,7 @@ class LeaseReturns:
     _expiring: set[tuple[str, str]]
     group_shares: ClientShares  # each client's share of max_groups (its CURVE key, else its peer)
     _group_maker: dict[tuple[str, str], object]  # who made each group since start-up
+    turn_records: TurnRecords  # the server's turn as lease calls see it (its records and its clock)
 
     def _release_group(self, key: tuple[str, str]) -> None:
         """The group is gone: it no longer counts against its maker's share."""
