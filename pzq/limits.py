@@ -126,6 +126,14 @@ class Limits:
     pipe_in_bytes: int = 64 << 20
     pipe_in_floor: int = 4
 
+    # API fairness (slice i26c-api, pzq/endpoints/api.py): requests read and not yet carried out, per
+    # client connection; past either share its further requests are answered ERR busy (nothing done, the
+    # client asks again). And the messages of one PRODUCE, refused from the list's header before decoding:
+    # ~4 us each on the loop, so 2,000 fit a turn's ~10 ms (the Spark sink sends 1,000).
+    api_pending_per_peer: int = 16
+    api_pending_peer_bytes: int = 2 << 20
+    api_max_produce: int = 2_000
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""
