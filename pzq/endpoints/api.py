@@ -31,7 +31,8 @@ class ApiEndpoint(Endpoint):
     pzq/endpoints/memory.py), however slowly the loop gets round to its requests.
 
     Fair between clients: each client's requests wait in a queue of its own, and the queues are served
-    round-robin, one request each a round; a client the turn's budget cut short is first next turn. A
+    round-robin, one request each a round, a client that had nothing waiting before the round (so a
+    lock-step client, as fq_codel's new flows); a client the turn's budget cut short is first next turn. A
     client that has its share of requests waiting (Limits.api_pending_per_peer, api_pending_peer_bytes)
     gets ``ERR busy`` for any more, nothing done (libzmq's ROUTER cannot stop reading one peer), so that
     a client pipelining hundreds of requests cannot make another's wait behind them all."""
@@ -59,8 +60,11 @@ class ApiEndpoint(Endpoint):
         self._gate = binder.gate(self.sock)
         self.binder = binder
         self._out: list[Send] = []
-        # Requests waiting, one queue per peer; the dict's order is the round-robin's (served: to the back).
+        # Requests waiting, one queue per peer. The peers in turn, as fq_codel's flows: those whose queue
+        # was empty (a lock-step client's request) first, then the round-robin of those with a backlog.
         self._queues: dict[bytes, collections.deque[tuple[list[bytes], str | None]]] = {}
+        self._new: dict[bytes, None] = {}  # (dicts as ordered sets)
+        self._old: dict[bytes, None] = {}
         self._peer_bytes: dict[bytes, int] = {}
         self._pending = 0
         self._pending_bytes = 0
@@ -123,6 +127,7 @@ class ApiEndpoint(Endpoint):
         queue = self._queues.get(peer)
         if queue is None:
             queue = self._queues[peer] = collections.deque()
+            self._new[peer] = None
         elif len(queue) >= self.most_per_peer or self._peer_bytes[peer] >= self.most_bytes_per_peer:
             return False
         queue.append((frames, user))
@@ -132,18 +137,21 @@ class ApiEndpoint(Endpoint):
         return True
 
     def _next(self) -> tuple[list[bytes], str | None]:
-        """The next request of the round: the first peer's oldest; that peer goes to the back."""
-        peer = next(iter(self._queues))
-        queue = self._queues.pop(peer)
+        """The next request: a new peer's (one that had none waiting), else the round's first peer's
+        oldest; a peer with more waiting goes to the back of the round."""
+        ring = self._new or self._old
+        peer = next(iter(ring))
+        del ring[peer]
+        queue = self._queues[peer]
         frames, user = queue.popleft()
         size = sum(map(len, frames))
         self._pending -= 1
         self._pending_bytes -= size
         if queue:
-            self._queues[peer] = queue
+            self._old[peer] = None
             self._peer_bytes[peer] -= size
         else:
-            del self._peer_bytes[peer]
+            del self._queues[peer], self._peer_bytes[peer]
         return frames, user
 
     def _room_for_big_reply(self, peer: bytes) -> bool:
