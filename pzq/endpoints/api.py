@@ -93,8 +93,11 @@ class ApiEndpoint(Endpoint):
     def _take_in(self) -> None:
         """Read what waits, without decoding it: up to PENDING requests and a turn's share of bytes."""
         came: list[tuple[bytes, int]] = []  # (peer, descriptor of its connection) of each request
+        # Read on when the waiting pool is full (a turn's share of bytes at most): a client with nothing
+        # waiting must still be found among them (it is let in past the pool: room for one each).
+        read = 0
         for _ in range(self.limits.read_batch):
-            if self._pending >= PENDING or self._pending_bytes >= self.limits.turn_bytes:
+            if read >= self.limits.turn_bytes:
                 break
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user, fd = receive_with_fd(self.sock, self._gate, "api", NOBLOCK)
@@ -102,12 +105,13 @@ class ApiEndpoint(Endpoint):
                 break
             if frames is None:
                 continue
+            read += sum(map(len, frames))
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
             came.append((frames[0], fd))
             if not self._queue(frames, user):
                 self.refused_busy += 1
-                busy = _busy(frames, "its share of requests waiting")
+                busy = _busy(frames, "its share of requests waiting, or the server its requests' (PENDING)")
                 if busy is not None:
                     self._out.append(Send(ONLY, busy))
         if not came:
@@ -121,14 +125,21 @@ class ApiEndpoint(Endpoint):
             self.replies.read(peer, fd if fd in open_fds else -1)
 
     def _queue(self, frames: list[bytes], user: str | None) -> bool:
-        """Put a request in its peer's queue, or False when the peer has its share waiting already (it
-        always has room for one, however big: a PRODUCE may be MiBs)."""
+        """Put a request in its peer's queue, or False when the peer has its share waiting already, or
+        the pool of every peer's is full. A peer with none waiting always has room for one, however big
+        (a PRODUCE may be MiBs), so that a lock-step client is never refused for what others sent: the
+        pool may hold one more per peer (whose requests libzmq's pipes would hold anyway)."""
         peer, size = frames[0], sum(map(len, frames))
         queue = self._queues.get(peer)
         if queue is None:
             queue = self._queues[peer] = collections.deque()
             self._new[peer] = None
-        elif len(queue) >= self.most_per_peer or self._peer_bytes[peer] >= self.most_bytes_per_peer:
+        elif (
+            len(queue) >= self.most_per_peer
+            or self._peer_bytes[peer] >= self.most_bytes_per_peer
+            or self._pending >= PENDING
+            or self._pending_bytes >= self.limits.turn_bytes
+        ):
             return False
         queue.append((frames, user))
         self._peer_bytes[peer] = self._peer_bytes.get(peer, 0) + size
