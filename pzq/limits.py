@@ -41,7 +41,7 @@ class Limits:
     max_runs: int = 100_000
     max_groups: int = 100_000
     # The API gateway
-    snapshot_max: int = 10_000
+    snapshot_max: int = 2_500  # messages in one SNAPSHOT reply: ~3.5 us each, so ~9 ms (i26c-api; was 10,000, 35 ms)
     max_dedup_keys: int = 1_000_000  # PRODUCE keys remembered at once
     api_reply_bytes: int = 4 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes
     api_turn_work_s: float = 0.02
@@ -140,6 +140,14 @@ class Limits:
     # What survives a full garbage collection is frozen, so the next walks only what is new; everything is
     # walked (cyclic garbage among frozen objects freed) once this often (pzq/server/collector.py)
     gc_whole_s: float = 600.0
+
+    # API fairness (slice i26c-api, pzq/endpoints/api.py): requests read and not yet carried out, per
+    # client connection; past either share its further requests are answered ERR busy (nothing done, the
+    # client asks again). And the messages of one PRODUCE, refused from the list's header before decoding:
+    # ~4 us each on the loop, so 2,000 fit a turn's ~10 ms (the Spark sink sends 1,000).
+    api_pending_per_peer: int = 16
+    api_pending_peer_bytes: int = 2 << 20
+    api_max_produce: int = 2_000
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

@@ -49,16 +49,21 @@ def greedy_consumer(srv: Server, size: int, short: bool) -> str:
     return f"honest consumer drained {got} in {elapsed:.2f} s"
 
 
+API_BATCH = 2_000  # messages in one PRODUCE: the most the server takes (Limits.api_max_produce)
+
+
 def api_pipeline(srv: Server, size: int, short: bool) -> str:
-    """``size`` PRODUCE requests of 5,000 messages each, sent at once."""
-    body = msgpack.packb({"messages": [["bulk", b"x" * 100]] * 5_000}, use_bin_type=True)
+    """``size`` PRODUCE requests of API_BATCH messages each, sent at once."""
+    body = msgpack.packb({"messages": [["bulk", b"x" * 100]] * API_BATCH}, use_bin_type=True)
     sock = dealer(srv.api, sndhwm=0)
     started = time.monotonic()
     for _ in range(size):
         sock.send_multipart(api_request("PRODUCE", body))
     answers = collect(sock, size, 120)
     sock.close(0)
-    return f"{size} x PRODUCE of 5,000: {len(answers)} answered in {time.monotonic() - started:.2f} s"
+    busy = sum(1 for a in answers if a[2:3] == [b"ERR"])
+    seconds = time.monotonic() - started
+    return f"{size} x PRODUCE of {API_BATCH:,}: {len(answers)} answered ({busy} refused) in {seconds:.2f} s"
 
 
 def many_frames(srv: Server, size: int, short: bool) -> str:
@@ -80,8 +85,9 @@ def many_frames(srv: Server, size: int, short: bool) -> str:
 
 def big_lease(srv: Server, size: int, short: bool) -> str:
     """One LEASE of a million messages over ``size`` stored ones."""
-    for start in range(0, size, 5_000):
-        api_call(srv.api, "PRODUCE", {"messages": [["big", b"x" * 100]] * min(5_000, size - start), "key": f"b{start}"})
+    for start in range(0, size, API_BATCH):
+        batch = [["big", b"x" * 100]] * min(API_BATCH, size - start)
+        api_call(srv.api, "PRODUCE", {"messages": batch, "key": f"b{start}"})
     srv.begin()
     started = time.monotonic()
     ok, answer = api_call(srv.api, "LEASE", {"queue": "big", "group": "g", "after": 0, "max": 1_000_000})
@@ -129,8 +135,8 @@ def console_flood(srv: Server, seconds: int, short: bool) -> str:
 def stream_read(srv: Server, size: int, short: bool) -> str:
     """What a Spark query does to ``size`` stored messages in one batch, as fast as one client can:
     lease them all, fetch them all, acknowledge them all."""
-    for start in range(0, size, 5_000):
-        batch = [["stream", b"x" * 100]] * min(5_000, size - start)
+    for start in range(0, size, API_BATCH):
+        batch = [["stream", b"x" * 100]] * min(API_BATCH, size - start)
         api_call(srv.api, "PRODUCE", {"messages": batch, "key": f"st{start}"})
     srv.begin()
     started = time.monotonic()

@@ -19,6 +19,7 @@ from pzq.zmqio import NOBLOCK, Again
 BIG_REPLIES = (b"SNAPSHOT", b"FETCH")  # commands whose reply may be api_reply_bytes and a message
 REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
 PENDING = 256  # requests read and not yet carried out, all clients together (and a turn's share of bytes)
+# Each client's own share of them: Limits.api_pending_per_peer requests and api_pending_peer_bytes.
 
 
 class ApiEndpoint(Endpoint):
@@ -27,7 +28,14 @@ class ApiEndpoint(Endpoint):
     Requests are taken in as they come (up to PENDING requests or a turn's share of bytes), and carried
     out within the turn's budget, the rest first next turn: so that a client that sends a request before
     it has read the answer to its last is seen doing so (the memory bound counts its unread replies,
-    pzq/endpoints/memory.py), however slowly the loop gets round to its requests."""
+    pzq/endpoints/memory.py), however slowly the loop gets round to its requests.
+
+    Fair between clients: each client's requests wait in a queue of its own, and the queues are served
+    round-robin, one request each a round, a client that had nothing waiting before the round (so a
+    lock-step client, as fq_codel's new flows); a client the turn's budget cut short is first next turn. A
+    client that has its share of requests waiting (Limits.api_pending_per_peer, api_pending_peer_bytes)
+    gets ``ERR busy`` for any more, nothing done (libzmq's ROUTER cannot stop reading one peer), so that
+    a client pipelining hundreds of requests cannot make another's wait behind them all."""
 
     name = "api"
 
@@ -52,8 +60,17 @@ class ApiEndpoint(Endpoint):
         self._gate = binder.gate(self.sock)
         self.binder = binder
         self._out: list[Send] = []
-        self._pending: collections.deque[tuple[list[bytes], str | None]] = collections.deque()
+        # Requests waiting, one queue per peer. The peers in turn, as fq_codel's flows: those whose queue
+        # was empty (a lock-step client's request) first, then the round-robin of those with a backlog.
+        self._queues: dict[bytes, collections.deque[tuple[list[bytes], str | None]]] = {}
+        self._new: dict[bytes, None] = {}  # (dicts as ordered sets)
+        self._old: dict[bytes, None] = {}
+        self._peer_bytes: dict[bytes, int] = {}
+        self._pending = 0
         self._pending_bytes = 0
+        self.most_per_peer = config.limits.api_pending_per_peer
+        self.most_bytes_per_peer = config.limits.api_pending_peer_bytes
+        self.refused_busy = 0  # requests past their client's share, answered ERR busy
         self._granted: dict[bytes, int] = {}  # big replies admitted this turn, not sent yet, per peer
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
@@ -65,20 +82,22 @@ class ApiEndpoint(Endpoint):
             # next turn, so that pipelined requests cannot hold every other client for seconds.
             if time.perf_counter() - started > self.turn_work_s or self.budget.spent():
                 return
-            frames, user = self._pending.popleft()
+            frames, user = self._next()
             size = sum(map(len, frames))
-            self._pending_bytes -= size
             self.budget.take(size)  # (the turn's budget, shared by every endpoint)
             if _big(frames) and not self._room_for_big_reply(frames[0]):
-                self._out.append(Send(ONLY, _busy(frames, self.alarm.total)))
+                self._out.append(Send(ONLY, _memory_busy(frames, self.alarm.total)))
                 continue
             self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
 
     def _take_in(self) -> None:
         """Read what waits, without decoding it: up to PENDING requests and a turn's share of bytes."""
         came: list[tuple[bytes, int]] = []  # (peer, descriptor of its connection) of each request
+        # Read on when the waiting pool is full (a turn's share of bytes at most): a client with nothing
+        # waiting must still be found among them (it is let in past the pool: room for one each).
+        read = 0
         for _ in range(self.limits.read_batch):
-            if len(self._pending) >= PENDING or self._pending_bytes >= self.limits.turn_bytes:
+            if read >= self.limits.turn_bytes:
                 break
             try:  # the client's key goes with the request: consumer groups belong to one key
                 frames, user, fd = receive_with_fd(self.sock, self._gate, "api", NOBLOCK)
@@ -86,11 +105,15 @@ class ApiEndpoint(Endpoint):
                 break
             if frames is None:
                 continue
+            read += sum(map(len, frames))
             if self.replies.refuses(frames[0], "its requests are dropped unanswered (it resends)"):
                 continue
             came.append((frames[0], fd))
-            self._pending.append((frames, user))
-            self._pending_bytes += sum(map(len, frames))
+            if not self._queue(frames, user):
+                self.refused_busy += 1
+                busy = _busy(frames, "its share of requests waiting, or the server its requests' (PENDING)")
+                if busy is not None:
+                    self._out.append(Send(ONLY, busy))
         if not came:
             return
         # Every connection that closed before these requests came is known gone first (its descriptor
@@ -100,6 +123,47 @@ class ApiEndpoint(Endpoint):
         open_fds = self.binder.open_fds.get(self.sock, set())
         for peer, fd in came:
             self.replies.read(peer, fd if fd in open_fds else -1)
+
+    def _queue(self, frames: list[bytes], user: str | None) -> bool:
+        """Put a request in its peer's queue, or False when the peer has its share waiting already, or
+        the pool of every peer's is full. A peer with none waiting always has room for one, however big
+        (a PRODUCE may be MiBs), so that a lock-step client is never refused for what others sent: the
+        pool may hold one more per peer (whose requests libzmq's pipes would hold anyway)."""
+        peer, size = frames[0], sum(map(len, frames))
+        queue = self._queues.get(peer)
+        if queue is None:
+            queue = self._queues[peer] = collections.deque()
+            self._new[peer] = None
+        elif (
+            len(queue) >= self.most_per_peer
+            or self._peer_bytes[peer] >= self.most_bytes_per_peer
+            or self._pending >= PENDING
+            or self._pending_bytes >= self.limits.turn_bytes
+        ):
+            return False
+        queue.append((frames, user))
+        self._peer_bytes[peer] = self._peer_bytes.get(peer, 0) + size
+        self._pending += 1
+        self._pending_bytes += size
+        return True
+
+    def _next(self) -> tuple[list[bytes], str | None]:
+        """The next request: a new peer's (one that had none waiting), else the round's first peer's
+        oldest; a peer with more waiting goes to the back of the round."""
+        ring = self._new or self._old
+        peer = next(iter(ring))
+        del ring[peer]
+        queue = self._queues[peer]
+        frames, user = queue.popleft()
+        size = sum(map(len, frames))
+        self._pending -= 1
+        self._pending_bytes -= size
+        if queue:
+            self._old[peer] = None
+            self._peer_bytes[peer] -= size
+        else:
+            del self._queues[peer], self._peer_bytes[peer]
+        return frames, user
 
     def _room_for_big_reply(self, peer: bytes) -> bool:
         """A SNAPSHOT or FETCH is carried out only if its reply finds room: the client's unread replies
@@ -141,7 +205,7 @@ class ApiEndpoint(Endpoint):
         return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        return {**self.gateway.stats(), "busy_refused": self.refused_busy}
 
 
 def _big(frames: list[bytes]) -> bool:
@@ -150,7 +214,7 @@ def _big(frames: list[bytes]) -> bool:
     return len(frames) >= 5 and frames[-4] == b"" and frames[-2] in BIG_REPLIES
 
 
-def _busy(frames: list[bytes], held: int) -> list[bytes]:
+def _memory_busy(frames: list[bytes], held: int) -> list[bytes]:
     """The ERR for a big request refused for want of memory (nothing was done: the client may retry)."""
     request = api_proto.Request(tuple(frames[:-4]), frames[-3], "", {})
     return api_proto.error(
@@ -159,3 +223,12 @@ def _busy(frames: list[bytes], held: int) -> list[bytes]:
         f"not now: pzq holds {held} bytes of replies that clients have not read, or this client's own unread "
         "replies are past its share; read your replies, try again later",
     )
+
+
+def _busy(frames: list[bytes], why: str) -> list[bytes] | None:
+    """The ERR for a request refused unread because its client has ``why`` (nothing was done: the client
+    asks again); None for one that cannot be answered (no delimiter before its id, command and arguments)."""
+    if len(frames) < 5 or frames[-4] != b"":
+        return None
+    request = api_proto.Request(tuple(frames[:-4]), frames[-3], "", {})
+    return api_proto.error(request, "busy", f"not now: this client has {why}; read your replies, try again later")

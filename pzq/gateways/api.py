@@ -49,7 +49,7 @@ class ApiGateway:
         limits: Limits = DEFAULT_LIMITS,
     ):
         """``keys`` is the store's table of PRODUCE dedup keys; ``limits`` gives snapshot_max,
-        max_dedup_keys (each ~100 B in memory and on disk) and api_reply_bytes."""
+        max_dedup_keys (each ~100 B in memory and on disk), api_reply_bytes and api_max_produce."""
         self.broker = broker
         self.keys = keys
         self.leases = leases
@@ -93,7 +93,7 @@ class ApiGateway:
     def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
         """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is
         the client's CURVE key (z85) when the endpoint uses CURVE: consumer groups belong to one key."""
-        parsed = api.parse_request(frames, self.max_message_size + (1 << 20))
+        parsed = api.parse_request(frames, self.max_message_size + (1 << 20), self.limits.api_max_produce)
         if parsed is None:
             warn_bad("api", "unanswerable", f"{len(frames)} frame(s) without a delimiter and request id")
             return None
@@ -172,7 +172,7 @@ class ApiGateway:
     def _produce(self, a: dict, now_us: int, owner: tuple) -> dict:
         """Store a PRODUCE's messages, all or none; the queues it names that do not exist are made on
         ``owner``'s share of --max-queues (its CURVE key, or its connection)."""
-        messages = api.produce_messages(a)
+        messages = api.produce_messages(a, self.limits.api_max_produce)
         for queue, body in messages:
             if not body:
                 raise ProtocolError("empty-message", f"a message for {queue!r} has an empty body")
