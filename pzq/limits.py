@@ -149,6 +149,12 @@ class Limits:
     api_pending_peer_bytes: int = 2 << 20
     api_max_produce: int = 2_000
 
+    # MQKS fairness between connections (slice i26c-mqks; pzq/gateways/mqks.py, pzq/endpoints/stream.py):
+    # lines read but not served count against the connection's share of --max-partial-input; one that
+    # holds this part of its share has no room: libzmq's fair queue hands it to the endpoint at most once
+    # more a turn (the rest waits in its pipe and TCP), while connections with room are read on
+    partial_read_ahead_part: int = 2
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from pzq.broker import Broker
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import UNBOUNDED, PacedGateway, Send
 from pzq.leases import Leases
 
 ACK_TIMEOUT_S = 3600.0  # far beyond any clock move of these tests: a delivery returns only as a rule says
@@ -73,7 +73,10 @@ class Loop:
         def step(now: float, now_us: int) -> list[Send]:
             if conn in self.closed or conn not in self.gateway.sessions:
                 return []  # (bytes behind garbage, as the endpoint drops them)
-            sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+            if isinstance(self.gateway, PacedGateway):  # (as the endpoint: kept, then served in turn)
+                sends = self.gateway.keep(conn, data)
+            else:
+                sends = self.gateway.received(conn, data, now=now, now_us=now_us)
             if sends and sends[-1].close:
                 self.gateway.disconnected(conn)
                 self.closed.append(conn)
@@ -110,6 +113,9 @@ class Loop:
         out: list[Send] = []
         for step in inbox:
             out += step(now, now_us)
+        if isinstance(self.gateway, PacedGateway):  # (the endpoint serves what it read, one line of each in turn)
+            out += self.gateway.serve(now=now, now_us=now_us, budget=UNBOUNDED)
+            self.gateway.served()
         self.leases.mark_expired(now_us)
         self.leases.work(now_us)
         self.broker.expire(now)

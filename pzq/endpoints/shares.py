@@ -122,6 +122,12 @@ class ConnectionLimit:
             victims.append(victim)
         return victims
 
+    def room(self, name: str, conn: bytes) -> bool:
+        """Whether connection ``conn`` of endpoint ``name`` may be read on: it holds less than its read-ahead
+        (``connection_share / limits.partial_read_ahead_part``). One without room is left to libzmq's pipe
+        and TCP (back-pressure) rather than closed, while the others are read."""
+        return self._partial.get((name, conn), 0) < self.connection_share // self.limits.partial_read_ahead_part
+
     def partial_of(self, name: str) -> int:
         """Unfinished bytes the connections of raw-TCP endpoint ``name`` hold."""
         return self._endpoint_partial.get(name, 0)

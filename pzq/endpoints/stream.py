@@ -56,14 +56,26 @@ class StreamEndpoint(Endpoint):
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
-        if self.paced is not None and self.paced.waiting():  # lines read in an earlier turn go first
+        if self.sock in ready:
+            self._read(now, now_us)
+        if self.paced is not None and self.paced.waiting():  # one line of each connection in turn
             self._out += self.paced.serve(now=now, now_us=now_us, budget=self.budget)
-        if self.sock not in ready:
-            return
+            for conn in self.paced.served():
+                if conn in self.gateway.sessions:  # (what it holds went down: it may have room again)
+                    self.connections.hold(self.name, conn, self.gateway.buffered(conn))
+
+    def _read(self, now: float, now_us: int) -> None:
+        """Read the socket's connections, libzmq's fair queue taking one chunk of each in turn. A paced
+        gateway's lines are served after (``serve``), so reading goes on past the turn's budget until a
+        connection comes round again: each connection with input is read once a turn, whatever the
+        others sent. A connection without room (``ConnectionLimit.room``: it holds too much unserved) is
+        read at most once a turn; the rest waits in its pipe and TCP (back-pressure) while the others are
+        read, and it is closed only past its whole share."""
         sessions = self.gateway.sessions
         budget = self.limits.turn_bytes  # (this socket's share; the turn's budget, shared, may end it first)
+        restricted: set[bytes] = set()  # read this turn once the budget was spent or while without room
         for _ in range(self.limits.read_batch):
-            if budget <= 0 or (self.budget.spent() and not self._keeps_reading()):
+            if budget <= 0 or (self.budget.spent() and self.paced is None):
                 return
             try:
                 if self.allowed is None:
@@ -79,45 +91,42 @@ class StreamEndpoint(Endpoint):
                     self._backlog.pop(conn, None)
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
-                    if self.allowed is not None and not _allowed(peer, self.allowed):
-                        warn_bad(
-                            self.name,
-                            "not-allowed",
-                            f"connection from {peer or 'an unknown address'} refused by --allow-ips",
-                        )
-                        self._closing.append(conn)
-                        continue
-                    if self.connections.full(len(sessions)):
-                        warn_bad(
-                            self.name,
-                            "too-many-connections",
-                            f"{self.connections.total()} connections are "
-                            f"open (--max-connections {self.connections.limit}, at most "
-                            f"{self.connections.per_endpoint} on one endpoint, {self.connections.reserve} kept for "
-                            "each): a new one was closed at once",
-                        )
-                        self._closing.append(conn)
-                        continue
-                    self.gateway.connected(conn)
+                    self._connect(conn, peer)
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
             if self.paced is not None:
-                sends = self.paced.received(conn, data, now=now, now_us=now_us, budget=self.budget)
+                sends = self.paced.keep(conn, data)  # (served after the reads: ``serve``)
             else:
                 sends = self.gateway.received(conn, data, now=now, now_us=now_us)
             self._out += sends
             if sends and sends[-1].close:
                 self._close(conn)
-            else:
-                for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
-                    self.connections.close(name, victim)
+                continue
+            for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
+                self.connections.close(name, victim)
+            if self.paced is not None and (self.budget.spent() or not self.connections.room(self.name, conn)):
+                if conn in restricted:  # come round again in the fair queue: every other one was read
+                    return
+                restricted.add(conn)
 
-    def _keeps_reading(self) -> bool:
-        """Whether to read on once the turn's budget is spent: a paced gateway keeps what is read (and
-        serves it in later turns, connections in turn) while it weighs under a turn's bytes, so that one
-        connection's pipelined lines do not keep every other connection's unread."""
-        return self.paced is not None and self.paced.waiting_bytes < self.limits.turn_bytes
+    def _connect(self, conn: bytes, peer: str) -> None:
+        """A new connection: accepted, or closed at once (not allowed, or no room for it)."""
+        if self.allowed is not None and not _allowed(peer, self.allowed):
+            warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} refused by --allow-ips")
+            self._closing.append(conn)
+        elif self.connections.full(len(self.gateway.sessions)):
+            warn_bad(
+                self.name,
+                "too-many-connections",
+                f"{self.connections.total()} connections are "
+                f"open (--max-connections {self.connections.limit}, at most "
+                f"{self.connections.per_endpoint} on one endpoint, {self.connections.reserve} kept for "
+                "each): a new one was closed at once",
+            )
+            self._closing.append(conn)
+        else:
+            self.gateway.connected(conn)
 
     def _close_for_share(self, conn: bytes) -> None:
         """Close ``conn``, which holds more unfinished input than its share (``ConnectionLimit.hold``)."""

@@ -129,24 +129,31 @@ UNBOUNDED: Budget = _Unbounded()
 @runtime_checkable
 class PacedGateway(StreamGateway, Protocol):
     """A raw-TCP gateway whose requests may cost more than a turn can give them all (MQKS: a client
-    pipelines many lines in one write). ``received`` serves a connection's whole requests while
-    ``budget`` lasts and keeps the rest; ``serve`` goes on with them in a later turn, connections in
-    turn. The endpoint serves them before it reads more, and reads on (keeping what it reads) while
-    they weigh under a turn's bytes, so that another connection's lines take their turn too."""
+    pipelines many lines in one write). ``keep`` only keeps a connection's whole requests; ``serve``
+    takes one request of each connection in turn, round after round, while ``budget`` lasts, so a
+    connection's one request waits for at most one of each other connection's. What waits counts in
+    ``buffered`` (the connection's share of unfinished input: the endpoint stops reading one that holds
+    too much, and reads the others)."""
 
-    def received(
-        self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED
-    ) -> list[Send]: ...
+    def keep(self, conn: bytes, data: bytes) -> list[Send]:
+        """Bytes from ``conn``: its whole requests wait for ``serve``; what goes out at once is a close
+        (a stream that cannot be framed any more). (``received`` is ``keep`` then ``serve`` unbounded.)"""
+        ...
 
     @property
     def waiting_bytes(self) -> int:
-        """Bytes of the requests that wait: the endpoint reads more only while they weigh little."""
+        """Bytes of the requests that wait, every connection's together."""
         ...
 
     def waiting(self) -> bool:
-        """True while requests read in an earlier turn wait to be served."""
+        """True while requests wait to be served."""
         ...
 
     def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
-        """Serve the waiting requests while ``budget`` lasts, connections in turn."""
+        """Serve the waiting requests while ``budget`` lasts: one of each connection in turn, each
+        connection's in order; the connection whose turn it was when the budget ran out goes first next."""
+        ...
+
+    def served(self) -> set[bytes]:
+        """The connections whose waiting requests went down since the last call (their ``buffered``)."""
         ...

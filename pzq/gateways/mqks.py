@@ -1,7 +1,8 @@
 """MQKS connections on the shared store: events, bindings, consumers and acks (shared/specs/mqks.md).
 
-The server hands every connection's bytes to ``received`` and sends what ``dispatch`` returns after the
-turn's commit, so a ``--confirm`` answer always follows the durable commit of what it confirms.
+The endpoint hands every connection's bytes to ``keep``, has them served one line of each connection in
+turn (``serve``) and sends the answers and what ``dispatch`` returns after the turn's commit, so a
+``--confirm`` answer always follows the durable commit of what it confirms.
 
 Mapping to the store: an MQKS queue is a named store queue; its bindings and its
 ``--delete-queue-when-unused`` setting are a side record (table ``mqks``). A publish stores one message
@@ -14,10 +15,7 @@ restart: clients consume again on reconnect, as the reference client does. Auto-
 message at most once: it is deleted (durably) before its line is sent. Manual-ack consumers get it at
 least once: unacknowledged after ``--ack-timeout``, or when the consumer or its connection goes, it is
 delivered again with ``retry`` raised; a reject puts it at the end of its queue, retry raised.
-
-This module holds the commands and the connections; the bindings are kept by gateways/mqks_bindings.py
-and the consumers and their deliveries by gateways/mqks_consumers.py. Its limits come from ``Limits``
-(``mqks_*``).
+Bindings: gateways/mqks_bindings.py; consumers and deliveries: gateways/mqks_consumers.py.
 """
 
 from __future__ import annotations
@@ -68,9 +66,11 @@ class MqksGateway:
         self.max_line = max_line
         self._drop_queue = drop_queue
         self.sessions: dict[bytes, mqks.LineBuffer] = {}
-        # Whole lines read but not served yet: the turn's budget ran out before them (pipelined rebinds).
-        # The endpoint reads more only while they weigh under Limits.turn_bytes (waiting_bytes).
+        # Whole lines not served yet, per connection, and ``serve``'s round; they count in ``buffered``.
         self._waiting: dict[bytes, collections.deque[bytes]] = {}
+        self._waiting_of: dict[bytes, int] = {}
+        self._ring: collections.deque[bytes] = collections.deque()
+        self._served: set[bytes] = set()
         self.waiting_bytes = 0
         self.consumers = Consumers(broker, limits, window)
         self._out: list[Send] = []
@@ -123,9 +123,9 @@ class MqksGateway:
         self.sessions[conn] = mqks.LineBuffer(self.max_line)
 
     def buffered(self, conn: bytes) -> int:
-        """Bytes of an unfinished line this connection holds."""
+        """Bytes of input this connection holds: an unfinished line, and whole lines not served yet."""
         lines = self.sessions.get(conn)
-        return 0 if lines is None else lines.buffered
+        return 0 if lines is None else lines.buffered + self._waiting_of.get(conn, 0)
 
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
@@ -148,9 +148,13 @@ class MqksGateway:
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
 
-    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int, budget: Budget = UNBOUNDED) -> list[Send]:
-        """Bytes from a connection: the answers to its whole lines, served while ``budget`` lasts (the
-        rest wait for ``serve``). A stream that cannot be framed any more (an endless line) is closed."""
+    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
+        """Bytes, and the answers to every waiting line (tests; the endpoint calls ``keep``, ``serve``)."""
+        sends = self.keep(conn, data)
+        return sends if sends and sends[-1].close else sends + self.serve(now=now, now_us=now_us, budget=UNBOUNDED)
+
+    def keep(self, conn: bytes, data: bytes) -> list[Send]:
+        """Bytes from a connection: its whole lines wait for ``serve``; an endless line closes it."""
         buffer = self.sessions.get(conn)
         if buffer is None:  # a connection already closed (STREAM announces every new one first)
             return []
@@ -161,55 +165,69 @@ class MqksGateway:
             self._drop_waiting(conn)
             return [*self._take_out(), Send(ONLY, [conn], close=True)]
         if lines:
-            self._waiting.setdefault(conn, collections.deque()).extend(lines)
-            self.waiting_bytes += sum(map(len, lines))
-            self._serve_conn(conn, now_us, budget)
+            if conn not in self._waiting:
+                self._waiting[conn] = collections.deque()
+                self._ring.append(conn)  # (joins the round at its end)
+            self._waiting[conn].extend(lines)
+            size = sum(map(len, lines))
+            self._waiting_of[conn] = self._waiting_of.get(conn, 0) + size
+            self.waiting_bytes += size
         return self._take_out()
 
     def waiting(self) -> bool:
-        """True while whole lines read in an earlier turn wait (its budget ran out before them)."""
-        return bool(self._waiting)
+        return bool(self._waiting)  # (whole lines wait to be served)
 
     def _drop_waiting(self, conn: bytes) -> None:
-        self.waiting_bytes -= sum(map(len, self._waiting.pop(conn, ())))
+        if conn in self._ring:  # (not while ``serve`` holds it)
+            self._ring.remove(conn)
+        if self._waiting.pop(conn, None) is not None:
+            self.waiting_bytes -= self._waiting_of.pop(conn, 0)
+            self._served.add(conn)
+
+    def served(self) -> set[bytes]:
+        """The connections whose waiting lines went down since the last call (``buffered`` changed)."""
+        served, self._served = self._served, set()
+        return served
 
     def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
-        """Serve the lines that wait, a connection at a time in the order they were cut short; one
-        cut short again goes last, so that a client pipelining heavy lines takes turns with the others."""
-        for conn in list(self._waiting):
-            if budget.spent():
-                break
-            self._serve_conn(conn, now_us, budget)
-            if conn in self._waiting:  # cut short: the others go first next turn
-                self._waiting[conn] = self._waiting.pop(conn)
+        """Serve waiting lines while ``budget`` lasts, one of each connection in turn (a line waits for at
+        most one of each other connection's); asked between lines, so each request stays atomic. The
+        connection whose turn it was when the budget ran out goes first next turn."""
+        ring = self._ring
+        while ring and not budget.spent():
+            conn = ring.popleft()
+            self._serve_line(conn, now_us)  # (a store failure drops the connection's lines and raises)
+            if self._waiting[conn]:
+                ring.append(conn)  # (to the end of the round)
+            else:
+                del self._waiting[conn]
+                self._waiting_of.pop(conn, None)
+            budget.take()
         return self._take_out()
 
-    def _serve_conn(self, conn: bytes, now_us: int, budget: Budget) -> None:
-        """One connection's waiting lines, in order, while the budget lasts: it is asked between lines,
-        never inside one, so each request stays atomic (one rolled back is answered, never run twice)."""
+    def _serve_line(self, conn: bytes, now_us: int) -> None:
+        """The next waiting line of ``conn``: its answer goes out after the answers to its earlier lines."""
         lines = self._waiting[conn]
-        while lines and not budget.spent():
-            line = lines.popleft()
-            self.waiting_bytes -= len(line)
-            request_id = mqks.request_id_of(line)
-            try:
-                if len(line) > self.max_line:
-                    raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
-                self._check_bind_size(line)
-                self._handle(conn, mqks.parse_line(line), now_us)
-            except ProtocolError as exc:
-                self._error(conn, request_id, exc.code, exc.detail)
-            except StoreFull as exc:
-                self._error(conn, request_id, "queue-full", str(exc))
-            except StoreError:
-                # The whole turn is rolled back by the server: this line and the rest get an error.
-                for rest in [line, *lines]:
-                    self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
-                self._drop_waiting(conn)
-                raise
-            budget.take()
-        if not lines:
-            del self._waiting[conn]
+        line = lines.popleft()
+        self.waiting_bytes -= len(line)
+        self._waiting_of[conn] -= len(line)
+        self._served.add(conn)
+        request_id = mqks.request_id_of(line)
+        try:
+            if len(line) > self.max_line:
+                raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
+            self._check_bind_size(line)
+            self._handle(conn, mqks.parse_line(line), now_us)
+        except ProtocolError as exc:
+            self._error(conn, request_id, exc.code, exc.detail)
+        except StoreFull as exc:
+            self._error(conn, request_id, "queue-full", str(exc))
+        except StoreError:
+            # The whole turn is rolled back by the server: this line and the rest get an error.
+            for rest in [line, *lines]:
+                self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
+            self._drop_waiting(conn)
+            raise
 
     def _check_bind_size(self, line: bytes) -> None:
         """A consume or rebind line over ``Limits.mqks_bind_line_bytes`` is refused before it is parsed:
