@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, recv_frames, recv_frames_from, send_frames
+from pzq.zmqio import (
+    NOBLOCK,
+    POLLIN,
+    POLLOUT,
+    ZERO_COPY,
+    Again,
+    events,
+    recv_frames,
+    recv_frames_from,
+    send_frames,
+)
 
 from conftest import free_tcp_endpoint
 
@@ -45,3 +55,17 @@ def test_a_tcp_peer_is_reported_with_its_address(sockets):
     assert server.poll(2000)
     frames, address = recv_frames_from(server, NOBLOCK)
     assert frames[1:] == [b"hello"] and address == "127.0.0.1"
+
+
+def test_a_big_frame_comes_as_a_view_only_when_asked_and_holds_the_bytes_sent(pair):
+    server, client = pair
+    big = bytes(range(256)) * (ZERO_COPY // 256) + b"!"
+    send_frames(client, [b"id", b"", big])  # (sent without a copy: it must still arrive whole)
+    assert server.poll(2000)
+    frames = recv_frames(server, NOBLOCK, views=True)
+    assert type(frames[1]) is bytes and frames[2] == b"" and type(frames[3]) is memoryview
+    assert frames[3] == big and frames[3].readonly
+    send_frames(client, [bytearray(big)])  # (not bytes: copied, as before)
+    assert server.poll(2000)
+    frames = recv_frames(server, NOBLOCK)
+    assert type(frames[1]) is bytes and frames[1] == big

@@ -141,7 +141,8 @@ class NativeEndpoints(Endpoint):
             if size >= share or budget.spent() or self._held_big >= HELD_BIG:
                 break
             try:
-                frames = receive(sock, gate, role, NOBLOCK)
+                # (a producer's big body frames as views of libzmq's buffer: the store's record is its one copy)
+                frames = receive(sock, gate, role, NOBLOCK, views=replies is not None)
             except Again:
                 break
             read += 1
