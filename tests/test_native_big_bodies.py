@@ -1,7 +1,6 @@
-"""Big native bodies travel with as few copies as the store allows (issue 26, item 2): a producer's big
-frames are read as views of libzmq's buffer, so the store's record is their one copy, and deliveries of
-big frames are handed to libzmq without a copy. What a consumer gets is still the producer's bytes, to
-the byte, whether the message was let in at once or held for a turn of its own, and after a restart."""
+"""Big native bodies (issue 26, item 2): deliveries of big frames are handed to libzmq without a copy
+(pzq/zmqio.py), and what a consumer gets is still the producer's bytes, to the byte, whether the
+message was let in at once or held for a turn of its own, and after a restart."""
 
 from __future__ import annotations
 
@@ -52,7 +51,7 @@ def _turns_until_acked(server: Server, sock: zmq.Socket, count: int) -> list[byt
     raise AssertionError(f"only {acked} of {count} acked")
 
 
-def test_big_frames_read_as_views_are_stored_and_delivered_to_the_byte_held_or_not(tmp_path):
+def test_big_bodies_are_stored_and_delivered_to_the_byte_held_or_not(tmp_path):
     server, receive, send = _server(tmp_path, "a")
     producer = _producer(receive)
     # Two-frame bodies past ZERO_COPY (each held for a turn of its own: more than the turn's bytes), a big
@@ -84,7 +83,7 @@ def test_big_frames_read_as_views_are_stored_and_delivered_to_the_byte_held_or_n
         server.close()
 
 
-def test_a_big_body_stored_from_a_view_reads_back_to_the_byte_after_a_restart(tmp_path):
+def test_a_big_body_reads_back_to_the_byte_after_a_restart(tmp_path):
     server, receive, _ = _server(tmp_path, "b")
     producer = _producer(receive)
     body = [os.urandom(ZERO_COPY + 3), b"tail"]

@@ -175,21 +175,18 @@ class Sockets:
         self._made.clear()
 
 
-def receive(sock: zmq.Socket, gate: Gate | None, role: str, flags: int, *, views: bool = False) -> list[bytes] | None:
+def receive(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> list[bytes] | None:
     """One message from ``sock`` (zmq.Again when none waits). None, logged, when it came over a
-    connection whose CURVE key has been revoked since its handshake: such a client is cut off.
-    ``views``: big frames come as memoryviews (see zmqio.recv_frames)."""
-    return receive_from(sock, gate, role, flags, views=views)[0]
+    connection whose CURVE key has been revoked since its handshake: such a client is cut off."""
+    return receive_from(sock, gate, role, flags)[0]
 
 
-def receive_from(
-    sock: zmq.Socket, gate: Gate | None, role: str, flags: int, *, views: bool = False
-) -> tuple[list[bytes] | None, str | None]:
+def receive_from(sock: zmq.Socket, gate: Gate | None, role: str, flags: int) -> tuple[list[bytes] | None, str | None]:
     """``receive`` plus the sender's CURVE key (z85; None without CURVE), for protocols that tie what
     a client owns to its key."""
     if gate is None:
-        return recv_frames(sock, flags, views=views), None
-    frames, user = recv_frames_user(sock, flags, views=views)
+        return recv_frames(sock, flags), None
+    frames, user = recv_frames_user(sock, flags)
     if gate.admits(user):
         return frames, user
     warn_bad(role, "revoked", f"a message from CURVE key {user!r}, no longer allowed: dropped")

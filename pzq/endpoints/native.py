@@ -141,8 +141,7 @@ class NativeEndpoints(Endpoint):
             if size >= share or budget.spent() or self._held_big >= HELD_BIG:
                 break
             try:
-                # (a producer's big body frames as views of libzmq's buffer: the store's record is its one copy)
-                frames = receive(sock, gate, role, NOBLOCK, views=replies is not None)
+                frames = receive(sock, gate, role, NOBLOCK)
             except Again:
                 break
             read += 1
