@@ -37,10 +37,6 @@ Again = zmq.Again
 MAX_FRAMES = 1024
 DRAIN_PER_CALL = 10_000
 _draining: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
-# Bytes frames from this size on are sent without a copy: libzmq holds a reference to them until its I/O
-# thread has sent them (pyzmq's collector thread drops it). A copy of a 16 MiB delivery cost the loop
-# about 7 ms (fresh pages faulted in), measured in the big-messages torture case.
-ZERO_COPY = 1 << 20
 
 
 def draining() -> bool:
@@ -67,15 +63,8 @@ def send_frames(sock: zmq.Socket, frames: Sequence[bytes], flags: int = 0) -> No
     more = flags | SNDMORE
     last = len(frames) - 1
     for i in range(last):
-        _put(sock, frames[i], more)
-    _put(sock, frames[last], flags)
-
-
-def _put(sock: zmq.Socket, frame: bytes, flags: int) -> None:
-    if len(frame) >= ZERO_COPY and type(frame) is bytes:  # (immutable: libzmq may read it later)
-        _send(sock, frame, flags, False)
-    else:
-        _send(sock, frame, flags)
+        _send(sock, frames[i], more)
+    _send(sock, frames[last], flags)
 
 
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:

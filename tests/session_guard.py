@@ -27,7 +27,6 @@ import time
 
 import zmq
 from zmq.sugar import context as zmq_context
-from zmq.utils import garbage as zmq_garbage
 
 EXIT_GRACE_S = 20.0  # from the summary to the end of the process: more means something hangs
 CLEANUP_S = 60.0  # teardown left by an interrupted run, the clean-up, the summary (Spark stops in seconds)
@@ -140,10 +139,8 @@ def _close_zmq() -> list[str]:
     contexts = [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
     if zmq.Context._instance is not None:
         contexts.append(zmq.Context._instance)
-    # pyzmq's own garbage collector (zero-copy sends: pzq/zmqio.py) stops its context at exit itself
-    collector = zmq_garbage.gc._context
     for ctx in {id(c): c for c in contexts}.values():
-        if ctx.closed or ctx._shadow or ctx is collector:
+        if ctx.closed or ctx._shadow:
             continue
         left = [s for s in list(ctx._sockets) if not s.closed]
         if left:
