@@ -111,3 +111,23 @@ def test_a_produce_of_more_messages_than_a_turn_carries_out_is_refused_and_nothi
     assert replies[b"1"][0] == b"ERR" and replies[b"1"][1]["code"] == "too-many"
     assert replies[b"2"][0] == b"ERR" and "at most 10 messages" in replies[b"2"][1]["detail"]
     assert replies[b"3"] == (b"OK", {"count": 10, "duplicate": False})
+
+
+def test_a_cheap_request_goes_before_a_crowd_of_costly_ones_that_came_at_once(make_server, tmp_path, sockets):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    crowd = [sockets(zmq.DEALER, srv.config.api_dsn) for _ in range(30)]
+    for sock in crowd:
+        _flood(sock, 1)  # one PRODUCE of 1,000 each: a few ms of the loop
+    got: dict[zmq.Socket, list[list[bytes]]] = {sock: [] for sock in crowd}
+    got[crowd[0]].append(recv(crowd[0], 30_000))  # the crowd is being carried out
+    for sock in crowd:
+        got[sock] += _answers(sock)
+    carried_before = sum(map(_ok, got.values()))
+    honest = sockets(zmq.DEALER, srv.config.api_dsn)
+    honest.send_multipart(api_proto.request(b"i", "INFO", {"queue": "flood"}))
+    reply = recv(honest, 30_000)
+    depth = msgpack.unpackb(reply[3])["depth"]
+    # Served by what each client's requests cost, not one request of each client a round: the INFO
+    # waited for the PRODUCEs already under way (a turn's work), not for one of each of the 30.
+    assert reply[2] == b"OK" and depth % BATCH == 0
+    assert depth // BATCH - carried_before <= 8, (depth // BATCH, carried_before)

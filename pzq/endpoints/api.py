@@ -18,6 +18,8 @@ from pzq.zmqio import NOBLOCK, Again
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
 BIG_REPLIES = (b"SNAPSHOT", b"FETCH")  # commands whose reply may be api_reply_bytes and a message
 REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
+COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
+TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
 PENDING = 256  # requests read and not yet carried out, all clients together (and a turn's share of bytes)
 # Each client's own share of them: Limits.api_pending_per_peer requests and api_pending_peer_bytes.
 
@@ -30,9 +32,10 @@ class ApiEndpoint(Endpoint):
     it has read the answer to its last is seen doing so (the memory bound counts its unread replies,
     pzq/endpoints/memory.py), however slowly the loop gets round to its requests.
 
-    Fair between clients: each client's requests wait in a queue of its own, and the queues are served
-    round-robin, one request each a round, a client that had nothing waiting before the round (so a
-    lock-step client, as fq_codel's new flows); a client the turn's budget cut short is first next turn. A
+    Fair between clients: each client's requests wait in a queue of its own, and the queues share the
+    loop's time by start-time fair queueing (the client whose requests have cost least goes next; an idle
+    client saves no credit), so a lock-step client of cheap requests is served before a crowd of clients
+    of costly ones, and requests left when the turn's budget ends go on next turn in the same order. A
     client that has its share of requests waiting (Limits.api_pending_per_peer, api_pending_peer_bytes)
     gets ``ERR busy`` for any more, nothing done (libzmq's ROUTER cannot stop reading one peer), so that
     a client pipelining hundreds of requests cannot make another's wait behind them all."""
@@ -60,11 +63,16 @@ class ApiEndpoint(Endpoint):
         self._gate = binder.gate(self.sock)
         self.binder = binder
         self._out: list[Send] = []
-        # Requests waiting, one queue per peer. The peers in turn, as fq_codel's flows: those whose queue
-        # was empty (a lock-step client's request) first, then the round-robin of those with a backlog.
+        # Requests waiting, one queue per peer, served by start-time fair queueing on the loop's time:
+        # each peer's tag is the time its requests have cost so far, never behind the tag of the request
+        # last served (``_now_tag``: an idle peer saves no credit), and the lowest tag plus what its next
+        # request is likely to cost (``_costs``: each command's recent cost) goes next. So a lock-step
+        # client of cheap requests goes before clients of 10 ms SNAPSHOTs however many of them came at
+        # once, and pipelining buys nothing.
         self._queues: dict[bytes, collections.deque[tuple[list[bytes], str | None]]] = {}
-        self._new: dict[bytes, None] = {}  # (dicts as ordered sets)
-        self._old: dict[bytes, None] = {}
+        self._tags: dict[bytes, float] = {}
+        self._now_tag = 0.0
+        self._costs: dict[bytes, float] = {}  # each command's recent cost on the loop (a moving average)
         self._peer_bytes: dict[bytes, int] = {}
         self._pending = 0
         self._pending_bytes = 0
@@ -88,7 +96,13 @@ class ApiEndpoint(Endpoint):
             if _big(frames) and not self._room_for_big_reply(frames[0]):
                 self._out.append(Send(ONLY, _memory_busy(frames, self.alarm.total)))
                 continue
+            began = time.perf_counter()
             self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
+            cost = time.perf_counter() - began
+            self._tags[frames[0]] = self._now_tag + cost
+            command = _command(frames)
+            if command in self._costs or len(self._costs) < COMMANDS_KEPT:
+                self._costs[command] = 0.8 * self._costs.get(command, cost) + 0.2 * cost
 
     def _take_in(self) -> None:
         """Read what waits, without decoding it: up to PENDING requests and a turn's share of bytes."""
@@ -133,7 +147,7 @@ class ApiEndpoint(Endpoint):
         queue = self._queues.get(peer)
         if queue is None:
             queue = self._queues[peer] = collections.deque()
-            self._new[peer] = None
+            self._tags[peer] = max(self._tags.get(peer, 0.0), self._now_tag)
         elif (
             len(queue) >= self.most_per_peer
             or self._peer_bytes[peer] >= self.most_bytes_per_peer
@@ -148,21 +162,24 @@ class ApiEndpoint(Endpoint):
         return True
 
     def _next(self) -> tuple[list[bytes], str | None]:
-        """The next request: a new peer's (one that had none waiting), else the round's first peer's
-        oldest; a peer with more waiting goes to the back of the round."""
-        ring = self._new or self._old
-        peer = next(iter(ring))
-        del ring[peer]
-        queue = self._queues[peer]
+        """The next request: the oldest of the peer with the lowest tag (see __init__)."""
+        tags, queues = self._tags, self._queues
+        costs = self._costs
+        peer = min(queues, key=lambda p: (tags[p] + costs.get(_command(queues[p][0][0]), 0.0), len(queues[p])))
+        self._now_tag = tags[peer]
+        queue = queues[peer]
         frames, user = queue.popleft()
         size = sum(map(len, frames))
         self._pending -= 1
         self._pending_bytes -= size
         if queue:
-            self._old[peer] = None
             self._peer_bytes[peer] -= size
         else:
-            del self._queues[peer], self._peer_bytes[peer]
+            del queues[peer], self._peer_bytes[peer]
+            if len(tags) > TAGS_KEPT:  # (a tag at or behind _now_tag says nothing: forget those first)
+                self._tags = {p: t for p, t in tags.items() if t > self._now_tag or p in queues}
+                if len(self._tags) > TAGS_KEPT:
+                    self._tags = {p: t for p, t in self._tags.items() if p in queues}
         return frames, user
 
     def _room_for_big_reply(self, peer: bytes) -> bool:
@@ -206,6 +223,11 @@ class ApiEndpoint(Endpoint):
 
     def stats(self) -> dict:
         return {**self.gateway.stats(), "busy_refused": self.refused_busy}
+
+
+def _command(frames: list[bytes]) -> bytes:
+    """A request's command frame, read without decoding (b"" when it is not well-formed)."""
+    return frames[-2] if len(frames) >= 5 and frames[-4] == b"" else b""
 
 
 def _big(frames: list[bytes]) -> bool:
