@@ -324,6 +324,7 @@ def alarmed_server(make_server, tmp_path):
         mqks_dsn=free_tcp_endpoint()[0],
         memory_high_water=16 * MiB,
         memory_low_water=12 * MiB,
+        limits=Limits(api_reply_bytes=4 * MiB),  # (the default is 1 MiB: these replies are the 4 MiB of before)
     )
     _fill(srv.config.api_dsn)
     return srv
