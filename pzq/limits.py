@@ -43,7 +43,7 @@ class Limits:
     # The API gateway
     snapshot_max: int = 2_500  # messages in one SNAPSHOT reply: ~3.5 us each, so ~9 ms (i26c-api; was 10,000, 35 ms)
     max_dedup_keys: int = 1_000_000  # PRODUCE keys remembered at once
-    api_reply_bytes: int = 1 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes (~2.5 ms of the loop)
+    api_reply_bytes: int = 1 << 20  # a FETCH or SNAPSHOT reply stops growing past this many body bytes (~2.5 ms)
     api_turn_work_s: float = 0.02
     # Replies waiting in one client's pipe (its SNDHWM): a lock-step client needs one, a resend two; each may
     # be api_reply_bytes and one message, so the pipe holds at most three of them (with libzmq's encoder)
