@@ -94,9 +94,11 @@ class Limits:
     # more; `pzq bench` native throughput measured the same with 10, 5 and 3 ms)
     turn_budget_s: float = 0.003
     # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all. A native
-    # message that would take a turn past it is committed in a turn of its own, so that the small messages
-    # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
-    turn_write_bytes: int = 16 << 20
+    # message that would take a turn past it is held and written in turns of its own: in chunks of
+    # body_chunk_bytes (pzq/store/bodies.py) past that size, this many bytes a turn, so no commit carries
+    # much more than this (2 MiB since slice i26e-chunks: was 16, one 16 MiB commit held every client
+    # 25-60 ms; 2 MiB commits in 4-8 ms on the development disk)
+    turn_write_bytes: int = 2 << 20
     # Queues made by clients' requests (slice i26-queues; pzq/broker/implicit.py): this part of --max-queues
     # is kept for explicit (configured) queues; one client (a connection, or a CURVE key) has at most this
     # part of --max-queues made by its requests alive at once; the expiry sweep looks at this many a turn
@@ -154,6 +156,10 @@ class Limits:
     # holds this part of its share has no room: libzmq's fair queue hands it to the endpoint at most once
     # more a turn (the rest waits in its pipe and TCP), while connections with room are read on
     partial_read_ahead_part: int = 2
+
+    # Big bodies in chunks (slice i26e-chunks; pzq/store/bodies.py): a native message held for turns of its
+    # own is written in chunks of this many bytes, turn_write_bytes a turn, when it is bigger than one chunk
+    body_chunk_bytes: int = 1 << 20
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

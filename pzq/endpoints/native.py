@@ -69,6 +69,7 @@ class NativeEndpoints(Endpoint):
         self._held_from: set[bytes] = set()  # producers with a held message: their next ones wait behind it
         self._held_big = 0
         self._due = False  # the next turn is the oldest held big message's own
+        self._uploading = False  # the oldest held big message is being written, a part per turn
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
 
     def before_poll(self, poller: zmq.Poller) -> None:
@@ -92,13 +93,34 @@ class NativeEndpoints(Endpoint):
                 self._commit_held(now, now_us)
 
     def _commit_held(self, now: float, now_us: int) -> None:
-        """Let in the oldest held big message alone (the messages behind it go first the next turn)."""
-        frames, _ = self._held.popleft()
+        """Let in the oldest held big message alone (the messages behind it go first the next turn): at
+        once, or past one chunk a part per turn (``turn_write_bytes`` of it), its ack with the last."""
+        frames = self._held[0][0]
+        size = sum(map(len, frames))
+        if size <= self.limits.body_chunk_bytes:
+            self._drop_held()
+            self.budget.take(size)
+            self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+        else:
+            try:
+                answer = self.gateway.received_big(
+                    frames, chunk=self.limits.body_chunk_bytes, most=max(self.budget.bytes_left, 0), now_us=now_us
+                )
+            except BaseException:
+                self._drop_held()  # (the gateway answers it "store failure" when the turn is rolled back)
+                raise
+            self.budget.take(self.gateway.big_written)
+            self._uploading = answer is None
+            if answer is not None:
+                self._drop_held()
+                self._replies += answer
+        self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
+
+    def _drop_held(self) -> None:
+        self._held.popleft()
         self._held_big -= 1
         self._held_from = {held[0] for held, _ in self._held}
-        self.budget.take(sum(map(len, frames)))
-        self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
-        self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+        self._uploading = False
 
     def _release_held(self, now: float, now_us: int) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
@@ -206,6 +228,8 @@ class NativeEndpoints(Endpoint):
         return {"native_backlogs": self.replies.backlog_bytes}
 
     def rolled_back(self) -> None:
+        if self._uploading:  # (its parts are gone with the turn: the gateway answers it "store failure")
+            self._drop_held()
         out = self.gateway.rolled_back(self._replies + self._deliveries)
         self._replies = [s for s in out if s.socket == RECEIVE]
         self._deliveries = [s for s in out if s.socket != RECEIVE]
