@@ -203,7 +203,8 @@ class NativeEndpoints(Endpoint):
                 return
 
     def waiting(self) -> bool:
-        return bool(self._replies)
+        # (a big message's part written this turn: committed now, so that no commit carries more)
+        return bool(self._replies) or self._uploading
 
     def wake_at(self, now: float) -> float | None:
         wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_wake(now)) if t is not None]

@@ -91,9 +91,11 @@ class Messages(Bodies):
         queue cannot be made."""
         if not upload.done:
             raise ValueError("the body is not all written")
-        self.queue(queue, implicit=True)  # (before the upload ends: a refusal leaves it to drop_upload)
-        ref = self._finish_upload(upload)
-        return self._append(queue, [], now_us, 0, check_limit=False, body=ref)
+        # (the upload ends after its record is put: a put that fails leaves it to the rollback, which
+        # removes its chunks)
+        message = self._append(queue, [], now_us, 0, check_limit=False, body=upload.ref)
+        self._finish_upload(upload)
+        return message
 
     def _append(
         self,
