@@ -258,3 +258,29 @@ def test_a_server_killed_while_big_messages_are_written_keeps_every_acked_one_an
         assert _entries(store, "bodies") == named, "no chunk is left that no message names"
     finally:
         store.close()
+
+
+def test_a_producers_pipeline_of_big_messages_is_answered_busy_past_its_part_and_others_are_read_meanwhile(tmp_path):
+    # One producer holds at most a quarter of what may be held (pipe_in_bytes) and always one message:
+    # past it, its messages are answered "busy" at once instead of stopping the reading for everyone.
+    server = _server(tmp_path, "busy", turn_write_bytes=2 * MIB, body_chunk_bytes=MIB, pipe_in_bytes=16 * MIB)
+    big, small = _producer(server.config.receive_dsn), _producer(server.config.receive_dsn)
+    try:
+        for i in range(3):
+            big.send_multipart(wire.produce(b"b%d" % i, [os.urandom(4 * MIB)]))
+        server._turn(1000)
+        small.send_multipart(wire.produce(b"s", [b"x"]))
+        answers: dict[bytes, tuple[int, wire.ProduceAck]] = {}
+        for turn in range(40):
+            server._turn(100)
+            answers.update((ack.message_id, (turn, ack)) for ack in _acks(big) + _acks(small))
+            if len(answers) == 4:
+                break
+        assert answers[b"b0"][1].ok and answers[b"s"][1].ok
+        assert [answers[m][1].error for m in (b"b1", b"b2")] == [wire.BUSY, wire.BUSY]
+        assert answers[b"s"][0] < answers[b"b0"][0], "the small message was read while the big one was written"
+        assert server.stats()["native"]["busy_refused_total"] == 2
+    finally:
+        big.close(0)
+        small.close(0)
+        server.close()

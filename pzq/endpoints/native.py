@@ -18,16 +18,21 @@ from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
+from pzq.logs import warn_bad
+from pzq.protocols import native as wire
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
 RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
-# Big messages (past what a turn may still let in) read and held at once, each for a turn of its own: past
-# two, reading stops, so what a turn holds is bounded and a small message is never behind more than one
-HELD_BIG = 2
+# Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
+# producers sent after them) are bounded in bytes: past Limits.pipe_in_bytes in all, reading stops; past
+# this part of it for one producer (when it holds one already), its messages are answered "busy", so that
+# one producer's pipeline of big messages cannot stop the reading for every other producer
+HELD_PEER_PART = 4
+BIG_FRAME = 64 << 10  # producers' frames of this size and more are not copied out of libzmq's buffer
 
 
 class NativeEndpoints(Endpoint):
@@ -52,6 +57,7 @@ class NativeEndpoints(Endpoint):
             LINGER=2000,
         )  # let the last acks out on shutdown
         self.replies = Replies(self.receive, "producer", config.limits)
+        keep_big_frames(self.receive, BIG_FRAME)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         # SNDHWM: deliveries in flight are at most --max-inflight (a delivery is in flight from its send);
         # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
@@ -66,8 +72,9 @@ class NativeEndpoints(Endpoint):
         # Messages read but left for later turns, in order: each big one (more than the turn could still let
         # in) gets a turn of its own, with the messages its producer sent after it (they keep its order)
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
-        self._held_from: set[bytes] = set()  # producers with a held message: their next ones wait behind it
-        self._held_big = 0
+        self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
+        self._held_bytes = 0
+        self.busy_refused_total = 0
         self._due = False  # the next turn is the oldest held big message's own
         self._uploading = False  # the oldest held big message is being written, a part per turn
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
@@ -118,9 +125,28 @@ class NativeEndpoints(Endpoint):
 
     def _drop_held(self) -> None:
         self._held.popleft()
-        self._held_big -= 1
-        self._held_from = {held[0] for held, _ in self._held}
+        self._count_held()
         self._uploading = False
+
+    def _count_held(self) -> None:
+        self._held_from = {}
+        for frames, _ in self._held:
+            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + sum(map(len, frames))
+        self._held_bytes = sum(self._held_from.values())
+
+    def _busy(self, frames: list[bytes], length: int) -> bool:
+        """Refuse a message that would take what its producer has held past its part of what may be
+        held (it may always hold one): answered "busy" at once (its body dropped), so that reading goes
+        on for the other producers. Its acks then come out of order (clients match them by id)."""
+        held = self._held_from.get(frames[0], 0)
+        if not held or held + length <= self.limits.pipe_in_bytes // HELD_PEER_PART:
+            return False
+        event = wire.parse_produce(frames, 1 << 62)
+        if isinstance(event, wire.Produce):
+            self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
+        self.busy_refused_total += 1
+        warn_bad("producer", "busy", f"a message of {sum(map(len, frames))} bytes behind its own held one: refused")
+        return True
 
     def _release_held(self, now: float, now_us: int) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
@@ -128,7 +154,7 @@ class NativeEndpoints(Endpoint):
         while self._held and not self._held[0][1]:
             run.append(self._held.popleft()[0])
         if run:
-            self._held_from = {held[0] for held, _ in self._held}
+            self._count_held()
             self.budget.take(sum(len(f) for frames in run for f in frames))
             self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)
 
@@ -160,7 +186,7 @@ class NativeEndpoints(Endpoint):
         run: list[list[bytes]] = []
         read = size = 0
         for _ in range(most):
-            if size >= share or budget.spent() or self._held_big >= HELD_BIG:
+            if size >= share or budget.spent() or self._held_bytes >= self.limits.pipe_in_bytes:
                 break
             try:
                 frames = receive(sock, gate, role, NOBLOCK)
@@ -181,10 +207,12 @@ class NativeEndpoints(Endpoint):
                 # write; its producer's next messages wait behind it, in order.
                 big = length > budget.bytes_left
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
+                if self._busy(frames, length):
+                    continue
                 self._held.append((frames, big))
-                self._held_from.add(frames[0])
-                self._held_big += big
-                if self._held_big >= HELD_BIG:
+                self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
+                self._held_bytes += length
+                if self._held_bytes >= self.limits.pipe_in_bytes:
                     break
                 continue
             budget.take(length)
@@ -223,10 +251,10 @@ class NativeEndpoints(Endpoint):
         self.gateway.recover()
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        return {**self.gateway.stats(), "busy_refused_total": self.busy_refused_total}
 
     def memory(self) -> dict[str, int]:
-        return {"native_backlogs": self.replies.backlog_bytes}
+        return {"native_backlogs": self.replies.backlog_bytes, "native_held": self._held_bytes}
 
     def rolled_back(self) -> None:
         if self._uploading:  # (its parts are gone with the turn: the gateway answers it "store failure")
