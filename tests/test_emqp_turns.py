@@ -177,3 +177,42 @@ def test_a_worker_with_hundreds_of_free_slots_is_handed_at_most_a_turns_records_
     finally:
         producer.close(0)
         server.close()
+
+
+class _SendsAfterPolling(zmq.Poller):
+    """The server's own poller, which sends what the test gives it just after each poll returns: a peer
+    whose message comes while the turn is under way (a worker answers a job within a turn)."""
+
+    def __init__(self, poller: zmq.Poller):
+        super().__init__()
+        self.sockets = list(poller.sockets)
+        self.later: list[tuple[zmq.Socket, list[bytes]]] = []
+
+    def poll(self, timeout=None):
+        ready = super().poll(timeout)
+        for sock, frames in self.later:
+            sock.send_multipart(frames)
+        self.later.clear()
+        return ready
+
+
+def test_a_workers_reply_that_comes_after_the_turns_poll_is_forwarded_in_that_turn(tmp_path):
+    # Before, the eMQP reader read only the sockets the turn's poll named: a REPLY that came a moment
+    # later waited a whole turn, and under load a turn is several milliseconds.
+    server, dsn = _server(tmp_path)
+    client = _dealer(dsn["front"])
+    try:
+        worker = _worker(server, dsn["back"], b"q")
+        server.poller = poller = _SendsAfterPolling(server.poller)
+        request = command("REQUEST", b"q", b"reply-requested", b"[]")
+        client.send_multipart(request)
+        server._turn(0)
+        [job] = [j for j in _waiting(worker) if j[2] == b"REQUEST"]
+        poller.later.append((worker, command("REPLY", b"{}", job[3])))
+        server._turn(0)
+        replies = [a for a in _waiting(client) if a[2] == b"REPLY"]
+        assert [r[-1] for r in replies] == [request[3]], "the REPLY went on in the turn it came in"
+        worker.close(0)
+    finally:
+        client.close(0)
+        server.close()

@@ -11,7 +11,7 @@ from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.zmqio import NOBLOCK, Again, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -63,7 +63,9 @@ class EmqpEndpoint(Endpoint):
     def _read(self, sockets: list, budget: int, ready: dict, now: float, now_us: int) -> None:
         """What ``read`` reads, the socket a spent budget cut short last turn first."""
         for name, sock in sockets:
-            if sock not in ready:
+            # (what came after the turn's poll too: a worker answers a job within a turn, and its REPLY
+            # would otherwise wait for the next one, a turn more for each hop of a round trip)
+            if sock not in ready and not events(sock) & POLLIN:
                 continue
             for _ in range(self.limits.read_batch):
                 if budget <= 0 or self.budget.spent():
