@@ -148,22 +148,23 @@ def test_an_emqp_request_to_an_idle_worker_is_handed_out_in_the_turn_that_stores
 
 
 def test_a_worker_with_hundreds_of_free_slots_is_handed_at_most_a_turns_records_of_jobs_a_turn(tmp_path):
-    # A hostile worker READYs 300 slots, then another worker that holds 300 jobs disconnects: they all
-    # come back to the queue at once. Before, the next dispatch handed all 300 out in one turn, whatever
-    # the turn's records said (the commit and the sends after it pay for each).
+    # A client pipelines 300 REQUESTs to a worker with 300 free slots: each REQUEST draws the record of
+    # the job it lets out, so a turn's records bound both. Then a hostile worker READYs 300 slots and
+    # the first one, which holds the 300 jobs, disconnects: they all come back to the queue at once.
+    # Before, the next dispatch handed all 300 out in one turn, whatever the turn's records said (the
+    # commit and the sends after it pay for each).
     server, dsn = _server(tmp_path, turn_budget_s=3600.0, turn_records=40)
     producer = _dealer(dsn["front"], SNDHWM=0)
     try:
         holder = _worker(server, dsn["back"], b"q", ready=300)
         for i in range(300):
             producer.send_multipart(command("REQUEST", b"q", b"", b"[%d]" % i))
-        held = 0
-        for _ in range(100):
+        first = []  # the pipelined REQUESTs' jobs, handed out in the turns that read them
+        while sum(first) < 300 and len(first) < 100:
             server._turn(0)
-            held += sum(1 for job in _waiting(holder) if job[2] == b"REQUEST")
-            if held == 300:
-                break
-        assert held == 300, f"the first worker holds {held} jobs"
+            first.append(sum(1 for job in _waiting(holder) if job[2] == b"REQUEST"))
+        assert sum(first) == 300, f"the first worker holds {sum(first)} jobs"
+        assert max(first) <= 40, f"jobs handed out a turn as the REQUESTs came: {first}"
         greedy = _worker(server, dsn["back"], b"q", ready=300)
         holder.send_multipart(command("DISCONNECT"))
         per_turn = []
