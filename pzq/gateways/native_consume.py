@@ -158,18 +158,10 @@ class BatchConsumeGateway:
         refused: list[bytes] = []
         settled: list[Ref] = []
         if command.name == wire.ACK:
-            refs: list[Ref] = []
-            keys: list[bytes] = []
-            for key in command.keys:
-                ref = ref_of_key(key)
-                if ref is None:
-                    refused.append(key)
-                else:
-                    refs.append(ref)
-                    keys.append(key)
-            gone = set(self.broker.ack_many(refs, by=holder))
-            for ref, key in zip(refs, keys, strict=True):
-                if ref in gone:
+            named = [(key, ref_of_key(key)) for key in command.keys]
+            gone = set(self.broker.ack_many([ref for _, ref in named if ref is not None], by=holder))
+            for key, ref in named:  # (refused in the order the ACK named them)
+                if ref is None or ref in gone:
                     refused.append(key)
                 else:
                     settled.append(ref)
