@@ -115,3 +115,19 @@ def test_a_reply_that_is_not_pzq_batch_reads_as_none():
     wrong = [b"DELIVER", b"1", b"2", b"\x91\xc4\x01k", b"\x90"]  # (one key, no body)
     for frames in ([b"HELLO", b"PZQ-BATCH/2", b"\x80"], wrong, [b"x"], []):
         assert wire.parse_reply(frames) is None
+
+
+def test_the_err_texts_of_the_documented_vectors():
+    for frames, text in (
+        ([b"CREDIT", b"-5"], "bad-credit: CREDIT count must be ASCII digits, not b'-5'"),
+        ([b"ACK", b"\xdd\xff\xff\xff\xff"], "too-many-keys: at most 1000 keys at once, not 4294967295"),
+    ):
+        with pytest.raises(ProtocolError) as err:
+            wire.parse_command(frames, 1000)
+        assert wire.error(err.value.code, err.value.detail) == [b"ERR", text.encode()]
+
+
+def test_the_documented_nack_of_a_key_twice_reads_as_both_keys():
+    frames = [b"NACK", b"\x92" + KEY_BIN + KEY_BIN]
+    assert wire.parse_command(frames, 10) == wire.Command(b"NACK", keys=(KEY, KEY))
+    assert wire.settled(0, [KEY, KEY]) == [b"SETTLED", b"0", b"\x92" + KEY_BIN + KEY_BIN]
