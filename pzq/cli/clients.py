@@ -101,8 +101,8 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
 @click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
 @click.option(
     "--consume-dsn",
-    help="Batched consumers' endpoint (default from config/env); '' = the send socket only. A server "
-    "without it is consumed from the send socket.",
+    help="Batched consumers' endpoint (default from config/env, unless --send-dsn is given alone); '' = the "
+    "send socket only. A server without it is consumed from the send socket.",
 )
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
@@ -129,7 +129,9 @@ def consume(
     got = 0
     wait_ms = round(timeout * 1000)
     keys = curve(curve_client_key, curve_server_key)
-    with client.BatchConsumer(cfg.consume_dsn or None, fallback=cfg.send_dsn, curve=keys) as consumer:
+    # (--send-dsn alone names another server than the configured one: its consume endpoint is not known)
+    batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else None
+    with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
             batch = consumer.receive(count - got if count else 100, wait_ms)
             if not batch:

@@ -68,13 +68,14 @@ class BatchConsumer:
         self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve)
 
     def close(self) -> None:
-        """Say BYE (what this consumer holds goes back to the queue at once) and close."""
-        if self.batched:
-            try:
+        """Say BYE (what this consumer holds goes back to the queue at once) and close, letting the last
+        message leave (on the send socket: the last acks, which nothing answers)."""
+        try:
+            if self.batched:
                 self.sock.send_multipart(wire.bye(), zmq.NOBLOCK)
-                self.sock.setsockopt(zmq.LINGER, 1000)
-            except zmq.ZMQError:
-                pass
+            self.sock.setsockopt(zmq.LINGER, 2000)
+        except zmq.ZMQError:
+            pass
         self.sock.close()
 
     def __enter__(self) -> BatchConsumer:

@@ -23,6 +23,9 @@ from pzq.zmqio import NOBLOCK, Again
 log = logging.getLogger("pzq.server")
 
 PIPE_FRAMES = 64  # DELIVER frames (and answers) one consumer's pipe holds: SNDHWM
+# Commands one consumer's pipe holds (RCVHWM): ~7 MiB of the biggest (an ACK of 1,000 keys), a few KiB of
+# CREDITs; a consumer waits for SETTLED before it needs to send many more
+COMMANDS_UNREAD = 100
 _ANSWERED_AFTER_COMMIT = (wire.ACK, wire.NACK, wire.BYE)  # (HELLO, ERR and batches need no commit first)
 
 
@@ -42,7 +45,7 @@ class BatchConsumeEndpoint(Endpoint):
             "--consume-dsn",
             MAXMSGSIZE=config.limits.consume_max_keys * (wire.MAX_KEY + 2) + 4096,
             SNDHWM=PIPE_FRAMES,
-            RCVHWM=1000,
+            RCVHWM=COMMANDS_UNREAD,
         )
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "batch consumer", config.limits)
