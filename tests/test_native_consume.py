@@ -12,7 +12,7 @@ from pzq.clients import native as client
 from pzq.config import DEFAULT_LIMITS
 from pzq.protocols import native_consume as wire
 
-from conftest import recv, wait_until
+from conftest import free_tcp_endpoint, recv, wait_until
 
 
 def produce(endpoint: str, count: int, prefix: bytes = b"m") -> None:
@@ -259,3 +259,17 @@ def test_consume_n_takes_exactly_n_so_none_is_dead_lettered_unseen(process_serve
     wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0)
     figures = srv.stats()["queues"]["default"]
     assert (figures["depth"], figures["dead_letters"]) == (996, 0)
+
+
+def test_a_consumer_whose_tcp_connection_closes_gives_back_what_it_held_at_once(make_server, sockets):
+    srv = make_server(consume_dsn=free_tcp_endpoint()[0], ack_timeout=60.0)
+    produce(srv.receive, 10)
+    sock = dealer(sockets, srv)
+    sock.send_multipart(wire.credit(6))
+    got = 0
+    while got < 6:
+        got += len(wire.parse_reply(recv(sock)).keys)
+    assert srv.stats()["queues"]["default"]["inflight"] == 6
+    sock.close(linger=0)  # (no BYE: a crashed consumer)
+    assert wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0, timeout_s=10)  # (not in 60 s)
+    honest_round_trip(srv, 10)

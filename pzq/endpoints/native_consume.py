@@ -14,7 +14,7 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
 from pzq.protocols import native_consume as wire
@@ -50,21 +50,26 @@ class BatchConsumeEndpoint(Endpoint):
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "batch consumer", config.limits)
         self._gate = binder.gate(self.sock)
+        self.binder = binder
+        # (tcp://: a consumer whose connection closes is gone, and what it held goes back at once)
+        binder.on_disconnect[self.sock] = gateway.disconnected
         self._out: list[Out] = []
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
             return
         budget = self.budget
+        came: list[tuple[bytes, int]] = []  # (consumer, descriptor of its connection)
         for _ in range(self.limits.read_batch):
             if budget.spent():
-                return
+                break
             try:
-                frames = receive(self.sock, self._gate, "batch consumer", NOBLOCK)
+                frames, _, fd = receive_with_fd(self.sock, self._gate, "batch consumer", NOBLOCK)
             except Again:
-                return
+                break
             if frames is None:
                 continue
+            came.append((frames[0], fd))
             size = sum(map(len, frames))
             if len(frames) < 2 or self.replies.refuses(frames[0], "its commands are dropped"):
                 budget.take(size)
@@ -74,6 +79,13 @@ class BatchConsumeEndpoint(Endpoint):
             # (an ACK or NACK touches a record per key: the turn's records bound its commit and flush)
             settles = len(frames) == 3 and frames[1] in (wire.ACK, wire.NACK)
             budget.take(size, records=max(1, len(frames[2]) // 50) if settles else 1)
+        if came:
+            # Connections that closed before these commands came are known gone first (a descriptor may be
+            # reused); one the monitor does not know open is not mapped (its consumer goes when silent).
+            self.binder.drain_events(self.sock)
+            open_fds = self.binder.open_fds.get(self.sock, set())
+            for peer, fd in came:
+                self.gateway.connection(peer, fd if fd in open_fds else -1)
 
     def work(self, now: float, now_us: int) -> None:
         due = self.gateway.next_sweep()

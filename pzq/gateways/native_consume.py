@@ -40,7 +40,7 @@ class Consumer:
     """One consumer: its credit, when it was last heard, and what its pipe may hold (the DELIVER frames
     sent to it that it has not shown it read: an ACK or NACK of a key shows every frame up to that one's)."""
 
-    __slots__ = ("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed")
+    __slots__ = ("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd")
 
     def __init__(self, peer: bytes, now: float):
         self.peer = peer
@@ -52,6 +52,7 @@ class Consumer:
         self.serial = 0
         self.pipe_bytes = 0
         self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
+        self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
 
 
 @dataclasses.dataclass
@@ -79,6 +80,7 @@ class BatchConsumeGateway:
         self.consumers: dict[bytes, Consumer] = {}  # the least recently heard first
         self._ring: collections.deque[Consumer] = collections.deque()  # consumers with credit, in serving order
         self._stalled_at: int | None = None  # the broker's readiness when a take found nothing
+        self._fds: dict[int, bytes] = {}  # connection descriptor -> the consumer whose commands came over it
         self.pipe_bytes = 0  # of every consumer's pipe estimate (the memory bound)
         self.dispatched = 0  # messages handed out by the last dispatch call
         self.delivered_total = self.batches_total = self.refused_total = 0
@@ -345,7 +347,31 @@ class BatchConsumeGateway:
             return None
         return next(iter(self.consumers.values())).seen + self.limits.consume_idle_s
 
+    # -- consumers whose connection closed (tcp://: the socket monitor says so) ------------------------
+
+    def connection(self, peer: bytes, fd: int) -> None:
+        """Commands of ``peer`` came over the open connection of descriptor ``fd``."""
+        consumer = self.consumers.get(peer)
+        if consumer is None or fd < 0 or consumer.fd == fd:
+            return
+        self._fds[fd] = peer
+        consumer.fd = fd
+
+    def disconnected(self, fd: int) -> None:
+        """The connection of descriptor ``fd`` closed: its consumer is gone, and what it held goes back to
+        the queue at once (not at its ack timeouts)."""
+        peer = self._fds.pop(fd, None)
+        if peer is None:
+            return
+        self.broker.consumer_gone((HOLDER, peer))
+        consumer = self.consumers.get(peer)
+        if consumer is not None:
+            self._forget(consumer)
+            self.forgotten_total += 1
+
     def _forget(self, consumer: Consumer) -> None:
+        if self._fds.get(consumer.fd) == consumer.peer:
+            del self._fds[consumer.fd]
         self.consumers.pop(consumer.peer, None)
         consumer.credit = 0  # (its ring entry is skipped, then dropped)
         self.pipe_bytes -= consumer.pipe_bytes
