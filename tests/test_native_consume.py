@@ -205,7 +205,9 @@ def test_hellos_past_the_consumer_cap_evict_idle_ones_or_are_refused_and_an_hone
     for _ in range(40):  # idle ones come and go: each new one evicts the last
         dealer(sockets, srv).close(linger=0)
     honest_round_trip(srv)  # (the last idle one is evicted for it; its BYE leaves 7 known)
-    dealer(sockets, srv).send_multipart(wire.credit(1))  # (it holds: not evictable; 8 known)
+    eighth = dealer(sockets, srv)
+    eighth.send_multipart(wire.credit(1))
+    assert len(wire.parse_reply(recv(eighth)).keys) == 1  # (it holds: not evictable; 8 known)
     refused = sockets(zmq.DEALER, srv.config.consume_dsn)
     refused.send_multipart(wire.hello())
     reply = wire.parse_reply(recv(refused))
