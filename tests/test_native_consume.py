@@ -275,3 +275,18 @@ def test_a_consumer_whose_tcp_connection_closes_gives_back_what_it_held_at_once(
     sock.close(linger=0)  # (no BYE: a crashed consumer)
     assert wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0, timeout_s=10)  # (not in 60 s)
     honest_round_trip(srv, 10)
+
+
+def test_a_delivery_not_settled_within_the_ack_timeout_goes_back_and_counted_once_against_the_cap(make_server, sockets):
+    srv = make_server(ack_timeout=0.3, max_deliveries=1)
+    produce(srv.receive, 2)
+    sock = dealer(sockets, srv)
+    sock.send_multipart(wire.credit(1))
+    first = wire.parse_reply(recv(sock))
+    assert first.bodies == [[b"m0"]] and first.ack_timeout_us == 300_000
+    assert wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0)  # (back after 0.3 s)
+    sock.send_multipart(wire.credit(1))
+    assert wire.parse_reply(recv(sock)).bodies == [[b"m1"]]  # (m0 was delivered its one time: dead letter)
+    assert srv.stats()["queues"]["default"]["dead_letters"] == 1
+    sock.send_multipart(wire.ack(first.keys))  # (a late ack of a dead letter: refused, nothing changes)
+    assert wire.parse_reply(recv(sock)) == wire.Settled(0, first.keys)

@@ -8,11 +8,12 @@ uses one); what it holds and what it is still granted together stay under
 ``Limits.consume_max_batch`` each in turn, so a big credit does not starve the others; the endpoint
 draws every batch on the turn's budget.
 
-ROUTER does not report a consumer that left. A consumer silent for ``Limits.consume_idle_s`` loses its
-credit, and is forgotten once it holds nothing (what it held goes back at its ack timeout, as every
-delivery). At most ``Limits.consume_max_consumers`` are known at once: a HELLO past it evicts the
-least recently heard one that holds nothing and has no credit (it costs nothing to forget: its next
-command is answered "hello-first"), or is refused.
+ROUTER does not report a consumer that left; over tcp:// the socket monitor does (``disconnected``: what
+it held goes back at once). Otherwise a consumer silent for ``Limits.consume_idle_s`` loses its credit,
+and is forgotten once it holds nothing (what it held goes back at its ack timeout, as every delivery).
+At most ``Limits.consume_max_consumers`` are known at once: a HELLO past it evicts the least recently
+heard one that holds nothing and has no credit (it costs nothing to forget: its next command is answered
+"hello-first"), or is refused.
 
 Pure: no sockets, no clock (``now`` and ``now_us`` are handed in). Every answer is sent after the
 turn's commit, so SETTLED means durably settled.
