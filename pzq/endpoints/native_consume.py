@@ -59,17 +59,17 @@ class BatchConsumeEndpoint(Endpoint):
         if self.sock not in ready:
             return
         budget = self.budget
-        came: list[tuple[bytes, int]] = []  # (consumer, descriptor of its connection)
+        came: list[tuple[bytes, int, str | None]] = []  # (consumer, descriptor of its connection, CURVE key)
         for _ in range(self.limits.read_batch):
             if budget.spent():
                 break
             try:
-                frames, _, fd = receive_with_fd(self.sock, self._gate, "batch consumer", NOBLOCK)
+                frames, user, fd = receive_with_fd(self.sock, self._gate, "batch consumer", NOBLOCK)
             except Again:
                 break
             if frames is None:
                 continue
-            came.append((frames[0], fd))
+            came.append((frames[0], fd, user))
             size = sum(map(len, frames))
             if len(frames) < 2 or self.replies.refuses(frames[0], "its commands are dropped"):
                 budget.take(size)
@@ -84,8 +84,8 @@ class BatchConsumeEndpoint(Endpoint):
             # reused); one the monitor does not know open is not mapped (its consumer goes when silent).
             self.binder.drain_events(self.sock)
             open_fds = self.binder.open_fds.get(self.sock, set())
-            for peer, fd in came:
-                self.gateway.connection(peer, fd if fd in open_fds else -1)
+            for peer, fd, user in came:
+                self.gateway.connection(peer, fd if fd in open_fds else -1, user)
 
     def work(self, now: float, now_us: int) -> None:
         due = self.gateway.next_sweep()
@@ -117,6 +117,12 @@ class BatchConsumeEndpoint(Endpoint):
                 self.gateway.unsent(out)
             else:
                 self.gateway.sent(out)
+
+    def revoked(self, users: set[str]) -> None:
+        # (their commands are dropped by the gate already; this stops deliveries to them)
+        gone = self.gateway.revoke(users)
+        if gone:
+            log.warning("batched consumers: %d of revoked CURVE keys forgotten, their deliveries requeued", gone)
 
     def wake_at(self, now: float) -> float | None:
         wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_sweep()) if t is not None]

@@ -41,7 +41,9 @@ class Consumer:
     """One consumer: its credit, when it was last heard, and what its pipe may hold (the DELIVER frames
     sent to it that it has not shown it read: an ACK or NACK of a key shows every frame up to that one's)."""
 
-    __slots__ = ("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd")
+    __slots__ = (
+        *("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd", "user"),
+    )
 
     def __init__(self, peer: bytes, now: float):
         self.peer = peer
@@ -54,6 +56,7 @@ class Consumer:
         self.pipe_bytes = 0
         self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
         self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
+        self.user: str | None = None  # its CURVE key (z85), if the endpoint is a CURVE server
 
 
 @dataclasses.dataclass
@@ -350,10 +353,13 @@ class BatchConsumeGateway:
 
     # -- consumers whose connection closed (tcp://: the socket monitor says so) ------------------------
 
-    def connection(self, peer: bytes, fd: int) -> None:
-        """Commands of ``peer`` came over the open connection of descriptor ``fd``."""
+    def connection(self, peer: bytes, fd: int, user: str | None = None) -> None:
+        """Commands of ``peer`` came over the open connection of descriptor ``fd`` (with CURVE key ``user``)."""
         consumer = self.consumers.get(peer)
-        if consumer is None or fd < 0 or consumer.fd == fd:
+        if consumer is None:
+            return
+        consumer.user = user
+        if fd < 0 or consumer.fd == fd:
             return
         self._fds[fd] = peer
         consumer.fd = fd
@@ -369,6 +375,15 @@ class BatchConsumeGateway:
         if consumer is not None:
             self._forget(consumer)
             self.forgotten_total += 1
+
+    def revoke(self, users: set[str]) -> int:
+        """These CURVE keys were revoked: their consumers are forgotten (no more deliveries to them) and
+        what they held goes back to the queue; returns how many consumers."""
+        gone = [c for c in self.consumers.values() if c.user is not None and c.user in users]
+        for consumer in gone:
+            self.broker.consumer_gone(consumer.holder)
+            self._forget(consumer)
+        return len(gone)
 
     def _forget(self, consumer: Consumer) -> None:
         if self._fds.get(consumer.fd) == consumer.peer:
