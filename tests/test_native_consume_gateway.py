@@ -106,3 +106,44 @@ def test_a_rolled_back_turn_gives_the_credit_of_its_deliveries_back_and_turns_se
     kept = g.rolled_back(first + settled)
     assert [o.frames[1] for o in kept] == [b"ERR"] and b"store-failure" in kept[0].frames[2]
     assert g.consumers[b"p"].credit == 10
+
+
+def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_record_per_key(broker, tmp_path):
+    import msgpack
+    import zmq
+
+    from pzq.endpoints.base import Sockets, TurnBudget
+    from pzq.endpoints.native_consume import PIPE_FRAMES, BatchConsumeEndpoint
+
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, consume_dsn=f"inproc://consume-budget-{id(tmp_path)}")
+    g = gateway(broker)
+    binder = Sockets(zmq.Context.instance())
+    endpoint = BatchConsumeEndpoint(cfg, g, binder)
+    try:
+        assert g.pipe_depth == 65 == PIPE_FRAMES + 1
+        hello(g, b"big", 1000)
+        endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
+        endpoint.work(0.0, 2)
+        assert sum(len(o.refs) for o in endpoint._out) == 300  # (of 500 ready and 1,000 of credit)
+        endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
+        endpoint.work(0.0, 2)
+        assert sum(len(o.refs) for o in endpoint._out) == 500  # (the rest the next turn)
+        flood = zmq.Context.instance().socket(zmq.DEALER)
+        flood.connect(cfg.consume_dsn)
+        keys = msgpack.packb([b"%016d|%032x" % (i, i) for i in range(1000)])
+        for _ in range(5):
+            flood.send_multipart([b"ACK", keys])
+        endpoint._out = []
+        reads = 0
+        while reads < 5:
+            endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=1000)
+            assert endpoint.sock.poll(5000)
+            endpoint.read({endpoint.sock: zmq.POLLIN}, 0.0, 2)
+            turn = len(endpoint._out) - reads
+            assert turn == 1  # (an ACK of 1,000 keys is a turn's records: one a turn)
+            reads += turn
+        flood.close(linger=0)
+    finally:
+        binder.close()
