@@ -290,3 +290,15 @@ def test_a_delivery_not_settled_within_the_ack_timeout_goes_back_and_counted_onc
     assert srv.stats()["queues"]["default"]["dead_letters"] == 1
     sock.send_multipart(wire.ack(first.keys))  # (a late ack of a dead letter: refused, nothing changes)
     assert wire.parse_reply(recv(sock)) == wire.Settled(0, first.keys)
+
+
+def test_the_client_never_asks_for_more_than_it_may_hold_unacked(make_server):
+    srv = make_server(limits=dataclasses.replace(DEFAULT_LIMITS, consume_max_credit=10))
+    produce(srv.receive, 30)
+    with client.BatchConsumer(srv.config.consume_dsn) as consumer:
+        held = []
+        while len(held) < 10:
+            held += consumer.receive(4, 5000)  # (4 at a time, none acked: at most 10 in all)
+        assert consumer.receive(4, 300) == []  # (no ERR: it asked for nothing more)
+        assert consumer.ack([key for key, _ in held]).count == 10
+        assert len(consumer.receive(4, 5000)) > 0

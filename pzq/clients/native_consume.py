@@ -52,6 +52,7 @@ class BatchConsumer:
         self._buffer: collections.deque[tuple[bytes, list[bytes], int]] = collections.deque()  # (key, body, sent µs)
         self.sent_us: dict[bytes, int] = {}  # when the server sent each message the last receive returned
         self._credit = 0  # granted and not yet used by a delivery
+        self._unsettled = 0  # delivered (buffered or returned) and not yet acked or nacked by us
         self._heard = time.monotonic()  # when the server was last told we are here
         self._peers: dict[bytes, bytes] = {}  # legacy: key -> the server's peer id (to answer on)
         if endpoint:
@@ -90,7 +91,8 @@ class BatchConsumer:
         if not self.batched:
             return self._receive_legacy(most, timeout_ms)
         assert self.limits is not None
-        want = min(most - len(self._buffer) - self._credit, self.limits.max_credit - self._credit)
+        # (what it holds and its credit stay under the server's max_credit, or the CREDIT is refused)
+        want = min(most - len(self._buffer) - self._credit, self.limits.max_credit - self._credit - self._unsettled)
         if want > 0:
             self.sock.send_multipart(wire.credit(want))
             self._credit += want
@@ -122,6 +124,7 @@ class BatchConsumer:
                 self.sock.send_multipart([self._peers.pop(key, b""), *legacy.consumer_ack(key, ok)])
             return wire.Settled(len(keys), [])
         assert self.limits is not None
+        self._unsettled = max(0, self._unsettled - len(keys))
         deadline = time.monotonic() + timeout_ms / 1000
         count, refused = 0, list[bytes]()
         for start in range(0, len(keys), self.limits.max_credit):  # (an ACK names at most that many)
@@ -167,6 +170,7 @@ class BatchConsumer:
             reply = wire.parse_reply(frames)
             if isinstance(reply, wire.Delivered):
                 self._credit = max(0, self._credit - len(reply.keys))
+                self._unsettled += len(reply.keys)
                 self._buffer.extend((k, b, reply.sent_us) for k, b in zip(reply.keys, reply.bodies, strict=True))
             if reply is None:
                 raise ClientError(
