@@ -212,7 +212,7 @@ def test_hellos_past_the_consumer_cap_evict_idle_ones_or_are_refused_and_an_hone
     refused.send_multipart(wire.hello())
     reply = wire.parse_reply(recv(refused))
     assert getattr(reply, "code", None) == "too-many-consumers"
-    assert srv.stats()["native_batch"]["batch_consumers"] == 8
+    assert srv.stats()["native_batch"]["consumers"] == 8
 
 
 def test_an_ack_flood_of_unknown_keys_is_refused_and_the_server_keeps_serving(server, sockets):

@@ -395,11 +395,12 @@ class BatchConsumeGateway:
     def stats(self) -> dict:
         """The monitor's figures of the batched consumers."""
         return {
-            "batch_consumers": len(self.consumers),
-            "batch_credit": sum(c.credit for c in self.consumers.values()),
-            "batch_delivered_total": self.delivered_total,
-            "batch_frames_total": self.batches_total,
-            "batch_refused_keys_total": self.refused_total,
-            "batch_errors_total": self.errors_total,
-            "batch_evicted_total": self.evicted_total,
+            "consumers": len(self.consumers),
+            "credit": sum(c.credit for c in self.consumers.values()),
+            "delivered_total": self.delivered_total,
+            "frames_total": self.batches_total,
+            "refused_keys_total": self.refused_total,
+            "errors_total": self.errors_total,
+            "evicted_total": self.evicted_total,
+            "forgotten_total": self.forgotten_total,
         }
