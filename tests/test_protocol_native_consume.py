@@ -15,14 +15,14 @@ KEY_BIN = b"\xc4\x31" + KEY  # msgpack bin 8 of 49 bytes
 
 def test_hello_is_answered_with_the_version_and_a_map_of_limits_byte_for_byte():
     assert wire.hello() == [b"HELLO"]
-    assert wire.hello_reply(1000, 100, 5_000_000, 60_000_000) == [
+    assert wire.hello_reply(1000, 100, 1000, 5_000_000, 60_000_000) == [
         b"HELLO",
         b"PZQ-BATCH/1",
-        b"\x84\xaamax_credit\xcd\x03\xe8\xa9max_batch\x64\xaeack_timeout_us\xce\x00\x4c\x4b\x40"
-        b"\xa7idle_us\xce\x03\x93\x87\x00",
+        b"\x85\xaamax_credit\xcd\x03\xe8\xa9max_batch\x64\xa8max_keys\xcd\x03\xe8"
+        b"\xaeack_timeout_us\xce\x00\x4c\x4b\x40\xa7idle_us\xce\x03\x93\x87\x00",
     ]
-    reply = wire.parse_reply(wire.hello_reply(1000, 100, 5_000_000, 60_000_000))
-    assert reply == wire.Limits(1000, 100, 5_000_000, 60_000_000)
+    reply = wire.parse_reply(wire.hello_reply(1000, 100, 1000, 5_000_000, 60_000_000))
+    assert reply == wire.Limits(1000, 100, 1000, 5_000_000, 60_000_000)
 
 
 def test_credit_is_a_count_in_ascii_digits():

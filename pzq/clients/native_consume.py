@@ -127,8 +127,9 @@ class BatchConsumer:
         self._unsettled = max(0, self._unsettled - len(keys))
         deadline = time.monotonic() + timeout_ms / 1000
         count, refused = 0, list[bytes]()
-        for start in range(0, len(keys), self.limits.max_credit):  # (an ACK names at most that many)
-            self.sock.send_multipart(make(keys[start : start + self.limits.max_credit]))
+        step = self.limits.max_keys  # (an ACK names at most that many)
+        for start in range(0, len(keys), step):
+            self.sock.send_multipart(make(keys[start : start + step]))
             while True:
                 reply = self._next(deadline)
                 if reply is None:

@@ -124,8 +124,9 @@ class BatchConsumeGateway:
                 )
             self.consumers[peer] = Consumer(peer, now)
         limits = self.limits
+        idle_us = round(limits.consume_idle_s * 1e6)
         reply = wire.hello_reply(
-            limits.consume_max_credit, limits.consume_max_batch, self.ack_timeout_us, round(limits.consume_idle_s * 1e6)
+            limits.consume_max_credit, limits.consume_max_batch, limits.consume_max_keys, self.ack_timeout_us, idle_us
         )
         return Out([peer, *reply], wire.HELLO)
 

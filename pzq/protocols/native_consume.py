@@ -107,9 +107,15 @@ def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
 # -- what the server sends (its ROUTER puts the routing frame first) ------------------------------------
 
 
-def hello_reply(max_credit: int, max_batch: int, ack_timeout_us: int, idle_us: int) -> list[bytes]:
+def hello_reply(max_credit: int, max_batch: int, max_keys: int, ack_timeout_us: int, idle_us: int) -> list[bytes]:
     """The answer to HELLO: the version and the limits this server applies to each consumer."""
-    limits = {"max_credit": max_credit, "max_batch": max_batch, "ack_timeout_us": ack_timeout_us, "idle_us": idle_us}
+    limits = {
+        "max_credit": max_credit,
+        "max_batch": max_batch,
+        "max_keys": max_keys,
+        "ack_timeout_us": ack_timeout_us,
+        "idle_us": idle_us,
+    }
     return [HELLO, VERSION, msgpack.packb(limits)]
 
 
@@ -148,6 +154,7 @@ class Limits:
 
     max_credit: int
     max_batch: int
+    max_keys: int
     ack_timeout_us: int
     idle_us: int
 
@@ -198,7 +205,8 @@ def parse_reply(frames: Sequence[bytes]) -> Limits | Delivered | Settled | Proto
         kind = frames[0]
         if kind == HELLO and len(frames) == 3 and frames[1] == VERSION:
             m = msgpack.unpackb(frames[2], raw=False)
-            return Limits(int(m["max_credit"]), int(m["max_batch"]), int(m["ack_timeout_us"]), int(m["idle_us"]))
+            fields = (m["max_credit"], m["max_batch"], m["max_keys"], m["ack_timeout_us"], m["idle_us"])
+            return Limits(*(int(f) for f in fields))
         if kind == DELIVER and len(frames) == 5:
             keys = msgpack.unpackb(frames[3], raw=True)
             bodies = msgpack.unpackb(frames[4], raw=True)
