@@ -238,7 +238,7 @@ def test_ten_thousand_hellos_from_distinct_identities_keep_the_known_consumers_c
 
     broker = Broker(store, ack_timeout_s=5.0)
     broker.produce_many("default", [[b"x"]] * 10, now_us=1)
-    gateway = BatchConsumeGateway(broker, queue="default", ack_timeout_s=5.0, pipe_depth=65)
+    gateway = BatchConsumeGateway(broker, queue="default", ack_timeout_s=5.0, pipe_depth=17)
     honest = gateway.received(b"honest", [b"HELLO"], now=0.0) + gateway.received(b"honest", [b"CREDIT", b"5"], now=0.0)
     assert [out.kind for out in honest] == [wire.HELLO]
     kinds = [gateway.received(b"peer-%d" % i, [b"HELLO"], now=1.0)[0].kind for i in range(10_000)]

@@ -25,7 +25,7 @@ def gateway(broker, **limits) -> BatchConsumeGateway:
         broker,
         queue="default",
         ack_timeout_s=5.0,
-        pipe_depth=65,
+        pipe_depth=17,
         limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
     )
 
@@ -122,7 +122,7 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
     binder = Sockets(zmq.Context.instance())
     endpoint = BatchConsumeEndpoint(cfg, g, binder)
     try:
-        assert g.pipe_depth == 65 == PIPE_FRAMES + 1
+        assert g.pipe_depth == 17 == PIPE_FRAMES + 1
         hello(g, b"big", 1000)
         endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
         endpoint.work(0.0, 2)

@@ -22,7 +22,7 @@ from pzq.zmqio import NOBLOCK, Again
 
 log = logging.getLogger("pzq.server")
 
-PIPE_FRAMES = 64  # DELIVER frames (and answers) one consumer's pipe holds: SNDHWM
+PIPE_FRAMES = 16  # DELIVER frames (and answers) one consumer's pipe holds: SNDHWM (its credit of 1,000 is 10 DELIVERs)
 # Commands one consumer's pipe holds (RCVHWM): ~7 MiB of the biggest (an ACK of 1,000 keys), a few KiB of
 # CREDITs; a consumer waits for SETTLED before it needs to send many more
 COMMANDS_UNREAD = 100
