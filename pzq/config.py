@@ -52,6 +52,9 @@ class Config:
     database: str = _setting("./pzq-data", "LMDB directory of the store (created if missing).")
     receive_dsn: str = _setting("tcp://127.0.0.1:11131", "Producers' endpoint (ROUTER).")
     send_dsn: str = _setting("tcp://127.0.0.1:11132", "Consumers' endpoint (DEALER).")
+    consume_dsn: str = _setting(
+        "tcp://127.0.0.1:11134", "Batched consumers' endpoint (ROUTER, PZQ-BATCH/1: credit, batched acks); '' disables."
+    )
     monitor_dsn: str = _setting("", "Monitor endpoint (REQ clients).", shown="ipc://DATABASE/monitor")
     queue: str = _setting("default", "Queue the native sockets serve.")
     phpmq_dsn: str = _setting("tcp://127.0.0.1:9100", "PHPMQ clients' TCP endpoint; '' disables.")
@@ -188,7 +191,7 @@ class Config:
                 )
         if self.phpmq_dialect not in _DIALECTS:
             raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
-        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn"):
+        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn", "consume_dsn"):
             value = getattr(self, name)
             if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
                 raise ConfigError(
@@ -270,6 +273,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
 ROLES = (
     "receive",
     "send",
+    "consume",
     "monitor",
     "phpmq",
     "emqp-frontend",

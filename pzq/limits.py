@@ -161,6 +161,18 @@ class Limits:
     # own is written in chunks of this many bytes, turn_write_bytes a turn, when it is bigger than one chunk
     body_chunk_bytes: int = 1 << 20
 
+    # Batched native consumers (slice i27-consume; pzq/gateways/native_consume.py, docs/native-batch.md):
+    # what one consumer may hold and be granted together (held deliveries + credit), the messages of one
+    # DELIVER and the bytes of one (past them the batch is cut; a bigger message goes alone), keys in one
+    # ACK or NACK, consumers at once (a HELLO past it evicts the oldest that holds nothing and has no
+    # credit, else is refused), and how long one may stay silent holding nothing before it is forgotten
+    consume_max_credit: int = 1_000
+    consume_max_batch: int = 100
+    consume_batch_bytes: int = 1 << 20
+    consume_max_keys: int = 1_000
+    consume_max_consumers: int = 256
+    consume_idle_s: float = 60.0
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

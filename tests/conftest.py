@@ -39,6 +39,7 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
         database=str(tmp_path / "db"),
         receive_dsn=f"ipc://{tmp_path}/receive",
         send_dsn=f"ipc://{tmp_path}/send",
+        consume_dsn=f"ipc://{tmp_path}/consume",
         monitor_dsn=f"ipc://{tmp_path}/monitor",
         ack_timeout=1.0,
         phpmq_dsn="",
@@ -134,6 +135,7 @@ class ProcessServer:
         self.database = tmp_path / "db"
         self.receive = f"ipc://{tmp_path}/receive"
         self.send = f"ipc://{tmp_path}/send"
+        self.consume = f"ipc://{tmp_path}/consume"
         self.monitor = f"ipc://{tmp_path}/monitor"
         self.log = tmp_path / "server.log"
         self.argv = [
@@ -155,6 +157,8 @@ class ProcessServer:
         ]
         if "--disk-reserve" not in extra:
             self.argv += ["--disk-reserve", "0"]
+        if "--consume-dsn" not in extra:  # (its default is a fixed port: each server its own ipc file)
+            self.argv += ["--consume-dsn", self.consume]
         for option in (
             "--phpmq-dsn",
             "--emqp-frontend-dsn",

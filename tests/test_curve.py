@@ -447,3 +447,32 @@ def test_a_sighup_revokes_a_removed_key_even_when_the_config_file_has_a_bad_valu
     log = srv.log.read_text()
     assert "SIGHUP: settings not reloaded, the log level stays info: --log-level: 'loud'" in log
     assert srv.stats()["messages"] == 2 and srv.proc.poll() is None
+
+
+def test_a_revoked_batched_consumer_gets_nothing_more_and_what_it_held_goes_back(make_server, keys):
+    from pzq.clients import native as client
+
+    from conftest import wait_until
+
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # mallory is allowed, for now
+    srv = make_server(
+        consume_dsn=free_tcp_endpoint()[0], ack_timeout=60.0, **curve_settings(keys, unauthenticated="monitor")
+    )
+    server_key = str(keys / "server" / "server.key")
+    pair = {name: (str(keys / name / f"{name}.key_secret"), server_key) for name in ("alice", "mallory")}
+    with client.Producer(srv.receive, curve=pair["alice"]) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"m%d" % i] for i in range(10)]))
+    with client.BatchConsumer(srv.config.consume_dsn, curve=pair["mallory"]) as mallory:
+        assert len(mallory.receive(3, 5000)) == 3
+        assert srv.stats()["queues"]["default"]["inflight"] == 3
+        os.remove(keys / "clients" / "mallory.key")
+        srv.server.request_reload()
+        wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0)  # (not at the ack timeout)
+        assert mallory.receive(5, 500) == []  # (its CREDIT is dropped: it gets nothing more)
+    with client.BatchConsumer(srv.config.consume_dsn, curve=pair["alice"]) as alice:
+        got = []
+        while len(got) < 10:
+            batch = alice.receive(10, 5000)
+            assert batch
+            got += batch
+        assert [body for _, body in got] == [[b"m%d" % i] for i in range(10)]

@@ -57,7 +57,7 @@ def test_a_server_with_every_endpoint_binds_each_socket_with_its_high_water_mark
         api_dsn=free_tcp_endpoint()[0],
     )
     owned = srv.server._sockets.owned
-    assert len(owned) == 9  # native receive and send, monitor, PHPMQ, MQKS, eMQP's three, API
+    assert len(owned) == 10  # native receive, send and consume (batched), monitor, PHPMQ, MQKS, eMQP's three, API
     marks = {(s.getsockopt(zmq.SNDHWM), s.getsockopt(zmq.RCVHWM)) for s in owned}
     assert all(0 < out <= 10_000 and 0 < into <= 10_000 for out, into in marks)  # (0 would be no bound)
     api = next(s for s in owned if s.getsockopt(zmq.LAST_ENDPOINT).decode() == srv.config.api_dsn)

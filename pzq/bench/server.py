@@ -80,11 +80,12 @@ class PzqServer:
         self.workdir = tempfile.mkdtemp(prefix=prefix)
         self.database = os.path.join(self.workdir, "db")
         self.log = os.path.join(self.workdir, "server.log")
-        ports = iter(free_ports(3 + len(gateways) + 1))  # at most: native and monitor, gateways, emqp's second
+        ports = iter(free_ports(4 + len(gateways) + 1))  # at most: native and monitor, gateways, emqp's second
         if transport == "ipc":
-            self.receive, self.send, self.monitor = (f"ipc://{self.workdir}/{n}" for n in ("r", "s", "m"))
+            names = ("r", "s", "m", "c")
+            self.receive, self.send, self.monitor, self.consume = (f"ipc://{self.workdir}/{n}" for n in names)
         else:
-            self.receive, self.send, self.monitor = (f"tcp://127.0.0.1:{next(ports)}" for _ in range(3))
+            self.receive, self.send, self.monitor, self.consume = (f"tcp://127.0.0.1:{next(ports)}" for _ in range(4))
 
         def tcp(name: str) -> str:
             return f"tcp://127.0.0.1:{next(ports)}" if name in gateways else ""
@@ -96,6 +97,7 @@ class PzqServer:
         self.argv = [
             *(sys.executable, "-m", "pzq", "serve", "--database", self.database, "--log-level", "warning"),
             *("--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor),
+            *("--consume-dsn", self.consume),  # (batched consumers: PZQ-BATCH/1)
             *("--phpmq-dsn", self.phpmq, "--api-dsn", self.api, "--mqks-dsn", self.mqks),
             *("--emqp-frontend-dsn", self.emqp_frontend, "--emqp-backend-dsn", self.emqp_backend),
             *("--emqp-publish-dsn", ""),

@@ -99,6 +99,11 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
 @click.command()
 @config_option
 @click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
+@click.option(
+    "--consume-dsn",
+    help="Batched consumers' endpoint (default from config/env, unless --send-dsn is given alone); '' = the "
+    "send socket only. A server without it is consumed from the send socket.",
+)
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
@@ -111,35 +116,38 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
 @curve_options
 @errors_to_exit
-def consume(config_file, send_dsn, count, timeout, nack, as_json, curve_client_key, curve_server_key) -> None:
-    """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line)."""
-    endpoint = resolve(config_file, send_dsn=send_dsn).send_dsn
+def consume(
+    config_file, send_dsn, consume_dsn, count, timeout, nack, as_json, curve_client_key, curve_server_key
+) -> None:
+    """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line).
+
+    Through the batched endpoint it asks for exactly the messages it has yet to print (credit), so
+    nothing is taken from the queue that is not shown; a server without it is consumed from the send
+    socket, which pushes what it has."""
+    cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn)
     out = sys.stdout.buffer
     got = 0
-    with client.Consumer(endpoint, curve=curve(curve_client_key, curve_server_key)) as consumer:
+    wait_ms = round(timeout * 1000)
+    keys = curve(curve_client_key, curve_server_key)
+    # (--send-dsn alone names another server than the configured one: its consume endpoint is not known)
+    batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else None
+    with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
-            delivery = consumer.receive(round(timeout * 1000))
-            if delivery is None:
+            batch = consumer.receive(count - got if count else 100, wait_ms)
+            if not batch:
                 click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
                 sys.exit(ExitCode.FAILURE)
-            if as_json:
-                out.write(
-                    json.dumps(
-                        {
-                            "key": delivery.key.decode(),
-                            "sent_us": delivery.sent_us,
-                            "body": [f.decode("utf-8", "replace") for f in delivery.body],
-                        }
-                    ).encode()
-                )
-            else:
-                out.write(b"\t".join(delivery.body))
-            out.write(b"\n")
+            for key, body in batch:
+                if as_json:
+                    row = {"key": key.decode(), "sent_us": consumer.sent_us.get(key, 0), "body": []}
+                    row["body"] = [f.decode("utf-8", "replace") for f in body]
+                    out.write(json.dumps(row).encode())
+                else:
+                    out.write(b"\t".join(body))
+                out.write(b"\n")
             out.flush()
-            (consumer.nack if nack else consumer.ack)(delivery)
-            got += 1
-        # Let the last acks leave before the socket closes.
-        consumer.sock.setsockopt(client.zmq.LINGER, 2000)
+            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], wait_ms)
+            got += len(batch)
 
 
 @click.group("mqks")

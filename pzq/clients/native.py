@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
+from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
 from pzq.clients.sockets import Curve, connect, receive
 from pzq.errors import ClientError
 from pzq.protocols import native as wire

@@ -13,6 +13,7 @@ from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.native import NativeEndpoints
+from pzq.endpoints.native_consume import PIPE_FRAMES, BatchConsumeEndpoint
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.endpoints.stream import StreamEndpoint
 from pzq.gateways.api import ApiGateway
@@ -20,6 +21,7 @@ from pzq.gateways.contract import FramesGateway, StreamGateway
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
 from pzq.gateways.native import NativeGateway
+from pzq.gateways.native_consume import BatchConsumeGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.store import Store
@@ -51,6 +53,11 @@ def gateway_endpoints(
     )
     _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
     endpoints: list[Endpoint] = [NativeEndpoints(cfg, native, owned)]
+    if cfg.consume_dsn:  # batched consumers of the same queue (PZQ-BATCH/1)
+        batch = BatchConsumeGateway(
+            broker, queue=cfg.queue, ack_timeout_s=cfg.ack_timeout, pipe_depth=PIPE_FRAMES + 1, limits=cfg.limits
+        )
+        endpoints.append(BatchConsumeEndpoint(cfg, batch, owned))
     if cfg.phpmq_dsn:
         phpmq: StreamGateway = PhpmqGateway(
             broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
@@ -105,6 +112,7 @@ def log_start(cfg: Config, open_roles: list[str], connections: int, *, curve: bo
             for name, value in (
                 ("receive", cfg.receive_dsn),
                 ("send", cfg.send_dsn),
+                ("consume", cfg.consume_dsn),
                 ("monitor", cfg.monitor_dsn),
                 ("phpmq", cfg.phpmq_dsn),
                 ("emqp", cfg.emqp_frontend_dsn),

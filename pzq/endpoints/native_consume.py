@@ -1,0 +1,135 @@
+"""The batched native consumers' endpoint (PZQ-BATCH/1): a ROUTER on ``--consume-dsn``.
+
+A thin adapter: it reads consumers' commands within the turn's budget (an ACK or NACK counts one
+record per key), asks the gateway for batches of deliveries a chunk at a time (each message one record),
+and sends every answer and batch after the commit through ``Replies`` (nothing vanishes silently: a
+consumer whose pipe is full is served nothing more until it reads). What its pipes may hold (the DELIVER
+frames it has not shown it read, at most SNDHWM + 1 each) and its backlogs count in the memory bound.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from pzq.config import Config
+from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
+from pzq.endpoints.replies import Replies
+from pzq.gateways.native_consume import BatchConsumeGateway, Out
+from pzq.protocols import native_consume as wire
+from pzq.zmqio import NOBLOCK, Again
+
+log = logging.getLogger("pzq.server")
+
+PIPE_FRAMES = 16  # DELIVER frames (and answers) one consumer's pipe holds: SNDHWM (its credit of 1,000 is 10 DELIVERs)
+# Commands one consumer's pipe holds (RCVHWM): ~7 MiB of the biggest (an ACK of 1,000 keys), a few KiB of
+# CREDITs; a consumer waits for SETTLED before it needs to send many more
+COMMANDS_UNREAD = 100
+_ANSWERED_AFTER_COMMIT = (wire.ACK, wire.NACK, wire.BYE)  # (HELLO, ERR and batches need no commit first)
+
+
+class BatchConsumeEndpoint(Endpoint):
+    """Binds the consume ROUTER and carries commands, answers and batches between it and the gateway."""
+
+    name = "native_batch"
+
+    def __init__(self, config: Config, gateway: BatchConsumeGateway, binder: Sockets):
+        self.limits = config.limits  # (read_batch, turn_chunk, consume_max_keys)
+        self.gateway = gateway
+        # Commands are small: the biggest is an ACK of consume_max_keys keys (libzmq disconnects a peer
+        # that sends more before buffering it).
+        self.sock = binder.bind(
+            zmq.ROUTER,
+            config.consume_dsn,
+            "--consume-dsn",
+            MAXMSGSIZE=config.limits.consume_max_keys * (wire.MAX_KEY + 2) + 4096,
+            SNDHWM=PIPE_FRAMES,
+            RCVHWM=COMMANDS_UNREAD,
+        )
+        self.sockets = [self.sock]
+        self.replies = Replies(self.sock, "batch consumer", config.limits)
+        self._gate = binder.gate(self.sock)
+        self.binder = binder
+        # (tcp://: a consumer whose connection closes is gone, and what it held goes back at once)
+        binder.on_disconnect[self.sock] = gateway.disconnected
+        self._out: list[Out] = []
+
+    def read(self, ready: dict, now: float, now_us: int) -> None:
+        if self.sock not in ready:
+            return
+        budget = self.budget
+        came: list[tuple[bytes, int, str | None]] = []  # (consumer, descriptor of its connection, CURVE key)
+        for _ in range(self.limits.read_batch):
+            if budget.spent():
+                break
+            try:
+                frames, user, fd = receive_with_fd(self.sock, self._gate, "batch consumer", NOBLOCK)
+            except Again:
+                break
+            if frames is None:
+                continue
+            came.append((frames[0], fd, user))
+            size = sum(map(len, frames))
+            if len(frames) < 2 or self.replies.refuses(frames[0], "its commands are dropped"):
+                budget.take(size)
+                continue
+            out = self.gateway.received(frames[0], frames[1:], now=now)
+            self._out += out
+            # (an ACK or NACK touches a record per key: the turn's records bound its commit and flush)
+            settles = len(frames) == 3 and frames[1] in (wire.ACK, wire.NACK)
+            budget.take(size, records=max(1, len(frames[2]) // 50) if settles else 1)
+        if came:
+            # Connections that closed before these commands came are known gone first (a descriptor may be
+            # reused); one the monitor does not know open is not mapped (its consumer goes when silent).
+            self.binder.drain_events(self.sock)
+            open_fds = self.binder.open_fds.get(self.sock, set())
+            for peer, fd, user in came:
+                self.gateway.connection(peer, fd if fd in open_fds else -1, user)
+
+    def work(self, now: float, now_us: int) -> None:
+        due = self.gateway.next_sweep()
+        if due is not None and now >= due:
+            self.gateway.sweep(now)
+        # A chunk at a time (Limits.turn_chunk), each drawn on the turn's budget, as the native endpoint's
+        while self.gateway.would_send() and (most := self.budget.records_for(self.limits.turn_chunk)):
+            self._out += self.gateway.dispatch(now=now, now_us=now_us, most=most, blocked=self.replies.blocked)
+            done = self.gateway.dispatched
+            self.budget.take(records=done)
+            if done < most:  # nothing more to do now (no credit, nothing ready, pipes full)
+                return
+
+    def waiting(self) -> bool:
+        return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)
+
+    def rolled_back(self) -> None:
+        self._out = self.gateway.rolled_back(self._out)
+
+    def flush(self, now: float, now_us: int) -> None:
+        self.replies.flush()
+        outs, self._out = self._out, []
+        for out in outs:
+            gone = self.replies.gone_total
+            self.replies.send(out.frames)
+            if out.kind != wire.DELIVER:
+                continue
+            if self.replies.gone_total != gone:  # (its consumer disconnected: the batch goes back)
+                self.gateway.unsent(out)
+            else:
+                self.gateway.sent(out)
+
+    def revoked(self, users: set[str]) -> None:
+        # (their commands are dropped by the gate already; this stops deliveries to them)
+        gone = self.gateway.revoke(users)
+        if gone:
+            log.warning("batched consumers: %d of revoked CURVE keys forgotten, their deliveries requeued", gone)
+
+    def wake_at(self, now: float) -> float | None:
+        wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_sweep()) if t is not None]
+        return min(wakes) if wakes else None
+
+    def stats(self) -> dict:
+        return self.gateway.stats()
+
+    def memory(self) -> dict[str, int]:
+        return {"consume_backlogs": self.replies.backlog_bytes, "consume_pipes": self.gateway.pipe_bytes}

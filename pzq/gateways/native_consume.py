@@ -1,0 +1,407 @@
+"""Batched native consumers (PZQ-BATCH/1) on the native queue: credit, batched deliveries, batched acks.
+
+Each consumer (its ROUTER routing id) is its own holder in the broker, ``(HOLDER, routing id)``, so
+it settles only what was delivered to it; the legacy send socket's consumers share the holder
+``native`` and the same queue. A consumer asks for deliveries with CREDIT (additive: each delivery
+uses one); what it holds and what it is still granted together stay under
+``Limits.consume_max_credit``. Consumers with credit are served round-robin, one batch of at most
+``Limits.consume_max_batch`` each in turn, so a big credit does not starve the others; the endpoint
+draws every batch on the turn's budget.
+
+ROUTER does not report a consumer that left; over tcp:// the socket monitor does (``disconnected``: what
+it held goes back at once). Otherwise a consumer silent for ``Limits.consume_idle_s`` loses its credit,
+and is forgotten once it holds nothing (what it held goes back at its ack timeout, as every delivery).
+At most ``Limits.consume_max_consumers`` are known at once: a HELLO past it evicts the least recently
+heard one that holds nothing and has no credit (it costs nothing to forget: its next command is answered
+"hello-first"), or is refused.
+
+Pure: no sockets, no clock (``now`` and ``now_us`` are handed in). Every answer is sent after the
+turn's commit, so SETTLED means durably settled.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Hashable
+
+from pzq.broker import Broker, Ref
+from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.errors import ProtocolError
+from pzq.gateways.native import ref_of_key
+from pzq.logs import warn_bad
+from pzq.protocols import native
+from pzq.protocols import native_consume as wire
+
+HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
+SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a bounded share
+
+
+class Consumer:
+    """One consumer: its credit, when it was last heard, and what its pipe may hold (the DELIVER frames
+    sent to it that it has not shown it read: an ACK or NACK of a key shows every frame up to that one's)."""
+
+    __slots__ = (
+        *("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd", "user"),
+    )
+
+    def __init__(self, peer: bytes, now: float):
+        self.peer = peer
+        self.holder: Hashable = (HOLDER, peer)
+        self.credit = 0
+        self.seen = now
+        self.frames: collections.deque[tuple[int, int, tuple[Ref, ...]]] = collections.deque()  # (serial, size, refs)
+        self.serial_of: dict[Ref, int] = {}  # ref -> serial of the frame that carried it (frames still counted)
+        self.serial = 0
+        self.pipe_bytes = 0
+        self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
+        self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
+        self.user: str | None = None  # its CURVE key (z85), if the endpoint is a CURVE server
+
+
+@dataclasses.dataclass
+class Out:
+    """An answer or a batch to send after the commit, routing id first. ``refs``: the deliveries a
+    DELIVER carries; ``kind``: the command answered (SETTLED after a rollback becomes an ERR)."""
+
+    frames: list[bytes]
+    kind: bytes
+    refs: tuple[Ref, ...] = ()
+
+
+class BatchConsumeGateway:
+    """The consumers of the batched endpoint: commands in, answers and batches of deliveries out."""
+
+    def __init__(
+        self, broker: Broker, *, queue: str, ack_timeout_s: float, pipe_depth: int, limits: Limits = DEFAULT_LIMITS
+    ):
+        self.broker = broker
+        self.queue = queue
+        self.ack_timeout_s = ack_timeout_s
+        self.ack_timeout_us = round(ack_timeout_s * 1e6)
+        self.limits = limits  # consume_* (see pzq/limits.py)
+        self.pipe_depth = pipe_depth  # DELIVER frames a consumer's pipe holds at most (SNDHWM + 1)
+        self.consumers: dict[bytes, Consumer] = {}  # the least recently heard first
+        self._ring: collections.deque[Consumer] = collections.deque()  # consumers with credit, in serving order
+        self._stalled_at: int | None = None  # the broker's readiness when a take found nothing
+        self._fds: dict[int, bytes] = {}  # connection descriptor -> the consumer whose commands came over it
+        self.pipe_bytes = 0  # of every consumer's pipe estimate (the memory bound)
+        self.dispatched = 0  # messages handed out by the last dispatch call
+        self.delivered_total = self.batches_total = self.refused_total = 0
+        self.errors_total = self.evicted_total = self.forgotten_total = 0
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def received(self, peer: bytes, frames: list[bytes], *, now: float) -> list[Out]:
+        """One command from ``peer`` (without its routing frame): what to answer after the commit."""
+        try:
+            command = wire.parse_command(frames, self.limits.consume_max_keys)
+        except ProtocolError as exc:
+            return [self._error(peer, exc.code, exc.detail)]
+        consumer = self.consumers.get(peer)
+        if consumer is not None:
+            consumer.seen = now
+            self.consumers[peer] = self.consumers.pop(peer)  # (now the most recently heard)
+        if command.name == wire.HELLO:
+            return [self._hello(peer, consumer, now)]
+        if command.name == wire.CREDIT:
+            return self._credit(peer, consumer, command.count)
+        if command.name == wire.BYE:
+            returned = self.broker.consumer_gone((HOLDER, peer))
+            if consumer is not None:
+                self._forget(consumer)
+            return [Out([peer, *wire.bye_reply(returned)], wire.BYE)]
+        return [self._settle(peer, consumer, command)]
+
+    def _hello(self, peer: bytes, consumer: Consumer | None, now: float) -> Out:
+        if consumer is None:
+            if len(self.consumers) >= self.limits.consume_max_consumers and not self._evict_one():
+                return self._error(
+                    peer,
+                    "too-many-consumers",
+                    f"{len(self.consumers)} consumers are known (at most {self.limits.consume_max_consumers}) and "
+                    "each holds deliveries or credit: try again later",
+                )
+            self.consumers[peer] = Consumer(peer, now)
+        limits = self.limits
+        idle_us = round(limits.consume_idle_s * 1e6)
+        reply = wire.hello_reply(
+            limits.consume_max_credit, limits.consume_max_batch, limits.consume_max_keys, self.ack_timeout_us, idle_us
+        )
+        return Out([peer, *reply], wire.HELLO)
+
+    def _evict_one(self) -> bool:
+        """Forget the least recently heard consumer that holds nothing and has no credit (among the
+        first SWEEP_LOOK); False if there is none."""
+        for _, consumer in zip(range(SWEEP_LOOK), list(self.consumers.values()), strict=False):
+            if consumer.credit == 0 and self.broker.held_count(consumer.holder) == 0:
+                self._forget(consumer)
+                self.evicted_total += 1
+                return True
+        return False
+
+    def _credit(self, peer: bytes, consumer: Consumer | None, count: int) -> list[Out]:
+        if consumer is None:
+            return [self._error(peer, "hello-first", "unknown consumer (never said HELLO, or forgotten): send HELLO")]
+        if count == 0:
+            return []  # (a consumer saying it is still there)
+        held = self.broker.held_count(consumer.holder)
+        most = self.limits.consume_max_credit
+        if consumer.credit + held + count > most:
+            return [
+                self._error(
+                    peer,
+                    "too-much-credit",
+                    f"it holds {held} and has {consumer.credit} credit; {count} more would pass {most}",
+                )
+            ]
+        consumer.credit += count
+        self._enring(consumer)
+        return []
+
+    def _settle(self, peer: bytes, consumer: Consumer | None, command: wire.Command) -> Out:
+        """ACK or NACK: every key in order, in this turn; the keys refused are answered back."""
+        holder = (HOLDER, peer)
+        refused: list[bytes] = []
+        settled: list[Ref] = []
+        if command.name == wire.ACK:
+            named = [(key, ref_of_key(key)) for key in command.keys]
+            gone = set(self.broker.ack_many([ref for _, ref in named if ref is not None], by=holder))
+            for key, ref in named:  # (refused in the order the ACK named them)
+                if ref is None or ref in gone:
+                    refused.append(key)
+                else:
+                    settled.append(ref)
+        else:
+            for key in command.keys:
+                ref = ref_of_key(key)
+                if ref is not None and self.broker.nack(ref, by=holder):
+                    settled.append(ref)
+                else:
+                    refused.append(key)
+        if refused:
+            self.refused_total += len(refused)
+            warn_bad(
+                "batch consumer",
+                "not-held",
+                f"{len(refused)} of {len(command.keys)} key(s) of a {command.name.decode()} not held by it "
+                f"(unknown, settled or another's), e.g. {refused[0][:60]!r}: refused",
+            )
+        if consumer is not None and settled:
+            self._read_up_to(consumer, settled)
+        return Out([peer, *wire.settled(len(settled), refused)], command.name)
+
+    def _error(self, peer: bytes, code: str, detail: str) -> Out:
+        self.errors_total += 1
+        warn_bad("batch consumer", code, detail)
+        return Out([peer, *wire.error(code, detail)], wire.ERR)
+
+    # -- deliveries ------------------------------------------------------------------------------
+
+    def dispatch(self, *, now: float, now_us: int, most: int, blocked: Callable[[bytes], bool]) -> list[Out]:
+        """Hand out up to ``most`` messages, a batch per consumer with credit in turn (round-robin);
+        ``blocked(peer)``: its answers cannot leave now, skip it. ``dispatched`` says how many."""
+        self.dispatched = 0
+        out: list[Out] = []
+        if self._stalled_at == self.broker.readiness:
+            return out
+        skipped = 0
+        while self.dispatched < most and self._ring and skipped < len(self._ring):
+            consumer = self._ring.popleft()
+            peer = consumer.peer
+            if consumer.credit <= 0 or self.consumers.get(peer) is not consumer:
+                consumer.ringed = False  # (its credit used up, or forgotten: off the ring)
+                continue
+            if blocked(peer):
+                self._ring.append(consumer)
+                skipped += 1
+                continue
+            skipped = 0
+            n = min(consumer.credit, self.limits.consume_max_batch, most - self.dispatched)
+            readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
+            taken = self.broker.take(self.queue, n, consumer.holder, now=now, now_us=now_us)
+            if not taken:
+                self._ring.appendleft(consumer)
+                self._stalled_at = readiness
+                break
+            consumer.credit -= len(taken)
+            if consumer.credit > 0:
+                self._ring.append(consumer)
+            else:
+                consumer.ringed = False
+            self.dispatched += len(taken)
+            self.delivered_total += len(taken)
+            out += self._batches(peer, taken, now_us)
+        return out
+
+    def _batches(self, peer: bytes, taken: list, now_us: int) -> list[Out]:
+        """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message)."""
+        out: list[Out] = []
+        cap = self.limits.consume_batch_bytes
+        keys: list[bytes] = []
+        bodies: list[list[bytes]] = []
+        refs: list[Ref] = []
+        size = 0
+        for message in taken:
+            length = sum(map(len, message.frames))
+            if keys and size + length > cap:
+                out.append(self._deliver(peer, keys, bodies, refs, now_us))
+                keys, bodies, refs, size = [], [], [], 0
+            keys.append(native.message_key(message.enqueued_us, message.id))
+            bodies.append(message.frames)
+            refs.append((message.qid, message.seq))
+            size += length
+        out.append(self._deliver(peer, keys, bodies, refs, now_us))
+        return out
+
+    def _deliver(self, peer: bytes, keys: list, bodies: list, refs: list, now_us: int) -> Out:
+        self.batches_total += 1
+        return Out([peer, *wire.deliver(self.ack_timeout_us, now_us, keys, bodies)], wire.DELIVER, tuple(refs))
+
+    def sent(self, out: Out) -> None:
+        """A DELIVER went into its consumer's pipe: counted in its pipe estimate."""
+        consumer = self.consumers.get(out.frames[0])
+        if consumer is None:
+            return
+        size = sum(map(len, out.frames))
+        consumer.serial += 1
+        consumer.frames.append((consumer.serial, size, out.refs))
+        for ref in out.refs:
+            consumer.serial_of[ref] = consumer.serial
+        self._pipe(consumer, size)
+        while len(consumer.frames) > self.pipe_depth:  # (older ones have left its pipe)
+            self._drop_frame(consumer)
+
+    def _read_up_to(self, consumer: Consumer, refs: list[Ref]) -> None:
+        """The consumer settled ``refs``: it has read every frame up to the newest that carried one."""
+        newest = max((consumer.serial_of.get(ref, 0) for ref in refs), default=0)
+        while consumer.frames and consumer.frames[0][0] <= newest:
+            self._drop_frame(consumer)
+
+    def _drop_frame(self, consumer: Consumer) -> None:
+        _, size, refs = consumer.frames.popleft()
+        for ref in refs:
+            consumer.serial_of.pop(ref, None)
+        self._pipe(consumer, -size)
+
+    def _pipe(self, consumer: Consumer, size: int) -> None:
+        consumer.pipe_bytes += size
+        self.pipe_bytes += size
+
+    def unsent(self, out: Out) -> None:
+        """A DELIVER that could not leave (its consumer is gone): its messages go back to the queue, and
+        the consumer is forgotten (with what else it held: nobody is there to ack it)."""
+        self.broker.undeliver_many(out.refs)
+        peer = out.frames[0]
+        self.broker.consumer_gone((HOLDER, peer))
+        consumer = self.consumers.get(peer)
+        if consumer is not None:
+            self._forget(consumer)
+            self.forgotten_total += 1
+
+    def rolled_back(self, outs: list[Out]) -> list[Out]:
+        """The turn's commit failed: its deliveries are dropped (their credit given back), and a
+        SETTLED becomes an ERR: nothing of it was kept, and the broker forgot what this endpoint's
+        consumers held (it is ready again: at-least-once), so their later acks of it are refused."""
+        kept = []
+        for out in outs:
+            peer = out.frames[0]
+            if out.kind == wire.DELIVER:
+                consumer = self.consumers.get(peer)
+                if consumer is not None:
+                    consumer.credit += len(out.refs)
+                    self._enring(consumer)
+                continue
+            if out.kind in (wire.ACK, wire.NACK):
+                detail = "the store failed and the turn was rolled back: nothing settled, what was held is queued again"
+                kept.append(Out([peer, *wire.error("store-failure", detail)], wire.ERR))
+                continue
+            kept.append(out)
+        return kept
+
+    def _enring(self, consumer: Consumer) -> None:
+        if not consumer.ringed and consumer.credit > 0:
+            consumer.ringed = True
+            self._ring.append(consumer)
+
+    def would_send(self) -> bool:
+        """True if a dispatch may hand something out."""
+        return bool(self._ring) and self._stalled_at != self.broker.readiness
+
+    # -- consumers that went silent ---------------------------------------------------------------
+
+    def sweep(self, now: float) -> None:
+        """Consumers silent for consume_idle_s lose their credit; those that hold nothing are forgotten
+        (a bounded share a call: the least recently heard first)."""
+        idle = self.limits.consume_idle_s
+        for _ in range(min(SWEEP_LOOK, len(self.consumers))):
+            consumer = next(iter(self.consumers.values()))
+            if now - consumer.seen < idle:
+                return
+            consumer.credit = 0
+            if self.broker.held_count(consumer.holder) == 0:
+                self._forget(consumer)
+                self.forgotten_total += 1
+            else:  # (it holds deliveries: its ack timeouts bring them back; looked at again later)
+                consumer.seen = now
+                self.consumers[consumer.peer] = self.consumers.pop(consumer.peer)
+
+    def next_sweep(self) -> float | None:
+        """When the least recently heard consumer becomes idle."""
+        if not self.consumers:
+            return None
+        return next(iter(self.consumers.values())).seen + self.limits.consume_idle_s
+
+    # -- consumers whose connection closed (tcp://: the socket monitor says so) ------------------------
+
+    def connection(self, peer: bytes, fd: int, user: str | None = None) -> None:
+        """Commands of ``peer`` came over the open connection of descriptor ``fd`` (with CURVE key ``user``)."""
+        consumer = self.consumers.get(peer)
+        if consumer is None:
+            return
+        consumer.user = user
+        if fd < 0 or consumer.fd == fd:
+            return
+        self._fds[fd] = peer
+        consumer.fd = fd
+
+    def disconnected(self, fd: int) -> None:
+        """The connection of descriptor ``fd`` closed: its consumer is gone, and what it held goes back to
+        the queue at once (not at its ack timeouts)."""
+        peer = self._fds.pop(fd, None)
+        if peer is None:
+            return
+        self.broker.consumer_gone((HOLDER, peer))
+        consumer = self.consumers.get(peer)
+        if consumer is not None:
+            self._forget(consumer)
+            self.forgotten_total += 1
+
+    def revoke(self, users: set[str]) -> int:
+        """These CURVE keys were revoked: their consumers are forgotten (no more deliveries to them) and
+        what they held goes back to the queue; returns how many consumers."""
+        gone = [c for c in self.consumers.values() if c.user is not None and c.user in users]
+        for consumer in gone:
+            self.broker.consumer_gone(consumer.holder)
+            self._forget(consumer)
+        return len(gone)
+
+    def _forget(self, consumer: Consumer) -> None:
+        if self._fds.get(consumer.fd) == consumer.peer:
+            del self._fds[consumer.fd]
+        self.consumers.pop(consumer.peer, None)
+        consumer.credit = 0  # (its ring entry is skipped, then dropped)
+        self.pipe_bytes -= consumer.pipe_bytes
+
+    def stats(self) -> dict:
+        """The monitor's figures of the batched consumers."""
+        return {
+            "consumers": len(self.consumers),
+            "credit": sum(c.credit for c in self.consumers.values()),
+            "delivered_total": self.delivered_total,
+            "frames_total": self.batches_total,
+            "refused_keys_total": self.refused_total,
+            "errors_total": self.errors_total,
+            "evicted_total": self.evicted_total,
+            "forgotten_total": self.forgotten_total,
+        }

@@ -1,0 +1,149 @@
+"""The batched consumers' gateway on a real broker and store, without sockets: the order of service,
+the pipe estimate in the memory bound, silent consumers, and a rolled-back turn."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS
+from pzq.gateways.native_consume import BatchConsumeGateway
+from pzq.protocols import native_consume as wire
+
+
+@pytest.fixture
+def broker(store):
+    b = Broker(store, ack_timeout_s=5.0)
+    b.produce_many("default", [[b"m%d" % i] for i in range(500)], now_us=1)
+    return b
+
+
+def gateway(broker, **limits) -> BatchConsumeGateway:
+    return BatchConsumeGateway(
+        broker,
+        queue="default",
+        ack_timeout_s=5.0,
+        pipe_depth=17,
+        limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+    )
+
+
+def hello(g: BatchConsumeGateway, peer: bytes, credit: int, now: float = 0.0) -> None:
+    g.received(peer, [b"HELLO"], now=now)
+    assert g.received(peer, [b"CREDIT", b"%d" % credit], now=now) == []
+
+
+def never_blocked(peer: bytes) -> bool:
+    return False
+
+
+def test_consumers_with_credit_are_served_a_batch_each_in_turn_so_a_big_credit_does_not_starve_a_small_one(broker):
+    g = gateway(broker)
+    hello(g, b"big", 1000)
+    hello(g, b"small", 10)
+    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    assert [(o.frames[0], len(o.refs)) for o in outs] == [(b"big", 100), (b"small", 10), (b"big", 18)]
+    # FIFO across the consumers: each batch continues where the last one ended
+    seqs = [ref[1] for o in outs for ref in o.refs]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 128
+
+
+def test_a_consumer_whose_answers_cannot_leave_is_skipped_and_the_others_are_served(broker):
+    g = gateway(broker)
+    hello(g, b"stuck", 50)
+    hello(g, b"reader", 50)
+    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=lambda peer: peer == b"stuck")
+    assert [(o.frames[0], len(o.refs)) for o in outs] == [(b"reader", 50)]
+
+
+def test_a_deliver_is_cut_at_the_byte_bound_and_a_bigger_message_goes_alone(store):
+    b = Broker(store, ack_timeout_s=5.0)
+    b.produce_many("default", [[b"a" * 400], [b"b" * 400], [b"c" * 2000], [b"d" * 10]], now_us=1)
+    g = gateway(b, consume_batch_bytes=1000)
+    hello(g, b"p", 4)
+    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    assert [len(o.refs) for o in outs] == [2, 1, 1]
+
+
+def test_what_a_consumer_has_not_shown_it_read_counts_in_the_memory_bound_until_it_acks(broker):
+    g = gateway(broker)
+    hello(g, b"p", 200)
+    outs = g.dispatch(now=0.0, now_us=2, most=200, blocked=never_blocked)
+    for out in outs:
+        g.sent(out)
+    sizes = [sum(map(len, o.frames)) for o in outs]
+    assert g.pipe_bytes == sum(sizes)
+    first = wire.parse_reply(outs[0].frames[1:])
+    g.received(b"p", wire.ack(first.keys[-1:]), now=0.0)  # (the last key of the first frame: it was read)
+    assert g.pipe_bytes == sizes[1]
+    g.received(b"p", [b"BYE"], now=0.0)
+    assert g.pipe_bytes == 0
+
+
+def test_a_silent_consumer_loses_its_credit_and_is_forgotten_once_it_holds_nothing(broker):
+    g = gateway(broker, consume_idle_s=10.0)
+    hello(g, b"silent", 5, now=0.0)
+    hello(g, b"holder", 1, now=0.0)
+    assert len(g.dispatch(now=0.0, now_us=2, most=1, blocked=lambda peer: peer != b"holder")) == 1
+    assert g.next_sweep() == 10.0
+    g.sweep(11.0)
+    assert list(g.consumers) == [b"holder"]  # (it holds a delivery: kept, without credit)
+    assert g.consumers[b"holder"].credit == 0
+    reply = g.received(b"silent", [b"CREDIT", b"1"], now=11.0)
+    assert reply[0].frames[1:] == wire.error(
+        "hello-first", "unknown consumer (never said HELLO, or forgotten): send HELLO"
+    )
+
+
+def test_a_rolled_back_turn_gives_the_credit_of_its_deliveries_back_and_turns_settled_into_err(broker):
+    g = gateway(broker)
+    hello(g, b"p", 10)
+    first = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    keys = wire.parse_reply(first[0].frames[1:]).keys
+    settled = g.received(b"p", wire.ack(keys[:2]), now=0.0)
+    kept = g.rolled_back(first + settled)
+    assert [o.frames[1] for o in kept] == [b"ERR"] and b"store-failure" in kept[0].frames[2]
+    assert g.consumers[b"p"].credit == 10
+
+
+def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_record_per_key(broker, tmp_path):
+    import msgpack
+    import zmq
+
+    from pzq.endpoints.base import Sockets, TurnBudget
+    from pzq.endpoints.native_consume import PIPE_FRAMES, BatchConsumeEndpoint
+
+    from conftest import make_config
+
+    cfg = make_config(tmp_path, consume_dsn=f"inproc://consume-budget-{id(tmp_path)}")
+    g = gateway(broker)
+    binder = Sockets(zmq.Context.instance())
+    endpoint = BatchConsumeEndpoint(cfg, g, binder)
+    try:
+        assert g.pipe_depth == 17 == PIPE_FRAMES + 1
+        hello(g, b"big", 1000)
+        endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
+        endpoint.work(0.0, 2)
+        assert sum(len(o.refs) for o in endpoint._out) == 300  # (of 500 ready and 1,000 of credit)
+        endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
+        endpoint.work(0.0, 2)
+        assert sum(len(o.refs) for o in endpoint._out) == 500  # (the rest the next turn)
+        flood = zmq.Context.instance().socket(zmq.DEALER)
+        flood.connect(cfg.consume_dsn)
+        keys = msgpack.packb([b"%016d|%032x" % (i, i) for i in range(1000)])
+        for _ in range(5):
+            flood.send_multipart([b"ACK", keys])
+        endpoint._out = []
+        reads = 0
+        while reads < 5:
+            endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=1000)
+            assert endpoint.sock.poll(5000)
+            endpoint.read({endpoint.sock: zmq.POLLIN}, 0.0, 2)
+            turn = len(endpoint._out) - reads
+            assert turn == 1  # (an ACK of 1,000 keys is a turn's records: one a turn)
+            reads += turn
+        flood.close(linger=0)
+    finally:
+        binder.close()
