@@ -155,6 +155,15 @@ class Limits:
     # more a turn (the rest waits in its pipe and TCP), while connections with room are read on
     partial_read_ahead_part: int = 2
 
+    # i27-produce: batched native producers (PZQ-BATCH/1, pzq/gateways/native_batches.py, docs/native-batch.md).
+    # A batch is stored in one call and never split across turns, so it holds at most a turn's records
+    # (turn_records) and a few MiB; its frames together are bounded too (a frame of empty bins is cheap to
+    # send and costly to decode). Batch ids remembered for resends: past this many the oldest goes early.
+    batch_max_messages: int = 1_000
+    batch_max_bytes: int = 4 << 20
+    batch_max_frames: int = 4_096
+    batch_dedup_ids: int = 100_000
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

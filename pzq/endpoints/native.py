@@ -18,6 +18,7 @@ from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
+from pzq.gateways.native_batches import announced
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -43,7 +44,8 @@ class NativeEndpoints(Endpoint):
             zmq.ROUTER,
             config.receive_dsn,
             "--receive-dsn",
-            MAXMSGSIZE=config.max_message_size + 4096,
+            # (a batch's bodies frame may be bigger than one message: Limits.batch_max_bytes)
+            MAXMSGSIZE=max(config.max_message_size, config.limits.batch_max_bytes) + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
             # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
@@ -134,7 +136,7 @@ class NativeEndpoints(Endpoint):
         further than the turn's budget; how many were read (some may be refused) and their size."""
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
-        budget = self.budget
+        budget, batch_most = self.budget, self.limits.batch_max_messages
         run: list[list[bytes]] = []
         read = size = 0
         for _ in range(most):
@@ -165,7 +167,8 @@ class NativeEndpoints(Endpoint):
                 if self._held_big >= HELD_BIG:
                     break
                 continue
-            budget.take(length)
+            # (a batch draws its messages on the turn's records, as the same messages one by one would)
+            budget.take(length, announced(frames, batch_most) if name == RECEIVE else 1)
             run.append(frames)
         return run, read, size
 
