@@ -59,7 +59,7 @@ class BatchSender:
         while True:
             frames = receive(self.sock, self.timeout_ms)
             if frames is None:
-                raise ClientError(f"no answer to the batch probe within {self.timeout_ms} ms: is a server there?")
+                raise ClientError(f"no ack from the server within {self.timeout_ms} ms (to the batch probe)")
             if frames and frames[0] == probe_id:
                 break  # (anything else is a late answer to an earlier call: nobody waits for it)
         self.probed = True
@@ -80,7 +80,8 @@ class BatchSender:
         size = frames = 0
         for body in bodies:
             need, parts = wire.encoded_size(body), len(body)
-            if need > room or parts > caps.max_frames:  # too big for any batch: alone, the legacy way
+            # Too big for any batch (or for the server: then it alone is refused): alone, the legacy way
+            if need > room or parts > caps.max_frames or sum(map(len, body)) > caps.max_message_size:
                 self._flush(chunk, results, pending, window)
                 chunk, size, frames = [], 0, 0
                 self._wait(pending, results, window)

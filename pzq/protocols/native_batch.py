@@ -124,7 +124,7 @@ def decode_bodies(data: bytes, caps: Caps) -> list[list[bytes]]:
         io.BytesIO(data),
         read_size=min(len(data), 64 << 10),
         max_buffer_size=len(data),
-        max_bin_len=caps.max_message_size,
+        max_bin_len=len(data),  # (a frame past max_message_size is refused below, with its own words)
         max_str_len=0,
         max_ext_len=0,
         max_array_len=0,  # (no containers inside a message: headers are read one by one below)
