@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pzq.errors import ProtocolError
 from pzq.protocols import native_batch as wire
@@ -123,3 +125,31 @@ def test_extra_frames_after_the_bodies_are_refused():
 def test_what_a_client_encodes_fits_its_size_estimate():
     body = [b"x" * 300, b"", b"y" * 70_000]
     assert len(wire.encode_bodies([body])) <= wire.encoded_size(body) + 5
+
+
+# Structures that are sometimes what a batch should be and often not, packed by msgpack.
+_leaf = st.one_of(
+    st.binary(max_size=8), st.text(max_size=4), st.integers(-(2**63), 2**64 - 1), st.none(), st.booleans()
+)
+_shapes = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4), max_leaves=20)
+SMALL = wire.Caps(max_messages=5, max_bytes=256, max_message_size=16, max_frames=8)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.binary(max_size=64), _shapes.map(lambda v: msgpack.packb(v, use_bin_type=True))))
+def test_whatever_bytes_the_bodies_frame_holds_the_decoder_answers_messages_or_a_protocol_error(data):
+    try:
+        out = wire.decode_bodies(data, SMALL)
+    except ProtocolError as exc:
+        assert exc.code.startswith("batch-") and exc.detail
+        return
+    assert 1 <= len(out) <= SMALL.max_messages
+    assert all(body and all(type(part) is bytes for part in body) for body in out)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.binary(max_size=12), max_size=7))
+def test_whatever_frames_arrive_after_the_marker_the_server_answers_them(rest):
+    event = wire.parse_batch([b"peer", b"id", wire.MARK, *rest], SMALL)
+    assert isinstance(event, (wire.Batch, wire.Probe, wire.BatchRejected))
+    assert wire.announced([b"peer", b"id", wire.MARK, *rest], 5) in range(1, 6)
