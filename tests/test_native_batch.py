@@ -208,3 +208,33 @@ def test_a_batch_whose_ack_is_lost_is_sent_again_with_the_same_id(tmp_path):
         assert first == again, "the same id: the server stores it once"
     finally:
         forgetful.close()
+
+
+def test_a_batch_draws_each_of_its_messages_on_the_turns_records_and_is_never_split(tmp_path):
+    from test_turn_budget import _producer, _turn_by_turn
+
+    server, receive = _turn_by_turn(tmp_path, turn_records=100)
+    producer = _producer(receive)
+    try:
+        for i in range(4):
+            producer.send_multipart(wire.batch(b"b%d" % i, [[b"m"]] * 60))
+        per_turn: list[list[bytes]] = []
+        for _ in range(30):
+            server._turn(0)
+            acked = []
+            while producer.poll(0):
+                answer = wire.parse_batch_ack(producer.recv_multipart())
+                assert answer is not None and answer.ok and answer.stored == 60, "whole, never split"
+                acked.append(answer.batch_id)
+            if acked:
+                per_turn.append(acked)
+            if sum(map(len, per_turn)) == 4:
+                break
+        # 100 records a turn: the first batch leaves 40, the second is let in whole (a request is never cut)
+        # and spends the turn; one by one, the same 240 messages would take three turns too
+        assert [b for turn in per_turn for b in turn] == [b"b0", b"b1", b"b2", b"b3"]
+        assert max(map(len, per_turn)) <= 2, per_turn
+        assert server.stats()["messages"] == 240
+    finally:
+        producer.close(0)
+        server.close()
