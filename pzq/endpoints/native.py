@@ -18,7 +18,7 @@ from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
-from pzq.gateways.native_batches import announced
+from pzq.protocols.native_batch import MARK, announced
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -168,7 +168,7 @@ class NativeEndpoints(Endpoint):
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)
-            budget.take(length, announced(frames, batch_most) if name == RECEIVE else 1)
+            budget.take(length, 1 if len(frames) < 3 or frames[2] != MARK else announced(frames, batch_most))
             run.append(frames)
         return run, read, size
 

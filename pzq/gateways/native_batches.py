@@ -148,8 +148,3 @@ class Batches:
             "batch_duplicates_dropped": self.duplicates_total,
             "batch_ids_forgotten_early": self.forgotten_total,
         }
-
-
-def announced(frames: Sequence[bytes], most: int) -> int:
-    """Records a receive-socket message draws on the turn's budget: a batch's messages, else one."""
-    return wire.announced(frames, most) if wire.is_batch(frames) else 1
