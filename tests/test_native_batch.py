@@ -83,6 +83,7 @@ def test_a_resent_batch_id_is_stored_once_across_a_server_restart(process_server
 HOSTILE = [
     ("over the message cap", wire.batch(b"h1", [[b"a"]] * 1001)),
     ("over the byte cap", [b"h2", wire.MARK, b"", msgpack.packb([[b"x" * (4 << 20)]])]),
+    ("over the frame cap", wire.batch(b"h10", [[b""] * 4097])),
     ("malformed msgpack", [b"h3", wire.MARK, b"", b"\xc1\xc1\xc1"]),
     ("nested bomb", [b"h4", wire.MARK, b"", b"\x91" * 200_000 + b"\xc0"]),
     ("an empty batch", [b"h5", wire.MARK, b"", b"\x90"]),
