@@ -204,3 +204,16 @@ def test_an_api_produce_key_in_the_native_namespace_is_refused(store):
     request = api.request(b"r1", "PRODUCE", {"messages": [["q", b"a"]], "key": "native:b1"})
     reply = api.parse_reply(gateway.handle([b"peer", *request], now=0.0, now_us=T0)[1:])
     assert reply is not None and not reply[1] and reply[2]["code"] == "bad-arguments"
+
+
+def test_without_a_dedup_table_a_full_store_mid_batch_still_acks_only_the_prefix(tmp_path):
+    store = Store(tmp_path / "small", max_size=8192)
+    try:
+        broker = Broker(store, ack_timeout_s=5.0)
+        store.queue("q")
+        gateway = NativeGateway(broker, queue="q", max_message_size=1 << 20, max_inflight=10, ack_timeout_s=5.0)
+        said = answers(gateway.received_many(RECEIVE, [batch(b"p", b"b1", *[[b"x" * 500]] * 40)], now=0, now_us=T0))
+        [(_, ok, stored, error)] = said
+        assert not ok and error == native.QUEUE_FULL and 0 < stored == len(bodies(store)) < 40
+    finally:
+        store.close()

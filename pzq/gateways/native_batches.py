@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import logging
 from collections.abc import Sequence
 
 from pzq.broker import Broker
@@ -24,8 +23,6 @@ from pzq.logs import warn_bad
 from pzq.protocols import native
 from pzq.protocols import native_batch as wire
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
-
-log = logging.getLogger("pzq.server")
 
 PREFIX = NATIVE_PREFIX  # the dedup table's namespace of native batch ids (the API refuses keys in it)
 STORED = "batch-stored"  # token of an answer that says something was stored this turn
@@ -84,7 +81,8 @@ class Batches:
         self.batches_total += 1
         routing, batch_id, count = event.routing, event.batch_id, len(event.bodies)
         if self.keys is None:
-            return self._answer(routing, batch_id, self.broker.produce_many(self.queue, event.bodies, now_us=now_us))
+            stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+            return self._answer(routing, batch_id, stored, count)
         key = PREFIX + batch_id.decode("ascii")
         digest = hashlib.blake2b(event.raw, digest_size=16).digest()
         seen = self.keys.get(key)  # (a damaged record reads as None: as if the id were new)
@@ -94,7 +92,7 @@ class Batches:
             # (committed by an earlier turn, unless it was this one's: then it goes if the turn's commit fails)
             return answer if seen.stored_us == now_us else Send(self.socket, answer.frames, ANSWER)
         if seen is not None and seen.stored_us + self.window_us > now_us:
-            log.warning("native batch id %r came again with other messages: stored as well", batch_id[:80])
+            warn_bad("producer", "batch-id-reused", f"batch id {batch_id[:80]!r} again, other messages: stored")
         try:  # first: an id refused for room leaves nothing stored
             self.keys.put(key, Produced(now_us, count, [digest]))
         except StoreFull:
@@ -111,8 +109,8 @@ class Batches:
             self._remember(self.keys, key, now_us)
         return self._answer(routing, batch_id, stored, count)
 
-    def _answer(self, routing: bytes, batch_id: bytes, stored: int, count: int | None = None) -> Send:
-        if count is None or stored == count:
+    def _answer(self, routing: bytes, batch_id: bytes, stored: int, count: int) -> Send:
+        if stored == count:
             return Send(self.socket, wire.batch_ack(routing, batch_id, stored), STORED)
         return Send(self.socket, wire.batch_error(routing, batch_id, native.QUEUE_FULL, stored), STORED)
 
