@@ -94,9 +94,11 @@ class Limits:
     # more; `pzq bench` native throughput measured the same with 10, 5 and 3 ms)
     turn_budget_s: float = 0.003
     # Bytes of messages one turn lets in, all endpoints together: the commit pays for them all. A native
-    # message that would take a turn past it is committed in a turn of its own, so that the small messages
-    # read before it do not wait for its write (with 16 MiB, a message of --max-message-size's default)
-    turn_write_bytes: int = 16 << 20
+    # message that would take a turn past it is held and written in turns of its own: in chunks of
+    # body_chunk_bytes (pzq/store/bodies.py) past that size, this many bytes a turn, so no commit carries
+    # much more than this (2 MiB since slice i26e-chunks: was 16, one 16 MiB commit held every client
+    # 25-60 ms; 2 MiB commits in 4-8 ms on the development disk)
+    turn_write_bytes: int = 2 << 20
     # Queues made by clients' requests (slice i26-queues; pzq/broker/implicit.py): this part of --max-queues
     # is kept for explicit (configured) queues; one client (a connection, or a CURVE key) has at most this
     # part of --max-queues made by its requests alive at once; the expiry sweep looks at this many a turn
@@ -155,12 +157,17 @@ class Limits:
     # more a turn (the rest waits in its pipe and TCP), while connections with room are read on
     partial_read_ahead_part: int = 2
 
+    # Big bodies in chunks (slice i26e-chunks; pzq/store/bodies.py): a native message held for turns of its
+    # own is written in chunks of this many bytes, turn_write_bytes a turn, when it is bigger than one chunk
+    body_chunk_bytes: int = 1 << 20
+
     # i27-produce: batched native producers (PZQ-BATCH/1, pzq/gateways/native_batches.py, docs/native-batch.md).
     # A batch is stored in one call and never split across turns, so it holds at most a turn's records
-    # (turn_records) and a few MiB; its frames together are bounded too (a frame of empty bins is cheap to
-    # send and costly to decode). Batch ids remembered for resends: past this many the oldest goes early.
+    # (turn_records) and bytes (turn_write_bytes: the server's cap is the smaller of the two byte limits);
+    # its frames together are bounded too (a frame of empty bins is cheap to send and costly to decode).
+    # Batch ids remembered for resends: past this many the oldest goes early.
     batch_max_messages: int = 1_000
-    batch_max_bytes: int = 4 << 20
+    batch_max_bytes: int = 2 << 20
     batch_max_frames: int = 4_096
     batch_dedup_ids: int = 100_000
 

@@ -37,6 +37,7 @@ Again = zmq.Again
 MAX_FRAMES = 1024
 DRAIN_PER_CALL = 10_000
 _draining: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
+_big_frames: weakref.WeakKeyDictionary[zmq.Socket, int] = weakref.WeakKeyDictionary()  # see keep_big_frames
 
 
 def draining() -> bool:
@@ -67,6 +68,13 @@ def send_frames(sock: zmq.Socket, frames: Sequence[bytes], flags: int = 0) -> No
     _send(sock, frames[last], flags)
 
 
+def keep_big_frames(sock: zmq.Socket, size: int) -> None:
+    """Frames of ``size`` bytes or more received on ``sock`` stay in libzmq's buffer (a memoryview of
+    it, not a bytes copy): a 16 MiB body costs the loop ~9 ms to copy, and one that is refused or
+    written in chunks never needs the copy (what reads them must take any buffer)."""
+    _big_frames[sock] = size
+
+
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     """Receive one multipart message as bytes frames (raises zmq.Again with NOBLOCK when none waits)."""
     return _recv_message(sock, flags)[0]
@@ -78,10 +86,11 @@ def _recv_message(sock: zmq.Socket, flags: int) -> tuple[list[bytes], zmq.Frame]
     more than the copy to bytes (measured: 2.9 µs vs 3.8 µs for four frames)."""
     if sock in _draining:
         _too_many(sock, flags)
-    frames = []
+    frames: list = []
+    big = _big_frames.get(sock, 1 << 62)
     while True:
         frame = _recv(sock, flags, False)
-        frames.append(frame.bytes)
+        frames.append(frame.bytes if len(frame) < big else frame.buffer)
         if not frame.more:
             return frames, frame
         if len(frames) >= MAX_FRAMES:

@@ -12,7 +12,7 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.protocols import native_batch as wire
-from pzq.protocols.native import EMPTY_MESSAGE, QUEUE_FULL
+from pzq.protocols.native import BUSY, EMPTY_MESSAGE, QUEUE_FULL
 
 from conftest import recv, wait_connected, wait_until
 
@@ -82,7 +82,7 @@ def test_a_resent_batch_id_is_stored_once_across_a_server_restart(process_server
 
 HOSTILE = [
     ("over the message cap", wire.batch(b"h1", [[b"a"]] * 1001)),
-    ("over the byte cap", [b"h2", wire.MARK, b"", msgpack.packb([[b"x" * (4 << 20)]])]),
+    ("over the byte cap", [b"h2", wire.MARK, b"", msgpack.packb([[b"x" * (2 << 20)]])]),
     ("over the frame cap", wire.batch(b"h10", [[b""] * 4097])),
     ("malformed msgpack", [b"h3", wire.MARK, b"", b"\xc1\xc1\xc1"]),
     ("nested bomb", [b"h4", wire.MARK, b"", b"\x91" * 200_000 + b"\xc0"]),
@@ -106,7 +106,7 @@ def test_a_hostile_batch_is_answered_with_a_clear_error_and_the_server_keeps_ser
 
 def test_the_probe_answers_the_servers_caps(server, sockets):
     answer = ask(dealer(sockets, server), wire.probe(b"p1"))
-    assert wire.parse_probe_answer(answer) == wire.Caps(1000, 4 << 20, server.config.max_message_size, 4096)
+    assert wire.parse_probe_answer(answer) == wire.Caps(1000, 2 << 20, server.config.max_message_size, 4096)
 
 
 class OldServer:
@@ -236,6 +236,60 @@ def test_a_batch_draws_each_of_its_messages_on_the_turns_records_and_is_never_sp
         assert [b for turn in per_turn for b in turn] == [b"b0", b"b1", b"b2", b"b3"]
         assert max(map(len, per_turn)) <= 2, per_turn
         assert server.stats()["messages"] == 240
+    finally:
+        producer.close(0)
+        server.close()
+
+
+def test_a_batch_past_what_a_turn_can_still_let_in_is_committed_whole_in_a_turn_of_its_own(tmp_path):
+    from test_turn_budget import _producer, _turn_by_turn
+
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=600_000, body_chunk_bytes=64 << 10)
+    producer = _producer(receive)
+    try:
+        producer.send_multipart([b"m1", b"", b"y" * 200_000])
+        producer.send_multipart(wire.batch(b"b1", [[b"x" * 50_000]] * 10))
+        per_turn: list[list[bytes]] = []
+        for _ in range(30):
+            server._turn(0)
+            acked = []
+            while producer.poll(0):
+                frames = producer.recv_multipart()
+                acked.append(frames[0])
+                if frames[0] == b"b1":
+                    assert frames == [b"b1", b"1", b"", b"10"], "stored whole, as its ten messages"
+            if acked:
+                per_turn.append(acked)
+            if sum(map(len, per_turn)) == 2:
+                break
+        assert per_turn == [[b"m1"], [b"b1"]]
+        assert server.stats()["messages"] == 11
+    finally:
+        producer.close(0)
+        server.close()
+
+
+def test_a_batch_behind_its_producers_big_message_past_its_share_hears_busy_as_a_batch(tmp_path):
+    from test_turn_budget import _producer, _turn_by_turn
+
+    server, receive = _turn_by_turn(
+        tmp_path, turn_write_bytes=600_000, body_chunk_bytes=64 << 10, pipe_in_bytes=2_000_000
+    )
+    producer = _producer(receive)
+    try:
+        producer.send_multipart([b"big", b"", b"y" * 700_000])
+        producer.send_multipart(wire.batch(b"b1", [[b"x" * 50_000]] * 4))
+        answers: dict[bytes, list[bytes]] = {}
+        for _ in range(30):
+            server._turn(0)
+            while producer.poll(0):
+                frames = producer.recv_multipart()
+                answers[frames[0]] = frames
+            if len(answers) == 2:
+                break
+        assert answers[b"big"] == [b"big", b"1", b""]
+        assert wire.parse_batch_ack(answers[b"b1"]) == wire.BatchAck(b"b1", False, 0, BUSY)
+        assert server.stats()["messages"] == 1
     finally:
         producer.close(0)
         server.close()

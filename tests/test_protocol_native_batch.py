@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pzq.errors import ProtocolError
 from pzq.protocols import native_batch as wire
 
-CAPS = wire.Caps(max_messages=1000, max_bytes=4 << 20, max_message_size=16 << 20, max_frames=4096)
+CAPS = wire.Caps(max_messages=1000, max_bytes=2 << 20, max_message_size=16 << 20, max_frames=4096)
 
 
 def test_a_batch_of_two_messages_is_these_bytes():
@@ -40,7 +40,7 @@ def test_the_probe_and_its_answer_are_these_bytes():
     assert wire.probe(b"p1") == [b"p1", b"PZQ-BATCH/1", b""]
     answer = wire.probe_answer(b"r", b"p1", CAPS)
     caps = bytes.fromhex(
-        "84 ac" + b"max_messages".hex() + "cd03e8 a9" + b"max_bytes".hex() + "ce00400000 b0"
+        "84 ac" + b"max_messages".hex() + "cd03e8 a9" + b"max_bytes".hex() + "ce00200000 b0"
         + b"max_message_size".hex() + "ce01000000 aa" + b"max_frames".hex() + "cd1000"
     )  # fmt: skip
     assert answer == [b"r", b"p1", b"1", b"", b"PZQ-BATCH/1", caps]

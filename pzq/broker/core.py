@@ -13,7 +13,7 @@ from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
-from pzq.store import Message, QueueInfo, Store
+from pzq.store import Message, QueueInfo, Store, Upload
 
 
 class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
@@ -73,6 +73,39 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             self.readiness += 1
             self._count(queue, "produced", stored)
         return stored
+
+    # A big body is written a part per turn (store/bodies.py): begun, written, then produced as a message
+    # in the turn of its last part; dropped when its producer is answered otherwise.
+
+    def begin_big(self, body: Sequence[bytes], chunk: int) -> Upload:
+        """A big body to write in parts of ``chunk`` bytes. Raises StoreFull (counted) when refused."""
+        try:
+            if self.refusing is not None:
+                raise StoreFull(self.refusing)
+            return self.store.begin_body(body, chunk)
+        except StoreFull:
+            self.counters.refused_full += 1
+            raise
+
+    def write_big(self, upload: Upload, most: int) -> int:
+        """Write the next parts of ``upload`` (about ``most`` bytes); StoreFull (counted) when the store filled."""
+        try:
+            return self.store.write_body(upload, most)
+        except StoreFull:
+            self.counters.refused_full += 1
+            raise
+
+    def produce_big(self, queue: str, upload: Upload, *, now_us: int) -> Message:
+        """Store the message whose body ``upload`` wrote in full (durable at the next commit)."""
+        message = self.store.put_body(queue, upload, now_us=now_us)
+        self.counters.produced += 1
+        self.readiness += 1
+        self._count(queue, "produced")
+        return message
+
+    def drop_big(self, upload: Upload) -> None:
+        """Give up a body not yet produced: its parts are removed."""
+        self.store.drop_upload(upload)
 
     def produce_all(
         self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None

@@ -18,17 +18,22 @@ from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
-from pzq.protocols.native_batch import MARK, announced
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, send_frames
+from pzq.logs import warn_bad
+from pzq.protocols import native as wire
+from pzq.protocols.native_batch import MARK, MAX_ECHO, announced, batch_error
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
 RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
-# Big messages (past what a turn may still let in) read and held at once, each for a turn of its own: past
-# two, reading stops, so what a turn holds is bounded and a small message is never behind more than one
-HELD_BIG = 2
+# Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
+# producers sent after them) are bounded in bytes: past Limits.pipe_in_bytes in all, reading stops; past
+# this part of it for one producer (when it holds one already), its messages are answered "busy", so that
+# one producer's pipeline of big messages cannot stop the reading for every other producer
+HELD_PEER_PART = 4
+BIG_FRAME = 64 << 10  # producers' frames of this size and more are not copied out of libzmq's buffer
 
 
 class NativeEndpoints(Endpoint):
@@ -54,6 +59,7 @@ class NativeEndpoints(Endpoint):
             LINGER=2000,
         )  # let the last acks out on shutdown
         self.replies = Replies(self.receive, "producer", config.limits)
+        keep_big_frames(self.receive, BIG_FRAME)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         # SNDHWM: deliveries in flight are at most --max-inflight (a delivery is in flight from its send);
         # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
@@ -68,9 +74,11 @@ class NativeEndpoints(Endpoint):
         # Messages read but left for later turns, in order: each big one (more than the turn could still let
         # in) gets a turn of its own, with the messages its producer sent after it (they keep its order)
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
-        self._held_from: set[bytes] = set()  # producers with a held message: their next ones wait behind it
-        self._held_big = 0
+        self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
+        self._held_bytes = 0
+        self.busy_refused_total = 0
         self._due = False  # the next turn is the oldest held big message's own
+        self._uploading = False  # the oldest held big message is being written, a part per turn
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
 
     def before_poll(self, poller: zmq.Poller) -> None:
@@ -94,13 +102,55 @@ class NativeEndpoints(Endpoint):
                 self._commit_held(now, now_us)
 
     def _commit_held(self, now: float, now_us: int) -> None:
-        """Let in the oldest held big message alone (the messages behind it go first the next turn)."""
-        frames, _ = self._held.popleft()
-        self._held_big -= 1
-        self._held_from = {held[0] for held, _ in self._held}
-        self.budget.take(sum(map(len, frames)))
+        """Let in the oldest held big message alone (the messages behind it go first the next turn): at
+        once, or past one chunk a part per turn (``turn_write_bytes`` of it), its ack with the last."""
+        frames = self._held[0][0]
+        size = sum(map(len, frames))
+        if size <= self.limits.body_chunk_bytes or len(frames) > 2 and frames[2] == MARK:  # (a batch: whole)
+            self._drop_held()
+            self.budget.take(size)
+            self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+        else:
+            try:
+                answer = self.gateway.received_big(
+                    frames, chunk=self.limits.body_chunk_bytes, most=max(self.budget.bytes_left, 0), now_us=now_us
+                )
+            except BaseException:
+                self._drop_held()  # (the gateway answers it "store failure" when the turn is rolled back)
+                raise
+            self.budget.take(self.gateway.big_written)
+            self._uploading = answer is None
+            if answer is not None:
+                self._drop_held()
+                self._replies += answer
         self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
-        self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+
+    def _drop_held(self) -> None:
+        self._held.popleft()
+        self._count_held()
+        self._uploading = False
+
+    def _count_held(self) -> None:
+        self._held_from = {}
+        for frames, _ in self._held:
+            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + sum(map(len, frames))
+        self._held_bytes = sum(self._held_from.values())
+
+    def _busy(self, frames: list[bytes], length: int) -> bool:
+        """Refuse a message that would take what its producer has held past its part of what may be
+        held (it may always hold one): answered "busy" at once (its body dropped), so that reading goes
+        on for the other producers. Its acks then come out of order (clients match them by id)."""
+        held = self._held_from.get(frames[0], 0)
+        if not held or held + length <= self.limits.pipe_in_bytes // HELD_PEER_PART:
+            return False
+        event = wire.parse_produce(frames, 1 << 62)
+        if len(frames) > 2 and frames[2] == MARK:  # (a batch: answered as one, nothing of it stored)
+            self._replies.append(Send(RECEIVE, batch_error(frames[0], frames[1][:MAX_ECHO], wire.BUSY)))
+        elif isinstance(event, wire.Produce):
+            self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
+        self.busy_refused_total += 1
+        warn_bad("producer", "busy", f"a message of {sum(map(len, frames))} bytes behind its own held one: refused")
+        return True
 
     def _release_held(self, now: float, now_us: int) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
@@ -108,7 +158,7 @@ class NativeEndpoints(Endpoint):
         while self._held and not self._held[0][1]:
             run.append(self._held.popleft()[0])
         if run:
-            self._held_from = {held[0] for held, _ in self._held}
+            self._count_held()
             self.budget.take(sum(len(f) for frames in run for f in frames))
             self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)
 
@@ -140,7 +190,7 @@ class NativeEndpoints(Endpoint):
         run: list[list[bytes]] = []
         read = size = 0
         for _ in range(most):
-            if size >= share or budget.spent() or self._held_big >= HELD_BIG:
+            if size >= share or budget.spent() or self._held_bytes >= self.limits.pipe_in_bytes:
                 break
             try:
                 frames = receive(sock, gate, role, NOBLOCK)
@@ -161,10 +211,12 @@ class NativeEndpoints(Endpoint):
                 # write; its producer's next messages wait behind it, in order.
                 big = length > budget.bytes_left
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
+                if self._busy(frames, length):
+                    continue
                 self._held.append((frames, big))
-                self._held_from.add(frames[0])
-                self._held_big += big
-                if self._held_big >= HELD_BIG:
+                self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
+                self._held_bytes += length
+                if self._held_bytes >= self.limits.pipe_in_bytes:
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)
@@ -184,7 +236,8 @@ class NativeEndpoints(Endpoint):
                 return
 
     def waiting(self) -> bool:
-        return bool(self._replies)
+        # (a big message's part written this turn: committed now, so that no commit carries more)
+        return bool(self._replies) or self._uploading
 
     def wake_at(self, now: float) -> float | None:
         wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_wake(now)) if t is not None]
@@ -203,12 +256,14 @@ class NativeEndpoints(Endpoint):
         self.gateway.recover()
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        return {**self.gateway.stats(), "busy_refused_total": self.busy_refused_total}
 
     def memory(self) -> dict[str, int]:
-        return {"native_backlogs": self.replies.backlog_bytes}
+        return {"native_backlogs": self.replies.backlog_bytes, "native_held": self._held_bytes}
 
     def rolled_back(self) -> None:
+        if self._uploading:  # (its parts are gone with the turn: the gateway answers it "store failure")
+            self._drop_held()
         out = self.gateway.rolled_back(self._replies + self._deliveries)
         self._replies = [s for s in out if s.socket == RECEIVE]
         self._deliveries = [s for s in out if s.socket != RECEIVE]

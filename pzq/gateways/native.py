@@ -24,12 +24,13 @@ from collections.abc import Hashable, Sequence
 from pzq.broker import Broker, Ref
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.credit import NativeCredit
+from pzq.errors import StoreFull
 from pzq.gateways.contract import Send
 from pzq.gateways.native_batches import Batches
 from pzq.logs import warn_bad
 from pzq.protocols import native
 from pzq.protocols.native_batch import MARK
-from pzq.store import parse_message_id
+from pzq.store import Upload, parse_message_id
 from pzq.store.dedup_keys import DedupKeys
 
 log = logging.getLogger("pzq.server")
@@ -76,6 +77,10 @@ class NativeGateway:
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
         self._stalled_at: int | None = None
         self._owed: list[Send] = []  # answers of a run whose store call failed, for rolled_back
+        # A big message being written a part per turn (received_big), and (routing, message id) of it
+        self._upload: Upload | None = None
+        self._uploader: tuple[bytes, bytes] = (b"", b"")
+        self.big_written = 0  # bytes of its body the last received_big call wrote
         self.dispatched = 0  # deliveries taken back and handed out by the last dispatch call
 
     # -- what arrives ----------------------------------------------------------------------------
@@ -143,6 +148,46 @@ class NativeGateway:
             out.append(Send(RECEIVE, native.produce_ack(routing, message_id, error)))
         waiting.clear()
         bodies.clear()
+
+    def received_big(self, frames: list[bytes], *, chunk: int, most: int, now_us: int) -> list[Send] | None:
+        """A big message from the receive socket, written a part per call (one call a turn): its body in
+        chunks of ``chunk`` bytes, about ``most`` bytes a call (``big_written`` says how many this call
+        wrote). None while parts remain: call again with the same frames next turn. Its answer once it
+        is stored (in the call of its last part, so the ack follows the commit that stored all of it),
+        or refused. Raises StoreError when the store failed (``rolled_back`` answers it)."""
+        self.big_written = 0
+        upload = self._upload
+        if upload is None:
+            event = native.parse_produce(frames, self.max_message_size)
+            if event is None:
+                return []
+            if isinstance(event, native.Rejected):
+                warn_bad("producer", event.error.code, event.error.detail)
+                return [Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail))]
+            self._uploader = (event.routing, event.message_id)
+            try:
+                upload = self.broker.begin_big(event.body, chunk)
+            except StoreFull:
+                return [Send(RECEIVE, native.produce_ack(*self._uploader, native.QUEUE_FULL))]
+            except Exception:  # noqa: BLE001 - a StoreError, or a bug: the loop rolls the turn back either way
+                self._owed = [_failed(*self._uploader)]
+                raise
+            self._upload = upload
+        try:
+            self.big_written = self.broker.write_big(upload, most)
+            if not upload.done:
+                return None
+            self.broker.produce_big(self.queue, upload, now_us=now_us)
+        except StoreFull:
+            self._upload = None
+            self.broker.drop_big(upload)
+            return [Send(RECEIVE, native.produce_ack(*self._uploader, native.QUEUE_FULL))]
+        except Exception:  # noqa: BLE001 - as above
+            self._upload = None
+            self._owed = [_failed(*self._uploader)]
+            raise
+        self._upload = None
+        return [Send(RECEIVE, native.produce_ack(*self._uploader, None))]
 
     def _answers(self, messages: Sequence[list[bytes]], now: float) -> None:
         """Consumers' acks and nacks, settled in order; a run of acks in one ``ack_many``."""
@@ -263,6 +308,9 @@ class NativeGateway:
         """The commit failed: a producer's "stored" becomes "store failure", errors stay, deliveries
         (of a state that is gone) are dropped."""
         out = []
+        if self._upload is not None:  # (its parts of earlier turns are dropped by the store)
+            self._upload = None
+            self._owed.append(_failed(*self._uploader))
         for send in [*sends, *self._owed]:
             if send.socket != RECEIVE:
                 continue

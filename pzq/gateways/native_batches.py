@@ -50,7 +50,7 @@ class Batches:
         self.socket = socket
         self.caps = wire.Caps(
             max_messages=limits.batch_max_messages,
-            max_bytes=limits.batch_max_bytes,
+            max_bytes=min(limits.batch_max_bytes, limits.turn_write_bytes),  # (one turn's commit holds it)
             max_message_size=max_message_size,
             max_frames=limits.batch_max_frames,
         )

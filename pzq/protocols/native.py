@@ -19,6 +19,7 @@ ONLY_ID = "Malformed message, only a message id and no delimiter or body"
 TOO_LARGE = "Message too large: {size} bytes, the limit is {limit}"
 QUEUE_FULL = "queue full: the store is at its size limit or its disk is nearly full, try again later"
 STORE_FAILED = "store failure: the message was not stored, try again"
+BUSY = "busy: an earlier big message of yours is still being stored; send this one again once that one is acked"
 ID_TOO_LONG = "Message id too long: {size} bytes, the limit is {limit} (this ack carries its first {limit})"
 MAX_ID = 1024  # bytes of a producer's message id
 

@@ -5,13 +5,15 @@
   refuses a damaged file before a server opens it.
 - ``layout.py``: the key layout, the record types and the store's format version.
 - The queue model, ``Store``, one role per module, each drawn on the one before: ``queues.py`` (the
-  environment, the commit, each queue's counters, room), ``messages.py`` (put, scan, headers, delivery
+  environment, the commit, each queue's counters, room), ``bodies.py`` (big bodies in chunks written over
+  turns), ``messages.py`` (put, scan, headers, delivery
   counts, deletes), ``dead_letters.py``, ``previews.py`` (the console's previews, the audit).
 - ``side_table.py``: what the side tables share; one owner per table draws its key layout at its top:
   ``schedules.py``, ``groups.py`` (groups and leases), ``dedup_keys.py``, ``bindings.py``, ``emqp_jobs.py``.
 """
 
 from pzq.store.bindings import Bindings
+from pzq.store.bodies import Upload
 from pzq.store.dedup_keys import DedupKeys
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.groups import Groups, LeaseRecords
@@ -59,6 +61,7 @@ __all__ = [
     "QueueInfo",
     "SideTable",
     "Store",
+    "Upload",
     "message_id",
     "parse_message_id",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgpack
 
+from pzq.store.bodies import CHUNKED_DEAD, BodyRef
 from pzq.store.environment import KeyExists
 from pzq.store.layout import KEY, DeadLetter, Message, QueueInfo, accounted
 from pzq.store.messages import Messages
@@ -16,31 +17,38 @@ class DeadLetters(Messages):
 
     def dead_letter(self, message: Message, reason: str, *, now_us: int) -> bool:
         """Move a stored message to its queue's dead letters. False if it was no longer stored."""
-        if not self.delete(message.queue, message.seq):
+        if not self.delete(message.queue, message.seq, keep_body=True):
             return False
         info = self._queues[message.queue]
         key = KEY.pack(info.qid, message.seq)
-        record = [message.enqueued_us, message.expires_us, message.frames, message.deliveries, reason, now_us]
-        if message.meta:
-            record.append(message.meta)
+        body = message.body
+        frames = [] if body is not None else message.frames
+        record = [message.enqueued_us, message.expires_us, frames, message.deliveries, reason, now_us]
+        if message.meta or body is not None:
+            record.append(message.meta or None)
+        if body is not None:  # (its chunks stay where they are: the dead letter names them)
+            record.append(list(BodyRef(*body).packed()))
         value = msgpack.packb(record)
         if not self.env.do(self.env.write().put, key, value, db=self._dead_db, overwrite=False):
             self.env.do(raise_, KeyExists(f"dead letter {message.id} is already stored"))
-        self._account(info, dead_count=1, dead_size=accounted(key, value))
+        size = accounted(key, value) + (BodyRef(*body).accounted if body is not None else 0)
+        self._account(info, dead_count=1, dead_size=size)
         return True
 
     def _decode_dead(self, info: QueueInfo, key: bytes, value: bytes, txn) -> DeadLetter:
         record = msgpack.unpackb(value)
         enqueued_us, expires_us, frames, deliveries, reason, dead_at_us = record[:6]
+        body = BodyRef.read(record[7]) if value[0] == CHUNKED_DEAD else None
         message = Message(
             info.name,
             info.qid,
             KEY.unpack(key)[1],
-            frames,
+            frames if body is None else self.body_frames(body, txn),
             enqueued_us,
             expires_us,
             deliveries,
             record[6] if len(record) > 6 else None,
+            body,
         )
         return DeadLetter(message, reason, dead_at_us)
 
@@ -61,7 +69,7 @@ class DeadLetters(Messages):
             letters = [d for d in letters if d.message.seq == seq]
         moved = []
         for letter in letters:
-            self._remove_dead(info, letter.message.seq)
+            self._remove_dead(info, letter.message.seq, keep_body=True)
             moved.append(
                 self._append(
                     queue,
@@ -70,6 +78,7 @@ class DeadLetters(Messages):
                     letter.message.expires_us,
                     check_limit=False,
                     meta=letter.message.meta,
+                    body=letter.message.body,
                 )
             )
         return moved
@@ -89,8 +98,11 @@ class DeadLetters(Messages):
             gone += 1
         return gone
 
-    def _remove_dead(self, info: QueueInfo, seq: int) -> None:
+    def _remove_dead(self, info: QueueInfo, seq: int, *, keep_body: bool = False) -> None:
         key = KEY.pack(info.qid, seq)
         value = self.env.write().get(key, db=self._dead_db) or b""
         self.env.do(self.env.write().delete, key, db=self._dead_db)
-        self._account(info, dead_count=-1, dead_size=-accounted(key, value))
+        size = accounted(key, value)
+        if (ref := self.ref_of(value, dead=True)) is not None:
+            size += ref.accounted if keep_body else self.delete_body(ref)
+        self._account(info, dead_count=-1, dead_size=-size)

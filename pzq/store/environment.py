@@ -134,7 +134,9 @@ class Environment:
                     records = verify_pages(path)
                     # (logged by the store once it read the rest: a store it refuses says one line only)
                     self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
-            self.dbs = {name: self._env.open_db(name.encode(), create=not readonly) for name in names}
+            self.dbs = {name: self._open_table(name, readonly) for name in names}
+            if readonly:  # (a store older than a table has none: reading it finds nothing)
+                self.dbs = {name: db for name, db in self.dbs.items() if db is not None}
         except (lmdb.Error, OSError) as exc:
             self.close()
             raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
@@ -143,6 +145,14 @@ class Environment:
             raise
         self.page_size: int = self._env.stat()["psize"]
         self._txn: lmdb.Transaction | None = None
+
+    def _open_table(self, name: str, readonly: bool) -> Any:
+        try:
+            return self._env.open_db(name.encode(), create=not readonly)
+        except lmdb.NotFoundError:
+            if not readonly:
+                raise
+            return None
 
     def close(self) -> None:
         """Close the environment (what is not committed is lost) and release the lock."""

@@ -15,6 +15,12 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
     damaged     qid u64 | seq u64       -> the raw record of a message that could not be read (set aside)
     dead        qid u64 | seq u64       -> msgpack [enqueued_us, expires_us, [frame, ...], deliveries,
                                                     reason, dead_at_us (, meta)]
+    bodies      body id u64 | chunk u32 -> bytes of a big body, in order (format 4; store/bodies.py): its
+                                           message record is [enqueued_us, expires_us, [], meta or nil,
+                                           [body id, chunks, [frame sizes]]], its dead letter
+                                           [..., dead_at_us, meta or nil, [body id, chunks, [sizes]]]
+    uploads     body id u64             -> msgpack chunks: a body still being written (no record yet)
+                b"next_body" (in meta)  -> u64, the next body id
 
 Side tables (schedules, consumer groups, dedup keys, bindings, eMQP jobs) live in the same
 environment, each with one owner in this package (``SIDE_TABLES``); their pages count toward the
@@ -25,6 +31,8 @@ writes its next time and runs left apart from the payload). Format-1 records are
 format-1 pzq, which would run spent runs again from the older whole record, refuses a format-2 store.
 3 adds the queue record's flags (implicit queues expire when unused: store/queues.py) and the seq floor;
 a record of six fields is an explicit queue (it never expires), and no floor reads as 1.
+4 adds big bodies in chunks (``bodies``, ``uploads``, the chunked records): a format-3 pzq would read a
+chunked message as an empty one, so it refuses a format-4 store; format-3 records are read as they are.
 A change of any record's layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the
 older one, and comes with a test that opens a store written by the older pzq (tests/test_upgrade.py).
 """
@@ -38,7 +46,7 @@ import struct
 
 import msgpack
 
-FORMAT = 3  # the store format this pzq writes and the newest it reads
+FORMAT = 4  # the store format this pzq writes and the newest it reads
 
 # What reading a damaged record raises; anything else is a bug and propagates.
 UNREADABLE = (
@@ -69,7 +77,7 @@ U32 = struct.Struct(">I")
 # slack. It keeps "store full" honest for tiny messages, whose overhead outweighs their bodies.
 OVERHEAD = 64
 HEX32 = re.compile(r"[0-9a-f]{32}")
-QUEUE_TABLES = ("queues", "meta", "messages", "deliveries", "dead", "damaged")
+QUEUE_TABLES = ("queues", "meta", "messages", "deliveries", "dead", "damaged", "bodies", "uploads")
 # Tables of the side-table owners (schedules.py, groups.py, dedup_keys.py, bindings.py, emqp_jobs.py)
 SIDE_TABLES = ("schedules", "groups", "leases", "produced", "mqks", "emqp_jobs")
 
@@ -89,6 +97,7 @@ class Message:
     expires_us: int = 0
     deliveries: int = 0
     meta: dict | None = None  # a protocol's own fields (eMQP: client, msgid, headers); others ignore it
+    body: tuple | None = None  # where a big body's chunks are (store/bodies.py BodyRef), None when inline
 
     @property
     def id(self) -> str:

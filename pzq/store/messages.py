@@ -11,9 +11,10 @@ from collections.abc import Iterator, Sequence
 import msgpack
 
 from pzq.errors import StoreError, StoreFull
+from pzq.store.bodies import CHUNKED_MESSAGE, Bodies, BodyRef, Upload
 from pzq.store.environment import KeyExists, LmdbError
 from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message, QueueInfo, accounted, message_id
-from pzq.store.queues import Queues, raise_
+from pzq.store.queues import raise_
 
 log = logging.getLogger("pzq.store")
 
@@ -43,7 +44,7 @@ def native_record(now_us: int, body: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-class Messages(Queues):
+class Messages(Bodies):
     """The messages of the queues (see the module's text)."""
 
     def put(
@@ -84,6 +85,18 @@ class Messages(Queues):
         self._account(info, len(items), total)
         return len(items)
 
+    def put_body(self, queue: str, upload: Upload, *, now_us: int) -> Message:
+        """Append the message whose body ``upload`` wrote (every chunk of it, in this or earlier turns)
+        to ``queue``: its record, in the transaction of the last chunk. Raises StoreFull when the
+        queue cannot be made."""
+        if not upload.done:
+            raise ValueError("the body is not all written")
+        # (the upload ends after its record is put: a put that fails leaves it to the rollback, which
+        # removes its chunks)
+        message = self._append(queue, [], now_us, 0, check_limit=False, body=upload.ref)
+        self._finish_upload(upload)
+        return message
+
     def _append(
         self,
         queue: str,
@@ -93,12 +106,17 @@ class Messages(Queues):
         *,
         check_limit: bool,
         meta: dict | None = None,
+        body: tuple | None = None,
     ) -> Message:
-        record = [enqueued_us, expires_us, list(frames)]
-        if meta:
-            record.append(meta)
+        ref = None if body is None else BodyRef(*body)
+        if ref is not None:  # (a chunked body: the record names its chunks, which count with it)
+            record = [enqueued_us, expires_us, [], meta or None, ref.packed()]
+        else:
+            record = [enqueued_us, expires_us, list(frames)]
+            if meta:
+                record.append(meta)
         value = msgpack.packb(record)
-        size = accounted(KEY.pack(0, 0), value)
+        size = accounted(KEY.pack(0, 0), value) + (ref.accounted if ref is not None else 0)
         if check_limit and self._total_bytes + self._side() + size > self.max_size:
             raise StoreFull(f"queue full: the store holds {self.stored_bytes} of {self.max_size} bytes")
         if check_limit and self.low_disk:
@@ -114,7 +132,7 @@ class Messages(Queues):
             self.env.do(raise_, KeyExists(f"message {message_id(info.qid, seq)} is already stored"))
         info.next_seq = seq + 1
         self._account(info, 1, size)
-        return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta)
+        return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta, ref)
 
     def _deliveries(self, key: bytes, txn) -> int:
         pending = self._pending_counts.get(key)
@@ -136,15 +154,17 @@ class Messages(Queues):
                 or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)
             ):
                 raise ValueError("not a message record")
+            body = BodyRef.read(record[4]) if value[0] == CHUNKED_MESSAGE else None
             return Message(
                 info.name,
                 info.qid,
                 KEY.unpack(key)[1],
-                record[2],
+                record[2] if body is None else self.body_frames(body, txn),
                 int(record[0]),
                 int(record[1]),
                 self._deliveries(key, txn),
                 record[3] if len(record) > 3 else None,
+                body,
             )
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
@@ -270,8 +290,9 @@ class Messages(Queues):
         self._pending_counts[key] = (count, time.monotonic())
         return count
 
-    def delete(self, queue: str, seq: int) -> bool:
-        """Remove a message for good (it was acknowledged). False if it was not stored."""
+    def delete(self, queue: str, seq: int, *, keep_body: bool = False) -> bool:
+        """Remove a message for good (it was acknowledged). False if it was not stored. ``keep_body``:
+        its chunks stay (the message moves: to the dead letters, to the end of its queue)."""
         info = self._queues.get(queue)
         if info is None:
             return False
@@ -287,7 +308,10 @@ class Messages(Queues):
         if value is None:
             return False
         self._pending_counts.pop(key, None)
-        self._account(info, -1, -accounted(key, value))
+        size = accounted(key, value)
+        if value[0] == CHUNKED_MESSAGE and (ref := self.ref_of(value)) is not None:
+            size += ref.accounted if keep_body else self.delete_body(ref)
+        self._account(info, -1, -size)
         return True
 
     def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
@@ -304,7 +328,10 @@ class Messages(Queues):
             cursor = txn.cursor(db=self._messages_db)
             key: bytes = bytes(cursor.key()) if cursor.set_range(KEY.pack(info.qid, lo)) else b""
             while key and key < end and removed < limit:
-                size += accounted(key, cursor.value())
+                value = cursor.value()
+                size += accounted(key, value)
+                if value[:1] == b"\x95" and (ref := self.ref_of(value)) is not None:
+                    size += self.delete_body(ref)
                 txn.delete(key, db=self._deliveries_db)
                 self._pending_counts.pop(key, None)
                 removed += 1
@@ -364,7 +391,7 @@ class Messages(Queues):
 
     def requeue_at_end(self, message: Message, *, expires_us: int | None = None) -> Message:
         """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
-        if not self.delete(message.queue, message.seq):
+        if not self.delete(message.queue, message.seq, keep_body=True):
             raise StoreError(f"message {message.id} is not stored")
         moved = self._append(
             message.queue,
@@ -373,6 +400,7 @@ class Messages(Queues):
             message.expires_us if expires_us is None else expires_us,
             check_limit=False,
             meta=message.meta,
+            body=message.body,
         )
         if message.deliveries:  # written now, not lazily: a retry count must survive a crash
             self.env.do(
@@ -394,8 +422,11 @@ class Messages(Queues):
         for db in (self._messages_db, self._deliveries_db, self._dead_db):
             cursor = txn.cursor(db=db)
             if cursor.set_range(prefix):
-                while cursor.key()[:8] == prefix and self.env.do(cursor.delete):
-                    pass
+                while cursor.key()[:8] == prefix:
+                    if db is not self._deliveries_db and (ref := self.ref_of(cursor.value(), db is self._dead_db)):
+                        self.delete_body(ref)
+                    if not self.env.do(cursor.delete):
+                        break
         for key in [k for k in self._pending_counts if k[:8] == prefix]:
             del self._pending_counts[key]
         self.env.do(txn.delete, name.encode(), db=self._queues_db)

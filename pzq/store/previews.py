@@ -97,9 +97,13 @@ class Previews(DeadLetters):
             for walked, key in enumerate(cursor.iternext(keys=True, values=False)):
                 if bytes(key[:8]) != prefix or len(out) >= limit or walked >= 2 * limit:
                     break  # (unreadable records count too: a damaged queue is not walked to its end)
-                found = _preview_record(cursor.value(), head_bytes, dead)
+                value = cursor.value()
+                ref = self.ref_of(value, dead)
+                found = _preview_record(value, head_bytes, dead)
                 if found is None:
                     continue
+                if ref is not None:  # (the record's frames are empty: the body is in chunks)
+                    found = (found[0], self.body_head(ref, head_bytes), sum(ref.sizes), *found[3:])
                 enqueued_us, head, size, deliveries, reason, exact = found
                 key = bytes(key)
                 if not dead:
