@@ -293,3 +293,30 @@ def test_a_batch_behind_its_producers_big_message_past_its_share_hears_busy_as_a
     finally:
         producer.close(0)
         server.close()
+
+
+def test_pzq_produce_sends_batches_and_says_what_it_always_said(server):
+    from click.testing import CliRunner
+
+    from pzq.cli import cli
+
+    lines = "".join(f"line {i}\n" for i in range(250))
+    result = CliRunner().invoke(cli, ["produce", "--receive-dsn", server.receive, "--batch", "100"], input=lines)
+    assert result.exit_code == 0, result.output
+    assert result.output == "250 stored, 0 refused\n"
+    assert server.stats()["native"]["batches"] == 3, "in batches of 100"
+    with client.Consumer(server.send) as consumer:
+        for i in range(250):
+            delivery = consumer.receive(5000)
+            assert delivery is not None and delivery.body == [b"line %d" % i]
+            consumer.ack(delivery)
+
+
+def test_pzq_produce_with_batch_1_sends_one_message_at_a_time(server):
+    from click.testing import CliRunner
+
+    from pzq.cli import cli
+
+    result = CliRunner().invoke(cli, ["produce", "--receive-dsn", server.receive, "--batch", "1", "a", "b"])
+    assert result.exit_code == 0 and server.stats()["messages"] == 2
+    assert server.stats()["native"]["batches"] == 0
