@@ -284,3 +284,32 @@ def test_a_producers_pipeline_of_big_messages_is_answered_busy_past_its_part_and
         big.close(0)
         small.close(0)
         server.close()
+
+
+def test_big_bodies_are_handed_out_one_a_turn_as_their_reading_draws_on_the_turns_bytes(tmp_path):
+    server = _server(tmp_path, "reads", turn_write_bytes=2 * MIB, body_chunk_bytes=MIB)
+    producer = _producer(server.config.receive_dsn)
+    bodies = [os.urandom(3 * MIB + i) for i in range(4)]
+    try:
+        for i, body in enumerate(bodies):
+            producer.send_multipart(wire.produce(b"m%d" % i, [body]))
+            for _ in range(20):
+                server._turn(100)
+                if _acks(producer):
+                    break
+        with client.Consumer(server.config.send_dsn, ctx=zmq.Context.instance()) as consumer:
+            per_turn, got = [], []
+            for _ in range(30):
+                server._turn(100)
+                turn = []
+                while (delivery := consumer.receive(timeout_ms=50 if not turn else 0)) is not None:
+                    turn.append(delivery.body[0])  # (unacked: the credit would let all four go at once)
+                per_turn.append(len(turn))
+                got += turn
+                if len(got) == len(bodies):
+                    break
+        assert got == bodies
+        assert max(per_turn) == 1, f"deliveries a turn: {per_turn}"
+    finally:
+        producer.close(0)
+        server.close()

@@ -7,6 +7,7 @@ import time
 
 import zmq
 
+from pzq import logs
 from pzq.clients import native as client
 
 
@@ -17,16 +18,22 @@ def acks_until_quiet(sock: zmq.Socket, quiet_ms: int = 1000) -> list[list[bytes]
     return acks
 
 
-def settled(server) -> int:
-    """The stored count once the server has read everything sent so far (it stops changing)."""
-    readings: list[int] = []
-    while True:
-        readings.append(server.stats()["messages"])
-        if len(readings) >= 3 and len(set(readings[-3:])) == 1:
-            return readings[-1]
-        # three readings a moment apart: a count that still moves is not settled (two were too few on a
-        # loaded machine, where a turn may wait longer than one moment)
-        time.sleep(0.2)
+def refused_unread() -> int:
+    """Messages the server read and refused because their producer reads none of its acks (pzq.logs
+    counts each kind of bad input, process-wide: the server runs in this process)."""
+    return logs._counts[("producer", "not-reading")]
+
+
+def read_all(server, sent: int, refused_before: int, stored_before: int) -> int:
+    """The stored count once the server has read all ``sent`` messages (stored or refused): a count,
+    not a pause, so that a loaded machine cannot make it look settled early."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        stored = server.stats()["messages"]
+        if stored - stored_before + refused_unread() - refused_before >= sent:
+            return stored
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not read the {sent} messages within 60 s")
 
 
 def test_a_producer_that_pipelines_20000_without_reading_gets_an_ack_for_every_stored_message(server, sockets):
@@ -45,16 +52,19 @@ def test_a_producer_that_pipelines_20000_without_reading_gets_an_ack_for_every_s
 def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others_are_served(server, sockets):
     deaf = sockets(zmq.DEALER, server.receive)
     deaf.sndhwm = 0
+    refused = refused_unread()
     for i in range(40_000):
         deaf.send_multipart([b"%d" % i, b"", b"x"])
+    read_all(server, 40_000, refused, 0)
     with client.Producer(server.receive, timeout_ms=5000) as honest:
         assert all(r.ok for r in honest.produce_many([[b"honest %d" % i] for i in range(1000)]))
-    before = settled(server)
+    before, refused = server.stats()["messages"], refused_unread()
     for i in range(5000):
         deaf.send_multipart([b"more %d" % i, b"", b"x"])
+    read_all(server, 5000, refused, before)
     with client.Producer(server.receive, timeout_ms=5000) as honest:
         assert honest.produce([b"still served"]).ok
-    assert settled(server) == before + 1, "nothing more was stored for the deaf producer"
+    assert server.stats()["messages"] == before + 1, "nothing more was stored for the deaf producer"
     acks = acks_until_quiet(deaf)
     assert len(acks) == before - 1000, "every message stored for it was acked once it read"
 

@@ -81,16 +81,16 @@ print(json.dumps(facts))
 """
 
 
-def old_code(tmp: Path) -> Path:
-    """The pzq package of commit OLD, unpacked under ``tmp``; skips when git or the commit is missing."""
+def old_code(tmp: Path, commit: str = OLD) -> Path:
+    """The pzq package of ``commit``, unpacked under ``tmp``; skips when git or the commit is missing."""
     try:
-        found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{OLD}^{{commit}}"], capture_output=True)
+        found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
     except FileNotFoundError:
         pytest.skip("git is not installed: the old pzq cannot be taken out of the history")
     if found.returncode != 0:
-        pytest.skip(f"commit {OLD} is not in this repository (a shallow clone?): no old pzq to write a store")
+        pytest.skip(f"commit {commit} is not in this repository (a shallow clone?): no old pzq to write a store")
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", OLD, "pzq"], capture_output=True, check=True, timeout=60
+        ["git", "-C", str(ROOT), "archive", commit, "pzq"], capture_output=True, check=True, timeout=60
     ).stdout
     target = tmp / "old"
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -225,6 +225,31 @@ def test_a_store_written_by_this_pzq_is_refused_by_db15207_which_would_run_spent
         timeout=120,
     )
     assert child.returncode != 0 and f"has store format {FORMAT}; this pzq reads 1" in child.stderr
+
+
+BEFORE_CHUNKS = "56ef5dc"  # format 3: the last pzq without big bodies in chunks
+
+
+def test_a_store_written_by_56ef5dc_takes_big_bodies_in_chunks_and_56ef5dc_then_refuses_it(tmp_path):
+    code = old_code(tmp_path, BEFORE_CHUNKS)
+    database = tmp_path / "db"
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    write = "import sys; from pzq.store import Store; s = Store(sys.argv[1]); s.put('q', [b'old'], now_us=1); s.close()"
+    old_run = [sys.executable, "-c", write, str(database)]
+    assert subprocess.run(old_run, env=env, cwd=tmp_path, timeout=120, capture_output=True).returncode == 0
+    store = Store(database)
+    body = [os.urandom(3 << 20)]
+    upload = store.begin_body(body, 1 << 20)
+    while not upload.done:
+        store.write_body(upload, 2 << 20)
+    store.put_body("q", upload, now_us=2)
+    store.commit()
+    assert [m.frames for m in store.scan("q")] == [[b"old"], body]
+    store.close()
+    assert format_record(database) == FORMAT == 4
+    child = subprocess.run(old_run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    # (it would read the chunked message as an empty one)
+    assert child.returncode != 0 and "has store format 4, newer than format 3" in child.stderr
 
 
 def test_a_store_without_a_format_record_is_read_as_format_1_and_marked_after_a_write(tmp_path):

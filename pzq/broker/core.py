@@ -145,12 +145,21 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         return info.count - self._state(info.qid).inflight
 
     def take(
-        self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int, timeout_s: float | None = None
+        self,
+        queue: str,
+        n: int,
+        consumer: Hashable,
+        *,
+        now: float,
+        now_us: int,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first: a run, in one call.
 
         Each is counted as delivered (durably, with the next commit) and tracked in flight until
         ``now + timeout_s``. Messages past their TTL or their delivery cap go to the dead letters.
+        With ``max_bytes``, it stops once their bodies reach it (the first is always taken).
         """
         info = self.store.queue(queue, create=False)
         if info is None or n <= 0:
@@ -158,10 +167,15 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         state = self._state(info.qid)
         deadline = now + (self.ack_timeout_s if timeout_s is None else timeout_s)
         out: list[Message] = []
-        while len(out) < n:
-            batch = self._next_ready(queue, info.qid, state, n - len(out))
+        size, most = 0, (1 << 62) if max_bytes is None else max_bytes
+        while len(out) < n and size < most:
+            batch = self._next_ready(
+                queue, info.qid, state, n - len(out), max_bytes=None if max_bytes is None else most - size
+            )
             if not batch:
                 break
+            if max_bytes is not None:
+                size += sum(len(f) for m in batch for f in m.frames)
             cut_short = self.cut_short
             for message in batch:
                 cap = (message.meta or {}).get("max_deliveries") or 0

@@ -184,15 +184,19 @@ class BrokerState:
                 return min(n, start - state.cursor)
         return n
 
-    def _next_ready(self, queue: str, qid: int, state: _Ready, n: int, cursor: bool = True) -> list[Message]:
+    def _next_ready(
+        self, queue: str, qid: int, state: _Ready, n: int, cursor: bool = True, max_bytes: int | None = None
+    ) -> list[Message]:
         """Up to ``n`` ready messages: those that came back first, then the cursor's. ``cut_short`` is set
         when it stopped after ``limits.take_skips`` stale seqs of the heap (the caller stops there: the
-        rest is the next call's; readiness is raised so that nobody takes "nothing found" for "none")."""
+        rest is the next call's; readiness is raised so that nobody takes "nothing found" for "none").
+        With ``max_bytes``, it stops once their bodies reach it (see Store.scan)."""
         out: list[Message] = []
+        size, most = 0, (1 << 62) if max_bytes is None else max_bytes
         held = self._held.get(qid) or None  # (None when it holds no range: the hot path stays as it was)
         self.cut_short = False
         skips = self.take_skips
-        while state.requeued and len(out) < n:
+        while state.requeued and len(out) < n and size < most:
             seq = heapq.heappop(state.requeued)
             # At or past the cursor (held since start-up, not yet scanned), the cursor will find it.
             if (qid, seq) in self.inflight or seq >= state.cursor or (held and held.holder_of(seq) is not None):
@@ -201,6 +205,8 @@ class BrokerState:
                 message = self.store.get(queue, seq)
             if message is not None:  # else acked late or dead-lettered while it waited
                 out.append(message)
+                if max_bytes is not None:
+                    size += sum(map(len, message.frames))
                 continue
             # A consumer that acks every delivery late leaves thousands of stale seqs here (taken back,
             # then acked): a take passes over a bounded number of them, 17 ms for 97 deliveries before
@@ -211,11 +217,11 @@ class BrokerState:
                 return out
         # Scan on past messages that are all in flight, or a consumer would see "nothing ready" while
         # ready messages wait behind them; held ranges are jumped, not read.
-        while cursor and len(out) < n:
+        while cursor and len(out) < n and size < most:
             limit = self._cursor_limit(state, held, n - len(out))
             if limit is None:
                 continue
-            fresh = self.store.scan(queue, state.cursor, limit)
+            fresh = self.store.scan(queue, state.cursor, limit, None if max_bytes is None else most - size)
             if not fresh:
                 break
             state.cursor = fresh[-1].seq + 1
@@ -223,6 +229,8 @@ class BrokerState:
                 out.extend(m for m in fresh if (qid, m.seq) not in self.inflight and held.holder_of(m.seq) is None)
             else:
                 out.extend(m for m in fresh if (qid, m.seq) not in self.inflight)
+            if max_bytes is not None:
+                size += sum(len(f) for m in fresh for f in m.frames)
         return out
 
     def _remember_late(self, ref: Ref, holder: Hashable) -> None:

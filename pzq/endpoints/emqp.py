@@ -11,9 +11,11 @@ from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import RETRY_S, Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.zmqio import NOBLOCK, Again, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, Again, events, send_frames
 
 log = logging.getLogger("pzq.server")
+
+_MAY_FREE = (b"REQUEST", b"READY")  # commands after which a job may go out at once (a job, a free slot)
 
 
 class EmqpEndpoint(Endpoint):
@@ -47,14 +49,23 @@ class EmqpEndpoint(Endpoint):
         self.gateway = gateway
         self._out: list[Send] = []
         self._first = FRONT  # the socket read first: the other one when a turn's budget cut this one short
+        self._may_free = 0  # REQUESTs and READYs read this turn, not handed a job yet
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         budget = self.limits.turn_bytes  # (this endpoint's share; the turn's budget, shared, may end it first)
         sockets = [(FRONT, self.front), (BACK, self.back)]
         if self._first == BACK:  # (the one a spent budget cut short last time goes first)
             sockets.reverse()
+        self._may_free = 0
+        self._read(sockets, budget, ready, now, now_us)
+        self._hand_out_now(now, now_us)
+
+    def _read(self, sockets: list, budget: int, ready: dict, now: float, now_us: int) -> None:
+        """What ``read`` reads, the socket a spent budget cut short last turn first."""
         for name, sock in sockets:
-            if sock not in ready:
+            # (what came after the turn's poll too: a worker answers a job within a turn, and its REPLY
+            # would otherwise wait for the next one, a turn more for each hop of a round trip)
+            if sock not in ready and not events(sock) & POLLIN:
                 continue
             for _ in range(self.limits.read_batch):
                 if budget <= 0 or self.budget.spent():
@@ -67,7 +78,11 @@ class EmqpEndpoint(Endpoint):
                     continue
                 size = sum(map(len, frames))
                 budget -= size
-                self.budget.take(size)
+                # A REQUEST or a READY may let a job out at once (see _hand_out_now): the record of
+                # that job is drawn now, with the request's own, so the turn's records still bound it.
+                frees = int(len(frames) > 3 and frames[3] in _MAY_FREE)
+                self._may_free += frees
+                self.budget.take(size, records=1 + frees)
                 # Its ACKs cannot leave: store nothing more for it, rather than answers it would never get.
                 if name == FRONT and self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
                     continue
@@ -76,8 +91,25 @@ class EmqpEndpoint(Endpoint):
                 self._first = BACK if name == FRONT else FRONT
                 return
 
+    def _hand_out_now(self, now: float, now_us: int) -> None:
+        """Jobs for the REQUESTs and READYs just read, in the turn that read them: one at most for each
+        (its record was drawn with it). Waiting for ``work`` would cost a turn whenever the budget ran
+        out between the two tasks, and a round trip crosses it twice (a job out, its REPLY back). The
+        job leaves after the turn's commit like any other, so it is durable before a worker gets it."""
+        if self._may_free:
+            self._out += self.gateway.hand_out(now=now, now_us=now_us, most=self._may_free)
+            self._may_free = 0
+
     def work(self, now: float, now_us: int) -> None:
-        self._out += self.gateway.dispatch(now=now, now_us=now_us)
+        # Due schedules and heartbeats, then jobs a run at a time (Limits.turn_chunk), each run drawn on
+        # the turn's records: workers may hold many free slots when a backlog arrives at once.
+        self._out += self.gateway.dispatch(now=now, now_us=now_us, most=0)
+        while most := self.budget.records_for(self.limits.turn_chunk):
+            jobs = self.gateway.hand_out(now=now, now_us=now_us, most=most)
+            self._out += jobs
+            self.budget.take(records=len(jobs))
+            if len(jobs) < most:  # no free slot, or nothing ready for one
+                return
 
     def waiting(self) -> bool:
         return bool(self._out)

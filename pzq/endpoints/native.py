@@ -18,7 +18,6 @@ from pzq.endpoints.base import Endpoint, Sockets, receive
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
-from pzq.logs import warn_bad
 from pzq.protocols import native as wire
 from pzq.protocols.native_batch import MARK, MAX_ECHO, announced, batch_error
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, send_frames
@@ -33,6 +32,7 @@ _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 # this part of it for one producer (when it holds one already), its messages are answered "busy", so that
 # one producer's pipeline of big messages cannot stop the reading for every other producer
 HELD_PEER_PART = 4
+BUSY_LOG_S = 10.0  # at most one line this often about producers answered busy
 BIG_FRAME = 64 << 10  # producers' frames of this size and more are not copied out of libzmq's buffer
 
 
@@ -77,6 +77,7 @@ class NativeEndpoints(Endpoint):
         self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
         self._held_bytes = 0
         self.busy_refused_total = 0
+        self._busy_logged = float("-inf")
         self._due = False  # the next turn is the oldest held big message's own
         self._uploading = False  # the oldest held big message is being written, a part per turn
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
@@ -149,7 +150,14 @@ class NativeEndpoints(Endpoint):
         elif isinstance(event, wire.Produce):
             self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
         self.busy_refused_total += 1
-        warn_bad("producer", "busy", f"a message of {sum(map(len, frames))} bytes behind its own held one: refused")
+        now = time.monotonic()
+        if now >= self._busy_logged + BUSY_LOG_S:  # (flow control, not bad input: a line now and then)
+            self._busy_logged = now
+            log.warning(
+                "a native producer sent more big messages than may wait to be stored for it: answered busy "
+                "(%d so far; it sends them again once its earlier ones are acked)",
+                self.busy_refused_total,
+            )
         return True
 
     def _release_held(self, now: float, now_us: int) -> None:
@@ -228,10 +236,14 @@ class NativeEndpoints(Endpoint):
         # A run at a time (Limits.turn_chunk), each drawn on the turn's budget: a thousand deliveries (or
         # take-backs) in one call held a turn 25 ms past its budget, and their sends after the commit more
         blocked = frozenset() if events(self.send) & POLLOUT else frozenset({SEND})
+        # Their bodies draw on the turn's bytes too: reading 16 MiB bodies back costs ~1 ms a MiB
         while most := self.budget.records_for(self.limits.turn_chunk):
-            self._deliveries += self.gateway.dispatch(now=now, now_us=now_us, blocked=blocked, most=most)
+            most_bytes = max(self.budget.bytes_left, 1)
+            self._deliveries += self.gateway.dispatch(
+                now=now, now_us=now_us, blocked=blocked, most=most, most_bytes=most_bytes
+            )
             done = self.gateway.dispatched
-            self.budget.take(records=done)
+            self.budget.take(self.gateway.dispatched_bytes, records=done)
             if done < most:  # nothing more to do now (no credit, nothing ready)
                 return
 

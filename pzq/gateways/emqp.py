@@ -194,11 +194,13 @@ class EmqpGateway:
             return self.from_worker(frames, now=now, now_us=now_us, user=user)
         return self.from_client(frames, now=now, now_us=now_us, user=user)
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
-        """Due schedules run, heartbeats, and jobs for free workers (``blocked``: the endpoint's
-        Replies keep a backlog per peer, so nothing is held back here)."""
+    def dispatch(
+        self, *, now: float, now_us: int, blocked: frozenset = frozenset(), most: int | None = None
+    ) -> list[Send]:
+        """Due schedules run, heartbeats, and jobs for free workers, ``most`` at most (None: every free
+        slot; ``blocked``: the endpoint's Replies keep a backlog per peer, so nothing is held back here)."""
         self.run_schedules(now_us)
-        return self.tick(now) + self.hand_out(now=now, now_us=now_us)
+        return self.tick(now) + self.hand_out(now=now, now_us=now_us, most=most)
 
     def unsent(self, send: Send) -> bool:
         return True  # (the endpoint's Replies keep what a peer has not read yet)
@@ -297,9 +299,10 @@ class EmqpGateway:
 
     # -- dispatch and time ------------------------------------------------------------------------
 
-    def hand_out(self, *, now: float, now_us: int) -> list[Send]:
-        """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
-        return self.roster.hand_out(now=now, now_us=now_us)
+    def hand_out(self, *, now: float, now_us: int, most: int | None = None) -> list[Send]:
+        """Give jobs to workers with free slots, heaviest queue first, least recently served first
+        (``most`` at most: see Roster.hand_out)."""
+        return self.roster.hand_out(now=now, now_us=now_us, most=most)
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeat every worker and scheduler daemon each interval; drop the ones silent for

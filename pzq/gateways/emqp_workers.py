@@ -249,11 +249,16 @@ class Roster:
         requeued = self.broker.consumer_gone(worker.consumer)
         log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
 
-    def hand_out(self, *, now: float, now_us: int) -> list[Send]:
-        """Give jobs to workers with free slots, heaviest queue first, least recently served first."""
+    def hand_out(self, *, now: float, now_us: int, most: int | None = None) -> list[Send]:
+        """Give jobs to workers with free slots, heaviest queue first, least recently served first;
+        ``most`` jobs at most (None: as many as there are free slots)."""
         out: list[Send] = []
+        if most is not None and most <= 0:
+            return out
         for worker in list(self.workers.values()):
             while worker.slots > 0 and not worker.draining:
+                if most is not None and len(out) >= most:
+                    return out
                 job = self._take_for(worker, now, now_us)
                 if job is None:
                     break

@@ -82,6 +82,7 @@ class NativeGateway:
         self._uploader: tuple[bytes, bytes] = (b"", b"")
         self.big_written = 0  # bytes of its body the last received_big call wrote
         self.dispatched = 0  # deliveries taken back and handed out by the last dispatch call
+        self.dispatched_bytes = 0  # bytes of the bodies it handed out (when asked to bound them)
 
     # -- what arrives ----------------------------------------------------------------------------
 
@@ -246,16 +247,23 @@ class NativeGateway:
         )
 
     def dispatch(
-        self, *, now: float, now_us: int, blocked: frozenset[Hashable] = frozenset(), most: int | None = None
+        self,
+        *,
+        now: float,
+        now_us: int,
+        blocked: frozenset[Hashable] = frozenset(),
+        most: int | None = None,
+        most_bytes: int | None = None,
     ) -> list[Send]:
         """Take back the oldest deliveries when consumers together hold too many, then hand out a run
         of deliveries within the credit. ``blocked`` holds ``SEND`` while the send socket takes
         nothing (no consumer, or every consumer's pipe full): then nothing is taken. ``most`` bounds the
         call's work (the turn's share): at most that many taken back, or else that many handed out; the
-        caller calls again for more (``dispatched`` says how many this call handled)."""
+        caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
+        bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
         overdue = self.credit.overdue(held, self._ours, most)
-        self.dispatched = len(overdue)
+        self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
             self.taken_back_total += len(overdue)
@@ -277,7 +285,7 @@ class NativeGateway:
         if most is not None:
             credit = min(credit, most - len(overdue))
         readiness = self.broker.readiness  # (as the take began: a take cut short raises it, and is no stall)
-        taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us)
+        taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us, max_bytes=most_bytes)
         self.dispatched += len(taken)
         if not taken:
             self._stalled_at = readiness
@@ -289,6 +297,8 @@ class NativeGateway:
             sent(ref, now)
             frames = delivery(key(message.enqueued_us, message.id), now_us, timeout_us, message.frames)
             out.append(Send(SEND, frames, ref))
+        if most_bytes is not None:
+            self.dispatched_bytes = sum(len(f) for m in taken for f in m.frames)
         return out
 
     def unsent(self, send: Send) -> bool:

@@ -345,7 +345,9 @@ class Server(Reloading):
                     self._first_task, self._behind = (first + i) % len(tasks), True
                     break
                 tasks[(first + i) % len(tasks)](ready, now, now_us)
-            self._behind = self._behind or budget.spent()  # (a reader cut short: more waits in its socket)
+            if not self._behind and budget.spent():  # every task ran, the last (a reader cut short) spent it:
+                # the rotation goes on where it stopped, or that task got the next turn too (an eMQP hop a turn more)
+                self._first_task, self._behind = first, True
             # New messages are made durable at once, whether or not their protocol acks them.
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced

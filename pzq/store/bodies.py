@@ -211,16 +211,20 @@ class Bodies(Queues):
     # -- reading and deleting ----------------------------------------------------------------------
 
     def body_frames(self, ref: BodyRef, txn) -> list[bytes]:
-        """The frames of a chunked body (one copy of it); ValueError when a chunk is missing."""
+        """The frames of a chunked body; ValueError when a chunk is missing. Read in place from the
+        committed map and joined (one copy of the body); from ``txn`` (a second copy) only when its
+        last part is not committed yet."""
         if self._bodies_db is None:
             raise ValueError("the store has no bodies table")
-        parts = []
-        for index in range(ref.chunks):
-            chunk = txn.get(BODY_KEY.pack(ref.body_id, index), db=self._bodies_db)
-            if chunk is None:
-                raise ValueError(f"chunk {index} of body {ref.body_id} is missing")
-            parts.append(chunk)
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        keys = [BODY_KEY.pack(ref.body_id, index) for index in range(ref.chunks)]
+        with self.env.snapshot() as committed:
+            views = [committed.get(key, db=self._bodies_db) for key in keys]
+            data = b"".join(views) if None not in views else None
+        if data is None:
+            parts = [txn.get(key, db=self._bodies_db) for key in keys]
+            if None in parts:
+                raise ValueError(f"chunk {parts.index(None)} of body {ref.body_id} is missing")
+            data = b"".join(parts)
         if len(data) != sum(ref.sizes):
             raise ValueError(f"body {ref.body_id} has {len(data)} bytes, its record says {sum(ref.sizes)}")
         if len(ref.sizes) == 1:

@@ -17,6 +17,7 @@ from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message, QueueInfo, accoun
 from pzq.store.queues import raise_
 
 log = logging.getLogger("pzq.store")
+CHUNKED = bytes([CHUNKED_MESSAGE])  # a chunked record's first byte
 
 # Past this many body bytes a native record is joined from its frames (one copy): msgpack grows its buffer
 # by copies, which took 19 ms of a 16 MiB message's 80 ms turn. The bytes are msgpack's, to the byte.
@@ -181,11 +182,14 @@ class Messages(Bodies):
         self._set_aside()
         return message
 
-    def scan(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[Message]:
-        """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order."""
+    def scan(self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None) -> list[Message]:
+        """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order; with
+        ``max_bytes``, no more once their bodies reach it (the first is always read): what a turn
+        reads of big bodies is bounded like what it writes."""
         while True:
             damaged = self.damaged_total
-            messages = [m for m in self._iter(self._messages_db, queue, from_seq, limit, self._decode) if m is not None]
+            found = self._iter(self._messages_db, queue, from_seq, limit, self._decode, max_bytes)
+            messages = [m for m in found if m is not None]
             self._set_aside()
             if self.damaged_total == damaged or len(messages) >= limit:
                 return messages  # (else read again: what was set aside is gone, more may follow it)
@@ -252,20 +256,24 @@ class Messages(Bodies):
                 reason,
             )
 
-    def _iter(self, db, queue: str, from_seq: int, limit: int, decode) -> Iterator:
+    def _iter(self, db, queue: str, from_seq: int, limit: int, decode, max_bytes: int | None = None) -> Iterator:
         info = self._queues.get(queue)
         if info is None or limit <= 0:
             return
         prefix = U64.pack(info.qid)
+        size, most = 0, (1 << 62) if max_bytes is None else max_bytes
         with self.env.reading() as txn:
             cursor = txn.cursor(db=db)
             if not cursor.set_range(KEY.pack(info.qid, from_seq)):
                 return
             n = 0
             for key, value in cursor:
-                if not key.startswith(prefix) or n >= limit:
+                if not key.startswith(prefix) or n >= limit or size >= most:
                     return
                 n += 1
+                size += len(value)
+                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
+                    size += ref.accounted
                 yield decode(info, key, value, txn)
 
     def mark_delivered(self, queue: str, seq: int, *, current: int | None = None) -> int:
@@ -309,7 +317,7 @@ class Messages(Bodies):
             return False
         self._pending_counts.pop(key, None)
         size = accounted(key, value)
-        if value[0] == CHUNKED_MESSAGE and (ref := self.ref_of(value)) is not None:
+        if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
             size += ref.accounted if keep_body else self.delete_body(ref)
         self._account(info, -1, -size)
         return True
@@ -330,7 +338,7 @@ class Messages(Bodies):
             while key and key < end and removed < limit:
                 value = cursor.value()
                 size += accounted(key, value)
-                if value[:1] == b"\x95" and (ref := self.ref_of(value)) is not None:
+                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
                     size += self.delete_body(ref)
                 txn.delete(key, db=self._deliveries_db)
                 self._pending_counts.pop(key, None)
