@@ -173,6 +173,16 @@ class Limits:
     consume_max_consumers: int = 256
     consume_idle_s: float = 60.0
 
+    # i27-produce: batched native producers (PZQ-BATCH/1, pzq/gateways/native_batches.py, docs/native-batch.md).
+    # A batch is stored in one call and never split across turns, so it holds at most a turn's records
+    # (turn_records) and bytes (turn_write_bytes: the server's cap is the smaller of the two byte limits);
+    # its frames together are bounded too (a frame of empty bins is cheap to send and costly to decode).
+    # Batch ids remembered for resends: past this many the oldest goes early.
+    batch_max_messages: int = 1_000
+    batch_max_bytes: int = 2 << 20
+    batch_max_frames: int = 4_096
+    batch_dedup_ids: int = 100_000
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

@@ -73,13 +73,21 @@ def _table(figures: dict) -> str:
 @click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
 @click.option(
+    "--batch",
+    type=int,
+    default=100,
+    show_default=True,
+    help="Messages per batch (PZQ-BATCH/1, where the server speaks it); 1 sends one message at a time.",
+)
+@click.option(
     "--timeout", type=Duration("ms"), default="10s", show_default=True, help="Wait for each ack; a plain number is ms."
 )
 @click.argument("messages", nargs=-1)
 @curve_options
 @errors_to_exit
-def produce(config_file, receive_dsn, window, timeout, messages, curve_client_key, curve_server_key) -> None:
-    """Store MESSAGES (or each line of standard input) and wait until every one is acked."""
+def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_client_key, curve_server_key) -> None:
+    """Store MESSAGES (or each line of standard input) and wait until every one is acked. Messages go in
+    batches of --batch where the server speaks batches (--window messages in flight at most)."""
     endpoint = resolve(config_file, receive_dsn=receive_dsn).receive_dsn
     if messages:
         bodies = ([m.encode()] for m in messages)
@@ -87,7 +95,11 @@ def produce(config_file, receive_dsn, window, timeout, messages, curve_client_ke
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
     with client.Producer(endpoint, timeout_ms=round(timeout * 1000), curve=keys) as producer:
-        results = producer.produce_many(bodies, window=max(1, window))
+        if batch > 1:  # (a server without batches gets one message at a time, --window in flight)
+            per = min(batch, max(1, window))
+            results = producer.send_many(bodies, batch=per, window=max(1, window // per))
+        else:
+            results = producer.produce_many(bodies, window=max(1, window))
     failed = [r for r in results if not r.ok]
     for r in failed[:10]:
         click.echo(f"pzq: message {r.message_id.decode()} refused: {r.error}", err=True)

@@ -19,6 +19,7 @@ from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
 from pzq.protocols import native as wire
+from pzq.protocols.native_batch import MARK, MAX_ECHO, announced, batch_error
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -48,7 +49,8 @@ class NativeEndpoints(Endpoint):
             zmq.ROUTER,
             config.receive_dsn,
             "--receive-dsn",
-            MAXMSGSIZE=config.max_message_size + 4096,
+            # (a batch's bodies frame may be bigger than one message: Limits.batch_max_bytes)
+            MAXMSGSIZE=max(config.max_message_size, config.limits.batch_max_bytes) + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
             # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
@@ -105,7 +107,7 @@ class NativeEndpoints(Endpoint):
         once, or past one chunk a part per turn (``turn_write_bytes`` of it), its ack with the last."""
         frames = self._held[0][0]
         size = sum(map(len, frames))
-        if size <= self.limits.body_chunk_bytes:
+        if size <= self.limits.body_chunk_bytes or len(frames) > 2 and frames[2] == MARK:  # (a batch: whole)
             self._drop_held()
             self.budget.take(size)
             self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
@@ -143,7 +145,9 @@ class NativeEndpoints(Endpoint):
         if not held or held + length <= self.limits.pipe_in_bytes // HELD_PEER_PART:
             return False
         event = wire.parse_produce(frames, 1 << 62)
-        if isinstance(event, wire.Produce):
+        if len(frames) > 2 and frames[2] == MARK:  # (a batch: answered as one, nothing of it stored)
+            self._replies.append(Send(RECEIVE, batch_error(frames[0], frames[1][:MAX_ECHO], wire.BUSY)))
+        elif isinstance(event, wire.Produce):
             self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
         self.busy_refused_total += 1
         now = time.monotonic()
@@ -190,7 +194,7 @@ class NativeEndpoints(Endpoint):
         further than the turn's budget; how many were read (some may be refused) and their size."""
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
-        budget = self.budget
+        budget, batch_most = self.budget, self.limits.batch_max_messages
         run: list[list[bytes]] = []
         read = size = 0
         for _ in range(most):
@@ -223,7 +227,8 @@ class NativeEndpoints(Endpoint):
                 if self._held_bytes >= self.limits.pipe_in_bytes:
                     break
                 continue
-            budget.take(length)
+            # (a batch draws its messages on the turn's records, as the same messages one by one would)
+            budget.take(length, 1 if len(frames) < 3 or frames[2] != MARK else announced(frames, batch_most))
             run.append(frames)
         return run, read, size
 

@@ -26,7 +26,7 @@ from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.protocols import api
 from pzq.store import Message
-from pzq.store.dedup_keys import DedupKeys, Produced
+from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
 
@@ -63,7 +63,8 @@ class ApiGateway:
 
     def load(self) -> None:
         """Read the dedup keys (oldest first, for pruning): at start-up and after a rollback."""
-        keys = [(record.stored_us, key) for key, record in self.keys.items()]
+        # (native batch ids share the table: the native gateway keeps those)
+        keys = [(record.stored_us, key) for key, record in self.keys.items() if not key.startswith(NATIVE_PREFIX)]
         # key -> when it was last stored, oldest first: one entry per key, however often it is reused
         self._keys_by_age: collections.OrderedDict[str, int] = collections.OrderedDict(
             (key, stored_us) for stored_us, key in sorted(keys)
@@ -181,6 +182,8 @@ class ApiGateway:
                     "too-large", f"a message of {len(body)} bytes is over the limit of {self.max_message_size}"
                 )
         key = a.get("key") if messages else None  # nothing to store: nothing to remember either
+        if key is not None and key.startswith(NATIVE_PREFIX):
+            raise ProtocolError("bad-arguments", f"PRODUCE: keys starting {NATIVE_PREFIX!r} are native batch ids")
         most = self.limits.max_dedup_keys
         if key is not None and len(self._keys_by_age) >= most and key not in self._keys_by_age:
             raise ProtocolError(

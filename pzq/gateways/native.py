@@ -10,7 +10,8 @@ Inputs and outputs are runs: ``received_many`` takes every message a socket gave
 a producer run in one ``produce_many`` call, acknowledging in the order the messages came (a rejected
 message in the middle is answered in its place); a consumer's run of acks is settled by ``ack_many``;
 ``dispatch`` hands out one ``take`` of as many as the credit allows. A batched frame (many messages per
-ZeroMQ message) will feed the same runs. Nothing here touches a socket or reads a clock: ``now`` and
+ZeroMQ message, PZQ-BATCH/1: pzq/gateways/native_batches.py) is stored in its place in the run, in one
+``produce_many`` call of its own, and answered in its place. Nothing here touches a socket or reads a clock: ``now`` and
 ``now_us`` are passed in, and every ``Send`` leaves only after the turn's commit.
 """
 
@@ -21,12 +22,16 @@ import struct
 from collections.abc import Hashable, Sequence
 
 from pzq.broker import Broker, Ref
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.credit import NativeCredit
 from pzq.errors import StoreFull
 from pzq.gateways.contract import Send
+from pzq.gateways.native_batches import Batches
 from pzq.logs import warn_bad
 from pzq.protocols import native
+from pzq.protocols.native_batch import MARK
 from pzq.store import Upload, parse_message_id
+from pzq.store.dedup_keys import DedupKeys
 
 log = logging.getLogger("pzq.server")
 
@@ -41,13 +46,29 @@ class NativeGateway:
     """Stores what producers send and acks it after the commit; hands ``queue`` to consumers, at most
     ``max_inflight`` young deliveries at once (see NativeCredit)."""
 
-    def __init__(self, broker: Broker, *, queue: str, max_message_size: int, max_inflight: int, ack_timeout_s: float):
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        queue: str,
+        max_message_size: int,
+        max_inflight: int,
+        ack_timeout_s: float,
+        keys: DedupKeys | None = None,
+        dedup_window_s: float = 86400.0,
+        limits: Limits = DEFAULT_LIMITS,
+    ):
+        """``keys``: the store's dedup table, where batch ids are remembered for ``dedup_window_s``
+        (None: a resent batch is stored again); ``limits`` gives the batch caps (batch_*)."""
         self.broker = broker
         self.queue = queue
         self.max_message_size = max_message_size
         self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
         self.ack_timeout_s = ack_timeout_s
         self.credit = NativeCredit(max_inflight, ack_timeout_s)
+        self.batches = Batches(
+            broker, queue, keys, max_message_size=max_message_size, dedup_window_s=dedup_window_s, limits=limits
+        )
         # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
         # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
         broker.keep_on_rollback.add(CONSUMER)
@@ -88,6 +109,10 @@ class NativeGateway:
         at = 0  # the message being looked at
         try:
             for at in range(len(messages)):
+                if len(messages[at]) > 2 and messages[at][2] == MARK:  # a batch (or a probe): in its place
+                    self._store(waiting, bodies, out, now_us)
+                    out.append(self.batches.received(messages[at], now_us))
+                    continue
                 event = native.parse_produce(messages[at], limit)
                 if event is None:
                     continue  # (no id frame: there is no one to answer)
@@ -103,7 +128,11 @@ class NativeGateway:
         except Exception:  # noqa: BLE001 - a StoreError, or a bug: the loop rolls the turn back either way
             # Every producer of the run hears so, in order, those whose messages were not looked at yet
             # too (they were read off the socket: nobody else will answer them).
-            self._owed = out + [_failed(routing, mid) for routing, mid in waiting] + _all_failed(messages[at:], limit)
+            self._owed = [
+                *out,
+                *(_failed(routing, mid) for routing, mid in waiting),
+                *self._all_failed(messages[at:], limit),
+            ]
             raise
         return out
 
@@ -295,6 +324,9 @@ class NativeGateway:
         for send in [*sends, *self._owed]:
             if send.socket != RECEIVE:
                 continue
+            if send.token is not None:  # a batch's answer
+                out.append(self.batches.rolled_back(send))
+                continue
             routing, message_id, ok = send.frames[:3]
             out.append(_failed(routing, message_id) if ok == b"1" else send)
         self._owed = []
@@ -304,6 +336,7 @@ class NativeGateway:
         """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
         so does the credit."""
         self.credit.retain(self._ours)
+        self.batches.load()
 
     def next_wake(self, now: float) -> float | None:
         """When the oldest young delivery stops counting against the credit (no message wakes us then)."""
@@ -315,11 +348,24 @@ class NativeGateway:
             "consumer_window_ms": round(self.credit.window_s * 1000, 1),
             "young_deliveries": self.credit.young,
             "taken_back_total": self.taken_back_total,
+            **self.batches.stats(),
         }
 
     def clients(self, now: float, limit: int) -> list[dict]:
         """None to list: ZeroMQ does not name a socket's peers, and the DEALER hides its consumers."""
         return []
+
+    def _all_failed(self, messages: Sequence[list[bytes]], limit: int) -> list[Send]:
+        """The answers to producers' messages of a turn that failed before they were stored."""
+        return [send for frames in messages if (send := self._failed_one(frames, limit)) is not None]
+
+    def _failed_one(self, frames: list[bytes], limit: int) -> Send | None:
+        if len(frames) > 2 and frames[2] == MARK:
+            return self.batches.failed(frames)
+        event = native.parse_produce(frames, limit)
+        if isinstance(event, native.Rejected):
+            return Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail))
+        return None if event is None else _failed(event.routing, event.message_id)
 
     def _available(self, now: float) -> int:
         return self.credit.available(now, self.broker.held_count(CONSUMER))
@@ -330,18 +376,6 @@ class NativeGateway:
 
 def _failed(routing: bytes, message_id: bytes) -> Send:
     return Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED))
-
-
-def _all_failed(messages: Sequence[list[bytes]], limit: int) -> list[Send]:
-    """The answers to producers' messages of a turn that failed before they were stored."""
-    out = []
-    for frames in messages:
-        event = native.parse_produce(frames, limit)
-        if isinstance(event, native.Rejected):
-            out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
-        elif event is not None:
-            out.append(_failed(event.routing, event.message_id))
-    return out
 
 
 def ref_of_key(key: bytes) -> Ref | None:

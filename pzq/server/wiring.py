@@ -50,6 +50,9 @@ def gateway_endpoints(
         max_message_size=cfg.max_message_size,
         max_inflight=cfg.max_inflight,
         ack_timeout_s=cfg.ack_timeout,
+        keys=DedupKeys(store),
+        dedup_window_s=cfg.api_dedup_window,
+        limits=cfg.limits,
     )
     _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
     endpoints: list[Endpoint] = [NativeEndpoints(cfg, native, owned)]

@@ -4,6 +4,8 @@
 
 ``digest`` is a 16-byte BLAKE2b of the request's messages (the last 16 kept): the same key with the
 same messages within the dedup window is a retry. A record goes when its window has passed.
+Native batch ids (pzq/gateways/native_batches.py) share the table under NATIVE_PREFIX, which the API's
+keys may not use.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import msgpack
 
 from pzq.store.layout import whole
 from pzq.store.side_table import SideTable
+
+NATIVE_PREFIX = "native:"  # the namespace of native batch ids
 
 
 class Produced(NamedTuple):

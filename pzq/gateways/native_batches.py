@@ -1,0 +1,148 @@
+"""Producers' batches on the native receive socket (PZQ-BATCH/1, pzq/protocols/native_batch.py).
+
+A batch is stored in one ``produce_many`` call, as a run of legacy messages is: all of it, or the prefix
+that fitted (a full queue never leaves a gap), acknowledged with how many. Its id is remembered in the
+store's dedup table (``native:`` + the id, beside the API's PRODUCE keys) in the same transaction as
+its messages, with a digest of its bodies: the same id with the same bodies within the dedup window is a
+resend whose ack was lost, answered with the first outcome and stored nothing. The same id with other
+bodies is stored (a duplicate is better than a lost message). At most ``Limits.batch_dedup_ids`` ids are
+remembered: past it the oldest is forgotten early (a resend comes within a client's timeout, seconds).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from collections.abc import Sequence
+
+from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.errors import StoreFull
+from pzq.gateways.contract import Send
+from pzq.logs import warn_bad
+from pzq.protocols import native
+from pzq.protocols import native_batch as wire
+from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
+
+PREFIX = NATIVE_PREFIX  # the dedup table's namespace of native batch ids (the API refuses keys in it)
+STORED = "batch-stored"  # token of an answer that says something was stored this turn
+ANSWER = "batch-answer"  # token of an answer that stays true whatever the turn's commit does
+
+
+class Batches:
+    """Stores the batches of producers of ``queue`` and answers them; remembers their ids in ``keys``
+    (none: every batch is stored, even a resend) for ``dedup_window_s`` seconds."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        queue: str,
+        keys: DedupKeys | None,
+        *,
+        max_message_size: int,
+        dedup_window_s: float,
+        limits: Limits = DEFAULT_LIMITS,
+        socket: str = "receive",
+    ):
+        self.broker = broker
+        self.queue = queue
+        self.keys = keys
+        self.socket = socket
+        self.caps = wire.Caps(
+            max_messages=limits.batch_max_messages,
+            max_bytes=min(limits.batch_max_bytes, limits.turn_write_bytes),  # (one turn's commit holds it)
+            max_message_size=max_message_size,
+            max_frames=limits.batch_max_frames,
+        )
+        self.most_ids = limits.batch_dedup_ids
+        self.window_us = int(dedup_window_s * 1e6)
+        self.batches_total = 0
+        self.duplicates_total = 0
+        self.refused_total = 0
+        self.forgotten_total = 0  # ids forgotten before their window passed (past most_ids)
+        self.load()
+
+    def load(self) -> None:
+        """Read the remembered ids, oldest first: at start-up and after a rolled-back turn."""
+        found = [] if self.keys is None else self.keys.items(PREFIX.encode())
+        self._ids: collections.OrderedDict[str, int] = collections.OrderedDict(
+            (key, stored_us) for stored_us, key in sorted((record.stored_us, key) for key, record in found)
+        )
+
+    def received(self, frames: Sequence[bytes], now_us: int) -> Send:
+        """The answer to one batch or probe (``native_batch.is_batch(frames)``); its messages stored."""
+        event = wire.parse_batch(frames, self.caps)
+        if isinstance(event, wire.Probe):
+            return Send(self.socket, wire.probe_answer(event.routing, event.probe_id, self.caps), ANSWER)
+        if isinstance(event, wire.BatchRejected):
+            self.refused_total += 1
+            warn_bad("producer", event.error.code, event.error.detail)
+            return Send(self.socket, wire.batch_error(event.routing, event.batch_id, event.error.detail), ANSWER)
+        self.batches_total += 1
+        routing, batch_id, count = event.routing, event.batch_id, len(event.bodies)
+        if self.keys is None:
+            stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+            return self._answer(routing, batch_id, stored, count)
+        key = PREFIX + batch_id.decode("ascii")
+        digest = hashlib.blake2b(event.raw, digest_size=16).digest()
+        seen = self.keys.get(key)  # (a damaged record reads as None: as if the id were new)
+        if seen is not None and seen.stored_us + self.window_us > now_us and seen.digests == [digest]:
+            self.duplicates_total += 1
+            answer = self._answer(routing, batch_id, min(seen.messages, count), count)
+            # (committed by an earlier turn, unless it was this one's: then it goes if the turn's commit fails)
+            return answer if seen.stored_us == now_us else Send(self.socket, answer.frames, ANSWER)
+        if seen is not None and seen.stored_us + self.window_us > now_us:
+            warn_bad("producer", "batch-id-reused", f"batch id {batch_id[:80]!r} again, other messages: stored")
+        try:  # first: an id refused for room leaves nothing stored
+            self.keys.put(key, Produced(now_us, count, [digest]))
+        except StoreFull:
+            return self._answer(routing, batch_id, 0, count)
+        stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+        if stored == 0:  # as before, so that the producer's resend is no "duplicate"
+            if seen is None:
+                self.keys.delete(key)
+            else:
+                self.keys.put(key, seen)
+        else:
+            if stored < count:  # (a replacement always fits)
+                self.keys.put(key, Produced(now_us, stored, [digest]))
+            self._remember(self.keys, key, now_us)
+        return self._answer(routing, batch_id, stored, count)
+
+    def _answer(self, routing: bytes, batch_id: bytes, stored: int, count: int) -> Send:
+        if stored == count:
+            return Send(self.socket, wire.batch_ack(routing, batch_id, stored), STORED)
+        return Send(self.socket, wire.batch_error(routing, batch_id, native.QUEUE_FULL, stored), STORED)
+
+    def _remember(self, keys: DedupKeys, key: str, now_us: int) -> None:
+        ids = self._ids
+        ids[key] = now_us
+        ids.move_to_end(key)
+        while ids and (next(iter(ids.values())) + self.window_us <= now_us or len(ids) > self.most_ids):
+            old, stored_us = ids.popitem(last=False)
+            if stored_us + self.window_us > now_us:
+                self.forgotten_total += 1
+            keys.delete(old)
+
+    def failed(self, frames: Sequence[bytes]) -> Send:
+        """The answer to a batch of a turn that failed before or while it was stored: nothing of it is."""
+        event = wire.parse_batch(frames, self.caps)
+        if isinstance(event, wire.Probe):
+            return Send(self.socket, wire.probe_answer(event.routing, event.probe_id, self.caps), ANSWER)
+        if isinstance(event, wire.BatchRejected):
+            return Send(self.socket, wire.batch_error(event.routing, event.batch_id, event.error.detail), ANSWER)
+        return Send(self.socket, wire.batch_error(event.routing, event.batch_id, native.STORE_FAILED), ANSWER)
+
+    def rolled_back(self, send: Send) -> Send:
+        """A batch's answer once its turn's commit failed: what it stored is gone."""
+        if send.token != STORED:
+            return send
+        return Send(self.socket, wire.batch_error(send.frames[0], send.frames[1], native.STORE_FAILED), ANSWER)
+
+    def stats(self) -> dict:
+        return {
+            "batches": self.batches_total,
+            "batches_refused": self.refused_total,
+            "batch_duplicates_dropped": self.duplicates_total,
+            "batch_ids_forgotten_early": self.forgotten_total,
+        }
