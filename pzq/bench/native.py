@@ -13,6 +13,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from pzq.bench.batched import run_batched_consumer, run_batched_producer
 from pzq.bench.phases import BenchOptions, Progress, mp, run_phase
 from pzq.bench.phpmq import phases as phpmq_phases
 from pzq.bench.report import machine, medians
@@ -61,21 +62,96 @@ def one_run(options: BenchOptions, progress: Progress) -> tuple[dict, dict]:
         kw: dict[str, Any] = dict(progress=progress, server=server)
         if options.protocol == "phpmq":
             return phpmq_phases(options, server, kw, result), samples
-        w1, s = run_phase(
-            "producer w1",
-            options,
-            server.receive,
-            None,
-            count=options.latency_count,
-            window=1,
-            producers=1,
-            consumers=0,
-            **kw,
-        )
-        result["producer_w1"] = w1
-        samples.update(s)
-        wn, s = run_phase(
-            f"producer w{options.window}",
+        legacy, batched = options.client in ("legacy", "both"), options.client in ("batched", "both")
+        if legacy:
+            w1, s = run_phase(
+                "producer w1",
+                options,
+                server.receive,
+                None,
+                count=options.latency_count,
+                window=1,
+                producers=1,
+                consumers=0,
+                **kw,
+            )
+            result["producer_w1"] = w1
+            samples.update(s)
+            wn, s = run_phase(
+                f"producer w{options.window}",
+                options,
+                server.receive,
+                None,
+                count=options.count,
+                window=options.window,
+                producers=options.producers,
+                consumers=0,
+                **kw,
+            )
+            result["producer_w100"] = wn
+            samples.update(s)
+            drain = options.count + options.latency_count
+            result["consumer"], _ = run_phase(
+                "consumer drain",
+                options,
+                None,
+                server.send,
+                count=drain,
+                window=0,
+                producers=0,
+                consumers=options.consumers,
+                **kw,
+            )
+        if batched:
+            samples.update(batched_phases(options, server, kw, result, e2e=False))
+        if legacy:
+            if not options.preload:  # a backlog would be consumed first: end-to-end needs an empty queue
+                result["e2e"], s = run_phase(
+                    "end to end",
+                    options,
+                    server.receive,
+                    server.send,
+                    count=options.count,
+                    window=options.window,
+                    producers=options.producers,
+                    consumers=options.consumers,
+                    **kw,
+                )
+                samples.update(s)
+                paced = int(options.rate * options.paced_seconds)
+                result["e2e_paced"], s = run_phase(
+                    f"paced {options.rate:g}/s",
+                    options,
+                    server.receive,
+                    server.send,
+                    count=paced,
+                    window=max(options.window, 1000),
+                    producers=options.producers,
+                    consumers=options.consumers,
+                    rate=options.rate,
+                    **kw,
+                )
+                samples.update(s)
+        if batched and not options.preload:
+            samples.update(batched_phases(options, server, kw, result, e2e=True))
+        result["server_rss_mb"] = round(server.rss_mb(), 1)
+        if options.ceiling and legacy:  # (the ceiling runs the legacy producer's frames)
+            result.update(ceiling(options, server.workdir, progress))
+    finally:
+        server.close()
+    return result, samples
+
+
+def batched_phases(options: BenchOptions, server: PzqServer, kw: dict, result: dict, *, e2e: bool) -> dict:
+    """PZQ-BATCH/1 phases with the same messages in flight as the legacy ones (``options.window``): the
+    producer alone and a draining consumer (``e2e`` False), or end to end on an empty queue (True)."""
+    samples: dict = {}
+    batch: dict[str, Any] = dict(
+        batch=options.batch_size, producer_fn=run_batched_producer, consumer_fn=run_batched_consumer
+    )
+    if not e2e:
+        result["producer_batched"], s = run_phase(
+            f"batched producer {options.window}",
             options,
             server.receive,
             None,
@@ -83,55 +159,37 @@ def one_run(options: BenchOptions, progress: Progress) -> tuple[dict, dict]:
             window=options.window,
             producers=options.producers,
             consumers=0,
+            **batch,
             **kw,
         )
-        result["producer_w100"] = wn
         samples.update(s)
-        drain = options.count + options.latency_count
-        result["consumer"], _ = run_phase(
-            "consumer drain",
+        result["consumer_batched"], _ = run_phase(
+            "batched consumer drain",
             options,
             None,
-            server.send,
-            count=drain,
-            window=0,
+            server.consume,
+            count=options.count,
+            window=options.window,
             producers=0,
             consumers=options.consumers,
+            **batch,
             **kw,
         )
-        if not options.preload:  # a backlog would be consumed first: end-to-end needs an empty queue
-            result["e2e"], s = run_phase(
-                "end to end",
-                options,
-                server.receive,
-                server.send,
-                count=options.count,
-                window=options.window,
-                producers=options.producers,
-                consumers=options.consumers,
-                **kw,
-            )
-            samples.update(s)
-            paced = int(options.rate * options.paced_seconds)
-            result["e2e_paced"], s = run_phase(
-                f"paced {options.rate:g}/s",
-                options,
-                server.receive,
-                server.send,
-                count=paced,
-                window=max(options.window, 1000),
-                producers=options.producers,
-                consumers=options.consumers,
-                rate=options.rate,
-                **kw,
-            )
-            samples.update(s)
-        result["server_rss_mb"] = round(server.rss_mb(), 1)
-        if options.ceiling:
-            result.update(ceiling(options, server.workdir, progress))
-    finally:
-        server.close()
-    return result, samples
+        return samples
+    result["e2e_batched"], s = run_phase(
+        "batched end to end",
+        options,
+        server.receive,
+        server.consume,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=options.consumers,
+        **batch,
+        **kw,
+    )
+    samples.update(s)
+    return samples
 
 
 def ceiling(options: BenchOptions, workdir: str, progress: Progress) -> dict:

@@ -43,6 +43,8 @@ class BenchOptions:
     server_args: tuple[str, ...] = ()
     progress: bool = True
     protocol: str = "native"
+    client: str = "legacy"  # legacy, batched or both (pzq only: PZQ-BATCH/1 producers and consumers)
+    batch_size: int = 50  # batched producer: messages per batch; window // batch_size batches in flight
 
 
 class Measured(Protocol):
@@ -94,6 +96,7 @@ def run_phase(
     producers: int,
     consumers: int,
     rate: float = 0.0,
+    batch: int = 0,
     progress: Progress,
     server: Measured | None = None,
     producer_fn: Callable[..., None] = run_producer,
@@ -101,8 +104,10 @@ def run_phase(
 ) -> tuple[dict, dict[str, list[int]]]:
     """Run producers (if ``receive``) and consumers (if ``send``) together; return figures and samples.
 
-    ``producer_fn``/``consumer_fn`` are the process bodies: pzq's native clients by default; PHPMQ's,
-    and the peer comparison's Redis and RabbitMQ clients (scripts/compare_peers.py), keep the same contract.
+    ``producer_fn``/``consumer_fn`` are the process bodies: pzq's native clients by default; PHPMQ's, the
+    batched ones (pzq.bench.batched: ``batch`` messages per batch, ``window`` messages in flight, a credit of
+    ``window``), and the peer comparison's Redis and RabbitMQ clients (scripts/compare_peers.py) keep the
+    same contract.
     """
     done = mp.Event()
     produced, consumed = mp.Value("q", 0), mp.Value("q", 0)
@@ -113,11 +118,11 @@ def run_phase(
     procs = []
     if receive:
         for i, n in enumerate(per_producer):
-            pjob = ProducerJob(receive, i, n, window, options.size, rate / producers if rate else 0.0)
+            pjob = ProducerJob(receive, i, n, window, options.size, rate / producers if rate else 0.0, batch=batch)
             procs.append(mp.Process(target=producer_fn, args=(pjob, start, produced, p_results), daemon=True))
     if send:
         for i in range(consumers):
-            cjob = ConsumerJob(send, i, len(per_producer), max(per_producer))
+            cjob = ConsumerJob(send, i, len(per_producer), max(per_producer), credit=window or options.window)
             procs.append(mp.Process(target=consumer_fn, args=(cjob, start, consumed, done, c_results), daemon=True))
     for p in procs:
         p.start()

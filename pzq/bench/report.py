@@ -19,6 +19,9 @@ TARGETS = {
     "e2e_paced.lat_p99_ms": ("<=", 1.3),
     "restart_s": ("<=", 1.0),
     "server_rss_mb": ("<=", 150),
+    # issue 27: batched clients (PZQ-BATCH/1), the same messages in flight
+    "producer_batched.server_cpu_us": ("<=", 5),
+    "e2e_batched.server_cpu_us": ("<=", 12),
 }
 
 
@@ -58,6 +61,9 @@ def medians(runs: list[dict]) -> dict[str, float]:
     return {k: round(statistics.median(f[k] for f in flat if k in f), 3) for k in keys}
 
 
+_END_TO_END = ("e2e.", "e2e_paced.", "e2e_batched.")  # pzq's phases that count lost and duplicated messages
+
+
 def lost_or_duplicated(result: dict) -> list[str]:
     """The figures of any run that say a message was lost or duplicated: pzq's end-to-end counts, and
     the other protocols' ``distinct`` (or ``finished``) that must equal their count, ``left`` that must be 0."""
@@ -68,7 +74,7 @@ def lost_or_duplicated(result: dict) -> list[str]:
             prefix, _, name = key.rpartition(".")
             prefix += "." if prefix else ""
             wrong = (
-                (key.startswith(("e2e.", "e2e_paced.")) and name in ("lost", "duplicated") and value != 0)
+                (key.startswith(_END_TO_END) and name in ("lost", "duplicated") and value != 0)
                 or (name == "left" and value != 0)
                 or (name == "distinct" and value != figures.get(prefix + "messages"))
                 or (name == "finished" and value != figures.get(prefix + "jobs"))
@@ -114,11 +120,22 @@ ROWS = [
     ("  latency p50 (ms)", "e2e_paced.lat_p50_ms", "ceiling_paced.lat_p50_ms"),
     ("  latency p99 (ms)", "e2e_paced.lat_p99_ms", "ceiling_paced.lat_p99_ms"),
     ("  lost / duplicated", "e2e_paced.lost", None),
+    ("batched producer, W (msg/s)", "producer_batched.msg_s", None),
+    ("  ack latency p50 (ms)", "producer_batched.ack_p50_ms", None),
+    ("  ack latency p99 (ms)", "producer_batched.ack_p99_ms", None),
+    ("batched draining (msg/s)", "consumer_batched.msg_s", None),
+    ("batched end to end (msg/s)", "e2e_batched.msg_s", None),
+    ("  latency p50 (ms)", "e2e_batched.lat_p50_ms", None),
+    ("  latency p99 (ms)", "e2e_batched.lat_p99_ms", None),
+    ("  lost / duplicated", "e2e_batched.lost", None),
     ("server CPU µs/msg, window 1", "producer_w1.server_cpu_us", None),
     ("server CPU µs/msg, window W", "producer_w100.server_cpu_us", None),
     ("server CPU µs/msg, draining", "consumer.server_cpu_us", None),
     ("server CPU µs/msg, end to end", "e2e.server_cpu_us", None),
     ("server CPU µs/msg, paced", "e2e_paced.server_cpu_us", None),
+    ("server CPU µs/msg, batched W", "producer_batched.server_cpu_us", None),
+    ("server CPU µs/msg, batched drain", "consumer_batched.server_cpu_us", None),
+    ("server CPU µs/msg, batched e2e", "e2e_batched.server_cpu_us", None),
     ("server CPU, window W (%)", "producer_w100.server_cpu_pct", None),
     ("server CPU, end to end (%)", "e2e.server_cpu_pct", None),
     ("server commits, window W", "producer_w100.commits", None),
@@ -134,7 +151,8 @@ def table(result: dict) -> str:
         f"pzq bench ({result['options'].get('protocol', 'native')}): {result['options']['runs']} run(s), "
         f"medians; {result['options']['size']}-byte bodies, "
         f"window W={window}, {result['options']['producers']} producer(s), "
-        f"{result['options']['consumers']} consumer(s), hard sync {result['options']['hard_sync']}",
+        f"{result['options']['consumers']} consumer(s), hard sync {result['options']['hard_sync']}"
+        + _clients(result["options"]),
         f"machine: {result['machine']['cpu']} x{result['machine']['cores']}, Python {result['machine']['python']}",
         "",
         f"{'figure':<30}{'pzq':>12}{'ceiling':>12}{'of ceiling':>12}{'target':>12}  met",
@@ -158,6 +176,13 @@ def table(result: dict) -> str:
             f"{(target[0] + ' ' + _fmt(target[1])) if target else '':>12}  {met}"
         )
     return "\n".join(lines)
+
+
+def _clients(options: dict) -> str:
+    client = options.get("client", "legacy")
+    if client == "legacy":
+        return ""
+    return f"; {client} clients, batches of {options['batch_size']} (W messages in flight, consumer credit W)"
 
 
 def _fmt(value) -> str:

@@ -35,6 +35,7 @@ class ProducerJob:
     size: int
     rate: float = 0.0  # messages per second for this producer; 0 = as fast as the window allows
     timeout_s: float = 30.0
+    batch: int = 0  # messages per batch (pzq.bench.batched); the legacy producer sends one at a time
 
 
 @dataclasses.dataclass
@@ -120,6 +121,7 @@ class ConsumerJob:
     producers: int
     per_producer: int
     idle_timeout_s: float = 10.0
+    credit: int = 100  # deliveries granted at once (pzq.bench.batched); the legacy consumer takes what comes
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ _NATIVE_BENCH = {
     *("preload", "transport", "hard_sync", "ceiling", "server_args", "json_path", "plot_path", "quiet"),
 }
 _BENCH_OPTIONS = {
-    "pzq": _NATIVE_BENCH,
+    "pzq": _NATIVE_BENCH | {"client", "batch_size"},
     "phpmq": _NATIVE_BENCH,
     "mqks": {"count", "runs", "size", "server_args", "json_path", "quiet"},
     "emqp": {"count", "concurrent", "broker", "server_args", "json_path", "quiet"},
@@ -58,6 +58,21 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
     default=True,
     show_default=True,
     help="Also drive a no-storage pyzmq echo server with the same producer code.",
+)
+@click.option(
+    "--client",
+    type=click.Choice(["legacy", "batched", "both"]),
+    default="legacy",
+    show_default=True,
+    help="pzq: one message per ZeroMQ message (legacy), PZQ-BATCH/1 producers and consumers (batched: "
+    "the same --window messages in flight, a consumer credit of --window), or both on one server.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=50,
+    show_default=True,
+    help="pzq batched: messages per batch (--window / --batch-size batches in flight, at least one).",
 )
 @click.option("--batch", type=int, default=100_000, show_default=True, help="spark: maxMessagesPerBatch.")
 @click.option(
@@ -122,10 +137,13 @@ def _bench_native(protocol: str, options: dict, server_args, quiet: bool) -> dic
             options["producers"],
             options["consumers"],
             options["runs"],
+            options["batch_size"],
         )
         < 1
     ):
-        raise ConfigError("--count, --latency-count, --window, --producers, --consumers, --runs: at least 1")
+        raise ConfigError(
+            "--count, --latency-count, --window, --producers, --consumers, --runs, --batch-size: at least 1"
+        )
     kind = "native" if protocol == "pzq" else protocol
     opts = native.BenchOptions(server_args=tuple(server_args), progress=not quiet, protocol=kind, **options)
     return native.bench(opts)

@@ -1,0 +1,155 @@
+"""The batched processes of `pzq bench --client batched` (PZQ-BATCH/1, docs/native-batch.md): a producer
+that sends batches of ``job.batch`` messages with ``job.window`` *messages* in flight, and a consumer that
+grants ``job.credit`` deliveries and acks each received batch in one ACK.
+
+They keep the contract of pzq.bench.workers (same jobs, results, body stamps and progress counter), so
+pzq.bench.phases.run_phase drives them like the legacy ones and their figures compare one to one: the
+same number of messages in flight, only packed differently.
+
+The producer writes its frames inline with pzq.protocols.native_batch (its loop is what is measured:
+``Producer.send_many`` does the same but reports no ack times); a batch's ack time is each of its
+messages' ack latency. The consumer is ``pzq.clients.native.BatchConsumer``, as a user would write it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+
+from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerJob, ConsumerResult, ProducerJob, ProducerResult
+from pzq.clients.native_consume import BatchConsumer
+from pzq.errors import ClientError
+from pzq.protocols import native_batch as wire
+from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
+
+
+def probe(sock: zmq.Socket, timeout_s: float) -> wire.Caps:
+    """The server's batch caps; ClientError if it does not speak PZQ-BATCH/1 or does not answer."""
+    send_frames(sock, wire.probe(b"bench-probe"))
+    if not sock.poll(int(timeout_s * 1000)):
+        raise ClientError(f"no answer to the batch probe within {timeout_s} s")
+    caps = wire.parse_probe_answer(recv_frames(sock))
+    if caps is None:
+        raise ClientError("the server does not speak PZQ-BATCH/1")
+    return caps
+
+
+def run_batched_producer(job: ProducerJob, start, progress, results) -> None:
+    """Send ``job.count`` messages in batches of ``job.batch``, at most ``job.window`` messages unacked
+    (so ``job.window // job.batch`` batches, at least one); report each message's ack latency."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.connect(job.endpoint)
+    error = ""
+    try:
+        caps = probe(sock, job.timeout_s)
+    except ClientError as e:
+        start.wait()
+        results.put(ProducerResult(job.index, 0, 0, 0.0, [], str(e)))
+        sock.close()
+        ctx.term()
+        return
+    # (never more than the window in one batch: the messages in flight are what the systems share)
+    per = max(1, min(job.batch or 1, caps.max_messages, job.window))
+    batches = max(1, job.window // per)
+    pad = b"x" * max(0, job.size - _HEAD.size)
+    prefix = b"%s-%d-" % (os.urandom(6).hex().encode(), job.index)  # ids unique across phases of one server
+    pending: dict[bytes, tuple[int, int]] = {}  # batch id -> (sent ns, messages)
+    latencies: list[int] = []
+    start.wait()
+    t0 = time.monotonic_ns()
+    nxt = acked = refused = reported = 0
+    while acked + refused < job.count:
+        while nxt < job.count and len(pending) < batches:
+            n = min(per, job.count - nxt)
+            now = time.monotonic_ns()
+            tag = job.index << TAG_SHIFT
+            bodies = [[_HEAD.pack(now, tag | i) + pad] for i in range(nxt, nxt + n)]
+            batch_id = prefix + b"%d" % nxt
+            pending[batch_id] = (now, n)
+            send_frames(sock, wire.batch(batch_id, bodies))
+            nxt += n
+        if not sock.poll(int(job.timeout_s * 1000)):
+            error = f"no batch ack within {job.timeout_s} s"
+            break
+        while True:
+            try:
+                frames = recv_frames(sock, NOBLOCK)
+            except Again:
+                break
+            now = time.monotonic_ns()
+            ack = wire.parse_batch_ack(frames)
+            entry = pending.pop(ack.batch_id, None) if ack else None
+            if ack is None or entry is None:
+                error = f"an answer that is not a batch ack: {frames[:3]!r}"
+                continue
+            sent, n = entry
+            latencies.extend([now - sent] * n)
+            stored = max(0, min(ack.stored, n))
+            acked += stored
+            refused += n - stored  # (the bench counts them; it does not send them again)
+            if ack.error and not error:
+                error = ack.error
+        if acked + refused - reported >= 100:
+            with progress.get_lock():
+                progress.value += acked + refused - reported
+            reported = acked + refused
+    seconds = (time.monotonic_ns() - t0) / 1e9
+    with progress.get_lock():
+        progress.value += acked + refused - reported
+    results.put(ProducerResult(job.index, acked, refused, seconds, latencies, error))
+    sock.close()
+    ctx.term()
+
+
+def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> None:
+    """Receive with a credit of ``job.credit`` and ack each received batch (waiting for its SETTLED)
+    until ``done`` says every message arrived (or nothing came for a while)."""
+    seen = [bytearray(job.per_producer) for _ in range(job.producers)]
+    latencies: list[int] = []
+    received = 0
+    first_ns = last_ns = 0
+    error = ""
+    mask = (1 << TAG_SHIFT) - 1
+    try:
+        consumer = BatchConsumer(job.endpoint, hello_timeout_ms=int(job.idle_timeout_s * 1000))
+    except ClientError as e:
+        start.wait()
+        results.put(ConsumerResult(job.index, 0, seen, 0, 0, [], str(e)))
+        return
+    start.wait()
+    idle_since = time.monotonic()
+    try:
+        while not done.is_set():
+            batch = consumer.receive(job.credit, timeout_ms=50)
+            if not batch:
+                if time.monotonic() - idle_since > job.idle_timeout_s:
+                    error = f"nothing received for {job.idle_timeout_s} s"
+                    break
+                continue
+            now = time.monotonic_ns()
+            idle_since = time.monotonic()
+            for _, frames in batch:
+                sent_ns, tag = _HEAD.unpack_from(frames[0])
+                producer, seq = tag >> TAG_SHIFT, tag & mask
+                if producer < job.producers and seq < job.per_producer:
+                    seen[producer][seq] += 1
+                latencies.append(now - sent_ns)
+            received += len(batch)
+            first_ns = first_ns or now
+            last_ns = now
+            settled = consumer.ack([key for key, _ in batch], timeout_ms=int(job.idle_timeout_s * 1000))
+            if settled.refused and not error:
+                error = f"{len(settled.refused)} ack(s) refused"
+            with progress.get_lock():
+                progress.value += len(batch)
+    except ClientError as e:
+        error = str(e)
+    finally:
+        consumer.close()
+    results.put(ConsumerResult(job.index, received, seen, first_ns, last_ns, latencies, error))
