@@ -18,7 +18,9 @@ pip-installs the Python clients (redis, pika) when they are missing.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -30,7 +32,7 @@ import time
 
 from pzq.bench import native as bench
 from pzq.bench.phases import BenchOptions, Progress, run_phase
-from pzq.bench.report import _fmt, machine, medians
+from pzq.bench.report import _fmt, flatten, machine, medians
 from pzq.bench.server import cpu_seconds, free_ports
 from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
 
@@ -52,9 +54,30 @@ class _RawRedis:
     def __init__(self, endpoint: str):
         import hiredis
 
+        self.error = hiredis.ReplyError
         self.sock = socket.create_connection(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = hiredis.Reader()
+
+    def send(self, packed: bytes) -> None:
+        self.sock.sendall(packed)
+
+    def replies(self) -> int:
+        """Wait for at least one reply; how many replies were read (all those already here)."""
+        count = 0
+        while True:
+            reply = self.reader.gets()
+            if reply is not False:
+                if isinstance(reply, self.error):
+                    raise ConnectionError(f"redis: {reply}")
+                count += 1
+                continue
+            if count:
+                return count
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            self.reader.feed(data)
 
     def call_many(self, packed: bytes, replies: int) -> list:
         self.sock.sendall(packed)
@@ -72,31 +95,42 @@ class _RawRedis:
 
 
 def redis_producer(job, start, progress, results) -> None:
+    """XADD with ``job.window`` commands in flight: each time replies come (after the fsync of the event
+    loop turn that read their commands), as many new commands go out in one write (sliding, as RabbitMQ's
+    confirms and pzq's acks). Paced: one command at a time at the rate, waiting for its reply."""
     client = _RawRedis(job.endpoint)
     pad = b"x" * max(0, job.size - _HEAD.size)
     stream = STREAM.encode()
-    latencies, acked, sent = [], 0, 0
+    latencies: list[int] = []
+    sent_at: collections.deque[int] = collections.deque()
+    acked = sent = 0
     interval_ns = int(1e9 / job.rate) if job.rate else 0
     start.wait()
     t0 = time.monotonic_ns()
-    while sent < job.count:
+    while acked < job.count:
+        room = min(job.window - len(sent_at), job.count - sent)
         if interval_ns:
             due = t0 + sent * interval_ns - time.monotonic_ns()
             if due > 0:
                 time.sleep(due / 1e9)
-        batch = 1 if interval_ns else min(job.window, job.count - sent)
+            room = 1
+        if room > 0:
+            now = time.monotonic_ns()
+            client.send(
+                b"".join(
+                    _resp(b"XADD", stream, b"*", b"b", _HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad)
+                    for i in range(sent, sent + room)
+                )
+            )
+            sent_at.extend([now] * room)
+            sent += room
+        got = client.replies()  # every reply that has come (at least one)
         now = time.monotonic_ns()
-        packed = b"".join(
-            _resp(b"XADD", stream, b"*", b"b", _HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad)
-            for i in range(sent, sent + batch)
-        )
-        client.call_many(packed, batch)  # with appendfsync always, each reply follows the fsync
-        done = time.monotonic_ns()
-        latencies.extend([done - now] * batch)
-        sent += batch
-        acked += batch
+        for _ in range(got):
+            latencies.append(now - sent_at.popleft())
+        acked += got
         with progress.get_lock():
-            progress.value += batch
+            progress.value += got
     results.put(ProducerResult(job.index, acked, 0, (time.monotonic_ns() - t0) / 1e9, latencies))
 
 
@@ -104,7 +138,17 @@ def redis_consumer(job, start, progress, done, results) -> None:
     client = _RawRedis(job.endpoint)
     stream, group = STREAM.encode(), GROUP.encode()
     read = _resp(
-        b"XREADGROUP", b"GROUP", group, b"c%d" % job.index, b"COUNT", b"100", b"BLOCK", b"50", b"STREAMS", stream, b">"
+        b"XREADGROUP",
+        b"GROUP",
+        group,
+        b"c%d" % job.index,
+        b"COUNT",
+        b"%d" % job.credit,
+        b"BLOCK",
+        b"50",
+        b"STREAMS",
+        stream,
+        b">",
     )
     seen = [bytearray(job.per_producer) for _ in range(job.producers)]
     latencies, received, first, last = [], 0, 0, 0
@@ -250,7 +294,7 @@ def rabbit_consumer(job, start, progress, done, results) -> None:
     port = int(job.endpoint.rsplit(":", 1)[1])
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     ch = conn.channel()
-    ch.basic_qos(prefetch_count=100)
+    ch.basic_qos(prefetch_count=job.credit)
     seen = [bytearray(job.per_producer) for _ in range(job.producers)]
     latencies, stats = [], {"received": 0, "first": 0, "last": 0, "unacked": 0, "tag": 0}
     mask = (1 << TAG_SHIFT) - 1
@@ -266,7 +310,7 @@ def rabbit_consumer(job, start, progress, done, results) -> None:
         now = time.monotonic_ns()
         stats["tag"] = method.delivery_tag
         stats["unacked"] += 1
-        if stats["unacked"] >= 50:  # half the prefetch, so the broker never waits on us for room
+        if stats["unacked"] >= max(1, job.credit // 2):  # half the prefetch: the broker never waits on us
             ack_all()
         sent_ns, tag = _HEAD.unpack_from(body)
         producer, seq = tag >> TAG_SHIFT, tag & mask
@@ -450,38 +494,110 @@ def one_run(peer, options: BenchOptions) -> dict:
     return out
 
 
+# (label, key): every system's figures under the same keys; pzq batched's are renamed to them (BATCHED).
 ROWS = [
     ("producer, window 1 (msg/s)", "producer_w1.msg_s"),
     ("  ack p50 (ms)", "producer_w1.ack_p50_ms"),
     ("  ack p99 (ms)", "producer_w1.ack_p99_ms"),
-    ("producer, window W (msg/s)", "producer_w100.msg_s"),
+    ("producer, N in flight (msg/s)", "producer_w100.msg_s"),
+    ("  ack p50 (ms)", "producer_w100.ack_p50_ms"),
     ("consumer, draining (msg/s)", "consumer.msg_s"),
     ("end to end (msg/s)", "e2e.msg_s"),
     ("  latency p50 (ms)", "e2e.lat_p50_ms"),
     ("  latency p99 (ms)", "e2e.lat_p99_ms"),
+    ("  lost", "e2e.lost"),
     ("paced latency p50 (ms)", "e2e_paced.lat_p50_ms"),
     ("paced latency p99 (ms)", "e2e_paced.lat_p99_ms"),
     ("server CPU µs/msg, window 1", "producer_w1.server_cpu_us"),
-    ("server CPU µs/msg, window W", "producer_w100.server_cpu_us"),
+    ("server CPU µs/msg, produce", "producer_w100.server_cpu_us"),
+    ("server CPU µs/msg, draining", "consumer.server_cpu_us"),
     ("server CPU µs/msg, e2e", "e2e.server_cpu_us"),
-    ("server CPU, window W (%)", "producer_w100.server_cpu_pct"),
+    ("server CPU, produce (%)", "producer_w100.server_cpu_pct"),
     ("server CPU, e2e (%)", "e2e.server_cpu_pct"),
 ]
+BATCHED = {"producer_batched.": "producer_w100.", "consumer_batched.": "consumer.", "e2e_batched.": "e2e."}
+LEGACY = ("producer_w1.", "producer_w100.", "consumer.", "e2e.", "e2e_paced.")
+# The issue's targets (issue 27 item 6): (column, key, op, other column or None, goal)
+TARGETS = [
+    ("pzq batched", "producer_w100.msg_s", ">=", "redis", 1.5),
+    ("pzq batched", "e2e.msg_s", ">=", "redis", 1.2),
+    ("pzq batched", "producer_w100.server_cpu_us", "<=", None, 5),
+    ("pzq batched", "e2e.server_cpu_us", "<=", None, 12),
+    ("pzq legacy", "producer_w100.server_cpu_us", "<=", "pzq before", 0.7),
+    ("pzq legacy", "e2e.server_cpu_us", "<=", "pzq before", 0.7),
+    ("pzq legacy", "producer_w1.ack_p50_ms", "<=", "pzq before", 1.0),
+]
+
+
+def columns(run: dict) -> dict[str, dict]:
+    """One run of pzq (--client both) as two columns, batched and legacy, under the common keys."""
+    run = flatten(run)
+    batched = {BATCHED[p] + k[len(p) :]: v for k, v in run.items() for p in BATCHED if k.startswith(p)}
+    legacy = {k: v for k, v in run.items() if k.startswith(LEGACY)}
+    return {"pzq batched": batched, "pzq legacy": legacy}
+
+
+def table(results: dict[str, dict], names: list[str]) -> list[str]:
+    """The medians side by side, each pzq column's ratio to Redis, and legacy's to the tree before."""
+    ratios = [(n, "redis") for n in names if n.startswith("pzq") and "redis" in names]
+    ratios += [("pzq legacy", "pzq before")] if "pzq before" in names else []
+    head = f"{'figure':<32}" + "".join(f"{n:>13}" for n in names)
+    lines = [head + "".join(f"{a.split()[-1] + '/' + b.split()[-1]:>16}" for a, b in ratios)]
+    for label, key in ROWS:
+        values = [results[n].get(key) for n in names]
+        if all(v is None for v in values):
+            continue
+        cells = []
+        for a, b in ratios:
+            x, y = results[a].get(key), results[b].get(key)
+            cells.append(f"{x / y:.2f}x" if x is not None and y else "")
+        lines.append(f"{label:<32}" + "".join(f"{_fmt(v):>13}" for v in values) + "".join(f"{c:>16}" for c in cells))
+    lines.append("")
+    for column, key, op, other, goal in TARGETS:
+        if column not in results or key not in results[column] or (other and other not in results):
+            continue
+        value = results[column][key]
+        if other:
+            base = results[other].get(key)
+            value = value / base if base else float("nan")
+        met = value >= goal if op == ">=" else value <= goal
+        what = f"{column} {key}" + (f" / {other}" if other else "")
+        lines.append(f"target {what} {op} {goal:g}: {value:.3g} {'met' if met else 'NOT met'}")
+    return lines
+
+
+def before_tree(rev: str | None, tree: str | None, workdir: str) -> str | None:
+    """The pzq tree to compare the legacy figures with: ``tree``, or ``rev`` unpacked by git archive."""
+    if tree:
+        return os.path.abspath(tree)
+    if not rev:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(["git", "-C", root, "archive", rev, "pzq"], capture_output=True, check=True).stdout
+    target = os.path.join(workdir, f"pzq-{rev}")
+    os.makedirs(target)
+    subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
+    return target
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peers", default="redis,rabbitmq")
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--peers", default="redis,rabbitmq", help="comma-separated; '' for pzq alone")
+    parser.add_argument("--runs", type=int, default=3, help="rounds; each runs every system once, in turn")
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--latency-count", type=int, default=10_000)
-    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--in-flight", "--window", dest="window", type=int, default=100, help="for every system")
+    parser.add_argument("--batch-size", type=int, default=50, help="pzq batched: messages per batch")
     parser.add_argument("--producers", type=int, default=1)
     parser.add_argument("--consumers", type=int, default=1)
     parser.add_argument("--paced-seconds", type=float, default=5)
+    parser.add_argument("--before", help="a git revision of this repository: its pzq's legacy figures too")
+    parser.add_argument("--pzq-tree", help="a folder holding another pzq package: its legacy figures too")
     parser.add_argument("--install", action="store_true", help="apt/pip-install what is missing")
     parser.add_argument("--json", default="compare-peers.json")
     args = parser.parse_args()
+    if min(args.runs, args.count, args.latency_count, args.window, args.batch_size) < 1:
+        parser.error("--runs, --count, --latency-count, --in-flight, --batch-size: at least 1")
     options = BenchOptions(
         count=args.count,
         latency_count=args.latency_count,
@@ -489,56 +605,89 @@ def main() -> None:
         producers=args.producers,
         consumers=args.consumers,
         paced_seconds=args.paced_seconds,
-        runs=args.runs,
+        runs=1,
+        ceiling=False,
+        batch_size=args.batch_size,
     )
     peers = {
-        "redis": (RedisPeer, "redis-server", "redis-server", "redis"),
-        "rabbitmq": (RabbitPeer, "rabbitmq-server", "rabbitmq-server", "pika"),
+        "redis": (RedisPeer, "redis-server", "redis-server", ("redis", "hiredis")),
+        "rabbitmq": (RabbitPeer, "rabbitmq-server", "rabbitmq-server", ("pika",)),
     }
-    results = {"machine": machine(), "options": vars(args)}
-    print("pzq ...", file=sys.stderr)
-    results["pzq"] = bench.bench(dataclasses.replace(options, ceiling=False))["median"]
-    for name in args.peers.split(","):
-        cls, binary, package, module = peers[name]
+    chosen = [n for n in args.peers.split(",") if n]
+    for name in chosen:
+        cls, binary, package, modules = peers[name]
         if args.install:
-            _install(binary, package, module)
-        if not shutil.which(binary):
-            print(f"{name}: {binary} is not installed (apt-get install {package}); skipped", file=sys.stderr)
-            continue
-        runs = []
+            _install(binary, package, modules)
+    chosen = [n for n in chosen if _usable(n, *peers[n][1:])]
+    scratch = tempfile.mkdtemp(prefix="pzq-compare-")
+    try:
+        tree = before_tree(args.before, args.pzq_tree, scratch)
+        runs: dict[str, list[dict]] = {}
+        progress = Progress(True)
         for i in range(args.runs):
-            workdir = tempfile.mkdtemp(prefix=f"pzq-peer-{name}-")
-            print(f"{name} run {i + 1} of {args.runs} ...", file=sys.stderr)
-            peer = cls(workdir)
-            try:
-                runs.append(one_run(peer, options))
-            finally:
-                peer.stop()
-                shutil.rmtree(workdir, ignore_errors=True)
-        results[name] = medians(runs)
-    names = [n for n in ("pzq", *args.peers.split(",")) if n in results]
-    header = f"{'figure':<28}" + "".join(f"{n:>12}" for n in names) + "".join(f"{'pzq/' + n:>14}" for n in names[1:])
-    print(header)
-    for label, key in ROWS:
-        values = [results[n].get(key) for n in names]
-        ratios = [f"{results['pzq'][key] / v:.2f}x" if v and key in results["pzq"] else "" for v in values[1:]]
-        print(f"{label:<28}" + "".join(f"{_fmt(v):>12}" for v in values) + "".join(f"{r:>14}" for r in ratios))
+            # Every system once per round, in turn: load that comes and goes on a shared machine falls
+            # on all of them alike.
+            print(f"round {i + 1} of {args.runs}: pzq (batched and legacy) ...", file=sys.stderr)
+            run, _ = bench.one_run(dataclasses.replace(options, client="both"), progress)
+            for column, figures in columns(run).items():
+                runs.setdefault(column, []).append(figures)
+            if tree:
+                print(f"round {i + 1}: pzq before ({args.before or tree}, legacy) ...", file=sys.stderr)
+                run, _ = bench.one_run(dataclasses.replace(options, client="legacy"), progress, code=tree)
+                runs.setdefault("pzq before", []).append(columns(run)["pzq legacy"])
+            for name in chosen:
+                workdir = tempfile.mkdtemp(prefix=f"pzq-peer-{name}-")
+                print(f"round {i + 1}: {name} ...", file=sys.stderr)
+                peer = peers[name][0](workdir)
+                try:
+                    runs.setdefault(name, []).append(one_run(peer, options))
+                finally:
+                    peer.stop()
+                    shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results = {name: medians(r) for name, r in runs.items()}
+    names = [n for n in ("pzq batched", "pzq legacy", "pzq before", "redis", "rabbitmq") if n in results]
+    print(
+        f"{args.runs} round(s), medians; {args.count:,} messages a phase, {args.window} in flight for every "
+        f"system (pzq batched: batches of {min(args.batch_size, args.window)}); load before: {_load()}"
+    )
+    print("\n".join(table(results, names)))
     with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
+        json.dump({"machine": machine(), "options": vars(args), "runs": runs, "median": results}, f, indent=2)
     print(f"\nJSON written to {args.json}")
 
 
-def _install(binary: str, package: str, module: str) -> None:
-    if not shutil.which(binary):
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", package],
-            check=False,
-            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
-        )
+def _load() -> str:
     try:
-        __import__(module)
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", module], check=False)
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _usable(name: str, binary: str, package: str, modules: tuple[str, ...]) -> bool:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not shutil.which(binary) and not os.path.exists(f"/usr/lib/rabbitmq/bin/{binary}"):
+        missing.insert(0, binary)
+    if missing:
+        print(
+            f"{name}: {', '.join(missing)} missing (--install, or apt-get install {package}); skipped", file=sys.stderr
+        )
+    return not missing
+
+
+def _install(binary: str, package: str, modules: tuple[str, ...]) -> None:
+    """Debian's package of the server (apt-get update first, once: a fresh machine has no lists) and the
+    Python clients from PyPI, each only when missing."""
+    if not shutil.which(binary):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=False, env=env)
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=False)
+        importlib.invalidate_caches()
 
 
 if __name__ == "__main__":

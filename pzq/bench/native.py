@@ -25,9 +25,12 @@ from pzq.errors import ClientError
 __all__ = ["BenchOptions", "bench"]
 
 
-def server_for(options: BenchOptions) -> PzqServer:
-    """The server under test, not started yet."""
+def server_for(options: BenchOptions, code: str | None = None) -> PzqServer:
+    """The server under test, not started yet; ``code``: another pzq tree's server (legacy clients only:
+    it may not have the batched consume endpoint)."""
     return PzqServer(
+        code=code,
+        consume=code is None,
         gateways=("phpmq",) if options.protocol == "phpmq" else (),
         transport=options.transport,
         args=(
@@ -49,8 +52,9 @@ def preload(endpoint: str, count: int, size: int) -> None:
                 raise ClientError(f"the preload was refused at message {start}: {refused[0].error}")
 
 
-def one_run(options: BenchOptions, progress: Progress) -> tuple[dict, dict]:
-    server = server_for(options)
+def one_run(options: BenchOptions, progress: Progress, code: str | None = None) -> tuple[dict, dict]:
+    """One full run on a fresh server (of the pzq tree ``code``, if given): its figures and samples."""
+    server = server_for(options, code)
     result: dict = {}
     samples: dict = {}
     try:

@@ -62,7 +62,10 @@ class PzqServer:
 
     ``transport`` is that of the native and monitor endpoints (tcp or ipc); ``gateways`` names the
     other protocols to serve on loopback TCP (phpmq, emqp, api, mqks), the API on ipc if
-    ``api_transport`` says so; ``args`` go to `pzq serve` last.
+    ``api_transport`` says so; ``args`` go to `pzq serve` last. ``code`` is another pzq source tree to
+    run instead of this one (a folder holding its ``pzq`` package, e.g. an older release unpacked by
+    ``git archive``: scripts/compare_peers.py --before); its server is not given ``--consume-dsn`` when
+    it has no batched consume endpoint (``consume`` False).
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class PzqServer:
         api_transport: str = "tcp",
         args: Sequence[str] = (),
         prefix: str = "pzq-bench-",
+        code: str | None = None,
+        consume: bool = True,
     ):
         gateways = set(gateways)
         if gateways - set(GATEWAYS):
@@ -97,19 +102,25 @@ class PzqServer:
         self.argv = [
             *(sys.executable, "-m", "pzq", "serve", "--database", self.database, "--log-level", "warning"),
             *("--receive-dsn", self.receive, "--send-dsn", self.send, "--monitor-dsn", self.monitor),
-            *("--consume-dsn", self.consume),  # (batched consumers: PZQ-BATCH/1)
+            *(("--consume-dsn", self.consume) if consume else ()),  # (batched consumers: PZQ-BATCH/1)
             *("--phpmq-dsn", self.phpmq, "--api-dsn", self.api, "--mqks-dsn", self.mqks),
             *("--emqp-frontend-dsn", self.emqp_frontend, "--emqp-backend-dsn", self.emqp_backend),
             *("--emqp-publish-dsn", ""),
             *args,
         ]
+        self.code = code
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60) -> float:
         """Start, and return the seconds until MONITOR answered (the store is open, every socket bound)."""
         t0 = time.monotonic()
+        env, cwd = None, None
+        if self.code:  # (`python -m` puts its working directory first on the path: not this pzq's)
+            env, cwd = {**os.environ, "PYTHONPATH": self.code}, self.workdir
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env, cwd=cwd
+            )
         while True:
             if self.proc.poll() is not None:
                 raise PzqError(f"pzq serve exited with {self.proc.returncode}: {self._log_tail()}")
