@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""The `pzq bench` workload against Redis Streams and RabbitMQ, for pzq's ratio to each.
+"""pzq's batched and legacy clients beside Redis Streams and RabbitMQ, in one run, with the same number of
+messages in flight for every system; ratios to Redis and server CPU µs per message.
 
-    .venv/bin/python scripts/compare_peers.py [--install] [--runs 3] [--peers redis,rabbitmq]
+    .venv/bin/python scripts/compare_peers.py [--install] [--runs 3] [--in-flight 100] [--before db15207]
 
-Each peer is started from Debian's packages on loopback in a temp dir, with durability comparable to
-pzq's fsync'd acks:
-- Redis Streams: `appendonly yes`, `appendfsync always`; producers XADD (raw RESP, one packed write per
-  window refill, replies parsed by hiredis), consumers XREADGROUP (COUNT 100) with each batch's XACK
-  in the same write as the next read.
-- RabbitMQ: a durable quorum queue, persistent messages, publisher confirms (up to the window
-  unconfirmed), consumers with prefetch 100 and manual acks.
-The phases, processes, body stamps and figures are pzq bench's own (pzq.bench.phases.run_phase), so the only
-difference between the columns is the system under test. `--install` apt-installs the servers and
-pip-installs the Python clients (redis, pika) when they are missing.
+Each round runs every system once, in turn (load that comes and goes falls on all alike); the table shows
+medians over the rounds. N (--in-flight) messages in flight for every producer and consumer:
+- pzq batched (PZQ-BATCH/1, `pzq bench --client batched`): batches of --batch-size, N // batch-size
+  batches in flight; a BatchConsumer with credit N that acks each received batch and waits for SETTLED.
+- pzq legacy (`pzq bench`): a window of N unacked messages; the server's push consumer.
+- pzq before (--before REV, a revision of this repository unpacked by `git archive`, or --pzq-tree PATH):
+  the legacy phases on that pzq's server, in the same rounds.
+- Redis Streams (`appendonly yes`, `appendfsync always`): raw RESP XADDs on one socket, replies parsed by
+  hiredis, N in flight (as replies come, as many new XADDs go out in one write); consumers XREADGROUP
+  COUNT N with each batch's XACK in the same write as the next read.
+- RabbitMQ: a durable quorum queue, persistent messages, asynchronous publisher confirms (N unconfirmed),
+  consumers with prefetch N and one `multiple` ack every N/2 deliveries.
+The phases, processes, body stamps and figures are pzq bench's own (pzq.bench.phases.run_phase), so the
+only difference between the columns is the system under test and its client. Server CPU is read from
+/proc for the server's processes (RabbitMQ: its whole session, the Erlang VM included). `--install`
+apt-installs the servers and pip-installs the Python clients (redis, hiredis, pika) when missing.
 """
 
 from __future__ import annotations

@@ -4,10 +4,12 @@ how fast anything was."""
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -94,3 +96,52 @@ def test_a_batched_producer_against_a_server_without_batches_reports_it_instead_
         echo.wait(30)
     assert (outcome.acked, outcome.refused) == (0, 0)
     assert outcome.error == "the server does not speak PZQ-BATCH/1"
+
+
+def _compare_peers():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "compare_peers.py"
+    spec = importlib.util.spec_from_file_location("compare_peers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_peer_table_shows_batched_and_legacy_pzq_under_the_same_figures_and_judges_the_targets():
+    peers = _compare_peers()
+    run = {
+        "producer_batched": {"msg_s": 300, "server_cpu_us": 4},
+        "e2e_batched": {"msg_s": 120, "server_cpu_us": 13, "lost": 0},
+        "producer_w100": {"msg_s": 50, "server_cpu_us": 20},
+        "producer_w1": {"ack_p50_ms": 0.5},
+        "server_rss_mb": 30,
+    }
+    columns = peers.columns(run)
+    assert columns["pzq batched"] == {
+        "producer_w100.msg_s": 300,
+        "producer_w100.server_cpu_us": 4,
+        "e2e.msg_s": 120,
+        "e2e.server_cpu_us": 13,
+        "e2e.lost": 0,
+    }
+    assert columns["pzq legacy"] == {
+        "producer_w100.msg_s": 50,
+        "producer_w100.server_cpu_us": 20,
+        "producer_w1.ack_p50_ms": 0.5,
+    }
+    results = {
+        **columns,
+        "pzq before": {"producer_w100.server_cpu_us": 40, "producer_w1.ack_p50_ms": 0.5},
+        "redis": {"producer_w100.msg_s": 100, "e2e.msg_s": 100},
+    }
+    lines = peers.table(results, ["pzq batched", "pzq legacy", "pzq before", "redis"])
+    produce = next(line for line in lines if line.startswith("producer, N in flight"))
+    assert produce.split()[-5:] == ["300", "50", "100", "3.00x", "0.50x"]  # (before: no such figure, no ratio)
+    assert [line for line in lines if line.startswith("target")] == [
+        "target pzq batched producer_w100.msg_s / redis >= 1.5: 3 met",
+        "target pzq batched e2e.msg_s / redis >= 1.2: 1.2 met",
+        "target pzq batched producer_w100.server_cpu_us <= 5: 4 met",
+        "target pzq batched e2e.server_cpu_us <= 12: 13 NOT met",
+        "target pzq legacy producer_w100.server_cpu_us / pzq before <= 0.7: 0.5 met",
+        "target pzq legacy producer_w1.ack_p50_ms / pzq before <= 1: 1 met",
+    ]
