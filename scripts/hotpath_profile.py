@@ -1,0 +1,129 @@
+"""Server CPU per legacy native message, and where it goes (issue 27's "leaner legacy path"): an
+in-process server (this process's main thread, libzmq's I/O threads beside it) and raw pyzmq clients in
+child processes. Three phases: produce ``--count`` messages (a window of ``--window``), drain them
+(consume + ack), then produce and consume at once. Prints the server's CPU µs per message of each
+phase (process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it) and, with ``--profile``,
+the loop's top functions by own time over all phases.
+
+    .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
+
+CPU time, not wall time: the figures move little on a shared machine (a few %); run it with
+``PYTHONPATH`` naming an older tree to compare, alternately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing
+import pstats
+import tempfile
+import time
+
+import zmq
+
+
+def producer(dsn: str, count: int, window: int, size: int) -> None:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(dsn)
+    body = b"x" * size
+    sent = acked = 0
+    while acked < count:
+        while sent < count and sent - acked < window:
+            sock.send_multipart([b"%d" % sent, b"", body])
+            sent += 1
+        if not sock.poll(30_000):
+            raise SystemExit("producer: no ack for 30 s")
+        answer = sock.recv_multipart()
+        if answer[1] != b"1":
+            raise SystemExit(f"producer: refused {answer!r}")
+        acked += 1
+    sock.close()
+
+
+def consumer(dsn: str, count: int) -> None:
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(dsn)
+    for _ in range(count):
+        if not sock.poll(30_000):
+            raise SystemExit("consumer: no delivery for 30 s")
+        frames = sock.recv_multipart()
+        sock.send_multipart([frames[0], frames[1], b"1"])
+    time.sleep(0.5)  # (let the last acks out: LINGER)
+    sock.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=50_000)
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
+    args = parser.parse_args()
+    from pzq.config import Config
+    from pzq.errors import ConfigError
+    from pzq.server import Server
+
+    tmp = tempfile.mkdtemp(prefix="pzq-hot-")
+    fields = dict(
+        database=f"{tmp}/db",
+        receive_dsn=f"ipc://{tmp}/receive",
+        send_dsn=f"ipc://{tmp}/send",
+        monitor_dsn="",
+        phpmq_dsn="",
+        emqp_frontend_dsn="",
+        emqp_backend_dsn="",
+        emqp_publish_dsn="",
+        mqks_dsn="",
+        api_dsn="",
+        disk_reserve=0,
+        ack_timeout=30.0,
+        max_inflight=args.window,
+        max_message_size=args.max_message_size,
+    )
+    try:
+        cfg = Config(**fields).validate()
+    except ConfigError:  # (an older pzq: --ack-timeout in µs)
+        cfg = Config(**{**fields, "ack_timeout": 30_000_000}).validate()
+    server = Server(cfg)
+    server.start()
+    profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
+    ctx = multiprocessing.get_context("spawn")
+    n, w, size = args.count, args.window, args.size
+    phases = {
+        "produce": [ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size))],
+        "drain": [ctx.Process(target=consumer, args=(cfg.send_dsn, n))],
+        "end to end": [
+            ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)),
+            ctx.Process(target=consumer, args=(cfg.send_dsn, n)),
+        ],
+    }
+    for phase, children in phases.items():
+        for child in children:
+            child.start()
+        time.sleep(0.5)  # (the children import and connect: not the server's work)
+        cpu, wall, syncs, turns = time.process_time(), time.monotonic(), server.store.syncs, getattr(server, "turns", 0)
+        if args.profile:
+            profile.enable()
+        while any(child.is_alive() for child in children):
+            server._turn(10)
+        if args.profile:
+            profile.disable()
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        if any(child.exitcode for child in children):
+            raise SystemExit(f"{phase}: a client failed")
+        syncs, turns = server.store.syncs - syncs, getattr(server, "turns", 0) - turns
+        print(
+            f"{phase:>11}: {cpu / n * 1e6:6.1f} µs server CPU per message ({n / wall:,.0f} msg/s wall, "
+            f"{n / max(turns, 1):.0f} messages a turn, {n / max(syncs, 1):.0f} a commit)"
+        )
+    server.close()
+    if args.profile:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
