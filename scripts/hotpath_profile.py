@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
+    parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
     parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
     args = parser.parse_args()
     from pzq.config import Config
@@ -102,6 +104,8 @@ def main() -> None:
         ],
     }
     for phase, children in phases.items():
+        if args.phase and phase not in args.phase:
+            continue
         for child in children:
             child.start()
         time.sleep(0.5)  # (the children import and connect: not the server's work)
@@ -122,7 +126,7 @@ def main() -> None:
         )
     server.close()
     if args.profile:
-        pstats.Stats(profile).sort_stats("tottime").print_stats(40)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
 
 
 if __name__ == "__main__":
