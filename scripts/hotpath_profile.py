@@ -6,6 +6,11 @@ phase (process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it) a
 the loop's top functions by own time over all phases.
 
     .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
+    .venv/bin/python scripts/hotpath_profile.py --no-sockets [--profile]
+
+``--no-sockets``: the native gateway, broker and store alone (no sockets, no fsync), in runs of 100:
+produce, then take + deliver + ack, by thread CPU; steady to a few % even on a busy machine (trees from
+issue 25 on: older ones have no pzq.gateways.native).
 
 CPU time, not wall time: the figures move little on a shared machine (a few %); run it with
 ``PYTHONPATH`` naming an older tree to compare, alternately.
@@ -55,6 +60,46 @@ def consumer(dsn: str, count: int) -> None:
     sock.close()
 
 
+def no_sockets(count: int, size: int, profile: cProfile.Profile | None) -> None:
+    from pzq.broker import Broker
+    from pzq.gateways.native import RECEIVE, SEND, NativeGateway
+    from pzq.store import Store
+
+    store = Store(tempfile.mkdtemp(prefix="pzq-hot-") + "/db", max_size=1 << 30, sync=False)
+    broker = Broker(store, ack_timeout_s=30.0)
+    store.queue("q")
+    gateway = NativeGateway(broker, queue="q", max_message_size=1 << 20, max_inflight=100, ack_timeout_s=30.0)
+    body, now_us = b"x" * size, time.time_ns() // 1000
+    produce_s = consume_s = now = 0.0
+
+    def turn(work, *args, **kwargs):
+        store.turn_begins()
+        broker.turn_begins()
+        out = work(*args, **kwargs)
+        store.commit()
+        broker.committed()
+        return out
+
+    for first in range(0, count, 100):
+        run = [[b"peer", b"%d" % i, b"", body] for i in range(first, first + 100)]
+        started = time.thread_time()
+        if profile:
+            profile.enable()
+        turn(gateway.received_many, RECEIVE, run, now=now, now_us=now_us)
+        middle = time.thread_time()
+        sends = turn(gateway.dispatch, now=now, now_us=now_us, most=100, most_bytes=1 << 20)
+        answers = [[send.frames[0], b"1"] for send in sends]
+        turn(gateway.received_many, SEND, answers, now=now + 0.001, now_us=now_us)
+        if profile:
+            profile.disable()
+        produce_s, consume_s = produce_s + middle - started, consume_s + time.thread_time() - middle
+        if len(sends) != 100:
+            raise SystemExit(f"{len(sends)} deliveries of a run of 100")
+        now += 0.002
+    print(f"    produce: {produce_s / count * 1e6:6.2f} µs CPU per message (gateway, broker, store; no sockets)")
+    print(f"take + ack: {consume_s / count * 1e6:6.2f} µs CPU per message (take, delivery frames, acks)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50_000)
@@ -64,7 +109,14 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
     parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
+    parser.add_argument("--no-sockets", action="store_true", help="the gateway, broker and store alone")
     args = parser.parse_args()
+    profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
+    if args.no_sockets:
+        no_sockets(args.count, args.size, profile if args.profile else None)
+        if args.profile:
+            pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
+        return
     from pzq.config import Config
     from pzq.errors import ConfigError
     from pzq.server import Server
@@ -92,7 +144,6 @@ def main() -> None:
         cfg = Config(**{**fields, "ack_timeout": 30_000_000}).validate()
     server = Server(cfg)
     server.start()
-    profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
     ctx = multiprocessing.get_context("spawn")
     n, w, size = args.count, args.window, args.size
     phases = {
