@@ -61,10 +61,38 @@ class InFlight(Generic[Ref]):
         heapq.heappush(self._heap, (deadline, self._tokens, ref))
         return entry
 
+    def add_many(self, refs: list[Ref], deadline: float, consumer: Hashable = None) -> None:
+        """``add`` each of ``refs`` with one deadline and consumer (a take's run: one call, not one each)."""
+        entries, heap, push, journal, per = self._entries, self._heap, heapq.heappush, self._journal, self._per_consumer
+        added, token = 0, self._tokens
+        for ref in refs:
+            if journal is not None and ref not in journal:
+                journal[ref] = entries.get(ref)
+            if ref in entries:  # (replaced: counted so far first, so that _take finds its consumer's count)
+                per[consumer], added = per.get(consumer, 0) + added, 0
+                self._take(ref)
+                heap = self._heap  # (_take may have rebuilt it)
+            token += 1
+            entries[ref] = Delivery(ref, deadline, consumer, token)
+            push(heap, (deadline, token, ref))
+            added += 1
+        self._tokens = token
+        if added:
+            per[consumer] = per.get(consumer, 0) + added
+
     def remove(self, ref: Ref) -> Delivery[Ref] | None:
         """Stop tracking ``ref`` (acked, nacked, or its consumer left); None if it was not in flight."""
         self._note(ref)
         return self._take(ref)
+
+    def remove_many(self, refs: list[Ref]) -> list[Delivery[Ref] | None]:
+        """``remove`` each of ``refs`` in order (an ack run): what each was, None if not in flight."""
+        journal, entries, take = self._journal, self._entries, self._take
+        if journal is not None:
+            for ref in refs:
+                if ref not in journal:
+                    journal[ref] = entries.get(ref)
+        return [take(ref) for ref in refs]
 
     def mark(self) -> None:
         """Begin a journal of changes (a turn begins): ``undo`` puts back every entry as it is now."""

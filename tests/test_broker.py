@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pzq.broker import Broker
@@ -318,3 +320,48 @@ def test_a_rolled_back_turn_undoes_only_its_own_deliveries_and_acks_are_done_aga
     broker.turn_begins()  # the ack the rollback took back is done again
     assert broker.stored((first.qid, first.seq)) is None
     assert take(broker, consumer="c2", now=2.0) == [b"c", b"d"], "neither the acked nor the held one again"
+
+
+def _figures(broker: Broker) -> tuple:
+    infos = {i.name: (i.count, i.bytes) for i in broker.store.queues()}
+    return (
+        infos,
+        dataclasses.astuple(broker.counters),
+        {q: dict(c) for q, c in broker.per_queue.items()},
+        sorted(ref for ref, _ in broker.inflight.holders()),
+        {q: broker.queue_inflight(broker.store.queue(q).qid) for q in ("q", "r")},
+        list(broker._unwritten),
+    )
+
+
+def test_an_ack_run_does_what_one_ack_after_another_does_even_for_a_hostile_mix(tmp_path):
+    """Repeats, another's deliveries, unknown seqs, a late ack after a timeout (its message since
+    handed to someone else), two queues: the run refuses and counts exactly what single acks would."""
+    twins = []
+    for name in ("one", "run"):
+        store = Store(tmp_path / name, max_size=64 << 20)
+        broker = Broker(store, ack_timeout_s=10.0)
+        broker.keep_on_rollback.add("alice")
+        produce(broker, b"a", b"b", b"c", b"d", b"e")
+        produce(broker, b"x", b"y", queue="r")
+        mine = broker.take("q", 3, "alice", now=0.0, now_us=T0) + broker.take("r", 2, "alice", now=0.0, now_us=T0)
+        late = broker.take("q", 1, "bob", now=0.0, now_us=T0, timeout_s=1.0)
+        broker.expire(5.0)  # bob's delivery timed out: his late ack still counts
+        again = broker.take("q", 1, "carol", now=5.0, now_us=T0)  # (the same message, now carol's)
+        theirs = broker.take("q", 1, "carol", now=5.0, now_us=T0)
+        assert again[0].seq == late[0].seq and theirs
+        refs = [(m.qid, m.seq) for m in mine]
+        qid = refs[0][0]
+        run = [refs[0], refs[0], (qid, 999), (theirs[0].qid, theirs[0].seq), refs[3], (late[0].qid, late[0].seq)]
+        run += [refs[1], (77, 1), refs[4], refs[1]]
+        twins.append((broker, run, [(late[0].qid, late[0].seq)]))
+    (one, run_one, _), (many, run_many, _) = twins
+    refused_one = [ref for ref in run_one if not one.ack(ref, by="alice")]
+    refused_many = many.ack_many(run_many, by="alice")
+    assert refused_many == refused_one
+    assert _figures(many) == _figures(one)
+    late_ref = twins[0][2]
+    assert one.ack_many(late_ref, by="bob") == many.ack_many(late_ref, by="bob") == []
+    assert _figures(many) == _figures(one)
+    for broker, _, _ in twins:
+        broker.store.close()

@@ -147,3 +147,47 @@ def test_undo_puts_back_every_entry_changed_since_the_mark_and_nothing_else():
     assert refs(table.pop_expired(15.0)) == ["expires", "kept"], "deadlines are in the heap again"
     table.undo()  # (the journal goes on after an undo: what was popped since comes back)
     assert table.count("c1") == 2 and "expires" in table
+
+
+def _state(table: InFlight) -> tuple:
+    live = sorted((e.ref, e.deadline, e.consumer) for e in table._entries.values())
+    return live, {c: table.count(c) for c in ("c1", "c2")}, table.next_deadline()
+
+
+def test_adding_a_run_is_the_same_as_adding_each_one_replacements_and_repeats_included():
+    one, run = InFlight(), InFlight()
+    for table in (one, run):
+        table.add("a", 5.0, "c2")
+        table.mark()
+    for ref in ["a", "b", "c", "b"]:
+        one.add(ref, 10.0, "c1")
+    run.add_many(["a", "b", "c", "b"], 10.0, "c1")
+    assert _state(run) == _state(one)
+    assert refs(run.pop_expired(20.0)) == refs(one.pop_expired(20.0)) == ["a", "c", "b"]
+    assert run.count("c1") == run.count("c2") == 0
+
+
+def test_a_run_added_then_removed_is_undone_by_a_rollback_like_single_calls():
+    one, run = InFlight(), InFlight()
+    for table in (one, run):
+        table.add("a", 5.0, "c2")
+        table.mark()
+    for ref in ["b", "c"]:
+        one.add(ref, 10.0, "c1")
+    run.add_many(["b", "c"], 10.0, "c1")
+    gone_one = [one.remove(ref) for ref in ["a", "b", "z", "b"]]
+    gone_run = run.remove_many(["a", "b", "z", "b"])
+    assert [d and d.ref for d in gone_run] == [d and d.ref for d in gone_one] == ["a", "b", None, None]
+    assert _state(run) == _state(one)
+    one.undo()
+    run.undo()
+    assert _state(run) == _state(one) == ([("a", 5.0, "c2")], {"c1": 0, "c2": 1}, 5.0)
+
+
+def test_a_big_run_replacing_many_keeps_every_deadline_when_the_heap_is_rebuilt():
+    table = InFlight()
+    table.add_many(list(range(3000)), 1.0, "c1")
+    table.add_many(list(range(3000)), 2.0, "c1")  # (each replaced: stale heap items trigger rebuilds)
+    assert len(table) == 3000 and table.count("c1") == 3000
+    assert refs(table.pop_expired(1.5)) == []
+    assert len(table.pop_expired(2.5)) == 3000

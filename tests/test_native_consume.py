@@ -4,12 +4,17 @@ queue with the legacy send socket, durability across a restart, and hostile cons
 from __future__ import annotations
 
 import dataclasses
+import random
+import signal
+import threading
 
 import msgpack
+import pytest
 import zmq
 
 from pzq.clients import native as client
 from pzq.config import DEFAULT_LIMITS
+from pzq.errors import ClientError
 from pzq.protocols import native_consume as wire
 
 from conftest import free_tcp_endpoint, recv, wait_until
@@ -306,3 +311,47 @@ def test_the_client_never_asks_for_more_than_it_may_hold_unacked(make_server):
         assert consumer.receive(4, 300) == []  # (no ERR: it asked for nothing more)
         assert consumer.ack([key for key, _ in held]).count == 10
         assert len(consumer.receive(4, 5000)) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigkills_while_a_batched_consumer_acks_in_bursts_bring_back_no_settled_message_and_lose_none(
+    process_server,
+):
+    # The ack-burst case of the crash tests, batched: SETTLED is answered after the commit, so what a
+    # consumer was told is settled never comes back after a kill -9; what it was not told may or may not.
+    srv = process_server()
+    everything = {b"m%d" % i for i in range(3000)}
+    produce(srv.receive, len(everything))
+    settled: set[bytes] = set()
+    unknown: set[bytes] = set()
+    for _ in range(4):
+        killer = threading.Timer(random.uniform(0.05, 0.4), srv.proc.send_signal, (signal.SIGKILL,))
+        with client.BatchConsumer(srv.consume, hello_timeout_ms=5000) as consumer:
+            killer.start()
+            while srv.proc.poll() is None:
+                try:
+                    batch = consumer.receive(200, 1000)
+                except ClientError:
+                    break
+                if not batch:
+                    continue
+                bodies = {body[0] for _, body in batch}
+                try:
+                    result = consumer.ack([key for key, _ in batch], timeout_ms=2000)
+                except ClientError:  # (killed before it answered: these may be stored or gone)
+                    unknown |= bodies
+                    break
+                assert result.refused == []
+                settled |= bodies
+        killer.join()
+        srv.proc.wait(10)
+        srv.start()
+    rest: list[bytes] = []
+    with client.BatchConsumer(srv.consume) as consumer:
+        while batch := consumer.receive(500, 2000):
+            rest += [body[0] for _, body in batch]
+            consumer.ack([key for key, _ in batch])
+    assert settled, "some bursts were settled before the kills"
+    assert not settled & set(rest), "a message settled before a kill came back"
+    assert everything - settled - unknown <= set(rest), "a message never settled was lost"

@@ -331,3 +331,49 @@ def test_a_consumer_that_answers_newest_first_holds_no_more_than_the_cap(store):
             answer(gateway, sent[-1], now=now)
         most = max(most, gateway.broker.held_count(CONSUMER))
     assert gateway.taken_back_total > 0 and most <= HOARD * 4
+
+
+def test_a_run_of_edge_shapes_is_answered_as_parse_produce_answers_each(store):
+    """The usual shape is read without parse_produce; every edge of it must still get parse_produce's answer."""
+    gateway = NativeGateway(
+        Broker(store, ack_timeout_s=5.0), queue="q", max_message_size=4, max_inflight=10, ack_timeout_s=5.0
+    )
+    run = [
+        produced(b"p", b"m1", b"abcd"),  # exactly the limit: stored
+        produced(b"p", b"m2", b"ab", b"cde"),  # over it, summed over frames
+        [b"p", b"x" * native.MAX_ID, b"", b"a"],  # the longest id: stored
+        [b"p", b"y" * (native.MAX_ID + 1), b"", b"a"],  # one byte more: refused, its id cut
+        [b"p", b"m5", b"header", b"", b"a"],  # a header frame before the delimiter
+        [b"p", b"m6", b"", b"", b""],  # empty body frames are a body
+    ]
+    expected = []
+    for frames in run:
+        event = native.parse_produce(frames, 4)
+        if isinstance(event, native.Rejected):
+            expected.append((b"p", event.message_id, False, event.error.detail))
+        else:
+            expected.append((b"p", event.message_id, True, ""))
+    assert acks(gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)) == expected
+    assert [ok for _, _, ok, _ in expected] == [True, False, True, False, True, True]
+    assert bodies(store) == [[b"abcd"], [b"a"], [b"a"], [b"", b""]]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        b"0000000000000000|" + b"0" * 15 + b"1" + b"0" * 15 + b"G",  # not hex
+        b"0000000000000000|" + b"0" * 15 + b"1" + b"0" * 15 + b"A",  # upper case: not a key pzq made
+        b"0000000000000000|" + b"0" * 15 + b"1" + b"0" * 14 + b"_1",  # int() would take the underscore
+        b"0000000000000000|" + b"0" * 15 + b"1" + b"0" * 14 + b" 1",
+        b"0000000000000000|" + b"0" * 15 + b"1" + b"0" * 15,  # one digit short
+        b"0000000000000000-" + b"0" * 15 + b"1" + b"0" * 15 + b"1",  # no bar
+    ],
+)
+def test_a_key_pzq_did_not_make_names_no_message(key):
+    assert ref_of_key(key) is None
+
+
+def test_a_key_names_its_queue_and_seq_at_the_edges_of_their_range():
+    big = (1 << 64) - 1
+    for qid, seq in [(1, 1), (big, big), (0, big), (big, 0)]:
+        assert ref_of_key(native.message_key(T0, f"{qid:016x}{seq:016x}")) == (qid, seq)

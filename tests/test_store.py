@@ -393,3 +393,20 @@ def test_a_preview_gives_the_start_of_each_body_its_size_and_a_dead_letters_reas
 def test_a_big_native_record_joined_from_its_frames_is_msgpacks_bytes_to_the_byte(body):
     for now_us in (0, 5, 1_764_190_000_000_000, 2**63 - 1):
         assert native_record(now_us, body) == msgpack.packb([now_us, 0, body])
+
+
+@pytest.mark.parametrize("frames", [[5], ["text"], [b"ok", 5], [b"ok", None], [[b"nested"]]])
+def test_a_record_whose_frames_are_not_all_bytes_is_set_aside(tmp_path, frames):
+    from pzq.store.layout import KEY as _KEY
+
+    store = Store(tmp_path / "db", max_size=16 << 20)
+    try:
+        for body in (b"before", b"damaged", b"after"):
+            store.put("q", [body], now_us=1)
+        damaged = store.scan("q")[1]
+        txn = store.env.write()
+        txn.put(_KEY.pack(damaged.qid, damaged.seq), msgpack.packb([1, 0, frames]), db=store._messages_db)
+        assert [m.frames for m in store.scan("q")] == [[b"before"], [b"after"]]
+        assert store.damaged_total == 1 and store.queue("q").count == 2
+    finally:
+        store.close()

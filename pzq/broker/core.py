@@ -177,20 +177,26 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             if max_bytes is not None:
                 size += sum(len(f) for m in batch for f in m.frames)
             cut_short = self.cut_short
-            for message in batch:
-                cap = (message.meta or {}).get("max_deliveries") or 0
-                reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
-                if reason:
-                    self._dead_letter(message, reason, now_us)
-                    continue
-                deliveries = self.store.mark_delivered(queue, message.seq, current=message.deliveries)
-                if deliveries > 1:
-                    self.counters.redelivered += 1
-                    self._count(queue, "redelivered")
-                self.inflight.add((message.qid, message.seq), deadline, consumer)
-                state.inflight += 1
-                message.deliveries = deliveries
-                out.append(message)
+            # Only a TTL, a message's own cap (in its meta) or --max-deliveries asks to look at each one
+            capped = self.max_deliveries
+            going = [m for m in batch if not (m.expires_us or m.meta or capped)]
+            if len(going) < len(batch):
+                going = []
+                for message in batch:
+                    cap = (message.meta or {}).get("max_deliveries") or 0
+                    reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
+                    if reason:
+                        self._dead_letter(message, reason, now_us)
+                    else:
+                        going.append(message)
+            if going:  # (the run's counts and in-flight entries in one call each)
+                again = self.store.mark_delivered_run(queue, going)
+                if again:
+                    self.counters.redelivered += again
+                    self._count(queue, "redelivered", again)
+                self.inflight.add_many([(m.qid, m.seq) for m in going], deadline, consumer)
+                state.inflight += len(going)
+                out += going
             if cut_short:  # (its bounded share of stale seqs passed: the rest is the next take's)
                 break
         self.counters.delivered += len(out)

@@ -53,8 +53,57 @@ class Settling(BrokerState):
         return True
 
     def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]:
-        """``ack`` each of ``refs`` in order; returns those refused (not held by ``by``, or gone)."""
-        return [ref for ref in refs if not self.ack(ref, by=by)]
+        """``ack`` each of ``refs`` in order; returns those refused (not held by ``by``, or gone). The same
+        as one ``ack`` after another, done as a run: settled in one loop, deleted a queue at a time."""
+        refs = list(refs)
+        get, holds, counters = self.inflight.get, self.holds, self.counters
+        settled: dict[Ref, None] = {}  # in order; a repeat is refused, as a second ack would be
+        for ref in refs:
+            delivery = get(ref)
+            if ref in settled or not (delivery is not None and delivery.consumer == by or holds(ref, by)):
+                counters.refused_not_held += 1
+                continue
+            settled[ref] = None
+        if not settled:
+            return refs
+        late = self._late
+        if late:
+            for ref in settled:
+                late.pop(ref, None)
+        per_queue: dict[int, list[int]] = {}
+        for ref, delivery in zip(settled, self.inflight.remove_many(list(settled)), strict=True):
+            seqs = per_queue.get(ref[0])
+            if seqs is None:
+                seqs = per_queue[ref[0]] = []
+            seqs.append(ref[1])
+            if delivery is not None:
+                self._state(ref[0]).inflight -= 1
+        acked: set[Ref] = set()
+        for qid, seqs in per_queue.items():
+            info = self.store.queue_by_id(qid)
+            if info is None:
+                continue
+            done = [(qid, seq) for seq, ok in zip(seqs, self.store.delete_many(info.name, seqs), strict=True) if ok]
+            if done:
+                acked.update(done)
+                counters.acked += len(done)
+                self._count(info.name, "acked", len(done))
+        if by in self.keep_on_rollback:
+            unwritten = self._unwritten
+            for ref in settled:
+                if ref in acked:
+                    unwritten[ref] = None
+            while len(unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
+                del unwritten[next(iter(unwritten))]
+        if len(acked) == len(refs):
+            return []
+        refused: list[Ref] = []
+        for ref in refs:  # (in order; a repeat of an acked ref is refused)
+            if ref in acked:
+                acked.discard(ref)
+            else:
+                refused.append(ref)
+        return refused
 
     def nack(self, ref: Ref, *, by: Hashable) -> bool:
         """Requeue a message ``by`` holds in flight at once, ahead of newer ones. False otherwise."""

@@ -18,7 +18,6 @@ ZeroMQ message, PZQ-BATCH/1: pzq/gateways/native_batches.py) is stored in its pl
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Hashable, Sequence
 
 from pzq.broker import Broker, Ref
@@ -39,7 +38,6 @@ RECEIVE = "receive"  # producers: the server's ROUTER
 SEND = "send"  # consumers: the server's DEALER (its sends have no routing frame)
 CONSUMER = "native"  # the holder of every delivery through the send socket: one credit pool
 TAKE_BACK_LOG_S = 10.0  # at most one line this often about deliveries taken back early
-_REF = struct.Struct(">QQ")  # a message id's 32 hex digits as bytes: (qid, seq)
 
 
 class NativeGateway:
@@ -109,11 +107,20 @@ class NativeGateway:
         at = 0  # the message being looked at
         try:
             for at in range(len(messages)):
-                if len(messages[at]) > 2 and messages[at][2] == MARK:  # a batch (or a probe): in its place
+                frames = messages[at]
+                if len(frames) > 2 and frames[2] == MARK:  # a batch (or a probe): in its place
                     self._store(waiting, bodies, out, now_us)
-                    out.append(self.batches.received(messages[at], now_us))
+                    out.append(self.batches.received(frames, now_us))
                     continue
-                event = native.parse_produce(messages[at], limit)
+                # The usual shape, [routing, id, "", body...], read without a Produce (what parse_produce
+                # would make of it); anything else goes through parse_produce
+                if len(frames) > 3 and frames[2] == b"" and len(frames[1]) <= native.MAX_ID:
+                    body = frames[3:]
+                    if sum(map(len, body)) <= limit:
+                        waiting.append((frames[0], frames[1]))
+                        bodies.append(body)
+                        continue
+                event = native.parse_produce(frames, limit)
                 if event is None:
                     continue  # (no id frame: there is no one to answer)
                 if isinstance(event, native.Rejected):
@@ -196,28 +203,29 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
+        deadline_of, credit_answered = self.broker.deadline, self.credit.answered
         for frames in messages:
-            answer = native.parse_consumer_ack(frames)
-            if answer is None:
+            if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
                 warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
                 continue
-            ref = ref_of_key(answer.key)
+            key = frames[0]
+            ref = ref_of_key(key)
             if ref is None:
-                warn_bad("consumer", "bad-key", f"unknown message key {answer.key[:80]!r}")
+                warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
                 continue
-            deadline = None if ref in answered else self.broker.deadline(ref, CONSUMER)
+            deadline = None if ref in answered else deadline_of(ref, CONSUMER)
             answered.add(ref)
-            self.credit.answered(ref, None if deadline is None else deadline - timeout_s, now)
-            if answer.ok:
+            credit_answered(ref, None if deadline is None else deadline - timeout_s, now)
+            if frames[1] == b"1":
                 acks.append(ref)
-                keys.append(answer.key)
+                keys.append(key)
                 continue
             self._ack_run(acks, keys)  # (a nack settles after the acks before it)
             if not self.broker.nack(ref, by=CONSUMER):
                 warn_bad(
                     "consumer",
                     "not-held",
-                    f"nack for {answer.key[:80]!r}, not in flight through the send socket: ignored",
+                    f"nack for {key[:80]!r}, not in flight through the send socket: ignored",
                 )
         self._ack_run(acks, keys)
 
@@ -290,13 +298,14 @@ class NativeGateway:
         if not taken:
             self._stalled_at = readiness
             return []
-        timeout_us, sent, key, delivery = self.ack_timeout_us, self.credit.sent, native.message_key, native.delivery
+        # native.delivery's frames, built inline: the two numbers once per run, the key from the ref
+        sent, head = self.credit.sent, [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""]
         out = []
         for message in taken:
             ref = (message.qid, message.seq)
             sent(ref, now)
-            frames = delivery(key(message.enqueued_us, message.id), now_us, timeout_us, message.frames)
-            out.append(Send(SEND, frames, ref))
+            key = b"%016d|%016x%016x" % (message.enqueued_us, ref[0], ref[1])  # (native.message_key)
+            out.append(Send(SEND, [key, *head, *message.frames], ref))
         if most_bytes is not None:
             self.dispatched_bytes = sum(len(f) for m in taken for f in m.frames)
         return out
@@ -381,12 +390,12 @@ def _failed(routing: bytes, message_id: bytes) -> Send:
 def ref_of_key(key: bytes) -> Ref | None:
     """The message a consumer's key names, or None if the key is not one pzq made."""
     # The keys pzq made ("<16 digits>|<32 hex>") are read without a regex: every ack comes here.
-    if len(key) == 49 and key[16] == 0x7C and key[17:].isalnum() and key[17:] == key[17:].lower():
-        try:
-            raw = bytes.fromhex(key[17:].decode("ascii"))
-        except (ValueError, UnicodeDecodeError):
-            raw = b""
-        if len(raw) == 16:
-            return _REF.unpack(raw)
+    if len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower():
+        try:  # (32 lowercase letters and digits: only hex digits get past int)
+            whole = int(tail, 16)
+        except ValueError:
+            whole = -1
+        if whole >= 0:
+            return whole >> 64, whole & 0xFFFFFFFFFFFFFFFF
     mid = native.key_message_id(key)
     return None if mid is None else parse_message_id(mid)

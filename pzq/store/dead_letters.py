@@ -1,5 +1,5 @@
 """Dead letters: messages moved aside after too many deliveries, an expired TTL, or a client's request;
-listed, requeued at the end of their queue, or deleted for good. Drawn on ``Messages``."""
+listed, requeued at the end of their queue, or deleted for good. Drawn on ``Runs`` (runs.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import msgpack
 from pzq.store.bodies import CHUNKED_DEAD, BodyRef
 from pzq.store.environment import KeyExists
 from pzq.store.layout import KEY, DeadLetter, Message, QueueInfo, accounted
-from pzq.store.messages import Messages
 from pzq.store.queues import raise_
+from pzq.store.runs import Runs
 
 
-class DeadLetters(Messages):
+class DeadLetters(Runs):
     """The dead letters of the queues, beside their messages (table ``dead``)."""
 
     def dead_letter(self, message: Message, reason: str, *, now_us: int) -> bool:

@@ -35,10 +35,10 @@ def _header(length: int, small: int, sizes: tuple[bytes, bytes, bytes]) -> bytes
     return sizes[2] + length.to_bytes(4, "big")
 
 
-def native_record(now_us: int, body: Sequence[bytes]) -> bytes:
+def native_record(now_us: int, body: Sequence[bytes], pack=msgpack.packb) -> bytes:
     """``msgpack.packb([now_us, 0, body])`` of a message's frames, joined in one copy when it is big."""
-    if sum(map(len, body)) < BIG_RECORD:
-        return msgpack.packb([now_us, 0, body])
+    if sum(map(len, body)) < BIG_RECORD:  # (``pack``: a run's own Packer, a third of packb's cost)
+        return pack([now_us, 0, body])
     parts = [b"\x93", msgpack.packb(now_us), b"\x00", _header(len(body), 0x90, (b"", b"\xdc", b"\xdd"))]
     for frame in body:
         parts += (_header(len(frame), 0, (b"\xc4", b"\xc5", b"\xc6")), frame)
@@ -64,9 +64,9 @@ class Messages(Bodies):
         info = self._queues.get(queue) or self.queue(queue, implicit=True)
         room = self.max_size - self._total_bytes - self._side()
         items: list[tuple[bytes, bytes]] = []
-        key, qid, seq, total = KEY.pack, info.qid, info.next_seq, 0
+        key, qid, seq, total, pack = KEY.pack, info.qid, info.next_seq, 0, msgpack.Packer().pack
         for body in bodies:
-            value = native_record(now_us, body)
+            value = native_record(now_us, body, pack)
             size = len(value) + KEY.size + OVERHEAD
             if total + size > room:
                 break
@@ -150,8 +150,8 @@ class Messages(Bodies):
             if (
                 type(record) is not list
                 or len(record) < 3
-                or type(record[2]) is not list
-                or not all(type(f) is bytes for f in record[2])
+                or type(frames := record[2]) is not list  # (one bytes frame, the usual case, checked alone)
+                or not (len(frames) == 1 and type(frames[0]) is bytes or all(type(f) is bytes for f in frames))
                 or (len(record) > 3 and record[3] is not None and type(record[3]) is not dict)
             ):
                 raise ValueError("not a message record")

@@ -64,6 +64,14 @@ class PendingCounts(dict[bytes, tuple[int, float]]):
             self._note(key)
         return super().pop(key, *default)
 
+    def set_many(self, items: list[tuple[bytes, tuple[int, float]]]) -> None:
+        """``self[key] = value`` for each item (a take's run of counts), in one call."""
+        undo, get, put = self._undo, dict.get, dict.__setitem__
+        for key, value in items:
+            if key not in undo:
+                undo[key] = get(self, key, _MISSING)
+            put(self, key, value)
+
     def undo(self) -> None:
         """Put back every count as it was at ``mark()``."""
         for key, value in self._undo.items():

@@ -1,0 +1,184 @@
+"""Server CPU per legacy native message, and where it goes (issue 27's "leaner legacy path"): an
+in-process server (this process's main thread, libzmq's I/O threads beside it) and raw pyzmq clients in
+child processes. Three phases: produce ``--count`` messages (a window of ``--window``), drain them
+(consume + ack), then produce and consume at once. Prints the server's CPU µs per message of each
+phase (process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it) and, with ``--profile``,
+the loop's top functions by own time over all phases.
+
+    .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
+    .venv/bin/python scripts/hotpath_profile.py --no-sockets [--profile]
+
+``--no-sockets``: the native gateway, broker and store alone (no sockets, no fsync), in runs of 100:
+produce, then take + deliver + ack, by thread CPU; steady to a few % even on a busy machine (trees from
+issue 25 on: older ones have no pzq.gateways.native).
+
+CPU time, not wall time: the figures move little on a shared machine (a few %); run it with
+``PYTHONPATH`` naming an older tree to compare, alternately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing
+import pstats
+import tempfile
+import time
+
+import zmq
+
+
+def producer(dsn: str, count: int, window: int, size: int) -> None:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(dsn)
+    body = b"x" * size
+    sent = acked = 0
+    while acked < count:
+        while sent < count and sent - acked < window:
+            sock.send_multipart([b"%d" % sent, b"", body])
+            sent += 1
+        if not sock.poll(30_000):
+            raise SystemExit("producer: no ack for 30 s")
+        answer = sock.recv_multipart()
+        if answer[1] != b"1":
+            raise SystemExit(f"producer: refused {answer!r}")
+        acked += 1
+    sock.close()
+
+
+def consumer(dsn: str, count: int) -> None:
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(dsn)
+    for _ in range(count):
+        if not sock.poll(30_000):
+            raise SystemExit("consumer: no delivery for 30 s")
+        frames = sock.recv_multipart()
+        sock.send_multipart([frames[0], frames[1], b"1"])
+    time.sleep(0.5)  # (let the last acks out: LINGER)
+    sock.close()
+
+
+def no_sockets(count: int, size: int, profile: cProfile.Profile | None) -> None:
+    from pzq.broker import Broker
+    from pzq.gateways.native import RECEIVE, SEND, NativeGateway
+    from pzq.store import Store
+
+    store = Store(tempfile.mkdtemp(prefix="pzq-hot-") + "/db", max_size=1 << 30, sync=False)
+    broker = Broker(store, ack_timeout_s=30.0)
+    store.queue("q")
+    gateway = NativeGateway(broker, queue="q", max_message_size=1 << 20, max_inflight=100, ack_timeout_s=30.0)
+    body, now_us = b"x" * size, time.time_ns() // 1000
+    produce_s = consume_s = now = 0.0
+
+    def turn(work, *args, **kwargs):
+        store.turn_begins()
+        broker.turn_begins()
+        out = work(*args, **kwargs)
+        store.commit()
+        broker.committed()
+        return out
+
+    for first in range(0, count, 100):
+        run = [[b"peer", b"%d" % i, b"", body] for i in range(first, first + 100)]
+        started = time.thread_time()
+        if profile:
+            profile.enable()
+        turn(gateway.received_many, RECEIVE, run, now=now, now_us=now_us)
+        middle = time.thread_time()
+        sends = turn(gateway.dispatch, now=now, now_us=now_us, most=100, most_bytes=1 << 20)
+        answers = [[send.frames[0], b"1"] for send in sends]
+        turn(gateway.received_many, SEND, answers, now=now + 0.001, now_us=now_us)
+        if profile:
+            profile.disable()
+        produce_s, consume_s = produce_s + middle - started, consume_s + time.thread_time() - middle
+        if len(sends) != 100:
+            raise SystemExit(f"{len(sends)} deliveries of a run of 100")
+        now += 0.002
+    print(f"    produce: {produce_s / count * 1e6:6.2f} µs CPU per message (gateway, broker, store; no sockets)")
+    print(f"take + ack: {consume_s / count * 1e6:6.2f} µs CPU per message (take, delivery frames, acks)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=50_000)
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
+    parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
+    parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
+    parser.add_argument("--no-sockets", action="store_true", help="the gateway, broker and store alone")
+    args = parser.parse_args()
+    profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
+    if args.no_sockets:
+        no_sockets(args.count, args.size, profile if args.profile else None)
+        if args.profile:
+            pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
+        return
+    from pzq.config import Config
+    from pzq.errors import ConfigError
+    from pzq.server import Server
+
+    tmp = tempfile.mkdtemp(prefix="pzq-hot-")
+    fields = dict(
+        database=f"{tmp}/db",
+        receive_dsn=f"ipc://{tmp}/receive",
+        send_dsn=f"ipc://{tmp}/send",
+        monitor_dsn="",
+        phpmq_dsn="",
+        emqp_frontend_dsn="",
+        emqp_backend_dsn="",
+        emqp_publish_dsn="",
+        mqks_dsn="",
+        api_dsn="",
+        disk_reserve=0,
+        ack_timeout=30.0,
+        max_inflight=args.window,
+        max_message_size=args.max_message_size,
+    )
+    try:
+        cfg = Config(**fields).validate()
+    except ConfigError:  # (an older pzq: --ack-timeout in µs)
+        cfg = Config(**{**fields, "ack_timeout": 30_000_000}).validate()
+    server = Server(cfg)
+    server.start()
+    ctx = multiprocessing.get_context("spawn")
+    n, w, size = args.count, args.window, args.size
+    phases = {
+        "produce": [ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size))],
+        "drain": [ctx.Process(target=consumer, args=(cfg.send_dsn, n))],
+        "end to end": [
+            ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)),
+            ctx.Process(target=consumer, args=(cfg.send_dsn, n)),
+        ],
+    }
+    for phase, children in phases.items():
+        if args.phase and phase not in args.phase:
+            continue
+        for child in children:
+            child.start()
+        time.sleep(0.5)  # (the children import and connect: not the server's work)
+        cpu, wall, syncs, turns = time.process_time(), time.monotonic(), server.store.syncs, getattr(server, "turns", 0)
+        if args.profile:
+            profile.enable()
+        while any(child.is_alive() for child in children):
+            server._turn(10)
+        if args.profile:
+            profile.disable()
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        if any(child.exitcode for child in children):
+            raise SystemExit(f"{phase}: a client failed")
+        syncs, turns = server.store.syncs - syncs, getattr(server, "turns", 0) - turns
+        print(
+            f"{phase:>11}: {cpu / n * 1e6:6.1f} µs server CPU per message ({n / wall:,.0f} msg/s wall, "
+            f"{n / max(turns, 1):.0f} messages a turn, {n / max(syncs, 1):.0f} a commit)"
+        )
+    server.close()
+    if args.profile:
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
