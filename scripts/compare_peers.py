@@ -647,7 +647,7 @@ def main() -> None:
                 print(f"round {i + 1}: {name} ...", file=sys.stderr)
                 peer = peers[name][0](workdir)
                 try:
-                    runs.setdefault(name, []).append(one_run(peer, options))
+                    runs.setdefault(name, []).append(flatten(one_run(peer, options)))
                 finally:
                     peer.stop()
                     shutil.rmtree(workdir, ignore_errors=True)
