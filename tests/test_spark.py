@@ -326,3 +326,21 @@ def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_ackno
     produce(api, "nightly", [b"late"])
     assert run() == 1
     assert api.info("nightly")["depth"] == 1
+
+
+def test_a_page_goes_to_spark_as_one_arrow_batch_with_the_same_values_as_its_rows():
+    import datetime
+
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from pzq.spark import SCHEMA_TYPE, _arrow_schema, _page, columnar
+
+    messages = [[7, "a" * 32, 1_700_000_000_123_456, 1, b"one"], [8, "b" * 32, 0, 3, b"\x00two"]]
+    (batch,) = _page("events", messages, _arrow_schema())
+    rows = list(_page("events", messages, None))
+    assert batch.num_rows == 2 and [tuple(r.values()) for r in batch.to_pylist()] == rows
+    assert rows[0][4] == datetime.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=datetime.UTC)
+    assert list(_page("events", [], _arrow_schema())) == []
+    assert columnar(SCHEMA_TYPE) and not columnar(StructType([StructField("body", StringType())]))
+    assert not columnar(StructType([*SCHEMA_TYPE.fields[:-1], StructField("deliveries", StringType())]))
+    assert columnar(StructType([*SCHEMA_TYPE.fields[:-1], StructField("deliveries", IntegerType())]))
