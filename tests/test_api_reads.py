@@ -1,5 +1,6 @@
-"""FETCH pipelined by the API client (``ApiClient.fetch_pages``) against a real server over ipc: every
-leased message once and in lease order, whatever cuts replies short or refuses the requests in flight."""
+"""Reads through the API against a real server over ipc: FETCH pipelined by the client
+(``ApiClient.fetch_pages``: every leased message once and in lease order, whatever cuts replies short or
+refuses the requests in flight), and read-only replies that make no turn commit."""
 
 from __future__ import annotations
 
@@ -78,3 +79,23 @@ def stats(srv) -> dict:
 
 def api_requests(srv) -> int:
     return int(stats(srv)["api"]["requests"])
+
+
+def test_fetches_while_acknowledged_messages_are_deleted_wait_for_no_commit_but_a_lease_does(make_server, tmp_path):
+    # A long --commit-interval: what no reply waits for (the deletions of an ACK_UPTO) gathers that long.
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", commit_interval=30.0, limits=Limits(lease_work_per_turn=100))
+    with leased(srv, "acked", 3000) as api:
+        reader = leased(srv, "read", 2000)
+        try:
+            api.ack_upto("acked", "g", 3000)  # (its reply waits for the commit of the new base)
+            syncs = stats(srv)["syncs"]
+            messages = flat(reader.fetch_pages("read", "g", 0, 2000, page=50))
+            assert [m[0] for m in messages] == list(range(2000))
+            assert stats(srv)["syncs"] == syncs  # 40 FETCHes, deletions pending between them: no commit
+            assert api.info("acked")["depth"] < 3000  # (the deletions went on meanwhile, uncommitted)
+            reader.produce([("read", b"more")])
+            syncs = stats(srv)["syncs"]
+            assert reader.lease("read", "g", 2000, 10)[1] == 2001
+            assert stats(srv)["syncs"] == syncs + 1  # a lease's reply leaves after its commit
+        finally:
+            reader.close()
