@@ -146,7 +146,8 @@ def columnar(schema) -> bool:
 def _page(queue: str, messages: list[list], arrow) -> Iterator:
     """One reply's messages for Spark: one Arrow batch built column by column in C (``arrow``, the
     schema), rather than a tuple per row that pyspark's worker would convert field by field in Python
-    (about 6 us a row, most of a read's client time); tuples when the query chose another schema."""
+    (13 us a row on a loaded 2-core machine against 0.7 us: most of a read's client time); tuples when
+    the query chose another schema."""
     if not messages:
         return
     if arrow is None:
@@ -327,7 +328,8 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._api().ack_upto(self.options.queue, self.options.group, end["seq"])
 
     def stop(self) -> None:
-        self._stopping.set()
+        if self._stopping is not None:  # (None in a copy made for an executor)
+            self._stopping.set()
         self._wait_ahead(5.0)  # (between two calls it stops at once; a daemon thread cannot outlive the driver)
         if self._client is not None:
             self._client.close()
