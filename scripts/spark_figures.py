@@ -59,6 +59,12 @@ def main() -> int:
             f"{r['master']:<11} {r['count']:>9,} {stream:>12,.0f} {batches:>11,.0f} {snapshot:>9,.0f} {sink:>9,.0f} "
             f"{stream / snapshot:>13.2f}x"
         )
+    print("\nwhere the micro-batches' time went (ms, Spark's phases summed over the batches of the median run):")
+    for r in rows:
+        prefix = "stream_batches.phases_ms."  # (medians() flattened the dict into dotted keys)
+        phases = {k.removeprefix(prefix): v for k, v in r.items() if k.startswith(prefix)}
+        top = sorted(phases.items(), key=lambda kv: -kv[1])[:6]
+        print(f"{r['master']:<11} {r['count']:>9,} " + "  ".join(f"{k} {v:,.0f}" for k, v in top))
     Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"\nJSON written to {args.json} (rows/s)")
     return 0

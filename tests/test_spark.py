@@ -326,3 +326,68 @@ def test_an_available_now_query_reads_what_is_there_stops_and_the_next_run_ackno
     produce(api, "nightly", [b"late"])
     assert run() == 1
     assert api.info("nightly")["depth"] == 1
+
+
+def test_a_page_goes_to_spark_as_one_arrow_batch_with_the_same_values_as_its_rows():
+    import datetime
+
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from pzq.spark import _arrow_schema, _page, columnar
+
+    kinds = [StringType(), StringType(), LongType(), BinaryType(), TimestampType(), IntegerType()]
+    names = ["queue", "key", "seq", "body", "enqueued_at", "deliveries"]
+    ours = StructType([StructField(n, k) for n, k in zip(names, kinds, strict=True)])
+
+    messages = [[7, "a" * 32, 1_700_000_000_123_456, 1, b"one"], [8, "b" * 32, 0, 3, b"\x00two"]]
+    (batch,) = _page("events", messages, _arrow_schema())
+    rows = list(_page("events", messages, None))
+    assert batch.num_rows == 2 and [tuple(r.values()) for r in batch.to_pylist()] == rows
+    assert rows[0][4] == datetime.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=datetime.UTC)
+    assert list(_page("events", [], _arrow_schema())) == []
+    assert columnar(ours) and not columnar(StructType([StructField("body", StringType())]))
+    assert not columnar(StructType([*ours.fields[:-1], StructField("deliveries", StringType())]))
+    assert columnar(StructType([*ours.fields[:-1], StructField("deliveries", IntegerType())]))
+
+
+def test_planning_a_full_batch_leases_the_next_one_ahead_and_the_next_plan_gets_exactly_those(api_server):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from pzq.spark import LeaseStreamReader, Options
+
+    api = api_server.api
+    produce(api, "ahead", [b"a%d" % i for i in range(250)])
+    reader = LeaseStreamReader(Options(endpoint=api_server.endpoint, queue="ahead"))
+    try:
+        assert reader.latestOffset({"seq": 0}, ReadMaxRows(100)) == {"seq": 100}
+        reader._wait_ahead(30)
+        assert api.offsets("ahead", "spark") == (0, 200)  # the next batch is leased while this one is read
+        rows = [row for part in reader.partitions({"seq": 100}, {"seq": 200}) for row in reader.read(part)]
+        assert [row[2] for row in rows] == list(range(100, 200))  # (tuples: no Arrow schema was given)
+        assert [row[3] for row in rows] == [b"a%d" % i for i in range(100, 200)]
+        assert reader.latestOffset({"seq": 100}, ReadMaxRows(100)) == {"seq": 200}
+        reader._wait_ahead(30)
+        assert api.offsets("ahead", "spark") == (0, 250)  # a short batch: 50 were there
+        assert reader.latestOffset({"seq": 200}, ReadMaxRows(100)) == {"seq": 250}
+        reader._wait_ahead(30)
+        assert api.offsets("ahead", "spark") == (0, 250)  # not full: nothing is leased ahead
+    finally:
+        reader.stop()
+    # A query that restarts on its checkpoint plans from its last offset and gets the same leases.
+    again = LeaseStreamReader(Options(endpoint=api_server.endpoint, queue="ahead"))
+    try:
+        assert again.latestOffset({"seq": 100}, ReadMaxRows(100)) == {"seq": 200}
+        produce(api, "ahead", [b"b%d" % i for i in range(300)])
+        assert again.latestOffset({"seq": 250}, ReadAllAvailable()) == {"seq": 550}
+        again._wait_ahead(30)
+        assert api.offsets("ahead", "spark") == (0, 550)  # availableNow reads what is there: no lease ahead
+    finally:
+        again.stop()

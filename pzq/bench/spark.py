@@ -75,6 +75,14 @@ def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOption
     # The same rows over the micro-batches' own time (Spark's triggerExecution), without the query's
     # start (its Python source worker, the checkpoint) and the idle poll that ends processAllAvailable.
     stream_batches = {**_timed(leased, in_batches, "rows", "rows_s"), "batches": len(batches)}
+    # Where the batches' time went (Spark's own phases, summed; ms): latestOffset is the planning (the
+    # leases), addBatch the reading (the fetches), walCommit and commitOffsets Spark's checkpoint.
+    phases: dict[str, int] = {}
+    for p in batches:
+        for phase, ms in p["durationMs"].items():
+            if phase != "triggerExecution":
+                phases[phase] = phases.get(phase, 0) + ms
+    stream_batches["phases_ms"] = phases
 
     df = spark.range(n).selectExpr(f"repeat('x', {options.size}) AS body").cache()
     df.count()

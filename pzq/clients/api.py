@@ -7,9 +7,11 @@ answers the resent request. Only then does the call raise ClientError.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 import uuid
+from collections.abc import Iterator
 
 import zmq
 
@@ -123,6 +125,63 @@ class ApiClient:
             if r["next"] >= hi:
                 return messages, gone
             lo = r["next"]
+
+    def fetch_pages(
+        self, queue: str, group: str, lo: int, hi: int, page: int, depth: int = 2
+    ) -> Iterator[tuple[list[list], int]]:
+        """Every message leased as ``lo .. hi-1``, one reply at a time in lease order: ``(messages, gone)``
+        per reply. Up to ``depth`` FETCHes of ``page`` leases are in flight, so that the server reads the
+        next page while this one crosses the socket and its caller uses it (the server answers one
+        client's requests in order, each within its own budget: no request is longer for it). A reply
+        cut short (its bytes, its time) is followed by a FETCH of the rest before the next page. Where a
+        reply is late or ``busy``, what is in flight is asked again one at a time, with ``call``'s resends."""
+        pending: collections.deque[tuple[bytes, int, int]] = collections.deque()  # sent, in lease order
+        early: dict[bytes, tuple[bool, dict]] = {}  # replies that came before the one awaited
+        at = lo
+        while pending or at < hi:
+            while len(pending) < max(1, depth) and at < hi:
+                end = min(at + page, hi)
+                pending.append((self._send("FETCH", queue=queue, group=group, lo=at, hi=end), at, end))
+                at = end
+            rid, a, b = pending.popleft()
+            reply = early.pop(rid, None) or self._await(rid, {r for r, _, _ in pending}, early)
+            if reply is None or not reply[0]:
+                if reply is not None and reply[1].get("code") != "busy":
+                    raise ApiError(str(reply[1].get("code")), str(reply[1].get("detail")))
+                # Late or busy: this range and the rest in flight, one at a time (resent as ``call`` does).
+                for _, c, d in [(rid, a, b), *pending]:
+                    yield self.fetch(queue, group, c, d)
+                pending.clear()
+                early.clear()
+                continue
+            r = reply[1]
+            if r["next"] < b:  # cut short: the rest of this page comes before the pages in flight
+                pending.appendleft((self._send("FETCH", queue=queue, group=group, lo=r["next"], hi=b), r["next"], b))
+            yield r["messages"], r["gone"]
+
+    def _send(self, command: str, **args) -> bytes:
+        """Send one request without waiting; its id."""
+        self._counter += 1
+        request_id = f"{self._pid}-{self._counter}".encode()
+        self._socket().send_multipart(api.request(request_id, command, args))
+        return request_id
+
+    def _await(self, request_id: bytes, others: set[bytes], early: dict) -> tuple[bool, dict] | None:
+        """(ok, results) of the reply to ``request_id``, keeping replies to ``others`` in ``early``;
+        None if none came within ``attempt_s``."""
+        deadline = time.monotonic() + self.attempt_s
+        while (left := deadline - time.monotonic()) > 0:
+            answer = receive(self._socket(), int(left * 1000) + 1)
+            if answer is None:
+                return None
+            reply = api.parse_reply(answer)
+            if reply is None:
+                continue
+            if reply[0] == request_id:
+                return reply[1], reply[2]
+            if reply[0] in others:
+                early[reply[0]] = (reply[1], reply[2])
+        return None
 
     def ack_upto(self, queue: str, group: str, upto: int) -> int:
         return self.call("ACK_UPTO", queue=queue, group=group, upto=upto)["base"]

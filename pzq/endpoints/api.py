@@ -17,6 +17,9 @@ from pzq.zmqio import NOBLOCK, Again
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
 BIG_REPLIES = (b"SNAPSHOT", b"FETCH")  # commands whose reply may be api_reply_bytes and a message
+# Commands that write nothing a client is told of: their replies need no commit of their own. (What they
+# return was durable before: a lease or a message is committed before the reply that tells of it.)
+READ_ONLY = (b"SNAPSHOT", b"FETCH")
 REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
 COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
 TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
@@ -80,6 +83,7 @@ class ApiEndpoint(Endpoint):
         self.most_bytes_per_peer = config.limits.api_pending_peer_bytes
         self.refused_busy = 0  # requests past their client's share, answered ERR busy
         self._granted: dict[bytes, int] = {}  # big replies admitted this turn, not sent yet, per peer
+        self._writes = False  # a reply of this turn tells of a write: it waits for the commit
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock in ready:
@@ -101,6 +105,7 @@ class ApiEndpoint(Endpoint):
             cost = time.perf_counter() - began
             self._tags[frames[0]] = self._now_tag + cost
             command = _command(frames)
+            self._writes = self._writes or command not in READ_ONLY
             if command in self._costs or len(self._costs) < COMMANDS_KEPT:
                 self._costs[command] = 0.8 * self._costs.get(command, cost) + 0.2 * cost
 
@@ -199,7 +204,11 @@ class ApiEndpoint(Endpoint):
         }
 
     def waiting(self) -> bool:
-        return bool(self._out)
+        """Replies wait for the commit when one of them tells of a write (LEASE, ACK_UPTO, PRODUCE...).
+        FETCH and SNAPSHOT replies alone do not make the turn commit: while acknowledged messages are
+        deleted a share a turn, a streaming read's every FETCH would otherwise wait for an fsync of
+        those deletions (which gather for --commit-interval instead, as consumer acks do)."""
+        return self._writes
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
@@ -209,6 +218,7 @@ class ApiEndpoint(Endpoint):
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
+        self._writes = False
         self._granted.clear()  # (sent now: counted by the pipe estimate from here on)
         self.replies.flush()
         out, self._out = self._out, []
