@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgpack
 import pytest
 
 from pzq.broker import Broker
@@ -147,3 +148,15 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
         flood.close(linger=0)
     finally:
         binder.close()
+
+
+def test_a_key_named_twice_in_one_ack_is_settled_once_and_its_repeat_alone_refused(broker):
+    g = gateway(broker)
+    hello(g, b"p", 3)
+    [out] = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    k0, k1, k2 = msgpack.unpackb(out.frames[4])
+    [answer] = g.received(b"p", [b"ACK", msgpack.packb([k0, k0, k1, k0])], now=0.0)
+    # k0 and k1 acked: 2 settled, only the two repeats of k0 refused (not its first mention)
+    assert answer.frames[1:3] == [b"SETTLED", b"2"] and msgpack.unpackb(answer.frames[3]) == [k0, k0]
+    [answer] = g.received(b"p", [b"NACK", msgpack.packb([k0, k1, k2])], now=0.0)
+    assert answer.frames[1:3] == [b"SETTLED", b"1"] and msgpack.unpackb(answer.frames[3]) == [k0, k1]

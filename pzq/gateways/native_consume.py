@@ -166,12 +166,18 @@ class BatchConsumeGateway:
         settled: list[Ref] = []
         if command.name == wire.ACK:
             named = [(key, ref_of_key(key)) for key in command.keys]
-            gone = set(self.broker.ack_many([ref for _, ref in named if ref is not None], by=holder))
-            for key, ref in named:  # (refused in the order the ACK named them)
-                if ref is None or ref in gone:
-                    refused.append(key)
-                else:
+            refs = [ref for _, ref in named if ref is not None]
+            # The broker acks a key's first mention and refuses its repeats: a ref was acked when it was
+            # named more often than refused (a set of the refused would report an acked key refused)
+            named_count = collections.Counter(refs)
+            named_count.subtract(self.broker.ack_many(refs, by=holder))
+            acked = {ref for ref, left in named_count.items() if left > 0}
+            for key, ref in named:  # (refused in the order the ACK named them; a repeat is refused)
+                if ref is not None and ref in acked:
+                    acked.discard(ref)
                     settled.append(ref)
+                else:
+                    refused.append(key)
         else:
             for key in command.keys:
                 ref = ref_of_key(key)
