@@ -104,15 +104,12 @@ class BatchConsumeEndpoint(Endpoint):
                 return
 
     def _blocked(self, peer: bytes) -> bool:
-        """Serve ``peer`` nothing now: its answers wait unread, or what its pipe and backlog may hold
-        is past its share of the memory bound, or everything pzq holds is at the big replies' ceiling.
-        A DELIVER is a big reply: consumers that never read them wait (and the others with them, once
-        the ceiling is reached) rather than raise the alarm that refuses every producer."""
-        if self.replies.blocked(peer):
-            return True
-        consumer = self.gateway.consumers.get(peer)
-        holds = self.replies.held(peer) + (consumer.pipe_bytes if consumer is not None else 0)
-        return not self.alarm.admit(holds, self.limits.consume_batch_bytes)
+        """Serve ``peer`` nothing now: its answers wait unread, or everything pzq holds is at the big
+        replies' ceiling. A DELIVER is a big reply: consumers that never read them wait (and the others
+        with them, once the ceiling is reached) rather than raise the alarm that refuses every producer.
+        (No per-consumer share: its pipe holds SNDHWM DELIVERs at most, and a consumer that asks for
+        several 16 MiB messages before it acks any must get them.)"""
+        return self.replies.blocked(peer) or not self.alarm.admit(0, self.limits.consume_batch_bytes)
 
     def waiting(self) -> bool:
         return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)
