@@ -15,6 +15,7 @@ from pzq.protocols import monitor as monitor_proto
 from pzq.store import Store
 
 RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
+DEAD_LIST_BYTES = 4 << 20  # bodies of dead letters one DEADLETTERS answer lists at most (the first always)
 
 
 class Admin:
@@ -93,7 +94,9 @@ class Admin:
             limit = int(args[1]) if len(args) > 1 else 100
         except ValueError:
             return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
-        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)))
+        # (bodies are listed whole: at most DEAD_LIST_BYTES of them, the first always; 10,000 dead letters of
+        # 16 MiB were read and rendered in one turn, gigabytes, the loop stalled for seconds a hundred MiB)
+        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)), max_bytes=DEAD_LIST_BYTES)
         return monitor_proto.render_json(
             [
                 {

@@ -79,3 +79,28 @@ def test_side_records_skipped_as_unreadable_are_counted_in_the_figures(store):
     Schedules(store).put_raw(b"broken", b"\xc1 not msgpack")
     assert Schedules(store).all() == {}
     assert admin.stats()["unreadable_records_total"] == 1
+
+
+def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall_the_loop(store):
+    # 16 MiB dead letters were all read and rendered in one turn: eight stalled it 5.7 s (500 MB of JSON)
+    from pzq.admin import DEAD_LIST_BYTES
+
+    admin = admin_on(store)
+    broker = admin.broker
+    for i in range(3):  # chunked bodies (store format 4): their chunks count, not only their small records
+        upload = broker.begin_big([b"%d" % i, b"z" * (3 << 20)], 1 << 20)
+        while not upload.done:
+            broker.write_big(upload, 2 << 20)
+        broker.produce_big("q", upload, now_us=1)
+    for message in broker.take("q", 3, "c", now=0.0, now_us=2):
+        store.dead_letter(message, "max-deliveries", now_us=3)
+    store.commit()
+    letters = json.loads(admin.answer(ask("DEADLETTERS q 10000")))
+    assert [letter["body"][0] for letter in letters] == ["0", "1"]  # (past DEAD_LIST_BYTES after the second)
+    assert DEAD_LIST_BYTES < 2 * (3 << 20) + 4096
+    for i in range(3):
+        broker.produce("small", [b"s%d" % i], now_us=4)
+    for message in broker.take("small", 3, "c", now=0.0, now_us=5):
+        store.dead_letter(message, "max-deliveries", now_us=6)
+    store.commit()
+    assert len(json.loads(admin.answer(ask("DEADLETTERS small")))) == 3

@@ -168,6 +168,19 @@ def test_the_client_sends_batches_in_order_and_splits_them_at_the_servers_caps(m
             consumer.ack(delivery)
 
 
+def test_the_client_sends_a_batch_answered_busy_again_and_every_message_is_stored(make_server):
+    # Batches near max_bytes, 12 in flight: one bigger than what is left of a turn is held, the next ones
+    # wait behind it and past its producer's share (a quarter of pipe_in_bytes) are answered busy
+    server = make_server()
+    with client.Producer(server.receive) as producer:
+        bodies = [[b"%06d" % i + b"x" * 10_000] for i in range(190 * 40)]
+        results = producer.send_many(bodies, batch=190, window=12)
+        assert [r.error for r in results if not r.ok] == [] and len(results) == len(bodies)
+    assert server.stats()["messages"] == len(bodies)
+    # (how many were busy depends on the timing of the turns; each was sent again)
+    assert server.stats()["native"]["busy_refused_total"] == producer.batches.busy_resent
+
+
 def test_the_client_resends_the_unstored_rest_of_a_batch_as_a_new_batch(make_server):
     server = make_server(max_store_size=1 << 20)
     with client.Producer(server.receive) as producer:

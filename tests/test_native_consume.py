@@ -355,3 +355,28 @@ def test_sigkills_while_a_batched_consumer_acks_in_bursts_bring_back_no_settled_
     assert settled, "some bursts were settled before the kills"
     assert not settled & set(rest), "a message settled before a kill came back"
     assert everything - settled - unknown <= set(rest), "a message never settled was lost"
+
+
+def test_consumers_that_never_read_their_delivers_wait_and_do_not_raise_the_alarm_that_refuses_producers(
+    make_server, sockets
+):
+    srv = make_server(memory_high_water=8 << 20, memory_low_water=6 << 20)
+    body = b"x" * (256 << 10)
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[body]] * 60))
+    hogs = []
+    for _ in range(6):  # (they read their HELLO answer, then nothing: their pipes fill)
+        sock = sockets(zmq.DEALER, None)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.connect(srv.config.consume_dsn)
+        sock.send_multipart(wire.hello())
+        assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+        sock.send_multipart(wire.credit(1000))
+        hogs.append(sock)
+    assert wait_until(lambda: srv.stats()["native_batch"]["delivered_total"] >= 4)
+    with client.Producer(srv.receive) as producer:
+        for _ in range(20):  # (a turn after another: deliveries stop at the ceiling, never past the alarm)
+            assert producer.produce_many([[b"honest"]])[0].ok
+    memory = srv.stats()["memory"]
+    assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] < 8 << 20

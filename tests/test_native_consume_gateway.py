@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgpack
 import pytest
 
 from pzq.broker import Broker
@@ -147,3 +148,43 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
         flood.close(linger=0)
     finally:
         binder.close()
+
+
+def test_a_key_named_twice_in_one_ack_is_settled_once_and_its_repeat_alone_refused(broker):
+    g = gateway(broker)
+    hello(g, b"p", 3)
+    [out] = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    k0, k1, k2 = msgpack.unpackb(out.frames[4])
+    [answer] = g.received(b"p", [b"ACK", msgpack.packb([k0, k0, k1, k0])], now=0.0)
+    # k0 and k1 acked: 2 settled, only the two repeats of k0 refused (not its first mention)
+    assert answer.frames[1:3] == [b"SETTLED", b"2"] and msgpack.unpackb(answer.frames[3]) == [k0, k0]
+    [answer] = g.received(b"p", [b"NACK", msgpack.packb([k0, k1, k2])], now=0.0)
+    assert answer.frames[1:3] == [b"SETTLED", b"1"] and msgpack.unpackb(answer.frames[3]) == [k0, k1]
+
+
+def test_a_turn_hands_batched_consumers_no_more_bodies_than_its_bytes_and_each_consumer_one_batch_in_turn(
+    store, tmp_path
+):
+    import zmq
+
+    from pzq.endpoints.base import Sockets, TurnBudget
+    from pzq.endpoints.native_consume import BatchConsumeEndpoint
+
+    from conftest import make_config
+
+    b = Broker(store, ack_timeout_s=5.0)
+    b.produce_many("default", [[b"x" * (256 << 10)]] * 40, now_us=1)
+    cfg = make_config(tmp_path, consume_dsn=f"inproc://consume-bytes-{id(tmp_path)}")
+    g = gateway(b)
+    endpoint = BatchConsumeEndpoint(cfg, g, Sockets(zmq.Context.instance()))
+    try:
+        hello(g, b"a", 1000)
+        hello(g, b"b", 1000)
+        endpoint.budget = TurnBudget.start(3600.0, 2 << 20, records=1000)
+        endpoint.work(0.0, 2)
+        # 2 MiB of 256 KiB bodies a turn (a batch passes it by one message at most), and a consumer's
+        # batch is 1 MiB (one message past it at most) before the next consumer's turn
+        assert 8 <= sum(len(o.refs) for o in endpoint._out) <= 10
+        assert [(o.frames[0], len(o.refs)) for o in endpoint._out] == [(b"a", 4), (b"b", 4)]
+    finally:
+        endpoint.sock.close(linger=0)

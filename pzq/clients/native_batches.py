@@ -5,6 +5,8 @@ message, as before. Otherwise messages go out packed into batches within the ser
 batches in flight. A batch's ack says how many of its messages, from the first, were stored: when some
 but not all were, the rest goes again as a new batch (as long as each try stores something); an ack that
 does not come within the timeout has its batch sent again with the same id, which the server stores once.
+A batch (or a lone message) answered "busy" (stored nothing: it waited behind its producer's held big
+one) goes again, with a new id, once another answer came.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from pzq.protocols import native as legacy
 from pzq.protocols import native_batch as wire
 
 Result = tuple[bytes, bool, str]  # (message id, stored, error)
+# A batch bigger than what is left of a server's turn is held there, and the batches its producer sent
+# after it wait behind it; past the producer's share of what may wait (16 MiB) they are answered "busy",
+# nothing stored: they go again once another answer came (the held one moved on), this many times at most
+BUSY_TRIES = 64
 
 
 @dataclasses.dataclass
@@ -31,6 +37,7 @@ class _Pending:
     bodies: list[Sequence[bytes]]
     batch: bool
     resent: bool = False
+    busy: int = 0  # times the server answered it "busy" (nothing stored: it goes again)
 
 
 class BatchSender:
@@ -44,6 +51,9 @@ class BatchSender:
         self.probed = False
         self.caps: wire.Caps | None = None
         self.resent = 0  # batches sent again after a lost ack
+        self.busy_resent = 0  # batches (and lone messages) sent again after a "busy"
+        self._busy: list[_Pending] = []  # answered "busy": sent again once another answer came
+        self.answered = False  # an answer other than "busy" came since the busy ones were last sent
         self.sent_batches = 0
 
     def _next_id(self, kind: bytes) -> bytes:
@@ -96,7 +106,7 @@ class BatchSender:
             chunk.append(body)
             size, frames = size + need, frames + parts
         self._flush(chunk, results, pending, window)
-        while pending:
+        while pending or self._busy:
             self._collect(pending, results)
         return [r for r in results if r is not None]
 
@@ -122,6 +132,9 @@ class BatchSender:
 
     def _collect(self, pending: dict[bytes, _Pending], results: list[Result | None]) -> None:
         """Read one answer. None in time: every batch waiting is sent again with its id, once."""
+        # (another answer came since, or none is awaited: the server moved on, the busy ones go again)
+        if self._busy and (self.answered or not pending):
+            self._again(pending)
         frames = receive(self.sock, self.timeout_ms)
         if frames is None:
             again = [(bid, e) for bid, e in pending.items() if e.batch and not e.resent]
@@ -135,10 +148,13 @@ class BatchSender:
         entry = pending.pop(frames[0], None) if frames else None
         if entry is None:
             return  # an answer nobody waits for: the first ack of a batch that was resent, or a probe's
+        self.answered = True  # (unless it is a "busy": see _busy_again)
         if not entry.batch:
             ack = legacy.parse_produce_ack(frames)
             if ack is None:
                 raise ClientError(f"an answer that is not a pzq ack ({len(frames)} frame(s)): is a pzq server there?")
+            if not ack.ok and self._busy_again(entry, ack.error, pending):
+                return
             results[entry.first] = (frames[0], ack.ok, ack.error)
             return
         answer = wire.parse_batch_ack(frames)
@@ -152,5 +168,28 @@ class BatchSender:
         if stored > 0:  # some went in: the rest again, as a new batch (a new id: it is other messages)
             self._send_batch(_Pending(entry.first + stored, entry.bodies[stored:], batch=True), pending)
             return
+        if self._busy_again(entry, answer.error, pending):
+            return
         for i in range(len(entry.bodies)):
             results[entry.first + i] = (b"%s:%d" % (frames[0], i), False, answer.error)
+
+    def _busy_again(self, entry: _Pending, error: str, pending: dict[bytes, _Pending]) -> bool:
+        """True when ``entry`` was answered "busy" (nothing stored) and goes again later."""
+        if not error.startswith(legacy.BUSY[:5]) or entry.busy >= BUSY_TRIES:
+            return False
+        entry.busy += 1
+        self._busy.append(entry)
+        self.answered = False
+        return True
+
+    def _again(self, pending: dict[bytes, _Pending]) -> None:
+        """Send the entries answered "busy" again (new ids: a busy one stored nothing)."""
+        again, self._busy, self.answered = self._busy, [], False
+        for entry in again:
+            self.busy_resent += 1
+            if entry.batch:
+                self._send_batch(entry, pending)
+            else:
+                mid = self._next_id(b"m")
+                pending[mid] = entry
+                self.sock.send_multipart(legacy.produce(mid, entry.bodies[0]))

@@ -93,11 +93,23 @@ class BatchConsumeEndpoint(Endpoint):
             self.gateway.sweep(now)
         # A chunk at a time (Limits.turn_chunk), each drawn on the turn's budget, as the native endpoint's
         while self.gateway.would_send() and (most := self.budget.records_for(self.limits.turn_chunk)):
-            self._out += self.gateway.dispatch(now=now, now_us=now_us, most=most, blocked=self.replies.blocked)
+            # (their bodies draw on the turn's bytes, as the send socket's: reading them back costs ~1 ms a MiB)
+            most_bytes = max(self.budget.bytes_left, 1)
+            self._out += self.gateway.dispatch(
+                now=now, now_us=now_us, most=most, blocked=self._blocked, most_bytes=most_bytes
+            )
             done = self.gateway.dispatched
-            self.budget.take(records=done)
-            if done < most:  # nothing more to do now (no credit, nothing ready, pipes full)
+            self.budget.take(self.gateway.dispatched_bytes, records=done)
+            if done < most or self.budget.bytes_left <= 0:  # nothing more now (no credit, nothing ready, pipes full)
                 return
+
+    def _blocked(self, peer: bytes) -> bool:
+        """Serve ``peer`` nothing now: its answers wait unread, or everything pzq holds is at the big
+        replies' ceiling. A DELIVER is a big reply: consumers that never read them wait (and the others
+        with them, once the ceiling is reached) rather than raise the alarm that refuses every producer.
+        (No per-consumer share: its pipe holds SNDHWM DELIVERs at most, and a consumer that asks for
+        several 16 MiB messages before it acks any must get them.)"""
+        return self.replies.blocked(peer) or not self.alarm.admit(0, self.limits.consume_batch_bytes)
 
     def waiting(self) -> bool:
         return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)

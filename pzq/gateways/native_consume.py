@@ -87,6 +87,7 @@ class BatchConsumeGateway:
         self._fds: dict[int, bytes] = {}  # connection descriptor -> the consumer whose commands came over it
         self.pipe_bytes = 0  # of every consumer's pipe estimate (the memory bound)
         self.dispatched = 0  # messages handed out by the last dispatch call
+        self.dispatched_bytes = 0  # and the bytes of their bodies (they draw on the turn's bytes)
         self.delivered_total = self.batches_total = self.refused_total = 0
         self.errors_total = self.evicted_total = self.forgotten_total = 0
 
@@ -166,12 +167,18 @@ class BatchConsumeGateway:
         settled: list[Ref] = []
         if command.name == wire.ACK:
             named = [(key, ref_of_key(key)) for key in command.keys]
-            gone = set(self.broker.ack_many([ref for _, ref in named if ref is not None], by=holder))
-            for key, ref in named:  # (refused in the order the ACK named them)
-                if ref is None or ref in gone:
-                    refused.append(key)
-                else:
+            refs = [ref for _, ref in named if ref is not None]
+            # The broker acks a key's first mention and refuses its repeats: a ref was acked when it was
+            # named more often than refused (a set of the refused would report an acked key refused)
+            named_count = collections.Counter(refs)
+            named_count.subtract(self.broker.ack_many(refs, by=holder))
+            acked = {ref for ref, left in named_count.items() if left > 0}
+            for key, ref in named:  # (refused in the order the ACK named them; a repeat is refused)
+                if ref is not None and ref in acked:
+                    acked.discard(ref)
                     settled.append(ref)
+                else:
+                    refused.append(key)
         else:
             for key in command.keys:
                 ref = ref_of_key(key)
@@ -198,15 +205,26 @@ class BatchConsumeGateway:
 
     # -- deliveries ------------------------------------------------------------------------------
 
-    def dispatch(self, *, now: float, now_us: int, most: int, blocked: Callable[[bytes], bool]) -> list[Out]:
-        """Hand out up to ``most`` messages, a batch per consumer with credit in turn (round-robin);
-        ``blocked(peer)``: its answers cannot leave now, skip it. ``dispatched`` says how many."""
-        self.dispatched = 0
+    def dispatch(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        most: int,
+        blocked: Callable[[bytes], bool],
+        most_bytes: int = 1 << 62,
+    ) -> list[Out]:
+        """Hand out up to ``most`` messages and about ``most_bytes`` of bodies (a batch may pass it by one
+        message), a batch per consumer with credit in turn (round-robin); ``blocked(peer)``: its answers
+        cannot leave now, skip it. ``dispatched`` and ``dispatched_bytes`` say how many."""
+        self.dispatched = self.dispatched_bytes = 0
         out: list[Out] = []
         if self._stalled_at == self.broker.readiness:
             return out
         skipped = 0
-        while self.dispatched < most and self._ring and skipped < len(self._ring):
+        while (
+            self.dispatched < most and self.dispatched_bytes < most_bytes and self._ring and skipped < len(self._ring)
+        ):
             consumer = self._ring.popleft()
             peer = consumer.peer
             if consumer.credit <= 0 or self.consumers.get(peer) is not consumer:
@@ -219,7 +237,10 @@ class BatchConsumeGateway:
             skipped = 0
             n = min(consumer.credit, self.limits.consume_max_batch, most - self.dispatched)
             readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
-            taken = self.broker.take(self.queue, n, consumer.holder, now=now, now_us=now_us)
+            # (one DELIVER's bytes a turn of the ring: the endpoint admits each batch into the memory bound)
+            taken = self.broker.take(
+                self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
+            )
             if not taken:
                 self._ring.appendleft(consumer)
                 self._stalled_at = readiness
@@ -251,6 +272,7 @@ class BatchConsumeGateway:
             bodies.append(message.frames)
             refs.append((message.qid, message.seq))
             size += length
+            self.dispatched_bytes += length
         out.append(self._deliver(peer, keys, bodies, refs, now_us))
         return out
 

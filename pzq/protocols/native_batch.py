@@ -30,6 +30,7 @@ from pzq.errors import ProtocolError
 MARK = b"PZQ-BATCH/1"
 MAX_BATCH_ID = 200  # bytes of a batch id: printable ASCII, remembered in the store's dedup table
 MAX_ECHO = 1024  # bytes of a refused id echoed back (as a legacy message id)
+MIN_MESSAGE_BYTES = 3  # a message in a bodies frame: an array header (1 byte) and one bin (2 bytes at least)
 
 # Error texts (the code in brackets is what the server logs)
 BAD_ID = "Batch id must be 1 to {limit} bytes of printable ASCII (0x21-0x7e)"
@@ -94,7 +95,9 @@ def announced(frames: Sequence[bytes], most: int) -> int:
         count = msgpack.Unpacker(io.BytesIO(frames[4][:5]), max_buffer_size=5).read_array_header()
     except Exception:  # noqa: BLE001 - garbage: the gateway refuses it, costing one record
         return 1
-    return max(1, min(count, most))
+    # (each message takes 3 bytes at least, an array header and an empty bin: a 4-byte frame announcing
+    # a thousand would otherwise take a whole turn's records for nothing, again and again)
+    return max(1, min(count, most, len(frames[4]) // MIN_MESSAGE_BYTES))
 
 
 def parse_batch(frames: Sequence[bytes], caps: Caps) -> Batch | Probe | BatchRejected:

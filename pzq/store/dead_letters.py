@@ -52,9 +52,12 @@ class DeadLetters(Runs):
         )
         return DeadLetter(message, reason, dead_at_us)
 
-    def dead_letters(self, queue: str, from_seq: int = 0, limit: int = 100) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters of ``queue``, oldest first."""
-        return list(self._iter(self._dead_db, queue, from_seq, limit, self._decode_dead))
+    def dead_letters(
+        self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None
+    ) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters of ``queue``, oldest first; with ``max_bytes``, no more once their
+        bodies reach it (the first is always read)."""
+        return list(self._iter(self._dead_db, queue, from_seq, limit, self._decode_dead, max_bytes))
 
     def requeue_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> list[Message]:
         """Put dead letters back at the end of their queue with a fresh delivery count.
