@@ -33,6 +33,14 @@ def dealer(sockets, srv) -> zmq.Socket:
     return sock
 
 
+def take(sock: zmq.Socket, count: int) -> None:
+    """Grant ``count`` deliveries and read DELIVERs until that many keys came."""
+    sock.send_multipart(wire.credit(count))
+    got = 0
+    while got < count:
+        got += len(wire.parse_reply(recv(sock)).keys)
+
+
 def nothing_within(sock: zmq.Socket, ms: int) -> bool:
     return not sock.poll(ms)
 
@@ -186,10 +194,7 @@ def test_credit_counts_what_the_consumer_holds(make_server, sockets):
     srv = make_server(limits=dataclasses.replace(DEFAULT_LIMITS, consume_max_credit=10))
     produce(srv.receive, 20)
     sock = dealer(sockets, srv)
-    sock.send_multipart(wire.credit(8))
-    got = 0
-    while got < 8:
-        got += len(wire.parse_reply(recv(sock)).keys)
+    take(sock, 8)
     sock.send_multipart(wire.credit(3))  # (8 held + 3 > 10)
     assert wire.parse_reply(recv(sock)).code == "too-much-credit"
     sock.send_multipart(wire.credit(2))
@@ -276,10 +281,7 @@ def test_a_consumer_whose_tcp_connection_closes_gives_back_what_it_held_at_once(
     srv = make_server(consume_dsn=free_tcp_endpoint()[0], ack_timeout=60.0)
     produce(srv.receive, 10)
     sock = dealer(sockets, srv)
-    sock.send_multipart(wire.credit(6))
-    got = 0
-    while got < 6:
-        got += len(wire.parse_reply(recv(sock)).keys)
+    take(sock, 6)
     assert srv.stats()["queues"]["default"]["inflight"] == 6
     sock.close(linger=0)  # (no BYE: a crashed consumer)
     assert wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0, timeout_s=10)  # (not in 60 s)

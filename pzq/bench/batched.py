@@ -18,7 +18,15 @@ import time
 
 import zmq
 
-from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerJob, ConsumerResult, ProducerJob, ProducerResult
+from pzq.bench.workers import (
+    _HEAD,
+    TAG_SHIFT,
+    ConsumerJob,
+    ConsumerResult,
+    ProducerJob,
+    ProducerResult,
+    add_progress,
+)
 from pzq.clients.native_consume import BatchConsumer
 from pzq.errors import ClientError
 from pzq.protocols import native_batch as wire
@@ -95,13 +103,9 @@ def run_batched_producer(job: ProducerJob, start, progress, results) -> None:
             refused += n - stored  # (the bench counts them; it does not send them again)
             if ack.error and not error:
                 error = ack.error
-        if acked + refused - reported >= 100:
-            with progress.get_lock():
-                progress.value += acked + refused - reported
-            reported = acked + refused
+        reported = add_progress(progress, acked + refused, reported)
     seconds = (time.monotonic_ns() - t0) / 1e9
-    with progress.get_lock():
-        progress.value += acked + refused - reported
+    add_progress(progress, acked + refused, reported, every=0)
     results.put(ProducerResult(job.index, acked, refused, seconds, latencies, error))
     sock.close()
     ctx.term()
@@ -146,8 +150,7 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
             settled = consumer.ack([key for key, _ in batch], timeout_ms=int(job.idle_timeout_s * 1000))
             if settled.refused and not error:
                 error = f"{len(settled.refused)} ack(s) refused"
-            with progress.get_lock():
-                progress.value += len(batch)
+            add_progress(progress, received, received - len(batch), every=0)
     except ClientError as e:
         error = str(e)
     finally:

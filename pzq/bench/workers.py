@@ -48,6 +48,16 @@ class ProducerResult:
     error: str = ""
 
 
+def add_progress(progress, done: int, reported: int, every: int = 100) -> int:
+    """Add to the shared progress counter what was done since the last report, once ``every`` more
+    are done (0: now); returns what is reported so far."""
+    if done - reported < every:
+        return reported
+    with progress.get_lock():
+        progress.value += done - reported
+    return done
+
+
 def run_producer(job: ProducerJob, start, progress, results) -> None:
     """Send ``job.count`` messages with at most ``job.window`` unacked; report ack latencies."""
     ctx = zmq.Context()
@@ -102,13 +112,9 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
                 acked += 1
             else:
                 refused += 1
-        if acked + refused - reported >= 100:
-            with progress.get_lock():
-                progress.value += acked + refused - reported
-            reported = acked + refused
+        reported = add_progress(progress, acked + refused, reported)
     seconds = (time.monotonic_ns() - t0) / 1e9
-    with progress.get_lock():
-        progress.value += acked + refused - reported
+    add_progress(progress, acked + refused, reported, every=0)
     results.put(ProducerResult(job.index, acked, refused, seconds, latencies, error))
     sock.close()
     ctx.term()
@@ -172,11 +178,8 @@ def run_consumer(job: ConsumerJob, start, progress, done, results) -> None:
             received += 1
             first_ns = first_ns or now
             last_ns = now
-        with progress.get_lock():
-            progress.value += received - reported
-        reported = received
-    with progress.get_lock():
-        progress.value += received - reported
+        reported = add_progress(progress, received, reported, every=0)
+    add_progress(progress, received, reported, every=0)
     results.put(ConsumerResult(job.index, received, seen, first_ns, last_ns, latencies, error))
     sock.close()
     ctx.term()
