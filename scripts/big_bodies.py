@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import os
 import pstats
 import tempfile
@@ -21,6 +22,13 @@ import zmq
 from pzq.clients import native as client
 from pzq.config import Config
 from pzq.server import Server
+
+
+def off_if_known(config: type, *names: str) -> dict[str, str]:
+    """``name=""`` (an endpoint off) for each setting this pzq knows: an older tree, run with its own
+    PYTHONPATH to compare, lacks the newer ones (the batched consume endpoint's default is a fixed port)."""
+    known = {field.name for field in dataclasses.fields(config)}
+    return {name: "" for name in names if name in known}
 
 
 def main() -> None:
@@ -42,6 +50,7 @@ def main() -> None:
         api_dsn="",
         disk_reserve=0,
         ack_timeout=5.0,
+        **off_if_known(Config, "consume_dsn"),
     ).validate()
     server = Server(cfg)
     server.start()

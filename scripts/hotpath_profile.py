@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import multiprocessing
 import pstats
 import tempfile
@@ -137,6 +138,8 @@ def main() -> None:
         ack_timeout=30.0,
         max_inflight=args.window,
         max_message_size=args.max_message_size,
+        # (the batched consume endpoint's default is a fixed port; an older tree has no such setting)
+        **{name: "" for name in ("consume_dsn",) if name in {f.name for f in dataclasses.fields(Config)}},
     )
     try:
         cfg = Config(**fields).validate()
