@@ -53,7 +53,10 @@ class Config:
     receive_dsn: str = _setting("tcp://127.0.0.1:11131", "Producers' endpoint (ROUTER).")
     send_dsn: str = _setting("tcp://127.0.0.1:11132", "Consumers' endpoint (DEALER).")
     consume_dsn: str = _setting(
-        "tcp://127.0.0.1:11134", "Batched consumers' endpoint (ROUTER, PZQ-BATCH/1: credit, batched acks); '' disables."
+        "auto",
+        "Batched consumers' endpoint (ROUTER, PZQ-BATCH/1: credit, batched acks); 'auto' puts it beside --send-dsn "
+        "(tcp: its port + 2; ipc: a socket named 'consume' in its directory); '' disables.",
+        shown="auto (tcp://127.0.0.1:11134)",
     )
     monitor_dsn: str = _setting("", "Monitor endpoint (REQ clients).", shown="ipc://DATABASE/monitor")
     queue: str = _setting("default", "Queue the native sockets serve.")
@@ -167,6 +170,10 @@ class Config:
             # Not /tmp: another local user could create the socket file there first. The store
             # directory is 0700, so only this user can make or reach a socket in it.
             object.__setattr__(self, "monitor_dsn", f"ipc://{self.database.rstrip('/') or '/'}/monitor")
+        if self.consume_dsn == "auto":
+            # Beside the send socket rather than a fixed port of its own: two servers with their own
+            # --send-dsn never fight over it, and a client that knows the send socket finds it
+            object.__setattr__(self, "consume_dsn", beside_send(self.send_dsn) or "auto")
 
     @property
     def unauthenticated_roles(self) -> frozenset[str]:
@@ -191,6 +198,12 @@ class Config:
                 )
         if self.phpmq_dialect not in _DIALECTS:
             raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
+        if self.consume_dsn == "auto":
+            raise ConfigError(f"--consume-dsn: 'auto' finds no endpoint beside --send-dsn {self.send_dsn!r}: name one")
+        if self.consume_dsn:
+            for name in ("receive_dsn", "send_dsn", "monitor_dsn", "api_dsn", "emqp_frontend_dsn", "emqp_backend_dsn"):
+                if getattr(self, name) == self.consume_dsn:
+                    raise ConfigError(f"--consume-dsn {self.consume_dsn} is {_flag(name)} too: give it another")
         for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn", "consume_dsn"):
             value = getattr(self, name)
             if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
@@ -347,6 +360,26 @@ def parse_duration(value: str | float, plain: str = "s") -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"{value!r} is not a finite duration")
     return seconds
+
+
+def beside_send(send_dsn: str) -> str:
+    """The batched consumers' endpoint that 'auto' means for ``send_dsn`` ('' when none can be made: the
+    setting must then be given): tcp://HOST:PORT -> PORT + 2, ipc://DIR/NAME -> ipc://DIR/consume,
+    inproc://NAME -> inproc://NAME-consume."""
+    scheme, sep, rest = send_dsn.partition("://")
+    if not sep:
+        return ""
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not port.isdigit() or int(port) + 2 > 65535:
+            return ""
+        return f"tcp://{host}:{int(port) + 2}"
+    if scheme == "ipc":
+        folder, slash, name = rest.rpartition("/")
+        return f"ipc://{folder}{slash}{'consume' if name != 'consume' else 'consume-batched'}"
+    if scheme == "inproc":
+        return f"inproc://{rest}-consume"
+    return ""
 
 
 def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:

@@ -276,3 +276,25 @@ def test_a_duration_is_shown_in_the_largest_unit_that_writes_it_short_and_reads_
 def test_a_size_is_shown_with_the_largest_suffix_that_divides_it(size, text):
     assert config.format_size(size) == text
     assert config.parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("send", "consume"),
+    [
+        ("tcp://127.0.0.1:11132", "tcp://127.0.0.1:11134"),
+        ("tcp://0.0.0.0:5001", "tcp://0.0.0.0:5003"),
+        ("ipc:///run/pzq/send", "ipc:///run/pzq/consume"),
+        ("ipc:///run/pzq/consume", "ipc:///run/pzq/consume-batched"),
+        ("inproc://send", "inproc://send-consume"),
+    ],
+)
+def test_the_batched_consumers_endpoint_defaults_to_beside_the_send_socket(send, consume):
+    assert config.Config(send_dsn=send).validate().consume_dsn == consume
+
+
+def test_a_batched_endpoint_that_auto_cannot_place_or_that_another_endpoint_has_is_refused_by_name():
+    with pytest.raises(ConfigError, match="'auto' finds no endpoint beside --send-dsn"):
+        config.Config(send_dsn="tcp://127.0.0.1:65535").validate()
+    with pytest.raises(ConfigError, match="is --api-dsn too"):
+        config.Config(send_dsn="tcp://127.0.0.1:11131", receive_dsn="tcp://127.0.0.1:11130").validate()
+    assert config.Config(consume_dsn="").validate().consume_dsn == ""

@@ -7,6 +7,7 @@ import dataclasses
 import random
 import signal
 import threading
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -382,3 +383,27 @@ def test_consumers_that_never_read_their_delivers_wait_and_do_not_raise_the_alar
             assert producer.produce_many([[b"honest"]])[0].ok
     memory = srv.stats()["memory"]
     assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] < 8 << 20
+
+
+def test_a_server_on_an_ipc_send_socket_puts_the_batched_endpoint_beside_it_not_on_a_tcp_port(process_server):
+    # Another process holding tcp://127.0.0.1:11134 (the default beside the default send socket) does not
+    # stop a server whose send socket is an ipc file: its batched endpoint is an ipc file beside that one
+    holder = zmq.Context.instance().socket(zmq.ROUTER)
+    holder.linger = 0
+    try:
+        holder.bind("tcp://127.0.0.1:11134")
+    except zmq.ZMQError:
+        pass  # (something holds it already: the same situation)
+    try:
+        srv = process_server("--consume-dsn", "auto")
+        beside = srv.send.rsplit("/", 1)[0] + "/consume"
+        assert Path(beside.removeprefix("ipc://")).exists()
+        produce(srv.receive, 3)
+        with client.BatchConsumer(beside) as consumer:
+            assert consumer.batched
+            batch = consumer.receive(3, 5000)
+            while len(batch) < 3:
+                batch += consumer.receive(3 - len(batch), 5000)
+            assert consumer.ack([key for key, _ in batch]).count == 3
+    finally:
+        holder.close(linger=0)

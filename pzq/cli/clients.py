@@ -10,7 +10,7 @@ import click
 
 from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, resolve
 from pzq.clients import native as client
-from pzq.config import format_duration
+from pzq.config import beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
 
 
@@ -113,7 +113,7 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 @click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
 @click.option(
     "--consume-dsn",
-    help="Batched consumers' endpoint (default from config/env, unless --send-dsn is given alone); '' = the "
+    help="Batched consumers' endpoint (default from config/env; with --send-dsn alone, the one beside it); '' = the "
     "send socket only. A server without it is consumed from the send socket.",
 )
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
@@ -141,8 +141,9 @@ def consume(
     got = 0
     wait_ms = round(timeout * 1000)
     keys = curve(curve_client_key, curve_server_key)
-    # (--send-dsn alone names another server than the configured one: its consume endpoint is not known)
-    batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else None
+    # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
+    # 'auto' puts beside that send socket)
+    batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else beside_send(send_dsn)
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
             batch = consumer.receive(count - got if count else 100, wait_ms)
