@@ -297,9 +297,21 @@ class Environment:
 
     def _reusable_bytes(self) -> int:
         """Bytes of the data file's pages that no database uses (free for LMDB to reuse)."""
+        return max(0, self.disk_bytes() - self.used_bytes())
+
+    def used_bytes(self) -> int:
+        """Bytes of the pages the open tables fill (about what a compacted copy of them holds)."""
         with self.reading() as txn:
             used = 2 + pages(self._env.stat()) + self.pages_of(tuple(self.dbs), txn)  # 2: the meta pages
-        return max(0, self._env.info()["last_pgno"] + 1 - used) * self.page_size
+        return used * self.page_size
+
+    def copy_compacted(self, fd: int) -> None:
+        """Write a compacted copy of what is committed to ``fd`` (`pzq backup`). LMDB copies in a read
+        transaction of its own: a writer goes on, but cannot reuse the pages it frees until the copy ends."""
+        try:
+            self._env.copyfd(fd, compact=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"copying the store at {self.path} failed: {exc}") from exc
 
     def _make_reserve(self) -> bool:
         """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
