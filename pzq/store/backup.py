@@ -31,6 +31,10 @@ from pzq.store.layout import QUEUE_TABLES, SIDE_TABLES
 DATA = "data.mdb"
 HEADROOM = 64 << 20  # room left on the backup's filesystem beyond the copy itself (bytes)
 _CHUNK = 1 << 20
+# The copy is written to disk as it goes, in steps of this many bytes, and dropped from the page cache:
+# gigabytes left dirty for one fsync at the end would stall the server's own fsyncs behind them, and
+# a copy read once would push the server's pages out of memory.
+SYNC_EVERY = 8 << 20
 
 Progress = Callable[[int, int, float], None]  # (bytes copied, bytes expected, seconds since the copy began)
 
@@ -104,7 +108,7 @@ def _copy(env: Environment, target: str, expected: int, progress: Progress | Non
 
     copier = threading.Thread(target=produce, name="pzq-backup-copy", daemon=True)
     copier.start()
-    written, started = 0, time.monotonic()
+    written, synced, started = 0, 0, time.monotonic()
     next_report = started + every_s
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -114,6 +118,9 @@ def _copy(env: Environment, target: str, expected: int, progress: Progress | Non
                 while view:
                     view = view[os.write(fd, view) :]
                 written += len(chunk)
+                if written - synced >= SYNC_EVERY:
+                    _flush(fd, written)
+                    synced = written
                 if progress is not None and time.monotonic() >= next_report:
                     progress(written, expected, time.monotonic() - started)
                     next_report = time.monotonic() + every_s
@@ -131,6 +138,12 @@ def _copy(env: Environment, target: str, expected: int, progress: Progress | Non
     if failed:
         raise failed[0]
     return written
+
+
+def _flush(fd: int, written: int) -> None:
+    os.fdatasync(fd)
+    if hasattr(os, "posix_fadvise"):  # (not on macOS)
+        os.posix_fadvise(fd, 0, written, os.POSIX_FADV_DONTNEED)
 
 
 def _settle(work: str, dest: str, replace: bool) -> None:
