@@ -198,3 +198,56 @@ def test_a_backup_taken_under_load_restores_every_acked_message_and_none_settled
     assert not found & settled_before, "messages settled before the backup began came back"
     assert found <= set(acked_at)  # (nothing that was not produced)
     assert len(must) > 10000  # (the check above is about a real backlog, not an empty queue)
+
+
+def test_a_restore_over_a_planted_link_and_a_backup_where_it_may_not_write_say_one_line(tmp_path):
+    _fill(tmp_path / "src", 5)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    (tmp_path / "target").mkdir()
+    (tmp_path / "elsewhere").write_bytes(b"someone else's file")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "target" / "data.mdb")
+    refused = _pzq("restore", "--force", str(tmp_path / "b"), "--database", str(tmp_path / "target"))
+    assert refused.returncode != 0 and refused.stderr.startswith("pzq: error:") and "Traceback" not in refused.stderr
+    assert (tmp_path / "elsewhere").read_bytes() == b"someone else's file"
+    (tmp_path / "locked").mkdir(mode=0o500)
+    try:
+        refused = _pzq("backup", "--database", str(tmp_path / "src"), str(tmp_path / "locked" / "b"))
+        if os.geteuid() != 0:  # (root writes anywhere)
+            assert refused.returncode == 1 and "Permission denied" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        os.chmod(tmp_path / "locked", 0o700)
+
+
+def test_a_reader_killed_in_a_transaction_does_not_make_the_store_grow_for_ever(tmp_path, caplog):
+    # A `pzq backup` or `pzq check` killed with SIGKILL leaves its reader slot; LMDB would keep every
+    # page that reader saw, so each rewrite of the store would take new pages.
+    store = Store(str(tmp_path / "db"), max_size=256 << 20)
+    store.put_many("default", [[b"x" * 1000] for _ in range(1000)], now_us=1)
+    store.commit()
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
+            "print('reading', flush=True); time.sleep(60)",
+            str(tmp_path / "db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline() == "reading\n"
+    finally:
+        reader.kill()
+        reader.wait(10)
+    with caplog.at_level("WARNING", logger="pzq.store"):
+        store.watch_disk()  # (what the server's loop calls every turn; the readers every 10 s)
+    assert "1 reader(s) died in a transaction" in caplog.text
+    size = os.path.getsize(tmp_path / "db" / "data.mdb")
+    for _ in range(30):  # each round replaces every message: 1 MB of new pages, the old ones free
+        store.put_many("default", [[b"y" * 1000] for _ in range(1000)], now_us=1)
+        assert store.delete_range("default", 0, 10**12, 1000)[0] == 1000  # (the oldest 1000)
+        store.commit()
+    assert os.path.getsize(tmp_path / "db" / "data.mdb") < size + (8 << 20)
+    store.close()

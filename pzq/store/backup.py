@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import shutil
 import tempfile
@@ -25,8 +26,9 @@ import time
 from collections.abc import Callable
 
 from pzq.errors import StoreError, StoreLocked
-from pzq.store.environment import Environment, _lock_exclusively
+from pzq.store.environment import Environment
 from pzq.store.layout import QUEUE_TABLES, SIDE_TABLES
+from pzq.store.locks import lock_exclusively
 
 DATA = "data.mdb"
 HEADROOM = 64 << 20  # room left on the backup's filesystem beyond the copy itself (bytes)
@@ -49,6 +51,21 @@ class Copied:
     seconds: float
 
 
+def _plain_errors(func):
+    """An OSError the work meets (a directory this user may not write, a link where a file should be)
+    becomes one StoreError line naming the file."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            raise StoreError(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
+
+    return wrapper
+
+
+@_plain_errors
 def backup(
     source: str, dest: str, *, replace: bool = False, progress: Progress | None = None, every_s: float = 2.0
 ) -> Copied:
@@ -166,6 +183,7 @@ def _settle(work: str, dest: str, replace: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@_plain_errors
 def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
     """Put the backup at ``backup_path`` (a backup's directory, or its data.mdb) in place as the store of
     ``database``, which must be empty or new unless ``force``; no server may run on it. The copy is read
@@ -219,7 +237,7 @@ def _lock(data_file: str, database: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.close(os.open(data_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     try:
-        return _lock_exclusively(data_file)
+        return lock_exclusively(data_file)
     except StoreLocked:
         raise StoreLocked(f"a server runs on {database}: stop it first") from None
 
