@@ -251,3 +251,13 @@ def test_a_reader_killed_in_a_transaction_does_not_make_the_store_grow_for_ever(
         store.commit()
     assert os.path.getsize(tmp_path / "db" / "data.mdb") < size + (8 << 20)
     store.close()
+
+
+def test_a_forced_backup_over_a_planted_link_replaces_nothing_it_names(tmp_path):
+    _fill(tmp_path / "db", 3)
+    _fill(tmp_path / "other", 7)  # someone's store, which a link at DEST names
+    os.symlink(tmp_path / "other", tmp_path / "b")
+    with pytest.raises(StoreError, match="not a pzq backup"):
+        backup(str(tmp_path / "db"), str(tmp_path / "b"), replace=True)
+    assert len(_bodies(tmp_path / "other")) == 7
+    assert sorted(os.listdir(tmp_path)) == ["b", "db", "other"]  # (no partial copy left)
