@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,8 @@ UNIT = ROOT / "systemd" / "pzq.service"
 def test_the_unit_passes_systemd_analyze_verify(tmp_path):
     # verify insists that ExecStart exists: point it at this checkout's pzq instead of /opt/pzq.
     unit = tmp_path / "pzq.service"
-    unit.write_text(UNIT.read_text().replace("/opt/pzq/.venv/bin/pzq", str(ROOT / ".venv" / "bin" / "pzq")))
+    pzq = Path(sys.executable).with_name("pzq")  # (this interpreter's: a worktree has no .venv of its own)
+    unit.write_text(UNIT.read_text().replace("/opt/pzq/.venv/bin/pzq", str(pzq)))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "pzq.service" not in result.stderr, result.stderr  # no warning about the unit itself

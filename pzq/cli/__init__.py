@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, bench, clients, serve
+from pzq.cli import admin, backup, bench, clients, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -28,6 +28,8 @@ for command in (
     admin.dead_letters,
     admin.check_store,
     admin.dump_store,
+    backup.backup,
+    backup.restore,
     bench.bench,
 ):
     cli.add_command(command)

@@ -86,8 +86,9 @@ def dead_letters_requeue(
 @errors_to_exit
 def check_store(database) -> None:
     """Read every record of the store at DATABASE (read-only; a running server goes on) and say what is
-    readable. Exit 0 if all of it is, 1 if some records are not, 3 if the store cannot be read as one (as
-    `pzq serve` exits on it), 2 if this user may not read it."""
+    readable; DATABASE may be a backup (`pzq backup`): this is how one is verified. Exit 0 if all of it
+    is, 1 if some records are not, 3 if the store cannot be read as one (as `pzq serve` exits on it), 2
+    if this user may not read it."""
     from pzq import check
 
     if not check.check(database, sys.stdout):

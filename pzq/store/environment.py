@@ -7,9 +7,10 @@ commit rolls all of it back and tells the listeners (``on_abort``) so that their
 follows. Reads go through ``reading()``, a ``with`` block that sees the turn's own uncommitted
 writes, or a read-only snapshot outside a turn.
 
-Also here, because they are about the file and not about queues: the exclusive lock that keeps a
-second server off the store, the start-up checks of a damaged or truncated file, and the disk watch
-(free space, and a reserve file given back when a commit fails for room).
+Also here, because they are about the file and not about queues: taking the exclusive lock that keeps a
+second server off the store (``locks.py``), the start-up checks of a damaged or truncated file, the disk
+watch (free space, and a reserve file given back when a commit fails for room) and the reader slots of
+dead processes cleared.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import Any
 
 import lmdb
 
-from pzq.errors import StoreDamaged, StoreDenied, StoreError, StoreLocked
+from pzq.errors import StoreDamaged, StoreDenied, StoreError
+from pzq.store.locks import lock_exclusively
 from pzq.store.pages import verify_pages
 
 log = logging.getLogger("pzq.store")
 
 RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
+STALE_READERS_S = 10  # how often the server clears the reader slots of processes that died
 _MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 
 # Python errors a write may raise from inside LMDB, every one of which leaves the transaction unusable.
@@ -68,6 +71,7 @@ class Environment:
         self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
         self._reserve_path = os.path.join(path, "reserve")
         self._reserved = False  # the reserve file is known to be whole
+        self._readers_checked_at = 0.0  # monotonic time of the last reader_check
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
         # also after a restart with a limit below what is stored, so the data file counts too.
@@ -126,7 +130,7 @@ class Environment:
             )
         try:
             if not readonly:
-                self._lock_fd = _lock_exclusively(data_file)
+                self._lock_fd = lock_exclusively(data_file)
                 for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
                     os.chmod(os.path.join(path, name), 0o600)
                 if verify and stored:
@@ -263,6 +267,7 @@ class Environment:
         when a commit fails (``commit``), so that acks, nacks and deletes, which need new pages too
         (copy-on-write), still commit when something else took the rest of the disk. Once there is room
         for it again it is made anew."""
+        self._clear_dead_readers()
         if not self.min_disk_free and not self.disk_reserve:
             return None
         try:
@@ -295,11 +300,35 @@ class Environment:
                 self._make_reserve()
         return free
 
+    def _clear_dead_readers(self) -> None:
+        """A reader killed in a transaction (`kill -9` of a `pzq backup` or `pzq check`) keeps its slot in
+        the lock file, and LMDB keeps every page that reader could see: the store would grow without end.
+        LMDB frees such slots only when asked: every STALE_READERS_S."""
+        if self.readonly or time.monotonic() < self._readers_checked_at + STALE_READERS_S:
+            return
+        self._readers_checked_at = time.monotonic()
+        if cleared := self._env.reader_check():
+            log.warning(
+                "%s: %d reader(s) died in a transaction; the pages they held are reused again", self.path, cleared
+            )
+
     def _reusable_bytes(self) -> int:
         """Bytes of the data file's pages that no database uses (free for LMDB to reuse)."""
+        return max(0, self.disk_bytes() - self.used_bytes())
+
+    def used_bytes(self) -> int:
+        """Bytes of the pages the open tables fill (about what a compacted copy of them holds)."""
         with self.reading() as txn:
             used = 2 + pages(self._env.stat()) + self.pages_of(tuple(self.dbs), txn)  # 2: the meta pages
-        return max(0, self._env.info()["last_pgno"] + 1 - used) * self.page_size
+        return used * self.page_size
+
+    def copy_compacted(self, fd: int) -> None:
+        """Write a compacted copy of what is committed to ``fd`` (`pzq backup`). LMDB copies in a read
+        transaction of its own: a writer goes on, but cannot reuse the pages it frees until the copy ends."""
+        try:
+            self._env.copyfd(fd, compact=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"copying the store at {self.path} failed: {exc}") from exc
 
     def _make_reserve(self) -> bool:
         """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
@@ -356,24 +385,6 @@ class Environment:
             self.disk_reserve,
         )
         return True
-
-
-def _lock_exclusively(path: str) -> int:
-    """Hold an exclusive flock on the store's data file for as long as the returned descriptor is open.
-
-    LMDB lets several processes open one environment; pzq's in-memory state (in-flight deliveries,
-    cursors, queue counters) assumes it is the only writer, so a second server on the same store must be
-    refused. The lock is on ``data.mdb`` itself, not on a file of its own that anyone could delete: the
-    only way around it is to remove the data. (flock and LMDB's own fcntl locks do not interact.)"""
-    import fcntl
-
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"the store at {os.path.dirname(path)} is in use by another pzq process") from None
-    return fd
 
 
 def _refuse_links(path: str) -> None:

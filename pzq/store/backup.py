@@ -1,0 +1,265 @@
+"""`pzq backup` and `pzq restore`: a consistent, compacted copy of a store that a server is writing, and
+putting one back.
+
+The copy is LMDB's own (``mdb_env_copyfd2`` with compaction), taken by the backup command's process,
+which opens the store read-only beside the server as `pzq check` does: the copy is one read transaction,
+so it holds exactly what was committed when it began, and the server's loop never waits for it. LMDB
+writes it into a pipe that this module drains into the file, so the bytes copied so far are counted
+(progress) and a full disk stops the copy instead of leaving a torn file.
+
+A backup is a directory holding one ``data.mdb`` (so `pzq check BACKUP` reads it like any store). It is
+written under a hidden temporary name beside its destination, fsync'd, and renamed into place only when
+whole: a backup that is there is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+from pzq.errors import StoreError, StoreLocked
+from pzq.store.environment import Environment
+from pzq.store.layout import QUEUE_TABLES, SIDE_TABLES
+from pzq.store.locks import lock_exclusively
+
+DATA = "data.mdb"
+HEADROOM = 64 << 20  # room left on the backup's filesystem beyond the copy itself (bytes)
+_CHUNK = 1 << 20
+# The copy is written to disk as it goes, in steps of this many bytes, and dropped from the page cache:
+# gigabytes left dirty for one fsync at the end would stall the server's own fsyncs behind them, and
+# a copy read once would push the server's pages out of memory.
+SYNC_EVERY = 8 << 20
+
+Progress = Callable[[int, int, float], None]  # (bytes copied, bytes expected, seconds since the copy began)
+
+
+@dataclasses.dataclass(frozen=True)
+class Copied:
+    """What a backup or restore wrote."""
+
+    path: str
+    bytes: int  # of the copy
+    store_bytes: int  # of the source's data file
+    seconds: float
+
+
+def _plain_errors(func):
+    """An OSError the work meets (a directory this user may not write, a link where a file should be)
+    becomes one StoreError line naming the file."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            raise StoreError(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
+
+    return wrapper
+
+
+@_plain_errors
+def backup(
+    source: str, dest: str, *, replace: bool = False, progress: Progress | None = None, every_s: float = 2.0
+) -> Copied:
+    """Copy the store at ``source`` (a server may be running on it) into the new directory ``dest``.
+
+    Refuses an existing ``dest`` unless ``replace`` (and then only a store or backup no server runs on),
+    and a filesystem without room for the copy plus ``HEADROOM``. ``progress`` is called about every
+    ``every_s`` seconds while the copy runs."""
+    source, dest = os.path.abspath(source), os.path.abspath(dest)
+    if not os.path.isfile(os.path.join(source, DATA)):
+        raise StoreError(f"{source}: no store there (no {DATA}): --database names the server's store directory")
+    real_source = os.path.realpath(source)
+    if os.path.realpath(dest) == real_source or os.path.realpath(dest).startswith(real_source + os.sep):
+        raise StoreError(f"{dest}: a backup cannot go into the store it copies ({source})")
+    if os.path.lexists(dest) and not replace:
+        raise StoreError(f"{dest} exists: give a new name, or --force to replace that backup")
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    lock_existed = os.path.exists(os.path.join(source, "lock.mdb"))
+    env = Environment(source, QUEUE_TABLES + SIDE_TABLES, max_size=0, readonly=True)
+    try:
+        expected, store_bytes = env.used_bytes(), os.path.getsize(os.path.join(source, DATA))
+        st = os.statvfs(parent)
+        if st.f_bavail * st.f_frsize < expected + HEADROOM:
+            raise StoreError(
+                f"{parent} has {st.f_bavail * st.f_frsize >> 20} MiB free; the copy needs about {expected >> 20} MiB "
+                f"plus {HEADROOM >> 20} MiB to spare: free room there or back up elsewhere"
+            )
+        work = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.partial-", dir=parent)
+        try:
+            started = time.monotonic()
+            written = _copy(env, os.path.join(work, DATA), expected, progress, every_s)
+            _settle(work, dest, replace)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    finally:
+        env.close()
+        if not lock_existed:
+            _own_like(os.path.join(source, "lock.mdb"), source)
+    return Copied(dest, written, store_bytes, time.monotonic() - started)
+
+
+def _copy(env: Environment, target: str, expected: int, progress: Progress | None, every_s: float) -> int:
+    """LMDB writes into a pipe from a thread (it lets go of the GIL while it copies); this thread writes
+    the file, counts, reports and fsyncs. A write that fails closes the pipe, which ends LMDB's copy."""
+    read_end, write_end = os.pipe()
+    failed: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            env.copy_compacted(write_end)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it
+            failed.append(exc)
+        finally:
+            os.close(write_end)
+
+    copier = threading.Thread(target=produce, name="pzq-backup-copy", daemon=True)
+    copier.start()
+    written, synced, started = 0, 0, time.monotonic()
+    next_report = started + every_s
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            while chunk := os.read(read_end, _CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+                written += len(chunk)
+                if written - synced >= SYNC_EVERY:
+                    _flush(fd, written)
+                    synced = written
+                if progress is not None and time.monotonic() >= next_report:
+                    progress(written, expected, time.monotonic() - started)
+                    next_report = time.monotonic() + every_s
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        where = os.path.dirname(os.path.dirname(target))  # (the backup's directory, not its temporary one)
+        if exc.errno == errno.ENOSPC:
+            raise StoreError(f"{where}: the disk filled during the copy; no backup was kept") from None
+        raise StoreError(f"{where}: writing the copy failed: {exc.strerror or exc}; no backup was kept") from None
+    finally:
+        os.close(read_end)  # (if the copy is still writing, it now fails: it ends either way)
+        copier.join()
+    if failed:
+        raise failed[0]
+    return written
+
+
+def _flush(fd: int, written: int) -> None:
+    os.fdatasync(fd)
+    if hasattr(os, "posix_fadvise"):  # (not on macOS)
+        os.posix_fadvise(fd, 0, written, os.POSIX_FADV_DONTNEED)
+
+
+def _settle(work: str, dest: str, replace: bool) -> None:
+    """Move the finished copy into place; an existing backup that is replaced goes only once the new one
+    is there."""
+    _fsync_dir(work)
+    old = None
+    if os.path.lexists(dest):  # (replace: checked by the caller)
+        if not os.path.isdir(dest) or os.path.islink(dest) or not _store_like(dest):
+            raise StoreError(f"{dest} is not a pzq backup (no {DATA}, or other files): it is not replaced")
+        lock = _lock(os.path.join(dest, DATA), dest)
+        try:
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=os.path.dirname(dest))
+            os.rename(dest, os.path.join(old, "backup"))
+        finally:
+            os.close(lock)
+    os.rename(work, dest)
+    _fsync_dir(os.path.dirname(dest))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@_plain_errors
+def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
+    """Put the backup at ``backup_path`` (a backup's directory, or its data.mdb) in place as the store of
+    ``database``, which must be empty or new unless ``force``; no server may run on it. The copy is read
+    back (LMDB's header and size checks) before it replaces anything."""
+    source = os.path.join(backup_path, DATA) if os.path.isdir(backup_path) else backup_path
+    if not os.path.isfile(source):
+        raise StoreError(f"{backup_path}: no backup there (no {DATA})")
+    database = os.path.abspath(database)
+    if os.path.realpath(source) == os.path.realpath(os.path.join(database, DATA)):
+        raise StoreError(f"{backup_path} is the store of {database} itself")
+    if os.path.isdir(database) and os.listdir(database) and not force:
+        raise StoreError(
+            f"{database} is not empty: restore into a new directory, or --force to replace its store "
+            "(stop the server on it first)"
+        )
+    os.makedirs(database, mode=0o700, exist_ok=True)
+    current = os.path.join(database, DATA)
+    started = time.monotonic()
+    lock = _lock(current, database)
+    try:
+        work = tempfile.mkdtemp(prefix=".restore-", dir=database)
+        try:
+            copy = os.path.join(work, DATA)
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # (the store's mode)
+            with open(source, "rb") as src, open(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+                dst.flush()
+                os.fsync(dst.fileno())
+            Environment(work, (), max_size=0, readonly=True).close()  # a torn or foreign file is refused here
+            with contextlib.suppress(FileNotFoundError):  # (the readers' table of the store it replaces)
+                os.unlink(os.path.join(database, "lock.mdb"))
+            os.replace(copy, current)
+            _own_like(current, database)
+            _fsync_dir(database)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        if os.path.exists(current) and os.path.getsize(current) == 0:
+            os.unlink(current)  # (our placeholder: the directory is as it was)
+        raise
+    finally:
+        os.close(lock)
+    size = os.path.getsize(current)
+    return Copied(database, size, size, time.monotonic() - started)
+
+
+def _lock(data_file: str, database: str) -> int:
+    """The exclusive lock a server takes on its data file, on ``data_file`` (an empty one is made if
+    there is none: a server starting meanwhile refuses an empty data file). StoreLocked while a server
+    runs on it."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(data_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    try:
+        return lock_exclusively(data_file)
+    except StoreLocked:
+        raise StoreLocked(f"a server runs on {database}: stop it first") from None
+
+
+def _store_like(path: str) -> bool:
+    """A directory that holds a store or a backup and nothing else pzq would not have put there."""
+    names = set(os.listdir(path))
+    return DATA in names and names <= {DATA, "lock.mdb", "reserve"}
+
+
+def _own_like(path: str, directory: str) -> None:
+    """Give ``path`` the owner of ``directory`` when root made it, so that the service user (who owns the
+    store) can still open it: LMDB refuses a lock file it cannot write."""
+    if os.geteuid() != 0 or not os.path.exists(path):
+        return
+    st = os.stat(directory)
+    os.chown(path, st.st_uid, st.st_gid)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,263 @@
+"""`pzq backup` and `pzq restore` (issue 29, item 7): a consistent, compacted copy of a store taken while
+its server serves producers and consumers, restored and served again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pzq.clients import native as client
+from pzq.errors import StoreDamaged, StoreError, StoreLocked
+from pzq.store import Store
+from pzq.store.backup import backup, restore
+
+from conftest import ProcessServer, wait_until
+
+
+def _pzq(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pzq", *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _fill(path, count: int, size: int = 100) -> None:
+    store = Store(str(path), max_size=256 << 20)
+    try:
+        store.put_many("default", [[b"m-%07d" % i + b"." * size] for i in range(count)], now_us=1)
+        store.commit()
+    finally:
+        store.close()
+
+
+def _bodies(path) -> set[bytes]:
+    store = Store(str(path), readonly=True)
+    try:
+        return {record.frames[0] for kind, record in store.audit("default") if kind == "message" and record}
+    finally:
+        store.close()
+
+
+def test_a_backup_of_a_store_holds_its_messages_and_is_read_back_by_check(tmp_path):
+    _fill(tmp_path / "db", 2000)
+    done = backup(str(tmp_path / "db"), str(tmp_path / "backups" / "one"))
+    assert done.bytes == os.path.getsize(tmp_path / "backups" / "one" / "data.mdb") > 0
+    assert sorted(os.listdir(tmp_path / "backups")) == ["one"]  # (no partial copy left beside it)
+    assert _bodies(tmp_path / "backups" / "one") == _bodies(tmp_path / "db")
+    checked = _pzq("check", str(tmp_path / "backups" / "one"))
+    assert checked.returncode == 0, checked.stderr
+    assert "2000 messages" in checked.stdout and "every record is readable" in checked.stdout
+
+
+def test_a_backup_never_overwrites_one_that_is_there_unless_forced(tmp_path):
+    _fill(tmp_path / "db", 10)
+    dest = tmp_path / "b"
+    backup(str(tmp_path / "db"), str(dest))
+    refused = _pzq("backup", "--database", str(tmp_path / "db"), str(dest))
+    assert refused.returncode == 1 and "exists" in refused.stderr and "--force" in refused.stderr
+    (tmp_path / "not-a-backup").mkdir()
+    (tmp_path / "not-a-backup" / "precious.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="not a pzq backup"):
+        backup(str(tmp_path / "db"), str(tmp_path / "not-a-backup"), replace=True)
+    assert (tmp_path / "not-a-backup" / "precious.txt").read_text() == "keep me"
+    forced = _pzq("backup", "--force", "--database", str(tmp_path / "db"), str(dest))
+    assert forced.returncode == 0, forced.stderr
+    assert len(_bodies(dest)) == 10
+
+
+def test_a_copy_that_fails_midway_leaves_no_backup_and_no_partial_file(tmp_path):
+    _fill(tmp_path / "db", 20000, size=200)
+
+    def fail(copied: int, expected: int, seconds: float) -> None:
+        raise OSError(28, "No space left on device")  # (what a full disk raises mid-copy)
+
+    with pytest.raises(StoreError, match="the disk filled during the copy; no backup was kept"):
+        backup(str(tmp_path / "db"), str(tmp_path / "backups" / "b"), progress=fail, every_s=0)
+    assert os.listdir(tmp_path / "backups") == []
+
+
+def test_a_backup_is_refused_where_it_cannot_go(tmp_path):
+    _fill(tmp_path / "db", 10)
+    with pytest.raises(StoreError, match="no store there"):
+        backup(str(tmp_path / "nothing"), str(tmp_path / "b"))
+    assert not (tmp_path / "nothing").exists()  # (a read-only open would have made it)
+    with pytest.raises(StoreError, match="into the store it copies"):
+        backup(str(tmp_path / "db"), str(tmp_path / "db" / "b"))
+
+
+def test_restore_refuses_a_directory_that_is_not_empty_and_one_a_server_runs_on(tmp_path, make_server):
+    _fill(tmp_path / "src", 5)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    srv = make_server()  # (its store is tmp_path / "db")
+    refused = _pzq("restore", str(tmp_path / "b"), "--database", str(tmp_path / "db"))
+    assert refused.returncode == 1 and "not empty" in refused.stderr
+    with pytest.raises(StoreLocked, match="a server runs on"):
+        restore(str(tmp_path / "b"), str(tmp_path / "db"), force=True)
+    assert srv.stats()["messages"] == 0  # (its store untouched; it serves on)
+    srv.stop()
+    restore(str(tmp_path / "b"), str(tmp_path / "db"), force=True)
+    assert len(_bodies(tmp_path / "db")) == 5
+
+
+def test_restore_refuses_a_torn_backup_and_leaves_the_directory_as_it_was(tmp_path):
+    _fill(tmp_path / "src", 2000)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    torn = tmp_path / "torn.mdb"
+    torn.write_bytes((tmp_path / "b" / "data.mdb").read_bytes()[: 3 * 4096])
+    with pytest.raises(StoreDamaged, match="truncated"):
+        restore(str(torn), str(tmp_path / "new"))
+    assert os.listdir(tmp_path / "new") == []
+    refused = _pzq("restore", str(tmp_path / "nowhere"), "--database", str(tmp_path / "new"))
+    assert refused.returncode == 1 and "no backup there" in refused.stderr
+
+
+def test_a_backup_taken_under_load_restores_every_acked_message_and_none_settled_before_it(tmp_path, process_server):
+    srv = process_server()
+    with client.Producer(srv.receive) as producer:
+        before = [[b"pre-%06d" % i + b"." * 500] for i in range(20000)]
+        assert all(r.ok for r in producer.send_many(before))
+    settled_before: set[bytes] = set()
+    with client.BatchConsumer(srv.consume) as consumer:
+        while len(settled_before) < 2000:
+            batch = consumer.receive(100, timeout_ms=5000)
+            assert batch, "no delivery within 5 s"
+            assert not consumer.ack([key for key, _ in batch]).refused
+            settled_before.update(body[0] for _, body in batch)
+    # Load from threads while the backup runs: a producer and a consumer (which settles with a reply)
+    stop = threading.Event()
+    acked_at: dict[bytes, float] = {body[0]: 0.0 for body in before}  # body -> when its produce was acked
+    settle_sent_at: dict[bytes, float] = {body: 0.0 for body in settled_before}
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with client.Producer(srv.receive) as p:
+                n = 0
+                while not stop.is_set():
+                    bodies = [[b"load-%07d" % (n + i)] for i in range(100)]
+                    n += 100
+                    results = p.send_many(bodies)
+                    now = time.monotonic()
+                    acked_at.update((b[0], now) for b, r in zip(bodies, results, strict=True) if r.ok)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    def consume() -> None:
+        try:
+            with client.BatchConsumer(srv.consume) as c:
+                while not stop.is_set():
+                    batch = c.receive(50, timeout_ms=5000)
+                    now = time.monotonic()
+                    settle_sent_at.update((body[0], now) for _, body in batch)
+                    c.ack([key for key, _ in batch])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(acked_at) > 20500 and len(settle_sent_at) > 2500 or errors, timeout_s=30)
+        began = time.monotonic()
+        taken = _pzq("backup", "--database", str(srv.database), str(tmp_path / "backups" / "b1"))
+        ended = time.monotonic()
+        assert taken.returncode == 0, taken.stderr
+        wait_until(lambda: len(settle_sent_at) > 3000 or errors, timeout_s=30)  # (load goes on after it)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors
+    srv.stop()
+    checked = _pzq("check", str(tmp_path / "backups" / "b1"))
+    assert checked.returncode == 0 and "every record is readable" in checked.stdout, checked.stdout + checked.stderr
+
+    second = ProcessServer(tmp_path / "second")
+    (tmp_path / "second").mkdir()
+    restored = _pzq("restore", str(tmp_path / "backups" / "b1"), "--database", str(second.database))
+    assert restored.returncode == 0, restored.stderr
+    second.start()
+    try:
+        expected = second.stats()["messages"]
+        found: set[bytes] = set()
+        with client.BatchConsumer(second.consume) as consumer:
+            while len(found) < expected:
+                batch = consumer.receive(500, timeout_ms=5000)
+                assert batch, f"{len(found)} of {expected} messages delivered, then nothing for 5 s"
+                found.update(body[0] for _, body in batch)
+                consumer.ack([key for key, _ in batch])
+    finally:
+        second.stop()
+    # Acked before the backup began, and not settled by the time it ended (still queued, or in flight)
+    must = {b for b, at in acked_at.items() if at < began and settle_sent_at.get(b, float("inf")) > ended}
+    assert must <= found, f"{len(must - found)} messages acked before the backup began are missing"
+    assert not found & settled_before, "messages settled before the backup began came back"
+    assert found <= set(acked_at)  # (nothing that was not produced)
+    assert len(must) > 10000  # (the check above is about a real backlog, not an empty queue)
+
+
+def test_a_restore_over_a_planted_link_and_a_backup_where_it_may_not_write_say_one_line(tmp_path):
+    _fill(tmp_path / "src", 5)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    (tmp_path / "target").mkdir()
+    (tmp_path / "elsewhere").write_bytes(b"someone else's file")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "target" / "data.mdb")
+    refused = _pzq("restore", "--force", str(tmp_path / "b"), "--database", str(tmp_path / "target"))
+    assert refused.returncode != 0 and refused.stderr.startswith("pzq: error:") and "Traceback" not in refused.stderr
+    assert (tmp_path / "elsewhere").read_bytes() == b"someone else's file"
+    (tmp_path / "locked").mkdir(mode=0o500)
+    try:
+        refused = _pzq("backup", "--database", str(tmp_path / "src"), str(tmp_path / "locked" / "b"))
+        if os.geteuid() != 0:  # (root writes anywhere)
+            assert refused.returncode == 1 and "Permission denied" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        os.chmod(tmp_path / "locked", 0o700)
+
+
+def test_a_reader_killed_in_a_transaction_does_not_make_the_store_grow_for_ever(tmp_path, caplog):
+    # A `pzq backup` or `pzq check` killed with SIGKILL leaves its reader slot; LMDB would keep every
+    # page that reader saw, so each rewrite of the store would take new pages.
+    store = Store(str(tmp_path / "db"), max_size=256 << 20)
+    store.put_many("default", [[b"x" * 1000] for _ in range(1000)], now_us=1)
+    store.commit()
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
+            "print('reading', flush=True); time.sleep(60)",
+            str(tmp_path / "db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline() == "reading\n"
+    finally:
+        reader.kill()
+        reader.wait(10)
+    with caplog.at_level("WARNING", logger="pzq.store"):
+        store.watch_disk()  # (what the server's loop calls every turn; the readers every 10 s)
+    assert "1 reader(s) died in a transaction" in caplog.text
+    size = os.path.getsize(tmp_path / "db" / "data.mdb")
+    for _ in range(30):  # each round replaces every message: 1 MB of new pages, the old ones free
+        store.put_many("default", [[b"y" * 1000] for _ in range(1000)], now_us=1)
+        assert store.delete_range("default", 0, 10**12, 1000)[0] == 1000  # (the oldest 1000)
+        store.commit()
+    assert os.path.getsize(tmp_path / "db" / "data.mdb") < size + (8 << 20)
+    store.close()
+
+
+def test_a_forced_backup_over_a_planted_link_replaces_nothing_it_names(tmp_path):
+    _fill(tmp_path / "db", 3)
+    _fill(tmp_path / "other", 7)  # someone's store, which a link at DEST names
+    os.symlink(tmp_path / "other", tmp_path / "b")
+    with pytest.raises(StoreError, match="not a pzq backup"):
+        backup(str(tmp_path / "db"), str(tmp_path / "b"), replace=True)
+    assert len(_bodies(tmp_path / "other")) == 7
+    assert sorted(os.listdir(tmp_path)) == ["b", "db", "other"]  # (no partial copy left)

@@ -1,0 +1,198 @@
+"""scripts/install-systemd and the units it installs, tried without root or a running systemd (issue 29,
+item 4): the script with --root into a temp directory, the units' own command lines run as written."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import pwd
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pzq.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "install-systemd"
+UNITS = ROOT / "systemd"
+ME = getpass.getuser()
+
+
+def _install(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--root", str(root), "--user", ME, "--no-install", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _settings(unit: Path) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in unit.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_install_into_a_root_writes_the_config_units_and_a_pzq_on_path(tmp_path):
+    done = _install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    config = tmp_path / "etc" / "pzq" / "pzq.toml"
+    assert 'database = "/var/lib/pzq"' in config.read_text()
+    assert 'monitor_dsn = "ipc:///run/pzq/monitor"' in config.read_text()
+    assert _mode(config) == 0o640
+    link = tmp_path / "usr" / "local" / "bin" / "pzq"
+    assert link.is_symlink() and os.readlink(link) == "/opt/pzq/.venv/bin/pzq"
+    for unit in ("pzq.service", "pzq-backup.service", "pzq-backup.timer"):
+        installed = tmp_path / "etc" / "systemd" / "system" / unit
+        assert _mode(installed) == 0o644
+        if unit.endswith(".service"):
+            assert _settings(installed)["User"] == [ME]
+    assert "systemctl daemon-reload" in done.stdout  # (what to run on the target: nothing was started here)
+
+
+def test_the_unit_passes_only_the_config_file_so_its_keys_are_never_overridden():
+    settings = _settings(UNITS / "pzq.service")
+    assert settings["ExecStart"] == ["/opt/pzq/.venv/bin/pzq serve --config /etc/pzq/pzq.toml"]
+    assert settings["Environment"] == ["PZQ_CONFIG=/etc/pzq/pzq.toml"]  # (no PZQ_* setting beside it)
+
+
+def test_secret_files_the_config_names_and_those_given_become_the_service_users_alone(tmp_path):
+    etc = tmp_path / "etc" / "pzq"
+    etc.mkdir(parents=True)
+    (etc / "console.secret").write_text("a console secret of enough bytes\n")
+    (etc / "server.key_secret").write_text("not really a key\n")
+    for name in ("console.secret", "server.key_secret"):
+        os.chmod(etc / name, 0o644)  # (as a newcomer leaves them)
+    given = tmp_path / "given.key_secret"
+    given.write_text("x")
+    os.chmod(given, 0o640)
+    # A config kept from before: its keys name the files as the target sees them (under /etc/pzq)
+    (etc / "pzq.toml").write_text(
+        'database = "/var/lib/pzq"\nmonitor_dsn = "ipc:///run/pzq/monitor"\n'
+        'http_auth_file = "/etc/pzq/console.secret"\ncurve_secret_key = "/etc/pzq/server.key_secret"\n'
+        'curve_clients = "/etc/pzq/clients"\n'
+    )
+    done = _install(tmp_path, "--secret", str(given))
+    assert done.returncode == 0, done.stderr
+    for secret in (etc / "console.secret", etc / "server.key_secret", given):
+        assert _mode(secret) == 0o600, secret
+        if os.geteuid() == 0:  # (only root may give a file away)
+            assert pwd.getpwuid(secret.stat().st_uid).pw_name == ME
+            assert secret.stat().st_gid == pwd.getpwnam(ME).pw_gid
+        assert f"{secret}: owner {ME}, mode 0600" in done.stdout
+    assert "note" not in done.stderr  # (the kept file already says what the unit used to pass)
+
+
+def test_a_secret_not_there_yet_and_a_kept_config_that_moves_the_store_are_named(tmp_path):
+    etc = tmp_path / "etc" / "pzq"
+    etc.mkdir(parents=True)
+    (etc / "pzq.toml").write_text('database = "./pzq-data"\nhttp_auth_file = "/etc/pzq/console.secret"\n')
+    done = _install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "sets database = './pzq-data'" in done.stderr and "'/var/lib/pzq'" in done.stderr
+    assert f"secret file {etc / 'console.secret'} is not there yet" in done.stderr
+    assert f"chown {ME}:" in done.stderr and "chmod 0600" in done.stderr
+    assert (etc / "pzq.toml").read_text().startswith('database = "./pzq-data"')  # (the operator's file kept)
+
+
+def test_the_script_refuses_an_unknown_argument_and_a_service_user_that_does_not_exist(tmp_path):
+    wrong = _install(tmp_path, "--databse", "x")
+    assert wrong.returncode == 2 and "unknown argument --databse" in wrong.stderr
+    nobody = subprocess.run(
+        ["bash", str(SCRIPT), "--root", str(tmp_path), "--user", "no-such-user-pzq", "--no-install"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert nobody.returncode == 1 and "no user no-such-user-pzq" in nobody.stderr
+    helped = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0 and "--secret FILE" in helped.stdout and "--root DIR" in helped.stdout
+
+
+def test_the_closing_hints_monitor_command_works_with_the_installed_config(tmp_path, make_server):
+    srv = make_server()
+    hint = next(line for line in SCRIPT.read_text().splitlines() if line.strip().startswith("pzq monitor"))
+    argv = shlex.split(hint.split("#")[0])
+    assert argv == ["pzq", "monitor", "--config", "/etc/pzq/pzq.toml"]
+    assert _install(tmp_path).returncode == 0
+    config = tmp_path / "etc" / "pzq" / "pzq.toml"
+    config.write_text(config.read_text().replace('"ipc:///run/pzq/monitor"', f'"{srv.monitor}"'))
+    shown = subprocess.run(
+        [sys.executable, "-m", "pzq", *argv[1:3], str(config)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "messages" in shown.stdout
+
+
+def _unit_commands(unit: Path, key: str, backups: Path) -> list[list[str]]:
+    """The unit's ``key=`` command lines as systemd runs them, pointed at this checkout and ``backups``."""
+    commands = []
+    for line in _settings(unit).get(key, []):
+        line = line.replace("%%", "%").replace("/var/lib/pzq-backups", str(backups))
+        argv = shlex.split(line)
+        commands.append([a.replace("/opt/pzq/.venv/bin/pzq", f"{sys.executable} -m pzq") for a in argv])
+    return commands
+
+
+def test_the_backup_units_command_lines_take_a_dated_backup_and_keep_the_newest(tmp_path):
+    store = Store(str(tmp_path / "db"), max_size=64 << 20)
+    store.put_many("default", [[b"one"], [b"two"]], now_us=1)
+    store.commit()
+    store.close()
+    (tmp_path / "pzq.toml").write_text(f'database = "{tmp_path / "db"}"\n')
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    for old in ("pzq-20200101T000000Z", "pzq-20200102T000000Z", "pzq-20200103T000000Z"):
+        (backups / old).mkdir()
+        (backups / old / "data.mdb").write_bytes(b"old")
+    stale = backups / ".pzq-20200104T000000Z.partial-abc"  # a killed run's, two days old
+    stale.mkdir()
+    os.utime(stale, (0, 0))
+    fresh = backups / ".pzq-29990101T000000Z.partial-def"  # a run going on now
+    fresh.mkdir()
+    env = {**os.environ, "PZQ_CONFIG": str(tmp_path / "pzq.toml"), "KEEP": "2"}
+    unit = UNITS / "pzq-backup.service"
+    for argv in _unit_commands(unit, "ExecStart", backups) + _unit_commands(unit, "ExecStartPost", backups):
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert ran.returncode == 0, ran.stderr
+    left = sorted(os.listdir(backups))
+    assert left[0] == fresh.name and left[1] == "pzq-20200103T000000Z" and len(left) == 3
+    assert left[2].startswith("pzq-2") and left[2].endswith("Z")  # today's, by UTC time
+    checked = subprocess.run(
+        [sys.executable, "-m", "pzq", "check", str(backups / left[2])], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0 and "2 messages" in checked.stdout
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_every_unit_passes_systemd_analyze_verify(tmp_path):
+    # verify insists that ExecStart's program exists: this interpreter's pzq instead of /opt/pzq's.
+    pzq = Path(sys.executable).with_name("pzq")
+    for unit in ("pzq.service", "pzq-backup.service", "pzq-backup.timer"):
+        (tmp_path / unit).write_text((UNITS / unit).read_text().replace("/opt/pzq/.venv/bin/pzq", str(pzq)))
+    result = subprocess.run(
+        [
+            "systemd-analyze",
+            "verify",
+            *(str(tmp_path / u) for u in ("pzq.service", "pzq-backup.service", "pzq-backup.timer")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pzq" not in result.stderr, result.stderr  # no warning about any of them
