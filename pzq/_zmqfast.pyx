@@ -34,7 +34,7 @@ cdef extern from *:
 ctypedef int (*f_msg_init)(pzq_msg_t *) noexcept nogil
 ctypedef int (*f_msg_recv)(pzq_msg_t *, void *, int) noexcept nogil
 ctypedef int (*f_msg_close)(pzq_msg_t *) noexcept nogil
-ctypedef int (*f_msg_move)(pzq_msg_t *, pzq_msg_t *) noexcept nogil
+ctypedef int (*f_msg_copy)(pzq_msg_t *, pzq_msg_t *) noexcept nogil
 ctypedef void *(*f_msg_data)(pzq_msg_t *) noexcept nogil
 ctypedef size_t (*f_msg_size)(const pzq_msg_t *) noexcept nogil
 ctypedef int (*f_msg_more)(const pzq_msg_t *) noexcept nogil
@@ -47,7 +47,7 @@ ctypedef void (*f_version)(int *, int *, int *) noexcept nogil
 cdef f_msg_init msg_init
 cdef f_msg_recv msg_recv
 cdef f_msg_close msg_close
-cdef f_msg_move msg_move
+cdef f_msg_copy msg_copy
 cdef f_msg_data msg_data
 cdef f_msg_size msg_size
 cdef f_msg_more msg_more
@@ -87,7 +87,7 @@ cdef void *_sym(void *lib, const char *name) except NULL:
 
 
 cdef _load():
-    global msg_init, msg_recv, msg_close, msg_move, msg_data, msg_size, msg_more, msg_get, msg_gets
+    global msg_init, msg_recv, msg_close, msg_copy, msg_data, msg_size, msg_more, msg_get, msg_gets
     global zsend, zerrno
     path = _libzmq_path()
     cdef void *lib = dlopen(os.fsencode(path), RTLD_NOW)
@@ -100,7 +100,7 @@ cdef _load():
     msg_init = <f_msg_init>_sym(lib, b"zmq_msg_init")
     msg_recv = <f_msg_recv>_sym(lib, b"zmq_msg_recv")
     msg_close = <f_msg_close>_sym(lib, b"zmq_msg_close")
-    msg_move = <f_msg_move>_sym(lib, b"zmq_msg_move")
+    msg_copy = <f_msg_copy>_sym(lib, b"zmq_msg_copy")
     msg_data = <f_msg_data>_sym(lib, b"zmq_msg_data")
     msg_size = <f_msg_size>_sym(lib, b"zmq_msg_size")
     msg_more = <f_msg_more>_sym(lib, b"zmq_msg_more")
@@ -170,14 +170,15 @@ cdef int _recv_frame(pzq_msg_t *msg, void *handle, int flags) except -1:
 
 
 cdef object _frame(pzq_msg_t *msg, Py_ssize_t big):
-    """The frame's bytes (``msg`` stays the caller's to close), or for a big one a view of libzmq's
-    buffer (``msg`` is moved into it, and left empty)."""
+    """The frame's bytes, or for a big one a view of libzmq's buffer (zmq_msg_copy shares a long
+    message's buffer, counting references: no bytes are copied). ``msg`` stays the caller's to close,
+    unchanged (its ``more`` and properties are read after this)."""
     cdef size_t size = msg_size(msg)
     cdef _Kept kept
     if <Py_ssize_t>size < big:
         return PyBytes_FromStringAndSize(<char *>msg_data(msg), size)
     kept = _Kept()
-    msg_move(&kept.msg, msg)
+    msg_copy(&kept.msg, msg)
     return memoryview(kept)
 
 

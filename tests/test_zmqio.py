@@ -103,6 +103,7 @@ def test_a_tcp_peer_is_reported_with_its_address_and_connection(sockets, io):
     io.send_frames(client, [b"hello"])
     io.send_frames(client, [b"again"])
     io.send_frames(client, [b"third"])
+    io.send_frames(client, [b"small", b"z" * 2000])
     assert server.poll(2000)
     frames, address = io.recv_frames_from(server, NOBLOCK)
     assert frames[1:] == [b"hello"] and address == "127.0.0.1"
@@ -112,6 +113,10 @@ def test_a_tcp_peer_is_reported_with_its_address_and_connection(sockets, io):
     assert server.poll(2000)
     with pytest.raises(zmq.ZMQError):  # (no User-Id without CURVE: pyzmq's Frame.get raises, so do both)
         io.recv_frames_user(server, NOBLOCK)
+    zmqio.keep_big_frames(server, 1000)  # (the properties of a last frame kept in libzmq's buffer)
+    assert server.poll(2000)
+    frames, address = io.recv_frames_from(server, NOBLOCK)
+    assert frames[1] == b"small" and bytes(frames[2]) == b"z" * 2000 and address == "127.0.0.1"
 
 
 def test_many_messages_are_read_in_order_up_to_a_count_and_a_size(sockets, io):
@@ -187,13 +192,13 @@ def test_big_frames_stay_in_libzmqs_buffer_on_that_socket_only_and_are_forgotten
     client = sockets(zmq.DEALER, endpoint)
     zmqio.keep_big_frames(server, 1000)
     io.send_frames(client, [b"x" * 999, EVERY_BYTE * 4])
-    io.send_frames(client, [b"y" * 1000])
+    io.send_frames(client, [b"y" * 1000, b"tail"])  # (a big frame before the last one)
     assert server.poll(2000)
     frames = io.recv_frames(server, NOBLOCK)
     assert type(frames[1]) is bytes and type(frames[2]) is not bytes and bytes(frames[2]) == EVERY_BYTE * 4
     assert server.poll(2000)
     (kept,) = io.recv_many(server, 10)
-    assert type(kept[1]) is not bytes and bytes(kept[1]) == b"y" * 1000
+    assert type(kept[1]) is not bytes and bytes(kept[1]) == b"y" * 1000 and kept[2:] == [b"tail"]
     io.send_frames(server, [frames[0], frames[2]])  # (a kept frame sent on as it is)
     assert client.poll(2000) and io.recv_frames(client) == [EVERY_BYTE * 4]  # (another socket: copied out)
     key = id(server)
