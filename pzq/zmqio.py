@@ -12,6 +12,7 @@ pure-Python ones, with the same contract. ``PZQ_PURE_PYTHON=1`` in the environme
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import types
@@ -181,9 +182,9 @@ def _load_compiled() -> types.ModuleType | None:
         return None
     try:
         from pzq import _zmqfast  # type: ignore[attr-defined]  # (compiled, optional: no stubs)
-    except ModuleNotFoundError:
-        return None
-    except Exception as exc:  # (a build that no longer fits this process: say why it runs pure)
+    except Exception as exc:  # (ImportError when not built; any error from a build that no longer fits)
+        if isinstance(exc, ImportError) and not glob.glob(os.path.join(os.path.dirname(__file__), "_zmqfast*.so")):
+            return None  # (not built: the pure path is the one there is)
         logging.getLogger("pzq.server").warning("pzq._zmqfast does not load (%s): pure-Python send/receive", exc)
         return None
     return _zmqfast
