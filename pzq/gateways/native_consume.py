@@ -38,18 +38,15 @@ SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a boun
 
 
 def _refs_of(keys: Sequence[bytes]) -> list[Ref | None]:
-    """``ref_of_key`` of each key (an ACK's run), the keys pzq made read inline."""
+    """``ref_of_key`` of each key (an ACK's run), the keys pzq made ("<16 digits>|<32 lowercase hex>") inline."""
     out: list[Ref | None] = []
     for key in keys:
-        # ("<16 digits>|<32 lowercase hex>": as ref_of_key reads them; any other goes through it)
-        if len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower():
-            try:
-                whole = int(tail, 16)
-            except ValueError:
-                out.append(ref_of_key(key))
-                continue
+        try:
+            if not (len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower()):
+                raise ValueError(key)  # (any other key: as ref_of_key reads it)
+            whole = int(tail, 16)
             out.append((whole >> 64, whole & 0xFFFFFFFFFFFFFFFF))
-        else:
+        except ValueError:
             out.append(ref_of_key(key))
     return out
 
@@ -60,6 +57,7 @@ class Consumer:
 
     __slots__ = (
         *("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd", "user"),
+        *("reader",),
     )
 
     def __init__(self, peer: bytes, now: float):
@@ -74,6 +72,7 @@ class Consumer:
         self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
         self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
         self.user: str | None = None  # its CURVE key (z85), if the endpoint is a CURVE server
+        self.reader = False  # it showed it read a DELIVER (it settled a key of one)
 
 
 @dataclasses.dataclass
@@ -318,6 +317,7 @@ class BatchConsumeGateway:
 
     def _read_up_to(self, consumer: Consumer, refs: list[Ref]) -> None:
         """The consumer settled ``refs``: it has read every frame up to the newest that carried one."""
+        consumer.reader = True
         newest = max(map(consumer.serial_of.get, refs, itertools.repeat(0)), default=0)
         while consumer.frames and consumer.frames[0][0] <= newest:
             self._drop_frame(consumer)
