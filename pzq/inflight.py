@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator, KeysView
+from collections.abc import Hashable, Iterator, KeysView, Mapping
 from typing import Generic, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
@@ -47,6 +47,10 @@ class InFlight(Generic[Ref]):
     def refs(self) -> KeysView[Ref]:
         """The refs in flight, as a live view (a run's ``in`` tests without a call each)."""
         return self._entries.keys()
+
+    def table(self) -> Mapping[Ref, Delivery[Ref]]:
+        """Each ref in flight and its delivery, read-only (a run's lookups without a call each)."""
+        return self._entries
 
     def get(self, ref: Ref) -> Delivery[Ref] | None:
         return self._entries.get(ref)

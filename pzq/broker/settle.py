@@ -56,7 +56,7 @@ class Settling(BrokerState):
         """``ack`` each of ``refs`` in order; returns those refused (not held by ``by``, or gone). The same
         as one ``ack`` after another, done as a run: settled in one loop, deleted a queue at a time."""
         refs = list(refs)
-        get, holds, counters = self.inflight.get, self.holds, self.counters
+        get, holds, counters = self.inflight.table().get, self.holds, self.counters
         settled: dict[Ref, None] = {}  # in order; a repeat is refused, as a second ack would be
         for ref in refs:
             delivery = get(ref)
