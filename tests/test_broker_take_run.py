@@ -117,3 +117,19 @@ def test_a_run_and_its_acks_leave_the_store_and_the_in_flight_table_as_take_and_
         figures.append((info.count, broker.held_count("c1"), broker.queue_inflight(info.qid), broker.counters))
         store.close()
     assert figures[0] == figures[1]
+
+
+def test_counts_written_by_a_commit_are_read_by_the_next_run_and_deleted_with_the_ack(store):
+    broker = Broker(store, ack_timeout_s=10.0)
+    broker.produce_many("q", [[b"a"], [b"b"]], now_us=T0)
+    assert len(take_run(broker)) == 2
+    store.commit()  # (the counts are written: a commit with no age given writes every one)
+    broker = Broker(store, ack_timeout_s=10.0)  # (a restart: every delivery forgotten, the cursor at 0)
+    taken = take_run(broker)
+    assert bodies(taken) == [b"a", b"b"] and broker.counters.redelivered == 2
+    store.commit()
+    assert [store.get("q", ref[1]).deliveries for ref, _, _ in taken] == [2, 2]
+    assert broker.ack_many([ref for ref, _, _ in taken], by="c1") == []
+    store.commit()
+    with store.env.reading() as txn:
+        assert txn.stat(store._deliveries_db)["entries"] == 0

@@ -50,6 +50,8 @@ class Runs(Messages):
             if not cursor.set_range(KEY.pack(qid, from_seq)):
                 return out, from_seq, False
             get = txn.get
+            # (no count written at all, the usual case when acks come before commits write counts: none to read)
+            has_counts = txn.stat(deliveries_db)["entries"] > 0
             for key, value in cursor:
                 if seen >= limit or size >= max_bytes or not key.startswith(prefix):
                     break
@@ -77,6 +79,8 @@ class Runs(Messages):
                 count = pending.get(key)
                 if count is not None:
                     deliveries = count[0]
+                elif not has_counts:
+                    deliveries = 0
                 else:
                     raw = get(key, db=deliveries_db)
                     # (a damaged count reads as 0, as ``scan`` reads it)
@@ -125,13 +129,16 @@ class Runs(Messages):
         counted: list[bytes] = []  # (keys whose delivery count waits in memory: dropped in one call)
         count = size = 0
         try:  # inline rather than through env.do(): every ack comes here
+            # (no count written at all, the usual case when acks come before commits write counts: none to delete)
+            has_counts = txn.stat(deliveries_db)["entries"] > 0
             for seq in seqs:
                 key = pack(qid, seq)
                 value = txn.pop(key, db=messages_db)
                 if value is None:
                     out.append(False)
                     continue
-                txn.delete(key, db=deliveries_db)  # a lookup only, when it was never written
+                if has_counts:
+                    txn.delete(key, db=deliveries_db)  # a lookup only, when it was never written
                 if key in pending:
                     counted.append(key)
                 size += len(key) + len(value)  # (+ OVERHEAD each: ``accounted``, added once below)
