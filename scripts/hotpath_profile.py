@@ -10,7 +10,7 @@ the loop's top functions by own time over all phases.
     .venv/bin/python scripts/hotpath_profile.py --batched [--no-sockets] [--prefetch 100] [--profile]
 
 ``--batched``: PZQ-BATCH/1 producers (``--batch`` messages a batch, ``--window`` messages in flight) and
-consumers (``pzq.clients.native.BatchConsumer``, credit ``--batch`` and ``--prefetch`` granted ahead) on
+consumers (``pzq.clients.native.BatchConsumer``, ``--ask`` a receive and ``--prefetch`` granted ahead) on
 the consume endpoint; with ``--no-sockets``, the batched gateways alone (produce runs, dispatch, acks).
 
 ``--no-sockets``: the native gateway, broker and store alone (no sockets, no fsync), in runs of 100:
@@ -95,7 +95,8 @@ def batch_consumer(dsn: str, count: int, per: int, prefetch: int) -> None:
     from pzq.clients.native_consume import BatchConsumer
 
     got = 0
-    with BatchConsumer(dsn, hello_timeout_ms=30_000, prefetch=prefetch) as consumer:
+    ahead = {"prefetch": prefetch} if prefetch else {}  # (an older tree's BatchConsumer has no prefetch)
+    with BatchConsumer(dsn, hello_timeout_ms=30_000, **ahead) as consumer:
         while got < count:
             batch = consumer.receive(per, timeout_ms=30_000)
             if not batch:
@@ -203,6 +204,7 @@ def main() -> None:
     parser.add_argument("--batched", action="store_true", help="PZQ-BATCH/1 producers and consumers")
     parser.add_argument("--batch", type=int, default=100, help="messages a batch, and a consumer's credit")
     parser.add_argument("--prefetch", type=int, default=100, help="credit a batched consumer grants ahead")
+    parser.add_argument("--ask", type=int, default=0, help="messages a batched consumer asks for (0: --batch)")
     args = parser.parse_args()
     profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
     if args.no_sockets and args.batched:
@@ -250,14 +252,14 @@ def main() -> None:
     server.start()
     ctx = multiprocessing.get_context("spawn")
     n, w, size = args.count, args.window, args.size
-    b, prefetch = args.batch, args.prefetch
+    b, prefetch, ask = args.batch, args.prefetch, args.ask or args.batch
     phases = (
         {
             "produce": [ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b))],
-            "drain": [ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, b, prefetch))],
+            "drain": [ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, ask, prefetch))],
             "end to end": [
                 ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b)),
-                ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, b, prefetch)),
+                ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, ask, prefetch)),
             ],
         }
         if args.batched
