@@ -7,11 +7,6 @@ the loop's top functions by own time over all phases.
 
     .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
     .venv/bin/python scripts/hotpath_profile.py --no-sockets [--profile]
-    .venv/bin/python scripts/hotpath_profile.py --batched [--no-sockets] [--prefetch 100] [--profile]
-
-``--batched``: PZQ-BATCH/1 producers (``--batch`` messages a batch, ``--window`` messages in flight) and
-consumers (``pzq.clients.native.BatchConsumer``, ``--ask`` a receive and ``--prefetch`` granted ahead) on
-the consume endpoint; with ``--no-sockets``, the batched gateways alone (produce runs, dispatch, acks).
 
 ``--no-sockets``: the native gateway, broker and store alone (no sockets, no fsync), in runs of 100:
 produce, then take + deliver + ack, by thread CPU; steady to a few % even on a busy machine (trees from
@@ -27,7 +22,6 @@ import argparse
 import cProfile
 import dataclasses
 import multiprocessing
-import os
 import pstats
 import tempfile
 import time
@@ -65,90 +59,6 @@ def consumer(dsn: str, count: int) -> None:
         sock.send_multipart([frames[0], frames[1], b"1"])
     time.sleep(0.5)  # (let the last acks out: LINGER)
     sock.close()
-
-
-def batch_producer(dsn: str, count: int, window: int, size: int, per: int) -> None:
-    from pzq.protocols import native_batch as wire
-
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(dsn)
-    body, prefix = b"x" * size, os.urandom(6).hex().encode()  # (ids unique across phases: the server dedups them)
-    sent = acked = 0
-    pending: dict[bytes, int] = {}
-    while acked < count:
-        while sent < count and (len(pending) + 1) * per <= max(window, per):
-            n = min(per, count - sent)
-            pending[b"%s-%d" % (prefix, sent)] = n
-            sock.send_multipart(wire.batch(b"%s-%d" % (prefix, sent), [[body]] * n))
-            sent += n
-        if not sock.poll(30_000):
-            raise SystemExit("batch producer: no ack for 30 s")
-        ack = wire.parse_batch_ack(sock.recv_multipart())
-        if ack is None or ack.error or ack.batch_id not in pending:
-            raise SystemExit(f"batch producer: refused {ack!r}")
-        acked += pending.pop(ack.batch_id)
-    sock.close()
-
-
-def batch_consumer(dsn: str, count: int, per: int, prefetch: int) -> None:
-    from pzq.clients.native_consume import BatchConsumer
-
-    got = 0
-    ahead = {"prefetch": prefetch} if prefetch else {}  # (an older tree's BatchConsumer has no prefetch)
-    with BatchConsumer(dsn, hello_timeout_ms=30_000, **ahead) as consumer:
-        while got < count:
-            batch = consumer.receive(per, timeout_ms=30_000)
-            if not batch:
-                raise SystemExit("batch consumer: no delivery for 30 s")
-            settled = consumer.ack([key for key, _ in batch], timeout_ms=30_000)
-            if settled.refused:
-                raise SystemExit(f"batch consumer: {len(settled.refused)} acks refused")
-            got += len(batch)
-
-
-def no_sockets_batched(count: int, size: int, per: int, profile: cProfile.Profile | None) -> None:
-    from pzq.broker import Broker
-    from pzq.gateways.native_consume import BatchConsumeGateway
-    from pzq.protocols import native_consume as wire
-    from pzq.store import Store
-
-    store = Store(tempfile.mkdtemp(prefix="pzq-hot-") + "/db", max_size=1 << 30, sync=False)
-    broker = Broker(store, ack_timeout_s=30.0)
-    store.queue("q")
-    gateway = BatchConsumeGateway(broker, queue="q", ack_timeout_s=30.0, pipe_depth=17)
-    body, now_us = [b"x" * size], time.time_ns() // 1000
-    produce_s = consume_s = now = 0.0
-
-    def turn(work, *args, **kwargs):
-        store.turn_begins()
-        broker.turn_begins()
-        out = work(*args, **kwargs)
-        store.commit(counts_older_than=time.monotonic() - 0.01)  # (as the server: counts acked soon never written)
-        broker.committed()
-        return out
-
-    gateway.received(b"peer", wire.hello(), now=now)
-    for _ in range(0, count, per):
-        started = time.thread_time()
-        if profile:
-            profile.enable()
-        turn(broker.produce_many, "q", [body] * per, now_us=now_us)
-        middle = time.thread_time()
-        gateway.received(b"peer", wire.credit(per), now=now)
-        outs = turn(gateway.dispatch, now=now, now_us=now_us, most=per, blocked=lambda peer: False)
-        for out in outs:
-            gateway.sent(out)
-        keys = [key for out in outs for key in wire.parse_reply(out.frames[1:]).keys]
-        settled = turn(gateway.received, b"peer", wire.ack(keys), now=now)
-        if profile:
-            profile.disable()
-        produce_s, consume_s = produce_s + middle - started, consume_s + time.thread_time() - middle
-        if len(keys) != per or wire.parse_reply(settled[0].frames[1:]).count != per:
-            raise SystemExit(f"{len(keys)} deliveries of a run of {per}")
-        now += 0.002
-    print(f"    produce: {produce_s / count * 1e6:6.2f} µs CPU per message (broker.produce_many; no sockets)")
-    print(f"take + ack: {consume_s / count * 1e6:6.2f} µs CPU per message (credit, dispatch, DELIVER frames, ACK)")
 
 
 def no_sockets(count: int, size: int, profile: cProfile.Profile | None) -> None:
@@ -201,17 +111,8 @@ def main() -> None:
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
     parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
     parser.add_argument("--no-sockets", action="store_true", help="the gateway, broker and store alone")
-    parser.add_argument("--batched", action="store_true", help="PZQ-BATCH/1 producers and consumers")
-    parser.add_argument("--batch", type=int, default=100, help="messages a batch, and a consumer's credit")
-    parser.add_argument("--prefetch", type=int, default=100, help="credit a batched consumer grants ahead")
-    parser.add_argument("--ask", type=int, default=0, help="messages a batched consumer asks for (0: --batch)")
     args = parser.parse_args()
     profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
-    if args.no_sockets and args.batched:
-        no_sockets_batched(args.count, args.size, args.batch, profile if args.profile else None)
-        if args.profile:
-            pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
-        return
     if args.no_sockets:
         no_sockets(args.count, args.size, profile if args.profile else None)
         if args.profile:
@@ -238,11 +139,7 @@ def main() -> None:
         max_inflight=args.window,
         max_message_size=args.max_message_size,
         # (the batched consume endpoint's default is a fixed port; an older tree has no such setting)
-        **{
-            name: f"ipc://{tmp}/consume" if args.batched else ""
-            for name in ("consume_dsn",)
-            if name in {f.name for f in dataclasses.fields(Config)}
-        },
+        **{name: "" for name in ("consume_dsn",) if name in {f.name for f in dataclasses.fields(Config)}},
     )
     try:
         cfg = Config(**fields).validate()
@@ -252,26 +149,14 @@ def main() -> None:
     server.start()
     ctx = multiprocessing.get_context("spawn")
     n, w, size = args.count, args.window, args.size
-    b, prefetch, ask = args.batch, args.prefetch, args.ask or args.batch
-    phases = (
-        {
-            "produce": [ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b))],
-            "drain": [ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, ask, prefetch))],
-            "end to end": [
-                ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b)),
-                ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, ask, prefetch)),
-            ],
-        }
-        if args.batched
-        else {
-            "produce": [ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size))],
-            "drain": [ctx.Process(target=consumer, args=(cfg.send_dsn, n))],
-            "end to end": [
-                ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)),
-                ctx.Process(target=consumer, args=(cfg.send_dsn, n)),
-            ],
-        }
-    )
+    phases = {
+        "produce": [ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size))],
+        "drain": [ctx.Process(target=consumer, args=(cfg.send_dsn, n))],
+        "end to end": [
+            ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)),
+            ctx.Process(target=consumer, args=(cfg.send_dsn, n)),
+        ],
+    }
     for phase, children in phases.items():
         if args.phase and phase not in args.phase:
             continue
