@@ -104,23 +104,20 @@ class BatchConsumeEndpoint(Endpoint):
                 return
 
     def _blocked(self, peer: bytes) -> bool:
-        """Serve ``peer`` nothing now: its answers wait unread, or its DELIVERs not yet shown read are
-        past its share. A DELIVER is a big reply: consumers that never read them wait rather than raise
-        the alarm that refuses every producer, and wait alone. Under the ceiling, a consumer that holds
-        unread DELIVERs gets more within its share (half the ceiling over the consumers known, at least
-        one DELIVER); a consumer that read everything it was sent gets its next DELIVER, and one that has
-        read before (it acked) gets it past the ceiling too, up to half way to the high-water mark,
-        whatever the others hold. (Its pipe holds SNDHWM DELIVERs at most, and a consumer that asks for
-        several 16 MiB messages before it acks any must get them.)"""
+        """Serve ``peer`` nothing now: its answers wait unread, or everything pzq holds is at the big
+        replies' ceiling and this consumer has no share left. A DELIVER is a big reply: consumers that
+        never read them wait rather than raise the alarm that refuses every producer, and wait alone: a
+        consumer that has read all it was sent (it acked), having read before, has its own share, its next
+        DELIVER past the ceiling (up to half way to the high-water mark), whatever the others hold.
+        (Under the ceiling no consumer is held back: a consumer may ask for several 16 MiB messages
+        before it acks any.)"""
         if self.replies.blocked(peer):
             return True
-        batch, alarm = self.limits.consume_batch_bytes, self.alarm
+        alarm = self.alarm
         consumer = self.gateway.consumers.get(peer)
-        if consumer is None or consumer.pipe_bytes <= 0:  # (a lock-step consumer's next DELIVER)
-            reading = consumer is not None and consumer.reader
-            return not alarm.admit(0, batch, over=max(0, alarm.high_water - alarm.ceiling) // 2 if reading else 0)
-        share = max(batch, alarm.ceiling // 2 // max(1, len(self.gateway.consumers)))
-        return consumer.pipe_bytes + batch > share or not alarm.admit(0, batch)
+        reading = consumer is not None and consumer.reader and consumer.pipe_bytes <= 0
+        band = max(0, alarm.high_water - alarm.ceiling) // 2 if reading else 0
+        return not alarm.admit(0, self.limits.consume_batch_bytes, over=band)
 
     def waiting(self) -> bool:
         return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)
