@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Hashable, Iterator
+import itertools
+from collections.abc import Hashable, Iterator, KeysView, Mapping
 from typing import Generic, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
@@ -42,6 +43,14 @@ class InFlight(Generic[Ref]):
 
     def __contains__(self, ref: object) -> bool:
         return ref in self._entries
+
+    def refs(self) -> KeysView[Ref]:
+        """The refs in flight, as a live view (a run's ``in`` tests without a call each)."""
+        return self._entries.keys()
+
+    def table(self) -> Mapping[Ref, Delivery[Ref]]:
+        """Each ref in flight and its delivery, read-only (a run's lookups without a call each)."""
+        return self._entries
 
     def get(self, ref: Ref) -> Delivery[Ref] | None:
         return self._entries.get(ref)
@@ -87,12 +96,26 @@ class InFlight(Generic[Ref]):
 
     def remove_many(self, refs: list[Ref]) -> list[Delivery[Ref] | None]:
         """``remove`` each of ``refs`` in order (an ack run): what each was, None if not in flight."""
-        journal, entries, take = self._journal, self._entries, self._take
+        journal, entries, per = self._journal, self._entries, self._per_consumer
         if journal is not None:
             for ref in refs:
                 if ref not in journal:
                     journal[ref] = entries.get(ref)
-        return [take(ref) for ref in refs]
+        out = list(map(entries.pop, refs, itertools.repeat(None, len(refs))))
+        gone: dict[Hashable, int] = {}  # (per consumer: an ack run is usually one consumer's)
+        for entry in out:
+            if entry is not None:
+                gone[entry.consumer] = gone.get(entry.consumer, 0) + 1
+        for consumer, n in gone.items():
+            left = per[consumer] - n
+            if left:
+                per[consumer] = left
+            else:
+                del per[consumer]
+        if len(self._heap) > 2 * len(entries) + 1024:  # (as _take: stale heap items bounded)
+            self._heap = [(e.deadline, e.token, e.ref) for e in entries.values()]
+            heapq.heapify(self._heap)
+        return out
 
     def mark(self) -> None:
         """Begin a journal of changes (a turn begins): ``undo`` puts back every entry as it is now."""

@@ -407,3 +407,52 @@ def test_a_server_on_an_ipc_send_socket_puts_the_batched_endpoint_beside_it_not_
             assert consumer.ack([key for key, _ in batch]).count == 3
     finally:
         holder.close(linger=0)
+
+
+def test_consumers_that_never_read_stall_only_themselves_and_a_consumer_that_reads_drains_the_queue(
+    make_server, sockets
+):
+    srv = make_server(memory_high_water=8 << 20, memory_low_water=6 << 20, ack_timeout=60.0)
+    body = b"x" * (256 << 10)
+    with client.Producer(srv.receive) as producer:
+        for _ in range(8):  # (a few at a time: the producers' own bound is not what this test is about)
+            assert all(r.ok for r in producer.produce_many([[body]] * 10))
+    with client.BatchConsumer(srv.config.consume_dsn, prefetch=4) as polite:
+        first = polite.receive(4, 5000)
+        assert first and polite.ack([key for key, _ in first]).refused == []
+        got = len(first)
+        for _ in range(12):  # (they read their HELLO answer, then nothing: their pipes fill to the ceiling)
+            sock = sockets(zmq.DEALER, None)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.connect(srv.config.consume_dsn)
+            sock.send_multipart(wire.hello())
+            assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+            sock.send_multipart(wire.credit(1000))
+        assert wait_until(lambda: srv.stats()["memory"]["consume_pipes_bytes"] >= 5 << 20)
+        while batch := polite.receive(4, 2000):  # (until nothing comes: the hogs hold the rest)
+            assert polite.ack([key for key, _ in batch]).refused == []
+            got += len(batch)
+        queue = srv.stats()["queues"]["default"]
+        assert queue["depth"] == queue["inflight"] == 80 - got, f"the polite consumer stalled after {got}"
+    assert got >= 40
+    memory = srv.stats()["memory"]
+    assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] < 8 << 20
+
+
+def test_a_consumer_with_prefetch_keeps_that_much_credit_ahead_so_deliveries_flow_while_it_acks(server):
+    produce(server.receive, 100)
+    with client.BatchConsumer(server.config.consume_dsn, prefetch=20) as consumer:
+        batch = consumer.receive(10, 5000)
+        assert 0 < len(batch) <= 10
+        # (10 asked for and 20 granted ahead: the server takes 30 for it, not one more)
+        assert wait_until(lambda: server.stats()["queues"]["default"]["inflight"] == 30)
+        assert consumer.ack([key for key, _ in batch]).refused == []
+        got = len(batch)
+        while got < 100:
+            batch = consumer.receive(10, 5000)
+            assert batch and consumer.ack([key for key, _ in batch]).refused == []
+            got += len(batch)
+        assert server.stats()["queues"]["default"]["depth"] == 0
+    with pytest.raises(ValueError):
+        client.BatchConsumer(server.config.consume_dsn, prefetch=-1)

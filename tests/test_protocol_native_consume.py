@@ -131,3 +131,22 @@ def test_the_documented_nack_of_a_key_twice_reads_as_both_keys():
     frames = [b"NACK", b"\x92" + KEY_BIN + KEY_BIN]
     assert wire.parse_command(frames, 10) == wire.Command(b"NACK", keys=(KEY, KEY))
     assert wire.settled(0, [KEY, KEY]) == [b"SETTLED", b"0", b"\x92" + KEY_BIN + KEY_BIN]
+
+
+def test_keys_that_are_not_a_flat_array_of_short_bins_are_refused_whatever_they_hide():
+    deep = b"\x91" * 5000 + b"\xc4\x01k"  # (arrays nested 5,000 deep, one key at the bottom)
+    long_key = msgpack.packb([b"k" * (wire.MAX_KEY + 1)])
+    for data in (
+        deep,
+        long_key,
+        msgpack.packb([KEY, [KEY]]),
+        msgpack.packb([KEY, 5]),
+        msgpack.packb([KEY, b""]),
+        msgpack.packb([KEY, {b"a": 1}]),
+        msgpack.packb([KEY]) + b"\x00",
+        b"\x92\xc4\x01k",  # (two announced, one there)
+    ):
+        with pytest.raises(ProtocolError) as err:
+            wire.parse_command([b"ACK", data], 1000)
+        assert err.value.code == "bad-keys", data[:20]
+    assert wire.parse_command([b"ACK", msgpack.packb([KEY, "str-key"])], 1000).keys == (KEY, b"str-key")

@@ -15,6 +15,8 @@ from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
 from pzq.store import Message, QueueInfo, Store, Upload
 
+Taken = tuple[tuple[int, int], int, list[bytes]]  # a message handed out by take_run: (ref, enqueued µs, frames)
+
 
 class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     """The queue rules on top of a Store; single-threaded, driven by the server loop."""
@@ -200,6 +202,50 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             if cut_short:  # (its bounded share of stale seqs passed: the rest is the next take's)
                 break
         self.counters.delivered += len(out)
+        return out
+
+    def take_run(
+        self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int, max_bytes: int | None = None
+    ) -> list[Taken]:
+        """``take`` as ``(ref, enqueued µs, frames)`` of each message: the batch path. Where nothing asks
+        to look at each message (no --max-deliveries, none came back, no lease ranges, and as long as the
+        records have no TTL and no meta) the stored records are handed on as read, their counts and
+        in-flight entries set in one call each; from the first that needs a look on, ``take`` goes on.
+        The same effects, in the same order, as ``take``."""
+        info = self.store.queue(queue, create=False)
+        if info is None or n <= 0:
+            return []
+        qid = info.qid
+        state = self._state(qid)
+        out: list[Taken] = []
+        most, size = (1 << 62) if max_bytes is None else max_bytes, 0
+        if not (self.max_deliveries or state.requeued or self._held.get(qid)):
+            deadline = now + self.ack_timeout_s
+            while len(out) < n and size < most:
+                start = state.cursor
+                run, state.cursor, stopped = self.store.plain_run(
+                    queue, state.cursor, n - len(out), most - size, self.inflight.refs()
+                )
+                if run:
+                    again = self.store.count_deliveries(queue, run)
+                    if again:
+                        self.counters.redelivered += again
+                        self._count(queue, "redelivered", again)
+                    refs = [(qid, seq) for seq, _, _, _ in run]
+                    self.inflight.add_many(refs, deadline, consumer)
+                    state.inflight += len(run)
+                    self.counters.delivered += len(run)
+                    for ref, (_, enqueued_us, frames, _) in zip(refs, run, strict=True):
+                        out.append((ref, enqueued_us, frames))
+                        size += sum(map(len, frames))
+                if stopped:
+                    break
+                if not run and state.cursor == start:
+                    return out  # (the end of the queue: none ready)
+        if len(out) < n and size < most:
+            left = None if max_bytes is None else most - size
+            rest = self.take(queue, n - len(out), consumer, now=now, now_us=now_us, max_bytes=left)
+            out += [((m.qid, m.seq), m.enqueued_us, m.frames) for m in rest]
         return out
 
     # -- whole queues -----------------------------------------------------------------------------

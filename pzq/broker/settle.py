@@ -56,7 +56,7 @@ class Settling(BrokerState):
         """``ack`` each of ``refs`` in order; returns those refused (not held by ``by``, or gone). The same
         as one ``ack`` after another, done as a run: settled in one loop, deleted a queue at a time."""
         refs = list(refs)
-        get, holds, counters = self.inflight.get, self.holds, self.counters
+        get, holds, counters = self.inflight.table().get, self.holds, self.counters
         settled: dict[Ref, None] = {}  # in order; a repeat is refused, as a second ack would be
         for ref in refs:
             delivery = get(ref)
@@ -71,32 +71,37 @@ class Settling(BrokerState):
             for ref in settled:
                 late.pop(ref, None)
         per_queue: dict[int, list[int]] = {}
+        gone: dict[int, int] = {}  # qid -> deliveries of it that were in flight (settled here)
         for ref, delivery in zip(settled, self.inflight.remove_many(list(settled)), strict=True):
-            seqs = per_queue.get(ref[0])
+            qid = ref[0]
+            seqs = per_queue.get(qid)
             if seqs is None:
-                seqs = per_queue[ref[0]] = []
+                seqs = per_queue[qid] = []
             seqs.append(ref[1])
             if delivery is not None:
-                self._state(ref[0]).inflight -= 1
-        acked: set[Ref] = set()
+                gone[qid] = gone.get(qid, 0) + 1
+        for qid, n in gone.items():
+            self._state(qid).inflight -= n
+        failed: set[Ref] = set()  # settled but no longer stored
         for qid, seqs in per_queue.items():
             info = self.store.queue_by_id(qid)
-            if info is None:
-                continue
-            done = [(qid, seq) for seq, ok in zip(seqs, self.store.delete_many(info.name, seqs), strict=True) if ok]
-            if done:
-                acked.update(done)
-                counters.acked += len(done)
-                self._count(info.name, "acked", len(done))
+            oks = [False] * len(seqs) if info is None else self.store.delete_many(info.name, seqs)
+            done = sum(oks)
+            if done < len(seqs):
+                failed.update((qid, seq) for seq, ok in zip(seqs, oks, strict=True) if not ok)
+            if done and info is not None:
+                counters.acked += done
+                self._count(info.name, "acked", done)
         if by in self.keep_on_rollback:
             unwritten = self._unwritten
             for ref in settled:
-                if ref in acked:
+                if ref not in failed:
                     unwritten[ref] = None
             while len(unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
                 del unwritten[next(iter(unwritten))]
-        if len(acked) == len(refs):
+        if not failed and len(settled) == len(refs):
             return []
+        acked = {ref for ref in settled if ref not in failed}
         refused: list[Ref] = []
         for ref in refs:  # (in order; a repeat of an acked ref is refused)
             if ref in acked:

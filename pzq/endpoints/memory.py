@@ -216,13 +216,13 @@ class MemoryAlarm:
             f"(--memory-high-water {self.high_water}), try again later"
         )
 
-    def admit(self, peer_holds: int, size: int) -> bool:
+    def admit(self, peer_holds: int, size: int, *, over: int = 0) -> bool:
         """May a reply of up to ``size`` bytes be made for a peer whose replies ``peer_holds`` bytes
-        wait unread? Not past the peer's share (``limits.memory_peer_share``), nor past the ceiling in
-        all. Refusals are counted."""
+        wait unread? Not past the peer's share (``limits.memory_peer_share``), nor past the ceiling (and
+        ``over`` bytes more) in all. Refusals are counted."""
         share = self.limits.memory_peer_share
         # (a peer that holds nothing may always have one: a lock-step client's next request, whatever its size)
-        if peer_holds and peer_holds + size > share or self.total + self._granted + size > self.ceiling:
+        if peer_holds and peer_holds + size > share or self.total + self._granted + size > self.ceiling + over:
             self.refused_replies_total += 1
             return False
         self._granted += size

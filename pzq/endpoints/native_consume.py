@@ -105,11 +105,19 @@ class BatchConsumeEndpoint(Endpoint):
 
     def _blocked(self, peer: bytes) -> bool:
         """Serve ``peer`` nothing now: its answers wait unread, or everything pzq holds is at the big
-        replies' ceiling. A DELIVER is a big reply: consumers that never read them wait (and the others
-        with them, once the ceiling is reached) rather than raise the alarm that refuses every producer.
-        (No per-consumer share: its pipe holds SNDHWM DELIVERs at most, and a consumer that asks for
-        several 16 MiB messages before it acks any must get them.)"""
-        return self.replies.blocked(peer) or not self.alarm.admit(0, self.limits.consume_batch_bytes)
+        replies' ceiling and this consumer has no share left. A DELIVER is a big reply: consumers that
+        never read them wait rather than raise the alarm that refuses every producer, and wait alone: a
+        consumer that has read all it was sent (it acked), having read before, has its own share, its next
+        DELIVER past the ceiling (up to half way to the high-water mark), whatever the others hold.
+        (Under the ceiling no consumer is held back: a consumer may ask for several 16 MiB messages
+        before it acks any.)"""
+        if self.replies.blocked(peer):
+            return True
+        alarm = self.alarm
+        consumer = self.gateway.consumers.get(peer)
+        reading = consumer is not None and consumer.reader and consumer.pipe_bytes <= 0
+        band = max(0, alarm.high_water - alarm.ceiling) // 2 if reading else 0
+        return not alarm.admit(0, self.limits.consume_batch_bytes, over=band)
 
     def waiting(self) -> bool:
         return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)

@@ -23,18 +23,32 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Hashable
+import itertools
+from collections.abc import Callable, Hashable, Sequence
 
-from pzq.broker import Broker, Ref
+from pzq.broker import Broker, Ref, Taken
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.native import ref_of_key
 from pzq.logs import warn_bad
-from pzq.protocols import native
 from pzq.protocols import native_consume as wire
 
 HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
 SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a bounded share
+
+
+def _refs_of(keys: Sequence[bytes]) -> list[Ref | None]:
+    """``ref_of_key`` of each key (an ACK's run), the keys pzq made ("<16 digits>|<32 lowercase hex>") inline."""
+    out: list[Ref | None] = []
+    for key in keys:
+        try:
+            if not (len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower()):
+                raise ValueError(key)  # (any other key: as ref_of_key reads it)
+            whole = int(tail, 16)
+            out.append((whole >> 64, whole & 0xFFFFFFFFFFFFFFFF))
+        except ValueError:
+            out.append(ref_of_key(key))
+    return out
 
 
 class Consumer:
@@ -43,6 +57,7 @@ class Consumer:
 
     __slots__ = (
         *("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd", "user"),
+        *("reader",),
     )
 
     def __init__(self, peer: bytes, now: float):
@@ -57,6 +72,7 @@ class Consumer:
         self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
         self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
         self.user: str | None = None  # its CURVE key (z85), if the endpoint is a CURVE server
+        self.reader = False  # it showed it read a DELIVER (it settled a key of one)
 
 
 @dataclasses.dataclass
@@ -166,19 +182,23 @@ class BatchConsumeGateway:
         refused: list[bytes] = []
         settled: list[Ref] = []
         if command.name == wire.ACK:
-            named = [(key, ref_of_key(key)) for key in command.keys]
-            refs = [ref for _, ref in named if ref is not None]
-            # The broker acks a key's first mention and refuses its repeats: a ref was acked when it was
-            # named more often than refused (a set of the refused would report an acked key refused)
-            named_count = collections.Counter(refs)
-            named_count.subtract(self.broker.ack_many(refs, by=holder))
-            acked = {ref for ref, left in named_count.items() if left > 0}
-            for key, ref in named:  # (refused in the order the ACK named them; a repeat is refused)
-                if ref is not None and ref in acked:
-                    acked.discard(ref)
-                    settled.append(ref)
-                else:
-                    refused.append(key)
+            keyed = _refs_of(command.keys)
+            refs = [ref for ref in keyed if ref is not None]
+            not_acked = self.broker.ack_many(refs, by=holder)
+            if not not_acked and len(refs) == len(keyed):
+                settled = refs  # (the usual case: every key named once, each held by this consumer)
+            else:
+                # The broker acks a key's first mention and refuses its repeats: a ref was acked when it
+                # was named more often than refused (a set of the refused would report an acked key refused)
+                named_count = collections.Counter(refs)
+                named_count.subtract(not_acked)
+                acked = {ref for ref, left in named_count.items() if left > 0}
+                for key, ref in zip(command.keys, keyed, strict=True):  # (refused in the ACK's order)
+                    if ref is not None and ref in acked:
+                        acked.discard(ref)
+                        settled.append(ref)
+                    else:
+                        refused.append(key)
         else:
             for key in command.keys:
                 ref = ref_of_key(key)
@@ -238,7 +258,7 @@ class BatchConsumeGateway:
             n = min(consumer.credit, self.limits.consume_max_batch, most - self.dispatched)
             readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
             # (one DELIVER's bytes a turn of the ring: the endpoint admits each batch into the memory bound)
-            taken = self.broker.take(
+            taken = self.broker.take_run(
                 self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
             )
             if not taken:
@@ -255,24 +275,26 @@ class BatchConsumeGateway:
             out += self._batches(peer, taken, now_us)
         return out
 
-    def _batches(self, peer: bytes, taken: list, now_us: int) -> list[Out]:
+    def _batches(self, peer: bytes, taken: list[Taken], now_us: int) -> list[Out]:
         """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message)."""
         out: list[Out] = []
         cap = self.limits.consume_batch_bytes
         keys: list[bytes] = []
         bodies: list[list[bytes]] = []
         refs: list[Ref] = []
-        size = 0
-        for message in taken:
-            length = sum(map(len, message.frames))
+        size = total = 0
+        for ref, enqueued_us, frames in taken:
+            length = sum(map(len, frames))
             if keys and size + length > cap:
                 out.append(self._deliver(peer, keys, bodies, refs, now_us))
                 keys, bodies, refs, size = [], [], [], 0
-            keys.append(native.message_key(message.enqueued_us, message.id))
-            bodies.append(message.frames)
-            refs.append((message.qid, message.seq))
+            # (native.message_key of the message's id, in one format: "<16 digits>|<16 hex qid><16 hex seq>")
+            keys.append(b"%016d|%016x%016x" % (enqueued_us, ref[0], ref[1]))
+            bodies.append(frames)
+            refs.append(ref)
             size += length
-            self.dispatched_bytes += length
+            total += length
+        self.dispatched_bytes += total
         out.append(self._deliver(peer, keys, bodies, refs, now_us))
         return out
 
@@ -288,22 +310,21 @@ class BatchConsumeGateway:
         size = sum(map(len, out.frames))
         consumer.serial += 1
         consumer.frames.append((consumer.serial, size, out.refs))
-        for ref in out.refs:
-            consumer.serial_of[ref] = consumer.serial
+        consumer.serial_of.update(zip(out.refs, itertools.repeat(consumer.serial)))
         self._pipe(consumer, size)
         while len(consumer.frames) > self.pipe_depth:  # (older ones have left its pipe)
             self._drop_frame(consumer)
 
     def _read_up_to(self, consumer: Consumer, refs: list[Ref]) -> None:
         """The consumer settled ``refs``: it has read every frame up to the newest that carried one."""
-        newest = max((consumer.serial_of.get(ref, 0) for ref in refs), default=0)
+        consumer.reader = True
+        newest = max(map(consumer.serial_of.get, refs, itertools.repeat(0)), default=0)
         while consumer.frames and consumer.frames[0][0] <= newest:
             self._drop_frame(consumer)
 
     def _drop_frame(self, consumer: Consumer) -> None:
         _, size, refs = consumer.frames.popleft()
-        for ref in refs:
-            consumer.serial_of.pop(ref, None)
+        collections.deque(map(consumer.serial_of.pop, refs, itertools.repeat(None)), maxlen=0)  # (each popped)
         self._pipe(consumer, -size)
 
     def _pipe(self, consumer: Consumer, size: int) -> None:

@@ -88,19 +88,22 @@ def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
         raise ProtocolError("bad-keys", "the keys frame must be a msgpack array") from None
     if count > max_keys:
         raise ProtocolError("too-many-keys", f"at most {max_keys} keys at once, not {count}")
-    keys = []
-    try:
-        for _ in range(count):
-            key = unpacker.unpack()
-            if not isinstance(key, bytes) or not key:
-                raise ProtocolError("bad-keys", f"each key must be a str or bin of 1 to {MAX_KEY} bytes")
-            keys.append(key)
-        if unpacker.tell() != len(data):
-            raise ProtocolError("bad-keys", f"{len(data) - unpacker.tell()} byte(s) after the keys")
-    except ProtocolError:
-        raise
+    try:  # (the header is within limits: the whole array in one call, its items checked after)
+        keys = msgpack.unpackb(
+            data,
+            raw=True,
+            max_str_len=MAX_KEY,
+            max_bin_len=MAX_KEY,
+            max_ext_len=0,
+            max_array_len=count,
+            max_map_len=0,
+        )
+    except msgpack.ExtraData as exc:
+        raise ProtocolError("bad-keys", f"{len(exc.extra)} byte(s) after the keys") from None
     except Exception as exc:  # noqa: BLE001 - as above
         raise ProtocolError("bad-keys", f"keys are not msgpack within limits: {exc}"[:200]) from None
+    if type(keys) is not list or not all(type(key) is bytes and key for key in keys):
+        raise ProtocolError("bad-keys", f"each key must be a str or bin of 1 to {MAX_KEY} bytes")
     return keys
 
 

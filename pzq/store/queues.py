@@ -72,6 +72,14 @@ class PendingCounts(dict[bytes, tuple[int, float]]):
                 undo[key] = get(self, key, _MISSING)
             put(self, key, value)
 
+    def pop_many(self, keys: list[bytes]) -> None:
+        """``self.pop(key, None)`` for each key (an ack run's counts), in one call."""
+        undo, get, pop = self._undo, dict.get, dict.pop
+        for key in keys:
+            if key not in undo:
+                undo[key] = get(self, key, _MISSING)
+            pop(self, key, None)
+
     def undo(self) -> None:
         """Put back every count as it was at ``mark()``."""
         for key, value in self._undo.items():

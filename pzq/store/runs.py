@@ -3,21 +3,103 @@
 The per-message calls (``mark_delivered``, ``delete``) cost a clock read, a key, a transaction lookup
 and an accounting update each; a native consumer's turn takes and acks hundreds, so these do the same
 work once per run (issue 27: "pop and delete a run of refs in one loop"). Same effects, same order.
+
+``plain_run`` is the take's batch path: it reads a run of records as they are stored (frames, enqueue
+time, delivery count) without building a ``Message`` for each, and stops before the first record that
+needs a closer look (a TTL, meta such as its own delivery cap, a body in chunks, or a record it cannot
+read), which the general path (``scan``) then reads as before.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
+
+import msgpack
 
 from pzq.store.environment import LmdbError
-from pzq.store.layout import KEY, Message, accounted
+from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message
 from pzq.store.messages import CHUNKED, Messages
 from pzq.store.queues import raise_
 
+PLAIN = 0x93  # a record's first byte when it is [enqueued µs, expires µs, frames]: no meta, body inline
+
+Plain = tuple[int, int, list[bytes], int]  # (seq, enqueued µs, frames, deliveries so far)
+
 
 class Runs(Messages):
-    """Delivery counts and deletes of runs of messages (see the module's text)."""
+    """Delivery counts and deletes of runs of messages, and plain runs for the take (see the module's text)."""
+
+    def plain_run(
+        self, queue: str, from_seq: int, limit: int, max_bytes: int, skip: Container[tuple[int, int]]
+    ) -> tuple[list[Plain], int, bool]:
+        """Up to ``limit`` messages of ``queue`` from ``from_seq`` on that need no look of their own (no
+        TTL, no meta, the body inline), as ``(seq, enqueued µs, frames, deliveries)``, passing over those
+        whose ref ``(qid, seq)`` is in ``skip`` (in flight: they count toward ``limit``, as ``scan``'s
+        do); no more once their records reach ``max_bytes`` (the first is always read). Returns (them,
+        the seq to go on from, whether it stopped at a record that needs a look: left for ``scan``)."""
+        info = self._queues.get(queue)
+        out: list[Plain] = []
+        if info is None or limit <= 0:
+            return out, from_seq, False
+        qid, prefix, unpack_key, unpackb = info.qid, U64.pack(info.qid), KEY.unpack, msgpack.unpackb
+        pending, deliveries_db, u32 = self._pending_counts, self._deliveries_db, U32.unpack
+        size, seen, seq, nxt, stopped = 0, 0, from_seq, from_seq, False
+        with self.env.reading() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            if not cursor.set_range(KEY.pack(qid, from_seq)):
+                return out, from_seq, False
+            get = txn.get
+            # (no count written at all, the usual case when acks come before commits write counts: none to read)
+            has_counts = txn.stat(deliveries_db)["entries"] > 0
+            for key, value in cursor:
+                if seen >= limit or size >= max_bytes or not key.startswith(prefix):
+                    break
+                seq = unpack_key(key)[1]
+                if not value or value[0] != PLAIN:
+                    stopped = True
+                    break
+                try:
+                    record = unpackb(value)
+                except (ValueError, msgpack.UnpackException):
+                    stopped = True
+                    break
+                frames = record[2]
+                if (
+                    record[1] != 0
+                    or type(record[0]) is not int
+                    or type(frames) is not list
+                    or not (len(frames) == 1 and type(frames[0]) is bytes or all(type(f) is bytes for f in frames))
+                ):  # (a TTL, or a record to read closely: ``scan`` takes it, or sets it aside)
+                    stopped = True
+                    break
+                nxt, seen = seq + 1, seen + 1
+                if (qid, seq) in skip:
+                    continue
+                count = pending.get(key)
+                if count is not None:
+                    deliveries = count[0]
+                elif not has_counts:
+                    deliveries = 0
+                else:
+                    raw = get(key, db=deliveries_db)
+                    # (a damaged count reads as 0, as ``scan`` reads it)
+                    deliveries = u32(raw)[0] if raw and len(raw) == 4 else 0
+                out.append((seq, record[0], frames, deliveries))
+                size += len(value)
+        return out, seq if stopped else nxt, stopped
+
+    def count_deliveries(self, queue: str, run: Sequence[Plain]) -> int:
+        """``mark_delivered`` each message of a plain run (``plain_run``'s, as read); returns how many had
+        been delivered before (redeliveries)."""
+        qid, pack, now = self._queues[queue].qid, KEY.pack, time.monotonic()
+        again = 0
+        items = []
+        for seq, _, _, deliveries in run:
+            again += deliveries > 0
+            items.append((pack(qid, seq), (deliveries + 1, now)))
+        self._pending_counts.set_many(items)
+        return again
 
     def mark_delivered_run(self, queue: str, messages: Sequence[Message]) -> int:
         """``mark_delivered`` each of ``messages`` (as read by ``scan``/``get``: their ``deliveries`` is the
@@ -44,18 +126,22 @@ class Runs(Messages):
         pack, qid, pending = KEY.pack, info.qid, self._pending_counts
         messages_db, deliveries_db = self._messages_db, self._deliveries_db
         out: list[bool] = []
+        counted: list[bytes] = []  # (keys whose delivery count waits in memory: dropped in one call)
         count = size = 0
         try:  # inline rather than through env.do(): every ack comes here
+            # (no count written at all, the usual case when acks come before commits write counts: none to delete)
+            has_counts = txn.stat(deliveries_db)["entries"] > 0
             for seq in seqs:
                 key = pack(qid, seq)
                 value = txn.pop(key, db=messages_db)
                 if value is None:
                     out.append(False)
                     continue
-                txn.delete(key, db=deliveries_db)  # a lookup only, when it was never written
+                if has_counts:
+                    txn.delete(key, db=deliveries_db)  # a lookup only, when it was never written
                 if key in pending:
-                    pending.pop(key, None)
-                size += accounted(key, value)
+                    counted.append(key)
+                size += len(key) + len(value)  # (+ OVERHEAD each: ``accounted``, added once below)
                 if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
                     size += self.delete_body(ref)
                 count += 1
@@ -64,6 +150,8 @@ class Runs(Messages):
             self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
             raise
         finally:
+            if counted:
+                pending.pop_many(counted)
             if count:  # (what was deleted before a failure is accounted: the rollback undoes both)
-                self._account(info, -count, -size)
+                self._account(info, -count, -size - count * OVERHEAD)
         return out
