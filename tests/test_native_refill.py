@@ -179,3 +179,35 @@ def test_a_hostile_producer_pipelining_the_largest_messages_still_parks_at_most_
     finally:
         producer.close(0)
         server.close()
+
+
+def test_a_turn_holding_a_producers_big_messages_waits_no_more_to_read_further_into_its_pipeline(tmp_path):
+    # A hostile producer pipelines messages bigger than what a turn lets in: each is held for a turn of its
+    # own and its next ones wait behind it. A refill would only add to what is held (8 MiB of held
+    # messages raised the memory alarm in test_native_consume), so a turn that holds any waits no more.
+    server, native = _server(tmp_path, refill_wait_s=0.2, turn_write_bytes=1 << 20)
+    producer = _producer(server.config.receive_dsn)
+    try:
+        body = b"x" * (200 << 10)
+        sent = [b"%d" % i for i in range(30)]
+        for message_id in sent:
+            producer.send_multipart(wire.produce(message_id, [body]))
+        acked: list[bytes] = []
+        most_held = 0
+        for _ in range(300):
+            waits = native.refill_waits
+            server._turn(10)
+            held = native.memory()["native_held"]
+            most_held = max(most_held, held)
+            # (a wait before the turn held anything may bring the message it holds: two at most, as
+            # the turn's 1 MiB lets in five; a turn that waited while holding waited six to ten times)
+            assert not held or native.refill_waits - waits <= 2, "waited for refills while holding messages"
+            acked += _acks(producer, 10)
+            if len(acked) == len(sent):
+                break
+        assert acked == sent, "every message stored once, in order"
+        # (what is held is bounded as before: a quarter of pipe_in_bytes for one producer, and one message)
+        assert most_held <= server.config.limits.pipe_in_bytes // 4 + len(body) + 4096, f"held {most_held} bytes"
+    finally:
+        producer.close(0)
+        server.close()

@@ -202,7 +202,8 @@ class NativeEndpoints(Endpoint):
                     break
                 refilling = refilling or self._filled(since_dry)
                 since_dry = []
-                if not refilling or self.budget.spent() or not self._refilled():
+                # (not while messages are held: what a refill brings would only be held behind them)
+                if not refilling or self._held or self.budget.spent() or not self._refilled():
                     break
             if self.budget.spent():  # cut short: the other socket goes first next time
                 self._first = SEND if name == RECEIVE else RECEIVE
