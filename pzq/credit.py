@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 MIN_WINDOW_S = 0.05
 HOARD = 16  # what all native consumers may hold together, in --max-inflight units
@@ -85,6 +85,32 @@ class NativeCredit:
         self._sends += 1
         self._young[ref] = (self._sends, now)
         self._order.append(ref)
+
+    def sent_many(self, refs: Iterable[Hashable], now: float) -> None:
+        """``sent`` of each of ``refs``, in order (a dispatch's run: one call)."""
+        young, order, sends = self._young, self._order, self._sends
+        for ref in refs:
+            young.pop(ref, None)
+            sends += 1
+            young[ref] = (sends, now)
+            order.append(ref)
+        self._sends = sends
+
+    def answered_many(self, answers: Iterable[tuple[Hashable, float | None]], now: float) -> None:
+        """``answered`` of each (ref, sent_at) of ``answers``, in order (a run of acks: one call)."""
+        young, passed, latency = self._young, self._passed, self.latency_s
+        low, high = self._latency_bounds
+        timed = False
+        for ref, sent_at in answers:
+            entry = young.pop(ref, None)
+            if entry is not None and entry[0] > passed:
+                passed = entry[0]
+            if sent_at is not None:
+                timed = True
+                latency = min(high, max(low, latency * (_DOWN if now - sent_at < latency else _UP)))
+        self._passed, self.latency_s = passed, latency
+        if timed:
+            self._answered_at = now
 
     def answered(self, ref: Hashable, sent_at: float | None, now: float) -> None:
         """An ack or nack of ``ref`` (``sent_at``: when its delivery left, if it was in flight)."""

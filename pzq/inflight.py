@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator, KeysView, Mapping
+from collections.abc import Callable, Hashable, Iterator, KeysView, Mapping
 from typing import Generic, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
@@ -54,6 +54,28 @@ class InFlight(Generic[Ref]):
 
     def get(self, ref: Ref) -> Delivery[Ref] | None:
         return self._entries.get(ref)
+
+    def deadline_of(self, consumer: Hashable) -> Callable[[Ref], float | None]:
+        """A function of a ref: its deadline if ``consumer`` holds it, else None. One call for a
+        gateway's question about each delivery of a run (three through the broker; the entries are
+        this tracker's for its life)."""
+        get = self._entries.get
+
+        def deadline(ref: Ref) -> float | None:
+            entry = get(ref)
+            return entry.deadline if entry is not None and entry.consumer == consumer else None
+
+        return deadline
+
+    def holds(self, consumer: Hashable) -> Callable[[Ref], bool]:
+        """A function of a ref: whether ``consumer`` holds it (``deadline_of``'s question as a bool)."""
+        get = self._entries.get
+
+        def held(ref: Ref) -> bool:
+            entry = get(ref)
+            return entry is not None and entry.consumer == consumer
+
+        return held
 
     def count(self, consumer: Hashable) -> int:
         """How many deliveries ``consumer`` holds."""

@@ -183,6 +183,12 @@ class Limits:
     batch_max_frames: int = 4_096
     batch_dedup_ids: int = 100_000
 
+    # r7-legacy-rx (pzq/endpoints/native.py): a producer that filled its receive pipe (RCVHWM, see
+    # pipe_messages) has more of its window coming: a turn whose reading ran the pipe dry waits this long
+    # at most for libzmq's I/O thread to refill it, again while each wait brings more, so that a commit
+    # carries the window's messages rather than a pipe's depth of them
+    refill_wait_s: float = 60e-6
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

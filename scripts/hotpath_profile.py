@@ -2,8 +2,9 @@
 in-process server (this process's main thread, libzmq's I/O threads beside it) and raw pyzmq clients in
 child processes. Three phases: produce ``--count`` messages (a window of ``--window``), drain them
 (consume + ack), then produce and consume at once. Prints the server's CPU µs per message of each
-phase (process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it) and, with ``--profile``,
-the loop's top functions by own time over all phases.
+phase (process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it), the loop thread's part
+of it, the turns' waits for a receive pipe's refill, and, with ``--profile``, the loop's top functions by
+own time over all phases.
 
     .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
     .venv/bin/python scripts/hotpath_profile.py --no-sockets [--profile]
@@ -101,6 +102,14 @@ def no_sockets(count: int, size: int, profile: cProfile.Profile | None) -> None:
     print(f"take + ack: {consume_s / count * 1e6:6.2f} µs CPU per message (take, delivery frames, acks)")
 
 
+def _refills(server) -> tuple[int, int]:
+    """The native endpoint's refill waits and those that got a refill (0, 0 on trees without them)."""
+    for endpoint in getattr(server, "endpoints", []):
+        if hasattr(endpoint, "refills"):
+            return endpoint.refill_waits, endpoint.refills
+    return 0, 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50_000)
@@ -164,13 +173,15 @@ def main() -> None:
             child.start()
         time.sleep(0.5)  # (the children import and connect: not the server's work)
         cpu, wall, syncs, turns = time.process_time(), time.monotonic(), server.store.syncs, getattr(server, "turns", 0)
+        loop_cpu, waits = time.thread_time(), _refills(server)
         if args.profile:
             profile.enable()
         while any(child.is_alive() for child in children):
             server._turn(10)
         if args.profile:
             profile.disable()
-        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        cpu, wall, loop_cpu = time.process_time() - cpu, time.monotonic() - wall, time.thread_time() - loop_cpu
+        waits = [now - before for now, before in zip(_refills(server), waits, strict=True)]
         if any(child.exitcode for child in children):
             raise SystemExit(f"{phase}: a client failed")
         syncs, turns = server.store.syncs - syncs, getattr(server, "turns", 0) - turns
@@ -178,6 +189,9 @@ def main() -> None:
             f"{phase:>11}: {cpu / n * 1e6:6.1f} µs server CPU per message ({n / wall:,.0f} msg/s wall, "
             f"{n / max(turns, 1):.0f} messages a turn, {n / max(syncs, 1):.0f} a commit)"
         )
+        # (the loop's own thread, without libzmq's; and the turns' waits for a receive pipe's refill)
+        loop_us = loop_cpu / n * 1e6
+        print(f"{'':>11}  {loop_us:6.1f} µs of it the loop's thread; refill waits {waits[0]}, refilled {waits[1]}")
     server.close()
     if args.profile:
         pstats.Stats(profile).sort_stats(args.sort).print_stats(40)

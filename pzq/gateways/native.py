@@ -151,6 +151,12 @@ class NativeGateway:
         if not waiting:
             return
         stored = self.broker.produce_many(self.queue, bodies, now_us=now_us)
+        if stored == len(waiting):  # (the usual case: produce_ack's frames for "stored", a call less each)
+            make = Send._make
+            out += [make((RECEIVE, [routing, message_id, b"1", b""], None, False)) for routing, message_id in waiting]
+            waiting.clear()
+            bodies.clear()
+            return
         for i, (routing, message_id) in enumerate(waiting):
             error = None if i < stored else native.QUEUE_FULL
             out.append(Send(RECEIVE, native.produce_ack(routing, message_id, error)))
@@ -203,7 +209,8 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
-        deadline_of, credit_answered = self.broker.deadline, self.credit.answered
+        deadline_of = self.broker.inflight.deadline_of(CONSUMER)  # (broker.deadline's answer, a call each)
+        sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
             if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
                 warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
@@ -213,14 +220,16 @@ class NativeGateway:
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
                 continue
-            deadline = None if ref in answered else deadline_of(ref, CONSUMER)
+            deadline = None if ref in answered else deadline_of(ref)
             answered.add(ref)
-            credit_answered(ref, None if deadline is None else deadline - timeout_s, now)
+            sent_at.append((ref, None if deadline is None else deadline - timeout_s))
             if frames[1] == b"1":
                 acks.append(ref)
                 keys.append(key)
                 continue
             self._ack_run(acks, keys)  # (a nack settles after the acks before it)
+            self.credit.answered_many(sent_at, now)
+            sent_at.clear()
             if not self.broker.nack(ref, by=CONSUMER):
                 warn_bad(
                     "consumer",
@@ -228,6 +237,7 @@ class NativeGateway:
                     f"nack for {key[:80]!r}, not in flight through the send socket: ignored",
                 )
         self._ack_run(acks, keys)
+        self.credit.answered_many(sent_at, now)
 
     def _ack_run(self, acks: list[Ref], keys: list[bytes]) -> None:
         if not acks:
@@ -270,7 +280,7 @@ class NativeGateway:
         caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self._ours, most)
+        overdue = self.credit.overdue(held, self.broker.inflight.holds(CONSUMER), most)
         self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
@@ -299,13 +309,14 @@ class NativeGateway:
             self._stalled_at = readiness
             return []
         # native.delivery's frames, built inline: the two numbers once per run, the key from the ref
-        sent, head = self.credit.sent, [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""]
-        out = []
-        for message in taken:
-            ref = (message.qid, message.seq)
-            sent(ref, now)
-            key = b"%016d|%016x%016x" % (message.enqueued_us, ref[0], ref[1])  # (native.message_key)
-            out.append(Send(SEND, [key, *head, *message.frames], ref))
+        head, make = [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""], Send._make
+        refs = [(message.qid, message.seq) for message in taken]
+        self.credit.sent_many(refs, now)
+        out = [
+            # (the key: native.message_key)
+            make((SEND, [b"%016d|%016x%016x" % (message.enqueued_us, *ref), *head, *message.frames], ref, False))
+            for message, ref in zip(taken, refs, strict=True)
+        ]
         if most_bytes is not None:
             self.dispatched_bytes = sum(len(f) for m in taken for f in m.frames)
         return out
