@@ -162,7 +162,7 @@ class ApiGateway:
                 if message.seq >= before:
                     return {"messages": rows, "next": before}
                 rows.append(_row(message.seq, message))
-                size += sum(len(f) for f in message.frames)
+                size += sum(map(len, message.frames))
                 after = message.seq + 1
                 if size >= self.limits.api_reply_bytes:
                     return {"messages": rows, "next": after}

@@ -7,7 +7,8 @@
 - The queue model, ``Store``, one role per module, each drawn on the one before: ``queues.py`` (the
   environment, the commit, each queue's counters, room), ``bodies.py`` (big bodies in chunks written over
   turns), ``messages.py`` (put, scan, delivery
-  counts, deletes), ``runs.py`` (the counts and deletes of a run in one call, a lease's headers by runs), ``dead_letters.py``,
+  counts, deletes), ``runs.py`` (the counts and deletes of a run in one call, a lease's headers by
+  runs), ``dead_letters.py``,
   ``previews.py`` (the console's previews, the audit).
 - ``side_table.py``: what the side tables share; one owner per table draws its key layout at its top:
   ``schedules.py``, ``groups.py`` (groups and leases), ``dedup_keys.py``, ``bindings.py``, ``emqp_jobs.py``.

@@ -143,7 +143,10 @@ class Messages(Bodies):
         # (a damaged count reads as 0: the message is still delivered, its retry count starts over)
         return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
 
-    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+    def _decode_uncounted(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+        return self._decode(info, key, value, txn, False)
+
+    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn, counts: bool = True) -> Message | None:
         """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
         try:
             record = msgpack.unpackb(value)
@@ -163,7 +166,7 @@ class Messages(Bodies):
                 record[2] if body is None else self.body_frames(body, txn),
                 int(record[0]),
                 int(record[1]),
-                self._deliveries(key, txn),
+                self._deliveries(key, txn) if counts else 0,
                 record[3] if len(record) > 3 else None,
                 body,
             )
@@ -182,13 +185,17 @@ class Messages(Bodies):
         self._set_aside()
         return message
 
-    def scan(self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None) -> list[Message]:
+    def scan(
+        self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None, counts: bool = True
+    ) -> list[Message]:
         """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order; with
         ``max_bytes``, no more once their bodies reach it (the first is always read): what a turn
-        reads of big bodies is bounded like what it writes."""
+        reads of big bodies is bounded like what it writes. Without ``counts`` their delivery counts
+        are not read (0: a group's fetch, whose lease record has them)."""
+        decode = self._decode if counts else self._decode_uncounted
         while True:
             damaged = self.damaged_total
-            found = self._iter(self._messages_db, queue, from_seq, limit, self._decode, max_bytes)
+            found = self._iter(self._messages_db, queue, from_seq, limit, decode, max_bytes)
             messages = [m for m in found if m is not None]
             self._set_aside()
             if self.damaged_total == damaged or len(messages) >= limit:
