@@ -7,7 +7,8 @@ for 100,000 and 1,000,000 messages of 100 B.
 Each (master, count) pair is `pzq bench --protocol spark` (pzq/bench/spark.py) against a fresh server:
 the medians of its runs are printed, after a warm-up run that is not counted. "stream read" is timed
 from the query's start to processAllAvailable's return; "in batches" is the same rows over the
-micro-batches' own time (Spark's triggerExecution).
+micro-batches' own time (Spark's triggerExecution). "CPU a row" is the CPU every process of the run
+spent a row (on a shared machine the rates swing with the load; this much less).
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def main() -> int:
         print(
             f"{r['master']:<11} {r['count']:>9,} {stream:>12,.0f} {batches:>11,.0f} {snapshot:>9,.0f} {sink:>9,.0f} "
             f"{stream / snapshot:>13.2f}x"
+        )
+    print("\nCPU a row (µs; every process: this one, Spark's JVM and workers, the server; and the server's):")
+    heads = ("stream all", "server", "snapshot all", "server", "ratio")
+    print(f"{'master':<11} {'messages':>9} " + " ".join(f"{h:>{len(h) + 1}}" for h in heads))
+    for r in rows:
+        cpu = [r.get(f"{k}.{c}", 0.0) for k in ("stream", "snapshot") for c in ("cpu_us", "server_cpu_us")]
+        ratio = cpu[2] / cpu[0] if cpu[0] else 0.0  # (snapshot's CPU a row over the stream's: the rate ratio's ceiling)
+        print(
+            f"{r['master']:<11} {r['count']:>9,} {cpu[0]:>11.1f} {cpu[1]:>7.1f} {cpu[2]:>13.1f} {cpu[3]:>7.1f} "
+            f"{ratio:>5.2f}x"
         )
     print("\nwhere the micro-batches' time went (ms, Spark's phases summed over the batches of the median run):")
     for r in rows:

@@ -99,3 +99,30 @@ def test_fetches_while_acknowledged_messages_are_deleted_wait_for_no_commit_but_
             assert stats(srv)["syncs"] == syncs + 1  # a lease's reply leaves after its commit
         finally:
             reader.close()
+
+
+def test_a_lease_with_durable_0_is_answered_before_any_commit_and_a_durable_lease_from_its_offset_commits_it(
+    make_server, tmp_path
+):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", commit_interval=30.0)  # (nothing commits by the clock)
+    with ApiClient(srv.config.api_dsn, timeout_s=20) as api:
+        api.produce([("q", b"m%d" % i) for i in range(100)])
+        api.lease("q", "g", 0, 1)  # (the group exists, durably)
+        syncs = stats(srv)["syncs"]
+        assert api.lease("q", "g", 1, 49, durable=False) == (0, 50)
+        assert api.lease("q", "g", 50, 30, durable=False) == (0, 80)
+        assert stats(srv)["syncs"] == syncs  # answered without an fsync
+        assert api.lease("q", "g", 0, 80) == (0, 80)  # the same leases, nothing more taken
+        assert stats(srv)["syncs"] == syncs + 1  # ... answered after the commit that made them durable
+        assert len(api.fetch("q", "g", 0, 80)[0]) == 80
+
+
+@pytest.mark.parametrize("durable", ["no", -1, 1.5, True])
+def test_a_lease_whose_durable_is_not_a_whole_number_is_refused_and_leases_nothing(make_server, tmp_path, durable):
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    with ApiClient(srv.config.api_dsn, timeout_s=20) as api:
+        api.produce([("q", b"m")])
+        with pytest.raises(ApiError) as refused:
+            api.call("LEASE", queue="q", group="g", after=0, max=1, durable=durable)
+        assert refused.value.code == "bad-arguments"
+        assert api.offsets("q", "g") == (0, 0)

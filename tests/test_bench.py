@@ -231,3 +231,24 @@ def test_an_emqp_bench_process_that_died_is_named_at_once_with_its_log(tmp_path)
     finally:
         alive.kill()
         alive.wait(30)
+
+
+def test_the_cpu_of_a_process_tree_counts_a_busy_child_and_not_an_unrelated_process():
+    import os
+    import time
+
+    from pzq.bench.server import cpu_seconds
+    from pzq.bench.spark import tree_cpu_seconds
+
+    burn = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.stdin.read()"
+    before = tree_cpu_seconds(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while cpu_seconds(child.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds(child.pid) >= 0.3
+        assert tree_cpu_seconds(os.getpid()) - before >= 0.3
+        assert tree_cpu_seconds(child.pid) == pytest.approx(cpu_seconds(child.pid), abs=0.05)  # (none of ours)
+    finally:
+        child.communicate(b"", timeout=30)

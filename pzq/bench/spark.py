@@ -6,7 +6,9 @@ Each run fills a fresh queue with N small messages (API PRODUCE, 1,000 per reque
   stream read  a streaming query (format pzq -> noop sink) from start until all N rows are processed
                (leases, fetches, and the acknowledging commits of every batch but the last);
   sink         a DataFrame of N rows written into a queue (format pzq, durable before each task ends).
-Spark start-up is not counted; the first run also pays for Spark's JIT warm-up.
+Spark start-up is not counted; the first run also pays for Spark's JIT warm-up. Beside each rate, the
+CPU it cost (µs a row): the server's, and every process's (this one, Spark's JVM and Python workers, the
+server): on a shared machine the rates swing with the load, the CPU a row much less.
 """
 
 from __future__ import annotations
@@ -35,11 +37,54 @@ class SparkOptions:
     master: str = "local[2]"  # or spark://HOST:PORT (a standalone cluster: the API is then on TCP)
 
 
-def _timed(count: int, seconds: float, unit: str, rate: str) -> dict:
-    return {unit: count, "seconds": round(seconds, 6), rate: round(count / seconds)}
+def _timed(count: int, seconds: float, unit: str, rate: str, cpu: tuple[float, float] | None = None) -> dict:
+    out = {unit: count, "seconds": round(seconds, 6), rate: round(count / seconds)}
+    if cpu is not None:  # (server, all processes: CPU seconds over the phase) -> µs a row
+        out["server_cpu_us"], out["cpu_us"] = (round(c / count * 1e6, 2) for c in cpu)
+    return out
 
 
-def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOptions, checkpoints: str) -> dict:
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of ``root`` and every live process below it (Spark's JVM and its
+    Python workers, the server), with what their reaped children used, from /proc."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU seconds)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # (gone meanwhile)
+        stats[int(entry)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / tick)
+    total = 0.0
+    for pid, (_, cpu) in stats.items():
+        at, seen = pid, 0
+        while at and at != root and at in stats and seen < 64:  # (up the parents: is root one of them?)
+            at, seen = stats[at][0], seen + 1
+        if at == root:
+            total += cpu
+    return total
+
+
+class _Cpu:
+    """CPU seconds of the server and of every process since ``start``."""
+
+    def __init__(self, server: PzqServer):
+        self.server = server
+        self.start()
+
+    def start(self) -> None:
+        self.at = (self.server.cpu_seconds(), tree_cpu_seconds(os.getpid()))
+
+    def spent(self) -> tuple[float, float]:
+        return self.server.cpu_seconds() - self.at[0], tree_cpu_seconds(os.getpid()) - self.at[1]
+
+
+def one_run(
+    spark, api: ApiClient, endpoint: str, run: int, options: SparkOptions, checkpoints: str, server: PzqServer
+) -> dict:
     n, queue = options.messages, f"rate{run}"
     body = b"x" * options.size
     t0 = time.perf_counter()
@@ -47,10 +92,12 @@ def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOption
         api.produce([(queue, body)] * min(PRODUCE_BATCH, n - i))
     produce = _timed(n, time.perf_counter() - t0, "messages", "msg_s")
 
+    cpu = _Cpu(server)
     t0 = time.perf_counter()
     count = spark.read.format("pzq").option("endpoint", endpoint).option("queue", queue).load().count()
-    snapshot = _timed(count, time.perf_counter() - t0, "rows", "rows_s")
+    snapshot = _timed(count, time.perf_counter() - t0, "rows", "rows_s", cpu.spent())
 
+    cpu.start()
     t0 = time.perf_counter()
     query = (
         spark.readStream.format("pzq")
@@ -64,6 +111,7 @@ def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOption
     )
     query.processAllAvailable()
     seconds = time.perf_counter() - t0
+    spent = cpu.spent()
     progress = query.lastProgress["sources"][0] if query.lastProgress else {}
     batches = [p for p in query.recentProgress if p["numInputRows"]]
     in_batches = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
@@ -71,7 +119,7 @@ def one_run(spark, api: ApiClient, endpoint: str, run: int, options: SparkOption
     leased = api.offsets(queue, "spark")[1]
     if leased != n:
         raise PzqError(f"spark: the stream leased {leased} of {n}: {progress}")
-    stream = _timed(leased, seconds, "rows", "rows_s")
+    stream = _timed(leased, seconds, "rows", "rows_s", spent)
     # The same rows over the micro-batches' own time (Spark's triggerExecution), without the query's
     # start (its Python source worker, the checkpoint) and the idle poll that ends processAllAvailable.
     stream_batches = {**_timed(leased, in_batches, "rows", "rows_s"), "batches": len(batches)}
@@ -130,7 +178,7 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
                     f"{'snapshot rows/s':>16} {'sink rows/s':>12}"
                 )
                 for run in range(1, options.runs + 1):
-                    r = one_run(spark, api, server.api, run, options, server.workdir)
+                    r = one_run(spark, api, server.api, run, options, server.workdir, server)
                     runs.append(r)
                     echo(
                         f"{run:>3} {r['produce']['msg_s']:>14,.0f} {r['stream']['rows_s']:>19,.0f} "

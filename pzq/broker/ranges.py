@@ -65,19 +65,58 @@ class RangeHolds(BrokerState):
             limit = self._cursor_limit(state, held, n - taken)
             if limit is None:
                 continue  # (the cursor jumped a held range)
-            rows = self.store.headers(queue, state.cursor, limit)
-            if not rows:
+            entries = self.store.lease_headers(queue, state.cursor, limit)
+            if not entries:
                 break
-            state.cursor = rows[-1][0] + 1
-            for row in rows:
-                if (info.qid, row[0]) in inflight or (held and held.holder_of(row[0]) is not None):
+            state.cursor = entries[-1][0] + entries[-1][1]
+            for seq, count, expires_us, cap, deliveries in entries:
+                if count == 1:
+                    if (info.qid, seq) in inflight or (held and held.holder_of(seq) is not None):
+                        continue
+                    lease(seq, expires_us, cap, deliveries)
                     continue
-                lease(*row)
+                # A run of plain messages (no TTL, no cap of their own): what one may do, all may.
+                for lo, hi in self._free_parts(info.qid, seq, seq + count, held):
+                    if self._past_limits(0, 0, deliveries, now_us):
+                        for one in range(lo, hi):  # (rare: --max-deliveries reached; each is moved whole)
+                            lease(one, 0, 0, deliveries)
+                        continue
+                    if deliveries:
+                        self.counters.redelivered += hi - lo
+                        self._count(queue, "redelivered", hi - lo)
+                    if runs and continues(runs[-1], lo, deliveries + 1):
+                        runs[-1][1] += hi - lo
+                    else:
+                        runs.append([lo, hi - lo, deliveries + 1])
+                    taken += hi - lo
         self.counters.delivered += taken
         # (A message is read once: the cursor has passed it, or it left the requeued heap.)
         for lo, count, _ in runs:
             self.hold_range(info.qid, lo, lo + count, holder)
         return [(lo, count, deliveries) for lo, count, deliveries in runs]
+
+    def _free_parts(self, qid: int, lo: int, hi: int, held: HeldRanges | None) -> list[tuple[int, int]]:
+        """``lo .. hi-1`` less the seqs some holder has (a held range, a native consumer's delivery), as
+        ranges in order: a run is checked per range, or per seq only while deliveries are in flight."""
+        parts: list[tuple[int, int]] = []
+        while lo < hi:
+            span = held.span_of(lo) if held else None
+            if span is not None:
+                lo = span[1]
+                continue
+            start = held.next_start(lo) if held else None
+            end = hi if start is None else min(hi, start)
+            if len(self.inflight):
+                for seq in range(lo, end):
+                    if (qid, seq) not in self.inflight:
+                        if parts and parts[-1][1] == seq:
+                            parts[-1] = (parts[-1][0], seq + 1)
+                        else:
+                            parts.append((seq, seq + 1))
+            else:
+                parts.append((lo, end))
+            lo = end
+        return parts
 
     def hold_range(self, qid: int, lo: int, hi: int, holder: Exclusive, stored: int | None = None) -> None:
         """Keep seqs ``lo .. hi-1`` of queue ``qid`` away from every other consumer (a group's lease,

@@ -109,8 +109,11 @@ class ApiClient:
         r = self.call("OFFSETS", queue=queue, group=group)
         return r["base"], r["end"]
 
-    def lease(self, queue: str, group: str, after: int, max_n: int) -> tuple[int, int]:
-        r = self.call("LEASE", queue=queue, group=group, after=after, max=max_n)
+    def lease(self, queue: str, group: str, after: int, max_n: int, *, durable: bool = True) -> tuple[int, int]:
+        """Lease up to ``max_n`` from ``after`` on: (base, end). Not ``durable``: the reply does not wait
+        for the commit of the leases (see pzq/protocols/api.py); hand an end on only after a durable call."""
+        extra = {} if durable else {"durable": 0}
+        r = self.call("LEASE", queue=queue, group=group, after=after, max=max_n, **extra)
         return r["base"], r["end"]
 
     def fetch(self, queue: str, group: str, lo: int, hi: int) -> tuple[list[list], int]:

@@ -105,7 +105,8 @@ class ApiEndpoint(Endpoint):
             cost = time.perf_counter() - began
             self._tags[frames[0]] = self._now_tag + cost
             command = _command(frames)
-            self._writes = self._writes or command not in READ_ONLY
+            # (a LEASE with durable 0 is answered at once: its writes gather as consumer acks do)
+            self._writes = self._writes or (command not in READ_ONLY and getattr(self.gateway, "reply_waits", True))
             if command in self._costs or len(self._costs) < COMMANDS_KEPT:
                 self._costs[command] = 0.8 * self._costs.get(command, cost) + 0.2 * cost
 

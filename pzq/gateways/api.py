@@ -57,6 +57,7 @@ class ApiGateway:
         self.max_message_size = max_message_size
         self.dedup_window_us = int(dedup_window_s * 1e6)
         self.requests_total = 0
+        self.reply_waits = True  # the last reply waits for the commit of its writes (LEASE durable 0: no)
         self.errors_total = 0
         self.duplicates_total = 0
         self.load()
@@ -94,6 +95,7 @@ class ApiGateway:
     def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
         """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is
         the client's CURVE key (z85) when the endpoint uses CURVE: consumer groups belong to one key."""
+        self.reply_waits = True  # (until a request says otherwise: see LEASE's ``durable``)
         parsed = api.parse_request(frames, self.max_message_size + (1 << 20), self.limits.api_max_produce)
         if parsed is None:
             warn_bad("api", "unanswerable", f"{len(frames)} frame(s) without a delimiter and request id")
@@ -121,6 +123,7 @@ class ApiGateway:
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
         if request.command == "LEASE":
+            self.reply_waits = a.get("durable", 1) != 0  # (0: its leases become durable with a later commit)
             base, end = leases.lease(
                 a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us, user=user, client=peer
             )
@@ -162,7 +165,7 @@ class ApiGateway:
                 if message.seq >= before:
                     return {"messages": rows, "next": before}
                 rows.append(_row(message.seq, message))
-                size += sum(len(f) for f in message.frames)
+                size += sum(map(len, message.frames))
                 after = message.seq + 1
                 if size >= self.limits.api_reply_bytes:
                     return {"messages": rows, "next": after}

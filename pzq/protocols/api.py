@@ -12,13 +12,18 @@ The server binds a ROUTER, so its frames start with the routing frame(s). Every 
 command    arguments                                              results
 =========  =====================================================  ==================================
 OFFSETS    queue, group                                           base, end
-LEASE      queue, group, after, max                               base, end
+LEASE      queue, group, after, max, durable (optional, 1)          base, end
 FETCH      queue, group, lo, hi                                   messages, gone
 ACK_UPTO   queue, group, upto                                     base
 INFO       queue                                                  first, next, depth
 SNAPSHOT   queue, after, before, limit                            messages, next
 PRODUCE    messages: [[queue, body], ...], key (optional)         count, duplicate
 =========  =====================================================  ==================================
+
+LEASE with ``durable`` 0 answers without waiting for the commit of the leases it made: they become
+durable with a later commit (within --commit-interval), and a failed commit or a crash before it loses
+them (the range is leased again by the next call from the same offset). A client hands such an end on
+only after a LEASE with ``durable`` 1 (the default) from the same offset has answered it.
 
 A message in results is ``[seq, key, enqueued_us, deliveries, body]``: ``seq`` is the lease seq (FETCH)
 or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames joined.
@@ -40,7 +45,13 @@ ERR = b"ERR"
 _STR, _INT, _LIST = str, int, list
 SCHEMAS: dict[str, dict[str, tuple[type, bool]]] = {  # name -> {field: (type, required)}
     "OFFSETS": {"queue": (_STR, True), "group": (_STR, True)},
-    "LEASE": {"queue": (_STR, True), "group": (_STR, True), "after": (_INT, True), "max": (_INT, True)},
+    "LEASE": {
+        "queue": (_STR, True),
+        "group": (_STR, True),
+        "after": (_INT, True),
+        "max": (_INT, True),
+        "durable": (_INT, False),
+    },
     "FETCH": {"queue": (_STR, True), "group": (_STR, True), "lo": (_INT, True), "hi": (_INT, True)},
     "ACK_UPTO": {"queue": (_STR, True), "group": (_STR, True), "upto": (_INT, True)},
     "INFO": {"queue": (_STR, True)},

@@ -6,8 +6,9 @@
 - ``layout.py``: the key layout, the record types and the store's format version.
 - The queue model, ``Store``, one role per module, each drawn on the one before: ``queues.py`` (the
   environment, the commit, each queue's counters, room), ``bodies.py`` (big bodies in chunks written over
-  turns), ``messages.py`` (put, scan, headers, delivery
-  counts, deletes), ``runs.py`` (the counts and deletes of a run in one call), ``dead_letters.py``,
+  turns), ``messages.py`` (put, scan, delivery
+  counts, deletes), ``runs.py`` (the counts and deletes of a run in one call, a lease's headers by
+  runs), ``dead_letters.py``,
   ``previews.py`` (the console's previews, the audit).
 - ``side_table.py``: what the side tables share; one owner per table draws its key layout at its top:
   ``schedules.py``, ``groups.py`` (groups and leases), ``dedup_keys.py``, ``bindings.py``, ``emqp_jobs.py``.

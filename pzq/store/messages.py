@@ -1,5 +1,5 @@
-"""Messages: put (one or a run), get, scan and the headers a lease reads; delivery counts (the take
-bookkeeping, written lazily with a commit); deletes (acks), range deletes, requeues; setting aside
+"""Messages: put (one or a run), get, scan; delivery counts (the take
+bookkeeping, written lazily with a commit); deletes (acks), requeues; setting aside
 a record that cannot be read. Drawn on ``Queues`` (queues.py); the layout is in ``layout.py``."""
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ class Messages(Bodies):
         # (a damaged count reads as 0: the message is still delivered, its retry count starts over)
         return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
 
-    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+    def _decode_uncounted(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+        return self._decode(info, key, value, txn, False)
+
+    def _decode(self, info: QueueInfo, key: bytes, value: bytes, txn, counts: bool = True) -> Message | None:
         """The stored message, or None (noted for ``_set_aside``) when its record cannot be read."""
         try:
             record = msgpack.unpackb(value)
@@ -163,7 +166,7 @@ class Messages(Bodies):
                 record[2] if body is None else self.body_frames(body, txn),
                 int(record[0]),
                 int(record[1]),
-                self._deliveries(key, txn),
+                self._deliveries(key, txn) if counts else 0,
                 record[3] if len(record) > 3 else None,
                 body,
             )
@@ -182,54 +185,21 @@ class Messages(Bodies):
         self._set_aside()
         return message
 
-    def scan(self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None) -> list[Message]:
+    def scan(
+        self, queue: str, from_seq: int = 0, limit: int = 100, max_bytes: int | None = None, counts: bool = True
+    ) -> list[Message]:
         """Up to ``limit`` messages of ``queue`` with seq >= ``from_seq``, in FIFO order; with
         ``max_bytes``, no more once their bodies reach it (the first is always read): what a turn
-        reads of big bodies is bounded like what it writes."""
+        reads of big bodies is bounded like what it writes. Without ``counts`` their delivery counts
+        are not read (0: a group's fetch, whose lease record has them)."""
+        decode = self._decode if counts else self._decode_uncounted
         while True:
             damaged = self.damaged_total
-            found = self._iter(self._messages_db, queue, from_seq, limit, self._decode, max_bytes)
+            found = self._iter(self._messages_db, queue, from_seq, limit, decode, max_bytes)
             messages = [m for m in found if m is not None]
             self._set_aside()
             if self.damaged_total == damaged or len(messages) >= limit:
                 return messages  # (else read again: what was set aside is gone, more may follow it)
-
-    def headers(self, queue: str, from_seq: int, limit: int) -> list[tuple[int, int, int, int]]:
-        """``(seq, expires_us, max_deliveries or 0, deliveries)`` of up to ``limit`` messages of
-        ``queue`` from ``from_seq`` on, in FIFO order: what a lease needs to know of each, read in one
-        cursor walk without building messages (a quarter of ``scan``'s cost). Unreadable records
-        are set aside, as ``scan`` does."""
-        info = self._queues.get(queue)
-        if info is None or limit <= 0:
-            return []
-        out: list[tuple[int, int, int, int]] = []
-        prefix, unpack_key, unpackb, pending = U64.pack(info.qid), KEY.unpack, msgpack.unpackb, self._pending_counts
-        deliveries_db = self._deliveries_db
-        with self.env.reading() as txn:
-            cursor = txn.cursor(db=self._messages_db)
-            if cursor.set_range(KEY.pack(info.qid, from_seq)):
-                for key, value in cursor:
-                    if len(out) >= limit or not key.startswith(prefix):
-                        break
-                    try:
-                        record = unpackb(value)
-                        expires_us = record[1]
-                        if type(expires_us) is not int or type(record[2]) is not list:
-                            raise ValueError("not a message record")
-                        meta = record[3] if len(record) > 3 else None
-                        cap = meta.get("max_deliveries") or 0 if type(meta) is dict else 0
-                    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
-                        self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
-                        continue
-                    count = pending.get(key)
-                    if count is not None:
-                        deliveries = count[0]
-                    else:
-                        raw = txn.get(key, db=deliveries_db)
-                        deliveries = U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
-                    out.append((unpack_key(key)[1], expires_us, cap if type(cap) is int else 0, deliveries))
-        self._set_aside()
-        return out
 
     def _set_aside(self) -> None:
         """Move unreadable message records (a damaged page, a bug) out of their queue into the
@@ -321,37 +291,6 @@ class Messages(Bodies):
             size += ref.accounted if keep_body else self.delete_body(ref)
         self._account(info, -1, -size)
         return True
-
-    def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
-        """Remove at most ``limit`` stored messages with seqs ``lo .. hi-1``, walking only the records
-        that exist (a consumer group's acknowledged range); returns (how many, the seq to go on from:
-        ``hi`` once the range is done)."""
-        info = self._queues.get(queue)
-        if info is None or lo >= hi:
-            return 0, hi
-        txn = self.env.write()
-        removed = size = 0
-        end = KEY.pack(info.qid, hi)
-        try:
-            cursor = txn.cursor(db=self._messages_db)
-            key: bytes = bytes(cursor.key()) if cursor.set_range(KEY.pack(info.qid, lo)) else b""
-            while key and key < end and removed < limit:
-                value = cursor.value()
-                size += accounted(key, value)
-                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
-                    size += self.delete_body(ref)
-                txn.delete(key, db=self._deliveries_db)
-                self._pending_counts.pop(key, None)
-                removed += 1
-                cursor.delete()  # (and moves to the next record: b"" past the last)
-                key = bytes(cursor.key())
-            at = hi if not key or key >= end else KEY.unpack(key)[1]
-        except LmdbError as exc:
-            self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
-            raise
-        if removed:
-            self._account(info, -removed, -size)
-        return removed, at
 
     def set_delivered(self, queue: str, seqs: Sequence[int], count: int) -> None:
         """Write the delivery count of stored messages at once, in the open transaction (durable with

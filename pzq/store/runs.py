@@ -1,4 +1,5 @@
-"""Runs of messages in one call: the delivery counts of a take's run and the deletes of an ack run.
+"""Runs of messages in one call: the delivery counts of a take's run, the deletes of an ack run (and of
+a group's acknowledged range), and the headers a lease reads, a run of plain messages at a time.
 
 The per-message calls (``mark_delivered``, ``delete``) cost a clock read, a key, a transaction lookup
 and an accounting update each; a native consumer's turn takes and acks hundreds, so these do the same
@@ -8,23 +9,43 @@ work once per run (issue 27: "pop and delete a run of refs in one loop"). Same e
 time, delivery count) without building a ``Message`` for each, and stops before the first record that
 needs a closer look (a TTL, meta such as its own delivery cap, a body in chunks, or a record it cannot
 read), which the general path (``scan``) then reads as before.
+
+``lease_headers`` is ``headers`` for a group's lease: a record whose first bytes say it has no TTL and
+no meta (a native or API message: ``[enqueued_us, 0, [frames]]``) needs nothing else read, so the walk
+looks at those few bytes only, and a run of such messages with consecutive seqs and one delivery count
+comes back as one entry. Delivery counts are found by walking the deliveries table beside the
+messages (a fresh queue has none: one seek) rather than by a lookup per message. Any other record is
+read whole. A record damaged past its first bytes is set aside when it is fetched, as any record is:
+it then reads as gone. ``delete_range`` walks the deliveries table beside the messages the same way.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
 from collections.abc import Container, Sequence
 
 import msgpack
 
 from pzq.store.environment import LmdbError
-from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message
+from pzq.store.layout import KEY, OVERHEAD, U32, U64, U64_MAX, Message
 from pzq.store.messages import CHUNKED, Messages
 from pzq.store.queues import raise_
 
 PLAIN = 0x93  # a record's first byte when it is [enqueued µs, expires µs, frames]: no meta, body inline
 
 Plain = tuple[int, int, list[bytes], int]  # (seq, enqueued µs, frames, deliveries so far)
+
+# A plain record's first bytes with no TTL: ``[enqueued_us, 0, [frames]]`` (msgpack: a 3-array, a
+# non-negative int, 0, an array header), what every native and API message without a TTL is
+# (messages.native_record)
+PLAIN_NO_TTL = re.compile(rb"\x93(?:[\x00-\x7f]|\xcc.|\xcd..|\xce.{4}|\xcf.{8})\x00[\x90-\x9f\xdc\xdd]", re.S)
+# Past every key (a u64 qid and seq: 16 bytes): where a walk of the deliveries table ends
+_PAST_KEYS = b"\xff" * 17
+# One lease entry: (first seq, count, expires_us, max_deliveries or 0, deliveries); count > 1 only for
+# a run of plain messages (no TTL, no cap)
+LeaseEntry = tuple[int, int, int, int, int]
 
 
 class Runs(Messages):
@@ -155,3 +176,101 @@ class Runs(Messages):
             if count:  # (what was deleted before a failure is accounted: the rollback undoes both)
                 self._account(info, -count, -size - count * OVERHEAD)
         return out
+
+    def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
+        """Remove at most ``limit`` stored messages with seqs ``lo .. hi-1``, walking only the records
+        that exist (a consumer group's acknowledged range); returns (how many, the seq to go on from:
+        ``hi`` once the range is done)."""
+        info = self._queues.get(queue)
+        if info is None or lo >= hi:
+            return 0, hi
+        txn = self.env.write()
+        removed = size = 0
+        end, start, pending = KEY.pack(info.qid, hi), KEY.pack(info.qid, lo), self._pending_counts
+        try:
+            counts = txn.cursor(db=self._deliveries_db)  # (a fresh message has no count: usually one seek)
+            next_count = bytes(counts.key() if counts.set_range(start) else b"") or _PAST_KEYS
+            cursor = txn.cursor(db=self._messages_db)
+            key: bytes = bytes(cursor.key()) if cursor.set_range(start) else b""
+            while key and key < end and removed < limit:
+                value = cursor.value()
+                size += len(value)
+                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
+                    size += self.delete_body(ref)
+                while next_count < key:  # (a count left without its message: kept, as a key delete keeps it)
+                    next_count = bytes(counts.key() if counts.next() else b"") or _PAST_KEYS
+                if next_count == key:
+                    counts.delete()  # (and moves to the next count)
+                    next_count = bytes(counts.key()) or _PAST_KEYS
+                if pending:
+                    pending.pop(key, None)
+                removed += 1
+                cursor.delete()  # (and moves to the next record: b"" past the last)
+                key = bytes(cursor.key())
+            at = hi if not key or key >= end else KEY.unpack(key)[1]
+        except LmdbError as exc:
+            self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
+            raise
+        if removed:  # (every key is KEY.size bytes: accounted() of each, summed)
+            self._account(info, -removed, -(size + removed * (KEY.size + OVERHEAD)))
+        return removed, at
+
+    def lease_headers(self, queue: str, from_seq: int, limit: int) -> list[LeaseEntry]:
+        """What ``headers`` reads of up to ``limit`` messages of ``queue`` from ``from_seq`` on, as
+        entries ``(seq, count, expires_us, max_deliveries or 0, deliveries)``: consecutive plain
+        messages (no TTL, no meta) with one delivery count are one entry (see the module's text)."""
+        info = self._queues.get(queue)
+        if info is None or limit <= 0:
+            return []
+        out: list[list[int]] = []
+        qid, pending, plain = info.qid, self._pending_counts, PLAIN_NO_TTL.match
+        stop = KEY.pack(qid + 1, 0) if qid < U64_MAX else _PAST_KEYS
+        last: list[int] = [-2, 0, 1, 1, 0]  # (no entry yet: nothing goes on from it)
+        with self.env.reading() as txn:
+            counts = txn.cursor(db=self._deliveries_db)  # (walked beside the messages: one seek when empty)
+            next_count = bytes(counts.key() if counts.set_range(KEY.pack(qid, from_seq)) else b"") or _PAST_KEYS
+            cursor = txn.cursor(db=self._messages_db)
+            if not cursor.set_range(KEY.pack(qid, from_seq)):
+                return []
+            for key, value in itertools.islice(cursor, limit):
+                if key >= stop:
+                    break
+                seq = int.from_bytes(key[8:], "big")
+                deliveries = 0
+                if key >= next_count:
+                    while next_count < key:  # (a count left without its message)
+                        next_count = bytes(counts.key() if counts.next() else b"") or _PAST_KEYS
+                    if next_count == key:
+                        raw = counts.value()
+                        deliveries = U32.unpack(raw)[0] if len(raw) == 4 else 0
+                        next_count = bytes(counts.key() if counts.next() else b"") or _PAST_KEYS
+                if pending and (count := pending.get(key)) is not None:
+                    deliveries = count[0]
+                if plain(value):
+                    if last[0] + last[1] == seq and last[4] == deliveries and last[2] == 0 == last[3]:
+                        last[1] += 1
+                    else:
+                        last = [seq, 1, 0, 0, deliveries]
+                        out.append(last)
+                    continue
+                header = self._header_of(info, key, value)
+                if header is not None:
+                    last = [seq, 1, header[0], header[1], deliveries]
+                    out.append(last)
+        self._set_aside()
+        return [(seq, count, expires_us, cap, deliveries) for seq, count, expires_us, cap, deliveries in out]
+
+    def _header_of(self, info, key: bytes, value: bytes) -> tuple[int, int] | None:
+        """(expires_us, max_deliveries or 0) of a record read whole, as ``headers`` reads it; None (noted
+        for ``_set_aside``) when it cannot be read."""
+        try:
+            record = msgpack.unpackb(value)
+            expires_us = record[1]
+            if type(expires_us) is not int or type(record[2]) is not list:
+                raise ValueError("not a message record")
+            meta = record[3] if len(record) > 3 else None
+            cap = meta.get("max_deliveries") or 0 if type(meta) is dict else 0
+        except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+            self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
+            return None
+        return expires_us, cap if type(cap) is int else 0
