@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, resolve
+from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint
 from pzq.clients import native as client
 from pzq.errors import ClientError, ExitCode
 
@@ -33,14 +33,14 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.argument("queue", default="default")
 @curve_options
 @errors_to_exit
 def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, curve_server_key) -> None:
     """List QUEUE's dead letters, oldest first, one JSON object per line."""
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     text = client.monitor_request(
         endpoint, f"DEADLETTERS {queue} {limit}", curve=curve(curve_client_key, curve_server_key)
     )
@@ -55,7 +55,7 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, 
 
 @dead_letters.command("requeue")
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
 @click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of QUEUE.")
 @click.argument("queue")
 @click.argument("message_id", required=False)
@@ -67,7 +67,7 @@ def dead_letters_requeue(
     """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
     if bool(everything) == bool(message_id):
         fail("give either a MESSAGE_ID or --all", ExitCode.USAGE)
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     text = client.monitor_request(
         endpoint,
         f"REQUEUE {queue} {'all' if everything else message_id}",

@@ -8,7 +8,15 @@ import time
 
 import click
 
-from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, resolve
+from pzq.cli.common import (
+    Duration,
+    config_option,
+    curve,
+    curve_options,
+    errors_to_exit,
+    monitor_endpoint,
+    resolve,
+)
 from pzq.clients import native as client
 from pzq.config import format_duration
 from pzq.errors import ClientError, ExitCode
@@ -16,18 +24,34 @@ from pzq.errors import ClientError, ExitCode
 
 @click.command()
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
-@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
-@click.option("--watch", type=Duration("s"), help="Refresh this often until ^C; a plain number is seconds.")
 @click.option(
-    "--timeout", type=Duration("ms"), default="5s", show_default=True, help="Wait for an answer; a plain number is ms."
+    "--monitor-dsn",
+    help="Monitor endpoint.  [default: from --config or PZQ_*, else ipc://ABSOLUTE/pzq-data/monitor when that "
+    "socket is there, else /etc/pzq/pzq.toml's]",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
+@click.option(
+    "--watch",
+    type=Duration("s"),
+    metavar="DURATION",
+    help="Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time); "
+    "a plain number is seconds.  [default: show once]",
+)
+@click.option(
+    "--timeout",
+    type=Duration("ms"),
+    default="5s",
+    metavar="DURATION",
+    show_default=True,
+    help="Wait for an answer; a plain number is ms.",
 )
 @curve_options
 @errors_to_exit
 def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:
-    """Show the server's figures."""
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    """Show the server's figures: its queues first, then its counters, with the time they were read."""
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     keys = curve(curve_client_key, curve_server_key)
+    in_place = bool(watch) and sys.stdout.isatty()
     while True:
         figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
         if as_json:
@@ -37,9 +61,12 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
                 table = _table(figures)
             except (TypeError, KeyError, ValueError):  # a queue entry without pzq's fields
                 raise ClientError(f"the figures from {endpoint} are not pzq's: is a pzq monitor there?") from None
-            if watch:
-                click.clear()
-            click.echo(table)
+            every = f", every {format_duration(watch)} (^C stops)" if watch else ""
+            heading = f"pzq at {endpoint}, {time.strftime('%Y-%m-%d %H:%M:%S')}{every}\n\n"
+            # One write per frame: the terminal's clear and the new frame arrive together, without flicker.
+            click.echo(
+                ("\x1b[H\x1b[2J" if in_place else "") + heading + table + ("" if in_place else "\n" * bool(watch))
+            )
         if not watch:
             return
         try:
@@ -50,6 +77,12 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
 
 def _table(figures: dict) -> str:
     lines = []
+    queues = figures.get("queues", {})
+    if queues:  # what an operator looks for first
+        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
+        for name, q in queues.items():
+            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+        lines.append("")
     flat = {}
     for name, value in figures.items():
         if isinstance(value, dict) and name != "queues":
@@ -59,12 +92,6 @@ def _table(figures: dict) -> str:
     width = max(len(k) for k in flat)
     for name, value in flat.items():
         lines.append(f"{name:<{width}}  {value}")
-    queues = figures.get("queues", {})
-    if queues:
-        lines.append("")
-        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
-        for name, q in queues.items():
-            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
     return "\n".join(lines)
 
 
