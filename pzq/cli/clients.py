@@ -8,6 +8,7 @@ import time
 
 import click
 
+from pzq import config
 from pzq.cli.common import (
     Duration,
     config_option,
@@ -20,6 +21,12 @@ from pzq.cli.common import (
 from pzq.clients import native as client
 from pzq.config import format_duration
 from pzq.errors import ClientError, ExitCode
+
+
+def _from_settings(name: str) -> str:
+    """The default of a client's endpoint option: the server's setting, as `pzq serve` reads it."""
+    default = config.FIELDS[name].default
+    return f"  [default: --config's {name} or $PZQ_{name.upper()}, else {default}]"
 
 
 @click.command()
@@ -97,7 +104,7 @@ def _table(figures: dict) -> str:
 
 @click.command()
 @config_option
-@click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
+@click.option("--receive-dsn", help="Producers' endpoint." + _from_settings("receive_dsn"))
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
 @click.option(
     "--batch",
@@ -137,11 +144,11 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 
 @click.command()
 @config_option
-@click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
+@click.option("--send-dsn", help="Consumers' endpoint." + _from_settings("send_dsn"))
 @click.option(
     "--consume-dsn",
-    help="Batched consumers' endpoint (default from config/env, unless --send-dsn is given alone); '' = the "
-    "send socket only. A server without it is consumed from the send socket.",
+    help="Batched consumers' endpoint (unless --send-dsn is given alone); '' = the send socket only. A server "
+    "without it is consumed from the send socket." + _from_settings("consume_dsn"),
 )
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
@@ -196,7 +203,7 @@ def mqks_group() -> None:
 
 @mqks_group.command("publish")
 @config_option
-@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
 @click.argument("event")
 @click.argument("data", nargs=-1)
 @errors_to_exit
@@ -214,14 +221,14 @@ def mqks_publish(config_file, mqks_dsn, event, data) -> None:
 
 @mqks_group.command("consume")
 @config_option
-@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
     type=Duration("s"),
     default="10s",
     show_default=True,
-    help="Wait for each message; a plain number is s.",
+    help="Wait for each message; a plain number is seconds.",
 )
 @click.argument("queue")
 @click.argument("events", nargs=-1)

@@ -65,12 +65,14 @@ def _ipc_path(endpoint: str) -> str:
 def curve_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--curve-client-key / --curve-server-key for commands that talk to a CURVE server."""
     func = click.option(
-        "--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY", help="The server's CURVE public key file (server.key)."
+        "--curve-server-key",
+        envvar="PZQ_CURVE_SERVER_KEY",
+        help="The server's CURVE public key file (server.key).  [default: none]",
     )(func)
     return click.option(
         "--curve-client-key",
         envvar="PZQ_CURVE_CLIENT_KEY",
-        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.",
+        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.  [default: none]",
     )(func)
 
 
@@ -102,5 +104,5 @@ config_option = click.option(
     "config_file",
     type=click.Path(dir_okay=False),
     envvar="PZQ_CONFIG",
-    help="TOML file of settings (see conf/pzq.toml).",
+    help="TOML file of settings (see conf/pzq.toml).  [default: $PZQ_CONFIG, else none]",
 )
