@@ -217,6 +217,7 @@ class Server(Reloading):
         finally:
             collector.stop()
         self.notifier.stopping()
+        self.broker.events.flush()  # (the events of the last interval are not lost on a stop)
         log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
 
     def _serve(self, collector: Collector) -> None:
@@ -309,6 +310,8 @@ class Server(Reloading):
             return
         self.leases.mark_expired(now_us)
         self.admin.tick(now)
+        if self.broker.events.due(now):
+            self.broker.events.flush(now)
         self._next_tick = now + TICK_S
         if self.metrics is not None or self.console is not None:
             self._publish_metrics(now, now_us)
