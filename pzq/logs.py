@@ -86,9 +86,10 @@ class EventTally:
             counts = self._counts[queue] = collections.Counter()
         counts[what] += n
 
-    def due(self, now: float) -> bool:
-        """True if events wait and the interval since the first of them has passed."""
-        return self._since is not None and now - self._since >= self.every_s
+    def tick(self, now: float) -> None:
+        """Log what was counted once the interval since the first of it has passed (the server's tick)."""
+        if self._since is not None and now - self._since >= self.every_s:
+            self.flush(now)
 
     def flush(self, now: float | None = None) -> int:
         """Log what was counted (one line per queue) and start again; the number of lines logged."""

@@ -1,5 +1,7 @@
 """`pzq monitor` as an operator meets it: found from any directory, one clear line when nothing answers,
-and --watch that redraws in place on a terminal (one time-stamped block per interval elsewhere)."""
+and --watch that redraws in place on a terminal (one time-stamped block per interval elsewhere); and the
+commands beside it that name things: dead letters of a queue that does not exist, an MQKS publish that
+nothing is bound to."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from click.testing import CliRunner
 
 from pzq.cli import cli
 from pzq.cli.common import monitor_endpoint
+from pzq.errors import ExitCode
+
+from conftest import free_tcp_endpoint
 
 NO_SETTINGS = {"PZQ_CONFIG": None, "PZQ_MONITOR_DSN": None, "PZQ_DATABASE": None}
 
@@ -111,3 +116,35 @@ def test_watch_into_a_pipe_writes_one_time_stamped_block_per_interval(server):
         assert block.startswith(f"{server.monitor}, {time.strftime('%Y-%m-%d')} ")
         assert block.splitlines()[2].split() == ["queue", "depth", "inflight", "dead"]
     assert out.decode().count("\n\npzq at ") == len(blocks) - 1  # a blank line between blocks
+
+
+def test_dead_letters_of_a_queue_the_server_does_not_have_is_an_error_not_an_empty_list(server):
+    result = run("dead-letters", "list", "--monitor-dsn", server.monitor, "nosuchqueue")
+    assert result.exit_code == ExitCode.NOT_FOUND == 4
+    assert result.output.strip() == (
+        f"pzq: error: queue 'nosuchqueue' does not exist on the server at {server.monitor}"
+    )
+    result = run("dead-letters", "requeue", "--monitor-dsn", server.monitor, "--all", "nosuchqueue")
+    assert result.exit_code == ExitCode.NOT_FOUND
+    # a queue that exists with no dead letters lists nothing, successfully
+    result = run("dead-letters", "list", "--monitor-dsn", server.monitor, "default")
+    assert (result.exit_code, result.output) == (0, "")
+
+
+def test_mqks_publish_to_an_event_nothing_is_bound_to_says_it_was_dropped(make_server):
+    mqks, _ = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=mqks)
+    env = {**NO_SETTINGS, "PZQ_MQKS_DSN": mqks, "PZQ_MONITOR_DSN": srv.monitor}
+    runner = CliRunner()
+    result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
+    assert result.exit_code == 0
+    assert result.output.strip() == (
+        "1 published; none stored: no queue is bound to 'nobody.listens', and MQKS drops such messages "
+        "(bind one: pzq mqks consume QUEUE nobody.listens)"
+    )
+    bound = runner.invoke(cli, ["mqks", "consume", "q", "nobody.listens", "--timeout", "100ms"], env=env)
+    assert bound.exit_code == 1  # (nothing there yet; the queue is bound from now on)
+    result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
+    assert (result.exit_code, result.output.strip()) == (0, "1 published")
+    got = runner.invoke(cli, ["mqks", "consume", "q", "--timeout", "5s"], env=env)
+    assert got.exit_code == 0 and got.output.split("\t")[1:] == ["nobody.listens", "0", "hello\n"]

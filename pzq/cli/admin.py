@@ -49,6 +49,8 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, 
     letters = client.monitor_json(endpoint, text)
     if not isinstance(letters, list):
         raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
+    if not letters:
+        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
     for letter in letters:
         click.echo(json.dumps(letter))
 
@@ -78,7 +80,16 @@ def dead_letters_requeue(
     answer = client.monitor_json(endpoint, text)
     if not isinstance(answer, dict) or "requeued" not in answer:
         raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")
+    if not answer["requeued"]:
+        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
     click.echo(f"requeued {answer['requeued']}")
+
+
+def _must_exist(endpoint: str, queue: str, keys: tuple[str, str] | None) -> None:
+    """Exit NOT_FOUND if ``queue`` is not one of the server's: the server answers an unknown queue as
+    an empty one (no dead letters), which hides a typo."""
+    if queue not in client.stats(endpoint, curve=keys)["queues"]:
+        fail(f"queue {queue!r} does not exist on the server at {endpoint}", ExitCode.NOT_FOUND)
 
 
 @click.command("check")

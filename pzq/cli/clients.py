@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -213,10 +214,37 @@ def mqks_publish(config_file, mqks_dsn, event, data) -> None:
 
     endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
     lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
+    # MQKS answers a publish nothing is bound to as any other (the message is dropped, as the reference
+    # does): the server's unrouted count says so, where its monitor is the configured server's own.
+    monitor_at = None if mqks_dsn else monitor_endpoint(config_file, None)
+    before = _unrouted(monitor_at)
     with MqksClient(endpoint) as mq:
         for line in lines:
             mq.publish(event, line)
-    click.echo(f"{len(lines)} published", err=True)
+    after = _unrouted(monitor_at)
+    dropped = min(len(lines), after - before) if before is not None and after is not None else 0
+    if dropped:
+        click.echo(
+            f"{len(lines)} published; {'none' if dropped == len(lines) else f'{dropped} of them'} stored: no queue "
+            f"is bound to {event!r}, and MQKS drops such messages (bind one: pzq mqks consume QUEUE {event})",
+            err=True,
+        )
+    else:
+        click.echo(f"{len(lines)} published", err=True)
+
+
+def _unrouted(monitor_at: str | None) -> int | None:
+    """The MQKS publishes nothing was bound to so far, or None if the monitor does not answer at once."""
+    if monitor_at is None or monitor_at.startswith("ipc://") and not os.path.exists(monitor_at[len("ipc://") :]):
+        return None
+    try:
+        figures = client.stats(monitor_at, timeout_ms=1000)
+    except ClientError:
+        return None
+    mqks = figures.get("mqks")
+    return (
+        mqks.get("unrouted_total") if isinstance(mqks, dict) and isinstance(mqks.get("unrouted_total"), int) else None
+    )
 
 
 @mqks_group.command("consume")
