@@ -33,7 +33,8 @@ def test_no_answer_is_one_line_naming_the_absolute_socket_and_asking_if_pzq_runs
     assert result.exit_code == 1
     socket = f"{tmp_path}/pzq-data/monitor"
     assert result.output.strip().splitlines() == [
-        f"pzq: error: no pzq answered at ipc://{socket} within 200ms: is it running? (there is no socket file {socket})"
+        f"pzq: error: no answer from pzq at ipc://{socket} within 200ms: is it running? "
+        f"(there is no socket file {socket})"
     ]
 
 

@@ -169,7 +169,7 @@ def monitor_request(
 def no_answer(endpoint: str, timeout_ms: int) -> str:
     """What to say when no monitor answered: the endpoint, the wait, and (for an ipc:// path that is
     not there) that nothing has ever listened at it."""
-    text = f"no pzq answered at {endpoint} within {format_duration(timeout_ms / 1000)}: is it running?"
+    text = f"no answer from pzq at {endpoint} within {format_duration(timeout_ms / 1000)}: is it running?"
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
     if path and not os.path.exists(path):
         text += f" (there is no socket file {path})"
