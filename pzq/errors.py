@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     CONFIG = 2  # a bad setting, option or permission (click's usage errors exit 2 as well)
     USAGE = 2
     STORE = 3  # the store is damaged, or newer than this pzq: a restart would not help
+    NOT_FOUND = 4  # what the command names does not exist (a queue)
 
 
 class PzqError(Exception):

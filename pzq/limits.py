@@ -189,6 +189,12 @@ class Limits:
     # carries the window's messages rather than a pipe's depth of them
     refill_wait_s: float = 60e-6
 
+    # r7-ops1 (issue 29, logs an operator can read; pzq/logs.py EventTally): per-message events (a message
+    # dead-lettered, with its reason) are counted per queue and logged as one INFO line per queue this
+    # often, for at most event_log_queues queues (the others summed in one more line)
+    event_log_s: float = 10.0
+    event_log_queues: int = 20
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

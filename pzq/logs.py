@@ -63,6 +63,57 @@ class Throttled:
         return True
 
 
+class EventTally:
+    """Per-message events (a message dead-lettered, with its reason) counted per queue and logged as one
+    INFO line per queue every ``every_s`` seconds, e.g. ``queue 'q': 3,016 dead-lettered (max-deliveries),
+    12 dead-lettered (expired) in the last 10 s``: a flood of poison messages costs a line per queue per
+    interval, not one per message (those stay at DEBUG). At most ``queues`` lines an interval; the other
+    queues' events are summed in one more line."""
+
+    def __init__(self, logger: logging.Logger, every_s: float, queues: int):
+        self.logger = logger
+        self.every_s = every_s
+        self.queues = queues
+        self._counts: dict[str, collections.Counter] = {}
+        self._since: float | None = None  # when the first event not yet logged happened
+
+    def add(self, queue: str, what: str, n: int = 1) -> None:
+        """Count ``n`` events ``what`` (e.g. 'dead-lettered (expired)') of ``queue``."""
+        if self._since is None:
+            self._since = time.monotonic()
+        counts = self._counts.get(queue)
+        if counts is None:
+            counts = self._counts[queue] = collections.Counter()
+        counts[what] += n
+
+    def tick(self, now: float) -> None:
+        """Log what was counted once the interval since the first of it has passed (the server's tick)."""
+        if self._since is not None and now - self._since >= self.every_s:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> int:
+        """Log what was counted (one line per queue) and start again; the number of lines logged."""
+        if self._since is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        seconds = f"in the last {max(1, round(now - self._since))} s"
+        queues = sorted(self._counts.items(), key=lambda item: -sum(item[1].values()))
+        for queue, counts in queues[: self.queues]:
+            self.logger.info("queue %r: %s %s", queue, _listed(counts), seconds)
+        rest: collections.Counter = collections.Counter()
+        for _, counts in queues[self.queues :]:
+            rest.update(counts)
+        if rest:
+            self.logger.info("%s more queue(s): %s %s", f"{len(queues) - self.queues:,}", _listed(rest), seconds)
+        self._counts.clear()
+        self._since = None
+        return min(len(queues), self.queues) + bool(rest)
+
+
+def _listed(counts: collections.Counter) -> str:
+    return ", ".join(f"{n:,} {what}" for what, n in counts.most_common())
+
+
 def escape(text: str) -> str:
     """``text`` with every character that is not printable (newlines, carriage returns, tabs, escape
     sequences, Unicode line separators) written as its Python escape, so that client text in a log

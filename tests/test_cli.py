@@ -121,6 +121,25 @@ def test_an_endpoint_in_use_is_reported_without_a_traceback(tmp_path):
     assert "cannot bind" in result.output and "Traceback" not in result.output
 
 
+def test_a_start_that_cannot_bind_leaves_no_new_store_directory_and_keeps_an_existing_one(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    endpoints = ["--receive-dsn", f"tcp://127.0.0.1:{taken.getsockname()[1]}", "--send-dsn", f"ipc://{tmp_path}/s"]
+    endpoints += ["--consume-dsn", "", "--phpmq-dsn", "", "--mqks-dsn", "", "--api-dsn", ""]
+    endpoints += ["--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""]
+    with taken:
+        result = run("serve", "--database", str(tmp_path / "new" / "deeper" / "db"), *endpoints)
+        assert result.exit_code == 2 and "cannot bind" in result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # (new/ and new/deeper/ were this start's too)
+        kept = tmp_path / "kept"
+        kept.mkdir()
+        (kept / "notes.txt").write_text("mine")
+        result = run("serve", "--database", str(kept), *endpoints)
+        assert result.exit_code == 2
+        assert (kept / "notes.txt").read_text() == "mine" and (kept / "data.mdb").exists()
+
+
 def test_produce_then_consume_round_trips_lines_in_order(server):
     produced = run("produce", "--receive-dsn", server.receive, input="one\ntwo\nthree\n")
     assert produced.exit_code == 0, produced.output

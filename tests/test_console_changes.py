@@ -186,6 +186,21 @@ def test_a_change_without_the_sessions_csrf_token_or_from_another_site_is_refuse
     assert status == 200 and srv.stats()["queues"]["default"]["dead_letters"] == 0
 
 
+def test_a_login_and_a_logout_are_logged_at_info_and_only_a_failed_login_warns(console, caplog):
+    _, url = console()
+    browser = Browser(url)
+    with caplog.at_level(logging.INFO, logger="pzq.console"):
+        assert browser.log_in("a wrong guess")[0] == 403
+        assert browser.log_in()[0] == 200
+        assert browser.open("/logout", {"csrf": browser.csrf()})[0] == 200
+    levels = {r.getMessage(): r.levelname for r in caplog.records if r.name.startswith("pzq.console")}
+    assert levels == {
+        "console: failed login from 127.0.0.1": "WARNING",
+        "console: login from 127.0.0.1": "INFO",
+        "console: 127.0.0.1 logged out": "INFO",
+    }
+
+
 @pytest.mark.slow
 def test_a_wrong_secret_is_refused_and_the_sixth_try_in_a_minute_is_not_even_checked(console, caplog):
     _, url = console()

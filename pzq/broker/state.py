@@ -18,6 +18,7 @@ from collections.abc import Hashable, Sequence
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.held_ranges import HeldRanges
 from pzq.inflight import InFlight
+from pzq.logs import EventTally
 from pzq.store import Message, Store
 
 log = logging.getLogger("pzq.broker")
@@ -81,6 +82,7 @@ class BrokerState:
         self.inflight: InFlight[Ref] = InFlight()
         self.counters = Counters()
         self.per_queue: dict[str, collections.Counter] = {}  # queue -> produced / acked / redelivered
+        self.events = EventTally(log, limits.event_log_s, limits.event_log_queues)  # (dead letters)
         self._ready: dict[int, _Ready] = {}
         self._held: dict[int, HeldRanges] = {}  # qid -> ranges leased by consumer groups
         self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
@@ -163,7 +165,9 @@ class BrokerState:
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
         if self.store.dead_letter(message, reason, now_us=now_us):
             self.counters.dead_lettered += 1
-            log.info(
+            # one INFO line per queue per interval (the server's tick flushes it), each message at DEBUG
+            self.events.add(message.queue, f"dead-lettered ({reason})")
+            log.debug(
                 "message %s of queue %r moved to the dead letters: %s (deliveries %d)",
                 message.id,
                 message.queue,

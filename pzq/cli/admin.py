@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, resolve
+from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint
 from pzq.clients import native as client
 from pzq.errors import ClientError, ExitCode
 
@@ -33,14 +33,14 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
+@click.option("--limit", type=int, default=100, show_default=True, help="Dead letters to list at most.")
 @click.argument("queue", default="default")
 @curve_options
 @errors_to_exit
 def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, curve_server_key) -> None:
     """List QUEUE's dead letters, oldest first, one JSON object per line."""
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     text = client.monitor_request(
         endpoint, f"DEADLETTERS {queue} {limit}", curve=curve(curve_client_key, curve_server_key)
     )
@@ -49,13 +49,15 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, 
     letters = client.monitor_json(endpoint, text)
     if not isinstance(letters, list):
         raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
+    if not letters:
+        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
     for letter in letters:
         click.echo(json.dumps(letter))
 
 
 @dead_letters.command("requeue")
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
+@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
 @click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of QUEUE.")
 @click.argument("queue")
 @click.argument("message_id", required=False)
@@ -67,7 +69,7 @@ def dead_letters_requeue(
     """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
     if bool(everything) == bool(message_id):
         fail("give either a MESSAGE_ID or --all", ExitCode.USAGE)
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     text = client.monitor_request(
         endpoint,
         f"REQUEUE {queue} {'all' if everything else message_id}",
@@ -78,7 +80,16 @@ def dead_letters_requeue(
     answer = client.monitor_json(endpoint, text)
     if not isinstance(answer, dict) or "requeued" not in answer:
         raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")
+    if not answer["requeued"]:
+        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
     click.echo(f"requeued {answer['requeued']}")
+
+
+def _must_exist(endpoint: str, queue: str, keys: tuple[str, str] | None) -> None:
+    """Exit NOT_FOUND if ``queue`` is not one of the server's: the server answers an unknown queue as
+    an empty one (no dead letters), which hides a typo."""
+    if queue not in client.stats(endpoint, curve=keys)["queues"]:
+        fail(f"queue {queue!r} does not exist on the server at {endpoint}", ExitCode.NOT_FOUND)
 
 
 @click.command("check")

@@ -18,7 +18,7 @@ def _progress(copied: int, expected: int, seconds: float) -> None:
 
 @click.command("backup")
 @config_option
-@click.option("--database", help="The store to copy (default from config/env: the server's).")
+@click.option("--database", help="The store to copy.  [default: --config's database or $PZQ_DATABASE, else ./pzq-data]")
 @click.option("--force", is_flag=True, help="Replace DEST if it is an earlier backup.")
 @click.argument("dest")
 @errors_to_exit
@@ -39,7 +39,10 @@ def backup(config_file, database, force, dest) -> None:
 
 @click.command("restore")
 @config_option
-@click.option("--database", help="The store directory to restore into (default from config/env).")
+@click.option(
+    "--database",
+    help="The store directory to restore into.  [default: --config's database or $PZQ_DATABASE, else ./pzq-data]",
+)
 @click.option("--force", is_flag=True, help="Replace the store of a directory that is not empty (its server stopped).")
 @click.argument("backup_path", metavar="BACKUP")
 @errors_to_exit

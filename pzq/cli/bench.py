@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pzq.cli.common import errors_to_exit, fail
+from pzq.cli.common import Duration, errors_to_exit, fail
 from pzq.errors import ConfigError
 
 # What each `pzq bench --protocol` reads: an option it does not read is refused, never silently ignored.
@@ -45,14 +45,34 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
 )
 @click.option("--size", type=int, default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16).")
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer.")
-@click.option("--producers", type=int, default=1, show_default=True)
-@click.option("--consumers", type=int, default=1, show_default=True)
+@click.option("--producers", type=int, default=1, show_default=True, help="Producer processes.")
+@click.option("--consumers", type=int, default=1, show_default=True, help="Consumer processes.")
 @click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase.")
-@click.option("--paced-seconds", type=float, default=5, show_default=True)
+@click.option(
+    "--paced-seconds",
+    type=Duration("s"),
+    metavar="DURATION",
+    default="5s",
+    show_default=True,
+    help="Length of the paced phase; a plain number is seconds.",
+)
 @click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians.")
-@click.option("--preload", type=int, default=0, help="Store N messages before the server starts (scale test).")
-@click.option("--transport", type=click.Choice(["tcp", "ipc"]), default="tcp", show_default=True)
-@click.option("--hard-sync/--no-hard-sync", default=True, show_default=True)
+@click.option(
+    "--preload", type=int, default=0, show_default=True, help="Store N messages before the server starts (scale test)."
+)
+@click.option(
+    "--transport",
+    type=click.Choice(["tcp", "ipc"]),
+    default="tcp",
+    show_default=True,
+    help="How clients reach the server.",
+)
+@click.option(
+    "--hard-sync/--no-hard-sync",
+    default=True,
+    show_default=True,
+    help="The server fsyncs every commit (as `pzq serve`).",
+)
 @click.option(
     "--ceiling/--no-ceiling",
     default=True,
@@ -89,9 +109,13 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
     show_default=True,
     help="emqp: via whom.",
 )
-@click.option("--server-arg", "server_args", multiple=True, help="Extra argument for `pzq serve` (repeatable).")
+@click.option(
+    "--server-arg", "server_args", multiple=True, help="Extra argument for `pzq serve` (repeatable).  [default: none]"
+)
 @click.option("--json", "json_path", default="pzq-bench.json", show_default=True, help="Where to write JSON.")
-@click.option("--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).")
+@click.option(
+    "--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).  [default: none]"
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
 @errors_to_exit

@@ -3,31 +3,63 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 import click
 
-from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, resolve
+from pzq import config
+from pzq.cli.common import (
+    Duration,
+    config_option,
+    curve,
+    curve_options,
+    errors_to_exit,
+    monitor_endpoint,
+    resolve,
+)
 from pzq.clients import native as client
 from pzq.config import beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
 
 
+def _from_settings(name: str) -> str:
+    """The default of a client's endpoint option: the server's setting, as `pzq serve` reads it."""
+    default = config.FIELDS[name].metadata["shown"] or config.FIELDS[name].default
+    return f"  [default: --config's {name} or $PZQ_{name.upper()}, else {default}]"
+
+
 @click.command()
 @config_option
-@click.option("--monitor-dsn", help="Monitor endpoint (default from config/env).")
-@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
-@click.option("--watch", type=Duration("s"), help="Refresh this often until ^C; a plain number is seconds.")
 @click.option(
-    "--timeout", type=Duration("ms"), default="5s", show_default=True, help="Wait for an answer; a plain number is ms."
+    "--monitor-dsn",
+    help="Monitor endpoint.  [default: from --config or PZQ_*, else ipc://ABSOLUTE/pzq-data/monitor when that "
+    "socket is there, else /etc/pzq/pzq.toml's]",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
+@click.option(
+    "--watch",
+    type=Duration("s"),
+    metavar="DURATION",
+    help="Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time); "
+    "a plain number is seconds.  [default: show once]",
+)
+@click.option(
+    "--timeout",
+    type=Duration("ms"),
+    default="5s",
+    metavar="DURATION",
+    show_default=True,
+    help="Wait for an answer; a plain number is ms.",
 )
 @curve_options
 @errors_to_exit
 def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:
-    """Show the server's figures."""
-    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    """Show the server's figures: its queues first, then its counters, with the time they were read."""
+    endpoint = monitor_endpoint(config_file, monitor_dsn)
     keys = curve(curve_client_key, curve_server_key)
+    in_place = bool(watch) and sys.stdout.isatty()
     while True:
         figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
         if as_json:
@@ -37,9 +69,12 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
                 table = _table(figures)
             except (TypeError, KeyError, ValueError):  # a queue entry without pzq's fields
                 raise ClientError(f"the figures from {endpoint} are not pzq's: is a pzq monitor there?") from None
-            if watch:
-                click.clear()
-            click.echo(table)
+            every = f", every {format_duration(watch)} (^C stops)" if watch else ""
+            heading = f"pzq at {endpoint}, {time.strftime('%Y-%m-%d %H:%M:%S')}{every}\n\n"
+            # One write per frame: the terminal's clear and the new frame arrive together, without flicker.
+            click.echo(
+                ("\x1b[H\x1b[2J" if in_place else "") + heading + table + ("" if in_place else "\n" * bool(watch))
+            )
         if not watch:
             return
         try:
@@ -50,6 +85,12 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
 
 def _table(figures: dict) -> str:
     lines = []
+    queues = figures.get("queues", {})
+    if queues:  # what an operator looks for first
+        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
+        for name, q in queues.items():
+            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+        lines.append("")
     flat = {}
     for name, value in figures.items():
         if isinstance(value, dict) and name != "queues":
@@ -59,18 +100,12 @@ def _table(figures: dict) -> str:
     width = max(len(k) for k in flat)
     for name, value in flat.items():
         lines.append(f"{name:<{width}}  {value}")
-    queues = figures.get("queues", {})
-    if queues:
-        lines.append("")
-        lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
-        for name, q in queues.items():
-            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
     return "\n".join(lines)
 
 
 @click.command()
 @config_option
-@click.option("--receive-dsn", help="Producers' endpoint (default from config/env).")
+@click.option("--receive-dsn", help="Producers' endpoint." + _from_settings("receive_dsn"))
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
 @click.option(
     "--batch",
@@ -110,11 +145,12 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 
 @click.command()
 @config_option
-@click.option("--send-dsn", help="Consumers' endpoint (default from config/env).")
+@click.option("--send-dsn", help="Consumers' endpoint." + _from_settings("send_dsn"))
 @click.option(
     "--consume-dsn",
-    help="Batched consumers' endpoint (default from config/env; with --send-dsn alone, the one beside it); '' = the "
-    "send socket only. A server without it is consumed from the send socket.",
+    help="Batched consumers' endpoint (auto: beside the send socket; with --send-dsn alone, the one beside it); "
+    "'' = the send socket only. A "
+    "server without it is consumed from the send socket." + _from_settings("consume_dsn"),
 )
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
@@ -170,7 +206,7 @@ def mqks_group() -> None:
 
 @mqks_group.command("publish")
 @config_option
-@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
 @click.argument("event")
 @click.argument("data", nargs=-1)
 @errors_to_exit
@@ -180,22 +216,49 @@ def mqks_publish(config_file, mqks_dsn, event, data) -> None:
 
     endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
     lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
+    # MQKS answers a publish nothing is bound to as any other (the message is dropped, as the reference
+    # does): the server's unrouted count says so, where its monitor is the configured server's own.
+    monitor_at = None if mqks_dsn else monitor_endpoint(config_file, None)
+    before = _unrouted(monitor_at)
     with MqksClient(endpoint) as mq:
         for line in lines:
             mq.publish(event, line)
-    click.echo(f"{len(lines)} published", err=True)
+    after = _unrouted(monitor_at)
+    dropped = min(len(lines), after - before) if before is not None and after is not None else 0
+    if dropped:
+        click.echo(
+            f"{len(lines)} published; {'none' if dropped == len(lines) else f'{dropped} of them'} stored: no queue "
+            f"is bound to {event!r}, and MQKS drops such messages (bind one: pzq mqks consume QUEUE {event})",
+            err=True,
+        )
+    else:
+        click.echo(f"{len(lines)} published", err=True)
+
+
+def _unrouted(monitor_at: str | None) -> int | None:
+    """The MQKS publishes nothing was bound to so far, or None if the monitor does not answer at once."""
+    if monitor_at is None or monitor_at.startswith("ipc://") and not os.path.exists(monitor_at[len("ipc://") :]):
+        return None
+    try:
+        figures = client.stats(monitor_at, timeout_ms=1000)
+    except ClientError:
+        return None
+    mqks = figures.get("mqks")
+    return (
+        mqks.get("unrouted_total") if isinstance(mqks, dict) and isinstance(mqks.get("unrouted_total"), int) else None
+    )
 
 
 @mqks_group.command("consume")
 @config_option
-@click.option("--mqks-dsn", help="MQKS endpoint (default from config/env).")
+@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
     type=Duration("s"),
     default="10s",
     show_default=True,
-    help="Wait for each message; a plain number is s.",
+    help="Wait for each message; a plain number is seconds.",
 )
 @click.argument("queue")
 @click.argument("events", nargs=-1)

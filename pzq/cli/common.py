@@ -43,15 +43,36 @@ def resolve(config_file: str | None, **flags: Any) -> config.Config:
     return config.load(flags, os.environ, config_file)
 
 
+SYSTEM_CONFIG = "/etc/pzq/pzq.toml"  # the service's settings, as scripts/install-systemd writes them
+
+
+def monitor_endpoint(config_file: str | None, monitor_dsn: str | None, system_config: str = SYSTEM_CONFIG) -> str:
+    """The monitor endpoint of the server meant, an ipc:// path made absolute (so that an error names the
+    very file). Given nothing (no flag, --config or PZQ_* variable) and no socket at the default path of
+    this directory, the server is the installed service: its monitor is read from ``system_config``."""
+    endpoint = resolve(config_file, monitor_dsn=monitor_dsn).monitor_dsn
+    named = monitor_dsn or config_file or os.environ.get("PZQ_MONITOR_DSN") or os.environ.get("PZQ_DATABASE")
+    if not named and not os.path.exists(_ipc_path(endpoint)) and os.access(system_config, os.R_OK):
+        endpoint = resolve(system_config).monitor_dsn
+    path = _ipc_path(endpoint)
+    return f"ipc://{os.path.abspath(path)}" if path else endpoint
+
+
+def _ipc_path(endpoint: str) -> str:
+    return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
+
+
 def curve_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--curve-client-key / --curve-server-key for commands that talk to a CURVE server."""
     func = click.option(
-        "--curve-server-key", envvar="PZQ_CURVE_SERVER_KEY", help="The server's CURVE public key file (server.key)."
+        "--curve-server-key",
+        envvar="PZQ_CURVE_SERVER_KEY",
+        help="The server's CURVE public key file (server.key).  [default: none]",
     )(func)
     return click.option(
         "--curve-client-key",
         envvar="PZQ_CURVE_CLIENT_KEY",
-        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.",
+        help="This client's CURVE key pair file (NAME.key_secret), if the server uses CURVE.  [default: none]",
     )(func)
 
 
@@ -83,5 +104,5 @@ config_option = click.option(
     "config_file",
     type=click.Path(dir_okay=False),
     envvar="PZQ_CONFIG",
-    help="TOML file of settings (see conf/pzq.toml).",
+    help="TOML file of settings (see conf/pzq.toml).  [default: $PZQ_CONFIG, else none]",
 )

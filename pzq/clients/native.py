@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable, Sequence
 
 import zmq
@@ -14,6 +15,7 @@ import zmq
 from pzq.clients.native_batches import BatchSender
 from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
 from pzq.clients.sockets import Curve, connect, receive
+from pzq.config import format_duration
 from pzq.errors import ClientError
 from pzq.protocols import native as wire
 from pzq.protocols.monitor import PZQ_FIELDS
@@ -158,10 +160,20 @@ def monitor_request(
         sock.send_string(request)
         frames = receive(sock, timeout_ms)
         if frames is None:
-            raise ClientError(f"no answer from the monitor at {endpoint} within {timeout_ms} ms")
+            raise ClientError(no_answer(endpoint, timeout_ms))
         return frames[0].decode("utf-8", "replace")
     finally:
         sock.close(linger=0)
+
+
+def no_answer(endpoint: str, timeout_ms: int) -> str:
+    """What to say when no monitor answered: the endpoint, the wait, and (for an ipc:// path that is
+    not there) that nothing has ever listened at it."""
+    text = f"no answer from pzq at {endpoint} within {format_duration(timeout_ms / 1000)}: is it running?"
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
+    if path and not os.path.exists(path):
+        text += f" (there is no socket file {path})"
+    return text
 
 
 def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) -> dict:

@@ -126,7 +126,7 @@ class Logins:
             self._sessions[key] = Session(secrets.token_urlsafe(32), self._clock() + SESSION_S)
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
-        log.warning("console: login from %s", address)
+        log.info("console: login from %s", address)  # (a failed one is the warning)
         return key
 
     def session(self, key: str | None) -> Session | None:

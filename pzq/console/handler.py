@@ -135,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if path == "/logout":
             self.console.logins.log_out(key)
-            log.warning("console: %s logged out", self.client_address[0])
+            log.info("console: %s logged out", self.client_address[0])
             self._redirect("/", cookie=f"{COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict")
             return
         name = form.get("name", "")

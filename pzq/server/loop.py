@@ -28,7 +28,7 @@ from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
 from pzq.server.collector import Collector
-from pzq.server.process import connection_limit, drain_fd, drop_privileges, return_freed_memory
+from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -217,6 +217,7 @@ class Server(Reloading):
         finally:
             collector.stop()
         self.notifier.stopping()
+        self.broker.events.flush()  # (the events of the last interval are not lost on a stop)
         log.info("pzq stopping: %d messages stored, %d commits", self.broker.stats()["messages"], self.store.syncs)
 
     def _serve(self, collector: Collector) -> None:
@@ -309,6 +310,7 @@ class Server(Reloading):
             return
         self.leases.mark_expired(now_us)
         self.admin.tick(now)
+        self.broker.events.tick(now)
         self._next_tick = now + TICK_S
         if self.metrics is not None or self.console is not None:
             self._publish_metrics(now, now_us)
@@ -440,7 +442,7 @@ def serve(config: Config, reload: Callable[[], Config] | None = None, console: C
     server = Server(config, console=console)
     server.reloader = reload
     try:
-        server.start()
+        NewStore(config.database).start(server)  # (a start that fails leaves no new store behind)
         server.install_signal_handlers()
         server.run()
     finally:

@@ -1,10 +1,11 @@
 """What the server asks of its process: descriptors enough for every connection, a wake-up pipe
-drained, and the privileges of --user dropped after binding."""
+drained, the privileges of --user dropped after binding, and no new store left by a failed start."""
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from pzq.errors import ConfigError
 
@@ -56,6 +57,49 @@ def drop_privileges(user: str, database: str) -> None:
     os.setgid(entry.pw_gid)
     os.setuid(entry.pw_uid)
     log.info("dropped privileges to %s", user)
+
+
+STORE_FILES = ("data.mdb", "lock.mdb", "reserve", "monitor")  # what a start puts in a new store directory
+
+
+class NewStore:
+    """A store directory a start may make: if that start fails (a port in use), ``forget`` removes the
+    directory it made, up to the outermost one that did not exist before, so that no store nobody meant
+    is left behind. Only the files a start puts there go: anything else in it keeps the directory."""
+
+    def __init__(self, database: str):
+        self.path = path = os.path.abspath(database)
+        self.made: str | None = None  # the outermost directory of the path that did not exist
+        while not os.path.lexists(path) and os.path.dirname(path) != path:
+            path, self.made = os.path.dirname(path), path
+
+    def start(self, server: Any) -> None:
+        """``server.start()``; if it raises, what it made of the store directory is removed first (open
+        files may be unlinked: the caller closes the server after)."""
+        try:
+            server.start()
+        except BaseException:
+            self.forget()
+            raise
+
+    def forget(self) -> None:
+        """Remove the files a start puts in the directory, and the directories this start made."""
+        if self.made is None:
+            return
+        for name in STORE_FILES:
+            try:
+                os.unlink(os.path.join(self.path, name))
+            except OSError:  # (not made: the start failed before it)
+                pass
+        path = self.path
+        while True:
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty, or never made
+                return
+            if path == self.made:
+                return
+            path = os.path.dirname(path)
 
 
 # Buffers from this size on are mapped on their own, and unmapped when freed. Above 256 KiB: msgpack's

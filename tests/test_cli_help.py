@@ -1,0 +1,78 @@
+"""Every option of every `pzq` command says in its help what it defaults to, and every duration option
+says its default with a unit and which unit a plain number is read in (the old unit, kept so that
+existing scripts mean what they meant)."""
+
+from __future__ import annotations
+
+import re
+
+import click
+from click.testing import CliRunner
+
+from pzq import config
+from pzq.cli import cli
+from pzq.cli.common import Duration
+
+# Option names that are durations whatever their type: a new one must take Duration.
+LOOKS_LIKE_A_DURATION = re.compile(r"timeout|interval|seconds|ttl|frequency|watch|dedup_window|_s$|_ms$|_us$")
+DURATION_WITH_UNIT = re.compile(r"\d+(\.\d+)?(h|m|s|ms|µs)")
+
+
+def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def shown_default(option: click.Option) -> str | None:
+    """The default as the help shows it: click's own "[default: X]" or one the help writes itself."""
+    written = re.search(r"\[default: ([^\]]+)\]", option.help or "")
+    if written:
+        return written.group(1)
+    if option.show_default and option.default is not None:
+        return str(option.default)
+    return None
+
+
+def test_every_option_has_help_that_shows_its_default():
+    missing = []
+    for path, command in commands():
+        for option in command.params:
+            if not isinstance(option, click.Option) or option.is_flag and not option.secondary_opts:
+                continue  # an on/off flag is off unless given
+            if not option.help or shown_default(option) is None:
+                missing.append(f"pzq {' '.join(path)} {option.opts[0]}")
+    assert missing == []
+
+
+def test_every_duration_option_names_its_unit_and_its_default_has_one():
+    durations = []
+    for path, command in commands():
+        for option in command.params:
+            if not isinstance(option, click.Option) or option.name is None:
+                continue
+            is_duration = isinstance(option.type, Duration) or option.name in config.DURATION_FIELDS
+            where = f"pzq {' '.join(path)} {option.opts[0]}"
+            if LOOKS_LIKE_A_DURATION.search(option.name):
+                assert is_duration, f"{where} looks like a duration but does not take units"
+            if not is_duration:
+                continue
+            durations.append(where)
+            assert re.search(r"plain number is (µs|ms|seconds|s)\b", option.help or ""), where
+            default = shown_default(option)
+            assert default is not None, where
+            assert DURATION_WITH_UNIT.fullmatch(default) or not re.search(r"\d", default), (where, default)
+    assert {"pzq produce --timeout", "pzq consume --timeout", "pzq mqks consume --timeout"} <= set(durations)
+    assert {"pzq serve --ack-timeout", "pzq serve --lease-timeout", "pzq monitor --watch"} <= set(durations)
+
+
+def test_the_rendered_help_shows_defaults_with_units():
+    out = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).output
+    assert re.search(r"--ack-timeout DURATION +.*A plain number is µs\.  \[default: 5s\]", out)
+    assert re.search(r"--max-store-size SIZE +.*\[default: 4G\]", out)
+    out = CliRunner().invoke(cli, ["mqks", "consume", "--help"], terminal_width=200).output
+    assert re.search(r"--timeout DURATION +Wait for each message; a plain number is seconds\.  \[default: 10s\]", out)
+    out = CliRunner().invoke(cli, ["produce", "--help"], terminal_width=200).output
+    assert re.search(r"--timeout DURATION +Wait for each ack; a plain number is ms\.  \[default: 10s\]", out)
