@@ -196,3 +196,28 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "pzq" not in result.stderr, result.stderr  # no warning about any of them
+
+
+def test_the_backup_units_retention_removes_only_the_timers_own_backups_whatever_else_is_there(tmp_path):
+    # An operator's own backups beside the timer's (docs/operations.md's example is named pzq-1, which
+    # sorts before every dated name) and a name with a space are not the timer's to remove.
+    store = Store(str(tmp_path / "db"), max_size=64 << 20)
+    store.put_many("default", [[b"one"]], now_us=1)
+    store.commit()
+    store.close()
+    (tmp_path / "pzq.toml").write_text(f'database = "{tmp_path / "db"}"\n')
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    mine = ("pzq-1", "pzq-before upgrade", "pzq-manual")
+    for name in (*mine, "pzq-20200101T000000Z", "pzq-20200102T000000Z"):
+        (backups / name).mkdir()
+        (backups / name / "data.mdb").write_bytes(b"old")
+    (backups / "pzq-before").mkdir()  # (what a split on the space would name)
+    env = {**os.environ, "PZQ_CONFIG": str(tmp_path / "pzq.toml"), "KEEP": "2"}
+    unit = UNITS / "pzq-backup.service"
+    for argv in _unit_commands(unit, "ExecStart", backups) + _unit_commands(unit, "ExecStartPost", backups):
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert ran.returncode == 0, ran.stderr
+    left = set(os.listdir(backups))
+    assert {*mine, "pzq-before", "pzq-20200102T000000Z"} <= left and "pzq-20200101T000000Z" not in left
+    assert len(left) == len(mine) + 3  # (and today's)
