@@ -261,3 +261,20 @@ def test_a_forced_backup_over_a_planted_link_replaces_nothing_it_names(tmp_path)
         backup(str(tmp_path / "db"), str(tmp_path / "b"), replace=True)
     assert len(_bodies(tmp_path / "other")) == 7
     assert sorted(os.listdir(tmp_path)) == ["b", "db", "other"]  # (no partial copy left)
+
+
+def test_a_torn_or_foreign_backup_is_named_by_its_own_path_in_restores_one_line(tmp_path):
+    # The copy is read back under a temporary name that is gone when the error is shown: the line must
+    # name the file the operator gave, and not tell them to "restore it from a backup" they are restoring.
+    _fill(tmp_path / "src", 2000)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    torn = tmp_path / "torn.mdb"
+    torn.write_bytes((tmp_path / "b" / "data.mdb").read_bytes()[: 3 * 4096])
+    foreign = tmp_path / "foreign.mdb"
+    foreign.write_bytes(os.urandom(64 << 10))
+    for bad in (torn, foreign):
+        refused = _pzq("restore", str(bad), "--database", str(tmp_path / "new"))
+        assert refused.returncode == 3 and refused.stderr.count("\n") == 1, refused.stderr
+        assert str(bad) in refused.stderr and ".restore-" not in refused.stderr, refused.stderr
+        assert "restore it from a backup" not in refused.stderr.lower() and "nothing was replaced" in refused.stderr
+        assert os.listdir(tmp_path / "new") == []

@@ -212,7 +212,7 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
                 shutil.copyfileobj(src, dst, _CHUNK)
                 dst.flush()
                 os.fsync(dst.fileno())
-            Environment(work, (), max_size=0, readonly=True).close()  # a torn or foreign file is refused here
+            _read_back(work, copy, source)
             with contextlib.suppress(FileNotFoundError):  # (the readers' table of the store it replaces)
                 os.unlink(os.path.join(database, "lock.mdb"))
             os.replace(copy, current)
@@ -228,6 +228,19 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
         os.close(lock)
     size = os.path.getsize(current)
     return Copied(database, size, size, time.monotonic() - started)
+
+
+def _read_back(work: str, copy: str, source: str) -> None:
+    """Open the copy as a store: a torn or foreign file is refused here, named by the path the operator
+    gave (the copy's temporary name is gone by the time the error is shown, and the store's own advice,
+    "restore it from a backup", is not for someone restoring one)."""
+    try:
+        Environment(work, (), max_size=0, readonly=True).close()
+    except StoreError as exc:
+        what = str(exc).replace(copy, source)
+        for advice in (". Restore it from a backup", "; restore it from a backup"):
+            what = what.split(advice)[0]
+        raise type(exc)(f"{what}: not a backup pzq can restore; nothing was replaced") from None
 
 
 def _lock(data_file: str, database: str) -> int:
