@@ -278,3 +278,38 @@ def test_a_torn_or_foreign_backup_is_named_by_its_own_path_in_restores_one_line(
         assert str(bad) in refused.stderr and ".restore-" not in refused.stderr, refused.stderr
         assert "restore it from a backup" not in refused.stderr.lower() and "nothing was replaced" in refused.stderr
         assert os.listdir(tmp_path / "new") == []
+
+
+def _read_only_view(of, at) -> bool:
+    """Bind-mount ``of`` read-only at ``at`` (as systemd's ProtectSystem=strict shows a path); False
+    where this process may not mount."""
+    at.mkdir()
+    made = subprocess.run(["mount", "--bind", str(of), str(at)], capture_output=True, timeout=30, check=False)
+    if made.returncode != 0:
+        return False
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(at)], capture_output=True, timeout=30, check=True)
+    return True
+
+
+def test_a_backup_through_a_read_only_view_of_a_store_a_server_writes_is_refused(tmp_path, make_server):
+    # On a read-only filesystem LMDB opens without its lock file: the copy's snapshot has no reader
+    # slot, so the server reuses the pages being copied and the "complete" backup is torn.
+    (tmp_path / "unused").mkdir()
+    if os.geteuid() != 0 or not _read_only_view(tmp_path / "unused", tmp_path / "probe"):
+        pytest.skip("needs root to bind-mount a read-only view")
+    subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
+    srv = make_server()  # (its store is tmp_path / "db")
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
+    assert _read_only_view(tmp_path / "db", tmp_path / "ro")
+    try:
+        refused = _pzq("backup", "--database", str(tmp_path / "ro"), str(tmp_path / "b"))
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "read-only" in refused.stderr and "a server runs on it" in refused.stderr
+        assert not [name for name in os.listdir(tmp_path) if name == "b" or name.startswith(".b.")]
+        srv.stop()  # no writer: the read-only view is a safe source, and holds off a server meanwhile
+        taken = _pzq("backup", "--database", str(tmp_path / "ro"), str(tmp_path / "b"))
+        assert taken.returncode == 0, taken.stderr
+        assert len(_bodies(tmp_path / "b")) == 10
+    finally:
+        subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)

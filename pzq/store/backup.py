@@ -85,6 +85,7 @@ def backup(
     parent = os.path.dirname(dest)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     lock_existed = os.path.exists(os.path.join(source, "lock.mdb"))
+    held = _hold_off_writers(source)
     env = Environment(source, QUEUE_TABLES + SIDE_TABLES, max_size=0, readonly=True)
     try:
         expected, store_bytes = env.used_bytes(), os.path.getsize(os.path.join(source, DATA))
@@ -104,9 +105,27 @@ def backup(
             raise
     finally:
         env.close()
+        if held is not None:
+            os.close(held)
         if not lock_existed:
             _own_like(os.path.join(source, "lock.mdb"), source)
     return Copied(dest, written, store_bytes, time.monotonic() - started)
+
+
+def _hold_off_writers(source: str) -> int | None:
+    """On a filesystem this process sees read-only, LMDB opens without its lock file: the copy's snapshot
+    has no reader slot, so a server would reuse the pages being copied and the backup would be torn.
+    There the copy is taken only while no server runs, holding one off (a shared lock) until it ends."""
+    if not os.statvfs(source).f_flag & os.ST_RDONLY:
+        return None
+    try:
+        return lock_exclusively(os.path.join(source, DATA), shared=True)
+    except StoreLocked:
+        raise StoreError(
+            f"{source} is read-only to this process (a read-only mount, or a systemd unit's ProtectSystem= "
+            f"without ReadWritePaths={source}) and a server runs on it: the copy could not hold its snapshot, "
+            "and would be torn. Give the backup write access there (it takes a reader slot in lock.mdb)"
+        ) from None
 
 
 def _copy(env: Environment, target: str, expected: int, progress: Progress | None, every_s: float) -> int:
