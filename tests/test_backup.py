@@ -313,3 +313,29 @@ def test_a_backup_through_a_read_only_view_of_a_store_a_server_writes_is_refused
         assert len(_bodies(tmp_path / "b")) == 10
     finally:
         subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)
+
+
+def test_a_restore_killed_mid_copy_leaves_no_debris_once_it_is_run_again(tmp_path):
+    # kill -9 between the copy and its rename: the half-written copy under .restore-* is as big as the
+    # backup; nothing else would ever remove it from the store's directory.
+    _fill(tmp_path / "src", 2000)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pzq.store import backup as b;"
+            "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); b.restore(sys.argv[1], sys.argv[2])",
+            str(tmp_path / "b"),
+            str(tmp_path / "new"),
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert [n for n in os.listdir(tmp_path / "new") if n.startswith(".restore-")]
+    again = _pzq("restore", "--force", str(tmp_path / "b"), "--database", str(tmp_path / "new"))
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(tmp_path / "new")) == ["data.mdb"]
+    assert len(_bodies(tmp_path / "new")) == 2000

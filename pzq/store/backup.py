@@ -223,6 +223,9 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
     started = time.monotonic()
     lock = _lock(current, database)
     try:
+        for name in os.listdir(database):  # a restore killed here before (a live one would hold the lock)
+            if name.startswith(".restore-"):
+                shutil.rmtree(os.path.join(database, name), ignore_errors=True)
         work = tempfile.mkdtemp(prefix=".restore-", dir=database)
         try:
             copy = os.path.join(work, DATA)
