@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,25 @@ def test_the_backup_units_retention_removes_only_the_timers_own_backups_whatever
     left = set(os.listdir(backups))
     assert {*mine, "pzq-before", "pzq-20200102T000000Z"} <= left and "pzq-20200101T000000Z" not in left
     assert len(left) == len(mine) + 3  # (and today's)
+
+
+def test_a_killed_runs_partial_copy_is_removed_even_when_the_next_run_fails(tmp_path):
+    # The partial copy of a run killed (systemctl stop, a reboot) is as big as a backup: left until a
+    # later run's ExecStartPost, it can take the room that run needs, so that run fails before its
+    # ExecStartPost, and every run after it too.
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    killed = backups / ".pzq-20200104T000000Z.partial-abc"
+    killed.mkdir()
+    (killed / "data.mdb").write_bytes(b"half")
+    os.utime(killed, (time.time() - 7200, time.time() - 7200))  # two hours ago: the run before this one
+    (tmp_path / "pzq.toml").write_text(f'database = "{tmp_path / "no store"}"\n')
+    env = {**os.environ, "PZQ_CONFIG": str(tmp_path / "pzq.toml"), "KEEP": "2"}
+    unit = UNITS / "pzq-backup.service"
+    ran = None
+    for argv in _unit_commands(unit, "ExecStartPre", backups) + _unit_commands(unit, "ExecStart", backups):
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        if ran.returncode != 0:
+            break  # (as systemd does: nothing after a failed command runs)
+    assert ran is not None and ran.returncode != 0 and "no store there" in ran.stderr
+    assert not killed.exists()
