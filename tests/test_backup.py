@@ -339,3 +339,26 @@ def test_a_restore_killed_mid_copy_leaves_no_debris_once_it_is_run_again(tmp_pat
     assert again.returncode == 0, again.stderr
     assert sorted(os.listdir(tmp_path / "new")) == ["data.mdb"]
     assert len(_bodies(tmp_path / "new")) == 2000
+
+
+def test_restore_from_the_store_of_a_running_server_is_refused_as_a_torn_copy_would_be(tmp_path, make_server):
+    # `pzq restore /var/lib/pzq --database elsewhere` copies data.mdb byte by byte: under a writing server
+    # that is the torn file `pzq backup` exists to avoid.
+    srv = make_server()  # (its store is tmp_path / "db")
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"live-%d" % i] for i in range(10)]))
+    refused = _pzq("restore", str(tmp_path / "db"), "--database", str(tmp_path / "copy"))
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "a server runs on" in refused.stderr and "pzq backup" in refused.stderr
+    assert not os.path.exists(tmp_path / "copy" / "data.mdb")
+    srv.stop()
+    taken = _pzq("restore", str(tmp_path / "db"), "--database", str(tmp_path / "copy"))
+    assert taken.returncode == 0, taken.stderr
+    assert len(_bodies(tmp_path / "copy")) == 10
+
+
+def test_restore_of_an_empty_file_does_not_advise_restoring_from_a_backup(tmp_path):
+    (tmp_path / "empty.mdb").write_bytes(b"")
+    refused = _pzq("restore", str(tmp_path / "empty.mdb"), "--database", str(tmp_path / "new"))
+    assert refused.returncode == 3 and "nothing was replaced" in refused.stderr
+    assert "restore it from a backup" not in refused.stderr.lower(), refused.stderr

@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import functools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -231,6 +232,7 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
             copy = os.path.join(work, DATA)
             fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # (the store's mode)
             with open(source, "rb") as src, open(fd, "wb") as dst:
+                _refuse_served(src.fileno(), backup_path)
                 shutil.copyfileobj(src, dst, _CHUNK)
                 dst.flush()
                 os.fsync(dst.fileno())
@@ -252,6 +254,20 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
     return Copied(database, size, size, time.monotonic() - started)
 
 
+def _refuse_served(fd: int, backup_path: str) -> None:
+    """A store a server runs on (its exclusive flock) copied byte by byte is torn: refused. The shared lock
+    held while copying keeps a server from starting on it meanwhile."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StoreLocked(
+            f"a server runs on {backup_path}: a copy of its file would be torn; take one with "
+            f"`pzq backup DEST --database {backup_path}` and restore that"
+        ) from None
+
+
 def _read_back(work: str, copy: str, source: str) -> None:
     """Open the copy as a store: a torn or foreign file is refused here, named by the path the operator
     gave (the copy's temporary name is gone by the time the error is shown, and the store's own advice,
@@ -260,8 +276,7 @@ def _read_back(work: str, copy: str, source: str) -> None:
         Environment(work, (), max_size=0, readonly=True).close()
     except StoreError as exc:
         what = str(exc).replace(copy, source)
-        for advice in (". Restore it from a backup", "; restore it from a backup"):
-            what = what.split(advice)[0]
+        what = re.split(r"[.;:] [Rr]estore it from a backup", what)[0]
         raise type(exc)(f"{what}: not a backup pzq can restore; nothing was replaced") from None
 
 
