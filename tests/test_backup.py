@@ -362,3 +362,28 @@ def test_restore_of_an_empty_file_does_not_advise_restoring_from_a_backup(tmp_pa
     refused = _pzq("restore", str(tmp_path / "empty.mdb"), "--database", str(tmp_path / "new"))
     assert refused.returncode == 3 and "nothing was replaced" in refused.stderr
     assert "restore it from a backup" not in refused.stderr.lower(), refused.stderr
+
+
+def test_a_backup_stopped_with_sigterm_says_so_in_one_line_and_leaves_no_partial_copy(tmp_path):
+    # systemctl stop, a shutdown, or `kill PID`: the default SIGTERM ended the process where it stood and
+    # left a hidden copy as big as a backup.
+    _fill(tmp_path / "db", 20_000, size=1000)  # (about 20 MiB: several 8 MiB steps)
+    slow = (
+        "import os, sys, time; synced = os.fdatasync;"
+        "os.fdatasync = lambda fd: (print('step', flush=True), time.sleep(0.5), synced(fd));"
+        "sys.argv = ['pzq', *sys.argv[1:]]; from pzq.cli import main; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow, "backup", "--database", str(tmp_path / "db"), str(tmp_path / "b")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "step\n"  # (mid-copy: the first 8 MiB are being written)
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and err.count("\n") == 1 and "no backup was kept" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["db"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from pzq.cli.common import config_option, errors_to_exit, resolve
+from pzq.errors import StoreError
 
 
 def _mib(n: int) -> str:
@@ -14,6 +17,10 @@ def _mib(n: int) -> str:
 def _progress(copied: int, expected: int, seconds: float) -> None:
     share = f" ({100 * copied // expected}%)" if expected and copied <= expected else ""
     click.echo(f"pzq backup: {_mib(copied)} of about {_mib(expected)} copied{share}, {seconds:.0f} s", err=True)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise StoreError(f"stopped by {signal.Signals(signum).name}: no backup was kept")
 
 
 @click.command("backup")
@@ -30,6 +37,7 @@ def backup(config_file, database, force, dest) -> None:
     from pzq.store.backup import backup as take
 
     source = resolve(config_file, database=database).database
+    signal.signal(signal.SIGTERM, _stopped)  # (so that the partial copy is removed, as on ^C)
     done = take(source, dest, replace=force, progress=_progress)
     click.echo(
         f"{done.path}: backup of {source} complete, {_mib(done.bytes)} (the store's file: "
