@@ -244,3 +244,16 @@ def test_a_killed_runs_partial_copy_is_removed_even_when_the_next_run_fails(tmp_
             break  # (as systemd does: nothing after a failed command runs)
     assert ran is not None and ran.returncode != 0 and "no store there" in ran.stderr
     assert not killed.exists()
+
+
+def test_the_backup_directory_is_there_for_a_first_backup_by_hand_and_a_hung_run_is_given_up(tmp_path):
+    # docs/operations.md's first backup is `sudo -u pzq pzq backup ... /var/lib/pzq-backups/pzq-1`, before
+    # the timer (whose StateDirectory= makes it) ever ran: as pzq, /var/lib/pzq-backups could not be made.
+    done = _install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    backups = tmp_path / "var" / "lib" / "pzq-backups"
+    assert backups.is_dir() and _mode(backups) == 0o700
+    assert backups.stat().st_uid == pwd.getpwnam(ME).pw_uid
+    # A run that hangs (a stalled remote disk) holds its snapshot: the store would grow without end.
+    limit = _settings(UNITS / "pzq-backup.service").get("TimeoutStartSec", ["infinity"])[0]
+    assert limit not in ("infinity", "0")
