@@ -387,3 +387,41 @@ def test_a_backup_stopped_with_sigterm_says_so_in_one_line_and_leaves_no_partial
         proc.kill()
     assert proc.returncode == 1 and err.count("\n") == 1 and "no backup was kept" in err, err
     assert sorted(os.listdir(tmp_path)) == ["db"]
+
+
+def test_a_reader_that_holds_one_snapshot_for_long_is_named_once_in_the_servers_log(tmp_path, caplog):
+    # `pzq backup` suspended with ^Z (or kill -STOP, or stuck on a stalled disk) is alive: its slot is not
+    # cleared, and every page the server frees meanwhile stays unused: the store grows without a word.
+    from pzq.store import readers
+
+    store = Store(str(tmp_path / "db"), max_size=64 << 20)
+    store.put_many("default", [[b"x"]], now_us=1)
+    store.commit()
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
+            "print('reading', flush=True); time.sleep(60)",
+            str(tmp_path / "db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline() == "reading\n"
+        seen: dict = {}
+        env = store.env._env
+        with caplog.at_level("WARNING", logger="pzq.store"):
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0)
+            assert "snapshot" not in caplog.text  # (first seen now)
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + readers.HELD_S - 1)
+            assert "snapshot" not in caplog.text
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + readers.HELD_S)
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + 2 * readers.HELD_S)
+        named = [r.getMessage() for r in caplog.records if "snapshot" in r.getMessage()]
+        assert len(named) == 1 and f"process {reader.pid} " in named[0] and "grows" in named[0], named
+    finally:
+        reader.kill()
+        reader.wait(10)
+        store.close()
