@@ -425,3 +425,29 @@ def test_a_reader_that_holds_one_snapshot_for_long_is_named_once_in_the_servers_
         reader.kill()
         reader.wait(10)
         store.close()
+
+
+def test_a_backup_whose_progress_has_nowhere_to_go_is_still_taken(tmp_path):
+    # `pzq backup DEST 2>&1 | head -1`, or a terminal that went away: writing a progress line fails, and
+    # that failure is no reason to throw the copy away.
+    _fill(tmp_path / "db", 20_000, size=1000)
+    slow = (
+        "import os, sys, time; synced = os.fdatasync;"
+        "os.fdatasync = lambda fd: (time.sleep(0.8), synced(fd));"
+        "sys.argv = ['pzq', *sys.argv[1:]]; from pzq.cli import main; main()"
+    )
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # (a reader that went away)
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", slow, "backup", "--database", str(tmp_path / "db"), str(tmp_path / "b")],
+            stdout=subprocess.PIPE,
+            stderr=write_end,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert ran.returncode == 0 and "complete" in ran.stdout
+    assert len(_bodies(tmp_path / "b")) == 20_000

@@ -16,7 +16,10 @@ def _mib(n: int) -> str:
 
 def _progress(copied: int, expected: int, seconds: float) -> None:
     share = f" ({100 * copied // expected}%)" if expected and copied <= expected else ""
-    click.echo(f"pzq backup: {_mib(copied)} of about {_mib(expected)} copied{share}, {seconds:.0f} s", err=True)
+    try:
+        click.echo(f"pzq backup: {_mib(copied)} of about {_mib(expected)} copied{share}, {seconds:.0f} s", err=True)
+    except OSError:  # (stderr gone: `2>&1 | head -1`, a closed terminal) the copy itself goes on
+        pass
 
 
 def _stopped(signum: int, frame: object) -> None:
