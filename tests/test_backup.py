@@ -451,3 +451,24 @@ def test_a_backup_whose_progress_has_nowhere_to_go_is_still_taken(tmp_path):
         os.close(write_end)
     assert ran.returncode == 0 and "complete" in ran.stdout
     assert len(_bodies(tmp_path / "b")) == 20_000
+
+
+def test_a_backup_on_the_stores_own_filesystem_leaves_the_server_the_free_room_it_keeps(tmp_path):
+    # The timer's /var/lib/pzq-backups is on /var/lib/pzq's filesystem: a copy that left only 64 MiB there
+    # would put the server under its --min-disk-free, and producers would be refused.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("needs root to mount a small filesystem")
+    try:
+        _fill(disk / "db", 20_000, size=1000)  # (about 40 MiB: 104 MiB with the headroom, of about 160 free)
+        config = tmp_path / "pzq.toml"
+        config.write_text(f'database = "{disk / "db"}"\nmin_disk_free = "150M"\ndisk_reserve = "8M"\n')
+        refused = _pzq("backup", "--config", str(config), str(disk / "b"))
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "min_disk_free" in refused.stderr and sorted(os.listdir(disk)) == ["db"]
+        taken = _pzq("backup", "--config", str(config), str(tmp_path / "elsewhere"))  # (another filesystem)
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], timeout=30, check=False)

@@ -39,9 +39,11 @@ def backup(config_file, database, force, dest) -> None:
     the copy is complete and fsync'd; `pzq check DEST` reads it, `pzq restore DEST` puts it back."""
     from pzq.store.backup import backup as take
 
-    source = resolve(config_file, database=database).database
+    settings = resolve(config_file, database=database)
+    source = settings.database
     signal.signal(signal.SIGTERM, _stopped)  # (so that the partial copy is removed, as on ^C)
-    done = take(source, dest, replace=force, progress=_progress)
+    keeps = settings.min_disk_free + settings.disk_reserve
+    done = take(source, dest, replace=force, progress=_progress, server_keeps=keeps)
     click.echo(
         f"{done.path}: backup of {source} complete, {_mib(done.bytes)} (the store's file: "
         f"{_mib(done.store_bytes)}) in {done.seconds:.1f} s; `pzq check {done.path}` reads it back"

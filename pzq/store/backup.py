@@ -68,13 +68,20 @@ def _plain_errors(func):
 
 @_plain_errors
 def backup(
-    source: str, dest: str, *, replace: bool = False, progress: Progress | None = None, every_s: float = 2.0
+    source: str,
+    dest: str,
+    *,
+    replace: bool = False,
+    progress: Progress | None = None,
+    every_s: float = 2.0,
+    server_keeps: int = 0,
 ) -> Copied:
     """Copy the store at ``source`` (a server may be running on it) into the new directory ``dest``.
 
     Refuses an existing ``dest`` unless ``replace`` (and then only a store or backup no server runs on),
-    and a filesystem without room for the copy plus ``HEADROOM``. ``progress`` is called about every
-    ``every_s`` seconds while the copy runs."""
+    and a filesystem without room for the copy plus ``HEADROOM`` (plus ``server_keeps``, the free room
+    the server keeps, its min_disk_free and disk_reserve, when that is the store's own filesystem).
+    ``progress`` is called about every ``every_s`` seconds while the copy runs."""
     source, dest = os.path.abspath(source), os.path.abspath(dest)
     if not os.path.isfile(os.path.join(source, DATA)):
         raise StoreError(f"{source}: no store there (no {DATA}): --database names the server's store directory")
@@ -91,10 +98,14 @@ def backup(
     try:
         expected, store_bytes = env.used_bytes(), os.path.getsize(os.path.join(source, DATA))
         st = os.statvfs(parent)
-        if st.f_bavail * st.f_frsize < expected + HEADROOM:
+        spare = HEADROOM
+        if os.stat(parent).st_dev == os.stat(source).st_dev:  # (what the copy takes, the server no longer has)
+            spare = max(spare, server_keeps)
+        if st.f_bavail * st.f_frsize < expected + spare:
+            why = " (the server's min_disk_free + disk_reserve: its own filesystem)" if spare > HEADROOM else ""
             raise StoreError(
                 f"{parent} has {st.f_bavail * st.f_frsize >> 20} MiB free; the copy needs about {expected >> 20} MiB "
-                f"plus {HEADROOM >> 20} MiB to spare: free room there or back up elsewhere"
+                f"plus {spare >> 20} MiB to spare{why}: free room there or back up elsewhere"
             )
         work = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.partial-", dir=parent)
         try:
