@@ -472,3 +472,25 @@ def test_a_backup_on_the_stores_own_filesystem_leaves_the_server_the_free_room_i
         assert taken.returncode == 0, taken.stderr
     finally:
         subprocess.run(["umount", str(disk)], timeout=30, check=False)
+
+
+def test_a_check_through_a_read_only_view_of_a_store_a_server_writes_is_refused(tmp_path, make_server):
+    # As a backup there: no reader slot, so the server reuses pages the check reads, and a sound store
+    # could be reported damaged (and restored from a backup for nothing).
+    (tmp_path / "unused").mkdir()
+    if os.geteuid() != 0 or not _read_only_view(tmp_path / "unused", tmp_path / "probe"):
+        pytest.skip("needs root to bind-mount a read-only view")
+    subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
+    srv = make_server()
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
+    assert _read_only_view(tmp_path / "db", tmp_path / "ro")
+    try:
+        refused = _pzq("check", str(tmp_path / "ro"))
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "read-only" in refused.stderr and "a server runs on it" in refused.stderr
+        srv.stop()
+        checked = _pzq("check", str(tmp_path / "ro"))
+        assert checked.returncode == 0 and "10 messages" in checked.stdout, checked.stderr
+    finally:
+        subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)

@@ -93,7 +93,7 @@ def backup(
     parent = os.path.dirname(dest)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     lock_existed = os.path.exists(os.path.join(source, "lock.mdb"))
-    held = _hold_off_writers(source)
+    held = hold_off_writers(source)
     env = Environment(source, QUEUE_TABLES + SIDE_TABLES, max_size=0, readonly=True)
     try:
         expected, store_bytes = env.used_bytes(), os.path.getsize(os.path.join(source, DATA))
@@ -124,19 +124,23 @@ def backup(
     return Copied(dest, written, store_bytes, time.monotonic() - started)
 
 
-def _hold_off_writers(source: str) -> int | None:
-    """On a filesystem this process sees read-only, LMDB opens without its lock file: the copy's snapshot
-    has no reader slot, so a server would reuse the pages being copied and the backup would be torn.
-    There the copy is taken only while no server runs, holding one off (a shared lock) until it ends."""
-    if not os.statvfs(source).f_flag & os.ST_RDONLY:
-        return None
+def hold_off_writers(source: str) -> int | None:
+    """On a filesystem this process sees read-only, LMDB opens without its lock file: a reader's snapshot
+    has no reader slot, so a server would reuse the pages being read (a backup torn, a sound store
+    reported damaged by `pzq check`). There a store is read only while no server runs, holding one off (a
+    shared lock on the returned descriptor, to close when done); None where there is no such danger."""
+    try:
+        if not os.statvfs(source).f_flag & os.ST_RDONLY or not os.path.isfile(os.path.join(source, DATA)):
+            return None
+    except OSError:
+        return None  # (the caller says what is wrong with the path)
     try:
         return lock_exclusively(os.path.join(source, DATA), shared=True)
     except StoreLocked:
         raise StoreError(
             f"{source} is read-only to this process (a read-only mount, or a systemd unit's ProtectSystem= "
-            f"without ReadWritePaths={source}) and a server runs on it: the copy could not hold its snapshot, "
-            "and would be torn. Give the backup write access there (it takes a reader slot in lock.mdb)"
+            f"without ReadWritePaths={source}) and a server runs on it: a read there holds no snapshot the "
+            "server sees, and could be torn. Give this process write access there (a reader slot in lock.mdb)"
         ) from None
 
 
