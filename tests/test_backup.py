@@ -494,3 +494,18 @@ def test_a_check_through_a_read_only_view_of_a_store_a_server_writes_is_refused(
         assert checked.returncode == 0 and "10 messages" in checked.stdout, checked.stderr
     finally:
         subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)
+
+
+def test_a_file_where_a_directory_is_needed_is_named_as_such_by_backup_and_restore(tmp_path):
+    _fill(tmp_path / "db", 3)
+    backup(str(tmp_path / "db"), str(tmp_path / "b"))
+    (tmp_path / "afile").write_text("not a directory")
+    for argv in (
+        ("backup", "--database", str(tmp_path / "db"), str(tmp_path / "afile" / "b")),
+        ("backup", "--database", str(tmp_path / "db"), str(tmp_path / "afile" / "deeper" / "b")),
+        ("restore", str(tmp_path / "b"), "--database", str(tmp_path / "afile")),
+    ):
+        refused = _pzq(*argv)
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "afile is not a directory" in refused.stderr, refused.stderr
+    assert (tmp_path / "afile").read_text() == "not a directory"

@@ -61,9 +61,22 @@ def _plain_errors(func):
         try:
             return func(*args, **kwargs)
         except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (file := _file_on_the_way(exc.filename)):
+                raise StoreError(f"{file} is not a directory") from None
             raise StoreError(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
 
     return wrapper
+
+
+def _file_on_the_way(path: object) -> str | None:
+    """The nearest existing ancestor of ``path`` (or itself) when it is not a directory ("File exists"
+    and "Not a directory" alone do not say which)."""
+    name = os.fspath(path) if isinstance(path, str | os.PathLike) else ""
+    while name and name != os.path.dirname(name):
+        if os.path.lexists(name):
+            return None if os.path.isdir(name) else name
+        name = os.path.dirname(name)
+    return None
 
 
 @_plain_errors
