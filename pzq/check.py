@@ -14,6 +14,7 @@ from typing import IO
 
 from pzq.errors import StoreDamaged, StoreDenied, StoreError, StoreTooNew
 from pzq.store import DeadLetter, Store, side_tables
+from pzq.store.backup import hold_off_writers
 
 # Errors of the reader child kept by name across the pipe, since the class decides the exit status: a
 # store too new or damaged exits 3 and one this user may not read exits 2, as `pzq serve` does. (Any
@@ -34,6 +35,15 @@ def dump(path: str, target: str, out: IO[str]) -> bool:
 
 
 def _isolated(func, path: str, target: str | None, out: IO[str]) -> bool:
+    held = hold_off_writers(path)  # (a read-only view of a store a server writes is refused)
+    try:
+        return _read(func, path, target, out)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _read(func, path: str, target: str | None, out: IO[str]) -> bool:
     try:
         there = stat.S_ISDIR(os.stat(path).st_mode)
     except PermissionError as exc:  # (a directory on the way cannot be searched: not "no store")

@@ -261,3 +261,251 @@ def test_a_forced_backup_over_a_planted_link_replaces_nothing_it_names(tmp_path)
         backup(str(tmp_path / "db"), str(tmp_path / "b"), replace=True)
     assert len(_bodies(tmp_path / "other")) == 7
     assert sorted(os.listdir(tmp_path)) == ["b", "db", "other"]  # (no partial copy left)
+
+
+def test_a_torn_or_foreign_backup_is_named_by_its_own_path_in_restores_one_line(tmp_path):
+    # The copy is read back under a temporary name that is gone when the error is shown: the line must
+    # name the file the operator gave, and not tell them to "restore it from a backup" they are restoring.
+    _fill(tmp_path / "src", 2000)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    torn = tmp_path / "torn.mdb"
+    torn.write_bytes((tmp_path / "b" / "data.mdb").read_bytes()[: 3 * 4096])
+    foreign = tmp_path / "foreign.mdb"
+    foreign.write_bytes(os.urandom(64 << 10))
+    for bad in (torn, foreign):
+        refused = _pzq("restore", str(bad), "--database", str(tmp_path / "new"))
+        assert refused.returncode == 3 and refused.stderr.count("\n") == 1, refused.stderr
+        assert str(bad) in refused.stderr and ".restore-" not in refused.stderr, refused.stderr
+        assert "restore it from a backup" not in refused.stderr.lower() and "nothing was replaced" in refused.stderr
+        assert os.listdir(tmp_path / "new") == []
+
+
+def _read_only_view(of, at) -> bool:
+    """Bind-mount ``of`` read-only at ``at`` (as systemd's ProtectSystem=strict shows a path); False
+    where this process may not mount."""
+    at.mkdir()
+    made = subprocess.run(["mount", "--bind", str(of), str(at)], capture_output=True, timeout=30, check=False)
+    if made.returncode != 0:
+        return False
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(at)], capture_output=True, timeout=30, check=True)
+    return True
+
+
+def test_a_backup_through_a_read_only_view_of_a_store_a_server_writes_is_refused(tmp_path, make_server):
+    # On a read-only filesystem LMDB opens without its lock file: the copy's snapshot has no reader
+    # slot, so the server reuses the pages being copied and the "complete" backup is torn.
+    (tmp_path / "unused").mkdir()
+    if os.geteuid() != 0 or not _read_only_view(tmp_path / "unused", tmp_path / "probe"):
+        pytest.skip("needs root to bind-mount a read-only view")
+    subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
+    srv = make_server()  # (its store is tmp_path / "db")
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
+    assert _read_only_view(tmp_path / "db", tmp_path / "ro")
+    try:
+        refused = _pzq("backup", "--database", str(tmp_path / "ro"), str(tmp_path / "b"))
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "read-only" in refused.stderr and "a server runs on it" in refused.stderr
+        assert not [name for name in os.listdir(tmp_path) if name == "b" or name.startswith(".b.")]
+        srv.stop()  # no writer: the read-only view is a safe source, and holds off a server meanwhile
+        taken = _pzq("backup", "--database", str(tmp_path / "ro"), str(tmp_path / "b"))
+        assert taken.returncode == 0, taken.stderr
+        assert len(_bodies(tmp_path / "b")) == 10
+    finally:
+        subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)
+
+
+def test_a_restore_killed_mid_copy_leaves_no_debris_once_it_is_run_again(tmp_path):
+    # kill -9 between the copy and its rename: the half-written copy under .restore-* is as big as the
+    # backup; nothing else would ever remove it from the store's directory.
+    _fill(tmp_path / "src", 2000)
+    backup(str(tmp_path / "src"), str(tmp_path / "b"))
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pzq.store import backup as b;"
+            "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); b.restore(sys.argv[1], sys.argv[2])",
+            str(tmp_path / "b"),
+            str(tmp_path / "new"),
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert [n for n in os.listdir(tmp_path / "new") if n.startswith(".restore-")]
+    again = _pzq("restore", "--force", str(tmp_path / "b"), "--database", str(tmp_path / "new"))
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(tmp_path / "new")) == ["data.mdb"]
+    assert len(_bodies(tmp_path / "new")) == 2000
+
+
+def test_restore_from_the_store_of_a_running_server_is_refused_as_a_torn_copy_would_be(tmp_path, make_server):
+    # `pzq restore /var/lib/pzq --database elsewhere` copies data.mdb byte by byte: under a writing server
+    # that is the torn file `pzq backup` exists to avoid.
+    srv = make_server()  # (its store is tmp_path / "db")
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"live-%d" % i] for i in range(10)]))
+    refused = _pzq("restore", str(tmp_path / "db"), "--database", str(tmp_path / "copy"))
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "a server runs on" in refused.stderr and "pzq backup" in refused.stderr
+    assert not os.path.exists(tmp_path / "copy" / "data.mdb")
+    srv.stop()
+    taken = _pzq("restore", str(tmp_path / "db"), "--database", str(tmp_path / "copy"))
+    assert taken.returncode == 0, taken.stderr
+    assert len(_bodies(tmp_path / "copy")) == 10
+
+
+def test_restore_of_an_empty_file_does_not_advise_restoring_from_a_backup(tmp_path):
+    (tmp_path / "empty.mdb").write_bytes(b"")
+    refused = _pzq("restore", str(tmp_path / "empty.mdb"), "--database", str(tmp_path / "new"))
+    assert refused.returncode == 3 and "nothing was replaced" in refused.stderr
+    assert "restore it from a backup" not in refused.stderr.lower(), refused.stderr
+
+
+def test_a_backup_stopped_with_sigterm_says_so_in_one_line_and_leaves_no_partial_copy(tmp_path):
+    # systemctl stop, a shutdown, or `kill PID`: the default SIGTERM ended the process where it stood and
+    # left a hidden copy as big as a backup.
+    _fill(tmp_path / "db", 20_000, size=1000)  # (about 20 MiB: several 8 MiB steps)
+    slow = (
+        "import os, sys, time; synced = os.fdatasync;"
+        "os.fdatasync = lambda fd: (print('step', flush=True), time.sleep(0.5), synced(fd));"
+        "sys.argv = ['pzq', *sys.argv[1:]]; from pzq.cli import main; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow, "backup", "--database", str(tmp_path / "db"), str(tmp_path / "b")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "step\n"  # (mid-copy: the first 8 MiB are being written)
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and err.count("\n") == 1 and "no backup was kept" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["db"]
+
+
+def test_a_reader_that_holds_one_snapshot_for_long_is_named_once_in_the_servers_log(tmp_path, caplog):
+    # `pzq backup` suspended with ^Z (or kill -STOP, or stuck on a stalled disk) is alive: its slot is not
+    # cleared, and every page the server frees meanwhile stays unused: the store grows without a word.
+    from pzq.store import readers
+
+    store = Store(str(tmp_path / "db"), max_size=64 << 20)
+    store.put_many("default", [[b"x"]], now_us=1)
+    store.commit()
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
+            "print('reading', flush=True); time.sleep(60)",
+            str(tmp_path / "db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline() == "reading\n"
+        seen: dict = {}
+        env = store.env._env
+        with caplog.at_level("WARNING", logger="pzq.store"):
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0)
+            assert "snapshot" not in caplog.text  # (first seen now)
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + readers.HELD_S - 1)
+            assert "snapshot" not in caplog.text
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + readers.HELD_S)
+            readers.sweep(env, str(tmp_path / "db"), seen, now=1000.0 + 2 * readers.HELD_S)
+        named = [r.getMessage() for r in caplog.records if "snapshot" in r.getMessage()]
+        assert len(named) == 1 and f"process {reader.pid} " in named[0] and "grows" in named[0], named
+    finally:
+        reader.kill()
+        reader.wait(10)
+        store.close()
+
+
+def test_a_backup_whose_progress_has_nowhere_to_go_is_still_taken(tmp_path):
+    # `pzq backup DEST 2>&1 | head -1`, or a terminal that went away: writing a progress line fails, and
+    # that failure is no reason to throw the copy away.
+    _fill(tmp_path / "db", 20_000, size=1000)
+    slow = (
+        "import os, sys, time; synced = os.fdatasync;"
+        "os.fdatasync = lambda fd: (time.sleep(0.8), synced(fd));"
+        "sys.argv = ['pzq', *sys.argv[1:]]; from pzq.cli import main; main()"
+    )
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # (a reader that went away)
+    try:
+        ran = subprocess.run(
+            [sys.executable, "-c", slow, "backup", "--database", str(tmp_path / "db"), str(tmp_path / "b")],
+            stdout=subprocess.PIPE,
+            stderr=write_end,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert ran.returncode == 0 and "complete" in ran.stdout
+    assert len(_bodies(tmp_path / "b")) == 20_000
+
+
+def test_a_backup_on_the_stores_own_filesystem_leaves_the_server_the_free_room_it_keeps(tmp_path):
+    # The timer's /var/lib/pzq-backups is on /var/lib/pzq's filesystem: a copy that left only 64 MiB there
+    # would put the server under its --min-disk-free, and producers would be refused.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("needs root to mount a small filesystem")
+    try:
+        _fill(disk / "db", 20_000, size=1000)  # (about 40 MiB: 104 MiB with the headroom, of about 160 free)
+        config = tmp_path / "pzq.toml"
+        config.write_text(f'database = "{disk / "db"}"\nmin_disk_free = "150M"\ndisk_reserve = "8M"\n')
+        refused = _pzq("backup", "--config", str(config), str(disk / "b"))
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "min_disk_free" in refused.stderr and sorted(os.listdir(disk)) == ["db"]
+        taken = _pzq("backup", "--config", str(config), str(tmp_path / "elsewhere"))  # (another filesystem)
+        assert taken.returncode == 0, taken.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], timeout=30, check=False)
+
+
+def test_a_check_through_a_read_only_view_of_a_store_a_server_writes_is_refused(tmp_path, make_server):
+    # As a backup there: no reader slot, so the server reuses pages the check reads, and a sound store
+    # could be reported damaged (and restored from a backup for nothing).
+    (tmp_path / "unused").mkdir()
+    if os.geteuid() != 0 or not _read_only_view(tmp_path / "unused", tmp_path / "probe"):
+        pytest.skip("needs root to bind-mount a read-only view")
+    subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
+    srv = make_server()
+    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
+    assert _read_only_view(tmp_path / "db", tmp_path / "ro")
+    try:
+        refused = _pzq("check", str(tmp_path / "ro"))
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "read-only" in refused.stderr and "a server runs on it" in refused.stderr
+        srv.stop()
+        checked = _pzq("check", str(tmp_path / "ro"))
+        assert checked.returncode == 0 and "10 messages" in checked.stdout, checked.stderr
+    finally:
+        subprocess.run(["umount", str(tmp_path / "ro")], timeout=30, check=False)
+
+
+def test_a_file_where_a_directory_is_needed_is_named_as_such_by_backup_and_restore(tmp_path):
+    _fill(tmp_path / "db", 3)
+    backup(str(tmp_path / "db"), str(tmp_path / "b"))
+    (tmp_path / "afile").write_text("not a directory")
+    for argv in (
+        ("backup", "--database", str(tmp_path / "db"), str(tmp_path / "afile" / "b")),
+        ("backup", "--database", str(tmp_path / "db"), str(tmp_path / "afile" / "deeper" / "b")),
+        ("restore", str(tmp_path / "b"), "--database", str(tmp_path / "afile")),
+    ):
+        refused = _pzq(*argv)
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "afile is not a directory" in refused.stderr, refused.stderr
+    assert (tmp_path / "afile").read_text() == "not a directory"

@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,63 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "pzq" not in result.stderr, result.stderr  # no warning about any of them
+
+
+def test_the_backup_units_retention_removes_only_the_timers_own_backups_whatever_else_is_there(tmp_path):
+    # An operator's own backups beside the timer's (docs/operations.md's example is named pzq-1, which
+    # sorts before every dated name) and a name with a space are not the timer's to remove.
+    store = Store(str(tmp_path / "db"), max_size=64 << 20)
+    store.put_many("default", [[b"one"]], now_us=1)
+    store.commit()
+    store.close()
+    (tmp_path / "pzq.toml").write_text(f'database = "{tmp_path / "db"}"\n')
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    mine = ("pzq-1", "pzq-before upgrade", "pzq-manual")
+    for name in (*mine, "pzq-20200101T000000Z", "pzq-20200102T000000Z"):
+        (backups / name).mkdir()
+        (backups / name / "data.mdb").write_bytes(b"old")
+    (backups / "pzq-before").mkdir()  # (what a split on the space would name)
+    env = {**os.environ, "PZQ_CONFIG": str(tmp_path / "pzq.toml"), "KEEP": "2"}
+    unit = UNITS / "pzq-backup.service"
+    for argv in _unit_commands(unit, "ExecStart", backups) + _unit_commands(unit, "ExecStartPost", backups):
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert ran.returncode == 0, ran.stderr
+    left = set(os.listdir(backups))
+    assert {*mine, "pzq-before", "pzq-20200102T000000Z"} <= left and "pzq-20200101T000000Z" not in left
+    assert len(left) == len(mine) + 3  # (and today's)
+
+
+def test_a_killed_runs_partial_copy_is_removed_even_when_the_next_run_fails(tmp_path):
+    # The partial copy of a run killed (systemctl stop, a reboot) is as big as a backup: left until a
+    # later run's ExecStartPost, it can take the room that run needs, so that run fails before its
+    # ExecStartPost, and every run after it too.
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    killed = backups / ".pzq-20200104T000000Z.partial-abc"
+    killed.mkdir()
+    (killed / "data.mdb").write_bytes(b"half")
+    os.utime(killed, (time.time() - 7200, time.time() - 7200))  # two hours ago: the run before this one
+    (tmp_path / "pzq.toml").write_text(f'database = "{tmp_path / "no store"}"\n')
+    env = {**os.environ, "PZQ_CONFIG": str(tmp_path / "pzq.toml"), "KEEP": "2"}
+    unit = UNITS / "pzq-backup.service"
+    ran = None
+    for argv in _unit_commands(unit, "ExecStartPre", backups) + _unit_commands(unit, "ExecStart", backups):
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        if ran.returncode != 0:
+            break  # (as systemd does: nothing after a failed command runs)
+    assert ran is not None and ran.returncode != 0 and "no store there" in ran.stderr
+    assert not killed.exists()
+
+
+def test_the_backup_directory_is_there_for_a_first_backup_by_hand_and_a_hung_run_is_given_up(tmp_path):
+    # docs/operations.md's first backup is `sudo -u pzq pzq backup ... /var/lib/pzq-backups/pzq-1`, before
+    # the timer (whose StateDirectory= makes it) ever ran: as pzq, /var/lib/pzq-backups could not be made.
+    done = _install(tmp_path)
+    assert done.returncode == 0, done.stderr
+    backups = tmp_path / "var" / "lib" / "pzq-backups"
+    assert backups.is_dir() and _mode(backups) == 0o700
+    assert backups.stat().st_uid == pwd.getpwnam(ME).pw_uid
+    # A run that hangs (a stalled remote disk) holds its snapshot: the store would grow without end.
+    limit = _settings(UNITS / "pzq-backup.service").get("TimeoutStartSec", ["infinity"])[0]
+    assert limit not in ("infinity", "0")

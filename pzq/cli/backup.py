@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from pzq.cli.common import config_option, errors_to_exit, resolve
+from pzq.errors import StoreError
 
 
 def _mib(n: int) -> str:
@@ -13,7 +16,14 @@ def _mib(n: int) -> str:
 
 def _progress(copied: int, expected: int, seconds: float) -> None:
     share = f" ({100 * copied // expected}%)" if expected and copied <= expected else ""
-    click.echo(f"pzq backup: {_mib(copied)} of about {_mib(expected)} copied{share}, {seconds:.0f} s", err=True)
+    try:
+        click.echo(f"pzq backup: {_mib(copied)} of about {_mib(expected)} copied{share}, {seconds:.0f} s", err=True)
+    except OSError:  # (stderr gone: `2>&1 | head -1`, a closed terminal) the copy itself goes on
+        pass
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise StoreError(f"stopped by {signal.Signals(signum).name}: no backup was kept")
 
 
 @click.command("backup")
@@ -29,8 +39,11 @@ def backup(config_file, database, force, dest) -> None:
     the copy is complete and fsync'd; `pzq check DEST` reads it, `pzq restore DEST` puts it back."""
     from pzq.store.backup import backup as take
 
-    source = resolve(config_file, database=database).database
-    done = take(source, dest, replace=force, progress=_progress)
+    settings = resolve(config_file, database=database)
+    source = settings.database
+    signal.signal(signal.SIGTERM, _stopped)  # (so that the partial copy is removed, as on ^C)
+    keeps = settings.min_disk_free + settings.disk_reserve
+    done = take(source, dest, replace=force, progress=_progress, server_keeps=keeps)
     click.echo(
         f"{done.path}: backup of {source} complete, {_mib(done.bytes)} (the store's file: "
         f"{_mib(done.store_bytes)}) in {done.seconds:.1f} s; `pzq check {done.path}` reads it back"

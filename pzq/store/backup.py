@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import functools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -60,20 +61,40 @@ def _plain_errors(func):
         try:
             return func(*args, **kwargs)
         except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (file := _file_on_the_way(exc.filename)):
+                raise StoreError(f"{file} is not a directory") from None
             raise StoreError(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
 
     return wrapper
 
 
+def _file_on_the_way(path: object) -> str | None:
+    """The nearest existing ancestor of ``path`` (or itself) when it is not a directory ("File exists"
+    and "Not a directory" alone do not say which)."""
+    name = os.fspath(path) if isinstance(path, str | os.PathLike) else ""
+    while name and name != os.path.dirname(name):
+        if os.path.lexists(name):
+            return None if os.path.isdir(name) else name
+        name = os.path.dirname(name)
+    return None
+
+
 @_plain_errors
 def backup(
-    source: str, dest: str, *, replace: bool = False, progress: Progress | None = None, every_s: float = 2.0
+    source: str,
+    dest: str,
+    *,
+    replace: bool = False,
+    progress: Progress | None = None,
+    every_s: float = 2.0,
+    server_keeps: int = 0,
 ) -> Copied:
     """Copy the store at ``source`` (a server may be running on it) into the new directory ``dest``.
 
     Refuses an existing ``dest`` unless ``replace`` (and then only a store or backup no server runs on),
-    and a filesystem without room for the copy plus ``HEADROOM``. ``progress`` is called about every
-    ``every_s`` seconds while the copy runs."""
+    and a filesystem without room for the copy plus ``HEADROOM`` (plus ``server_keeps``, the free room
+    the server keeps, its min_disk_free and disk_reserve, when that is the store's own filesystem).
+    ``progress`` is called about every ``every_s`` seconds while the copy runs."""
     source, dest = os.path.abspath(source), os.path.abspath(dest)
     if not os.path.isfile(os.path.join(source, DATA)):
         raise StoreError(f"{source}: no store there (no {DATA}): --database names the server's store directory")
@@ -85,14 +106,19 @@ def backup(
     parent = os.path.dirname(dest)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     lock_existed = os.path.exists(os.path.join(source, "lock.mdb"))
+    held = hold_off_writers(source)
     env = Environment(source, QUEUE_TABLES + SIDE_TABLES, max_size=0, readonly=True)
     try:
         expected, store_bytes = env.used_bytes(), os.path.getsize(os.path.join(source, DATA))
         st = os.statvfs(parent)
-        if st.f_bavail * st.f_frsize < expected + HEADROOM:
+        spare = HEADROOM
+        if os.stat(parent).st_dev == os.stat(source).st_dev:  # (what the copy takes, the server no longer has)
+            spare = max(spare, server_keeps)
+        if st.f_bavail * st.f_frsize < expected + spare:
+            why = " (the server's min_disk_free + disk_reserve: its own filesystem)" if spare > HEADROOM else ""
             raise StoreError(
                 f"{parent} has {st.f_bavail * st.f_frsize >> 20} MiB free; the copy needs about {expected >> 20} MiB "
-                f"plus {HEADROOM >> 20} MiB to spare: free room there or back up elsewhere"
+                f"plus {spare >> 20} MiB to spare{why}: free room there or back up elsewhere"
             )
         work = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.partial-", dir=parent)
         try:
@@ -104,9 +130,31 @@ def backup(
             raise
     finally:
         env.close()
+        if held is not None:
+            os.close(held)
         if not lock_existed:
             _own_like(os.path.join(source, "lock.mdb"), source)
     return Copied(dest, written, store_bytes, time.monotonic() - started)
+
+
+def hold_off_writers(source: str) -> int | None:
+    """On a filesystem this process sees read-only, LMDB opens without its lock file: a reader's snapshot
+    has no reader slot, so a server would reuse the pages being read (a backup torn, a sound store
+    reported damaged by `pzq check`). There a store is read only while no server runs, holding one off (a
+    shared lock on the returned descriptor, to close when done); None where there is no such danger."""
+    try:
+        if not os.statvfs(source).f_flag & os.ST_RDONLY or not os.path.isfile(os.path.join(source, DATA)):
+            return None
+    except OSError:
+        return None  # (the caller says what is wrong with the path)
+    try:
+        return lock_exclusively(os.path.join(source, DATA), shared=True)
+    except StoreLocked:
+        raise StoreError(
+            f"{source} is read-only to this process (a read-only mount, or a systemd unit's ProtectSystem= "
+            f"without ReadWritePaths={source}) and a server runs on it: a read there holds no snapshot the "
+            "server sees, and could be torn. Give this process write access there (a reader slot in lock.mdb)"
+        ) from None
 
 
 def _copy(env: Environment, target: str, expected: int, progress: Progress | None, every_s: float) -> int:
@@ -204,15 +252,19 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
     started = time.monotonic()
     lock = _lock(current, database)
     try:
+        for name in os.listdir(database):  # a restore killed here before (a live one would hold the lock)
+            if name.startswith(".restore-"):
+                shutil.rmtree(os.path.join(database, name), ignore_errors=True)
         work = tempfile.mkdtemp(prefix=".restore-", dir=database)
         try:
             copy = os.path.join(work, DATA)
             fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # (the store's mode)
             with open(source, "rb") as src, open(fd, "wb") as dst:
+                _refuse_served(src.fileno(), backup_path)
                 shutil.copyfileobj(src, dst, _CHUNK)
                 dst.flush()
                 os.fsync(dst.fileno())
-            Environment(work, (), max_size=0, readonly=True).close()  # a torn or foreign file is refused here
+            _read_back(work, copy, source)
             with contextlib.suppress(FileNotFoundError):  # (the readers' table of the store it replaces)
                 os.unlink(os.path.join(database, "lock.mdb"))
             os.replace(copy, current)
@@ -228,6 +280,32 @@ def restore(backup_path: str, database: str, *, force: bool = False) -> Copied:
         os.close(lock)
     size = os.path.getsize(current)
     return Copied(database, size, size, time.monotonic() - started)
+
+
+def _refuse_served(fd: int, backup_path: str) -> None:
+    """A store a server runs on (its exclusive flock) copied byte by byte is torn: refused. The shared lock
+    held while copying keeps a server from starting on it meanwhile."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StoreLocked(
+            f"a server runs on {backup_path}: a copy of its file would be torn; take one with "
+            f"`pzq backup DEST --database {backup_path}` and restore that"
+        ) from None
+
+
+def _read_back(work: str, copy: str, source: str) -> None:
+    """Open the copy as a store: a torn or foreign file is refused here, named by the path the operator
+    gave (the copy's temporary name is gone by the time the error is shown, and the store's own advice,
+    "restore it from a backup", is not for someone restoring one)."""
+    try:
+        Environment(work, (), max_size=0, readonly=True).close()
+    except StoreError as exc:
+        what = str(exc).replace(copy, source)
+        what = re.split(r"[.;:] [Rr]estore it from a backup", what)[0]
+        raise type(exc)(f"{what}: not a backup pzq can restore; nothing was replaced") from None
 
 
 def _lock(data_file: str, database: str) -> int:

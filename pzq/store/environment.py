@@ -27,6 +27,7 @@ from typing import Any
 import lmdb
 
 from pzq.errors import StoreDamaged, StoreDenied, StoreError
+from pzq.store import readers
 from pzq.store.locks import lock_exclusively
 from pzq.store.pages import verify_pages
 
@@ -72,6 +73,7 @@ class Environment:
         self._reserve_path = os.path.join(path, "reserve")
         self._reserved = False  # the reserve file is known to be whole
         self._readers_checked_at = 0.0  # monotonic time of the last reader_check
+        self._readers_seen: dict[tuple[str, str], float | None] = {}  # (pid, txnid): first seen (readers.py)
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
         # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
         # also after a restart with a limit below what is stored, so the data file counts too.
@@ -301,16 +303,13 @@ class Environment:
         return free
 
     def _clear_dead_readers(self) -> None:
-        """A reader killed in a transaction (`kill -9` of a `pzq backup` or `pzq check`) keeps its slot in
-        the lock file, and LMDB keeps every page that reader could see: the store would grow without end.
-        LMDB frees such slots only when asked: every STALE_READERS_S."""
+        """A reader killed in a transaction (`kill -9` of a `pzq backup`) keeps its slot, and LMDB keeps
+        every page it could see: the store would grow without end. Cleared (and one alive but stopped
+        named) every STALE_READERS_S: readers.py."""
         if self.readonly or time.monotonic() < self._readers_checked_at + STALE_READERS_S:
             return
         self._readers_checked_at = time.monotonic()
-        if cleared := self._env.reader_check():
-            log.warning(
-                "%s: %d reader(s) died in a transaction; the pages they held are reused again", self.path, cleared
-            )
+        readers.sweep(self._env, self.path, self._readers_seen, self._readers_checked_at)
 
     def _reusable_bytes(self) -> int:
         """Bytes of the data file's pages that no database uses (free for LMDB to reuse)."""
