@@ -79,9 +79,9 @@ class Batches:
             warn_bad("producer", event.error.code, event.error.detail)
             return Send(self.socket, wire.batch_error(event.routing, event.batch_id, event.error.detail), ANSWER)
         self.batches_total += 1
-        routing, batch_id, count = event.routing, event.batch_id, len(event.bodies)
+        routing, batch_id, count = event.routing, event.batch_id, len(event.messages)
         if self.keys is None:
-            stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+            stored = self.broker.produce_many(self.queue, event.messages, now_us=now_us, encoded=True)
             return self._answer(routing, batch_id, stored, count)
         key = PREFIX + batch_id.decode("ascii")
         digest = hashlib.blake2b(event.raw, digest_size=16).digest()
@@ -97,7 +97,7 @@ class Batches:
             self.keys.put(key, Produced(now_us, count, [digest]))
         except StoreFull:
             return self._answer(routing, batch_id, 0, count)
-        stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+        stored = self.broker.produce_many(self.queue, event.messages, now_us=now_us, encoded=True)
         if stored == 0:  # as before, so that the producer's resend is no "duplicate"
             if seen is None:
                 self.keys.delete(key)
