@@ -87,6 +87,17 @@ class BatchRejected:
     error: ProtocolError
 
 
+class KeyedFrames(list[bytes]):
+    """A batch's frames as the server read them, with the CURVE key (z85) of the connection it came over:
+    its id is remembered as that key's (two keys' batches of one id are two batches)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, frames: Sequence[bytes], key: str):
+        super().__init__(frames)
+        self.key = key
+
+
 def is_batch(frames: Sequence[bytes]) -> bool:
     """True for a batch or a probe as the server's ROUTER reads it (routing frame first)."""
     return len(frames) > 2 and frames[2] == MARK
