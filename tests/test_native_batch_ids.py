@@ -1,5 +1,6 @@
-"""Batch ids under CURVE: each producer key has its own, so one producer cannot make another's batch
-look like a resend by using its id (docs/native-batch.md, "Batch ids")."""
+"""Batch ids: under CURVE each producer key has its own, so one producer cannot make another's batch look
+like a resend by using its id; without CURVE the client's ids start with 16 random bytes (docs/native-batch.md,
+"Batch ids: whose they are")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import zmq
 from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
 from test_native_batch_gateway import T0, answers, make
 
+from pzq.clients.native_batches import BatchSender
 from pzq.curve import secure_client
 from pzq.gateways.native import RECEIVE
 from pzq.gateways.native_batches import id_key
@@ -90,3 +92,17 @@ def test_on_a_curve_server_a_second_key_using_the_same_batch_id_has_its_batch_st
     answer = wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"], [b"a2"]]))
     assert answer == wire.BatchAck(b"alice-1", True, 2)
     assert srv.stats()["messages"] == 4, "Alice's own resend is still stored once"
+
+
+def test_the_clients_batch_ids_start_with_16_random_bytes_of_their_own_per_producer():
+    ctx = zmq.Context.instance()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
+    try:
+        first, second = (BatchSender(sock, 1000) for sock in socks)
+        ids = [first._next_id(b"b"), first._next_id(b"b"), second._next_id(b"b")]
+        assert [len(i.split(b"-")[0]) for i in ids] == [32, 32, 32]  # (hex: 16 bytes)
+        assert ids[0].split(b"-")[0] == ids[1].split(b"-")[0] != ids[2].split(b"-")[0]
+        assert len(set(ids)) == 3
+    finally:
+        for sock in socks:
+            sock.close(0)
