@@ -50,3 +50,13 @@ def test_wide_msgpack_headers_are_stored_as_sent_and_read_back_as_the_same_messa
     first = store.scan("q")[0].seq
     assert [h[:2] for h in store.headers("q", 0, 10)] == [(first, 0), (first + 1, 0), (first + 2, 0)]
     assert all(m.enqueued_us == T0 and m.deliveries == 0 for m in store.scan("q"))
+
+
+def test_a_bodies_frame_left_in_libzmqs_buffer_is_stored_the_same(store):
+    # (frames of 64 KiB and more reach the gateway as memoryviews: see endpoints/native.py BIG_FRAME)
+    bodies = [[b"x" * 40_000], [b"y" * 30_000, b"z"]]
+    frames = [b"p", *wire.batch(b"b1", bodies)]
+    frames[-1] = memoryview(frames[-1])
+    sends = make(store).received_many(RECEIVE, [frames], now=0.0, now_us=T0)
+    assert answers(sends) == [(b"b1", True, 2, "")]
+    assert [m.frames for m in store.scan("q")] == bodies
