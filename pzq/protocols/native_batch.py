@@ -21,7 +21,6 @@ the server stores each message's bytes as they came (split_bodies), without deco
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Sequence
 
 import msgpack
@@ -31,6 +30,8 @@ from pzq.errors import ProtocolError
 MARK = b"PZQ-BATCH/1"
 MAX_BATCH_ID = 200  # bytes of a batch id: printable ASCII, remembered in the store's dedup table
 MAX_ECHO = 1024  # bytes of a refused id echoed back (as a legacy message id)
+# msgpack's type bytes of a 16- and 32-bit array header and of an 8-, 16- and 32-bit bin header
+_ARRAY16, _ARRAY32, _BIN8, _BIN16, _BIN32 = 0xDC, 0xDD, 0xC4, 0xC5, 0xC6
 MIN_MESSAGE_BYTES = 3  # a message in a bodies frame: an array header (1 byte) and one bin (2 bytes at least)
 
 # Error texts (the code in brackets is what the server logs)
@@ -108,9 +109,13 @@ def announced(frames: Sequence[bytes], most: int) -> int:
     what it draws on a turn's record budget, read from its array header alone."""
     if len(frames) != 5:
         return 1
-    try:
-        count = msgpack.Unpacker(io.BytesIO(frames[4][:5]), max_buffer_size=5).read_array_header()
-    except Exception:  # noqa: BLE001 - garbage: the gateway refuses it, costing one record
+    data = frames[4]
+    tag = data[0] if len(data) else 0  # (read by hand: an Unpacker per batch cost 3 µs)
+    if 0x90 <= tag <= 0x9F:
+        count = tag & 0x0F
+    elif (tag == _ARRAY16 and len(data) >= 3) or (tag == _ARRAY32 and len(data) >= 5):
+        count = int.from_bytes(data[1 : 3 if tag == _ARRAY16 else 5], "big")
+    else:  # garbage: the gateway refuses it, costing one record
         return 1
     # (each message takes 3 bytes at least, an array header and an empty bin: a 4-byte frame announcing
     # a thousand would otherwise take a whole turn's records for nothing, again and again)
@@ -137,10 +142,6 @@ def decode_bodies(data: bytes, caps: Caps) -> list[list[bytes]]:
     """The messages of a bodies frame, each a list of frames; ProtocolError when it is not one within
     ``caps`` (see ``split_bodies``)."""
     return [msgpack.unpackb(message) for message in split_bodies(data, caps)]
-
-
-# msgpack headers of an array and of a bin: how many bytes give the length after the type byte
-_ARRAY16, _ARRAY32, _BIN8, _BIN16, _BIN32 = 0xDC, 0xDD, 0xC4, 0xC5, 0xC6
 
 
 def split_bodies(data: bytes, caps: Caps) -> list[bytes]:
