@@ -8,10 +8,15 @@ own time over all phases.
 
     .venv/bin/python scripts/hotpath_profile.py [--count 50000] [--window 100] [--profile]
     .venv/bin/python scripts/hotpath_profile.py --no-sockets [--profile]
+    .venv/bin/python scripts/hotpath_profile.py --no-sockets --batch 25 [--profile]
+    .venv/bin/python scripts/hotpath_profile.py --batch 25 --phase produce [--profile]
 
 ``--no-sockets``: the native gateway, broker and store alone (no sockets, no fsync), in runs of 100:
 produce, then take + deliver + ack, by thread CPU; steady to a few % even on a busy machine (trees from
-issue 25 on: older ones have no pzq.gateways.native).
+issue 25 on: older ones have no pzq.gateways.native). With ``--batch N``: the produce phase alone, each
+run of 100 as PZQ-BATCH/1 batches of N (their ids remembered in the dedup table, as the server does);
+the profile is then the batched produce path's. With sockets, ``--batch N`` makes the producers send
+batches of N, ``--window // N`` of them in flight.
 
 CPU time, not wall time: the figures move little on a shared machine (a few %); run it with
 ``PYTHONPATH`` naming an older tree to compare, alternately.
@@ -46,6 +51,29 @@ def producer(dsn: str, count: int, window: int, size: int) -> None:
         if answer[1] != b"1":
             raise SystemExit(f"producer: refused {answer!r}")
         acked += 1
+    sock.close()
+
+
+def batched_producer(dsn: str, count: int, window: int, size: int, per: int) -> None:
+    """``count`` messages in PZQ-BATCH/1 batches of ``per``, ``window // per`` batches in flight."""
+    from pzq.protocols import native_batch as wire
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(dsn)
+    body, most = b"x" * size, max(1, window // per)
+    sent = acked = 0
+    while acked < count:
+        while sent < count and (sent - acked) // per < most:
+            n = min(per, count - sent)
+            sock.send_multipart(wire.batch(b"b%d" % sent, [[body]] * n))
+            sent += n
+        if not sock.poll(30_000):
+            raise SystemExit("producer: no ack for 30 s")
+        answer = sock.recv_multipart()
+        if answer[1] != b"1":
+            raise SystemExit(f"producer: refused {answer!r}")
+        acked += int(answer[3])
     sock.close()
 
 
@@ -110,6 +138,43 @@ def _refills(server) -> tuple[int, int]:
     return 0, 0
 
 
+def no_sockets_batched(count: int, size: int, per: int, profile: cProfile.Profile | None) -> None:
+    from pzq.broker import Broker
+    from pzq.gateways.native import RECEIVE, NativeGateway
+    from pzq.protocols import native_batch as wire
+    from pzq.store import Store
+    from pzq.store.dedup_keys import DedupKeys
+
+    store = Store(tempfile.mkdtemp(prefix="pzq-hot-") + "/db", max_size=1 << 30, sync=False)
+    broker = Broker(store, ack_timeout_s=30.0)
+    store.queue("q")
+    gateway = NativeGateway(
+        broker, queue="q", max_message_size=1 << 20, max_inflight=100, ack_timeout_s=30.0, keys=DedupKeys(store)
+    )
+    now_us, produce_s, n = time.time_ns() // 1000, 0.0, 0
+    for first in range(0, count, 100):
+        run = [
+            [b"peer", *wire.batch(b"b%d" % i, [[b"%d" % j + b"x" * (size - 8)] for j in range(i, i + per)])]
+            for i in range(first, first + 100, per)
+        ]
+        started = time.thread_time()
+        if profile:
+            profile.enable()
+        store.turn_begins()
+        broker.turn_begins()
+        answers = gateway.received_many(RECEIVE, run, now=0.0, now_us=now_us)
+        store.commit()
+        broker.committed()
+        if profile:
+            profile.disable()
+        produce_s += time.thread_time() - started
+        n += sum(int(send.frames[4]) for send in answers)
+        now_us += 10
+    if n != count // 100 * 100:
+        raise SystemExit(f"{n} stored of {count}")
+    print(f"batched produce ({per} a batch): {produce_s / count * 1e6:6.2f} µs CPU per message (no sockets)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50_000)
@@ -120,10 +185,14 @@ def main() -> None:
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
     parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
     parser.add_argument("--no-sockets", action="store_true", help="the gateway, broker and store alone")
+    parser.add_argument("--batch", type=int, default=0, help="--no-sockets: produce PZQ-BATCH/1 batches of N")
     args = parser.parse_args()
     profile = cProfile.Profile(time.process_time)  # (CPU, not wall: a shared machine)
     if args.no_sockets:
-        no_sockets(args.count, args.size, profile if args.profile else None)
+        if args.batch:
+            no_sockets_batched(args.count, args.size, args.batch, profile if args.profile else None)
+        else:
+            no_sockets(args.count, args.size, profile if args.profile else None)
         if args.profile:
             pstats.Stats(profile).sort_stats(args.sort).print_stats(40)
         return
@@ -156,13 +225,29 @@ def main() -> None:
         cfg = Config(**{**fields, "ack_timeout": 30_000_000}).validate()
     server = Server(cfg)
     server.start()
+    commit_cpu = [0.0]  # the loop thread's CPU in the store's commits (their fdatasyncs' system time)
+    real_commit = server.store.commit
+
+    def timed_commit(*args, **kwargs):
+        started = time.thread_time()
+        try:
+            return real_commit(*args, **kwargs)
+        finally:
+            commit_cpu[0] += time.thread_time() - started
+
+    server.store.commit = timed_commit  # type: ignore[method-assign]
     ctx = multiprocessing.get_context("spawn")
     n, w, size = args.count, args.window, args.size
+    make = (
+        (lambda: ctx.Process(target=batched_producer, args=(cfg.receive_dsn, n, w, size, args.batch)))
+        if args.batch
+        else (lambda: ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)))
+    )
     phases = {
-        "produce": [ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size))],
+        "produce": [make()],
         "drain": [ctx.Process(target=consumer, args=(cfg.send_dsn, n))],
         "end to end": [
-            ctx.Process(target=producer, args=(cfg.receive_dsn, n, w, size)),
+            make(),
             ctx.Process(target=consumer, args=(cfg.send_dsn, n)),
         ],
     }
@@ -173,7 +258,7 @@ def main() -> None:
             child.start()
         time.sleep(0.5)  # (the children import and connect: not the server's work)
         cpu, wall, syncs, turns = time.process_time(), time.monotonic(), server.store.syncs, getattr(server, "turns", 0)
-        loop_cpu, waits = time.thread_time(), _refills(server)
+        loop_cpu, waits, commit_cpu[0] = time.thread_time(), _refills(server), 0.0
         if args.profile:
             profile.enable()
         while any(child.is_alive() for child in children):
@@ -186,12 +271,11 @@ def main() -> None:
             raise SystemExit(f"{phase}: a client failed")
         syncs, turns = server.store.syncs - syncs, getattr(server, "turns", 0) - turns
         print(
-            f"{phase:>11}: {cpu / n * 1e6:6.1f} µs server CPU per message ({n / wall:,.0f} msg/s wall, "
+            f"{phase:>11}: {cpu / n * 1e6:6.1f} µs server CPU per message, {loop_cpu / n * 1e6:.1f} of it the "
+            f"loop's thread, {commit_cpu[0] / n * 1e6:.1f} in commits ({n / wall:,.0f} msg/s wall, "
             f"{n / max(turns, 1):.0f} messages a turn, {n / max(syncs, 1):.0f} a commit)"
         )
-        # (the loop's own thread, without libzmq's; and the turns' waits for a receive pipe's refill)
-        loop_us = loop_cpu / n * 1e6
-        print(f"{'':>11}  {loop_us:6.1f} µs of it the loop's thread; refill waits {waits[0]}, refilled {waits[1]}")
+        print(f"{'':>11}  refill waits {waits[0]}, refilled {waits[1]} (a turn's waits for a receive pipe's refill)")
     server.close()
     if args.profile:
         pstats.Stats(profile).sort_stats(args.sort).print_stats(40)

@@ -62,11 +62,15 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         self._count(queue, "produced")
         return message
 
-    def produce_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
-        """Store messages in one go (see Store.put_many): how many, from the first, were stored; the
-        rest were refused for room."""
+    def produce_many(
+        self, queue: str, bodies: Sequence[Sequence[bytes]] | Sequence[bytes], *, now_us: int, encoded: bool = False
+    ) -> int:
+        """Store messages in one go (see Store.put_many; ``encoded``: each message is the msgpack array
+        of its frames, as a batch carries it: Store.put_encoded): how many, from the first, were stored;
+        the rest were refused for room."""
+        store = self.store.put_encoded if encoded else self.store.put_many
         try:
-            stored = 0 if self.refusing is not None else self.store.put_many(queue, bodies, now_us=now_us)
+            stored = 0 if self.refusing is not None else store(queue, bodies, now_us=now_us)  # type: ignore[arg-type]
         except StoreFull:
             stored = 0
         self.counters.refused_full += len(bodies) - stored

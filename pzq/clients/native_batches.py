@@ -27,6 +27,7 @@ Result = tuple[bytes, bool, str]  # (message id, stored, error)
 # after it wait behind it; past the producer's share of what may wait (16 MiB) they are answered "busy",
 # nothing stored: they go again once another answer came (the held one moved on), this many times at most
 BUSY_TRIES = 64
+ID_RANDOM_BYTES = 16  # of every batch id, before its counter
 
 
 @dataclasses.dataclass
@@ -46,7 +47,9 @@ class BatchSender:
     def __init__(self, sock: zmq.Socket, timeout_ms: int):
         self.sock = sock
         self.timeout_ms = timeout_ms
-        self.prefix = os.urandom(6).hex().encode()  # (ids stay unique across producers and runs: see dedup)
+        # 16 random bytes per producer: without CURVE every producer's ids share one namespace on the server,
+        # so they must not meet another producer's (docs/native-batch.md, "Batch ids: whose they are")
+        self.prefix = os.urandom(ID_RANDOM_BYTES).hex().encode()
         self._counter = 0
         self.probed = False
         self.caps: wire.Caps | None = None

@@ -16,12 +16,12 @@ import time
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
 from pzq.protocols import native as wire
-from pzq.protocols.native_batch import MARK, MAX_ECHO, announced, batch_error
+from pzq.protocols.native_batch import MARK, MAX_ECHO, KeyedFrames, announced, batch_error
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -248,9 +248,16 @@ class NativeEndpoints(Endpoint):
         for _ in range(most):
             if size >= share or budget.spent() or self._held_bytes >= held_most:
                 break
+            frames: list[bytes] | None
             try:
-                # (without CURVE, straight to the frames: a call less for every message)
-                frames = recv_frames(sock, NOBLOCK) if gate is None else receive(sock, gate, role, NOBLOCK)
+                if gate is None:  # (without CURVE, straight to the frames: a call less for every message)
+                    frames = recv_frames(sock, NOBLOCK)
+                elif replies is None:
+                    frames = receive(sock, gate, role, NOBLOCK)
+                else:  # (a producer's CURVE key names the namespace of its batch ids)
+                    frames, key = receive_from(sock, gate, role, NOBLOCK)
+                    if frames is not None and key and len(frames) > 2 and frames[2] == MARK:
+                        frames = KeyedFrames(frames, key)
             except Again:
                 self._dry = True
                 break

@@ -2,7 +2,8 @@
 
 A batch is stored in one ``produce_many`` call, as a run of legacy messages is: all of it, or the prefix
 that fitted (a full queue never leaves a gap), acknowledged with how many. Its id is remembered in the
-store's dedup table (``native:`` + the id, beside the API's PRODUCE keys) in the same transaction as
+store's dedup table (``native:`` + the id, beside the API's PRODUCE keys; with CURVE, ``native:`` + the
+producer's key + 0x1f + the id: each key has its own ids) in the same transaction as
 its messages, with a digest of its bodies: the same id with the same bodies within the dedup window is a
 resend whose ack was lost, answered with the first outcome and stored nothing. The same id with other
 bodies is stored (a duplicate is better than a lost message). At most ``Limits.batch_dedup_ids`` ids are
@@ -27,6 +28,15 @@ from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 PREFIX = NATIVE_PREFIX  # the dedup table's namespace of native batch ids (the API refuses keys in it)
 STORED = "batch-stored"  # token of an answer that says something was stored this turn
 ANSWER = "batch-answer"  # token of an answer that stays true whatever the turn's commit does
+CURVE_SEPARATOR = "\x1f"  # between a CURVE key and a batch id (ids are printable: 0x21-0x7e)
+
+
+def id_key(batch_id: bytes, curve_key: str | None) -> str:
+    """The dedup table's key of a batch id: one namespace without CURVE, one per CURVE key with it (a
+    byte no id holds between the two, so neither namespace can name a key of the other)."""
+    if curve_key is None:
+        return PREFIX + batch_id.decode("ascii")
+    return f"{PREFIX}{curve_key}{CURVE_SEPARATOR}{batch_id.decode('ascii')}"
 
 
 class Batches:
@@ -79,11 +89,11 @@ class Batches:
             warn_bad("producer", event.error.code, event.error.detail)
             return Send(self.socket, wire.batch_error(event.routing, event.batch_id, event.error.detail), ANSWER)
         self.batches_total += 1
-        routing, batch_id, count = event.routing, event.batch_id, len(event.bodies)
+        routing, batch_id, count = event.routing, event.batch_id, len(event.messages)
         if self.keys is None:
-            stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+            stored = self.broker.produce_many(self.queue, event.messages, now_us=now_us, encoded=True)
             return self._answer(routing, batch_id, stored, count)
-        key = PREFIX + batch_id.decode("ascii")
+        key = id_key(batch_id, frames.key if type(frames) is wire.KeyedFrames else None)
         digest = hashlib.blake2b(event.raw, digest_size=16).digest()
         seen = self.keys.get(key)  # (a damaged record reads as None: as if the id were new)
         if seen is not None and seen.stored_us + self.window_us > now_us and seen.digests == [digest]:
@@ -97,7 +107,7 @@ class Batches:
             self.keys.put(key, Produced(now_us, count, [digest]))
         except StoreFull:
             return self._answer(routing, batch_id, 0, count)
-        stored = self.broker.produce_many(self.queue, event.bodies, now_us=now_us)
+        stored = self.broker.produce_many(self.queue, event.messages, now_us=now_us, encoded=True)
         if stored == 0:  # as before, so that the producer's resend is no "duplicate"
             if seen is None:
                 self.keys.delete(key)

@@ -141,7 +141,9 @@ class Queues:
         self._meta_dirty = False
         self._total_bytes = 0
         self._side_bytes = 0  # pages of the side tables: schedules, bindings, dedup keys, groups count too
-        self._side_stale = False  # a side table changed since _side_bytes was read
+        self._side_stale = False  # a side table changed since _side_bytes was read (which one: unknown)
+        self._side_pages: dict[str, int] = {}  # pages of each side table, when they were read
+        self._stale_tables: set[str] = set()  # side tables changed since (read again alone: one stat each)
         self._queues: dict[str, QueueInfo] = {}
         self._by_id: dict[int, QueueInfo] = {}
         self._next_qid = 1
@@ -182,8 +184,7 @@ class Queues:
                     ) from None
                 self._queues[info.name] = info
                 self._by_id[info.qid] = info
-            self._side_bytes = self.env.pages_of(SIDE_TABLES, txn) * self.env.page_size
-            self._side_stale = False
+            self._read_side(txn, SIDE_TABLES)
         self._dirty_queues.clear()
         self._total_bytes = sum(q.bytes + q.dead_bytes for q in self._queues.values())
         self.implicit_count = sum(q.implicit for q in self._queues.values())
@@ -205,15 +206,25 @@ class Queues:
 
     def _side(self) -> int:
         """Bytes of the side tables, read again only after they changed (a lease call writes thousands)."""
-        if self._side_stale:
+        if self._side_stale or self._stale_tables:
             with self.env.reading() as txn:
-                self._side_bytes = self.env.pages_of(SIDE_TABLES, txn) * self.env.page_size
-            self._side_stale = False
+                self._read_side(txn, SIDE_TABLES if self._side_stale else tuple(self._stale_tables))
         return self._side_bytes
 
-    def side_changed(self) -> None:
-        """A side table's owner wrote: its pages are counted again when next needed."""
-        self._side_stale = True
+    def _read_side(self, txn, tables: tuple[str, ...]) -> None:
+        for name in tables:
+            self._side_pages[name] = self.env.pages_of((name,), txn)
+        self._side_bytes = sum(self._side_pages.values()) * self.env.page_size
+        self._side_stale = False
+        self._stale_tables.clear()
+
+    def side_changed(self, table: str | None = None) -> None:
+        """A side table's owner wrote (``table``; None: any of them): its pages are counted again when
+        next needed (a batch's dedup record each batch: one table's statistics, not every one's)."""
+        if table is None:
+            self._side_stale = True
+        else:
+            self._stale_tables.add(table)
         self._dirty = True
 
     def close(self) -> None:

@@ -1,5 +1,10 @@
-"""Runs of messages in one call: the delivery counts of a take's run, the deletes of an ack run (and of
-a group's acknowledged range), and the headers a lease reads, a run of plain messages at a time.
+"""Runs of messages in one call: a batch's records, the delivery counts of a take's run, the deletes of
+an ack run (and of a group's acknowledged range), and the headers a lease reads, a run of plain messages
+at a time.
+
+A producer's batch (PZQ-BATCH/1) carries each message as the msgpack array of its frames, which is what
+a record holds after its ``[enqueued_us, 0,`` header: ``put_encoded`` stores them behind one header
+built once, with no per-message encoding and one cursor call.
 
 The per-message calls (``mark_delivered``, ``delete``) cost a clock read, a key, a transaction lookup
 and an accounting update each; a native consumer's turn takes and acks hundreds, so these do the same
@@ -28,7 +33,7 @@ from collections.abc import Container, Sequence
 
 import msgpack
 
-from pzq.store.environment import LmdbError
+from pzq.store.environment import KeyExists, LmdbError
 from pzq.store.layout import KEY, OVERHEAD, U32, U64, U64_MAX, Message
 from pzq.store.messages import CHUNKED, Messages
 from pzq.store.queues import raise_
@@ -49,7 +54,8 @@ LeaseEntry = tuple[int, int, int, int, int]
 
 
 class Runs(Messages):
-    """Delivery counts and deletes of runs of messages, and plain runs for the take (see the module's text)."""
+    """Batches' records, delivery counts and deletes of runs of messages, and plain runs for the take (see
+    the module's text)."""
 
     def plain_run(
         self, queue: str, from_seq: int, limit: int, max_bytes: int, skip: Container[tuple[int, int]]
@@ -121,6 +127,41 @@ class Runs(Messages):
             items.append((pack(qid, seq), (deliveries + 1, now)))
         self._pending_counts.set_many(items)
         return again
+
+    def put_encoded(self, queue: str, messages: Sequence[bytes], *, now_us: int) -> int:
+        """``put_many`` of messages each given as the msgpack array of its frames (checked by the
+        caller: pzq.protocols.native_batch.split_bodies): how many, from the first, were stored (the
+        others did not fit). Raises StoreFull, storing nothing, when the queue cannot be made."""
+        if not messages or self.low_disk:
+            return 0
+        info = self._queues.get(queue) or self.queue(queue, implicit=True)
+        room = self.max_size - self._total_bytes - self._side()
+        head = b"\x93" + msgpack.packb(now_us) + b"\x00"  # ([now_us, 0, frames]: a native record)
+        values = [head + message for message in messages]
+        fixed = KEY.size + OVERHEAD
+        total = sum(map(len, values)) + fixed * len(values)
+        if total > room:  # (the prefix that fits: a full queue never leaves a gap)
+            total, fits = 0, 0
+            for value in values:
+                if total + len(value) + fixed > room:
+                    break
+                total, fits = total + len(value) + fixed, fits + 1
+            del values[fits:]
+            if not values:
+                return 0
+        first = info.next_seq
+        keys = map(KEY.pack, itertools.repeat(info.qid), range(first, first + len(values)))
+        items = list(zip(keys, values, strict=True))
+        cursor = self.env.write().cursor(db=self._messages_db)
+        try:
+            _, added = cursor.putmulti(items, overwrite=False)
+        except LmdbError as exc:
+            self.env.do(raise_, exc)
+        if added != len(items):  # another writer used these seqs: storing over them would lose messages
+            self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {first} are already stored"))
+        info.next_seq = first + len(items)
+        self._account(info, len(items), total)
+        return len(items)
 
     def mark_delivered_run(self, queue: str, messages: Sequence[Message]) -> int:
         """``mark_delivered`` each of ``messages`` (as read by ``scan``/``get``: their ``deliveries`` is the

@@ -71,7 +71,7 @@ class Schedules(SideTable[str, dict]):
         room (at most one ~60-byte record per schedule, and a schedule's next run must not fail)."""
         key = RUN + self.key(k)
         self._env.do(self._env.write().put, key, msgpack.packb([next_us, remaining]), db=self._db)
-        self.store.side_changed()
+        self.store.side_changed(self.NAME)
 
     def payload(self, k: str) -> str | None:
         """The payload of ``k`` (its whole record read alone); None when there is none or it is damaged."""

@@ -65,7 +65,7 @@ class SideTable(Generic[K, V]):
         if self.COUNTED and txn.get(key, db=self._db) is None:
             self.store.check_room(len(key) + len(value) + OVERHEAD)
         self._env.do(txn.put, key, value, db=self._db)
-        self.store.side_changed()
+        self.store.side_changed(self.NAME)
 
     def get(self, k: K) -> V | None:
         """The value of ``k``; None when there is none or it cannot be read."""
@@ -88,7 +88,7 @@ class SideTable(Generic[K, V]):
     def delete_raw(self, key: bytes) -> bool:
         found = bool(self._env.do(self._env.write().delete, key, db=self._db))
         if found:
-            self.store.side_changed()
+            self.store.side_changed(self.NAME)
         return found
 
     def raw(self, prefix: bytes = b"") -> list[tuple[bytes, bytes]]:

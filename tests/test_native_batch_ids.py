@@ -1,0 +1,108 @@
+"""Batch ids: under CURVE each producer key has its own, so one producer cannot make another's batch look
+like a resend by using its id; without CURVE the client's ids start with 16 random bytes (docs/native-batch.md,
+"Batch ids: whose they are")."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import zmq
+from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
+from test_native_batch_gateway import T0, answers, make
+
+from pzq.clients.native_batches import BatchSender
+from pzq.curve import secure_client
+from pzq.gateways.native import RECEIVE
+from pzq.gateways.native_batches import id_key
+from pzq.protocols import native_batch as wire
+from pzq.store.dedup_keys import DedupKeys
+
+from conftest import free_tcp_endpoint
+
+pytestmark = pytest.mark.timeout(60)
+ALICE, MALLORY = "A" * 40, "M" * 40  # (z85 keys are 40 characters)
+
+
+def keyed(key: str | None, batch_id: bytes, *messages: list[bytes]) -> list[bytes]:
+    frames = [b"p-" + (key or "plain").encode()[:4], *wire.batch(batch_id, messages)]
+    return frames if key is None else wire.KeyedFrames(frames, key)
+
+
+def test_two_keys_batches_of_one_id_and_the_same_bodies_are_both_stored(store):
+    gateway = make(store)
+    run = [keyed(MALLORY, b"b1", [b"same"]), keyed(ALICE, b"b1", [b"same"])]
+    assert answers(gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)) == [
+        (b"b1", True, 1, ""),
+        (b"b1", True, 1, ""),
+    ]
+    assert [m.frames for m in store.scan("q")] == [[b"same"], [b"same"]]
+    assert gateway.batches.duplicates_total == 0
+
+
+def test_a_keys_resend_is_still_stored_once_across_a_restart_and_the_plain_namespace_is_apart(store):
+    gateway = make(store)
+    gateway.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=0.0, now_us=T0)
+    store.commit()
+    again = make(store)  # (a restart: the ids are read back from the store)
+    sends = again.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=0.0, now_us=T0 + 1)
+    assert answers(sends) == [(b"b1", True, 1, "")] and again.batches.duplicates_total == 1
+    # Without CURVE (a socket named unauthenticated) the same id is another namespace's: stored
+    sends = again.received_many(RECEIVE, [keyed(None, b"b1", [b"m"])], now=0.0, now_us=T0 + 2)
+    assert answers(sends) == [(b"b1", True, 1, "")] and again.batches.duplicates_total == 1
+    assert len(store.scan("q")) == 2
+    remembered = {key for key, _ in DedupKeys(store).items(b"native:")}
+    assert remembered == {id_key(b"b1", ALICE), id_key(b"b1", None)} == {f"native:{ALICE}\x1fb1", "native:b1"}
+
+
+def test_an_id_cannot_reach_into_a_keys_namespace():
+    # An id holds printable bytes only, so no plain id names the key of a CURVE key's id, and no key's id
+    # names another key's (z85 keys are 40 characters, without the separator)
+    with pytest.raises(UnicodeDecodeError):
+        id_key(b"\xff", None)
+    assert "\x1f" not in id_key(b"A" * 40 + b"~b1", None)
+
+
+def send_batch(endpoint: str, curve: tuple[str, str], batch_id: bytes, bodies: list[list[bytes]]) -> list[bytes]:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, *curve)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(wire.batch(batch_id, bodies))
+        assert sock.poll(10_000), "no answer to the batch within 10 s"
+        return sock.recv_multipart()
+    finally:
+        sock.close(0)
+
+
+def test_on_a_curve_server_a_second_key_using_the_same_batch_id_has_its_batch_stored(make_server, keys):  # noqa: F811
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # (both keys allowed)
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(receive_dsn=endpoint, **curve_settings(keys, unauthenticated="monitor"))
+    server_key = str(keys / "server" / "server.key")
+    alice = (str(keys / "alice" / "alice.key_secret"), server_key)
+    mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
+    # Mallory saw (or guessed) the id Alice will use and sends it first, with Alice's bodies
+    answer = wire.parse_batch_ack(send_batch(endpoint, mallory, b"alice-1", [[b"a1"], [b"a2"]]))
+    assert answer == wire.BatchAck(b"alice-1", True, 2)
+    answer = wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"], [b"a2"]]))
+    assert answer == wire.BatchAck(b"alice-1", True, 2)
+    assert srv.stats()["messages"] == 4, "Alice's batch was stored, not taken for a resend of Mallory's"
+    answer = wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"], [b"a2"]]))
+    assert answer == wire.BatchAck(b"alice-1", True, 2)
+    assert srv.stats()["messages"] == 4, "Alice's own resend is still stored once"
+
+
+def test_the_clients_batch_ids_start_with_16_random_bytes_of_their_own_per_producer():
+    ctx = zmq.Context.instance()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
+    try:
+        first, second = (BatchSender(sock, 1000) for sock in socks)
+        ids = [first._next_id(b"b"), first._next_id(b"b"), second._next_id(b"b")]
+        assert [len(i.split(b"-")[0]) for i in ids] == [32, 32, 32]  # (hex: 16 bytes)
+        assert ids[0].split(b"-")[0] == ids[1].split(b"-")[0] != ids[2].split(b"-")[0]
+        assert len(set(ids)) == 3
+    finally:
+        for sock in socks:
+            sock.close(0)
