@@ -19,9 +19,9 @@ from typing import Generic, TypeVar
 Ref = TypeVar("Ref", bound=Hashable)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Delivery(Generic[Ref]):
-    """One message handed to a consumer and not yet acknowledged."""
+    """One message handed to a consumer and not yet acknowledged (slots: one is built per delivery)."""
 
     ref: Ref
     deadline: float
