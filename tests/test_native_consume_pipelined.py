@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import zmq
 
 from pzq.clients import native as client
 from pzq.config import DEFAULT_LIMITS
 from pzq.protocols import native_consume as wire
+
+from conftest import recv
 
 
 def produce(endpoint: str, count: int) -> None:
@@ -82,3 +85,34 @@ def test_a_pipelined_ack_longer_than_max_keys_is_split_and_summed(make_server):
 def test_an_ack_window_below_one_is_refused(server):
     with pytest.raises(ValueError, match="ack_window"):
         client.BatchConsumer(server.config.consume_dsn, ack_window=0)
+
+
+def test_a_raw_consumer_firing_acks_without_reading_gets_one_settled_each_in_the_order_sent(server, sockets):
+    # What ack_async relies on: SETTLED answers each ACK or NACK in the order sent, however many are queued
+    produce(server.receive, 40)
+    sock = sockets(zmq.DEALER, server.config.consume_dsn)
+    sock.send_multipart(wire.hello())
+    assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+    sock.send_multipart(wire.credit(40))
+    keys: list[bytes] = []
+    while len(keys) < 40:
+        keys += wire.parse_reply(recv(sock)).keys
+    forged = b"0000000000000001|ffffffffffffffffffffffffffffffff"
+    commands = [wire.ack(keys[i : i + 4] + [forged] * (i // 4)) for i in range(0, 36, 4)]
+    commands.append(wire.nack(keys[36:]))
+    for command in commands:
+        sock.send_multipart(command)
+    answers = [wire.parse_reply(recv(sock)) for _ in commands]
+    assert [(a.count, len(a.refused)) for a in answers] == [(4, i) for i in range(9)] + [(4, 0)]
+
+
+def test_acks_sent_without_waiting_then_closing_at_once_are_not_delivered_again(server):
+    produce(server.receive, 30)
+    with client.BatchConsumer(server.config.consume_dsn, ack_window=8) as rude:
+        got = receive_all(rude, 30, most=10)
+        rude.ack_async([key for key, _ in got[:20]])  # (no settle: BYE follows the ACKs on the same pipe)
+    with client.BatchConsumer(server.config.consume_dsn) as next_one:
+        again = receive_all(next_one, 10)
+        assert [body for _, body in again] == [body for _, body in got[20:]]
+        assert next_one.ack([key for key, _ in again]) == wire.Settled(10, [])
+        assert next_one.receive(10, 300) == []
