@@ -1,9 +1,11 @@
 """Deliveries waiting for an acknowledgement, with their deadlines in order. Pure: no I/O, no clock.
 
-Deadlines sit in a heap, so finding what expired costs O(log n) per expiry and never a scan. An entry
-removed early (acked, nacked) leaves a stale heap item behind; stale items are skipped when popped and
-the heap is rebuilt when they outnumber the live ones, which keeps memory proportional to what is in
-flight.
+Deadlines sit in a heap, so finding what expired costs O(log n) per expiry and never a scan. A run
+added at once (one deadline, consecutive tokens) is one heap item, read from its first ref not yet
+passed: a take of 100 costs one push, not 100 (issue 27), and expiry stays per message, in (deadline,
+token) order. An entry removed early (acked, nacked) leaves a stale ref behind in its item; stale refs
+are skipped when reached and the heap is rebuilt when they outnumber the live ones, which keeps memory
+proportional to what is in flight.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import Generic, TypeVar
 Ref = TypeVar("Ref", bound=Hashable)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Delivery(Generic[Ref]):
-    """One message handed to a consumer and not yet acknowledged."""
+    """One message handed to a consumer and not yet acknowledged (slots: one is built per delivery)."""
 
     ref: Ref
     deadline: float
@@ -32,7 +34,9 @@ class InFlight(Generic[Ref]):
 
     def __init__(self) -> None:
         self._entries: dict[Ref, Delivery[Ref]] = {}
-        self._heap: list[tuple[float, int, Ref]] = []
+        # (deadline, token of the first ref not passed, token of refs[0], refs): ref i has token t0 + i
+        self._heap: list[tuple[float, int, int, tuple[Ref, ...]]] = []
+        self._heaped = 0  # refs in heap items not passed yet, live or stale (what bounds the heap's memory)
         self._per_consumer: dict[Hashable, int] = {}
         self._tokens = 0
         # Since mark(): each ref changed, with its entry before the first change (None: not in flight).
@@ -89,25 +93,29 @@ class InFlight(Generic[Ref]):
         entry = Delivery(ref, deadline, consumer, self._tokens)
         self._entries[ref] = entry
         self._per_consumer[consumer] = self._per_consumer.get(consumer, 0) + 1
-        heapq.heappush(self._heap, (deadline, self._tokens, ref))
+        heapq.heappush(self._heap, (deadline, self._tokens, self._tokens, (ref,)))
+        self._heaped += 1
         return entry
 
     def add_many(self, refs: list[Ref], deadline: float, consumer: Hashable = None) -> None:
         """``add`` each of ``refs`` with one deadline and consumer (a take's run: one call, not one each)."""
-        entries, heap, push, journal, per = self._entries, self._heap, heapq.heappush, self._journal, self._per_consumer
+        if not refs:
+            return
+        entries, journal, per = self._entries, self._journal, self._per_consumer
         added, token = 0, self._tokens
+        first = token + 1
         for ref in refs:
             if journal is not None and ref not in journal:
                 journal[ref] = entries.get(ref)
             if ref in entries:  # (replaced: counted so far first, so that _take finds its consumer's count)
                 per[consumer], added = per.get(consumer, 0) + added, 0
-                self._take(ref)
-                heap = self._heap  # (_take may have rebuilt it)
+                self._take(ref)  # (a rebuild here gives the run's refs so far twins: harmless, as in undo)
             token += 1
             entries[ref] = Delivery(ref, deadline, consumer, token)
-            push(heap, (deadline, token, ref))
             added += 1
         self._tokens = token
+        heapq.heappush(self._heap, (deadline, first, first, tuple(refs)))  # (one item for the run)
+        self._heaped += len(refs)
         if added:
             per[consumer] = per.get(consumer, 0) + added
 
@@ -134,10 +142,15 @@ class InFlight(Generic[Ref]):
                 per[consumer] = left
             else:
                 del per[consumer]
-        if len(self._heap) > 2 * len(entries) + 1024:  # (as _take: stale heap items bounded)
-            self._heap = [(e.deadline, e.token, e.ref) for e in entries.values()]
-            heapq.heapify(self._heap)
+        if self._heaped > 2 * len(entries) + 1024:  # (as _take: stale heap items bounded)
+            self._rebuild()
         return out
+
+    def _rebuild(self) -> None:
+        """The heap again from the live entries alone, one item each."""
+        self._heap = [(e.deadline, e.token, e.token, (e.ref,)) for e in self._entries.values()]
+        heapq.heapify(self._heap)
+        self._heaped = len(self._heap)
 
     def mark(self) -> None:
         """Begin a journal of changes (a turn begins): ``undo`` puts back every entry as it is now."""
@@ -152,7 +165,8 @@ class InFlight(Generic[Ref]):
                 self._entries[ref] = entry
                 self._per_consumer[entry.consumer] = self._per_consumer.get(entry.consumer, 0) + 1
                 # (a twin of it may still be in the heap: popped once, the other is then stale)
-                heapq.heappush(self._heap, (entry.deadline, entry.token, ref))
+                heapq.heappush(self._heap, (entry.deadline, entry.token, entry.token, (ref,)))
+                self._heaped += 1
 
     def _note(self, ref: Ref) -> None:
         journal = self._journal
@@ -168,9 +182,8 @@ class InFlight(Generic[Ref]):
             self._per_consumer[entry.consumer] = left
         else:
             del self._per_consumer[entry.consumer]
-        if len(self._heap) > 2 * len(self._entries) + 1024:
-            self._heap = [(e.deadline, e.token, e.ref) for e in self._entries.values()]
-            heapq.heapify(self._heap)
+        if self._heaped > 2 * len(self._entries) + 1024:
+            self._rebuild()
         return entry
 
     def remove_consumer(self, consumer: Hashable) -> list[Delivery[Ref]]:
@@ -195,13 +208,22 @@ class InFlight(Generic[Ref]):
 
     def next_deadline(self) -> float | None:
         """The earliest live deadline, or None when nothing is in flight."""
-        heap = self._heap
+        heap, entries = self._heap, self._entries
         while heap:
-            deadline, token, ref = heap[0]
-            entry = self._entries.get(ref)
-            if entry is not None and entry.token == token:
+            deadline, token, first, run = heap[0]
+            start = at = token - first
+            while at < len(run):  # (past the run's stale refs: each is passed once)
+                entry = entries.get(run[at])
+                if entry is not None and entry.token == first + at:
+                    break
+                at += 1
+            self._heaped -= at - start
+            if at == start:
                 return deadline
-            heapq.heappop(heap)
+            if at == len(run):
+                heapq.heappop(heap)
+            else:  # (its key is now its first live ref's token: another item may come first)
+                heapq.heapreplace(heap, (deadline, first + at, first, run))
         return None
 
     def pop_expired(self, now: float, limit: int | None = None) -> list[Delivery[Ref]]:
@@ -211,12 +233,18 @@ class InFlight(Generic[Ref]):
             deadline = self.next_deadline()
             if deadline is None or deadline > now:
                 break
-            _, token, ref = heapq.heappop(self._heap)
-            delivery = self.remove(ref)
-            if delivery is not None:  # (next_deadline skipped stale heap entries: it is live)
+            heap = self._heap
+            _, token, first, run = heap[0]
+            if token - first + 1 < len(run):
+                heapq.heapreplace(heap, (deadline, token + 1, first, run))
+            else:
+                heapq.heappop(heap)
+            self._heaped -= 1
+            delivery = self.remove(run[token - first])
+            if delivery is not None:  # (next_deadline skipped stale refs: it is live)
                 out.append(delivery)
         return out
 
     def approx_bytes(self) -> int:
         """A rough size of this tracking in memory, for the monitor's inflight_db_size."""
-        return 200 * len(self._entries) + 40 * len(self._heap)
+        return 200 * len(self._entries) + 60 * len(self._heap) + 8 * self._heaped

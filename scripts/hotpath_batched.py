@@ -3,9 +3,10 @@ where it goes: an in-process server (this process's main thread, libzmq's I/O th
 pyzmq clients in child processes, as scripts/hotpath_profile.py does for the legacy clients. Three
 phases: produce ``--count`` messages in batches of ``--batch`` (``--window`` messages in flight), drain
 them (``pzq.clients.native.BatchConsumer``: ``--ask`` a receive, ``--prefetch`` granted ahead, each
-batch acked), then produce and consume at once. Prints the server's CPU µs per message of each phase
-(process CPU: the loop and libzmq's threads, as ``pzq bench`` counts it) and, with ``--profile``, the
-loop's top functions (their call counts are steady on a busy machine; the times are not).
+batch acked with ``ack_async``, ``--blocking-acks``: ``ack``), then produce and consume at once.
+Prints the server's CPU µs per message of each phase (process CPU: the loop and libzmq's threads, as
+``pzq bench`` counts it) and, with ``--profile``, the loop's top functions (their call counts are
+steady on a busy machine; the times are not).
 
     .venv/bin/python scripts/hotpath_batched.py [--count 50000] [--prefetch 100] [--profile]
     .venv/bin/python scripts/hotpath_batched.py --no-sockets [--profile]
@@ -53,20 +54,25 @@ def batch_producer(dsn: str, count: int, window: int, size: int, per: int) -> No
     sock.close()
 
 
-def batch_consumer(dsn: str, count: int, per: int, prefetch: int) -> None:
+def batch_consumer(dsn: str, count: int, per: int, prefetch: int, blocking_acks: bool = False) -> None:
     from pzq.clients.native_consume import BatchConsumer
 
     got = 0
     ahead = {"prefetch": prefetch} if prefetch else {}  # (an older tree's BatchConsumer has no prefetch)
     with BatchConsumer(dsn, hello_timeout_ms=30_000, **ahead) as consumer:
+        pipelined = hasattr(consumer, "ack_async") and not blocking_acks  # (an older tree's has none)
         while got < count:
             batch = consumer.receive(per, timeout_ms=30_000)
             if not batch:
                 raise SystemExit("batch consumer: no delivery for 30 s")
-            settled = consumer.ack([key for key, _ in batch], timeout_ms=30_000)
-            if settled.refused:
-                raise SystemExit(f"batch consumer: {len(settled.refused)} acks refused")
+            keys = [key for key, _ in batch]
+            if pipelined:  # (acks in flight, answered as they come: more share a commit)
+                consumer.ack_async(keys, timeout_ms=30_000)
+            elif consumer.ack(keys, timeout_ms=30_000).refused:
+                raise SystemExit("batch consumer: acks refused")
             got += len(batch)
+        if pipelined and consumer.settle(timeout_ms=30_000).refused:
+            raise SystemExit("batch consumer: acks refused")
 
 
 def no_sockets(count: int, size: int, per: int, profile: cProfile.Profile | None) -> None:
@@ -121,6 +127,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="messages a producer's batch")
     parser.add_argument("--ask", type=int, default=100, help="messages a consumer's receive asks for")
     parser.add_argument("--prefetch", type=int, default=100, help="credit a consumer grants ahead")
+    parser.add_argument("--blocking-acks", action="store_true", help="each ack waits for its SETTLED (no ack_async)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
@@ -150,13 +157,13 @@ def main() -> None:
     server = Server(cfg)
     server.start()
     ctx = multiprocessing.get_context("spawn")
-    n, w, size, b = args.count, args.window, args.size, args.batch
+    n, w, size, b, blocking = args.count, args.window, args.size, args.batch, args.blocking_acks
     phases = {
         "produce": [ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b))],
-        "drain": [ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, args.ask, args.prefetch))],
+        "drain": [ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, args.ask, args.prefetch, blocking))],
         "end to end": [
             ctx.Process(target=batch_producer, args=(cfg.receive_dsn, n, w, size, b)),
-            ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, args.ask, args.prefetch)),
+            ctx.Process(target=batch_consumer, args=(cfg.consume_dsn, n, args.ask, args.prefetch, blocking)),
         ],
     }
     for phase, children in phases.items():

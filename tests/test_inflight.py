@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from pzq.inflight import InFlight
 
 
@@ -191,3 +193,48 @@ def test_a_big_run_replacing_many_keeps_every_deadline_when_the_heap_is_rebuilt(
     assert len(table) == 3000 and table.count("c1") == 3000
     assert refs(table.pop_expired(1.5)) == []
     assert len(table.pop_expired(2.5)) == 3000
+
+
+def test_runs_expire_one_message_at_a_time_in_deadline_then_delivery_order_whatever_was_acked():
+    # A run is one heap item (issue 27); what expires must stay exactly what single adds would give
+    rng = random.Random(27)
+    table: InFlight = InFlight()
+    model: dict[int, tuple[float, int]] = {}  # ref -> (deadline, order of its last add)
+    order = 0
+    for step in range(3000):
+        roll = rng.random()
+        if roll < 0.3:
+            run = [rng.randrange(2000) for _ in range(rng.randrange(1, 60))]
+            deadline = float(rng.randrange(50))
+            table.add_many(run, deadline, "c")
+            for ref in run:
+                order += 1
+                model[ref] = (deadline, order)
+        elif roll < 0.4:
+            ref, deadline = rng.randrange(2000), float(rng.randrange(50))
+            table.add(ref, deadline, "c")
+            order += 1
+            model[ref] = (deadline, order)
+        elif roll < 0.8:
+            gone = [rng.randrange(2000) for _ in range(rng.randrange(1, 40))]
+            table.remove_many(gone)
+            for ref in gone:
+                model.pop(ref, None)
+        else:
+            now, limit = float(rng.randrange(50)), rng.randrange(1, 30)
+            due = sorted((d, o, ref) for ref, (d, o) in model.items() if d <= now)[:limit]
+            assert [(e.ref, e.deadline) for e in table.pop_expired(now, limit)] == [(r, d) for d, _, r in due], step
+            for _, _, ref in due:
+                del model[ref]
+        assert table.next_deadline() == (min(d for d, _ in model.values()) if model else None)
+        assert len(table) == len(model) and table.count("c") == len(model)
+        assert table._heaped <= 2 * len(table) + 1024 + 60  # (memory stays bounded by what is in flight)
+
+
+def test_a_run_is_one_heap_item_however_long():
+    table = InFlight()
+    table.add_many(list(range(500)), 1.0, "c1")
+    assert len(table._heap) == 1
+    table.remove_many(list(range(0, 500, 2)))
+    assert refs(table.pop_expired(1.0, limit=3)) == [1, 3, 5]
+    assert refs(table.pop_expired(1.0)) == list(range(7, 500, 2))

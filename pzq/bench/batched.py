@@ -113,7 +113,8 @@ def run_batched_producer(job: ProducerJob, start, progress, results) -> None:
 
 def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> None:
     """Receive with a credit of ``job.credit`` (half of it granted ahead) and ack each received batch
-    (waiting for its SETTLED) until ``done`` says every message arrived (or nothing came for a while)."""
+    (``ack_async``: SETTLED answers read as they come, all waited for at the end) until ``done`` says every
+    message arrived (or nothing came for a while)."""
     seen = [bytearray(job.per_producer) for _ in range(job.producers)]
     latencies: list[int] = []
     received = 0
@@ -152,10 +153,12 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
             received += len(batch)
             first_ns = first_ns or now
             last_ns = now
-            settled = consumer.ack([key for key, _ in batch], timeout_ms=int(job.idle_timeout_s * 1000))
-            if settled.refused and not error:
-                error = f"{len(settled.refused)} ack(s) refused"
+            # (not waiting for its SETTLED: acks in flight share the server's commits; settled below)
+            consumer.ack_async([key for key, _ in batch], timeout_ms=int(job.idle_timeout_s * 1000))
             add_progress(progress, received, received - len(batch), every=0)
+        refused = consumer.settle(timeout_ms=int(job.idle_timeout_s * 1000)).refused
+        if refused and not error:
+            error = f"{len(refused)} ack(s) refused"
     except ClientError as e:
         error = str(e)
     finally:

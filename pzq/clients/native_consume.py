@@ -14,6 +14,8 @@ what it already has unread, so nothing is taken that the caller is not about to 
 ``prefetch=p`` it keeps ``p`` more granted ahead, so that the server goes on delivering while the caller
 handles and acks a batch (the pipe never runs empty between rounds: half the server's CPU per message
 end to end, issue 27); those messages are held (their ack timeout runs) before the caller sees them.
+``ack_async(keys)`` sends the ACK without waiting for its SETTLED (at most ``ack_window`` ACKs in flight:
+more acks share one of the server's commits); ``settle()`` waits for them all and sums their answers.
 Every wait has a timeout: a silent server raises ClientError instead of hanging.
 """
 
@@ -40,7 +42,8 @@ class BatchConsumer:
     answers within ``hello_timeout_ms`` and ``fallback`` (the ``--send-dsn``) is given, it consumes from
     the legacy send socket instead (``batched`` is then False): deliveries come as the server pushes
     them, and ``ack``/``nack`` are not answered (SETTLED counts them all). ``prefetch``: deliveries
-    granted ahead of what ``receive`` asks for (a window of credit in flight; 0: none)."""
+    granted ahead of what ``receive`` asks for (a window of credit in flight; 0: none). ``ack_window``: ACK
+    messages ``ack_async`` keeps in flight before it waits for the oldest one's SETTLED."""
 
     def __init__(
         self,
@@ -51,10 +54,18 @@ class BatchConsumer:
         ctx: zmq.Context | None = None,
         curve: Curve | None = None,
         prefetch: int = 0,
+        ack_window: int = 4,
     ):
         if prefetch < 0:
             raise ValueError(f"prefetch must be 0 or more, not {prefetch}")
+        if ack_window < 1:
+            raise ValueError(f"ack_window must be 1 or more, not {ack_window}")
         self.prefetch = prefetch
+        self.ack_window = ack_window
+        # One entry per ACK or NACK sent and not yet answered, oldest first (the server answers each
+        # consumer's in order): None for ack_async's (summed into _async), else the caller's list
+        self._awaiting: collections.deque[list[wire.Settled] | None] = collections.deque()
+        self._async = wire.Settled(0, [])
         self.limits: wire.Limits | None = None
         self.batched = False
         self._buffer: collections.deque[tuple[bytes, list[bytes], int]] = collections.deque()  # (key, body, sent µs)
@@ -126,6 +137,44 @@ class BatchConsumer:
         """Put these messages back at the head of the queue (their delivery still counts)."""
         return self._settle(wire.nack, keys, timeout_ms, ok=False)
 
+    def ack_async(self, keys: Sequence[bytes], timeout_ms: int = 10_000) -> None:
+        """Delete these messages without waiting for the server's commit: ``settle()`` tells how many
+        were and which were refused. Waits (up to ``timeout_ms``) only while ``ack_window`` ACKs are
+        unanswered. Until its SETTLED comes, an ack may be lost with the server (the message then comes
+        back: at-least-once)."""
+        if not keys:
+            return
+        if not self.batched:
+            self._async = wire.Settled(self._async.count + self._settle(wire.ack, keys, timeout_ms, ok=True).count, [])
+            return
+        assert self.limits is not None
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._unsettled = max(0, self._unsettled - len(keys))
+        step = self.limits.max_keys  # (an ACK names at most that many)
+        for start in range(0, len(keys), step):
+            while len(self._awaiting) >= self.ack_window:
+                self._answer(deadline, timeout_ms)
+            self.sock.send_multipart(wire.ack(keys[start : start + step]))
+            self._awaiting.append(None)
+
+    def settle(self, timeout_ms: int = 10_000) -> wire.Settled:
+        """Wait for the SETTLED of every ``ack_async`` sent; return their sum since the last ``settle``
+        (the count acked, the keys refused in the order sent)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while None in self._awaiting:
+            self._answer(deadline, timeout_ms)
+        done, self._async = self._async, wire.Settled(0, [])
+        return done
+
+    def _answer(self, deadline: float, timeout_ms: int) -> None:
+        """Read until one more answer came (a SETTLED or ERR is matched by ``_next``)."""
+        waiting = len(self._awaiting)
+        while len(self._awaiting) >= waiting:
+            reply = self._next(deadline)
+            if reply is None:
+                raise ClientError(f"no SETTLED from the server within {timeout_ms} ms")
+            self._unexpected(reply)
+
     def _settle(self, make, keys: Sequence[bytes], timeout_ms: int, *, ok: bool) -> wire.Settled:
         if not keys:
             return wire.Settled(0, [])
@@ -136,19 +185,15 @@ class BatchConsumer:
         assert self.limits is not None
         self._unsettled = max(0, self._unsettled - len(keys))
         deadline = time.monotonic() + timeout_ms / 1000
-        count, refused = 0, list[bytes]()
+        answers: list[wire.Settled] = []
         step = self.limits.max_keys  # (an ACK names at most that many)
-        for start in range(0, len(keys), step):
+        chunks = range(0, len(keys), step)
+        for start in chunks:
             self.sock.send_multipart(make(keys[start : start + step]))
-            while True:
-                reply = self._next(deadline)
-                if reply is None:
-                    raise ClientError(f"no SETTLED from the server within {timeout_ms} ms")
-                if isinstance(reply, wire.Settled):
-                    count, refused = count + reply.count, refused + reply.refused
-                    break
-                self._unexpected(reply)
-        return wire.Settled(count, refused)
+            self._awaiting.append(answers)
+        while len(answers) < len(chunks):  # (after any ack_async sent before: answered in order)
+            self._answer(deadline, timeout_ms)
+        return wire.Settled(sum(a.count for a in answers), [key for a in answers for key in a.refused])
 
     def _hello(self, timeout_ms: int) -> wire.Limits | None:
         self.sock.send_multipart(wire.hello())
@@ -183,6 +228,14 @@ class BatchConsumer:
                 self._credit = max(0, self._credit - len(reply.keys))
                 self._unsettled += len(reply.keys)
                 self._buffer.extend((k, b, reply.sent_us) for k, b in zip(reply.keys, reply.bodies, strict=True))
+            elif isinstance(reply, wire.Settled) and self._awaiting:
+                sink = self._awaiting.popleft()
+                if sink is None:
+                    self._async = wire.Settled(self._async.count + reply.count, self._async.refused + reply.refused)
+                else:
+                    sink.append(reply)
+            elif isinstance(reply, ProtocolError) and reply.code == "store-failure" and self._awaiting:
+                self._awaiting.popleft()  # (only an ACK or NACK is answered so: the turn that took it rolled back)
             if reply is None:
                 raise ClientError(
                     f"an answer that is not PZQ-BATCH/1 ({len(frames)} frame(s)): is pzq at this endpoint?"
