@@ -19,6 +19,22 @@ from pzq.store.backup import backup, restore
 from conftest import ProcessServer, wait_until
 
 
+def hold_a_reader(db) -> subprocess.Popen:
+    """Another process with a read transaction open on the store at ``db`` (it prints 'reading' once it
+    holds it, then sleeps): what a slow backup or check looks like to the server."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
+            "print('reading', flush=True); time.sleep(60)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _pzq(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pzq", *argv], capture_output=True, text=True, timeout=timeout, check=False
@@ -225,17 +241,7 @@ def test_a_reader_killed_in_a_transaction_does_not_make_the_store_grow_for_ever(
     store = Store(str(tmp_path / "db"), max_size=256 << 20)
     store.put_many("default", [[b"x" * 1000] for _ in range(1000)], now_us=1)
     store.commit()
-    reader = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
-            "print('reading', flush=True); time.sleep(60)",
-            str(tmp_path / "db"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    reader = hold_a_reader(tmp_path / "db")
     try:
         assert reader.stdout.readline() == "reading\n"
     finally:
@@ -397,17 +403,7 @@ def test_a_reader_that_holds_one_snapshot_for_long_is_named_once_in_the_servers_
     store = Store(str(tmp_path / "db"), max_size=64 << 20)
     store.put_many("default", [[b"x"]], now_us=1)
     store.commit()
-    reader = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import lmdb, sys, time; t = lmdb.open(sys.argv[1], readonly=True).begin();"
-            "print('reading', flush=True); time.sleep(60)",
-            str(tmp_path / "db"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    reader = hold_a_reader(tmp_path / "db")
     try:
         assert reader.stdout.readline() == "reading\n"
         seen: dict = {}

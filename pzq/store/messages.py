@@ -73,8 +73,11 @@ class Messages(Bodies):
             items.append((key(qid, seq), value))
             seq += 1
             total += size
-        if not items:
-            return 0
+        return self._put_run(queue, info, items, total) if items else 0
+
+    def _put_run(self, queue: str, info: QueueInfo, items: list[tuple[bytes, bytes]], total: int) -> int:
+        """Put ``items`` (the queue's next seqs, in order) in one cursor call and account ``total`` bytes
+        for them; returns how many."""
         cursor = self.env.write().cursor(db=self._messages_db)
         try:
             _, added = cursor.putmulti(items, overwrite=False)
@@ -82,7 +85,7 @@ class Messages(Bodies):
             self.env.do(raise_, exc)
         if added != len(items):  # another writer used these seqs: storing over them would lose messages
             self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {info.next_seq} are already stored"))
-        info.next_seq = seq
+        info.next_seq += len(items)
         self._account(info, len(items), total)
         return len(items)
 

@@ -33,7 +33,7 @@ from collections.abc import Container, Sequence
 
 import msgpack
 
-from pzq.store.environment import KeyExists, LmdbError
+from pzq.store.environment import LmdbError
 from pzq.store.layout import KEY, OVERHEAD, U32, U64, U64_MAX, Message
 from pzq.store.messages import CHUNKED, Messages
 from pzq.store.queues import raise_
@@ -151,17 +151,7 @@ class Runs(Messages):
                 return 0
         first = info.next_seq
         keys = map(KEY.pack, itertools.repeat(info.qid), range(first, first + len(values)))
-        items = list(zip(keys, values, strict=True))
-        cursor = self.env.write().cursor(db=self._messages_db)
-        try:
-            _, added = cursor.putmulti(items, overwrite=False)
-        except LmdbError as exc:
-            self.env.do(raise_, exc)
-        if added != len(items):  # another writer used these seqs: storing over them would lose messages
-            self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {first} are already stored"))
-        info.next_seq = first + len(items)
-        self._account(info, len(items), total)
-        return len(items)
+        return self._put_run(queue, info, list(zip(keys, values, strict=True)), total)
 
     def mark_delivered_run(self, queue: str, messages: Sequence[Message]) -> int:
         """``mark_delivered`` each of ``messages`` (as read by ``scan``/``get``: their ``deliveries`` is the
