@@ -1,5 +1,5 @@
 """A hostile mix of records taken by a batched consumer (Broker.take_run) against the same operations
-through ``take``: plain native/API records beside TTLs (passed and not), meta with a delivery cap, acks of
+through ``take``: plain native/API records and big bodies in chunks beside TTLs (passed and not), meta with a delivery cap, acks of
 part of a run, nacks, timeouts and a consumer that leaves. Same deliveries, delivery counts and dead
 letters, in the same order, on two stores driven alike."""
 
@@ -37,7 +37,7 @@ def test_take_run_hands_out_counts_and_dead_letters_exactly_as_take_does_whateve
             op = rng.random()
             if op < 0.35:  # a run of producers' messages: plain (native, batch, API), TTLs, meta with a cap
                 kinds = [
-                    rng.choice(["plain", "plain", "encoded", "ttl-past", "ttl-later", "cap", "emqp"])
+                    rng.choice(["plain", "plain", "encoded", "ttl-past", "ttl-later", "cap", "emqp", "chunked"])
                     for _ in range(rng.randint(1, 8))
                 ]
                 for broker in brokers:
@@ -51,6 +51,11 @@ def test_take_run_hands_out_counts_and_dead_letters_exactly_as_take_does_whateve
                             broker.produce("q", body, now_us=now_us, expires_us=now_us + 1_000)
                         elif kind == "ttl-later":
                             broker.produce("q", body, now_us=now_us, expires_us=now_us + 60_000_000)
+                        elif kind == "chunked":  # (a big body, written in parts: its record names them)
+                            upload = broker.begin_big([b"c%d" % i, b"y" * 300], 64)
+                            while not upload.done:
+                                broker.write_big(upload, 64)
+                            broker.produce_big("q", upload, now_us=now_us)
                         elif kind == "cap":
                             broker.produce("q", body, now_us=now_us, meta={"max_deliveries": 2})
                         else:
