@@ -1,7 +1,7 @@
 """A hostile mix of records taken by a batched consumer (Broker.take_run) against the same operations
-through ``take``: plain native/API records and big bodies in chunks beside TTLs (passed and not), meta with a delivery cap, acks of
-part of a run, nacks, timeouts and a consumer that leaves. Same deliveries, delivery counts and dead
-letters, in the same order, on two stores driven alike."""
+through ``take``: plain native/API records and big bodies in chunks beside TTLs (passed and not), meta
+with a delivery cap, acks of part of a run, nacks, timeouts and a consumer that leaves. Same deliveries,
+delivery counts and dead letters, in the same order, on two stores driven alike."""
 
 from __future__ import annotations
 
