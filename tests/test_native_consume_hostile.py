@@ -14,7 +14,7 @@ from test_native_consume_pipelined import produce, receive_all
 from pzq.clients import native as client
 from pzq.protocols import native_consume as wire
 
-from conftest import recv
+from conftest import recv, wait_until
 
 
 def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_delays_anothers_deliveries(
@@ -64,3 +64,45 @@ def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_de
         assert {body[0] for _, body in again}.isdisjoint(bodies)
         assert polite.ack([key for key, _ in again]) == wire.Settled(2, [])
         assert polite.receive(10, 300) == []
+
+
+def test_a_run_acked_every_other_key_brings_back_exactly_the_unacked_once_each_then_dead_letters_them(
+    make_server, sockets
+):
+    # One heap item per taken run (pzq/inflight.py): what was acked out of it must not come back, what was
+    # not must come back once each at the ack timeout, in order, and count against --max-deliveries
+    server = make_server(ack_timeout=0.5, max_deliveries=2)
+    produce(server.receive, 40)
+    sock = sockets(zmq.DEALER, server.config.consume_dsn)
+    sock.send_multipart(wire.hello())
+    assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+    sock.send_multipart(wire.credit(40))
+    first: list[tuple[bytes, list[bytes]]] = []
+    while len(first) < 40:
+        batch = wire.parse_reply(recv(sock))
+        first += zip(batch.keys, batch.bodies, strict=True)
+    assert [body for _, body in first] == [[b"m%d" % i] for i in range(40)]
+    sock.send_multipart(wire.ack([key for key, _ in first[::2]]))
+    assert wire.parse_reply(recv(sock)) == wire.Settled(20, [])
+    unacked = first[1::2]
+
+    def again() -> list[tuple[bytes, list[bytes]]]:
+        sock.send_multipart(wire.credit(20))  # (after the timeout, when nothing is held: within the credit cap)
+        got: list[tuple[bytes, list[bytes]]] = []
+        while len(got) < 20:
+            batch = wire.parse_reply(recv(sock))
+            got += zip(batch.keys, batch.bodies, strict=True)
+        return got
+
+    def inflight() -> int:
+        return server.stats()["queues"]["default"]["inflight"]
+
+    assert wait_until(lambda: inflight() == 0)  # (the 20 not acked, back at the timeout)
+    second = again()
+    assert second == unacked  # (the same keys, in order, each once)
+    assert not sock.poll(300)  # (nothing else: none of the acked came back)
+    assert wait_until(lambda: inflight() == 0)
+    sock.send_multipart(wire.credit(1))
+    assert not sock.poll(500)  # (each delivered twice: the cap sent them to the dead letters, not to it)
+    assert server.stats()["queues"]["default"]["dead_letters"] == 20
+    assert server.stats()["queues"]["default"]["depth"] == 0
