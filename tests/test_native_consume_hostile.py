@@ -106,3 +106,33 @@ def test_a_run_acked_every_other_key_brings_back_exactly_the_unacked_once_each_t
     assert not sock.poll(500)  # (each delivered twice: the cap sent them to the dead letters, not to it)
     assert server.stats()["queues"]["default"]["dead_letters"] == 20
     assert server.stats()["queues"]["default"]["depth"] == 0
+
+
+def test_a_consumer_whose_deliveries_wait_in_a_backlog_still_gets_the_settled_of_its_ack(make_server):
+    # A polite consumer that reads slower than pzq sends: its deliveries fill its pipe and wait in the
+    # endpoint's backlog. Its ACK sent meanwhile is carried out and answered after what waits (it was
+    # dropped, and the consumer waited for a SETTLED that never came: a CI run hung 20 s on it)
+    server = make_server(ack_timeout=30.0)
+    with client.Producer(server.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"%d" % i + b"x" * 20_000] for i in range(1000)]))
+    endpoint = next(e for e in server.server.endpoints if e.name == "native_batch")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(server.config.consume_dsn)
+    try:
+        sock.send_multipart(wire.hello())
+        assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+        sock.send_multipart(wire.credit(1000))  # (about 20 DELIVERs of 1 MiB: more than its pipe holds)
+        first = wire.parse_reply(recv(sock))
+        wait_until(lambda: endpoint.replies.backlog_bytes > 0, timeout_s=10)
+        sock.send_multipart(wire.ack(first.keys))
+        settled = None
+        while settled is None:  # (reading the deliveries that wait before it)
+            reply = wire.parse_reply(recv(sock))
+            if isinstance(reply, wire.Settled):
+                settled = reply
+        assert settled == wire.Settled(len(first.keys), [])
+    finally:
+        sock.close(linger=0)

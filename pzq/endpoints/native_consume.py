@@ -71,7 +71,11 @@ class BatchConsumeEndpoint(Endpoint):
                 continue
             came.append((frames[0], fd, user))
             size = sum(map(len, frames))
-            if len(frames) < 2 or self.replies.refuses(frames[0], "its commands are dropped"):
+            # (a consumer's commands are carried out even while replies wait for it: a backlog is often a
+            # moment's (libzmq's I/O thread had not moved its pipe yet), and a dropped ACK or NACK hung a
+            # consumer that reads, waiting for its SETTLED. Its answers queue behind what waits, in order;
+            # one that reads nothing has them dropped past Limits.backlog_messages/bytes, as any peer.)
+            if len(frames) < 2:
                 budget.take(size)
                 continue
             out = self.gateway.received(frames[0], frames[1:], now=now)
