@@ -42,6 +42,19 @@ def take(sock: zmq.Socket, count: int) -> None:
         got += len(wire.parse_reply(recv(sock)).keys)
 
 
+def hog(sockets, srv) -> zmq.Socket:
+    """A batched consumer that reads its HELLO answer, asks for 1,000 and then reads nothing (a 1-message
+    pipe and a 4 KiB receive buffer: what pzq sends it soon waits on pzq's side)."""
+    sock = sockets(zmq.DEALER, None)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(srv.config.consume_dsn)
+    sock.send_multipart(wire.hello())
+    assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
+    sock.send_multipart(wire.credit(1000))
+    return sock
+
+
 def nothing_within(sock: zmq.Socket, ms: int) -> bool:
     return not sock.poll(ms)
 
@@ -369,14 +382,7 @@ def test_consumers_that_never_read_their_delivers_wait_and_do_not_raise_the_alar
         assert all(r.ok for r in producer.produce_many([[body]] * 60))
     hogs = []
     for _ in range(6):  # (they read their HELLO answer, then nothing: their pipes fill)
-        sock = sockets(zmq.DEALER, None)
-        sock.setsockopt(zmq.RCVHWM, 1)
-        sock.setsockopt(zmq.RCVBUF, 4096)
-        sock.connect(srv.config.consume_dsn)
-        sock.send_multipart(wire.hello())
-        assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
-        sock.send_multipart(wire.credit(1000))
-        hogs.append(sock)
+        hogs.append(hog(sockets, srv))
     assert wait_until(lambda: srv.stats()["native_batch"]["delivered_total"] >= 4)
     with client.Producer(srv.receive) as producer:
         for _ in range(20):  # (a turn after another: deliveries stop at the ceiling, never past the alarm)
@@ -422,13 +428,7 @@ def test_consumers_that_never_read_stall_only_themselves_and_a_consumer_that_rea
         assert first and polite.ack([key for key, _ in first]).refused == []
         got = len(first)
         for _ in range(12):  # (they read their HELLO answer, then nothing: their pipes fill to the ceiling)
-            sock = sockets(zmq.DEALER, None)
-            sock.setsockopt(zmq.RCVHWM, 1)
-            sock.setsockopt(zmq.RCVBUF, 4096)
-            sock.connect(srv.config.consume_dsn)
-            sock.send_multipart(wire.hello())
-            assert isinstance(wire.parse_reply(recv(sock)), wire.Limits)
-            sock.send_multipart(wire.credit(1000))
+            hog(sockets, srv)
         assert wait_until(lambda: srv.stats()["memory"]["consume_pipes_bytes"] >= 5 << 20)
         while batch := polite.receive(4, 2000):  # (until nothing comes: the hogs hold the rest)
             assert polite.ack([key for key, _ in batch]).refused == []
