@@ -15,13 +15,13 @@ import time
 import urllib.parse
 
 import pytest
+from console_run import Browser, ConsoleProcess
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
 
 from conftest import free_tcp_endpoint, wait_until
-from console_run import Browser, ConsoleProcess
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'.replace(" ", "_")
 
