@@ -48,6 +48,7 @@ class CurveServer:
         if not os.path.isdir(clients_dir):
             raise ConfigError(f"--curve-clients {clients_dir}: not a directory of client public keys")
         self.clients_dir = clients_dir
+        self.names: dict[str, str] = {}  # allowed key (z85) -> its file's name without .key (for the logs)
         certs = self._load()  # at start-up, an unreadable directory or key is a configuration error
         self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("pzq.curve.zap"))
         self.auth.start()
@@ -63,12 +64,16 @@ class CurveServer:
             names = sorted(f for f in os.listdir(self.clients_dir) if f.endswith(".key"))
         except OSError as exc:
             raise ConfigError(f"--curve-clients {self.clients_dir}: cannot list the client keys: {exc}") from None
-        certs = {}
+        certs, named = {}, {}
         for name in names:
             try:
-                certs[zmq.auth.load_certificate(os.path.join(self.clients_dir, name))[0]] = True
+                key = zmq.auth.load_certificate(os.path.join(self.clients_dir, name))[0]
             except (OSError, ValueError) as exc:
                 log.error("CURVE: %s is not a readable public key, ignored: %s", name, exc)
+                continue
+            certs[key] = True
+            named[key.decode("ascii")] = name.removesuffix(".key")
+        self.names = named
         return certs
 
     def reload(self) -> set[str]:
