@@ -189,9 +189,11 @@ def test_a_logged_in_operator_publishes_requeues_deletes_and_purges_from_the_que
     assert srv.stats()["queues"]["default"]["dead_letters"] == 2
     act("tr[data-dead] form[action='/queue/delete']", "deleted 1 dead letter(s)")
     assert srv.stats()["queues"]["default"]["dead_letters"] == 1
+    assert text(browser, '[data-figure="dead_letters"]') == "1", "the page shows the queue as the change left it"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-dead]")) == 1
     browser.save_screenshot(str(artifacts / "console-queue-operator.png"))
     act("section.changes form[action='/queue/requeue']", "requeued 1 dead letter(s)")
-    act("section.changes form[action='/queue/purge']", "purged 2 ready message(s)", box=True)
+    act("section.changes form[action='/queue/purge']", "purged 3 ready message(s)", box=True)
     figures = srv.stats()["queues"]["default"]
     assert (figures["depth"], figures["dead_letters"]) == (0, 0)
     assert not errors(browser)

@@ -157,7 +157,9 @@ class Reader:
 
     async def write(self, text: str, body: bytes | None = None) -> Any:
         """A change (PURGE, DELETEDEAD, REQUEUE, PUBLISH), answered by pzq after its commit; every
-        cached read is forgotten, so the next page shows the change."""
+        cached read is forgotten and STATS asked again at once, so the page the operator is sent back
+        to shows the queue as the change left it (figures, charts and lists alike)."""
         answer = await self.link.request(text, body)
         self._cache.clear()
+        await self.poll()
         return answer
