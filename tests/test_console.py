@@ -20,6 +20,7 @@ from console_run import Browser, ConsoleProcess
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
+from pzq.protocols import phpmq
 
 from conftest import free_tcp_endpoint, wait_until
 
@@ -237,3 +238,50 @@ def test_the_console_serves_while_pzq_is_not_there_yet_and_ends_with_status_0_on
     finally:
         assert process.stop() == 0
     assert "console: serving" in process.text() and "console: stopped" in process.text()
+
+
+def test_the_clients_page_lists_phpmq_connections_with_peer_address_and_age_a_page_at_a_time(console):
+    tcp, (host, port) = free_tcp_endpoint()
+    srv, process = console(phpmq_dsn=tcp)
+    connections = [socket.create_connection((host, port), timeout=5) for _ in range(250)]
+    try:
+        connections[0].sendall(phpmq.encode(phpmq.CONSUME, [(phpmq.QUEUE, b"default"), (phpmq.COUNT, b"5")]))
+        mine = f"127.0.0.1:{connections[0].getsockname()[1]}"
+        browser = Browser(process.url)
+
+        def listed() -> str | None:
+            page = browser.get("/clients")[1]
+            return page if "Connections (250)" in page else None
+
+        page = wait_until(listed, timeout_s=15, interval_s=0.2)
+        rows = re.findall(r"<td>(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>", page)
+        assert len(rows) == 100 and "<th>connected since</th>" in page, "a page of 100 rows, each with its age"
+        following = browser.get("/clients?offset=200")[1]
+        assert len(re.findall(r"<td>127\.0\.0\.1:\d+</td>", following)) == 50 and 'rel="prev"' in following
+
+        def consuming() -> str | None:
+            page = browser.get("/queue?name=default")[1]
+            return page if mine in page else None
+
+        queue = wait_until(consuming, timeout_s=10)
+        assert re.search(rf'<td class="name">phpmq</td><td>\w+</td><td>{mine}</td><td>\d{{4}}-', queue)
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def test_the_queues_page_shows_a_thousand_queues_a_hundred_a_page_sorted_by_any_column(console):
+    api_dsn, _ = free_tcp_endpoint()
+    srv, process = console(api_dsn=api_dsn)
+    for first in range(0, 1000, 100):  # (each client may make 100 queues: its share of --max-queues)
+        with ApiClient(api_dsn) as api:
+            api.produce([(f"q{n:04d}", b"x") for n in range(first, first + 100) for _ in range(n % 3 + 1)])
+    browser = Browser(process.url)
+    wait_until(lambda: json.loads(browser.get("/api/queues")[1])["paging"]["total"] >= 1000, timeout_s=15)
+    started = time.monotonic()
+    status, page = browser.get("/queues?sort=depth&order=desc&page=3")
+    assert status == 200 and time.monotonic() - started < 5
+    assert "page 3 of 11" in page and len(re.findall(r'<td class="name" data-queue=', page)) == 100
+    depths = [int(d) for d in re.findall(r'data-column="depth" data-figure="depth:[^"]+">(\d+)<', page)]
+    assert depths == sorted(depths, reverse=True) and depths[0] <= 3
+    assert 'rel="next" href="/queues?sort=depth&amp;order=desc&amp;page=4"' in page
