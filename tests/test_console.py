@@ -285,3 +285,5 @@ def test_the_queues_page_shows_a_thousand_queues_a_hundred_a_page_sorted_by_any_
     depths = [int(d) for d in re.findall(r'data-column="depth" data-figure="depth:[^"]+">(\d+)<', page)]
     assert depths == sorted(depths, reverse=True) and depths[0] <= 3
     assert 'rel="next" href="/queues?sort=depth&amp;order=desc&amp;page=4"' in page
+    found = json.loads(browser.get("/api/queues?filter=q09&sort=name")[1])
+    assert [r["name"] for r in found["rows"]] == [f"q{n:04d}" for n in range(900, 1000)]
