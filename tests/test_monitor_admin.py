@@ -5,6 +5,7 @@ with each raw-TCP connection's peer address; and what a hostile client sends the
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import time
 
@@ -210,3 +211,15 @@ def test_hostile_frames_get_one_error_line_and_the_monitor_goes_on(server, socke
     for text in (raw(server, [b"PEEK default", b"body"], sockets), raw(server, [b"HELLO"], sockets)):
         assert text.startswith("error: ") and text.count("\n") == 1
     assert client.stats(monitor)["queues"]["default"]["depth"] == 1
+
+
+def test_reads_past_a_turns_share_of_reading_are_answered_in_later_turns(make_server, sockets):
+    from pzq.config import Limits
+
+    srv = make_server(limits=Limits(admin_read_s=0.0))  # (one read a turn: the first is always answered)
+    produce(srv, [b"x"] * 10)
+    dealer = sockets(zmq.DEALER, srv.monitor)
+    for i in range(20):
+        dealer.send_multipart([b"", b"PEEK default %d" % (i + 1)])
+    answers = [recv(dealer, 10_000)[1] for _ in range(20)]
+    assert sorted(len(json.loads(a)["messages"]) for a in answers) == sorted(min(i + 1, 10) for i in range(20))
