@@ -117,3 +117,24 @@ def test_no_answer_is_one_line_and_a_non_zero_exit(tmp_path):
         f"pzq: error: no answer from pzq at ipc://{tmp_path}/none within 200ms: is it running? "
         f"(there is no socket file {tmp_path}/none)"
     ]
+
+
+def test_with_curve_a_write_is_logged_with_the_name_of_the_key_that_asked(make_server, tmp_path, caplog):
+    import logging
+    import shutil
+
+    for name in ("server", "alice"):
+        assert CliRunner().invoke(cli, ["keygen", str(tmp_path / name), name]).exit_code == 0
+    (tmp_path / "clients").mkdir()
+    shutil.copy(tmp_path / "alice" / "alice.key", tmp_path / "clients")
+    srv = make_server(
+        curve_secret_key=str(tmp_path / "server" / "server.key_secret"), curve_clients=str(tmp_path / "clients")
+    )
+    keys = ["--curve-client-key", str(tmp_path / "alice" / "alice.key_secret")]
+    keys += ["--curve-server-key", str(tmp_path / "server" / "server.key")]
+    with caplog.at_level(logging.INFO, logger="pzq.admin"):
+        published = run(srv, "queue", "publish", "default", "signed", *keys)
+        assert published.exit_code == 0, published.stderr
+    assert f"published {published.stdout.strip()} (6 bytes) to queue 'default' (by alice)" in caplog.text
+    unsigned = run(srv, "queue", "publish", "default", "anyone", "--timeout", "300ms")
+    assert "no answer from pzq" in one_error_line(unsigned)

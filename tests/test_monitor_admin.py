@@ -223,3 +223,17 @@ def test_reads_past_a_turns_share_of_reading_are_answered_in_later_turns(make_se
         dealer.send_multipart([b"", b"PEEK default %d" % (i + 1)])
     answers = [recv(dealer, 10_000)[1] for _ in range(20)]
     assert sorted(len(json.loads(a)["messages"]) for a in answers) == sorted(min(i + 1, 10) for i in range(20))
+
+
+def test_queue_lists_an_api_consumer_group_with_the_messages_its_lease_holds(make_server, tmp_path):
+    from pzq.clients.api import ApiClient
+
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    produce(srv, [b"a", b"b", b"c"])
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.lease("default", "billing", 0, 2)
+        answer = ask(srv, "QUEUE", "default")
+    assert answer["consumers_total"] == 1
+    assert answer["consumers"] == [
+        {"protocol": "api", "client": "group billing", "address": "", "connected_us": 0, "held": 2}
+    ]
