@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import msgpack
 
@@ -155,13 +155,16 @@ class Previews(DeadLetters):
                 )
         return PreviewPage(out, more, last)
 
-    def oldest_enqueued(self) -> dict[str, int]:
-        """When the head message of each queue that has one was stored (µs): one committed read of
-        each head record's first field (the once-a-second figures, whatever its body's size)."""
+    def oldest_enqueued(self, names: Iterable[str]) -> dict[str, int]:
+        """When the head message of each queue of ``names`` that has one was stored (µs): one committed
+        read of each head record's first field (the once-a-second figures, whatever its body's size)."""
         out: dict[str, int] = {}
         with self.env.snapshot() as txn:
             cursor = txn.cursor(db=self._messages_db)
-            for info in self._queues.values():
+            for name in names:
+                info = self._queues.get(name)
+                if info is None:
+                    continue
                 prefix = U64.pack(info.qid)
                 if not info.count or not cursor.set_range(prefix) or bytes(cursor.key()[:8]) != prefix:
                     continue
