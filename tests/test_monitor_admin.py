@@ -155,7 +155,10 @@ def test_dead_pages_dead_letters_by_after_id_with_when_and_why_each_died(make_se
     assert base64.b64decode(first["head_b64"]).startswith(b"dead ")
 
 
-def test_peek_and_dead_refuse_bad_ids_and_limits_and_cut_a_huge_limit_to_1000(server, sockets):
+def test_peek_and_dead_refuse_bad_ids_and_limits_and_cut_a_huge_limit_to_1000(make_server):
+    from pzq.config import Limits
+
+    server = make_server(limits=Limits(admin_read_s=60.0))  # (a whole page, whatever the machine's speed)
     produce(server, [b"%d" % i for i in range(1200)])
     assert len(ask(server, "PEEK", "default", "99999999999")["messages"]) == 1000
     assert refusal(server, "PEEK", "nope") == "there is no queue 'nope'"
@@ -211,6 +214,21 @@ def test_hostile_frames_get_one_error_line_and_the_monitor_goes_on(server, socke
     for text in (raw(server, [b"PEEK default", b"body"], sockets), raw(server, [b"HELLO"], sockets)):
         assert text.startswith("error: ") and text.count("\n") == 1
     assert client.stats(monitor)["queues"]["default"]["depth"] == 1
+
+
+def test_a_page_ends_early_with_more_at_the_reads_share_of_the_turn_and_pages_on(make_server):
+    from pzq.config import Limits
+
+    srv = make_server(limits=Limits(admin_read_s=0.0))  # (every page stops at its floor of 100 rows)
+    produce(srv, [b"%04d" % i for i in range(350)])
+    first = ask(srv, "PEEK", "default", "1000")
+    assert len(first["messages"]) == 100 and first["more"]
+    seen = [base64.b64decode(r["head_b64"]) for r in first["messages"]]
+    page = first
+    while page["more"]:
+        page = ask(srv, "PEEK", "default", "1000", page["messages"][-1]["id"])
+        seen += [base64.b64decode(r["head_b64"]) for r in page["messages"]]
+    assert seen == [b"%04d" % i for i in range(350)]
 
 
 def test_reads_past_a_turns_share_of_reading_are_answered_in_later_turns(make_server, sockets):
