@@ -189,7 +189,7 @@ def queue(
             "more": bool(dead.get("more")),
             "total": dead.get("total", len(rows)),
             "after": dead_after,
-            "next": rows[-1]["id"] if rows and dead.get("more") else "",
+            "next": str(dead.get("next_after") or (rows[-1]["id"] if rows else "")) if dead.get("more") else "",
         }
     return {
         "page": "queue",
