@@ -195,6 +195,17 @@ class Limits:
     event_log_s: float = 10.0
     event_log_queues: int = 20
 
+    # r8-proc (issue 28; pzq/server/console_child.py): the web console is a child process of `pzq serve`.
+    # One that dies is started again after console_restart_first_s, the wait doubling up to
+    # console_restart_most_s, back to the first once a child has lived console_restart_reset_s; a stop
+    # waits console_stop_s after SIGTERM, then SIGKILLs it. The console asks pzq for STATS every
+    # console_poll_s, however many browsers watch (its --poll-interval)
+    console_restart_first_s: float = 1.0
+    console_restart_most_s: float = 30.0
+    console_restart_reset_s: float = 60.0
+    console_stop_s: float = 5.0
+    console_poll_s: float = 1.0
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""
