@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, backup, bench, clients, serve
+from pzq.cli import admin, backup, bench, clients, console, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -20,6 +20,7 @@ def cli() -> None:
 
 for command in (
     serve.serve,
+    console.console,
     clients.monitor,
     clients.produce,
     clients.consume,

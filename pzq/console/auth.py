@@ -59,7 +59,7 @@ def read_secret(path: str) -> bytes:
 
 
 class Logins:
-    """Checks secrets, holds the sessions; shared by the console's request threads."""
+    """Checks secrets, holds the sessions (of the console process; its lock makes it safe from any thread)."""
 
     def __init__(self, secret: bytes | None, clock=time.monotonic):
         self._digest = None if secret is None else hashlib.sha256(secret).digest()
