@@ -48,6 +48,7 @@ class CurveServer:
         if not os.path.isdir(clients_dir):
             raise ConfigError(f"--curve-clients {clients_dir}: not a directory of client public keys")
         self.clients_dir = clients_dir
+        self.names: dict[str, str] = {}  # allowed key (z85) -> its file's name without .key (for the logs)
         # Keys allowed in memory, by name, kept across reloads: the web console's, made afresh for each
         # of its processes (pzq/server/console_child.py), never written to the clients directory.
         self.in_memory: dict[str, bytes] = {}
@@ -66,14 +67,19 @@ class CurveServer:
             names = sorted(f for f in os.listdir(self.clients_dir) if f.endswith(".key"))
         except OSError as exc:
             raise ConfigError(f"--curve-clients {self.clients_dir}: cannot list the client keys: {exc}") from None
-        certs = {}
+        certs, named = {}, {}
         for name in names:
             try:
-                certs[zmq.auth.load_certificate(os.path.join(self.clients_dir, name))[0]] = True
+                key = zmq.auth.load_certificate(os.path.join(self.clients_dir, name))[0]
             except (OSError, ValueError) as exc:
                 log.error("CURVE: %s is not a readable public key, ignored: %s", name, exc)
-        for key in self.in_memory.values():
+                continue
             certs[key] = True
+            named[key.decode("ascii")] = name.removesuffix(".key")
+        for name, key in self.in_memory.items():
+            certs[key] = True
+            named[key.decode("ascii")] = name
+        self.names = named
         return certs
 
     def allow(self, name: str, public: bytes | None) -> None:
@@ -85,8 +91,10 @@ class CurveServer:
         certs = dict(self.auth.certs.get(DOMAIN, {}))
         if old is not None:  # (a fresh random key: no file of the directory holds it too)
             certs.pop(old, None)
+            self.names.pop(old.decode("ascii"), None)
         if public is not None:
             certs[public] = True
+            self.names[public.decode("ascii")] = name
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
         self.gate.allowed = Gate(certs).allowed
 

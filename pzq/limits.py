@@ -206,6 +206,17 @@ class Limits:
     console_stop_s: float = 5.0
     console_poll_s: float = 1.0
 
+    # r8-admin (issue 28, the monitor's admin requests; pzq/admin/): rows one QUEUE, PEEK, DEAD or CLIENTS
+    # answer lists at most (and dead letters one REQUEUE/DELETEDEAD ... all moves), the body bytes each
+    # PEEK/DEAD row shows, ready messages a PURGE walks per turn (a big queue is purged over turns),
+    # records a PEEK walks past in flight before it answers with what it found, and the time the
+    # monitor's reads may take after a turn's commit (the rest wait for the next turn)
+    admin_rows: int = 1_000
+    admin_head_bytes: int = 1_024
+    admin_purge_share: int = 5_000
+    admin_skip_walk: int = 4_096
+    admin_read_s: float = 0.005
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

@@ -7,6 +7,7 @@ directly with plain int flags; behaviour is the same for bytes frames.
 
 from __future__ import annotations
 
+import socket
 import weakref
 from collections.abc import Sequence
 
@@ -105,6 +106,29 @@ def recv_frames_from(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], str
     """``recv_frames`` plus the peer's IP address (libzmq's Peer-Address property, TCP only)."""
     frames, last = _recv_message(sock, flags)
     return frames, str(last.get("Peer-Address") or "")
+
+
+def recv_frames_last(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], zmq.Frame]:
+    """``recv_frames`` plus its last frame, whose properties (``peer_address``) are read only when needed."""
+    return _recv_message(sock, flags)
+
+
+def peer_address(frame: zmq.Frame) -> tuple[str, str]:
+    """The IP address of the TCP peer a frame came from (libzmq's Peer-Address), and "ip:port" (its
+    connection's getpeername, through libzmq's SRCFD; the IP alone when that cannot be read)."""
+    ip = str(frame.get("Peer-Address") or "")
+    try:
+        fd = int(frame.get(zmq.SRCFD))
+        conn = socket.socket(fileno=fd)  # (borrowed: detached below, never closed here)
+    except (zmq.ZMQError, OSError, ValueError):
+        return ip, ip
+    try:
+        host, port = conn.getpeername()[:2]
+    except (OSError, ValueError, TypeError):
+        return ip, ip
+    finally:
+        conn.detach()
+    return ip, f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def recv_frames_fd(sock: zmq.Socket, flags: int = 0, *, user: bool = False) -> tuple[list[bytes], str | None, int]:

@@ -229,8 +229,11 @@ class ApiEndpoint(Endpoint):
     def wake_at(self, now: float) -> float | None:
         return now if self._pending else self.replies.wake_at(now)
 
-    def clients(self, now: float, limit: int) -> list[dict]:
-        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
+        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit, offset)]
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        return self.gateway.queue_consumers(queue, limit)
 
     def stats(self) -> dict:
         return {**self.gateway.stats(), "busy_refused": self.refused_busy}

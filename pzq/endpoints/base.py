@@ -339,10 +339,16 @@ class Endpoint:
         once a turn): backlogs, unfinished input, what its pipes may hold. Running totals: cheap."""
         return {}
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         """Lists of this endpoint's clients for the web console (see Gateway.clients), each table
-        naming its ``gateway``; none by default (ZeroMQ does not name a socket's peers)."""
+        naming its ``gateway``, a page of ``limit`` rows from ``offset``; none by default (ZeroMQ does
+        not name a socket's peers)."""
         return []
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """The consumers of ``queue`` among this endpoint's clients (at most ``limit`` of them: see
+        Gateway.queue_consumers), and how many there are; none by default."""
+        return [], 0
 
     def revoked(self, users: set[str]) -> None:
         """These CURVE keys were removed (SIGHUP): cut off their peers where a message check cannot

@@ -142,8 +142,11 @@ class EmqpEndpoint(Endpoint):
             wake = now + RETRY_S if wake is None else min(wake, now + RETRY_S)
         return wake
 
-    def clients(self, now: float, limit: int) -> list[dict]:
-        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
+        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit, offset)]
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        return self.gateway.queue_consumers(queue, limit)
 
     def stats(self) -> dict:
         return self.gateway.stats()

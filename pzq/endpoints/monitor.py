@@ -1,14 +1,15 @@
-"""The monitor endpoint: REQ clients asking MONITOR, STATS, DEADLETTERS or REQUEUE."""
+"""The monitor endpoint: REQ clients asking MONITOR, STATS and the admin requests (pzq/admin/)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
 from pzq.admin import Admin
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive
+from pzq.endpoints.base import Endpoint, Sockets, receive_from
 from pzq.endpoints.replies import Replies
 from pzq.protocols import monitor as monitor_proto
 
@@ -18,9 +19,11 @@ READ_BATCH = 64
 
 
 class MonitorEndpoint(Endpoint):
-    """Answers after the turn's commit, so the figures include the turn. A REQUEUE is carried out in
-    the turn (``work``) and answered after its commit (the broker's ``readiness`` tells every gateway
-    that the letters are ready)."""
+    """Answers after the turn's commit, so the figures include the turn. A write (REQUEUE, DELETEDEAD,
+    PURGE, PUBLISH) is carried out in the turn (``work``) and answered after its commit (the broker's
+    ``readiness`` tells every gateway what became ready); a purge goes on a share a turn. Reads are
+    answered after the commit for ``Limits.admin_read_s`` at most (the first always): the rest wait for
+    the next turn."""
 
     name = "monitor"
 
@@ -36,8 +39,11 @@ class MonitorEndpoint(Endpoint):
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "monitor", config.limits)
         self._gate = binder.gate(self.sock)
+        self._curve = binder.curve  # (names the key a write came with, in the log)
+        self.read_s = config.limits.admin_read_s
         self._requests: list[monitor_proto.Request] = []
-        self._written: dict[int, str] = {}  # index of a REQUEUE in _requests -> its answer
+        self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
+        self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -46,34 +52,53 @@ class MonitorEndpoint(Endpoint):
             if self.budget.spent():  # (the rest: next turn)
                 return
             try:
-                frames = receive(self.sock, self._gate, "monitor", zmq.NOBLOCK)
+                frames, user = receive_from(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.budget.take(sum(map(len, frames or ())))
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
+                self._who.append(self._name(user))
+
+    def _name(self, user: str | None) -> str:
+        if user is None or self._curve is None:
+            return "anonymous"
+        return self._curve.names.get(user, f"CURVE key {user[:8]}...")
 
     def work(self, now: float, now_us: int) -> None:
+        if self.admin.purging():
+            self.admin.work(self.budget)
         for i, request in enumerate(self._requests):
             if i not in self._written and self.admin.writes(request):
-                self._written[i], _ = self.admin.write(request)
+                if self.budget.spent():  # (the rest: carried out and answered in a later turn)
+                    return
+                self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
 
     def waiting(self) -> bool:
-        return bool(self._written)  # a REQUEUE's answer waits for the commit
+        return bool(self._written) or self.admin.purging()  # a write's answer waits for the commit
 
     def rolled_back(self) -> None:
         for i in self._written:
-            self._written[i] = monitor_proto.error_text("store failure: nothing was requeued, try again")
+            self._written[i] = monitor_proto.error_text("store failure: nothing was changed, try again")
+        self.admin.writes_rolled_back()
+
+    def recover(self) -> None:
+        self.admin.writes_rolled_back()
 
     def flush(self, now: float, now_us: int) -> None:
         self.replies.flush()
         requests, self._requests = self._requests, []
+        who, self._who = self._who, []
         written, self._written = self._written, {}
+        deadline = time.perf_counter() + self.read_s
         for i, request in enumerate(requests):
             if i in written:
                 text = written[i]
-            elif self.admin.writes(request):  # not carried out yet (the turn's budget ran out first)
-                self._requests.append(request)  # (carried out and answered in a later turn)
+            elif self.admin.writes(request) or time.perf_counter() > deadline:
+                # (a write not carried out yet, the turn's budget ran out first; or a read past this turn's
+                # share of reading: carried out and answered in a later turn)
+                self._requests.append(request)
+                self._who.append(who[i])
                 continue
             else:
                 text = self.admin.answer(request)
@@ -83,6 +108,6 @@ class MonitorEndpoint(Endpoint):
         return {"monitor_backlogs": self.replies.backlog_bytes}
 
     def wake_at(self, now: float) -> float | None:
-        if self._requests:  # a REQUEUE read after this turn's work: carried out in the next one
+        if self._requests or self.admin.purging():  # a write read after this turn's work, reads left, a purge
             return now
         return self.replies.wake_at(now)

@@ -9,6 +9,7 @@ frames it has not shown it read, at most SNDHWM + 1 each) and its backlogs count
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import zmq
@@ -154,6 +155,17 @@ class BatchConsumeEndpoint(Endpoint):
 
     def stats(self) -> dict:
         return self.gateway.stats()
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """Its batched consumers, all of one queue (ZeroMQ names no peer's address)."""
+        gateway = self.gateway
+        if gateway.queue != queue:
+            return [], 0
+        rows = [
+            {"protocol": "native", "client": c.peer.hex()[:40], "held": gateway.broker.held_count(c.holder)}
+            for c in itertools.islice(gateway.consumers.values(), limit)
+        ]
+        return rows, len(gateway.consumers)
 
     def memory(self) -> dict[str, int]:
         return {"consume_backlogs": self.replies.backlog_bytes, "consume_pipes": self.gateway.pipe_bytes}

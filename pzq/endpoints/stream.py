@@ -13,7 +13,7 @@ from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.gateways.contract import PacedGateway, Send, StreamGateway
 from pzq.logs import warn_bad
-from pzq.zmqio import NOBLOCK, Again, recv_frames, recv_frames_from, send_frames
+from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -54,6 +54,7 @@ class StreamEndpoint(Endpoint):
         self._out: list[Send] = []
         self._backlog: dict[bytes, list[bytes]] = {}  # per slow connection: bytes to send, in order
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
+        self._peers: dict[bytes, tuple[str, int]] = {}  # open connection -> ("ip:port", connected since, µs)
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock in ready:
@@ -78,10 +79,7 @@ class StreamEndpoint(Endpoint):
             if budget <= 0 or (self.budget.spent() and self.paced is None):
                 return
             try:
-                if self.allowed is None:
-                    (conn, data), peer = recv_frames(self.sock, NOBLOCK), ""
-                else:
-                    (conn, data), peer = recv_frames_from(self.sock, NOBLOCK)
+                (conn, data), last = recv_frames_last(self.sock, NOBLOCK)
             except Again:
                 return
             budget -= len(data)
@@ -91,7 +89,7 @@ class StreamEndpoint(Endpoint):
                     self._backlog.pop(conn, None)
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
-                    self._connect(conn, peer)
+                    self._connect(conn, *peer_address(last), now_us)
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
@@ -110,8 +108,9 @@ class StreamEndpoint(Endpoint):
                     return
                 restricted.add(conn)
 
-    def _connect(self, conn: bytes, peer: str) -> None:
-        """A new connection: accepted, or closed at once (not allowed, or no room for it)."""
+    def _connect(self, conn: bytes, peer: str, address: str, now_us: int) -> None:
+        """A new connection from IP ``peer`` ("ip:port" ``address``): accepted, or closed at once (not
+        allowed, or no room for it)."""
         if self.allowed is not None and not _allowed(peer, self.allowed):
             warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} refused by --allow-ips")
             self._closing.append(conn)
@@ -127,6 +126,7 @@ class StreamEndpoint(Endpoint):
             self._closing.append(conn)
         else:
             self.gateway.connected(conn)
+            self._peers[conn] = (address, now_us)
 
     def _close_for_share(self, conn: bytes) -> None:
         """Close ``conn``, which holds more unfinished input than its share (``ConnectionLimit.hold``)."""
@@ -200,6 +200,7 @@ class StreamEndpoint(Endpoint):
                 del self._closed[conn]
 
     def _gone(self, conn: bytes) -> None:
+        self._peers.pop(conn, None)
         self.gateway.disconnected(conn)
         self.connections.hold(self.name, conn, 0)
 
@@ -213,8 +214,19 @@ class StreamEndpoint(Endpoint):
             return now + RETRY_S
         return self.gateway.next_wake(now)
 
-    def clients(self, now: float, limit: int) -> list[dict]:
-        return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit)]
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
+        tables = [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit, offset)]
+        for table in tables:  # (a connection's first column is its id in hex: what it is known by here)
+            if table["columns"][:1] == ["connection"]:
+                table["columns"] = [*table["columns"], "address", "connected_us"]
+                table["rows"] = [[*row, *self._peers.get(bytes.fromhex(row[0]), ("", 0))] for row in table["rows"]]
+        return tables
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        rows, total = self.gateway.queue_consumers(queue, limit)
+        for row in rows:
+            row["address"], row["connected_us"] = self._peers.get(row.pop("conn"), ("", 0))
+        return rows, total
 
     def memory(self) -> dict[str, int]:
         return {

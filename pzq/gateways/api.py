@@ -233,8 +233,11 @@ class ApiGateway:
             key, _ = keys.popitem(last=False)
             self.keys.delete(key)
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         return []  # (its consumer groups are in its figures: the console shows them from there)
+
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        return [], 0  # (a group is no connection: its leases are in its figures)
 
     def stats(self) -> dict:
         return {

@@ -67,9 +67,15 @@ class Gateway(Protocol):
         """Figures for MONITOR and metrics."""
         ...
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         """Lists of its clients for the web console: tables of ``title``, ``columns``, ``rows`` (at
-        most ``limit`` each) and ``total``; read by the loop, so bounded by ``limit``."""
+        most ``limit`` each, from the ``offset``-th) and ``total``; read by the loop, so bounded by ``limit``."""
+        ...
+
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """The consumers of ``queue`` (at most ``limit``: dicts of ``protocol``, ``client`` (a short id),
+        ``address``, ``connected_us``, ``held``, and ``conn`` for a raw-TCP endpoint to fill in the first
+        two), and how many there are."""
         ...
 
 

@@ -335,7 +335,15 @@ class EmqpGateway:
         self.counters["bad_input_total"] += 1
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        mine = [w for w in self.workers.values() if any(name == queue for _, name in w.queues)]
+        held = self.broker.held_count
+        return [
+            {"protocol": "emqp", "client": _shown(w.identity), "connected_us": w.connected_us, "held": held(w.consumer)}
+            for w in mine[:limit]
+        ], len(mine)
+
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         workers = [
             [
                 _shown(w.identity),
@@ -344,8 +352,9 @@ class EmqpGateway:
                 "yes" if w.draining else "no",
                 round(now - w.last_seen, 1),
                 self.broker.held_count(w.consumer),
+                w.connected_us,
             ]
-            for w in itertools.islice(self.workers.values(), limit)
+            for w in itertools.islice(self.workers.values(), offset, offset + limit)
         ]
         schedules = [
             [
@@ -355,14 +364,25 @@ class EmqpGateway:
                 "forever" if t.get("remaining", -1) < 0 else t.get("remaining"),
                 _utc(t.get("next_us", 0)),
             ]
-            for key, t in itertools.islice(self.schedules.items(), limit)
+            for key, t in itertools.islice(self.schedules.items(), offset, offset + limit)
         ]
-        schedulers = [[_shown(p), round(now - seen, 1)] for p, seen in itertools.islice(self.schedulers.items(), limit)]
+        schedulers = [
+            [_shown(p), round(now - seen, 1)]
+            for p, seen in itertools.islice(self.schedulers.items(), offset, offset + limit)
+        ]
         return [
             {
                 "kind": "emqp-workers",
                 "title": "Workers",
-                "columns": ["worker", "queues (weight)", "free slots", "draining", "heard, s ago", "jobs in flight"],
+                "columns": [
+                    "worker",
+                    "queues (weight)",
+                    "free slots",
+                    "draining",
+                    "heard, s ago",
+                    "jobs in flight",
+                    "connected_us",
+                ],
                 "rows": workers,
                 "total": len(self.workers),
             },

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 
 from pzq.broker import Broker, Ref
@@ -41,6 +42,7 @@ class Worker:
     slots: int = 0
     draining: bool = False
     user: str | None = None  # its CURVE public key (z85), when the backend uses CURVE
+    connected_us: int = dataclasses.field(default_factory=lambda: time.time_ns() // 1000)  # (since its INFORM)
 
     @property
     def consumer(self) -> tuple:

@@ -398,9 +398,7 @@ class MqksGateway:
         return self._take_out() + deliveries
 
     def unsent(self, send: Send) -> bool:
-        """A line the client's connection would not take now. A manual-ack delivery is taken back (it
-        stays stored); anything else, an auto-ack delivery included (its message is already deleted),
-        is kept by the endpoint and sent once the client reads again: True."""
+        """A line the client's connection would not take now: see Consumers.unsent."""
         return self.consumers.unsent(send)
 
     def _expire_unused(self, now: float) -> None:
@@ -424,9 +422,12 @@ class MqksGateway:
     def next_wake(self, now: float) -> float | None:
         return min(self.delete_at.values()) if self.delete_at else None
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        return self.consumers.of_queue(queue, limit)
+
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         rows = []
-        for conn in itertools.islice(self.sessions, limit):
+        for conn in itertools.islice(self.sessions, offset, offset + limit):
             mine = self.consumers.of(conn)
             queues = ", ".join(sorted({c.queue for c in mine}))
             rows.append([conn.hex(), len(mine), queues[:200] or "-", sum(len(c.unacked) for c in mine)])

@@ -69,6 +69,15 @@ class Consumers:
         """The consumers of one connection."""
         return list(self._by_conn.get(conn, {}).values())
 
+    def of_queue(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """The consumers of ``queue`` as the monitor's QUEUE lists them (at most ``limit``), and how many."""
+        mine = self.by_queue.get(queue, [])
+        held = self.broker.held_count
+        return [
+            {"protocol": "mqks", "client": f"{c.conn.hex()}/{c.id[:40]}", "held": held(c.key), "conn": c.conn}
+            for c in mine[:limit]
+        ], len(mine)
+
     def used(self, queue: str) -> bool:
         """True if a consumer consumes ``queue``."""
         return bool(self.by_queue.get(queue))

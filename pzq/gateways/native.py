@@ -371,9 +371,12 @@ class NativeGateway:
             **self.batches.stats(),
         }
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         """None to list: ZeroMQ does not name a socket's peers, and the DEALER hides its consumers."""
         return []
+
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        return [], 0  # (as clients: the DEALER's consumers are not told apart)
 
     def _all_failed(self, messages: Sequence[list[bytes]], limit: int) -> list[Send]:
         """The answers to producers' messages of a turn that failed before they were stored."""

@@ -188,15 +188,24 @@ class PhpmqGateway:
         self.dispatched_total += len(out)
         return out
 
-    def clients(self, now: float, limit: int) -> list[dict]:
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         held = self.broker.held_count
         rows = [
             [s.conn.hex(), s.dialect.name.lower(), s.queue or "-", held(s.consumer), s.decoder.buffered]
-            for s in itertools.islice(self.sessions.values(), limit)
+            for s in itertools.islice(self.sessions.values(), offset, offset + limit)
         ]
         columns = ["connection", "dialect", "consuming", "in flight", "unfinished input bytes"]
         total = len(self.sessions)
         return [{"kind": "phpmq", "title": "Connections", "columns": columns, "rows": rows, "total": total}]
+
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        if not self.consumed[queue]:  # (no walk of every session for a queue nobody here consumes)
+            return [], 0
+        mine = [s for s in self.sessions.values() if s.queue == queue]
+        return [
+            {"protocol": "phpmq", "client": s.conn.hex(), "held": self.broker.held_count(s.consumer), "conn": s.conn}
+            for s in mine[:limit]
+        ], len(mine)
 
     def stats(self) -> dict:
         return {

@@ -6,6 +6,13 @@ Requests (case-sensitive, words separated by spaces):
     STATS                            the same figures as one JSON object, for tools
     DEADLETTERS <queue> [limit]      JSON list of a queue's dead letters, oldest first
     REQUEUE <queue> <id>|all         move dead letters back to the end of their queue; JSON count
+    QUEUE <queue>                    JSON: one queue's figures and its consumers
+    PEEK <queue> [limit] [after-id]  JSON: the first ready messages (after one), each body's head only
+    DEAD <queue> [limit] [after-id]  JSON: the same for dead letters, with when and why each died
+    CLIENTS [limit] [offset]         JSON: each gateway's figures and pages of its clients' lists
+    PURGE <queue>                    delete its ready messages (over turns); JSON count
+    DELETEDEAD <queue> <id>|all      delete dead letters for good; JSON count
+    PUBLISH <queue>                  store the SECOND frame as a message (the only two-frame request)
 
 Anything else is answered with one ``error: ...`` line, never with silence (which would hang a REQ
 client forever).
@@ -30,6 +37,8 @@ class Request:
     envelope: list[bytes]
     command: str
     args: list[str]
+    body: bytes | None = None  # PUBLISH's second frame (no other request has one)
+    problem: str = ""  # why a request that has no command was refused (said in its error line)
 
 
 def parse_request(frames: Sequence[bytes]) -> Request:
@@ -37,22 +46,28 @@ def parse_request(frames: Sequence[bytes]) -> Request:
 
     A REQ client's envelope ends with an empty frame; a bare DEALER may send none, and is answered
     with one all the same (``['', text]``), as the original PZQ answered every client. Bad text
-    becomes an error reply (``Request.command == ""``), never an exception.
+    becomes an error reply (``Request.command == ""``, ``problem`` saying why), never an exception. Only
+    PUBLISH has a second frame (its body), and it must have one.
     """
     try:
         cut = frames.index(b"") + 1
         envelope, body = list(frames[:cut]), frames[cut:]
     except ValueError:
         envelope, body = [*frames[:1], b""], frames[1:]
-    if len(body) != 1 or len(body[0]) > MAX_REQUEST:
-        return Request(envelope, "", [])
+    if not 1 <= len(body) <= 2 or len(body[0]) > MAX_REQUEST:
+        return Request(
+            envelope, "", [], problem=f"a request is one frame of at most {MAX_REQUEST} bytes (PUBLISH: two)"
+        )
     try:
         words = body[0].decode("utf-8").split()
     except UnicodeDecodeError:
-        return Request(envelope, "", [])
+        return Request(envelope, "", [], problem="a request is UTF-8 text")
     if not words:
         return Request(envelope, "", [])
-    return Request(envelope, words[0], words[1:])
+    if (words[0] == "PUBLISH") != (len(body) == 2):
+        why = "PUBLISH carries its body as a second frame" if len(body) == 1 else "only PUBLISH has a second frame"
+        return Request(envelope, "", [], problem=why)
+    return Request(envelope, words[0], words[1:], bytes(body[1]) if len(body) == 2 else None)
 
 
 def reply(request: Request, text: str) -> list[bytes]:
@@ -65,7 +80,12 @@ def error_text(error: ProtocolError | str) -> str:
 
 
 def unknown_request(request: Request) -> str:
-    return error_text("unknown request; send MONITOR, STATS, DEADLETTERS <queue> [limit] or REQUEUE <queue> <id>|all")
+    why = f"{request.problem}; " if request.problem else ""
+    return error_text(
+        f"{why}unknown request; send MONITOR, STATS, QUEUE <queue>, PEEK|DEAD <queue> [limit] [after-id], "
+        "CLIENTS [limit] [offset], DEADLETTERS <queue> [limit], REQUEUE|DELETEDEAD <queue> <id>|all, PURGE <queue> "
+        "or PUBLISH <queue> (its body a second frame)"
+    )
 
 
 def render_text(stats: dict) -> str:

@@ -122,6 +122,7 @@ class Server(Reloading):
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
+        self.admin.attach(lambda: self.endpoints, lambda: self._last_commit_ms, cfg)
         connections = ConnectionLimit(
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
         )
@@ -391,11 +392,7 @@ class Server(Reloading):
         return self.broker.drop_queue(queue)
 
     def _publish_metrics(self, now: float, now_us: int) -> None:
-        oldest = {}
-        for info in self.store.queues():
-            head = self.store.scan(info.name, 0, 1) if info.count else []
-            if head:
-                oldest[info.name] = max(0.0, (now_us - head[0].enqueued_us) / 1e6)
+        oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
         stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
         if self.metrics is not None:
             self.metrics.update(stats, oldest, per_queue)

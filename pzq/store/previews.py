@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgpack
 
@@ -25,6 +25,18 @@ class Preview:
     body_size: int  # of all its frames (its record's size when it has more than PREVIEW_FRAMES frames)
     reason: str = ""  # a dead letter's (left out past PREVIEW_FRAMES frames)
     size_exact: bool = True
+    dead_at_us: int = 0  # a dead letter's (0 past PREVIEW_FRAMES frames)
+    seq: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviewPage:
+    """A page of previews: ``more`` when the walk stopped before the queue's end; ``last`` the seq of
+    the last record walked (the next page starts after it, even when every walked one was skipped)."""
+
+    previews: list[Preview]
+    more: bool
+    last: int | None
 
 
 PREVIEW_FRAMES = 64  # frames of one record a preview walks: a million empty frames cost no more
@@ -33,9 +45,11 @@ PREVIEW_FRAMES = 64  # frames of one record a preview walks: a million empty fra
 _BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
 
 
-def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int, bytes, int, int, str, bool] | None:
+def _preview_record(
+    view: memoryview, head_bytes: int, dead: bool
+) -> tuple[int, bytes, int, int, str, bool, int] | None:
     """(enqueued_us, first ``head_bytes`` of the body, body size, deliveries, reason, whether the size
-    is exact) of a record, read without copying its frames; None if it is not one. Walks the msgpack
+    is exact, dead_at_us) of a record, read without copying its frames; None if it is not one. Walks the msgpack
     layout (layout.py): the fields before the frames, each frame's bin header (at most
     PREVIEW_FRAMES of them: past that the record's size stands for the body's), and a dead letter's
     fields after them."""
@@ -56,7 +70,7 @@ def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int,
                 length = struct.unpack_from(header[1], view, at + 1)[0]
                 head += view[start : start + min(length, head_bytes - len(head))]
                 at = start + length
-            return enqueued_us, bytes(head), len(view), 0, "", False
+            return enqueued_us, bytes(head), len(view), 0, "", False, 0
         for _ in range(frames):
             header = _BIN_HEADERS.get(view[at])
             if header is None:
@@ -68,12 +82,12 @@ def _preview_record(view: memoryview, head_bytes: int, dead: bool) -> tuple[int,
             head += view[start : start + min(length, head_bytes - len(head))]
             size += length
             at = start + length
-        deliveries, reason = 0, ""
+        deliveries, reason, dead_at_us = 0, "", 0
         if dead:
             rest = msgpack.Unpacker()
             rest.feed(view[at : at + 1024])
-            deliveries, reason = int(rest.unpack()), str(rest.unpack())
-        return enqueued_us, bytes(head), size, deliveries, reason, True
+            deliveries, reason, dead_at_us = int(rest.unpack()), str(rest.unpack()), int(rest.unpack())
+        return enqueued_us, bytes(head), size, deliveries, reason, True, dead_at_us
     except (ValueError, TypeError, IndexError, struct.error, msgpack.UnpackException):
         return None
 
@@ -85,18 +99,45 @@ class Previews(DeadLetters):
         """The first ``limit`` committed messages (or dead letters) of ``queue``, each with only the
         first ``head_bytes`` of its body: a look that costs the same for 16 MiB bodies as for tiny
         ones. Unreadable records are left out (``scan`` sets them aside)."""
+        return self.preview_page(queue, limit, head_bytes, dead=dead).previews
+
+    def preview_page(
+        self,
+        queue: str,
+        limit: int,
+        head_bytes: int,
+        *,
+        dead: bool = False,
+        after: int | None = None,
+        skip: Callable[[int], bool] | None = None,
+        walk: int | None = None,
+    ) -> PreviewPage:
+        """``preview`` from the record after seq ``after`` (a cursor placed there, not a walk from the
+        head), leaving out the seqs ``skip`` names (messages in flight: told from the key alone, before
+        the record is read); at most ``walk`` records are walked (default twice ``limit``: unreadable
+        and skipped ones count too, so a damaged queue or a head all in flight is not walked to its end)."""
         info = self._queues.get(queue)
         if info is None or limit <= 0:
-            return []
+            return PreviewPage([], False, None)
         out: list[Preview] = []
         prefix = U64.pack(info.qid)
+        walk = 2 * limit if walk is None else walk
+        last, more = None, False
         with self.env.snapshot() as txn:
             cursor = txn.cursor(db=self._dead_db if dead else self._messages_db)
-            if not cursor.set_range(prefix):
-                return out
+            start = prefix if after is None else KEY.pack(info.qid, after + 1) if after < (1 << 64) - 1 else None
+            if start is None or not cursor.set_range(start):
+                return PreviewPage(out, False, None)
             for walked, key in enumerate(cursor.iternext(keys=True, values=False)):
-                if bytes(key[:8]) != prefix or len(out) >= limit or walked >= 2 * limit:
-                    break  # (unreadable records count too: a damaged queue is not walked to its end)
+                if bytes(key[:8]) != prefix:
+                    break
+                if len(out) >= limit or walked >= walk:
+                    more = True
+                    break
+                seq = KEY.unpack(key)[1]
+                last = seq
+                if skip is not None and skip(seq):
+                    continue
                 value = cursor.value()
                 ref = self.ref_of(value, dead)
                 found = _preview_record(value, head_bytes, dead)
@@ -104,12 +145,33 @@ class Previews(DeadLetters):
                     continue
                 if ref is not None:  # (the record's frames are empty: the body is in chunks)
                     found = (found[0], self.body_head(ref, head_bytes), sum(ref.sizes), *found[3:])
-                enqueued_us, head, size, deliveries, reason, exact = found
-                key = bytes(key)
+                enqueued_us, head, size, deliveries, reason, exact, dead_at_us = found
                 if not dead:
-                    deliveries = self._deliveries(key, txn)
-                seq = KEY.unpack(key)[1]
-                out.append(Preview(message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason, exact))
+                    deliveries = self._deliveries(bytes(key), txn)
+                out.append(
+                    Preview(
+                        message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason, exact, dead_at_us, seq
+                    )
+                )
+        return PreviewPage(out, more, last)
+
+    def oldest_enqueued(self) -> dict[str, int]:
+        """When the head message of each queue that has one was stored (µs): one committed read of
+        each head record's first field (the once-a-second figures, whatever its body's size)."""
+        out: dict[str, int] = {}
+        with self.env.snapshot() as txn:
+            cursor = txn.cursor(db=self._messages_db)
+            for info in self._queues.values():
+                prefix = U64.pack(info.qid)
+                if not info.count or not cursor.set_range(prefix) or bytes(cursor.key()[:8]) != prefix:
+                    continue
+                try:
+                    fields = msgpack.Unpacker()
+                    fields.feed(cursor.value()[:16])
+                    fields.read_array_header()
+                    out[info.name] = int(fields.unpack())
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    continue  # (an unreadable head: scan sets it aside when it is delivered)
         return out
 
     def audit(self, queue: str) -> Iterator[tuple[str, Message | DeadLetter | None]]:

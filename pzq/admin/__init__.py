@@ -1,4 +1,5 @@
-"""What the monitor socket answers: the figures (with rates), dead letters and their requeueing.
+"""What the monitor socket answers: the figures (with rates), dead letters, and the admin requests the
+console and the CLI use (reads in reads.py, writes in writes.py).
 
 No sockets: the server passes each parsed request in and sends the text back.
 """
@@ -7,9 +8,12 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from pzq.admin.reads import Listed, Reads
+from pzq.admin.writes import Writes
 from pzq.broker import Broker
+from pzq.config import Config
 from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
 from pzq.store import Store
@@ -18,21 +22,34 @@ RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
 DEAD_LIST_BYTES = 4 << 20  # bodies of dead letters one DEADLETTERS answer lists at most (the first always)
 
 
-class Admin:
-    """Answers MONITOR, STATS, DEADLETTERS and REQUEUE over a broker and its store."""
+class Admin(Reads, Writes):
+    """Answers every monitor request over a broker and its store (see pzq/protocols/monitor.py)."""
 
     def __init__(self, broker: Broker, store: Store, *, store_limit: int, gateways: Callable[[], dict]):
         self.broker = broker
         self.store = store  # (handed in: the broker's store is the broker's)
         self.store_limit = store_limit
         self.gateways = gateways  # () -> {"phpmq": {...}, "emqp": {...}} for the gateways that run
+        self.endpoints: Callable[[], Sequence[Listed]] = list  # (set by attach: the server's endpoints)
+        self.commit_ms: Callable[[], float] = float  # the last commit's duration
         self.started = time.monotonic()
         self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
+        self.oldest: dict[str, float] = {}  # queue -> its head message's age (s), as of the last tick
+        self._purges = {}
+
+    def attach(self, endpoints: Callable[[], Sequence[Listed]], commit_ms: Callable[[], float], config: Config) -> None:
+        """What the server adds once it runs: its endpoints (their clients and consumers), the last
+        commit's duration, and its limits."""
+        self.endpoints, self.commit_ms = endpoints, commit_ms
+        self.limits, self.max_body = config.limits, config.max_message_size
 
     def tick(self, now: float) -> None:
-        """Take a sample of the counters (the server calls this about once a second)."""
+        """Take a sample of the counters and the queues' head ages (the server calls this about once a
+        second)."""
         counters = self.broker.counters
         self._samples.append((now, type(counters)(**vars(counters))))
+        now_us = time.time_ns() // 1000
+        self.oldest = {q: max(0.0, (now_us - at) / 1e6) for q, at in self.store.oldest_enqueued().items()}
 
     def _rate(self, name: str) -> float:
         if len(self._samples) < 2:
@@ -43,6 +60,8 @@ class Admin:
     def stats(self) -> dict:
         """Every figure the monitor reports, the six PZQ fields first."""
         stats = self.broker.stats()
+        for name, figures in stats["queues"].items():
+            figures["oldest_age_s"] = round(self.oldest.get(name, 0.0), 3)
         counters = self.broker.counters
         stats.update(
             {
@@ -61,20 +80,13 @@ class Admin:
                 "store_limit_bytes": self.store_limit,
                 "queues_implicit": self.store.implicit_count,  # made by clients' requests: they expire unused
                 "queues_expired_total": self.broker.implicit_expired,
+                "delivered_total": counters.delivered,
+                "commit_ms_last": round(self.commit_ms(), 3),
+                "server_time_us": time.time_ns() // 1000,
             }
         )
         stats.update(self.gateways())
         return stats
-
-    @staticmethod
-    def writes(request: monitor_proto.Request) -> bool:
-        """True for a request that changes the store (REQUEUE): it is carried out inside the turn and
-        answered after the turn's commit, like every write."""
-        return request.command == "REQUEUE" and len(request.args) == 2
-
-    def write(self, request: monitor_proto.Request) -> tuple[str, bool]:
-        """Carry out a request that ``writes``; the reply text, and whether anything changed."""
-        return self._requeue(request.args)
 
     def answer(self, request: monitor_proto.Request) -> str:
         """The reply to a request that only reads."""
@@ -84,6 +96,9 @@ class Admin:
             return monitor_proto.render_json(self.stats())
         if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
             return self._dead_letters(request.args)
+        answer = self.read(request)
+        if answer is not None:
+            return answer
         if request.command:
             warn_bad("monitor", "unknown", f"request {request.command[:40]!r}")
         return monitor_proto.unknown_request(request)
@@ -111,15 +126,3 @@ class Admin:
                 for d in letters
             ]
         )
-
-    def _requeue(self, args: list[str]) -> tuple[str, bool]:
-        store = self.store
-        queue, which = args
-        if which == "all":
-            moved = self.broker.requeue_dead(queue)
-        else:
-            parsed = store.ref_in(queue, which)
-            if parsed is None:
-                return monitor_proto.error_text(f"{which!r} is not a dead letter id of queue {queue!r}"), False
-            moved = self.broker.requeue_dead(queue, parsed[1])
-        return monitor_proto.render_json({"requeued": len(moved), "ids": [m.id for m in moved]}), bool(moved)
