@@ -199,7 +199,9 @@ class Limits:
     # One that dies is started again after console_restart_first_s, the wait doubling up to
     # console_restart_most_s, back to the first once a child has lived console_restart_reset_s; a stop
     # waits console_stop_s after SIGTERM, then SIGKILLs it. The console asks pzq for STATS every
-    # console_poll_s, however many browsers watch (its --poll-interval)
+    # console_poll_s, however many browsers watch (its --poll-interval). It runs at this much lower CPU
+    # priority (nice), so that the broker's turns come first when both want a core
+    console_nice: int = 5
     console_restart_first_s: float = 1.0
     console_restart_most_s: float = 30.0
     console_restart_reset_s: float = 60.0

@@ -67,13 +67,13 @@ def reachable(endpoint: str) -> str:
     return re.sub(r"^tcp://(\*|0\.0\.0\.0|\[::\]|::)(?=:\d+$)", "tcp://127.0.0.1", endpoint)
 
 
-def _in_child(parent: int) -> None:
+def _in_child(parent: int, nice: int) -> None:
     """Run in the forked child before exec: die with the thread that started it, at a lower priority."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the server died between the fork and the prctl: nobody would signal
             os._exit(1)
-    os.nice(5)  # the broker's turns come first when the two want the same core
+    os.nice(nice)  # the broker's turns come first when the two want the same core
 
 
 def _status(code: int) -> str:
@@ -174,7 +174,7 @@ class ConsoleChild:
                 self.argv(),
                 stdin=subprocess.PIPE,
                 close_fds=True,
-                preexec_fn=functools.partial(_in_child, os.getpid()),  # noqa: PLW1509 - async-signal-safe enough: see _PRCTL
+                preexec_fn=functools.partial(_in_child, os.getpid(), self.limits.console_nice),  # noqa: PLW1509 - async-signal-safe enough: see _PRCTL
             )
         except (OSError, subprocess.SubprocessError) as exc:
             self._forget_key()

@@ -170,12 +170,6 @@ class Server(Reloading):
             signal.signal(sig, lambda signum, frame: self.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
 
-    def _client_lists(self, now: float, rows: int) -> dict:
-        """The console's clients page: each gateway's figures and lists of its clients (at most ``rows``
-        a list), as of now."""
-        tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, rows)]
-        return {"tables": tables, "figures": self._gateway_stats()}
-
     def close(self) -> None:
         if self.console is not None:  # first: its stop waits for the child (the console holds nothing to save)
             self.console.stop()
