@@ -1,295 +1,287 @@
-"""The web console: its pages rendered from figures, and a real server's console read over HTTP."""
+"""The web console as its own process (`pzq console`): its pages, their JSON twins, HEAD, the 404s, the
+escaping of what clients named, the security headers, and the few requests it makes of pzq however
+many browsers watch, against a real server over real HTTP."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import http.client
 import json
 import re
+import socket
+import subprocess
+import sys
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 import pytest
+from console_run import Browser, ConsoleProcess
 
 from pzq.clients import native as client
-from pzq.config import Limits
-from pzq.console import pages
-from pzq.console.history import History
+from pzq.clients.api import ApiClient
+from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
+from pzq.protocols import phpmq
 
-from conftest import free_tcp_endpoint, make_config, wait_until
+from conftest import free_tcp_endpoint, wait_until
+
+HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'.replace(" ", "_")
 
 
-def get(url: str) -> tuple[int, str, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode(), dict(response.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(), dict(exc.headers)
+@pytest.fixture
+def console(make_server, tmp_path):
+    """make(*console options, **server overrides) -> (server, console process); stopped after the test,
+    each asserted to end with status 0 on SIGTERM."""
+    made: list[ConsoleProcess] = []
+
+    def make(*extra: str, **overrides):
+        srv = make_server(**overrides)
+        process = ConsoleProcess(tmp_path, srv.monitor, *extra)
+        made.append(process)
+        return srv, process
+
+    yield make
+    for process in made:
+        assert process.stop() == 0, process.text()
 
 
 def test_rates_are_the_counters_differences_over_the_seconds_between_samples():
     history = History()
-    history.add(100.0, {"produced_total": 0, "acked_total": 0}, 0.5)
-    history.add(101.0, {"produced_total": 500, "acked_total": 100}, 0.7)
-    history.add(103.0, {"produced_total": 900, "acked_total": 100}, 0.9)
+    history.add(100.0, {"produced_total": 0, "acked_total": 0, "messages": 1, "commit_ms_last": 0.5})
+    history.add(101.0, {"produced_total": 500, "acked_total": 100, "messages": 401, "commit_ms_last": 0.7})
+    history.add(103.0, {"produced_total": 900, "acked_total": 100, "messages": 801, "commit_ms_last": 0.9})
     series = history.series()
-    assert series["produced_total"] == [(2.0, 500.0), (0.0, 200.0)]
-    assert series["acked_total"] == [(2.0, 100.0), (0.0, 0.0)]
-    assert series["commit_ms"] == [(2.0, 0.7), (0.0, 0.9)]
+    assert series["produced_total"] == {"t": [101.0, 103.0], "v": [500.0, 200.0]}
+    assert series["acked_total"] == {"t": [101.0, 103.0], "v": [100.0, 0.0]}
+    assert series["messages"]["v"] == [1.0, 401.0, 801.0] and series["commit_ms"]["v"] == [0.5, 0.7, 0.9]
 
 
 def test_the_history_keeps_fifteen_minutes_of_samples_and_no_more():
     history = History()
     for second in range(2000):
-        history.add(float(second), {"produced_total": second}, 0.1)
-    points = history.series()["produced_total"]
-    assert len(points) == 900 and points[0][0] == 899.0
+        history.add(float(second), {"produced_total": second, "queues": {"q": {"depth": second}}})
+    points = history.series()["produced_total"]["t"]
+    assert points[0] >= 1999 - WINDOW_S and len(points) == WINDOW_S
+    depth = history.queue_series("q", 2000.0, {"depth": 7})["depth"]
+    assert depth["t"][0] >= 1999 - WINDOW_S - QUEUE_EVERY_S and depth["v"][-1] == 7.0, (
+        "a queue's chart ends with the page's figure"
+    )
 
 
-def test_a_hostile_queue_name_is_shown_as_text_never_as_markup():
-    name = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
-    stats = {"queues": {name: {"depth": 3, "inflight": 0, "dead_letters": 0, "bytes": 10}}}
-    page = pages.queues(stats, {}, {}, "name", False)
-    assert "<script>" not in page and "<img" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in page
+def test_every_page_answers_200_and_head_answers_the_same_headers_without_a_body(console):
+    srv, process = console()
+    with client.Producer(srv.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(10)))
+    for path in ("/", "/queues", "/queue?name=default", "/clients", "/login", "/static/console.js"):
+        connection = http.client.HTTPConnection("127.0.0.1", process.port, timeout=10)
+        connection.request("GET", path)
+        got = connection.getresponse()
+        body = got.read()
+        connection.request("HEAD", path)
+        head = connection.getresponse()
+        assert (got.status, head.status) == (200, 200), path
+        assert head.read() == b"" and head.getheader("content-type") == got.getheader("content-type"), path
+        connection.close()
+        if path.startswith("/static"):
+            continue
+        assert b'<script src="/static/console.js" defer></script>' in body and b"<script>" not in body, path
+        assert got.getheader("cache-control") == "no-store" and got.getheader("x-frame-options") == "DENY"
+        csp = got.getheader("content-security-policy")
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
 
 
-def test_a_body_shows_as_text_when_printable_else_as_hex_and_is_cut_short():
-    assert pages.show_body(b"<b>hi</b>") == "&lt;b&gt;hi&lt;/b&gt;"
-    assert pages.show_body(b"\x00\xff") == "hex 00 ff"
-    long = pages.show_body(b"x" * 1000)
-    assert long.startswith("x" * 200) and long.endswith("(1,000 bytes)") and "x" * 201 not in long
-
-
-def test_the_clients_page_shows_each_gateways_figures_and_each_groups_lease_range_and_lag():
-    stats = {
-        "queues": {"q": {"depth": 10}},
-        "mqks": {"connections": 2, "bindings": 7, "note": "text is left out"},
-        "api": {"requests": 3, "groups": {"q/<g>": {"base": 2, "end": 6, "held": 4}}},
-    }
-    page = pages.clients(stats)
-    assert re.search(r'data-figure="connections">2<', page) and "text is left out" not in page
-    assert re.search(r'data-group="q/&lt;g&gt;">q/&lt;g&gt;</td><td>2 \.\. 6</td><td>4</td><td>6</td>', page)
-
-
-def test_the_queues_table_sorts_by_the_column_asked_for_and_ignores_unknown_ones():
-    stats = {"queues": {q: {"depth": d} for q, d in (("a", 5), ("b", 50), ("c", 1))}}
-    order = re.compile(r'data-queue="(\w)"')
-    assert order.findall(pages.queues(stats, {}, {}, "depth", True)) == ["b", "a", "c"]
-    assert order.findall(pages.queues(stats, {}, {}, "__class__", False)) == ["a", "b", "c"]
-
-
-@pytest.mark.slow
-def test_a_servers_console_shows_the_figures_the_monitor_reports(make_server):
-    tcp, _ = free_tcp_endpoint()
-    url = tcp.replace("tcp://", "http://")
-    srv = make_server(http_dsn=url)
+def test_each_page_has_a_json_twin_with_the_figures_the_page_shows(console):
+    srv, process = console()
     with client.Producer(srv.receive) as producer:
         assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(10)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(4):
             consumer.ack(consumer.receive(5000))
+    browser = Browser(process.url)
 
-    def settled() -> dict | None:  # the loop publishes its figures once a second
-        figures = json.loads(get(url + "/api/stats")[1])
-        return figures if figures.get("queues", {}).get("default", {}).get("depth") == 6 else None
+    def settled() -> dict | None:
+        data = json.loads(browser.get("/api/overview")[1])
+        return data if data["figures"]["messages"] == "6" and data["figures"]["acked_total"] == "4" else None
 
-    figures = wait_until(settled, timeout_s=10, interval_s=0.1)  # (HTTP: under the 20 a second one address may open)
-    monitor = client.stats(srv.monitor)
-    assert (figures["messages"], figures["produced_total"], figures["acked_total"]) == (6, 10, 4)
-    assert (monitor["messages"], monitor["produced_total"], monitor["acked_total"]) == (6, 10, 4)
-    status, overview, headers = get(url + "/")
-    assert status == 200 and "script-src 'none'" in headers["Content-Security-Policy"]
-    assert re.search(r'data-figure="messages stored">6<', overview)
-    status, table, _ = get(url + "/queues?sort=depth&order=desc")
-    assert status == 200 and re.search(
-        r'data-queue="default"><a href="/queue\?name=default">default</a></td>'
-        r'<td data-column="depth">6<',
-        table,
+    overview = wait_until(settled, timeout_s=10, interval_s=0.1)
+    assert overview["figures"]["produced_total"] == "10"
+    assert set(overview["charts"]) == {"produced_total", "delivered_total", "acked_total", "messages", "commit_ms"}
+    messages = overview["charts"]["messages"]
+    assert messages["v"][-1] == 6.0 and len(messages["t"]) == len(messages["v"]), "the chart ends at the figure"
+    queues = json.loads(browser.get("/api/queues?sort=depth&order=desc")[1])
+    assert queues["rows"][0]["name"] == "default" and queues["figures"]["depth:default"] == "6"
+    queue = json.loads(browser.get("/api/queue?name=default")[1])
+    assert queue["figures"]["depth"] == "6" and queue["charts"]["depth"]["v"][-1] == 6.0
+    assert queue["snapshot"]["at"] == queue["charts"]["depth"]["t"][-1], "figures and charts of one snapshot"
+    page = browser.get("/queue?name=default")[1]
+    assert re.search(r'data-figure="depth">6<', page)
+    clients = json.loads(browser.get("/api/clients")[1])
+    assert clients["page"] == "clients" and "figures" in clients
+
+
+def test_an_unknown_path_and_an_unknown_queue_get_a_404_page_with_a_way_back(console):
+    _, process = console()
+    browser = Browser(process.url)
+    for path in ("/nothing", "/../../etc/passwd", "/queue?name=nosuch", "/queue", "/queue?name=a%20b"):
+        status, page = browser.get(path)
+        assert status == 404, path
+        assert '<a href="/queues">Back to the queues</a>' in page, path
+    assert "There is no queue &#39;nosuch&#39; on this server." in browser.get("/queue?name=nosuch")[1]
+    status, body = browser.get("/api/queue?name=nosuch")
+    assert status == 404 and json.loads(body)["status"] == 404
+    status, _, _ = browser.open("/queues", method="PUT")
+    assert status == 405
+
+
+def test_a_hostile_queue_name_and_body_are_shown_as_text_never_as_markup(console):
+    api_dsn, _ = free_tcp_endpoint()
+    srv, process = console(api_dsn=api_dsn)
+    with ApiClient(api_dsn) as api:
+        api.produce([(HOSTILE, b"<b>bold</b><script>alert(3)</script>")])
+    browser = Browser(process.url)
+
+    def listed() -> str | None:
+        page = browser.get("/queues")[1]
+        return page if "onerror" in page else None
+
+    page = wait_until(listed, timeout_s=10)
+    assert "<script>alert" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img_src=x_onerror=alert(2)&gt;" in page
+    status, queue = browser.get("/queue?" + urllib.parse.urlencode({"name": HOSTILE}))
+    assert status == 200 and "<script>alert" not in queue and "<b>bold" not in queue
+    twin = json.loads(browser.get("/api/queues")[1])
+    assert twin["rows"][-1]["name"] in (HOSTILE, "default")
+
+
+def test_a_host_name_not_the_consoles_own_is_refused_with_421_as_dns_rebinding_would(console):
+    _, process = console("--http-host-names", "pzq.example.org")
+
+    def status(host: str) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", process.port, timeout=10)
+        connection.request("GET", "/", headers={"Host": host})
+        answer = connection.getresponse()
+        answer.read()
+        connection.close()
+        return answer.status
+
+    assert status("attacker.example.com") == 421
+    assert status(f"attacker.example.com:{process.port}") == 421
+    assert status(f"127.0.0.1:{process.port}") == 200 and status(f"localhost:{process.port}") == 200
+    assert status("pzq.example.org") == 200 and status("[::1]") == 200
+
+
+def test_fifty_browsers_at_once_leave_the_requests_to_pzq_at_one_stats_a_poll(console):
+    srv, process = console()
+    browser = Browser(process.url)
+    before = json.loads(browser.get("/api/console")[1])
+    paths = ["/", "/api/overview", "/queues", "/queue?name=default", "/api/queue?name=default", "/clients"]
+    started = time.monotonic()
+
+    def hammer(i: int) -> list[int]:
+        mine = Browser(process.url)
+        return [mine.get(paths[(i + n) % len(paths)])[0] for n in range(12)]
+
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        statuses = [s for got in pool.map(hammer, range(50)) for s in got]
+    seconds = time.monotonic() - started
+    after = json.loads(browser.get("/api/console")[1])
+    assert set(statuses) <= {200, 503} and statuses.count(200) > len(statuses) // 2, statuses
+    polls = after["requests_sent"]["STATS"] - before["requests_sent"].get("STATS", 0)
+    assert polls <= seconds / 0.5 + 3, f"{polls} STATS in {seconds:.1f} s (one every 0.5 s)"
+    reads = sum(n for name, n in after["requests_sent"].items() if name != "STATS") - sum(
+        n for name, n in before["requests_sent"].items() if name != "STATS"
     )
-    status, queue_page, _ = get(url + "/queue?name=default")
-    assert status == 200 and re.search(r'data-figure="depth">6<', queue_page)
-    assert re.findall(r"<td class=body>(m\d)</td>", queue_page) == ["m4", "m5", "m6", "m7", "m8", "m9"]
-    assert get(url + "/queue?name=nosuch")[0] == 404
-    request = urllib.request.Request(url + "/queues", data=b"purge=default", method="PUT")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=5)
-    assert refused.value.code == 405
-    assert get(url + "/../../etc/passwd")[0] == 404
+    # (at most a read of each of the 5 texts a second, each cached for a second)
+    assert reads <= 5 * (seconds + 2), f"{reads} reads in {seconds:.1f} s for {len(statuses)} page views"
 
 
 @pytest.mark.slow
-def test_connections_that_send_nothing_take_at_most_sixteen_threads_eight_per_address(make_server):
-    import socket
+def test_pages_say_busy_with_503_when_reads_already_wait_on_a_pzq_that_does_not_answer(console):
+    srv, process = console()
+    browser = Browser(process.url)
+    wait_until(lambda: json.loads(browser.get("/api/overview")[1])["figures"]["queues"] == "1", timeout_s=10)
+    srv.stop()  # (pzq stops answering: every read waits its 5 s out)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(lambda p: Browser(process.url).get(p)[0], ["/clients", "/queue?name=default"] * 3))
+    assert 503 in statuses, statuses
 
-    from pzq.console.listener import MAX_CONNECTIONS, MAX_PER_ADDRESS
+    def failure_shown() -> str | None:  # (once the poll in flight has waited its 5 s out)
+        status, page = browser.get("/")
+        return page if status == 200 and "no answer from pzq" in page else None
 
-    tcp, (host, port) = free_tcp_endpoint()
-    url = tcp.replace("tcp://", "http://")
-    make_server(http_dsn=url)
+    page = wait_until(failure_shown, timeout_s=15, interval_s=0.2)
+    assert 'data-figure="queues">1<' in page, "the overview shows the last figures and the failure"
 
-    def connect(source: str) -> socket.socket:
-        return socket.create_connection((host, port), timeout=5, source_address=(source, 0))
 
-    def closed_at_once(sock: socket.socket) -> bool:
-        try:
-            return wait_until(lambda: sock.recv(1) == b"", timeout_s=5)
-        except ConnectionResetError:
-            return True
-        finally:
-            sock.close()
+def test_a_port_in_use_is_one_clear_line_and_a_non_zero_exit(server, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "pzq", "console", "--http-dsn", f"http://127.0.0.1:{port}"]
+            + ["--monitor-dsn", server.monitor],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"pzq: error: --http-dsn http://127.0.0.1:{port}: cannot listen: Address already in use"
+    )
 
-    idle = [connect("127.0.0.1") for _ in range(MAX_PER_ADDRESS)]
+
+def test_the_console_serves_while_pzq_is_not_there_yet_and_ends_with_status_0_on_sigterm(tmp_path):
+    process = ConsoleProcess(tmp_path, f"ipc://{tmp_path}/nobody-here")
     try:
-        assert closed_at_once(connect("127.0.0.1")), "one address holds at most eight"
-        idle += [connect("127.0.0.2") for _ in range(MAX_CONNECTIONS - MAX_PER_ADDRESS)]
-        assert closed_at_once(connect("127.0.0.3")), "one past the limit is closed at once"
+        status, page = Browser(process.url).get("/")
+        assert status == 200 and "no answer from pzq" in page
     finally:
-        for sock in idle:
-            sock.close()
-    assert wait_until(lambda: get(url + "/queues")[0] == 200, timeout_s=10, interval_s=0.1)
+        assert process.stop() == 0
+    assert "console: serving" in process.text() and "console: stopped" in process.text()
 
 
-@pytest.mark.slow
-def test_a_client_that_sends_its_request_a_byte_at_a_time_is_cut_off_at_the_connections_deadline(make_server):
-    import socket
-    import time
-
+def test_the_clients_page_lists_phpmq_connections_with_peer_address_and_age_a_page_at_a_time(console):
     tcp, (host, port) = free_tcp_endpoint()
-    make_server(http_dsn=tcp.replace("tcp://", "http://"), limits=Limits(console_connection_s=1.0))
-    with socket.create_connection((host, port), timeout=5) as slow:
-        started = time.monotonic()
-        cut = False
-        for byte in b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"x" * 100:
-            try:
-                slow.sendall(bytes([byte]))
-                if slow.recv(1, socket.MSG_DONTWAIT) == b"":
-                    cut = True
-                    break
-            except BlockingIOError:
-                pass
-            except OSError:  # (reset: cut off too)
-                cut = True
-                break
-            time.sleep(0.05)  # (the slow client's pace: well under the per-read timeout of 10 s)
-    assert cut and time.monotonic() - started < 4, "cut off at its deadline, not at its pace"
+    srv, process = console(phpmq_dsn=tcp)
+    connections = [socket.create_connection((host, port), timeout=5) for _ in range(250)]
+    try:
+        connections[0].sendall(phpmq.encode(phpmq.CONSUME, [(phpmq.QUEUE, b"default"), (phpmq.COUNT, b"5")]))
+        mine = f"127.0.0.1:{connections[0].getsockname()[1]}"
+        browser = Browser(process.url)
+
+        def listed() -> str | None:
+            page = browser.get("/clients")[1]
+            return page if "Connections (250)" in page else None
+
+        page = wait_until(listed, timeout_s=15, interval_s=0.2)
+        rows = re.findall(r"<td>(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>", page)
+        assert len(rows) == 100 and "<th>connected since</th>" in page, "a page of 100 rows, each with its age"
+        following = browser.get("/clients?offset=200")[1]
+        assert len(re.findall(r"<td>127\.0\.0\.1:\d+</td>", following)) == 50 and 'rel="prev"' in following
+
+        def consuming() -> str | None:
+            page = browser.get("/queue?name=default")[1]
+            return page if mine in page else None
+
+        queue = wait_until(consuming, timeout_s=10)
+        assert re.search(rf'<td class="name">phpmq</td><td>\w+</td><td>{mine}</td><td>\d{{4}}-', queue)
+    finally:
+        for connection in connections:
+            connection.close()
 
 
-@pytest.mark.slow
-def test_a_query_string_of_too_many_fields_gets_400_and_a_flood_of_connections_is_cut_at_the_rate(make_server):
-    tcp, _ = free_tcp_endpoint()
-    url = tcp.replace("tcp://", "http://")
-    # (100 a second by default: a flood of 120 would take long to show)
-    make_server(http_dsn=url, limits=Limits(console_connections_per_s=20))
-    assert get(url + "/queue?a=1&b=2&c=3")[0] == 400
-    assert get(url + "/queues?a&b&c&d&e&f")[0] == 200  # (sorting by name, as for any unknown query)
-    outcomes = []
+def test_the_queues_page_shows_a_thousand_queues_a_hundred_a_page_sorted_by_any_column(console):
+    api_dsn, _ = free_tcp_endpoint()
+    srv, process = console(api_dsn=api_dsn)
+    for first in range(0, 1000, 100):  # (each client may make 100 queues: its share of --max-queues)
+        with ApiClient(api_dsn) as api:
+            api.produce([(f"q{n:04d}", b"x") for n in range(first, first + 100) for _ in range(n % 3 + 1)])
+    browser = Browser(process.url)
+    wait_until(lambda: json.loads(browser.get("/api/queues")[1])["paging"]["total"] >= 1000, timeout_s=15)
     started = time.monotonic()
-    for _ in range(120):
-        try:
-            outcomes.append(get(url + "/static/console.css")[0])
-        except (urllib.error.URLError, ConnectionError):
-            outcomes.append("closed")
-    refilled = int((time.monotonic() - started) * 20) + 1
-    assert outcomes.count(200) <= 20 + refilled and outcomes.count("closed") >= 120 - 20 - refilled
-    assert outcomes.count(200) >= 10
-
-
-def test_a_queue_page_viewed_again_within_a_second_is_not_read_again_unless_it_was_changed():
-    import threading
-
-    from pzq.console.web import Console
-
-    tcp, _ = free_tcp_endpoint()
-    console = Console(tcp.replace("tcp://", "http://"), ".")
-    reads, stop = [], threading.Event()
-
-    def loop() -> None:  # (the server's loop, reduced to answering the console)
-        while not stop.is_set():
-            for request in console.take(8):
-                if request.claim():
-                    reads.append(request.args["name"])
-                    request.result = {"read": len(reads)}
-                request.done.set()
-            stop.wait(0.005)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        assert console.look("q") == {"read": 1} and console.look("q") == {"read": 1}
-        assert console.look("other") == {"read": 2}
-        console.changed("q")
-        assert console.look("q") == {"read": 3} and reads == ["q", "other", "q"]
-    finally:
-        stop.set()
-        thread.join(5)
-        console.close()
-
-
-def test_the_queues_table_shows_two_hundred_queues_a_page_with_links_to_the_others():
-    stats = {"queues": {f"q{i:04d}": {"depth": i} for i in range(450)}}
-    first = pages.queues(stats, {}, {}, "depth", True)
-    assert re.findall(r'data-queue="(q\d+)"', first)[:2] == ["q0449", "q0448"] and first.count("data-queue=") == 200
-    assert "page 1 of 3 (450 queues)" in first and 'page=2" rel=next' in first and "rel=prev" not in first
-    last = pages.queues(stats, {}, {}, "depth", True, page=99)  # (past the end: the last page)
-    assert last.count("data-queue=") == 50 and "page 3 of 3" in last and 'page=2" rel=prev' in last
-    assert pages.query_sort("sort=depth&order=desc&page=2") == ("depth", True, 2)
-    assert pages.query_sort("sort=__class__&page=-1") == ("name", False, 1)
-
-
-def test_a_body_of_a_million_empty_frames_is_previewed_by_its_first_frames_only(store):
-    store.put("q", [b"start"] + [b""] * 1_000_000, now_us=1)
-    store.commit()
-    (preview,) = store.preview("q", 50, 1024)
-    assert preview.body_head == b"start" and not preview.size_exact and preview.body_size > 1_000_000
-    assert pages.show_body(preview.body_head, preview.body_size, preview.size_exact).startswith("start … (about ")
-
-
-@pytest.mark.slow
-def test_a_flood_of_connections_from_one_address_leaves_another_served(make_server):
-    import socket
-
-    tcp, (host, port) = free_tcp_endpoint()
-    make_server(http_dsn=tcp.replace("tcp://", "http://"))
-
-    def status(source: str) -> str:
-        try:
-            with socket.create_connection((host, port), timeout=5, source_address=(source, 0)) as sock:
-                sock.sendall(b"GET /static/console.css HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-                return sock.recv(12).decode() or "closed"
-        except ConnectionError:
-            return "closed"
-
-    from pzq.console.listener import SOURCE_PER_S
-
-    started = time.monotonic()
-    flood = [status("127.0.0.1") for _ in range(200)]
-    allowed = 2 * SOURCE_PER_S + (time.monotonic() - started) * SOURCE_PER_S + 1  # (its burst, then its rate)
-    assert flood.count("HTTP/1.0 200") <= allowed and flood.count("closed") >= 200 - allowed
-    assert all(status("127.0.0.2") == "HTTP/1.0 200" for _ in range(10))
-
-
-def test_the_queues_table_shows_each_queues_rates_over_its_last_ten_seconds_and_sorts_by_them():
-    history = History()
-    for at, produced in ((0.0, 0), (10.0, 500), (20.0, 2500)):
-        stats = {"queues": {"slow": {"depth": 1}, "busy": {"depth": 1}}}
-        history.add(at, stats, 0.1, {"slow": {"produced": produced // 100}, "busy": {"produced": produced}})
-    rates = history.queue_rates()
-    assert rates == {"slow": (2.0, 0.0), "busy": (200.0, 0.0)}
-    table = pages.queues({"queues": {"slow": {}, "busy": {}}}, {}, {}, "produce_rate", True, rates=rates)
-    assert re.findall(r'data-queue="(\w+)"', table) == ["busy", "slow"] and ">produced/s<" in table
-    assert re.search(r'data-queue="busy">.*?<td data-column="produce_rate">200<', table)
-
-
-def test_a_server_built_without_a_console_refuses_an_http_dsn_with_a_clear_error(tmp_path):
-    import zmq
-
-    from pzq.errors import ConfigError
-    from pzq.server import Server
-
-    tcp, _ = free_tcp_endpoint()
-    server = Server(make_config(tmp_path, http_dsn=tcp.replace("tcp://", "http://")), context=zmq.Context.instance())
-    try:
-        with pytest.raises(ConfigError, match="--http-dsn: this server was built without the web console"):
-            server.start()
-    finally:
-        server.close()
+    status, page = browser.get("/queues?sort=depth&order=desc&page=3")
+    assert status == 200 and time.monotonic() - started < 5
+    assert "page 3 of 11" in page and len(re.findall(r'<td class="name" data-queue=', page)) == 100
+    depths = [int(d) for d in re.findall(r'data-column="depth" data-figure="depth:[^"]+">(\d+)<', page)]
+    assert depths == sorted(depths, reverse=True) and depths[0] <= 3
+    assert 'rel="next" href="/queues?sort=depth&amp;order=desc&amp;page=4"' in page

@@ -89,6 +89,9 @@ def build(console: Console) -> Any:
         data = {"page": "login", "title": "Log in", "enabled": console.logins.enabled}
         return respond(console, request, "login.html", data)
 
+    async def itself(request: Request) -> Response:
+        return render.twin(console.reader.figures())
+
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         if status == 405:
@@ -106,6 +109,7 @@ def build(console: Console) -> Any:
         Route("/clients", clients),
         Route("/api/clients", clients),
         Route("/login", login),
+        Route("/api/console", itself),
         Mount("/static", static, name="static"),
         *actions.routes(console),
     ]

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from pzq.clients.monitor_link import MonitorLink
+from pzq.clients.monitor_link import MonitorLink, MonitorRefused
 from pzq.console.history import History
 from pzq.errors import ClientError
 
@@ -50,6 +50,7 @@ class Reader:
         self.history = History()
         self.snapshot = EMPTY
         self.polls = 0  # STATS requests sent (a flood of browsers must not raise it)
+        self.busy_total = 0  # reads refused as Busy
         self._in_flight = in_flight
         self._reading = 0
         self._cache: collections.OrderedDict[str, tuple[float, Any]] = collections.OrderedDict()
@@ -110,11 +111,14 @@ class Reader:
         now = time.monotonic()
         cached = self._cache.get(text)
         if cached is not None and now - cached[0] < CACHE_S:
+            if isinstance(cached[1], MonitorRefused):  # (a refusal is remembered as long: asked once a second)
+                raise cached[1]
             return cached[1]
         pending = self._pending.get(text)
         if pending is not None:  # (another browser asked the same: share its answer)
             return await asyncio.shield(pending)
         if self._reading >= self._in_flight:
+            self.busy_total += 1
             raise Busy()
         self._reading += 1
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -122,23 +126,40 @@ class Reader:
         try:
             answer = await self.link.request(text)
         except BaseException as exc:
+            if isinstance(exc, MonitorRefused):
+                self._remember(text, exc)
             future.set_exception(exc)
             future.exception()  # (marks it retrieved: nobody else may be waiting)
             raise
         else:
             future.set_result(answer)
-            self._cache[text] = (time.monotonic(), answer)
-            self._cache.move_to_end(text)
-            while len(self._cache) > CACHED:
-                self._cache.popitem(last=False)
+            self._remember(text, answer)
             return answer
         finally:
             self._reading -= 1
             del self._pending[text]
 
+    def _remember(self, text: str, answer: Any) -> None:
+        self._cache[text] = (time.monotonic(), answer)
+        self._cache.move_to_end(text)
+        while len(self._cache) > CACHED:
+            self._cache.popitem(last=False)
+
+    def figures(self) -> dict:
+        """The console's own figures: what it asked of pzq, and what it refused as busy."""
+        return {
+            "polls": self.polls,
+            "poll_interval_s": self.poll_s,
+            "requests_sent": dict(self.link.sent_by_command),
+            "busy_total": self.busy_total,
+            "cached": len(self._cache),
+        }
+
     async def write(self, text: str, body: bytes | None = None) -> Any:
         """A change (PURGE, DELETEDEAD, REQUEUE, PUBLISH), answered by pzq after its commit; every
-        cached read is forgotten, so the next page shows the change."""
+        cached read is forgotten and STATS asked again at once, so the page the operator is sent back
+        to shows the queue as the change left it (figures, charts and lists alike)."""
         answer = await self.link.request(text, body)
         self._cache.clear()
+        await self.poll()
         return answer

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+from typing import Any
 
 import uvicorn
 
@@ -60,6 +61,15 @@ def listen(dsn: str) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending with status 0 at SIGTERM or SIGINT: uvicorn raises the signal again once
+    it has shut down (so that the process dies of it), which the supervisor would log as a crash."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
 def run(options: Options) -> None:
     """Serve until SIGTERM or SIGINT. ConfigError for a bad secret file or a port that cannot be bound."""
     logins = Logins(read_secret(options.auth_file) if options.auth_file else None)
@@ -91,7 +101,7 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
         access_log=False,
         log_config=None,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     where = sock.getsockname()
     log.info(
         "console: serving http://%s:%d/ from pzq at %s (STATS every %g s%s)",

@@ -218,6 +218,18 @@ def _message(m: Any) -> dict:
     }
 
 
+GATEWAYS = {
+    "native": "Native PZQ",
+    "native_batch": "Native PZQ, batched consumers",
+    "connections": "TCP connections (PHPMQ, MQKS)",
+    "phpmq": "PHPMQ",
+    "mqks": "MQKS",
+    "emqp": "eMQP (workers, schedules, jobs)",
+    "api": "API (Spark and batch clients)",
+    "memory": "Memory",
+}
+
+
 def clients(snap: Snapshot, answer: dict | None, offset: int) -> dict:
     """What every gateway reports of its clients, and its lists of them a page at a time (``answer``:
     pzq's CLIENTS reply; None when pzq was too busy or does not know CLIENTS)."""
@@ -235,7 +247,7 @@ def clients(snap: Snapshot, answer: dict | None, offset: int) -> dict:
             if is_number(v):
                 figures[f"{gateway}:{k}"] = number(v)
                 rows.append({"key": f"{gateway}:{k}", "label": k.replace("_", " ")})
-        blocks.append({"gateway": gateway, "figures": rows})
+        blocks.append({"gateway": gateway, "title": GATEWAYS.get(gateway, gateway), "figures": rows})
     tables = []
     for t in (answer or {}).get("tables") or ():
         if isinstance(t, dict):
@@ -244,7 +256,7 @@ def clients(snap: Snapshot, answer: dict | None, offset: int) -> dict:
                     "kind": str(t.get("kind", "")),
                     "gateway": str(t.get("gateway", "")),
                     "title": str(t.get("title", "")),
-                    "columns": [str(c) for c in t.get("columns") or ()],
+                    "columns": [COLUMNS.get(str(c), str(c)) for c in t.get("columns") or ()],
                     "rows": [
                         [_cell(c, v) for c, v in zip(t.get("columns") or (), row, strict=False)]
                         for row in t.get("rows") or ()
@@ -254,6 +266,19 @@ def clients(snap: Snapshot, answer: dict | None, offset: int) -> dict:
                 }
             )
     total = max((t["total"] for t in tables if is_number(t["total"])), default=0)
+    groups = (snap.stats.get("api") or {}).get("groups") or {}
+    depths = snap.stats.get("queues") or {}
+    leases = [
+        {
+            "group": name,
+            "base": number(g.get("base")),
+            "end": number(g.get("end")),
+            "held": number(g.get("held")),
+            "lag": number(max(0, _depth(depths, name.rsplit("/", 1)[0]) - (g.get("held") or 0))),
+        }
+        for name, g in sorted(groups.items())[:CLIENT_ROWS]
+        if isinstance(g, dict)
+    ]
     return {
         "page": "clients",
         "title": "Clients",
@@ -263,8 +288,18 @@ def clients(snap: Snapshot, answer: dict | None, offset: int) -> dict:
         "gateways": blocks,
         "tables": tables,
         "listed": answer is not None,
+        "groups": leases,
         "paging": {"offset": offset, "per_page": CLIENT_ROWS, "total": total},
     }
+
+
+COLUMNS = {"connected_us": "connected since"}
+
+
+def _depth(queues: dict, name: str) -> int:
+    figures = queues.get(name)
+    depth = figures.get("depth") if isinstance(figures, dict) else 0
+    return depth if isinstance(depth, int) else 0
 
 
 def _cell(column: Any, value: Any) -> str:
