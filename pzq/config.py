@@ -248,12 +248,14 @@ class Config:
                     f"--unauthenticated {role}"
                 )
         if self.curve_secret_key and self.http_dsn and "console" not in self.unauthenticated_roles:
-            # The console shows message bodies to whoever reaches its port, and speaks no CURVE.
+            # (the console's own link to pzq has a CURVE key; the browsers reading it over HTTP have none)
             raise ConfigError(
-                f"--http-dsn {self.http_dsn}: the web console shows message bodies without a CURVE key, and "
-                "CURVE is configured: disable it (--http-dsn '') or accept it knowingly with "
-                "--unauthenticated console"
+                f"--http-dsn {self.http_dsn}: the web console shows message bodies without a CURVE key to any "
+                "browser that reaches its port, and CURVE is configured: disable it (--http-dsn '') or accept it "
+                "knowingly with --unauthenticated console"
             )
+        if self.http_dsn and self.monitor_dsn.startswith("inproc://"):  # (the console is a process of its own)
+            raise ConfigError(f"--http-dsn: the console's process cannot reach --monitor-dsn {self.monitor_dsn}")
         if self.metrics_dsn:
             parse_endpoint(self.metrics_dsn)
         if self.http_dsn:

@@ -49,6 +49,9 @@ class CurveServer:
             raise ConfigError(f"--curve-clients {clients_dir}: not a directory of client public keys")
         self.clients_dir = clients_dir
         self.names: dict[str, str] = {}  # allowed key (z85) -> its file's name without .key (for the logs)
+        # Keys allowed in memory, by name, kept across reloads: the web console's, made afresh for each
+        # of its processes (pzq/server/console_child.py), never written to the clients directory.
+        self.in_memory: dict[str, bytes] = {}
         certs = self._load()  # at start-up, an unreadable directory or key is a configuration error
         self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("pzq.curve.zap"))
         self.auth.start()
@@ -73,8 +76,27 @@ class CurveServer:
                 continue
             certs[key] = True
             named[key.decode("ascii")] = name.removesuffix(".key")
+        for name, key in self.in_memory.items():
+            certs[key] = True
+            named[key.decode("ascii")] = name
         self.names = named
         return certs
+
+    def allow(self, name: str, public: bytes | None) -> None:
+        """Allow ``public`` (z85) in memory as the client ``name``, in place of the key that name had;
+        ``None`` takes the name's key away. Kept across reloads of the clients directory."""
+        old = self.in_memory.pop(name, None)
+        if public is not None:
+            self.in_memory[name] = public
+        certs = dict(self.auth.certs.get(DOMAIN, {}))
+        if old is not None:  # (a fresh random key: no file of the directory holds it too)
+            certs.pop(old, None)
+            self.names.pop(old.decode("ascii"), None)
+        if public is not None:
+            certs[public] = True
+            self.names[public.decode("ascii")] = name
+        self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
+        self.gate.allowed = Gate(certs).allowed
 
     def reload(self) -> set[str]:
         """Re-read the allowed client keys (SIGHUP); returns the keys (z85) no longer allowed. If the
@@ -89,7 +111,7 @@ class CurveServer:
         revoked = set(old - self.gate.allowed)
         log.warning(  # (a warning, as every SIGHUP line: an operator who sent one sees what it did)
             "SIGHUP: CURVE client keys re-read: %d allowed in %s%s",
-            len(certs),
+            len(certs) - len(self.in_memory),  # (the console's own key is kept, not counted)
             self.clients_dir,
             f"; {len(revoked)} revoked, their open connections are cut off" if revoked else "",
         )

@@ -195,6 +195,19 @@ class Limits:
     event_log_s: float = 10.0
     event_log_queues: int = 20
 
+    # r8-proc (issue 28; pzq/server/console_child.py): the web console is a child process of `pzq serve`.
+    # One that dies is started again after console_restart_first_s, the wait doubling up to
+    # console_restart_most_s, back to the first once a child has lived console_restart_reset_s; a stop
+    # waits console_stop_s after SIGTERM, then SIGKILLs it. The console asks pzq for STATS every
+    # console_poll_s, however many browsers watch (its --poll-interval). It runs at this much lower CPU
+    # priority (nice), so that the broker's turns come first when both want a core
+    console_nice: int = 5
+    console_restart_first_s: float = 1.0
+    console_restart_most_s: float = 30.0
+    console_restart_reset_s: float = 60.0
+    console_stop_s: float = 5.0
+    console_poll_s: float = 1.0
+
     # r8-admin (issue 28, the monitor's admin requests; pzq/admin/): rows one QUEUE, PEEK, DEAD or CLIENTS
     # answer lists at most (and dead letters one REQUEUE/DELETEDEAD ... all moves), the body bytes each
     # PEEK/DEAD row shows, ready messages a PURGE walks per turn (a big queue is purged over turns),

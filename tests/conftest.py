@@ -20,7 +20,6 @@ import zmq
 
 from pzq import config
 from pzq.clients import native as client
-from pzq.console.web import Console
 from pzq.server import Server
 from pzq.store import Store
 
@@ -59,7 +58,7 @@ class ThreadServer:
 
     def __init__(self, cfg: config.Config):
         self.config = cfg
-        self.server = Server(cfg, context=zmq.Context.instance(), console=Console.from_config)  # (as `pzq serve`)
+        self.server = Server(cfg, context=zmq.Context.instance())
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -397,6 +397,8 @@ def test_with_curve_the_web_console_starts_only_when_named_unauthenticated(make_
 
     from pzq.errors import ConfigError
 
+    from conftest import wait_until
+
     tcp, _ = free_tcp_endpoint()
     url = tcp.replace("tcp://", "http://")
     with pytest.raises(ConfigError, match="web console shows message bodies.*--unauthenticated console"):
@@ -404,8 +406,15 @@ def test_with_curve_the_web_console_starts_only_when_named_unauthenticated(make_
     caplog.set_level("WARNING")
     make_server(http_dsn=url, **curve_settings(keys, unauthenticated="console"))
     assert f"serve clients without a key (--unauthenticated): console {url}" in caplog.text
-    with urllib.request.urlopen(url + "/", timeout=5) as page:  # knowingly open
-        assert page.status == 200
+
+    def status() -> int | None:  # (the console is a child process: it answers once it has started)
+        try:
+            with urllib.request.urlopen(url + "/", timeout=5) as page:  # knowingly open
+                return page.status
+        except OSError:
+            return None
+
+    assert wait_until(status, timeout_s=20) == 200
 
 
 def test_a_sighup_revokes_a_removed_key_even_when_the_config_file_has_a_bad_value(process_server, keys, tmp_path):

@@ -55,11 +55,4 @@ def serve(config_file: str | None, **flags: Any) -> None:
     logs.configure(cfg.log_level, cfg.log_format)
     from pzq.server import serve as run_server
 
-    run_server(cfg, reload=lambda: resolve(config_file, **flags), console=_console)
-
-
-def _console(cfg: config.Config) -> Any:
-    """The web console of --http-dsn, imported only when it is asked for."""
-    from pzq.console.web import Console
-
-    return Console.from_config(cfg)
+    run_server(cfg, reload=lambda: resolve(config_file, **flags))  # (--http-dsn: the console is its child process)

@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-import zmq.utils.z85
+import zmq.utils.z85  # (a submodule: `import zmq` alone does not load it)
 
 from pzq.clients.sockets import check_ipc_owner
 from pzq.errors import ClientError, ConfigError

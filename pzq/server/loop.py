@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import zmq
@@ -19,15 +19,15 @@ from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, TurnBudget
 from pzq.endpoints.connwatch import ConnectionWatch
-from pzq.endpoints.console import ConsoleEndpoint, ConsoleFactory, WebConsole
 from pzq.endpoints.memory import MemoryAlarm
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.errors import ConfigError, StoreError
+from pzq.errors import StoreError
 from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
 from pzq.server.collector import Collector
+from pzq.server.console_child import ConsoleChild
 from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
@@ -47,12 +47,18 @@ MAX_FAILED_TURNS = 100
 
 class Server(Reloading):
     """A pzq server on one Config. ``start()`` binds, ``run()`` loops until ``stop()`` or a signal.
-    ``console`` makes the web console of ``--http-dsn`` (the CLI hands pzq.console's; the server never
-    imports it)."""
+    With ``--http-dsn``, the web console runs as a child process (pzq/server/console_child.py);
+    ``console_command`` replaces its `python -m pzq console` (tests run a stand-in)."""
 
-    def __init__(self, config: Config, *, context: zmq.Context | None = None, console: ConsoleFactory | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        context: zmq.Context | None = None,
+        console_command: Sequence[str] | None = None,
+    ):
         self.config = config
-        self._make_console = console
+        self._console_command = console_command
         self.ctx = context or zmq.Context.instance()
         # Made by start(); nothing but start() and close() runs before it.
         self.store: Store
@@ -71,7 +77,7 @@ class Server(Reloading):
         self._reload_requested = False
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
         self.metrics: Metrics | None = None
-        self.console: WebConsole | None = None
+        self.console: ConsoleChild | None = None  # the web console's process (--http-dsn)
         self._last_commit_ms = 0.0
         self._produced_at_commit = 0
         # A full disk fails every turn's commit: one line now and then, not a traceback each time.
@@ -129,24 +135,18 @@ class Server(Reloading):
             from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
 
             self.metrics = Metrics(cfg.metrics_dsn)
-        if cfg.http_dsn:
-            if self._make_console is None:
-                raise ConfigError("--http-dsn: this server was built without the web console")
-            self.console = self._make_console(cfg)
-            self.console.wake = self._wake_for_console
-            self.endpoints.append(ConsoleEndpoint(self.console, self.broker, clients=self._client_lists))
-            log.info(
-                "web console at http://%s:%d/ (%s)",
-                self.console.host,
-                self.console.port,
-                "changes after a login" if cfg.http_auth_file else "read-only: no --http-auth-file",
-            )
         for endpoint in self.endpoints:
             endpoint.alarm = self.alarm
         self._register()
         if cfg.user:
             drop_privileges(cfg.user, cfg.database)
         log_start(cfg, owned.open_roles, connections.limit, curve=self.curve is not None)
+        if cfg.http_dsn:  # (after the bind, as the user the server runs as: a monitor client like any other)
+            keyed = self.curve is not None and "monitor" not in cfg.unauthenticated_roles
+            self.console = ConsoleChild(
+                cfg, curve=self.curve if keyed else None, command=self._console_command, limits=cfg.limits
+            )
+            self.console.start()
 
     def _register(self) -> None:
         """(Re)build the poller from every endpoint's sockets (a revocation may replace some)."""
@@ -170,19 +170,10 @@ class Server(Reloading):
             signal.signal(sig, lambda signum, frame: self.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: self.request_reload())
 
-    def _wake_for_console(self) -> None:
-        try:
-            os.write(self._wake_w, b"c")
-        except OSError:  # (a wake-up is pending already)
-            pass
-
-    def _client_lists(self, now: float, rows: int) -> dict:
-        """The console's clients page: each gateway's figures and lists of its clients (at most ``rows``
-        a list), as of now."""
-        tables = [table for endpoint in self.endpoints for table in endpoint.clients(now, rows)]
-        return {"tables": tables, "figures": self._gateway_stats()}
-
     def close(self) -> None:
+        if self.console is not None:  # first: its stop waits for the child (the console holds nothing to save)
+            self.console.stop()
+            self.console = None
         self._sockets.close()
         if self.curve is not None:
             self.curve.close()
@@ -199,9 +190,6 @@ class Server(Reloading):
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
-        if self.console is not None:
-            self.console.close()
-            self.console = None
 
     def run(self) -> None:
         """Serve until ``stop()``. The commit of the turn in progress always completes.
@@ -306,15 +294,17 @@ class Server(Reloading):
             self._budget.take()
 
     def _tick(self, ready: dict, now: float, now_us: int) -> None:
-        """Once a second: expired leases, the admin's rates, the figures the metrics and console show."""
+        """Once a second: expired leases, the admin's rates, the metrics' figures, the console's process."""
         if now < self._next_tick:
             return
         self.leases.mark_expired(now_us)
         self.admin.tick(now)
         self.broker.events.tick(now)
         self._next_tick = now + TICK_S
-        if self.metrics is not None or self.console is not None:
+        if self.metrics is not None:
             self._publish_metrics(now, now_us)
+        if self.console is not None:
+            self.console.check(now)  # (one waitpid(WNOHANG); a restart when its wait is over)
         self._budget.take()
 
     def _turn(self, timeout_ms: int) -> None:
@@ -400,9 +390,6 @@ class Server(Reloading):
         stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
         if self.metrics is not None:
             self.metrics.update(stats, oldest, per_queue)
-        if self.console is not None:
-            figures = {**stats, "delivered_total": self.broker.counters.delivered}
-            self.console.publish(now, figures, oldest, per_queue, self._last_commit_ms)
 
     def _commit_if_due(self, now: float, waiting: bool) -> None:
         """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""
@@ -432,11 +419,11 @@ class Server(Reloading):
         return stats
 
 
-def serve(config: Config, reload: Callable[[], Config] | None = None, console: ConsoleFactory | None = None) -> None:
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
-    the settings on SIGHUP; ``console`` makes the web console (see Server)."""
+    the settings on SIGHUP."""
     return_freed_memory()  # (the process's own malloc: before the first big buffer)
-    server = Server(config, console=console)
+    server = Server(config)
     server.reloader = reload
     try:
         NewStore(config.database).start(server)  # (a start that fails leaves no new store behind)

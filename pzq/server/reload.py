@@ -1,5 +1,6 @@
 """SIGHUP: what a running server re-reads, each part on its own (the CURVE client keys first, then the
-settings' log level, then the console's secret), each saying in one line whether it took."""
+settings' log level, then the console's process, told to re-read its secret), each saying in one line
+whether it took."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pzq.errors import ConfigError
 if TYPE_CHECKING:
     from pzq.curve import CurveServer
     from pzq.endpoints.base import Endpoint
-    from pzq.endpoints.console import WebConsole
+    from pzq.server.console_child import ConsoleChild
     from pzq.systemd import Notifier
 
 log = logging.getLogger("pzq.server")
@@ -26,7 +27,7 @@ class Reloading:
 
     config: Config
     curve: CurveServer | None
-    console: WebConsole | None
+    console: ConsoleChild | None
     endpoints: list[Endpoint]
     notifier: Notifier
     reloader: Callable[[], Config] | None
@@ -38,7 +39,7 @@ class Reloading:
 
     def request_reload(self) -> None:
         """Re-read what can change while running (the log level, the CURVE client keys, the console's
-        secret) at the next turn; signal-safe."""
+        secret: SIGHUP is passed on to its process) at the next turn; signal-safe."""
         self._reload_requested = True
         try:
             os.write(self._wake_w, b"r")
@@ -89,12 +90,9 @@ class Reloading:
     def _reload_console(self) -> None:
         if self.console is None or not self.config.http_auth_file:
             return
-        try:
-            self.console.reload_secret()
-        except ConfigError as exc:
-            log.error("SIGHUP: the console's secret was not re-read (the old one stays): %s", exc)
-        else:
-            log.warning("SIGHUP: the console's secret re-read")
+        pid = self.console.hangup()  # (the console process re-reads its secret itself and logs whether it took)
+        if pid is not None:
+            log.warning("SIGHUP: passed on to the web console (pid %d), which re-reads its secret", pid)
 
     @staticmethod
     def _log_level() -> str:
