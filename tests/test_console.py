@@ -8,6 +8,7 @@ import concurrent.futures
 import http.client
 import json
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from console_run import Browser, ConsoleProcess
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
+from pzq.console.connections import MAX_PER_ADDRESS, REQUEST_S
 from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
 from pzq.curve_keys import keygen
 from pzq.protocols import phpmq
@@ -180,9 +182,18 @@ def test_fifty_browsers_at_once_leave_the_requests_to_pzq_at_one_stats_a_poll(co
     paths = ["/", "/api/overview", "/queues", "/queue?name=default", "/api/queue?name=default", "/clients"]
     started = time.monotonic()
 
-    def hammer(i: int) -> list[int]:
-        mine = Browser(process.url)
-        return [mine.get(paths[(i + n) % len(paths)])[0] for n in range(12)]
+    def hammer(i: int) -> list[int]:  # (each browser from an address of its own: 127.0.0.2 to 127.0.0.51)
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", process.port, timeout=15, source_address=(f"127.0.0.{i + 2}", 0)
+        )
+        statuses = []
+        for n in range(12):
+            connection.request("GET", paths[(i + n) % len(paths)])
+            answer = connection.getresponse()
+            answer.read()
+            statuses.append(answer.status)
+        connection.close()
+        return statuses
 
     with concurrent.futures.ThreadPoolExecutor(50) as pool:
         statuses = [s for got in pool.map(hammer, range(50)) for s in got]
@@ -214,6 +225,43 @@ def test_pages_say_busy_with_503_when_reads_already_wait_on_a_pzq_that_does_not_
 
     page = wait_until(failure_shown, timeout_s=15, interval_s=0.2)
     assert 'data-figure="queues">1<' in page, "the overview shows the last figures and the failure"
+
+
+def test_one_address_holds_sixteen_connections_at_most_and_another_is_served_meanwhile(console):
+    _, process = console()
+    idle = [socket.create_connection(("127.0.0.1", process.port), timeout=5) for _ in range(MAX_PER_ADDRESS)]
+    try:
+        extra = socket.create_connection(("127.0.0.1", process.port), timeout=5)
+        assert extra.recv(1) == b"", "the seventeenth connection from one address is closed at once"
+        extra.close()
+        other = http.client.HTTPConnection("127.0.0.1", process.port, timeout=10, source_address=("127.0.0.2", 0))
+        other.request("GET", "/")
+        assert other.getresponse().status == 200
+        other.close()
+    finally:
+        for connection in idle:
+            connection.close()
+    figures = json.loads(Browser(process.url).get("/api/console")[1])
+    assert figures["connections_refused_total"] >= 1
+
+
+@pytest.mark.slow
+def test_a_request_sent_a_byte_at_a_time_is_cut_off_at_its_deadline(console):
+    _, process = console()
+    slow = socket.create_connection(("127.0.0.1", process.port), timeout=5)
+    started, closed_at = time.monotonic(), None
+    try:
+        for byte in b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"s" * 60:
+            slow.sendall(bytes([byte]))
+            readable, _, _ = select.select([slow], [], [], 0.5)  # (a byte each half second, unless it closed)
+            if readable and slow.recv(1) == b"":
+                closed_at = time.monotonic()
+                break
+    except (BrokenPipeError, ConnectionResetError):
+        closed_at = time.monotonic()
+    finally:
+        slow.close()
+    assert closed_at is not None and REQUEST_S - 1 < closed_at - started < REQUEST_S + 5
 
 
 def test_a_port_in_use_is_one_clear_line_and_a_non_zero_exit(server, tmp_path):

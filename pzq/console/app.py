@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from pzq.clients.monitor_link import MonitorRefused
 from pzq.console import actions, render, views
+from pzq.console.connections import Connection
 from pzq.console.guard import Guard
 from pzq.console.reader import Busy
 from pzq.console.site import Console
@@ -92,7 +93,12 @@ def build(console: Console) -> Any:
         return respond(console, request, "login.html", data)
 
     async def itself(request: Request) -> Response:
-        return render.twin(console.reader.figures())
+        connections = {
+            "connections_refused_total": Connection.refused_total,
+            "requests_cut_total": Connection.cut_total,
+            "addresses_connected": len(Connection.per_address),
+        }
+        return render.twin({**console.reader.figures(), **connections})
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500

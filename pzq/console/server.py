@@ -1,7 +1,8 @@
 """Running the console (``pzq console``): its listening socket, the link to pzq's monitor, and uvicorn
 with limits of its own: LIMIT_CONCURRENCY connections and requests at once (more get 503 at once),
 KEEP_ALIVE_S idle on a kept-alive connection, a listen BACKLOG, h11 as the HTTP parser (pure Python,
-strict, with a bound on an incomplete request's size). The socket is bound before uvicorn starts, so
+strict, with a bound on an incomplete request's size), and pzq/console/connections.py's deadline per
+request and cap per address. The socket is bound before uvicorn starts, so
 a port in use is one clear line and a non-zero exit (the supervisor in ``pzq serve`` logs it and tries
 again later). SIGTERM and SIGINT end it with status 0."""
 
@@ -19,6 +20,7 @@ from pzq.clients.monitor_link import CurveKeys, MonitorLink
 from pzq.config import parse_endpoint
 from pzq.console.app import build
 from pzq.console.auth import Logins, read_secret
+from pzq.console.connections import Connection
 from pzq.console.guard import host_names
 from pzq.console.reader import READS_IN_FLIGHT, Reader
 from pzq.console.site import Console
@@ -88,7 +90,7 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
     app = build(Console(reader, logins, host_names(host, options.host_names)))
     config = uvicorn.Config(
         app,
-        http="h11",
+        http=Connection,  # (uvicorn's h11 protocol, with a deadline per request and a cap per address)
         ws="none",
         lifespan="on",
         limit_concurrency=LIMIT_CONCURRENCY,
