@@ -29,7 +29,14 @@ class ConsoleProcess:
     """``python -m pzq console`` for the server at ``monitor``; stopped (SIGTERM, status 0) by ``stop``."""
 
     def __init__(
-        self, tmp_path: Path, monitor: str, *extra: str, port: int | None = None, wait: bool = True, stdin: str = ""
+        self,
+        tmp_path: Path,
+        monitor: str,
+        *extra: str,
+        port: int | None = None,
+        wait: bool = True,
+        stdin: str = "",
+        keep_stdin: bool = False,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -37,14 +44,16 @@ class ConsoleProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pzq", "console", "--http-dsn", self.url, "--monitor-dsn", monitor, *extra]
             + ["--poll-interval", "0.5"],
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin or keep_stdin else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "wb"),  # noqa: SIM115 - the child's, closed when it ends
             env={**os.environ, "PZQ_LOG_LEVEL": "info"},
         )
         if stdin and self.proc.stdin is not None:
             self.proc.stdin.write(stdin.encode())
-            self.proc.stdin.close()
+            self.proc.stdin.flush()
+            if not keep_stdin:
+                self.proc.stdin.close()
         if wait:
             self.wait_serving()
 
@@ -64,6 +73,8 @@ class ConsoleProcess:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> int:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -264,6 +264,15 @@ def test_a_request_sent_a_byte_at_a_time_is_cut_off_at_its_deadline(console):
     assert closed_at is not None and REQUEST_S - 1 < closed_at - started < REQUEST_S + 5
 
 
+def test_the_console_stops_with_status_0_when_its_stdin_pipe_ends_as_when_pzq_serve_is_killed(server, tmp_path):
+    process = ConsoleProcess(tmp_path, server.monitor, keep_stdin=True)
+    assert Browser(process.url).get("/")[0] == 200
+    assert process.proc.stdin is not None
+    process.proc.stdin.close()  # (what the kernel does when the server holding the other end dies)
+    assert process.proc.wait(15) == 0
+    assert "standard input closed (pzq serve is gone): stopping" in process.text()
+
+
 def test_a_port_in_use_is_one_clear_line_and_a_non_zero_exit(server, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -374,6 +383,7 @@ def test_with_curve_the_console_reads_pzq_with_its_own_key_from_a_file_or_stdin_
             "--curve-server-key",
             server_public,
             stdin=f"{public.decode()} {secret.decode()}\n",
+            keep_stdin=True,  # (as pzq serve does: its end of file means the server is gone)
         ),
         ConsoleProcess(
             tmp_path,

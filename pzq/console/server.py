@@ -4,14 +4,17 @@ KEEP_ALIVE_S idle on a kept-alive connection, a listen BACKLOG, h11 as the HTTP 
 strict, with a bound on an incomplete request's size), and pzq/console/connections.py's deadline per
 request and cap per address. The socket is bound before uvicorn starts, so
 a port in use is one clear line and a non-zero exit (the supervisor in ``pzq serve`` logs it and tries
-again later). SIGTERM and SIGINT end it with status 0."""
+again later). SIGTERM and SIGINT end it with status 0, and so does the end of its standard input when
+that is a pipe (the supervisor's: the server is gone)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
+import stat
 from typing import Any
 
 import uvicorn
@@ -72,6 +75,32 @@ class _Server(uvicorn.Server):
         self._captured_signals.clear()
 
 
+def _stop_at_eof(server: uvicorn.Server) -> None:
+    """When standard input is a pipe (``pzq serve``, the supervisor, holds its other end and writes no
+    more than the key line), its end of file means the server is gone, even killed outright: stop too.
+    A terminal or /dev/null (a console run by hand, or by systemd) is not watched."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(0).st_mode):
+            return
+    except OSError:
+        return
+    loop = asyncio.get_running_loop()
+
+    def readable() -> None:
+        try:
+            more = os.read(0, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            more = b""
+        if not more:
+            loop.remove_reader(0)
+            log.info("console: standard input closed (pzq serve is gone): stopping")
+            server.should_exit = True
+
+    loop.add_reader(0, readable)
+
+
 def run(options: Options) -> None:
     """Serve until SIGTERM or SIGINT. ConfigError for a bad secret file or a port that cannot be bound."""
     logins = Logins(read_secret(options.auth_file) if options.auth_file else None)
@@ -113,6 +142,7 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
         options.poll_s,
         ", logins on" if logins.enabled else ", read-only",
     )
+    _stop_at_eof(server)
     try:
         await server.serve(sockets=[sock])
     finally:
