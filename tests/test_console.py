@@ -431,3 +431,20 @@ def test_a_bad_key_or_poll_interval_is_one_clear_line_and_a_non_zero_exit(tmp_pa
         timeout=30,
     )
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, done.stderr
+
+
+def test_the_package_data_ships_every_template_and_static_file_and_uplots_licence():
+    import configparser
+    import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setup = configparser.ConfigParser()
+    setup.read(root / "setup.cfg")
+    patterns = [p.strip() for p in setup["options.package_data"]["pzq.console"].split(",")]
+    package = root / "pzq" / "console"
+    files = [str(f.relative_to(package)) for d in ("static", "templates") for f in (package / d).iterdir()]
+    assert files and all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files), (files, patterns)
+    assert {"static/uPlot.iife.min.js", "static/uPlot.min.css", "static/uPlot.LICENSE"} <= set(files)
+    install = setup["options"]["install_requires"]
+    assert all(name in install for name in ("starlette>=", "uvicorn>=", "jinja2>=", "python-multipart>="))

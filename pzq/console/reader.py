@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from pzq.clients.monitor_link import MonitorLink, MonitorRefused
+from pzq.clients.monitor_link import MonitorLink, MonitorRefused, MonitorSilent
 from pzq.console.history import History
 from pzq.errors import ClientError
 
@@ -128,7 +128,9 @@ class Reader:
         except BaseException as exc:
             if isinstance(exc, MonitorRefused):
                 self._remember(text, exc)
-            future.set_exception(exc)
+            # (the browsers sharing this read get its error; if the one that asked was cancelled, they
+            # get a MonitorSilent rather than a cancellation of their own)
+            future.set_exception(exc if isinstance(exc, Exception) else MonitorSilent("the read was given up"))
             future.exception()  # (marks it retrieved: nobody else may be waiting)
             raise
         else:
