@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import urllib.parse
 import urllib.request
 
@@ -289,3 +290,20 @@ def test_the_queue_page_peeks_at_the_first_messages_and_pages_the_dead_letters_w
     second = re.findall(r'data-dead="([^"]+)"', browser.get(following)[1])
     assert len(second) == 5 and not set(first) & set(second)
     assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td><td>[^<]+</td>", page), "when and why each died"
+
+
+def test_sighup_rereads_the_secret_file_and_a_changed_secret_shuts_out_the_old_sessions(console, tmp_path):
+    _, process, browser = operator(console)
+    secret_file = tmp_path / "console.secret"
+    process.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "the secret is unchanged" in process.text(), timeout_s=10)
+    assert "Log out" in browser.get("/")[1], "the same secret: the session goes on"
+    secret_file.write_text("a brand new secret of the operator\n")
+    process.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "every session has ended" in process.text(), timeout_s=10)
+    assert "Log out" not in browser.get("/")[1]
+    assert browser.log_in()[0] == 403 and browser.log_in("a brand new secret of the operator")[0] == 200
+    secret_file.unlink()
+    process.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "the old secret stays" in process.text(), timeout_s=10)
+    assert "Log out" in browser.get("/")[1] and process.proc.poll() is None

@@ -5,7 +5,7 @@ strict, with a bound on an incomplete request's size), and pzq/console/connectio
 request and cap per address. The socket is bound before uvicorn starts, so
 a port in use is one clear line and a non-zero exit (the supervisor in ``pzq serve`` logs it and tries
 again later). SIGTERM and SIGINT end it with status 0, and so does the end of its standard input when
-that is a pipe (the supervisor's: the server is gone)."""
+that is a pipe (the supervisor's: the server is gone); SIGHUP re-reads the secret file."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import stat
 from typing import Any
@@ -73,6 +74,20 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+
+def _reload_secret(path: str, logins: Logins) -> None:
+    """SIGHUP (``pzq serve`` passes its own on): read --http-auth-file again; a changed secret ends every
+    session (someone who knew the old one must be shut out). An unreadable file keeps the old secret."""
+    try:
+        changed = logins.replace_secret(read_secret(path))
+    except ConfigError as exc:
+        log.warning("console: SIGHUP: %s; the old secret stays", exc)
+        return
+    if changed:
+        log.warning("console: --http-auth-file changed: every session has ended")
+    else:
+        log.info("console: SIGHUP: --http-auth-file re-read, the secret is unchanged")
 
 
 def _stop_at_eof(server: uvicorn.Server) -> None:
@@ -143,6 +158,8 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
         ", logins on" if logins.enabled else ", read-only",
     )
     _stop_at_eof(server)
+    if options.auth_file:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_secret, options.auth_file, logins)
     try:
         await server.serve(sockets=[sock])
     finally:
