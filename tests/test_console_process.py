@@ -240,3 +240,48 @@ def test_restart_waits_double_from_one_second_to_thirty_and_start_over_after_a_l
     assert re.findall(r"started again in ([\d.]+) s", caplog.text)[-1] == "1"
     child.stop()
     assert child.proc is None and child.starts == 8
+
+
+def test_a_sighup_reaches_the_console_whose_key_stays_allowed_after_the_clients_directory_is_reread(tmp_path, keys):
+    secret = tmp_path / "console.secret"
+    secret.write_text("a console secret of enough bytes\n")
+    secret.chmod(0o600)
+    curve = ("--curve-secret-key", str(keys / "server" / "server.key_secret"), "--curve-clients", str(keys / "clients"))
+    srv, url = console_server(tmp_path, "stand-in", *curve, "--unauthenticated", "console")
+    srv.argv += ["--http-auth-file", str(secret)]
+    start_keyed(srv, keys)
+    try:
+        pid = wait_until(lambda: children(srv), timeout_s=10)[0]
+        assert wait_until(lambda: page(url) == 200, timeout_s=20)
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "pzq console (stand-in): SIGHUP" in srv.log.read_text(), timeout_s=10)
+        log = srv.log.read_text()
+        assert (
+            f"SIGHUP: passed on to the web console (pid {pid})" in log and "CURVE client keys re-read: 1 allowed" in log
+        )
+        assert page(url) == 200, "the console's STATS is still answered: its key survived the reload"
+        assert children(srv) == [pid]
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_a_key_allowed_in_memory_survives_reloads_and_goes_when_taken_away(keys):
+    import zmq
+
+    from pzq.curve import CurveServer
+
+    curve = CurveServer(zmq.Context.instance(), str(keys / "server" / "server.key_secret"), str(keys / "clients"))
+    try:
+        first, _ = zmq.curve_keypair()
+        second, _ = zmq.curve_keypair()
+        curve.allow("console", first)
+        assert curve.gate.admits(first.decode()) and curve.names[first.decode()] == "console"
+        assert curve.reload() == set()
+        assert curve.gate.admits(first.decode()) and first in curve.auth.certs["pzq"]
+        curve.allow("console", second)  # (the next console process: the dead one's key goes)
+        assert not curve.gate.admits(first.decode()) and first not in curve.auth.certs["pzq"]
+        assert curve.gate.admits(second.decode())
+        curve.allow("console", None)
+        assert list(curve.names.values()) == ["alice"] and len(curve.gate.allowed) == 1
+    finally:
+        curve.close()
