@@ -84,7 +84,7 @@ def parent_of(pid: int) -> int:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_whose_page_answers(tmp_path, mode):
-    srv, url = console_server(tmp_path, mode)
+    srv, url = console_server(tmp_path, mode, "--log-format", "json")
     srv.start()
     try:
         pid = wait_until(lambda: children(srv), timeout_s=10)[0]
@@ -92,6 +92,9 @@ def test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_who
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, srv.proc.pid) + 5
         assert wait_until(lambda: page(url), timeout_s=20) == 200
         assert f"web console at {url}/: child pid {pid}" in srv.log.read_text()
+        if mode == "pzq console":  # (it logs as the server was told to, though no flag of its says so)
+            lines = [json.loads(line) for line in srv.log.read_text().splitlines() if line.startswith("{")]
+            assert any(line["logger"] == "pzq.console" and line["pid"] == pid for line in lines)
     finally:
         srv.stop(signal.SIGKILL)
 
@@ -203,7 +206,8 @@ def test_with_curve_the_console_reaches_pzq_with_its_own_key_which_proc_never_sh
         keylike = [a for a in argv if re.fullmatch(rb"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}", a)]
         assert keylike == [server_public.encode()], "no key but the server's public one on the command line"
         with open(f"/proc/{pid}/environ", "rb") as f, open(f"/proc/{srv.proc.pid}/environ", "rb") as g:
-            assert f.read() == g.read(), "the child's environment is the server's, nothing added"
+            child, server = set(f.read().split(b"\0")), set(g.read().split(b"\0"))
+        assert child - server == {b"PZQ_LOG_LEVEL=info", b"PZQ_LOG_FORMAT=text"}, "the server's, and its log settings"
     finally:
         srv.stop(signal.SIGKILL)
 
