@@ -289,3 +289,30 @@ def test_a_key_allowed_in_memory_survives_reloads_and_goes_when_taken_away(keys)
         assert list(curve.names.values()) == ["alice"] and len(curve.gate.allowed) == 1
     finally:
         curve.close()
+
+
+def test_a_console_that_ignores_sigterm_is_killed_when_its_wait_is_over(tmp_path, caplog):
+    script, ready = tmp_path / "deaf.py", tmp_path / "deaf.ready"
+    script.write_text(
+        "import signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "sys.stdin.read()\nsignal.pause()\n"  # (not even EOF stops it: only SIGKILL does)
+    )
+    cfg = config.Config(database=str(tmp_path / "db"), http_dsn="http://127.0.0.1:1")
+    limits = dataclasses.replace(cfg.limits, console_stop_s=0.5)
+    child = ConsoleChild(cfg, command=[sys.executable, str(script)], limits=limits)
+    caplog.set_level("INFO")
+    child.start()
+    proc = child.proc
+    assert proc is not None
+    wait_until(ready.exists, timeout_s=10)  # (its SIGTERM is ignored from here on)
+    child.stop()
+    assert proc.returncode == -signal.SIGKILL
+    assert f"child pid {proc.pid} still running 0.5 s after SIGTERM: killed" in caplog.text
+    child.check(1e9)
+    assert child.proc is None, "no restart after a stop"
+
+
+def test_an_inproc_monitor_cannot_serve_a_console_process():
+    with pytest.raises(config.ConfigError, match="the console's process cannot reach --monitor-dsn inproc://m"):
+        config.Config(http_dsn="http://127.0.0.1:9180", monitor_dsn="inproc://m").validate()
