@@ -212,12 +212,14 @@ class Limits:
     # answer lists at most (and dead letters one REQUEUE/DELETEDEAD ... all moves), the body bytes each
     # PEEK/DEAD row shows, ready messages a PURGE walks per turn (a big queue is purged over turns),
     # records a PEEK walks past in flight before it answers with what it found, and the time the
-    # monitor's reads may take after a turn's commit (the rest wait for the next turn)
+    # monitor's reads may take after a turn's commit (the rest wait for the next turn); the queues whose head
+    # age (STATS oldest_age_s, the metrics') one once-a-second tick reads (the others in the next ticks)
     admin_rows: int = 1_000
     admin_head_bytes: int = 1_024
     admin_purge_share: int = 5_000
     admin_skip_walk: int = 4_096
     admin_read_s: float = 0.005
+    admin_heads_per_tick: int = 1_000
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

@@ -1,7 +1,9 @@
-"""The README's pictures of the web console: a pzq server (a subprocess, its own tmp store) with a
-minute or so of traffic (a producer at a rate that rises and falls, a consumer that acks, a PHPMQ
-connection, three poison messages in the dead letters), then Debian's Chromium, headless, saves the
-overview, the clients page, and a queue's page after a logged-in requeue.
+"""The README's pictures of the web console: a pzq server (a subprocess, its own tmp store) and its
+console (`pzq console`, a subprocess of its own against the server's monitor socket), a minute or so
+of traffic (a producer at a rate that rises and falls, a consumer that acks, PHPMQ connections that
+send to a few more queues and one that consumes, three poison messages in the dead letters), then,
+with the traffic still flowing, Debian's Chromium, headless, saves the overview, the queues, the
+clients page, and a queue's page after a logged-in requeue.
 
     .venv/bin/python scripts/console_screenshots.py [--seconds 90] [--out tests/screenshots]
 """
@@ -16,9 +18,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pzq.clients import native as client
+from pzq.protocols import phpmq
 
 SECRET = "screenshots only: a throwaway secret"
 
@@ -48,8 +52,8 @@ def main() -> None:
     url, phpmq = f"http://127.0.0.1:{free_port()}", free_port()
     ends = {name: f"ipc://{tmp}/{name}" for name in ("receive", "send", "monitor")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "pzq", "serve", "--database", str(tmp / "db"), "--http-dsn", url]
-        + ["--http-auth-file", str(secret), "--phpmq-dsn", f"tcp://127.0.0.1:{phpmq}", "--max-deliveries", "1"]
+        [sys.executable, "-m", "pzq", "serve", "--database", str(tmp / "db")]
+        + ["--phpmq-dsn", f"tcp://127.0.0.1:{phpmq}", "--max-deliveries", "1"]
         + ["--ack-timeout", "3000000", "--receive-dsn", ends["receive"], "--send-dsn", ends["send"]]
         + ["--monitor-dsn", ends["monitor"], "--mqks-dsn", "", "--api-dsn", ""]
         + ["--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""],
@@ -64,19 +68,31 @@ def main() -> None:
             except client.ClientError:
                 if time.monotonic() > deadline or server.poll() is not None:
                     sys.exit(f"the server did not start:\n{(tmp / 'server.log').read_text()}")
-        traffic(ends, args.seconds, phpmq)
+        console = subprocess.Popen(
+            [sys.executable, "-m", "pzq", "console", "--http-dsn", url, "--monitor-dsn", ends["monitor"]]
+            + ["--http-auth-file", str(secret)],
+            stderr=open(tmp / "console.log", "wb"),  # noqa: SIM115 - the console's, closed with it
+        )
+        stopping = threading.Event()
+        flowing = threading.Thread(target=traffic, args=(ends, stopping, phpmq), daemon=True)
+        flowing.start()
+        time.sleep(args.seconds)  # (the charts' 15 minutes fill as the traffic flows)
         options = Options()
         options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
             options.add_argument(flag)
         driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
         driver = webdriver.Chrome(service=Service(driver_path), options=options)
         try:
-            with socket.create_connection(("127.0.0.1", phpmq)):
-                driver.get(url + "/")
-                driver.save_screenshot(str(out / "console-overview.png"))
-                driver.get(url + "/clients")
-                driver.save_screenshot(str(out / "console-clients.png"))
+            driver.get(url + "/")
+            settle(driver, WebDriverWait)
+            driver.save_screenshot(str(out / "console-overview.png"))
+            driver.get(url + "/queues?sort=depth&order=desc")
+            settle(driver, WebDriverWait)
+            driver.save_screenshot(str(out / "console-queues.png"))
+            driver.get(url + "/clients")
+            settle(driver, WebDriverWait)
+            driver.save_screenshot(str(out / "console-clients.png"))
             driver.get(url + "/login")
             driver.find_element("name", "secret").send_keys(SECRET)
             driver.find_element("css selector", "form[action='/login'] button").click()
@@ -84,10 +100,15 @@ def main() -> None:
             driver.get(url + "/queue?name=default")
             driver.save_screenshot(str(out / "console-queue.png"))  # (replaced below, after the requeue)
             driver.find_element("css selector", "td.actions button[data-action='/queue/requeue']").click()
+            settle(driver, WebDriverWait)
             driver.execute_script("window.scrollTo(0, 0)")  # (the click scrolled down to the dead letters)
             driver.save_screenshot(str(out / "console-queue.png"))
         finally:
             driver.quit()
+            stopping.set()
+            flowing.join(10)
+            console.terminate()
+            console.wait(20)
         print("screenshots:", *sorted(str(p) for p in out.glob("console-*.png")))
     finally:
         server.terminate()
@@ -95,8 +116,14 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def traffic(ends: dict[str, str], seconds: float, phpmq: int) -> None:
-    """Poison first (delivered once, never acked: dead), then a rising and falling rate, acked."""
+def settle(driver, wait) -> None:
+    """Wait for console.js's first update of the page (its charts drawn)."""
+    wait(driver, 10).until(lambda d: d.find_element("tag name", "body").get_attribute("data-updated"))
+
+
+def traffic(ends: dict[str, str], stopping: threading.Event, phpmq_port: int) -> None:
+    """Poison first (delivered once, never acked: dead), then a rising and falling rate, acked, until
+    ``stopping``; PHPMQ connections send to three more queues, and one consumes from "default"."""
     with client.Producer(ends["receive"]) as producer:
         assert all(r.ok for r in producer.produce_many([b'{"job": "resize", "image": %d}' % i] for i in range(3)))
     with client.Consumer(ends["send"]) as consumer:
@@ -105,17 +132,28 @@ def traffic(ends: dict[str, str], seconds: float, phpmq: int) -> None:
         deadline = time.monotonic() + 30
         while client.stats(ends["monitor"])["queues"]["default"]["dead_letters"] < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
+    php = [socket.create_connection(("127.0.0.1", phpmq_port)) for _ in range(4)]
+    php[0].sendall(phpmq.encode(phpmq.CONSUME, [(phpmq.QUEUE, b"default"), (phpmq.COUNT, b"1")]))
     started = time.monotonic()
-    with client.Producer(ends["receive"]) as producer, client.Consumer(ends["send"]) as consumer:
-        n = 0
-        while (elapsed := time.monotonic() - started) < seconds:
-            rate = 400 + 300 * math.sin(elapsed / 12)  # messages a second, for the charts' shape
-            batch = max(1, int(rate / 10))
-            producer.produce_many([b'{"event": "page_view", "n": %d}' % (n + i)] for i in range(batch))
-            n += batch
-            while (delivery := consumer.receive(5)) is not None:  # (all that came, each acked in time)
-                consumer.ack(delivery)
-            time.sleep(max(0.0, 0.1 - (time.monotonic() - started - elapsed)))
+    try:
+        with client.Producer(ends["receive"]) as producer, client.Consumer(ends["send"]) as consumer:
+            n = 0
+            while not stopping.is_set():
+                elapsed = time.monotonic() - started
+                rate = 400 + 300 * math.sin(elapsed / 12)  # messages a second, for the charts' shape
+                batch = max(1, int(rate / 10))
+                producer.produce_many([b'{"event": "page_view", "n": %d}' % (n + i)] for i in range(batch))
+                for i, queue in enumerate((b"emails", b"thumbnails", b"invoices")):
+                    if n % (i + 2) == 0:
+                        body = b'{"to": "user%d@example.org"}' % n
+                        php[i + 1].sendall(phpmq.encode(phpmq.SEND, [(phpmq.QUEUE, queue), (phpmq.CONTENT, body)]))
+                n += batch
+                while (delivery := consumer.receive(5)) is not None:  # (all that came, each acked in time)
+                    consumer.ack(delivery)
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - started - elapsed)))
+    finally:
+        for connection in php:
+            connection.close()
 
 
 if __name__ == "__main__":

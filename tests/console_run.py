@@ -28,18 +28,23 @@ def free_port() -> int:
 class ConsoleProcess:
     """``python -m pzq console`` for the server at ``monitor``; stopped (SIGTERM, status 0) by ``stop``."""
 
-    def __init__(self, tmp_path: Path, monitor: str, *extra: str, port: int | None = None, wait: bool = True):
+    def __init__(
+        self, tmp_path: Path, monitor: str, *extra: str, port: int | None = None, wait: bool = True, stdin: str = ""
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"console-{self.port}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pzq", "console", "--http-dsn", self.url, "--monitor-dsn", monitor, *extra]
             + ["--poll-interval", "0.5"],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "wb"),  # noqa: SIM115 - the child's, closed when it ends
             env={**os.environ, "PZQ_LOG_LEVEL": "info"},
         )
+        if stdin and self.proc.stdin is not None:
+            self.proc.stdin.write(stdin.encode())
+            self.proc.stdin.close()
         if wait:
             self.wait_serving()
 

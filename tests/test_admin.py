@@ -104,3 +104,26 @@ def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall
         store.dead_letter(message, "max-deliveries", now_us=6)
     store.commit()
     assert len(json.loads(admin.answer(ask("DEADLETTERS small")))) == 3
+
+
+def test_head_ages_are_read_a_share_of_queues_a_tick_and_every_queue_in_turn(store):
+    from pzq.config import Limits
+
+    admin = admin_on(store)
+    admin.limits = Limits(admin_heads_per_tick=2)
+    for i in range(5):
+        store.put_many(f"q{i}", [[b"m"]], now_us=1_000_000)
+    store.commit()
+    admin.tick(0.0)
+    assert len(admin.oldest) == 2
+    admin.tick(1.0)
+    admin.tick(2.0)
+    assert sorted(admin.oldest) == [f"q{i}" for i in range(5)] and min(admin.oldest.values()) > 1e6
+    stats = admin.stats()["queues"]
+    assert all(stats[f"q{i}"]["oldest_age_s"] > 0 for i in range(5))
+    [head] = store.scan("q0", 0, 1)
+    store.delete("q0", head.seq)
+    store.commit()
+    for t in range(3, 6):
+        admin.tick(float(t))
+    assert "q0" not in admin.oldest and admin.stats()["queues"]["q0"]["oldest_age_s"] == 0.0

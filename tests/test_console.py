@@ -8,6 +8,7 @@ import concurrent.futures
 import http.client
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,11 +16,14 @@ import time
 import urllib.parse
 
 import pytest
+import zmq
+import zmq.auth
 from console_run import Browser, ConsoleProcess
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
+from pzq.curve_keys import keygen
 from pzq.protocols import phpmq
 
 from conftest import free_tcp_endpoint, wait_until
@@ -285,3 +289,87 @@ def test_the_queues_page_shows_a_thousand_queues_a_hundred_a_page_sorted_by_any_
     depths = [int(d) for d in re.findall(r'data-column="depth" data-figure="depth:[^"]+">(\d+)<', page)]
     assert depths == sorted(depths, reverse=True) and depths[0] <= 3
     assert 'rel="next" href="/queues?sort=depth&amp;order=desc&amp;page=4"' in page
+    found = json.loads(browser.get("/api/queues?filter=q09&sort=name")[1])
+    assert [r["name"] for r in found["rows"]] == [f"q{n:04d}" for n in range(900, 1000)]
+
+
+@pytest.fixture
+def curve_keys(tmp_path):
+    """Key pairs of the server, of an allowed console and of a stranger; the allowed public keys' dir."""
+    for name in ("server", "console", "mallory"):
+        keygen(str(tmp_path / name), name)
+    (tmp_path / "clients").mkdir()
+    shutil.copy(tmp_path / "console" / "console.key", tmp_path / "clients")
+    return tmp_path
+
+
+def test_with_curve_the_console_reads_pzq_with_its_own_key_from_a_file_or_stdin_and_a_strangers_reads_nothing(
+    make_server, curve_keys, tmp_path
+):
+    keys = curve_keys
+    srv = make_server(curve_secret_key=str(keys / "server" / "server.key_secret"), curve_clients=str(keys / "clients"))
+    server_public = zmq.auth.load_certificate(str(keys / "server" / "server.key"))[0].decode()
+    public, secret = zmq.auth.load_certificate(str(keys / "console" / "console.key_secret"))
+    started = [
+        ConsoleProcess(
+            tmp_path,
+            srv.monitor,
+            "--curve-client-key",
+            str(keys / "console" / "console.key_secret"),
+            "--curve-server-key",
+            str(keys / "server" / "server.key"),
+        ),
+        ConsoleProcess(
+            tmp_path,
+            srv.monitor,
+            "--curve-key-stdin",
+            "--curve-server-key",
+            server_public,
+            stdin=f"{public.decode()} {secret.decode()}\n",
+        ),
+        ConsoleProcess(
+            tmp_path,
+            srv.monitor,
+            "--curve-client-key",
+            str(keys / "mallory" / "mallory.key_secret"),
+            "--curve-server-key",
+            server_public,
+        ),
+    ]
+    try:
+        for process in started[:2]:
+            overview = json.loads(Browser(process.url).get("/api/overview")[1])
+            assert overview["snapshot"]["error"] == "" and overview["figures"]["queues"] == "1", process.text()
+        stranger = json.loads(Browser(started[2].url).get("/api/overview")[1])
+        assert "no answer from pzq" in stranger["snapshot"]["error"] and stranger["figures"]["queues"] == "0"
+    finally:
+        assert [process.stop() for process in started] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("options", "stdin", "said"),
+    [
+        (
+            ["--curve-key-stdin", "--curve-server-key", "," * 40],
+            f"{'a' * 40} {'b' * 40}\n",
+            "--curve-server-key: neither",
+        ),
+        (
+            ["--curve-key-stdin", "--curve-server-key", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"],
+            "nonsense\n",
+            "expected one",
+        ),
+        (["--curve-key-stdin"], "", "--curve-server-key needs"),
+        (["--poll-interval", "0.1s"], "", "--poll-interval: 0.1 s is not between"),
+    ],
+)
+def test_a_bad_key_or_poll_interval_is_one_clear_line_and_a_non_zero_exit(tmp_path, options, stdin, said):
+    done = subprocess.run(
+        [sys.executable, "-m", "pzq", "console", "--http-dsn", "http://127.0.0.1:1"]
+        + ["--monitor-dsn", f"ipc://{tmp_path}/m", *options],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, done.stderr

@@ -285,3 +285,17 @@ def test_schedules_with_a_bad_interval_or_cron_are_refused_with_an_error_reply(e
         reply = next_command(c, b"REPLY")
         assert reply[5] == m and "error" in json.loads(reply[4])
     assert srv.stats()["emqp"]["schedules"] == 0
+
+
+def test_the_monitor_lists_a_worker_among_its_queues_consumers_and_in_its_clients(emqp):
+    from pzq.clients.admin import admin_request
+
+    srv, front, worker = emqp()
+    since = time.time_ns() // 1000
+    worker(queues=b'[[10, "jobs"], [5, "other"]]', ready=2)
+    request(front(), queue=b"jobs")
+    [row] = wait_until(lambda: admin_request(srv.monitor, "QUEUE jobs")["consumers"])
+    assert row["protocol"] == "emqp" and row["connected_us"] >= since - 1_000_000
+    assert wait_until(lambda: admin_request(srv.monitor, "QUEUE jobs")["consumers"][0]["held"] == 1)
+    [table] = [t for t in admin_request(srv.monitor, "CLIENTS")["tables"] if t["kind"] == "emqp-workers"]
+    assert table["columns"][-1] == "connected_us" and table["rows"][0][-1] == row["connected_us"]

@@ -5,6 +5,7 @@ with each raw-TCP connection's peer address; and what a hostile client sends the
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import time
 
@@ -154,7 +155,10 @@ def test_dead_pages_dead_letters_by_after_id_with_when_and_why_each_died(make_se
     assert base64.b64decode(first["head_b64"]).startswith(b"dead ")
 
 
-def test_peek_and_dead_refuse_bad_ids_and_limits_and_cut_a_huge_limit_to_1000(server, sockets):
+def test_peek_and_dead_refuse_bad_ids_and_limits_and_cut_a_huge_limit_to_1000(make_server):
+    from pzq.config import Limits
+
+    server = make_server(limits=Limits(admin_read_s=60.0))  # (a whole page, whatever the machine's speed)
     produce(server, [b"%d" % i for i in range(1200)])
     assert len(ask(server, "PEEK", "default", "99999999999")["messages"]) == 1000
     assert refusal(server, "PEEK", "nope") == "there is no queue 'nope'"
@@ -210,3 +214,44 @@ def test_hostile_frames_get_one_error_line_and_the_monitor_goes_on(server, socke
     for text in (raw(server, [b"PEEK default", b"body"], sockets), raw(server, [b"HELLO"], sockets)):
         assert text.startswith("error: ") and text.count("\n") == 1
     assert client.stats(monitor)["queues"]["default"]["depth"] == 1
+
+
+def test_a_page_ends_early_with_more_at_the_reads_share_of_the_turn_and_pages_on(make_server):
+    from pzq.config import Limits
+
+    srv = make_server(limits=Limits(admin_read_s=0.0))  # (every page stops at its floor of 100 rows)
+    produce(srv, [b"%04d" % i for i in range(350)])
+    first = ask(srv, "PEEK", "default", "1000")
+    assert len(first["messages"]) == 100 and first["more"]
+    seen = [base64.b64decode(r["head_b64"]) for r in first["messages"]]
+    page = first
+    while page["more"]:
+        page = ask(srv, "PEEK", "default", "1000", page["messages"][-1]["id"])
+        seen += [base64.b64decode(r["head_b64"]) for r in page["messages"]]
+    assert seen == [b"%04d" % i for i in range(350)]
+
+
+def test_reads_past_a_turns_share_of_reading_are_answered_in_later_turns(make_server, sockets):
+    from pzq.config import Limits
+
+    srv = make_server(limits=Limits(admin_read_s=0.0))  # (one read a turn: the first is always answered)
+    produce(srv, [b"x"] * 10)
+    dealer = sockets(zmq.DEALER, srv.monitor)
+    for i in range(20):
+        dealer.send_multipart([b"", b"PEEK default %d" % (i + 1)])
+    answers = [recv(dealer, 10_000)[1] for _ in range(20)]
+    assert sorted(len(json.loads(a)["messages"]) for a in answers) == sorted(min(i + 1, 10) for i in range(20))
+
+
+def test_queue_lists_an_api_consumer_group_with_the_messages_its_lease_holds(make_server, tmp_path):
+    from pzq.clients.api import ApiClient
+
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    produce(srv, [b"a", b"b", b"c"])
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.lease("default", "billing", 0, 2)
+        answer = ask(srv, "QUEUE", "default")
+    assert answer["consumers_total"] == 1
+    assert answer["consumers"] == [
+        {"protocol": "api", "client": "group billing", "address": "", "connected_us": 0, "held": 2}
+    ]

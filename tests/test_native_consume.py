@@ -456,3 +456,14 @@ def test_a_consumer_with_prefetch_keeps_that_much_credit_ahead_so_deliveries_flo
         assert server.stats()["queues"]["default"]["depth"] == 0
     with pytest.raises(ValueError):
         client.BatchConsumer(server.config.consume_dsn, prefetch=-1)
+
+
+def test_the_monitor_lists_a_batched_consumer_among_its_queues_consumers_with_what_it_holds(server, sockets):
+    from pzq.clients.admin import admin_request
+
+    produce(server.receive, 5)
+    sock = dealer(sockets, server)
+    take(sock, 3)
+    [row] = wait_until(lambda: admin_request(server.monitor, "QUEUE default")["consumers"])
+    assert (row["protocol"], row["held"], row["address"]) == ("native", 3, "")
+    assert admin_request(server.monitor, "QUEUE default")["consumers_total"] == 1

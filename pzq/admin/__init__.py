@@ -35,6 +35,8 @@ class Admin(Reads, Writes):
         self.started = time.monotonic()
         self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
         self.oldest: dict[str, float] = {}  # queue -> its head message's age (s), as of the last tick
+        self._heads: dict[str, int] = {}  # queue -> when its head message was stored (µs), as last read
+        self._next_head = 0  # where the next tick's share of queues begins
         self._purges = {}
 
     def attach(self, endpoints: Callable[[], Sequence[Listed]], commit_ms: Callable[[], float], config: Config) -> None:
@@ -48,8 +50,26 @@ class Admin(Reads, Writes):
         second)."""
         counters = self.broker.counters
         self._samples.append((now, type(counters)(**vars(counters))))
+        self._read_heads()
         now_us = time.time_ns() // 1000
-        self.oldest = {q: max(0.0, (now_us - at) / 1e6) for q, at in self.store.oldest_enqueued().items()}
+        self.oldest = {q: max(0.0, (now_us - at) / 1e6) for q, at in self._heads.items()}
+
+    def _read_heads(self) -> None:
+        """Read the head message's time of a share of the queues (all of them up to
+        ``limits.admin_heads_per_tick``; past it, in turn over the next ticks)."""
+        names = [info.name for info in self.store.queues()]
+        share = self.limits.admin_heads_per_tick
+        if len(names) > share:
+            start = self._next_head % len(names)
+            self._next_head = start + share
+            names = (names + names)[start : start + share]
+            gone = self._heads.keys() - {info.name for info in self.store.queues()}
+        else:
+            gone = self._heads.keys() - set(names)
+        heads = self.store.oldest_enqueued(names)
+        for name in [*gone, *(n for n in names if n not in heads)]:  # (gone, or empty now)
+            self._heads.pop(name, None)
+        self._heads.update(heads)
 
     def _rate(self, name: str) -> float:
         if len(self._samples) < 2:

@@ -109,6 +109,9 @@ class Reads:
             # (PEEK shows what a consumer would be given next: what is in flight or leased is left out)
             skip=None if dead else lambda seq: holder_of((qid, seq)) is not None,
             walk=2 * limit + (0 if dead else self.limits.admin_skip_walk),
+            # (a page of 1,000 rows takes ~15 ms to read and render: it ends at the reads' share of the turn,
+            # with "more", once it has 100 rows)
+            deadline=time.perf_counter() + self.limits.admin_read_s,
         )
         listed = [_row(p, dead) for p in page.previews]
         last = None if page.last is None else message_id(info.qid, page.last)

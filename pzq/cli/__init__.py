@@ -1,7 +1,8 @@
 """The `pzq` command line (click). Wiring only: the work lives in server, clients, check and bench.
 
 ``serve`` (pzq/cli/serve.py) takes its options from Config's fields; the clients' commands are in
-clients.py, the store and key commands in admin.py, the benchmark in bench.py.
+clients.py, the store and key commands in admin.py, the queue and clients commands through the monitor in
+queues.py, the benchmark in bench.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, backup, bench, clients, console, serve
+from pzq.cli import admin, backup, bench, clients, console, queues, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -27,6 +28,8 @@ for command in (
     admin.keygen,
     clients.mqks_group,
     admin.dead_letters,
+    queues.queue_group,
+    queues.clients,
     admin.check_store,
     admin.dump_store,
     backup.backup,
@@ -34,6 +37,9 @@ for command in (
     bench.bench,
 ):
     cli.add_command(command)
+
+
+admin.dead_letters.add_command(queues.dead_letters_delete)
 
 
 def main() -> None:

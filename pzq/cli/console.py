@@ -8,7 +8,7 @@ import sys
 import click
 
 from pzq import logs
-from pzq.cli.common import config_option, errors_to_exit, monitor_endpoint, resolve
+from pzq.cli.common import Duration, config_option, errors_to_exit, monitor_endpoint, resolve
 from pzq.errors import ConfigError
 
 
@@ -24,13 +24,19 @@ from pzq.errors import ConfigError
     help="File whose first line is the operator's secret: logged in, they may change things.  "
     "[default: --config's http_auth_file, else read-only]",
 )
-@click.option("--http-host-names", help="More names browsers may call the console by, comma-separated.")
+@click.option(
+    "--http-host-names",
+    help="More names browsers may call the console by, comma-separated.  "
+    "[default: --config's http_host_names, else none]",
+)
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(0.5, 60.0),
-    default=1.0,
+    type=Duration("s"),
+    default="1s",
     show_default=True,
-    help="Seconds between two STATS requests to pzq (however many browsers watch).",
+    metavar="DURATION",
+    help="Time between two STATS requests to pzq, however many browsers watch (0.5s to 60s); "
+    "a plain number is seconds.",
 )
 @click.option(
     "--curve-server-key", help="pzq's CURVE public key: its Z85 text (40 characters) or its key file.  [default: none]"
@@ -58,6 +64,8 @@ def console(
     from pzq.clients import monitor_link
     from pzq.console.server import Options, run
 
+    if not 0.5 <= poll_interval <= 60:
+        raise ConfigError(f"--poll-interval: {poll_interval:g} s is not between 0.5 s and 60 s")
     cfg = resolve(config_file)
     http_dsn = http_dsn or cfg.http_dsn
     if not http_dsn:

@@ -45,7 +45,9 @@ def build(console: Console) -> Any:
     async def queues(request: Request) -> Response:
         params = request.query_params
         sort = params.get("sort", "name")
-        data = views.queues(console.reader.snapshot, sort, params.get("order") == "desc", _int(params.get("page"), 1))
+        contains = params.get("filter", "")[:200]
+        descending = params.get("order") == "desc"
+        data = views.queues(console.reader.snapshot, sort, descending, _int(params.get("page"), 1), contains)
         return respond(console, request, "queues.html", data)
 
     async def queue(request: Request) -> Response:

@@ -116,11 +116,12 @@ def overview(snap: Snapshot, history: History) -> dict:
     return {"page": "overview", "title": "Overview", "snapshot": _state(snap), "figures": figures, "charts": charts}
 
 
-def queues(snap: Snapshot, sort: str, descending: bool, page: int) -> dict:
-    """Every queue, sorted by ``sort`` (a QUEUE_COLUMNS name or ``name``), QUEUES_PER_PAGE a page."""
+def queues(snap: Snapshot, sort: str, descending: bool, page: int, contains: str = "") -> dict:
+    """Every queue (whose name has ``contains`` in it), sorted by ``sort`` (a QUEUE_COLUMNS name or
+    ``name``), QUEUES_PER_PAGE a page."""
     rows = []
     for name, q in (snap.stats.get("queues") or {}).items():
-        if isinstance(q, dict):
+        if isinstance(q, dict) and contains in name:
             rows.append({"name": name, **{c: q.get(c, 0) if is_number(q.get(c)) else 0 for c in QUEUE_COLUMNS}})
     key = sort if sort in QUEUE_COLUMNS else "name"
     rows.sort(key=lambda r: r[key], reverse=descending)
@@ -141,6 +142,7 @@ def queues(snap: Snapshot, sort: str, descending: bool, page: int) -> dict:
         "columns": [{"key": c, "label": COLUMN_LABELS.get(c, c)} for c in ("name", *QUEUE_COLUMNS)],
         "sort": key,
         "order": "desc" if descending else "asc",
+        "filter": contains,
         "paging": {"page": page, "pages": pages, "total": len(rows), "per_page": QUEUES_PER_PAGE},
     }
 
@@ -187,7 +189,7 @@ def queue(
             "more": bool(dead.get("more")),
             "total": dead.get("total", len(rows)),
             "after": dead_after,
-            "next": rows[-1]["id"] if rows and dead.get("more") else "",
+            "next": str(dead.get("next_after") or (rows[-1]["id"] if rows else "")) if dead.get("more") else "",
         }
     return {
         "page": "queue",

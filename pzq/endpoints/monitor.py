@@ -16,6 +16,7 @@ from pzq.protocols import monitor as monitor_proto
 log = logging.getLogger("pzq.server")
 
 READ_BATCH = 64
+SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
 
 
 class MonitorEndpoint(Endpoint):
@@ -75,7 +76,9 @@ class MonitorEndpoint(Endpoint):
                 self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
 
     def waiting(self) -> bool:
-        return bool(self._written) or self.admin.purging()  # a write's answer waits for the commit
+        # A write's answer waits for the commit; so does a PEEK or DEAD, which reads the committed store:
+        # what the figures say is there (a dead letter of this turn) is on its page too.
+        return bool(self._written) or self.admin.purging() or any(r.command in SNAPSHOT_READS for r in self._requests)
 
     def rolled_back(self) -> None:
         for i in self._written:
@@ -90,18 +93,18 @@ class MonitorEndpoint(Endpoint):
         requests, self._requests = self._requests, []
         who, self._who = self._who, []
         written, self._written = self._written, {}
-        deadline = time.perf_counter() + self.read_s
+        deadline, read = time.perf_counter() + self.read_s, False
         for i, request in enumerate(requests):
             if i in written:
                 text = written[i]
-            elif self.admin.writes(request) or time.perf_counter() > deadline:
+            elif self.admin.writes(request) or (read and time.perf_counter() > deadline):
                 # (a write not carried out yet, the turn's budget ran out first; or a read past this turn's
                 # share of reading: carried out and answered in a later turn)
                 self._requests.append(request)
                 self._who.append(who[i])
                 continue
             else:
-                text = self.admin.answer(request)
+                text, read = self.admin.answer(request), True
             self.replies.send(monitor_proto.reply(request, text))
 
     def memory(self) -> dict[str, int]:

@@ -237,7 +237,10 @@ class ApiGateway:
         return []  # (its consumer groups are in its figures: the console shows them from there)
 
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        return [], 0  # (a group is no connection: its leases are in its figures)
+        """The consumer groups of ``queue`` (a group is no connection: no address), each holding its lease."""
+        mine = [group for (name, _), group in self.leases.groups.items() if name == queue]
+        rows = [{"protocol": "api", "client": f"group {g.name[:60]}", "held": g.end - g.base} for g in mine[:limit]]
+        return rows, len(mine)
 
     def stats(self) -> dict:
         return {

@@ -80,11 +80,10 @@ def error_text(error: ProtocolError | str) -> str:
 
 
 def unknown_request(request: Request) -> str:
-    why = f"{request.problem}; " if request.problem else ""
     return error_text(
-        f"{why}unknown request; send MONITOR, STATS, QUEUE <queue>, PEEK|DEAD <queue> [limit] [after-id], "
-        "CLIENTS [limit] [offset], DEADLETTERS <queue> [limit], REQUEUE|DELETEDEAD <queue> <id>|all, PURGE <queue> "
-        "or PUBLISH <queue> (its body a second frame)"
+        f"{request.problem or 'unknown request'}; send MONITOR, STATS, QUEUE <queue>, "
+        "PEEK|DEAD <queue> [limit] [after-id], CLIENTS [limit] [offset], DEADLETTERS <queue> [limit], "
+        "REQUEUE|DELETEDEAD <queue> <id>|all, PURGE <queue> or PUBLISH <queue> (its body a second frame)"
     )
 
 

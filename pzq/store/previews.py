@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 import msgpack
 
@@ -40,6 +41,7 @@ class PreviewPage:
 
 
 PREVIEW_FRAMES = 64  # frames of one record a preview walks: a million empty frames cost no more
+PREVIEW_FLOOR = 100  # rows a page with a deadline has at least (fewer only at the queue's end or ``limit``)
 
 
 _BIN_HEADERS = {0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I")}
@@ -111,11 +113,14 @@ class Previews(DeadLetters):
         after: int | None = None,
         skip: Callable[[int], bool] | None = None,
         walk: int | None = None,
+        deadline: float | None = None,
     ) -> PreviewPage:
         """``preview`` from the record after seq ``after`` (a cursor placed there, not a walk from the
         head), leaving out the seqs ``skip`` names (messages in flight: told from the key alone, before
         the record is read); at most ``walk`` records are walked (default twice ``limit``: unreadable
-        and skipped ones count too, so a damaged queue or a head all in flight is not walked to its end)."""
+        and skipped ones count too, so a damaged queue or a head all in flight is not walked to its end);
+        past ``deadline`` (time.perf_counter) the page ends early, once it has PREVIEW_FLOOR rows (or
+        ``limit``), with ``more``."""
         info = self._queues.get(queue)
         if info is None or limit <= 0:
             return PreviewPage([], False, None)
@@ -133,6 +138,9 @@ class Previews(DeadLetters):
                     break
                 if len(out) >= limit or walked >= walk:
                     more = True
+                    break
+                if deadline is not None and len(out) >= PREVIEW_FLOOR and time.perf_counter() > deadline:
+                    more = True  # (what the loop may spend on one look is spent: the rest on the next page)
                     break
                 seq = KEY.unpack(key)[1]
                 last = seq
@@ -155,13 +163,16 @@ class Previews(DeadLetters):
                 )
         return PreviewPage(out, more, last)
 
-    def oldest_enqueued(self) -> dict[str, int]:
-        """When the head message of each queue that has one was stored (µs): one committed read of
-        each head record's first field (the once-a-second figures, whatever its body's size)."""
+    def oldest_enqueued(self, names: Iterable[str]) -> dict[str, int]:
+        """When the head message of each queue of ``names`` that has one was stored (µs): one committed
+        read of each head record's first field (the once-a-second figures, whatever its body's size)."""
         out: dict[str, int] = {}
         with self.env.snapshot() as txn:
             cursor = txn.cursor(db=self._messages_db)
-            for info in self._queues.values():
+            for name in names:
+                info = self._queues.get(name)
+                if info is None:
+                    continue
                 prefix = U64.pack(info.qid)
                 if not info.count or not cursor.set_range(prefix) or bytes(cursor.key()[:8]) != prefix:
                     continue

@@ -32,7 +32,8 @@
     if (!plot) {
       if (typeof uPlot === "undefined") { return; }
       var holder = el.querySelector(".plot");
-      var width = Math.max(280, Math.min(560, (holder.clientWidth || el.clientWidth || 480)));
+      var section = el.parentElement;  // (two charts a row in the space the page gives them)
+      var width = Math.max(280, Math.min(560, Math.floor(((section && section.clientWidth) || 600) / 2) - 40));
       plot = plots[key] = new uPlot({
         width: width,
         height: 150,
