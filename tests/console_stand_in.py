@@ -1,7 +1,7 @@
 """A stand-in for `pzq console` (tests/test_console_process.py), with the same command line and the same
 duties towards its supervisor: it binds --http-dsn (one line on stderr and exit 2 if it cannot), reads
 its CURVE pair from the first line of stdin (--curve-key-stdin), answers every page with pzq's STATS
-asked on its behalf, exits 0 on SIGTERM and when its stdin reaches EOF (the server is gone).
+asked on its behalf, logs a SIGHUP, exits 0 on SIGTERM and when its stdin reaches EOF (the server is gone).
 
     python tests/console_stand_in.py console --http-dsn http://127.0.0.1:PORT --monitor-dsn ENDPOINT ...
     python tests/console_stand_in.py serve ARGS...   # `pzq serve ARGS`, with this script as its console
@@ -28,6 +28,8 @@ def console(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     keys = sys.stdin.buffer.readline().split() if args.curve_key_stdin else None
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    hangup = "pzq console (stand-in): SIGHUP"
+    signal.signal(signal.SIGHUP, lambda signum, frame: print(hangup, file=sys.stderr, flush=True))
     host, _, port = args.http_dsn.removeprefix("http://").rstrip("/").rpartition(":")
 
     def stats() -> bytes | None:

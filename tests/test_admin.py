@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from pzq.admin import Admin
+from pzq.admin.writes import UNBOUNDED
 from pzq.broker import Broker
 from pzq.protocols import monitor as monitor_proto
 from pzq.store import message_id
@@ -127,3 +128,23 @@ def test_head_ages_are_read_a_share_of_queues_a_tick_and_every_queue_in_turn(sto
     for t in range(3, 6):
         admin.tick(float(t))
     assert "q0" not in admin.oldest and admin.stats()["queues"]["q0"]["oldest_age_s"] == 0.0
+
+
+def test_a_purge_keeps_what_came_after_it_began_and_stops_when_its_queue_is_deleted(store):
+    from pzq.config import Limits
+
+    admin = admin_on(store)
+    admin.limits = Limits(admin_purge_share=10)
+    store.put_many("q", [[b"old"]] * 25, now_us=1)
+    text, changed = admin.write(ask("PURGE q"))
+    assert changed and json.loads(text) == {"purged": 10, "more": True} and admin.purging()
+    store.put_many("q", [[b"new"]] * 3, now_us=2)  # (produced after the purge began: kept)
+    while admin.purging():
+        admin.work(UNBOUNDED)
+    assert [m.frames for m in store.scan("q", 0, 100)] == [[b"new"]] * 3
+    store.put_many("r", [[b"old"]] * 25, now_us=1)
+    admin.write(ask("PURGE r"))
+    admin.broker.drop_queue("r")
+    store.put_many("r", [[b"again"]] * 25, now_us=2)  # (another queue of the same name: untouched)
+    admin.work(UNBOUNDED)
+    assert not admin.purging() and store.queue("r").count == 25

@@ -84,7 +84,7 @@ def parent_of(pid: int) -> int:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_whose_page_answers(tmp_path, mode):
-    srv, url = console_server(tmp_path, mode)
+    srv, url = console_server(tmp_path, mode, "--log-format", "json")
     srv.start()
     try:
         pid = wait_until(lambda: children(srv), timeout_s=10)[0]
@@ -92,6 +92,9 @@ def test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_who
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, srv.proc.pid) + 5
         assert wait_until(lambda: page(url), timeout_s=20) == 200
         assert f"web console at {url}/: child pid {pid}" in srv.log.read_text()
+        if mode == "pzq console":  # (it logs as the server was told to, though no flag of its says so)
+            lines = [json.loads(line) for line in srv.log.read_text().splitlines() if line.startswith("{")]
+            assert any(line["logger"] == "pzq.console" and line["pid"] == pid for line in lines)
     finally:
         srv.stop(signal.SIGKILL)
 
@@ -203,7 +206,8 @@ def test_with_curve_the_console_reaches_pzq_with_its_own_key_which_proc_never_sh
         keylike = [a for a in argv if re.fullmatch(rb"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}", a)]
         assert keylike == [server_public.encode()], "no key but the server's public one on the command line"
         with open(f"/proc/{pid}/environ", "rb") as f, open(f"/proc/{srv.proc.pid}/environ", "rb") as g:
-            assert f.read() == g.read(), "the child's environment is the server's, nothing added"
+            child, server = set(f.read().split(b"\0")), set(g.read().split(b"\0"))
+        assert child - server == {b"PZQ_LOG_LEVEL=info", b"PZQ_LOG_FORMAT=text"}, "the server's, and its log settings"
     finally:
         srv.stop(signal.SIGKILL)
 
@@ -240,3 +244,75 @@ def test_restart_waits_double_from_one_second_to_thirty_and_start_over_after_a_l
     assert re.findall(r"started again in ([\d.]+) s", caplog.text)[-1] == "1"
     child.stop()
     assert child.proc is None and child.starts == 8
+
+
+def test_a_sighup_reaches_the_console_whose_key_stays_allowed_after_the_clients_directory_is_reread(tmp_path, keys):
+    secret = tmp_path / "console.secret"
+    secret.write_text("a console secret of enough bytes\n")
+    secret.chmod(0o600)
+    curve = ("--curve-secret-key", str(keys / "server" / "server.key_secret"), "--curve-clients", str(keys / "clients"))
+    srv, url = console_server(tmp_path, "stand-in", *curve, "--unauthenticated", "console")
+    srv.argv += ["--http-auth-file", str(secret)]
+    start_keyed(srv, keys)
+    try:
+        pid = wait_until(lambda: children(srv), timeout_s=10)[0]
+        assert wait_until(lambda: page(url) == 200, timeout_s=20)
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "pzq console (stand-in): SIGHUP" in srv.log.read_text(), timeout_s=10)
+        log = srv.log.read_text()
+        assert (
+            f"SIGHUP: passed on to the web console (pid {pid})" in log and "CURVE client keys re-read: 1 allowed" in log
+        )
+        assert page(url) == 200, "the console's STATS is still answered: its key survived the reload"
+        assert children(srv) == [pid]
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_a_key_allowed_in_memory_survives_reloads_and_goes_when_taken_away(keys):
+    import zmq
+
+    from pzq.curve import CurveServer
+
+    curve = CurveServer(zmq.Context.instance(), str(keys / "server" / "server.key_secret"), str(keys / "clients"))
+    try:
+        first, _ = zmq.curve_keypair()
+        second, _ = zmq.curve_keypair()
+        curve.allow("console", first)
+        assert curve.gate.admits(first.decode()) and curve.names[first.decode()] == "console"
+        assert curve.reload() == set()
+        assert curve.gate.admits(first.decode()) and first in curve.auth.certs["pzq"]
+        curve.allow("console", second)  # (the next console process: the dead one's key goes)
+        assert not curve.gate.admits(first.decode()) and first not in curve.auth.certs["pzq"]
+        assert curve.gate.admits(second.decode())
+        curve.allow("console", None)
+        assert list(curve.names.values()) == ["alice"] and len(curve.gate.allowed) == 1
+    finally:
+        curve.close()
+
+
+def test_a_console_that_ignores_sigterm_is_killed_when_its_wait_is_over(tmp_path, caplog):
+    script, ready = tmp_path / "deaf.py", tmp_path / "deaf.ready"
+    script.write_text(
+        "import signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "sys.stdin.read()\nsignal.pause()\n"  # (not even EOF stops it: only SIGKILL does)
+    )
+    cfg = config.Config(database=str(tmp_path / "db"), http_dsn="http://127.0.0.1:1")
+    limits = dataclasses.replace(cfg.limits, console_stop_s=0.5)
+    child = ConsoleChild(cfg, command=[sys.executable, str(script)], limits=limits)
+    caplog.set_level("INFO")
+    child.start()
+    proc = child.proc
+    assert proc is not None
+    wait_until(ready.exists, timeout_s=10)  # (its SIGTERM is ignored from here on)
+    child.stop()
+    assert proc.returncode == -signal.SIGKILL
+    assert f"child pid {proc.pid} still running 0.5 s after SIGTERM: killed" in caplog.text
+    child.check(1e9)
+    assert child.proc is None, "no restart after a stop"
+
+
+def test_an_inproc_monitor_cannot_serve_a_console_process():
+    with pytest.raises(config.ConfigError, match="the console's process cannot reach --monitor-dsn inproc://m"):
+        config.Config(http_dsn="http://127.0.0.1:9180", monitor_dsn="inproc://m").validate()

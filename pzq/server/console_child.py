@@ -123,6 +123,11 @@ class ConsoleChild:
             argv += ["--curve-server-key", self.curve.public.decode("ascii"), "--curve-key-stdin"]
         return argv
 
+    def environment(self) -> dict[str, str]:
+        """The server's environment, and its log settings (the console logs as the server does, to the same
+        standard error, whether they came from a flag, the file or the environment). Nothing secret."""
+        return {**os.environ, "PZQ_LOG_LEVEL": self.config.log_level, "PZQ_LOG_FORMAT": self.config.log_format}
+
     def start(self, now: float | None = None) -> None:
         """Start the child now (once the server's sockets are bound)."""
         self._spawn(time.monotonic() if now is None else now)
@@ -174,6 +179,7 @@ class ConsoleChild:
                 self.argv(),
                 stdin=subprocess.PIPE,
                 close_fds=True,
+                env=self.environment(),
                 preexec_fn=functools.partial(_in_child, os.getpid(), self.limits.console_nice),  # noqa: PLW1509 - async-signal-safe enough: see _PRCTL
             )
         except (OSError, subprocess.SubprocessError) as exc:
