@@ -1,5 +1,5 @@
-"""The README's pictures of the web console: a pzq server (a subprocess, its own tmp store) and its
-console (`pzq console`, a subprocess of its own against the server's monitor socket), a minute or so
+"""The README's pictures of the web console: a pzq server (a subprocess, its own tmp store) with its
+console (`--http-dsn`: `pzq console` as the server's child, talking to it through the monitor), a minute or so
 of traffic (a producer at a rate that rises and falls, a consumer that acks, PHPMQ connections that
 send to a few more queues and one that consumes, three poison messages in the dead letters), then,
 with the traffic still flowing, Debian's Chromium, headless, saves the overview, the queues, the
@@ -52,8 +52,8 @@ def main() -> None:
     url, phpmq = f"http://127.0.0.1:{free_port()}", free_port()
     ends = {name: f"ipc://{tmp}/{name}" for name in ("receive", "send", "monitor")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "pzq", "serve", "--database", str(tmp / "db")]
-        + ["--phpmq-dsn", f"tcp://127.0.0.1:{phpmq}", "--max-deliveries", "1"]
+        [sys.executable, "-m", "pzq", "serve", "--database", str(tmp / "db"), "--http-dsn", url]
+        + ["--http-auth-file", str(secret), "--phpmq-dsn", f"tcp://127.0.0.1:{phpmq}", "--max-deliveries", "1"]
         + ["--ack-timeout", "3000000", "--receive-dsn", ends["receive"], "--send-dsn", ends["send"]]
         + ["--monitor-dsn", ends["monitor"], "--mqks-dsn", "", "--api-dsn", ""]
         + ["--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""],
@@ -68,11 +68,6 @@ def main() -> None:
             except client.ClientError:
                 if time.monotonic() > deadline or server.poll() is not None:
                     sys.exit(f"the server did not start:\n{(tmp / 'server.log').read_text()}")
-        console = subprocess.Popen(
-            [sys.executable, "-m", "pzq", "console", "--http-dsn", url, "--monitor-dsn", ends["monitor"]]
-            + ["--http-auth-file", str(secret)],
-            stderr=open(tmp / "console.log", "wb"),  # noqa: SIM115 - the console's, closed with it
-        )
         stopping = threading.Event()
         flowing = threading.Thread(target=traffic, args=(ends, stopping, phpmq), daemon=True)
         flowing.start()
@@ -102,13 +97,13 @@ def main() -> None:
             driver.find_element("css selector", "td.actions button[data-action='/queue/requeue']").click()
             settle(driver, WebDriverWait)
             driver.execute_script("window.scrollTo(0, 0)")  # (the click scrolled down to the dead letters)
+            driver.set_window_size(1280, 1500)  # (its consumers, first messages and dead letters too)
+            settle(driver, WebDriverWait)
             driver.save_screenshot(str(out / "console-queue.png"))
         finally:
             driver.quit()
             stopping.set()
             flowing.join(10)
-            console.terminate()
-            console.wait(20)
         print("screenshots:", *sorted(str(p) for p in out.glob("console-*.png")))
     finally:
         server.terminate()
@@ -118,7 +113,8 @@ def main() -> None:
 
 def settle(driver, wait) -> None:
     """Wait for console.js's first update of the page (its charts drawn)."""
-    wait(driver, 10).until(lambda d: d.find_element("tag name", "body").get_attribute("data-updated"))
+    # (read by a script: an element found before the form's redirect would be stale after it)
+    wait(driver, 10).until(lambda d: d.execute_script("return document.body && document.body.dataset.updated"))
 
 
 def traffic(ends: dict[str, str], stopping: threading.Event, phpmq_port: int) -> None:

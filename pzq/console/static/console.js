@@ -25,6 +25,10 @@
     return Math.abs(v) >= 100 || Number.isInteger(v) ? Math.round(v).toLocaleString("en") : v.toFixed(2);
   }
 
+  function clock(u, splits) {  // (the time axis in UTC, as the page's "figures as of" line)
+    return splits.map(function (t) { return new Date(t * 1000).toISOString().slice(11, 19); });
+  }
+
   function draw(el, chart) {
     var key = el.dataset.chart;
     var data = [chart.t, chart.v];
@@ -40,7 +44,7 @@
         legend: { show: false },
         cursor: { drag: { x: false, y: false } },
         scales: { x: { time: true } },
-        axes: [{}, { size: 60, label: chart.unit }],
+        axes: [{ space: 70, values: clock }, { size: 60, label: chart.unit }],
         series: [{}, { label: chart.title, stroke: "#2563eb", width: 1.5, fill: "rgba(37,99,235,0.08)" }]
       }, data, holder);
     } else {
