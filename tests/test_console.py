@@ -19,7 +19,7 @@ import urllib.parse
 import pytest
 import zmq
 import zmq.auth
-from console_run import Browser, ConsoleProcess
+from console_run import Browser, ConsoleProcess, free_port
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
@@ -448,3 +448,34 @@ def test_the_package_data_ships_every_template_and_static_file_and_uplots_licenc
     assert {"static/uPlot.iife.min.js", "static/uPlot.min.css", "static/uPlot.LICENSE"} <= set(files)
     install = setup["options"]["install_requires"]
     assert all(name in install for name in ("starlette>=", "uvicorn>=", "jinja2>=", "python-multipart>="))
+
+
+def test_the_console_takes_its_endpoints_and_host_names_from_the_servers_config_file(server, tmp_path):
+    port = free_port()
+    settings = tmp_path / "pzq.toml"
+    settings.write_text(
+        f'http_dsn = "http://127.0.0.1:{port}"\nmonitor_dsn = "{server.monitor}"\nhttp_host_names = "cfg.example"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pzq", "console", "--config", str(settings)],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: _connects(port), timeout_s=20, interval_s=0.05)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/api/overview", headers={"Host": "cfg.example"})
+        answer = connection.getresponse()
+        assert answer.status == 200 and json.loads(answer.read())["figures"]["queues"] == "1"
+        connection.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+
+
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
