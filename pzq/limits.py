@@ -64,7 +64,6 @@ class Limits:
     max_schedulers: int = 100
     # The web console
     console_connection_s: float = 15.0  # a connection's whole life
-    console_connections_per_s: int = 100
     # Logs and disk (i26-logsdisk)
     store_failure_log_s: float = 10.0  # a failing commit logs one line at most this often
     # The eMQP scheduler (helper "scheduler", issue 26): a turn runs due schedules in due order up to a
