@@ -200,7 +200,8 @@ class Limits:
     # waits console_stop_s after SIGTERM, then SIGKILLs it. The console asks pzq for STATS every
     # console_poll_s, however many browsers watch (its --poll-interval). It runs at this much lower CPU
     # priority (nice), so that the broker's turns come first when both want a core
-    console_nice: int = 5
+    console_nice: int = 5  # (where SCHED_IDLE is not to be had, or console_sched_idle is off)
+    console_sched_idle: bool = True  # the console runs under SCHED_IDLE: only on CPU time nobody else wants
     console_restart_first_s: float = 1.0
     console_restart_most_s: float = 30.0
     console_restart_reset_s: float = 60.0
