@@ -5,10 +5,17 @@ raw DEALER framing."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import zmq
 
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
+from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
+
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,3 +52,56 @@ def test_a_limit_or_offset_of_unicode_digits_is_refused_with_one_line_and_rolls_
     assert "must be a whole number" in refusal(srv, *words)
     produce(srv, [b"after"])  # (the loop is still there, and nothing it stored was rolled back)
     assert srv.stats()["queues"]["default"]["depth"] == 2
+
+
+def flood(endpoint: str, request: bytes, stop: threading.Event, sent: list[int], connections: int = 8) -> None:
+    """DEALERs that send ``request`` as fast as the server takes it and never read a reply (``sent[0]``
+    counts the requests sent)."""
+    ctx = zmq.Context.instance()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(connections)]
+    try:
+        for sock in socks:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.connect(endpoint)
+        while not stop.is_set():
+            for sock in socks:
+                try:
+                    sock.send_multipart([b"", request], zmq.NOBLOCK)
+                    sent[0] += 1
+                except zmq.Again:
+                    pass
+            stop.wait(0.001)
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+
+
+def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_honest_stats_is_answered(make_server):
+    srv = make_server(ack_timeout=600.0)
+    produce(srv, [bytes(4096)] * 1000)
+    monitor = next(e for e in srv.server.endpoints if isinstance(e, MonitorEndpoint))
+    most = 0
+    flush = monitor.flush
+
+    def counted(now: float, now_us: int) -> None:
+        nonlocal most
+        most = max(most, len(monitor._requests))
+        flush(now, now_us)
+
+    monitor.flush = counted  # (counts what waits to be answered at each turn's end)
+    stop, sent = threading.Event(), [0]
+    flooder = threading.Thread(target=flood, args=(srv.monitor, b"PEEK default 1000", stop, sent), daemon=True)
+    flooder.start()
+    try:
+        assert wait_until(lambda: sent[0] > 2000, timeout_s=30)  # (the flood is on: far more than is answered)
+        started = time.monotonic()
+        assert "queues" in ask(srv, "STATS")  # (before: behind thousands of PEEKs, minutes)
+        answered_s = time.monotonic() - started
+        produce(srv, [b"honest"])
+    finally:
+        stop.set()
+        flooder.join(10)
+    assert most <= READ_BATCH, f"{most} requests waited to be answered"
+    assert answered_s < 10
