@@ -105,3 +105,22 @@ def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_hone
         flooder.join(10)
     assert most <= READ_BATCH, f"{most} requests waited to be answered"
     assert answered_s < 10
+
+
+def test_big_pages_for_clients_that_never_read_them_are_refused_before_they_raise_the_memory_alarm(make_server):
+    srv = make_server(ack_timeout=600.0, memory_high_water=8 << 20, memory_low_water=6 << 20)
+    produce(srv, [bytes(4096)] * 1000)  # (a page of 1,000 rows: about 1.5 MB of JSON)
+    stop, sent = threading.Event(), [0]
+    flooder = threading.Thread(target=flood, args=(srv.monitor, b"PEEK default 1000", stop, sent, 4), daemon=True)
+    flooder.start()
+    try:
+        assert wait_until(lambda: sent[0] > 500, timeout_s=30)
+        alarm = srv.server.alarm
+        assert wait_until(lambda: alarm.refused_replies_total > 0 or alarm.raised_total > 0, timeout_s=30)
+        produce(srv, [b"honest"])  # (before: "queue full: memory alarm", the monitor's backlogs past 8 MiB)
+        assert "busy" in refusal(srv, "PEEK", "default", "1000")  # (one line; the small requests still go)
+        assert "queues" in ask(srv, "STATS") and ask(srv, "PEEK", "default", "1")["messages"]
+    finally:
+        stop.set()
+        flooder.join(10)
+    assert srv.server.alarm.raised_total == 0

@@ -17,6 +17,8 @@ log = logging.getLogger("pzq.server")
 
 READ_BATCH = 64
 SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
+PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS"})  # reads whose replies may be big (~1.5 MB a page)
+BIG_REPLY = 64 << 10  # a page past this is sent only if the memory bound has room for it (MemoryAlarm.admit)
 
 
 class MonitorEndpoint(Endpoint):
@@ -38,7 +40,8 @@ class MonitorEndpoint(Endpoint):
             zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16, RCVHWM=16, MAXMSGSIZE=1 << 20
         )
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "monitor", config.limits)
+        # (the pipes are estimated: 17 pages of 1.5 MB wait in the pipe of a client that never reads)
+        self.replies = Replies(self.sock, "monitor", config.limits, pipes=True)
         self._gate = binder.gate(self.sock)
         self._curve = binder.curve  # (names the key a write came with, in the log)
         self.read_s = config.limits.admin_read_s
@@ -60,6 +63,8 @@ class MonitorEndpoint(Endpoint):
             except zmq.Again:
                 return
             self.budget.take(sum(map(len, frames or ())))
+            if frames is not None:
+                self.replies.read(frames[0])  # (a lock-step client shows it read its last reply)
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
                 self._who.append(self._name(user))
@@ -107,11 +112,25 @@ class MonitorEndpoint(Endpoint):
                 self._who.append(who[i])
                 continue
             else:
-                text, read = self.admin.answer(request), True
+                text, read = self._roomy(request, self.admin.answer(request)), True
             self.replies.send(monitor_proto.reply(request, text))
 
+    def _roomy(self, request: monitor_proto.Request, text: str) -> str:
+        """``text``, or a ``busy`` refusal when it is a big page the memory bound has no room for: its
+        client's unread replies past their share, or the total past the low-water mark. (Pages for clients
+        that never read them grew the monitor's backlogs past --memory-high-water, and the alarm refused
+        every producer.)"""
+        if request.command not in PAGES or len(text) <= BIG_REPLY:
+            return text
+        if self.alarm.admit(self.replies.held(request.envelope[0]), len(text)):
+            return text
+        return monitor_proto.error_text(
+            f"busy: not now, pzq holds {self.alarm.total} bytes of replies that clients have not read, or this "
+            "client's own unread replies are past its share; read your replies, ask again later or for fewer rows"
+        )
+
     def memory(self) -> dict[str, int]:
-        return {"monitor_backlogs": self.replies.backlog_bytes}
+        return {"monitor_backlogs": self.replies.backlog_bytes, "monitor_pipes": self.replies.pipe_bytes()}
 
     def wake_at(self, now: float) -> float | None:
         if self._requests or self.admin.purging():  # a write read after this turn's work, reads left, a purge
