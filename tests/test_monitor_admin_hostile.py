@@ -15,7 +15,7 @@ from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 
-from conftest import wait_until
+from conftest import free_tcp_endpoint, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,3 +124,12 @@ def test_big_pages_for_clients_that_never_read_them_are_refused_before_they_rais
         stop.set()
         flooder.join(10)
     assert srv.server.alarm.raised_total == 0
+
+
+def test_pages_read_by_one_request_clients_that_went_are_no_longer_counted_against_the_memory_bound(make_server):
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(monitor_dsn=endpoint, memory_high_water=8 << 20, memory_low_water=6 << 20)
+    produce(srv, [bytes(4096)] * 1000)
+    for _ in range(8):  # (12 MB of pages: past the low-water mark, and answered busy, had they stayed counted)
+        assert ask(srv, "PEEK", "default", "1000")["messages"]
+        assert wait_until(lambda: srv.server.alarm.parts.get("monitor_pipes") == 0, timeout_s=10)

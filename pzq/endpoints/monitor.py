@@ -9,7 +9,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
 from pzq.protocols import monitor as monitor_proto
 
@@ -42,6 +42,7 @@ class MonitorEndpoint(Endpoint):
         self.sockets = [self.sock]
         # (the pipes are estimated: 17 pages of 1.5 MB wait in the pipe of a client that never reads)
         self.replies = Replies(self.sock, "monitor", config.limits, pipes=True)
+        binder.on_disconnect[self.sock] = self.replies.disconnected  # (a one-request client's pipe goes with it)
         self._gate = binder.gate(self.sock)
         self._curve = binder.curve  # (names the key a write came with, in the log)
         self.read_s = config.limits.admin_read_s
@@ -59,12 +60,12 @@ class MonitorEndpoint(Endpoint):
             if self.budget.spent() or len(self._requests) >= READ_BATCH:
                 return
             try:
-                frames, user = receive_from(self.sock, self._gate, "monitor", zmq.NOBLOCK)
+                frames, user, fd = receive_with_fd(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.budget.take(sum(map(len, frames or ())))
             if frames is not None:
-                self.replies.read(frames[0])  # (a lock-step client shows it read its last reply)
+                self.replies.read(frames[0], fd)  # (a lock-step client shows it read its last reply)
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
                 self._who.append(self._name(user))
