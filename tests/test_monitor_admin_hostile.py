@@ -5,17 +5,19 @@ raw DEALER framing."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 
 import pytest
 import zmq
+from test_failing_commits import plant_a_foreign_record
 
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 
-from conftest import free_tcp_endpoint, wait_until
+from conftest import ThreadServer, free_tcp_endpoint, make_config, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,3 +135,19 @@ def test_pages_read_by_one_request_clients_that_went_are_no_longer_counted_again
     for _ in range(8):  # (12 MB of pages: past the low-water mark, and answered busy, had they stayed counted)
         assert ask(srv, "PEEK", "default", "1000")["messages"]
         assert wait_until(lambda: srv.server.alarm.parts.get("monitor_pipes") == 0, timeout_s=10)
+
+
+def test_a_publish_whose_write_fails_the_turn_is_answered_store_failure_once_and_not_tried_every_turn(tmp_path):
+    cfg = make_config(tmp_path, ack_timeout=600.0)
+    plant_a_foreign_record(tmp_path / "db", cfg.queue, 3)  # (the 5th message's record is another writer's)
+    srv = ThreadServer(cfg)
+    try:
+        assert ask(srv, "PUBLISH", "default", body=b"fourth")["queue"] == "default"
+        turns = srv.server.turns
+        assert refusal(srv, "PUBLISH", "default", body=b"fifth") == "store failure: nothing was changed, try again"
+        assert srv.server.turns - turns < 1000  # (before: carried out again each turn, 9,000 turns a second)
+        assert srv.stats()["queues"]["default"]["depth"] == 4
+        heads = [base64.b64decode(m["head_b64"]) for m in ask(srv, "PEEK", "default")["messages"]]
+        assert b"fourth" in heads and b"fifth" not in heads
+    finally:
+        srv.stop()

@@ -18,6 +18,7 @@ log = logging.getLogger("pzq.server")
 READ_BATCH = 64
 SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
 PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS"})  # reads whose replies may be big (~1.5 MB a page)
+STORE_FAILED = monitor_proto.error_text("store failure: nothing was changed, try again")
 BIG_REPLY = 64 << 10  # a page past this is sent only if the memory bound has room for it (MemoryAlarm.admit)
 
 
@@ -82,6 +83,9 @@ class MonitorEndpoint(Endpoint):
             if i not in self._written and self.admin.writes(request):
                 if self.budget.spent():  # (the rest: carried out and answered in a later turn)
                     return
+                # (answered as rolled back should the write itself fail the turn: it was carried out again
+                # each turn, each failing, the loop rolling back 9,000 turns a second, the request unanswered)
+                self._written[i] = STORE_FAILED
                 self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
 
     def waiting(self) -> bool:
@@ -91,7 +95,7 @@ class MonitorEndpoint(Endpoint):
 
     def rolled_back(self) -> None:
         for i in self._written:
-            self._written[i] = monitor_proto.error_text("store failure: nothing was changed, try again")
+            self._written[i] = STORE_FAILED
         self.admin.writes_rolled_back()
 
     def recover(self) -> None:
