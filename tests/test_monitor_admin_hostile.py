@@ -15,6 +15,7 @@ from test_failing_commits import plant_a_foreign_record
 
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
+from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 
 from conftest import ThreadServer, free_tcp_endpoint, make_config, wait_until
@@ -149,5 +150,55 @@ def test_a_publish_whose_write_fails_the_turn_is_answered_store_failure_once_and
         assert srv.stats()["queues"]["default"]["depth"] == 4
         heads = [base64.b64decode(m["head_b64"]) for m in ask(srv, "PEEK", "default")["messages"]]
         assert b"fourth" in heads and b"fifth" not in heads
+    finally:
+        srv.stop()
+
+
+def test_a_purge_raced_by_an_acking_consumer_deletes_nothing_it_holds_and_nothing_twice(make_server):
+    srv = make_server(ack_timeout=600.0, max_inflight=50, limits=Limits(admin_purge_share=200))
+    produce(srv, [b"m%d" % i for i in range(5000)])
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        with client.Consumer(srv.send) as consumer:
+            while not stop.is_set():
+                delivery = consumer.receive(200)
+                if delivery is not None:
+                    received.append(delivery.key)
+                    consumer.ack(delivery)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        assert wait_until(lambda: len(received) > 100, timeout_s=20)
+        assert ask(srv, "PURGE", "default")["more"] is True
+        assert ask(srv, "PURGE", "default") == {"purged": 0, "more": True}  # (under way: adds nothing)
+        assert wait_until(lambda: not srv.server.admin.purging(), timeout_s=30)
+    finally:
+        stop.set()
+        consumer.join(10)
+    stats = srv.stats()
+    assert wait_until(lambda: srv.stats()["acked_total"] == len(received), timeout_s=10)
+    assert len(set(received)) == len(received) < 5000
+    assert stats["refused_not_held_total"] == 0  # (every ack found its message: none held was purged)
+    assert srv.stats()["queues"]["default"]["depth"] == 0
+
+
+def test_a_restart_stops_a_purge_under_way_leaving_the_rest_which_a_second_purge_deletes(tmp_path):
+    cfg = make_config(tmp_path, ack_timeout=600.0, limits=Limits(admin_purge_share=100, turn_records=100))
+    srv = ThreadServer(cfg)
+    try:
+        produce(srv, [b"m%d" % i for i in range(20_000)])
+        srv.server.admin.work = lambda budget: None  # (the loop cut off before its next share, as by a crash)
+        first = ask(srv, "PURGE", "default")
+        assert first["more"] is True and 0 < first["purged"] <= 100
+    finally:
+        srv.stop()
+    srv = ThreadServer(cfg)
+    try:
+        assert srv.stats()["queues"]["default"]["depth"] == 20_000 - first["purged"]
+        assert ask(srv, "PURGE", "default")["more"] is True
+        assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0, timeout_s=60)
     finally:
         srv.stop()
