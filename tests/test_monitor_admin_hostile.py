@@ -6,17 +6,22 @@ raw DEALER framing."""
 from __future__ import annotations
 
 import base64
+import logging
+import shutil
 import threading
 import time
 
 import pytest
 import zmq
+from click.testing import CliRunner
 from test_failing_commits import plant_a_foreign_record
 
+from pzq.cli import cli
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
+from pzq.errors import ClientError
 
 from conftest import ThreadServer, free_tcp_endpoint, make_config, wait_until
 
@@ -202,3 +207,28 @@ def test_a_restart_stops_a_purge_under_way_leaving_the_rest_which_a_second_purge
         assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0, timeout_s=60)
     finally:
         srv.stop()
+
+
+def test_with_curve_an_unlisted_key_gets_no_answer_and_changes_nothing_and_a_listed_ones_purge_names_it(
+    make_server, tmp_path, caplog
+):
+    for name in ("server", "alice", "mallory"):
+        assert CliRunner().invoke(cli, ["keygen", str(tmp_path / name), name]).exit_code == 0
+    (tmp_path / "clients").mkdir()
+    shutil.copy(tmp_path / "alice" / "alice.key", tmp_path / "clients")  # (mallory's key is a key, not listed)
+    srv = make_server(
+        curve_secret_key=str(tmp_path / "server" / "server.key_secret"), curve_clients=str(tmp_path / "clients")
+    )
+    server_key = str(tmp_path / "server" / "server.key")
+    alice = (str(tmp_path / "alice" / "alice.key_secret"), server_key)
+    mallory = (str(tmp_path / "mallory" / "mallory.key_secret"), server_key)
+    assert admin_request(srv.monitor, "PUBLISH default", b"kept", curve=alice, timeout_ms=10_000)["queue"] == "default"
+    for words, body in (("PUBLISH default", b"forged"), ("PURGE default", None), ("PEEK default", None)):
+        with pytest.raises(ClientError, match="no answer"):
+            admin_request(srv.monitor, words, body, curve=mallory, timeout_ms=500)
+    figures = admin_request(srv.monitor, "QUEUE default", curve=alice, timeout_ms=10_000)["figures"]
+    assert figures["depth"] == 1
+    with caplog.at_level(logging.INFO, logger="pzq.admin"):
+        purged = admin_request(srv.monitor, "PURGE default", curve=alice, timeout_ms=10_000)
+    assert purged == {"purged": 1, "more": False}
+    assert "purged 1 ready message(s) of queue 'default' (by alice)" in caplog.text
