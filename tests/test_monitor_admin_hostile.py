@@ -6,6 +6,7 @@ raw DEALER framing."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import shutil
 import threading
@@ -69,7 +70,6 @@ def flood(endpoint: str, request: bytes, stop: threading.Event, sent: list[int],
     socks = [ctx.socket(zmq.DEALER) for _ in range(connections)]
     try:
         for sock in socks:
-            sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 1)
             sock.setsockopt(zmq.RCVBUF, 4096)
             sock.connect(endpoint)
@@ -82,8 +82,8 @@ def flood(endpoint: str, request: bytes, stop: threading.Event, sent: list[int],
                     pass
             stop.wait(0.001)
     finally:
-        for sock in socks:
-            sock.close(linger=0)
+        for sock in socks:  # (a short linger, not 0: see conftest's ``sockets``)
+            sock.close(linger=100)
 
 
 def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_honest_stats_is_answered(make_server):
@@ -232,3 +232,14 @@ def test_with_curve_an_unlisted_key_gets_no_answer_and_changes_nothing_and_a_lis
         purged = admin_request(srv.monitor, "PURGE default", curve=alice, timeout_ms=10_000)
     assert purged == {"purged": 1, "more": False}
     assert "purged 1 ready message(s) of queue 'default' (by alice)" in caplog.text
+
+
+def test_a_bare_dealers_publish_of_an_empty_body_is_stored_and_answered_with_an_empty_first_frame(server, sockets):
+    dealer = sockets(zmq.DEALER, server.monitor)
+    dealer.send_multipart([b"PUBLISH default", b""])  # (no delimiter: the empty frame is the body)
+    assert dealer.poll(10_000)
+    empty, text = dealer.recv_multipart()  # (before: the request words came back as an envelope, refused)
+    assert empty == b"" and json.loads(text)["queue"] == "default"
+    dealer.send_multipart([b"", b"PUBLISH default", b""])  # (a REQ's framing by hand: the same)
+    assert dealer.poll(10_000) and json.loads(dealer.recv_multipart()[1])["queue"] == "default"
+    assert server.stats()["queues"]["default"]["depth"] == 2
