@@ -187,7 +187,8 @@ def test_a_purge_raced_by_an_acking_consumer_deletes_nothing_it_holds_and_nothin
     assert wait_until(lambda: srv.stats()["acked_total"] == len(received), timeout_s=10)
     assert len(set(received)) == len(received) < 5000
     assert stats["refused_not_held_total"] == 0  # (every ack found its message: none held was purged)
-    assert srv.stats()["queues"]["default"]["depth"] == 0
+    # (what is left was in flight when the purge passed it, kept, at most --max-inflight 50)
+    assert srv.stats()["queues"]["default"]["depth"] <= 50
 
 
 def test_a_restart_stops_a_purge_under_way_leaving_the_rest_which_a_second_purge_deletes(tmp_path):
@@ -243,3 +244,44 @@ def test_a_bare_dealers_publish_of_an_empty_body_is_stored_and_answered_with_an_
     dealer.send_multipart([b"", b"PUBLISH default", b""])  # (a REQ's framing by hand: the same)
     assert dealer.poll(10_000) and json.loads(dealer.recv_multipart()[1])["queue"] == "default"
     assert server.stats()["queues"]["default"]["depth"] == 2
+
+
+def dead_letters(srv, count: int) -> None:
+    """``count`` messages of "default" dead: delivered once, never acked, out of deliveries (--max-deliveries 1)."""
+    produce(srv, [b"dead %d" % i for i in range(count)])
+    with client.Consumer(srv.send) as consumer:
+        for _ in range(count):
+            assert consumer.receive(5000) is not None
+        assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=60)
+
+
+def test_requeue_and_deletedead_of_one_dead_letter_in_one_turn_do_one_thing_each_in_their_order(make_server, sockets):
+    srv = make_server(max_deliveries=1, ack_timeout=0.2)
+    dead_letters(srv, 2)
+    first, second = (row["id"] for row in ask(srv, "DEAD", "default")["letters"])
+    dealer = sockets(zmq.DEALER, srv.monitor)
+    for text in (f"REQUEUE default {first}", f"DELETEDEAD default {first}", f"DELETEDEAD default {second}"):
+        dealer.send_multipart([b"", text.encode()])  # (pipelined: read in one turn, carried out in order)
+    for text in (f"REQUEUE default {second}", f"DELETEDEAD default {second}"):
+        dealer.send_multipart([b"", text.encode()])
+    answers = []
+    for _ in range(5):
+        assert dealer.poll(10_000)
+        answers.append(json.loads(dealer.recv_multipart()[1]))
+    assert [a.get("requeued", a.get("deleted")) for a in answers] == [1, 0, 1, 0, 0]
+    with client.Consumer(srv.send) as consumer:  # (the requeued one is delivered once more, and only it)
+        delivery = consumer.receive(5000)
+        assert delivery is not None and delivery.body == [b"dead 0"]
+        consumer.ack(delivery)
+    stats = srv.stats()["queues"]["default"]
+    assert stats["dead_letters"] == 0 and stats["depth"] == 0
+
+
+def test_a_publish_whose_client_went_before_its_answer_is_stored_once_and_the_monitor_goes_on(server):
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.connect(server.monitor)
+    sock.send_multipart([b"PUBLISH default", b"orphan"])
+    sock.close(linger=1000)  # (gone before its answer: the message goes out, the answer finds nobody)
+    assert wait_until(lambda: server.stats()["queues"]["default"]["depth"] == 1)
+    heads = [base64.b64decode(m["head_b64"]) for m in ask(server, "PEEK", "default")["messages"]]
+    assert heads == [b"orphan"]

@@ -135,7 +135,12 @@ class MonitorEndpoint(Endpoint):
         )
 
     def memory(self) -> dict[str, int]:
-        return {"monitor_backlogs": self.replies.backlog_bytes, "monitor_pipes": self.replies.pipe_bytes()}
+        return {
+            "monitor_backlogs": self.replies.backlog_bytes,
+            "monitor_pipes": self.replies.pipe_bytes(),
+            # (PUBLISH bodies waiting their turn: 64 requests of 1 MiB at most)
+            "monitor_requests": sum(len(request.body or b"") for request in self._requests),
+        }
 
     def wake_at(self, now: float) -> float | None:
         if self._requests or self.admin.purging():  # a write read after this turn's work, reads left, a purge
