@@ -285,3 +285,29 @@ def test_a_publish_whose_client_went_before_its_answer_is_stored_once_and_the_mo
     assert wait_until(lambda: server.stats()["queues"]["default"]["depth"] == 1)
     heads = [base64.b64decode(m["head_b64"]) for m in ask(server, "PEEK", "default")["messages"]]
     assert heads == [b"orphan"]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "0000000000000001ffffffffffffffff",  # (the last seq there could be: an empty page, no overflow)
+        "0000000000000001" + "f" * 15 + "e",
+    ],
+)
+def test_a_forged_after_id_at_the_end_of_the_seqs_pages_nothing(server, after):
+    produce(server, [b"x"])
+    for command, rows in (("PEEK", "messages"), ("DEAD", "letters")):
+        page = ask(server, command, "default", "1000", after)
+        assert page[rows] == [] and page["more"] is False
+
+
+@pytest.mark.parametrize(
+    "after",
+    ["00000000000000020000000000000001", "0000000000000000ffffffffffffffff", "-1", "1e3", "F" * 33, "\u0661" * 32],
+)
+def test_an_after_id_of_another_queue_or_no_id_at_all_is_refused_with_one_line(server, after):
+    produce(server, [b"x"])
+    for command in ("PEEK", "DEAD", "DELETEDEAD", "REQUEUE"):
+        words = (command, "default", "5", after) if command in ("PEEK", "DEAD") else (command, "default", after)
+        assert "is not a" in refusal(server, *words)
+    assert server.stats()["queues"]["default"]["depth"] == 1
