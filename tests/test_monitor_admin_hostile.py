@@ -311,3 +311,25 @@ def test_an_after_id_of_another_queue_or_no_id_at_all_is_refused_with_one_line(s
         words = (command, "default", "5", after) if command in ("PEEK", "DEAD") else (command, "default", after)
         assert "is not a" in refusal(server, *words)
     assert server.stats()["queues"]["default"]["depth"] == 1
+
+
+def test_a_page_refused_busy_is_refused_before_it_is_read_so_a_flood_of_them_costs_no_reading(server, sockets):
+    produce(server, [bytes(4096)] * 1000)
+    admin, read = server.server.admin, []
+    answer = admin.answer
+
+    def counted(request):  # (counts the pages the loop reads)
+        read.append(request.command)
+        return answer(request)
+
+    admin.answer = counted
+    dealer = sockets(zmq.DEALER, server.monitor)
+    for _ in range(40):  # (~60 MB of pages, and no reply read until the last was sent)
+        dealer.send_multipart([b"", b"PEEK default 1000"])
+    replies = []
+    while len(replies) < 40 and dealer.poll(10_000):
+        replies.append(dealer.recv_multipart()[1])
+    pages = [r for r in replies if r.startswith(b"{")]
+    assert len(replies) == 40 and len(pages) < 40
+    assert all(r.startswith(b"error: busy") for r in replies if r[:1] != b"{")
+    assert read.count("PEEK") == len(pages)  # (before: 40 read, most then thrown away as busy)

@@ -20,6 +20,10 @@ SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
 PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS"})  # reads whose replies may be big (~1.5 MB a page)
 STORE_FAILED = monitor_proto.error_text("store failure: nothing was changed, try again")
 BIG_REPLY = 64 << 10  # a page past this is sent only if the memory bound has room for it (MemoryAlarm.admit)
+BUSY = monitor_proto.error_text(
+    "busy: not now, pzq holds its bound of replies that clients have not read, or this client's own unread "
+    "replies are past its share; read your replies, ask again later or for fewer rows"
+)
 
 
 class MonitorEndpoint(Endpoint):
@@ -47,6 +51,7 @@ class MonitorEndpoint(Endpoint):
         self._gate = binder.gate(self.sock)
         self._curve = binder.curve  # (names the key a write came with, in the log)
         self.read_s = config.limits.admin_read_s
+        self.limits = config.limits
         self._requests: list[monitor_proto.Request] = []
         self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
@@ -117,22 +122,25 @@ class MonitorEndpoint(Endpoint):
                 self._who.append(who[i])
                 continue
             else:
-                text, read = self._roomy(request, self.admin.answer(request)), True
+                text, read = self._answer(request), True
             self.replies.send(monitor_proto.reply(request, text))
 
-    def _roomy(self, request: monitor_proto.Request, text: str) -> str:
-        """``text``, or a ``busy`` refusal when it is a big page the memory bound has no room for: its
-        client's unread replies past their share, or the total past the low-water mark. (Pages for clients
-        that never read them grew the monitor's backlogs past --memory-high-water, and the alarm refused
-        every producer.)"""
-        if request.command not in PAGES or len(text) <= BIG_REPLY:
-            return text
-        if self.alarm.admit(self.replies.held(request.envelope[0]), len(text)):
-            return text
-        return monitor_proto.error_text(
-            f"busy: not now, pzq holds {self.alarm.total} bytes of replies that clients have not read, or this "
-            "client's own unread replies are past its share; read your replies, ask again later or for fewer rows"
-        )
+    def _answer(self, request: monitor_proto.Request) -> str:
+        """The answer to a read, or a ``busy`` refusal when it is a big page the memory bound has no room
+        for: its client's unread replies past their share, or the total past the low-water mark. (Pages for
+        clients that never read them grew the monitor's backlogs past --memory-high-water, and the alarm
+        refused every producer.) A PEEK or DEAD page is weighed before it is read, by its rows: one refused
+        after it was read still cost the loop its reading, a flood of them a page a turn."""
+        if request.command in ("PEEK", "DEAD"):
+            rows = request.args[1] if len(request.args) > 1 else ""
+            rows = min(int(rows), self.limits.admin_rows) if rows.isascii() and rows.isdigit() and len(rows) < 9 else 50
+            size = rows * (self.limits.admin_head_bytes * 4 // 3 + 200)  # (a row: its head in base64, its fields)
+            return self.admin.answer(request) if self._room(request, size) else BUSY
+        text = self.admin.answer(request)
+        return text if request.command not in PAGES or self._room(request, len(text)) else BUSY
+
+    def _room(self, request: monitor_proto.Request, size: int) -> bool:
+        return size <= BIG_REPLY or self.alarm.admit(self.replies.held(request.envelope[0]), size)
 
     def memory(self) -> dict[str, int]:
         return {
