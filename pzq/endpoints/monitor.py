@@ -132,8 +132,8 @@ class MonitorEndpoint(Endpoint):
         refused every producer.) A PEEK or DEAD page is weighed before it is read, by its rows: one refused
         after it was read still cost the loop its reading, a flood of them a page a turn."""
         if request.command in ("PEEK", "DEAD"):
-            rows = request.args[1] if len(request.args) > 1 else ""
-            rows = min(int(rows), self.limits.admin_rows) if rows.isascii() and rows.isdigit() and len(rows) < 9 else 50
+            word = request.args[1] if len(request.args) > 1 else ""
+            rows = min(int(word), self.limits.admin_rows) if word.isascii() and word.isdigit() and len(word) < 9 else 50
             size = rows * (self.limits.admin_head_bytes * 4 // 3 + 200)  # (a row: its head in base64, its fields)
             return self.admin.answer(request) if self._room(request, size) else BUSY
         text = self.admin.answer(request)
