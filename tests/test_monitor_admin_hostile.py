@@ -9,6 +9,7 @@ import base64
 import json
 import logging
 import shutil
+import socket
 import threading
 import time
 
@@ -20,6 +21,7 @@ from test_failing_commits import plant_a_foreign_record
 from pzq.cli import cli
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
+from pzq.clients.sockets import tcp_address
 from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 from pzq.errors import ClientError
@@ -333,3 +335,23 @@ def test_a_page_refused_busy_is_refused_before_it_is_read_so_a_flood_of_them_cos
     assert len(replies) == 40 and len(pages) < 40
     assert all(r.startswith(b"error: busy") for r in replies if r[:1] != b"{")
     assert read.count("PEEK") == len(pages)  # (before: 40 read, most then thrown away as busy)
+
+
+def test_a_publish_while_the_memory_alarm_is_raised_is_refused_as_a_producer_is_and_stored_once_it_clears(
+    make_server,
+):
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], memory_high_water=16 << 20, memory_low_water=12 << 20)
+    host, port = tcp_address(srv.config.mqks_dsn)
+    parkers = [socket.create_connection((host, port), timeout=10) for _ in range(3)]
+    try:
+        for raw in parkers:  # (3 x 7 MiB of a line never finished: held, and what raises the alarm)
+            raw.sendall(b"p1 publish e " + b"x" * (7 << 20))
+        assert wait_until(lambda: srv.server.alarm.raised, timeout_s=20)
+        text = refusal(srv, "PUBLISH", "default", body=b"refused")
+        assert text.startswith("the message was refused: queue full: memory alarm")
+        assert srv.stats()["queues"]["default"]["depth"] == 0
+    finally:
+        for raw in parkers:
+            raw.close()
+    assert wait_until(lambda: not srv.server.alarm.raised, timeout_s=20)
+    assert ask(srv, "PUBLISH", "default", body=b"stored")["queue"] == "default"
