@@ -355,3 +355,17 @@ def test_a_publish_while_the_memory_alarm_is_raised_is_refused_as_a_producer_is_
             raw.close()
     assert wait_until(lambda: not srv.server.alarm.raised, timeout_s=20)
     assert ask(srv, "PUBLISH", "default", body=b"stored")["queue"] == "default"
+
+
+def test_a_purge_leaves_what_an_api_group_leased_which_it_then_fetches_and_acks(make_server, tmp_path):
+    from pzq.clients.api import ApiClient
+
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    produce(srv, [b"m%d" % i for i in range(10)])
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        base, end = api.lease("default", "billing", 0, 3)
+        assert ask(srv, "PURGE", "default") == {"purged": 7, "more": False}
+        messages, gone = api.fetch("default", "billing", base, end)
+        assert gone == 0 and [m[-1] for m in messages] == [b"m0", b"m1", b"m2"]
+        api.ack_upto("default", "billing", end)
+    assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0)
