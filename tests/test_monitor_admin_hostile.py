@@ -369,3 +369,22 @@ def test_a_purge_leaves_what_an_api_group_leased_which_it_then_fetches_and_acks(
         assert gone == 0 and [m[-1] for m in messages] == [b"m0", b"m1", b"m2"]
         api.ack_upto("default", "billing", end)
     assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0)
+
+
+def test_a_pipelining_dealer_is_answered_in_the_order_it_asked_when_its_reads_go_over_turns(make_server, sockets):
+    srv = make_server(limits=Limits(admin_read_s=0.0))  # (one read answered a turn: the rest wait for the next)
+    produce(srv, [bytes(64)] * 10)
+    dealer = sockets(zmq.DEALER, srv.monitor)
+    asked = [[b"", b"PEEK default 5"]] * 4 + [
+        [b"", b"PUBLISH default", b"x"],
+        [b"", b"STATS"],
+        [b"", b"PEEK default 1"],
+    ]
+    for frames in asked:
+        dealer.send_multipart(frames)
+    answers = []
+    while len(answers) < len(asked) and dealer.poll(10_000):
+        answers.append(json.loads(dealer.recv_multipart()[1]))
+    kinds = ["messages" if "messages" in a and "queue" in a else "id" if "id" in a else "stats" for a in answers]
+    assert kinds == ["messages"] * 4 + ["id", "stats", "messages"]  # (before: the PUBLISH's answer second)
+    assert srv.stats()["queues"]["default"]["depth"] == 11

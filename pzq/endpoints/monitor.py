@@ -55,6 +55,7 @@ class MonitorEndpoint(Endpoint):
         self._requests: list[monitor_proto.Request] = []
         self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
+        self._done: dict[int, str] = {}  # index in _requests -> its answer, made and committed in an earlier turn
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -85,7 +86,7 @@ class MonitorEndpoint(Endpoint):
         if self.admin.purging():
             self.admin.work(self.budget)
         for i, request in enumerate(self._requests):
-            if i not in self._written and self.admin.writes(request):
+            if i not in self._written and i not in self._done and self.admin.writes(request):
                 if self.budget.spent():  # (the rest: carried out and answered in a later turn)
                     return
                 # (answered as rolled back should the write itself fail the turn: it was carried out again
@@ -111,18 +112,26 @@ class MonitorEndpoint(Endpoint):
         requests, self._requests = self._requests, []
         who, self._who = self._who, []
         written, self._written = self._written, {}
+        done, self._done = self._done, {}
         deadline, read = time.perf_counter() + self.read_s, False
+        behind: set[bytes] = set()  # peers with a request left for a later turn
         for i, request in enumerate(requests):
-            if i in written:
-                text = written[i]
-            elif self.admin.writes(request) or (read and time.perf_counter() > deadline):
-                # (a write not carried out yet, the turn's budget ran out first; or a read past this turn's
-                # share of reading: carried out and answered in a later turn)
+            peer = request.envelope[0]
+            text = written.get(i, done.get(i))
+            if text is None and peer not in behind and not self.admin.writes(request):
+                if not read or time.perf_counter() <= deadline:
+                    text, read = self._answer(request), True
+            if text is None or peer in behind:
+                # (a write not carried out yet, the turn's budget ran out first; a read past this turn's share
+                # of reading; or what its peer asked after one of those: a DEALER that pipelines is answered in
+                # its order, it had a PUBLISH's answer before four PEEKs' it sent first. An answer made waits
+                # in ``_done``: its write is committed)
+                behind.add(peer)
+                if text is not None:
+                    self._done[len(self._requests)] = text
                 self._requests.append(request)
                 self._who.append(who[i])
                 continue
-            else:
-                text, read = self._answer(request), True
             self.replies.send(monitor_proto.reply(request, text))
 
     def _answer(self, request: monitor_proto.Request) -> str:
