@@ -80,6 +80,7 @@ CASES = {
     "stream-read": (kept.stream_read, 1_000_000, 20_000, _none, frozenset()),
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
+    "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
 }
 
 

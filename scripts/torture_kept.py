@@ -14,7 +14,7 @@ import urllib.request
 import msgpack
 import zmq
 from torture_cases import collect, dealer, drain, read_answers
-from torture_wire import HonestClients, Server, api_call, api_request
+from torture_wire import HonestClients, Server, api_call, api_request, monitor
 
 
 def deaf_producer(srv: Server, size: int, short: bool) -> str:
@@ -253,3 +253,23 @@ def stream_read(srv: Server, size: int, short: bool) -> str:
         f"{size:,} leased in {calls} calls ({leased:.2f} s), fetched ({fetched:.2f} s), "
         f"acknowledged and deleted ({acked:.2f} s)"
     )
+
+
+def monitor_peek_flood(srv: Server, size: int, short: bool) -> str:
+    """``size`` monitor DEALERs each send 40 PEEKs of 1,000 rows (about 1.5 MB a page) and read nothing;
+    an operator's STATS meanwhile (round 8: the waiting list grew without bound, STATS waited minutes)."""
+    api_call(srv.api, "PRODUCE", {"messages": [["peekq", os.urandom(4096)] for _ in range(1000)]})
+    srv.begin()
+    socks = [dealer(srv.monitor, rcvhwm=1, rcvbuf=4096) for _ in range(size)]
+    for sock in socks:
+        for _ in range(40):
+            sock.send_multipart([b"", b"PEEK peekq 1000"])
+    time.sleep(0.5)
+    started = time.monotonic()
+    answered = monitor(srv.monitor, "STATS", timeout_ms=5_000) is not None
+    took_ms = (time.monotonic() - started) * 1000
+    time.sleep(1 if short else 4)
+    for sock in socks:
+        sock.close(0)
+    said = f"STATS in {took_ms:.0f} ms" if answered else "STATS NOT answered in 5 s"
+    return f"{size} x 40 PEEKs of 1,000 rows unread; {said}"

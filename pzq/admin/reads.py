@@ -43,7 +43,8 @@ def number(args: list[str], at: int, name: str, default: int, most: int, least: 
     if len(args) <= at:
         return default
     text = args[at]
-    if not text.isdigit() or len(text) > 18 or int(text) < least:
+    # (ASCII digits only: "²" is a digit to str.isdigit but not to int(), whose ValueError rolled the turn back)
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < least:
         raise Refused(f"{name} must be a whole number of at least {least}, got {text[:40]!r}")
     return min(int(text), most)
 

@@ -9,7 +9,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
 from pzq.protocols import monitor as monitor_proto
 
@@ -17,6 +17,13 @@ log = logging.getLogger("pzq.server")
 
 READ_BATCH = 64
 SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
+PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS"})  # reads whose replies may be big (~1.5 MB a page)
+STORE_FAILED = monitor_proto.error_text("store failure: nothing was changed, try again")
+BIG_REPLY = 64 << 10  # a page past this is sent only if the memory bound has room for it (MemoryAlarm.admit)
+BUSY = monitor_proto.error_text(
+    "busy: not now, pzq holds its bound of replies that clients have not read, or this client's own unread "
+    "replies are past its share; read your replies, ask again later or for fewer rows"
+)
 
 
 class MonitorEndpoint(Endpoint):
@@ -38,25 +45,34 @@ class MonitorEndpoint(Endpoint):
             zmq.ROUTER, config.monitor_dsn, "--monitor-dsn", SNDHWM=16, RCVHWM=16, MAXMSGSIZE=1 << 20
         )
         self.sockets = [self.sock]
-        self.replies = Replies(self.sock, "monitor", config.limits)
+        # (the pipes are estimated: 17 pages of 1.5 MB wait in the pipe of a client that never reads)
+        self.replies = Replies(self.sock, "monitor", config.limits, pipes=True)
+        binder.on_disconnect[self.sock] = self.replies.disconnected  # (a one-request client's pipe goes with it)
         self._gate = binder.gate(self.sock)
         self._curve = binder.curve  # (names the key a write came with, in the log)
         self.read_s = config.limits.admin_read_s
+        self.limits = config.limits
         self._requests: list[monitor_proto.Request] = []
         self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
+        self._done: dict[int, str] = {}  # index in _requests -> its answer, made and committed in an earlier turn
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
             return
         for _ in range(READ_BATCH):
-            if self.budget.spent():  # (the rest: next turn)
+            # (the rest: next turn. Requests waiting here are capped too: a flood of PEEKs answered one or
+            # two a turn grew this list by 64 a turn, thousands, an honest STATS behind them for minutes and
+            # every PUBLISH body held; past the cap a flood waits in the socket, bounded by its RCVHWM)
+            if self.budget.spent() or len(self._requests) >= READ_BATCH:
                 return
             try:
-                frames, user = receive_from(self.sock, self._gate, "monitor", zmq.NOBLOCK)
+                frames, user, fd = receive_with_fd(self.sock, self._gate, "monitor", zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.budget.take(sum(map(len, frames or ())))
+            if frames is not None:
+                self.replies.read(frames[0], fd)  # (a lock-step client shows it read its last reply)
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
                 self._requests.append(monitor_proto.parse_request(frames))
                 self._who.append(self._name(user))
@@ -70,9 +86,12 @@ class MonitorEndpoint(Endpoint):
         if self.admin.purging():
             self.admin.work(self.budget)
         for i, request in enumerate(self._requests):
-            if i not in self._written and self.admin.writes(request):
+            if i not in self._written and i not in self._done and self.admin.writes(request):
                 if self.budget.spent():  # (the rest: carried out and answered in a later turn)
                     return
+                # (answered as rolled back should the write itself fail the turn: it was carried out again
+                # each turn, each failing, the loop rolling back 9,000 turns a second, the request unanswered)
+                self._written[i] = STORE_FAILED
                 self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
 
     def waiting(self) -> bool:
@@ -82,7 +101,7 @@ class MonitorEndpoint(Endpoint):
 
     def rolled_back(self) -> None:
         for i in self._written:
-            self._written[i] = monitor_proto.error_text("store failure: nothing was changed, try again")
+            self._written[i] = STORE_FAILED
         self.admin.writes_rolled_back()
 
     def recover(self) -> None:
@@ -93,22 +112,52 @@ class MonitorEndpoint(Endpoint):
         requests, self._requests = self._requests, []
         who, self._who = self._who, []
         written, self._written = self._written, {}
+        done, self._done = self._done, {}
         deadline, read = time.perf_counter() + self.read_s, False
+        behind: set[bytes] = set()  # peers with a request left for a later turn
         for i, request in enumerate(requests):
-            if i in written:
-                text = written[i]
-            elif self.admin.writes(request) or (read and time.perf_counter() > deadline):
-                # (a write not carried out yet, the turn's budget ran out first; or a read past this turn's
-                # share of reading: carried out and answered in a later turn)
+            peer = request.envelope[0]
+            text = written.get(i, done.get(i))
+            if text is None and peer not in behind and not self.admin.writes(request):
+                if not read or time.perf_counter() <= deadline:
+                    text, read = self._answer(request), True
+            if text is None or peer in behind:
+                # (a write not carried out yet, the turn's budget ran out first; a read past this turn's share
+                # of reading; or what its peer asked after one of those: a DEALER that pipelines is answered in
+                # its order, it had a PUBLISH's answer before four PEEKs' it sent first. An answer made waits
+                # in ``_done``: its write is committed)
+                behind.add(peer)
+                if text is not None:
+                    self._done[len(self._requests)] = text
                 self._requests.append(request)
                 self._who.append(who[i])
                 continue
-            else:
-                text, read = self.admin.answer(request), True
             self.replies.send(monitor_proto.reply(request, text))
 
+    def _answer(self, request: monitor_proto.Request) -> str:
+        """The answer to a read, or a ``busy`` refusal when it is a big page the memory bound has no room
+        for: its client's unread replies past their share, or the total past the low-water mark. (Pages for
+        clients that never read them grew the monitor's backlogs past --memory-high-water, and the alarm
+        refused every producer.) A PEEK or DEAD page is weighed before it is read, by its rows: one refused
+        after it was read still cost the loop its reading, a flood of them a page a turn."""
+        if request.command in ("PEEK", "DEAD"):
+            word = request.args[1] if len(request.args) > 1 else ""
+            rows = min(int(word), self.limits.admin_rows) if word.isascii() and word.isdigit() and len(word) < 9 else 50
+            size = rows * (self.limits.admin_head_bytes * 4 // 3 + 200)  # (a row: its head in base64, its fields)
+            return self.admin.answer(request) if self._room(request, size) else BUSY
+        text = self.admin.answer(request)
+        return text if request.command not in PAGES or self._room(request, len(text)) else BUSY
+
+    def _room(self, request: monitor_proto.Request, size: int) -> bool:
+        return size <= BIG_REPLY or self.alarm.admit(self.replies.held(request.envelope[0]), size)
+
     def memory(self) -> dict[str, int]:
-        return {"monitor_backlogs": self.replies.backlog_bytes}
+        return {
+            "monitor_backlogs": self.replies.backlog_bytes,
+            "monitor_pipes": self.replies.pipe_bytes(),
+            # (PUBLISH bodies waiting their turn: 64 requests of 1 MiB at most)
+            "monitor_requests": sum(len(request.body or b"") for request in self._requests),
+        }
 
     def wake_at(self, now: float) -> float | None:
         if self._requests or self.admin.purging():  # a write read after this turn's work, reads left, a purge

@@ -51,8 +51,11 @@ def parse_request(frames: Sequence[bytes]) -> Request:
     """
     try:
         cut = frames.index(b"") + 1
-        envelope, body = list(frames[:cut]), frames[cut:]
     except ValueError:
+        cut = 0
+    if 0 < cut < len(frames):
+        envelope, body = list(frames[:cut]), frames[cut:]
+    else:  # (no delimiter, or only a last empty frame: a bare DEALER's PUBLISH of an empty body, not a REQ's)
         envelope, body = [*frames[:1], b""], frames[1:]
     if not 1 <= len(body) <= 2 or len(body[0]) > MAX_REQUEST:
         return Request(

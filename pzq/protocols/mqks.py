@@ -165,7 +165,9 @@ MAX_PREFETCH = 10_000  # unacked messages one consumer may hold
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PREFETCH:
+    # (ASCII digits, a few: "²" is a digit to str.isdigit, and 5,000 digits are past what int() converts; both
+    # raised ValueError, which rolled the turn back and answered nothing)
+    if not (text.isascii() and text.isdigit()) or len(text) > 9 or not 1 <= int(text) <= MAX_PREFETCH:
         raise ProtocolError("bad-option", f"--prefetch={text[:40]!r} is not 1 to {MAX_PREFETCH}")
     return int(text)
 
