@@ -11,31 +11,15 @@ import time
 
 import pytest
 import zmq
+from admin_asks import ask, produce, refusal
 
 from pzq.clients import native as client
-from pzq.clients.admin import AdminRefused, admin_request
 from pzq.clients.mqks import MqksClient
 from pzq.protocols.phpmq import encode
 
 from conftest import free_tcp_endpoint, recv, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ask(srv, *words: str, body: bytes | None = None):
-    return admin_request(srv.monitor, words, body, timeout_ms=10_000)
-
-
-def refusal(srv, *words: str, body: bytes | None = None) -> str:
-    with pytest.raises(AdminRefused) as caught:
-        ask(srv, *words, body=body)
-    assert caught.value.reply.startswith("error: ") and caught.value.reply.count("\n") == 1
-    return str(caught.value)
-
-
-def produce(srv, bodies: list[bytes]) -> None:
-    with client.Producer(srv.receive) as producer:
-        assert all(r.ok for r in producer.produce_many([b] for b in bodies))
 
 
 def address(sock: socket.socket) -> str:

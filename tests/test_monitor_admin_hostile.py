@@ -15,12 +15,13 @@ import time
 
 import pytest
 import zmq
+from admin_asks import ask, produce, refusal
 from click.testing import CliRunner
 from test_failing_commits import plant_a_foreign_record
 
 from pzq.cli import cli
 from pzq.clients import native as client
-from pzq.clients.admin import AdminRefused, admin_request
+from pzq.clients.admin import admin_request
 from pzq.clients.sockets import tcp_address
 from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
@@ -29,22 +30,6 @@ from pzq.errors import ClientError
 from conftest import ThreadServer, free_tcp_endpoint, make_config, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ask(srv, *words: str, body: bytes | None = None):
-    return admin_request(srv.monitor, words, body, timeout_ms=10_000)
-
-
-def refusal(srv, *words: str, body: bytes | None = None) -> str:
-    with pytest.raises(AdminRefused) as caught:
-        ask(srv, *words, body=body)
-    assert caught.value.reply.startswith("error: ") and caught.value.reply.count("\n") == 1
-    return str(caught.value)
-
-
-def produce(srv, bodies: list[bytes]) -> None:
-    with client.Producer(srv.receive) as producer:
-        assert all(r.ok for r in producer.produce_many([b] for b in bodies))
 
 
 @pytest.mark.parametrize(

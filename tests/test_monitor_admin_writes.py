@@ -8,30 +8,15 @@ from __future__ import annotations
 import logging
 
 import pytest
+from admin_asks import ask, produce, refusal
 
 from pzq.clients import native as client
-from pzq.clients.admin import AdminRefused, admin_request
+from pzq.clients.admin import AdminRefused
 from pzq.config import Limits
 
 from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ask(srv, *words: str, body: bytes | None = None):
-    return admin_request(srv.monitor, words, body, timeout_ms=10_000)
-
-
-def refusal(srv, *words: str, body: bytes | None = None) -> str:
-    with pytest.raises(AdminRefused) as caught:
-        ask(srv, *words, body=body)
-    assert caught.value.reply.startswith("error: ") and caught.value.reply.count("\n") == 1
-    return str(caught.value)
-
-
-def produce(srv, bodies: list[bytes]) -> None:
-    with client.Producer(srv.receive) as producer:
-        assert all(r.ok for r in producer.produce_many([b] for b in bodies))
 
 
 def dead_letters(srv, count: int) -> None:
