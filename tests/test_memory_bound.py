@@ -160,6 +160,18 @@ def test_a_request_over_a_descriptor_another_peer_had_means_that_peer_left():
     assert pipes.total == 0
 
 
+def test_the_late_end_of_a_descriptors_last_connection_does_not_forget_the_next_one_waiting_on_it():
+    pipes = PipeEstimate(depth=3)
+    pipes.read(b"first", fd=20)
+    pipes.sent(b"first", 100)
+    pipes.read(b"second", fd=20)  # (the first went; the kernel gave its descriptor to the second)
+    pipes.disconnected(20)  # the first one's end, reported late: the second waits for its answer
+    pipes.sent(b"second", 4000)
+    assert pipes.of(b"second") == 4000 and pipes.total == 4000
+    pipes.disconnected(20)  # the second one's own end
+    assert pipes.of(b"second") == 0 and pipes.total == 0
+
+
 def test_a_peer_of_no_known_connection_is_forgotten_once_idle_and_one_with_a_connection_is_not():
     pipes = PipeEstimate(depth=3, idle_s=60.0)
     pipes.read(b"ipc", fd=-1)

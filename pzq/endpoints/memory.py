@@ -110,10 +110,22 @@ class PipeEstimate:
             self.gone(peer)
 
     def disconnected(self, fd: int) -> None:
-        """The connection of descriptor ``fd`` went: so did the pipe of the peer whose requests came over it."""
-        peer = self._fds.pop(fd, None)
-        if peer is not None:
-            self.gone(peer)
+        """The connection of descriptor ``fd`` went: so did the pipe of the peer whose requests came over it.
+
+        Unless that peer waits for an answer: the socket monitor reports a connection's end late, and the
+        kernel gives its descriptor to the next connection at once, so the end of the one before may come
+        after the next one's request was read over the same descriptor. Taking that for the waiting peer's
+        end counted the answer it then got against a peer no longer known, for ``idle_s`` (seen under
+        load: one-request clients' pages held the memory bound for a minute). A peer that really went
+        with a request unanswered is found gone when its answer is sent (``gone``)."""
+        peer = self._fds.get(fd)
+        if peer is None:
+            return
+        pipe = self._peers.get(peer)
+        if pipe is not None and pipe.unanswered:
+            return
+        del self._fds[fd]
+        self.gone(peer)
 
     def of(self, peer: bytes) -> int:
         """Bytes ``peer``'s pipe may hold."""
