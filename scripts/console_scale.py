@@ -93,10 +93,12 @@ def main() -> None:
                 api.produce([(f"q{i:04d}", b"x" * 100) for i in range(start, min(start + 500, args.queues))])
         for _ in range(args.connections):
             conns.append(socket.create_connection(("127.0.0.1", phpmq), timeout=10))
-        figures = {}
-        while figures.get("phpmq", {}).get("connections", 0) < args.connections:
+        deadline, open_now = time.monotonic() + 60, 0
+        while open_now < args.connections and time.monotonic() < deadline:
             time.sleep(0.5)
-            figures = admin_request(monitor, ["STATS"], timeout_ms=10_000)
+            open_now = admin_request(monitor, ["STATS"], timeout_ms=10_000).get("phpmq", {}).get("connections", 0)
+        if open_now < args.connections:  # (the open-files limit caps --max-connections: the server log says so)
+            raise SystemExit(f"only {open_now} of {args.connections} connections were let in: see {tmp}/server.log")
         time.sleep(2.5)  # (two polls: the console's snapshot has every queue)
         middle = f"q{args.queues // 2:04d}"
         pages = ["/", "/queues", f"/queues?page={args.queues // 100}", "/queues?sort=depth&order=desc"]
@@ -123,7 +125,8 @@ def main() -> None:
             conn.close()
         server.terminate()
         server.wait(30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if sys.exc_info()[0] is None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
