@@ -12,6 +12,7 @@ import click
 from pzq import config
 from pzq.cli.common import (
     Duration,
+    answer_timeout_option,
     config_option,
     curve,
     curve_options,
@@ -45,14 +46,7 @@ def _from_settings(name: str) -> str:
     help="Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time); "
     "a plain number is seconds.  [default: show once]",
 )
-@click.option(
-    "--timeout",
-    type=Duration("ms"),
-    default="5s",
-    metavar="DURATION",
-    show_default=True,
-    help="Wait for an answer; a plain number is ms.",
-)
+@answer_timeout_option
 @curve_options
 @errors_to_exit
 def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key, curve_server_key) -> None:

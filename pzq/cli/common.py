@@ -106,3 +106,13 @@ config_option = click.option(
     envvar="PZQ_CONFIG",
     help="TOML file of settings (see conf/pzq.toml).  [default: $PZQ_CONFIG, else none]",
 )
+
+# How long a monitor client waits for its answer (`pzq monitor` and the admin commands)
+answer_timeout_option = click.option(
+    "--timeout",
+    type=Duration("ms"),
+    default="5s",
+    metavar="DURATION",
+    show_default=True,
+    help="Wait for an answer; a plain number is ms.",
+)

@@ -13,7 +13,15 @@ from typing import Any
 
 import click
 
-from pzq.cli.common import Duration, config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint
+from pzq.cli.common import (
+    answer_timeout_option,
+    config_option,
+    curve,
+    curve_options,
+    errors_to_exit,
+    fail,
+    monitor_endpoint,
+)
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.errors import ExitCode
 
@@ -26,14 +34,7 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @config_option
     @click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
-    @click.option(
-        "--timeout",
-        type=Duration("ms"),
-        default="5s",
-        metavar="DURATION",
-        show_default=True,
-        help="Wait for an answer; a plain number is ms.",
-    )
+    @answer_timeout_option
     @curve_options
     @errors_to_exit
     @functools.wraps(func)
