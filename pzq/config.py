@@ -157,6 +157,12 @@ class Config:
         "", "The server's CURVE secret key file (pzq keygen); enables CURVE on every ZeroMQ endpoint."
     )
     curve_clients: str = _setting("", "Directory of allowed client public keys (*.key).")
+    permissions: str = _setting(
+        "",
+        "Who may produce to, consume from and manage which queue (TOML, docs/permissions.md); '' = "
+        "permissions.toml beside --curve-clients if it exists, else every client may do anything.",
+        "file",
+    )
     unauthenticated: str = _setting(
         "",
         "With CURVE: endpoints that serve clients without a key anyway, e.g. 'monitor,phpmq' (the raw-TCP "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import zmq
 import zmq.auth
@@ -58,6 +58,11 @@ class CurveServer:
         self.auth.allow_any = False
         self.auth.certs[DOMAIN] = certs
         self.gate = Gate(certs)
+        # Sockets whose clients must pass more than the allow-list (the native ones: permissions, checked
+        # at the handshake): role -> ZAP domain; domain -> (its gate, which allowed keys it admits).
+        self.role_domains: dict[str, str] = {}
+        self.domains: dict[str, tuple[Gate, Callable[[str], bool]]] = {}
+        self._lost: dict[str, set[str]] = {}
         log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
 
     def _load(self) -> dict:
@@ -97,6 +102,40 @@ class CurveServer:
             self.names[public.decode("ascii")] = name
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
         self.gate.allowed = Gate(certs).allowed
+        self.refresh()
+
+    def restrict(self, roles: Iterable[str], domain: str, admits: Callable[[str], bool]) -> None:
+        """Let onto the sockets of ``roles`` (bound after this call) only the allowed keys (z85) that
+        ``admits``: they get a ZAP domain of their own, so that a key without the right fails its
+        handshake, and a gate of their own, so that a key that lost it is cut off message by message."""
+        for role in roles:
+            self.role_domains[role] = domain
+        self.domains[domain] = (Gate(()), admits)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-decide each restricted domain's keys (after a reload of the keys or of what ``admits``
+        reads); the keys no longer let onto each role's sockets wait in ``take_lost``."""
+        base = self.auth.certs.get(DOMAIN, {})
+        lost = self._lost
+        for domain, (gate, admits) in self.domains.items():
+            certs = {key: True for key in base if admits(key.decode("ascii"))}
+            self.auth.certs[domain] = certs
+            old, gate.allowed = gate.allowed, Gate(certs).allowed
+            if old - gate.allowed:
+                for role, its in self.role_domains.items():
+                    if its == domain:
+                        lost.setdefault(role, set()).update(old - gate.allowed)
+
+    def take_lost(self) -> dict[str, set[str]]:
+        """Per role, the keys (z85) that ``refresh`` took off its sockets since the last call."""
+        lost, self._lost = self._lost, {}
+        return lost
+
+    def gate_of(self, role: str) -> Gate:
+        """The gate of the sockets of ``role``."""
+        domain = self.role_domains.get(role)
+        return self.gate if domain is None else self.domains[domain][0]
 
     def reload(self) -> set[str]:
         """Re-read the allowed client keys (SIGHUP); returns the keys (z85) no longer allowed. If the
@@ -108,6 +147,7 @@ class CurveServer:
             return set()
         self.auth.certs[DOMAIN] = certs  # one assignment: the ZAP thread sees the old set or the new one
         old, self.gate.allowed = self.gate.allowed, Gate(certs).allowed
+        self.refresh()  # (a revoked key leaves every domain at once; revoked() cuts its connections)
         revoked = set(old - self.gate.allowed)
         log.warning(  # (a warning, as every SIGHUP line: an operator who sent one sees what it did)
             "SIGHUP: CURVE client keys re-read: %d allowed in %s%s",
@@ -117,13 +157,13 @@ class CurveServer:
         )
         return revoked
 
-    def options(self) -> dict[str, object]:
-        """What a server socket needs, set before it binds."""
+    def options(self, role: str = "") -> dict[str, object]:
+        """What a server socket of ``role`` needs, set before it binds."""
         return {
             "CURVE_SERVER": 1,
             "CURVE_SECRETKEY": self.secret,
             "CURVE_PUBLICKEY": self.public,
-            "ZAP_DOMAIN": DOMAIN.encode(),
+            "ZAP_DOMAIN": self.role_domains.get(role, DOMAIN).encode(),
         }
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ touches the store or the loop's state.
 Metrics: per queue depth, in-flight, dead letters, bytes, age of the oldest message, and produced /
 acked / redelivered counters; totals of the broker's counters; per protocol the gateway figures
 (``pzq_protocol_figure{protocol, figure}``); the commit (fsync) latency and the group-commit batch size
-(messages stored per commit) as histograms.
+(messages stored per commit) as histograms; the permissions' refusals per client and right.
 """
 
 from __future__ import annotations
@@ -118,3 +118,8 @@ class Metrics:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     figure.add_metric([protocol, name], value)
         yield figure
+        refusals = c("pzq_permission_refusals", "Requests refused by the permissions", labels=["client", "right"])
+        for client, rights in ((stats.get("permissions") or {}).get("refused") or {}).items():
+            for right, count in rights.items():
+                refusals.add_metric([client, right], count)
+        yield refusals

@@ -74,7 +74,7 @@ class Sockets:
         if endpoint.startswith("ipc://"):
             _check_ipc_path(endpoint, option)
         if secured and self.curve is not None:
-            options = {**self.curve.options(), **options}
+            options = {**self.curve.options(role), **options}
         sock = self._socket(kind, options)
         self._watch(sock, role, endpoint)
         try:
@@ -122,7 +122,9 @@ class Sockets:
 
     def gate(self, sock: zmq.Socket) -> Gate | None:
         """The allow-list every message received on ``sock`` is checked against (None: not CURVE)."""
-        return self.curve.gate if self.curve is not None and self._made[sock][4] else None
+        if self.curve is None or not self._made[sock][4]:
+            return None
+        return self.curve.gate_of(self._made[sock][2].removeprefix("--").removesuffix("-dsn"))
 
     def rebind(self, sock: zmq.Socket) -> zmq.Socket:
         """Close ``sock`` and bind a new one like it: every peer is cut off and must connect (and
@@ -349,6 +351,12 @@ class Endpoint:
         """The consumers of ``queue`` among this endpoint's clients (at most ``limit`` of them: see
         Gateway.queue_consumers), and how many there are; none by default."""
         return [], 0
+
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        """The permissions changed (SIGHUP): cut off at once what a client may no longer do where no
+        per-request check will (deliveries already promised, workers and consumers registered). ``lost``
+        holds, per role (``send``, ``receive``, ``consume``), the CURVE keys (z85) no longer let onto its
+        sockets. Sockets may be replaced, as in ``revoked``."""
 
     def revoked(self, users: set[str]) -> None:
         """These CURVE keys were removed (SIGHUP): cut off their peers where a message check cannot

@@ -321,6 +321,11 @@ class NativeEndpoints(Endpoint):
             self.sockets = [self.receive, self.send]
             log.warning("send socket re-bound: consumers reconnect, those of revoked CURVE keys cannot")
 
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        # (a producer that lost its right is cut off by the receive socket's gate, message by message)
+        if lost.get("send"):
+            self.revoked(lost["send"])
+
     def recover(self) -> None:
         self.gateway.recover()
 

@@ -149,6 +149,10 @@ class BatchConsumeEndpoint(Endpoint):
         if gone:
             log.warning("batched consumers: %d of revoked CURVE keys forgotten, their deliveries requeued", gone)
 
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        if lost.get("consume"):
+            self.revoked(lost["consume"])
+
     def wake_at(self, now: float) -> float | None:
         wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_sweep()) if t is not None]
         return min(wakes) if wakes else None

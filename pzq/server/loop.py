@@ -26,6 +26,7 @@ from pzq.errors import StoreError
 from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
+from pzq.server.access import permissions_for
 from pzq.server.collector import Collector
 from pzq.server.console_child import ConsoleChild
 from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
@@ -75,6 +76,7 @@ class Server(Reloading):
         self.notifier = Notifier.from_environment()  # inert unless systemd started us with Type=notify
         self._next_watchdog = 0.0
         self._reload_requested = False
+        self.reloads = 0  # SIGHUPs handled so far (a test waits for its own)
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
         self.metrics: Metrics | None = None
         self.console: ConsoleChild | None = None  # the web console's process (--http-dsn)
@@ -120,6 +122,7 @@ class Server(Reloading):
             from pzq.curve import CurveServer
 
             self.curve = CurveServer(self.ctx, cfg.curve_secret_key, cfg.curve_clients)
+        self.permissions = permissions_for(cfg, self.curve)  # (before the bind: the native handshake checks them)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         self.admin.attach(lambda: self.endpoints, lambda: self._last_commit_ms, cfg)
@@ -127,7 +130,7 @@ class Server(Reloading):
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
         )
         self.endpoints = gateway_endpoints(
-            cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue
+            cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue, self.permissions
         )
         self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned))
         self.endpoints.append(ConnectionWatch(owned, connections))
@@ -141,6 +144,7 @@ class Server(Reloading):
         if cfg.user:
             drop_privileges(cfg.user, cfg.database)
         log_start(cfg, owned.open_roles, connections.limit, curve=self.curve is not None)
+        log.info("%s", self.permissions.describe())
         if cfg.http_dsn:  # (after the bind, as the user the server runs as: a monitor client like any other)
             keyed = self.curve is not None and "monitor" not in cfg.unauthenticated_roles
             self.console = ConsoleChild(
@@ -416,6 +420,7 @@ class Server(Reloading):
     def _gateway_stats(self) -> dict:
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
         stats["memory"] = self.alarm.stats()
+        stats["permissions"] = self.permissions.stats()
         return stats
 
 

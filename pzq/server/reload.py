@@ -1,6 +1,6 @@
 """SIGHUP: what a running server re-reads, each part on its own (the CURVE client keys first, then the
-settings' log level, then the console's process, told to re-read its secret), each saying in one line
-whether it took."""
+permissions, then the settings' log level, then the console's process, told to re-read its secret),
+each saying in one line whether it took."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 from pzq.config import Config
 from pzq.errors import ConfigError
+from pzq.server.access import reload_permissions
 
 if TYPE_CHECKING:
     from pzq.curve import CurveServer
     from pzq.endpoints.base import Endpoint
+    from pzq.permissions import Permissions
     from pzq.server.console_child import ConsoleChild
     from pzq.systemd import Notifier
 
@@ -29,9 +31,11 @@ class Reloading:
     curve: CurveServer | None
     console: ConsoleChild | None
     endpoints: list[Endpoint]
+    permissions: Permissions
     notifier: Notifier
     reloader: Callable[[], Config] | None
     _reload_requested: bool
+    reloads: int
     _wake_w: int
 
     def _register(self) -> None:
@@ -53,6 +57,7 @@ class Reloading:
         self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         parts = (
             ("the CURVE client keys", self._reload_curve),  # first: a revocation waits for nothing else
+            ("the permissions", self._reload_permissions),  # second: so does a narrowed right
             ("the settings", self._reload_settings),
             ("the console's secret", self._reload_console),
         )
@@ -62,6 +67,7 @@ class Reloading:
             except Exception as exc:  # noqa: BLE001 - a part failing on a bug must not skip the others
                 log.error("SIGHUP: %s not reloaded, what was there stays (%s: %s)", what, type(exc).__name__, exc)
                 log.debug("SIGHUP: %s", what, exc_info=True)  # (the traceback, for a bug report)
+        self.reloads += 1
         self.notifier.notify("READY=1", "STATUS=serving")
 
     def _reload_curve(self) -> None:
@@ -71,6 +77,10 @@ class Reloading:
         if revoked:
             for endpoint in self.endpoints:
                 endpoint.revoked(revoked)
+            self._register()
+
+    def _reload_permissions(self) -> None:
+        if reload_permissions(self.permissions, self.curve, self.endpoints):
             self._register()
 
     def _reload_settings(self) -> None:

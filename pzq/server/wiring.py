@@ -24,6 +24,7 @@ from pzq.gateways.native import NativeGateway
 from pzq.gateways.native_consume import BatchConsumeGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
+from pzq.permissions import Permissions
 from pzq.store import Store
 from pzq.store.bindings import Bindings
 from pzq.store.dedup_keys import DedupKeys
@@ -41,6 +42,7 @@ def gateway_endpoints(
     owned: Sockets,
     connections: ConnectionLimit,
     drop_queue: Callable[[str], int],
+    permissions: Permissions,
 ) -> list[Endpoint]:
     """The endpoints of every gateway the config enables (native, PHPMQ, eMQP, MQKS, API), in the order
     the loop serves them."""
