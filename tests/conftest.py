@@ -24,6 +24,7 @@ from pzq.server import Server
 from pzq.store import Store
 
 import session_guard
+from permission_keys import Tenants
 
 
 @pytest.fixture
@@ -118,6 +119,13 @@ def make_server(tmp_path):
     yield make
     for srv in made:
         srv.stop()
+
+
+@pytest.fixture
+def tenants(tmp_path) -> Tenants:
+    """CURVE keys of two tenants (orders, payroll) and a stranger, with a permissions file beside the
+    clients directory (tests/permission_keys.py)."""
+    return Tenants(tmp_path / "keys")
 
 
 @pytest.fixture

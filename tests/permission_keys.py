@@ -1,5 +1,6 @@
 """What the permission tests of every protocol share: CURVE keys for two tenants and a stranger, the
-permissions file beside the clients directory, a server made with both, and a SIGHUP waited for.
+permissions file beside the clients directory (the ``tenants`` fixture of conftest.py), and a SIGHUP
+waited for.
 
 The tenants: ``orders`` may produce to, consume from and manage ``orders.*``; ``payroll`` the same on
 ``payroll``; ``stranger`` has an allowed key but no section, so ``[default]`` applies to it."""
@@ -15,8 +16,6 @@ from click.testing import CliRunner
 from zmq.utils.monitor import recv_monitor_message
 
 from pzq.cli import cli
-
-from conftest import wait_until
 
 TENANTS = """
 [keys.orders]
@@ -79,13 +78,10 @@ class Tenants:
         }
 
 
-@pytest.fixture
-def tenants(tmp_path) -> Tenants:
-    return Tenants(tmp_path / "keys")
-
-
 def reload(srv, timeout_s: float = 5.0) -> None:
     """What SIGHUP does to a ThreadServer (``srv``), waited for until the loop has done it."""
+    from conftest import wait_until  # (conftest imports this module for its fixture)
+
     before = srv.server.reloads
     srv.server.request_reload()
     wait_until(lambda: srv.server.reloads > before, timeout_s)

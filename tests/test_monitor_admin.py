@@ -11,12 +11,12 @@ import time
 
 import pytest
 import zmq
-from admin_asks import ask, produce, refusal
 
 from pzq.clients import native as client
 from pzq.clients.mqks import MqksClient
 from pzq.protocols.phpmq import encode
 
+from admin_asks import ask, produce, refusal
 from conftest import free_tcp_endpoint, recv, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import zmq
-from admin_asks import ask, produce, refusal
 from click.testing import CliRunner
 from test_failing_commits import plant_a_foreign_record
 
@@ -27,6 +26,7 @@ from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 from pzq.errors import ClientError
 
+from admin_asks import ask, produce, refusal
 from conftest import ThreadServer, free_tcp_endpoint, make_config, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from admin_asks import ask, produce, refusal
 
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused
 from pzq.config import Limits
 
+from admin_asks import ask, produce, refusal
 from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,29 +10,36 @@ import zmq
 from pzq.curve import secure_client
 
 from conftest import free_tcp_endpoint, recv, wait_until
-from permission_keys import ORDERS_PRODUCE_ONLY, handshake, reload, tenants  # noqa: F401 (a fixture)
+from permission_keys import ORDERS_PRODUCE_ONLY, handshake, reload
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def native(make_server, tenants):  # noqa: F811
+def native(make_server, tenants):
     receive, _ = free_tcp_endpoint()
     send, _ = free_tcp_endpoint()
     srv = make_server(
-        receive_dsn=receive, send_dsn=send, consume_dsn="", queue="orders.native", unauthenticated="monitor", **tenants.config()
+        receive_dsn=receive,
+        send_dsn=send,
+        consume_dsn="",
+        queue="orders.native",
+        unauthenticated="monitor",
+        **tenants.config(),
     )
     return srv, receive, send
 
 
-def client(sockets, kind: int, tenants, name: str) -> zmq.Socket:  # noqa: F811
+def client(sockets, kind: int, tenants, name: str) -> zmq.Socket:
     sock = sockets(kind, None)
     secure_client(sock, *tenants.curve(name))
     return sock
 
 
 def test_a_key_may_connect_to_the_receive_socket_only_if_it_may_produce_to_the_native_queue(
-    native, tenants, sockets  # noqa: F811
+    native,
+    tenants,
+    sockets,
 ):
     srv, receive, _ = native
     orders = client(sockets, zmq.DEALER, tenants, "orders")
@@ -47,7 +54,9 @@ def test_a_key_may_connect_to_the_receive_socket_only_if_it_may_produce_to_the_n
 
 
 def test_a_key_may_connect_to_the_send_socket_only_if_it_may_consume_the_native_queue(
-    native, tenants, sockets  # noqa: F811
+    native,
+    tenants,
+    sockets,
 ):
     srv, receive, send = native
     producer = client(sockets, zmq.DEALER, tenants, "orders")
@@ -63,7 +72,7 @@ def test_a_key_may_connect_to_the_send_socket_only_if_it_may_consume_the_native_
     assert frames[-1] == b"an order"
 
 
-def test_a_sighup_that_narrows_a_key_cuts_its_consumer_off_at_once(native, tenants, sockets):  # noqa: F811
+def test_a_sighup_that_narrows_a_key_cuts_its_consumer_off_at_once(native, tenants, sockets):
     srv, receive, send = native
     orders = client(sockets, zmq.ROUTER, tenants, "orders")
     assert handshake(orders, send)
