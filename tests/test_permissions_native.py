@@ -4,10 +4,13 @@ that narrows a key cuts its open connections at once."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import zmq
 
 from pzq.curve import secure_client
+from pzq.errors import ConfigError
 
 from conftest import free_tcp_endpoint, recv, wait_until
 from permission_keys import ORDERS_PRODUCE_ONLY, handshake, reload
@@ -88,3 +91,72 @@ def test_a_sighup_that_narrows_a_key_cuts_its_consumer_off_at_once(native, tenan
     assert recv(producer) == [b"2", b"1", b""]
     assert not orders.poll(1000), "the narrowed key's consumer got a delivery after the SIGHUP"
     wait_until(lambda: srv.stats()["queues"]["orders.native"]["depth"] >= 1)
+
+
+def test_a_batched_consumer_needs_the_consume_right_at_its_handshake_too(make_server, tenants, sockets):
+    consume, _ = free_tcp_endpoint()
+    make_server(consume_dsn=consume, queue="orders.native", unauthenticated="monitor", **tenants.config())
+    assert not handshake(client(sockets, zmq.DEALER, tenants, "payroll"), consume)
+    assert handshake(client(sockets, zmq.DEALER, tenants, "orders"), consume)
+
+
+def test_a_native_socket_without_keys_needs_the_default_to_grant_its_right_or_the_server_does_not_start(
+    tmp_path, tenants
+):
+    from pzq.server import Server
+
+    from conftest import make_config
+
+    # Without CURVE every native client is keyless: [default] names them, and TENANTS has no [default].
+    refused = Server(make_config(tmp_path, queue="orders.native", permissions=str(tenants.permissions)))
+    try:
+        with pytest.raises(ConfigError, match="--receive-dsn serves clients without a CURVE key"):
+            refused.start()
+    finally:
+        refused.close()
+    tenants.write('[default]\nproduce = ["orders.*"]\nconsume = ["orders.*"]\n')
+    srv = Server(make_config(tmp_path, queue="orders.native", permissions=str(tenants.permissions)))
+    try:
+        srv.start()
+    finally:
+        srv.close()
+
+
+def test_a_real_sighup_that_narrows_a_key_cuts_its_native_and_batched_consumers_and_the_log_says_so(
+    process_server, tenants
+):
+    from pzq.clients.native import Consumer, Producer
+    from pzq.clients.native_consume import BatchConsumer
+
+    srv = process_server(
+        "--queue", "orders.native", "--unauthenticated", "monitor",
+        "--curve-secret-key", tenants.config()["curve_secret_key"],
+        "--curve-clients", tenants.config()["curve_clients"],
+    )  # fmt: skip
+    assert f"permissions: {tenants.permissions}: 3 key(s)" not in srv.log.read_text()
+    assert f"permissions: {tenants.permissions}: 2 key(s), 0 network(s), default nothing" in srv.log.read_text()
+    orders = tenants.curve("orders")
+    with (
+        Producer(srv.receive, curve=orders, timeout_ms=5000) as producer,
+        Consumer(srv.send, curve=orders) as legacy,
+        BatchConsumer(srv.consume, curve=orders) as batched,
+    ):
+        producer.produce([b"one"])
+        producer.produce([b"two"])
+        got: list = []  # (which consumer gets which is the server's choice)
+
+        def both_delivered() -> bool:
+            delivery = legacy.receive(50)
+            got.extend([delivery.body] if delivery is not None else [])
+            got.extend(body for _, body in batched.receive(1, 50))
+            return len(got) == 2
+
+        wait_until(both_delivered)
+        assert sorted(got) == [[b"one"], [b"two"]]
+        tenants.write(ORDERS_PRODUCE_ONLY)
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "lost their right on the native queue" in srv.log.read_text())
+        producer.produce([b"three"])  # still allowed to produce
+        assert legacy.receive(1000) is None, "the narrowed key's legacy consumer still gets deliveries"
+        assert batched.receive(1, 1000) == [], "the narrowed key's batched consumer still gets deliveries"
+    assert srv.stats()["queues"]["orders.native"]["depth"] >= 1
