@@ -57,11 +57,14 @@ class CurveServer:
         self.auth.start()
         self.auth.allow_any = False
         self.auth.certs[DOMAIN] = certs
+        # Every handshake asks ``admits`` (in the ZAP thread): the allow-list, and for the restricted
+        # domains the permissions, whose refusals are counted there.
+        self.auth.configure_curve_callback(DOMAIN, self)
         self.gate = Gate(certs)
         # Sockets whose clients must pass more than the allow-list (the native ones: permissions, checked
         # at the handshake): role -> ZAP domain; domain -> (its gate, which allowed keys it admits).
         self.role_domains: dict[str, str] = {}
-        self.domains: dict[str, tuple[Gate, Callable[[str], bool]]] = {}
+        self.domains: dict[str, tuple[Gate, Callable[[str, bool], bool]]] = {}
         self._lost: dict[str, set[str]] = {}
         log.info("CURVE: %d allowed client key(s) in %s", len(certs), self.clients_dir)
 
@@ -104,14 +107,24 @@ class CurveServer:
         self.gate.allowed = Gate(certs).allowed
         self.refresh()
 
-    def restrict(self, roles: Iterable[str], domain: str, admits: Callable[[str], bool]) -> None:
+    def restrict(self, roles: Iterable[str], domain: str, admits: Callable[[str, bool], bool]) -> None:
         """Let onto the sockets of ``roles`` (bound after this call) only the allowed keys (z85) that
-        ``admits``: they get a ZAP domain of their own, so that a key without the right fails its
-        handshake, and a gate of their own, so that a key that lost it is cut off message by message."""
+        ``admits(key, count)`` (``count``: a refusal is to be counted, it is a handshake): they get a ZAP
+        domain of their own, so that a key without the right fails its handshake, and a gate of their
+        own, so that a key that lost it is cut off message by message."""
         for role in roles:
             self.role_domains[role] = domain
         self.domains[domain] = (Gate(()), admits)
+        self.auth.configure_curve_callback(domain, self)
         self.refresh()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq's credentials-provider call, for every CURVE handshake (in the ZAP thread)."""
+        text = key.decode("ascii")
+        if text not in self.gate.allowed:
+            return False
+        restricted = self.domains.get(domain)
+        return restricted is None or text in restricted[0].allowed or restricted[1](text, True)
 
     def refresh(self) -> None:
         """Re-decide each restricted domain's keys (after a reload of the keys or of what ``admits``
@@ -119,7 +132,7 @@ class CurveServer:
         base = self.auth.certs.get(DOMAIN, {})
         lost = self._lost
         for domain, (gate, admits) in self.domains.items():
-            certs = {key: True for key in base if admits(key.decode("ascii"))}
+            certs = {key: True for key in base if admits(key.decode("ascii"), False)}
             self.auth.certs[domain] = certs
             old, gate.allowed = gate.allowed, Gate(certs).allowed
             if old - gate.allowed:

@@ -31,6 +31,7 @@ import ipaddress
 import logging
 import os
 import re
+import threading
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 
@@ -201,6 +202,7 @@ class Permissions:
         self.check = check  # raises ConfigError for rules this server cannot enforce
         self.rules: Rules | None = None
         self.refused: collections.Counter[tuple[str, str]] = collections.Counter()  # (who, right) -> count
+        self._lock = threading.Lock()
         if path and (required or os.path.exists(path)):
             self.rules = Rules.read(path)
             check(self.rules)
@@ -254,7 +256,8 @@ class Permissions:
         return False
 
     def _refuse(self, who: str, right: str, queue: str | bytes, protocol: str, what: str, where: str = "") -> None:
-        self.refused[(who, right)] += 1
+        with self._lock:  # (native handshakes are refused in the ZAP thread)
+            self.refused[(who, right)] += 1
         warn_bad(protocol, "not-permitted", f"{what} on {_text(queue)!r} by {who}{where}: no {right} right")
 
     def reload(self) -> bool:
@@ -279,11 +282,13 @@ class Permissions:
     def stats(self) -> dict:
         """What MONITOR and the metrics show: the file, and the refusals per client and right."""
         refused: dict[str, dict[str, int]] = {}
-        for (who, right), count in sorted(self.refused.items()):
+        with self._lock:
+            counts = sorted(self.refused.items())
+        for (who, right), count in counts:
             refused.setdefault(who, {})[right] = count
         return {
             "file": self.path if self.rules is not None else "",
-            "refused_total": sum(self.refused.values()),
+            "refused_total": sum(count for _, count in counts),
             "refused": refused,
         }
 

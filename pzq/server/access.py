@@ -52,12 +52,17 @@ def permissions_for(cfg: Config, curve: CurveServer | None) -> Permissions:
     if curve is not None:
         for right, domain in sorted(set(NATIVE_ROLES.values())):
             roles = [role for role, (_, its) in NATIVE_ROLES.items() if its == domain]
-            curve.restrict(roles, domain, _admits(permissions, right, cfg.queue))
+            curve.restrict(roles, domain, _admits(permissions, right, cfg.queue, f"connecting to --{roles[0]}-dsn"))
     return permissions
 
 
-def _admits(permissions: Permissions, right: str, queue: str) -> Callable[[str], bool]:
-    return lambda key: permissions.allows_key(key, right, queue)
+def _admits(permissions: Permissions, right: str, queue: str, what: str) -> Callable[[str, bool], bool]:
+    def admits(key: str, count: bool) -> bool:
+        if count:  # (a handshake refused: counted and logged as every refusal is)
+            return permissions.key_may(key, right, queue, "native", what)
+        return permissions.allows_key(key, right, queue)
+
+    return admits
 
 
 def reload_permissions(permissions: Permissions, curve: CurveServer | None, endpoints: list[Endpoint]) -> bool:
