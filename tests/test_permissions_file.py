@@ -137,3 +137,13 @@ def test_a_file_that_appears_is_taken_at_the_next_reload(tmp_path):
     assert not permissions.reload() and not permissions.enabled
     path.write_text('[keys.a]\nproduce = ["a"]\n')
     assert permissions.reload() and not permissions.allows_key("a", PRODUCE, "b")
+
+
+def test_the_example_file_shipped_in_conf_is_a_valid_permissions_file():
+    from pathlib import Path
+
+    example = Rules.read(str(Path(__file__).resolve().parent.parent / "conf" / "permissions.example.toml"))
+    assert example.for_key("orders-app").may(CONSUME, "orders.eu")
+    assert not example.for_key("orders-app").may(CONSUME, "payroll")
+    assert example.for_key("console").may(MANAGE, "payroll") and not example.for_key("console").may(PRODUCE, "x")
+    assert example.for_address("127.0.0.1:4000")[1].may(PRODUCE, "legacy.php")
