@@ -161,7 +161,7 @@ def test_a_real_sighup_that_narrows_a_key_cuts_its_native_and_batched_consumers_
         assert sorted(got) == [[b"one"], [b"two"]]
         tenants.write(ORDERS_PRODUCE_ONLY)
         srv.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: "lost their right on the native queue" in srv.log.read_text())
+        wait_until(lambda: "lost their right: cut off" in srv.log.read_text())
         producer.produce([b"three"])  # still allowed to produce
         assert legacy.receive(1000) is None, "the narrowed key's legacy consumer still gets deliveries"
         assert batched.receive(1, 1000) == [], "the narrowed key's batched consumer still gets deliveries"
