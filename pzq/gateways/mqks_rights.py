@@ -15,6 +15,8 @@ need nothing. A refusal is the protocol's error reply (``ProtocolError``, code `
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pzq.errors import ProtocolError
 from pzq.gateways.mqks_bindings import BindingIndex
 from pzq.gateways.mqks_consumers import Consumers
@@ -36,8 +38,8 @@ def check(rights: PeerRights, consumers: Consumers, bindings: BindingIndex, conn
     elif req.action in ("consume", "rebind"):
         bindings.check_sizes(a)  # (at most mqks_max_events of each list before each is checked)
         _need(rights, conn, CONSUME if req.action == "consume" else MANAGE, [a["queue"]], req.action)
-        bound = {*(a["events"] or ()), *a["add"]}
-        _need(rights, conn, CONSUME, sorted(bound), f"{req.action} (binding the event to {a['queue']!r})")
+        bound = dict.fromkeys([*(a["events"] or ()), *a["add"]])  # (each once, in the request's order)
+        _need(rights, conn, CONSUME, bound, f"{req.action} (binding the event to {a['queue']!r})")
     elif req.action in ("ack", "reject"):
         consumer = consumers.get(conn, a["consumer"])
         if consumer is not None:  # (else the request's own error: no such consumer on this connection)
@@ -46,7 +48,7 @@ def check(rights: PeerRights, consumers: Consumers, bindings: BindingIndex, conn
         _need(rights, conn, MANAGE, [a["queue"]], "delete_queue")
 
 
-def _need(rights: PeerRights, conn: bytes, right: str, names: list[str], what: str) -> None:
+def _need(rights: PeerRights, conn: bytes, right: str, names: Iterable[str], what: str) -> None:
     refused = rights.may_all(conn, right, names, what)
     if refused is not None:
         raise ProtocolError("not-permitted", f"{what}: no {right} right on {refused!r}")
