@@ -201,6 +201,18 @@ def test_a_sighup_that_narrows_a_network_closes_its_consumers_and_their_messages
     assert refused(srv) == {ORDERS_NET: {"consume": 1}}
 
 
+def test_a_peer_of_no_listed_network_gets_the_default_rights(make_server, tmp_path):
+    dsn, _ = free_tcp_endpoint()
+    path = tmp_path / "permissions.toml"
+    path.write_text('[default]\nproduce = ["default"]\nconsume = ["default", "public.*"]\n\n[networks."10.0.0.0/8"]\n')
+    srv = make_server(mqks_dsn=dsn, permissions=str(path))
+    with MqksClient(dsn) as conn:
+        assert ask(conn, "c1 consume --confirm public.news public.news") == ["c1 ok "]
+        assert is_error(ask(conn, "p1 publish --confirm public.news hello"), "p1"), "[default] has no produce there"
+        assert is_error(ask(conn, "c2 consume --confirm orders.eu"), "c2")
+    assert refused(srv) == {"default": {"produce": 1, "consume": 1}}
+
+
 def test_an_ack_or_reject_after_the_rules_narrowed_is_refused_even_before_the_consumer_is_closed(store, tmp_path):
     # (on a server the SIGHUP closes such a consumer at once; the per-request check holds all the same)
     path = tmp_path / "permissions.toml"

@@ -198,6 +198,24 @@ def test_a_sighup_that_narrows_a_network_closes_its_consumers_at_once(phpmq):
     assert refused(srv) == {ORDERS_NET: {"consume": 1}}
 
 
+def test_a_peer_of_no_listed_network_gets_the_default_rights(make_server, tmp_path):
+    dsn, addr = free_tcp_endpoint()
+    path = tmp_path / "permissions.toml"
+    path.write_text('[default]\nproduce = ["default", "public.*"]\nconsume = ["default"]\n\n[networks."10.0.0.0/8"]\n')
+    srv = make_server(phpmq_dsn=dsn, permissions=str(path))
+    allowed, refused_one = Client(addr, ORDERS), Client(addr, ORDERS)
+    try:
+        allowed.send(SEND, (QUEUE, b"public.news"), (CONTENT, b"hello"))
+        wait_until(lambda: depth(srv, "public.news") == 1)
+        refused_one.send(SEND, (QUEUE, b"orders.eu"), (CONTENT, b"hello"))
+        assert refused_one.closed()
+        assert depth(srv, "orders.eu") is None
+        assert refused(srv) == {"default": {"produce": 1}}
+    finally:
+        allowed.sock.close()
+        refused_one.sock.close()
+
+
 def php(addr, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["php", str(PHP_CLIENT), addr[0], str(addr[1]), *args], capture_output=True, text=True, timeout=30
