@@ -125,7 +125,7 @@ class StreamEndpoint(Endpoint):
             )
             self._closing.append(conn)
         else:
-            self.gateway.connected(conn)
+            self.gateway.connected(conn, address)  # (its network's permissions apply to it)
             self._peers[conn] = (address, now_us)
 
     def _close_for_share(self, conn: bytes) -> None:
@@ -141,6 +141,21 @@ class StreamEndpoint(Endpoint):
             "closing it",
         )
         self._close(conn)
+
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        """The permissions changed (SIGHUP): connections consuming a queue their network may no longer
+        consume are closed at once (a per-request check would not stop deliveries to a standing consumer)."""
+        cut = [conn for conn in self.gateway.narrowed() if conn in self.gateway.sessions]
+        if cut:  # (one line, however many: a narrowed network may have thousands of consumers)
+            log.warning(
+                "SIGHUP: %d %s connection(s) consuming a queue their network may no longer consume closed (%s)",
+                len(cut),
+                self.name,
+                ", ".join(self._peers.get(conn, ("?", 0))[0] for conn in cut[:5]) + (", ..." if len(cut) > 5 else ""),
+            )
+        for conn in cut:
+            self._gone(conn)
+            self._closing.append(conn)
 
     def _close(self, conn: bytes) -> None:
         self.closed_total += 1

@@ -97,7 +97,14 @@ class StreamGateway(Gateway, Protocol):
         """Open connections (their count is held against --max-connections)."""
         ...
 
-    def connected(self, conn: bytes) -> None: ...
+    def connected(self, conn: bytes, address: str = "") -> None:
+        """A new connection from ``address`` ("ip:port"): its network's permissions apply to it."""
+        ...
+
+    def narrowed(self) -> list[bytes]:
+        """The permissions changed (SIGHUP): the connections consuming a queue their network may no
+        longer consume, for the endpoint to close (what they held goes back at once)."""
+        ...
 
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: what it held goes back to its queue."""

@@ -30,10 +30,13 @@ from typing import Any
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
+from pzq.gateways import mqks_rights
 from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
-from pzq.gateways.mqks_bindings import BindingIndex, with_added
+from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line, with_added
 from pzq.gateways.mqks_consumers import Consumer, Consumers
+from pzq.gateways.peer_rights import PeerRights
 from pzq.logs import warn_bad
+from pzq.permissions import Permissions
 from pzq.protocols import mqks
 from pzq.store.bindings import Binding, Bindings
 
@@ -56,11 +59,13 @@ class MqksGateway:
         drop_queue: Callable[[str], int],
         error_id: Callable[[], str] = lambda: secrets.token_hex(12),
         limits: Limits = DEFAULT_LIMITS,
+        permissions: Permissions | None = None,
     ):
         """``bindings`` is the store's table of MQKS bindings; ``window`` the unacked deliveries per
         manual-ack consumer; ``drop_queue`` deletes a queue and what it holds (the server's, which
-        also forgets its figures)."""
+        also forgets its figures); ``permissions`` who may do what, per source network (mqks_rights.py)."""
         self.broker = broker
+        self.rights = PeerRights(permissions, "mqks")
         self.error_id = error_id  # a fresh id per error reply: the client gets it, the log the details
         self.limits = limits
         self.max_line = max_line
@@ -119,8 +124,9 @@ class MqksGateway:
 
     # -- connections ---------------------------------------------------------------------------------
 
-    def connected(self, conn: bytes) -> None:
+    def connected(self, conn: bytes, address: str = "") -> None:
         self.sessions[conn] = mqks.LineBuffer(self.max_line)
+        self.rights.connected(conn, address)
 
     def buffered(self, conn: bytes) -> int:
         """Bytes of input this connection holds: an unfinished line, and whole lines not served yet."""
@@ -130,11 +136,16 @@ class MqksGateway:
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised."""
         self.sessions.pop(conn, None)
+        self.rights.gone(conn)
         self._drop_waiting(conn)
         self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
         self.broker.owner_gone(("mqks", conn))
+
+    def narrowed(self) -> list[bytes]:
+        """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""
+        return mqks_rights.narrowed(self.rights, self.consumers)
 
     def uses_queue(self, queue: str) -> bool:
         """A queue with a consumer, or bound to an event, is in use (a publish may fill it)."""
@@ -216,7 +227,7 @@ class MqksGateway:
         try:
             if len(line) > self.max_line:
                 raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
-            self._check_bind_size(line)
+            check_bind_line(line, self.limits)
             self._handle(conn, mqks.parse_line(line), now_us)
         except ProtocolError as exc:
             self._error(conn, request_id, exc.code, exc.detail)
@@ -228,18 +239,6 @@ class MqksGateway:
                 self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
             self._drop_waiting(conn)
             raise
-
-    def _check_bind_size(self, line: bytes) -> None:
-        """A consume or rebind line over ``Limits.mqks_bind_line_bytes`` is refused before it is parsed:
-        parsing and checking its events costs about 10 ms a MiB, which no turn can give one request.
-        (Its action is read from the line's head: an id is at most 255 bytes.)"""
-        most = self.limits.mqks_bind_line_bytes
-        if len(line) > most and line[:300].split(b" ", 2)[1:2] in ([b"consume"], [b"rebind"]):
-            raise ProtocolError(
-                "line-too-long",
-                f"a consume or rebind line of {len(line)} bytes is over {most}: bind more events with --add "
-                "in several requests",
-            )
 
     def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
         eid = self.error_id()
@@ -261,6 +260,7 @@ class MqksGateway:
             return
         if req.action == "_eval":
             raise ProtocolError("refused", "_eval never evaluates client code; read figures from the monitor")
+        mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)  # (before anything changes)
         if req.action == "publish":
             self._publish(req.request_id, a["event"], a["data"], now_us)
         elif req.action == "consume":

@@ -145,3 +145,16 @@ def with_added(events: list[str], added: list[str]) -> list[str]:
             present.add(event)
             out.append(event)
     return out
+
+
+def check_bind_line(line: bytes, limits: Limits) -> None:
+    """A consume or rebind line over ``Limits.mqks_bind_line_bytes`` is refused before it is parsed:
+    parsing and checking its events costs about 10 ms a MiB, which no turn can give one request.
+    (Its action is read from the line's head: an id is at most 255 bytes.)"""
+    most = limits.mqks_bind_line_bytes
+    if len(line) > most and line[:300].split(b" ", 2)[1:2] in ([b"consume"], [b"rebind"]):
+        raise ProtocolError(
+            "line-too-long",
+            f"a consume or rebind line of {len(line)} bytes is over {most}: bind more events with --add "
+            "in several requests",
+        )

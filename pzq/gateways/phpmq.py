@@ -2,7 +2,9 @@
 
 A ``StreamGateway`` (gateways/contract.py): the endpoint hands every connection's bytes to
 ``received`` and sends what it and ``dispatch`` return after the turn's commit. Input that is not
-PHPMQ (or a send the store refuses) closes the connection: the protocol has no error message.
+PHPMQ (or a send the store refuses) closes the connection: the protocol has no error message. So does
+a request its peer's network may not make (``permissions``: sending needs produce on the queue,
+consuming and settling consume); nothing of it is applied.
 
 Body mapping: a PHPMQ content blob is stored as a one-frame body; a multi-frame body from another
 protocol reaches PHPMQ consumers as its frames concatenated in order.
@@ -18,7 +20,9 @@ import logging
 from pzq.broker import Broker
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.peer_rights import PeerRights
 from pzq.logs import warn_bad
+from pzq.permissions import CONSUME, PRODUCE, Permissions
 from pzq.protocols import phpmq
 
 log = logging.getLogger("pzq.phpmq")
@@ -42,8 +46,18 @@ class Session:
 class PhpmqGateway:
     """Every PHPMQ session of the server, and what they ask of the broker."""
 
-    def __init__(self, broker: Broker, *, max_content: int, dialect: str = "auto", max_credit: int = 1000):
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        max_content: int,
+        dialect: str = "auto",
+        max_credit: int = 1000,
+        permissions: Permissions | None = None,
+    ):
+        """``permissions``: who may send to and consume which queue, per source network (None: anyone)."""
         self.broker = broker
+        self.rights = PeerRights(permissions, "phpmq")
         self.max_content = max_content
         self.max_credit = max_credit  # a client's count is capped: it must not size the server's memory
         self.forced = None if dialect == "auto" else phpmq.Dialect(dialect)
@@ -60,16 +74,28 @@ class PhpmqGateway:
     def queue_expired(self, queue: str) -> None:
         pass  # (nothing is kept for a queue nobody consumes)
 
-    def connected(self, conn: bytes) -> None:
+    def connected(self, conn: bytes, address: str = "") -> None:
         self.sessions[conn] = Session(conn, phpmq.Decoder(self.max_content), self.forced or phpmq.Dialect.LEGACY)
+        self.rights.connected(conn, address)
 
     def disconnected(self, conn: bytes) -> None:
         """Forget the connection; everything it held goes back to its queue at once."""
         session = self.sessions.pop(conn, None)
+        self.rights.gone(conn)
         if session is not None:
             self.broker.consumer_gone(session.consumer)
             self.broker.owner_gone(session.consumer)
             self._consume(session, None)
+
+    def narrowed(self) -> list[bytes]:
+        """The connections consuming a queue their network may no longer consume (after a SIGHUP)."""
+        if not self.rights.enabled:
+            return []
+        return [
+            s.conn
+            for s in self.sessions.values()
+            if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue)
+        ]
 
     def _consume(self, session: Session, queue: str | None) -> None:
         if session.queue is not None:
@@ -124,6 +150,10 @@ class PhpmqGateway:
             raise ProtocolError("bad-queue", "queue names must be UTF-8") from None
         if len(message.packets[phpmq.QUEUE]) > 255:
             raise ProtocolError("bad-queue", "queue names are at most 255 bytes")
+        right = PRODUCE if message.type == phpmq.SEND else CONSUME
+        if not self.rights.may(session.conn, right, queue, _WHAT[message.type]):
+            # (peer_may logged the refusal; PHPMQ has no error message: closing is the only signal)
+            raise ProtocolError("not-permitted", f"no {right} right on queue {queue!r}")
         if message.type == phpmq.SEND:
             ttl = _ttl(message)
             try:
@@ -227,3 +257,4 @@ def _ttl(message: phpmq.Message) -> int:
 
 
 _NAMES = {phpmq.ACK: "ack", phpmq.REQUEUE: "re-queue", phpmq.DEAD_LETTER: "dead letter"}
+_WHAT = {phpmq.SEND: "send", phpmq.CONSUME: "consume", **_NAMES}

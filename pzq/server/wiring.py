@@ -65,7 +65,11 @@ def gateway_endpoints(
         endpoints.append(BatchConsumeEndpoint(cfg, batch, owned))
     if cfg.phpmq_dsn:
         phpmq: StreamGateway = PhpmqGateway(
-            broker, max_content=cfg.max_message_size, dialect=cfg.phpmq_dialect, max_credit=cfg.max_inflight
+            broker,
+            max_content=cfg.max_message_size,
+            dialect=cfg.phpmq_dialect,
+            max_credit=cfg.max_inflight,
+            permissions=permissions,
         )
         endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
     if cfg.emqp_frontend_dsn:
@@ -91,6 +95,7 @@ def gateway_endpoints(
             window=cfg.max_inflight,
             drop_queue=drop_queue,
             limits=cfg.limits,
+            permissions=permissions,
         )
         endpoints.append(StreamEndpoint("mqks", cfg.mqks_dsn, mqks, cfg, owned, connections))
     if cfg.api_dsn:
