@@ -154,6 +154,12 @@ class EmqpEndpoint(Endpoint):
     def memory(self) -> dict[str, int]:
         return {"emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values())}
 
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        # (``lost`` names the native sockets' keys; a worker's right is on the queues it serves)
+        dropped = self.gateway.narrow()
+        if dropped:
+            log.warning("eMQP: %d worker(s) whose key lost a queue's consume right dropped, jobs requeued", dropped)
+
     def revoked(self, users: set[str]) -> None:
         dropped = self.gateway.revoke(users)
         if dropped:
