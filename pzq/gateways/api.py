@@ -30,6 +30,7 @@ from pzq.store import Message
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
+NAMED = {PRODUCE: "produce to", CONSUME: "consume from"}  # a right in a refusal: "may not produce to 'q'"
 
 
 def _row(seq: int, message: Message) -> list:
@@ -116,7 +117,8 @@ class ApiGateway:
 
     def _error(self, request: api.Request, exc: ProtocolError) -> list[bytes]:
         self.errors_total += 1
-        warn_bad("api", exc.code, exc.detail)
+        if exc.code != "not-permitted":  # (pzq.permissions logged that one, with the client's name)
+            warn_bad("api", exc.code, exc.detail)
         return api.error(request, exc.code, exc.detail)
 
     def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None, peer: bytes) -> dict:
@@ -157,7 +159,7 @@ class ApiGateway:
             return
         for queue in dict.fromkeys(queues):
             if not self.permissions.key_may(user, right, queue, "api", command):
-                raise ProtocolError("not-permitted", f"{command} refused: this client may not {right} {queue!r}")
+                raise ProtocolError("not-permitted", f"{command} refused: this client may not {NAMED[right]} {queue!r}")
 
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
@@ -248,6 +250,14 @@ class ApiGateway:
         while keys and next(iter(keys.values())) + self.dedup_window_us <= now_us:
             key, _ = keys.popitem(last=False)
             self.keys.delete(key)
+
+    def narrow(self) -> int:
+        """The permissions were reloaded: the leases of every group whose key may no longer consume its
+        queue go back to the queue (see Leases.give_back); returns how many groups."""
+        permissions = self.permissions
+        if permissions is None or not permissions.enabled:
+            return 0
+        return self.leases.give_back(lambda group: not permissions.allows_key(group.owner, CONSUME, group.queue))
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         return []  # (its consumer groups are in its figures: the console shows them from there)
