@@ -172,7 +172,8 @@ def test_a_worker_may_not_serve_a_queue_its_key_may_not_consume(emqp):
     m = request(payroll, b"payroll")
     assert answer(payroll, m)[2] == b"ACK"
     thief = peers.worker("orders", b'[[10, "orders.jobs"], [5, "payroll"]]')  # one queue of the two is not its
-    wait_until(lambda: srv.stats()["permissions"]["refused"].get("orders") == {"consume": 1})
+    thief.send_multipart([b"", V, b"INFORM", mid(), b"", b"worker"])  # no queues: --emqp-default-queues
+    wait_until(lambda: srv.stats()["permissions"]["refused"].get("orders") == {"consume": 2})
     thief.send_multipart([b"", V, b"READY", mid()])
     stats = settled_stats(srv)
     assert stats["emqp"]["workers"] == 0, "the worker was not registered"
@@ -262,3 +263,42 @@ def _drain(sock: zmq.Socket, quiet_ms: int = 200) -> list[list[bytes]]:
     while sock.poll(quiet_ms):
         out.append(sock.recv_multipart())
     return out
+
+
+KEYLESS = """
+[default]
+produce = ["default", "public.*"]
+consume = ["default"]
+"""
+
+
+def test_the_real_eventmq_client_without_a_key_gets_the_default_rights_and_a_readable_refusal(make_server, tmp_path):
+    pytest.importorskip("eventmq", reason="eventmq is installed by scripts/test")
+    from eventmq.client.messages import defer_job
+    from eventmq.sender import Sender
+
+    rules = tmp_path / "permissions.toml"
+    rules.write_text(KEYLESS)  # (no CURVE: every client is keyless, and [default] is what it may do)
+    front, _ = free_tcp_endpoint()
+    back, _ = free_tcp_endpoint()
+    srv = make_server(emqp_frontend_dsn=front, emqp_backend_dsn=back, permissions=str(rules))
+    sender = Sender()
+    sender.connect(front)
+    try:
+        allowed = defer_job(sender, "myapp.jobs.add", args=[1, 2], queue="public.jobs", reply_requested=True)
+        forbidden = defer_job(sender, "myapp.jobs.add", args=[1, 2], queue="payroll", reply_requested=True)
+        answers: dict[str, list[str]] = {}
+        while forbidden not in answers or allowed not in answers:
+            assert sender.zsocket.poll(5000), f"answers so far: {answers}"
+            frames = sender.recv_multipart()  # (eventmq decodes every frame: text)
+            answers[frames[-1]] = frames
+        assert answers[allowed][2] == "ACK"
+        assert answers[forbidden][2] == "REPLY"
+        assert json.loads(answers[forbidden][4]) == {
+            "error": "request refused: not permitted: this client may not produce to 'payroll'"
+        }
+    finally:
+        sender.zsocket.close(linger=0)
+    stats = srv.stats()
+    assert stats["queues"]["public.jobs"]["depth"] == 1 and "payroll" not in stats["queues"]
+    assert stats["permissions"]["refused"] == {"anonymous": {"produce": 1}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+from collections.abc import Iterable
 
 import msgpack
 
@@ -128,9 +129,9 @@ class ApiGateway:
         if request.command == "PRODUCE":
             messages = api.produce_messages(a, self.limits.api_max_produce)
             # All or none: one queue refused refuses the request, before anything is stored or made.
-            self._check(user, PRODUCE, request.command, [queue for queue, _ in messages])
+            self._check(user, PRODUCE, request.command, (queue for queue, _ in messages))
             return self._produce(a, messages, now_us, ("key", user) if user else ("api", request.routing))
-        self._check(user, CONSUME, request.command, [a["queue"]])  # (every other command reads one queue)
+        self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
@@ -152,7 +153,7 @@ class ApiGateway:
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         return self._snapshot(a)  # (SNAPSHOT: parse_request lets no other command through)
 
-    def _check(self, user: str | None, right: str, command: str, queues: list[str]) -> None:
+    def _check(self, user: str | None, right: str, command: str, queues: Iterable[str]) -> None:
         """Raise ``not-permitted`` unless the client of CURVE key ``user`` has ``right`` on every one of
         ``queues`` (the first refused is the one counted and named)."""
         if self.permissions is None or not self.permissions.enabled:  # (no file: nothing to look up)
