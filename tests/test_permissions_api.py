@@ -133,3 +133,18 @@ def test_a_sighup_that_changes_nothing_for_a_key_leaves_its_leases_alone(api, te
     assert [row[-1] for row in rows] == [b"1", b"2"]
     srv.stats()  # (a turn later than the FETCH's: what a SIGHUP gave back would have gone by now)
     assert srv.stats()["api"]["groups"]["orders.a/billing"] == {"base": 0, "end": 2, "held": 2}
+
+
+def test_a_client_without_a_key_gets_the_default_rights(make_server, tmp_path):
+    rules = tmp_path / "permissions.toml"  # (no CURVE: every client is keyless, and [default] is what it may do)
+    rules.write_text('[default]\nproduce = ["default", "public.*"]\nconsume = ["default", "public.*"]\n')
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(api_dsn=endpoint, permissions=str(rules))
+    with ApiClient(endpoint, timeout_s=10) as anyone:
+        assert anyone.produce([("public.news", b"hello")])["count"] == 1
+        assert anyone.snapshot("public.news", 0, 10)[0][0][-1] == b"hello"
+        refused(anyone.produce, [("public.news", b"x"), ("payroll", b"forged")])
+        refused(anyone.info, "payroll")
+    stats = srv.stats()
+    assert stats["queues"]["public.news"]["depth"] == 1 and "payroll" not in stats["queues"]
+    assert stats["permissions"]["refused"] == {"anonymous": {"consume": 1, "produce": 1}}
