@@ -1,8 +1,9 @@
-"""Which eMQP commands a client's CURVE key may make (docs/permissions.md): REQUEST and PUBLISH need the
-produce right on their queue or topic; SCHEDULE and UNSCHEDULE the manage right on the queue they name and
-on the queue of the schedule they would replace or remove (a schedule is found by its job alone, so a
-SCHEDULE naming a queue of its own could otherwise take another tenant's schedule away); a worker's INFORM
-the consume right on every queue it serves.
+"""Which eMQP commands a client's CURVE key may make (docs/permissions.md), and which queues a worker's may serve.
+
+REQUEST and PUBLISH need the produce right on their queue or topic; SCHEDULE and UNSCHEDULE the manage
+right on the queue they name and on the queue of the schedule they would replace or remove (a schedule is
+found by its job alone, so a SCHEDULE naming a queue of its own could otherwise take another tenant's
+schedule away); a worker's INFORM the consume right on every queue it serves.
 
 The checks ask ``pzq.permissions``, which counts and logs each refusal; the gateway answers it."""
 
