@@ -302,3 +302,34 @@ def test_the_real_eventmq_client_without_a_key_gets_the_default_rights_and_a_rea
     stats = srv.stats()
     assert stats["queues"]["public.jobs"]["depth"] == 1 and "payroll" not in stats["queues"]
     assert stats["permissions"]["refused"] == {"anonymous": {"produce": 1}}
+
+
+def test_a_worker_whose_key_lost_its_right_across_a_restart_is_not_given_back_its_jobs(tmp_path):
+    # The gateway on a real store, restarted: a job handed out before is held for its JobManager,
+    # which speaks again without an INFORM; the rules read at the restart no longer let it consume.
+    from pzq.permissions import Permissions
+    from pzq.store import Store
+
+    from test_emqp_gateway import T0, gateway_on, given_a_job, request, worker
+
+    store = Store(tmp_path / "db")
+    gateway = gateway_on(store)
+    request(gateway, b"req-1")
+    job = given_a_job(gateway)
+    store.commit()
+    store.close()
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[default]\nproduce = ["jobs"]\n')  # (no key: [default]; it may produce, not consume)
+    store = Store(tmp_path / "db")
+    try:
+        gateway = gateway_on(store, permissions=Permissions(str(rules)))
+        assert gateway.broker.ready_count("jobs") == 0, "held for its worker, as after any restart"
+        worker(gateway, b"w1", b"REPLY", b'{"done": true}', job[3], now=T0 + 1)
+        assert b"w1" not in gateway.workers
+        assert gateway.counters["replies_refused_total"] == 1
+        assert gateway.broker.ready_count("jobs") == 1, "its job went back at once, not after the grace"
+        assert gateway.permissions is not None and gateway.permissions.stats()["refused"] == {
+            "anonymous": {"consume": 1}
+        }
+    finally:
+        store.close()
