@@ -10,7 +10,8 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
-from pzq.gateways.contract import ONLY, FramesGateway, Send
+from pzq.gateways.api import ApiGateway
+from pzq.gateways.contract import ONLY, Send
 from pzq.protocols import api as api_proto
 from pzq.zmqio import NOBLOCK, Again
 
@@ -45,7 +46,7 @@ class ApiEndpoint(Endpoint):
 
     name = "api"
 
-    def __init__(self, config: Config, gateway: FramesGateway, binder: Sockets):
+    def __init__(self, config: Config, gateway: ApiGateway, binder: Sockets):
         self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.gateway = gateway
         self.turn_work_s = config.limits.api_turn_work_s
@@ -228,6 +229,10 @@ class ApiEndpoint(Endpoint):
 
     def wake_at(self, now: float) -> float | None:
         return now if self._pending else self.replies.wake_at(now)
+
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        # (``lost`` names the native sockets' keys; a group's right is on its own queue)
+        self.gateway.narrow()  # (each group given back is logged)
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         return [{**table, "gateway": self.name} for table in self.gateway.clients(now, limit, offset)]

@@ -154,10 +154,22 @@ class EmqpEndpoint(Endpoint):
     def memory(self) -> dict[str, int]:
         return {"emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values())}
 
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        # (a worker's right is on the queues it serves: the gateway re-checks each)
+        dropped = self.gateway.narrow()
+        if dropped:
+            log.warning("eMQP: %d worker(s) whose key lost a queue's consume right dropped, jobs requeued", dropped)
+        if lost.get("emqp-publish") and self.pub is not None:
+            self._rebind_pub()  # (a subscriber that may no longer read every topic fails its handshake)
+
     def revoked(self, users: set[str]) -> None:
         dropped = self.gateway.revoke(users)
         if dropped:
             log.warning("eMQP: %d worker(s) of revoked CURVE keys dropped, their jobs requeued", dropped)
         if self.pub is not None and self.binder.gate(self.pub) is not None:
-            # PUB sends to every subscriber alike: re-bind it so that every one authenticates again.
+            self._rebind_pub()
+
+    def _rebind_pub(self) -> None:
+        # PUB sends to every subscriber alike: re-bind it so that every one authenticates again.
+        if self.pub is not None:
             self.pub = self.binder.rebind(self.pub)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+from collections.abc import Iterable
 
 import msgpack
 
@@ -24,11 +25,13 @@ from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
 from pzq.leases import Leases
 from pzq.logs import warn_bad
+from pzq.permissions import CONSUME, PRODUCE, Permissions
 from pzq.protocols import api
 from pzq.store import Message
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
+NAMED = {PRODUCE: "produce to", CONSUME: "consume from"}  # a right in a refusal: "may not produce to 'q'"
 
 
 def _row(seq: int, message: Message) -> list:
@@ -47,10 +50,13 @@ class ApiGateway:
         max_message_size: int,
         dedup_window_s: float,
         limits: Limits = DEFAULT_LIMITS,
+        permissions: Permissions | None = None,
     ):
         """``keys`` is the store's table of PRODUCE dedup keys; ``limits`` gives snapshot_max,
-        max_dedup_keys (each ~100 B in memory and on disk), api_reply_bytes and api_max_produce."""
+        max_dedup_keys (each ~100 B in memory and on disk), api_reply_bytes and api_max_produce;
+        ``permissions`` says which queues each CURVE key may produce to and consume from (None: any)."""
         self.broker = broker
+        self.permissions = permissions
         self.keys = keys
         self.leases = leases
         self.limits = limits
@@ -112,13 +118,20 @@ class ApiGateway:
 
     def _error(self, request: api.Request, exc: ProtocolError) -> list[bytes]:
         self.errors_total += 1
-        warn_bad("api", exc.code, exc.detail)
+        if exc.code != "not-permitted":  # (pzq.permissions logged that one, with the client's name)
+            warn_bad("api", exc.code, exc.detail)
         return api.error(request, exc.code, exc.detail)
 
     def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None, peer: bytes) -> dict:
         """``peer``: the caller's routing identity, its connection (a group it makes counts against its
         key's share with CURVE, else against the connection's)."""
         a, leases = request.args, self.leases
+        if request.command == "PRODUCE":
+            messages = api.produce_messages(a, self.limits.api_max_produce)
+            # All or none: one queue refused refuses the request, before anything is stored or made.
+            self._check(user, PRODUCE, request.command, (queue for queue, _ in messages))
+            return self._produce(a, messages, now_us, ("key", user) if user else ("api", request.routing))
+        self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
@@ -138,9 +151,16 @@ class ApiGateway:
                 return {"first": 0, "next": 0, "depth": 0}
             head = self.broker.peek(a["queue"], 0, 1)
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
-        if request.command == "SNAPSHOT":
-            return self._snapshot(a)
-        return self._produce(a, now_us, ("key", user) if user else ("api", request.routing))
+        return self._snapshot(a)  # (SNAPSHOT: parse_request lets no other command through)
+
+    def _check(self, user: str | None, right: str, command: str, queues: Iterable[str]) -> None:
+        """Raise ``not-permitted`` unless the client of CURVE key ``user`` has ``right`` on every one of
+        ``queues`` (the first refused is the one counted and named)."""
+        if self.permissions is None or not self.permissions.enabled:  # (no file: nothing to look up)
+            return
+        for queue in dict.fromkeys(queues):
+            if not self.permissions.key_may(user, right, queue, "api", command):
+                raise ProtocolError("not-permitted", f"{command} refused: this client may not {NAMED[right]} {queue!r}")
 
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short
@@ -173,10 +193,9 @@ class ApiGateway:
                 return {"messages": rows, "next": before}  # the end of the queue
         return {"messages": rows, "next": after}
 
-    def _produce(self, a: dict, now_us: int, owner: tuple) -> dict:
-        """Store a PRODUCE's messages, all or none; the queues it names that do not exist are made on
+    def _produce(self, a: dict, messages: list[tuple[str, bytes]], now_us: int, owner: tuple) -> dict:
+        """Store a PRODUCE's ``messages``, all or none; the queues it names that do not exist are made on
         ``owner``'s share of --max-queues (its CURVE key, or its connection)."""
-        messages = api.produce_messages(a, self.limits.api_max_produce)
         for queue, body in messages:
             if not body:
                 raise ProtocolError("empty-message", f"a message for {queue!r} has an empty body")
@@ -232,6 +251,14 @@ class ApiGateway:
         while keys and next(iter(keys.values())) + self.dedup_window_us <= now_us:
             key, _ = keys.popitem(last=False)
             self.keys.delete(key)
+
+    def narrow(self) -> int:
+        """The permissions were reloaded: the leases of every group whose key may no longer consume its
+        queue go back to the queue (see Leases.give_back); returns how many groups."""
+        permissions = self.permissions
+        if permissions is None or not permissions.enabled:
+            return 0
+        return self.leases.give_back(lambda group: not permissions.allows_key(group.owner, CONSUME, group.queue))
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
         return []  # (its consumer groups are in its figures: the console shows them from there)

@@ -27,9 +27,11 @@ from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import Send
+from pzq.gateways.emqp_rights import client_refusal
 from pzq.gateways.emqp_scheduler import Scheduler
 from pzq.gateways.emqp_workers import BACK, FRONT, Roster, Worker
 from pzq.logs import warn_bad
+from pzq.permissions import Permissions
 from pzq.protocols import emqp
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
@@ -57,10 +59,13 @@ class EmqpGateway:
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         wall_clock: Callable[[], float] = time.time,
         limits: Limits = DEFAULT_LIMITS,
+        permissions: Permissions | None = None,
     ):
         """``jobs`` and ``schedules`` are the store's tables of jobs handed out (for a REPLY after a
-        restart) and of recurring jobs."""
+        restart) and of recurring jobs; ``permissions`` (None: everything allowed) are checked per
+        command (gateways/emqp_rights.py)."""
         self.broker = broker
+        self.permissions = permissions
         self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
         self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
         self.limits = limits
@@ -92,6 +97,7 @@ class EmqpGateway:
             wall_clock=wall_clock,
             counters=self.counters,
             bad=self._bad,
+            permissions=permissions,
         )
         broker.add_queue_user(self)
 
@@ -125,6 +131,10 @@ class EmqpGateway:
                 detail = f"{what} refused: {exc.detail}"
                 return [Send(FRONT, [frames[0], *emqp.error_reply(self.new_id(), detail, msgid)])]
             return []
+        if self.permissions is not None and (why := client_refusal(self.permissions, cmd, user, self.schedules)):
+            if cmd.name == "PUBLISH":  # (fire and forget: nobody reads an answer; counted and logged)
+                return []
+            return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), why, cmd.msgid)])]
         if cmd.name == "REQUEST":
             return self._request(cmd, now_us)
         if cmd.name == "INFORM":  # a scheduler introducing itself
@@ -296,6 +306,11 @@ class EmqpGateway:
     def revoke(self, users: set[str]) -> int:
         """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
         return self.roster.revoke(users)
+
+    def narrow(self) -> int:
+        """The permissions were reloaded: drop every worker whose key may no longer consume from one of its
+        queues, its jobs requeued (see Roster.narrow); returns how many."""
+        return self.roster.narrow()
 
     # -- dispatch and time ------------------------------------------------------------------------
 

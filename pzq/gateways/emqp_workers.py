@@ -17,7 +17,9 @@ from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.contract import Send
+from pzq.gateways.emqp_rights import unserved
 from pzq.gateways.tally import Tally
+from pzq.permissions import Permissions
 from pzq.protocols import emqp
 from pzq.store.emqp_jobs import EmqpJobs
 
@@ -67,8 +69,10 @@ class Roster:
         wall_clock: Callable[[], float],
         counters: dict[str, int],
         bad: Callable[[bytes, ProtocolError], None],
+        permissions: Permissions | None = None,
     ):
         self.broker = broker
+        self.permissions = permissions  # (None: every worker may serve every queue)
         self.job_table = job_table  # jobs handed out, for a REPLY after a restart
         self.limits = limits
         self.default_queues = default_queues
@@ -139,10 +143,14 @@ class Roster:
         if cmd.name == "INFORM":
             return self._inform(cmd, now, user)
         if worker is None and cmd.peer in self.departed and cmd.name in ("REPLY", "READY", "HEARTBEAT"):
-            # Dropped as silent (a long job, a pause) but alive: take it back with its queues.
+            # Dropped as silent (a long job, a pause) but alive: take it back with its queues, if its key
+            # may still consume from them all (the rules may have changed, or the server restarted).
             queues, slots, _ = self.departed.pop(cmd.peer)
-            worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
-            log.info("eMQP worker %r is back", cmd.peer[:40])
+            if self._unserved(user, _names(queues), cmd.name) is not None:
+                self.broker.consumer_gone(holder_of(cmd.peer, user))  # (jobs held for it since a restart)
+            else:
+                worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
+                log.info("eMQP worker %r is back", cmd.peer[:40])
         if cmd.name == "REPLY":
             if worker is None:
                 self.counters["replies_refused_total"] += 1
@@ -169,6 +177,8 @@ class Roster:
         except ProtocolError as exc:
             self._bad(cmd.peer, exc)
             return []
+        if self._unserved(user, _names(queues), "INFORM") is not None:
+            return []  # (a worker has no error to read: not registered, nothing changed; counted and logged)
         self.departed.pop(cmd.peer, None)
         old = self.workers.pop(cmd.peer, None)
         if old is not None:
@@ -241,6 +251,24 @@ class Roster:
             worker.draining = True  # not remembered as departed: it may not come back
             self._drop(worker, "its CURVE key was revoked")
         return len(gone)
+
+    def narrow(self) -> int:
+        """The permissions were reloaded: drop every worker whose key may no longer consume from one of
+        its queues, its jobs requeued at once as a revocation does, and forget departed ones of such keys
+        (their held jobs requeued too); returns how many workers were dropped."""
+        gone = [(w, q) for w in self.workers.values() if (q := self._unserved(w.user, _queues_of(w))) is not None]
+        for worker, queue in gone:
+            worker.draining = True  # not remembered as departed: it may not come back
+            self._drop(worker, f"its key may no longer consume from {queue!r}")
+        for identity, (queues, _, user) in list(self.departed.items()):
+            if self._unserved(user, _names(queues)) is not None:
+                del self.departed[identity]
+                self.broker.consumer_gone(holder_of(identity, user))
+        return len(gone)
+
+    def _unserved(self, user: str | None, queues: list[str], what: str = "") -> str | None:
+        """The first of ``queues`` the key ``user`` may not consume from (see emqp_rights.unserved)."""
+        return None if self.permissions is None else unserved(self.permissions, user, queues, what)
 
     def _drop(self, worker: Worker, why: str) -> None:
         self.workers.pop(worker.identity, None)
@@ -326,4 +354,8 @@ def holder_of(identity: bytes, user: str | None) -> tuple:
 
 def _queues_of(worker: Worker) -> list[str]:
     """The queues a worker serves (in use while it is registered)."""
-    return [name for _, name in worker.queues]
+    return _names(worker.queues)
+
+
+def _names(queues: list[tuple[int, str]]) -> list[str]:
+    return [name for _, name in queues]

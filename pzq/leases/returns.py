@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from pzq.broker import Broker, Exclusive
 from pzq.config import ClientShares, Limits
@@ -145,6 +146,26 @@ class LeaseReturns:
                 group.base,
                 group.end - 1,
             )
+
+    def give_back(self, lost: Callable[[Group], bool]) -> int:
+        """Start returning the leased messages of every group ``lost`` names (its key may no longer consume
+        its queue: a SIGHUP narrowed it), as if it had expired (``work`` does it, a share a turn), so that
+        they do not wait --lease-timeout for a reader that is refused; returns how many groups."""
+        given = 0
+        for key, group in self.groups.items():
+            if group.base < group.end and key not in self._expiring and lost(group):
+                group.deadline_us = 0  # (expired: a call of its key, let in again, keeps what is left)
+                self._expiring.add(key)
+                given += 1
+                log.warning(
+                    "group %r of queue %r: its key may no longer consume the queue: its unacknowledged "
+                    "messages (leases %d..%d) go back to the queue",
+                    group.name,
+                    group.queue,
+                    group.base,
+                    group.end - 1,
+                )
+        return given
 
     def share_left(self) -> int:
         """What is left of this turn's share of deletions and returns (``work``'s default budget)."""

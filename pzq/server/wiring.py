@@ -83,6 +83,7 @@ def gateway_endpoints(
             publish=bool(cfg.emqp_publish_dsn),
             cron_timezone=cfg.emqp_cron_timezone,
             default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",") if q.strip()],
+            permissions=permissions,
         )
         emqp.restore_jobs(time.monotonic())
         _conforms: FramesGateway = emqp  # (mypy checks each gateway against the contract)
@@ -106,6 +107,7 @@ def gateway_endpoints(
             max_message_size=cfg.max_message_size,
             dedup_window_s=cfg.api_dedup_window,
             limits=cfg.limits,
+            permissions=permissions,
         )
         endpoints.append(ApiEndpoint(cfg, api, owned))
     return endpoints
