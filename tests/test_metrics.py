@@ -55,3 +55,18 @@ def test_a_bad_metrics_endpoint_is_a_clear_config_error():
         with pytest.raises(ConfigError, match="--metrics-dsn"):
             parse_endpoint(bad)
     assert parse_endpoint("http://[::1]:9108") == ("::1", 9108)
+
+
+def test_metrics_count_the_permissions_refusals_per_client_and_right(make_server, tmp_path):
+    tcp, _ = free_tcp_endpoint()
+    url = tcp.replace("tcp://", "http://")
+    api, _ = free_tcp_endpoint()
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[default]\nproduce = ["default"]\nconsume = ["default"]\n')
+    make_server(metrics_dsn=url, api_dsn=api, permissions=str(rules))
+    from pzq.clients.api import ApiClient, ApiError
+
+    with ApiClient(api, timeout_s=5) as client_:
+        with pytest.raises(ApiError, match="not-permitted"):
+            client_.info("payroll")
+    wait_until(lambda: value(scrape(url), 'pzq_permission_refusals_total{client="anonymous",right="consume"}') == 1, 10)
