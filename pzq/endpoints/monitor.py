@@ -11,6 +11,7 @@ from pzq.admin import Admin
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
+from pzq.permissions import CONSUME, MANAGE, PRODUCE, Permissions
 from pzq.protocols import monitor as monitor_proto
 
 log = logging.getLogger("pzq.server")
@@ -24,6 +25,17 @@ BUSY = monitor_proto.error_text(
     "busy: not now, pzq holds its bound of replies that clients have not read, or this client's own unread "
     "replies are past its share; read your replies, ask again later or for fewer rows"
 )
+# The right each request needs on the queue it names first (docs/permissions.md). The figures (MONITOR,
+# STATS, QUEUE, CLIENTS) show names and counts, never bodies: any client let onto the socket sees them.
+RIGHT_OF = {
+    "PEEK": CONSUME,  # (they show bodies)
+    "DEAD": CONSUME,
+    "DEADLETTERS": CONSUME,
+    "PURGE": MANAGE,
+    "DELETEDEAD": MANAGE,
+    "REQUEUE": MANAGE,
+    "PUBLISH": PRODUCE,
+}
 
 
 class MonitorEndpoint(Endpoint):
@@ -35,8 +47,9 @@ class MonitorEndpoint(Endpoint):
 
     name = "monitor"
 
-    def __init__(self, config: Config, admin: Admin, binder: Sockets):
+    def __init__(self, config: Config, admin: Admin, binder: Sockets, permissions: Permissions | None = None):
         self.admin = admin
+        self.permissions = permissions  # (None: every client may do anything, as without a file)
         # Answers may be large (a line per queue): only a few wait in one client's pipe; requests are a
         # few words each: 16 of at most 1 MiB are what one client's pipe may hold. (Its clients connect
         # for one request each, so their pipes are not estimated, only its backlog counted: a REQ
@@ -74,13 +87,32 @@ class MonitorEndpoint(Endpoint):
             if frames is not None:
                 self.replies.read(frames[0], fd)  # (a lock-step client shows it read its last reply)
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
-                self._requests.append(monitor_proto.parse_request(frames))
+                request = monitor_proto.parse_request(frames)
+                refusal = self._refusal(request, user)
+                if refusal is not None:  # (answered in its turn like any other, never carried out)
+                    self._done[len(self._requests)] = refusal
+                self._requests.append(request)
                 self._who.append(self._name(user))
 
     def _name(self, user: str | None) -> str:
         if user is None or self._curve is None:
             return "anonymous"
         return self._curve.names.get(user, f"CURVE key {user[:8]}...")
+
+    def _refusal(self, request: monitor_proto.Request, user: str | None) -> str | None:
+        """The ``error: not permitted`` answer to a request its client has not the right for (checked
+        before anything is read or changed, even before the queue is looked up), or None."""
+        permissions = self.permissions
+        right = RIGHT_OF.get(request.command)
+        if permissions is None or not permissions.enabled or right is None or not request.args:
+            return None  # (no args: its usage error names no queue)
+        queue = request.args[0]
+        if permissions.key_may(user, right, queue, "monitor", request.command):
+            return None
+        who = permissions.key_name(user) or "a client without a CURVE key"
+        return monitor_proto.error_text(
+            f"not permitted: {who} has no {right} right on queue {queue[:255]!r} ({request.command})"
+        )
 
     def work(self, now: float, now_us: int) -> None:
         if self.admin.purging():
