@@ -12,9 +12,11 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.clients.admin import AdminRefused, admin_request
+from pzq.config import Limits
 from pzq.curve import secure_client
 from pzq.store import Store
 
+from conftest import wait_until
 from permission_keys import ORDERS_PRODUCE_ONLY, reload
 
 pytestmark = pytest.mark.timeout(60)
@@ -163,3 +165,23 @@ def test_a_queue_name_of_any_bytes_is_refused_cleanly_and_the_server_goes_on(ten
         refused(srv, tenants, "orders", *words)
     started = time.monotonic()
     assert figures(srv, tenants, "payroll") == (SEEDED, SEEDED) and time.monotonic() - started < 10
+
+
+def test_a_sighup_that_takes_the_manage_right_stops_that_keys_purge_under_way(make_server, tenants, tmp_path, caplog):
+    store = Store(tmp_path / "db", max_size=256 << 20)
+    try:
+        store.name_queue("orders.x")
+        assert store.put_many("orders.x", [[b"m"]] * 10_000, now_us=1) == 10_000
+        store.commit()
+    finally:
+        store.close()
+    # (a message a turn: the purge takes thousands of turns, each with its commit)
+    srv = make_server(queue="orders.x", consume_dsn="", limits=Limits(admin_purge_share=1), **tenants.config())
+    assert ask(srv, tenants, "orders", "PURGE", "orders.x") == {"purged": 1, "more": True}
+    tenants.write(ORDERS_PRODUCE_ONLY)
+    reload(srv)
+    assert wait_until(lambda: "the purge of queue 'orders.x' stopped: orders lost its manage right" in caplog.text)
+    left = figures(srv, tenants, "orders.x")[0]
+    assert 0 < left < 10_000
+    assert not srv.server.admin.purging("orders.x")
+    assert figures(srv, tenants, "orders.x")[0] == left, "not a message more was purged"

@@ -66,7 +66,9 @@ class MonitorEndpoint(Endpoint):
         self.read_s = config.limits.admin_read_s
         self.limits = config.limits
         self._requests: list[monitor_proto.Request] = []
-        self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
+        # who sent each of _requests: its CURVE key's name (or "anonymous") and the key (z85; None: no key)
+        self._who: list[tuple[str, str | None]] = []
+        self._purgers: dict[str, str | None] = {}  # queue -> the key whose PURGE of it is under way
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
         self._done: dict[int, str] = {}  # index in _requests -> its answer, made and committed in an earlier turn
 
@@ -92,7 +94,7 @@ class MonitorEndpoint(Endpoint):
                 if refusal is not None:  # (answered in its turn like any other, never carried out)
                     self._done[len(self._requests)] = refusal
                 self._requests.append(request)
-                self._who.append(self._name(user))
+                self._who.append((self._name(user), user))
 
     def _name(self, user: str | None) -> str:
         if user is None or self._curve is None:
@@ -124,7 +126,19 @@ class MonitorEndpoint(Endpoint):
                 # (answered as rolled back should the write itself fail the turn: it was carried out again
                 # each turn, each failing, the loop rolling back 9,000 turns a second, the request unanswered)
                 self._written[i] = STORE_FAILED
-                self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
+                self._written[i], _ = self.admin.write(request, self.budget, self._who[i][0])
+                if request.command == "PURGE" and self.admin.purging(request.args[0]):
+                    self._purgers[request.args[0]] = self._who[i][1]  # (a SIGHUP may take its right away)
+
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        """A purge under way goes on over turns: one whose key lost the manage right on its queue stops
+        (what it purged so far stays purged), as its next PURGE would be refused."""
+        for queue, user in list(self._purgers.items()):
+            if not self.admin.purging(queue):
+                del self._purgers[queue]
+            elif self.permissions is not None and not self.permissions.allows_key(user, MANAGE, queue):
+                del self._purgers[queue]
+                self.admin.stop_purge(queue, f"{self.permissions.key_name(user) or 'anonymous'} lost its manage right")
 
     def waiting(self) -> bool:
         # A write's answer waits for the commit; so does a PEEK or DEAD, which reads the committed store:
