@@ -127,7 +127,7 @@ class MonitorEndpoint(Endpoint):
                 # each turn, each failing, the loop rolling back 9,000 turns a second, the request unanswered)
                 self._written[i] = STORE_FAILED
                 self._written[i], _ = self.admin.write(request, self.budget, self._who[i][0])
-                if request.command == "PURGE" and self.admin.purging(request.args[0]):
+                if request.command == "PURGE" and request.args and self.admin.purging(request.args[0]):
                     self._purgers[request.args[0]] = self._who[i][1]  # (a SIGHUP may take its right away)
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
