@@ -4,6 +4,7 @@ someone else may have planted."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import stat
@@ -16,6 +17,7 @@ from zmq.utils.monitor import parse_monitor_message
 from pzq.errors import ClientError, NotPermitted
 
 Curve = tuple[str, str]  # (this client's .key_secret file, the server's .key file)
+_watch_ids = itertools.count(1)  # (the inproc addresses of the clients' socket monitors)
 
 
 def check_ipc_owner(endpoint: str) -> None:
@@ -54,8 +56,16 @@ class KeyedSocket(zmq.Socket):
     def watch(self, endpoint: str) -> None:
         """Listen for refused handshakes (before the connect: the first one may come at once)."""
         self.endpoint = endpoint
-        self.handshakes = self.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        self.handshakes.setsockopt(zmq.LINGER, 0)
+        address = f"inproc://pzq-client-watch-{next(_watch_ids)}"
+        self.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        events = self.context.socket(zmq.PAIR)
+        events.setsockopt(zmq.LINGER, 0)
+        # (unbounded, set before the connect: libzmq sends its events from its I/O thread and would block
+        # that thread, every socket of the context, on a full pipe; a key refused again and again while
+        # its client does not read adds an event of ~100 bytes each reconnection, 10 a second)
+        events.setsockopt(zmq.RCVHWM, 0)
+        events.connect(address)
+        self.handshakes = events
 
     def check_refused(self) -> None:
         """Raise NotPermitted if the server refused a handshake since the last look."""
@@ -88,7 +98,7 @@ class KeyedSocket(zmq.Socket):
         # (the monitor goes first: libzmq would send its events to a reader that is no more)
         events, self.handshakes = self.handshakes, None
         if events is not None and not self.closed:
-            self.disable_monitor()
+            self.monitor(None, 0)
             events.close(linger=0)
         super().close(linger=linger)
 
