@@ -5,6 +5,7 @@ the socket. A refusal is one ``error: not permitted: ...`` line, changes nothing
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -185,3 +186,30 @@ def test_a_sighup_that_takes_the_manage_right_stops_that_keys_purge_under_way(ma
     assert 0 < left < 10_000
     assert not srv.server.admin.purging("orders.x")
     assert figures(srv, tenants, "orders.x")[0] == left, "not a message more was purged"
+
+
+def test_a_dealer_that_pipelines_refused_and_allowed_requests_is_answered_each_in_its_order(
+    tenants_server, tenants, sockets
+):
+    srv = tenants_server
+    dealer = sockets(zmq.DEALER, None)
+    secure_client(dealer, *tenants.curve("orders"))
+    dealer.connect(srv.monitor)
+    asked = [
+        [b"", b"PUBLISH payroll", b"forged"],
+        [b"", b"PEEK orders.x"],
+        [b"", b"PURGE payroll"],
+        [b"", b"PUBLISH orders.x", b"an order"],
+        [b"", b"DEADLETTERS payroll"],
+    ]
+    for frames in asked:
+        dealer.send_multipart(frames)
+    answers = []
+    for _ in asked:
+        assert dealer.poll(10_000), "every request is answered"
+        answers.append(dealer.recv_multipart()[-1].decode())
+    kinds = ["refused" if a.startswith("error: not permitted") else next(iter(json.loads(a))) for a in answers]
+    assert kinds == ["refused", "queue", "refused", "id", "refused"], answers
+    assert "(PUBLISH)" in answers[0] and "(PURGE)" in answers[2] and "(DEADLETTERS)" in answers[4]
+    assert figures(srv, tenants, "payroll") == (SEEDED, SEEDED)
+    assert figures(srv, tenants, "orders.x") == (SEEDED + 1, SEEDED)
