@@ -213,3 +213,16 @@ def test_a_dealer_that_pipelines_refused_and_allowed_requests_is_answered_each_i
     assert "(PUBLISH)" in answers[0] and "(PURGE)" in answers[2] and "(DEADLETTERS)" in answers[4]
     assert figures(srv, tenants, "payroll") == (SEEDED, SEEDED)
     assert figures(srv, tenants, "orders.x") == (SEEDED + 1, SEEDED)
+
+
+def test_a_client_without_a_key_on_an_unauthenticated_monitor_gets_the_default(make_server, tenants, tmp_path):
+    seed(tmp_path / "db", ("orders.x", "payroll"))
+    tenants.write('[default]\nconsume = ["payroll"]\n\n[keys.orders]\nmanage = ["*"]\n')
+    srv = make_server(queue="orders.x", consume_dsn="", unauthenticated="monitor", **tenants.config())
+    assert len(admin_request(srv.monitor, "PEEK payroll", timeout_ms=10_000)["messages"]) == SEEDED
+    with pytest.raises(AdminRefused) as caught:
+        admin_request(srv.monitor, "PURGE payroll", timeout_ms=10_000)
+    said = "not permitted: a client without a CURVE key has no manage right on queue 'payroll' (PURGE)"
+    assert str(caught.value) == said
+    assert srv.stats()["permissions"]["refused"] == {"anonymous": {"manage": 1}}
+    assert srv.stats()["queues"]["payroll"]["depth"] == SEEDED
