@@ -15,6 +15,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     STORE = 3  # the store is damaged, or newer than this pzq: a restart would not help
     NOT_FOUND = 4  # what the command names does not exist (a queue)
+    NOT_PERMITTED = 5  # the server refused this client's key: not let in, or without the right (permissions)
 
 
 class PzqError(Exception):
@@ -67,3 +68,9 @@ class ProtocolError(PzqError):
 
 class ClientError(PzqError):
     """A client call failed: no answer in time, or the server refused the request."""
+
+
+class NotPermitted(ClientError):
+    """The server refused this client: its CURVE key is not let onto the socket (not among the server's
+    clients, or without the right the socket needs: docs/permissions.md), or it has not the right for
+    the request. Exit status ``NOT_PERMITTED``."""

@@ -81,9 +81,14 @@ class Writes:
             log.info("monitor: %s (by %s)", done, who)
         return monitor_proto.render_json(answer), bool(done)
 
-    def purging(self) -> bool:
-        """Whether purges are under way (the loop gives them a share each turn)."""
-        return bool(self._purges)
+    def purging(self, queue: str | None = None) -> bool:
+        """Whether purges are under way (the loop gives them a share each turn), or that of ``queue``."""
+        return bool(self._purges) if queue is None else queue in self._purges
+
+    def stop_purge(self, queue: str, why: str) -> None:
+        """Stop the purge of ``queue`` under way (what it purged so far stays purged)."""
+        if self._purges.pop(queue, None) is not None:
+            log.warning("monitor: the purge of queue %r stopped: %s", queue, why)
 
     def work(self, budget: Budget) -> None:
         """The next share of each purge under way."""

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint
+from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint, refusal_code
 from pzq.clients import native as client
 from pzq.errors import ClientError, ExitCode
 
@@ -45,7 +45,7 @@ def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, 
         endpoint, f"DEADLETTERS {queue} {limit}", curve=curve(curve_client_key, curve_server_key)
     )
     if text.startswith("error:"):
-        fail(text[len("error:") :].strip())
+        fail(text[len("error:") :].strip(), refusal_code(text[len("error:") :].strip()))
     letters = client.monitor_json(endpoint, text)
     if not isinstance(letters, list):
         raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
@@ -76,7 +76,7 @@ def dead_letters_requeue(
         curve=curve(curve_client_key, curve_server_key),
     )
     if text.startswith("error:"):
-        fail(text[len("error:") :].strip())
+        fail(text[len("error:") :].strip(), refusal_code(text[len("error:") :].strip()))
     answer = client.monitor_json(endpoint, text)
     if not isinstance(answer, dict) or "requeued" not in answer:
         raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")

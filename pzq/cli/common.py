@@ -12,7 +12,16 @@ from typing import Any, NoReturn
 import click
 
 from pzq import config
-from pzq.errors import ConfigError, ExitCode, PzqError, StoreDamaged, StoreDenied, StoreLocked, StoreTooNew
+from pzq.errors import (
+    ConfigError,
+    ExitCode,
+    NotPermitted,
+    PzqError,
+    StoreDamaged,
+    StoreDenied,
+    StoreLocked,
+    StoreTooNew,
+)
 
 
 def fail(message: str, code: ExitCode = ExitCode.FAILURE) -> NoReturn:
@@ -32,10 +41,17 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.CONFIG)
         except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)
+        except NotPermitted as exc:  # (the key refused, or without the right: one line, its own status)
+            fail(str(exc), ExitCode.NOT_PERMITTED)
         except PzqError as exc:
             fail(str(exc), ExitCode.FAILURE)
 
     return wrapper
+
+
+def refusal_code(detail: str) -> ExitCode:
+    """The exit status for a monitor's ``error:`` answer (its text after ``error:``)."""
+    return ExitCode.NOT_PERMITTED if detail.startswith("not permitted") else ExitCode.FAILURE
 
 
 def resolve(config_file: str | None, **flags: Any) -> config.Config:

@@ -21,6 +21,7 @@ from pzq.cli.common import (
     errors_to_exit,
     fail,
     monitor_endpoint,
+    refusal_code,
 )
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.errors import ExitCode
@@ -45,8 +46,8 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
         def ask(words: list[str], body: bytes | None = None) -> Any:
             try:
                 return admin_request(endpoint, words, body, timeout_ms=int(timeout * 1000), curve=keys)
-            except AdminRefused as exc:  # one line, and exit 4 for a queue that is not there
-                fail(str(exc), ExitCode.NOT_FOUND if exc.no_queue else ExitCode.FAILURE)
+            except AdminRefused as exc:  # one line; exit 4 for a queue that is not there, 5 for no right
+                fail(str(exc), ExitCode.NOT_FOUND if exc.no_queue else refusal_code(str(exc)))
 
         return func(ask=ask, **kwargs)
 

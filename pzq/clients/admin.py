@@ -10,7 +10,9 @@ import zmq
 
 from pzq.clients.native import no_answer
 from pzq.clients.sockets import Curve, connect, receive
-from pzq.errors import ClientError
+from pzq.errors import ClientError, NotPermitted
+
+NOT_PERMITTED = "error: not permitted:"  # the refusal of a request the client's key has not the right for
 
 
 class AdminRefused(ClientError):
@@ -26,6 +28,10 @@ class AdminRefused(ClientError):
         return str(self).startswith("there is no queue")
 
 
+class AdminNotPermitted(AdminRefused, NotPermitted):
+    """The server answered ``error: not permitted: ...``: the client's key has not the right."""
+
+
 def admin_request(
     endpoint: str,
     words: str | Sequence[str],
@@ -36,8 +42,9 @@ def admin_request(
     ctx: zmq.Context | None = None,
 ) -> dict | list:
     """Send one monitor request (its words; ``body`` as the second frame: PUBLISH) and return its
-    JSON answer. AdminRefused on an ``error:`` answer; ClientError when nothing answers in time or the
-    answer is not pzq's."""
+    JSON answer. AdminRefused on an ``error:`` answer (AdminNotPermitted, a NotPermitted too, on
+    ``error: not permitted``); NotPermitted when the server refuses the CURVE key; ClientError when
+    nothing answers in time or the answer is not pzq's."""
     text = words if isinstance(words, str) else " ".join(words)
     sock = connect(zmq.REQ, endpoint, ctx=ctx, curve=curve)
     try:
@@ -48,6 +55,8 @@ def admin_request(
     if frames is None:
         raise ClientError(no_answer(endpoint, timeout_ms))
     reply = frames[0].decode("utf-8", "replace")
+    if reply.startswith(NOT_PERMITTED):
+        raise AdminNotPermitted(reply)
     if reply.startswith("error:"):
         raise AdminRefused(reply)
     try:

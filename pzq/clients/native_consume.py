@@ -76,7 +76,11 @@ class BatchConsumer:
         self._peers: dict[bytes, bytes] = {}  # legacy: key -> the server's peer id (to answer on)
         if endpoint:
             self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve)
-            self.limits = self._hello(hello_timeout_ms)
+            try:
+                self.limits = self._hello(hello_timeout_ms)
+            except ClientError:  # (the key refused, the HELLO refused: nobody will close it but us)
+                self.sock.close(linger=0)
+                raise
             if self.limits is not None:
                 self.batched = True
                 return

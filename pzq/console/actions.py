@@ -111,6 +111,10 @@ async def _carry_out(console: Console, text: str, body: bytes | None, who: str) 
         return "pzq did not confirm in time: look at the queue to see what was done"
     except MonitorRefused as exc:
         log.info("console: %s asked %r: refused: %s", who, text, exc)
+        detail = str(exc).removeprefix("error: not permitted: ")
+        if detail != str(exc):  # (pzq's permissions: the console's own key has not the right)
+            why = "pzq's permissions file gives the console's key no such right"
+            return f"not permitted, nothing was changed: {detail}: {why}"
         return str(exc)
     except ClientError as exc:
         log.warning("console: %s asked %r: %s", who, text, exc)

@@ -28,6 +28,7 @@ from pzq.console.site import Console
 from pzq.errors import ClientError
 
 NO_QUEUE = "error: there is no queue"  # pzq's answer for a queue it does not have
+NOT_PERMITTED = "error: not permitted: "  # pzq's answer to a request the console's key has not the right for
 
 
 def respond(console: Console, request: Request, template: str, data: dict, status: int = 200) -> Response:
@@ -71,8 +72,14 @@ def build(console: Console) -> Any:
         if not known and info is None:
             return _not_found(console, request, name)
         data = views.queue(snap, console.reader.history, name, info, peek, dead, after)
-        data["notes"] = list(dict.fromkeys(str(a) for a in answers if isinstance(a, ClientError)))
-        return respond(console, request, "queue.html", data)
+        # A read pzq's permissions refuse the console's key (PEEK, DEAD: they show bodies) is said in
+        # place of its list, and the page is a 403 (its JSON twin too, which console.js still applies:
+        # the figures, anyone's, stay live)
+        refused = [_not_permitted(a) for a in answers]
+        data["not_permitted"] = {"messages": refused[1], "dead": refused[2]}
+        notes = (str(a) for a, why in zip(answers, refused, strict=True) if isinstance(a, ClientError) and not why)
+        data["notes"] = list(dict.fromkeys(notes))
+        return respond(console, request, "queue.html", data, 403 if any(refused) else 200)
 
     async def clients(request: Request) -> Response:
         offset = _int(request.query_params.get("offset"), 0) // views.CLIENT_ROWS * views.CLIENT_ROWS
@@ -138,6 +145,14 @@ def build(console: Console) -> Any:
 def _not_found(console: Console, request: Request, name: str) -> Response:
     text = f"There is no queue {name!r} on this server." if name else "Which queue? A name, please."
     return render.message(request, "No such queue", text, 404, console.viewer(request))
+
+
+def _not_permitted(answer: object) -> str:
+    """What the page says for a read pzq refused the console's key ('' for any other answer)."""
+    if not (isinstance(answer, MonitorRefused) and str(answer).startswith(NOT_PERMITTED)):
+        return ""
+    why = str(answer).removeprefix(NOT_PERMITTED)
+    return f"not permitted: {why}: pzq's permissions file gives the console's key no such right, so these are not shown"
 
 
 def _busy(console: Console, request: Request) -> Response:

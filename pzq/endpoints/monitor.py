@@ -11,6 +11,7 @@ from pzq.admin import Admin
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
+from pzq.permissions import CONSUME, MANAGE, PRODUCE, Permissions
 from pzq.protocols import monitor as monitor_proto
 
 log = logging.getLogger("pzq.server")
@@ -24,6 +25,17 @@ BUSY = monitor_proto.error_text(
     "busy: not now, pzq holds its bound of replies that clients have not read, or this client's own unread "
     "replies are past its share; read your replies, ask again later or for fewer rows"
 )
+# The right each request needs on the queue it names first (docs/permissions.md). The figures (MONITOR,
+# STATS, QUEUE, CLIENTS) show names and counts, never bodies: any client let onto the socket sees them.
+RIGHT_OF = {
+    "PEEK": CONSUME,  # (they show bodies)
+    "DEAD": CONSUME,
+    "DEADLETTERS": CONSUME,
+    "PURGE": MANAGE,
+    "DELETEDEAD": MANAGE,
+    "REQUEUE": MANAGE,
+    "PUBLISH": PRODUCE,
+}
 
 
 class MonitorEndpoint(Endpoint):
@@ -35,8 +47,9 @@ class MonitorEndpoint(Endpoint):
 
     name = "monitor"
 
-    def __init__(self, config: Config, admin: Admin, binder: Sockets):
+    def __init__(self, config: Config, admin: Admin, binder: Sockets, permissions: Permissions | None = None):
         self.admin = admin
+        self.permissions = permissions  # (None: every client may do anything, as without a file)
         # Answers may be large (a line per queue): only a few wait in one client's pipe; requests are a
         # few words each: 16 of at most 1 MiB are what one client's pipe may hold. (Its clients connect
         # for one request each, so their pipes are not estimated, only its backlog counted: a REQ
@@ -53,7 +66,9 @@ class MonitorEndpoint(Endpoint):
         self.read_s = config.limits.admin_read_s
         self.limits = config.limits
         self._requests: list[monitor_proto.Request] = []
-        self._who: list[str] = []  # who sent each of _requests: its CURVE key's name, or "anonymous"
+        # who sent each of _requests: its CURVE key's name (or "anonymous") and the key (z85; None: no key)
+        self._who: list[tuple[str, str | None]] = []
+        self._purgers: dict[str, str | None] = {}  # queue -> the key whose PURGE of it is under way
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
         self._done: dict[int, str] = {}  # index in _requests -> its answer, made and committed in an earlier turn
 
@@ -74,13 +89,32 @@ class MonitorEndpoint(Endpoint):
             if frames is not None:
                 self.replies.read(frames[0], fd)  # (a lock-step client shows it read its last reply)
             if frames is not None and not self.replies.refuses(frames[0], "its requests go unanswered"):
-                self._requests.append(monitor_proto.parse_request(frames))
-                self._who.append(self._name(user))
+                request = monitor_proto.parse_request(frames)
+                refusal = self._refusal(request, user)
+                if refusal is not None:  # (answered in its turn like any other, never carried out)
+                    self._done[len(self._requests)] = refusal
+                self._requests.append(request)
+                self._who.append((self._name(user), user))
 
     def _name(self, user: str | None) -> str:
         if user is None or self._curve is None:
             return "anonymous"
         return self._curve.names.get(user, f"CURVE key {user[:8]}...")
+
+    def _refusal(self, request: monitor_proto.Request, user: str | None) -> str | None:
+        """The ``error: not permitted`` answer to a request its client has not the right for (checked
+        before anything is read or changed, even before the queue is looked up), or None."""
+        permissions = self.permissions
+        right = RIGHT_OF.get(request.command)
+        if permissions is None or not permissions.enabled or right is None or not request.args:
+            return None  # (no args: its usage error names no queue)
+        queue = request.args[0]
+        if permissions.key_may(user, right, queue, "monitor", request.command):
+            return None
+        who = permissions.key_name(user) or "a client without a CURVE key"
+        return monitor_proto.error_text(
+            f"not permitted: {who} has no {right} right on queue {queue[:255]!r} ({request.command})"
+        )
 
     def work(self, now: float, now_us: int) -> None:
         if self.admin.purging():
@@ -92,7 +126,19 @@ class MonitorEndpoint(Endpoint):
                 # (answered as rolled back should the write itself fail the turn: it was carried out again
                 # each turn, each failing, the loop rolling back 9,000 turns a second, the request unanswered)
                 self._written[i] = STORE_FAILED
-                self._written[i], _ = self.admin.write(request, self.budget, self._who[i])
+                self._written[i], _ = self.admin.write(request, self.budget, self._who[i][0])
+                if request.command == "PURGE" and request.args and self.admin.purging(request.args[0]):
+                    self._purgers[request.args[0]] = self._who[i][1]  # (a SIGHUP may take its right away)
+
+    def narrowed(self, lost: dict[str, set[str]]) -> None:
+        """A purge under way goes on over turns: one whose key lost the manage right on its queue stops
+        (what it purged so far stays purged), as its next PURGE would be refused."""
+        for queue, user in list(self._purgers.items()):
+            if not self.admin.purging(queue):
+                del self._purgers[queue]
+            elif self.permissions is not None and not self.permissions.allows_key(user, MANAGE, queue):
+                del self._purgers[queue]
+                self.admin.stop_purge(queue, f"{self.permissions.key_name(user) or 'anonymous'} lost its manage right")
 
     def waiting(self) -> bool:
         # A write's answer waits for the commit; so does a PEEK or DEAD, which reads the committed store:

@@ -132,7 +132,7 @@ class Server(Reloading):
         self.endpoints = gateway_endpoints(
             cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue, self.permissions
         )
-        self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned))
+        self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned, self.permissions))
         self.endpoints.append(ConnectionWatch(owned, connections))
         if cfg.metrics_dsn:
             from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
