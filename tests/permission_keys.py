@@ -41,6 +41,27 @@ manage = ["payroll"]
 """
 
 
+def networks(payroll: str) -> str:
+    """Rights per source network for the raw-TCP gateways' tests: 127.0.0.0/8 (orders) on ``orders.*``,
+    127.0.0.2 (more specific: payroll) on ``payroll``; [default] grants the native queue, since the
+    native sockets then serve clients without a key (pzq/server/access.py)."""
+    return f"""
+[default]
+produce = ["default"]
+consume = ["default"]
+
+[networks."127.0.0.0/8"]
+produce = ["orders.*"]
+consume = ["orders.*"]
+manage = ["orders.*"]
+
+[networks."127.0.0.2/32"]
+produce = ["{payroll}"]
+consume = ["{payroll}"]
+manage = ["{payroll}"]
+"""
+
+
 class Tenants:
     """Keys on disk (``keygen``), the clients directory and the permissions file beside it."""
 

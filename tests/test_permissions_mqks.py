@@ -21,28 +21,13 @@ from pzq.permissions import Permissions
 from pzq.store.bindings import Bindings
 
 from conftest import free_tcp_endpoint, mqks_barrier, wait_until
-from permission_keys import reload
+from permission_keys import networks, reload
 
 pytestmark = pytest.mark.timeout(60)
 
 ORDERS, PAYROLL = "127.0.0.1", "127.0.0.2"  # source addresses: the orders network, the payroll one
 
-# [default] grants the native queue: the native sockets serve clients without a key (pzq/server/access.py)
-NETWORKS = """
-[default]
-produce = ["default"]
-consume = ["default"]
-
-[networks."127.0.0.0/8"]
-produce = ["orders.*"]
-consume = ["orders.*"]
-manage = ["orders.*"]
-
-[networks."127.0.0.2/32"]
-produce = ["payroll.*"]
-consume = ["payroll.*"]
-manage = ["payroll.*"]
-"""
+NETWORKS = networks(payroll="payroll.*")
 
 ORDERS_PRODUCE_ONLY = NETWORKS.replace('consume = ["orders.*"]\n', "")
 ORDERS_NET = "network 127.0.0.0/8"  # the refusal counters' name of the orders network

@@ -7,7 +7,6 @@ applies nothing of the request and is counted; a SIGHUP that narrows a network c
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 
@@ -15,8 +14,9 @@ import pytest
 
 from pzq.protocols.phpmq import encode
 
+import test_phpmq
 from conftest import free_tcp_endpoint, wait_until
-from permission_keys import reload
+from permission_keys import networks, reload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,48 +25,16 @@ ORDERS, PAYROLL = "127.0.0.1", "127.0.0.2"  # source addresses: the orders netwo
 SEND, CONSUME, ACK, REQUEUE, DEAD = 1, 2, 4, 5, 6
 QUEUE, CONTENT, ID, COUNT = 1, 2, 3, 4
 
-# [default] grants the native queue: the native sockets serve clients without a key (pzq/server/access.py)
-NETWORKS = """
-[default]
-produce = ["default"]
-consume = ["default"]
-
-[networks."127.0.0.0/8"]
-produce = ["orders.*"]
-consume = ["orders.*"]
-manage = ["orders.*"]
-
-[networks."127.0.0.2/32"]
-produce = ["payroll"]
-consume = ["payroll"]
-manage = ["payroll"]
-"""
+NETWORKS = networks(payroll="payroll")
 
 ORDERS_PRODUCE_ONLY = NETWORKS.replace('consume = ["orders.*"]\n', "")
 ORDERS_NET = "network 127.0.0.0/8"  # the refusal counters' name of the orders network
 
 
-class Client:
-    """A PHPMQ client on a plain socket from a chosen source address; every read has a timeout."""
+class Client(test_phpmq.Client):
+    """test_phpmq's client, from a chosen source address, reading a message's packets alone."""
 
-    def __init__(self, addr: tuple[str, int], source: str):
-        self.sock = socket.create_connection(addr, timeout=5, source_address=(source, 0))
-        self.buf = b""
-
-    def send(self, msg_type: int, *packets: tuple[int, bytes]) -> None:
-        self.sock.sendall(encode(msg_type, list(packets)))
-
-    def _need(self, n: int, timeout: float) -> bytes:
-        self.sock.settimeout(timeout)
-        while len(self.buf) < n:
-            more = self.sock.recv(65536)
-            if not more:
-                raise EOFError("closed by the server")
-            self.buf += more
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def read(self, timeout: float = 5.0) -> dict[int, bytes]:
+    def read(self, timeout: float = 5.0) -> dict[int, bytes]:  # type: ignore[override]
         """The packets of the next message."""
         head = self._need(8, timeout)
         packets = {}

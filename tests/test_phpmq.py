@@ -23,8 +23,9 @@ PHP_CLIENT = Path(__file__).parent / "php" / "phpmq_client.php"
 class Client:
     """A PHPMQ client on a plain socket: sends bytes, reads whole messages with a timeout."""
 
-    def __init__(self, addr):
-        self.sock = socket.create_connection(addr, timeout=5)
+    def __init__(self, addr, source: str | None = None):
+        # (``source``: a loopback address to connect from, for rules per source network)
+        self.sock = socket.create_connection(addr, timeout=5, source_address=(source, 0) if source else None)
         self.buf = b""
 
     def send(self, msg_type: int, *packets: tuple[int, bytes]) -> None:
