@@ -81,8 +81,18 @@ class Rights:
 def _compile(patterns: tuple[str, ...]) -> Callable[[str], object] | None:
     if not patterns:
         return None
-    parts = (".*".join(re.escape(piece) for piece in p.split("*")) for p in patterns)
-    return re.compile("|".join(f"(?:{p})" for p in parts), re.DOTALL).fullmatch
+    return re.compile("|".join(f"(?:{_glob(p)})" for p in patterns), re.DOTALL).fullmatch
+
+
+def _glob(pattern: str) -> str:
+    """``pattern`` as a regular expression that runs in linear time on any name. A plain ``.*`` per star
+    backtracks: "*.*.eu" on 60,000 dots took 10 s of the loop, for a name a client chose. Each piece
+    between two stars is matched at its first occurrence and never tried again (an atomic group): for a
+    glob of stars alone, the earliest occurrence of each piece is the one that can match if any can."""
+    if "*" not in pattern:
+        return re.escape(pattern)
+    first, *middle, last = (re.escape(piece) for piece in pattern.split("*"))
+    return first + "".join(f"(?>.*?{piece})" for piece in middle if piece) + ".*" + last
 
 
 NOTHING = Rights({})
