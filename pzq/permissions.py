@@ -61,6 +61,13 @@ def _text(queue: str | bytes) -> str:
     return queue if isinstance(queue, str) else queue.decode("utf-8", "surrogateescape")
 
 
+def _shown(queue: str | bytes, most: int = 100) -> str:
+    """``queue`` for a log line: a name the client chose may be a megabyte (an eMQP REQUEST's queue is
+    not limited before it is checked), and a refusal must not write it whole."""
+    text = _text(queue)
+    return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text)} characters)"
+
+
 class Rights:
     """One section of the file: for each right, the patterns of the queues it covers."""
 
@@ -268,7 +275,7 @@ class Permissions:
     def _refuse(self, who: str, right: str, queue: str | bytes, protocol: str, what: str, where: str = "") -> None:
         with self._lock:  # (native handshakes are refused in the ZAP thread)
             self.refused[(who, right)] += 1
-        warn_bad(protocol, "not-permitted", f"{what} on {_text(queue)!r} by {who}{where}: no {right} right")
+        warn_bad(protocol, "not-permitted", f"{what} on {_shown(queue)} by {who}{where}: no {right} right")
 
     def reload(self) -> bool:
         """Re-read the file (SIGHUP); True when new rules took. What was in force stays when the file

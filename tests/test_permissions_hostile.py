@@ -4,8 +4,10 @@ rights through weird names, reloads and reconnects. Each test is an attack that 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
-from test_permissions_emqp import Peers, answer, request
+from test_permissions_emqp import Peers, answer, refused, request
 
 from conftest import free_tcp_endpoint
 from permission_keys import TENANTS
@@ -41,6 +43,19 @@ def test_a_huge_refused_queue_name_does_not_wedge_the_server_on_a_pattern_of_two
     m = request(orders, b"orders.jobs")
     assert answer(orders, m)[2] == b"ACK", "the next request was answered at once"
     assert srv.stats()["permissions"]["refused"] == {"orders": {"produce": 1}}
+
+
+def test_a_refused_huge_queue_name_is_not_written_whole_to_the_log(emqp, caplog):
+    srv, peers = emqp()
+    orders = peers.client("orders")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            m = request(orders, b"payroll" + b"x" * 500_000)
+            assert "not permitted" in refused(answer(orders, m))
+    lines = [r.getMessage() for r in caplog.records if "not-permitted" in r.getMessage()]
+    assert lines, "the refusals were logged"
+    assert max(map(len, lines)) < 1000, "each line names the queue by its start and its size"
+    assert srv.stats()["permissions"]["refused_total"] == 5
 
 
 def test_a_pattern_of_stars_matches_exactly_the_names_it_matched_as_a_plain_regular_expression():
