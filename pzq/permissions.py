@@ -115,6 +115,16 @@ class Rules:
         self.keys = keys
         # (network, its label, its rights), the most specific first: the first that holds a peer decides
         self.networks = sorted(networks, key=lambda n: -n[0].prefixlen)
+        # The same, as one table per IP version and prefix length (most specific first), keyed by the
+        # network's bits: a lookup costs one dict probe per prefix length in use, not one test per
+        # network (a file of 5,000 networks made each refused request of a raw-TCP peer cost 1.5 ms).
+        tables: dict[tuple[int, int], dict[int, tuple[str, Rights]]] = {}
+        for network, label, rights in self.networks:
+            shift = network.max_prefixlen - network.prefixlen
+            table = tables.setdefault((network.version, shift), {})
+            # (the first of two spellings of one network wins, as in the list)
+            table.setdefault(int(network.network_address) >> shift, (label, rights))
+        self._by_prefix = [(version, shift, table) for (version, shift), table in tables.items()]
 
     @classmethod
     def read(cls, path: str) -> Rules:
@@ -153,9 +163,10 @@ class Rules:
         """The label and rights of a raw-TCP peer at ``address`` (an IP, with or without a port)."""
         ip = _ip(address)
         if ip is not None:
-            for network, label, rights in self.networks:
-                if ip.version == network.version and ip in network:
-                    return label, rights
+            bits = int(ip)
+            for version, shift, table in self._by_prefix:
+                if version == ip.version and (found := table.get(bits >> shift)) is not None:
+                    return found
         return "default", self.default
 
 
