@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pzq.errors import ConfigError
 from pzq.logs import warn_bad
 
-__all__ = ["CONSUME", "MANAGE", "PRODUCE", "RIGHTS", "Permissions", "Rights", "Rules", "default_path"]
+__all__ = ["CONSUME", "MANAGE", "PRODUCE", "RIGHTS", "Permissions", "Rights", "Rules", "default_path", "shown"]
 
 log = logging.getLogger("pzq.permissions")
 
@@ -61,9 +61,9 @@ def _text(queue: str | bytes) -> str:
     return queue if isinstance(queue, str) else queue.decode("utf-8", "surrogateescape")
 
 
-def _shown(queue: str | bytes, most: int = 100) -> str:
-    """``queue`` for a log line: a name the client chose may be a megabyte (an eMQP REQUEST's queue is
-    not limited before it is checked), and a refusal must not write it whole."""
+def shown(queue: str | bytes, most: int = 100) -> str:
+    """``queue`` for a log line or a refusal's reply: a name the client chose may be a megabyte (an
+    eMQP REQUEST's queue is not limited before it is checked), and a refusal must not repeat it whole."""
     text = _text(queue)
     return repr(text) if len(text) <= most else f"{text[:most]!r}... ({len(text)} characters)"
 
@@ -286,7 +286,7 @@ class Permissions:
     def _refuse(self, who: str, right: str, queue: str | bytes, protocol: str, what: str, where: str = "") -> None:
         with self._lock:  # (native handshakes are refused in the ZAP thread)
             self.refused[(who, right)] += 1
-        warn_bad(protocol, "not-permitted", f"{what} on {_shown(queue)} by {who}{where}: no {right} right")
+        warn_bad(protocol, "not-permitted", f"{what} on {shown(queue)} by {who}{where}: no {right} right")
 
     def reload(self) -> bool:
         """Re-read the file (SIGHUP); True when new rules took. What was in force stays when the file

@@ -127,3 +127,15 @@ def test_a_peer_gets_the_most_specific_network_holding_it_whatever_the_versions_
         v6 = f"fd00::{rng.randint(0, 3):x}:{rng.randint(0, 65535):x}"
         for address, ip in ((f"{v4}:5", v4), (f"[::ffff:{v4}]:5", v4), (f"[{v6}]:5", v6)):
             assert rules.for_address(address)[0] == one_by_one(ipaddress.ip_address(ip)), address
+
+
+def test_a_refusal_does_not_echo_a_huge_queue_name_back_to_the_client(emqp):
+    # Each refusing REPLY held the whole name: a client that sends REQUESTs naming a megabyte queue and
+    # never reads made the server hold up to a thousand such replies (SNDHWM) per connection, in memory.
+    srv, peers = emqp()
+    orders = peers.client("orders")
+    m = request(orders, b"payroll" + b"x" * 500_000)
+    frames = answer(orders, m)
+    assert "not permitted" in refused(frames)
+    assert sum(map(len, frames)) < 1000, "the refusal names the queue by its start and its size"
+    assert "payrollxxx" in refused(frames)
