@@ -8,9 +8,13 @@ import logging
 
 import pytest
 from test_permissions_emqp import Peers, answer, refused, request
+from test_permissions_mqks import NETWORKS, PAYROLL, is_error, mqks  # noqa: F401  (mqks: a fixture)
+from test_permissions_mqks import ask as mqks_ask
 
-from conftest import free_tcp_endpoint
-from permission_keys import TENANTS
+from pzq.errors import ClientError
+
+from conftest import free_tcp_endpoint, mqks_barrier
+from permission_keys import TENANTS, reload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,8 +85,6 @@ def test_a_flood_of_refused_mqks_publishes_costs_little_with_thousands_of_networ
 
     from pzq.clients.mqks import MqksClient
 
-    from conftest import mqks_barrier
-
     networks = "".join(f'[networks."10.{i // 256}.{i % 256}.0/24"]\nproduce = ["x"]\n' for i in range(20_000))
     path = tmp_path / "permissions.toml"
     path.write_text('[default]\nproduce = ["default"]\nconsume = ["default"]\n' + networks)
@@ -139,3 +141,24 @@ def test_a_refusal_does_not_echo_a_huge_queue_name_back_to_the_client(emqp):
     assert "not permitted" in refused(frames)
     assert sum(map(len, frames)) < 1000, "the refusal names the queue by its start and its size"
     assert "payrollxxx" in refused(frames)
+
+
+def test_a_network_that_lost_an_event_stops_reading_it_through_a_queue_it_bound_it_to(mqks):  # noqa: F811
+    # Binding needs consume on the event; but a binding made while allowed kept copying the event into
+    # the network's own queue after a SIGHUP took the right away, to the open consumer and to a new one.
+    srv, connect, path = mqks
+    path.write_text(NETWORKS.replace('consume = ["orders.*"]', 'consume = ["orders.*", "payroll.paid"]'))
+    reload(srv)
+    spy = connect()
+    assert mqks_ask(spy, "c1 consume --confirm orders.spy payroll.paid") == ["c1 ok "]
+    path.write_text(NETWORKS)
+    reload(srv)
+    payroll = connect(PAYROLL)
+    assert mqks_ask(payroll, "p1 publish --confirm payroll.paid salaries") == ["p1 ok "]
+    with pytest.raises(ClientError, match="closed"):  # (cut off at the SIGHUP, not handed payroll's event)
+        spy.read_line()
+    again = connect()
+    assert is_error(mqks_ask(again, "c2 consume --confirm orders.spy"), "c2"), "its queue reads payroll.paid"
+    assert is_error(mqks_ask(again, "c3 consume --confirm orders.spy --add orders.created"), "c3")
+    assert mqks_barrier(again) == []
+    assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"consume": 2}}
