@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 
 import pytest
+import test_permissions_phpmq as php
 from test_permissions_emqp import Peers, answer, refused, request
 from test_permissions_mqks import NETWORKS, PAYROLL, is_error, mqks  # noqa: F401  (mqks: a fixture)
 from test_permissions_mqks import ask as mqks_ask
+from test_permissions_phpmq import phpmq  # noqa: F401  (a fixture)
 
 from pzq.errors import ClientError
 
-from conftest import free_tcp_endpoint, mqks_barrier
+from conftest import free_tcp_endpoint, mqks_barrier, wait_until
 from permission_keys import TENANTS, reload
 
 pytestmark = pytest.mark.timeout(60)
@@ -162,3 +164,19 @@ def test_a_network_that_lost_an_event_stops_reading_it_through_a_queue_it_bound_
     assert is_error(mqks_ask(again, "c3 consume --confirm orders.spy --add orders.created"), "c3")
     assert mqks_barrier(again) == []
     assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"consume": 2}}
+
+
+def test_a_phpmq_consumer_that_moved_to_another_queue_gives_back_what_it_holds_of_one_it_lost(phpmq):  # noqa: F811
+    # A SIGHUP closed only connections whose current queue was lost: one that consumed orders.eu, then
+    # asked for orders.us, kept holding orders.eu's message from its consumers after losing orders.eu.
+    srv, connect, _, path = phpmq
+    producer, consumer = connect(), connect()
+    producer.send(php.SEND, (php.QUEUE, b"orders.eu"), (php.CONTENT, b"held"))
+    consumer.send(php.CONSUME, (php.QUEUE, b"orders.eu"), (php.COUNT, b"1"))
+    assert consumer.read()[php.CONTENT] == b"held"
+    consumer.send(php.CONSUME, (php.QUEUE, b"orders.us"), (php.COUNT, b"1"))
+    wait_until(lambda: srv.stats()["phpmq"]["received_total"] == 3)
+    path.write_text(php.NETWORKS.replace('consume = ["orders.*"]', 'consume = ["orders.us"]'))
+    reload(srv)
+    assert consumer.closed(), "the connection holding a message of a queue it lost was left open"
+    wait_until(lambda: srv.stats()["queues"]["orders.eu"]["inflight"] == 0)

@@ -37,6 +37,9 @@ class Session:
     dialect: phpmq.Dialect
     queue: str | None = None  # what its consume request asked for
     count: int = 0
+    # Every queue it consumed from since it last held nothing: it may still hold messages of one it
+    # moved away from, which a SIGHUP that takes that queue away must take back too.
+    consumed: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def consumer(self) -> tuple:
@@ -88,14 +91,19 @@ class PhpmqGateway:
             self._consume(session, None)
 
     def narrowed(self) -> list[bytes]:
-        """The connections consuming a queue their network may no longer consume (after a SIGHUP)."""
+        """The connections consuming a queue their network may no longer consume, or holding messages
+        of one they consumed before (after a SIGHUP)."""
         if not self.rights.enabled:
             return []
-        return [
-            s.conn
-            for s in self.sessions.values()
-            if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue)
-        ]
+
+        def lost(s: Session) -> bool:
+            if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue):
+                return True
+            return bool(self.broker.held_count(s.consumer)) and not all(
+                self.rights.allows(s.conn, CONSUME, queue) for queue in s.consumed
+            )
+
+        return [s.conn for s in self.sessions.values() if lost(s)]
 
     def _consume(self, session: Session, queue: str | None) -> None:
         if session.queue is not None:
@@ -169,6 +177,9 @@ class PhpmqGateway:
                 # PHPMQ has no reply to a send: closing is the only way to tell the client.
                 raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
         elif message.type == phpmq.CONSUME:
+            if not self.broker.held_count(session.consumer):
+                session.consumed.clear()
+            session.consumed.add(queue)
             self._consume(session, queue)
             session.count = min(message.number(phpmq.COUNT), self.max_credit)
         else:
