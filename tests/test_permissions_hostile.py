@@ -180,3 +180,33 @@ def test_a_phpmq_consumer_that_moved_to_another_queue_gives_back_what_it_holds_o
     reload(srv)
     assert consumer.closed(), "the connection holding a message of a queue it lost was left open"
     wait_until(lambda: srv.stats()["queues"]["orders.eu"]["inflight"] == 0)
+
+
+def test_reloading_a_file_of_thousands_of_keys_compiles_no_regular_expression_for_names_and_prefixes(
+    tmp_path, monkeypatch
+):
+    # Each key's patterns were compiled at every read: 10,000 keys held the loop 1.1 s per SIGHUP.
+    import re
+    import types
+
+    import pzq.permissions
+    from pzq.permissions import CONSUME, PRODUCE, Permissions
+
+    compiled = []
+
+    def counting(pattern, flags=0):  # (re.compile itself, counted)
+        compiled.append(pattern)
+        return re.compile(pattern, flags)
+
+    path = tmp_path / "permissions.toml"
+    path.write_text(
+        "".join(f'[keys.k{i}]\nproduce = ["q{i}.*", "q{i}"]\nconsume = ["*.x{i}.*"]\n' for i in range(2000))
+    )
+    permissions = Permissions(str(path), required=True)
+    monkeypatch.setattr(pzq.permissions, "re", types.SimpleNamespace(**{**vars(re), "compile": counting}))
+    assert permissions.reload()
+    rules = permissions.rules
+    assert all(rules.keys[f"k{i}"].may(PRODUCE, f"q{i}.eu") for i in range(2000))
+    assert compiled == [], "names and prefixes are matched without a regular expression"
+    assert rules.keys["k7"].may(CONSUME, "a.x7.b") and not rules.keys["k7"].may(CONSUME, "a.x8.b")
+    assert len(compiled) == 1, "a pattern with a star inside is compiled once, at its first check"
