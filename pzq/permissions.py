@@ -166,6 +166,9 @@ class Rules:
                 raise ConfigError(
                     f"permissions file {path}: [networks.{cidr!r}] is not an IP address or network (e.g. 10.0.0.0/8)"
                 ) from None
+            mapped = getattr(network.network_address, "ipv4_mapped", None)
+            if mapped is not None and network.prefixlen >= 96:  # (peers are looked up as IPv4: see _ip)
+                network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}")
             networks.append((network, f"network {network}", _section(path, f"networks.{cidr}", section)))
         return cls(path, default, keys, networks)
 

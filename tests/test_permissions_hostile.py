@@ -210,3 +210,23 @@ def test_reloading_a_file_of_thousands_of_keys_compiles_no_regular_expression_fo
     assert compiled == [], "names and prefixes are matched without a regular expression"
     assert rules.keys["k7"].may(CONSUME, "a.x7.b") and not rules.keys["k7"].may(CONSUME, "a.x8.b")
     assert len(compiled) == 1, "a pattern with a star inside is compiled once, at its first check"
+
+
+def test_a_network_written_as_ipv4_mapped_ipv6_holds_the_ipv4_peers_it_names(make_server, tmp_path):
+    # Peers on a dual-stack listener arrive as ::ffff:a.b.c.d and are looked up as IPv4: a network
+    # written in that form held none of them, which then got [default]'s rights instead of its own.
+    from pzq.clients.mqks import MqksClient
+
+    path = tmp_path / "permissions.toml"
+    path.write_text(
+        '[default]\nproduce = ["*"]\nconsume = ["*"]\n\n[networks."::ffff:127.0.0.0/104"]\nproduce = ["orders.*"]\n'
+    )
+    dsn, _ = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=dsn, permissions=str(path))
+    conn = MqksClient(dsn)
+    try:
+        assert is_error(mqks_ask(conn, "x1 publish --confirm payroll.paid forged"), "x1")
+        assert mqks_ask(conn, "p1 publish --confirm orders.created fine") == ["p1 ok "]
+    finally:
+        conn.close()
+    assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"produce": 1}}
