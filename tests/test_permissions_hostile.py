@@ -230,3 +230,20 @@ def test_a_network_written_as_ipv4_mapped_ipv6_holds_the_ipv4_peers_it_names(mak
     finally:
         conn.close()
     assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"produce": 1}}
+
+
+def test_a_network_that_may_only_consume_a_queue_cannot_have_it_deleted_when_unused(mqks):  # noqa: F811
+    # --delete-queue-when-unused deletes the queue and what it holds once its consumers are gone: a
+    # delete_queue by another name, which a network allowed only to read the queue could ask for.
+    srv, connect, path = mqks
+    path.write_text(NETWORKS.replace('manage = ["orders.*"]', 'manage = ["orders.own"]'))
+    reload(srv)
+    owner, reader = connect(), connect()
+    assert mqks_ask(owner, "o1 consume --confirm orders.audit orders.created") == ["o1 ok "]
+    assert mqks_ask(owner, "o2 delete_consumer --confirm o1") == ["o2 ok "]
+    assert mqks_ask(owner, "p1 publish --confirm orders.created kept") == ["p1 ok "]
+    assert is_error(mqks_ask(reader, "r1 consume --confirm orders.audit --delete-queue-when-unused=0"), "r1")
+    reader.close()
+    assert mqks_ask(owner, "o3 consume --confirm orders.own --delete-queue-when-unused=0") == ["o3 ok "]
+    assert srv.stats()["queues"]["orders.audit"]["depth"] == 1, "the queue and its message stay"
+    assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"manage": 1}}

@@ -5,6 +5,8 @@ source network, pzq/permissions.py), checked before the request changes anything
 - ``consume``: consume on the queue, and on every event it binds (its events, its ``--add``, and those
   it keeps when it names none): a binding is how a queue reads what is published under an event's name,
   so binding ``payroll`` to a queue one may consume would read payroll's events without the right to;
+- ``consume --delete-queue-when-unused``: manage on the queue as well (it deletes the queue, and what
+  it holds, once its consumers are gone);
 - ``ack``, ``reject``: consume on the queue of the consumer named;
 - ``rebind``: manage on the queue, and consume on every event it binds (its events, its ``--add``;
   removing needs nothing more);
@@ -38,6 +40,8 @@ def check(rights: PeerRights, consumers: Consumers, bindings: BindingIndex, conn
     elif req.action in ("consume", "rebind"):
         bindings.check_sizes(a)  # (at most mqks_max_events of each list before each is checked)
         _need(rights, conn, CONSUME if req.action == "consume" else MANAGE, [a["queue"]], req.action)
+        if req.action == "consume" and a["unused"] is not None:  # (a delete_queue once its consumers go)
+            _need(rights, conn, MANAGE, [a["queue"]], "consume --delete-queue-when-unused")
         bound = dict.fromkeys([*(a["events"] or ()), *a["add"]])  # (each once, in the request's order)
         if req.action == "consume" and a["events"] is None and (kept := bindings.get(a["queue"])) is not None:
             bound = dict.fromkeys([*kept.events, *bound])  # (the events it keeps are what its consumer reads)
