@@ -150,6 +150,8 @@ class Rules:
             raise ConfigError(f"permissions file {path}: cannot read it: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"permissions file {path}: not TOML: {exc}") from None
+        except UnicodeDecodeError as exc:  # (tomllib decodes the bytes first, and lets this one through)
+            raise ConfigError(f"permissions file {path}: not UTF-8 text: byte {exc.start} is not UTF-8") from None
         unknown = set(data) - {"default", "keys", "networks"}
         if unknown:
             raise ConfigError(

@@ -247,3 +247,22 @@ def test_a_network_that_may_only_consume_a_queue_cannot_have_it_deleted_when_unu
     assert mqks_ask(owner, "o3 consume --confirm orders.own --delete-queue-when-unused=0") == ["o3 ok "]
     assert srv.stats()["queues"]["orders.audit"]["depth"] == 1, "the queue and its message stay"
     assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"manage": 1}}
+
+
+def test_a_file_that_is_not_utf8_is_refused_at_start_and_keeps_the_rules_in_force_at_a_reload(tmp_path, caplog):
+    # tomllib raised UnicodeDecodeError, which is no ConfigError: a traceback at start-up, and at a
+    # SIGHUP the rest of the permissions' reload (the cut-off of keys a renamed key file took) skipped.
+    from pzq.errors import ConfigError
+    from pzq.permissions import CONSUME, Permissions
+
+    path = tmp_path / "permissions.toml"
+    path.write_bytes(b'[default]\nconsume = ["caf\xe9"]\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        Permissions(str(path), required=True)
+    path.write_text('[default]\nconsume = ["orders.*"]\n')
+    permissions = Permissions(str(path), required=True)
+    path.write_bytes(b'[default]\nconsume = ["*", "caf\xe9"]\n')
+    with caplog.at_level(logging.ERROR):
+        assert not permissions.reload()
+    assert "not UTF-8" in caplog.text
+    assert permissions.allows_key(None, CONSUME, "orders.eu") and not permissions.allows_key(None, CONSUME, "payroll")
