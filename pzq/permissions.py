@@ -152,6 +152,8 @@ class Rules:
             raise ConfigError(f"permissions file {path}: not TOML: {exc}") from None
         except UnicodeDecodeError as exc:  # (tomllib decodes the bytes first, and lets this one through)
             raise ConfigError(f"permissions file {path}: not UTF-8 text: byte {exc.start} is not UTF-8") from None
+        except RecursionError:  # (tomllib's parser recurses into each nested array or table)
+            raise ConfigError(f"permissions file {path}: not TOML: arrays or tables nested too deeply") from None
         unknown = set(data) - {"default", "keys", "networks"}
         if unknown:
             raise ConfigError(

@@ -249,7 +249,7 @@ def test_a_network_that_may_only_consume_a_queue_cannot_have_it_deleted_when_unu
     assert srv.stats()["permissions"]["refused"] == {"network 127.0.0.0/8": {"manage": 1}}
 
 
-def test_a_file_that_is_not_utf8_is_refused_at_start_and_keeps_the_rules_in_force_at_a_reload(tmp_path, caplog):
+def test_a_file_that_is_not_utf8_or_nested_too_deep_is_refused_at_start_and_kept_out_at_a_reload(tmp_path, caplog):
     # tomllib raised UnicodeDecodeError, which is no ConfigError: a traceback at start-up, and at a
     # SIGHUP the rest of the permissions' reload (the cut-off of keys a renamed key file took) skipped.
     from pzq.errors import ConfigError
@@ -266,3 +266,7 @@ def test_a_file_that_is_not_utf8_is_refused_at_start_and_keeps_the_rules_in_forc
         assert not permissions.reload()
     assert "not UTF-8" in caplog.text
     assert permissions.allows_key(None, CONSUME, "orders.eu") and not permissions.allows_key(None, CONSUME, "payroll")
+    path.write_text("[default]\nconsume = " + "[" * 100_000 + "]" * 100_000 + "\n")  # (RecursionError)
+    with caplog.at_level(logging.ERROR):
+        assert not permissions.reload()
+    assert "nested too deeply" in caplog.text
