@@ -270,3 +270,19 @@ def test_a_file_that_is_not_utf8_or_nested_too_deep_is_refused_at_start_and_kept
     with caplog.at_level(logging.ERROR):
         assert not permissions.reload()
     assert "nested too deeply" in caplog.text
+
+
+def test_a_phpmq_connection_naming_thousands_of_queues_while_holding_a_message_keeps_little(phpmq):  # noqa: F811
+    # What a connection may still hold is remembered by the queues it was handed messages of, not by
+    # every name a CONSUME gave: those are the client's to choose, as many as it likes.
+    srv, connect, _, _ = phpmq
+    producer, consumer = connect(), connect()
+    producer.send(php.SEND, (php.QUEUE, b"orders.eu"), (php.CONTENT, b"held"))
+    consumer.send(php.CONSUME, (php.QUEUE, b"orders.eu"), (php.COUNT, b"1"))
+    assert consumer.read()[php.CONTENT] == b"held"
+    consumer.sock.sendall(
+        b"".join(php.encode(php.CONSUME, [(php.QUEUE, b"orders.%d" % i), (php.COUNT, b"1")]) for i in range(5000))
+    )
+    wait_until(lambda: srv.stats()["phpmq"]["received_total"] == 5002)
+    (gateway,) = [e.gateway for e in srv.server.endpoints if getattr(e, "name", "") == "phpmq"]
+    assert max(len(s.consumed) for s in gateway.sessions.values()) == 1

@@ -37,8 +37,8 @@ class Session:
     dialect: phpmq.Dialect
     queue: str | None = None  # what its consume request asked for
     count: int = 0
-    # Every queue it consumed from since it last held nothing: it may still hold messages of one it
-    # moved away from, which a SIGHUP that takes that queue away must take back too.
+    # Every queue it was handed messages of since it last held nothing: it may still hold messages of
+    # one it moved away from, which a SIGHUP that takes that queue away must take back too.
     consumed: set[str] = dataclasses.field(default_factory=set)
 
     @property
@@ -177,9 +177,6 @@ class PhpmqGateway:
                 # PHPMQ has no reply to a send: closing is the only way to tell the client.
                 raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
         elif message.type == phpmq.CONSUME:
-            if not self.broker.held_count(session.consumer):
-                session.consumed.clear()
-            session.consumed.add(queue)
             self._consume(session, queue)
             session.count = min(message.number(phpmq.COUNT), self.max_credit)
         else:
@@ -216,10 +213,16 @@ class PhpmqGateway:
         for session in self.sessions.values():
             if session.queue is None or session.conn in blocked:
                 continue
-            credit = session.count - self.broker.held_count(session.consumer)
+            held = self.broker.held_count(session.consumer)
+            credit = session.count - held
             if credit <= 0 or not self.broker.has_ready(session.queue):
                 continue
-            for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
+            taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us)
+            if taken:  # (a queue it got messages of; named at a CONSUME, a million names would be kept)
+                if not held:
+                    session.consumed.clear()
+                session.consumed.add(session.queue)
+            for message in taken:
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
                 data = phpmq.encode_dispatch(
