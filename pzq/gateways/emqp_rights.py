@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pzq.permissions import CONSUME, MANAGE, PRODUCE, Permissions
+from pzq.permissions import CONSUME, MANAGE, PRODUCE, Permissions, shown
 from pzq.protocols import emqp
 
 __all__ = ["client_refusal", "unserved"]
@@ -38,7 +38,7 @@ def client_refusal(
         return None
     for right, queue in wanted:
         if not permissions.key_may(user, right, queue, "emqp", cmd.name):
-            return f"{cmd.name.lower()} refused: not permitted: this client may not {PHRASES[right]} {queue!r}"
+            return f"{cmd.name.lower()} refused: not permitted: this client may not {PHRASES[right]} {shown(queue)}"
     return None
 
 

@@ -145,7 +145,7 @@ class MqksGateway:
 
     def narrowed(self) -> list[bytes]:
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""
-        return mqks_rights.narrowed(self.rights, self.consumers)
+        return mqks_rights.narrowed(self.rights, self.consumers, self.bindings)
 
     def uses_queue(self, queue: str) -> bool:
         """A queue with a consumer, or bound to an event, is in use (a publish may fill it)."""

@@ -66,6 +66,11 @@ class PeerRights:
                 return queue
         return None
 
+    def of(self, conn: bytes) -> Rights | None:
+        """The connection's rights under the rules in force (None: no file, everything is allowed)."""
+        rules = self.permissions.rules if self.permissions is not None else None
+        return None if rules is None else self._of(conn, rules)
+
     def allows(self, conn: bytes, right: str, queue: str) -> bool:
         """``may`` without counting a refusal: the re-check of what a connection holds after a SIGHUP."""
         rules = self.permissions.rules if self.permissions is not None else None

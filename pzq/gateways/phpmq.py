@@ -37,6 +37,9 @@ class Session:
     dialect: phpmq.Dialect
     queue: str | None = None  # what its consume request asked for
     count: int = 0
+    # Every queue it was handed messages of since it last held nothing: it may still hold messages of
+    # one it moved away from, which a SIGHUP that takes that queue away must take back too.
+    consumed: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def consumer(self) -> tuple:
@@ -88,14 +91,19 @@ class PhpmqGateway:
             self._consume(session, None)
 
     def narrowed(self) -> list[bytes]:
-        """The connections consuming a queue their network may no longer consume (after a SIGHUP)."""
+        """The connections consuming a queue their network may no longer consume, or holding messages
+        of one they consumed before (after a SIGHUP)."""
         if not self.rights.enabled:
             return []
-        return [
-            s.conn
-            for s in self.sessions.values()
-            if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue)
-        ]
+
+        def lost(s: Session) -> bool:
+            if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue):
+                return True
+            return bool(self.broker.held_count(s.consumer)) and not all(
+                self.rights.allows(s.conn, CONSUME, queue) for queue in s.consumed
+            )
+
+        return [s.conn for s in self.sessions.values() if lost(s)]
 
     def _consume(self, session: Session, queue: str | None) -> None:
         if session.queue is not None:
@@ -205,10 +213,16 @@ class PhpmqGateway:
         for session in self.sessions.values():
             if session.queue is None or session.conn in blocked:
                 continue
-            credit = session.count - self.broker.held_count(session.consumer)
+            held = self.broker.held_count(session.consumer)
+            credit = session.count - held
             if credit <= 0 or not self.broker.has_ready(session.queue):
                 continue
-            for message in self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us):
+            taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us)
+            if taken:  # (a queue it got messages of; named at a CONSUME, a million names would be kept)
+                if not held:
+                    session.consumed.clear()
+                session.consumed.add(session.queue)
+            for message in taken:
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
                 data = phpmq.encode_dispatch(
