@@ -129,12 +129,10 @@ class CurveServer:
     def refresh(self) -> None:
         """Re-decide each restricted domain's keys (after a reload of the keys or of what ``admits``
         reads); the keys no longer let onto each role's sockets wait in ``take_lost``."""
-        base = self.auth.certs.get(DOMAIN, {})
         lost = self._lost
         for domain, (gate, admits) in self.domains.items():
-            certs = {key: True for key in base if admits(key.decode("ascii"), False)}
-            self.auth.certs[domain] = certs
-            old, gate.allowed = gate.allowed, Gate(certs).allowed
+            # (only gates: every domain's handshake asks ``callback``, which reads them, not the certs)
+            old, gate.allowed = gate.allowed, frozenset(key for key in self.gate.allowed if admits(key, False))
             if old - gate.allowed:
                 for role, its in self.role_domains.items():
                     if its == domain:

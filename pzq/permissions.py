@@ -38,12 +38,25 @@ from collections.abc import Callable, Iterable, Mapping
 from pzq.errors import ConfigError
 from pzq.logs import warn_bad
 
-__all__ = ["CONSUME", "MANAGE", "PRODUCE", "RIGHTS", "Permissions", "Rights", "Rules", "default_path", "shown"]
+__all__ = [
+    "CONSUME",
+    "MANAGE",
+    "PHRASES",
+    "PRODUCE",
+    "RIGHTS",
+    "Permissions",
+    "Rights",
+    "Rules",
+    "default_path",
+    "shown",
+]
 
 log = logging.getLogger("pzq.permissions")
 
 PRODUCE, CONSUME, MANAGE = "produce", "consume", "manage"
 RIGHTS = (PRODUCE, CONSUME, MANAGE)
+# How a refusal's text names each right: "this client may not produce to 'payroll'".
+PHRASES = {PRODUCE: "produce to", CONSUME: "consume from", MANAGE: "manage"}
 FILE_NAME = "permissions.toml"
 ANONYMOUS = "anonymous"  # the refusal counters' name for a ZeroMQ client without a key
 MAX_PATTERN_BYTES = 255  # a queue name's limit: a longer pattern could never match one
@@ -117,7 +130,6 @@ def _glob(pattern: str) -> str:
 
 
 NOTHING = Rights({})
-EVERYTHING = Rights({right: ("*",) for right in RIGHTS})
 
 
 class Rules:

@@ -25,13 +25,12 @@ from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
 from pzq.leases import Leases
 from pzq.logs import warn_bad
-from pzq.permissions import CONSUME, PRODUCE, Permissions
+from pzq.permissions import CONSUME, PHRASES, PRODUCE, Permissions
 from pzq.protocols import api
 from pzq.store import Message
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
-NAMED = {PRODUCE: "produce to", CONSUME: "consume from"}  # a right in a refusal: "may not produce to 'q'"
 
 
 def _row(seq: int, message: Message) -> list:
@@ -160,7 +159,9 @@ class ApiGateway:
             return
         for queue in dict.fromkeys(queues):
             if not self.permissions.key_may(user, right, queue, "api", command):
-                raise ProtocolError("not-permitted", f"{command} refused: this client may not {NAMED[right]} {queue!r}")
+                raise ProtocolError(
+                    "not-permitted", f"{command} refused: this client may not {PHRASES[right]} {queue!r}"
+                )
 
     def _fetch(self, a: dict, now_us: int, user: str | None) -> dict:
         """Leased messages of ``lo .. hi-1``; ``next`` is where the reply ends (``hi`` unless cut short

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pzq.permissions import CONSUME, MANAGE, PRODUCE, Permissions, shown
+from pzq.permissions import CONSUME, MANAGE, PHRASES, PRODUCE, Permissions, shown
 from pzq.protocols import emqp
 
 __all__ = ["client_refusal", "unserved"]
-
-# How a refusal's detail names each right ("this client may not produce to 'payroll'").
-PHRASES = {PRODUCE: "produce to", CONSUME: "consume from", MANAGE: "manage"}
 
 
 def client_refusal(
