@@ -6,6 +6,10 @@ passed: a take of 100 costs one push, not 100 (issue 27), and expiry stays per m
 token) order. An entry removed early (acked, nacked) leaves a stale ref behind in its item; stale refs
 are skipped when reached and the heap is rebuilt when they outnumber the live ones, which keeps memory
 proportional to what is in flight.
+
+Each delivery also carries the bytes of its body and the payer they are charged to (the broker's byte
+account, pzq/broker/accounts.py): the tracker keeps each payer's sum as entries come and go, undo
+included, so what is charged can never drift from what is in flight.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterator, KeysView, Mapping
+from collections.abc import Callable, Hashable, Iterator, KeysView, Mapping, Sequence
 from typing import Generic, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
@@ -27,6 +31,8 @@ class Delivery(Generic[Ref]):
     deadline: float
     consumer: Hashable
     token: int
+    size: int = 0  # bytes of its body, charged to its payer while it is in flight
+    payer: Hashable = None  # whose share the bytes are charged to (its consumer unless given)
 
 
 class InFlight(Generic[Ref]):
@@ -38,6 +44,8 @@ class InFlight(Generic[Ref]):
         self._heap: list[tuple[float, int, int, tuple[Ref, ...]]] = []
         self._heaped = 0  # refs in heap items not passed yet, live or stale (what bounds the heap's memory)
         self._per_consumer: dict[Hashable, int] = {}
+        self._bytes: dict[Hashable, int] = {}  # payer -> bytes of its deliveries in flight
+        self.bytes_total = 0  # of every payer
         self._tokens = 0
         # Since mark(): each ref changed, with its entry before the first change (None: not in flight).
         self._journal: dict[Ref, Delivery[Ref] | None] | None = None
@@ -85,39 +93,71 @@ class InFlight(Generic[Ref]):
         """How many deliveries ``consumer`` holds."""
         return self._per_consumer.get(consumer, 0)
 
-    def add(self, ref: Ref, deadline: float, consumer: Hashable = None) -> Delivery[Ref]:
-        """Track a delivery; a ref already in flight is replaced (its old deadline no longer counts)."""
+    def bytes_of(self, payer: Hashable) -> int:
+        """Bytes of the deliveries in flight charged to ``payer``."""
+        return self._bytes.get(payer, 0)
+
+    def add(
+        self, ref: Ref, deadline: float, consumer: Hashable = None, size: int = 0, payer: Hashable = None
+    ) -> Delivery[Ref]:
+        """Track a delivery of ``size`` bytes charged to ``payer`` (``consumer`` if None); a ref already
+        in flight is replaced (its old deadline no longer counts)."""
         self._note(ref)
         self._take(ref)
         self._tokens += 1
-        entry = Delivery(ref, deadline, consumer, self._tokens)
+        payer = consumer if payer is None else payer
+        entry = Delivery(ref, deadline, consumer, self._tokens, size, payer)
         self._entries[ref] = entry
         self._per_consumer[consumer] = self._per_consumer.get(consumer, 0) + 1
+        if size:
+            self._charge(payer, size)
         heapq.heappush(self._heap, (deadline, self._tokens, self._tokens, (ref,)))
         self._heaped += 1
         return entry
 
-    def add_many(self, refs: list[Ref], deadline: float, consumer: Hashable = None) -> None:
-        """``add`` each of ``refs`` with one deadline and consumer (a take's run: one call, not one each)."""
+    def add_many(
+        self,
+        refs: list[Ref],
+        deadline: float,
+        consumer: Hashable = None,
+        sizes: Sequence[int] | None = None,
+        payer: Hashable = None,
+    ) -> None:
+        """``add`` each of ``refs`` with one deadline, consumer and payer, ``sizes`` the bytes of each (a
+        take's run: one call, not one each; the payer is charged the run's sum at once)."""
         if not refs:
             return
         entries, journal, per = self._entries, self._journal, self._per_consumer
+        payer = consumer if payer is None else payer
         added, token = 0, self._tokens
         first = token + 1
-        for ref in refs:
+        for ref, size in zip(refs, itertools.repeat(0) if sizes is None else sizes, strict=False):
             if journal is not None and ref not in journal:
                 journal[ref] = entries.get(ref)
             if ref in entries:  # (replaced: counted so far first, so that _take finds its consumer's count)
                 per[consumer], added = per.get(consumer, 0) + added, 0
                 self._take(ref)  # (a rebuild here gives the run's refs so far twins: harmless, as in undo)
             token += 1
-            entries[ref] = Delivery(ref, deadline, consumer, token)
+            entries[ref] = Delivery(ref, deadline, consumer, token, size, payer)
             added += 1
         self._tokens = token
         heapq.heappush(self._heap, (deadline, first, first, tuple(refs)))  # (one item for the run)
         self._heaped += len(refs)
         if added:
             per[consumer] = per.get(consumer, 0) + added
+        if sizes is not None:
+            run = sum(sizes)
+            if run:
+                self._charge(payer, run)
+
+    def _charge(self, payer: Hashable, size: int) -> None:
+        """``size`` bytes more (or fewer, if negative) charged to ``payer``."""
+        left = self._bytes.get(payer, 0) + size
+        if left:
+            self._bytes[payer] = left
+        else:
+            del self._bytes[payer]
+        self.bytes_total += size
 
     def remove(self, ref: Ref) -> Delivery[Ref] | None:
         """Stop tracking ``ref`` (acked, nacked, or its consumer left); None if it was not in flight."""
@@ -133,15 +173,20 @@ class InFlight(Generic[Ref]):
                     journal[ref] = entries.get(ref)
         out = list(map(entries.pop, refs, itertools.repeat(None, len(refs))))
         gone: dict[Hashable, int] = {}  # (per consumer: an ack run is usually one consumer's)
+        paid: dict[Hashable, int] = {}  # (bytes per payer, likewise)
         for entry in out:
             if entry is not None:
                 gone[entry.consumer] = gone.get(entry.consumer, 0) + 1
+                if entry.size:
+                    paid[entry.payer] = paid.get(entry.payer, 0) + entry.size
         for consumer, n in gone.items():
             left = per[consumer] - n
             if left:
                 per[consumer] = left
             else:
                 del per[consumer]
+        for payer, size in paid.items():
+            self._charge(payer, -size)
         if self._heaped > 2 * len(entries) + 1024:  # (as _take: stale heap items bounded)
             self._rebuild()
         return out
@@ -164,6 +209,8 @@ class InFlight(Generic[Ref]):
             if entry is not None:
                 self._entries[ref] = entry
                 self._per_consumer[entry.consumer] = self._per_consumer.get(entry.consumer, 0) + 1
+                if entry.size:
+                    self._charge(entry.payer, entry.size)
                 # (a twin of it may still be in the heap: popped once, the other is then stale)
                 heapq.heappush(self._heap, (entry.deadline, entry.token, entry.token, (ref,)))
                 self._heaped += 1
@@ -182,6 +229,8 @@ class InFlight(Generic[Ref]):
             self._per_consumer[entry.consumer] = left
         else:
             del self._per_consumer[entry.consumer]
+        if entry.size:
+            self._charge(entry.payer, -entry.size)
         if self._heaped > 2 * len(self._entries) + 1024:
             self._rebuild()
         return entry

@@ -119,6 +119,14 @@ class Limits:
     # every producer
     memory_reply_reserve: int = 0
     memory_peers_tracked: int = 10_000  # peers whose pipe estimate one socket remembers
+    # The byte account of deliveries (pzq/broker/accounts.py): bodies handed to one payer (a connection,
+    # a worker, a batched consumer) and not known to be gone (acked, or its connection closed), past which
+    # it is handed nothing more; one that holds nothing may always have one message
+    delivery_share: int = 16 << 20
+    # Past the memory bound's high-water mark (the alarm, raised by what pzq cannot refuse), consumers go
+    # on draining: a payer that holds nothing still gets one message while everything counted stays under
+    # the high-water mark and this much more
+    delivery_alarm_slack: int = 64 << 20
     # A failed commit (slice i26-send; pzq/broker/state.py): native consumers' acks since the last commit
     # that a rollback undoes are done again, this many at most (older ones: the message is delivered again)
     rollback_acks_kept: int = 10_000

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.gateways.contract import UNBOUNDED, PacedGateway, Send
 from pzq.leases import Leases
 
@@ -53,9 +54,10 @@ class Loop:
         clock: Clock,
         make_gateway: Callable[[Loop], object],
         route: Callable[[Send], Hashable] = lambda send: send.peer,
+        limits: Limits = DEFAULT_LIMITS,
     ):
         self.store, self.clock, self.route = store, clock, route
-        self.broker = Broker(store, ack_timeout_s=ACK_TIMEOUT_S)
+        self.broker = Broker(store, ack_timeout_s=ACK_TIMEOUT_S, limits=limits)
         self.leases = Leases(self.broker, timeout_s=LEASE_TIMEOUT_S)
         self.gateway: Any = make_gateway(self)  # (each kind offers its own half of the contract)
         self._inbox: list[Callable[[float, int], list[Send]]] = []

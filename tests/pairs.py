@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Hashable
 
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp import EmqpGateway
@@ -107,10 +108,10 @@ class Pair:
     """A gateway and its clients: ``client()`` adds one, ``turn()`` runs the loop and hands every
     client what was sent to it. Time moves only by ``clock.advance``."""
 
-    def __init__(self, spec: Spec, store, clock: Clock | None = None):
+    def __init__(self, spec: Spec, store, clock: Clock | None = None, limits: Limits = DEFAULT_LIMITS):
         self.spec = spec
         self.clock = clock or Clock()
-        self.loop = Loop(store, self.clock, spec.make, spec.client.route)
+        self.loop = Loop(store, self.clock, spec.make, spec.client.route, limits)
         self.gateway, self.broker, self.store = self.loop.gateway, self.loop.broker, store
         self.clients: dict[bytes, Client] = {}
         self._turns = 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from pzq.config import Limits
+
 from pairs import PAIRS, Answered, Closed, Delivered, Pair
 
 
@@ -166,3 +168,40 @@ def test_a_held_delivery_stays_held_while_the_clock_stands_still(pair):
     for _ in range(5):
         pair.turn()
     assert delivered(b.take()) == [] and pair.stored("q") == 1
+
+
+SHARE = 4096  # a payer's share of delivered bytes in the rules below (Limits.delivery_share)
+
+
+@pytest.fixture(params=sorted(PAIRS))
+def shared_pair(request, store) -> Pair:
+    return Pair(PAIRS[request.param], store, limits=Limits(delivery_share=SHARE))
+
+
+def test_a_client_that_never_settles_holds_at_most_its_byte_share_and_a_reader_gets_the_rest(shared_pair):
+    pair = shared_pair
+    if pair.spec.name == "api":
+        pytest.skip("api: FETCH replies are bounded as replies (memory_peer_share), leases hold no bytes")
+    producer, hoarder = pair.client("p"), pair.client("h")
+    for i in range(20):
+        producer.produce("q", b"%04d" % i + b"x" * 996)
+    pair.turn()
+    for _ in range(20):  # (eMQP: one job per READY; the others ask once for all)
+        hoarder.consume("q", 20)
+    for _ in range(4):
+        pair.turn()
+    held = delivered(hoarder.take())
+    assert held, "a client that holds nothing is always handed one message"
+    assert sum(len(d.body) for d in held) <= SHARE + 1000, "past its share and one message"
+    reader = pair.client("r")
+    if not reader.settles_own:  # (behind the native DEALER every consumer draws on one pool: its own rules)
+        return
+    got: list[Delivered] = []
+    for _ in range(12):
+        reader.consume("q", 20)
+        pair.turn()
+        mine = delivered(reader.take())
+        for delivery in mine:
+            reader.ack(delivery)
+        got += mine
+    assert len(got) + len(held) == 20, "a reader is served beside a client that holds its share"

@@ -160,69 +160,92 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         now_us: int,
         timeout_s: float | None = None,
         max_bytes: int | None = None,
+        payer: Hashable = None,
     ) -> list[Message]:
         """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first: a run, in one call.
 
         Each is counted as delivered (durably, with the next commit) and tracked in flight until
         ``now + timeout_s``. Messages past their TTL or their delivery cap go to the dead letters.
-        With ``max_bytes``, it stops once their bodies reach it (the first is always taken).
+        Their bodies are charged to ``payer`` (``consumer`` if None; pzq/broker/accounts.py), and the
+        run stops at what its share has room for; with ``max_bytes`` too, it stops once their bodies
+        reach it (the first is always taken, so a payer with room for anything gets one message).
         """
         info = self.store.queue(queue, create=False)
         if info is None or n <= 0:
             return []
+        payer = consumer if payer is None else payer
+        room = self.accounts.room(payer, self.inflight)
+        if room <= 0:
+            return []
+        max_bytes = room if max_bytes is None else min(max_bytes, room)
         state = self._state(info.qid)
         deadline = now + (self.ack_timeout_s if timeout_s is None else timeout_s)
         out: list[Message] = []
-        size, most = 0, (1 << 62) if max_bytes is None else max_bytes
+        size, most = 0, max_bytes
         while len(out) < n and size < most:
-            batch = self._next_ready(
-                queue, info.qid, state, n - len(out), max_bytes=None if max_bytes is None else most - size
-            )
+            batch = self._next_ready(queue, info.qid, state, n - len(out), max_bytes=most - size)
             if not batch:
                 break
-            if max_bytes is not None:
-                size += sum(len(f) for m in batch for f in m.frames)
+            sizes = [sum(map(len, m.frames)) for m in batch]
+            size += sum(sizes)
             cut_short = self.cut_short
             # Only a TTL, a message's own cap (in its meta) or --max-deliveries asks to look at each one
             capped = self.max_deliveries
             going = [m for m in batch if not (m.expires_us or m.meta or capped)]
             if len(going) < len(batch):
-                going = []
-                for message in batch:
+                going, kept = [], []
+                for message, length in zip(batch, sizes, strict=True):
                     cap = (message.meta or {}).get("max_deliveries") or 0
                     reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
                     if reason:
                         self._dead_letter(message, reason, now_us)
                     else:
                         going.append(message)
+                        kept.append(length)
+                sizes = kept
             if going:  # (the run's counts and in-flight entries in one call each)
                 again = self.store.mark_delivered_run(queue, going)
                 if again:
                     self.counters.redelivered += again
                     self._count(queue, "redelivered", again)
-                self.inflight.add_many([(m.qid, m.seq) for m in going], deadline, consumer)
+                self.inflight.add_many([(m.qid, m.seq) for m in going], deadline, consumer, sizes, payer)
                 state.inflight += len(going)
                 out += going
             if cut_short:  # (its bounded share of stale seqs passed: the rest is the next take's)
                 break
+        if size >= room:  # (stopped by the payer's room: it is told when it has more, see accounts.py)
+            self.accounts.filled(payer, self.inflight)
         self.counters.delivered += len(out)
         return out
 
     def take_run(
-        self, queue: str, n: int, consumer: Hashable, *, now: float, now_us: int, max_bytes: int | None = None
+        self,
+        queue: str,
+        n: int,
+        consumer: Hashable,
+        *,
+        now: float,
+        now_us: int,
+        max_bytes: int | None = None,
+        payer: Hashable = None,
     ) -> list[Taken]:
         """``take`` as ``(ref, enqueued µs, frames)`` of each message: the batch path. Where nothing asks
         to look at each message (no --max-deliveries, none came back, no lease ranges, and as long as the
         records have no TTL and no meta) the stored records are handed on as read, their counts and
         in-flight entries set in one call each; from the first that needs a look on, ``take`` goes on.
-        The same effects, in the same order, as ``take``."""
+        The same effects, in the same order, as ``take`` (its bytes charged to ``payer`` the same way)."""
         info = self.store.queue(queue, create=False)
         if info is None or n <= 0:
             return []
+        payer = consumer if payer is None else payer
+        room = self.accounts.room(payer, self.inflight)
+        if room <= 0:
+            return []
+        max_bytes = room if max_bytes is None else min(max_bytes, room)
         qid = info.qid
         state = self._state(qid)
         out: list[Taken] = []
-        most, size = (1 << 62) if max_bytes is None else max_bytes, 0
+        most, size = max_bytes, 0
         if not (self.max_deliveries or state.requeued or self._held.get(qid)):
             deadline = now + self.ack_timeout_s
             while len(out) < n and size < most:
@@ -236,19 +259,22 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
                         self.counters.redelivered += again
                         self._count(queue, "redelivered", again)
                     refs = [(qid, seq) for seq, _, _, _ in run]
-                    self.inflight.add_many(refs, deadline, consumer)
+                    sizes = [sum(map(len, frames)) for _, _, frames, _ in run]
+                    self.inflight.add_many(refs, deadline, consumer, sizes, payer)
                     state.inflight += len(run)
                     self.counters.delivered += len(run)
+                    size += sum(sizes)
                     for ref, (_, enqueued_us, frames, _) in zip(refs, run, strict=True):
                         out.append((ref, enqueued_us, frames))
-                        size += sum(map(len, frames))
                 if stopped:
                     break
                 if not run and state.cursor == start:
                     return out  # (the end of the queue: none ready)
+        if size >= room:
+            self.accounts.filled(payer, self.inflight)
         if len(out) < n and size < most:
-            left = None if max_bytes is None else most - size
-            rest = self.take(queue, n - len(out), consumer, now=now, now_us=now_us, max_bytes=left)
+            left = most - size if out else None  # (its first message is take's first: always taken)
+            rest = self.take(queue, n - len(out), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer)
             out += [((m.qid, m.seq), m.enqueued_us, m.frames) for m in rest]
         return out
 

@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterable
 from pzq.broker.state import BrokerState, Exclusive, Ref
 from pzq.store import Message
 
-_NOBODY = object()
+_LATE_NOBODY = (object(), None, 0)
 
 
 class Settling(BrokerState):
@@ -33,7 +33,7 @@ class Settling(BrokerState):
         held = self._held.get(ref[0])
         if held and held.holder_of(ref[1]) is not None:
             return False  # leased by a group, which settles by range (ack_range), never by message
-        return self._late.get(ref, _NOBODY) == by
+        return self._late.get(ref, _LATE_NOBODY)[0] == by
 
     def ack(self, ref: Ref, *, by: Hashable) -> bool:
         """Delete the message for good (a late ack from its last holder still counts). False if ``by``
@@ -69,9 +69,12 @@ class Settling(BrokerState):
         late = self._late
         if late:
             for ref in settled:
-                late.pop(ref, None)
+                entry = late.pop(ref, None)
+                if entry is not None and entry[1] is not None:
+                    self.accounts.settled_late(entry[1], entry[2])
         per_queue: dict[int, list[int]] = {}
         gone: dict[int, int] = {}  # qid -> deliveries of it that were in flight (settled here)
+        payer: Hashable = _LATE_NOBODY  # (the run's payer whose bytes were released: usually one)
         for ref, delivery in zip(settled, self.inflight.remove_many(list(settled)), strict=True):
             qid = ref[0]
             seqs = per_queue.get(qid)
@@ -80,6 +83,10 @@ class Settling(BrokerState):
             seqs.append(ref[1])
             if delivery is not None:
                 gone[qid] = gone.get(qid, 0) + 1
+                if delivery.size and delivery.payer != payer:
+                    payer = delivery.payer
+                    if self.accounts.released(payer, self.inflight):
+                        self.readiness += 1
         for qid, n in gone.items():
             self._state(qid).inflight -= n
         failed: set[Ref] = set()  # settled but no longer stored
@@ -155,7 +162,7 @@ class Settling(BrokerState):
         """Give a delivery in flight its own deadline (eMQP's timeout:N) instead of the ack timeout."""
         delivery = self.inflight.get(ref)
         if delivery is not None:
-            self.inflight.add(ref, deadline, delivery.consumer)
+            self.inflight.add(ref, deadline, delivery.consumer, delivery.size, delivery.payer)
 
     def deadline(self, ref: Ref, holder: Hashable) -> float | None:
         """When ``holder``'s delivery of ``ref`` times out; None if ``ref`` is not in flight to ``holder``
@@ -190,18 +197,24 @@ class Settling(BrokerState):
         expired = self.inflight.pop_expired(now, limit)
         for delivery in expired:
             self._state(delivery.ref[0]).inflight -= 1
-            self._remember_late(delivery.ref, delivery.consumer)
+            self._timed_out(delivery)  # (its copy may still sit in a pipe that is not read)
             self._requeue(delivery.ref)
         self.counters.expired += len(expired)
         return len(expired)
 
     def consumer_gone(self, consumer: Hashable) -> int:
-        """Requeue everything ``consumer`` held, at once; returns how many."""
+        """Requeue everything ``consumer`` held, at once; returns how many. Its copies go with it where
+        it paid for them (its connection closed); where another payer did (an MQKS connection whose
+        consumer was cancelled), they stay charged to that payer until its answer or its end."""
         held = self.inflight.remove_consumer(consumer)
         for delivery in held:
             self._state(delivery.ref[0]).inflight -= 1
-            self._remember_late(delivery.ref, consumer)
+            if delivery.payer == consumer:
+                self._remember_late(delivery.ref, consumer)
+            else:
+                self._timed_out(delivery)
             self._requeue(delivery.ref)
+        self.payer_gone(consumer)
         return len(held)
 
     def take_back(self, ref: Ref, *, by: Hashable) -> bool:
@@ -211,7 +224,7 @@ class Settling(BrokerState):
         if delivery is None or delivery.consumer != by:
             return False
         self._settle(ref)
-        self._remember_late(ref, by)
+        self._timed_out(delivery)  # (taken back, not read: its copy may still be in the pipe)
         self._requeue(ref)
         self.counters.expired += 1
         return True

@@ -15,6 +15,7 @@ import heapq
 import logging
 from collections.abc import Hashable, Sequence
 
+from pzq.broker.accounts import DeliveryAccounts, Stale
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.held_ranges import HeldRanges
 from pzq.inflight import InFlight
@@ -85,7 +86,11 @@ class BrokerState:
         self.events = EventTally(log, limits.event_log_s, limits.event_log_queues)  # (dead letters)
         self._ready: dict[int, _Ready] = {}
         self._held: dict[int, HeldRanges] = {}  # qid -> ranges leased by consumer groups
-        self._late: collections.OrderedDict[Ref, Hashable] = collections.OrderedDict()
+        # (each with the record its stale copy's bytes are charged to, and their size: accounts.py)
+        self._late: collections.OrderedDict[Ref, tuple[Hashable, Stale | None, int]] = collections.OrderedDict()
+        # The byte account of deliveries: every body handed out is charged to its payer until it is known
+        # to be gone, and a payer past its share is handed nothing more (pzq/broker/accounts.py)
+        self.accounts = DeliveryAccounts(limits)
         # Grows whenever messages may have become ready (produced, requeued by a nack, an ack timeout, a
         # consumer gone, a take-back or a delivery that never left, released by a lease, moved to the
         # end, dead letters requeued, every delivery forgotten). A gateway that found nothing to take
@@ -108,6 +113,7 @@ class BrokerState:
     def reset(self) -> None:
         """Forget every delivery, as a restart does: whatever was in flight is ready again."""
         self.inflight = InFlight()
+        self.accounts.reset()
         self._ready.clear()
         self._held.clear()
         self._late.clear()
@@ -237,19 +243,39 @@ class BrokerState:
                 size += sum(len(f) for m in fresh for f in m.frames)
         return out
 
-    def _remember_late(self, ref: Ref, holder: Hashable) -> None:
+    def _remember_late(self, ref: Ref, holder: Hashable, stale: Stale | None = None, size: int = 0) -> None:
+        """``holder``'s delivery of ``ref`` ended without an answer (a timeout, a take-back, it left): its
+        late answer still counts, and settles the ``size`` bytes of the copy still charged in ``stale``.
+        (Past ``late_memory`` the oldest is forgotten; its stale bytes stay charged until its payer goes.)"""
         late = self._late
-        late[ref] = holder
+        late[ref] = (holder, stale, size)
         late.move_to_end(ref)
         if len(late) > self.late_memory:
             late.popitem(last=False)
 
+    def _timed_out(self, delivery) -> None:
+        """A delivery that may still sit unread in its payer's pipe goes back: its copy stays charged
+        until a late answer or the payer's end, and its holder may still answer late."""
+        stale = self.accounts.stale(delivery.payer, delivery.size)
+        self._remember_late(delivery.ref, delivery.consumer, stale, delivery.size)
+
     def _settle(self, ref: Ref):
-        self._late.pop(ref, None)
+        late = self._late.pop(ref, None)
+        if late is not None and late[1] is not None:
+            self.accounts.settled_late(late[1], late[2])
         delivery = self.inflight.remove(ref)
         if delivery is not None:
             self._state(ref[0]).inflight -= 1
+            if delivery.size and self.accounts.released(delivery.payer, self.inflight):
+                self.readiness += 1
         return delivery
+
+    def payer_gone(self, payer: Hashable) -> None:
+        """``payer``'s connection closed: whatever of its deliveries' copies was still charged is gone
+        with it (its deliveries in flight go back through ``consumer_gone``, their holder's end)."""
+        self.accounts.gone(payer)
+        if self.accounts.released(payer, self.inflight):
+            self.readiness += 1
 
     def _requeue(self, ref: Ref) -> None:
         heapq.heappush(self._state(ref[0]).requeued, ref[1])

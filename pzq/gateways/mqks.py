@@ -142,6 +142,7 @@ class MqksGateway:
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
         self.broker.owner_gone(("mqks", conn))
+        self.broker.payer_gone(("mqks", conn))  # (what its pipe held went with it)
 
     def narrowed(self) -> list[bytes]:
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""

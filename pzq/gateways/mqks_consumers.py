@@ -221,7 +221,11 @@ class Consumers:
         credit = self._credit(consumer, budget, conn_held) if consumer.manual_ack else budget
         if credit <= 0:
             return
-        for message in self.broker.take(consumer.queue, credit, consumer.key, now=now, now_us=now_us):
+        # (their bytes are charged to the connection: its consumers together hold one share)
+        taken = self.broker.take(
+            consumer.queue, credit, consumer.key, now=now, now_us=now_us, payer=("mqks", consumer.conn)
+        )
+        for message in taken:
             msg_id, event = (message.meta or {}).get("mqks") or (message.id, message.queue)
             ref = (message.qid, message.seq)
             line = mqks.delivery(consumer.id, msg_id, event, message.deliveries - 1, mqks.body_text(message.frames))

@@ -368,7 +368,11 @@ class Server(Reloading):
         parts: dict[str, int] = {}
         for endpoint in self.endpoints:
             parts.update(endpoint.memory())
+        accounts = self.broker.accounts
+        parts["deliveries"] = delivered = accounts.total(self.broker.inflight)
         self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
+        # (deliveries grow only under the ceiling, and not even one past the high-water mark)
+        accounts.bank(others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water)
 
     def _recover(self, whole: bool = True) -> None:
         """Start over from what is on disk: uncommitted writes are dropped. After a bug (``whole``),
@@ -419,7 +423,7 @@ class Server(Reloading):
 
     def _gateway_stats(self) -> dict:
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
-        stats["memory"] = self.alarm.stats()
+        stats["memory"] = {**self.alarm.stats(), **self.broker.accounts.stats(self.broker.inflight)}
         stats["permissions"] = self.permissions.stats()
         return stats
 
