@@ -23,8 +23,10 @@ from console_run import Browser, ConsoleProcess, free_port
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
+from pzq.console import views
 from pzq.console.connections import MOST, REQUEST_S
 from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
+from pzq.console.reader import Snapshot
 from pzq.curve_keys import keygen
 from pzq.protocols import phpmq
 
@@ -505,3 +507,20 @@ def _connects(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_snapshots_queue_rows_are_sorted_once_per_order_and_every_page_of_it_reads_the_same_rows():
+    figures = {
+        f"q{i:04d}": {"depth": i % 7, "inflight": 0, "dead_letters": 0, "bytes": i, "oldest_age_s": 0.0}
+        for i in range(250)
+    }
+    snap = Snapshot({"queues": figures}, 1.0, 1)
+    first, second = views.queues(snap, "depth", True, 1), views.queues(snap, "depth", True, 2)
+    assert [r["depth"] for r in first["rows"] + second["rows"]] == sorted((i % 7 for i in range(250)), reverse=True)[
+        :200
+    ]
+    assert views.queues(snap, "depth", True, 1)["rows"][0] is first["rows"][0], "sorted once for the snapshot"
+    by_name = views.queues(snap, "name", False, 1, contains="q02")
+    assert [r["name"] for r in by_name["rows"]] == [f"q{i:04d}" for i in range(200, 250)]
+    later = Snapshot({"queues": {**figures, "q0000": {**figures["q0000"], "depth": 99}}}, 2.0, 2)
+    assert views.queues(later, "depth", True, 1)["rows"][0]["name"] == "q0000", "a new snapshot, new rows"

@@ -17,7 +17,7 @@ from pzq.admin.figures import CHUNK, Figures
 from pzq.broker import Broker
 from pzq.config import Limits
 from pzq.endpoints.memory import PipeEstimate
-from pzq.endpoints.monitor import MonitorEndpoint
+from pzq.endpoints.monitor import BIG_REPLY, MonitorEndpoint
 from pzq.protocols import monitor as monitor_proto
 from pzq.store import Store
 
@@ -204,7 +204,10 @@ def test_dealers_that_pipeline_stats_and_read_none_get_busy_past_their_share_and
         for _ in range(20):
             dealer.send_multipart([b"", b"STATS"])
     monitor = next(e for e in server.server.endpoints if isinstance(e, MonitorEndpoint))
-    wait_until(lambda: monitor.stats()["busy_total"] >= 10 * 15, timeout_s=30)
+    # (every request dealt with: answered, refused busy, or, once a client's pipe is full, left unread)
+    wait_until(lambda: not monitor._requests and monitor.stats()["busy_total"] >= 10, timeout_s=30)
+    pipes = monitor.replies.pipes
+    assert pipes is not None and all(p.held <= limits.memory_peer_share + BIG_REPLY for p in pipes._peers.values())
     for _ in range(3):  # (a lock-step reader, as the console: served each time)
         reader = sockets(zmq.REQ, server.monitor)
         reader.send(b"STATS")

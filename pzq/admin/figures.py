@@ -6,10 +6,11 @@ queue), and building it took a turn 29 ms (MONITOR 47): the console's poll, once
 client that long (honest p99 7.7 -> 34.6 ms). Now each format has a ``Pass``: a request takes a ticket
 (``ticket``), the pass begun after it; ``work`` renders the queues of that pass a slice (``CHUNK``
 queues) at a time until the turn's share of time is spent (``Limits.admin_figures_s``), the rest in the
-next turns; when the pass has every queue, the figures around them (totals, counters, gateways: small,
-read then) are joined to it and encoded once (``answer``), for every request whose ticket it is. So no
-request sees figures read before it asked, however many ask, and a pass costs its turns a slice each.
-A store of a few hundred queues is a pass of one slice: answered in the turn it was asked, as before.
+next turns, each slice written to the answer's buffer as it is rendered. The six totals before the
+queues are read when a pass begins, the figures after them (counters, gateways: small) when it ends,
+and the answer (``ready``) is one buffer for every request whose ticket it is. So no request sees a
+figure read before it asked, however many ask, and a pass costs its turns a slice each. A few hundred
+queues are a pass of one turn: answered in the turn it was asked, as before.
 
 Pure: the monitor endpoint (pzq/endpoints/monitor.py) asks, sends and charges the answers."""
 

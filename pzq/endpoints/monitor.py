@@ -45,7 +45,9 @@ class MonitorEndpoint(Endpoint):
     PURGE, PUBLISH) is carried out in the turn (``work``) and answered after its commit (the broker's
     ``readiness`` tells every gateway what became ready); a purge goes on a share a turn. Reads are
     answered after the commit for ``Limits.admin_read_s`` at most (the first always): the rest wait for
-    the next turn."""
+    the next turn. STATS and MONITOR are built over turns (pzq/admin/figures.py), a slice of
+    ``Limits.admin_figures_s`` after each commit, each answered when the pass begun after it came ends.
+    Every answer past BIG_REPLY is charged to its client, and refused ``busy`` past its room (``_room``)."""
 
     name = "monitor"
 
