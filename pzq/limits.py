@@ -228,6 +228,13 @@ class Limits:
     admin_skip_walk: int = 4_096
     admin_read_s: float = 0.005
     admin_heads_per_tick: int = 1_000
+    # r10-monitor (issue 39; pzq/admin/figures.py, pzq/endpoints/monitor.py): STATS and MONITOR are built
+    # over turns, this long a turn (9,000 queues of 255-byte names: 29 ms at once); unread monitor answers
+    # in all (their pipes, an answer sent to many clients once, and backlogs), of which this part is kept
+    # for clients that hold none (20 DEALERs pipelining STATS unread had 1,124 MiB and raised the alarm)
+    admin_figures_s: float = 0.002
+    monitor_answers_bytes: int = 64 << 20
+    monitor_answers_reserve_part: int = 4
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

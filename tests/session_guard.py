@@ -140,7 +140,7 @@ def _close_zmq() -> list[str]:
     if zmq.Context._instance is not None:
         contexts.append(zmq.Context._instance)
     for ctx in {id(c): c for c in contexts}.values():
-        if ctx.closed or ctx._shadow:
+        if ctx.closed or ctx._shadow or ctx is _zero_copy_context():
             continue
         left = [s for s in list(ctx._sockets) if not s.closed]
         if left:
@@ -148,6 +148,14 @@ def _close_zmq() -> list[str]:
         if not terminate(ctx):
             found.append("a ZeroMQ context could not be terminated (a socket closed with linger -1 holds messages)")
     return found
+
+
+def _zero_copy_context() -> zmq.Context | None:
+    """The context of pyzmq's own thread that lets go of buffers sent without a copy (the monitor's
+    STATS): its two sockets are pyzmq's, open while the process lives, and stopped by pyzmq at exit."""
+    from zmq.utils import garbage
+
+    return garbage.gc._context
 
 
 class Watchdog:

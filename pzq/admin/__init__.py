@@ -10,13 +10,14 @@ import collections
 import time
 from collections.abc import Callable, Sequence
 
+from pzq.admin.figures import KINDS, Figures
 from pzq.admin.reads import Listed, Reads
 from pzq.admin.writes import Writes
 from pzq.broker import Broker
 from pzq.config import Config
 from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
-from pzq.store import Store
+from pzq.store import QueueInfo, Store
 
 RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
 DEAD_LIST_BYTES = 4 << 20  # bodies of dead letters one DEADLETTERS answer lists at most (the first always)
@@ -34,10 +35,10 @@ class Admin(Reads, Writes):
         self.commit_ms: Callable[[], float] = float  # the last commit's duration
         self.started = time.monotonic()
         self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
-        self.oldest: dict[str, float] = {}  # queue -> its head message's age (s), as of the last tick
         self._heads: dict[str, int] = {}  # queue -> when its head message was stored (µs), as last read
         self._next_head = 0  # where the next tick's share of queues begins
         self._purges = {}
+        self.figures = Figures(self)  # STATS and MONITOR over turns (the monitor endpoint's)
 
     def attach(self, endpoints: Callable[[], Sequence[Listed]], commit_ms: Callable[[], float], config: Config) -> None:
         """What the server adds once it runs: its endpoints (their clients and consumers), the last
@@ -51,25 +52,44 @@ class Admin(Reads, Writes):
         counters = self.broker.counters
         self._samples.append((now, type(counters)(**vars(counters))))
         self._read_heads()
-        now_us = time.time_ns() // 1000
-        self.oldest = {q: max(0.0, (now_us - at) / 1e6) for q, at in self._heads.items()}
 
     def _read_heads(self) -> None:
-        """Read the head message's time of a share of the queues (all of them up to
-        ``limits.admin_heads_per_tick``; past it, in turn over the next ticks)."""
-        names = [info.name for info in self.store.queues()]
-        share = self.limits.admin_heads_per_tick
-        if len(names) > share:
-            start = self._next_head % len(names)
+        """Read when the head message of a share of the queues was stored (all of them up to
+        ``limits.admin_heads_per_tick``; past it, in turn over the next ticks). A head's age is counted
+        from it when the figures are made, so it grows between two reads; only a head that changed (its
+        message consumed) waits for its queue's next read. (Each tick made every queue's age anew, and
+        sets of every name: 3.6 ms a second with 9,000 queues.)"""
+        infos = self.store.queues()
+        share, count = self.limits.admin_heads_per_tick, len(infos)
+        if count > share:
+            start = self._next_head % count
             self._next_head = start + share
-            names = (names + names)[start : start + share]
-            gone = self._heads.keys() - {info.name for info in self.store.queues()}
-        else:
-            gone = self._heads.keys() - set(names)
+            infos = (infos[start:] + infos[:share])[:share]
+        if count <= share or self._next_head >= count:
+            self._forget_gone_heads()  # (once a round of the queues)
+        names = [info.name for info in infos]
         heads = self.store.oldest_enqueued(names)
-        for name in [*gone, *(n for n in names if n not in heads)]:  # (gone, or empty now)
-            self._heads.pop(name, None)
-        self._heads.update(heads)
+        for name in names:
+            at = heads.get(name)
+            if at is None:
+                self._heads.pop(name, None)  # (empty now, or gone)
+            else:
+                self._heads[name] = at
+
+    def _forget_gone_heads(self) -> None:
+        for name in [name for name in self._heads if self.store.queue(name, create=False) is None]:
+            del self._heads[name]
+
+    def oldest_age(self, info: QueueInfo, now_us: int) -> float:
+        """Seconds since ``info``'s head message was stored (as last read; 0.0 for an empty queue)."""
+        at = self._heads.get(info.name)
+        return 0.0 if at is None or not info.count else round(max(0.0, (now_us - at) / 1e6), 3)
+
+    @property
+    def oldest(self) -> dict[str, float]:
+        """Each queue's head age (the metrics' figures; see ``oldest_age``)."""
+        now_us = time.time_ns() // 1000
+        return {name: max(0.0, (now_us - at) / 1e6) for name, at in self._heads.items()}
 
     def _rate(self, name: str) -> float:
         if len(self._samples) < 2:
@@ -78,42 +98,56 @@ class Admin(Reads, Writes):
         return round((getattr(c1, name) - getattr(c0, name)) / max(t1 - t0, 1e-9), 1)
 
     def stats(self) -> dict:
-        """Every figure the monitor reports, the six PZQ fields first."""
-        stats = self.broker.stats()
-        for name, figures in stats["queues"].items():
-            figures["oldest_age_s"] = round(self.oldest.get(name, 0.0), 3)
+        """Every figure the monitor reports, the six PZQ fields first (all at once: the monitor's STATS
+        builds the per-queue part over turns, ``figures``)."""
+        rows = self.queue_rows(self.store.queues(), time.time_ns() // 1000)
+        return {**self.totals(), "queues": rows, **self.around()}
+
+    def totals(self) -> dict:
+        """The figures before the queues': the six PZQ fields."""
+        return self.broker.totals()
+
+    def queue_rows(self, infos: Sequence[QueueInfo], now_us: int) -> dict[str, dict]:
+        """The STATS figures of each queue of ``infos``, by name."""
+        figures, age = self.broker.queue_figures, self.oldest_age
+        rows = {}
+        for info in infos:
+            row = figures(info)
+            row["oldest_age_s"] = age(info, now_us)
+            rows[info.name] = row
+        return rows
+
+    def around(self) -> dict:
+        """The figures after the queues' (every other)."""
         counters = self.broker.counters
-        stats.update(
-            {
-                "uptime_seconds": round(time.monotonic() - self.started, 1),
-                "produced_total": counters.produced,
-                "acked_total": counters.acked,
-                "nacked_total": counters.nacked,
-                "redelivered_total": counters.redelivered,
-                "dead_lettered_total": counters.dead_lettered,
-                "refused_full_total": counters.refused_full,
-                "refused_not_held_total": counters.refused_not_held,
-                "damaged_total": self.store.damaged_total,
-                "unreadable_records_total": self.store.unreadable_records,
-                "produce_rate": self._rate("produced"),
-                "ack_rate": self._rate("acked"),
-                "store_limit_bytes": self.store_limit,
-                "queues_implicit": self.store.implicit_count,  # made by clients' requests: they expire unused
-                "queues_expired_total": self.broker.implicit_expired,
-                "delivered_total": counters.delivered,
-                "commit_ms_last": round(self.commit_ms(), 3),
-                "server_time_us": time.time_ns() // 1000,
-            }
-        )
-        stats.update(self.gateways())
-        return stats
+        rest = {
+            "uptime_seconds": round(time.monotonic() - self.started, 1),
+            "produced_total": counters.produced,
+            "acked_total": counters.acked,
+            "nacked_total": counters.nacked,
+            "redelivered_total": counters.redelivered,
+            "dead_lettered_total": counters.dead_lettered,
+            "refused_full_total": counters.refused_full,
+            "refused_not_held_total": counters.refused_not_held,
+            "damaged_total": self.store.damaged_total,
+            "unreadable_records_total": self.store.unreadable_records,
+            "produce_rate": self._rate("produced"),
+            "ack_rate": self._rate("acked"),
+            "store_limit_bytes": self.store_limit,
+            "queues_implicit": self.store.implicit_count,  # made by clients' requests: they expire unused
+            "queues_expired_total": self.broker.implicit_expired,
+            "queues_refused_total": self.broker.implicit_refused,  # new names past a client's share
+            "delivered_total": counters.delivered,
+            "commit_ms_last": round(self.commit_ms(), 3),
+            "server_time_us": time.time_ns() // 1000,
+        }
+        rest.update(self.gateways())
+        return rest
 
     def answer(self, request: monitor_proto.Request) -> str:
         """The reply to a request that only reads."""
-        if request.command == "MONITOR":
-            return monitor_proto.render_text(self.stats())
-        if request.command == "STATS":
-            return monitor_proto.render_json(self.stats())
+        if request.command in KINDS:
+            return self.figures.build(request.command).decode("utf-8")
         if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
             return self._dead_letters(request.args)
         answer = self.read(request)

@@ -15,7 +15,7 @@ from typing import Protocol
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.protocols import monitor as monitor_proto
-from pzq.store import Store, message_id
+from pzq.store import QueueInfo, Store, message_id
 from pzq.store.previews import Preview
 
 
@@ -57,7 +57,7 @@ class Reads:
     gateways: Callable[[], dict]
     endpoints: Callable[[], Sequence[Listed]]
     limits: Limits = DEFAULT_LIMITS
-    oldest: dict[str, float]
+    oldest_age: Callable[[QueueInfo, int], float]
 
     def read(self, request: monitor_proto.Request) -> str | None:
         """The JSON answer to one of these requests, or its ``error:`` line; None for another request."""
@@ -81,7 +81,7 @@ class Reads:
 
     def _queue(self, args: list[str]) -> dict:
         info = self._info(args, 1, "QUEUE <queue>")
-        figures = {**self.broker.queue_figures(info), "oldest_age_s": round(self.oldest.get(info.name, 0.0), 3)}
+        figures = {**self.broker.queue_figures(info), "oldest_age_s": self.oldest_age(info, time.time_ns() // 1000)}
         rows: list[dict] = []
         total = 0
         for endpoint in self.endpoints():

@@ -33,7 +33,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         """``implicit_ttl_s``: how long a queue made by a client's request lives unused (see implicit.py)."""
         super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
         per_owner = max(1, store.max_queues // limits.implicit_connection_part)
-        self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn)
+        self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn, limits.share_reserve_part)
         store.on_set_aside.append(self._set_aside)
         # While set (the server's memory alarm: pzq/endpoints/memory.py), every producer is refused with
         # this text ("queue full" in each protocol); consumers and acks go on, so that memory drains.
@@ -328,7 +328,11 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
 
     def stats(self) -> dict:
         """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
-        queues = {info.name: self.queue_figures(info) for info in self.store.queues()}
+        return {**self.totals(), "queues": {info.name: self.queue_figures(info) for info in self.store.queues()}}
+
+    def totals(self) -> dict:
+        """The figures of the six PZQ monitor lines, in their order (the monitor builds the per-queue
+        part of STATS apart, a slice a turn: pzq/admin/figures.py)."""
         return {
             "messages": sum(q.count for q in self.store.queues()),
             "messages_inflight": len(self.inflight) + sum(held.count for held in self._held.values()),
@@ -336,5 +340,4 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             "inflight_db_size": self.inflight.approx_bytes(),
             "syncs": self.store.syncs,
             "expired_messages": self.counters.expired,
-            "queues": queues,
         }

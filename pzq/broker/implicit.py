@@ -15,9 +15,15 @@ a rest of a quarter of the TTL (at most 10 s): queues in use cost a look each pe
 Shares: a client (``owner``: a connection, or a CURVE key where there is one) has at most
 ``Limits.implicit_connection_part``-th of ``--max-queues`` implicit queues alive that it made, and the
 store keeps ``Limits.implicit_reserved_part``-th of ``--max-queues`` for explicit queues
-(``Store.max_implicit``). Connections that come and go can still fill that room, each within its share:
-while implicit queues fill nine tenths of it (``pressed``), the unused ones expire at once, a pass every
-second, so that honest clients' new names find room again within seconds, not after the TTL.
+(``Store.max_implicit``). Of the room left to implicit queues, the last ``Limits.share_reserve_part``-th
+is kept for clients that have made none yet (as ``pzq.limits.ClientShares`` keeps its pools'): however
+many clients filled the rest, each within its share, a new client can still make its first queue. (91
+short API connections that each made 100 queues holding a message, which never expire, took every
+name: an honest new queue was refused on every door.) Connections that come and go can still fill the
+room: while implicit queues fill nine tenths of it (``pressed``), the unused ones expire at once, a pass
+every second, so that honest clients' new names find room again within seconds, not after the TTL.
+What that leaves a client with thousands of connections (without CURVE, each is a client of its own):
+the reserve, one queue a connection; then new names are refused until queues empty and expire.
 """
 
 from __future__ import annotations
@@ -54,11 +60,13 @@ class ImplicitQueues(BrokerState):
 
     implicit_ttl_s = 60.0
     implicit_per_owner = 0  # 0: no share per owner (the server sets it from the limits)
+    implicit_reserve_part = 8
     sweep_per_call = 256
 
-    def _init_implicit(self, ttl_s: float, per_owner: int, sweep_per_call: int) -> None:
+    def _init_implicit(self, ttl_s: float, per_owner: int, sweep_per_call: int, reserve_part: int = 8) -> None:
         self.implicit_ttl_s = ttl_s
         self.implicit_per_owner = per_owner
+        self.implicit_reserve_part = max(1, reserve_part)  # the room's last part, for clients that made none
         self.sweep_per_call = sweep_per_call
         self._users: list[QueueUser] = []
         self._made_by: dict[Hashable, set[str]] = {}  # owner -> implicit queues it made that still exist
@@ -69,8 +77,12 @@ class ImplicitQueues(BrokerState):
         self._sweep_names: list[str] = []
         self._sweep_at = 0
         self._next_sweep = 0.0
-        self._pass_done = float("-inf")  # when the last pass ended
+        # When the last pass ended (none yet: long ago, but a finite time: a store whose implicit queues
+        # filled nine tenths of their room when it was opened made the first sweep due at minus infinity,
+        # and the loop's wait for it an OverflowError, every turn)
+        self._pass_done = 0.0
         self.implicit_expired = 0  # queues expired since start (figures)
+        self.implicit_refused = 0  # new names refused past a client's share or into the reserve (figures)
 
     def add_queue_user(self, user: QueueUser) -> None:
         """Register a part that keeps things for queues: asked before any implicit queue expires."""
@@ -78,26 +90,46 @@ class ImplicitQueues(BrokerState):
 
     def create_queue(self, queue: str, owner: Hashable | None = None) -> QueueInfo:
         """``queue``, made implicit (durable with the next commit) if it did not exist; StoreFull when
-        there is no room for it, ``owner`` made its share already, or implicit queues have taken theirs;
-        StoreError for a bad name. ``owner`` is who asks: a connection, or its CURVE key."""
+        there is no room for it, ``owner`` made its share already, ``owner`` made some and only the
+        reserve for clients that made none is left, or implicit queues have taken theirs; StoreError for
+        a bad name. ``owner`` is who asks: a connection, or its CURVE key."""
         info = self.store.queue(queue, create=False)
         if info is not None:
             return info
         if owner is not None and self.implicit_per_owner:
             made = self._made_by.get(owner)
-            if made is not None and len(made) >= self.implicit_per_owner:
+            refusal = self._refusal(len(made) if made else 0)
+            if refusal is not None and made:
                 for stale in [name for name in made if not self._still_implicit(name)]:
                     self._forget_owner(stale)  # (made in a turn that was rolled back)
-                if len(made) >= self.implicit_per_owner:
-                    raise StoreFull(
-                        f"queue full: this client made {len(made)} queues that still exist, its share of "
-                        "--max-queues (they expire when empty and unused)"
-                    )
-        info = self.store.queue(queue, implicit=True)
+                refusal = self._refusal(len(made))
+            if refusal is not None:
+                self.implicit_refused += 1
+                raise StoreFull(refusal)
+        try:
+            info = self.store.queue(queue, implicit=True)
+        except StoreFull:
+            self.implicit_refused += 1
+            raise
         if owner is not None and self.implicit_per_owner:
             self._made_by.setdefault(owner, set()).add(queue)
             self._owner_of[queue] = owner
         return info
+
+    def _refusal(self, made: int) -> str | None:
+        """Why a client that made ``made`` queues still there may make no other; None if it may."""
+        if made >= self.implicit_per_owner:
+            return (
+                f"queue full: this client made {made} queues that still exist, its share of "
+                "--max-queues (they expire when empty and unused)"
+            )
+        reserve = self.store.max_implicit // self.implicit_reserve_part
+        if made and self.store.implicit_count >= self.store.max_implicit - reserve:
+            return (
+                f"queue full: the last {reserve} queues clients' requests may make are kept for clients "
+                f"that have made none yet, and this one made {made} (they expire when empty and unused)"
+            )
+        return None
 
     def owner_gone(self, owner: Hashable) -> None:
         """A connection closed: its queues are no longer counted against it (they expire on their own)."""

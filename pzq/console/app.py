@@ -101,9 +101,9 @@ def build(console: Console) -> Any:
 
     async def itself(request: Request) -> Response:
         connections = {
-            "connections_refused_total": Connection.refused_total,
+            "connections_open": Connection.opened,
+            "connections_evicted_total": Connection.evicted_total,  # (waited longest, closed for a new one)
             "requests_cut_total": Connection.cut_total,
-            "addresses_connected": len(Connection.per_address),
         }
         return render.twin({**console.reader.figures(), **connections})
 

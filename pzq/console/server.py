@@ -2,10 +2,11 @@
 with limits of its own: LIMIT_CONCURRENCY connections and requests at once (more get 503 at once),
 KEEP_ALIVE_S idle on a kept-alive connection, a listen BACKLOG, h11 as the HTTP parser (pure Python,
 strict, with a bound on an incomplete request's size), and pzq/console/connections.py's deadline per
-request and cap per address. The socket is bound before uvicorn starts, so
-a port in use is one clear line and a non-zero exit (the supervisor in ``pzq serve`` logs it and tries
-again later). SIGTERM and SIGINT end it with status 0, and so does the end of its standard input when
-that is a pipe (the supervisor's: the server is gone); SIGHUP re-reads the secret file."""
+request and room made for a new connection by closing the one that waited longest. The socket is
+bound before uvicorn starts, so a port in use is one clear line and a non-zero exit (the supervisor in
+``pzq serve`` logs it and tries again later). SIGTERM and SIGINT end it with status 0, and so does the
+end of its standard input when that is a pipe (the supervisor's: the server is gone); SIGHUP re-reads
+the secret file."""
 
 from __future__ import annotations
 
@@ -134,7 +135,7 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
     app = build(Console(reader, logins, host_names(host, options.host_names)))
     config = uvicorn.Config(
         app,
-        http=Connection,  # (uvicorn's h11 protocol, with a deadline per request and a cap per address)
+        http=Connection,  # (uvicorn's h11 protocol: a deadline per request, the longest waiting closed for a new one)
         ws="none",
         lifespan="on",
         limit_concurrency=LIMIT_CONCURRENCY,

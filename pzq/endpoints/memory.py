@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Hashable
 
 from pzq.config import DEFAULT_LIMITS, Limits
 
@@ -38,35 +39,39 @@ class PipeEstimate:
     without reading keeps its replies counted; one that fakes the lock-step can hide fewer than
     ``depth`` replies before its pipe fills.
 
+    A message sent to many peers from one buffer (``sent(..., key=...)``: the monitor's STATS, one
+    answer for every client that asked while it was built, sent without a copy) counts in full against
+    each peer that may hold it (``of``: its share), and once in ``total``, which is what the process
+    holds: the buffer lives until the last pipe that holds it lets it go.
+
     A ROUTER does not say when a peer leaves; a send to it does (``gone``), and so does the socket's
     monitor, by the descriptor its requests came over (``disconnected``; tcp:// only). A peer whose
     connection is not known (ipc://, whose files only pzq's own user can reach) is forgotten after
     ``idle_s`` without a request or a reply (``sweep``). At most ``peers`` peers are remembered (the
     least recently active forgotten first)."""
 
-    __slots__ = ("depth", "peers", "idle_s", "total", "_peers", "_fds", "_unmapped")
+    __slots__ = ("depth", "peers", "idle_s", "total", "_peers", "_fds", "_unmapped", "_shared")
 
     def __init__(self, depth: int, peers: int = 10_000, idle_s: float = 60.0):
         self.depth = max(1, depth)
         self.peers = peers
         self.idle_s = idle_s
-        self.total = 0  # bytes of every remembered peer
+        self.total = 0  # bytes of every remembered peer, a shared buffer once
         self._peers: dict[bytes, _Pipe] = {}
         self._fds: dict[int, bytes] = {}  # connection descriptor -> the peer whose requests came over it
         self._unmapped: dict[bytes, None] = {}  # peers of no known connection, the least recently active first
+        self._shared: dict[Hashable, list[int]] = {}  # key of a shared buffer -> [pipes counting it, its size]
 
-    def sent(self, peer: bytes, size: int) -> None:
-        """A message of ``size`` bytes went into ``peer``'s pipe (a reply to its oldest request)."""
+    def sent(self, peer: bytes, size: int, key: Hashable | None = None) -> None:
+        """A message of ``size`` bytes went into ``peer``'s pipe (a reply to its oldest request); ``key``
+        names the buffer when other peers were sent the same one."""
         pipe = self._take(peer)
-        pipe.sizes.append((pipe.serial, size))
+        pipe.sizes.append((pipe.serial, size, key))
         pipe.serial += 1
         pipe.unanswered = max(0, pipe.unanswered - 1)
-        held = pipe.held + size
         if len(pipe.sizes) > self.depth:  # (older ones have left the pipe: it holds at most depth)
-            serial, first = pipe.sizes.popleft()
-            if pipe.pipelines or serial >= pipe.credited:
-                held -= first
-        self._hold(pipe, held)
+            pipe.sizes.popleft()
+        self._count(pipe)
 
     def read(self, peer: bytes, fd: int = -1) -> None:
         """A request came from ``peer`` (over the connection of descriptor ``fd``, -1 if unknown)."""
@@ -81,24 +86,24 @@ class PipeEstimate:
             self._unmapped.pop(peer, None)
         if pipe.unanswered:
             pipe.pipelines = True  # (a request before the answer to the last: no credit from now on)
-            self._hold(pipe, sum(size for _, size in pipe.sizes))
         elif not pipe.pipelines:
             pipe.credited = pipe.serial
-            self._hold(pipe, 0)
+        self._count(pipe)
         pipe.unanswered += 1
 
     def full(self, peer: bytes) -> None:
         """A send to ``peer`` found its pipe full: it has not read what it was credited for."""
         pipe = self._take(peer)
         pipe.pipelines = True
-        self._hold(pipe, sum(size for _, size in pipe.sizes))
+        self._count(pipe)
 
     def gone(self, peer: bytes) -> None:
         """``peer`` disconnected (a send to it found nobody): its pipe is gone with it."""
         pipe = self._peers.pop(peer, None)
         self._unmapped.pop(peer, None)
         if pipe is not None:
-            self.total -= pipe.held
+            pipe.sizes.clear()
+            self._count(pipe)
 
     def sweep(self, now: float) -> None:
         """Forget the peers of no known connection that have been idle for ``idle_s``."""
@@ -128,7 +133,7 @@ class PipeEstimate:
         self.gone(peer)
 
     def of(self, peer: bytes) -> int:
-        """Bytes ``peer``'s pipe may hold."""
+        """Bytes ``peer``'s pipe may hold (a shared buffer in full)."""
         pipe = self._peers.get(peer)
         return 0 if pipe is None else pipe.held
 
@@ -145,15 +150,42 @@ class PipeEstimate:
             self._unmapped[peer] = None
         return pipe
 
-    def _hold(self, pipe: _Pipe, held: int) -> None:
-        self.total += held - pipe.held
-        pipe.held = held
+    def _count(self, pipe: _Pipe) -> None:
+        """Count what ``pipe`` may hold now: its last messages, but those it was credited for (a pipe
+        holds at most ``depth``: a few entries to add up, whatever happened)."""
+        held = own = 0
+        keys: list[tuple[Hashable, int]] = []
+        for serial, size, key in pipe.sizes:
+            if pipe.pipelines or serial >= pipe.credited:
+                held += size
+                if key is None:
+                    own += size
+                else:
+                    keys.append((key, size))
+        self.total += own - pipe.own
+        pipe.held, pipe.own = held, own
+        if keys or pipe.keys:
+            for key, size in keys:  # (the new ones first: a buffer counted before and after stays counted)
+                self._share(key, size, 1)
+            for key, size in pipe.keys:
+                self._share(key, size, -1)
+            pipe.keys = keys
+
+    def _share(self, key: Hashable, size: int, delta: int) -> None:
+        counted = self._shared.get(key)
+        if counted is None:
+            counted = self._shared[key] = [0, size]
+            self.total += size
+        counted[0] += delta
+        if counted[0] <= 0:
+            del self._shared[key]
+            self.total -= counted[1]
 
 
 class _Pipe:
     """One peer's part of a PipeEstimate."""
 
-    __slots__ = ("serial", "credited", "unanswered", "pipelines", "held", "sizes", "mapped", "last")
+    __slots__ = ("serial", "credited", "unanswered", "pipelines", "held", "own", "keys", "sizes", "mapped", "last")
 
     def __init__(self) -> None:
         self.mapped = False  # its connection is known (the socket monitor will say when it goes)
@@ -163,7 +195,10 @@ class _Pipe:
         self.unanswered = 0  # requests read, not yet answered
         self.pipelines = False  # it sent a request before reading the last answer, or its pipe filled
         self.held = 0  # bytes its pipe may hold
-        self.sizes: collections.deque[tuple[int, int]] = collections.deque()  # (serial, size) of the last depth sent
+        self.own = 0  # of which in buffers of its own (the rest: shared, ``keys``)
+        self.keys: list[tuple[Hashable, int]] = []  # (key, size) of the shared buffers it may hold
+        # (serial, size, key) of the last depth sent; key None: a buffer of its own
+        self.sizes: collections.deque[tuple[int, int, Hashable | None]] = collections.deque()
 
 
 class MemoryAlarm:

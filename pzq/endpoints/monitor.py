@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import zmq
 
 from pzq.admin import Admin
+from pzq.admin.figures import KINDS
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
@@ -43,7 +45,9 @@ class MonitorEndpoint(Endpoint):
     PURGE, PUBLISH) is carried out in the turn (``work``) and answered after its commit (the broker's
     ``readiness`` tells every gateway what became ready); a purge goes on a share a turn. Reads are
     answered after the commit for ``Limits.admin_read_s`` at most (the first always): the rest wait for
-    the next turn."""
+    the next turn. STATS and MONITOR are built over turns (pzq/admin/figures.py), a slice of
+    ``Limits.admin_figures_s`` after each commit, each answered when the pass begun after it came ends.
+    Every answer past BIG_REPLY is charged to its client, and refused ``busy`` past its room (``_room``)."""
 
     name = "monitor"
 
@@ -71,6 +75,14 @@ class MonitorEndpoint(Endpoint):
         self._purgers: dict[str, str | None] = {}  # queue -> the key whose PURGE of it is under way
         self._written: dict[int, str] = {}  # index of a write in _requests -> its answer
         self._done: dict[int, str] = {}  # index in _requests -> its answer, made and committed in an earlier turn
+        # STATS and MONITOR (pzq/admin/figures.py): the pass each waiting request's answer is (by id of the
+        # request, which stays in _requests until answered), the bytes promised to its client, the passes
+        # promised ((kind, pass) -> [size, requests waiting]), and the key the last answer was sent with
+        self._tickets: dict[int, int] = {}
+        self._promised: dict[bytes, int] = {}
+        self._passes: dict[tuple[str, int], list[int]] = {}
+        self._sent_key: tuple[str, int] = ("", 0)
+        self.busy_total = 0
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -159,26 +171,60 @@ class MonitorEndpoint(Endpoint):
         who, self._who = self._who, []
         written, self._written = self._written, {}
         done, self._done = self._done, {}
-        deadline, read = time.perf_counter() + self.read_s, False
+        started = time.perf_counter()
+        deadline, read = started + self.read_s, False
+        figures_until, worked = started + self.limits.admin_figures_s, False
         behind: set[bytes] = set()  # peers with a request left for a later turn
         for i, request in enumerate(requests):
             peer = request.envelope[0]
-            text = written.get(i, done.get(i))
+            text: str | bytes | bytearray | None = written.get(i, done.get(i))
             if text is None and peer not in behind and not self.admin.writes(request):
-                if not read or time.perf_counter() <= deadline:
+                if request.command in KINDS:  # (built over turns: answered once its pass has every queue)
+                    text = self._figures(request, figures_until, least=not worked)
+                    worked = True
+                elif not read or time.perf_counter() <= deadline:
                     text, read = self._answer(request), True
             if text is None or peer in behind:
                 # (a write not carried out yet, the turn's budget ran out first; a read past this turn's share
-                # of reading; or what its peer asked after one of those: a DEALER that pipelines is answered in
-                # its order, it had a PUBLISH's answer before four PEEKs' it sent first. An answer made waits
-                # in ``_done``: its write is committed)
+                # of reading; STATS waiting for its pass; or what its peer asked after one of those: a DEALER
+                # that pipelines is answered in its order, it had a PUBLISH's answer before four PEEKs' it
+                # sent first. An answer made waits in ``_done``: its write is committed)
                 behind.add(peer)
                 if text is not None:
-                    self._done[len(self._requests)] = text
+                    self._done[len(self._requests)] = text if isinstance(text, str) else bytes(text).decode()
                 self._requests.append(request)
                 self._who.append(who[i])
                 continue
-            self.replies.send(monitor_proto.reply(request, text))
+            if not isinstance(text, str):  # (one buffer for every client its pass answers: sent without a copy)
+                self.replies.send([*request.envelope, cast(bytes, text)], key=self._sent_key)  # (a buffer as bytes)
+            else:
+                self.replies.send(monitor_proto.reply(request, text))
+
+    def _figures(self, request: monitor_proto.Request, until: float, *, least: bool) -> str | bytes | bytearray | None:
+        """STATS or MONITOR: its answer once the pass begun after it came has every queue (None until
+        then), or ``busy`` when its client has no room for it (weighed as the last answer of its kind)."""
+        figures, kind, peer = self.admin.figures, request.command, request.envelope[0]
+        ticket = self._tickets.get(id(request))
+        if ticket is None:
+            pending = (kind, figures.passes[kind].begun + 1)  # (the pass its ticket will be)
+            size = figures.estimate(kind)
+            if not self._room(peer, size, shared=pending in self._passes):
+                return BUSY
+            ticket = self._tickets[id(request)] = figures.ticket(kind)
+            self._promised[peer] = size
+            self._passes.setdefault((kind, ticket), [size, 0])[1] += 1
+        figures.work(until, least=least)
+        answer = figures.ready(kind, ticket)
+        if answer is None:
+            return None
+        del self._tickets[id(request)]
+        self._promised.pop(peer, None)
+        promise = self._passes[(kind, ticket)]
+        promise[1] -= 1
+        if not promise[1]:
+            del self._passes[(kind, ticket)]
+        self._sent_key = (kind, figures.passes[kind].done)
+        return answer
 
     def _answer(self, request: monitor_proto.Request) -> str:
         """The answer to a read, or a ``busy`` refusal when it is a big page the memory bound has no room
@@ -186,26 +232,66 @@ class MonitorEndpoint(Endpoint):
         clients that never read them grew the monitor's backlogs past --memory-high-water, and the alarm
         refused every producer.) A PEEK or DEAD page is weighed before it is read, by its rows: one refused
         after it was read still cost the loop its reading, a flood of them a page a turn."""
+        peer = request.envelope[0]
         if request.command in ("PEEK", "DEAD"):
             word = request.args[1] if len(request.args) > 1 else ""
             rows = min(int(word), self.limits.admin_rows) if word.isascii() and word.isdigit() and len(word) < 9 else 50
             size = rows * (self.limits.admin_head_bytes * 4 // 3 + 200)  # (a row: its head in base64, its fields)
-            return self.admin.answer(request) if self._room(request, size) else BUSY
+            return self.admin.answer(request) if self._room(peer, size) else BUSY
         text = self.admin.answer(request)
-        return text if request.command not in PAGES or self._room(request, len(text)) else BUSY
+        return text if request.command not in PAGES or self._room(peer, len(text)) else BUSY
 
-    def _room(self, request: monitor_proto.Request, size: int) -> bool:
-        return size <= BIG_REPLY or self.alarm.admit(self.replies.held(request.envelope[0]), size)
+    def _room(self, peer: bytes, size: int, *, shared: bool = False) -> bool:
+        """May ``peer`` be sent an answer of ``size`` bytes (``shared``: one already promised to others,
+        which adds nothing to what pzq holds)? Small ones always. A big one not past the client's share of
+        unread answers (``Limits.memory_peer_share``; a client holding none may always have one), nor past
+        ``Limits.monitor_answers_bytes`` of unread answers in all, of which the last
+        ``monitor_answers_reserve_part``-th is kept for clients that hold none (a lock-step client, as
+        the console's, that reads what it asks for: those that never read cannot take it from it), nor
+        past the memory bound's ceiling. So a few clients that ask and never read hold a bounded part of
+        memory, never raise the alarm that refuses producers, and leave room for a reader."""
+        if size <= BIG_REPLY:
+            return True
+        limits = self.limits
+        held = self.replies.held(peer) + self._promised.get(peer, 0)
+        unread = self.unread()
+        more = 0 if shared else size
+        pool = limits.monitor_answers_bytes
+        if held:
+            kept = pool // limits.monitor_answers_reserve_part
+            room = held + size <= limits.memory_peer_share and unread + more <= pool - kept
+        else:
+            room = not unread or unread + more <= pool
+        if room and self.alarm.admit(held, more):
+            return True
+        self.busy_total += 1
+        return False
+
+    def unread(self) -> int:
+        """Bytes of answers pzq holds for the monitor's clients: what their pipes may hold, its backlogs,
+        and the passes of STATS promised to requests that wait for them."""
+        promised = sum(size for size, _ in self._passes.values())
+        return self.replies.pipe_bytes() + self.replies.backlog_bytes + promised
 
     def memory(self) -> dict[str, int]:
         return {
             "monitor_backlogs": self.replies.backlog_bytes,
-            "monitor_pipes": self.replies.pipe_bytes(),
+            "monitor_pipes": self.replies.pipe_bytes(),  # (an answer sent to many clients: once)
             # (PUBLISH bodies waiting their turn: 64 requests of 1 MiB at most)
             "monitor_requests": sum(len(request.body or b"") for request in self._requests),
+            "monitor_figures": self.admin.figures.held_bytes(),  # (STATS being built, and the last answers)
+        }
+
+    def stats(self) -> dict:
+        figures = self.admin.figures
+        return {
+            "busy_total": self.busy_total,  # big answers refused: their client, or every client, had no room
+            "answers_unread_bytes": self.replies.pipe_bytes() + self.replies.backlog_bytes,
+            "figures_passes_total": figures.passes_total,  # STATS and MONITOR built
+            "figures_slices_total": figures.slices_total,
         }
 
     def wake_at(self, now: float) -> float | None:
         if self._requests or self.admin.purging():  # a write read after this turn's work, reads left, a purge
-            return now
+            return now  # (or a STATS whose pass goes on)
         return self.replies.wake_at(now)

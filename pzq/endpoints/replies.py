@@ -9,6 +9,8 @@ acks cannot leave is not stored for: backpressure).
 
 What a backlog holds is counted (``backlog_bytes``), and, for sockets whose replies are big, what the
 peers' pipes may hold (``pipes``, a PipeEstimate): both go into the memory bound (pzq/endpoints/memory.py).
+One answer for many peers (the monitor's STATS) is sent from one buffer without a copy (``send``'s
+``key``), and counted once in what the pipes hold.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 import zmq
 
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.memory import PipeEstimate
 from pzq.logs import warn_bad
-from pzq.zmqio import NOBLOCK, Again, send_frames
+from pzq.zmqio import NOBLOCK, SNDMORE, Again, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -40,7 +42,8 @@ class Replies:
         self.limits = limits  # backlog_messages, backlog_bytes, reply_stale_s
         self.sock = sock
         self.role = role
-        self._backlog: dict[bytes, collections.deque[list[bytes]]] = {}
+        # (frames, the key of a shared last frame or None) waiting for each peer
+        self._backlog: dict[bytes, collections.deque[tuple[list[bytes], Hashable | None]]] = {}
         self._bytes: dict[bytes, int] = {}
         self._moved: dict[bytes, float] = {}  # when each backlog last moved (a peer connected but not reading)
         self.dropped_total = 0  # replies to a peer that never read them (logged)
@@ -68,15 +71,16 @@ class Replies:
         """What every peer's pipe may hold (0 when not estimated)."""
         return self.pipes.total if self.pipes is not None else 0
 
-    def send(self, frames: list[bytes]) -> None:
-        """Send ``frames`` (routing id first) now, or after what already waits for that peer."""
+    def send(self, frames: list[bytes], key: Hashable | None = None) -> None:
+        """Send ``frames`` (routing id first) now, or after what already waits for that peer. ``key``:
+        the last frame is a buffer sent to other peers too (named by ``key``), sent without a copy."""
         peer = frames[0]
         waiting = self._backlog.get(peer)
         if waiting is None:
             try:
-                send_frames(self.sock, frames, NOBLOCK)
+                _send(self.sock, frames, key)
                 if self.pipes is not None:
-                    self.pipes.sent(peer, sum(map(len, frames)))
+                    self.pipes.sent(peer, sum(map(len, frames)), key)
                 return
             except Again:  # the peer's pipe is full: it reads slower than it asks
                 waiting = self._backlog[peer] = collections.deque()
@@ -90,7 +94,7 @@ class Replies:
                     self.pipes.gone(peer)
                 return
         size = sum(map(len, frames))
-        waiting.append(frames)
+        waiting.append((frames, key))
         self._bytes[peer] += size
         self.backlog_bytes += size
         if len(waiting) > self.limits.backlog_messages or self._bytes[peer] > self.limits.backlog_bytes:
@@ -131,7 +135,7 @@ class Replies:
             sent = 0
             while waiting:
                 try:
-                    send_frames(self.sock, waiting[0], NOBLOCK)
+                    _send(self.sock, *waiting[0])
                 except Again:
                     break
                 except zmq.ZMQError:
@@ -140,11 +144,12 @@ class Replies:
                         self.pipes.gone(peer)
                     waiting.clear()
                     break
-                size = sum(map(len, waiting.popleft()))
+                frames, key = waiting.popleft()
+                size = sum(map(len, frames))
                 self._bytes[peer] -= size
                 self.backlog_bytes -= size
                 if self.pipes is not None:
-                    self.pipes.sent(peer, size)
+                    self.pipes.sent(peer, size, key)
                 sent += 1
             if sent:
                 self._moved[peer] = now
@@ -179,3 +184,14 @@ class Replies:
         del self._backlog[peer]
         self.backlog_bytes -= self._bytes.pop(peer)
         del self._moved[peer]
+
+
+def _send(sock: zmq.Socket, frames: list[bytes], key: Hashable | None) -> None:
+    """Send without waiting (zmq.Again when the peer's pipe is full); a shared last frame without a copy
+    (libzmq holds the buffer itself until the peer has it: one buffer for every peer sent it)."""
+    if key is None:
+        send_frames(sock, frames, NOBLOCK)
+        return
+    if len(frames) > 1:
+        send_frames(sock, frames[:-1], NOBLOCK | SNDMORE)
+    sock.send(frames[-1], NOBLOCK, copy=False)

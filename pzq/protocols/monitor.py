@@ -100,11 +100,47 @@ def render_text(stats: dict) -> str:
         if name in PZQ_FIELDS:
             continue
         if name == "queues":
-            for queue, figures in value.items():
-                lines.extend(f"queue.{queue}.{k}: {_scalar(v)}" for k, v in figures.items())
+            lines.extend(queue_lines(value))
         else:
             lines.extend(_flatten(name, value))
     return "\n".join(lines) + "\n"
+
+
+def queue_lines(queues: dict) -> list[str]:
+    """The MONITOR lines of ``queues`` (name -> figures), as ``render_text`` writes them."""
+    return [f"queue.{queue}.{k}: {_scalar(v)}" for queue, figures in queues.items() for k, v in figures.items()]
+
+
+# An answer in three parts, for a server that builds the per-queue part over turns (pzq/admin/figures.py):
+# the opening (the figures before ``queues``: the six PZQ fields), the queues in slices (a slice's
+# figures by name), and the closing (every other figure). Put end to end, they are the same text as
+# ``render_json`` (STATS) or ``render_text`` (MONITOR) of the whole.
+
+
+def stats_opening(head: dict) -> str:
+    return render_json(head)[:-1] + ',"queues":{'
+
+
+def stats_queues(queues: dict, first: bool) -> str:
+    """``queues``'s members of STATS's ``queues`` object (after a comma unless ``first``; "" for none)."""
+    members = render_json(queues)[1:-1]
+    return members if first or not members else "," + members
+
+
+def stats_closing(rest: dict) -> str:
+    return "}" + ("," + render_json(rest)[1:] if rest else "}")
+
+
+def monitor_opening(head: dict) -> str:
+    return "".join(f"{name}: {head[name]}\n" for name in PZQ_FIELDS)
+
+
+def monitor_queues(queues: dict, first: bool) -> str:
+    return "".join(line + "\n" for line in queue_lines(queues))
+
+
+def monitor_closing(rest: dict) -> str:
+    return "".join(line + "\n" for name, value in rest.items() for line in _flatten(name, value))
 
 
 def _flatten(name: str, value) -> list[str]:
