@@ -136,6 +136,9 @@ def _reap_children() -> list[str]:
 
 def _close_zmq() -> list[str]:
     found = []
+    from zmq.utils.garbage import gc as zero_copy  # (pyzmq's thread for zero-copy sends, its own context:
+
+    zero_copy.stop()  # stopped its own way, or it dies of ContextTerminated below)
     contexts = [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
     if zmq.Context._instance is not None:
         contexts.append(zmq.Context._instance)
