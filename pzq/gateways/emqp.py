@@ -11,7 +11,8 @@ reaches workers with its 32-hex id as msgid, no headers, and its frames joined a
 that are not UTF-8 are replaced, since eventmq peers decode every frame).
 
 This module holds the clients' side (FRONT) and the contract; workers and their jobs are kept by
-gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py. Limits come from ``Limits``.
+gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py, the console's tables by
+gateways/emqp_views.py. Limits come from ``Limits``.
 """
 
 from __future__ import annotations
