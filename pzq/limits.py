@@ -236,6 +236,14 @@ class Limits:
     monitor_answers_bytes: int = 64 << 20
     monitor_answers_reserve_part: int = 4
 
+    # r10-emqp (issue 39; pzq/endpoints/stuck.py): a peer that reads nothing while pzq has bytes for it (an
+    # eMQP subscriber or worker whose TCP connection had none of the bytes waiting for it acknowledged) is
+    # cut off after stuck_reader_s; each connection is looked at once every stuck_check_s, and at most
+    # stuck_checks_per_turn of them a turn (a look is two system calls)
+    stuck_reader_s: float = 5.0
+    stuck_check_s: float = 1.0
+    stuck_checks_per_turn: int = 64
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
+import torture_emqp as emqp_cases  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
@@ -83,6 +84,8 @@ CASES = {
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
     **torture_monitor.CASES,
+    "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, emqp_cases.publish_args, frozenset()),
+    "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _none, frozenset()),
 }
 
 

@@ -119,9 +119,10 @@ class MqksClient(Client):
 class EmqpClient(Client):
     """eMQP: REQUESTs as a client (answered by ACK), jobs as a worker (INFORM, one READY per job),
     settled by REPLY. A worker's only disconnect is silence (a ROUTER never tells of a peer gone), and
-    garbage is dropped: a ZeroMQ peer has no connection of its own to close."""
+    garbage is dropped: a ZeroMQ peer has no connection of its own to close. A job its worker's pipe
+    cannot take is kept for it, and a worker jobs are kept for is handed no new one."""
 
-    unsent, holds_back = "kept", False
+    unsent = "kept"
 
     def __init__(self, loop: Loop, name: str):
         super().__init__(loop, name)

@@ -136,6 +136,11 @@ def _reap_children() -> list[str]:
 
 def _close_zmq() -> list[str]:
     found = []
+    # pyzmq's thread that lets go of buffers sent without a copy has its own context: stopped its own
+    # way first, or it dies of ContextTerminated below
+    from zmq.utils.garbage import gc as zero_copy
+
+    zero_copy.stop()
     contexts = [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
     if zmq.Context._instance is not None:
         contexts.append(zmq.Context._instance)

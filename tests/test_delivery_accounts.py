@@ -113,3 +113,18 @@ def test_deliveries_stop_at_the_ceiling_and_past_the_high_water_mark_even_one_is
     broker.accounts.bank(others=3000 + broker.accounts.slack, ceiling=2500, high_water=3000)
     assert take(broker, "c") == []
     assert broker.accounts.refused_total >= 1
+
+
+def test_bytes_charged_outside_deliveries_fill_the_payers_share_until_libzmq_frees_them(broker):
+    fill(broker, 20)
+    record = broker.accounts.charge("pub", 3000)
+    assert charged(broker, "pub") == 3000 and broker.accounts.total(broker.inflight) == 3000
+    assert broker.accounts.room("pub", broker.inflight) == SHARE - 3000
+    more = broker.accounts.charge("pub", 2000)
+    assert broker.accounts.room("pub", broker.inflight) == 0
+    readiness = broker.readiness
+    broker.discharged("pub", record, 3000)
+    assert broker.readiness > readiness, "a payer refused for want of room is told it has some"
+    broker.discharged("pub", more, 2000)
+    assert charged(broker, "pub") == 0 and broker.accounts.total(broker.inflight) == 0
+    assert "pub" not in broker.accounts._stale, "a client's identity is not remembered once it holds nothing"

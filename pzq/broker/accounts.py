@@ -139,6 +139,21 @@ class DeliveryAccounts:
             record.bytes -= size
             self.stale_total -= size
 
+    def charge(self, payer: Hashable, size: int) -> Stale | None:
+        """``size`` bytes handed to libzmq for ``payer`` outside the deliveries (an eMQP PUBLISH's fan-out, a
+        worker's REPLY passed on to its client): charged to its share and to the memory bound as a stale
+        copy is, until ``discharge``. Returns the record to discharge them from (None for 0 bytes)."""
+        return self.stale(payer, size)
+
+    def discharge(self, payer: Hashable, record: Stale, size: int, inflight: InFlight) -> bool:
+        """libzmq is done with ``size`` bytes ``charge`` put on ``record`` (sent to the kernel, or dropped
+        with its pipe): released, and a payer left holding none of them is forgotten (payers of charges
+        are clients' identities, whose end nobody reports). Returns ``released``'s answer."""
+        self.settled_late(record, size)
+        if not record.bytes and self._stale.get(payer) is record:
+            del self._stale[payer]
+        return self.released(payer, inflight)
+
     def gone(self, payer: Hashable) -> None:
         """The payer's connection closed: its stale copies are gone with it, and its own share."""
         record = self._stale.pop(payer, None)

@@ -277,6 +277,11 @@ class BrokerState:
         if self.accounts.released(payer, self.inflight):
             self.readiness += 1
 
+    def discharged(self, payer: Hashable, record: Stale, size: int) -> None:
+        """libzmq freed ``size`` bytes charged to ``payer`` outside the deliveries (``accounts.charge``)."""
+        if self.accounts.discharge(payer, record, size, self.inflight):
+            self.readiness += 1
+
     def _requeue(self, ref: Ref) -> None:
         heapq.heappush(self._state(ref[0]).requeued, ref[1])
         self.readiness += 1

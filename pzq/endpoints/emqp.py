@@ -1,4 +1,11 @@
-"""The eMQP endpoints: clients on the frontend ROUTER, workers on the backend ROUTER, PUBLISH on a PUB."""
+"""The eMQP endpoints: clients on the frontend ROUTER, workers on the backend ROUTER, PUBLISH on a PUB.
+
+Every body pzq hands libzmq here is charged once while libzmq holds it: a job to its worker (a delivery),
+a REPLY passed on to its client, a PUBLISH to its publisher (pzq/endpoints/handed.py); what waits for a
+full pipe is kept and counted (pzq/endpoints/emqp_kept.py). A worker or subscriber that reads nothing is
+cut off (pzq/endpoints/stuck.py), and a worker whose connection closes is gone at once (the socket
+monitor's DISCONNECTED, tcp://): its jobs go to other workers.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,15 @@ import logging
 import zmq
 
 from pzq.config import Config
-from pzq.endpoints.base import Endpoint, Sockets, receive_from
+from pzq.endpoints.base import Endpoint, Sockets, receive_from, receive_with_fd
+from pzq.endpoints.emqp_kept import KeptJobs, KeptReplies
+from pzq.endpoints.emqp_publish import Publisher
+from pzq.endpoints.handed import Handed
 from pzq.endpoints.replies import RETRY_S, Replies
+from pzq.endpoints.stuck import StuckReaders
 from pzq.gateways.contract import Send
-from pzq.gateways.emqp import BACK, FRONT, EmqpGateway
-from pzq.zmqio import NOBLOCK, POLLIN, Again, events, send_frames
+from pzq.gateways.emqp import BACK, FRONT, PUB, EmqpGateway
+from pzq.zmqio import NOBLOCK, POLLIN, Again, events
 
 log = logging.getLogger("pzq.server")
 
@@ -33,20 +44,24 @@ class EmqpEndpoint(Endpoint):
         hwm = {"SNDHWM": 1000, "RCVHWM": config.limits.pipe_messages(limit, 1000), "MAXMSGSIZE": limit}
         self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", **hwm)
         self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", **hwm)
-        # PUB drops what a subscriber cannot take past SNDHWM (fire and forget); it reads subscriptions only.
-        self.pub = (
-            binder.bind(zmq.PUB, config.emqp_publish_dsn, "--emqp-publish-dsn", SNDHWM=1000, RCVHWM=1000)
-            if config.emqp_publish_dsn
-            else None
-        )
-        self.sockets = [self.front, self.back]
+        broker = gateway.broker
+        self.publisher = Publisher(config, binder, broker) if config.emqp_publish_dsn else None
         self.replies = {
             FRONT: Replies(self.front, "emqp client", config.limits),
             BACK: Replies(self.back, "emqp worker", config.limits),
         }
+        self.handed = Handed(broker)  # (REPLYs passed on to clients)
+        self.kept_replies = KeptReplies(self.front, self.handed, self.replies[FRONT], config.limits)
+        self.kept_jobs = KeptJobs(self.back, gateway, config.limits)
         self.binder = binder
         self._gates = {FRONT: binder.gate(self.front), BACK: binder.gate(self.back)}
         self.gateway = gateway
+        # (tcp://: a worker whose connection closes is gone, and one that reads nothing is cut off)
+        binder.on_disconnect[self.back] = gateway.disconnected
+        self.stuck_workers = StuckReaders(
+            "emqp worker", config.emqp_backend_dsn, lambda: binder.open_fds.get(self.back, set()), config.limits
+        )
+        self._set_sockets()
         self._out: list[Send] = []
         self._first = FRONT  # the socket read first: the other one when a turn's budget cut this one short
         self._may_free = 0  # REQUESTs and READYs read this turn, not handed a job yet
@@ -62,6 +77,21 @@ class EmqpEndpoint(Endpoint):
 
     def _read(self, sockets: list, budget: int, ready: dict, now: float, now_us: int) -> None:
         """What ``read`` reads, the socket a spent budget cut short last turn first."""
+        workers: list[tuple[bytes, int]] = []  # (worker, descriptor of the connection its command came over)
+        try:
+            self._read_sockets(sockets, budget, ready, now, now_us, workers)
+        finally:
+            if workers:
+                # Connections that closed before these commands came are known gone first (a descriptor may
+                # be reused); one the monitor does not know open is not mapped (its worker goes when silent).
+                self.binder.drain_events(self.back)
+                open_fds = self.binder.open_fds.get(self.back, set())
+                for peer, fd in workers:
+                    self.gateway.connection(peer, fd if fd in open_fds else -1)
+
+    def _read_sockets(
+        self, sockets: list, budget: int, ready: dict, now: float, now_us: int, workers: list[tuple[bytes, int]]
+    ) -> None:
         for name, sock in sockets:
             # (what came after the turn's poll too: a worker answers a job within a turn, and its REPLY
             # would otherwise wait for the next one, a turn more for each hop of a round trip)
@@ -71,7 +101,12 @@ class EmqpEndpoint(Endpoint):
                 if budget <= 0 or self.budget.spent():
                     break
                 try:  # a worker's key is kept with it: a revocation drops the workers of that key
-                    frames, user = receive_from(sock, self._gates[name], "emqp", NOBLOCK)
+                    if name == BACK:
+                        frames, user, fd = receive_with_fd(sock, self._gates[name], "emqp", NOBLOCK)
+                        if frames is not None:
+                            workers.append((frames[0], fd))
+                    else:
+                        frames, user = receive_from(sock, self._gates[name], "emqp", NOBLOCK)
                 except Again:
                     break
                 if frames is None:
@@ -97,18 +132,37 @@ class EmqpEndpoint(Endpoint):
         out between the two tasks, and a round trip crosses it twice (a job out, its REPLY back). The
         job leaves after the turn's commit like any other, so it is durable before a worker gets it."""
         if self._may_free:
-            self._out += self.gateway.hand_out(now=now, now_us=now_us, most=self._may_free)
+            jobs = self.gateway.hand_out(
+                now=now,
+                now_us=now_us,
+                most=self._may_free,
+                blocked=self.kept_jobs.blocked(),
+                most_bytes=max(1, self.budget.bytes_left),
+            )
+            self._out += jobs
+            self.budget.take(_bytes_of(jobs), records=0)  # (their records were drawn as they were read)
             self._may_free = 0
 
     def work(self, now: float, now_us: int) -> None:
-        # Due schedules and heartbeats, then jobs a run at a time (Limits.turn_chunk), each run drawn on
-        # the turn's records: workers may hold many free slots when a backlog arrives at once.
-        self._out += self.gateway.dispatch(now=now, now_us=now_us, most=0)
+        # Connections of workers and subscribers that read nothing (a look is two system calls: each one
+        # draws a record), then due schedules and heartbeats, then jobs a run at a time
+        # (Limits.turn_chunk), each run drawn on the turn's records: workers may hold many free slots when
+        # a backlog arrives at once.
+        most = self.budget.records_for(self.limits.stuck_checks_per_turn)
+        looked = self.publisher.turn(now, most) if self.publisher is not None else 0
+        looked += self.stuck_workers.check(now, most - looked)
+        if looked:
+            self.budget.take(records=looked)
+        blocked = self.kept_jobs.blocked()
+        self._out += self.gateway.dispatch(now=now, now_us=now_us, most=0, blocked=blocked)
         while most := self.budget.records_for(self.limits.turn_chunk):
-            jobs = self.gateway.hand_out(now=now, now_us=now_us, most=most)
+            # (their bodies draw on the turn's bytes, as native deliveries do: a 1 MiB job costs ~1 ms)
+            jobs = self.gateway.hand_out(
+                now=now, now_us=now_us, most=most, blocked=blocked, most_bytes=max(1, self.budget.bytes_left)
+            )
             self._out += jobs
-            self.budget.take(records=len(jobs))
-            if len(jobs) < most:  # no free slot, or nothing ready for one
+            self.budget.take(_bytes_of(jobs), records=len(jobs))
+            if len(jobs) < most:  # no free slot, nothing ready for one, or the turn's bytes are used
                 return
 
     def waiting(self) -> bool:
@@ -122,23 +176,27 @@ class EmqpEndpoint(Endpoint):
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
+        self.handed.collect()
         for replies in self.replies.values():
             replies.flush()
+        self.kept_replies.flush(now)  # (after the answers: a REPLY never overtakes one waiting for its client)
+        self.kept_jobs.flush(now)
         out, self._out = self._out, []
-        for target, frames, _, _ in out:
-            if target in self.replies:
-                self.replies[target].send(frames)
-                continue
-            if self.pub is None:
-                continue  # (the gateway says PUBLISH only when there is a publish socket)
-            try:  # PUB: fire and forget, as ZeroMQ's publish-subscribe is (a slow subscriber misses some)
-                send_frames(self.pub, frames, NOBLOCK)
-            except Again:
-                log.warning("eMQP publish socket full: a PUBLISH to %r was dropped", frames[0][:40])
+        for send in out:
+            if send.socket == PUB:  # (the gateway says PUBLISH only when there is a publish socket)
+                if self.publisher is not None:
+                    self.publisher.publish(send.frames, send.token)
+            elif send.token is None:  # answers, heartbeats: small
+                self.replies[send.socket].send(send.frames)
+            elif send.socket == BACK:  # a job, charged to its worker as a delivery
+                self.kept_jobs.send(send, now)
+            else:  # a worker's REPLY passed on, charged to its client while libzmq holds it
+                self.kept_replies.send(send.frames, send.token, now)
 
     def wake_at(self, now: float) -> float | None:
         wake = self.gateway.next_wake(now)
-        if any(r.wake_at(now) for r in self.replies.values()):  # a backlog waits for its peer
+        kept = self.kept_jobs.waiting() or self.kept_replies.waiting()
+        if kept or any(r.wake_at(now) for r in self.replies.values()):  # a backlog waits for its peer
             wake = now + RETRY_S if wake is None else min(wake, now + RETRY_S)
         return wake
 
@@ -149,27 +207,48 @@ class EmqpEndpoint(Endpoint):
         return self.gateway.queue_consumers(queue, limit)
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        figures = {
+            **self.gateway.stats(),
+            "jobs_kept_total": self.kept_jobs.kept_total,
+            "workers_cut_total": self.stuck_workers.cut_total,  # (read nothing: pzq/endpoints/stuck.py)
+            "replies_held_bytes": self.handed.bytes,  # (REPLYs passed on that libzmq still holds)
+            "replies_dropped_total": self.kept_replies.dropped_total,
+        }
+        if self.publisher is not None:
+            figures.update(self.publisher.stats())
+        return figures
 
     def memory(self) -> dict[str, int]:
-        return {"emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values())}
+        # (jobs, and what libzmq holds of REPLYs and PUBLISHes, are charged to their payers: "deliveries")
+        held = sum(r.backlog_bytes for r in self.replies.values()) + self.kept_replies.backlog_bytes
+        return {"emqp_backlogs": held}
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
         # (a worker's right is on the queues it serves: the gateway re-checks each)
         dropped = self.gateway.narrow()
         if dropped:
             log.warning("eMQP: %d worker(s) whose key lost a queue's consume right dropped, jobs requeued", dropped)
-        if lost.get("emqp-publish") and self.pub is not None:
+        if lost.get("emqp-publish") and self.publisher is not None:
             self._rebind_pub()  # (a subscriber that may no longer read every topic fails its handshake)
 
     def revoked(self, users: set[str]) -> None:
         dropped = self.gateway.revoke(users)
         if dropped:
             log.warning("eMQP: %d worker(s) of revoked CURVE keys dropped, their jobs requeued", dropped)
-        if self.pub is not None and self.binder.gate(self.pub) is not None:
+        if self.publisher is not None and self.binder.gate(self.publisher.sock) is not None:
             self._rebind_pub()
 
     def _rebind_pub(self) -> None:
         # PUB sends to every subscriber alike: re-bind it so that every one authenticates again.
-        if self.pub is not None:
-            self.pub = self.binder.rebind(self.pub)
+        if self.publisher is not None:
+            self.publisher.rebind()
+            self._set_sockets()
+
+    def _set_sockets(self) -> None:
+        # (the PUB never has input: it is polled so that libzmq handles its commands while the loop waits,
+        # ending a departed subscriber's pipe and freeing what it held)
+        self.sockets = [self.front, self.back] + ([self.publisher.sock] if self.publisher is not None else [])
+
+
+def _bytes_of(jobs: list[Send]) -> int:
+    return sum(len(send.frames[-1]) for send in jobs)

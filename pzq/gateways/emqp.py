@@ -11,13 +11,12 @@ reaches workers with its 32-hex id as msgid, no headers, and its frames joined a
 that are not UTF-8 are replaced, since eventmq peers decode every frame).
 
 This module holds the clients' side (FRONT) and the contract; workers and their jobs are kept by
-gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py. Limits come from ``Limits``.
+gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py, the console's tables by
+gateways/emqp_views.py. Limits come from ``Limits``.
 """
 
 from __future__ import annotations
 
-import datetime
-import itertools
 import logging
 import time
 import uuid
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways import emqp_views
 from pzq.gateways.contract import Send
 from pzq.gateways.emqp_rights import client_refusal
 from pzq.gateways.emqp_scheduler import Scheduler
@@ -85,6 +85,8 @@ class EmqpGateway:
             "bad_input_total": 0,
             "replies_refused_total": 0,
             "jobs_restored_total": 0,
+            "jobs_given_back_total": 0,  # kept for a worker whose pipe took none of them, or that went
+            "worker_connections_closed_total": 0,  # (the socket monitor's: tcp:// only)
         }
         self.roster = Roster(
             broker,
@@ -150,8 +152,8 @@ class EmqpGateway:
                 self.schedulers[cmd.peer] = now
             return []
         if cmd.name == "PUBLISH":
-            if self.publish:
-                return [Send(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()])]
+            if self.publish:  # (its bytes are charged to its publisher while libzmq holds them: the token)
+                return [Send(PUB, [cmd.args[0].encode(), cmd.args[-1].encode()], publisher(cmd.peer, user))]
             log.info("eMQP PUBLISH to %r dropped: no --emqp-publish-dsn", cmd.args[0])
         elif cmd.name == "DISCONNECT":
             log.warning("eMQP client %r sent DISCONNECT: ignored (only a signal stops pzq)", cmd.peer[:40])
@@ -208,12 +210,31 @@ class EmqpGateway:
         self, *, now: float, now_us: int, blocked: frozenset = frozenset(), most: int | None = None
     ) -> list[Send]:
         """Due schedules run, heartbeats, and jobs for free workers, ``most`` at most (None: every free
-        slot; ``blocked``: the endpoint's Replies keep a backlog per peer, so nothing is held back here)."""
+        slot), none for the ``blocked`` ones (their pipes hold jobs kept for them: pzq/endpoints/emqp_kept.py)."""
         self.run_schedules(now_us)
-        return self.tick(now) + self.hand_out(now=now, now_us=now_us, most=most)
+        return self.tick(now) + self.hand_out(now=now, now_us=now_us, most=most, blocked=blocked)
 
     def unsent(self, send: Send) -> bool:
-        return True  # (the endpoint's Replies keep what a peer has not read yet)
+        """True: a job its worker's pipe could not take is kept for it (it asked for it with READY), and
+        answers wait for their peer; a kept job that never leaves is given back (``give_back``)."""
+        return True
+
+    def holds(self, send: Send) -> bool:
+        """Whether the job ``send`` carries is still its worker's (not requeued since it was handed out)."""
+        return self.roster.holds(send)
+
+    def give_back(self, send: Send) -> None:
+        """The job ``send`` carries never left (its worker's pipe took none of it, or its worker is gone):
+        back to its queue for another worker, its worker's slot back."""
+        self.roster.give_back(send)
+
+    def connection(self, peer: bytes, fd: int) -> None:
+        """A worker's commands came over the open connection of descriptor ``fd`` (-1: not known)."""
+        self.roster.connection(peer, fd)
+
+    def disconnected(self, fd: int) -> None:
+        """The backend connection of descriptor ``fd`` closed: its worker is gone, its jobs go back."""
+        self.roster.disconnected(fd)
 
     def next_wake(self, now: float) -> float | None:
         wake = self.next_heartbeat
@@ -314,10 +335,18 @@ class EmqpGateway:
 
     # -- dispatch and time ------------------------------------------------------------------------
 
-    def hand_out(self, *, now: float, now_us: int, most: int | None = None) -> list[Send]:
+    def hand_out(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        most: int | None = None,
+        blocked: frozenset = frozenset(),
+        most_bytes: int | None = None,
+    ) -> list[Send]:
         """Give jobs to workers with free slots, heaviest queue first, least recently served first
-        (``most`` at most: see Roster.hand_out)."""
-        return self.roster.hand_out(now=now, now_us=now_us, most=most)
+        (``most`` at most, none to the ``blocked``, payloads up to ``most_bytes``: see Roster.hand_out)."""
+        return self.roster.hand_out(now=now, now_us=now_us, most=most, blocked=blocked, most_bytes=most_bytes)
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeat every worker and scheduler daemon each interval; drop the ones silent for
@@ -351,71 +380,11 @@ class EmqpGateway:
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        mine = [w for w in self.workers.values() if any(name == queue for _, name in w.queues)]
-        held = self.broker.held_count
-        return [
-            {"protocol": "emqp", "client": _shown(w.identity), "connected_us": w.connected_us, "held": held(w.consumer)}
-            for w in mine[:limit]
-        ], len(mine)
+        return emqp_views.queue_consumers(self.workers, self.broker.held_count, queue, limit)
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
-        workers = [
-            [
-                _shown(w.identity),
-                ", ".join(f"{name} ({weight})" for weight, name in w.queues)[:200],
-                w.slots,
-                "yes" if w.draining else "no",
-                round(now - w.last_seen, 1),
-                self.broker.held_count(w.consumer),
-                w.connected_us,
-            ]
-            for w in itertools.islice(self.workers.values(), offset, offset + limit)
-        ]
-        schedules = [
-            [
-                key,
-                t.get("queue", ""),
-                f"cron {t['cron']}" if t.get("cron") else f"every {t.get('interval', 0)} s",
-                "forever" if t.get("remaining", -1) < 0 else t.get("remaining"),
-                _utc(t.get("next_us", 0)),
-            ]
-            for key, t in itertools.islice(self.schedules.items(), offset, offset + limit)
-        ]
-        schedulers = [
-            [_shown(p), round(now - seen, 1)]
-            for p, seen in itertools.islice(self.schedulers.items(), offset, offset + limit)
-        ]
-        return [
-            {
-                "kind": "emqp-workers",
-                "title": "Workers",
-                "columns": [
-                    "worker",
-                    "queues (weight)",
-                    "free slots",
-                    "draining",
-                    "heard, s ago",
-                    "jobs in flight",
-                    "connected_us",
-                ],
-                "rows": workers,
-                "total": len(self.workers),
-            },
-            {
-                "kind": "emqp-schedules",
-                "title": "Schedules",
-                "columns": ["schedule", "queue", "when", "runs left", "next run"],
-                "rows": schedules,
-                "total": len(self.schedules),
-            },
-            {
-                "kind": "emqp-schedulers",
-                "title": "Scheduler daemons",
-                "columns": ["scheduler", "last heard, s ago"],
-                "rows": schedulers,
-                "total": len(self.schedulers),
-            },
-        ]
+        held = self.broker.held_count
+        return emqp_views.tables(self.workers, held, self.schedules, self.schedulers, now, limit, offset)
 
     def stats(self) -> dict:
         return {
@@ -430,11 +399,7 @@ class EmqpGateway:
         }
 
 
-def _shown(identity: bytes) -> str:
-    """A peer's identity for a page: as text when printable (eventmq's are), else hex."""
-    text = identity[:64].decode("ascii", "replace")
-    return text if text.isprintable() and "\ufffd" not in text else identity[:32].hex()
-
-
-def _utc(us: int) -> str:
-    return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if us else "-"
+def publisher(peer: bytes, user: str | None) -> tuple:
+    """The payer a PUBLISH's bytes are charged to while libzmq holds them: its client (its CURVE key, else
+    its routing identity)."""
+    return ("emqp-publisher", user or peer)

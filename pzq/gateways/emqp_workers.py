@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from pzq.broker import Broker, Ref
 from pzq.config import Limits
@@ -44,6 +45,7 @@ class Worker:
     slots: int = 0
     draining: bool = False
     user: str | None = None  # its CURVE public key (z85), when the backend uses CURVE
+    fd: int = -1  # the descriptor of the connection its commands came over (-1: not known)
     connected_us: int = dataclasses.field(default_factory=lambda: time.time_ns() // 1000)  # (since its INFORM)
 
     @property
@@ -89,6 +91,7 @@ class Roster:
         self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
         # dropped -> (queues, slots, CURVE key)
         self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
+        self._fds: dict[int, bytes] = {}  # connection descriptor -> the worker whose commands came over it
 
     def restore_jobs(self, now: float) -> int:
         """Jobs handed out before a restart (or a rolled-back turn) are held again for their workers:
@@ -214,7 +217,9 @@ class Roster:
         meta = message.meta if message is not None else None
         if meta and meta.get("client") and _reply_requested(meta):
             self.counters["replies_forwarded_total"] += 1
-            return [Send(FRONT, [meta["client"], *emqp.reply(self.new_id(), reply_json, request_msgid)])]
+            client = meta["client"]  # (charged to the client while libzmq holds it: the token names it)
+            reply = emqp.reply(self.new_id(), reply_json, request_msgid)
+            return [Send(FRONT, [client, *reply], ("emqp-client", client))]
         return []
 
     def _pop_job(self, msgid: str, worker: Worker, now: float) -> tuple[Ref, tuple[bytes, str | None]] | None:
@@ -270,7 +275,53 @@ class Roster:
         """The first of ``queues`` the key ``user`` may not consume from (see emqp_rights.unserved)."""
         return None if self.permissions is None else unserved(self.permissions, user, queues, what)
 
+    def connection(self, identity: bytes, fd: int) -> None:
+        """The commands of worker ``identity`` came over the open connection of descriptor ``fd``."""
+        worker = self.workers.get(identity)
+        if worker is None or fd < 0 or worker.fd == fd:
+            return
+        if self._fds.get(worker.fd) == identity:
+            del self._fds[worker.fd]
+        self._fds[fd] = identity
+        worker.fd = fd
+
+    def disconnected(self, fd: int) -> None:
+        """The connection of descriptor ``fd`` closed: what its worker was handed over it is gone with it
+        (never read, or read by a process that is no longer there to REPLY on it), so the worker is
+        dropped and its jobs go back at once, not after liveness x interval. It is remembered as departed:
+        a JobManager that reconnects is taken back by its next command, and its REPLYs still count."""
+        identity = self._fds.pop(fd, None)
+        worker = self.workers.get(identity) if identity is not None else None
+        if worker is not None and worker.fd == fd:
+            self.counters["worker_connections_closed_total"] += 1
+            self._drop(worker, "its connection closed")
+
+    def holds(self, send: Send) -> bool:
+        """Whether the job ``send`` carries (see _take_for) is still in flight to the worker it was for."""
+        ref, holder = _job_of(send)
+        return self.broker.in_flight_to(ref) == holder
+
+    def give_back(self, send: Send) -> None:
+        """The job ``send`` carries never reached its worker: back to its queue, the worker's slot back."""
+        ref, holder = _job_of(send)
+        if self.broker.in_flight_to(ref) != holder:
+            return  # (requeued already: its worker was dropped)
+        self.broker.undeliver(ref)
+        self.job_table.delete(ref)
+        msgid = send.frames[4].decode("utf-8", "replace")
+        held = self.jobs.get(msgid)
+        if held is not None:
+            held.pop(ref, None)
+            if not held:
+                del self.jobs[msgid]
+        worker = self.workers.get(send.frames[0])
+        if worker is not None and worker.consumer == holder:
+            worker.slots += 1
+        self.counters["jobs_given_back_total"] += 1
+
     def _drop(self, worker: Worker, why: str) -> None:
+        if self._fds.get(worker.fd) == worker.identity:
+            del self._fds[worker.fd]
         self.workers.pop(worker.identity, None)
         if not worker.draining:
             self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
@@ -279,20 +330,35 @@ class Roster:
         requeued = self.broker.consumer_gone(worker.consumer)
         log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
 
-    def hand_out(self, *, now: float, now_us: int, most: int | None = None) -> list[Send]:
+    def hand_out(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        most: int | None = None,
+        blocked: frozenset = frozenset(),
+        most_bytes: int | None = None,
+    ) -> list[Send]:
         """Give jobs to workers with free slots, heaviest queue first, least recently served first;
-        ``most`` jobs at most (None: as many as there are free slots)."""
+        ``most`` jobs at most (None: as many as there are free slots), none to the ``blocked`` (jobs wait
+        for their pipes: their bytes stay in the queue, not in pzq's memory), and none more once their
+        payloads reach ``most_bytes`` (the turn's bytes: reading a 1 MiB body and framing it costs the
+        loop about a millisecond; one job is always handed out)."""
         out: list[Send] = []
         if most is not None and most <= 0:
             return out
+        size = 0
         for worker in list(self.workers.values()):
+            if blocked and worker.identity in blocked:
+                continue
             while worker.slots > 0 and not worker.draining:
-                if most is not None and len(out) >= most:
+                if most is not None and len(out) >= most or most_bytes is not None and out and size >= most_bytes:
                     return out
                 job = self._take_for(worker, now, now_us)
                 if job is None:
                     break
                 out.append(job)
+                size += len(job.frames[-1])
                 worker.slots -= 1
                 self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
         return out
@@ -312,11 +378,15 @@ class Roster:
             headers = meta.get("headers", "")
             if "reply" not in meta:  # (a scheduled run, another protocol's message, or a job stored before)
                 headers = emqp.with_header(headers, "reply-requested")
-            payload = b"".join(message.frames).decode("utf-8", "replace")
+            # (what eMQP stored, a REQUEST's or a schedule's, was UTF-8 text: sent as stored; another
+            # protocol's bytes are made text, since eventmq peers decode every frame)
+            body = b"".join(message.frames)
+            payload = body if "msgid" in meta else body.decode("utf-8", "replace")
             self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
             self.job_table.put((message.qid, message.seq), (msgid, worker.identity, worker.user))
-            return Send(BACK, [worker.identity, *emqp.request(msgid, queue, headers, payload)])
+            job = [worker.identity, *emqp.request(msgid, queue, headers, payload)]
+            return Send(BACK, job, ((message.qid, message.seq), worker.consumer))  # (see holds, give_back)
         return None
 
     def tick(self, now: float) -> list[Send]:
@@ -345,6 +415,11 @@ def _reply_requested(meta: dict) -> bool:
     if "reply" in meta:
         return bool(meta["reply"])
     return "reply-requested" in emqp.parse_headers(meta.get("headers", ""))  # (a job stored before)
+
+
+def _job_of(send: Send) -> tuple[Ref, tuple]:
+    """The stored message a job's Send carries and the holder it was handed to (its token: _take_for)."""
+    return cast(tuple[Ref, tuple], send.token)
 
 
 def holder_of(identity: bytes, user: str | None) -> tuple:

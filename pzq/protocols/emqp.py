@@ -96,9 +96,11 @@ def heartbeat(msgid: str, now: float) -> list[bytes]:
     return command("HEARTBEAT", msgid, repr(now))
 
 
-def request(msgid: str, queue: str, headers: str, payload: str) -> list[bytes]:
-    """A job as a worker receives it: the client's REQUEST with its msgid kept."""
-    return [b"", VERSION, b"REQUEST", msgid.encode(), queue.encode(), headers.encode(), payload.encode()]
+def request(msgid: str, queue: str, headers: str, payload: str | bytes) -> list[bytes]:
+    """A job as a worker receives it: the client's REQUEST with its msgid kept (a payload given as bytes
+    must be UTF-8 already)."""
+    body = payload if isinstance(payload, bytes) else payload.encode()
+    return [b"", VERSION, b"REQUEST", msgid.encode(), queue.encode(), headers.encode(), body]
 
 
 def reply(msgid: str, reply_json: str, request_msgid: str) -> list[bytes]:
