@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
+import torture_doors as doors  # noqa: E402
 import torture_kept as kept  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
@@ -81,6 +82,11 @@ CASES = {
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
+    "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _none, frozenset()),
+    "phpmq-big": (doors.phpmq_big, 3, 1, _none, frozenset()),
+    "emqp-big": (doors.emqp_big, 3, 1, _none, frozenset()),
+    "api-big": (doors.api_big, 3, 1, _none, frozenset()),
+    "api-produce-big": (doors.api_produce_big, 2_000, 400, _none, frozenset()),
 }
 
 
