@@ -116,6 +116,26 @@ class StreamGateway(Gateway, Protocol):
 
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
 
+    def dispatch(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        blocked: frozenset[Hashable],
+        most: int | None = None,
+        most_bytes: int | None = None,
+    ) -> list[Send]:
+        """As ``Gateway.dispatch``, in slices that fit the turn: ``most`` deliveries and about
+        ``most_bytes`` of their bodies at most (None: no bound); ``dispatched`` and ``dispatched_bytes``
+        then say what the call handed out, and fewer than ``most`` that there is nothing more now."""
+        ...
+
+    @property
+    def dispatched(self) -> int: ...
+
+    @property
+    def dispatched_bytes(self) -> int: ...
+
 
 class Budget(Protocol):
     """The turn's budget as a gateway sees it (the loop's ``TurnBudget``): asked before each request,

@@ -70,7 +70,7 @@ class Big:
 @dataclasses.dataclass(eq=False)
 class _Job:
     owner: Hashable
-    body: Sequence[bytes]
+    body: Sequence[bytes | bytearray | memoryview]
     size: int
     how: Big
     upload: Upload | None = None
@@ -118,7 +118,7 @@ class Parted:
         self.waiting_bytes += size
         return []
 
-    def write(self, owner: Hashable, body: Sequence[bytes], how: Big) -> None:
+    def write(self, owner: Hashable, body: Sequence[bytes | bytearray | memoryview], how: Big) -> None:
         if owner in self._writing_for:
             raise ValueError("one big message per owner at a time: the next waits behind it (after)")
         job = _Job(owner, body, sum(map(len, body)), how)
@@ -131,6 +131,11 @@ class Parted:
     @property
     def held_bytes(self) -> int:
         return self.bodies_bytes + self.waiting_bytes
+
+    @property
+    def pending(self) -> bool:
+        """True while there is work for ``step``: parts to write, or requests to run that waited."""
+        return bool(self._jobs or self._free)
 
     @property
     def full(self) -> bool:
