@@ -109,19 +109,23 @@ class EmqpEndpoint(Endpoint):
             self._out += jobs
             self.budget.take(records=len(jobs))
             if len(jobs) < most:  # no free slot, or nothing ready for one
-                return
+                break
+        if self.gateway.parts.pending:  # big REQUESTs, a part per turn (gateways/parted.py)
+            self._out += self.gateway.parts.step(self.budget, now_us)
 
     def waiting(self) -> bool:
-        return bool(self._out)
+        # (a big REQUEST's part written this turn: committed now, so that no commit carries more)
+        return bool(self._out) or self.gateway.parts.writing
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
-        self._out = self.gateway.rolled_back(out)
+        self._out = self.gateway.rolled_back(out) + self.gateway.parts.rolled_back()
 
     def recover(self) -> None:
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
+        self.gateway.parts.flushed()
         for replies in self.replies.values():
             replies.flush()
         out, self._out = self._out, []
@@ -137,6 +141,8 @@ class EmqpEndpoint(Endpoint):
                 log.warning("eMQP publish socket full: a PUBLISH to %r was dropped", frames[0][:40])
 
     def wake_at(self, now: float) -> float | None:
+        if self.gateway.parts.pending:
+            return now
         wake = self.gateway.next_wake(now)
         if any(r.wake_at(now) for r in self.replies.values()):  # a backlog waits for its peer
             wake = now + RETRY_S if wake is None else min(wake, now + RETRY_S)
@@ -149,10 +155,13 @@ class EmqpEndpoint(Endpoint):
         return self.gateway.queue_consumers(queue, limit)
 
     def stats(self) -> dict:
-        return self.gateway.stats()
+        return {**self.gateway.stats(), **self.gateway.parts.stats()}
 
     def memory(self) -> dict[str, int]:
-        return {"emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values())}
+        return {
+            "emqp_backlogs": sum(r.backlog_bytes for r in self.replies.values()),
+            "emqp_big": self.gateway.parts.held_bytes,  # (big REQUESTs and what waits behind them)
+        }
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
         # (a worker's right is on the queues it serves: the gateway re-checks each)

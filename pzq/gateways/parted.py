@@ -16,8 +16,9 @@ Gateway, for each request that may store a message:
   one: its next requests must wait too (``after``).
 - ``big(size)``: True for a body past ``body_chunk_bytes``: hand it to ``write``.
 - ``room(owner, size)``: whether ``size`` more bytes may wait for ``owner`` (a big body, or a request
-  behind one): a door that can say "busy" refuses when not; one that cannot (PHPMQ) stops reading while
-  ``full`` instead.
+  behind one): everything held stays under ``pipe_in_bytes``, and what waits behind an owner's big
+  message under a quarter of it (the big message itself aside). A door that can say "busy" refuses
+  when not; one that cannot (PHPMQ) stops reading while ``full`` instead.
 - ``after(owner, act, size)``: run ``act(now_us)`` at once when ``owner`` is not busy (its answers are
   returned), else keep it to run once what is ahead of it is stored (its answers then come out of
   ``step``). ``act`` returns its client's error answer rather than raising one, and may ``write``.
@@ -54,7 +55,7 @@ from pzq.gateways.contract import Budget, Send
 from pzq.store import Upload
 
 Act = Callable[[int], list[Send]]  # a request kept behind a big message: run with the turn's now_us
-OWNER_PART = 4  # one owner may hold this part of pipe_in_bytes (it may always hold one big message)
+OWNER_PART = 4  # what waits behind one owner's big message: this part of pipe_in_bytes at most
 
 
 @dataclasses.dataclass(eq=False)
@@ -105,10 +106,9 @@ class Parted:
         return size > self.chunk
 
     def room(self, owner: Hashable, size: int) -> bool:
-        held = self.held_of(owner)
         if self.bodies_bytes + self.waiting_bytes + size > self.most:
             return False
-        return not held or held + size <= self.owner_most
+        return not self.busy(owner) or self.behind_of(owner) + size <= self.owner_most
 
     def after(self, owner: Hashable, act: Act, size: int, now_us: int) -> list[Send]:
         if not self.busy(owner):
