@@ -71,7 +71,12 @@ def make_emqp(loop: Loop) -> EmqpGateway:
 
 def make_api(loop: Loop) -> ApiGateway:
     return ApiGateway(
-        loop.broker, loop.leases, DedupKeys(loop.store), max_message_size=MAX_INPUT, dedup_window_s=60, limits=loop.limits
+        loop.broker,
+        loop.leases,
+        DedupKeys(loop.store),
+        max_message_size=MAX_INPUT,
+        dedup_window_s=60,
+        limits=loop.limits,
     )
 
 

@@ -67,6 +67,7 @@ def test_a_consumer_that_never_reads_holds_at_most_its_share_while_another_drain
     deaf = socket.create_connection(addr, timeout=5)
     deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     deaf.sendall(encode(CONSUME, [(QUEUE, b"deaf"), (COUNT, b"1000")]))
+
     def delivered() -> int:
         return client.stats(srv.monitor)["memory"]["delivery_bytes"]
 

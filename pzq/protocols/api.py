@@ -71,11 +71,15 @@ class Request:
 
 
 def parse_request(
-    frames: Sequence[bytes], max_size: int = 64 << 20, max_produce: int | None = None
+    frames: Sequence[bytes],
+    max_size: int = 64 << 20,
+    max_produce: int | None = None,
+    max_produce_bytes: int | None = None,
 ) -> Request | Rejected | None:
     """Read one request from the server's ROUTER. A request that cannot be answered (no delimiter or
     no id) is None; one that can but is wrong comes back Rejected, to answer with ERR. A PRODUCE of more
-    than ``max_produce`` messages (default MAX_PRODUCE) is refused from its list's header."""
+    than ``max_produce`` messages (default MAX_PRODUCE), or of more than one message in an arguments
+    frame past ``max_produce_bytes`` (default MAX_PRODUCE_BYTES), is refused from its list's header."""
     try:
         split = list(frames).index(b"")
     except ValueError:
@@ -95,8 +99,9 @@ def parse_request(
             "unknown-command",
             f"unknown command {name[:40]!r}; known: {', '.join(sorted(SCHEMAS))}",
         )
+    most = (MAX_PRODUCE if max_produce is None else max_produce, max_produce_bytes or MAX_PRODUCE_BYTES)
     try:
-        args = _arguments(bytes(rest[2]), name, max_size, MAX_PRODUCE if max_produce is None else max_produce)
+        args = _arguments(bytes(rest[2]), name, max_size, *most)
     except ProtocolError as exc:
         return _bad(routing, request_id, exc.code, exc.detail)
     for field, (kind, required) in schema.items():
@@ -116,9 +121,10 @@ def parse_request(
 MAX_ARGUMENTS = 16  # entries of a request's map (its schema names at most four; unknown ones are dropped)
 
 
-def _arguments(data: bytes, command: str, max_size: int, max_produce: int) -> dict:
+def _arguments(data: bytes, command: str, max_size: int, max_produce: int, max_produce_bytes: int) -> dict:
     """A request's msgpack map, decoded with its sizes checked before anything is built: the map's and
-    PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and ``max_produce``,
+    PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and ``max_produce``
+    (and a list of more than one message in a frame past ``max_produce_bytes``),
     every other value must be a scalar (a list or map header there is refused as it is read), and no
     string, bin or ext is longer than ``max_size``. So a refusal costs a few bytes' reading, however
     many items the frame announces (a 16 MiB frame of nils would decode into 16 million objects)."""
@@ -146,7 +152,7 @@ def _arguments(data: bytes, command: str, max_size: int, max_produce: int) -> di
             if not isinstance(key, str) or key in args:
                 raise ProtocolError("bad-arguments", "argument names must be distinct strings")
             if command == "PRODUCE" and key == "messages":
-                args[key] = _messages(unpacker, max_produce)
+                args[key] = _messages(unpacker, max_produce, max_produce_bytes, len(data))
             else:
                 args[key] = unpacker.unpack()
         if unpacker.tell() != len(data):
@@ -158,14 +164,21 @@ def _arguments(data: bytes, command: str, max_size: int, max_produce: int) -> di
     return args
 
 
-def _messages(unpacker: msgpack.Unpacker, max_produce: int) -> list:
-    """PRODUCE's ``[[queue, body], ...]``, its length checked from its header before any item is read."""
+def _messages(unpacker: msgpack.Unpacker, max_produce: int, max_bytes: int, size: int) -> list:
+    """PRODUCE's ``[[queue, body], ...]``, its length checked from its header before any item is read,
+    and against ``max_bytes`` when there are several (``size``: the arguments frame's bytes)."""
     try:
         count = unpacker.read_array_header()
     except ValueError:
         raise ProtocolError("bad-arguments", "PRODUCE: 'messages' must be list") from None
     if count > max_produce:  # one request must fit a turn's budget
         raise ProtocolError("too-many", f"PRODUCE: at most {max_produce} messages per request, not {count}")
+    if size > max_bytes and count > 1:  # (its bytes must fit a turn's commit; one big message goes in parts)
+        raise ProtocolError(
+            "too-large",
+            f"PRODUCE: {count} messages in {size} bytes of arguments; several messages must fit in {max_bytes}: "
+            "split them by bytes (pzq's clients do), or send a big message alone",
+        )
     out = []
     for _ in range(count):
         try:
@@ -210,6 +223,20 @@ def _bad(routing, request_id, code: str, detail: str) -> Rejected:
 # Messages in one PRODUCE (the server reads Limits.api_max_produce, the same by default): ~4 us each on the
 # loop, so 2,000 fit a turn's ~10 ms budget (5,000 took ~21 ms). The Spark sink sends chunks of 1,000.
 MAX_PRODUCE = 2_000
+# Bytes of a PRODUCE's arguments frame that holds more than one message (Limits.api_produce_bytes, the same
+# by default: a turn's bytes, turn_write_bytes, whose commit holds them all). One message may be bigger (up
+# to --max-message-size): it is written a part per turn. 2,000 messages of 11 KiB in one PRODUCE held a
+# turn's commit for 22 MiB (its answer 445 ms, every client's longest wait 280 ms)
+MAX_PRODUCE_BYTES = 2 << 20
+
+
+def produce_bytes(queue: str, body: bytes) -> int:
+    """At least what one ``[queue, body]`` adds to a PRODUCE's arguments frame (its msgpack: two headers of
+    at most 5 bytes, the array's 1), for a client cutting its messages into PRODUCEs by bytes."""
+    return len(queue.encode()) + len(body) + 11
+
+
+PRODUCE_FRAME = 300  # the rest of the frame, at most: the map, its keys, a key of MAX_KEY bytes and headers
 
 
 def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[str, bytes]]:
