@@ -100,17 +100,21 @@ class Parted:
     # -- the gateway's side -----------------------------------------------------------------------
 
     def busy(self, owner: Hashable) -> bool:
+        """True while ``owner`` has a big message not yet stored, or requests waiting behind one."""
         return owner in self._writing_for or owner in self._behind
 
     def big(self, size: int) -> bool:
+        """True for a body that goes to ``write``: past one chunk (``body_chunk_bytes``)."""
         return size > self.chunk
 
     def room(self, owner: Hashable, size: int) -> bool:
+        """Whether ``size`` more bytes may be held for ``owner`` (see the module)."""
         if self.bodies_bytes + self.waiting_bytes + size > self.most:
             return False
         return not self.busy(owner) or self.behind_of(owner) + size <= self.owner_most
 
     def after(self, owner: Hashable, act: Act, size: int, now_us: int) -> list[Send]:
+        """Run ``act`` now if ``owner`` is not busy (its answers), else keep it, in order, for ``step``."""
         if not self.busy(owner):
             return act(now_us)
         self._behind.setdefault(owner, collections.deque()).append((act, size))
@@ -119,6 +123,7 @@ class Parted:
         return []
 
     def write(self, owner: Hashable, body: Sequence[bytes | bytearray | memoryview], how: Big) -> None:
+        """A big message of ``owner`` to write a part per turn (``step``), stored and answered as ``how`` says."""
         if owner in self._writing_for:
             raise ValueError("one big message per owner at a time: the next waits behind it (after)")
         job = _Job(owner, body, sum(map(len, body)), how)
@@ -130,6 +135,7 @@ class Parted:
 
     @property
     def held_bytes(self) -> int:
+        """Everything held: the bodies not yet stored and the requests waiting behind them."""
         return self.bodies_bytes + self.waiting_bytes
 
     @property
@@ -139,23 +145,30 @@ class Parted:
 
     @property
     def full(self) -> bool:
+        """True while the bodies not yet stored reach ``pipe_in_bytes``: a door that cannot refuse stops reading."""
         return self.bodies_bytes >= self.most
 
     def held_of(self, owner: Hashable) -> int:
+        """Bytes held for ``owner``: its big message and what waits behind it."""
         job = self._writing_for.get(owner)
         return (job.size if job is not None else 0) + self._behind_bytes.get(owner, 0)
 
     def behind_of(self, owner: Hashable) -> int:
+        """Bytes of ``owner``'s requests waiting behind its big message."""
         return self._behind_bytes.get(owner, 0)
 
     def settled(self) -> set[Hashable]:
+        """The owners whose held bytes went down since the last call."""
         settled, self._settled = self._settled, set()
         return settled
 
     def flushed(self) -> None:
+        """The turn's output left (its commit done): ``writing`` starts over."""
         self.writing = False
 
     def step(self, budget: Budget, now_us: int) -> list[Send]:
+        """The turn's part (see the module): what waited behind stored messages runs, then parts are
+        written (at least one chunk, then while ``budget``'s bytes last); the answers."""
         out = self._release(budget, now_us)
         wrote = False
         while self._jobs and not (wrote and budget.spent()):
@@ -227,6 +240,7 @@ class Parted:
         return out
 
     def stats(self) -> dict:
+        """The monitor's figures."""
         return {
             "big_stored_total": self.stored_total,
             "big_refused_total": self.refused_total,
