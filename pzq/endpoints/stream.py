@@ -199,7 +199,9 @@ class StreamEndpoint(Endpoint):
             )
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
-            if done < most:  # nothing more to hand out now (no credit, nothing ready, no room)
+            # Fewer than asked: nothing more to hand out now (no credit, nothing ready, no room). (MQKS
+            # does not keep ``most`` yet, and its put-backs and expiries run each call: one call a turn)
+            if done < most or self.paced is not None:
                 break
         if self.parts is not None and self.parts.pending:  # after the deliveries: they are not starved by it
             self._out += self._closes(self.parts.step(self.budget, now_us))
