@@ -13,7 +13,7 @@ from pzq.endpoints.replies import Replies
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import ONLY, Send
 from pzq.protocols import api as api_proto
-from pzq.zmqio import NOBLOCK, Again
+from pzq.zmqio import NOBLOCK, Again, keep_big_frames
 
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
@@ -25,6 +25,7 @@ REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PROD
 COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
 TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
 PENDING = 256  # requests read and not yet carried out, all clients together (and a turn's share of bytes)
+BIG_FRAME = 64 << 10  # frames of this size and more stay in libzmq's buffer (a big PRODUCE's body: no copy)
 # Each client's own share of them: Limits.api_pending_per_peer requests and api_pending_peer_bytes.
 
 
@@ -63,6 +64,7 @@ class ApiEndpoint(Endpoint):
             RCVHWM=config.limits.pipe_messages(config.max_message_size + (8 << 20), REQUESTS_UNREAD),
         )
         self.sockets = [self.sock]
+        keep_big_frames(self.sock, BIG_FRAME)
         self.replies = Replies(self.sock, "api", config.limits, pipes=True)
         binder.on_disconnect[self.sock] = self.replies.disconnected
         # A big reply is about this big (it stops growing past api_reply_bytes of bodies).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import msgpack
 
@@ -152,7 +152,8 @@ class ApiGateway:
             owner = ("key", user) if user else ("api", request.routing)
             if len(messages) == 1 and self.parts.big(len(messages[0][1])):
                 return self._produce_big(request, messages[0], peer, owner)
-            return self._produce(a, messages, now_us, owner)
+            # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
+            return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now_us, owner)
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
@@ -217,7 +218,7 @@ class ApiGateway:
                 return {"messages": rows, "next": before}  # the end of the queue
         return {"messages": rows, "next": after}
 
-    def _checked(self, a: dict, messages: list[tuple[str, bytes]], owner: tuple) -> str | None:
+    def _checked(self, a: dict, messages: Sequence[tuple[str, bytes | memoryview]], owner: tuple) -> str | None:
         """A PRODUCE's messages and key checked (its queues made on ``owner``'s share of --max-queues: its
         CURVE key, or its connection); its key (None: none, or nothing to remember)."""
         for queue, body in messages:
@@ -286,7 +287,9 @@ class ApiGateway:
             self._prune(now_us)
         return {"count": count, "duplicate": False}, True
 
-    def _produce_big(self, request: api.Request, message: tuple[str, bytes], peer: bytes, owner: tuple) -> dict:
+    def _produce_big(
+        self, request: api.Request, message: tuple[str, bytes | memoryview], peer: bytes, owner: tuple
+    ) -> dict:
         """A PRODUCE of one big message: checked now, written a part per turn (its digest a part at a time,
         as ``_produce`` computes it whole), its key, record and answer in the turn of its last part."""
         if not self.parts.room(peer, len(message[1])):

@@ -32,7 +32,6 @@ or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames 
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Sequence
 
 import msgpack
@@ -101,7 +100,7 @@ def parse_request(
         )
     most = (MAX_PRODUCE if max_produce is None else max_produce, max_produce_bytes or MAX_PRODUCE_BYTES)
     try:
-        args = _arguments(bytes(rest[2]), name, max_size, *most)
+        args = _arguments(rest[2], name, max_size, *most)
     except ProtocolError as exc:
         return _bad(routing, request_id, exc.code, exc.detail)
     for field, (kind, required) in schema.items():
@@ -121,7 +120,7 @@ def parse_request(
 MAX_ARGUMENTS = 16  # entries of a request's map (its schema names at most four; unknown ones are dropped)
 
 
-def _arguments(data: bytes, command: str, max_size: int, max_produce: int, max_produce_bytes: int) -> dict:
+def _arguments(data: bytes | memoryview, command: str, max_size: int, max_produce: int, max_produce_bytes: int) -> dict:
     """A request's msgpack map, decoded with its sizes checked before anything is built: the map's and
     PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and ``max_produce``
     (and a list of more than one message in a frame past ``max_produce_bytes``),
@@ -153,23 +152,33 @@ def _arguments(data: bytes, command: str, max_size: int, max_produce: int, max_p
     return args
 
 
+class _Window:
+    """The file the Unpacker reads a frame from, from ``at`` on: bytes copied only as they are read."""
+
+    def __init__(self, data: bytes | memoryview, at: int):
+        self.data, self.at = data, at
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else min(self.at + n, len(self.data))
+        chunk, self.at = bytes(self.data[self.at : end]), end
+        return chunk
+
+
 class _Reader:
     """A request's msgpack, read as needed (64 KiB at a time, not copied whole before the first check),
     every string, bin or ext at most ``max_size`` bytes, and no list or map but through its header. A
-    bin 32 (64 KiB and more: a big PRODUCE body) is taken from the frame in one copy, the Unpacker
-    started again past it: read through the Unpacker, a 15 MiB body grew its buffer 64 KiB at a time
-    (10-57 ms on a loaded machine, for one request)."""
+    bin 32 (64 KiB and more: a big PRODUCE body) is a memoryview of the frame (libzmq's buffer, kept by
+    the endpoint: no copy at all), the Unpacker started again past it: read through the Unpacker, a
+    15 MiB body grew its buffer 64 KiB at a time (10-57 ms on a loaded machine, for one request)."""
 
-    def __init__(self, data: bytes, max_size: int):
+    def __init__(self, data: bytes | memoryview, max_size: int):
         self.data, self.max_size = data, max_size
         self._from(0)
 
     def _from(self, offset: int) -> None:
-        stream = io.BytesIO(self.data)  # (shares the frame's bytes until written to: never)
-        stream.seek(offset)
         self.base = offset
         self.unpacker = msgpack.Unpacker(
-            stream,
+            _Window(self.data, offset),
             read_size=min(len(self.data), 64 << 10),
             raw=False,
             strict_map_key=True,
@@ -192,7 +201,7 @@ class _Reader:
         end = at + 5 + size
         if size > self.max_size or end > len(self.data):
             raise ValueError(f"a bin of {size} bytes: past the limit of {self.max_size} or the frame's end")
-        value = self.data[at + 5 : end]
+        value = memoryview(self.data)[at + 5 : end]
         self._from(end)
         return value
 
@@ -272,8 +281,9 @@ def produce_bytes(queue: str, body: bytes) -> int:
 PRODUCE_FRAME = 300  # the rest of the frame, at most: the map, its keys, a key of MAX_KEY bytes and headers
 
 
-def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[str, bytes]]:
-    """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body."""
+def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[str, bytes | memoryview]]:
+    """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body (a body of
+    64 KiB or more is a memoryview of the request's frame)."""
     if len(args["messages"]) > max_produce:  # one request must fit a turn's budget
         raise ProtocolError(
             "too-many", f"PRODUCE: at most {max_produce} messages per request, not {len(args['messages'])}"
@@ -284,7 +294,7 @@ def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[s
             not isinstance(item, list)
             or len(item) != 2
             or not isinstance(item[0], str)
-            or not isinstance(item[1], bytes)
+            or not isinstance(item[1], bytes | memoryview)
             or _out_of_range("queue", item[0])
         ):
             raise ProtocolError(
