@@ -59,3 +59,17 @@ def test_a_client_past_its_share_of_requests_waiting_behind_a_big_one_is_refused
     again = request(c, payload=third_payload)
     assert next_command(c, b"ACK", 10_000)[4] == again
     assert srv.stats()["queues"]["jobs"]["depth"] == 3
+
+
+def test_a_big_payload_is_checked_as_utf8_a_part_at_a_time_and_one_that_is_not_is_dropped(start):
+    srv, client_of, worker = start(limits=SMALL_PARTS)
+    c = client_of()
+    text = ("é€𝄞 " * (300 * KIB // 10)).encode()  # (characters cut across parts: still whole in the end)
+    good = request(c, payload=text)
+    bad = request(c, payload=text[:-2])  # (its last character cut short: the space, and a byte of 𝄞)
+    after = request(c, payload=b'"after"')
+    assert next_command(c, b"ACK", 10_000)[4] == good
+    assert next_command(c, b"ACK", 10_000)[4] == after, "the bad one is dropped unanswered, as parse drops one"
+    assert srv.stats()["queues"]["jobs"]["depth"] == 2 and bad
+    w = worker(ready=2)
+    assert [next_command(w, b"REQUEST")[6] for _ in range(2)] == [text, b'"after"']

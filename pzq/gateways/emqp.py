@@ -125,8 +125,9 @@ class EmqpGateway:
 
     def from_client(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
         """A command from a client; ``user`` is its CURVE key (z85) when the frontend uses CURVE."""
+        big = self.requests.big_payload(frames)  # (a big REQUEST's: checked a part at a time)
         try:
-            cmd = self._decode(frames)
+            cmd = self._decode(frames if big is None else [*frames[:-1], b""])
         except ProtocolError as exc:
             self._bad(frames[0] if frames else b"?", exc)
             if exc.code == "bad-headers" and frames[3] in (b"REQUEST", b"SCHEDULE", b"UNSCHEDULE"):
@@ -140,7 +141,7 @@ class EmqpGateway:
                 return []
             return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), why, cmd.msgid)])]
         if cmd.name == "REQUEST":
-            return self.requests.request(cmd, frames[-1], now_us)
+            return self.requests.request(cmd, frames[-1], now_us, checked=big is None)
         if cmd.name == "INFORM":  # a scheduler introducing itself
             if cmd.args and cmd.args[-1] == "scheduler":
                 most = self.limits.max_schedulers
