@@ -157,6 +157,10 @@ class Limits:
     api_pending_per_peer: int = 16
     api_pending_peer_bytes: int = 2 << 20
     api_max_produce: int = 2_000
+    # r10-phpmq-big (issue 39): the bytes of a PRODUCE's arguments frame holding more than one message (a
+    # turn's commit holds them all; one message may be bigger: it is written a part per turn). Refused from
+    # the frame's size and the list's header; pzq's clients cut their messages into PRODUCEs by bytes
+    api_produce_bytes: int = 2 << 20
 
     # MQKS fairness between connections (slice i26c-mqks; pzq/gateways/mqks.py, pzq/endpoints/stream.py):
     # lines read but not served count against the connection's share of --max-partial-input; one that

@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
+import torture_doors as doors  # noqa: E402
 import torture_emqp as emqp_cases  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
@@ -86,6 +87,11 @@ CASES = {
     **torture_monitor.CASES,
     "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, emqp_cases.publish_args, frozenset()),
     "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _none, frozenset()),
+    "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _none, frozenset()),
+    "phpmq-big": (doors.phpmq_big, 3, 1, _none, frozenset()),
+    "emqp-big": (doors.emqp_big, 3, 1, _none, frozenset()),
+    "api-big": (doors.api_big, 3, 1, _none, frozenset()),
+    "api-produce-big": (doors.api_produce_big, 2_000, 400, _none, frozenset()),
 }
 
 

@@ -3,7 +3,8 @@ server's turn drives it, with no socket, on a clock that moves only when a test 
 see (events); and the base of every pair's client.
 
 A ``Loop`` turn (server.py ``_turn``): what clients sent is handed to ``received``, leases and ack
-deadlines are looked at, ``dispatch`` runs, then the store is committed, or rolled back as after a
+deadlines are looked at, ``dispatch`` runs, a gateway's big messages are written a turn's bytes further
+(``parts``, as its endpoint drives them), then the store is committed, or rolled back as after a
 failed commit (``recover``, then ``rolled_back`` decides what may still be said). Only then do the sends
 leave. A pipe that is "full" this turn takes nothing: its sends are offered back through ``unsent``
 exactly as the endpoints do.
@@ -18,6 +19,7 @@ from typing import Any
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.endpoints.base import TurnBudget
 from pzq.gateways.contract import UNBOUNDED, PacedGateway, Send
 from pzq.leases import Leases
 
@@ -56,7 +58,7 @@ class Loop:
         route: Callable[[Send], Hashable] = lambda send: send.peer,
         limits: Limits = DEFAULT_LIMITS,
     ):
-        self.store, self.clock, self.route = store, clock, route
+        self.store, self.clock, self.route, self.limits = store, clock, route, limits
         self.broker = Broker(store, ack_timeout_s=ACK_TIMEOUT_S, limits=limits)
         self.leases = Leases(self.broker, timeout_s=LEASE_TIMEOUT_S)
         self.gateway: Any = make_gateway(self)  # (each kind offers its own half of the contract)
@@ -122,15 +124,27 @@ class Loop:
         self.leases.work(now_us)
         self.broker.expire(now)
         out += self.gateway.dispatch(now=now, now_us=now_us, blocked=frozenset(self.backlog) | slow)
+        parts = getattr(self.gateway, "parts", None)
+        if parts is not None and parts.pending:  # (a turn's bytes of its big messages, as its endpoint does)
+            budget = TurnBudget(float("inf"), self.limits.turn_write_bytes, self.limits.turn_records)
+            out += self._closes(parts.step(budget, now_us))
         if fail:  # as server._recover and each endpoint's rolled_back
             self.store.abort()
             self.broker.reset()
             self.leases.load()
             self.gateway.recover()
-            out = self.gateway.rolled_back(out)
+            out = self.gateway.rolled_back(out) + (self._closes(parts.rolled_back()) if parts is not None else [])
         else:
             self.store.commit()
         return self._flush(out, full)
+
+    def _closes(self, sends: list[Send]) -> list[Send]:
+        """Closes asked for by what a gateway's big messages answered, done at once (as the endpoint)."""
+        for send in sends:
+            if send.close and send.peer in self.gateway.sessions:
+                self.gateway.disconnected(send.peer)
+                self.closed.append(send.peer)
+        return [send for send in sends if not send.close]
 
     def _flush(self, out: list[Send], full: frozenset[Hashable]) -> list[Send]:
         pending = [send for sends in self.backlog.values() for send in sends] + out

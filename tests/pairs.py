@@ -40,7 +40,7 @@ __all__ = ["MAX_INPUT", "PAIRS", "Answered", "Closed", "Delivered", "Pair", "Spe
 
 
 def make_phpmq(loop: Loop) -> PhpmqGateway:
-    return PhpmqGateway(loop.broker, max_content=MAX_INPUT)
+    return PhpmqGateway(loop.broker, max_content=MAX_INPUT, limits=loop.limits)
 
 
 def make_mqks(loop: Loop) -> MqksGateway:
@@ -65,11 +65,19 @@ def make_emqp(loop: Loop) -> EmqpGateway:
         liveness=LIVENESS,
         new_id=lambda: f"server{next(ids)}",
         wall_clock=loop.clock.wall_s,
+        limits=loop.limits,
     )
 
 
 def make_api(loop: Loop) -> ApiGateway:
-    return ApiGateway(loop.broker, loop.leases, DedupKeys(loop.store), max_message_size=MAX_INPUT, dedup_window_s=60)
+    return ApiGateway(
+        loop.broker,
+        loop.leases,
+        DedupKeys(loop.store),
+        max_message_size=MAX_INPUT,
+        dedup_window_s=60,
+        limits=loop.limits,
+    )
 
 
 def make_native(loop: Loop):

@@ -66,6 +66,23 @@ def test_a_timed_out_copy_stays_charged_until_a_late_answer(broker):
     assert charged(broker, "c") == 4000
 
 
+def test_a_timed_out_copy_stays_charged_when_another_consumer_settles_the_message(broker):
+    fill(broker, 20)
+    held = take(broker)
+    broker.expire(now=11.0)
+    again = take(broker, "other", now=11.0)
+    assert [m.seq for m in again] == [m.seq for m in held]
+    assert broker.ack_many([(m.qid, m.seq) for m in again[:3]], by="other") == []
+    assert broker.ack((again[3].qid, again[3].seq), by="other") and broker.nack(
+        (again[4].qid, again[4].seq), by="other"
+    )
+    # (its copies were never read: they may still sit in its pipe, whoever read the message since; a PHPMQ
+    # consumer that never reads was handed more each time a reader acked what timed out)
+    assert charged(broker, "c") == 5000 and take(broker, "c", now=11.0) == []
+    broker.payer_gone("c")
+    assert charged(broker, "c") == 0
+
+
 def test_a_payers_end_takes_its_stale_copies_with_it(broker):
     fill(broker, 20)
     take(broker, payer="conn")

@@ -172,3 +172,32 @@ def test_a_produce_of_max_produce_messages_with_a_key_still_parses():
     messages = [["q", b"x" * 10]] * api.MAX_PRODUCE
     request = api.parse_request([ROUTING, *api.request(b"1", "PRODUCE", {"messages": messages, "key": "k1"})])
     assert isinstance(request, api.Request) and request.args == {"messages": messages, "key": "k1"}
+
+
+def _produce(args: dict | bytes, **limits: int):
+    body = args if isinstance(args, bytes) else msgpack.packb(args, use_bin_type=True)
+    return api.parse_request([b"peer", b"", b"1", b"PRODUCE", body], **limits)
+
+
+def test_a_big_body_in_a_produce_reads_back_to_the_byte_with_what_follows_it():
+    big = bytes(range(256)) * 300  # (a bin 32: taken from the frame in one copy)
+    parsed = _produce({"messages": [["q", big]], "key": "after the body"})
+    assert isinstance(parsed, api.Request)
+    assert parsed.args == {"messages": [["q", big]], "key": "after the body"}
+
+
+@pytest.mark.parametrize("cut", [1, 3, 100])
+def test_a_big_body_cut_short_or_past_the_limit_is_refused(cut):
+    frame = msgpack.packb({"messages": [["q", b"x" * 70_000]]}, use_bin_type=True)
+    parsed = _produce(frame[:-cut])
+    assert isinstance(parsed, api.Rejected) and parsed.error.code == "bad-arguments"
+    parsed = _produce(frame, max_size=69_999)
+    assert isinstance(parsed, api.Rejected) and parsed.error.code == "bad-arguments"
+
+
+def test_several_messages_past_the_produce_bytes_are_refused_from_the_header_and_one_alone_is_not():
+    body = b"x" * 1000
+    parsed = _produce({"messages": [["q", body], ["q", body]]}, max_produce_bytes=1500)
+    assert isinstance(parsed, api.Rejected) and parsed.error.code == "too-large"
+    assert isinstance(_produce({"messages": [["q", body * 2]]}, max_produce_bytes=1500), api.Request)
+    assert isinstance(_produce({"messages": [["q", body], ["q", body]]}, max_produce_bytes=2100), api.Request)

@@ -687,3 +687,35 @@ def test_whole_messages_before_garbage_in_one_read_are_returned_then_the_garbage
     assert decoder.broken is not None and decoder.broken.fatal
     with pytest.raises(ProtocolError):
         decoder.feed(b"")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_big_packet_split_anyhow_decodes_to_its_bytes_counted_as_held_until_whole(seed):
+    rng = random.Random(seed)
+    body = rng.randbytes(phpmq.BIG_PACKET * 3 + rng.randrange(1000))  # (gathered in a buffer of its own)
+    stream = encode(SEND, [(QUEUE, b"q"), (CONTENT, body), (TTL, b"9")]) + ACK_VECTOR
+    decoder, got, fed = Decoder(len(body)), [], 0
+    while fed < len(stream):
+        size = rng.choice([1, 7, 31, 32, 33, 8192, 100_000])
+        got += decoder.feed(stream[fed : fed + size])
+        fed = min(fed + size, len(stream))
+        if not got:
+            assert decoder.buffered == fed, "every byte of the incomplete message is counted"
+    assert [m.type for m in got] == [SEND, ACK] and decoder.buffered == 0
+    assert bytes(got[0].packets[CONTENT]) == body and got[0].number(TTL) == 9
+
+
+def test_a_big_packet_is_handed_on_without_a_copy_of_the_stream():
+    body = b"\x07" * (phpmq.BIG_PACKET + 1)
+    decoder = Decoder(len(body))
+    [message] = decoder.feed(encode(SEND, [(QUEUE, b"q"), (CONTENT, body)]))
+    content = message.packets[CONTENT]
+    assert isinstance(content, bytearray) and content == body  # (its own buffer: the store writes from it)
+    assert isinstance(message.packets[QUEUE], bytes)
+
+
+def test_a_duplicate_big_packet_is_refused_from_its_header_before_it_is_gathered():
+    header = encode(SEND, [(QUEUE, b"q"), (QUEUE, b"x" * phpmq.BIG_PACKET)])[: 8 + 32 + 1 + 32]
+    with pytest.raises(ProtocolError) as info:
+        Decoder(1 << 20).feed(header)
+    assert info.value.code == "duplicate-packet"

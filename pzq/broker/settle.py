@@ -40,7 +40,7 @@ class Settling(BrokerState):
         does not hold it or it is no longer stored."""
         if not self._may_settle(ref, by):
             return False
-        self._settle(ref)
+        self._settle(ref, by)
         info = self.store.queue_by_id(ref[0])
         if info is None or not self.store.delete(info.name, ref[1]):
             return False
@@ -70,7 +70,7 @@ class Settling(BrokerState):
         if late:
             for ref in settled:
                 entry = late.pop(ref, None)
-                if entry is not None and entry[1] is not None:
+                if entry is not None and entry[1] is not None and entry[0] == by:  # (see _settle)
                     self.accounts.settled_late(entry[1], entry[2])
         per_queue: dict[int, list[int]] = {}
         gone: dict[int, int] = {}  # qid -> deliveries of it that were in flight (settled here)
@@ -123,7 +123,7 @@ class Settling(BrokerState):
         if delivery is None or delivery.consumer != by:
             self.counters.refused_not_held += 1
             return False
-        self._settle(ref)
+        self._settle(ref, by)
         self.counters.nacked += 1
         self._requeue(ref)
         return True
@@ -133,7 +133,7 @@ class Settling(BrokerState):
         message = self.stored(ref) if self._may_settle(ref, by) else None
         if message is None:
             return False
-        self._settle(ref)
+        self._settle(ref, by)
         self.store.requeue_at_end(message, expires_us=expires_us)
         self.readiness += 1
         return True
@@ -143,7 +143,7 @@ class Settling(BrokerState):
         message = self.stored(ref) if self._may_settle(ref, by) else None
         if message is None:
             return False
-        self._settle(ref)
+        self._settle(ref, by)
         self._dead_letter(message, reason, now_us)
         return True
 
@@ -223,7 +223,7 @@ class Settling(BrokerState):
         delivery = self.inflight.get(ref)
         if delivery is None or delivery.consumer != by:
             return False
-        self._settle(ref)
+        self._settle(ref, by)
         self._timed_out(delivery)  # (taken back, not read: its copy may still be in the pipe)
         self._requeue(ref)
         self.counters.expired += 1

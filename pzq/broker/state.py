@@ -259,9 +259,11 @@ class BrokerState:
         stale = self.accounts.stale(delivery.payer, delivery.size)
         self._remember_late(delivery.ref, delivery.consumer, stale, delivery.size)
 
-    def _settle(self, ref: Ref):
+    def _settle(self, ref: Ref, by: Hashable = None):
         late = self._late.pop(ref, None)
-        if late is not None and late[1] is not None:
+        # (only its late holder's answer shows the stale copy read: settled by another holder of the
+        # message, that copy may still sit in the late one's pipe, charged until its payer's end)
+        if late is not None and late[1] is not None and late[0] == by:
             self.accounts.settled_late(late[1], late[2])
         delivery = self.inflight.remove(ref)
         if delivery is not None:

@@ -197,6 +197,35 @@ class ApiClient:
         return r["messages"], r["next"]
 
     def produce(self, messages: list[tuple[str, bytes]], key: str | None = None) -> dict:
-        """Store ``[(queue, body), ...]`` durably, all or none. ``key`` makes a repeat store nothing;
-        without one a random key still makes this call's own resends safe."""
-        return self.call("PRODUCE", messages=[list(m) for m in messages], key=key or uuid.uuid4().hex)
+        """Store ``[(queue, body), ...]`` durably. ``key`` makes a repeat store nothing; without one a
+        random key still makes this call's own resends safe. Messages that fit one PRODUCE (2,000 and
+        2 MiB: pzq.protocols.api's MAX_PRODUCE, MAX_PRODUCE_BYTES; or one message alone, however big)
+        go in one, all or none; more are cut into PRODUCEs by bytes, in order, each all or none and keyed
+        ``key/0``, ``key/1``...: if one fails, those before it are stored, and a call again with the same
+        key stores only the rest. Returns ``count`` (stored, or found stored) and ``duplicate`` (all were)."""
+        key = key or uuid.uuid4().hex
+        pieces = produce_pieces(messages)
+        if len(pieces) == 1:
+            return self.call("PRODUCE", messages=[list(m) for m in pieces[0]], key=key)
+        results = [
+            self.call("PRODUCE", messages=[list(m) for m in piece], key=f"{key}/{i}") for i, piece in enumerate(pieces)
+        ]
+        return {"count": sum(r["count"] for r in results), "duplicate": all(r["duplicate"] for r in results)}
+
+
+def produce_pieces(
+    messages: list[tuple[str, bytes]], most: int = api.MAX_PRODUCE, most_bytes: int = api.MAX_PRODUCE_BYTES
+) -> list[list[tuple[str, bytes]]]:
+    """``messages`` cut, in order, into PRODUCEs the server takes: at most ``most`` messages and
+    ``most_bytes`` of arguments each (a message bigger than that goes alone: the server writes it in
+    parts). The same messages always make the same pieces (their keys are the call's key and an index)."""
+    pieces: list[list[tuple[str, bytes]]] = [[]]
+    size = api.PRODUCE_FRAME
+    for queue, body in messages:
+        more = api.produce_bytes(queue, body)
+        if pieces[-1] and (len(pieces[-1]) >= most or size + more > most_bytes):
+            pieces.append([])
+            size = api.PRODUCE_FRAME
+        pieces[-1].append((queue, body))
+        size += more
+    return pieces

@@ -13,7 +13,7 @@ from pzq.endpoints.replies import Replies
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import ONLY, Send
 from pzq.protocols import api as api_proto
-from pzq.zmqio import NOBLOCK, Again
+from pzq.zmqio import NOBLOCK, Again, keep_big_frames
 
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
@@ -25,6 +25,7 @@ REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PROD
 COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
 TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
 PENDING = 256  # requests read and not yet carried out, all clients together (and a turn's share of bytes)
+BIG_FRAME = 64 << 10  # frames of this size and more stay in libzmq's buffer (a big PRODUCE's body: no copy)
 # Each client's own share of them: Limits.api_pending_per_peer requests and api_pending_peer_bytes.
 
 
@@ -42,7 +43,10 @@ class ApiEndpoint(Endpoint):
     of costly ones, and requests left when the turn's budget ends go on next turn in the same order. A
     client that has its share of requests waiting (Limits.api_pending_per_peer, api_pending_peer_bytes)
     gets ``ERR busy`` for any more, nothing done (libzmq's ROUTER cannot stop reading one peer), so that
-    a client pipelining hundreds of requests cannot make another's wait behind them all."""
+    a client pipelining hundreds of requests cannot make another's wait behind them all.
+
+    A PRODUCE of one big message is written a part per turn (``work``: gateways/parted.py); its client's
+    next requests wait in its queue until it is answered, in order."""
 
     name = "api"
 
@@ -60,6 +64,7 @@ class ApiEndpoint(Endpoint):
             RCVHWM=config.limits.pipe_messages(config.max_message_size + (8 << 20), REQUESTS_UNREAD),
         )
         self.sockets = [self.sock]
+        keep_big_frames(self.sock, BIG_FRAME)
         self.replies = Replies(self.sock, "api", config.limits, pipes=True)
         binder.on_disconnect[self.sock] = self.replies.disconnected
         # A big reply is about this big (it stops growing past api_reply_bytes of bodies).
@@ -95,7 +100,10 @@ class ApiEndpoint(Endpoint):
             # next turn, so that pipelined requests cannot hold every other client for seconds.
             if time.perf_counter() - started > self.turn_work_s or self.budget.spent():
                 return
-            frames, user = self._next()
+            request = self._next()
+            if request is None:  # (every client with requests waiting has a big message being written)
+                return
+            frames, user = request
             size = sum(map(len, frames))
             self.budget.take(size)  # (the turn's budget, shared by every endpoint)
             if _big(frames) and not self._room_for_big_reply(frames[0]):
@@ -168,11 +176,15 @@ class ApiEndpoint(Endpoint):
         self._pending_bytes += size
         return True
 
-    def _next(self) -> tuple[list[bytes], str | None]:
-        """The next request: the oldest of the peer with the lowest tag (see __init__)."""
-        tags, queues = self._tags, self._queues
-        costs = self._costs
-        peer = min(queues, key=lambda p: (tags[p] + costs.get(_command(queues[p][0][0]), 0.0), len(queues[p])))
+    def _next(self) -> tuple[list[bytes], str | None] | None:
+        """The next request: the oldest of the peer with the lowest tag (see __init__), of the peers
+        without a big message being written (None when there is none)."""
+        tags, costs, busy = self._tags, self._costs, self.gateway.parts.busy
+        queues = self._queues
+        ready = [p for p in queues if not busy(p)] if self.gateway.parts.pending else queues
+        if not ready:
+            return None
+        peer = min(ready, key=lambda p: (tags[p] + costs.get(_command(queues[p][0][0]), 0.0), len(queues[p])))
         self._now_tag = tags[peer]
         queue = queues[peer]
         frames, user = queue.popleft()
@@ -198,8 +210,13 @@ class ApiEndpoint(Endpoint):
         self._granted[peer] = granted + self.big_reply
         return True
 
+    def work(self, now: float, now_us: int) -> None:
+        if self.gateway.parts.pending:  # big PRODUCEs, a part per turn (gateways/parted.py)
+            self._out += self.gateway.parts.step(self.budget, now_us)
+
     def memory(self) -> dict[str, int]:
         return {
+            "api_big": self.gateway.parts.held_bytes,
             "api_requests": self._pending_bytes,
             "api_backlogs": self.replies.backlog_bytes,
             "api_pipes": self.replies.pipe_bytes(),
@@ -210,17 +227,18 @@ class ApiEndpoint(Endpoint):
         FETCH and SNAPSHOT replies alone do not make the turn commit: while acknowledged messages are
         deleted a share a turn, a streaming read's every FETCH would otherwise wait for an fsync of
         those deletions (which gather for --commit-interval instead, as consumer acks do)."""
-        return self._writes
+        return self._writes or self.gateway.parts.writing
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
-        self._out = self.gateway.rolled_back(out)
+        self._out = self.gateway.rolled_back(out) + self.gateway.parts.rolled_back()
 
     def recover(self) -> None:
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
         self._writes = False
+        self.gateway.parts.flushed()
         self._granted.clear()  # (sent now: counted by the pipe estimate from here on)
         self.replies.flush()
         out, self._out = self._out, []
@@ -228,7 +246,7 @@ class ApiEndpoint(Endpoint):
             self.replies.send(send.frames)
 
     def wake_at(self, now: float) -> float | None:
-        return now if self._pending else self.replies.wake_at(now)
+        return now if self._pending or self.gateway.parts.pending else self.replies.wake_at(now)
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
         # (``lost`` names the native sockets' keys; a group's right is on its own queue)
@@ -241,7 +259,7 @@ class ApiEndpoint(Endpoint):
         return self.gateway.queue_consumers(queue, limit)
 
     def stats(self) -> dict:
-        return {**self.gateway.stats(), "busy_refused": self.refused_busy}
+        return {**self.gateway.stats(), **self.gateway.parts.stats(), "busy_refused": self.refused_busy}
 
 
 def _command(frames: list[bytes]) -> bytes:

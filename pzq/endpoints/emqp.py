@@ -163,20 +163,24 @@ class EmqpEndpoint(Endpoint):
             self._out += jobs
             self.budget.take(_bytes_of(jobs), records=len(jobs))
             if len(jobs) < most:  # no free slot, nothing ready for one, or the turn's bytes are used
-                return
+                break
+        if self.gateway.parts.pending:  # big REQUESTs, a part per turn (gateways/parted.py)
+            self._out += self.gateway.parts.step(self.budget, now_us)
 
     def waiting(self) -> bool:
-        return bool(self._out)
+        # (a big REQUEST's part written this turn: committed now, so that no commit carries more)
+        return bool(self._out) or self.gateway.parts.writing
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
-        self._out = self.gateway.rolled_back(out)
+        self._out = self.gateway.rolled_back(out) + self.gateway.parts.rolled_back()
 
     def recover(self) -> None:
         self.gateway.recover()
 
     def flush(self, now: float, now_us: int) -> None:
         self.handed.collect()
+        self.gateway.parts.flushed()
         for replies in self.replies.values():
             replies.flush()
         self.kept_replies.flush(now)  # (after the answers: a REPLY never overtakes one waiting for its client)
@@ -194,6 +198,8 @@ class EmqpEndpoint(Endpoint):
                 self.kept_replies.send(send.frames, send.token, now)
 
     def wake_at(self, now: float) -> float | None:
+        if self.gateway.parts.pending:
+            return now
         wake = self.gateway.next_wake(now)
         kept = self.kept_jobs.waiting() or self.kept_replies.waiting()
         if kept or any(r.wake_at(now) for r in self.replies.values()):  # a backlog waits for its peer
@@ -209,6 +215,7 @@ class EmqpEndpoint(Endpoint):
     def stats(self) -> dict:
         figures = {
             **self.gateway.stats(),
+            **self.gateway.parts.stats(),
             "jobs_kept_total": self.kept_jobs.kept_total,
             "workers_cut_total": self.stuck_workers.cut_total,  # (read nothing: pzq/endpoints/stuck.py)
             "replies_held_bytes": self.handed.bytes,  # (REPLYs passed on that libzmq still holds)
@@ -221,7 +228,10 @@ class EmqpEndpoint(Endpoint):
     def memory(self) -> dict[str, int]:
         # (jobs, and what libzmq holds of REPLYs and PUBLISHes, are charged to their payers: "deliveries")
         held = sum(r.backlog_bytes for r in self.replies.values()) + self.kept_replies.backlog_bytes
-        return {"emqp_backlogs": held}
+        return {
+            "emqp_backlogs": held,
+            "emqp_big": self.gateway.parts.held_bytes,  # (big REQUESTs and what waits behind them)
+        }
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
         # (a worker's right is on the queues it serves: the gateway re-checks each)

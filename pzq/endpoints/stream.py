@@ -1,6 +1,18 @@
 """Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a ``StreamGateway``
 (gateways/contract.py). This adapter owns the connections' limits, slow readers' backlogs and closing;
-the gateway owns everything the protocol means."""
+the gateway owns everything the protocol means.
+
+Its work draws on the turn's budget: deliveries are handed out in runs (``Limits.turn_chunk`` records,
+and the turn's bytes left), each drawn on the turn before the next is asked for, and a gateway's big
+messages (gateways/parted.py: PHPMQ sends past ``body_chunk_bytes``) are written a part per turn. What
+is sent to a connection is one send a turn (its deliveries, charged to it by the broker until they are
+known gone, and its replies); libzmq keeps SNDHWM of them at most, then pzq's backlog (counted).
+
+Bounded in bytes: each connection's deliveries by its share of delivered bytes (pzq/broker/accounts.py:
+they stay charged until acked or its connection closes, wherever they wait), and what libzmq holds for
+one by SNDHWM sends, 2 x --max-inflight: more than the deliveries a connection may hold (its credit), so
+that a send is refused (a delivery taken back, to be taken again next turn) only past its share, never
+while it reads; a PHPMQ connection is sent nothing else."""
 
 from __future__ import annotations
 
@@ -12,6 +24,7 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.gateways.contract import PacedGateway, Send, StreamGateway
+from pzq.gateways.parted import Parted
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames
 
@@ -26,7 +39,8 @@ class StreamEndpoint(Endpoint):
     """A ZeroMQ STREAM socket is raw TCP inside the same poller as every other endpoint, with
     connect/disconnect notices and libzmq's buffering; each dispatch goes out as one send, which the
     legacy client needs (it reads a header in one 8-byte read). Memory per slow reader is bounded by
-    its send pipe (SNDHWM messages; past it a dispatch is taken back)."""
+    its share of delivered bytes (what it was handed stays charged to it) and its send pipe (SNDHWM
+    sends of a turn's output each; past it a dispatch is taken back, a reply waits in the backlog)."""
 
     def __init__(
         self,
@@ -45,6 +59,9 @@ class StreamEndpoint(Endpoint):
         self.gateway = gateway
         # (MQKS: a gateway that serves a write's pipelined requests while the turn's budget lasts)
         self.paced: PacedGateway | None = gateway if isinstance(gateway, PacedGateway) else None
+        # (PHPMQ: big sends written a part per turn; a connection with one waits behind it, read slowly)
+        parts = getattr(gateway, "parts", None)
+        self.parts: Parted | None = parts if isinstance(parts, Parted) else None
         # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
         # 8 KiB each wait for a turn to read them (libzmq's default, written down)
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
@@ -69,14 +86,17 @@ class StreamEndpoint(Endpoint):
         """Read the socket's connections, libzmq's fair queue taking one chunk of each in turn. A paced
         gateway's lines are served after (``serve``), so reading goes on past the turn's budget until a
         connection comes round again: each connection with input is read once a turn, whatever the
-        others sent. A connection without room (``ConnectionLimit.room``: it holds too much unserved) is
-        read at most once a turn; the rest waits in its pipe and TCP (back-pressure) while the others are
-        read, and it is closed only past its whole share."""
+        others sent. A connection without room (``ConnectionLimit.room``: it holds too much unserved), or
+        with a big message still being written (``parts``: what it sends next waits behind it), is read at
+        most once a turn; the rest waits in its pipe and TCP (back-pressure) while the others are read, and
+        it is closed only past its whole share. While the big messages waiting to be written are past their
+        bound (``Parted.full``: PHPMQ cannot answer "busy"), nothing is read."""
         sessions = self.gateway.sessions
         budget = self.limits.turn_bytes  # (this socket's share; the turn's budget, shared, may end it first)
         restricted: set[bytes] = set()  # read this turn once the budget was spent or while without room
+        parts = self.parts
         for _ in range(self.limits.read_batch):
-            if budget <= 0 or (self.budget.spent() and self.paced is None):
+            if budget <= 0 or (self.budget.spent() and self.paced is None) or (parts is not None and parts.full):
                 return
             try:
                 (conn, data), last = recv_frames_last(self.sock, NOBLOCK)
@@ -103,7 +123,12 @@ class StreamEndpoint(Endpoint):
                 continue
             for name, victim in self.connections.hold(self.name, conn, self.gateway.buffered(conn)):
                 self.connections.close(name, victim)
-            if self.paced is not None and (self.budget.spent() or not self.connections.room(self.name, conn)):
+            if (
+                self.paced is not None
+                and (self.budget.spent() or not self.connections.room(self.name, conn))
+                or parts is not None
+                and parts.busy(conn)
+            ):
                 if conn in restricted:  # come round again in the fair queue: every other one was read
                     return
                 restricted.add(conn)
@@ -163,16 +188,52 @@ class StreamEndpoint(Endpoint):
         self._closing.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
-        self._out += self.gateway.dispatch(now=now, now_us=now_us, blocked=frozenset(self._backlog))
+        # Deliveries a run at a time (Limits.turn_chunk), each drawn on the turn's records and their bodies
+        # on its bytes: a PHPMQ consumer asking for 1,000 of 1 MiB was handed 700 MiB in one turn (a
+        # second and more of the loop), and every client waited for it
+        blocked = frozenset(self._backlog)
+        while most := self.budget.records_for(self.limits.turn_chunk):
+            most_bytes = max(self.budget.bytes_left, 1)
+            self._out += self.gateway.dispatch(
+                now=now, now_us=now_us, blocked=blocked, most=most, most_bytes=most_bytes
+            )
+            done = self.gateway.dispatched
+            self.budget.take(self.gateway.dispatched_bytes, records=done)
+            # Fewer than asked: nothing more to hand out now (no credit, nothing ready, no room). (MQKS
+            # does not keep ``most`` yet, and its put-backs and expiries run each call: one call a turn)
+            if done < most or self.paced is not None:
+                break
+        if self.parts is not None and self.parts.pending:  # after the deliveries: they are not starved by it
+            self._out += self._closes(self.parts.step(self.budget, now_us))
+            for conn in self.parts.settled():  # (what it holds went down: its share of unfinished input)
+                if isinstance(conn, bytes) and conn in self.gateway.sessions:
+                    self.connections.hold(self.name, conn, self.gateway.buffered(conn))
+
+    def _closes(self, sends: list[Send]) -> list[Send]:
+        """Close the connections ``sends`` ask to close (a send the store refused: PHPMQ's only signal);
+        the rest goes out after the commit."""
+        out = []
+        for send in sends:
+            if send.close:
+                if send.peer in self.gateway.sessions:
+                    self._close(send.peer)
+            else:
+                out.append(send)
+        return out
 
     def waiting(self) -> bool:
-        return bool(self._out)
+        # (a big message's part written this turn: committed now, so that no commit carries more)
+        return bool(self._out) or self.parts is not None and self.parts.writing
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
         self._out = self.gateway.rolled_back(out)  # the gateway decides what may still be said
+        if self.parts is not None:  # (its big messages whose parts the turn lost)
+            self._out += self._closes(self.parts.rolled_back())
 
     def flush(self, now: float, now_us: int) -> None:
+        if self.parts is not None:
+            self.parts.flushed()
         out, self._out = self._out, []
         by_conn: dict[bytes, list[Send]] = {conn: [] for conn in self._backlog}
         for send in out:
@@ -223,7 +284,7 @@ class StreamEndpoint(Endpoint):
         self.gateway.recover()
 
     def wake_at(self, now: float) -> float | None:
-        if self.paced is not None and self.paced.waiting():
+        if self.paced is not None and self.paced.waiting() or self.parts is not None and self.parts.pending:
             return now
         if self._backlog or self._closing:
             return now + RETRY_S
@@ -244,9 +305,12 @@ class StreamEndpoint(Endpoint):
         return rows, total
 
     def memory(self) -> dict[str, int]:
+        parts = {} if self.parts is None else {f"{self.name}_big": self.parts.bodies_bytes}
         return {
             f"{self.name}_backlogs": sum(len(chunk) for chunks in self._backlog.values() for chunk in chunks),
+            # (with the sends waiting behind big ones: a connection's requests not yet applied)
             f"{self.name}_partial_input": self.connections.partial_of(self.name),
+            **parts,
         }
 
     def stats(self) -> dict:

@@ -8,6 +8,11 @@ is answered from that record without storing anything. The same key with other m
 Spark task whose rows came in another order) is stored: a duplicate is better than a lost message.
 The Spark sink keys each chunk by query, batch, partition and chunk, so a batch Spark runs again with
 the same rows is not stored twice.
+
+A PRODUCE of one message past ``Limits.body_chunk_bytes`` is written a part per turn (gateways/parted.py,
+driven by the endpoint, which serves the client's next requests only once it is answered): its digest is
+computed a part at a time, and its key, its record and its answer come in the turn of its last part, so
+a resend of it is still answered from its key. Several messages must fit ``Limits.api_produce_bytes``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import msgpack
 
@@ -23,14 +28,24 @@ from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.parted import Big, Parted
 from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.permissions import CONSUME, PHRASES, PRODUCE, Permissions
 from pzq.protocols import api
-from pzq.store import Message
+from pzq.store import Message, Upload
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
 log = logging.getLogger("pzq.api")
+
+
+LATER: dict = {}  # what a request carried out over turns answers now: nothing (its answer comes later)
+
+
+def _packed_head(queue: str, size: int) -> bytes:
+    """What ``msgpack.packb([(queue, body)])`` holds before the body's bytes (a body of ``size`` bytes,
+    past 64 KiB: a bin 32), so that a big message's digest can be taken a part at a time."""
+    return b"\x91\x92" + msgpack.packb(queue) + b"\xc6" + size.to_bytes(4, "big")
 
 
 def _row(seq: int, message: Message) -> list:
@@ -65,6 +80,7 @@ class ApiGateway:
         self.reply_waits = True  # the last reply waits for the commit of its writes (LEASE durable 0: no)
         self.errors_total = 0
         self.duplicates_total = 0
+        self.parts = Parted(broker, limits)  # big PRODUCEs, written a part per turn (the endpoint drives it)
         self.load()
 
     def load(self) -> None:
@@ -101,7 +117,10 @@ class ApiGateway:
         """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is
         the client's CURVE key (z85) when the endpoint uses CURVE: consumer groups belong to one key."""
         self.reply_waits = True  # (until a request says otherwise: see LEASE's ``durable``)
-        parsed = api.parse_request(frames, self.max_message_size + (1 << 20), self.limits.api_max_produce)
+        limits = self.limits
+        parsed = api.parse_request(
+            frames, self.max_message_size + (1 << 20), limits.api_max_produce, limits.api_produce_bytes
+        )
         if parsed is None:
             warn_bad("api", "unanswerable", f"{len(frames)} frame(s) without a delimiter and request id")
             return None
@@ -109,7 +128,8 @@ class ApiGateway:
         if isinstance(parsed, api.Rejected):
             return self._error(parsed.request, parsed.error)
         try:
-            return api.ok(parsed, self._carry_out(parsed, now, now_us, user, frames[0]))
+            results = self._carry_out(parsed, now, now_us, user, frames[0])
+            return None if results is LATER else api.ok(parsed, results)
         except ProtocolError as exc:
             return self._error(parsed, exc)
         except StoreFull as exc:
@@ -129,7 +149,11 @@ class ApiGateway:
             messages = api.produce_messages(a, self.limits.api_max_produce)
             # All or none: one queue refused refuses the request, before anything is stored or made.
             self._check(user, PRODUCE, request.command, (queue for queue, _ in messages))
-            return self._produce(a, messages, now_us, ("key", user) if user else ("api", request.routing))
+            owner = ("key", user) if user else ("api", request.routing)
+            if len(messages) == 1 and self.parts.big(len(messages[0][1])):
+                return self._produce_big(request, messages[0], peer, owner)
+            # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
+            return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now_us, owner)
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
@@ -194,9 +218,9 @@ class ApiGateway:
                 return {"messages": rows, "next": before}  # the end of the queue
         return {"messages": rows, "next": after}
 
-    def _produce(self, a: dict, messages: list[tuple[str, bytes]], now_us: int, owner: tuple) -> dict:
-        """Store a PRODUCE's ``messages``, all or none; the queues it names that do not exist are made on
-        ``owner``'s share of --max-queues (its CURVE key, or its connection)."""
+    def _checked(self, a: dict, messages: Sequence[tuple[str, bytes | memoryview]], owner: tuple) -> str | None:
+        """A PRODUCE's messages and key checked (its queues made on ``owner``'s share of --max-queues: its
+        CURVE key, or its connection); its key (None: none, or nothing to remember)."""
         for queue, body in messages:
             if not body:
                 raise ProtocolError("empty-message", f"a message for {queue!r} has an empty body")
@@ -216,7 +240,23 @@ class ApiGateway:
         for queue in dict.fromkeys(queue for queue, _ in messages):
             if self.broker.queue_info(queue) is None:
                 self.broker.create_queue(queue, owner=owner)
+        return key
+
+    def _produce(self, a: dict, messages: list[tuple[str, bytes]], now_us: int, owner: tuple) -> dict:
+        """Store a PRODUCE's ``messages``, all or none; the queues it names that do not exist are made on
+        ``owner``'s share of --max-queues (its CURVE key, or its connection)."""
+        key = self._checked(a, messages, owner)
         digest = hashlib.blake2b(msgpack.packb(messages), digest_size=16).digest()
+        return self._store(key, digest, len(messages), now_us, lambda: self._put(messages, now_us))[0]
+
+    def _put(self, messages: list[tuple[str, bytes]], now_us: int) -> None:
+        self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
+
+    def _store(
+        self, key: str | None, digest: bytes, count: int, now_us: int, put: Callable[[], None]
+    ) -> tuple[dict, bool]:
+        """Remember ``key`` with ``digest`` and ``put`` the messages, or answer a duplicate from the key
+        without storing anything (see the module); the results, and whether ``put`` was called."""
         digests: list[bytes] = []
         seen = None
         if key is not None:
@@ -226,14 +266,14 @@ class ApiGateway:
                     digests = []
                 elif digest in seen.digests:
                     self.duplicates_total += 1
-                    return {"count": seen.messages, "duplicate": True}
+                    return {"count": seen.messages, "duplicate": True}, False
                 else:
                     digests = seen.digests
                     log.warning("PRODUCE key %r came again with other messages: stored as well", key)
             # first: a key refused for room (StoreFull) leaves nothing stored
-            self.keys.put(key, Produced(now_us, len(messages), [*digests[-15:], digest]))
+            self.keys.put(key, Produced(now_us, count, [*digests[-15:], digest]))
         try:
-            self.broker.produce_all([(queue, [body]) for queue, body in messages], now_us=now_us)
+            put()
         except StoreFull:
             if key is not None:  # as before the call, so that the client's retry is not a "duplicate"
                 if seen is None:
@@ -245,7 +285,38 @@ class ApiGateway:
             self._keys_by_age[key] = now_us
             self._keys_by_age.move_to_end(key)
             self._prune(now_us)
-        return {"count": len(messages), "duplicate": False}
+        return {"count": count, "duplicate": False}, True
+
+    def _produce_big(
+        self, request: api.Request, message: tuple[str, bytes | memoryview], peer: bytes, owner: tuple
+    ) -> dict:
+        """A PRODUCE of one big message: checked now, written a part per turn (its digest a part at a time,
+        as ``_produce`` computes it whole), its key, record and answer in the turn of its last part."""
+        if not self.parts.room(peer, len(message[1])):
+            raise ProtocolError(
+                "busy", "not now: big messages of other clients are being stored; try again later (nothing was done)"
+            )
+        key = self._checked(request.args, [message], owner)
+        queue, body = message
+        hasher = hashlib.blake2b(_packed_head(queue, len(body)), digest_size=16)
+
+        def finish(upload: Upload, now_us: int) -> list[Send]:
+            def put() -> None:
+                self.broker.produce_big(queue, upload, now_us=now_us)
+
+            results, stored = self._store(key, hasher.digest(), 1, now_us, put)
+            if not stored:  # (a duplicate: its parts are not kept)
+                self.broker.drop_big(upload)
+            return [Send(ONLY, api.ok(request, results))]
+
+        def refused(reason: str) -> list[Send]:
+            return [Send(ONLY, self._error(request, ProtocolError("queue-full", reason)))]
+
+        def failed() -> list[Send]:
+            return [Send(ONLY, api.error(request, "store-failed", "store failure: nothing was done, try again"))]
+
+        self.parts.write(peer, [body], Big(finish, refused, failed, hasher.update))
+        return LATER
 
     def _prune(self, now_us: int) -> None:
         keys = self._keys_by_age

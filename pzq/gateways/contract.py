@@ -116,23 +116,47 @@ class StreamGateway(Gateway, Protocol):
 
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
 
+    def dispatch(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        blocked: frozenset[Hashable],
+        most: int | None = None,
+        most_bytes: int | None = None,
+    ) -> list[Send]:
+        """As ``Gateway.dispatch``, in slices that fit the turn: ``most`` deliveries and about
+        ``most_bytes`` of their bodies at most (None: no bound); ``dispatched`` and ``dispatched_bytes``
+        then say what the call handed out, and fewer than ``most`` that there is nothing more now."""
+        ...
+
+    @property
+    def dispatched(self) -> int: ...
+
+    @property
+    def dispatched_bytes(self) -> int: ...
+
 
 class Budget(Protocol):
     """The turn's budget as a gateway sees it (the loop's ``TurnBudget``): asked before each request,
-    told after each one."""
+    told after each one (``size`` bytes let in, ``records`` touched); ``bytes_left`` of the turn's."""
+
+    bytes_left: int
 
     def spent(self) -> bool: ...
 
-    def take(self, size: int = 0) -> None: ...
+    def take(self, size: int = 0, records: int = 1) -> None: ...
 
 
 class _Unbounded:
     """A budget that never runs out: a gateway called outside a server's turn (tests, scripts)."""
 
+    bytes_left = 1 << 62
+
     def spent(self) -> bool:
         return False
 
-    def take(self, size: int = 0) -> None:
+    def take(self, size: int = 0, records: int = 1) -> None:
         pass
 
 

@@ -10,9 +10,9 @@ client's identity, msgid and headers kept as the message's meta; a message from 
 reaches workers with its 32-hex id as msgid, no headers, and its frames joined as the payload (bytes
 that are not UTF-8 are replaced, since eventmq peers decode every frame).
 
-This module holds the clients' side (FRONT) and the contract; workers and their jobs are kept by
-gateways/emqp_workers.py, schedules by gateways/emqp_scheduler.py, the console's tables by
-gateways/emqp_views.py. Limits come from ``Limits``.
+This module holds the clients' side (FRONT) and the contract; REQUESTs are stored by
+gateways/emqp_requests.py, workers and their jobs are kept by gateways/emqp_workers.py, schedules by
+gateways/emqp_scheduler.py, the console's tables by gateways/emqp_views.py. Limits come from ``Limits``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways import emqp_views
 from pzq.gateways.contract import Send
+from pzq.gateways.emqp_requests import Requests
 from pzq.gateways.emqp_rights import client_refusal
 from pzq.gateways.emqp_scheduler import Scheduler
 from pzq.gateways.emqp_workers import BACK, FRONT, Roster, Worker
@@ -101,6 +102,8 @@ class EmqpGateway:
             bad=self._bad,
             permissions=permissions,
         )
+        self.requests = Requests(broker, limits, new_id, self.counters, self._bad)
+        self.parts = self.requests.parts  # (big REQUESTs, written a part per turn: the endpoint drives it)
         broker.add_queue_user(self)
 
     def uses_queue(self, queue: str) -> bool:
@@ -123,8 +126,9 @@ class EmqpGateway:
 
     def from_client(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
         """A command from a client; ``user`` is its CURVE key (z85) when the frontend uses CURVE."""
+        big = self.requests.big_payload(frames)  # (a big REQUEST's: checked a part at a time)
         try:
-            cmd = self._decode(frames)
+            cmd = self._decode(frames if big is None else [*frames[:-1], b""])
         except ProtocolError as exc:
             self._bad(frames[0] if frames else b"?", exc)
             if exc.code == "bad-headers" and frames[3] in (b"REQUEST", b"SCHEDULE", b"UNSCHEDULE"):
@@ -138,7 +142,7 @@ class EmqpGateway:
                 return []
             return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), why, cmd.msgid)])]
         if cmd.name == "REQUEST":
-            return self._request(cmd, now_us)
+            return self.requests.request(cmd, frames[-1], now_us, checked=big is None)
         if cmd.name == "INFORM":  # a scheduler introducing itself
             if cmd.args and cmd.args[-1] == "scheduler":
                 most = self.limits.max_schedulers
@@ -271,49 +275,6 @@ class EmqpGateway:
         self.roster.jobs.clear()
         self.restore_jobs(time.monotonic())
         self.scheduler.reload()
-
-    def _request(self, cmd: emqp.Command, now_us: int) -> list[Send]:
-        queue, headers_text, payload = cmd.args
-        try:
-            headers = emqp.parse_headers(headers_text)  # once: the job keeps what dispatch needs of it
-            retries = emqp.header_int(headers, "retry-count")
-            timeout = emqp.header_int(headers, "timeout")
-            if not queue or len(queue.encode()) > 255:
-                raise ProtocolError("bad-queue", "queue names are 1 to 255 bytes")
-        except ProtocolError as exc:
-            self._bad(cmd.peer, exc)
-            return [
-                Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), f"request refused: {exc.detail}", cmd.msgid)])
-            ]
-        # The headers the worker gets (with reply-requested) and whether the client asked for the REPLY:
-        # neither dispatch nor the REPLY parses them again. (Jobs stored without "reply" are older.)
-        meta: dict[str, object] = {
-            "client": cmd.peer,
-            "msgid": cmd.msgid,
-            "headers": emqp.with_header(headers_text, "reply-requested", headers),
-            "reply": "reply-requested" in headers,
-        }
-        if retries:
-            meta["max_deliveries"] = retries + 1
-        if timeout:
-            meta["timeout"] = timeout
-        try:
-            if self.broker.queue_info(queue) is None:  # made on this client's share of --max-queues
-                self.broker.create_queue(queue, owner=("emqp", cmd.peer))
-            self.broker.produce(queue, [payload.encode()], now_us=now_us, meta=meta)
-        except StoreFull:
-            log.warning("eMQP REQUEST %s for %r refused: queue full", cmd.msgid, queue)
-            return [
-                Send(
-                    FRONT,
-                    [
-                        cmd.peer,
-                        *emqp.error_reply(self.new_id(), "request refused: queue full, try again later", cmd.msgid),
-                    ],
-                )
-            ]
-        self.counters["requests_total"] += 1
-        return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
 
     # -- workers ----------------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class MqksGateway:
         self.max_line = max_line
         self._drop_queue = drop_queue
         self.sessions: dict[bytes, mqks.LineBuffer] = {}
+        self.dispatched = self.dispatched_bytes = 0  # what the last dispatch handed out (the turn's budget)
         # Whole lines not served yet, per connection, and ``serve``'s round; they count in ``buffered``.
         self._waiting: dict[bytes, collections.deque[bytes]] = {}
         self._waiting_of: dict[bytes, int] = {}
@@ -390,12 +391,14 @@ class MqksGateway:
 
     # -- each turn -------------------------------------------------------------------------------------
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset(), **most: int | None) -> list[Send]:
         """Everything to send this turn: replies, then deliveries; and queues unused for long enough go.
-        ``blocked`` connections read too slowly: no more deliveries for them now."""
+        ``blocked`` connections read too slowly: no more deliveries for them now. (``most``, ``most_bytes``
+        are not kept yet; ``dispatched``, ``dispatched_bytes`` say what went, for the turn's budget.)"""
         self._expire_unused(now)
         self.consumers.put_back()
         deliveries = self.consumers.deliver(now=now, now_us=now_us, blocked=blocked)
+        self.dispatched, self.dispatched_bytes = len(deliveries), sum(len(s.frames[-1]) for s in deliveries)
         return self._take_out() + deliveries
 
     def unsent(self, send: Send) -> bool:

@@ -8,22 +8,31 @@ consuming and settling consume); nothing of it is applied.
 
 Body mapping: a PHPMQ content blob is stored as a one-frame body; a multi-frame body from another
 protocol reaches PHPMQ consumers as its frames concatenated in order.
+
+A content past ``Limits.body_chunk_bytes`` is written a part per turn (gateways/parted.py, driven by the
+endpoint); the connection's sends after it wait behind it, in order (its other requests need no wait:
+PHPMQ answers nothing, and an ack or a consume does not depend on a send). Deliveries go out in slices
+that fit the turn (``dispatch``'s ``most`` and ``most_bytes``), the connections served in turn.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 
 from pzq.broker import Broker
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.parted import Big, Parted
 from pzq.gateways.peer_rights import PeerRights
 from pzq.logs import warn_bad
 from pzq.permissions import CONSUME, PRODUCE, Permissions
 from pzq.protocols import phpmq
+from pzq.store import Upload
 
 log = logging.getLogger("pzq.phpmq")
 
@@ -57,8 +66,10 @@ class PhpmqGateway:
         dialect: str = "auto",
         max_credit: int = 1000,
         permissions: Permissions | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ):
-        """``permissions``: who may send to and consume which queue, per source network (None: anyone)."""
+        """``permissions``: who may send to and consume which queue, per source network (None: anyone);
+        ``limits`` gives the big messages' chunks and shares (gateways/parted.py)."""
         self.broker = broker
         self.rights = PeerRights(permissions, "phpmq")
         self.max_content = max_content
@@ -68,6 +79,12 @@ class PhpmqGateway:
         self.received_total = 0
         self.dispatched_total = 0
         self.consumed: collections.Counter[str] = collections.Counter()  # queue -> sessions consuming it
+        # Consuming connections, the one served least recently first: a turn's slices of deliveries
+        # (``dispatch``'s most, most_bytes) go round them, so none is left out turn after turn
+        self._order: dict[bytes, None] = {}
+        self.parts = Parted(broker, limits)  # big sends, written a part per turn (the endpoint drives it)
+        self.dispatched = 0  # deliveries the last dispatch call handed out, and their bodies' bytes
+        self.dispatched_bytes = 0
         broker.add_queue_user(self)
 
     def uses_queue(self, queue: str) -> bool:
@@ -85,7 +102,7 @@ class PhpmqGateway:
         """Forget the connection; everything it held goes back to its queue at once."""
         session = self.sessions.pop(conn, None)
         self.rights.gone(conn)
-        if session is not None:
+        if session is not None:  # (a big send of its still goes to the store: it was sent whole)
             self.broker.consumer_gone(session.consumer)
             self.broker.owner_gone(session.consumer)
             self._consume(session, None)
@@ -112,12 +129,15 @@ class PhpmqGateway:
                 del self.consumed[session.queue]
         if queue is not None:
             self.consumed[queue] += 1
+            self._order.setdefault(session.conn)
+        else:
+            self._order.pop(session.conn, None)
         session.queue = queue
 
     def buffered(self, conn: bytes) -> int:
-        """Bytes of an unfinished message this connection holds."""
+        """Bytes of an unfinished message this connection holds, and of its sends waiting behind a big one."""
         session = self.sessions.get(conn)
-        return 0 if session is None else session.decoder.buffered
+        return 0 if session is None else session.decoder.buffered + self.parts.behind_of(conn)
 
     def unsent(self, send: Send) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
@@ -143,7 +163,9 @@ class PhpmqGateway:
                 self.received_total += 1
                 if self.forced is None and phpmq.speaks_current(message):
                     session.dialect = phpmq.Dialect.CURRENT
-                self._apply(session, message, now_us)
+                closing = self._apply(session, message, now_us)
+                if closing:  # (its send was refused: what followed it is not applied)
+                    return closing
             if session.decoder.broken is not None:  # garbage after the whole messages just applied
                 raise session.decoder.broken
         except ProtocolError as exc:
@@ -151,7 +173,7 @@ class PhpmqGateway:
             return [Send(ONLY, [conn], close=True)]
         return []
 
-    def _apply(self, session: Session, message: phpmq.Message, now_us: int) -> None:
+    def _apply(self, session: Session, message: phpmq.Message, now_us: int) -> list[Send]:
         try:
             queue = message.packets[phpmq.QUEUE].decode("utf-8")
         except UnicodeDecodeError:
@@ -164,19 +186,13 @@ class PhpmqGateway:
             raise ProtocolError("not-permitted", f"no {right} right on queue {queue!r}")
         if message.type == phpmq.SEND:
             ttl = _ttl(message)
-            try:
-                if self.broker.queue_info(queue) is None:  # made on this connection's share of --max-queues
-                    self.broker.create_queue(queue, owner=session.consumer)
-                self.broker.produce(
-                    queue,
-                    [message.packets[phpmq.CONTENT]],
-                    now_us=now_us,
-                    expires_us=now_us + ttl * 1_000_000 if ttl else 0,
-                )
-            except StoreFull:
-                # PHPMQ has no reply to a send: closing is the only way to tell the client.
-                raise ProtocolError("queue-full", f"queue full, message for {queue!r} refused") from None
-        elif message.type == phpmq.CONSUME:
+            content, conn = message.packets[phpmq.CONTENT], session.conn
+            expires_us = now_us + ttl * 1_000_000 if ttl else 0
+            # (behind a big send of this connection still being written, it waits its turn: in order)
+            return self.parts.after(
+                conn, lambda now: self._send(conn, queue, content, expires_us, now), len(content), now_us
+            )
+        if message.type == phpmq.CONSUME:
             self._consume(session, queue)
             session.count = min(message.number(phpmq.COUNT), self.max_credit)
         else:
@@ -202,33 +218,87 @@ class PhpmqGateway:
                     f"{message.packets[phpmq.MESSAGE_ID][:40]!r} in queue {queue!r}, which this connection "
                     "does not hold (never dispatched to it, settled, or another's): ignored",
                 )
+        return []
+
+    def _send(self, conn: bytes, queue: str, content: bytes | bytearray, expires_us: int, now_us: int) -> list[Send]:
+        """Store a send's content (a big one a part per turn, through ``parts``); a close when the store
+        refuses it. Its connection may have closed since: the client sent it whole, so it is stored."""
+        session = self.sessions.get(conn)
+        try:
+            if self.broker.queue_info(queue) is None:  # made on this connection's share of --max-queues
+                self.broker.create_queue(queue, owner=session.consumer if session is not None else None)
+            if self.parts.big(len(content)):
+                size = len(content)
+
+                def finish(upload: Upload, now: int) -> list[Send]:
+                    self.broker.produce_big(queue, upload, now_us=now, expires_us=expires_us)
+                    return []
+
+                refused = functools.partial(self._refused, conn, queue, size)
+                self.parts.write(conn, [content], Big(finish, refused, list))  # (a failed turn: lost, as a small one)
+                return []
+            self.broker.produce(queue, [bytes(content)], now_us=now_us, expires_us=expires_us)
+        except StoreFull as exc:
+            return self._refused(conn, queue, len(content), str(exc))
+        return []
+
+    def _refused(self, conn: bytes, queue: str, size: int, reason: str) -> list[Send]:
+        """PHPMQ has no reply to a send: closing the connection is the only way to tell the client."""
+        warn_bad(
+            "phpmq", "queue-full", f"{reason}: a message of {size} bytes for {queue!r} refused; closing the connection"
+        )
+        return [Send(ONLY, [conn], close=True)] if conn in self.sessions else []
 
     def _ref(self, queue: str, message: phpmq.Message):
-        return self.broker.ref_in(queue, message.packets[phpmq.MESSAGE_ID])
+        return self.broker.ref_in(queue, bytes(message.packets[phpmq.MESSAGE_ID]))
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
-        """Fill every consumer's credit window from its queue (each send's token is the message's ref,
-        to take it back if the connection cannot take it)."""
+    def dispatch(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        blocked: frozenset = frozenset(),
+        most: int | None = None,
+        most_bytes: int | None = None,
+    ) -> list[Send]:
+        """Fill consumers' credit windows from their queues, ``most`` deliveries and about ``most_bytes``
+        of bodies at most (one message past it; None: no bound), the connections served least recently
+        first (``dispatched`` and ``dispatched_bytes`` say what this call handed out). Each send's token
+        is the message's ref, to take it back if the connection cannot take it. What a connection was
+        handed is charged to it (pzq/broker/accounts.py) until acked or its connection closes."""
         out = []
-        for session in self.sessions.values():
-            if session.queue is None or session.conn in blocked:
+        left = (1 << 62) if most is None else most
+        room = (1 << 62) if most_bytes is None else most_bytes
+        visited: list[bytes] = []
+        for conn in self._order:
+            if left <= 0 or room <= 0:
+                break
+            visited.append(conn)
+            session = self.sessions[conn]
+            if session.queue is None or conn in blocked:
                 continue
             held = self.broker.held_count(session.consumer)
-            credit = session.count - held
+            credit = min(session.count - held, left)
             if credit <= 0 or not self.broker.has_ready(session.queue):
                 continue
-            taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us)
+            taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us, max_bytes=room)
             if taken:  # (a queue it got messages of; named at a CONSUME, a million names would be kept)
                 if not held:
                     session.consumed.clear()
                 session.consumed.add(session.queue)
+            left -= len(taken)
             for message in taken:
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
                 ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
-                data = phpmq.encode_dispatch(
-                    message.queue, b"".join(message.frames), message.id, ttl_left, session.dialect
-                )
-                out.append(Send(ONLY, [session.conn, data], (message.qid, message.seq)))
+                body = message.frames[0] if len(message.frames) == 1 else b"".join(message.frames)
+                room -= len(body)
+                data = phpmq.encode_dispatch(message.queue, body, message.id, ttl_left, session.dialect)
+                out.append(Send(ONLY, [conn, data], (message.qid, message.seq)))
+        for conn in visited:  # (to the end of the round: the others go first next time)
+            del self._order[conn]
+            self._order[conn] = None
+        self.dispatched = len(out)
+        self.dispatched_bytes = (most_bytes - room) if most_bytes is not None else 0
         self.dispatched_total += len(out)
         return out
 
@@ -257,6 +327,7 @@ class PhpmqGateway:
             "consumers": sum(1 for s in self.sessions.values() if s.queue is not None),
             "received_total": self.received_total,
             "dispatched_total": self.dispatched_total,
+            **self.parts.stats(),
         }
 
 

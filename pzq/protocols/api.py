@@ -32,7 +32,6 @@ or the queue seq (SNAPSHOT), ``key`` the 32-hex message id, ``body`` its frames 
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Sequence
 
 import msgpack
@@ -71,11 +70,15 @@ class Request:
 
 
 def parse_request(
-    frames: Sequence[bytes], max_size: int = 64 << 20, max_produce: int | None = None
+    frames: Sequence[bytes],
+    max_size: int = 64 << 20,
+    max_produce: int | None = None,
+    max_produce_bytes: int | None = None,
 ) -> Request | Rejected | None:
     """Read one request from the server's ROUTER. A request that cannot be answered (no delimiter or
     no id) is None; one that can but is wrong comes back Rejected, to answer with ERR. A PRODUCE of more
-    than ``max_produce`` messages (default MAX_PRODUCE) is refused from its list's header."""
+    than ``max_produce`` messages (default MAX_PRODUCE), or of more than one message in an arguments
+    frame past ``max_produce_bytes`` (default MAX_PRODUCE_BYTES), is refused from its list's header."""
     try:
         split = list(frames).index(b"")
     except ValueError:
@@ -95,8 +98,9 @@ def parse_request(
             "unknown-command",
             f"unknown command {name[:40]!r}; known: {', '.join(sorted(SCHEMAS))}",
         )
+    most = (MAX_PRODUCE if max_produce is None else max_produce, max_produce_bytes or MAX_PRODUCE_BYTES)
     try:
-        args = _arguments(bytes(rest[2]), name, max_size, MAX_PRODUCE if max_produce is None else max_produce)
+        args = _arguments(rest[2], name, max_size, *most)
     except ProtocolError as exc:
         return _bad(routing, request_id, exc.code, exc.detail)
     for field, (kind, required) in schema.items():
@@ -116,41 +120,31 @@ def parse_request(
 MAX_ARGUMENTS = 16  # entries of a request's map (its schema names at most four; unknown ones are dropped)
 
 
-def _arguments(data: bytes, command: str, max_size: int, max_produce: int) -> dict:
+def _arguments(data: bytes | memoryview, command: str, max_size: int, max_produce: int, max_produce_bytes: int) -> dict:
     """A request's msgpack map, decoded with its sizes checked before anything is built: the map's and
-    PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and ``max_produce``,
+    PRODUCE's message list's headers are read first and refused past MAX_ARGUMENTS and ``max_produce``
+    (and a list of more than one message in a frame past ``max_produce_bytes``),
     every other value must be a scalar (a list or map header there is refused as it is read), and no
     string, bin or ext is longer than ``max_size``. So a refusal costs a few bytes' reading, however
     many items the frame announces (a 16 MiB frame of nils would decode into 16 million objects)."""
     if not data or not (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)):
         raise ProtocolError("bad-arguments", "arguments must be a msgpack map")
-    unpacker = msgpack.Unpacker(
-        io.BytesIO(data),  # read as needed (64 KiB at a time), not copied whole before the first check
-        read_size=min(len(data), 64 << 10),
-        raw=False,
-        strict_map_key=True,
-        max_buffer_size=len(data),
-        max_str_len=max_size,
-        max_bin_len=max_size,
-        max_ext_len=0,
-        max_array_len=0,  # (scalars only: the one list, PRODUCE's messages, is read by its headers)
-        max_map_len=0,
-    )
+    reader = _Reader(data, max_size)
     args: dict = {}
     try:
-        entries = unpacker.read_map_header()
+        entries = reader.unpacker.read_map_header()
         if entries > MAX_ARGUMENTS:
             raise ProtocolError("bad-arguments", f"a map of {entries} arguments; at most {MAX_ARGUMENTS}")
         for _ in range(entries):
-            key = unpacker.unpack()
+            key = reader.unpack()
             if not isinstance(key, str) or key in args:
                 raise ProtocolError("bad-arguments", "argument names must be distinct strings")
             if command == "PRODUCE" and key == "messages":
-                args[key] = _messages(unpacker, max_produce)
+                args[key] = _messages(reader, max_produce, max_produce_bytes, len(data))
             else:
-                args[key] = unpacker.unpack()
-        if unpacker.tell() != len(data):
-            raise ProtocolError("bad-arguments", f"{len(data) - unpacker.tell()} byte(s) after the arguments' map")
+                args[key] = reader.unpack()
+        if reader.tell() != len(data):
+            raise ProtocolError("bad-arguments", f"{len(data) - reader.tell()} byte(s) after the arguments' map")
     except ProtocolError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
@@ -158,25 +152,86 @@ def _arguments(data: bytes, command: str, max_size: int, max_produce: int) -> di
     return args
 
 
-def _messages(unpacker: msgpack.Unpacker, max_produce: int) -> list:
-    """PRODUCE's ``[[queue, body], ...]``, its length checked from its header before any item is read."""
+class _Window:
+    """The file the Unpacker reads a frame from, from ``at`` on: bytes copied only as they are read."""
+
+    def __init__(self, data: bytes | memoryview, at: int):
+        self.data, self.at = data, at
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else min(self.at + n, len(self.data))
+        chunk, self.at = bytes(self.data[self.at : end]), end
+        return chunk
+
+
+class _Reader:
+    """A request's msgpack, read as needed (64 KiB at a time, not copied whole before the first check),
+    every string, bin or ext at most ``max_size`` bytes, and no list or map but through its header. A
+    bin 32 (64 KiB and more: a big PRODUCE body) is a memoryview of the frame (libzmq's buffer, kept by
+    the endpoint: no copy at all), the Unpacker started again past it: read through the Unpacker, a
+    15 MiB body grew its buffer 64 KiB at a time (10-57 ms on a loaded machine, for one request)."""
+
+    def __init__(self, data: bytes | memoryview, max_size: int):
+        self.data, self.max_size = data, max_size
+        self._from(0)
+
+    def _from(self, offset: int) -> None:
+        self.base = offset
+        self.unpacker = msgpack.Unpacker(
+            _Window(self.data, offset),
+            read_size=min(len(self.data), 64 << 10),
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=len(self.data),
+            max_str_len=self.max_size,
+            max_bin_len=self.max_size,
+            max_ext_len=0,
+            max_array_len=0,  # (scalars only: the one list, PRODUCE's messages, is read by its headers)
+            max_map_len=0,
+        )
+
+    def tell(self) -> int:
+        return self.base + self.unpacker.tell()
+
+    def unpack(self):
+        at = self.tell()
+        if self.data[at : at + 1] != b"\xc6":
+            return self.unpacker.unpack()
+        size = int.from_bytes(self.data[at + 1 : at + 5], "big")
+        end = at + 5 + size
+        if size > self.max_size or end > len(self.data):
+            raise ValueError(f"a bin of {size} bytes: past the limit of {self.max_size} or the frame's end")
+        value = memoryview(self.data)[at + 5 : end]
+        self._from(end)
+        return value
+
+
+def _messages(reader: _Reader, max_produce: int, max_bytes: int, size: int) -> list:
+    """PRODUCE's ``[[queue, body], ...]``, its length checked from its header before any item is read,
+    and against ``max_bytes`` when there are several (``size``: the arguments frame's bytes)."""
     try:
-        count = unpacker.read_array_header()
+        count = reader.unpacker.read_array_header()
     except ValueError:
         raise ProtocolError("bad-arguments", "PRODUCE: 'messages' must be list") from None
     if count > max_produce:  # one request must fit a turn's budget
         raise ProtocolError("too-many", f"PRODUCE: at most {max_produce} messages per request, not {count}")
+    if size > max_bytes and count > 1:  # (its bytes must fit a turn's commit; one big message goes in parts)
+        raise ProtocolError(
+            "too-large",
+            f"PRODUCE: {count} messages in {size} bytes of arguments; several messages must fit in {max_bytes}: "
+            "split them by bytes (pzq's clients do), or send a big message alone",
+        )
     out = []
     for _ in range(count):
         try:
-            pair = unpacker.read_array_header()
+            pair = reader.unpacker.read_array_header()
         except ValueError:
             pair = 0
         if pair != 2:
             raise ProtocolError(
                 "bad-arguments", f"PRODUCE: each message must be [queue (str of 1 to {MAX_NAME} bytes), body (bin)]"
             )
-        out.append([unpacker.unpack(), unpacker.unpack()])
+        out.append([reader.unpack(), reader.unpack()])
     return out
 
 
@@ -210,10 +265,25 @@ def _bad(routing, request_id, code: str, detail: str) -> Rejected:
 # Messages in one PRODUCE (the server reads Limits.api_max_produce, the same by default): ~4 us each on the
 # loop, so 2,000 fit a turn's ~10 ms budget (5,000 took ~21 ms). The Spark sink sends chunks of 1,000.
 MAX_PRODUCE = 2_000
+# Bytes of a PRODUCE's arguments frame that holds more than one message (Limits.api_produce_bytes, the same
+# by default: a turn's bytes, turn_write_bytes, whose commit holds them all). One message may be bigger (up
+# to --max-message-size): it is written a part per turn. 2,000 messages of 11 KiB in one PRODUCE held a
+# turn's commit for 22 MiB (its answer 445 ms, every client's longest wait 280 ms)
+MAX_PRODUCE_BYTES = 2 << 20
 
 
-def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[str, bytes]]:
-    """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body."""
+def produce_bytes(queue: str, body: bytes) -> int:
+    """At least what one ``[queue, body]`` adds to a PRODUCE's arguments frame (its msgpack: two headers of
+    at most 5 bytes, the array's 1), for a client cutting its messages into PRODUCEs by bytes."""
+    return len(queue.encode()) + len(body) + 11
+
+
+PRODUCE_FRAME = 300  # the rest of the frame, at most: the map, its keys, a key of MAX_KEY bytes and headers
+
+
+def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[str, bytes | memoryview]]:
+    """PRODUCE's ``messages`` checked: each a [queue, body] with a str queue and a bytes body (a body of
+    64 KiB or more is a memoryview of the request's frame)."""
     if len(args["messages"]) > max_produce:  # one request must fit a turn's budget
         raise ProtocolError(
             "too-many", f"PRODUCE: at most {max_produce} messages per request, not {len(args['messages'])}"
@@ -224,7 +294,7 @@ def produce_messages(args: dict, max_produce: int = MAX_PRODUCE) -> list[tuple[s
             not isinstance(item, list)
             or len(item) != 2
             or not isinstance(item[0], str)
-            or not isinstance(item[1], bytes)
+            or not isinstance(item[1], bytes | memoryview)
             or _out_of_range("queue", item[0])
         ):
             raise ProtocolError(

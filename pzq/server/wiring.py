@@ -70,6 +70,7 @@ def gateway_endpoints(
             dialect=cfg.phpmq_dialect,
             max_credit=cfg.max_inflight,
             permissions=permissions,
+            limits=cfg.limits,
         )
         endpoints.append(StreamEndpoint("phpmq", cfg.phpmq_dsn, phpmq, cfg, owned, connections))
     if cfg.emqp_frontend_dsn:
