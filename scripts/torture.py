@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
 import torture_kept as kept  # noqa: E402
+import torture_mqks as mqks  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
 P99_MS, LONGEST_MS, RSS_MIB = 50.0, 100.0, 512.0
@@ -49,6 +50,10 @@ def _queues_args(short: bool) -> tuple[str, ...]:
 
 def _connections_args(short: bool) -> tuple[str, ...]:
     return ("--max-connections", "100" if short else "1000")
+
+
+def _gc_args(short: bool) -> tuple[str, ...]:
+    return ("--gc-whole-interval", "2")  # (the whole walk every 2 s rather than every 10 minutes)
 
 
 NO_NATIVE_CONSUMER = frozenset({"native-cons"})  # (the case's own consumers are what it measures)
@@ -81,6 +86,12 @@ CASES = {
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
+    "mqks-updates": (mqks.updates, 1_000, 20, _none, frozenset()),
+    "mqks-fanout": (mqks.fanout, 100, 5, _none, frozenset()),
+    "mqks-delete-queue": (mqks.delete_queue, 200_000, 2_000, _none, frozenset()),
+    "mqks-costly-lines": (mqks.costly_lines, 30, 3, _none, frozenset()),
+    "mqks-big-publish": (mqks.big_publish, 1, 1, _none, frozenset()),
+    "mqks-bindings-gc": (mqks.bindings_gc, 880_000, 20_000, _gc_args, frozenset()),
 }
 
 

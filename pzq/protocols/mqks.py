@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pzq.errors import ProtocolError
@@ -353,7 +354,7 @@ def delivery(consumer_id: str, msg_id: str, event: str, retry: int, data: str) -
     return f"{consumer_id} ok {msg_id} event={event}{retry_part} {data}\n".encode()
 
 
-def update(consumer_id: str, queue: str, events: list[str], unused: float | None, manual_ack: bool) -> bytes:
+def update(consumer_id: str, queue: str, events: Sequence[str], unused: float | None, manual_ack: bool) -> bytes:
     parts = [consumer_id, "ok", "--update", queue, *events]
     if unused is not None:
         parts.append(f"--delete-queue-when-unused={unused!r}" if unused else "--delete-queue-when-unused")

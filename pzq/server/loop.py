@@ -90,6 +90,7 @@ class Server(Reloading):
         self._behind = False  # the last turn's budget ran out with work left: poll without waiting
         self.turns = 0  # turns run (tests count them)
         self.alarm = MemoryAlarm(config.memory_high_water, config.memory_low_water, config.limits)
+        self.collector: Collector | None = None  # (made by run: the garbage collector's rule)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class Server(Reloading):
         in a row means something is broken for good, and the server exits for its supervisor to
         restart it.
         """
-        collector = Collector(self.config.limits.gc_whole_s)
+        collector = self.collector = Collector(self.config.gc_whole_interval, self.config.limits.gc_whole_most_s)
         collector.start(time.monotonic())
         try:
             self._serve(collector)
@@ -425,6 +426,8 @@ class Server(Reloading):
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
         stats["memory"] = {**self.alarm.stats(), **self.broker.accounts.stats(self.broker.inflight)}
         stats["permissions"] = self.permissions.stats()
+        if self.collector is not None:
+            stats["gc"] = self.collector.stats()
         return stats
 
 
