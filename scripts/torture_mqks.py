@@ -128,10 +128,18 @@ def delete_queue(srv: Server, size: int, short: bool) -> str:
     setup.send(b"d1 delete_queue --confirm doomed", b"r2 rebind --confirm doomed doomed.event")
     got = setup.answers(lambda got: len(got) >= 2, 120)
     answered = time.monotonic() - started
+    deadline = time.monotonic() + 120  # (its records go over the next turns)
+    left = None
+    while time.monotonic() < deadline:
+        left = find((monitor(srv.monitor, timeout_ms=10_000) or {}).get("mqks", {}), "deleting_messages")
+        if not left:
+            break
+        time.sleep(0.1)
+    gone = f"its records gone in {time.monotonic() - started:.1f} s" if left == 0 else f"{left} records left"
     setup.close()
     replies = b", ".join(line.split(b" ")[1] for line in got)
     what = f"delete_queue of {size:,}, then the name bound again"
-    return f"{what}: answered {replies.decode()} in {answered * 1000:.0f} ms"
+    return f"{what}: answered {replies.decode()} in {answered * 1000:.0f} ms; {gone}"
 
 
 def costly_lines(srv: Server, size: int, short: bool) -> str:

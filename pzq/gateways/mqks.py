@@ -446,6 +446,8 @@ class MqksGateway:
             "unrouted_total": self.unrouted_total,
             "delivered_total": self.consumers.delivered_total,
             "errors_total": self.errors_total,
+            # (queues deleted whose records go over the next turns, and the messages they still hold)
+            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.dropping_left(), strict=True)),
             # (whole lines read but not served yet: the turn's budget ran out before them)
             "lines_waiting": sum(map(len, self._waiting.values())),
         }

@@ -242,7 +242,7 @@ class Server(Reloading):
 
     def _poll_timeout_ms(self) -> int:
         # (_behind: the last turn's budget ran out before its work did, whatever is left goes on at once)
-        if self.leases.pending or draining() or self._behind:
+        if self.leases.pending or draining() or self._behind or self.broker.dropping:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
@@ -265,7 +265,7 @@ class Server(Reloading):
         expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
         reads = [self._reader(e) for e in self.endpoints]
         works = [self._worker(e) for e in self.endpoints]
-        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._tick]
+        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._drop_work, self._tick]
 
     @staticmethod
     def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
@@ -297,6 +297,12 @@ class Server(Reloading):
         if due is not None and now >= due:
             self.broker.sweep_implicit(now, self._budget.deadline)
             self._budget.take()
+
+    def _drop_work(self, ready: dict, now: float, now_us: int) -> None:
+        """Records of deleted queues (MQKS delete_queue) go, within the turn's records and clock."""
+        if self.broker.dropping:
+            most = self._budget.records_for(self.config.limits.turn_records)
+            self._budget.take(records=max(1, self.broker.drop_work(most, self._budget.deadline)))
 
     def _tick(self, ready: dict, now: float, now_us: int) -> None:
         """Once a second: expired leases, the admin's rates, the metrics' figures, the console's process."""
