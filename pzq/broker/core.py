@@ -83,7 +83,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     # A big body is written a part per turn (store/bodies.py): begun, written, then produced as a message
     # in the turn of its last part; dropped when its producer is answered otherwise.
 
-    def begin_big(self, body: Sequence[bytes], chunk: int) -> Upload:
+    def begin_big(self, body: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload:
         """A big body to write in parts of ``chunk`` bytes. Raises StoreFull (counted) when refused."""
         try:
             if self.refusing is not None:
@@ -101,9 +101,11 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             self.counters.refused_full += 1
             raise
 
-    def produce_big(self, queue: str, upload: Upload, *, now_us: int) -> Message:
+    def produce_big(
+        self, queue: str, upload: Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
         """Store the message whose body ``upload`` wrote in full (durable at the next commit)."""
-        message = self.store.put_body(queue, upload, now_us=now_us)
+        message = self.store.put_body(queue, upload, now_us=now_us, expires_us=expires_us, meta=meta)
         self.counters.produced += 1
         self.readiness += 1
         self._count(queue, "produced")

@@ -133,7 +133,7 @@ class Bodies(Queues):
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def begin_body(self, frames: Sequence[bytes], chunk: int) -> Upload:
+    def begin_body(self, frames: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload:
         """A body to write in chunks of ``chunk`` bytes (``write_body`` writes them, a part per turn).
         Raises StoreFull, writing nothing, when it would not fit."""
         sizes = tuple(len(f) for f in frames)

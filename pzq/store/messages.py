@@ -89,7 +89,9 @@ class Messages(Bodies):
         self._account(info, len(items), total)
         return len(items)
 
-    def put_body(self, queue: str, upload: Upload, *, now_us: int) -> Message:
+    def put_body(
+        self, queue: str, upload: Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message:
         """Append the message whose body ``upload`` wrote (every chunk of it, in this or earlier turns)
         to ``queue``: its record, in the transaction of the last chunk. Raises StoreFull when the
         queue cannot be made."""
@@ -97,7 +99,7 @@ class Messages(Bodies):
             raise ValueError("the body is not all written")
         # (the upload ends after its record is put: a put that fails leaves it to the rollback, which
         # removes its chunks)
-        message = self._append(queue, [], now_us, 0, check_limit=False, body=upload.ref)
+        message = self._append(queue, [], now_us, expires_us, check_limit=False, meta=meta, body=upload.ref)
         self._finish_upload(upload)
         return message
 
