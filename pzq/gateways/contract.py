@@ -119,20 +119,24 @@ class StreamGateway(Gateway, Protocol):
 
 class Budget(Protocol):
     """The turn's budget as a gateway sees it (the loop's ``TurnBudget``): asked before each request,
-    told after each one."""
+    told after each one (``size`` bytes let in, ``records`` touched); ``bytes_left`` of the turn's."""
+
+    bytes_left: int
 
     def spent(self) -> bool: ...
 
-    def take(self, size: int = 0) -> None: ...
+    def take(self, size: int = 0, records: int = 1) -> None: ...
 
 
 class _Unbounded:
     """A budget that never runs out: a gateway called outside a server's turn (tests, scripts)."""
 
+    bytes_left = 1 << 62
+
     def spent(self) -> bool:
         return False
 
-    def take(self, size: int = 0) -> None:
+    def take(self, size: int = 0, records: int = 1) -> None:
         pass
 
 

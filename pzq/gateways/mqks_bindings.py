@@ -13,6 +13,7 @@ to several to a tuple of their names; each queue's events are a sorted tuple.
 from __future__ import annotations
 
 import bisect
+import builtins
 from collections.abc import Iterable
 
 from pzq.config import ClientShares, Limits
@@ -83,13 +84,7 @@ class BindingIndex:
             binding.events = tuple(sorted(after))
         if changed:  # only the difference touches the index: a rebind to the same events costs no more
             self._unbind(queue, gone)
-            by_event = self.by_event
-            for event in added:
-                queues = by_event.get(event)
-                if queues is None:
-                    by_event[event] = queue
-                else:  # (a tuple of names: a queue more costs a copy of the event's, never a container)
-                    by_event[event] = (queues, queue) if isinstance(queues, str) else (*queues, queue)
+            self._bind(queue, added)
             self.bound_total += len(added) - len(gone)
         self.bindings[queue] = binding
         if save and (old is None or changed or old.unused != binding.unused):
@@ -104,18 +99,26 @@ class BindingIndex:
             self.bound_total -= len(binding.events)
         self.table.delete(queue)
 
+    def _bind(self, queue: str, events: frozenset[str] | builtins.set[str]) -> None:
+        """Index ``events`` (none of them bound to ``queue`` yet) under ``queue``: those no queue has at
+        C speed, the others each as a tuple one name longer (a copy of the event's, never a container)."""
+        by_event = self.by_event
+        shared = events & by_event.keys()
+        for event in shared:
+            queues = by_event[event]
+            by_event[event] = (queues, queue) if isinstance(queues, str) else (*queues, queue)
+        by_event.update(dict.fromkeys(events - shared if shared else events, queue))
+
     def _unbind(self, queue: str, events: Iterable[str]) -> None:
         by_event = self.by_event
+        get = by_event.get
         for event in events:
-            queues = by_event.get(event)
-            if queues is None:
-                continue
-            if isinstance(queues, str):
-                if queues == queue:
-                    del by_event[event]
-                continue
-            left = tuple(q for q in queues if q != queue)
-            by_event[event] = left[0] if len(left) == 1 else left
+            queues = get(event)
+            if queues == queue:  # (bound to this queue alone: the usual case)
+                del by_event[event]
+            elif queues is not None and not isinstance(queues, str):
+                left = tuple(q for q in queues if q != queue)
+                by_event[event] = left[0] if len(left) == 1 else left
 
     def room_for_events(self, queue: str, events: list[str], conn: bytes | None = None) -> int:
         """Bindings of every queue together stay under the limit (each is matched on every publish), and

@@ -83,12 +83,18 @@ MAX_TOKENS = 3 * 10_000 + 200  # a consume or rebind with more words cannot be w
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _refuse_control(data: str) -> None:
+    """ProtocolError when ``data`` holds a control character (an ASCII line at C speed: printable ASCII
+    is exactly what is not a control character)."""
+    if not data.isprintable() if data.isascii() else _CONTROL.search(data) is not None:
+        raise ProtocolError("bad-id", "ids must not contain control characters")
+
+
 def _tokens(data: str) -> list[str]:
     """The words of ``data``, checked at once for control characters: each is then an id but for its
     length (``_check_word``), so that 30,000 words cost one search, not 30,000."""
-    if _CONTROL.search(data):
-        raise ProtocolError("bad-id", "ids must not contain control characters")
-    tokens = [t for t in data.split(" ") if t]
+    _refuse_control(data)
+    tokens = list(filter(None, data.split(" ")))
     if len(tokens) > MAX_TOKENS:  # refused before any per-word work
         raise ProtocolError("too-many-events", f"{len(tokens)} words in one request; at most {MAX_TOKENS}")
     return tokens
@@ -111,22 +117,28 @@ def _check_words(kind: str, words: list[str]) -> list[str]:
     return words
 
 
-def _by_option(tokens: list[str]) -> list[tuple[str, list[str]]]:
-    """``tokens`` cut at each option (a word starting with ``--``): the words before the first under
-    "", then each option with the words after it. A rebind of 10,000 events has a few options: its words
-    are sliced, not looked at one by one in Python."""
-    marks = [i for i, token in enumerate(tokens) if token[:2] == "--"]
-    ends = [*marks, len(tokens)]
-    options = [(tokens[i], tokens[i + 1 : end]) for i, end in zip(marks, ends[1:], strict=True)]
-    return [("", tokens[: ends[0]]), *options]
+def _by_option(data: str) -> list[tuple[str, list[str]]]:
+    """The words of ``data`` (checked as ``_tokens`` does) cut at each option (a word starting with
+    ``--``): the words before the first under "", then each option with the words after it. The text is
+    cut at " --" and each piece split in C: a rebind of 10,000 events has a few options, and looking at
+    its words one by one in Python cost more than the rest of its parse."""
+    _refuse_control(data)
+    pieces = (" " + data).split(" --")
+    out = [("", list(filter(None, pieces[0].split(" "))))]
+    for piece in pieces[1:]:
+        name, _, rest = piece.partition(" ")  # (a piece beginning with a space: the word was "--" alone)
+        out.append(("--" + name, list(filter(None, rest.split(" ")))))
+    if sum(len(words) for _, words in out) + len(out) > MAX_TOKENS:  # refused before any per-word work
+        raise ProtocolError("too-many-events", f"too many words in one request; at most {MAX_TOKENS}")
+    return out
 
 
 def _consume(data: str) -> dict:
-    tokens = _tokens(data)
-    if not tokens or tokens[0].startswith("--"):
+    parts = _by_option(data)
+    if not parts[0][1]:
         raise ProtocolError("no-queue", "consume needs a queue")
     out: dict[str, Any] = {
-        "queue": _check_id("queue", tokens[0]),
+        "queue": _check_id("queue", parts[0][1].pop(0)),
         "events": None,
         "add": [],
         "unused": None,
@@ -135,7 +147,7 @@ def _consume(data: str) -> dict:
     }
     events: list[str] = []
     into = events  # (words go to the events until --add; flags leave that as it is)
-    for option, words in _by_option(tokens[1:]):
+    for option, words in parts:
         if option == "--add":
             into = out["add"]
         elif option == "--manual-ack":
@@ -174,18 +186,18 @@ def _count(text: str) -> int:
 
 
 def _rebind(data: str) -> dict:
-    tokens = _tokens(data)
-    if not tokens or tokens[0].startswith("--"):
+    parts = _by_option(data)
+    if not parts[0][1]:
         raise ProtocolError("no-queue", "rebind needs a queue")
     out: dict[str, Any] = {
-        "queue": _check_id("queue", tokens[0]),
+        "queue": _check_id("queue", parts[0][1].pop(0)),
         "events": None,
         "remove": [],
         "remove_mask": [],
         "add": [],
     }
     events: list[str] = []
-    for option, words in _by_option(tokens[1:]):
+    for option, words in parts:
         if option in ("--remove", "--remove-mask", "--add"):
             out[option[2:].replace("-", "_")].extend(_check_words("event", words))
         elif option:
