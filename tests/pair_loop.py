@@ -130,7 +130,10 @@ class Loop:
             out = self.gateway.rolled_back(out)
         else:
             self.store.commit()
-        return self._flush(out, full)
+        sent = self._flush(out, full)
+        if isinstance(self.gateway, PacedGateway):  # (as the endpoint, once the turn's output went)
+            self.gateway.flushed()
+        return sent
 
     def _flush(self, out: list[Send], full: frozenset[Hashable]) -> list[Send]:
         pending = [send for sends in self.backlog.values() for send in sends] + out

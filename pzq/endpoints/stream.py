@@ -11,7 +11,8 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.gateways.contract import PacedGateway, Send, StreamGateway
+from pzq.endpoints.unread import Unread
+from pzq.gateways.contract import PacedGateway, PipedGateway, Send, StreamGateway
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames
 
@@ -45,6 +46,9 @@ class StreamEndpoint(Endpoint):
         self.gateway = gateway
         # (MQKS: a gateway that serves a write's pipelined requests while the turn's budget lasts)
         self.paced: PacedGateway | None = gateway if isinstance(gateway, PacedGateway) else None
+        # (MQKS: a gateway that charges what it sends until the peer's TCP has it: endpoints/unread.py)
+        self.piped: PipedGateway | None = gateway if isinstance(gateway, PipedGateway) else None
+        self.unread = Unread()
         # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
         # 8 KiB each wait for a turn to read them (libzmq's default, written down)
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
@@ -83,13 +87,16 @@ class StreamEndpoint(Endpoint):
             except Again:
                 return
             budget -= len(data)
-            self.budget.take(len(data))
+            if self.paced is None:  # (a paced gateway's lines draw on the turn when they are served, not read:
+                self.budget.take(len(data))  # bytes read to be kept had left it nothing to serve them with)
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
                     self._backlog.pop(conn, None)
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     self._connect(conn, *peer_address(last), now_us)
+                    if conn in sessions and self.piped is not None:
+                        self.unread.opened(conn, _descriptor(last))
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
@@ -163,16 +170,36 @@ class StreamEndpoint(Endpoint):
         self._closing.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
+        if self.piped is not None and self.unread.pending:
+            self._read_back(self.piped)
         self._out += self.gateway.dispatch(now=now, now_us=now_us, blocked=frozenset(self._backlog))
 
+    def _read_back(self, piped: PipedGateway) -> None:
+        """What peers' TCP acknowledged is no longer charged to them; a connection whose charged bytes
+        are past its share and a slow reader's backlog (replies it leaves unread: the rest stops at its
+        share) is closed, as a slow reader is."""
+        back, over = self.unread.read_back(self.limits.delivery_share + self.limits.stream_backlog_bytes)
+        for conn, size in back:
+            piped.unpiped(conn, size)
+        for conn in over:
+            log.warning(
+                "%s connection %s reads too slowly (%d bytes sent and not acknowledged): closing it",
+                self.name,
+                conn.hex(),
+                self.unread.charged(conn),
+            )
+            self._close(conn)
+
     def waiting(self) -> bool:
-        return bool(self._out)
+        return bool(self._out) or self.paced is not None and self.paced.writing  # (a part written: commit it)
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
         self._out = self.gateway.rolled_back(out)  # the gateway decides what may still be said
 
     def flush(self, now: float, now_us: int) -> None:
+        if self.paced is not None:
+            self.paced.flushed()
         out, self._out = self._out, []
         by_conn: dict[bytes, list[Send]] = {conn: [] for conn in self._backlog}
         for send in out:
@@ -184,6 +211,9 @@ class StreamEndpoint(Endpoint):
             data = b"".join(backlog) + b"".join(b"".join(send.frames[1:]) for send in sends)
             try:
                 send_frames(self.sock, [conn, data], NOBLOCK)
+                if self.piped is not None and data:  # (charged until the peer's TCP has it: unread.py)
+                    earlier = sum(map(len, backlog))  # (a backlog holds no manual-ack delivery: see unsent)
+                    self.unread.sent(conn, len(data), self.piped.piped(conn, sends, earlier))
             except Again:  # the client reads too slowly
                 kept = backlog + [
                     b"".join(send.frames[1:]) for send in sends if send.token is None or self.gateway.unsent(send)
@@ -216,6 +246,7 @@ class StreamEndpoint(Endpoint):
 
     def _gone(self, conn: bytes) -> None:
         self._peers.pop(conn, None)
+        self.unread.gone(conn)
         self.gateway.disconnected(conn)
         self.connections.hold(self.name, conn, 0)
 
@@ -225,7 +256,7 @@ class StreamEndpoint(Endpoint):
     def wake_at(self, now: float) -> float | None:
         if self.paced is not None and self.paced.waiting():
             return now
-        if self._backlog or self._closing:
+        if self._backlog or self._closing or self.unread.pending:  # (unread: its peers' acknowledgements)
             return now + RETRY_S
         return self.gateway.next_wake(now)
 
@@ -277,3 +308,11 @@ def _allowed(peer: str, networks: list) -> bool:
     if address.version == 6 and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in networks)
+
+
+def _descriptor(frame: zmq.Frame) -> int:
+    """The descriptor of the connection ``frame`` came over (libzmq's SRCFD), -1 when it cannot be read."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return -1

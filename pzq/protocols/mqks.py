@@ -72,6 +72,41 @@ def parse_line(line: bytes) -> Request:
     return Request(request_id, action, confirm, _ARGS[action](data))
 
 
+BIG_LINE = 64 << 10  # a longer line is a publish (or a consume or rebind: mqks_bind_line_bytes), or refused
+
+
+def action_of(line: bytes) -> bytes:
+    """The action word of a line, read from its head (a request id is at most 255 bytes)."""
+    parts = line[: 2 * MAX_ID + 2].split(b" ", 2)
+    return parts[1] if len(parts) > 1 else b""
+
+
+def parse_publish(line: bytes) -> tuple[Request, memoryview]:
+    """A publish line (without its newline) whose data is not decoded: the request (its data left
+    empty) and the data as a view of ``line``, not a copy of it (whether that is UTF-8 is for the caller
+    to find, a slice at a time). Raises ProtocolError."""
+    first = line.find(b" ")
+    second = line.find(b" ", first + 1) if first >= 0 else -1
+    if second < 0 or line[first + 1 : second] != b"publish":
+        raise ProtocolError("bad-arguments", "expected {request_id} publish [--confirm] {event} {data}")
+    request_id = _check_id("request id", _text(line[:first]))
+    at = second + 1
+    confirm = line.startswith(b"--confirm ", at)
+    at += len(b"--confirm ") if confirm else 0
+    end = len(line) - 1 if line.endswith(b"\r") else len(line)  # (telnet and friends end lines with CR LF)
+    space = line.find(b" ", at, end)
+    event = _check_id("event", _text(line[at : end if space < 0 else space]))
+    data = memoryview(line)[space + 1 : end] if space >= 0 else memoryview(b"")
+    return Request(request_id, "publish", confirm, {"event": event, "data": ""}), data
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad-utf8", "the line is not UTF-8") from None
+
+
 def _publish(data: str) -> dict:
     event, _, payload = data.partition(" ")
     return {"event": _check_id("event", event), "data": payload}
@@ -375,6 +410,18 @@ def update(consumer_id: str, queue: str, events: Sequence[str], unused: float | 
     return (" ".join(parts) + "\n").encode()
 
 
+def update_line(consumer_id: str, queue: str, events: bytes, unused: float | None, manual_ack: bool) -> bytes:
+    """``update`` with its events given joined by spaces (one queue's list joined once for all its
+    consumers: it may be 2.5 MB)."""
+    head = f"{consumer_id} ok --update {queue}".encode()
+    tail = ""
+    if unused is not None:
+        tail += f" --delete-queue-when-unused={unused!r}" if unused else " --delete-queue-when-unused"
+    if manual_ack:
+        tail += " --manual-ack"
+    return b"".join((head, b" " if events else b"", events, tail.encode(), b"\n"))
+
+
 def body_text(frames: list[bytes]) -> str:
     """A stored body as MQKS data: frames joined, UTF-8 (invalid bytes replaced), and the line breaks
     of bodies from other protocols escaped as \\n and \\r so that they cannot end the line."""
@@ -405,7 +452,7 @@ class LineBuffer:
             lines = []
         else:
             first, *middle, last = data.split(b"\n")
-            lines = [b"".join(self._parts) + first, *middle]
+            lines = [b"".join([*self._parts, first]), *middle]  # (one copy of a long line, not two)
             self._parts, self._size = ([last], len(last)) if last else ([], 0)
         if self._size > self.limit:
             head = b"".join(self._parts)[:60]
