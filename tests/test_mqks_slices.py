@@ -269,3 +269,10 @@ def test_a_connection_that_leaves_its_answers_unread_past_its_share_and_a_backlo
     with MqksClient(srv.config.mqks_dsn) as other:
         other.send("pg ping fine")
         assert other.read_line() == "pg ok fine"
+
+
+def test_a_long_line_of_an_action_that_takes_a_few_ids_is_refused_before_it_is_parsed(store):
+    gateway = gateway_on(store)
+    gateway.connected(b"a")
+    gateway.keep(b"a", b"pg1 ping " + b"z" * (100 * KIB) + b"\nack1 ack c1 " + b"m" * (100 * KIB) + b"\npg2 ping ok\n")
+    assert lines_to(turn(gateway, DEFAULT_LIMITS), b"a") == [b"pg1 error E", b"ack1 error E", b"pg2 ok ok"]

@@ -21,6 +21,7 @@ log = logging.getLogger("pzq.server")
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
 RETRY_S = 0.01  # how soon a backlog is tried again
+UNREAD_S = 0.05  # how soon peers' acknowledgements are read again while some are awaited (endpoints/unread.py)
 
 
 class StreamEndpoint(Endpoint):
@@ -256,8 +257,10 @@ class StreamEndpoint(Endpoint):
     def wake_at(self, now: float) -> float | None:
         if self.paced is not None and self.paced.waiting():
             return now
-        if self._backlog or self._closing or self.unread.pending:  # (unread: its peers' acknowledgements)
+        if self._backlog or self._closing:
             return now + RETRY_S
+        if self.unread.pending:  # (what peers acknowledged since: their charges go, their room comes back)
+            return now + UNREAD_S
         return self.gateway.next_wake(now)
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:

@@ -302,10 +302,16 @@ class MqksGateway(Requests):
         try:
             if len(line) > self.max_line:
                 raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
-            if len(line) > mqks.BIG_LINE and mqks.action_of(line) == b"publish":  # (its data never decoded)
+            action = mqks.action_of(line) if len(line) > mqks.BIG_LINE else b""
+            if action == b"publish":  # (its data never decoded whole: mqks_publish.py)
                 req, data = mqks.parse_publish(line)
                 mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)
                 self._publish(conn, session, req, data, line.isascii(), now_us, budget)
+            elif action and action not in (b"consume", b"rebind"):  # (refused before it is parsed)
+                raise ProtocolError(
+                    "line-too-long",
+                    f"a line of {len(line)} bytes: only publish, consume and rebind may pass {mqks.BIG_LINE}",
+                )
             else:
                 check_bind_line(line, self.limits)
                 self._handle(conn, session, mqks.parse_line(line), now_us, budget)

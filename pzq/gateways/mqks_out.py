@@ -31,6 +31,7 @@ UPDATE = "update"  # the token of a notice (a rolled-back turn does not send it:
 HELD_MOST = 1 << 20  # replies held behind a notice past which the connection's next lines wait
 STEP_BYTES = 256 << 10  # notices made in one slice of a connection's turn, beyond its first
 RETRY_S = 0.05  # how soon a connection without room for its notice is looked at again at the latest
+BLOBS_MOST = 8 << 20  # bytes of queues' event lists kept joined for their notices (the oldest go first)
 
 
 class Outbox:
@@ -47,6 +48,7 @@ class Outbox:
         self.retry_at = 0.0  # when the stuck ones are looked at again, unless something gave them room
         self._made: dict[bytes, int] = {}  # notice bytes made this turn per connection, not charged yet
         self._blobs: dict[str, tuple[tuple[str, ...], bytes]] = {}  # queue -> (its events, them joined)
+        self._blob_bytes = 0
         self.stamp = 0  # the turn's: what was held this turn a rollback must take back
         self.made_total = 0  # notices made
 
@@ -148,9 +150,12 @@ class Outbox:
             return mqks.update(consumer.id, consumer.queue, (), None, consumer.manual_ack)
         cached = self._blobs.get(consumer.queue)
         if cached is None or cached[0] is not binding.events:
+            if cached is not None:
+                self._blob_bytes -= len(cached[1])
             cached = self._blobs[consumer.queue] = (tuple(binding.events), " ".join(binding.events).encode())
-            if len(self._blobs) > 64:  # (a few queues' lists: each may be MBs)
-                self._blobs.pop(next(iter(self._blobs)))
+            self._blob_bytes += len(cached[1])
+            while self._blob_bytes > BLOBS_MOST and len(self._blobs) > 1:  # (each list may be MBs)
+                self._blob_bytes -= len(self._blobs.pop(next(iter(self._blobs)))[1])
         return mqks.update_line(consumer.id, consumer.queue, cached[1], binding.unused, consumer.manual_ack)
 
     def salvage(self, sends: list[Send], confirm_token: str, error: Callable[[Any], Send]) -> list[Send]:
