@@ -49,8 +49,6 @@ from pzq.store.bindings import Bindings
 
 log = logging.getLogger("pzq.mqks")
 
-RESTART_GRACE_S = 30.0  # after a restart, a --delete-queue-when-unused queue waits this long for consumers
-
 
 class MqksGateway(Requests):
     """Every MQKS connection and what it asks: the commands, on the bindings and consumers below."""
@@ -115,10 +113,6 @@ class MqksGateway(Requests):
         """Held output that may go, or a request (a line, a slice) while what it holds back is small."""
         return self.outbox.ready(conn) or session.busy and session.held_size <= HELD_MOST
 
-    def _start_unused_clocks(self) -> None:
-        self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}
-        self._orphan_grace = RESTART_GRACE_S
-
     def load(self) -> None:
         """Read the bindings: at start-up and after a rolled-back turn."""
         self.bindings.load()
@@ -158,9 +152,8 @@ class MqksGateway(Requests):
                 self._error(send.peer, token[1], "store-failed", "store failure: the request was rolled back")
         return kept + self._take_out()
 
-    def _error_instead(self, confirm: Send) -> Send:
-        token: Any = confirm.token
-        return Send(ONLY, [confirm.peer, self._error_line(token[1], "store-failed", "the request was rolled back")])
+    def _error_instead(self, confirm: Send) -> Send:  # (a confirm held behind a notice: mqks_out.py)
+        return Send(ONLY, [confirm.peer, self._error_line(confirm.token[1], "store-failed", "rolled back")])  # type: ignore[index]
 
     def _take_out(self) -> list[Send]:
         out, self.outbox.out = self.outbox.out, []
@@ -416,24 +409,6 @@ class MqksGateway(Requests):
     def unsent(self, send: Send) -> bool:
         """A line the client's connection would not take now: see Consumers.unsent."""
         return self.consumers.unsent(send)
-
-    def _expire_unused(self, now: float) -> None:
-        for queue in self._orphans:
-            binding = self.bindings.get(queue)
-            if binding is not None and binding.unused is not None:
-                self.delete_at[queue] = now + max(binding.unused, self._orphan_grace)
-        self._orphans.clear()
-        self._orphan_grace = 0.0
-        for queue in [q for q, t in self.delete_at.items() if t <= now]:
-            del self.delete_at[queue]
-            if not self.consumers.used(queue) and queue in self.bindings:
-                try:
-                    self._delete_queue(queue)
-                except ProtocolError as exc:
-                    log.info("MQKS queue %r not deleted when unused: %s", queue, exc.detail)
-                    binding = self.bindings.get(queue)
-                    if binding is not None and binding.owned:  # in use by another protocol: try again later
-                        self.delete_at[queue] = now + max(binding.unused or 0, 1.0)
 
     def next_wake(self, now: float) -> float | None:
         wakes = [min(self.delete_at.values())] if self.delete_at else []

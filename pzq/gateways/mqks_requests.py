@@ -25,6 +25,7 @@ from pzq.store.bindings import Binding
 
 log = logging.getLogger("pzq.mqks")
 
+RESTART_GRACE_S = 30.0  # after a restart, a --delete-queue-when-unused queue waits this long for consumers
 CONFIRM = "confirm"  # the token of a confirmation (a rolled-back turn answers an error instead)
 NOTIFY_STEP = 2_000  # consumers marked due a notice in one slice (a queue may have 100,000)
 
@@ -67,6 +68,7 @@ class Requests:
     outbox: Outbox
     delete_at: dict[str, float]
     _orphans: set[str]
+    _orphan_grace: float
     _drop_queue: Callable[[str], int]
     published_total: int
     unrouted_total: int
@@ -242,3 +244,27 @@ class Requests:
         self._orphans.discard(queue)
         dropped = self._drop_queue(queue)  # (at once for clients; its records go over the next turns)
         log.info("MQKS queue %r deleted with %d message(s)", queue, dropped)
+
+    # -- queues unused for their --delete-queue-when-unused seconds ------------------------------------
+
+    def _start_unused_clocks(self) -> None:
+        self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}
+        self._orphan_grace = RESTART_GRACE_S
+
+    def _expire_unused(self, now: float) -> None:
+        for queue in self._orphans:
+            binding = self.bindings.get(queue)
+            if binding is not None and binding.unused is not None:
+                self.delete_at[queue] = now + max(binding.unused, self._orphan_grace)
+        self._orphans.clear()
+        self._orphan_grace = 0.0
+        for queue in [q for q, t in self.delete_at.items() if t <= now]:
+            del self.delete_at[queue]
+            if not self.consumers.used(queue) and queue in self.bindings:
+                try:
+                    self._delete_queue(queue)
+                except ProtocolError as exc:
+                    log.info("MQKS queue %r not deleted when unused: %s", queue, exc.detail)
+                    binding = self.bindings.get(queue)
+                    if binding is not None and binding.owned:  # in use by another protocol: try again later
+                        self.delete_at[queue] = now + max(binding.unused or 0, 1.0)
