@@ -276,3 +276,23 @@ def test_a_long_line_of_an_action_that_takes_a_few_ids_is_refused_before_it_is_p
     gateway.connected(b"a")
     gateway.keep(b"a", b"pg1 ping " + b"z" * (100 * KIB) + b"\nack1 ack c1 " + b"m" * (100 * KIB) + b"\npg2 ping ok\n")
     assert lines_to(turn(gateway, DEFAULT_LIMITS), b"a") == [b"pg1 error E", b"ack1 error E", b"pg2 ok ok"]
+
+
+def test_a_change_of_thousands_of_events_is_indexed_over_slices_and_one_stored_before_a_rollback_is_kept(store):
+    limits = dataclasses.replace(DEFAULT_LIMITS, turn_records=1)  # (one slice a turn)
+    gateway = gateway_on(store, turn_records=1)
+    gateway.connected(b"a")
+    old = b" ".join(b"old.%d" % i for i in range(5_000))
+    new = b" ".join(b"new.%d" % i for i in range(5_000))
+    gateway.keep(b"a", b"r1 rebind --confirm q " + old + b"\n")
+    answers = []
+    while not answers:
+        answers += lines_to(turn(gateway, limits), b"a")
+    gateway.keep(b"a", b"r2 rebind --confirm q " + new + b"\n")
+    assert lines_to(turn(gateway, limits), b"a") == [], "stored, not yet indexed: not answered"
+    index = gateway.bindings
+    assert list(index.get("q").events) == sorted(new.decode().split()) and index.indexing("q")
+    routed = {event for event in ("old.1", "old.4999", "new.1", "new.4999") if index.queues_for(event)}
+    assert routed and routed != {"new.1", "new.4999"}, "some events route as before meanwhile"
+    assert lines_to(turn(gateway, limits, fail=True), b"a") == [b"r2 ok "], "stored in an earlier turn: kept"
+    assert not index.indexing("q") and index.queues_for("new.4999") == ("q",) and index.queues_for("old.1") == ()

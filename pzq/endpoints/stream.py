@@ -1,6 +1,8 @@
 """Raw-TCP endpoints (PHPMQ, MQKS): a ZeroMQ STREAM socket feeding a ``StreamGateway``
 (gateways/contract.py). This adapter owns the connections' limits, slow readers' backlogs and closing;
-the gateway owns everything the protocol means."""
+the gateway owns everything the protocol means. For a gateway that charges what it sends (MQKS:
+``PipedGateway``), it reads what each peer's TCP acknowledged (endpoints/unread.py) and closes a
+connection that leaves too much unacknowledged."""
 
 from __future__ import annotations
 

@@ -128,9 +128,7 @@ class MqksGateway(Requests):
         for conn, session in [*self.sessions.items(), *self._ghosts.items()]:
             if session.job is not None:
                 job, session.job = session.job, None
-                if isinstance(job, Publish):
-                    job.lost()
-                self._error(conn, job.request_id, "store-failed", "store failure: the request was rolled back")
+                self._job_rolled_back(conn, job)
             if session.busy:
                 self._push(conn, session)
         self._ghosts.clear()
@@ -270,6 +268,7 @@ class MqksGateway(Requests):
             try:
                 if self.outbox.ready(conn):
                     self.outbox.drain(conn, session, budget, self.bindings.get, self._registered)
+                    self._served.add(conn)  # (what it holds back went down: buffered)
                 elif session.job is not None:
                     self._step(conn, session, budget, now_us)
                 else:

@@ -48,8 +48,10 @@ class Session:
 
     @property
     def buffered(self) -> int:
-        """Input it holds: its unfinished line, its lines waiting, and what its job still holds of its line."""
-        return self.buffer.buffered + self.waiting_bytes + (self.job.held_bytes if self.job is not None else 0)
+        """What it holds in pzq: its unfinished line, its lines waiting, what its job still holds of its
+        line, and its answers held back (its share of unfinished input bounds them all)."""
+        job = self.job.held_bytes if self.job is not None else 0
+        return self.buffer.buffered + self.waiting_bytes + job + self.held_size
 
 
 class FairTurns:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from pzq.broker import Broker
 from pzq.config import Limits
@@ -43,7 +44,17 @@ class Rebound:
     ):
         self.bindings, self.outbox, self.queue, self.consumers = bindings, outbox, queue, consumers
         self.request_id, self.confirm = req.request_id, req.confirm
+        self.stamp = outbox.stamp  # (the turn that stored the change: once committed, a rollback keeps it)
         self._at = 0
+
+    def stored(self) -> bool:
+        """True once the turn that stored the change went (its slices only index it in memory, and a
+        rolled-back turn reads every binding again: what is left of it is then done)."""
+        return self.stamp != self.outbox.stamp
+
+    def finish(self) -> None:
+        for consumer in self.consumers[self._at :]:
+            self.outbox.due(consumer)
 
     def step(self, budget: Budget, now_us: int) -> bool:
         if self.bindings.indexing(self.queue):
@@ -72,6 +83,7 @@ class Requests:
     _drop_queue: Callable[[str], int]
     published_total: int
     unrouted_total: int
+    _error: Callable[[bytes, str, str, str], None]
 
     def _reply(self, conn: bytes, line: bytes, token: object = None) -> None:
         self.outbox.send(Send(ONLY, [conn, line], token))
@@ -99,6 +111,19 @@ class Requests:
             self._delete_queue(a["queue"])
         if req.confirm and session.job is None:  # (else its job answers it once done)
             self._reply(conn, mqks.ok(req.request_id), (CONFIRM, req.request_id))
+
+    def _job_rolled_back(self, conn: bytes, job: Any) -> None:
+        """A turn was rolled back while ``job`` was under way: it ends with an error (what earlier turns
+        stored of a publish stays), but a change of events stored in an earlier turn, which only its
+        indexing was left of, is done (the bindings are read again) and confirmed."""
+        if isinstance(job, Publish):
+            job.lost()
+        if isinstance(job, Rebound) and job.stored():
+            job.finish()
+            if job.confirm:
+                self._reply(conn, mqks.ok(job.request_id))
+            return
+        self._error(conn, job.request_id, "store-failed", "store failure: the request was rolled back")
 
     def _consumer(self, conn: bytes, consumer_id: str) -> Consumer:
         consumer = self.consumers.get(conn, consumer_id)
