@@ -214,7 +214,7 @@ class StreamEndpoint(Endpoint):
             data = b"".join(backlog) + b"".join(b"".join(send.frames[1:]) for send in sends)
             try:
                 send_frames(self.sock, [conn, data], NOBLOCK)
-                if self.piped is not None and data:  # (charged until the peer's TCP has it: unread.py)
+                if self.piped is not None and data and self.unread.tracks(conn):  # (charged until its TCP has it)
                     earlier = sum(map(len, backlog))  # (a backlog holds no manual-ack delivery: see unsent)
                     self.unread.sent(conn, len(data), self.piped.piped(conn, sends, earlier))
             except Again:  # the client reads too slowly

@@ -53,6 +53,10 @@ class Unread:
             self._fd[conn] = fd
             self._sent[conn] = 0
 
+    def tracks(self, conn: bytes) -> bool:
+        """True if ``conn``'s acknowledgements can be read (what it is sent may be charged to it)."""
+        return conn in self._fd
+
     def sent(self, conn: bytes, size: int, charged: int) -> None:
         """``size`` bytes were handed to libzmq for ``conn``, ``charged`` of them charged to it."""
         if conn not in self._fd:
