@@ -113,3 +113,21 @@ def test_deliveries_stop_at_the_ceiling_and_past_the_high_water_mark_even_one_is
     broker.accounts.bank(others=3000 + broker.accounts.slack, ceiling=2500, high_water=3000)
     assert take(broker, "c") == []
     assert broker.accounts.refused_total >= 1
+
+
+def test_bytes_in_a_payers_pipe_count_in_its_share_until_its_peer_has_them_or_it_is_gone(broker):
+    fill(broker, 20)
+    broker.piped("c", 3500)  # (replies and notices handed to libzmq for its connection)
+    assert charged(broker, "c") == 3500 and broker.accounts.total(broker.inflight) == 3500
+    assert broker.accounts.may_hand("c", 500, broker.inflight) and not broker.accounts.may_hand(
+        "c", 700, broker.inflight
+    )
+    assert len(take(broker)) == 1, "its share holds one delivery more (and that is all)"
+    assert take(broker) == []
+    before = broker.readiness
+    broker.unpiped("c", 3500)  # (its peer's TCP acknowledged them)
+    assert charged(broker, "c") == 1000 and broker.readiness > before, "room again: takers are told"
+    assert len(take(broker)) == 4
+    broker.piped("c", 2000)
+    broker.payer_gone("c")
+    assert broker.accounts.stats(broker.inflight)["delivery_piped_bytes"] == 0, "gone with its connection"
