@@ -148,7 +148,7 @@ class Limits:
     take_skips: int = 512
     # What survives a full garbage collection is frozen, so the next walks only what is new; everything is
     # walked (cyclic garbage among frozen objects freed) every --gc-whole-interval, unless that walk is
-    # estimated (frozen objects x the last walk's cost of one) past this: then it is put off and logged
+    # estimated (frozen objects x the least a walk measured one to cost) past this: then it is put off and logged
     # (pzq/server/collector.py; r10-mqks: 880,000 MQKS bindings had made it 200-260 ms, a few ms since)
     gc_whole_most_s: float = 0.025
 

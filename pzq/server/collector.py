@@ -13,7 +13,7 @@ A whole walk cannot be cut into slices (CPython walks every tracked object in on
 kept down at the root: pzq's big tables are held in objects the collector does not track (MQKS's
 million bindings are strings and tuples: 880,000 of them had made the whole walk 200-260 ms, now a few
 ms). And it is guarded: before each whole walk its time is estimated from the objects frozen and the
-cost of one in the last walk (the loop thread's CPU time: a busy machine's waits are not the heap's);
+least a walk measured one to cost (the loop thread's CPU time: a busy machine's waits are not the heap's);
 one estimated past ``most_s`` (``Limits.gc_whole_most_s``) is put off and logged, so that a heap grown
 big in objects the collector tracks leaves cyclic garbage waiting (pzq's tables make none), and never
 holds a turn for hundreds of ms.
@@ -38,7 +38,8 @@ class Collector:
         self.most_s = most_s  # a whole walk estimated to take longer is put off
         self._full = False  # a full collection ran since the last turn's end
         self._next_whole = 0.0
-        self._per_object = FIRST_GUESS_S  # seconds per frozen object, as the last walk measured it
+        self._per_object = FIRST_GUESS_S  # seconds per frozen object, the least a walk measured
+        self._measured: float | None = None
         self.whole_total = 0  # whole collections run (tests count them)
         self.put_off_total = 0  # whole collections put off: estimated past ``most_s``
         self.whole_last_s = 0.0  # how long the last whole walk took
@@ -101,7 +102,11 @@ class Collector:
         gc.freeze()
         self.whole_last_s = time.thread_time() - started
         count = gc.get_freeze_count() if frozen is None else frozen
-        self._per_object = max(self.whole_last_s / max(count, 1), 1e-9)
+        measured = max(self.whole_last_s / max(count, 1), 1e-9)
+        # (the least seen: what an object of this heap costs; a walk slowed by a busy machine must not
+        # make every later one look too long to run)
+        self._per_object = measured if self._measured is None else min(self._measured, measured)
+        self._measured = self._per_object
         self._full = False
 
     def stats(self) -> dict:
