@@ -103,6 +103,13 @@ class Config:
         low=0.001,
         high=30 * 86400,
     )
+    gc_whole_interval: float = _setting(
+        600.0,
+        "How often the garbage collector walks every object, freeing cycles among long-lived ones.",
+        DURATION_S,
+        low=0.1,
+        high=30 * 86400,
+    )
     max_connections: int = _setting(
         10_000,
         "TCP connections at most, together; each endpoint keeps a reserve; more are closed.",

@@ -147,8 +147,10 @@ class Limits:
     # returned messages before it stops (the rest the next take): each costs a store lookup
     take_skips: int = 512
     # What survives a full garbage collection is frozen, so the next walks only what is new; everything is
-    # walked (cyclic garbage among frozen objects freed) once this often (pzq/server/collector.py)
-    gc_whole_s: float = 600.0
+    # walked (cyclic garbage among frozen objects freed) every --gc-whole-interval, unless that walk is
+    # estimated (frozen objects x the least a walk measured one to cost) past this: then it is put off and logged
+    # (pzq/server/collector.py; r10-mqks: 880,000 MQKS bindings had made it 200-260 ms, a few ms since)
+    gc_whole_most_s: float = 0.025
 
     # API fairness (slice i26c-api, pzq/endpoints/api.py): requests read and not yet carried out, per
     # client connection; past either share its further requests are answered ERR busy (nothing done, the

@@ -33,6 +33,7 @@ import torture_doors as doors  # noqa: E402
 import torture_emqp as emqp_cases  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
+import torture_mqks as mqks  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
 P99_MS, LONGEST_MS, RSS_MIB = 50.0, 100.0, 512.0
@@ -52,6 +53,10 @@ def _queues_args(short: bool) -> tuple[str, ...]:
 
 def _connections_args(short: bool) -> tuple[str, ...]:
     return ("--max-connections", "100" if short else "1000")
+
+
+def _gc_args(short: bool) -> tuple[str, ...]:
+    return ("--gc-whole-interval", "2")  # (the whole walk every 2 s rather than every 10 minutes)
 
 
 NO_NATIVE_CONSUMER = frozenset({"native-cons"})  # (the case's own consumers are what it measures)
@@ -92,6 +97,12 @@ CASES = {
     "emqp-big": (doors.emqp_big, 3, 1, _none, frozenset()),
     "api-big": (doors.api_big, 3, 1, _none, frozenset()),
     "api-produce-big": (doors.api_produce_big, 2_000, 400, _none, frozenset()),
+    "mqks-updates": (mqks.updates, 1_000, 20, _none, frozenset()),
+    "mqks-fanout": (mqks.fanout, 100, 5, _none, frozenset()),
+    "mqks-delete-queue": (mqks.delete_queue, 200_000, 2_000, _none, frozenset()),
+    "mqks-costly-lines": (mqks.costly_lines, 30, 3, _none, frozenset()),
+    "mqks-big-publish": (mqks.big_publish, 1, 1, _none, frozenset()),
+    "mqks-bindings-gc": (mqks.bindings_gc, 880_000, 20_000, _gc_args, frozenset()),
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.base import TurnBudget
-from pzq.gateways.contract import UNBOUNDED, PacedGateway, Send
+from pzq.gateways.contract import PacedGateway, Send
 from pzq.leases import Leases
 
 ACK_TIMEOUT_S = 3600.0  # far beyond any clock move of these tests: a delivery returns only as a rule says
@@ -118,7 +118,10 @@ class Loop:
         for step in inbox:
             out += step(now, now_us)
         if isinstance(self.gateway, PacedGateway):  # (the endpoint serves what it read, one line of each in turn)
-            out += self.gateway.serve(now=now, now_us=now_us, budget=UNBOUNDED)
+            # (within the turn's bytes and records, as the endpoint serves: a fan-out or a big publish goes
+            # on over turns; no clock, so that a rule never depends on the machine's speed)
+            serving = TurnBudget(float("inf"), self.limits.turn_write_bytes, self.limits.turn_records)
+            out += self.gateway.serve(now=now, now_us=now_us, budget=serving)
             self.gateway.served()
         self.leases.mark_expired(now_us)
         self.leases.work(now_us)
@@ -136,7 +139,10 @@ class Loop:
             out = self.gateway.rolled_back(out) + (self._closes(parts.rolled_back()) if parts is not None else [])
         else:
             self.store.commit()
-        return self._flush(out, full)
+        sent = self._flush(out, full)
+        if isinstance(self.gateway, PacedGateway):  # (as the endpoint, once the turn's output went)
+            self.gateway.flushed()
+        return sent
 
     def _closes(self, sends: list[Send]) -> list[Send]:
         """Closes asked for by what a gateway's big messages answered, done at once (as the endpoint)."""

@@ -51,6 +51,7 @@ def make_mqks(loop: Loop) -> MqksGateway:
         window=10,
         drop_queue=loop.broker.drop_queue,
         error_id=lambda: "E1",
+        limits=loop.limits,
     )
 
 

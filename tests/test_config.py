@@ -200,6 +200,7 @@ def test_each_duration_keeps_the_unit_a_plain_number_of_it_had():
         "lease_timeout": "s",
         "api_dedup_window": "s",
         "implicit_queue_ttl": "s",
+        "gc_whole_interval": "s",
         "ack_timeout": "µs",
         "reaper_frequency": "µs",
         "commit_interval": "µs",

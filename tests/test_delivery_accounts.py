@@ -145,3 +145,21 @@ def test_bytes_charged_outside_deliveries_fill_the_payers_share_until_libzmq_fre
     broker.discharged("pub", more, 2000)
     assert charged(broker, "pub") == 0 and broker.accounts.total(broker.inflight) == 0
     assert "pub" not in broker.accounts._stale, "a client's identity is not remembered once it holds nothing"
+
+
+def test_bytes_in_a_payers_pipe_count_in_its_share_until_its_peer_has_them_or_it_is_gone(broker):
+    fill(broker, 20)
+    broker.piped("c", 3500)  # (replies and notices handed to libzmq for its connection)
+    assert charged(broker, "c") == 3500 and broker.accounts.total(broker.inflight) == 3500
+    assert broker.accounts.may_hand("c", 500, broker.inflight) and not broker.accounts.may_hand(
+        "c", 700, broker.inflight
+    )
+    assert len(take(broker)) == 1, "its share holds one delivery more (and that is all)"
+    assert take(broker) == []
+    before = broker.readiness
+    broker.unpiped("c", 3500)  # (its peer's TCP acknowledged them)
+    assert charged(broker, "c") == 1000 and broker.readiness > before, "room again: takers are told"
+    assert len(take(broker)) == 4
+    broker.piped("c", 2000)
+    broker.payer_gone("c")
+    assert broker.accounts.stats(broker.inflight)["delivery_piped_bytes"] == 0, "gone with its connection"

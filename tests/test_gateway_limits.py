@@ -86,7 +86,7 @@ def test_a_rebind_to_the_events_a_queue_has_leaves_its_index_as_it_was(store):
     gateway.received(b"c", b"r3 rebind q1 e3 e2 e1\n", now=0.0, now_us=2)
     gateway.received(b"c", b"r4 rebind q1 e2 e4\n", now=0.0, now_us=3)
     index = gateway.bindings
-    assert {event: index.queues_for(event) for event in ("e1", "e2", "e3", "e4")} == {
+    assert {event: set(index.queues_for(event)) for event in ("e1", "e2", "e3", "e4")} == {
         "e1": set(),
         "e2": {"q1", "q2"},
         "e3": set(),

@@ -57,6 +57,17 @@ def test_rebind_reads_replace_remove_remove_mask_and_add():
     }
 
 
+def test_options_are_words_that_begin_with_two_dashes_wherever_the_spaces_fall():
+    with pytest.raises(ProtocolError, match="--x-y"):
+        parse("c1 consume  q1 e1  e--2 --add  e3 --x-y  --manual-ack e4")
+    args = parse("c1 consume  q1 e1  e--2 --add  e3 --manual-ack e4 --prefetch=3 ").args
+    assert (args["queue"], args["events"], args["add"]) == ("q1", ["e1", "e--2"], ["e3", "e4"])
+    assert (args["manual_ack"], args["prefetch"]) == (True, 3)
+    args = parse("r1 rebind q1 --remove a b --remove-mask a.* --add c").args
+    assert (args["events"], args["remove"], args["remove_mask"], args["add"]) == (None, ["a", "b"], ["a.*"], ["c"])
+    assert parse("r1 rebind q\u00e9 \u00e9v\u00a0x").args["events"] == ["\u00e9v\u00a0x"]  # (NBSP: no space)
+
+
 def test_ack_and_reject_take_a_message_id_or_all():
     assert parse("a1 ack c1 m1").args == {"consumer": "c1", "msg_id": "m1"}
     assert parse("rj1 reject c1 --all").args == {"consumer": "c1", "msg_id": None}
@@ -76,6 +87,11 @@ def test_ack_and_reject_take_a_message_id_or_all():
         ("x1 consume q\t1 e1", "bad-id"),
         ("x1 publish e\x01 data", "bad-id"),
         ("x1 consume " + "q" * 256, "bad-id"),
+        ("x1 consume --add e1", "no-queue"),
+        ("x1 consume q1 -- add e1", "bad-option"),  # ("--" alone is no option's name)
+        ("x1 rebind q1 --", "bad-option"),
+        ("x1 rebind q1 e1 --remove e\u00a0\x7f", "bad-id"),
+        ("x1 rebind q1 e1 --remove e\u00e9\x1f", "bad-id"),
     ],
 )
 def test_bad_lines_raise_a_protocol_error_with_a_code(line, code):

@@ -173,7 +173,8 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
         assert [m.frames for m in broker.take("spark", 10, "other", now=0.0, now_us=1)] == [[b"row-3"], [b"row-4"]]
 
         binding = Bindings(store).get("mqks-q")
-        assert binding is not None and (binding.events, binding.unused, binding.owned) == (["ev.a", "ev.b"], 30.0, True)
+        assert binding is not None and list(binding.events) == ["ev.a", "ev.b"]
+        assert (binding.unused, binding.owned) == (30.0, True)
         emqp = store.queue("emqp")
         ((key, job),) = EmqpJobs(store).items()
         assert key[0] == emqp.qid and job == ("job-1", b"worker-1", None)

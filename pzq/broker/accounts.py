@@ -16,6 +16,12 @@ delivery that only timed out or was taken back may still sit unread in the payer
 charged (``Stale``) while the message goes to someone else, until a late answer settles it or the
 payer is gone. So a peer that stops reading holds at most its share (and one message), whatever its
 door, however often its deliveries time out.
+
+A raw-TCP door that can see what its peer's TCP acknowledged (MQKS: TCP_INFO's bytes_acked) charges its
+other bytes too, from the moment it hands them to libzmq until the peer's TCP has them (``hold``,
+``let_go``): replies, notices and auto-ack deliveries (whose message is gone from the store when it is
+sent, so ``take``'s charge ends at once). They count in the payer's share and the memory bound as the
+deliveries do; a manual-ack delivery's body is charged once, by ``take``.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class DeliveryAccounts:
         self._shares: dict[Hashable, int] = {}
         self._stale: dict[Hashable, Stale] = {}
         self.stale_total = 0
+        self._piped: dict[Hashable, int] = {}  # bytes other than bodies in a payer's pipe (``hold``)
+        self.piped_total = 0
         # Set by the server loop once a turn (``bank``): what the memory bound counted besides deliveries,
         # the ceiling under which deliveries may grow, and the high-water mark past which not even a
         # payer that holds nothing is handed one more
@@ -71,19 +79,44 @@ class DeliveryAccounts:
         self._others, self._ceiling, self._high_water = others, ceiling, high_water
 
     def total(self, inflight: InFlight) -> int:
-        """Bytes charged to every payer: in flight and stale."""
-        return inflight.bytes_total + self.stale_total
+        """Bytes charged to every payer: in flight, stale and piped."""
+        return inflight.bytes_total + self.stale_total + self.piped_total
 
     def held(self, payer: Hashable, inflight: InFlight) -> int:
-        """Bytes charged to ``payer``: its deliveries in flight and its stale copies."""
+        """Bytes charged to ``payer``: its deliveries in flight, its stale copies and its piped bytes."""
         stale = self._stale.get(payer)
-        return inflight.bytes_of(payer) + (stale.bytes if stale is not None else 0)
+        return inflight.bytes_of(payer) + (stale.bytes if stale is not None else 0) + self._piped.get(payer, 0)
+
+    def share_of(self, payer: Hashable) -> int:
+        """``payer``'s share: its own (``set_share``) or every payer's."""
+        return self._shares.get(payer, self.share)
+
+    def hold(self, payer: Hashable, size: int) -> None:
+        """``size`` bytes other than a delivery's body were handed to libzmq for ``payer``: charged until
+        its peer's TCP acknowledged them (``let_go``) or it is gone."""
+        if size > 0:
+            self._piped[payer] = self._piped.get(payer, 0) + size
+            self.piped_total += size
+
+    def let_go(self, payer: Hashable, size: int, inflight: InFlight) -> bool:
+        """``payer``'s peer has ``size`` of its piped bytes; whether someone refused room may have some
+        now (see ``released``)."""
+        piped = self._piped.get(payer, 0)
+        size = min(size, piped)
+        if size <= 0:
+            return False
+        if piped > size:
+            self._piped[payer] = piped - size
+        else:
+            del self._piped[payer]
+        self.piped_total -= size
+        return self.released(payer, inflight)
 
     def room(self, payer: Hashable, inflight: InFlight) -> int:
         """Bytes ``payer`` may still be handed (``take`` hands out its first message whatever its size,
         so 1 means "one message"); 0 when none, and the payer is remembered (see ``released``)."""
         held = self.held(payer, inflight)
-        everyone = self._others + inflight.bytes_total + self.stale_total
+        everyone = self._others + self.total(inflight)
         share = self._shares.get(payer, self.share)
         if not held:  # (one message at least, whatever its size, unless memory is past its high-water mark)
             if everyone < self._high_water + self.slack:
@@ -100,12 +133,21 @@ class DeliveryAccounts:
         self.refused_total += 1
         return 0
 
+    def may_hand(self, payer: Hashable, size: int, inflight: InFlight) -> bool:
+        """Whether ``size`` more bytes may be handed to ``payer`` now (a notice, not a delivery: nothing
+        is counted or remembered): within its share and the ceiling, or the first whatever its size, as
+        ``room`` allows a delivery."""
+        held, everyone = self.held(payer, inflight), self._others + self.total(inflight)
+        if not held:
+            return everyone < self._high_water + self.slack
+        return held + size <= self._shares.get(payer, self.share) and everyone + size <= self._ceiling
+
     def filled(self, payer: Hashable, inflight: InFlight) -> None:
         """A take stopped at ``payer``'s room: remember it, to be told when a release gives it more."""
         held = self.held(payer, inflight)
         if held >= self._shares.get(payer, self.share):
             self.waiting.add(payer)
-        elif self._others + inflight.bytes_total + self.stale_total >= self._ceiling:
+        elif self._others + self.total(inflight) >= self._ceiling:
             self.bank_waiting = True
 
     def released(self, payer: Hashable, inflight: InFlight) -> bool:
@@ -115,7 +157,7 @@ class DeliveryAccounts:
         if payer in self.waiting and self.held(payer, inflight) < self._shares.get(payer, self.share):
             self.waiting.discard(payer)
             woke = True
-        if self.bank_waiting and self._others + inflight.bytes_total + self.stale_total < self._ceiling:
+        if self.bank_waiting and self._others + self.total(inflight) < self._ceiling:
             self.bank_waiting = False
             woke = True
         return woke
@@ -161,6 +203,7 @@ class DeliveryAccounts:
             record.open = False
             self.stale_total -= record.bytes
             record.bytes = 0
+        self.piped_total -= self._piped.pop(payer, 0)
         self._shares.pop(payer, None)
         self.waiting.discard(payer)
 
@@ -177,6 +220,7 @@ class DeliveryAccounts:
         return {
             "delivery_bytes": inflight.bytes_total,
             "delivery_stale_bytes": self.stale_total,
+            "delivery_piped_bytes": self.piped_total,
             "delivery_share_bytes": self.share,
             "delivery_room_refused_total": self.refused_total,
         }

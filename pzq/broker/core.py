@@ -283,7 +283,9 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     # -- whole queues -----------------------------------------------------------------------------
 
     def drop_queue(self, queue: str) -> int:
-        """Delete a queue and everything in it, in flight included; returns how many messages went."""
+        """Delete a queue and everything in it, in flight included; returns how many messages it had.
+        It is gone for every client at once (its name may make a new, empty queue); its records are
+        deleted by ``drop_work``, a share per turn (a restart goes on with them: store/drops.py)."""
         info = self.store.queue(queue, create=False)
         if info is None:
             return 0
@@ -295,6 +297,20 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         self.per_queue.pop(queue, None)
         self._forget_owner(queue)
         return self.store.drop_queue(queue)
+
+    @property
+    def dropping(self) -> bool:
+        """True while deleted queues' records are left to delete (``drop_work``)."""
+        return bool(self.store.dropping)
+
+    def dropping_left(self) -> tuple[int, int]:
+        """Deleted queues whose records are not all gone yet, and the messages and dead letters left."""
+        return self.store.dropping_left()
+
+    def drop_work(self, most: int, deadline: float | None = None) -> int:
+        """Delete up to ``most`` records of deleted queues, none past ``deadline`` (time.monotonic());
+        returns how many went."""
+        return self.store.drop_share(most, deadline) if self.store.dropping else 0
 
     def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
         """Delete the ready messages of ``queue`` with seqs ``lo .. hi-1``, at most ``limit`` of the

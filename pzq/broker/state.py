@@ -284,6 +284,16 @@ class BrokerState:
         if self.accounts.discharge(payer, record, size, self.inflight):
             self.readiness += 1
 
+    def piped(self, payer: Hashable, size: int) -> None:
+        """``size`` bytes other than a delivery's body (replies, notices, an auto-ack delivery gone from
+        the store) were handed to libzmq for ``payer``: charged until its peer has them (accounts.py)."""
+        self.accounts.hold(payer, size)
+
+    def unpiped(self, payer: Hashable, size: int) -> None:
+        """``payer``'s peer's TCP acknowledged ``size`` of its piped bytes."""
+        if self.accounts.let_go(payer, size, self.inflight):
+            self.readiness += 1
+
     def _requeue(self, ref: Ref) -> None:
         heapq.heappush(self._state(ref[0]).requeued, ref[1])
         self.readiness += 1

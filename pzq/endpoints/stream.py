@@ -12,7 +12,10 @@ Bounded in bytes: each connection's deliveries by its share of delivered bytes (
 they stay charged until acked or its connection closes, wherever they wait), and what libzmq holds for
 one by SNDHWM sends, 2 x --max-inflight: more than the deliveries a connection may hold (its credit), so
 that a send is refused (a delivery taken back, to be taken again next turn) only past its share, never
-while it reads; a PHPMQ connection is sent nothing else."""
+while it reads; a PHPMQ connection is sent nothing else.
+
+For a gateway that charges what it sends (MQKS: ``PipedGateway``), it reads what each peer's TCP
+acknowledged (endpoints/unread.py) and closes a connection that leaves too much unacknowledged."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.gateways.contract import PacedGateway, Send, StreamGateway
+from pzq.endpoints.unread import Unread
+from pzq.gateways.contract import PacedGateway, PipedGateway, Send, StreamGateway
 from pzq.gateways.parted import Parted
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames
@@ -33,6 +37,7 @@ log = logging.getLogger("pzq.server")
 CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
 RETRY_S = 0.01  # how soon a backlog is tried again
+UNREAD_S = 0.05  # how soon peers' acknowledgements are read again while some are awaited (endpoints/unread.py)
 
 
 class StreamEndpoint(Endpoint):
@@ -62,6 +67,9 @@ class StreamEndpoint(Endpoint):
         # (PHPMQ: big sends written a part per turn; a connection with one waits behind it, read slowly)
         parts = getattr(gateway, "parts", None)
         self.parts: Parted | None = parts if isinstance(parts, Parted) else None
+        # (MQKS: a gateway that charges what it sends until the peer's TCP has it: endpoints/unread.py)
+        self.piped: PipedGateway | None = gateway if isinstance(gateway, PipedGateway) else None
+        self.unread = Unread()
         # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
         # 8 KiB each wait for a turn to read them (libzmq's default, written down)
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
@@ -103,13 +111,16 @@ class StreamEndpoint(Endpoint):
             except Again:
                 return
             budget -= len(data)
-            self.budget.take(len(data))
+            if self.paced is None:  # (a paced gateway's lines draw on the turn when they are served, not read:
+                self.budget.take(len(data))  # bytes read to be kept had left it nothing to serve them with)
             if data == b"":  # STREAM's notice: the first for a peer is its connect, the next its close
                 if conn in sessions:
                     self._backlog.pop(conn, None)
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     self._connect(conn, *peer_address(last), now_us)
+                    if conn in sessions and self.piped is not None:
+                        self.unread.opened(conn, _descriptor(last))
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
@@ -191,6 +202,8 @@ class StreamEndpoint(Endpoint):
         # Deliveries a run at a time (Limits.turn_chunk), each drawn on the turn's records and their bodies
         # on its bytes: a PHPMQ consumer asking for 1,000 of 1 MiB was handed 700 MiB in one turn (a
         # second and more of the loop), and every client waited for it
+        if self.piped is not None and self.unread.pending:
+            self._read_back(self.piped)
         blocked = frozenset(self._backlog)
         while most := self.budget.records_for(self.limits.turn_chunk):
             most_bytes = max(self.budget.bytes_left, 1)
@@ -199,9 +212,7 @@ class StreamEndpoint(Endpoint):
             )
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
-            # Fewer than asked: nothing more to hand out now (no credit, nothing ready, no room). (MQKS
-            # does not keep ``most`` yet, and its put-backs and expiries run each call: one call a turn)
-            if done < most or self.paced is not None:
+            if done < most:  # nothing more to hand out now (no credit, nothing ready, no room)
                 break
         if self.parts is not None and self.parts.pending:  # after the deliveries: they are not starved by it
             self._out += self._closes(self.parts.step(self.budget, now_us))
@@ -221,9 +232,26 @@ class StreamEndpoint(Endpoint):
                 out.append(send)
         return out
 
+    def _read_back(self, piped: PipedGateway) -> None:
+        """What peers' TCP acknowledged is no longer charged to them; a connection whose charged bytes
+        are past its share and a slow reader's backlog (replies it leaves unread: the rest stops at its
+        share) is closed, as a slow reader is."""
+        back, over = self.unread.read_back(self.limits.delivery_share + self.limits.stream_backlog_bytes)
+        for conn, size in back:
+            piped.unpiped(conn, size)
+        for conn in over:
+            log.warning(
+                "%s connection %s reads too slowly (%d bytes sent and not acknowledged): closing it",
+                self.name,
+                conn.hex(),
+                self.unread.charged(conn),
+            )
+            self._close(conn)
+
     def waiting(self) -> bool:
         # (a big message's part written this turn: committed now, so that no commit carries more)
-        return bool(self._out) or self.parts is not None and self.parts.writing
+        writing = self.parts is not None and self.parts.writing or self.paced is not None and self.paced.writing
+        return bool(self._out) or writing
 
     def rolled_back(self) -> None:
         out, self._out = self._out, []
@@ -234,6 +262,8 @@ class StreamEndpoint(Endpoint):
     def flush(self, now: float, now_us: int) -> None:
         if self.parts is not None:
             self.parts.flushed()
+        if self.paced is not None:
+            self.paced.flushed()
         out, self._out = self._out, []
         by_conn: dict[bytes, list[Send]] = {conn: [] for conn in self._backlog}
         for send in out:
@@ -245,6 +275,9 @@ class StreamEndpoint(Endpoint):
             data = b"".join(backlog) + b"".join(b"".join(send.frames[1:]) for send in sends)
             try:
                 send_frames(self.sock, [conn, data], NOBLOCK)
+                if self.piped is not None and data and self.unread.tracks(conn):  # (charged until its TCP has it)
+                    earlier = sum(map(len, backlog))  # (a backlog holds no manual-ack delivery: see unsent)
+                    self.unread.sent(conn, len(data), self.piped.piped(conn, sends, earlier))
             except Again:  # the client reads too slowly
                 kept = backlog + [
                     b"".join(send.frames[1:]) for send in sends if send.token is None or self.gateway.unsent(send)
@@ -277,6 +310,7 @@ class StreamEndpoint(Endpoint):
 
     def _gone(self, conn: bytes) -> None:
         self._peers.pop(conn, None)
+        self.unread.gone(conn)
         self.gateway.disconnected(conn)
         self.connections.hold(self.name, conn, 0)
 
@@ -288,6 +322,8 @@ class StreamEndpoint(Endpoint):
             return now
         if self._backlog or self._closing:
             return now + RETRY_S
+        if self.unread.pending:  # (what peers acknowledged since: their charges go, their room comes back)
+            return now + UNREAD_S
         return self.gateway.next_wake(now)
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
@@ -341,3 +377,11 @@ def _allowed(peer: str, networks: list) -> bool:
     if address.version == 6 and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in networks)
+
+
+def _descriptor(frame: zmq.Frame) -> int:
+    """The descriptor of the connection ``frame`` came over (libzmq's SRCFD), -1 when it cannot be read."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return -1

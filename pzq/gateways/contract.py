@@ -194,3 +194,29 @@ class PacedGateway(StreamGateway, Protocol):
     def served(self) -> set[bytes]:
         """The connections whose waiting requests went down since the last call (their ``buffered``)."""
         ...
+
+    @property
+    def writing(self) -> bool:
+        """True when a request in slices wrote a part this turn: the turn must commit (or the parts of
+        several turns would gather in one commit)."""
+        ...
+
+    def flushed(self) -> None:
+        """The turn's output went, after its commit."""
+        ...
+
+
+@runtime_checkable
+class PipedGateway(StreamGateway, Protocol):
+    """A raw-TCP gateway that charges what it sends a connection to that connection (its share of the
+    byte account, pzq/broker/accounts.py) until the peer's TCP acknowledged it; its endpoint reads the
+    acknowledgements (pzq/endpoints/unread.py)."""
+
+    def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
+        """``sends`` and ``kept`` bytes of earlier replies (a slow reader's backlog) were handed to
+        libzmq for ``conn`` as one write: charge what is the gateway's to charge, and say how much."""
+        ...
+
+    def unpiped(self, conn: bytes, size: int) -> None:
+        """``conn``'s peer acknowledged bytes that carried ``size`` of its charges."""
+        ...

@@ -1,8 +1,11 @@
 """MQKS connections on the shared store: events, bindings, consumers and acks (shared/specs/mqks.md).
 
-The endpoint hands every connection's bytes to ``keep``, has them served one line of each connection in
-turn (``serve``) and sends the answers and what ``dispatch`` returns after the turn's commit, so a
-``--confirm`` answer always follows the durable commit of what it confirms.
+The endpoint hands every connection's bytes to ``keep``, has them served (``serve``: whose turn it is by
+what its requests cost, gateways/mqks_lines.py; a request that does not fit a slice of a turn goes on in
+the next, gateways/mqks_requests.py) and sends the answers and what ``dispatch`` returns after the
+turn's commit, so a ``--confirm`` answer always follows the durable commit of what it confirms. What is
+sent to a connection goes in order, within the turn's bytes and its share of the byte account
+(gateways/mqks_out.py), and stays charged to it until its peer's TCP has it (``piped``).
 
 Mapping to the store: an MQKS queue is a named store queue; its bindings and its
 ``--delete-queue-when-unused`` setting are a side record (table ``mqks``). A publish stores one message
@@ -20,10 +23,10 @@ Bindings: gateways/mqks_bindings.py; consumers and deliveries: gateways/mqks_con
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,21 +35,22 @@ from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.gateways import mqks_rights
 from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
-from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line, with_added
+from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line
 from pzq.gateways.mqks_consumers import Consumer, Consumers
+from pzq.gateways.mqks_lines import LINE_S_PER_BYTE, FairTurns, Session
+from pzq.gateways.mqks_out import HELD_MOST, Outbox
+from pzq.gateways.mqks_publish import Publish
+from pzq.gateways.mqks_requests import CONFIRM, Requests
 from pzq.gateways.peer_rights import PeerRights
 from pzq.logs import warn_bad
 from pzq.permissions import Permissions
 from pzq.protocols import mqks
-from pzq.store.bindings import Binding, Bindings
+from pzq.store.bindings import Bindings
 
 log = logging.getLogger("pzq.mqks")
 
-RESTART_GRACE_S = 30.0  # after a restart, a --delete-queue-when-unused queue waits this long for consumers
-CONFIRM, UPDATE = "confirm", "update"  # tokens of replies that a rolled-back turn must not send as they are
 
-
-class MqksGateway:
+class MqksGateway(Requests):
     """Every MQKS connection and what it asks: the commands, on the bindings and consumers below."""
 
     def __init__(
@@ -70,16 +74,15 @@ class MqksGateway:
         self.limits = limits
         self.max_line = max_line
         self._drop_queue = drop_queue
-        self.sessions: dict[bytes, mqks.LineBuffer] = {}
-        self.dispatched = self.dispatched_bytes = 0  # what the last dispatch handed out (the turn's budget)
-        # Whole lines not served yet, per connection, and ``serve``'s round; they count in ``buffered``.
-        self._waiting: dict[bytes, collections.deque[bytes]] = {}
-        self._waiting_of: dict[bytes, int] = {}
-        self._ring: collections.deque[bytes] = collections.deque()
+        self.sessions: dict[bytes, Session] = {}
+        self._ghosts: dict[bytes, Session] = {}  # closed connections whose publish goes on to its end
+        self.turns = FairTurns()
+        self.outbox = Outbox(broker, self._session, self._wake)
         self._served: set[bytes] = set()
         self.waiting_bytes = 0
+        self.writing = False  # a job wrote a copy or a part since the last flush (the turn must commit)
+        self.dispatched = self.dispatched_bytes = 0  # what the last dispatch handed out (the turn's budget)
         self.consumers = Consumers(broker, limits, window)
-        self._out: list[Send] = []
         self.delete_at: dict[str, float] = {}
         self.published_total = self.unrouted_total = 0
         self.errors_total = 0
@@ -87,9 +90,28 @@ class MqksGateway:
         self._start_unused_clocks()
         broker.add_queue_user(self)
 
-    def _start_unused_clocks(self) -> None:
-        self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}
-        self._orphan_grace = RESTART_GRACE_S
+    def _session(self, conn: bytes) -> Session | None:
+        return self.sessions.get(conn) or self._ghosts.get(conn)
+
+    def _wake(self, conn: bytes) -> None:
+        """``conn`` has held output that may go: its turn comes (mqks_lines.py)."""
+        session = self._session(conn)
+        if session is not None:
+            self._push(conn, session)
+
+    def _push(self, conn: bytes, session: Session) -> None:
+        """Into the fair queue, with what its next slice is likely to cost (mqks_lines.py)."""
+        if self.outbox.ready(conn):
+            likely = 0.0
+        elif session.job is not None:
+            likely = session.last_cost
+        else:
+            likely = len(session.waiting[0]) * LINE_S_PER_BYTE if session.waiting else 0.0
+        self.turns.push(conn, session, likely)
+
+    def _has_work(self, conn: bytes, session: Session) -> bool:
+        """Held output that may go, or a request (a line, a slice) while what it holds back is small."""
+        return self.outbox.ready(conn) or session.busy and session.held_size <= HELD_MOST
 
     def load(self) -> None:
         """Read the bindings: at start-up and after a rolled-back turn."""
@@ -98,10 +120,18 @@ class MqksGateway:
 
     def recover(self) -> None:
         """The turn was rolled back (the broker restarted from the disk): deliveries are forgotten,
-        bindings re-read, and what was about to be confirmed is answered with an error instead."""
+        bindings re-read, what was about to be confirmed is answered with an error instead, and the
+        requests under way in slices end with an error (what earlier turns stored of them stays)."""
         self.consumers.forget_deliveries()
-        pending, self._out = self._out, []
-        self._out = self._salvage(pending)
+        pending, self.outbox.out = self.outbox.out, []
+        self.outbox.out = self._salvage(pending)
+        for conn, session in [*self.sessions.items(), *self._ghosts.items()]:
+            if session.job is not None:
+                job, session.job = session.job, None
+                self._job_rolled_back(conn, job)
+            if session.busy:
+                self._push(conn, session)
+        self._ghosts.clear()
         self.load()
 
     def rolled_back(self, sends: list[Send]) -> list[Send]:
@@ -109,9 +139,10 @@ class MqksGateway:
 
     def _salvage(self, sends: list[Send]) -> list[Send]:
         """Lines of a rolled-back turn: errors and pings still go out, confirms become errors, and
-        deliveries and --update notices (of a state that is gone) are dropped."""
+        deliveries and --update notices (of a state that is gone) are not sent (the consumers of those
+        notices are due one again)."""
         kept = []
-        for send in sends:
+        for send in self.outbox.salvage(sends, CONFIRM, self._error_instead):
             token: Any = send.token
             if token is None:
                 kept.append(send)
@@ -119,26 +150,39 @@ class MqksGateway:
                 self._error(send.peer, token[1], "store-failed", "store failure: the request was rolled back")
         return kept + self._take_out()
 
+    def _error_instead(self, confirm: Send) -> Send:  # (a confirm held behind a notice: mqks_out.py)
+        return Send(ONLY, [confirm.peer, self._error_line(confirm.token[1], "store-failed", "rolled back")])  # type: ignore[index]
+
     def _take_out(self) -> list[Send]:
-        out, self._out = self._out, []
+        out, self.outbox.out = self.outbox.out, []
         return out
 
     # -- connections ---------------------------------------------------------------------------------
 
     def connected(self, conn: bytes, address: str = "") -> None:
-        self.sessions[conn] = mqks.LineBuffer(self.max_line)
+        self.sessions[conn] = Session(mqks.LineBuffer(self.max_line))
         self.rights.connected(conn, address)
 
     def buffered(self, conn: bytes) -> int:
-        """Bytes of input this connection holds: an unfinished line, and whole lines not served yet."""
-        lines = self.sessions.get(conn)
-        return 0 if lines is None else lines.buffered + self._waiting_of.get(conn, 0)
+        """Bytes of input this connection holds: an unfinished line, whole lines not served yet, and the
+        line of a publish still being stored."""
+        session = self.sessions.get(conn)
+        return 0 if session is None else session.buffered
 
     def disconnected(self, conn: bytes) -> None:
-        """The connection is gone: its consumers go, and what they held returns with retry raised."""
-        self.sessions.pop(conn, None)
+        """The connection is gone: its consumers go, and what they held returns with retry raised. A
+        publish of it under way goes on (its client sent all of it); its lines not served yet are not."""
+        session = self.sessions.pop(conn, None)
+        if session is None:
+            return
+        session.open = False
+        self._drop_waiting(session)
+        session.held.clear()
+        self.outbox.forget(conn)
+        if session.job is not None:
+            self._ghosts[conn] = session
+        self._served.add(conn)
         self.rights.gone(conn)
-        self._drop_waiting(conn)
         self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
@@ -168,34 +212,32 @@ class MqksGateway:
 
     def keep(self, conn: bytes, data: bytes) -> list[Send]:
         """Bytes from a connection: its whole lines wait for ``serve``; an endless line closes it."""
-        buffer = self.sessions.get(conn)
-        if buffer is None:  # a connection already closed (STREAM announces every new one first)
+        session = self.sessions.get(conn)
+        if session is None:  # a connection already closed (STREAM announces every new one first)
             return []
         try:
-            lines = buffer.feed(data)
+            lines = session.buffer.feed(data)
         except ProtocolError as exc:
             warn_bad("mqks", exc.code, f"{exc.detail}; closing the connection")
-            self._drop_waiting(conn)
+            self._drop_waiting(session)
             return [*self._take_out(), Send(ONLY, [conn], close=True)]
         if lines:
-            if conn not in self._waiting:
-                self._waiting[conn] = collections.deque()
-                self._ring.append(conn)  # (joins the round at its end)
-            self._waiting[conn].extend(lines)
+            session.waiting.extend(lines)
             size = sum(map(len, lines))
-            self._waiting_of[conn] = self._waiting_of.get(conn, 0) + size
+            session.waiting_bytes += size
             self.waiting_bytes += size
+            if self._has_work(conn, session):  # (else once what it holds back is out)
+                self._push(conn, session)
         return self._take_out()
 
     def waiting(self) -> bool:
-        return bool(self._waiting)  # (whole lines wait to be served)
+        """True while lines, slices or held output wait for their turn."""
+        return bool(self.turns)
 
-    def _drop_waiting(self, conn: bytes) -> None:
-        if conn in self._ring:  # (not while ``serve`` holds it)
-            self._ring.remove(conn)
-        if self._waiting.pop(conn, None) is not None:
-            self.waiting_bytes -= self._waiting_of.pop(conn, 0)
-            self._served.add(conn)
+    def _drop_waiting(self, session: Session) -> None:
+        self.waiting_bytes -= session.waiting_bytes
+        session.waiting.clear()
+        session.waiting_bytes = 0
 
     def served(self) -> set[bytes]:
         """The connections whose waiting lines went down since the last call (``buffered`` changed)."""
@@ -203,228 +245,175 @@ class MqksGateway:
         return served
 
     def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
-        """Serve waiting lines while ``budget`` lasts, one of each connection in turn (a line waits for at
-        most one of each other connection's); asked between lines, so each request stays atomic. The
-        connection whose turn it was when the budget ran out goes first next turn."""
-        ring = self._ring
-        while ring and not budget.spent():
-            conn = ring.popleft()
-            self._serve_line(conn, now_us)  # (a store failure drops the connection's lines and raises)
-            if self._waiting[conn]:
-                ring.append(conn)  # (to the end of the round)
-            else:
-                del self._waiting[conn]
-                self._waiting_of.pop(conn, None)
-            budget.take()
+        """Serve while ``budget`` lasts, the connection whose requests have cost least first
+        (mqks_lines.py), a slice of its turn at a time: output held behind a notice (while it has room),
+        else its request in slices or its next line; asked between requests and slices, so each request
+        stays whole or goes on next turn. A connection with output held back is served its lines while
+        what it holds is small (its answers wait behind, in order). One slice is served whatever the
+        budget says: reading a flood of pipelined lines may have spent it, and the lowest tag (an honest
+        line) must still go each turn."""
+        first = True
+        while first or not budget.spent():
+            first = False
+            conn = self.turns.pop()
+            if conn is None:
+                break
+            session = self._session(conn)
+            if session is None:
+                continue
+            if not self._has_work(conn, session):  # (pushed again when it has)
+                session.queued = False
+                continue
+            began = time.perf_counter()  # (still ``queued`` while served: a wake meanwhile pushes nothing)
+            try:
+                if self.outbox.ready(conn):
+                    self.outbox.drain(conn, session, budget, self.bindings.get, self._registered)
+                    self._served.add(conn)  # (what it holds back went down: buffered)
+                elif session.job is not None:
+                    self._step(conn, session, budget, now_us)
+                else:
+                    self._serve_line(conn, session, now_us, budget)
+            finally:
+                self.turns.charge(session, time.perf_counter() - began)
+                session.queued = False
+            if self._has_work(conn, session):
+                self._push(conn, session)
         return self._take_out()
 
-    def _serve_line(self, conn: bytes, now_us: int) -> None:
+    def _registered(self, consumer: Consumer) -> bool:
+        return self.consumers.get(consumer.conn, consumer.id) is consumer
+
+    def _serve_line(self, conn: bytes, session: Session, now_us: int, budget: Budget) -> None:
         """The next waiting line of ``conn``: its answer goes out after the answers to its earlier lines."""
-        lines = self._waiting[conn]
-        line = lines.popleft()
+        line = session.waiting.popleft()
+        session.waiting_bytes -= len(line)
         self.waiting_bytes -= len(line)
-        self._waiting_of[conn] -= len(line)
         self._served.add(conn)
+        self.outbox.unstick(conn)  # (an ack may give it room for a notice it waits for)
         request_id = mqks.request_id_of(line)
         try:
             if len(line) > self.max_line:
                 raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
-            check_bind_line(line, self.limits)
-            self._handle(conn, mqks.parse_line(line), now_us)
+            action = mqks.action_of(line) if len(line) > mqks.BIG_LINE else b""
+            if action == b"publish":  # (its data never decoded whole: mqks_publish.py)
+                req, data = mqks.parse_publish(line)
+                mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)
+                self._publish(conn, session, req, data, line.isascii(), now_us, budget)
+            elif action and action not in (b"consume", b"rebind"):  # (refused before it is parsed)
+                raise ProtocolError(
+                    "line-too-long",
+                    f"a line of {len(line)} bytes: only publish, consume and rebind may pass {mqks.BIG_LINE}",
+                )
+            else:
+                check_bind_line(line, self.limits)
+                self._handle(conn, session, mqks.parse_line(line), now_us, budget)
         except ProtocolError as exc:
             self._error(conn, request_id, exc.code, exc.detail)
         except StoreFull as exc:
             self._error(conn, request_id, "queue-full", str(exc))
         except StoreError:
             # The whole turn is rolled back by the server: this line and the rest get an error.
-            for rest in [line, *lines]:
+            for rest in [line, *session.waiting]:
                 self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
-            self._drop_waiting(conn)
+            self._drop_waiting(session)
             raise
+        budget.take(0, records=1)
 
-    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
+    def _step(self, conn: bytes, session: Session, budget: Budget, now_us: int) -> None:
+        """The next slice of ``conn``'s request under way; its answer after its last."""
+        job = session.job
+        failed = True
+        try:
+            done = job.step(budget, now_us)
+            failed = False
+        except ProtocolError as exc:
+            self._error(conn, job.request_id, exc.code, exc.detail)
+        except StoreFull as exc:
+            stored = job.stored() if isinstance(job, Publish) else 0
+            self._error(conn, job.request_id, "queue-full", f"{exc} (stored in {stored} of its queues)")
+        finally:
+            self.writing = self.writing or job.wrote
+        if failed or done:
+            session.job = None
+            self._served.add(conn)  # (the line it held is let go: buffered went down)
+            if not session.open:
+                self._ghosts.pop(conn, None)
+        if failed or not done:
+            return
+        self.published_total += isinstance(job, Publish)
+        if job.confirm:
+            self._reply(conn, mqks.ok(job.request_id), (CONFIRM, job.request_id))
+
+    def flushed(self) -> None:
+        """The turn's output went (after its commit): a new turn's parts make a new commit."""
+        self.writing = False
+        self.outbox.new_turn()
+
+    def _error_line(self, request_id: str, code: str, detail: str) -> bytes:
         eid = self.error_id()
         self.errors_total += 1
         # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
         # ten of each kind, then every 1000th, carry their error id.
         warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
-        self._out.append(Send(ONLY, [conn, mqks.error(request_id, eid)]))
+        return mqks.error(request_id, eid)
 
-    def _reply(self, conn: bytes, line: bytes) -> None:
-        self._out.append(Send(ONLY, [conn, line]))
+    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
+        self._reply(conn, self._error_line(request_id, code, detail))
 
-    # -- requests --------------------------------------------------------------------------------------
+    # -- what is sent, and its charge ------------------------------------------------------------------
 
-    def _handle(self, conn: bytes, req: mqks.Request, now_us: int) -> None:
-        a = req.args
-        if req.action == "ping":
-            self._reply(conn, mqks.ok(req.request_id, a["data"]))
-            return
-        if req.action == "_eval":
-            raise ProtocolError("refused", "_eval never evaluates client code; read figures from the monitor")
-        mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)  # (before anything changes)
-        if req.action == "publish":
-            self._publish(req.request_id, a["event"], a["data"], now_us)
-        elif req.action == "consume":
-            self._consume(conn, req.request_id, a)
-        elif req.action == "rebind":
-            self._rebind(conn, a)
-        elif req.action in ("ack", "reject"):
-            self.consumers.settle(self._consumer(conn, a["consumer"]), req.action, a["msg_id"])
-        elif req.action == "delete_consumer":
-            self._remove_consumer(self._consumer(conn, a["consumer"]))
-        elif req.action == "delete_queue":
-            self._delete_queue(a["queue"])
-        if req.confirm:
-            self._out.append(Send(ONLY, [conn, mqks.ok(req.request_id)], (CONFIRM, req.request_id)))
+    def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
+        """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are
+        charged to it until its peer has them, but for manual-ack deliveries, charged by their take."""
+        charged = kept
+        for send in sends:
+            token: Any = send.token
+            if token is None or token[0] != "manual":
+                charged += len(send.frames[-1])
+        self.outbox.charged(conn)
+        if charged:
+            self.broker.piped(("mqks", conn), charged)
+        return charged
 
-    def _consumer(self, conn: bytes, consumer_id: str) -> Consumer:
-        consumer = self.consumers.get(conn, consumer_id)
-        if consumer is None:
-            raise ProtocolError("unknown-consumer", f"no consumer {consumer_id!r} on this connection")
-        return consumer
-
-    def _publish(self, msg_id: str, event: str, data: str, now_us: int) -> None:
-        queues = self.bindings.queues_for(event)
-        if not queues:
-            self.unrouted_total += 1  # as the reference: no queue is bound to the event
-            return
-        body = [data.encode()]
-        self.broker.produce_all(
-            [(queue, body) for queue in sorted(queues)], now_us=now_us, meta={"mqks": [msg_id, event]}
-        )
-        self.published_total += 1
-
-    def _binding_of(self, queue: str) -> Binding:
-        """The queue's binding; a fresh one (owned if MQKS makes the queue) when it has none."""
-        return self.bindings.get(queue) or Binding([], owned=self.broker.queue_info(queue) is None)
-
-    def _consume(self, conn: bytes, consumer_id: str, a: dict) -> None:
-        queue = a["queue"]
-        self.bindings.check_sizes(a)
-        self._room_for(queue)
-        self.consumers.room_for(conn, consumer_id)
-        old = self.consumers.get(conn, consumer_id)
-        binding = self._binding_of(queue)
-        events = list(a["events"]) if a["events"] is not None else list(binding.events)
-        events = with_added(events, a["add"])
-        most = self.limits.mqks_max_events
-        if len(set(events)) > most:  # checked before anything changes (the old consumer included)
-            raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
-        growth = self.bindings.room_for_events(queue, events, conn)
-        # The queue exists from now on, bound or not: made implicit, on this connection's share (StoreFull)
-        self.broker.create_queue(queue, owner=("mqks", conn))
-        if old is not None:  # the same id again on this connection: it starts over
-            self._remove_consumer(old)
-        unused = a["unused"] if a["unused"] is not None else binding.unused
-        consumer = Consumer(conn, consumer_id, queue, a["manual_ack"], a["prefetch"])
-        changed = self.bindings.set(queue, Binding(events, unused, binding.owned), save=True)
-        self.bindings.took(conn, growth)
-        self.consumers.add(consumer)
-        self.delete_at.pop(queue, None)
-        self._orphans.discard(queue)
-        if changed:
-            self._notify(queue, skip=None if a["add"] else consumer)
-
-    def _rebind(self, conn: bytes, a: dict) -> None:
-        queue = a["queue"]
-        self.bindings.check_sizes(a)
-        self._room_for(queue)
-        binding = self._binding_of(queue)
-        events = list(a["events"]) if a["events"] is not None else list(binding.events)
-        removed = set(a["remove"])  # sets, not lists: linear in the request, whatever its size
-        if removed:
-            events = [e for e in events if e not in removed]
-        events = mqks.remove_masked(events, a["remove_mask"], self.limits.mqks_mask_work)
-        events = with_added(events, a["add"])
-        growth = self.bindings.room_for_events(queue, events, conn)
-        self.broker.create_queue(queue, owner=("mqks", conn))
-        changed = self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True)
-        self.bindings.took(conn, growth)
-        if changed:
-            self._notify(queue, skip=None)
-
-    def _notify(self, queue: str, skip: Consumer | None) -> None:
-        binding = self.bindings.get(queue)
-        events, unused = (binding.events, binding.unused) if binding else ([], None)
-        for consumer in self.consumers.by_queue.get(queue, []):
-            if consumer is not skip:
-                line = mqks.update(consumer.id, queue, events, unused, consumer.manual_ack)
-                self._out.append(Send(ONLY, [consumer.conn, line], (UPDATE,)))
-
-    def _remove_consumer(self, consumer: Consumer) -> None:
-        """Unregister; what it held goes back to the end of its queue, retry raised (as a reject)."""
-        if self.consumers.remove(consumer):
-            binding = self.bindings.get(consumer.queue)
-            if binding is not None and binding.unused is not None:
-                self._orphans.add(consumer.queue)
-
-    def _room_for(self, queue: str) -> None:
-        """A new binding record past the store limit or while the disk is short is refused before
-        anything changes (a binding that grows is written: mqks_max_bindings bounds those)."""
-        if queue not in self.bindings:
-            self.broker.check_room(len(queue.encode()) + 64)
-
-    def _delete_queue(self, queue: str) -> None:
-        # Only an MQKS queue, and not from under another protocol's clients: deleting it would settle
-        # every message they hold or lease, which no client may do to another's.
-        binding = self.bindings.get(queue)
-        if binding is None or not binding.owned:
-            raise ProtocolError(
-                "unknown-queue",
-                f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
-                "through it; one that existed before MQKS bound it belongs to others too)",
-            )
-        info = self.broker.queue_info(queue)
-        if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
-            raise ProtocolError(
-                "queue-in-use",
-                f"queue {queue!r} has messages held by clients of another protocol or leased by an API group",
-            )
-        for consumer in self.consumers.drop_queue(queue):
-            self._out.append(Send(ONLY, [consumer.conn, mqks.update(consumer.id, queue, [], None, False)], (UPDATE,)))
-        self.bindings.remove(queue)
-        self.delete_at.pop(queue, None)
-        self._orphans.discard(queue)
-        dropped = self._drop_queue(queue)
-        log.info("MQKS queue %r deleted with %d message(s)", queue, dropped)
+    def unpiped(self, conn: bytes, size: int) -> None:
+        self.broker.unpiped(("mqks", conn), size)
+        self.outbox.unstick(conn)
 
     # -- each turn -------------------------------------------------------------------------------------
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset(), **most: int | None) -> list[Send]:
-        """Everything to send this turn: replies, then deliveries; and queues unused for long enough go.
-        ``blocked`` connections read too slowly: no more deliveries for them now. (``most``, ``most_bytes``
-        are not kept yet; ``dispatched``, ``dispatched_bytes`` say what went, for the turn's budget.)"""
+    def dispatch(
+        self,
+        *,
+        now: float,
+        now_us: int,
+        blocked: frozenset = frozenset(),
+        most: int | None = None,
+        most_bytes: int | None = None,
+    ) -> list[Send]:
+        """Everything to send this turn: replies, then deliveries (``most`` of them and about
+        ``most_bytes`` of bodies at most: ``dispatched``, ``dispatched_bytes`` say what went; a call again
+        in the same turn goes on from there); and queues unused for long enough go. ``blocked``
+        connections read too slowly, and those with output held back wait for it: no deliveries now."""
+        self.outbox.retry(now)  # (those without room looked at again now and then: an ack timeout, the bound)
         self._expire_unused(now)
-        self.consumers.put_back()
-        deliveries = self.consumers.deliver(now=now, now_us=now_us, blocked=blocked)
-        self.dispatched, self.dispatched_bytes = len(deliveries), sum(len(s.frames[-1]) for s in deliveries)
+        self.consumers.put_back(most)  # (a call's share when the turn is cut in calls: see most)
+        held = frozenset(self.outbox.holders())
+        deliveries = self.consumers.deliver(
+            now=now, now_us=now_us, blocked=blocked | held if held else blocked, most=most, most_bytes=most_bytes
+        )
+        self.dispatched = len(deliveries)
+        self.dispatched_bytes = sum(len(send.frames[-1]) for send in deliveries)
         return self._take_out() + deliveries
 
     def unsent(self, send: Send) -> bool:
         """A line the client's connection would not take now: see Consumers.unsent."""
         return self.consumers.unsent(send)
 
-    def _expire_unused(self, now: float) -> None:
-        for queue in self._orphans:
-            binding = self.bindings.get(queue)
-            if binding is not None and binding.unused is not None:
-                self.delete_at[queue] = now + max(binding.unused, self._orphan_grace)
-        self._orphans.clear()
-        self._orphan_grace = 0.0
-        for queue in [q for q, t in self.delete_at.items() if t <= now]:
-            del self.delete_at[queue]
-            if not self.consumers.used(queue) and queue in self.bindings:
-                try:
-                    self._delete_queue(queue)
-                except ProtocolError as exc:
-                    log.info("MQKS queue %r not deleted when unused: %s", queue, exc.detail)
-                    binding = self.bindings.get(queue)
-                    if binding is not None and binding.owned:  # in use by another protocol: try again later
-                        self.delete_at[queue] = now + max(binding.unused or 0, 1.0)
-
     def next_wake(self, now: float) -> float | None:
-        return min(self.delete_at.values()) if self.delete_at else None
+        wakes = [min(self.delete_at.values())] if self.delete_at else []
+        if self.outbox.has_stuck:  # (connections without room for a notice: looked at again then)
+            wakes.append(self.outbox.retry_at)
+        return min(wakes) if wakes else None
 
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
         return self.consumers.of_queue(queue, limit)
@@ -450,5 +439,11 @@ class MqksGateway:
             "delivered_total": self.consumers.delivered_total,
             "errors_total": self.errors_total,
             # (whole lines read but not served yet: the turn's budget ran out before them)
-            "lines_waiting": sum(map(len, self._waiting.values())),
+            "lines_waiting": sum(len(s.waiting) for s in self.sessions.values()),
+            # (requests under way in slices: publishes' copies, notices being marked)
+            "requests_in_slices": sum(1 for s in [*self.sessions.values(), *self._ghosts.values()] if s.job),
+            "notices_total": self.outbox.made_total,
+            "connections_held_back": len(self.outbox.holders()),  # (output waiting behind a notice)
+            # (queues deleted whose records go over the next turns, and the messages they still hold)
+            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.dropping_left(), strict=True)),
         }

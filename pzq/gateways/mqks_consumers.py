@@ -37,6 +37,7 @@ class Consumer:
     # One per consumer ever made: a consumer replacing another of the same id on the same connection
     # is another holder (what the old one held may still be on its way back: see put_back).
     serial: int = dataclasses.field(default_factory=lambda: next(_serials))
+    notice_due: bool = False  # to be told its queue's events (mqks_out.py: once, however many changes)
 
     @property
     def key(self) -> tuple:
@@ -58,6 +59,7 @@ class Consumers:
         # Consumers gone with deliveries not yet put back: a few thousand are put back per turn, so
         # that a connection leaving with mqks_max_unacked_per_conn of them does not stall the loop.
         self._leaving: collections.deque[tuple[Consumer, list[Ref]]] = collections.deque()
+        self._next_queue = 0  # where the next ``deliver`` begins among the queues (a turn's share: most)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -161,10 +163,10 @@ class Consumers:
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
         return self.broker.in_flight_to(ref) == consumer.key
 
-    def put_back(self) -> None:
+    def put_back(self, most: int | None = None) -> None:
         """What consumers that left held goes back to the end of its queue, retry raised (as a reject),
-        at most a share of it per turn."""
-        budget = self.limits.mqks_put_back_per_turn
+        at most a share of it per turn (and ``most`` in one call)."""
+        budget = min(self.limits.mqks_put_back_per_turn, most or self.limits.mqks_put_back_per_turn)
         while self._leaving and budget > 0:
             consumer, refs = self._leaving[0]
             while refs and budget > 0:
@@ -178,22 +180,35 @@ class Consumers:
 
     # -- handing out -------------------------------------------------------------------------------
 
-    def deliver(self, *, now: float, now_us: int, blocked: frozenset) -> list[Send]:
+    def deliver(
+        self, *, now: float, now_us: int, blocked: frozenset, most: int | None = None, most_bytes: int | None = None
+    ) -> list[Send]:
         """This turn's deliveries: competing consumers of a queue split what is ready and take turns
-        at its head; ``blocked`` connections read too slowly and get nothing now."""
+        at its head; ``blocked`` connections read too slowly and get nothing now. At most ``most`` of
+        them and about ``most_bytes`` of bodies (the turn's share); a call that stops there leaves the
+        next call to begin where it stopped."""
         out: list[Send] = []
         conn_held: dict[bytes, int] = {}  # unacked deliveries per connection, counted once per turn
-        for queue, consumers in list(self.by_queue.items()):
+        left = [most if most is not None else 1 << 62, most_bytes if most_bytes is not None else 1 << 62]
+        queues = list(self.by_queue.items())
+        start = self._next_queue % len(queues) if queues else 0
+        for at in range(len(queues)):
+            queue, consumers = queues[(start + at) % len(queues)]
+            if left[0] <= 0 or left[1] <= 0:
+                self._next_queue = start + at  # (the next call begins with this queue)
+                break
             ready = self.broker.ready_count(queue)
-            if ready <= 0:
+            if ready <= 0 or queue not in self.by_queue:
                 continue
             share = -(-ready // len(consumers))
             for consumer in list(consumers):
-                if consumer.conn not in blocked:
-                    budget = min(share, self.limits.mqks_turn_budget)
-                    self._deliver(consumer, budget, now, now_us, conn_held, out)
+                if consumer.conn not in blocked and left[0] > 0 and left[1] > 0:
+                    budget = min(share, self.limits.mqks_turn_budget, left[0])
+                    self._deliver(consumer, budget, now, now_us, conn_held, out, left)
             if len(consumers) > 1:
                 consumers.append(consumers.pop(0))
+        else:
+            self._next_queue = start + 1  # (the next turn begins one queue further: none comes first always)
         return out
 
     def _credit(self, consumer: Consumer, budget: int, conn_held: dict[bytes, int]) -> int:
@@ -216,15 +231,30 @@ class Consumers:
         return credit
 
     def _deliver(
-        self, consumer: Consumer, budget: int, now: float, now_us: int, conn_held: dict[bytes, int], out: list[Send]
+        self,
+        consumer: Consumer,
+        budget: int,
+        now: float,
+        now_us: int,
+        conn_held: dict[bytes, int],
+        out: list[Send],
+        left: list[int],
     ) -> None:
         credit = self._credit(consumer, budget, conn_held) if consumer.manual_ack else budget
         if credit <= 0:
             return
         # (their bytes are charged to the connection: its consumers together hold one share)
         taken = self.broker.take(
-            consumer.queue, credit, consumer.key, now=now, now_us=now_us, payer=("mqks", consumer.conn)
+            consumer.queue,
+            credit,
+            consumer.key,
+            now=now,
+            now_us=now_us,
+            payer=("mqks", consumer.conn),
+            max_bytes=max(left[1], 1),
         )
+        left[0] -= len(taken)
+        left[1] -= sum(sum(map(len, message.frames)) for message in taken)
         for message in taken:
             msg_id, event = (message.meta or {}).get("mqks") or (message.id, message.queue)
             ref = (message.qid, message.seq)

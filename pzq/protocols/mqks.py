@@ -12,12 +12,19 @@ detail goes to the log; the client gets ``{request_id} error {error_id}``.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pzq.errors import ProtocolError
+from pzq.protocols.mqks_masks import (  # noqa: F401 (the mask rules: read here as before)
+    GLOB_CHARS_PER_UNIT,
+    SORT_PER_UNIT,
+    _glob,
+    matches,
+    remove_masked,
+)
 
 ACTIONS = ("publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue", "ping", "_eval")
 _BAD_ID = re.compile(r"[\x00-\x20\x7f]")
@@ -71,6 +78,41 @@ def parse_line(line: bytes) -> Request:
     return Request(request_id, action, confirm, _ARGS[action](data))
 
 
+BIG_LINE = 64 << 10  # a longer line is a publish (or a consume or rebind: mqks_bind_line_bytes), or refused
+
+
+def action_of(line: bytes) -> bytes:
+    """The action word of a line, read from its head (a request id is at most 255 bytes)."""
+    parts = line[: 2 * MAX_ID + 2].split(b" ", 2)
+    return parts[1] if len(parts) > 1 else b""
+
+
+def parse_publish(line: bytes) -> tuple[Request, memoryview]:
+    """A publish line (without its newline) whose data is not decoded: the request (its data left
+    empty) and the data as a view of ``line``, not a copy of it (whether that is UTF-8 is for the caller
+    to find, a slice at a time). Raises ProtocolError."""
+    first = line.find(b" ")
+    second = line.find(b" ", first + 1) if first >= 0 else -1
+    if second < 0 or line[first + 1 : second] != b"publish":
+        raise ProtocolError("bad-arguments", "expected {request_id} publish [--confirm] {event} {data}")
+    request_id = _check_id("request id", _text(line[:first]))
+    at = second + 1
+    confirm = line.startswith(b"--confirm ", at)
+    at += len(b"--confirm ") if confirm else 0
+    end = len(line) - 1 if line.endswith(b"\r") else len(line)  # (telnet and friends end lines with CR LF)
+    space = line.find(b" ", at, end)
+    event = _check_id("event", _text(line[at : end if space < 0 else space]))
+    data = memoryview(line)[space + 1 : end] if space >= 0 else memoryview(b"")
+    return Request(request_id, "publish", confirm, {"event": event, "data": ""}), data
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad-utf8", "the line is not UTF-8") from None
+
+
 def _publish(data: str) -> dict:
     event, _, payload = data.partition(" ")
     return {"event": _check_id("event", event), "data": payload}
@@ -82,12 +124,18 @@ MAX_TOKENS = 3 * 10_000 + 200  # a consume or rebind with more words cannot be w
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _refuse_control(data: str) -> None:
+    """ProtocolError when ``data`` holds a control character (an ASCII line at C speed: printable ASCII
+    is exactly what is not a control character)."""
+    if not data.isprintable() if data.isascii() else _CONTROL.search(data) is not None:
+        raise ProtocolError("bad-id", "ids must not contain control characters")
+
+
 def _tokens(data: str) -> list[str]:
     """The words of ``data``, checked at once for control characters: each is then an id but for its
     length (``_check_word``), so that 30,000 words cost one search, not 30,000."""
-    if _CONTROL.search(data):
-        raise ProtocolError("bad-id", "ids must not contain control characters")
-    tokens = [t for t in data.split(" ") if t]
+    _refuse_control(data)
+    tokens = list(filter(None, data.split(" ")))
     if len(tokens) > MAX_TOKENS:  # refused before any per-word work
         raise ProtocolError("too-many-events", f"{len(tokens)} words in one request; at most {MAX_TOKENS}")
     return tokens
@@ -110,22 +158,28 @@ def _check_words(kind: str, words: list[str]) -> list[str]:
     return words
 
 
-def _by_option(tokens: list[str]) -> list[tuple[str, list[str]]]:
-    """``tokens`` cut at each option (a word starting with ``--``): the words before the first under
-    "", then each option with the words after it. A rebind of 10,000 events has a few options: its words
-    are sliced, not looked at one by one in Python."""
-    marks = [i for i, token in enumerate(tokens) if token[:2] == "--"]
-    ends = [*marks, len(tokens)]
-    options = [(tokens[i], tokens[i + 1 : end]) for i, end in zip(marks, ends[1:], strict=True)]
-    return [("", tokens[: ends[0]]), *options]
+def _by_option(data: str) -> list[tuple[str, list[str]]]:
+    """The words of ``data`` (checked as ``_tokens`` does) cut at each option (a word starting with
+    ``--``): the words before the first under "", then each option with the words after it. The text is
+    cut at " --" and each piece split in C: a rebind of 10,000 events has a few options, and looking at
+    its words one by one in Python cost more than the rest of its parse."""
+    _refuse_control(data)
+    pieces = (" " + data).split(" --")
+    out = [("", list(filter(None, pieces[0].split(" "))))]
+    for piece in pieces[1:]:
+        name, _, rest = piece.partition(" ")  # (a piece beginning with a space: the word was "--" alone)
+        out.append(("--" + name, list(filter(None, rest.split(" ")))))
+    if sum(len(words) for _, words in out) + len(out) > MAX_TOKENS:  # refused before any per-word work
+        raise ProtocolError("too-many-events", f"too many words in one request; at most {MAX_TOKENS}")
+    return out
 
 
 def _consume(data: str) -> dict:
-    tokens = _tokens(data)
-    if not tokens or tokens[0].startswith("--"):
+    parts = _by_option(data)
+    if not parts[0][1]:
         raise ProtocolError("no-queue", "consume needs a queue")
     out: dict[str, Any] = {
-        "queue": _check_id("queue", tokens[0]),
+        "queue": _check_id("queue", parts[0][1].pop(0)),
         "events": None,
         "add": [],
         "unused": None,
@@ -134,7 +188,7 @@ def _consume(data: str) -> dict:
     }
     events: list[str] = []
     into = events  # (words go to the events until --add; flags leave that as it is)
-    for option, words in _by_option(tokens[1:]):
+    for option, words in parts:
         if option == "--add":
             into = out["add"]
         elif option == "--manual-ack":
@@ -173,18 +227,18 @@ def _count(text: str) -> int:
 
 
 def _rebind(data: str) -> dict:
-    tokens = _tokens(data)
-    if not tokens or tokens[0].startswith("--"):
+    parts = _by_option(data)
+    if not parts[0][1]:
         raise ProtocolError("no-queue", "rebind needs a queue")
     out: dict[str, Any] = {
-        "queue": _check_id("queue", tokens[0]),
+        "queue": _check_id("queue", parts[0][1].pop(0)),
         "events": None,
         "remove": [],
         "remove_mask": [],
         "add": [],
     }
     events: list[str] = []
-    for option, words in _by_option(tokens[1:]):
+    for option, words in parts:
         if option in ("--remove", "--remove-mask", "--add"):
             out[option[2:].replace("-", "_")].extend(_check_words("event", words))
         elif option:
@@ -230,113 +284,6 @@ _ARGS = {
 }
 
 
-def matches(mask: str, event: str) -> bool:
-    """True if ``mask`` removes ``event``: ``*`` stands for any run of characters other than a dot, and
-    masks only apply to events that contain a dot. Segment by segment, each in linear-ish time: a
-    hostile mask cannot make this slow (a regular expression could backtrack for hours)."""
-    if "." not in event:
-        return False
-    masks, parts = mask.split("."), event.split(".")
-    return len(masks) == len(parts) and all(_glob(m, p) for m, p in zip(masks, parts, strict=True))
-
-
-SORT_PER_UNIT = 4  # events sorted per unit of --remove-mask work
-GLOB_CHARS_PER_UNIT = 16  # characters of candidate events globbed per unit (about as long as a split)
-
-
-def remove_masked(events: list[str], masks: list[str], budget: int = 200_000) -> list[str]:
-    """``events`` without those any of ``masks`` removes (``matches``), at a cost counted before it is
-    spent and at most ``budget`` (else ProtocolError too-complex: a request must not make the loop work
-    for long). Only events with as many segments as some mask are looked at. A mask whose first segment
-    is literal finds its candidates by bisecting them sorted (the sort counts one per four events); one whose
-    first literal segment comes later, through an index of the positions masks pick (each event split
-    counts its segments, each entry one); one of bare ``*`` segments takes them all. Candidates are then
-    split and checked at the mask's other literal and ``*``-mixed segments (``_glob`` is linear; globbing
-    counts the candidates' characters too). A unit is about 0.4 us on one core."""
-    plans: dict[int, list[tuple[tuple[int, str] | None, list[tuple[int, str]], list[tuple[int, str]]]]] = {}
-    for mask in masks:
-        segments = mask.split(".")
-        if len(segments) < 2:  # masks only apply to events with dots
-            continue
-        literal = [(pos, seg) for pos, seg in enumerate(segments) if "*" not in seg]
-        mixed = [(pos, seg) for pos, seg in enumerate(segments) if "*" in seg and seg != "*"]
-        plans.setdefault(len(segments), []).append((literal[0] if literal else None, literal[1:], mixed))
-    if not plans:
-        return events
-    work = 0
-
-    def spend(units: int) -> None:
-        nonlocal work
-        work += units
-        if work > budget:
-            raise ProtocolError(
-                "too-complex",
-                "--remove-mask would look at too many event segments in one request; "
-                "use masks with literal segments or fewer events",
-            )
-
-    of_length: dict[int, list[str]] = {n: [] for n in plans}
-    for event in events:
-        same = of_length.get(event.count(".") + 1)
-        if same is not None:
-            same.append(event)
-    removed: set[str] = set()
-    for n, mask_plans in plans.items():
-        same = of_length[n]
-        keys = {key[0] for key, _, _ in mask_plans if key is not None}
-        ordered: list[str] = []
-        if 0 in keys:
-            spend(len(same) // SORT_PER_UNIT)  # (sorted in C; a binding's events come sorted already)
-            ordered = sorted(same)
-        index: dict[tuple[int, str], list[str]] = {}
-        positions = keys - {0}
-        if positions:
-            spend(len(same) * (n + len(positions)))  # before any is split
-            for event in same:
-                parts = event.split(".")
-                for pos in positions:
-                    index.setdefault((pos, parts[pos]), []).append(event)
-        for key, others, mixed in mask_plans:
-            if key is None:
-                candidates = same
-            elif key[0] == 0:  # events starting with "segment." sort from "segment." to before "segment/"
-                low = bisect.bisect_left(ordered, key[1] + ".")
-                candidates = ordered[low : bisect.bisect_left(ordered, key[1] + "/", low)]
-            else:
-                candidates = index.get(key, [])
-            if not others and not mixed:
-                removed.update(candidates)
-                continue
-            spend(len(candidates) * (n + len(others) + len(mixed)))
-            if mixed:  # a glob reads its segment's characters: long events cost more
-                spend(sum(map(len, candidates)) // GLOB_CHARS_PER_UNIT)
-            for event in candidates:
-                parts = event.split(".")
-                if all(parts[pos] == seg for pos, seg in others) and all(_glob(seg, parts[pos]) for pos, seg in mixed):
-                    removed.add(event)
-    return [e for e in events if e not in removed] if removed else events
-
-
-def _glob(pattern: str, text: str) -> bool:
-    """``*`` matches any run of characters. Each piece between stars is found leftmost by str.find
-    after the first piece is matched as a prefix and the last as a suffix: linear, no backtracking
-    (leftmost is enough, since a star can take whatever lies between two pieces)."""
-    head, *middle = pattern.split("*")
-    if not middle:
-        return pattern == text
-    tail = middle.pop()
-    end = len(text) - len(tail)
-    if end < len(head) or not text.startswith(head) or not text.endswith(tail):
-        return False
-    pos = len(head)
-    for piece in middle:
-        found = text.find(piece, pos, end)
-        if found < 0:
-            return False
-        pos = found + len(piece)
-    return True
-
-
 # -- responses -------------------------------------------------------------------------------------
 
 
@@ -353,13 +300,25 @@ def delivery(consumer_id: str, msg_id: str, event: str, retry: int, data: str) -
     return f"{consumer_id} ok {msg_id} event={event}{retry_part} {data}\n".encode()
 
 
-def update(consumer_id: str, queue: str, events: list[str], unused: float | None, manual_ack: bool) -> bytes:
+def update(consumer_id: str, queue: str, events: Sequence[str], unused: float | None, manual_ack: bool) -> bytes:
     parts = [consumer_id, "ok", "--update", queue, *events]
     if unused is not None:
         parts.append(f"--delete-queue-when-unused={unused!r}" if unused else "--delete-queue-when-unused")
     if manual_ack:
         parts.append("--manual-ack")
     return (" ".join(parts) + "\n").encode()
+
+
+def update_line(consumer_id: str, queue: str, events: bytes, unused: float | None, manual_ack: bool) -> bytes:
+    """``update`` with its events given joined by spaces (one queue's list joined once for all its
+    consumers: it may be 2.5 MB)."""
+    head = f"{consumer_id} ok --update {queue}".encode()
+    tail = ""
+    if unused is not None:
+        tail += f" --delete-queue-when-unused={unused!r}" if unused else " --delete-queue-when-unused"
+    if manual_ack:
+        tail += " --manual-ack"
+    return b"".join((head, b" " if events else b"", events, tail.encode(), b"\n"))
 
 
 def body_text(frames: list[bytes]) -> str:
@@ -392,7 +351,7 @@ class LineBuffer:
             lines = []
         else:
             first, *middle, last = data.split(b"\n")
-            lines = [b"".join(self._parts) + first, *middle]
+            lines = [b"".join([*self._parts, first]), *middle]  # (one copy of a long line, not two)
             self._parts, self._size = ([last], len(last)) if last else ([], 0)
         if self._size > self.limit:
             head = b"".join(self._parts)[:60]

@@ -90,6 +90,7 @@ class Server(Reloading):
         self._behind = False  # the last turn's budget ran out with work left: poll without waiting
         self.turns = 0  # turns run (tests count them)
         self.alarm = MemoryAlarm(config.memory_high_water, config.memory_low_water, config.limits)
+        self.collector: Collector | None = None  # (made by run: the garbage collector's rule)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class Server(Reloading):
         in a row means something is broken for good, and the server exits for its supervisor to
         restart it.
         """
-        collector = Collector(self.config.limits.gc_whole_s)
+        collector = self.collector = Collector(self.config.gc_whole_interval, self.config.limits.gc_whole_most_s)
         collector.start(time.monotonic())
         try:
             self._serve(collector)
@@ -241,7 +242,7 @@ class Server(Reloading):
 
     def _poll_timeout_ms(self) -> int:
         # (_behind: the last turn's budget ran out before its work did, whatever is left goes on at once)
-        if self.leases.pending or draining() or self._behind:
+        if self.leases.pending or draining() or self._behind or self.broker.dropping:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
@@ -264,7 +265,7 @@ class Server(Reloading):
         expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
         reads = [self._reader(e) for e in self.endpoints]
         works = [self._worker(e) for e in self.endpoints]
-        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._tick]
+        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._drop_work, self._tick]
 
     @staticmethod
     def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
@@ -296,6 +297,12 @@ class Server(Reloading):
         if due is not None and now >= due:
             self.broker.sweep_implicit(now, self._budget.deadline)
             self._budget.take()
+
+    def _drop_work(self, ready: dict, now: float, now_us: int) -> None:
+        """Records of deleted queues (MQKS delete_queue) go, within the turn's records and clock."""
+        if self.broker.dropping:
+            most = self._budget.records_for(self.config.limits.turn_records)
+            self._budget.take(records=max(1, self.broker.drop_work(most, self._budget.deadline)))
 
     def _tick(self, ready: dict, now: float, now_us: int) -> None:
         """Once a second: expired leases, the admin's rates, the metrics' figures, the console's process."""
@@ -425,6 +432,8 @@ class Server(Reloading):
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
         stats["memory"] = {**self.alarm.stats(), **self.broker.accounts.stats(self.broker.inflight)}
         stats["permissions"] = self.permissions.stats()
+        if self.collector is not None:
+            stats["gc"] = self.collector.stats()
         return stats
 
 

@@ -9,7 +9,7 @@
   turns), ``messages.py`` (put, scan, delivery
   counts, deletes), ``runs.py`` (the counts and deletes of a run in one call, a lease's headers by
   runs), ``dead_letters.py``,
-  ``previews.py`` (the console's previews, the audit).
+  ``previews.py`` (the console's previews, the audit), ``drops.py`` (a queue deleted over turns).
 - ``side_table.py``: what the side tables share; one owner per table draws its key layout at its top:
   ``schedules.py``, ``groups.py`` (groups and leases), ``dedup_keys.py``, ``bindings.py``, ``emqp_jobs.py``.
 """
@@ -17,6 +17,7 @@
 from pzq.store.bindings import Bindings
 from pzq.store.bodies import Upload
 from pzq.store.dedup_keys import DedupKeys
+from pzq.store.drops import Drops
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.groups import Groups, LeaseRecords
 from pzq.store.layout import (
@@ -35,7 +36,7 @@ from pzq.store.schedules import Schedules
 from pzq.store.side_table import SideTable
 
 
-class Store(Previews):
+class Store(Drops, Previews):
     """Named durable FIFO queues. Single-threaded: one owner calls every method.
 
     Open with ``Store(path, max_size=..., readonly=..., verify=...)``; see ``queues.Queues`` for the

@@ -10,19 +10,24 @@ pzq 0.3 have no such field and count as owned).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import msgpack
 
 from pzq.store.side_table import SideTable
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Binding:
-    """An MQKS queue's durable settings."""
+    """An MQKS queue's durable settings. Its events are kept as a tuple: a tuple of strings is not a
+    container the garbage collector walks (a list is), and a million bindings are kept in memory."""
 
-    events: list[str]
+    events: Sequence[str]
     unused: float | None = None  # --delete-queue-when-unused seconds
     owned: bool = True  # the queue did not exist before MQKS bound it: MQKS may delete it
+
+    def __post_init__(self) -> None:
+        self.events = tuple(self.events)
 
 
 class Bindings(SideTable[str, Binding]):

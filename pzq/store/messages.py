@@ -363,32 +363,3 @@ class Messages(Bodies):
             )
         moved.deliveries = message.deliveries
         return moved
-
-    def drop_queue(self, name: str) -> int:
-        """Delete a queue with its messages, delivery counts and dead letters (MQKS delete_queue);
-        returns how many messages went. A later ``queue(name)`` makes a new, empty queue."""
-        info = self._queues.get(name)
-        if info is None:
-            return 0
-        txn, prefix = self.env.write(), U64.pack(info.qid)
-        for db in (self._messages_db, self._deliveries_db, self._dead_db):
-            cursor = txn.cursor(db=db)
-            if cursor.set_range(prefix):
-                while cursor.key()[:8] == prefix:
-                    if db is not self._deliveries_db and (ref := self.ref_of(cursor.value(), db is self._dead_db)):
-                        self.delete_body(ref)
-                    if not self.env.do(cursor.delete):
-                        break
-        for key in [k for k in self._pending_counts if k[:8] == prefix]:
-            del self._pending_counts[key]
-        self.env.do(txn.delete, name.encode(), db=self._queues_db)
-        del self._queues[name]
-        del self._by_id[info.qid]
-        self._dirty_queues.discard(name)
-        self._total_bytes -= info.bytes + info.dead_bytes
-        self.implicit_count -= info.implicit
-        # A queue made again under this name starts above every seq it had (a Spark offset may name
-        # one): one floor for every new queue, so the record stays one u64 however many names went.
-        self.seq_floor = max(self.seq_floor, info.next_seq)
-        self._dirty = self._meta_dirty = True
-        return info.count
