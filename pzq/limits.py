@@ -136,6 +136,13 @@ class Limits:
     # least pipe_in_floor messages so that a producer's next message is already there when a turn reads
     pipe_in_bytes: int = 64 << 20
     pipe_in_floor: int = 4
+    # r10-house (issue 39): libzmq cuts off, without a word, a peer whose frame is past its socket's
+    # MAXMSGSIZE. The receiving sockets with a "too large" answer (native, API) read frames up to this size
+    # even when --max-message-size is smaller (1 MiB by default, was 16 MiB), so that a message over the
+    # limit, up to the old default, is read and answered: a client upgraded past is told, never cut off.
+    # Their RCVHWM is sized by --max-message-size (pipe_messages), not by this: refused messages a client
+    # pipelines are read and answered at once, never held (docs/limits.md, "Memory bound")
+    frame_answered: int = 16 << 20
     # The length of a whole turn (slice i26c-turn; TurnBudget in pzq/endpoints/base.py): records one turn
     # may touch, all its work together (a request served counts one; a delivery, an ack, a return or an
     # expiry each counts one), so that the commit and the flush that follow it (neither of which the
@@ -228,6 +235,11 @@ class Limits:
     admin_skip_walk: int = 4_096
     admin_read_s: float = 0.005
     admin_heads_per_tick: int = 1_000
+
+    def frame_bytes(self, max_message_size: int) -> int:
+        """The largest frame a receiving socket with a "too large" answer reads (its MAXMSGSIZE less the
+        envelope): ``max_message_size``, or ``frame_answered`` if bigger."""
+        return max(max_message_size, self.frame_answered)
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

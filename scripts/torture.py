@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
 import torture_kept as kept  # noqa: E402
+import torture_pipes as pipes  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
 P99_MS, LONGEST_MS, RSS_MIB = 50.0, 100.0, 512.0
@@ -40,7 +41,15 @@ def _none(short: bool) -> tuple[str, ...]:
 
 
 def _partial_args(short: bool) -> tuple[str, ...]:
-    return ("--max-partial-input", cases.partial_limit(short)[0])
+    return ("--max-partial-input", cases.partial_limit(short)[0], *_big_args(short))
+
+
+def _big_args(short: bool) -> tuple[str, ...]:
+    return ("--max-message-size", "16M")  # (messages of MiBs: the default before 1M)
+
+
+def _console_args(short: bool) -> tuple[str, ...]:
+    return ("--http-dsn", "{http}", *_big_args(short))  # (its queue's messages are 4 MiB)
 
 
 def _queues_args(short: bool) -> tuple[str, ...]:
@@ -65,7 +74,7 @@ CASES = {
     "api-info-nils": (cases.api_info_nils, 15, 2, _none, frozenset()),
     "mqks-rebind": (cases.mqks_rebind, 20, 3, _none, frozenset()),
     "mqks-rebind-2conn": (cases.mqks_rebind_two, 20, 4, _none, frozenset()),
-    "big-messages": (cases.big_messages, 60, 4, _none, frozenset()),
+    "big-messages": (cases.big_messages, 60, 4, _big_args, frozenset()),
     "partial-input": (cases.partial_input, 5, 5, _partial_args, frozenset()),
     "mqks-queues": (cases.mqks_queues, 11, 2, _queues_args, frozenset()),
     "max-connections": (cases.max_connections, 1_150, 115, _connections_args, frozenset()),
@@ -79,8 +88,10 @@ CASES = {
     "big-lease": (kept.big_lease, 200_000, 20_000, _none, frozenset()),
     "stream-read": (kept.stream_read, 1_000_000, 20_000, _none, frozenset()),
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
-    "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
+    "console-flood": (kept.console_flood, 20, 1, _console_args, frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
+    "pipes-64-producers": (pipes.many_producers, 64, 16, _none, frozenset()),
+    "pipes-oversized": (pipes.oversized_pipeline, 60, 4, _none, frozenset()),
 }
 
 

@@ -121,6 +121,7 @@ def _server(tmp_path, name: str, **limits) -> Server:
         send_dsn=f"inproc://chunked-send-{name}",
         monitor_dsn=f"inproc://chunked-monitor-{name}",
         limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+        max_message_size=16 << 20,  # (big bodies: the default before 1 MiB)
     )
     server = Server(cfg, context=zmq.Context.instance())
     server.start()

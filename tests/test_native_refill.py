@@ -1,5 +1,6 @@
-"""The receive pipe's refill (r7-legacy-rx, issue 27's leaner legacy path): under the default 16 MiB
---max-message-size a producer's pipe holds 4 messages (Limits.pipe_messages: the memory bound), so a turn
+"""The receive pipe's refill (r7-legacy-rx, issue 27's leaner legacy path): under a 16 MiB
+--max-message-size (the default before 1 MiB) a producer's pipe holds 4 messages (Limits.pipe_messages:
+the memory bound), so a turn
 that stopped at the first empty pipe committed a dozen messages of a window of 100. A turn that ran a full
 pipe dry now waits (a few tens of µs at most) for libzmq's I/O thread to refill it, while each wait brings
 more: a commit carries the window, and the pipe's bound in bytes is unchanged. These tests count commits
@@ -22,8 +23,8 @@ from conftest import make_config
 
 def _server(tmp_path, **limits) -> tuple[Server, NativeEndpoints]:
     """A started server on ipc endpoints (libzmq's I/O thread fills its pipes, as over TCP) whose turns
-    the test runs itself."""
-    cfg = make_config(tmp_path, limits=dataclasses.replace(DEFAULT_LIMITS, **limits))
+    the test runs itself; its --max-message-size is 16 MiB, so its receive pipe is 4 messages deep."""
+    cfg = make_config(tmp_path, limits=dataclasses.replace(DEFAULT_LIMITS, **limits), max_message_size=16 << 20)
     server = Server(cfg, context=zmq.Context.instance())
     server.start()
     native = next(e for e in server.endpoints if isinstance(e, NativeEndpoints))
@@ -71,7 +72,7 @@ def test_a_pipelining_producers_window_is_committed_in_one_turn_though_its_pipe_
     server, native = _server(tmp_path, refill_wait_s=0.2, turn_budget_s=1.0)
     producer = _producer(server.config.receive_dsn)
     try:
-        assert native.depth == 4, "the default --max-message-size keeps the pipe four messages deep"
+        assert native.depth == 4, "a 16 MiB --max-message-size keeps the pipe four messages deep"
         sent = [b"%d" % i for i in range(60)]
         for message_id in sent:
             producer.send_multipart(wire.produce(message_id, [b"body"]))

@@ -47,20 +47,23 @@ class NativeEndpoints(Endpoint):
     def __init__(self, config: Config, gateway: NativeGateway, binder: Sockets):
         self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.gateway = gateway
-        # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
+        # Frames past --max-message-size, up to Limits.frame_answered, are read to be answered "too large"
+        # (bigger ones libzmq refuses before they are buffered: the peer is cut off, as it always was).
+        largest = max(config.max_message_size, config.limits.batch_max_bytes)  # (a batch's bodies frame)
         self.receive = binder.bind(
             zmq.ROUTER,
             config.receive_dsn,
             "--receive-dsn",
-            # (a batch's bodies frame may be bigger than one message: Limits.batch_max_bytes)
-            MAXMSGSIZE=max(config.max_message_size, config.limits.batch_max_bytes) + 4096,
+            MAXMSGSIZE=config.limits.frame_bytes(largest) + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
-            # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
-            # bound"); the rest of its window waits in its own process
+            # its budget): about Limits.pipe_in_bytes of the biggest messages it may store (docs/limits.md,
+            # "Memory bound"); the rest of its window waits in its own process
             RCVHWM=(depth := config.limits.pipe_messages(config.max_message_size + 4096, 1000)),
             LINGER=2000,
         )  # let the last acks out on shutdown
+        # (a message, not a batch, this big is refused whatever its envelope: see _run)
+        self.refused_past = config.max_message_size + 4096
         self.depth = depth  # (a producer that filled its pipe has more coming: see _refilled)
         self._receive_fd = int(self.receive.getsockopt(zmq.FD))
         self.refill_waits = self.refills = 0  # (counts: how often a turn waited for a pipe's refill, and got it)
@@ -83,6 +86,7 @@ class NativeEndpoints(Endpoint):
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
         self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
         self._held_bytes = 0
+        self._behind = 0  # (bytes of what is held only because an earlier big message of its producer is)
         self.busy_refused_total = 0
         self._busy_logged = float("-inf")
         self._due = False  # the next turn is the oldest held big message's own
@@ -102,7 +106,8 @@ class NativeEndpoints(Endpoint):
         self._read(ready, now, now_us)
         # Turns with a held big message and turns that read alternate, so that a small message read after
         # the big one (another producer's) is committed first, and one sent during its commit is read next
-        if self._held:
+        # (what waits at the head only for the next turn is let in by _release_held then)
+        if self._held and self._held[0][1]:
             if self.budget.let_in:
                 self._due = True
                 self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
@@ -139,9 +144,11 @@ class NativeEndpoints(Endpoint):
         self._uploading = False
 
     def _count_held(self) -> None:
-        self._held_from = {}
-        for frames, _ in self._held:
-            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + sum(map(len, frames))
+        self._held_from, self._behind = {}, 0
+        for frames, big in self._held:
+            length = sum(map(len, frames))
+            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
+            self._behind += 0 if big else length
         self._held_bytes = sum(self._held_from.values())
 
     def _busy(self, frames: list[bytes], length: int) -> bool:
@@ -242,11 +249,14 @@ class NativeEndpoints(Endpoint):
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
         budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.pipe_in_bytes
+        behind_most = whole = self.limits.turn_write_bytes
         run: list[list[bytes]] = []
         read = size = 0
         self._dry = False
         for _ in range(most):
-            if size >= share or budget.spent() or self._held_bytes >= held_most:
+            # (nor more held behind a big message than a turn lets in: a deep pipe, 63 messages of 1 MiB,
+            # would otherwise be read into what is held, which the memory bound counts, all at once)
+            if size >= share or budget.spent() or self._held_bytes >= held_most or self._behind >= behind_most:
                 break
             frames: list[bytes] | None
             try:
@@ -270,18 +280,29 @@ class NativeEndpoints(Endpoint):
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
                 budget.take(length)
                 continue
+            if length > self.refused_past and replies is not None and (len(frames) < 3 or frames[2] != MARK):
+                # Past --max-message-size (a batch has its own cap, checked when it is let in): the gateway
+                # answers it "too large" and stores nothing, so it is neither held nor drawn on the turn's
+                # bytes, and the producer hears at once (a client upgraded past the old default of 16 MiB)
+                budget.take(0)
+                run.append(frames)
+                continue
             if replies is not None and (length > budget.bytes_left or frames[0] in self._held_from):
-                # More than the turn may still let in: this message is committed in a turn of its own, so
-                # that what this turn takes in (another producer's small message) does not wait for its
-                # write; its producer's next messages wait behind it, in order.
-                big = length > budget.bytes_left
+                # More than the turn may still let in. Past a whole turn's bytes, this message is big: it is
+                # committed in turns of its own, so that what this turn takes in (another producer's small
+                # message) does not wait for its write. A smaller one waits for the next turn. Either way
+                # its producer's next messages wait behind it, in order. (A small one held for a turn of
+                # its own cost a producer of 256 KiB messages a turn each, and what its window brought
+                # meanwhile, read from a deep pipe, was held and counted by the memory bound.)
+                big = length > whole
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
                 if self._busy(frames, length):
                     continue
                 self._held.append((frames, big))
                 self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
                 self._held_bytes += length
-                if self._held_bytes >= self.limits.pipe_in_bytes:
+                self._behind += 0 if big else length
+                if self._held_bytes >= self.limits.pipe_in_bytes or self._behind >= self.limits.turn_write_bytes:
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)
