@@ -127,7 +127,7 @@ class Config:
     max_message_size: int = _setting(
         1 << 20,
         "Largest accepted message body, summed over its frames; a bigger one gets its protocol's 'too large'. "
-        "Each ZeroMQ producer's receive pipe holds 64 MiB of such messages: 63 at 1M, 4 at 16M (the old default).",
+        "Each ZeroMQ producer's receive pipe holds 128 MiB of such messages: 127 at 1M, 7 at 16M (the old default).",
         SIZE,
         low=1024,
     )

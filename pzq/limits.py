@@ -133,9 +133,16 @@ class Limits:
     # Incoming pipes bounded by bytes (slice i26b-big): libzmq bounds a pipe in messages (RCVHWM), so a
     # producer pipelining 60 messages of 16 MiB parked 960 MiB in its pipe under RCVHWM 1000. Each
     # receiving pipe now holds about this many bytes of its largest messages (see pipe_messages), and at
-    # least pipe_in_floor messages so that a producer's next message is already there when a turn reads
-    pipe_in_bytes: int = 64 << 20
+    # least pipe_in_floor messages so that a producer's next message is already there when a turn reads.
+    # 128 MiB since r10-house (was 64): 127 messages under the default 1 MiB --max-message-size, so that
+    # a legacy producer's window of 100 is in its pipe (63 deep: 40 messages a commit; 127: 53, as
+    # db15207's 1,000 deep; scripts/hotpath_profile.py, noisy shared machine)
+    pipe_in_bytes: int = 128 << 20
     pipe_in_floor: int = 4
+    # Native messages held for turns of their own (pzq/endpoints/native.py, big ones and what their
+    # producers sent after them): past this many bytes in all reading stops, and a producer that holds one
+    # already is answered "busy" past a quarter of it
+    held_in_bytes: int = 64 << 20
     # r10-house (issue 39): libzmq cuts off, without a word, a peer whose frame is past its socket's
     # MAXMSGSIZE. The receiving sockets with a "too large" answer (native, API) read frames up to this size
     # even when --max-message-size is smaller (1 MiB by default, was 16 MiB), so that a message over the

@@ -274,3 +274,13 @@ def test_a_reader_killed_by_sigbus_on_a_full_disk_is_not_called_damage(small_dis
     os.unlink(small_disk / "filler")
     with pytest.raises(StoreDamaged, match="restore it from a backup"):  # (with room, it is damage)
         check._read(bus, str(small_disk / "db"), None, io.StringIO())
+
+
+def test_a_backup_of_a_store_on_a_full_filesystem_is_taken_elsewhere(small_disk, tmp_path):
+    a_store(tmp_path / "db")
+    shutil.copytree(tmp_path / "db", small_disk / "db", ignore=shutil.ignore_patterns("lock.mdb"))
+    fill_the_rest(small_disk / "filler")
+    taken = pzq("backup", "--database", str(small_disk / "db"), str(tmp_path / "b"))
+    assert taken.returncode == 0, taken.stderr
+    checked = pzq("check", str(tmp_path / "b"))
+    assert checked.returncode == 0 and "300 messages" in checked.stdout, checked.stderr

@@ -1,9 +1,9 @@
 """Receiving pipes by bytes, not by the largest message (issue 39 item 2).
 
 libzmq bounds a receiving pipe in messages (RCVHWM): pzq sizes it so that a pipe holds about
-Limits.pipe_in_bytes (64 MiB) of the largest message a producer may store. With the largest message 16 MiB
-(the old default) a producer's pipe was 4 messages deep, and a 100-byte message paid for it (legacy
-producers at half the rate of db15207). The default is 1 MiB now (NATS's and Kafka's): 63 deep. A message
+Limits.pipe_in_bytes (128 MiB; 64 before) of the largest message a producer may store. With the largest
+message 16 MiB (the old default) a producer's pipe was 4 messages deep, and a 100-byte message paid for it
+(legacy producers at half the rate of db15207). The default is 1 MiB now (NATS's and Kafka's): 127 deep. A message
 over the limit, up to the old default, is still read to be answered with its protocol's "too large"
 (libzmq cuts a peer off past its MAXMSGSIZE without a word), and is answered at once, never held.
 """
@@ -89,12 +89,12 @@ def test_sixty_four_producers_of_100_byte_messages_at_once_are_all_stored_and_th
     assert slowest_at_half is not None and slowest_at_half >= WINDOW // 2, "every producer moved meanwhile"
     memory = stats["memory"]
     assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] < 8 * MiB, memory
-    # 64 pipes of up to 63 messages of 100 bytes: well under a MiB; the rest is the loop's own
+    # 64 pipes of up to 100 messages of 100 bytes: well under a MiB; the rest is the loop's own
     assert peak_kib - base_kib < 64 * 1024, f"RssAnon {base_kib} KiB at start, {peak_kib} KiB at most"
 
 
 def test_a_producers_pipe_is_sized_by_the_largest_message_it_may_store(make_server):
-    for size, depth in ((1 * MiB, 63), (16 * MiB, 4), (16 << 10, 1000)):
+    for size, depth in ((1 * MiB, 127), (16 * MiB, 7), (16 << 10, 1000)):
         srv = make_server(max_message_size=size)
         native = next(e for e in srv.server.endpoints if e.name == "native")
         assert native.receive.getsockopt(zmq.RCVHWM) == depth == native.depth, size
@@ -163,3 +163,18 @@ def test_an_emqp_request_over_the_limit_gets_an_error_reply_not_a_cut_connection
     assert client_sock.poll(10_000)
     assert client_sock.recv_multipart()[2] == b"ACK"
     assert srv.stats()["messages"] == 1
+
+
+def test_a_pipelining_producer_of_mid_sized_messages_gets_turns_of_2_mib_not_one_a_message(make_server):
+    # With a deep pipe (127), each message that passed what a turn had left was held for a turn of its own
+    # and the window read behind it held too: 60 x 256 KiB took a turn each, 12 MiB held, and the memory
+    # alarm (8 MiB here) refused the rest. Now such a message waits for the next turn, and what waits
+    # behind a held message is at most a turn's bytes.
+    srv = make_server(memory_high_water=8 * MiB, memory_low_water=6 * MiB)
+    turns = srv.server.turns
+    with client.Producer(srv.receive) as producer:
+        results = producer.produce_many([[os.urandom(256 << 10)]] * 60)
+    assert all(r.ok for r in results), {r.error for r in results}
+    assert srv.server.turns - turns < 40, "about 2 MiB a turn (8 messages), not one message a turn"
+    memory = srv.stats()["memory"]
+    assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] <= 2 * MiB + (256 << 10) + 4096, memory

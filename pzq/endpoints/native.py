@@ -30,7 +30,7 @@ RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's bud
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 # Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
-# producers sent after them) are bounded in bytes: past Limits.pipe_in_bytes in all, reading stops; past
+# producers sent after them) are bounded in bytes: past Limits.held_in_bytes in all, reading stops; past
 # this part of it for one producer (when it holds one already), its messages are answered "busy", so that
 # one producer's pipeline of big messages cannot stop the reading for every other producer
 HELD_PEER_PART = 4
@@ -156,7 +156,7 @@ class NativeEndpoints(Endpoint):
         held (it may always hold one): answered "busy" at once (its body dropped), so that reading goes
         on for the other producers. Its acks then come out of order (clients match them by id)."""
         held = self._held_from.get(frames[0], 0)
-        if not held or held + length <= self.limits.pipe_in_bytes // HELD_PEER_PART:
+        if not held or held + length <= self.limits.held_in_bytes // HELD_PEER_PART:
             return False
         event = wire.parse_produce(frames, 1 << 62)
         if len(frames) > 2 and frames[2] == MARK:  # (a batch: answered as one, nothing of it stored)
@@ -228,7 +228,8 @@ class NativeEndpoints(Endpoint):
     def _refilled(self) -> bool:
         """Wait (a few tens of µs at most, no later than the turn's deadline) for libzmq's I/O thread to
         refill the receive socket's pipes; whether it did. Without it a pipe of ``depth`` messages (4 under
-        a 16 MiB --max-message-size) cut every commit to a dozen messages of a pipelining producer."""
+        a 16 MiB --max-message-size and 64 MiB pipes) cut every commit to a dozen messages of a pipelining
+        producer."""
         self.refill_waits += 1
         sock, fd = self.receive, self._receive_fd
         deadline = min(time.monotonic() + self.limits.refill_wait_s, self.budget.deadline)
@@ -248,13 +249,14 @@ class NativeEndpoints(Endpoint):
         further than the turn's budget; how many were read (some may be refused) and their size."""
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
-        budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.pipe_in_bytes
+        budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.held_in_bytes
         behind_most = whole = self.limits.turn_write_bytes
+        refused_past = self.refused_past
         run: list[list[bytes]] = []
         read = size = 0
         self._dry = False
         for _ in range(most):
-            # (nor more held behind a big message than a turn lets in: a deep pipe, 63 messages of 1 MiB,
+            # (nor more held behind a big message than a turn lets in: a deep pipe, 127 messages of 1 MiB,
             # would otherwise be read into what is held, which the memory bound counts, all at once)
             if size >= share or budget.spent() or self._held_bytes >= held_most or self._behind >= behind_most:
                 break
@@ -280,7 +282,7 @@ class NativeEndpoints(Endpoint):
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
                 budget.take(length)
                 continue
-            if length > self.refused_past and replies is not None and (len(frames) < 3 or frames[2] != MARK):
+            if length > refused_past and replies is not None and (len(frames) < 3 or frames[2] != MARK):
                 # Past --max-message-size (a batch has its own cap, checked when it is let in): the gateway
                 # answers it "too large" and stores nothing, so it is neither held nor drawn on the turn's
                 # bytes, and the producer hears at once (a client upgraded past the old default of 16 MiB)
@@ -302,7 +304,7 @@ class NativeEndpoints(Endpoint):
                 self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
                 self._held_bytes += length
                 self._behind += 0 if big else length
-                if self._held_bytes >= self.limits.pipe_in_bytes or self._behind >= self.limits.turn_write_bytes:
+                if self._held_bytes >= held_most or self._behind >= behind_most:
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)
