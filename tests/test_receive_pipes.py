@@ -178,3 +178,33 @@ def test_a_pipelining_producer_of_mid_sized_messages_gets_turns_of_2_mib_not_one
     assert srv.server.turns - turns < 40, "about 2 MiB a turn (8 messages), not one message a turn"
     memory = srv.stats()["memory"]
     assert memory["alarms_total"] == 0 and memory["counted_peak_bytes"] <= 2 * MiB + (256 << 10) + 4096, memory
+
+
+def test_while_a_big_message_is_written_over_turns_other_producers_are_read_though_its_own_pile_up(tmp_path):
+    # What waits behind a big message of its producer does not stop the reading (only what waits for
+    # the next turn alone does): another producer's message is stored before the big one's last part
+    from test_turn_budget import _producer, _turn_by_turn
+
+    server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20, body_chunk_bytes=256 << 10)
+    big, small = _producer(receive), _producer(receive)
+    try:
+        big.send_multipart([b"big", b"", os.urandom(6 << 20)])  # (six turns of its own at least)
+        for i in range(20):  # (4 MiB behind it: more than a turn's bytes)
+            big.send_multipart([b"after-%d" % i, b"", os.urandom(200 << 10)])
+        server._turn(0)
+        small.send_multipart([b"honest", b"", b"x"])
+        order = []
+        for _ in range(60):
+            server._turn(0)
+            for sock in (small, big):
+                while sock.poll(0):
+                    order.append(wire.parse_produce_ack(sock.recv_multipart()))
+            if len(order) == 22:
+                break
+        ids = [a.message_id for a in order if a is not None and a.ok]
+        assert ids.index(b"honest") < ids.index(b"big"), ids
+        assert [i for i in ids if i.startswith(b"after")] == [b"after-%d" % i for i in range(20)]
+    finally:
+        big.close(0)
+        small.close(0)
+        server.close()

@@ -86,7 +86,8 @@ class NativeEndpoints(Endpoint):
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
         self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
         self._held_bytes = 0
-        self._behind = 0  # (bytes of what is held only because an earlier big message of its producer is)
+        # (bytes held that are not big: waiting for the next turn, or behind their producer's big message)
+        self._behind = 0
         self.busy_refused_total = 0
         self._busy_logged = float("-inf")
         self._due = False  # the next turn is the oldest held big message's own
@@ -150,6 +151,13 @@ class NativeEndpoints(Endpoint):
             self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
             self._behind += 0 if big else length
         self._held_bytes = sum(self._held_from.values())
+
+    def _waits_a_turn(self, most: int) -> bool:
+        """Whether reading stops until the next turn: what waits for it is a turn's bytes, and no big
+        message is held. A deep pipe (127 messages of 1 MiB) would otherwise be read into what is held, which
+        the memory bound counts, all at once; next turn lets it in. (While a big message is written over
+        turns, reading goes on for the other producers, and its own past its part are answered busy.)"""
+        return self._behind >= most and self._behind == self._held_bytes
 
     def _busy(self, frames: list[bytes], length: int) -> bool:
         """Refuse a message that would take what its producer has held past its part of what may be
@@ -256,9 +264,9 @@ class NativeEndpoints(Endpoint):
         read = size = 0
         self._dry = False
         for _ in range(most):
-            # (nor more held behind a big message than a turn lets in: a deep pipe, 127 messages of 1 MiB,
-            # would otherwise be read into what is held, which the memory bound counts, all at once)
-            if size >= share or budget.spent() or self._held_bytes >= held_most or self._behind >= behind_most:
+            if size >= share or budget.spent() or self._held_bytes >= held_most:
+                break
+            if self._behind >= behind_most and self._waits_a_turn(behind_most):  # (the usual case: nothing held)
                 break
             frames: list[bytes] | None
             try:
@@ -304,7 +312,7 @@ class NativeEndpoints(Endpoint):
                 self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
                 self._held_bytes += length
                 self._behind += 0 if big else length
-                if self._held_bytes >= held_most or self._behind >= behind_most:
+                if self._held_bytes >= held_most or self._waits_a_turn(behind_most):
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)
