@@ -284,3 +284,11 @@ def test_a_backup_of_a_store_on_a_full_filesystem_is_taken_elsewhere(small_disk,
     assert taken.returncode == 0, taken.stderr
     checked = pzq("check", str(tmp_path / "b"))
     assert checked.returncode == 0 and "300 messages" in checked.stdout, checked.stderr
+
+
+def test_a_restore_onto_a_full_filesystem_says_so_in_one_line_with_exit_6_and_leaves_nothing(small_disk, tmp_path):
+    a_store(tmp_path / "db", count=3000)
+    fill_the_rest(small_disk / "filler")
+    restored = pzq("restore", str(tmp_path / "db"), "--database", str(small_disk / "new"))
+    assert restored.returncode == ExitCode.DISK_FULL and restored.stderr.count("\n") == 1, restored.stderr
+    assert not os.path.exists(small_disk / "new" / "data.mdb") and os.listdir(small_disk / "new") == []
