@@ -12,14 +12,15 @@ import signal
 import stat
 from typing import IO
 
-from pzq.errors import StoreDamaged, StoreDenied, StoreError, StoreTooNew
+from pzq.errors import DiskFull, StoreDamaged, StoreDenied, StoreError, StoreTooNew
 from pzq.store import DeadLetter, Store, side_tables
 from pzq.store.backup import hold_off_writers
+from pzq.store.disk import disk_full, no_room
 
 # Errors of the reader child kept by name across the pipe, since the class decides the exit status: a
-# store too new or damaged exits 3 and one this user may not read exits 2, as `pzq serve` does. (Any
-# other StoreError is check's "cannot read": exit 1.)
-_ERRORS: dict[str, type[StoreError]] = {e.__name__: e for e in (StoreTooNew, StoreDamaged, StoreDenied)}
+# store too new or damaged exits 3, one this user may not read exits 2, as `pzq serve` does, and a full
+# disk 6. (Any other StoreError is check's "cannot read": exit 1.)
+_ERRORS: dict[str, type[StoreError]] = {e.__name__: e for e in (StoreTooNew, StoreDamaged, StoreDenied, DiskFull)}
 
 
 def check(path: str, out: IO[str]) -> bool:
@@ -75,6 +76,10 @@ def _read(func, path: str, target: str | None, out: IO[str]) -> bool:
             f"{path}: the reader failed (exit {child.exitcode}): the store is damaged in a way "
             "pzq cannot name; restore it from a backup"
         )
+    if child.exitcode == -signal.SIGBUS and _full(path, target):
+        # (LMDB's pages are allocated before it maps them: this would be a mapping of something else;
+        # on a full disk that is no sign of damage, so the store is not called damaged)
+        raise disk_full(target or path, "the reader died of SIGBUS, which a full disk causes")
     if child.exitcode and child.exitcode < 0:
         raise StoreDamaged(
             f"{path}: LMDB could not read part of the store (the reader died of "
@@ -84,13 +89,28 @@ def _read(func, path: str, target: str | None, out: IO[str]) -> bool:
     return ok
 
 
+def _full(*paths: str | None) -> bool:
+    """Whether the filesystem of any of ``paths`` (or its directory) has no block left for this user."""
+    for path in filter(None, paths):
+        try:
+            st = os.statvfs(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)))
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize < 64 << 10:
+            return True
+    return False
+
+
 def _child(func, path: str, target: str | None, conn) -> None:
     try:
         func(path, target, lambda kind, text: conn.send((kind, text)))
     except StoreError as exc:
         conn.send(("error", (type(exc).__name__, str(exc))))
     except OSError as exc:  # (the store's own are StoreErrors by now: this is dump's output file)
-        conn.send(("error", ("StoreError", f"{exc.filename or target}: {exc.strerror or exc}")))
+        if no_room(exc):
+            conn.send(("error", ("DiskFull", str(disk_full(target or path, "the dump could not be written whole")))))
+        else:
+            conn.send(("error", ("StoreError", f"{exc.filename or target}: {exc.strerror or exc}")))
     except Exception as exc:  # noqa: BLE001 - this child is the boundary: whatever a damaged store does, one line
         text = (
             f"{path}: reading the store failed ({type(exc).__name__}: {exc}): it is damaged; restore it from a backup"

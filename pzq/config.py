@@ -131,7 +131,13 @@ class Config:
         SIZE,
         low=0,
     )
-    max_message_size: int = _setting(16 << 20, "Largest accepted message body, summed over its frames.", SIZE, low=1024)
+    max_message_size: int = _setting(
+        1 << 20,
+        "Largest accepted message body, summed over its frames; a bigger one gets its protocol's 'too large'. "
+        "Each ZeroMQ producer's receive pipe holds 128 MiB of such messages: 127 at 1M, 7 at 16M (the old default).",
+        SIZE,
+        low=1024,
+    )
     memory_high_water: int = _setting(
         256 << 20,
         "Bytes pzq may hold for its clients (unread replies, unfinished input); past it producers get "

@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     STORE = 3  # the store is damaged, or newer than this pzq: a restart would not help
     NOT_FOUND = 4  # what the command names does not exist (a queue)
     NOT_PERMITTED = 5  # the server refused this client's key: not let in, or without the right (permissions)
+    DISK_FULL = 6  # the store's filesystem (or quota) has no room for what must be written: nothing is damaged
 
 
 class PzqError(Exception):
@@ -45,6 +46,11 @@ class StoreTooNew(StoreError):
 class StoreDenied(StoreError):
     """The user pzq runs as may not read or write the store, or its data file is not a file: a
     permission or a setting to fix, not damage (exit status 2)."""
+
+
+class DiskFull(StoreError):
+    """The store's filesystem, or the user's quota, has no room for what must be written (ENOSPC,
+    EDQUOT): a sound store on a full disk, not damage. Exit status ``DISK_FULL``: free room, run again."""
 
 
 class StoreLocked(StoreError):

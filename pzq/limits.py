@@ -133,9 +133,23 @@ class Limits:
     # Incoming pipes bounded by bytes (slice i26b-big): libzmq bounds a pipe in messages (RCVHWM), so a
     # producer pipelining 60 messages of 16 MiB parked 960 MiB in its pipe under RCVHWM 1000. Each
     # receiving pipe now holds about this many bytes of its largest messages (see pipe_messages), and at
-    # least pipe_in_floor messages so that a producer's next message is already there when a turn reads
-    pipe_in_bytes: int = 64 << 20
+    # least pipe_in_floor messages so that a producer's next message is already there when a turn reads.
+    # 128 MiB since r10-house (was 64): 127 messages under the default 1 MiB --max-message-size, so that
+    # a legacy producer's window of 100 is in its pipe (63 deep: 40 messages a commit; 127: 53, as
+    # db15207's 1,000 deep; scripts/hotpath_profile.py, noisy shared machine)
+    pipe_in_bytes: int = 128 << 20
     pipe_in_floor: int = 4
+    # Native messages held for turns of their own (pzq/endpoints/native.py, big ones and what their
+    # producers sent after them): past this many bytes in all reading stops, and a producer that holds one
+    # already is answered "busy" past a quarter of it
+    held_in_bytes: int = 64 << 20
+    # r10-house (issue 39): libzmq cuts off, without a word, a peer whose frame is past its socket's
+    # MAXMSGSIZE. The receiving sockets with a "too large" answer (native, API) read frames up to this size
+    # even when --max-message-size is smaller (1 MiB by default, was 16 MiB), so that a message over the
+    # limit, up to the old default, is read and answered: a client upgraded past is told, never cut off.
+    # Their RCVHWM is sized by --max-message-size (pipe_messages), not by this: refused messages a client
+    # pipelines are read and answered at once, never held (docs/limits.md, "Memory bound")
+    frame_answered: int = 16 << 20
     # The length of a whole turn (slice i26c-turn; TurnBudget in pzq/endpoints/base.py): records one turn
     # may touch, all its work together (a request served counts one; a delivery, an ack, a return or an
     # expiry each counts one), so that the commit and the flush that follow it (neither of which the
@@ -249,6 +263,11 @@ class Limits:
     stuck_reader_s: float = 5.0
     stuck_check_s: float = 1.0
     stuck_checks_per_turn: int = 64
+
+    def frame_bytes(self, max_message_size: int) -> int:
+        """The largest frame a receiving socket with a "too large" answer reads (its MAXMSGSIZE less the
+        envelope): ``max_message_size``, or ``frame_answered`` if bigger."""
+        return max(max_message_size, self.frame_answered)
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

@@ -3,6 +3,7 @@
 messages in flight for every system; ratios to Redis and server CPU µs per message.
 
     .venv/bin/python scripts/compare_peers.py [--install] [--runs 3] [--in-flight 100] [--before db15207]
+        [--server-arg=--max-message-size --server-arg=16M]   (this pzq's server only: what a setting costs)
 
 Each round runs every system once, in turn (load that comes and goes falls on all alike); the table shows
 medians over the rounds. N (--in-flight) messages in flight for every producer and consumer:
@@ -600,6 +601,9 @@ def main() -> None:
     parser.add_argument("--paced-seconds", type=float, default=5)
     parser.add_argument("--before", help="a git revision of this repository: its pzq's legacy figures too")
     parser.add_argument("--pzq-tree", help="a folder holding another pzq package: its legacy figures too")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra `pzq serve` argument for this pzq (repeatable)"
+    )
     parser.add_argument("--install", action="store_true", help="apt/pip-install what is missing")
     parser.add_argument("--json", default="compare-peers.json")
     args = parser.parse_args()
@@ -635,7 +639,9 @@ def main() -> None:
             # Every system once per round, in turn: load that comes and goes on a shared machine falls
             # on all of them alike.
             print(f"round {i + 1} of {args.runs}: pzq (batched and legacy) ...", file=sys.stderr)
-            run, _ = bench.one_run(dataclasses.replace(options, client="both"), progress)
+            run, _ = bench.one_run(
+                dataclasses.replace(options, client="both", server_args=tuple(args.server_arg)), progress
+            )
             for column, figures in columns(run).items():
                 runs.setdefault(column, []).append(figures)
             if tree:

@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
-    parser.add_argument("--max-message-size", type=int, default=16 << 20, help="the server's (it sizes RCVHWM)")
+    parser.add_argument("--max-message-size", type=int, default=1 << 20, help="the server's (it sizes RCVHWM)")
     parser.add_argument("--no-sockets", action="store_true", help="the gateway, broker and store alone")
     parser.add_argument("--batch", type=int, default=0, help="--no-sockets: produce PZQ-BATCH/1 batches of N")
     args = parser.parse_args()

@@ -34,6 +34,7 @@ import torture_emqp as emqp_cases  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
 import torture_mqks as mqks  # noqa: E402
+import torture_pipes as pipes  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
 P99_MS, LONGEST_MS, RSS_MIB = 50.0, 100.0, 512.0
@@ -44,7 +45,19 @@ def _none(short: bool) -> tuple[str, ...]:
 
 
 def _partial_args(short: bool) -> tuple[str, ...]:
-    return ("--max-partial-input", cases.partial_limit(short)[0])
+    return ("--max-partial-input", cases.partial_limit(short)[0], *_big_args(short))
+
+
+def _big_args(short: bool) -> tuple[str, ...]:
+    return ("--max-message-size", "16M")  # (messages of MiBs: the default before 1M)
+
+
+def _publish_args(short: bool) -> tuple[str, ...]:
+    return (*emqp_cases.publish_args(short), *_big_args(short))  # (PUBLISHes of 1 MiB and their framing)
+
+
+def _console_args(short: bool) -> tuple[str, ...]:
+    return ("--http-dsn", "{http}", *_big_args(short))  # (its queue's messages are 4 MiB)
 
 
 def _queues_args(short: bool) -> tuple[str, ...]:
@@ -73,7 +86,7 @@ CASES = {
     "api-info-nils": (cases.api_info_nils, 15, 2, _none, frozenset()),
     "mqks-rebind": (cases.mqks_rebind, 20, 3, _none, frozenset()),
     "mqks-rebind-2conn": (cases.mqks_rebind_two, 20, 4, _none, frozenset()),
-    "big-messages": (cases.big_messages, 60, 4, _none, frozenset()),
+    "big-messages": (cases.big_messages, 60, 4, _big_args, frozenset()),
     "partial-input": (cases.partial_input, 5, 5, _partial_args, frozenset()),
     "mqks-queues": (cases.mqks_queues, 11, 2, _queues_args, frozenset()),
     "max-connections": (cases.max_connections, 1_150, 115, _connections_args, frozenset()),
@@ -87,22 +100,24 @@ CASES = {
     "big-lease": (kept.big_lease, 200_000, 20_000, _none, frozenset()),
     "stream-read": (kept.stream_read, 1_000_000, 20_000, _none, frozenset()),
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
-    "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
+    "console-flood": (kept.console_flood, 20, 1, _console_args, frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
     **torture_monitor.CASES,
-    "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, emqp_cases.publish_args, frozenset()),
-    "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _none, frozenset()),
-    "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _none, frozenset()),
-    "phpmq-big": (doors.phpmq_big, 3, 1, _none, frozenset()),
-    "emqp-big": (doors.emqp_big, 3, 1, _none, frozenset()),
-    "api-big": (doors.api_big, 3, 1, _none, frozenset()),
+    "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, _publish_args, frozenset()),
+    "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _big_args, frozenset()),
+    "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _big_args, frozenset()),
+    "phpmq-big": (doors.phpmq_big, 3, 1, _big_args, frozenset()),
+    "emqp-big": (doors.emqp_big, 3, 1, _big_args, frozenset()),
+    "api-big": (doors.api_big, 3, 1, _big_args, frozenset()),
     "api-produce-big": (doors.api_produce_big, 2_000, 400, _none, frozenset()),
     "mqks-updates": (mqks.updates, 1_000, 20, _none, frozenset()),
-    "mqks-fanout": (mqks.fanout, 100, 5, _none, frozenset()),
+    "mqks-fanout": (mqks.fanout, 100, 5, _big_args, frozenset()),
     "mqks-delete-queue": (mqks.delete_queue, 200_000, 2_000, _none, frozenset()),
     "mqks-costly-lines": (mqks.costly_lines, 30, 3, _none, frozenset()),
-    "mqks-big-publish": (mqks.big_publish, 1, 1, _none, frozenset()),
+    "mqks-big-publish": (mqks.big_publish, 1, 1, _big_args, frozenset()),
     "mqks-bindings-gc": (mqks.bindings_gc, 880_000, 20_000, _gc_args, frozenset()),
+    "pipes-64-producers": (pipes.many_producers, 64, 16, _none, frozenset()),
+    "pipes-oversized": (pipes.oversized_pipeline, 60, 4, _none, frozenset()),
 }
 
 

@@ -63,7 +63,13 @@ def test_what_a_client_asks_after_a_big_produce_is_answered_after_it(make_server
 
 
 def test_a_big_produce_the_store_has_no_room_for_is_refused_and_leaves_nothing(make_server, tmp_path):
-    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", limits=SMALL_PARTS, max_store_size=1 << 20, hard_sync=False)
+    srv = make_server(
+        api_dsn=f"ipc://{tmp_path}/api",
+        limits=SMALL_PARTS,
+        max_store_size=1 << 20,
+        hard_sync=False,
+        max_message_size=4 << 20,  # (a message past the store's room, not past the size limit)
+    )
     with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
         with pytest.raises(ApiError, match="queue-full"):
             api.produce([("q", os.urandom(2 << 20))], key="big")

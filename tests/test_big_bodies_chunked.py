@@ -122,6 +122,7 @@ def _server(tmp_path, name: str, **limits) -> Server:
         send_dsn=f"inproc://chunked-send-{name}",
         monitor_dsn=f"inproc://chunked-monitor-{name}",
         limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+        max_message_size=16 << 20,  # (big bodies: the default before 1 MiB)
     )
     server = Server(cfg, context=zmq.Context.instance())
     server.start()
@@ -262,9 +263,9 @@ def test_a_server_killed_while_big_messages_are_written_keeps_every_acked_one_an
 
 
 def test_a_producers_pipeline_of_big_messages_is_answered_busy_past_its_part_and_others_are_read_meanwhile(tmp_path):
-    # One producer holds at most a quarter of what may be held (pipe_in_bytes) and always one message:
+    # One producer holds at most a quarter of what may be held (held_in_bytes) and always one message:
     # past it, its messages are answered "busy" at once instead of stopping the reading for everyone.
-    server = _server(tmp_path, "busy", turn_write_bytes=2 * MIB, body_chunk_bytes=MIB, pipe_in_bytes=16 * MIB)
+    server = _server(tmp_path, "busy", turn_write_bytes=2 * MIB, body_chunk_bytes=MIB, held_in_bytes=16 * MIB)
     big, small = _producer(server.config.receive_dsn), _producer(server.config.receive_dsn)
     try:
         for i in range(3):

@@ -76,7 +76,7 @@ def test_a_producer_is_acked_while_a_pipelined_flood_of_lines_still_waits_to_be_
 
 
 def test_one_rebind_of_a_queue_at_the_event_limit_costs_a_few_milliseconds_or_is_refused(make_server):
-    srv = make_server(mqks_dsn=free_tcp_endpoint()[0])
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], max_message_size=16 << 20)  # (lines of 2.5 MB below)
     port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
     events = " ".join(f"e{i}.s{i % 97}.t{i % 13}" for i in range(10_000))
     with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:

@@ -170,7 +170,7 @@ def test_the_client_sends_batches_in_order_and_splits_them_at_the_servers_caps(m
 
 def test_the_client_sends_a_batch_answered_busy_again_and_every_message_is_stored(make_server):
     # Batches near max_bytes, 12 in flight: one bigger than what is left of a turn is held, the next ones
-    # wait behind it and past its producer's share (a quarter of pipe_in_bytes) are answered busy
+    # wait behind it and past its producer's share (a quarter of held_in_bytes) are answered busy
     server = make_server()
     with client.Producer(server.receive) as producer:
         bodies = [[b"%06d" % i + b"x" * 10_000] for i in range(190 * 40)]
@@ -286,7 +286,7 @@ def test_a_batch_behind_its_producers_big_message_past_its_share_hears_busy_as_a
     from test_turn_budget import _producer, _turn_by_turn
 
     server, receive = _turn_by_turn(
-        tmp_path, turn_write_bytes=600_000, body_chunk_bytes=64 << 10, pipe_in_bytes=2_000_000
+        tmp_path, turn_write_bytes=600_000, body_chunk_bytes=64 << 10, held_in_bytes=2_000_000
     )
     producer = _producer(receive)
     try:

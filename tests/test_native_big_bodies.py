@@ -26,6 +26,7 @@ def _server(tmp_path, name: str) -> tuple[Server, str, str]:
         send_dsn=f"inproc://big-send-{name}",
         monitor_dsn=f"inproc://big-monitor-{name}",
         limits=dataclasses.replace(DEFAULT_LIMITS, turn_write_bytes=MIB),
+        max_message_size=16 << 20,  # (big bodies: the default before 1 MiB)
     )
     server = Server(cfg, context=zmq.Context.instance())
     server.start()

@@ -1,5 +1,6 @@
-"""The receive pipe's refill (r7-legacy-rx, issue 27's leaner legacy path): under the default 16 MiB
---max-message-size a producer's pipe holds 4 messages (Limits.pipe_messages: the memory bound), so a turn
+"""The receive pipe's refill (r7-legacy-rx, issue 27's leaner legacy path): under a 16 MiB
+--max-message-size (the default before 1 MiB) and pipes of 64 MiB (before r10-house) a producer's pipe
+holds 4 messages (Limits.pipe_messages: the memory bound), so a turn
 that stopped at the first empty pipe committed a dozen messages of a window of 100. A turn that ran a full
 pipe dry now waits (a few tens of µs at most) for libzmq's I/O thread to refill it, while each wait brings
 more: a commit carries the window, and the pipe's bound in bytes is unchanged. These tests count commits
@@ -22,8 +23,10 @@ from conftest import make_config
 
 def _server(tmp_path, **limits) -> tuple[Server, NativeEndpoints]:
     """A started server on ipc endpoints (libzmq's I/O thread fills its pipes, as over TCP) whose turns
-    the test runs itself."""
-    cfg = make_config(tmp_path, limits=dataclasses.replace(DEFAULT_LIMITS, **limits))
+    the test runs itself; its --max-message-size is 16 MiB and its pipes 64 MiB (the bound before
+    r10-house), so its receive pipe is 4 messages deep."""
+    limits.setdefault("pipe_in_bytes", 64 << 20)
+    cfg = make_config(tmp_path, limits=dataclasses.replace(DEFAULT_LIMITS, **limits), max_message_size=16 << 20)
     server = Server(cfg, context=zmq.Context.instance())
     server.start()
     native = next(e for e in server.endpoints if isinstance(e, NativeEndpoints))
@@ -71,7 +74,7 @@ def test_a_pipelining_producers_window_is_committed_in_one_turn_though_its_pipe_
     server, native = _server(tmp_path, refill_wait_s=0.2, turn_budget_s=1.0)
     producer = _producer(server.config.receive_dsn)
     try:
-        assert native.depth == 4, "the default --max-message-size keeps the pipe four messages deep"
+        assert native.depth == 4, "a 16 MiB --max-message-size keeps the pipe four messages deep"
         sent = [b"%d" % i for i in range(60)]
         for message_id in sent:
             producer.send_multipart(wire.produce(message_id, [b"body"]))
@@ -149,7 +152,7 @@ def test_a_producer_whose_window_is_the_pipes_depth_costs_a_turn_one_short_wait_
 
 def test_a_hostile_producer_pipelining_the_largest_messages_still_parks_at_most_the_pipe_budget(tmp_path):
     # The refill reads again sooner; it does not deepen the pipe: libzmq still holds at most RCVHWM of a
-    # producer's messages of up to --max-message-size, Limits.pipe_in_bytes (64 MiB) of 16 MiB ones, and
+    # producer's messages of up to --max-message-size, Limits.pipe_in_bytes (64 MiB here) of 16 MiB ones, and
     # the server holds no more than before (past its part, a big message is answered busy, unstored).
     server, native = _server(tmp_path, refill_wait_s=0.2)
     producer = _producer(server.config.receive_dsn)
@@ -165,7 +168,7 @@ def test_a_hostile_producer_pipelining_the_largest_messages_still_parks_at_most_
             if len(answers) < 8:
                 server._turn(10)  # (some turns only commit what an earlier one held)
             held = native.memory()["native_held"]
-            assert held <= limits.pipe_in_bytes // 4 + len(body) + 4096, "held no more than its part"
+            assert held <= limits.held_in_bytes // 4 + len(body) + 4096, "held no more than its part"
             while producer.poll(50):
                 answer = wire.parse_produce_ack(producer.recv_multipart())
                 assert answer is not None
@@ -206,8 +209,8 @@ def test_a_turn_holding_a_producers_big_messages_waits_no_more_to_read_further_i
             if len(acked) == len(sent):
                 break
         assert acked == sent, "every message stored once, in order"
-        # (what is held is bounded as before: a quarter of pipe_in_bytes for one producer, and one message)
-        assert most_held <= server.config.limits.pipe_in_bytes // 4 + len(body) + 4096, f"held {most_held} bytes"
+        # (what is held is bounded as before: a quarter of held_in_bytes for one producer, and one message)
+        assert most_held <= server.config.limits.held_in_bytes // 4 + len(body) + 4096, f"held {most_held} bytes"
     finally:
         producer.close(0)
         server.close()

@@ -115,6 +115,7 @@ def _turn_by_turn(tmp_path, **limits) -> tuple[Server, str]:
         send_dsn=f"inproc://budget-send-{n}",
         monitor_dsn=f"inproc://budget-monitor-{n}",
         limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
+        max_message_size=16 << 20,  # (big bodies: the default before 1 MiB)
     )
     server = Server(cfg, context=zmq.Context.instance())
     server.start()

@@ -99,7 +99,7 @@ def check_store(database) -> None:
     """Read every record of the store at DATABASE (read-only; a running server goes on) and say what is
     readable; DATABASE may be a backup (`pzq backup`): this is how one is verified. Exit 0 if all of it
     is, 1 if some records are not, 3 if the store cannot be read as one (as `pzq serve` exits on it), 2
-    if this user may not read it."""
+    if this user may not read it, 6 if its filesystem is too full to read it (a full disk is not damage)."""
     from pzq import check
 
     if not check.check(database, sys.stdout):
@@ -113,7 +113,8 @@ def check_store(database) -> None:
 @errors_to_exit
 def dump_store(database, output) -> None:
     """Copy every readable message, dead letter and set-aside record of DATABASE into OUTPUT, one JSON
-    object per line (bytes as {"b64": ...}). Read-only; a running server goes on."""
+    object per line (bytes as {"b64": ...}). Read-only; a running server goes on. Exit 6 if OUTPUT's
+    filesystem fills (what is written so far is kept)."""
     from pzq import check
 
     complete = check.dump(database, output, sys.stderr)

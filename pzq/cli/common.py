@@ -14,6 +14,7 @@ import click
 from pzq import config
 from pzq.errors import (
     ConfigError,
+    DiskFull,
     ExitCode,
     NotPermitted,
     PzqError,
@@ -41,6 +42,8 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.CONFIG)
         except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)
+        except DiskFull as exc:  # (a sound store on a full disk: not damage, its own status)
+            fail(str(exc), ExitCode.DISK_FULL)
         except NotPermitted as exc:  # (the key refused, or without the right: one line, its own status)
             fail(str(exc), ExitCode.NOT_PERMITTED)
         except PzqError as exc:

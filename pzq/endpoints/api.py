@@ -58,7 +58,7 @@ class ApiEndpoint(Endpoint):
             zmq.ROUTER,
             config.api_dsn,
             "--api-dsn",
-            MAXMSGSIZE=config.max_message_size + (8 << 20),
+            MAXMSGSIZE=config.limits.frame_bytes(config.max_message_size) + (8 << 20),  # (read to be refused)
             SNDHWM=config.limits.api_replies_unread,  # replies may be MiBs: few wait in a client's pipe
             # (a lock-step client sends one at a time; a PRODUCE may be MiBs: Limits.pipe_in_bytes of them)
             RCVHWM=config.limits.pipe_messages(config.max_message_size + (8 << 20), REQUESTS_UNREAD),

@@ -41,7 +41,9 @@ class EmqpEndpoint(Endpoint):
         # Both ROUTERs: libzmq's defaults, set so that the bound is written down (docs/limits.md): a
         # client's pipelined REQUESTs wait in its pipe until a turn reads them; answers and jobs are what
         # the gateway sends, waiting in a backlog past the pipe.
-        hwm = {"SNDHWM": 1000, "RCVHWM": config.limits.pipe_messages(limit, 1000), "MAXMSGSIZE": limit}
+        # (frames past --max-message-size, up to the old default, are read to be answered "too large")
+        cap = config.limits.frame_bytes(config.max_message_size) + 4096
+        hwm = {"SNDHWM": 1000, "RCVHWM": config.limits.pipe_messages(limit, 1000), "MAXMSGSIZE": cap}
         self.front = binder.bind(zmq.ROUTER, config.emqp_frontend_dsn, "--emqp-frontend-dsn", **hwm)
         self.back = binder.bind(zmq.ROUTER, config.emqp_backend_dsn, "--emqp-backend-dsn", **hwm)
         broker = gateway.broker

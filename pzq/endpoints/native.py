@@ -30,7 +30,7 @@ RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's bud
 ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 # Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
-# producers sent after them) are bounded in bytes: past Limits.pipe_in_bytes in all, reading stops; past
+# producers sent after them) are bounded in bytes: past Limits.held_in_bytes in all, reading stops; past
 # this part of it for one producer (when it holds one already), its messages are answered "busy", so that
 # one producer's pipeline of big messages cannot stop the reading for every other producer
 HELD_PEER_PART = 4
@@ -47,20 +47,23 @@ class NativeEndpoints(Endpoint):
     def __init__(self, config: Config, gateway: NativeGateway, binder: Sockets):
         self.limits = config.limits  # (read_batch, turn_bytes: each socket's share of a turn)
         self.gateway = gateway
-        # Bigger messages are refused by libzmq before they are buffered (the peer is disconnected).
+        # Frames past --max-message-size, up to Limits.frame_answered, are read to be answered "too large"
+        # (bigger ones libzmq refuses before they are buffered: the peer is cut off, as it always was).
+        largest = max(config.max_message_size, config.limits.batch_max_bytes)  # (a batch's bodies frame)
         self.receive = binder.bind(
             zmq.ROUTER,
             config.receive_dsn,
             "--receive-dsn",
-            # (a batch's bodies frame may be bigger than one message: Limits.batch_max_bytes)
-            MAXMSGSIZE=max(config.max_message_size, config.limits.batch_max_bytes) + 4096,
+            MAXMSGSIZE=config.limits.frame_bytes(largest) + 4096,
             SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
             # A producer's window of messages waits here until a turn reads it (every turn does, within
-            # its budget): about Limits.pipe_in_bytes of its biggest messages (docs/limits.md, "Memory
-            # bound"); the rest of its window waits in its own process
+            # its budget): about Limits.pipe_in_bytes of the biggest messages it may store (docs/limits.md,
+            # "Memory bound"); the rest of its window waits in its own process
             RCVHWM=(depth := config.limits.pipe_messages(config.max_message_size + 4096, 1000)),
             LINGER=2000,
         )  # let the last acks out on shutdown
+        # (a message, not a batch, this big is refused whatever its envelope: see _run)
+        self.refused_past = config.max_message_size + 4096
         self.depth = depth  # (a producer that filled its pipe has more coming: see _refilled)
         self._receive_fd = int(self.receive.getsockopt(zmq.FD))
         self.refill_waits = self.refills = 0  # (counts: how often a turn waited for a pipe's refill, and got it)
@@ -83,6 +86,8 @@ class NativeEndpoints(Endpoint):
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
         self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
         self._held_bytes = 0
+        # (bytes held that are not big: waiting for the next turn, or behind their producer's big message)
+        self._behind = 0
         self.busy_refused_total = 0
         self._busy_logged = float("-inf")
         self._due = False  # the next turn is the oldest held big message's own
@@ -102,7 +107,8 @@ class NativeEndpoints(Endpoint):
         self._read(ready, now, now_us)
         # Turns with a held big message and turns that read alternate, so that a small message read after
         # the big one (another producer's) is committed first, and one sent during its commit is read next
-        if self._held:
+        # (what waits at the head only for the next turn is let in by _release_held then)
+        if self._held and self._held[0][1]:
             if self.budget.let_in:
                 self._due = True
                 self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
@@ -139,17 +145,26 @@ class NativeEndpoints(Endpoint):
         self._uploading = False
 
     def _count_held(self) -> None:
-        self._held_from = {}
-        for frames, _ in self._held:
-            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + sum(map(len, frames))
+        self._held_from, self._behind = {}, 0
+        for frames, big in self._held:
+            length = sum(map(len, frames))
+            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
+            self._behind += 0 if big else length
         self._held_bytes = sum(self._held_from.values())
+
+    def _waits_a_turn(self, most: int) -> bool:
+        """Whether reading stops until the next turn: what waits for it is a turn's bytes, and no big
+        message is held. A deep pipe (127 messages of 1 MiB) would otherwise be read into what is held, which
+        the memory bound counts, all at once; next turn lets it in. (While a big message is written over
+        turns, reading goes on for the other producers, and its own past its part are answered busy.)"""
+        return self._behind >= most and self._behind == self._held_bytes
 
     def _busy(self, frames: list[bytes], length: int) -> bool:
         """Refuse a message that would take what its producer has held past its part of what may be
         held (it may always hold one): answered "busy" at once (its body dropped), so that reading goes
         on for the other producers. Its acks then come out of order (clients match them by id)."""
         held = self._held_from.get(frames[0], 0)
-        if not held or held + length <= self.limits.pipe_in_bytes // HELD_PEER_PART:
+        if not held or held + length <= self.limits.held_in_bytes // HELD_PEER_PART:
             return False
         event = wire.parse_produce(frames, 1 << 62)
         if len(frames) > 2 and frames[2] == MARK:  # (a batch: answered as one, nothing of it stored)
@@ -221,7 +236,8 @@ class NativeEndpoints(Endpoint):
     def _refilled(self) -> bool:
         """Wait (a few tens of µs at most, no later than the turn's deadline) for libzmq's I/O thread to
         refill the receive socket's pipes; whether it did. Without it a pipe of ``depth`` messages (4 under
-        a 16 MiB --max-message-size) cut every commit to a dozen messages of a pipelining producer."""
+        a 16 MiB --max-message-size and 64 MiB pipes) cut every commit to a dozen messages of a pipelining
+        producer."""
         self.refill_waits += 1
         sock, fd = self.receive, self._receive_fd
         deadline = min(time.monotonic() + self.limits.refill_wait_s, self.budget.deadline)
@@ -241,12 +257,16 @@ class NativeEndpoints(Endpoint):
         further than the turn's budget; how many were read (some may be refused) and their size."""
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
-        budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.pipe_in_bytes
+        budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.held_in_bytes
+        behind_most = whole = self.limits.turn_write_bytes
+        refused_past = self.refused_past
         run: list[list[bytes]] = []
         read = size = 0
         self._dry = False
         for _ in range(most):
             if size >= share or budget.spent() or self._held_bytes >= held_most:
+                break
+            if self._behind >= behind_most and self._waits_a_turn(behind_most):  # (the usual case: nothing held)
                 break
             frames: list[bytes] | None
             try:
@@ -270,18 +290,29 @@ class NativeEndpoints(Endpoint):
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
                 budget.take(length)
                 continue
+            if length > refused_past and replies is not None and (len(frames) < 3 or frames[2] != MARK):
+                # Past --max-message-size (a batch has its own cap, checked when it is let in): the gateway
+                # answers it "too large" and stores nothing, so it is neither held nor drawn on the turn's
+                # bytes, and the producer hears at once (a client upgraded past the old default of 16 MiB)
+                budget.take(0)
+                run.append(frames)
+                continue
             if replies is not None and (length > budget.bytes_left or frames[0] in self._held_from):
-                # More than the turn may still let in: this message is committed in a turn of its own, so
-                # that what this turn takes in (another producer's small message) does not wait for its
-                # write; its producer's next messages wait behind it, in order.
-                big = length > budget.bytes_left
+                # More than the turn may still let in. Past a whole turn's bytes, this message is big: it is
+                # committed in turns of its own, so that what this turn takes in (another producer's small
+                # message) does not wait for its write. A smaller one waits for the next turn. Either way
+                # its producer's next messages wait behind it, in order. (A small one held for a turn of
+                # its own cost a producer of 256 KiB messages a turn each, and what its window brought
+                # meanwhile, read from a deep pipe, was held and counted by the memory bound.)
+                big = length > whole
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
                 if self._busy(frames, length):
                     continue
                 self._held.append((frames, big))
                 self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
                 self._held_bytes += length
-                if self._held_bytes >= self.limits.pipe_in_bytes:
+                self._behind += 0 if big else length
+                if self._held_bytes >= held_most or self._waits_a_turn(behind_most):
                     break
                 continue
             # (a batch draws its messages on the turn's records, as the same messages one by one would)

@@ -61,11 +61,14 @@ class EmqpGateway:
         wall_clock: Callable[[], float] = time.time,
         limits: Limits = DEFAULT_LIMITS,
         permissions: Permissions | None = None,
+        max_message_size: int | None = None,
     ):
         """``jobs`` and ``schedules`` are the store's tables of jobs handed out (for a REPLY after a
         restart) and of recurring jobs; ``permissions`` (None: everything allowed) are checked per
-        command (gateways/emqp_rights.py)."""
+        command (gateways/emqp_rights.py); a client's command with a frame past ``max_message_size``
+        (None: no limit but the socket's) is refused."""
         self.broker = broker
+        self.max_message_size = max_message_size
         self.permissions = permissions
         self.new_id = new_id  # eventmq's msgids are uuid4 strings; tests pass their own
         self.wall_clock = wall_clock  # the time a HEARTBEAT carries (eventmq sends time.time())
@@ -137,6 +140,15 @@ class EmqpGateway:
                 detail = f"{what} refused: {exc.detail}"
                 return [Send(FRONT, [frames[0], *emqp.error_reply(self.new_id(), detail, msgid)])]
             return []
+        if (most := self.max_message_size) is not None and len(frames) > 5 and max(map(len, frames[5:])) > most:
+            # Read (the socket takes frames up to the old default of 16 MiB) to be answered, not cut off
+            size = max(map(len, frames[5:]))
+            over = ProtocolError("too-large", f"a frame of {size} bytes is over --max-message-size ({most})")
+            self._bad(cmd.peer, over)
+            if cmd.name in ("REQUEST", "SCHEDULE", "UNSCHEDULE"):
+                detail = f"{cmd.name.lower()} refused: {over.detail}"
+                return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), detail, cmd.msgid)])]
+            return []  # (a PUBLISH: fire and forget, nobody reads an answer; counted and logged)
         if self.permissions is not None and (why := client_refusal(self.permissions, cmd, user, self.schedules)):
             if cmd.name == "PUBLISH":  # (fire and forget: nobody reads an answer; counted and logged)
                 return []

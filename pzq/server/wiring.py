@@ -85,6 +85,7 @@ def gateway_endpoints(
             cron_timezone=cfg.emqp_cron_timezone,
             default_queues=[q.strip() for q in cfg.emqp_default_queues.split(",") if q.strip()],
             permissions=permissions,
+            max_message_size=cfg.max_message_size,
         )
         emqp.restore_jobs(time.monotonic())
         _conforms: FramesGateway = emqp  # (mypy checks each gateway against the contract)

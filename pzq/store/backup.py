@@ -26,7 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from pzq.errors import StoreError, StoreLocked
+from pzq.errors import DiskFull, StoreError, StoreLocked
+from pzq.store.disk import no_room
 from pzq.store.environment import Environment
 from pzq.store.layout import QUEUE_TABLES, SIDE_TABLES
 from pzq.store.locks import lock_exclusively
@@ -63,7 +64,8 @@ def _plain_errors(func):
         except OSError as exc:
             if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (file := _file_on_the_way(exc.filename)):
                 raise StoreError(f"{file} is not a directory") from None
-            raise StoreError(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
+            error = DiskFull if no_room(exc) else StoreError  # (a full disk has its own exit status)
+            raise error(f"{exc.filename or args[0]}: {exc.strerror or exc}") from None
 
     return wrapper
 
@@ -116,7 +118,7 @@ def backup(
             spare = max(spare, server_keeps)
         if st.f_bavail * st.f_frsize < expected + spare:
             why = " (the server's min_disk_free + disk_reserve: its own filesystem)" if spare > HEADROOM else ""
-            raise StoreError(
+            raise DiskFull(
                 f"{parent} has {st.f_bavail * st.f_frsize >> 20} MiB free; the copy needs about {expected >> 20} MiB "
                 f"plus {spare >> 20} MiB to spare{why}: free room there or back up elsewhere"
             )
@@ -194,8 +196,8 @@ def _copy(env: Environment, target: str, expected: int, progress: Progress | Non
             os.close(fd)
     except OSError as exc:
         where = os.path.dirname(os.path.dirname(target))  # (the backup's directory, not its temporary one)
-        if exc.errno == errno.ENOSPC:
-            raise StoreError(f"{where}: the disk filled during the copy; no backup was kept") from None
+        if no_room(exc):
+            raise DiskFull(f"{where}: the disk filled during the copy; no backup was kept") from None
         raise StoreError(f"{where}: writing the copy failed: {exc.strerror or exc}; no backup was kept") from None
     finally:
         os.close(read_end)  # (if the copy is still writing, it now fails: it ends either way)

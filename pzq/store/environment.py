@@ -9,8 +9,8 @@ writes, or a read-only snapshot outside a turn.
 
 Also here, because they are about the file and not about queues: taking the exclusive lock that keeps a
 second server off the store (``locks.py``), the start-up checks of a damaged or truncated file, the disk
-watch (free space, and a reserve file given back when a commit fails for room) and the reader slots of
-dead processes cleared.
+watch (free space, and a reserve file given back when a commit fails for room: ``disk.py``, with the
+lock file's blocks allocated before LMDB maps it) and the reader slots of dead processes cleared.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 import lmdb
 
-from pzq.errors import StoreDamaged, StoreDenied, StoreError
+from pzq.errors import DiskFull, StoreDamaged, StoreDenied, StoreError, StoreLocked
 from pzq.store import readers
+from pzq.store.disk import LOCK_FILE, LOCK_FILE_BYTES, Reserve, allocate_lock_file, disk_full, no_room
 from pzq.store.locks import lock_exclusively
 from pzq.store.pages import verify_pages
 
 log = logging.getLogger("pzq.store")
 
-RESERVE_RETRY_S = 60  # after the reserve was given back, or could not be made
 STALE_READERS_S = 10  # how often the server clears the reader slots of processes that died
 _MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 
@@ -69,9 +69,7 @@ class Environment:
         self.low_disk = False  # free space is under min_disk_free: producers are refused
         self.syncs = 0
         self.on_abort: list[Callable[[], None]] = []  # told when the open transaction was rolled back
-        self._reserve_retry_at = 0.0  # monotonic time before which the reserve is not made again
-        self._reserve_path = os.path.join(path, "reserve")
-        self._reserved = False  # the reserve file is known to be whole
+        self.reserve = Reserve(path, disk_reserve, readonly)
         self._readers_checked_at = 0.0  # monotonic time of the last reader_check
         self._readers_seen: dict[tuple[str, str], float | None] = {}  # (pid, txnid): first seen (readers.py)
         # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
@@ -95,7 +93,6 @@ class Environment:
                 "or move the directory aside to start with an empty store"
             )
         self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
-        self._lock_fd: int | None = None
         self.verified = ""  # what the page walk found, when it ran
         try:
             if readonly:
@@ -104,6 +101,15 @@ class Environment:
                 _private_directory(path)
         except OSError as exc:
             raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
+        self._lock_fd: int | None = None
+        locked = allocate_lock_file(path)  # (else LMDB's first write into it on a full disk: SIGBUS)
+        if not locked:
+            if not readonly:
+                raise disk_full(path, f"no room for the {LOCK_FILE} of its readers (8 KiB)")
+            # A reader without the lock file has no reader slot: a server would reuse the pages it
+            # reads, so it reads only while no server can start on the store (a shared flock)
+            self._lock_fd = _hold_off_servers(path, data_file)
+        made = not os.path.lexists(data_file)
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
             # as data is written, and no single turn, however large, can run out of map mid-way.
@@ -114,18 +120,24 @@ class Environment:
                 max_dbs=16,
                 sync=sync,
                 readonly=readonly,
-                lock=True,
+                lock=locked,
                 meminit=False,
                 mode=0o600,
             )
         except lmdb.Error as exc:
+            self._unlock()
+            if made and not readonly:  # (an empty data file left would read as a truncated store next time)
+                _remove_new(path)
             raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
+        if locked and os.path.getsize(os.path.join(path, LOCK_FILE)) > LOCK_FILE_BYTES and not allocate_lock_file(path):
+            self.close()  # (an LMDB that sizes its lock file bigger: its slots past ours need blocks too)
+            raise disk_full(path, f"no room for the {LOCK_FILE} of its readers")
         needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         # The size is read again after the meta page: a live writer (pzq check beside a running server)
         # only ever grows the file, and writes pages before the meta page that names them.
         stored = os.path.getsize(data_file) if stored else 0
         if stored and stored < needed:  # reading a page past the end would kill the process (SIGBUS)
-            self._env.close()
+            self.close()
             raise StoreDamaged(
                 f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
                 "from a backup, or move the directory aside to start with an empty store"
@@ -165,6 +177,9 @@ class Environment:
         if self._env is not None:
             self._env.close()
             self._env = None  # type: ignore[assignment]  # (closed: every later call fails, close does nothing)
+        self._unlock()
+
+    def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -209,9 +224,11 @@ class Environment:
         except lmdb.Error as exc:
             txn.abort()
             self._aborted()
-            if self._release_reserve():  # most likely the disk is full: give the next commit room
+            if self.reserve.release():  # most likely the disk is full: give the next commit room
                 self.low_disk = True
-            raise StoreError(f"commit failed, this transaction was rolled back: {exc}") from exc
+            # (a DiskFull is a StoreError: a serving loop goes on; a start that cannot commit exits 6)
+            error = DiskFull if no_room(exc) else StoreError
+            raise error(f"commit failed, this transaction was rolled back: {exc}") from exc
         self.syncs += 1
 
     def end_clean(self) -> None:
@@ -297,9 +314,9 @@ class Environment:
             self.low_disk = False
             if (
                 st.f_bavail * st.f_frsize >= self.min_disk_free + 2 * self.disk_reserve
-                and time.monotonic() >= self._reserve_retry_at
+                and time.monotonic() >= self.reserve.retry_at
             ):
-                self._make_reserve()
+                self.reserve.make()
         return free
 
     def _clear_dead_readers(self) -> None:
@@ -329,62 +346,6 @@ class Environment:
         except lmdb.Error as exc:
             raise StoreError(f"copying the store at {self.path} failed: {exc}") from exc
 
-    def _make_reserve(self) -> bool:
-        """The reserve file holds ``disk_reserve`` bytes of the filesystem for the server to give back."""
-        if not self.disk_reserve or self.readonly or self._reserved:
-            return True
-        try:
-            found = os.lstat(self._reserve_path)  # (lstat: a link planted in its place is not followed)
-        except OSError:
-            found = None
-        if found is not None and stat.S_ISREG(found.st_mode) and found.st_size >= self.disk_reserve:
-            self._reserved = True  # (not looked at again each turn until it is given back)
-            return True
-        try:
-            if found is not None and not stat.S_ISREG(found.st_mode):
-                # Someone else's link (or whatever it is) in the server's place: the reserve is the
-                # server's own file, so the link goes and the file is made; its target is not touched.
-                log.warning("%s is not a regular file (a symlink?): it is replaced by the reserve", self._reserve_path)
-                os.unlink(self._reserve_path)
-            # O_NOFOLLOW: a link planted between the unlink and here fails the open, it is never written through.
-            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, self.disk_reserve)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-            log.warning(
-                "cannot reserve %d bytes in %s (trying again in %d s): %s",
-                self.disk_reserve,
-                self._reserve_path,
-                RESERVE_RETRY_S,
-                exc,
-            )
-            try:
-                os.unlink(self._reserve_path)  # no half reserve
-            except OSError:
-                pass
-            return False
-        self._reserved = True
-        return True
-
-    def _release_reserve(self) -> bool:
-        self._reserved = False
-        try:
-            os.unlink(self._reserve_path)
-        except OSError:
-            return False
-        # Not made again at once: the failed turn's acks come back next turn and need that room.
-        self._reserve_retry_at = time.monotonic() + RESERVE_RETRY_S
-        log.warning(
-            "a commit failed (the disk of %s is full?): its %d-byte reserve was given back, so that "
-            "consumers' acks commit next time",
-            self.path,
-            self.disk_reserve,
-        )
-        return True
-
 
 def _refuse_links(path: str) -> None:
     """Refuse a store whose data or lock file is a symbolic link: LMDB opens both for writing and
@@ -397,6 +358,26 @@ def _refuse_links(path: str) -> None:
                 f"{file} is a symbolic link (to {os.readlink(file)!r}): pzq opens only files of its own "
                 "in the store directory; move the file it names into its place"
             )
+
+
+def _hold_off_servers(path: str, data_file: str) -> int | None:
+    """A shared flock on the data file, which a server's exclusive one cannot pass (None: no data file,
+    nothing to read); a server running already is the one case left, in one line."""
+    if not os.path.isfile(data_file):
+        return None
+    try:
+        return lock_exclusively(data_file, shared=True)
+    except StoreLocked:
+        raise disk_full(path, f"a server runs on this store and there is no room for a reader's {LOCK_FILE}") from None
+
+
+def _remove_new(path: str) -> None:
+    """Remove the data and lock files an open that failed has just made (empty: nothing is lost)."""
+    for name in ("data.mdb", LOCK_FILE):
+        try:
+            os.unlink(os.path.join(path, name))
+        except OSError:
+            pass
 
 
 def _private_directory(path: str) -> None:
@@ -426,6 +407,8 @@ def _open_failed(path: str, exc: Exception, *, readonly: bool, existed: bool) ->
     a restart would not help), or anything else (StoreError, 1). One line, without LMDB's repeat of the
     path."""
     text = str(exc).removeprefix(f"{path}: ")
+    if no_room(exc):  # (a full disk is not damage, whatever was being written)
+        return disk_full(path, f"the store could not be opened ({text})")
     if isinstance(exc, lmdb.ReadonlyError) or (isinstance(exc, OSError) and exc.errno in _DENIED):
         import pwd
 
