@@ -56,7 +56,7 @@ class Loop:
         route: Callable[[Send], Hashable] = lambda send: send.peer,
         limits: Limits = DEFAULT_LIMITS,
     ):
-        self.store, self.clock, self.route = store, clock, route
+        self.store, self.clock, self.route, self.limits = store, clock, route, limits
         self.broker = Broker(store, ack_timeout_s=ACK_TIMEOUT_S, limits=limits)
         self.leases = Leases(self.broker, timeout_s=LEASE_TIMEOUT_S)
         self.gateway: Any = make_gateway(self)  # (each kind offers its own half of the contract)
