@@ -13,6 +13,7 @@ from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
 from test_native_batch_gateway import T0, answers, make
 
 from pzq.clients.native_batches import BatchSender
+from pzq.config import Limits
 from pzq.curve import secure_client
 from pzq.gateways.native import RECEIVE
 from pzq.gateways.native_batches import Remembered, id_key
@@ -160,3 +161,31 @@ def test_past_the_limit_a_new_key_takes_the_place_of_the_key_that_got_there_firs
         ids.add(space, space.lower(), 0)
     assert ids.add("D", "d", 1) == [("a", 0)] and ids.spaces == 3
     assert ids.add("D", "d2", 2) == [("d", 1)], "now the one holding the most: its own oldest"
+
+
+def test_on_a_curve_server_another_keys_flood_of_batches_leaves_a_keys_resend_stored_once(make_server, keys):  # noqa: F811
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(
+        receive_dsn=endpoint, limits=Limits(batch_dedup_ids=8), **curve_settings(keys, unauthenticated="monitor")
+    )
+    server_key = str(keys / "server" / "server.key")
+    alice = (str(keys / "alice" / "alice.key_secret"), server_key)
+    mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
+    stored = wire.BatchAck(b"alice-1", True, 1)
+    assert wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"]])) == stored
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, *mallory)
+    try:
+        sock.connect(endpoint)
+        for i in range(20):
+            sock.send_multipart(wire.batch(b"m%d" % i, [[b"m"]]))
+        for _ in range(20):
+            assert sock.poll(10_000), "every batch is answered"
+            sock.recv_multipart()
+    finally:
+        sock.close(0)
+    assert wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"]])) == stored
+    assert srv.stats()["messages"] == 21, "Alice's resend was known (it was stored twice once Mallory's ids filled)"
+    assert srv.stats()["native"]["batch_id_keys"] == 2
