@@ -231,27 +231,19 @@ class Limits:
 
     # r10-native (issue 39; pzq/gateways/native_pool.py, pzq/endpoints/native_send.py): the legacy send
     # socket's consumers cannot be told apart, so its deliveries' bodies form one pool in the byte account;
-    # its pipes hold at most what half the pool holds of the largest delivery lately (SNDHWM, set as they
-    # change), at least native_send_pipe_floor deliveries (16 pipes cost the loop ~40 % more a delivery of
-    # small messages than 1,000: the floor is for big ones only); a connection whose TCP stream has not
-    # moved for native_send_stall_s while data waits for it is cut; epochs of the pool are closed and
-    # checked this often while stale copies wait for their release
+    # its pipes hold at most this many deliveries (SNDHWM: half the pool of the largest message, at least
+    # native_send_pipe_floor, below which small messages lose throughput: 16 kept ~95 % of 1,000's);
+    # a connection whose TCP stream has not moved for native_send_stall_s while data waits for it is cut;
+    # epochs of the pool are closed and checked this often while stale copies wait for their release
     native_send_pool: int = 64 << 20
     native_send_pipe_floor: int = 16
     native_send_stall_s: float = 10.0
     native_send_check_s: float = 1.0
 
     def send_pipe_messages(self, message_size: int) -> int:
-        """The native send socket's SNDHWM for deliveries of up to ``message_size`` bytes: what half of
-        ``native_send_pool`` holds of them, at least ``native_send_pipe_floor`` and at most 1,000."""
+        """The native send socket's SNDHWM: what half of ``native_send_pool`` holds of messages of
+        ``message_size`` bytes, at least ``native_send_pipe_floor`` and at most 1,000."""
         return max(self.native_send_pipe_floor, min(1000, self.native_send_pool // 2 // max(message_size, 1)))
-
-    def send_pipe_bytes(self, largest: int, overhead: int) -> int:
-        """What one native send pipe (and libzmq's encoder) may hold once the largest delivery was
-        ``largest`` bytes, each with ``overhead`` bytes of frames: its depth follows the deliveries'
-        sizes, so whatever it held it was at most half the pool, or the floor of the largest."""
-        size = largest + overhead
-        return max(self.native_send_pool // 2, self.native_send_pipe_floor * size) + size + 1000 * overhead
 
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds

@@ -14,7 +14,6 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
-from pzq.endpoints.native_send import SendPipes
 from pzq.gateways.native import SEND, NativeGateway
 from pzq.gateways.native_pool import IDLE_AFTER_S, OVERHEAD, Sample
 from pzq.protocols import native
@@ -78,9 +77,9 @@ def test_a_timed_out_copy_stays_charged_until_the_connections_move_past_it(store
     assert pool.look_due(2.5)
     pool.look(2.5, streams, closable=True)
     assert len(pool.closed) == 1 and charged(gateway) == 11_000, "closed at a checkpoint, not passed"
-    pipe = gateway.pool.limits.send_pipe_bytes(1000, OVERHEAD)
+    pipe = pool.pipe_messages * (1000 + OVERHEAD)
     later = 2.5 + IDLE_AFTER_S
-    moved = {5: Sample(1_000, 0, later), 6: Sample(120_000 + pipe, 10, later), 7: Sample(9_500, 3_500, later)}
+    moved = {5: Sample(1_000, 0, later), 6: Sample(50_000 + 70_000 + pipe, 10, later), 7: Sample(9_500, 3_500, later)}
     pool.look(later, moved, closable=True)
     assert charged(gateway) == 11_000, "the third connection may still hold a copy in its pipe"
     pool.look(later + 1, {**moved, 7: Sample(9_500, 0, later + 1)}, closable=True)
@@ -268,23 +267,3 @@ def test_over_ipc_a_consumer_that_never_acks_is_released_by_time(make_server):
         hoarder.close(0)
         if reader is not None:
             reader.close(0)
-
-
-def test_the_send_pipes_depth_is_lowered_before_big_deliveries_leave_and_raised_a_second_after_the_last():
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    try:
-        limits = DEFAULT_LIMITS
-        pipes = SendPipes(limits, limits.send_pipe_messages(16 << 20))
-        sock.sndhwm = pipes.depth
-        pipes.before_send(sock, 100, 0.0)
-        assert sock.sndhwm == pipes.depth == 1000, "small deliveries: a deep pipe"
-        pipes.before_send(sock, 1 << 20, 0.2)
-        assert sock.sndhwm == limits.send_pipe_messages((1 << 20) + OVERHEAD) == 31, "lowered before they leave"
-        pipes.before_send(sock, 100, 1.1)
-        assert sock.sndhwm == 31, "not raised while a big one went within the second"
-        pipes.before_send(sock, 100, 2.2)
-        assert sock.sndhwm == 1000
-        assert (limits.send_pipe_messages((1 << 20) + OVERHEAD) + 1) * (1 << 20) <= limits.native_send_pool // 2
-    finally:
-        sock.close(0)

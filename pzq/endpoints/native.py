@@ -3,9 +3,9 @@
 A thin adapter: it reads each socket's run of messages within its share and the turn's budget, feeds the run to the
 NativeGateway, and sends what the gateway answers after the commit (replies through a backlog that never
 drops one silently; deliveries through the DEALER, those it would not take yet kept for its next turns,
-and no more taken meanwhile). The send socket's pipes hold at most half its pool's bytes (their depth
-follows the deliveries' sizes), and while the pool has stale copies to release, the streams of its
-connections are watched (pzq/endpoints/native_send.py).
+and no more taken meanwhile). The send socket's pipes are short (SNDHWM from the pool's bytes, see
+Limits.send_pipe_messages); while its pool has stale copies to release, the streams of its connections
+are watched (pzq/endpoints/native_send.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
-from pzq.endpoints.native_send import SendPipes, SendWatch
+from pzq.endpoints.native_send import SendWatch
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
@@ -75,15 +75,17 @@ class NativeEndpoints(Endpoint):
         self.replies = Replies(self.receive, "producer", config.limits)
         keep_big_frames(self.receive, BIG_FRAME)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
-        # SNDHWM: a pipe holds at most half the send pool's bytes (a consumer that stops reading holds its
-        # pipe, the others have the rest of the pool): bound with the depth for --max-message-size (16 with
-        # 16M), then following the deliveries' sizes (SendPipes); RCVHWM: consumers' acks and nacks (a few
-        # dozen bytes each), read every turn.
-        depth = config.limits.send_pipe_messages(config.max_message_size + 4096)
-        self.send = binder.bind(zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=depth, RCVHWM=10_000)
-        self.pipes = SendPipes(config.limits, depth)
+        # SNDHWM: a pipe holds at most half the send pool's bytes of the largest messages (at least 16: a
+        # consumer that stops reading holds its pipe, the others have the rest of the pool; Limits.native_send_*);
+        # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
+        self.send = binder.bind(
+            zmq.DEALER,
+            config.send_dsn,
+            "--send-dsn",
+            SNDHWM=config.limits.send_pipe_messages(config.max_message_size + 4096),
+            RCVHWM=10_000,
+        )
         self.watch = SendWatch(binder, config.limits.native_send_stall_s)
-        self._largest = 0  # the biggest delivery taken this turn
         self.sockets = [self.receive, self.send]
         self.binder = binder
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
@@ -319,7 +321,6 @@ class NativeEndpoints(Endpoint):
             )
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
-            self._largest = max(self._largest, self.gateway.dispatched_largest)
             if done < most:  # nothing more to do now (no credit, nothing ready)
                 return
 
@@ -339,7 +340,6 @@ class NativeEndpoints(Endpoint):
         if self._gates[SEND] is not None:
             self.send = self.binder.rebind(self.send)
             self.sockets = [self.receive, self.send]
-            self.pipes.rebound()
             log.warning("send socket re-bound: consumers reconnect, those of revoked CURVE keys cannot")
 
     def narrowed(self, lost: dict[str, set[str]]) -> None:
@@ -355,8 +355,7 @@ class NativeEndpoints(Endpoint):
         return {
             **self.gateway.stats(),
             "busy_refused_total": self.busy_refused_total,
-            "send_pipe_messages": self.pipes.depth,
-            "send_pipe_changes_total": self.pipes.changes_total,
+            "send_pipe_messages": self.send.getsockopt(zmq.SNDHWM),
             "send_waiting": len(self._waiting),
             "send_stalled_cut_total": self.watch.cut_total,
         }
@@ -376,8 +375,6 @@ class NativeEndpoints(Endpoint):
         replies, self._replies = self._replies, []
         self.replies.send_many(map(_FRAMES, replies))
         deliveries, self._deliveries = self._deliveries, []
-        self.pipes.before_send(self.send, self._largest, now)  # (their sizes set the pipes' depth first)
-        self._largest = 0
         if self._waiting:
             deliveries, self._waiting = self.gateway.sendable(self._waiting) + deliveries, []
         for i, send in enumerate(deliveries):

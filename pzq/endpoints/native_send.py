@@ -1,6 +1,5 @@
 """The native send socket's connections, watched through their TCP streams: how far each has got (for the
-pool's epochs, pzq/gateways/native_pool.py), and cutting those that stopped reading; and its pipes' depth,
-kept in bytes as the deliveries' sizes change.
+pool's epochs, pzq/gateways/native_pool.py), and cutting those that stopped reading.
 
 libzmq says nothing of what a DEALER's peers read; their TCP streams do. The socket monitor names each
 connection's descriptor (pzq/endpoints/connwatch.py), and a duplicate of it reads TCP_INFO (Linux): the
@@ -11,14 +10,6 @@ cuts a connection past the limit, and its pipe goes with it (a libzmq consumer t
 connects again by itself). The streams are read only while the pool has stale copies to release, about
 once a second: a few microseconds a connection. Over ipc:// (no socket monitor) and without TCP_INFO's
 byte counts, nothing is read (``streams`` answers None) and nothing is cut.
-
-libzmq bounds a pipe in messages (SNDHWM), and one that is not read holds that many deliveries: in bytes
-they must stay under half the pool (``Limits.send_pipe_messages``: 16 deliveries of 16 MiB or 1,000 of
-32 KiB), but 16 deliveries a pipe cost the loop ~40 % more a small message than 1,000 (a turn a pipe's
-refill). So the depth follows the deliveries (``SendPipes``): lowered before bigger ones are sent, raised
-again once a second to what the biggest of the last second allows (libzmq 4.2 and later apply SNDHWM to
-the pipes there are; a new connection starts with the depth the socket was bound with, that of
-``--max-message-size``, until the next raise).
 """
 
 from __future__ import annotations
@@ -31,9 +22,8 @@ import sys
 
 import zmq
 
-from pzq.config import Limits
 from pzq.endpoints.base import Sockets
-from pzq.gateways.native_pool import OVERHEAD, Sample
+from pzq.gateways.native_pool import Sample
 from pzq.logs import warn_bad
 
 log = logging.getLogger("pzq.server")
@@ -44,43 +34,6 @@ _STATE, _MSS, _UNACKED, _ACKED, _NOTSENT = 0, 16, 24, 120, 144
 _ESTABLISHED = 1
 _u32 = struct.Struct("=I").unpack_from
 _u64 = struct.Struct("=Q").unpack_from
-RAISE_S = 1.0  # how often the pipes' depth may be raised to what the last deliveries allow
-
-
-class SendPipes:
-    """The send socket's SNDHWM, in bytes: what half the pool holds of the biggest delivery lately."""
-
-    def __init__(self, limits: Limits, bound_with: int):
-        """``bound_with``: the SNDHWM the socket was bound with (its new connections' pipes have it)."""
-        self.limits = limits
-        self.bound_with = self.depth = bound_with
-        self._largest = 0  # the biggest delivery since the last raise
-        self._raised_at = float("-inf")
-        self.changes_total = 0
-
-    def before_send(self, sock: zmq.Socket, largest: int, now: float) -> None:
-        """Deliveries of up to ``largest`` bytes are about to be sent (0: none): the depth is lowered first if
-        they are bigger than it allows, and raised once a second to what the last second's allow."""
-        need = self.limits.send_pipe_messages(largest + OVERHEAD) if largest else 1000
-        self._largest = max(self._largest, largest)
-        if need < self.depth:
-            self._set(sock, need)
-        if now < self._raised_at + RAISE_S:
-            return
-        allowed = self.limits.send_pipe_messages(self._largest + OVERHEAD) if self._largest else 1000
-        if allowed != self.depth or allowed != self.bound_with:  # (again too: new connections have bound_with)
-            self._set(sock, allowed)
-        self._largest, self._raised_at = largest, now
-
-    def rebound(self) -> None:
-        """The socket was made again (bound with ``bound_with``): its pipes have that depth."""
-        self.depth = self.bound_with
-
-    def _set(self, sock: zmq.Socket, depth: int) -> None:
-        if depth != self.depth:
-            self.changes_total += 1
-        sock.setsockopt(zmq.SNDHWM, depth)
-        self.depth = depth
 
 
 class SendWatch:

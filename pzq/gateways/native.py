@@ -66,7 +66,13 @@ class NativeGateway:
         self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
         self.ack_timeout_s = ack_timeout_s
         self.credit = NativeCredit(max_inflight, ack_timeout_s)
-        self.pool = SendPool(broker, limits, unwatched_s=ack_timeout_s)
+        self.pool = SendPool(
+            broker,
+            limits.native_send_pool,
+            limits.send_pipe_messages(max_message_size + 4096) + 1,  # (SNDHWM, and libzmq's encoder one more)
+            check_s=limits.native_send_check_s,
+            unwatched_s=ack_timeout_s,
+        )
         self.batches = Batches(
             broker, queue, keys, max_message_size=max_message_size, dedup_window_s=dedup_window_s, limits=limits
         )
@@ -83,8 +89,7 @@ class NativeGateway:
         self._uploader: tuple[bytes, bytes] = (b"", b"")
         self.big_written = 0  # bytes of its body the last received_big call wrote
         self.dispatched = 0  # deliveries taken back and handed out by the last dispatch call
-        self.dispatched_bytes = 0  # bytes of the bodies it handed out
-        self.dispatched_largest = 0  # and the biggest of them
+        self.dispatched_bytes = 0  # bytes of the bodies it handed out (when asked to bound them)
 
     # -- what arrives ----------------------------------------------------------------------------
 
@@ -288,7 +293,7 @@ class NativeGateway:
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
         overdue = self.credit.overdue(held, self.broker.inflight.holds(CONSUMER), most)
-        self.dispatched, self.dispatched_bytes, self.dispatched_largest = len(overdue), 0, 0
+        self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
             self.taken_back_total += len(overdue)
@@ -333,8 +338,8 @@ class NativeGateway:
             for message, ref in zip(taken, refs, strict=True)
         ]
         sizes = [sum(map(len, message.frames)) for message in taken]
-        self.dispatched_bytes, self.dispatched_largest = sum(sizes), max(sizes)
-        self.pool.handed(self.dispatched_largest)
+        self.dispatched_bytes = sum(sizes)
+        self.pool.handed(max(sizes))
         return out
 
     def sendable(self, sends: Sequence[Send]) -> list[Send]:

@@ -13,14 +13,14 @@ That is told by epochs. Deliveries are charged to the payer of the epoch they we
 ``Limits.native_send_check_s``, between turns, when every delivery it took has been handed to libzmq):
 for each open connection of the socket the checkpoint records how far the connection's stream must get
 for what was queued for it then to have left pzq: the bytes its peer's TCP acknowledged, plus what waited
-in its socket, plus what its pipe may hold (``Limits.send_pipe_bytes`` of the largest delivery since the
-oldest epoch not passed: its depth follows the deliveries' sizes). A closed epoch has passed once each of
-those connections has closed, got that far, or been seen with nothing waiting in its socket after the
-checkpoint (an idle stream has an empty pipe: libzmq's I/O thread writes what a pipe holds as soon as the
-socket takes it). Once none of its deliveries is in flight either, its payer ends (``Broker.payer_gone``):
-its stale copies are released. A consumer that reads and never acks thus frees its copies as it reads
-them; one that reads nothing holds at most its pipe, and is cut once its stream has not moved for
-``Limits.native_send_stall_s`` (pzq/endpoints/native_send.py), which passes its epochs too.
+in its socket, plus what its pipe may hold (SNDHWM and libzmq's encoder one more, of the largest delivery
+since the oldest epoch not passed). A closed epoch has passed once each of those connections has closed,
+got that far, or been seen with nothing waiting in its socket after the checkpoint (an idle stream has
+an empty pipe: libzmq's I/O thread writes what a pipe holds as soon as the socket takes it). Once none
+of its deliveries is in flight either, its payer ends (``Broker.payer_gone``): its stale copies are
+released. A consumer that reads and never acks thus frees its copies as it reads them; one that reads
+nothing holds at most its pipe, and is cut once its stream has not moved for ``Limits.native_send_stall_s``
+(pzq/endpoints/native_send.py), which passes its epochs too.
 
 Where connections cannot be watched (an ipc:// socket has no socket monitor; a kernel without TCP_INFO's
 byte counts), a closed epoch passes ``unwatched_s`` after its checkpoint: its copies are released by time.
@@ -32,7 +32,6 @@ from collections.abc import Hashable, Mapping
 from typing import NamedTuple
 
 from pzq.broker import Broker
-from pzq.config import Limits
 
 POOL = "native-pool"  # an epoch's payer is (POOL, its number)
 IDLE_AFTER_S = 0.1  # a stream seen idle this long after a checkpoint had nothing of before it left in its pipe
@@ -66,12 +65,12 @@ class SendPool:
     """The epochs of the send socket's pool: whose payer a run is charged to, how much room is left,
     when to close the current epoch and which closed ones have passed (their payers ended here)."""
 
-    def __init__(self, broker: Broker, limits: Limits, *, unwatched_s: float):
-        """``limits``: the pool's share, its pipes' bytes and its epochs' period (``native_send_*``)."""
+    def __init__(self, broker: Broker, share: int, pipe_messages: int, *, check_s: float, unwatched_s: float):
+        """``pipe_messages``: deliveries one connection may hold in pzq (SNDHWM, and the encoder's one)."""
         self.broker = broker
-        self.limits = limits
-        self.share = limits.native_send_pool
-        self.check_s = limits.native_send_check_s
+        self.share = share
+        self.pipe_messages = pipe_messages
+        self.check_s = check_s
         self.unwatched_s = unwatched_s
         self._number = 1
         self.payer: Hashable = (POOL, 1)  # the current epoch's
@@ -79,7 +78,7 @@ class SendPool:
         self.closed: list[Epoch] = []  # oldest first
         self._checked_at = float("-inf")
         self.passed_total = 0
-        broker.accounts.set_share(self.payer, self.share)  # (an epoch's own share: the pool's, of which it is a part)
+        broker.accounts.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
 
     def charged(self) -> int:
         """Bytes charged to the pool: in flight and stale, of every epoch not yet passed."""
@@ -138,7 +137,7 @@ class SendPool:
     def _checkpoint(self, now: float, streams: Mapping[int, Sample] | None) -> None:
         """Close the current epoch: ``streams`` holds each open connection's stream now."""
         largest = max([self._largest, *(epoch.largest for epoch in self.closed)])
-        pipe = self.limits.send_pipe_bytes(largest, OVERHEAD)
+        pipe = self.pipe_messages * (largest + OVERHEAD)
         left = None if streams is None else {fd: (s.acked, s.acked + s.waiting + pipe) for fd, s in streams.items()}
         self.closed.append(Epoch(self.payer, now, self._largest, left))
         self._number += 1
