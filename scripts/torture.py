@@ -82,7 +82,7 @@ CASES = {
     "mqks-consumers": (kept.mqks_consumers, 2_000, 200, _none, frozenset()),
     "console-flood": (kept.console_flood, 20, 1, lambda short: ("--http-dsn", "{http}"), frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
-    "native-send-deaf": (native.native_send_deaf, 700, 40, _none, NO_NATIVE_CONSUMER),
+    "native-send-deaf": (native.native_send_deaf, 700, 24, _none, NO_NATIVE_CONSUMER),
 }
 
 

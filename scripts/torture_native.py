@@ -40,7 +40,7 @@ def native_send_deaf(srv: Server, size: int, short: bool) -> str:
     sent = acked = refused = got = 0
     counted = 0
     started = time.monotonic()
-    deadline = started + (4 if short else 120)
+    deadline = started + (3 if short else 120)
     look_at = started
     while (got < size or acked + refused < size) and time.monotonic() < deadline:
         while sent < size and sent - acked - refused < WINDOW:
