@@ -25,7 +25,12 @@ turn), whatever the other does. A lone consumer that answers in order is never p
 
 When no ack came within the window, every delivery counts, as one plain pool: a lone slow consumer gets
 at most ``--max-inflight``. What all consumers hold together is capped at HOARD x ``--max-inflight``;
-past it the oldest deliveries go back to the queue early (a late ack of one still counts). A lone slow
+past it the oldest deliveries go back to the queue early (a late ack of one still counts). The cap is
+wide (HOARD 64): a consumer that acks every delivery 4 s late at its round-robin half of 20,000 a second
+holds 40,000, and taking them back at 16 x (it was) cost the server ~40 % more CPU a delivery (each went
+back to the queue, out again, and its late ack was refused) and the prompt consumer a fifth of its share
+(``scripts/send_fairness.py --no-sockets``); their bodies are bounded in bytes by the send pool
+(pzq/gateways/native_pool.py), and a delivery's bookkeeping is a few hundred bytes. A lone slow
 but honest consumer raises the latency, hence the window, and is credited as before; beside a prompt
 one, its deliveries are passed and it is handed its round-robin share, as much as its pipe takes.
 """
@@ -37,7 +42,7 @@ import math
 from collections.abc import Hashable, Iterable
 
 MIN_WINDOW_S = 0.05
-HOARD = 16  # what all native consumers may hold together, in --max-inflight units
+HOARD = 64  # what all native consumers may hold together, in --max-inflight units
 QUANTILE = 0.25  # the prompt latency: this quantile of the acks' latencies (late acks beyond 3 in 4 move it)
 WINDOW_FACTOR = 4  # the window, in prompt latencies
 STEP = 0.05  # how far one ack moves the estimate (a ratio: e^(STEP x (1 - QUANTILE)) down, e^(STEP x QUANTILE) up)

@@ -269,6 +269,22 @@ class Limits:
         envelope): ``max_message_size``, or ``frame_answered`` if bigger."""
         return max(max_message_size, self.frame_answered)
 
+    # r10-native (issue 39; pzq/gateways/native_pool.py, pzq/endpoints/native_send.py): the legacy send
+    # socket's consumers cannot be told apart, so its deliveries' bodies form one pool in the byte account;
+    # its pipes hold at most this many deliveries (SNDHWM: half the pool of the largest message, at least
+    # native_send_pipe_floor: a small delivery costs ~15 % more server CPU at 16 than at 1,000, ~50 % at 4);
+    # a connection whose TCP stream has not moved for native_send_stall_s while data waits for it is cut;
+    # epochs of the pool are closed and checked this often while stale copies wait for their release
+    native_send_pool: int = 64 << 20
+    native_send_pipe_floor: int = 16
+    native_send_stall_s: float = 10.0
+    native_send_check_s: float = 1.0
+
+    def send_pipe_messages(self, message_size: int) -> int:
+        """The native send socket's SNDHWM: what half of ``native_send_pool`` holds of messages of
+        ``message_size`` bytes, at least ``native_send_pipe_floor`` and at most 1,000."""
+        return max(self.native_send_pipe_floor, min(1000, self.native_send_pool // 2 // max(message_size, 1)))
+
     def pipe_messages(self, message_size: int, cap: int) -> int:
         """The RCVHWM of a pipe whose messages may be ``message_size`` bytes: what ``pipe_in_bytes`` holds
         of them, at least ``pipe_in_floor`` and at most ``cap`` messages."""

@@ -4,12 +4,20 @@ that acks every delivery late (4 s by default, under the 5 s ack timeout), and t
 
     PYTHONPATH=. .venv/bin/python scripts/send_fairness.py             # 8 s each, 4 s late
     PYTHONPATH=. .venv/bin/python scripts/send_fairness.py --seconds 4 --late 2 --work-ms 0.5
+    PYTHONPATH=. .venv/bin/python scripts/send_fairness.py --no-sockets [--rate 20000]
 
 One server: the store is filled first, the honest consumer is measured alone, then the late one joins
 and, once its late acks flow, the honest one is measured again. Each consumer runs in its own process
 (no shared GIL). Issue 26 requires the ratio to be at least 40 %. Where both consumers are
 bound by the CPU they share with the server (``--work-ms 0``, on a small machine), part of the drop is
 the late consumer's own CPU, not the server's doing: the server's CPU share is printed alongside.
+
+``--no-sockets``: the native gateway, broker and store alone in this process, on simulated time (a
+millisecond a turn, ``--rate`` deliveries a second handed out in turn to the two consumers as the DEALER
+does, the prompt one acking each the next turn, the late one ``--late`` s later): what each got, what was
+taken back early, and the server's CPU a delivery (thread time), first with the prompt consumer alone.
+Deterministic, and steady on a busy machine: the server's own cost of a late acker, without the CPU the
+consumers and everything else on the machine take from it.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import time
 
 from pzq.bench.server import PzqServer
 from pzq.clients import native as client
+from pzq.protocols import native
 
 
 def honest(endpoint: str, work_s: float, acked, stop) -> None:
@@ -70,13 +79,69 @@ def fill(srv: PzqServer, count: int) -> None:
                 raise SystemExit("the server refused messages while the store was filled")
 
 
+def simulated(seconds: float, rate: int, delay: float, late_too: bool) -> tuple[float, float, int, float]:
+    """(prompt consumer's rate, late one's, deliveries taken back early, µs of CPU a delivery) on the
+    native gateway alone, time simulated a millisecond a turn."""
+    import tempfile
+
+    from pzq.broker import Broker
+    from pzq.gateways.native import SEND, NativeGateway
+    from pzq.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="pzq-fairness-") as tmp:
+        store = Store(f"{tmp}/db", max_size=1 << 30)
+        broker = Broker(store, ack_timeout_s=5.0)
+        store.queue("q")
+        for _ in range(int(rate * seconds) // 10_000 + 2):
+            broker.produce_many("q", [[b"m" * 16]] * 10_000, now_us=1)
+            store.commit()
+        gateway = NativeGateway(broker, queue="q", max_message_size=1 << 20, max_inflight=1000, ack_timeout_s=5.0)
+        later: collections.deque = collections.deque()
+        prompt: list[bytes] = []
+        counts = [0, 0]
+        per_turn, now, turn = max(1, rate // 1000), 0.0, 0
+        cpu = time.thread_time()
+        while now < seconds:
+            now, turn = now + 0.001, turn + 1
+            broker.turn_begins()
+            answers = [native.consumer_ack(key, True) for key in prompt]
+            while later and later[0][0] <= now:
+                answers.append(native.consumer_ack(later.popleft()[1], True))
+            if answers:
+                gateway.received_many(SEND, answers, now=now, now_us=int(now * 1e6))
+            broker.expire(now, 1000)
+            prompt = []
+            for i, send in enumerate(gateway.dispatch(now=now, now_us=int(now * 1e6), most=per_turn)):
+                if late_too and (turn + i) % 2:  # (the DEALER's turns: one each)
+                    later.append((now + delay, send.frames[0]))
+                    counts[1] += 1
+                else:
+                    prompt.append(send.frames[0])
+                    counts[0] += 1
+            store.commit()
+        used = time.thread_time() - cpu
+        store.close()
+    return counts[0] / seconds, counts[1] / seconds, gateway.taken_back_total, used * 1e6 / max(1, sum(counts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each measurement")
     parser.add_argument("--late", type=float, default=4.0, help="how late the late consumer acks (s)")
     parser.add_argument("--work-ms", type=float, default=0.0, help="the honest consumer's work on each message")
     parser.add_argument("--messages", type=int, default=400_000, help="messages stored first")
+    parser.add_argument("--no-sockets", action="store_true", help="the gateway alone, on simulated time")
+    parser.add_argument("--rate", type=int, default=20_000, help="--no-sockets: deliveries handed out a second")
     args = parser.parse_args()
+    if args.no_sockets:
+        alone = simulated(args.seconds, args.rate, args.late, late_too=False)
+        print(f"prompt consumer alone: {alone[0]:,.0f} msg/s, {alone[3]:.1f} µs of server CPU a delivery")
+        prompt, late_rate, taken, cpu = simulated(args.seconds, args.rate, args.late, late_too=True)
+        print(
+            f"beside one that acks {args.late:g} s late: {prompt:,.0f} msg/s (the late one got {late_rate:,.0f} "
+            f"msg/s, {taken} taken back early), {cpu:.1f} µs of server CPU a delivery"
+        )
+        return
     srv = PzqServer(transport="ipc", args=("--disk-reserve", "0"), prefix="pzq-fairness-")
     srv.start(timeout_s=20)
     ctx = multiprocessing.get_context("spawn")

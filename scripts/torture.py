@@ -34,6 +34,7 @@ import torture_emqp as emqp_cases  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
 import torture_mqks as mqks  # noqa: E402
+import torture_native as native  # noqa: E402
 import torture_pipes as pipes  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
@@ -118,6 +119,7 @@ CASES = {
     "mqks-bindings-gc": (mqks.bindings_gc, 880_000, 20_000, _gc_args, frozenset()),
     "pipes-64-producers": (pipes.many_producers, 64, 16, _none, frozenset()),
     "pipes-oversized": (pipes.oversized_pipeline, 60, 4, _none, frozenset()),
+    "native-send-deaf": (native.native_send_deaf, 700, 24, _big_args, NO_NATIVE_CONSUMER),
 }
 
 

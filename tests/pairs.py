@@ -89,6 +89,7 @@ def make_native(loop: Loop):
         max_message_size=MAX_INPUT,
         max_inflight=100,
         ack_timeout_s=ACK_TIMEOUT_S,
+        limits=loop.limits,
     )
 
 

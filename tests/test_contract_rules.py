@@ -170,12 +170,12 @@ def test_a_held_delivery_stays_held_while_the_clock_stands_still(pair):
     assert delivered(b.take()) == [] and pair.stored("q") == 1
 
 
-SHARE = 4096  # a payer's share of delivered bytes in the rules below (Limits.delivery_share)
+SHARE = 4096  # a payer's share of delivered bytes in the rules below (Limits.delivery_share; native: its pool's)
 
 
 @pytest.fixture(params=sorted(PAIRS))
 def shared_pair(request, store) -> Pair:
-    return Pair(PAIRS[request.param], store, limits=Limits(delivery_share=SHARE))
+    return Pair(PAIRS[request.param], store, limits=Limits(delivery_share=SHARE, native_send_pool=SHARE))
 
 
 def test_a_client_that_never_settles_holds_at_most_its_byte_share_and_a_reader_gets_the_rest(shared_pair):

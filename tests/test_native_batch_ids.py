@@ -4,6 +4,7 @@ like a resend by using its id; without CURVE the client's ids start with 16 rand
 
 from __future__ import annotations
 
+import collections
 import shutil
 
 import pytest
@@ -12,9 +13,10 @@ from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
 from test_native_batch_gateway import T0, answers, make
 
 from pzq.clients.native_batches import BatchSender
+from pzq.config import Limits
 from pzq.curve import secure_client
 from pzq.gateways.native import RECEIVE
-from pzq.gateways.native_batches import id_key
+from pzq.gateways.native_batches import Remembered, id_key
 from pzq.protocols import native_batch as wire
 from pzq.store.dedup_keys import DedupKeys
 
@@ -106,3 +108,84 @@ def test_the_clients_batch_ids_start_with_16_random_bytes_of_their_own_per_produ
     finally:
         for sock in socks:
             sock.close(0)
+
+
+# -- how many ids each key keeps (issue 39: one key's flood evicted every other key's ids) --------------
+
+BOB = "B" * 40
+
+
+def stored_bodies(store) -> list[list[bytes]]:
+    return [m.frames for m in store.scan("q")]
+
+
+def test_one_keys_flood_of_batches_forgets_its_own_ids_and_another_keys_resend_is_stored_once(store):
+    gateway = make(store, batch_dedup_ids=10)
+    gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=0.0, now_us=T0)
+    flood = [keyed(MALLORY, b"m%d" % i, [b"m"]) for i in range(11)]
+    gateway.received_many(RECEIVE, flood, now=0.0, now_us=T0 + 1)
+    sends = gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=0.0, now_us=T0 + 2)
+    assert answers(sends) == [(b"b1", True, 1, "")] and gateway.batches.duplicates_total == 1
+    assert stored_bodies(store).count([b"bob"]) == 1, "Bob's resend is known: stored once"
+    figures = gateway.stats()
+    assert (figures["batch_ids"], figures["batch_id_keys"], figures["batch_ids_forgotten_early"]) == (10, 2, 2)
+    again = gateway.received_many(RECEIVE, [keyed(MALLORY, b"m0", [b"m"])], now=0.0, now_us=T0 + 3)
+    assert answers(again) == [(b"m0", True, 1, "")] and gateway.batches.duplicates_total == 1, "its own went"
+
+
+def test_at_the_full_limit_a_key_sending_100_001_batches_leaves_another_keys_batch_remembered(store):
+    gateway = make(store)  # (Limits.batch_dedup_ids: 100,000)
+    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=0.0, now_us=T0)
+    for start in range(0, 100_001, 1_000):
+        run = [keyed(MALLORY, b"m%d" % i, [b""]) for i in range(start, min(start + 1_000, 100_001))]
+        gateway.received_many(RECEIVE, run, now=0.0, now_us=T0 + 1 + start)
+    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=0.0, now_us=T0 + 200_000)
+    assert gateway.batches.duplicates_total == 1 and stored_bodies(store).count([b"bob"]) == 1
+
+
+def test_keys_that_all_send_at_once_share_the_ids_and_one_that_holds_fewer_keeps_all_of_its_own():
+    ids = Remembered(12)
+    for i in range(30):  # (two producers in step, a third now and then)
+        ids.add("A", f"a{i}", i)
+        ids.add("B", f"b{i}", i)
+        if i % 10 == 0:
+            ids.add("C", f"c{i}", i)
+    held = collections.Counter(space for space, _ in ids.ids.values())
+    assert held["A"] + held["B"] == 9 and abs(held["A"] - held["B"]) <= 1, "the two in step share the rest"
+    assert [key for key, (space, _) in ids.ids.items() if space == "C"] == ["c0", "c10", "c20"]
+
+
+def test_past_the_limit_a_new_key_takes_the_place_of_the_key_that_got_there_first_among_those_holding_most():
+    ids = Remembered(3)
+    for space in "ABC":
+        ids.add(space, space.lower(), 0)
+    assert ids.add("D", "d", 1) == [("a", 0)] and ids.spaces == 3
+    assert ids.add("D", "d2", 2) == [("d", 1)], "now the one holding the most: its own oldest"
+
+
+def test_on_a_curve_server_another_keys_flood_of_batches_leaves_a_keys_resend_stored_once(make_server, keys):  # noqa: F811
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")
+    endpoint, _ = free_tcp_endpoint()
+    srv = make_server(
+        receive_dsn=endpoint, limits=Limits(batch_dedup_ids=8), **curve_settings(keys, unauthenticated="monitor")
+    )
+    server_key = str(keys / "server" / "server.key")
+    alice = (str(keys / "alice" / "alice.key_secret"), server_key)
+    mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
+    stored = wire.BatchAck(b"alice-1", True, 1)
+    assert wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"]])) == stored
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, *mallory)
+    try:
+        sock.connect(endpoint)
+        for i in range(20):
+            sock.send_multipart(wire.batch(b"m%d" % i, [[b"m"]]))
+        for _ in range(20):
+            assert sock.poll(10_000), "every batch is answered"
+            sock.recv_multipart()
+    finally:
+        sock.close(0)
+    assert wire.parse_batch_ack(send_batch(endpoint, alice, b"alice-1", [[b"a1"]])) == stored
+    assert srv.stats()["messages"] == 21, "Alice's resend was known (it was stored twice once Mallory's ids filled)"
+    assert srv.stats()["native"]["batch_id_keys"] == 2

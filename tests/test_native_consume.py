@@ -262,7 +262,7 @@ def test_ten_thousand_hellos_from_distinct_identities_keep_the_known_consumers_c
 
     broker = Broker(store, ack_timeout_s=5.0)
     broker.produce_many("default", [[b"x"]] * 10, now_us=1)
-    gateway = BatchConsumeGateway(broker, queue="default", ack_timeout_s=5.0, pipe_depth=17)
+    gateway = BatchConsumeGateway(broker, queue="default", ack_timeout_s=5.0)
     honest = gateway.received(b"honest", [b"HELLO"], now=0.0) + gateway.received(b"honest", [b"CREDIT", b"5"], now=0.0)
     assert [out.kind for out in honest] == [wire.HELLO]
     kinds = [gateway.received(b"peer-%d" % i, [b"HELLO"], now=1.0)[0].kind for i in range(10_000)]
@@ -429,7 +429,7 @@ def test_consumers_that_never_read_stall_only_themselves_and_a_consumer_that_rea
         got = len(first)
         for _ in range(12):  # (they read their HELLO answer, then nothing: their pipes fill to the ceiling)
             hog(sockets, srv)
-        assert wait_until(lambda: srv.stats()["memory"]["consume_pipes_bytes"] >= 5 << 20)
+        assert wait_until(lambda: srv.stats()["memory"]["deliveries_bytes"] >= 5 << 20)
         while batch := polite.receive(4, 2000):  # (until nothing comes: the hogs hold the rest)
             assert polite.ack([key for key, _ in batch]).refused == []
             got += len(batch)

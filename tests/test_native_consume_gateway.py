@@ -1,5 +1,5 @@
 """The batched consumers' gateway on a real broker and store, without sockets: the order of service,
-the pipe estimate in the memory bound, silent consumers, and a rolled-back turn."""
+their bodies in the byte account, slots shared per CURVE key, silent consumers, and a rolled-back turn."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS
-from pzq.gateways.native_consume import BatchConsumeGateway
+from pzq.gateways.native_consume import HOLDER, BatchConsumeGateway
 from pzq.protocols import native_consume as wire
 
 
@@ -26,7 +26,6 @@ def gateway(broker, **limits) -> BatchConsumeGateway:
         broker,
         queue="default",
         ack_timeout_s=5.0,
-        pipe_depth=17,
         limits=dataclasses.replace(DEFAULT_LIMITS, **limits),
     )
 
@@ -68,19 +67,62 @@ def test_a_deliver_is_cut_at_the_byte_bound_and_a_bigger_message_goes_alone(stor
     assert [len(o.refs) for o in outs] == [2, 1, 1]
 
 
-def test_what_a_consumer_has_not_shown_it_read_counts_in_the_memory_bound_until_it_acks(broker):
+def test_what_a_consumer_was_handed_counts_in_the_byte_account_until_it_acks_or_says_bye(broker):
     g = gateway(broker)
     hello(g, b"p", 200)
     outs = g.dispatch(now=0.0, now_us=2, most=200, blocked=never_blocked)
-    for out in outs:
-        g.sent(out)
-    sizes = [sum(map(len, o.frames)) for o in outs]
-    assert g.pipe_bytes == sum(sizes)
+    held = lambda: broker.accounts.held((HOLDER, b"p"), broker.inflight)  # noqa: E731
+    assert held() == g.dispatched_bytes == 690  # (bodies "m0".."m199"; the DELIVERs' keys are not counted)
     first = wire.parse_reply(outs[0].frames[1:])
-    g.received(b"p", wire.ack(first.keys[-1:]), now=0.0)  # (the last key of the first frame: it was read)
-    assert g.pipe_bytes == sizes[1]
+    g.received(b"p", wire.ack(first.keys), now=0.0)
+    assert held() == 690 - sum(len(frames[0]) for frames in first.bodies)
     g.received(b"p", [b"BYE"], now=0.0)
-    assert g.pipe_bytes == 0
+    assert held() == 0
+
+
+def test_a_consumer_that_reads_nothing_is_handed_its_byte_share_and_one_message_more_whatever_its_credit(store):
+    b = Broker(store, ack_timeout_s=5.0, limits=dataclasses.replace(DEFAULT_LIMITS, delivery_share=10_000))
+    b.produce_many("default", [[b"x" * 1000]] * 50, now_us=1)
+    g = gateway(b, delivery_share=10_000)
+    hello(g, b"hog", 1000)
+    taken = sum(len(out.refs) for out in g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked))
+    assert taken == 10 and g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked) == []
+    hello(g, b"reader", 5)
+    assert sum(len(out.refs) for out in g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked)) == 5
+
+
+def test_one_curve_key_holds_at_most_its_part_of_the_consumer_slots_and_another_keys_hello_is_answered(broker):
+    g = gateway(broker, consume_max_consumers=16)  # (a key's part: 16 / 8 = 2; the last 2 kept for new keys)
+    for i in range(16):
+        g.received(b"m%d" % i, [b"CREDIT", b"0"], now=0.0)  # (never said HELLO: nothing known)
+        said = g.received(b"m%d" % i, [b"HELLO"], now=0.0, user="MALLORY")
+        assert said[0].kind == (wire.HELLO if i < 2 else wire.ERR)
+        if i < 2:
+            g.received(b"m%d" % i, [b"CREDIT", b"1"], now=0.0)  # (busy: never evicted for another)
+    refused = wire.parse_reply(g.received(b"m9", [b"HELLO"], now=0.0, user="MALLORY")[0].frames[1:])
+    assert refused.code == "too-many-consumers" and "one client may hold 2" in refused.detail
+    assert g.received(b"alice", [b"HELLO"], now=0.0, user="ALICE")[0].kind == wire.HELLO
+    assert g.stats()["refused_slots_total"] >= 14
+
+
+def test_a_keys_hello_past_its_part_takes_the_place_of_its_own_idle_consumer_not_anothers(broker):
+    g = gateway(broker, consume_max_consumers=16)
+    assert g.received(b"alice", [b"HELLO"], now=0.0, user="ALICE")[0].kind == wire.HELLO
+    for i in range(3):
+        assert g.received(b"m%d" % i, [b"HELLO"], now=float(i), user="MALLORY")[0].kind == wire.HELLO
+    assert b"alice" in g.consumers and b"m0" not in g.consumers and set(g.consumers) == {b"alice", b"m1", b"m2"}
+
+
+def test_a_consumer_forgotten_for_silence_keeps_its_timed_out_copies_charged_until_its_connection_closes(broker):
+    g = gateway(broker, consume_idle_s=10.0)
+    hello(g, b"p", 3)
+    g.connection(b"p", 42)
+    g.dispatch(now=0.0, now_us=2, most=3, blocked=never_blocked)
+    broker.expire(6.0)  # (its copies may still sit in its pipe)
+    g.sweep(11.0)
+    assert b"p" not in g.consumers and broker.accounts.held((HOLDER, b"p"), broker.inflight) == 6
+    g.disconnected(42)
+    assert broker.accounts.held((HOLDER, b"p"), broker.inflight) == 0
 
 
 def test_a_silent_consumer_loses_its_credit_and_is_forgotten_once_it_holds_nothing(broker):
@@ -114,7 +156,7 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
     import zmq
 
     from pzq.endpoints.base import Sockets, TurnBudget
-    from pzq.endpoints.native_consume import PIPE_FRAMES, BatchConsumeEndpoint
+    from pzq.endpoints.native_consume import BatchConsumeEndpoint
 
     from conftest import make_config
 
@@ -123,7 +165,6 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
     binder = Sockets(zmq.Context.instance())
     endpoint = BatchConsumeEndpoint(cfg, g, binder)
     try:
-        assert g.pipe_depth == 17 == PIPE_FRAMES + 1
         hello(g, b"big", 1000)
         endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
         endpoint.work(0.0, 2)

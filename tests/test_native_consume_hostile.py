@@ -6,15 +6,18 @@ the other, and nothing it acked comes back."""
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import zmq
+from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
 from test_native_consume_pipelined import produce, receive_all
 
 from pzq.clients import native as client
+from pzq.curve import secure_client
 from pzq.protocols import native_consume as wire
 
-from conftest import recv, wait_until
+from conftest import free_tcp_endpoint, recv, wait_until
 
 
 def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_delays_anothers_deliveries(
@@ -136,3 +139,34 @@ def test_a_consumer_whose_deliveries_wait_in_a_backlog_still_gets_the_settled_of
         assert settled == wire.Settled(len(first.keys), [])
     finally:
         sock.close(linger=0)
+
+
+def test_one_curve_key_opening_256_consumers_leaves_room_for_another_keys_hello(make_server, keys):  # noqa: F811
+    shutil.copy(keys / "mallory" / "mallory.key", keys / "clients")  # (both keys allowed)
+    consume, _ = free_tcp_endpoint()
+    make_server(consume_dsn=consume, **curve_settings(keys, unauthenticated="monitor"))
+    server_key = str(keys / "server" / "server.key")
+    opened: list[zmq.Socket] = []
+
+    def hello(name: str) -> object:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        secure_client(sock, str(keys / name / f"{name}.key_secret"), server_key)
+        sock.connect(consume)
+        opened.append(sock)
+        sock.send_multipart(wire.hello())
+        answer = wire.parse_reply(recv(sock, 10_000))
+        if isinstance(answer, wire.Limits):
+            sock.send_multipart(wire.credit(1))  # (holds credit: never evicted to make room)
+        return answer
+
+    try:
+        answers = [hello("mallory") for _ in range(256)]
+        accepted = sum(isinstance(a, wire.Limits) for a in answers)
+        refused = [a for a in answers if not isinstance(a, wire.Limits)]
+        assert accepted == 256 // 8, "one key holds an eighth of the consumer slots"
+        assert all(getattr(a, "code", None) == "too-many-consumers" for a in refused)
+        assert isinstance(hello("alice"), wire.Limits), "another key's HELLO is answered beside them"
+    finally:
+        for sock in opened:
+            sock.close(0)

@@ -238,10 +238,10 @@ def test_a_late_consumers_answers_do_not_stretch_the_window_of_the_prompt_ones(s
 def test_consumers_holding_too_much_together_lose_the_oldest_early_and_a_late_ack_still_counts(store):
     gateway = make(store, max_inflight=2)
     broker = gateway.broker
-    broker.produce_many("q", [[b"%d" % i] for i in range(200)], now_us=T0)
+    broker.produce_many("q", [[b"%d" % i] for i in range(HOARD * 16)], now_us=T0)
     hoarded: list[Send] = []
     now = 0.0
-    for step in range(200):  # one hoarding consumer takes one delivery every other turn; another acks
+    for step in range(HOARD * 16):  # one hoarding consumer takes one delivery every other turn; another acks
         now += 0.03
         for i, delivery in enumerate(gateway.dispatch(now=now, now_us=T0)):
             if i == 0 and step % 2 == 0:
@@ -377,3 +377,29 @@ def test_a_key_names_its_queue_and_seq_at_the_edges_of_their_range():
     big = (1 << 64) - 1
     for qid, seq in [(1, 1), (big, big), (0, big), (big, 0)]:
         assert ref_of_key(native.message_key(T0, f"{qid:016x}{seq:016x}")) == (qid, seq)
+
+
+def test_a_consumer_that_acks_every_delivery_late_within_its_timeout_loses_none_early_and_the_prompt_one_gets_half(
+    store,
+):
+    # The DEALER hands the two consumers a delivery each in turn; the late one acks each 4 s later (under the
+    # 5 s ack timeout), 1,000 a second: it holds 4,000, under the cap (64 x 100), so nothing of it goes back
+    # early to be delivered again and its late ack refused (at 16 x it was, a third of its deliveries)
+    gateway = make(store, max_inflight=100)
+    gateway.broker.produce_many("q", [[b"m"]] * 15_000, now_us=T0)
+    later: list[tuple[float, Send]] = []
+    prompt = late = 0
+    now, turn = 0.0, 0
+    while now < 6.0:
+        now, turn = now + 0.001, turn + 1
+        while later and later[0][0] <= now:
+            answer(gateway, later.pop(0)[1], now=now)
+        for i, delivery in enumerate(gateway.dispatch(now=now, now_us=T0, most=2)):
+            if (turn + i) % 2:
+                later.append((now + 4.0, delivery))
+                late += 1
+            else:
+                answer(gateway, delivery, now=now)
+                prompt += 1
+    assert gateway.taken_back_total == 0
+    assert prompt >= 5_900 and late >= 5_900, (prompt, late)

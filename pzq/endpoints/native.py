@@ -2,7 +2,10 @@
 
 A thin adapter: it reads each socket's run of messages within its share and the turn's budget, feeds the run to the
 NativeGateway, and sends what the gateway answers after the commit (replies through a backlog that never
-drops one silently; deliveries through the DEALER, handing back those it would not take).
+drops one silently; deliveries through the DEALER, those it would not take yet kept for its next turns,
+and no more taken meanwhile). The send socket's pipes are short (SNDHWM from the pool's bytes, see
+Limits.send_pipe_messages); while its pool has stale copies to release, the streams of its connections
+are watched (pzq/endpoints/native_send.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
+from pzq.endpoints.native_send import SendWatch
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
@@ -36,6 +40,16 @@ _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 HELD_PEER_PART = 4
 BUSY_LOG_S = 10.0  # at most one line this often about producers answered busy
 BIG_FRAME = 64 << 10  # producers' frames of this size and more are not copied out of libzmq's buffer
+# Deliveries the send socket took none of for this long go back to the queue (no consumer is connected, or
+# none reads): they never left, and a batched consumer of the same queue may take them meanwhile
+GIVE_BACK_S = 0.5
+# A full send socket is waited for a moment before the turn's deliveries wait for the next turn: its pipes
+# are short (Limits.send_pipe_messages: 16 deep with a 16M --max-message-size) and libzmq's I/O thread
+# empties them in microseconds for consumers that read (without the wait a turn carried 12 deliveries, 40
+# with it: ~15 % more server CPU a delivery than 1,000-deep pipes, not ~30 %; scripts/hotpath_profile.py);
+# a pipe nobody reads costs one wait of SEND_WAIT_S a turn
+SEND_WAIT_S = 200e-6
+SEND_WAIT_TOTAL_S = 1e-3  # (in one flush at most)
 _FRAMES = operator.attrgetter("frames")
 
 
@@ -71,16 +85,27 @@ class NativeEndpoints(Endpoint):
         self.replies = Replies(self.receive, "producer", config.limits)
         keep_big_frames(self.receive, BIG_FRAME)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
-        # SNDHWM: deliveries in flight are at most --max-inflight (a delivery is in flight from its send);
+        # SNDHWM: a pipe holds at most half the send pool's bytes of the largest messages (at least 16: a
+        # consumer that stops reading holds its pipe, the others have the rest of the pool; Limits.native_send_*);
         # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
         self.send = binder.bind(
-            zmq.DEALER, config.send_dsn, "--send-dsn", SNDHWM=max(config.max_inflight, 1000), RCVHWM=10_000
+            zmq.DEALER,
+            config.send_dsn,
+            "--send-dsn",
+            SNDHWM=config.limits.send_pipe_messages(config.max_message_size + 4096),
+            RCVHWM=10_000,
         )
+        self.watch = SendWatch(binder, config.limits.native_send_stall_s)
         self.sockets = [self.receive, self.send]
         self.binder = binder
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
         self._replies: list[Send] = []  # answers to producers: they wait for the commit
         self._deliveries: list[Send] = []  # they leave after the turn's commit, whether or not it wrote
+        # Deliveries of earlier turns the send socket did not take yet (its pipes were full): sent first,
+        # and nothing more is taken until they are out (a take the socket cannot carry was given back and
+        # taken again, turn after turn: short pipes cost 75 % of the rate)
+        self._waiting: list[Send] = []
+        self._waiting_since = 0.0  # when the socket last took one of them, or they began to wait
         # Messages read but left for later turns, in order: each big one (more than the turn could still let
         # in) gets a turn of its own, with the messages its producer sent after it (they keep its order)
         self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
@@ -95,7 +120,7 @@ class NativeEndpoints(Endpoint):
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
 
     def before_poll(self, poller: zmq.Poller) -> None:
-        want_out = self.gateway.would_send(time.monotonic())
+        want_out = bool(self._waiting) or self.gateway.would_send(time.monotonic())
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
@@ -224,6 +249,19 @@ class NativeEndpoints(Endpoint):
                 self._first = SEND if name == RECEIVE else RECEIVE
                 return
 
+    @staticmethod
+    def _drained(sock: zmq.Socket, until: float) -> bool:
+        """Wait up to SEND_WAIT_S (and no later than ``until``) for libzmq's I/O thread to make room in the
+        send socket's pipes (its descriptor turns readable when one tells it so); whether it did."""
+        fd = int(sock.getsockopt(zmq.FD))
+        deadline = min(time.monotonic() + SEND_WAIT_S, until)
+        while True:
+            left = deadline - time.monotonic()
+            if events(sock) & POLLOUT:
+                return True
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return bool(events(sock) & POLLOUT)
+
     def _filled(self, runs: list[list[list[bytes]]]) -> bool:
         """Whether one producer sent at least a pipe's depth of the messages read since the socket last
         ran dry: its pipe was full, so libzmq's I/O thread held the rest of its window back and refills
@@ -321,6 +359,8 @@ class NativeEndpoints(Endpoint):
         return run, read, size
 
     def work(self, now: float, now_us: int) -> None:
+        if self._waiting:  # (what the socket could not take yet goes first: nothing more until it has)
+            return
         # A run at a time (Limits.turn_chunk), each drawn on the turn's budget: a thousand deliveries (or
         # take-backs) in one call held a turn 25 ms past its budget, and their sends after the commit more
         blocked = frozenset() if events(self.send) & POLLOUT else frozenset({SEND})
@@ -340,7 +380,8 @@ class NativeEndpoints(Endpoint):
         return bool(self._replies) or self._uploading
 
     def wake_at(self, now: float) -> float | None:
-        wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_wake(now)) if t is not None]
+        give_back = self._waiting_since + GIVE_BACK_S if self._waiting else None
+        wakes = [t for t in (self.replies.wake_at(now), self.gateway.next_wake(now), give_back) if t is not None]
         return min(wakes) if wakes else None
 
     def revoked(self, users: set[str]) -> None:
@@ -358,10 +399,17 @@ class NativeEndpoints(Endpoint):
             self.revoked(lost["send"])
 
     def recover(self) -> None:
+        self._waiting = []  # (the broker may have forgotten them: taken again, they would leave twice)
         self.gateway.recover()
 
     def stats(self) -> dict:
-        return {**self.gateway.stats(), "busy_refused_total": self.busy_refused_total}
+        return {
+            **self.gateway.stats(),
+            "busy_refused_total": self.busy_refused_total,
+            "send_pipe_messages": self.send.getsockopt(zmq.SNDHWM),
+            "send_waiting": len(self._waiting),
+            "send_stalled_cut_total": self.watch.cut_total,
+        }
 
     def memory(self) -> dict[str, int]:
         return {"native_backlogs": self.replies.backlog_bytes, "native_held": self._held_bytes}
@@ -378,11 +426,29 @@ class NativeEndpoints(Endpoint):
         replies, self._replies = self._replies, []
         self.replies.send_many(map(_FRAMES, replies))
         deliveries, self._deliveries = self._deliveries, []
-        for i, send in enumerate(deliveries):
+        if self._waiting:
+            deliveries, self._waiting = self.gateway.sendable(self._waiting) + deliveries, []
+        sock, i, until = self.send, 0, time.monotonic() + SEND_WAIT_TOTAL_S
+        while i < len(deliveries):
             try:
-                send_frames(self.send, send.frames, NOBLOCK)
+                send_frames(sock, deliveries[i].frames, NOBLOCK)
+                i += 1
+                continue
             except Again:
-                # The last consumer left between the writability check and now: the rest goes back.
-                kept = self.gateway.unsent_many(deliveries[i:])
-                self._deliveries = kept
-                return
+                if self._drained(sock, until):
+                    continue
+                # Every pipe is full (or no consumer is connected): the rest waits for room, still in flight
+                # (its ack timeout runs from its take, so a delivery that waits past it is not sent)
+                if i or not self._waiting_since:
+                    self._waiting_since = now
+                if now - self._waiting_since < GIVE_BACK_S:
+                    self._waiting = deliveries[i:]
+                else:  # (nobody took any for a while: back to the queue, known never to have left)
+                    self._deliveries = self.gateway.unsent_many(deliveries[i:])
+                    self._waiting_since = 0.0
+                break
+        else:
+            self._waiting_since = 0.0
+        if self.gateway.pool.look_due(now):
+            streams = self.watch.streams(self.send, now)
+            self.gateway.pool.look(now, streams, closable=not self._waiting)

@@ -3,8 +3,9 @@
 A thin adapter: it reads consumers' commands within the turn's budget (an ACK or NACK counts one
 record per key), asks the gateway for batches of deliveries a chunk at a time (each message one record),
 and sends every answer and batch after the commit through ``Replies`` (nothing vanishes silently: a
-consumer whose pipe is full is served nothing more until it reads). What its pipes may hold (the DELIVER
-frames it has not shown it read, at most SNDHWM + 1 each) and its backlogs count in the memory bound.
+consumer whose pipe is full is served nothing more until it reads). The bodies its consumers were handed
+count in the memory bound through the broker's byte account (``deliveries``: each consumer within its
+share, all of them under the low-water mark), its backlogs as ``consume_backlogs``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class BatchConsumeEndpoint(Endpoint):
             if len(frames) < 2:
                 budget.take(size)
                 continue
-            out = self.gateway.received(frames[0], frames[1:], now=now)
+            out = self.gateway.received(frames[0], frames[1:], now=now, user=user)
             self._out += out
             # (an ACK or NACK touches a record per key: the turn's records bound its commit and flush)
             settles = len(frames) == 3 and frames[1] in (wire.ACK, wire.NACK)
@@ -109,20 +110,18 @@ class BatchConsumeEndpoint(Endpoint):
                 return
 
     def _blocked(self, peer: bytes) -> bool:
-        """Serve ``peer`` nothing now: its answers wait unread, or everything pzq holds is at the big
-        replies' ceiling and this consumer has no share left. A DELIVER is a big reply: consumers that
-        never read them wait rather than raise the alarm that refuses every producer, and wait alone: a
-        consumer that has read all it was sent (it acked), having read before, has its own share, its next
-        DELIVER past the ceiling (up to half way to the high-water mark), whatever the others hold.
-        (Under the ceiling no consumer is held back: a consumer may ask for several 16 MiB messages
-        before it acks any.)"""
+        """Serve ``peer`` nothing now: its answers wait unread, or it has never shown it reads and
+        everything pzq holds is at the big replies' ceiling. What else it may be handed is the broker's
+        byte account's to say (its share, and the ceiling for deliveries, past which only a consumer that
+        holds nothing gets one message): a consumer that acked all it got drains past the ceiling, while
+        new consumers that never read one DELIVER cannot each take one more past it and raise the alarm
+        that refuses every producer (12 of them did)."""
         if self.replies.blocked(peer):
             return True
-        alarm = self.alarm
         consumer = self.gateway.consumers.get(peer)
-        reading = consumer is not None and consumer.reader and consumer.pipe_bytes <= 0
-        band = max(0, alarm.high_water - alarm.ceiling) // 2 if reading else 0
-        return not alarm.admit(0, self.limits.consume_batch_bytes, over=band)
+        if consumer is not None and consumer.reader:
+            return False
+        return not self.alarm.admit(0, self.limits.consume_batch_bytes)
 
     def waiting(self) -> bool:
         return any(out.kind in _ANSWERED_AFTER_COMMIT for out in self._out)
@@ -140,8 +139,6 @@ class BatchConsumeEndpoint(Endpoint):
                 continue
             if self.replies.gone_total != gone:  # (its consumer disconnected: the batch goes back)
                 self.gateway.unsent(out)
-            else:
-                self.gateway.sent(out)
 
     def revoked(self, users: set[str]) -> None:
         # (their commands are dropped by the gate already; this stops deliveries to them)
@@ -172,4 +169,4 @@ class BatchConsumeEndpoint(Endpoint):
         return rows, len(gateway.consumers)
 
     def memory(self) -> dict[str, int]:
-        return {"consume_backlogs": self.replies.backlog_bytes, "consume_pipes": self.gateway.pipe_bytes}
+        return {"consume_backlogs": self.replies.backlog_bytes}

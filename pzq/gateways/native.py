@@ -4,7 +4,8 @@ Two sockets (see shared/specs/pzq-wire.md): producers speak on ``receive`` (the 
 message starts with the producer's routing frame, and so does each ack), consumers on ``send`` (the
 server's DEALER, which picks the consumer itself: deliveries carry no routing frame, and a consumer's
 answer arrives without one). The DEALER hides which consumer got what, so every delivery is held by
-one holder, ``CONSUMER``, and sized by one credit pool (pzq/credit.py).
+one holder, ``CONSUMER``, sized by one credit pool (pzq/credit.py), and their bodies are charged to one
+pool of bytes (pzq/gateways/native_pool.py: its epochs are the payers).
 
 Inputs and outputs are runs: ``received_many`` takes every message a socket gave in a turn and stores
 a producer run in one ``produce_many`` call, acknowledging in the order the messages came (a rejected
@@ -26,6 +27,7 @@ from pzq.credit import NativeCredit
 from pzq.errors import StoreFull
 from pzq.gateways.contract import Send
 from pzq.gateways.native_batches import Batches
+from pzq.gateways.native_pool import SendPool
 from pzq.logs import warn_bad
 from pzq.protocols import native
 from pzq.protocols.native_batch import MARK
@@ -64,6 +66,13 @@ class NativeGateway:
         self.ack_timeout_us = round(ack_timeout_s * 1e6)  # what the wire tells consumers
         self.ack_timeout_s = ack_timeout_s
         self.credit = NativeCredit(max_inflight, ack_timeout_s)
+        self.pool = SendPool(
+            broker,
+            limits.native_send_pool,
+            limits.send_pipe_messages(max_message_size + 4096) + 1,  # (SNDHWM, and libzmq's encoder one more)
+            check_s=limits.native_send_check_s,
+            unwatched_s=ack_timeout_s,
+        )
         self.batches = Batches(
             broker, queue, keys, max_message_size=max_message_size, dedup_window_s=dedup_window_s, limits=limits
         )
@@ -261,7 +270,10 @@ class NativeGateway:
         """True if ``dispatch`` would hand out deliveries were the send socket writable: the endpoint
         then polls it for writability (asking when nothing is ready would wake the loop for nothing)."""
         return (
-            self._stalled_at != self.broker.readiness and self._available(now) > 0 and self.broker.has_ready(self.queue)
+            self._stalled_at != self.broker.readiness
+            and self._available(now) > 0
+            and self.pool.room() > 0
+            and self.broker.has_ready(self.queue)
         )
 
     def dispatch(
@@ -297,13 +309,21 @@ class NativeGateway:
                 self._take_back_logged = now
             if most is not None and len(overdue) >= most:
                 return []  # (this call's work is done: what else is overdue, and the deliveries, come next)
-        credit = self._available(now)
-        if credit <= 0 or SEND in blocked:
+        credit, room = self._available(now), self.pool.room()
+        if credit <= 0 or room <= 0 or SEND in blocked:
             return []
         if most is not None:
             credit = min(credit, most - len(overdue))
         readiness = self.broker.readiness  # (as the take began: a take cut short raises it, and is no stall)
-        taken = self.broker.take(self.queue, credit, CONSUMER, now=now, now_us=now_us, max_bytes=most_bytes)
+        taken = self.broker.take(
+            self.queue,
+            credit,
+            CONSUMER,
+            now=now,
+            now_us=now_us,
+            max_bytes=room if most_bytes is None else min(room, most_bytes),
+            payer=self.pool.payer,
+        )
         self.dispatched += len(taken)
         if not taken:
             self._stalled_at = readiness
@@ -317,9 +337,16 @@ class NativeGateway:
             make((SEND, [b"%016d|%016x%016x" % (message.enqueued_us, *ref), *head, *message.frames], ref, False))
             for message, ref in zip(taken, refs, strict=True)
         ]
-        if most_bytes is not None:
-            self.dispatched_bytes = sum(len(f) for m in taken for f in m.frames)
+        sizes = [sum(map(len, message.frames)) for message in taken]
+        self.dispatched_bytes = sum(sizes)
+        self.pool.handed(max(sizes))
         return out
+
+    def sendable(self, sends: Sequence[Send]) -> list[Send]:
+        """Of deliveries that waited for room in the send socket's pipes (turns of a full socket), those
+        still in flight: one that timed out or was taken back meanwhile is not sent."""
+        deadline_of = self.broker.inflight.deadline_of(CONSUMER)
+        return [send for send in sends if send.socket != SEND or deadline_of(send.token) is not None]  # type: ignore[arg-type]
 
     def unsent(self, send: Send) -> bool:
         """A delivery the send socket would not take is ready again (False); replies are kept (True)."""
@@ -359,8 +386,10 @@ class NativeGateway:
         self.batches.load()
 
     def next_wake(self, now: float) -> float | None:
-        """When the oldest young delivery stops counting against the credit (no message wakes us then)."""
-        return self.credit.wake_at()
+        """When the oldest young delivery stops counting against the credit, or the pool's closed epochs
+        are next worth a look (no message wakes us then)."""
+        wakes = [t for t in (self.credit.wake_at(), self.pool.next_check()) if t is not None]
+        return min(wakes) if wakes else None
 
     def stats(self) -> dict:
         """The consumers' credit window, young deliveries, and deliveries taken back early."""
@@ -368,6 +397,7 @@ class NativeGateway:
             "consumer_window_ms": round(self.credit.window_s * 1000, 1),
             "young_deliveries": self.credit.young,
             "taken_back_total": self.taken_back_total,
+            **self.pool.stats(),
             **self.batches.stats(),
         }
 

@@ -7,14 +7,16 @@ producer's key + 0x1f + the id: each key has its own ids) in the same transactio
 its messages, with a digest of its bodies: the same id with the same bodies within the dedup window is a
 resend whose ack was lost, answered with the first outcome and stored nothing. The same id with other
 bodies is stored (a duplicate is better than a lost message). At most ``Limits.batch_dedup_ids`` ids are
-remembered: past it the oldest is forgotten early (a resend comes within a client's timeout, seconds).
+remembered in all (a resend comes within a client's timeout, seconds): past it the namespace that holds the
+most forgets its oldest early (``Remembered``), so that one key's flood of batches forgets its own ids, never
+those of a key that holds no more than the others.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
@@ -37,6 +39,89 @@ def id_key(batch_id: bytes, curve_key: str | None) -> str:
     if curve_key is None:
         return PREFIX + batch_id.decode("ascii")
     return f"{PREFIX}{curve_key}{CURVE_SEPARATOR}{batch_id.decode('ascii')}"
+
+
+class Remembered:
+    """The batch ids remembered, each in its namespace (a producer's CURVE key; None without CURVE), at most
+    ``most`` in all, oldest first. Past ``most`` the namespace that holds the most ids forgets its oldest (on
+    a tie, the one that got there first, other than the one adding): a producer's flood of batches forgets
+    its own ids, and a key that holds fewer than the most never loses one to another key's. So each key
+    holds at most ``most`` ids, and there are at most ``most`` keys (each holds one at least). O(1) a batch:
+    namespaces are kept in buckets by size."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.ids: collections.OrderedDict[str, tuple[Hashable, int]] = collections.OrderedDict()  # -> (space, µs)
+        self._spaces: dict[Hashable, collections.OrderedDict[str, None]] = {}  # each one's ids, oldest first
+        self._sized: dict[int, dict[Hashable, None]] = {}  # size -> the namespaces of that size
+        self._largest = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def spaces(self) -> int:
+        return len(self._spaces)
+
+    def add(self, space: Hashable, key: str, stored_us: int) -> list[tuple[str, int]]:
+        """Remember ``key`` (an id of ``space``) as stored at ``stored_us`` (again: it becomes the newest);
+        returns the (key, stored µs) of the ids forgotten to make room."""
+        ids, ids_of = self.ids, self._spaces.setdefault(space, collections.OrderedDict())
+        if ids.pop(key, None) is None:
+            self._resize(space, len(ids_of), len(ids_of) + 1)
+        ids_of.pop(key, None)
+        ids[key], ids_of[key] = (space, stored_us), None
+        out: list[tuple[str, int]] = []
+        while len(ids) > self.most:
+            largest = self._sized[self._largest]
+            if len(ids_of) == self._largest and len(largest) == 1:
+                victim = space
+            else:  # (the namespace that reached that size first, another than the one adding)
+                victim = next(other for other in largest if other != space)
+            old = next(iter(self._spaces[victim]))
+            out.append((old, ids[old][1]))
+            self.remove(old)
+        return out
+
+    def expired(self, horizon_us: int) -> list[str]:
+        """Forget the ids stored at ``horizon_us`` or before (their window passed), oldest first."""
+        out: list[str] = []
+        ids = self.ids
+        while ids and next(iter(ids.values()))[1] <= horizon_us:
+            out.append(next(iter(ids)))
+            self.remove(out[-1])
+        return out
+
+    def remove(self, key: str) -> None:
+        """Forget ``key``, if it is remembered."""
+        found = self.ids.pop(key, None)
+        if found is None:
+            return
+        space = found[0]
+        ids_of = self._spaces[space]
+        del ids_of[key]
+        self._resize(space, len(ids_of) + 1, len(ids_of))
+        if not ids_of:
+            del self._spaces[space]
+
+    def _resize(self, space: Hashable, before: int, after: int) -> None:
+        sized = self._sized
+        if before:
+            bucket = sized[before]
+            del bucket[space]
+            if not bucket:
+                del sized[before]
+        if after:
+            sized.setdefault(after, {})[space] = None
+        self._largest = max(self._largest, after)
+        while self._largest and self._largest not in sized:  # (it shrinks by one at most a call)
+            self._largest -= 1
+
+
+def space_of(key: str) -> str | None:
+    """The namespace of a dedup table key made by ``id_key``: its CURVE key, or None."""
+    head, sep, _ = key[len(PREFIX) :].partition(CURVE_SEPARATOR)
+    return head if sep else None
 
 
 class Batches:
@@ -74,10 +159,11 @@ class Batches:
 
     def load(self) -> None:
         """Read the remembered ids, oldest first: at start-up and after a rolled-back turn."""
+        self._ids = Remembered(1 << 62)  # (no writes here: past the limit, the next batch forgets the excess)
         found = [] if self.keys is None else self.keys.items(PREFIX.encode())
-        self._ids: collections.OrderedDict[str, int] = collections.OrderedDict(
-            (key, stored_us) for stored_us, key in sorted((record.stored_us, key) for key, record in found)
-        )
+        for stored_us, key in sorted((record.stored_us, key) for key, record in found):
+            self._ids.add(space_of(key), key, stored_us)
+        self._ids.most = self.most_ids
 
     def received(self, frames: Sequence[bytes], now_us: int) -> Send:
         """The answer to one batch or probe (``native_batch.is_batch(frames)``); its messages stored."""
@@ -126,12 +212,10 @@ class Batches:
 
     def _remember(self, keys: DedupKeys, key: str, now_us: int) -> None:
         ids = self._ids
-        ids[key] = now_us
-        ids.move_to_end(key)
-        while ids and (next(iter(ids.values())) + self.window_us <= now_us or len(ids) > self.most_ids):
-            old, stored_us = ids.popitem(last=False)
-            if stored_us + self.window_us > now_us:
-                self.forgotten_total += 1
+        for old in ids.expired(now_us - self.window_us):
+            keys.delete(old)
+        for old, _ in ids.add(space_of(key), key, now_us):
+            self.forgotten_total += 1
             keys.delete(old)
 
     def failed(self, frames: Sequence[bytes]) -> Send:
@@ -155,4 +239,6 @@ class Batches:
             "batches_refused": self.refused_total,
             "batch_duplicates_dropped": self.duplicates_total,
             "batch_ids_forgotten_early": self.forgotten_total,
+            "batch_ids": len(self._ids),
+            "batch_id_keys": self._ids.spaces,
         }

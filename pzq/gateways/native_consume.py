@@ -4,16 +4,21 @@ Each consumer (its ROUTER routing id) is its own holder in the broker, ``(HOLDER
 it settles only what was delivered to it; the legacy send socket's consumers share the holder
 ``native`` and the same queue. A consumer asks for deliveries with CREDIT (additive: each delivery
 uses one); what it holds and what it is still granted together stay under
-``Limits.consume_max_credit``. Consumers with credit are served round-robin, one batch of at most
+``Limits.consume_max_credit``, and its bodies in flight (or timed out, until it answers or is gone) stay
+within its byte share of the broker's account (``Limits.delivery_share``, pzq/broker/accounts.py): credit
+in messages and in bytes. Consumers with credit are served round-robin, one batch of at most
 ``Limits.consume_max_batch`` each in turn, so a big credit does not starve the others; the endpoint
 draws every batch on the turn's budget.
 
 ROUTER does not report a consumer that left; over tcp:// the socket monitor does (``disconnected``: what
 it held goes back at once). Otherwise a consumer silent for ``Limits.consume_idle_s`` loses its credit,
 and is forgotten once it holds nothing (what it held goes back at its ack timeout, as every delivery).
-At most ``Limits.consume_max_consumers`` are known at once: a HELLO past it evicts the least recently
-heard one that holds nothing and has no credit (it costs nothing to forget: its next command is answered
-"hello-first"), or is refused.
+At most ``Limits.consume_max_consumers`` are known at once, shared per CURVE key as every pool is
+(``ClientShares``: a key holds at most an eighth of them, and the last eighth is kept for keys that hold
+none; without a key each consumer is its own client). A HELLO past its key's part evicts the least
+recently heard of its own consumers that holds nothing and has no credit; a HELLO past the whole pool
+evicts anyone's such consumer (it costs nothing to forget: its next command is answered "hello-first");
+if there is none, it is refused.
 
 Pure: no sockets, no clock (``now`` and ``now_us`` are handed in). Every answer is sent after the
 turn's commit, so SETTLED means durably settled.
@@ -23,11 +28,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 from collections.abc import Callable, Hashable, Sequence
 
 from pzq.broker import Broker, Ref, Taken
-from pzq.config import DEFAULT_LIMITS, Limits
+from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.native import ref_of_key
 from pzq.logs import warn_bad
@@ -52,27 +56,25 @@ def _refs_of(keys: Sequence[bytes]) -> list[Ref | None]:
 
 
 class Consumer:
-    """One consumer: its credit, when it was last heard, and what its pipe may hold (the DELIVER frames
-    sent to it that it has not shown it read: an ACK or NACK of a key shows every frame up to that one's)."""
+    """One consumer: its credit, when it was last heard, its connection and its CURVE key. (What its pipe
+    holds is in the broker's byte account: the bodies of its deliveries, its holder's.)"""
 
-    __slots__ = (
-        *("peer", "holder", "credit", "seen", "frames", "serial_of", "serial", "pipe_bytes", "ringed", "fd", "user"),
-        *("reader",),
-    )
+    __slots__ = ("peer", "holder", "credit", "seen", "ringed", "fd", "user", "reader")
 
-    def __init__(self, peer: bytes, now: float):
+    def __init__(self, peer: bytes, now: float, user: str | None = None):
         self.peer = peer
         self.holder: Hashable = (HOLDER, peer)
         self.credit = 0
         self.seen = now
-        self.frames: collections.deque[tuple[int, int, tuple[Ref, ...]]] = collections.deque()  # (serial, size, refs)
-        self.serial_of: dict[Ref, int] = {}  # ref -> serial of the frame that carried it (frames still counted)
-        self.serial = 0
-        self.pipe_bytes = 0
         self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
         self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
-        self.user: str | None = None  # its CURVE key (z85), if the endpoint is a CURVE server
-        self.reader = False  # it showed it read a DELIVER (it settled a key of one)
+        self.user = user  # its CURVE key (z85), if the endpoint is a CURVE server
+        self.reader = False  # it showed it reads its DELIVERs (it settled a key of one)
+
+    @property
+    def client(self) -> Hashable:
+        """Whose share of the consumer slots it draws on: its CURVE key, or itself without one."""
+        return self.user if self.user is not None else self.peer
 
 
 @dataclasses.dataclass
@@ -88,20 +90,19 @@ class Out:
 class BatchConsumeGateway:
     """The consumers of the batched endpoint: commands in, answers and batches of deliveries out."""
 
-    def __init__(
-        self, broker: Broker, *, queue: str, ack_timeout_s: float, pipe_depth: int, limits: Limits = DEFAULT_LIMITS
-    ):
+    def __init__(self, broker: Broker, *, queue: str, ack_timeout_s: float, limits: Limits = DEFAULT_LIMITS):
         self.broker = broker
         self.queue = queue
         self.ack_timeout_s = ack_timeout_s
         self.ack_timeout_us = round(ack_timeout_s * 1e6)
         self.limits = limits  # consume_* (see pzq/limits.py)
-        self.pipe_depth = pipe_depth  # DELIVER frames a consumer's pipe holds at most (SNDHWM + 1)
         self.consumers: dict[bytes, Consumer] = {}  # the least recently heard first
+        self.slots = ClientShares(limits.consume_max_consumers, limits)  # (per CURVE key, see the docstring)
         self._ring: collections.deque[Consumer] = collections.deque()  # consumers with credit, in serving order
         self._stalled_at: int | None = None  # the broker's readiness when a take found nothing
-        self._fds: dict[int, bytes] = {}  # connection descriptor -> the consumer whose commands came over it
-        self.pipe_bytes = 0  # of every consumer's pipe estimate (the memory bound)
+        # Connection descriptor -> the consumer whose commands came over it: kept after a consumer is forgotten
+        # for silence, so that its stale copies (pzq/broker/accounts.py) are released when the connection goes
+        self._fds: dict[int, bytes] = {}
         self.dispatched = 0  # messages handed out by the last dispatch call
         self.dispatched_bytes = 0  # and the bytes of their bodies (they draw on the turn's bytes)
         self.delivered_total = self.batches_total = self.refused_total = 0
@@ -109,8 +110,9 @@ class BatchConsumeGateway:
 
     # -- commands --------------------------------------------------------------------------------
 
-    def received(self, peer: bytes, frames: list[bytes], *, now: float) -> list[Out]:
-        """One command from ``peer`` (without its routing frame): what to answer after the commit."""
+    def received(self, peer: bytes, frames: list[bytes], *, now: float, user: str | None = None) -> list[Out]:
+        """One command from ``peer`` (without its routing frame; ``user``: its CURVE key, if any): what to
+        answer after the commit."""
         try:
             command = wire.parse_command(frames, self.limits.consume_max_keys)
         except ProtocolError as exc:
@@ -120,18 +122,23 @@ class BatchConsumeGateway:
             consumer.seen = now
             self.consumers[peer] = self.consumers.pop(peer)  # (now the most recently heard)
         if command.name == wire.HELLO:
-            return [self._hello(peer, consumer, now)]
+            return [self._hello(peer, consumer, now, user)]
         if command.name == wire.CREDIT:
             return self._credit(peer, consumer, command.count)
         if command.name == wire.BYE:
             returned = self.broker.consumer_gone((HOLDER, peer))
             if consumer is not None:
-                self._forget(consumer)
+                self._forget(consumer, gone=True)
             return [Out([peer, *wire.bye_reply(returned)], wire.BYE)]
         return [self._settle(peer, consumer, command)]
 
-    def _hello(self, peer: bytes, consumer: Consumer | None, now: float) -> Out:
+    def _hello(self, peer: bytes, consumer: Consumer | None, now: float, user: str | None) -> Out:
         if consumer is None:
+            consumer = Consumer(peer, now, user)
+            client = consumer.client
+            refusal = self.slots.refusal(client, len(self.consumers))
+            if refusal is not None and not self._evict_one(client):  # (its own idle one makes room)
+                return self._error(peer, "too-many-consumers", f"{refusal}, each holding deliveries or credit")
             if len(self.consumers) >= self.limits.consume_max_consumers and not self._evict_one():
                 return self._error(
                     peer,
@@ -139,7 +146,8 @@ class BatchConsumeGateway:
                     f"{len(self.consumers)} consumers are known (at most {self.limits.consume_max_consumers}) and "
                     "each holds deliveries or credit: try again later",
                 )
-            self.consumers[peer] = Consumer(peer, now)
+            self.consumers[peer] = consumer
+            self.slots.add(client)
         limits = self.limits
         idle_us = round(limits.consume_idle_s * 1e6)
         reply = wire.hello_reply(
@@ -147,14 +155,20 @@ class BatchConsumeGateway:
         )
         return Out([peer, *reply], wire.HELLO)
 
-    def _evict_one(self) -> bool:
-        """Forget the least recently heard consumer that holds nothing and has no credit (among the
-        first SWEEP_LOOK); False if there is none."""
-        for _, consumer in zip(range(SWEEP_LOOK), list(self.consumers.values()), strict=False):
+    def _evict_one(self, client: Hashable = None) -> bool:
+        """Forget the least recently heard consumer (of ``client``, if given) that holds nothing and has no
+        credit (among the first SWEEP_LOOK looked at); False if there is none."""
+        looked = 0
+        for consumer in list(self.consumers.values()):
+            if client is not None and consumer.client != client:
+                continue
             if consumer.credit == 0 and self.broker.held_count(consumer.holder) == 0:
                 self._forget(consumer)
                 self.evicted_total += 1
                 return True
+            looked += 1
+            if looked >= SWEEP_LOOK:
+                break
         return False
 
     def _credit(self, peer: bytes, consumer: Consumer | None, count: int) -> list[Out]:
@@ -206,6 +220,8 @@ class BatchConsumeGateway:
                     settled.append(ref)
                 else:
                     refused.append(key)
+        if consumer is not None and settled:
+            consumer.reader = True
         if refused:
             self.refused_total += len(refused)
             warn_bad(
@@ -214,8 +230,6 @@ class BatchConsumeGateway:
                 f"{len(refused)} of {len(command.keys)} key(s) of a {command.name.decode()} not held by it "
                 f"(unknown, settled or another's), e.g. {refused[0][:60]!r}: refused",
             )
-        if consumer is not None and settled:
-            self._read_up_to(consumer, settled)
         return Out([peer, *wire.settled(len(settled), refused)], command.name)
 
     def _error(self, peer: bytes, code: str, detail: str) -> Out:
@@ -254,17 +268,21 @@ class BatchConsumeGateway:
                 self._ring.append(consumer)
                 skipped += 1
                 continue
-            skipped = 0
             n = min(consumer.credit, self.limits.consume_max_batch, most - self.dispatched)
             readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
-            # (one DELIVER's bytes a turn of the ring: the endpoint admits each batch into the memory bound)
+            # (one DELIVER's bytes a turn of the ring; the take stops at the consumer's byte share)
             taken = self.broker.take_run(
                 self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
             )
+            if not taken and self.broker.has_ready(self.queue):  # (no room in its share: the others' turn)
+                self._ring.append(consumer)
+                skipped += 1
+                continue
             if not taken:
                 self._ring.appendleft(consumer)
                 self._stalled_at = readiness
                 break
+            skipped = 0
             consumer.credit -= len(taken)
             if consumer.credit > 0:
                 self._ring.append(consumer)
@@ -302,35 +320,6 @@ class BatchConsumeGateway:
         self.batches_total += 1
         return Out([peer, *wire.deliver(self.ack_timeout_us, now_us, keys, bodies)], wire.DELIVER, tuple(refs))
 
-    def sent(self, out: Out) -> None:
-        """A DELIVER went into its consumer's pipe: counted in its pipe estimate."""
-        consumer = self.consumers.get(out.frames[0])
-        if consumer is None:
-            return
-        size = sum(map(len, out.frames))
-        consumer.serial += 1
-        consumer.frames.append((consumer.serial, size, out.refs))
-        consumer.serial_of.update(zip(out.refs, itertools.repeat(consumer.serial)))
-        self._pipe(consumer, size)
-        while len(consumer.frames) > self.pipe_depth:  # (older ones have left its pipe)
-            self._drop_frame(consumer)
-
-    def _read_up_to(self, consumer: Consumer, refs: list[Ref]) -> None:
-        """The consumer settled ``refs``: it has read every frame up to the newest that carried one."""
-        consumer.reader = True
-        newest = max(map(consumer.serial_of.get, refs, itertools.repeat(0)), default=0)
-        while consumer.frames and consumer.frames[0][0] <= newest:
-            self._drop_frame(consumer)
-
-    def _drop_frame(self, consumer: Consumer) -> None:
-        _, size, refs = consumer.frames.popleft()
-        collections.deque(map(consumer.serial_of.pop, refs, itertools.repeat(None)), maxlen=0)  # (each popped)
-        self._pipe(consumer, -size)
-
-    def _pipe(self, consumer: Consumer, size: int) -> None:
-        consumer.pipe_bytes += size
-        self.pipe_bytes += size
-
     def unsent(self, out: Out) -> None:
         """A DELIVER that could not leave (its consumer is gone): its messages go back to the queue, and
         the consumer is forgotten (with what else it held: nobody is there to ack it)."""
@@ -339,7 +328,7 @@ class BatchConsumeGateway:
         self.broker.consumer_gone((HOLDER, peer))
         consumer = self.consumers.get(peer)
         if consumer is not None:
-            self._forget(consumer)
+            self._forget(consumer, gone=True)
             self.forgotten_total += 1
 
     def rolled_back(self, outs: list[Out]) -> list[Out]:
@@ -383,7 +372,7 @@ class BatchConsumeGateway:
                 return
             consumer.credit = 0
             if self.broker.held_count(consumer.holder) == 0:
-                self._forget(consumer)
+                self._forget(consumer, gone=False)
                 self.forgotten_total += 1
             else:  # (it holds deliveries: its ack timeouts bring them back; looked at again later)
                 consumer.seen = now
@@ -402,7 +391,6 @@ class BatchConsumeGateway:
         consumer = self.consumers.get(peer)
         if consumer is None:
             return
-        consumer.user = user
         if fd < 0 or consumer.fd == fd:
             return
         self._fds[fd] = peer
@@ -417,7 +405,7 @@ class BatchConsumeGateway:
         self.broker.consumer_gone((HOLDER, peer))
         consumer = self.consumers.get(peer)
         if consumer is not None:
-            self._forget(consumer)
+            self._forget(consumer, gone=True)
             self.forgotten_total += 1
 
     def revoke(self, users: set[str]) -> int:
@@ -426,15 +414,21 @@ class BatchConsumeGateway:
         gone = [c for c in self.consumers.values() if c.user is not None and c.user in users]
         for consumer in gone:
             self.broker.consumer_gone(consumer.holder)
-            self._forget(consumer)
+            self._forget(consumer, gone=True)
         return len(gone)
 
-    def _forget(self, consumer: Consumer) -> None:
-        if self._fds.get(consumer.fd) == consumer.peer:
+    def _forget(self, consumer: Consumer, *, gone: bool = False) -> None:
+        """Forget ``consumer``; ``gone``: its connection closed (or it said BYE, or was revoked), and
+        ``Broker.consumer_gone`` released what it held. Forgotten for silence or to make room, it holds
+        nothing in flight, but copies of deliveries that timed out may still sit in its pipe: they stay
+        charged to it until its connection closes (over ipc://, where no connection is known, now)."""
+        if gone and self._fds.get(consumer.fd) == consumer.peer:
             del self._fds[consumer.fd]
-        self.consumers.pop(consumer.peer, None)
+        elif not gone and consumer.fd < 0:
+            self.broker.payer_gone(consumer.holder)
+        if self.consumers.pop(consumer.peer, None) is consumer:
+            self.slots.add(consumer.client, -1)
         consumer.credit = 0  # (its ring entry is skipped, then dropped)
-        self.pipe_bytes -= consumer.pipe_bytes
 
     def stats(self) -> dict:
         """The monitor's figures of the batched consumers."""
@@ -447,4 +441,6 @@ class BatchConsumeGateway:
             "errors_total": self.errors_total,
             "evicted_total": self.evicted_total,
             "forgotten_total": self.forgotten_total,
+            "slot_holders": len(self.slots.held),
+            "refused_slots_total": self.slots.refused_total,
         }

@@ -13,7 +13,7 @@ from pzq.endpoints.api import ApiEndpoint
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.emqp import EmqpEndpoint
 from pzq.endpoints.native import NativeEndpoints
-from pzq.endpoints.native_consume import PIPE_FRAMES, BatchConsumeEndpoint
+from pzq.endpoints.native_consume import BatchConsumeEndpoint
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.endpoints.stream import StreamEndpoint
 from pzq.gateways.api import ApiGateway
@@ -59,9 +59,7 @@ def gateway_endpoints(
     _native_conforms: FramesGateway = native  # (mypy checks each gateway against the contract)
     endpoints: list[Endpoint] = [NativeEndpoints(cfg, native, owned)]
     if cfg.consume_dsn:  # batched consumers of the same queue (PZQ-BATCH/1)
-        batch = BatchConsumeGateway(
-            broker, queue=cfg.queue, ack_timeout_s=cfg.ack_timeout, pipe_depth=PIPE_FRAMES + 1, limits=cfg.limits
-        )
+        batch = BatchConsumeGateway(broker, queue=cfg.queue, ack_timeout_s=cfg.ack_timeout, limits=cfg.limits)
         endpoints.append(BatchConsumeEndpoint(cfg, batch, owned))
     if cfg.phpmq_dsn:
         phpmq: StreamGateway = PhpmqGateway(
