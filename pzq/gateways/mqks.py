@@ -110,8 +110,9 @@ class MqksGateway(Requests):
         self.turns.push(conn, session, likely)
 
     def _has_work(self, conn: bytes, session: Session) -> bool:
-        """Held output that may go, or a request (a line, a slice) while what it holds back is small."""
-        return self.outbox.ready(conn) or session.busy and session.held_size <= HELD_MOST
+        """Held output that may go, or a slice, or a line while its answers have room; while it holds back little."""
+        lines = session.job is not None or bool(session.waiting) and self.outbox.may_answer(conn)
+        return self.outbox.ready(conn) or lines and session.held_size <= HELD_MOST
 
     def load(self) -> None:
         """Read the bindings: at start-up and after a rolled-back turn."""
