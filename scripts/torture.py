@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torture_cases as cases  # noqa: E402 - the script's own directory, whatever the working one
 import torture_doors as doors  # noqa: E402
 import torture_emqp as emqp_cases  # noqa: E402
+import torture_hostile_tcp  # noqa: E402
 import torture_kept as kept  # noqa: E402
 import torture_monitor  # noqa: E402
 import torture_mqks as mqks  # noqa: E402
@@ -104,6 +105,7 @@ CASES = {
     "console-flood": (kept.console_flood, 20, 1, _console_args, frozenset()),
     "monitor-peek-flood": (kept.monitor_peek_flood, 16, 4, _none, frozenset()),
     **torture_monitor.CASES,
+    **torture_hostile_tcp.CASES,
     "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, _publish_args, frozenset()),
     "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _big_args, frozenset()),
     "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _big_args, frozenset()),

@@ -65,7 +65,10 @@ def phpmq_deaf_consumer(srv: Server, size: int, short: bool) -> str:
             reader.sendall(phpmq(4, [(1, b"deaf"), (3, packets.get(3, b""))]))
     took = time.monotonic() - began
     counted = _stats(srv, "counted_peak_bytes")
-    left = depth(srv.monitor, "deaf")
+    deadline, left = time.monotonic() + 5, depth(srv.monitor, "deaf")
+    while left != size - got and time.monotonic() < deadline:  # (the last acks wait for their commit)
+        time.sleep(0.05)
+        left = depth(srv.monitor, "deaf")
     reader.close()
     deaf.close()
     lost = "" if stored == size and left == size - got else f" (NOT all kept: {stored} stored, {left} left)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 
 from pzq.broker import Broker
@@ -245,26 +246,64 @@ def test_a_connection_that_stops_reading_is_charged_what_waits_for_it_and_gets_t
     slow.close()
 
 
-def test_a_connection_that_leaves_its_answers_unread_past_its_share_and_a_backlog_is_closed(make_server):
-    limits = dataclasses.replace(DEFAULT_LIMITS, delivery_share=64 * KIB, stream_backlog_bytes=64 * KIB)
+def test_pipelined_lines_are_answered_up_to_the_connections_share_and_the_rest_once_its_peer_has_those(store):
+    share = 64 * KIB
+    limits = dataclasses.replace(DEFAULT_LIMITS, delivery_share=share)
+    gateway = gateway_on(store, delivery_share=share)
+    gateway.connected(b"deaf")
+    gateway.keep(b"deaf", b"".join(b"p%04d ping %s\n" % (i, b"y" * 1000) for i in range(1000)))  # (1 MB of answers)
+    answered = []
+    for _ in range(5):  # (its peer acknowledges nothing)
+        answered += lines_to(turn(gateway, limits), b"deaf")
+    assert 0 < sum(map(len, answered)) <= share + 1100, "answers up to its share (and one), however many turns"
+    assert gateway.stats()["lines_waiting"] == 1000 - len(answered), "the rest wait, counted in its input"
+    for _ in range(40):  # its peer reads: what it was sent is acknowledged, the rest is answered, in order
+        gateway.unpiped(b"deaf", share)
+        answered += lines_to(turn(gateway, limits), b"deaf")
+    assert answered == [b"p%04d ok %s" % (i, b"y" * 1000) for i in range(1000)]
+
+
+def test_a_connection_past_the_ceiling_is_answered_once_it_holds_no_answer_and_another_is_answered_meanwhile(store):
+    limits = DEFAULT_LIMITS
+    gateway = gateway_on(store)
+    for conn in (b"a", b"b"):
+        gateway.connected(conn)
+    gateway.broker.accounts.bank(others=10 << 20, ceiling=8 << 20, high_water=64 << 20)  # (the memory bound full)
+    gateway.keep(b"a", b"a1 ping x\na2 ping y\n")
+    assert lines_to(turn(gateway, limits), b"a") == [b"a1 ok x"], "one answer while it holds none"
+    gateway.keep(b"b", b"b1 ping z\n")
+    assert lines_to(turn(gateway, limits), b"b") == [b"b1 ok z"], "another connection holding none is answered"
+    assert lines_to(turn(gateway, limits), b"a") == [], "none more while its answer is unacknowledged"
+    gateway.unpiped(b"a", 100)
+    assert lines_to(turn(gateway, limits), b"a") == [b"a2 ok y"]
+
+
+def test_a_connection_that_pipelines_lines_and_reads_nothing_holds_its_share_of_answers_then_is_closed(make_server):
+    limits = dataclasses.replace(DEFAULT_LIMITS, delivery_share=64 * KIB)
     srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=limits)
     port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
     deaf = socket.socket()
     deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * KIB)
     deaf.connect(("127.0.0.1", port))
-    deaf.settimeout(0.2)
-    sent = 0
-    try:
-        for i in range(40_000):  # (answers of 30 bytes: 1.2 MB of them, far past 128 KiB)
-            deaf.sendall(b"p%06d ping %s\n" % (i, b"y" * 16))
-            sent += 1
-    except (TimeoutError, OSError):
-        pass  # (it is closed, or no longer read: TCP's back-pressure)
-    deadline = time.monotonic() + 20
-    while srv.stats()["mqks"]["connections"]:
-        assert time.monotonic() < deadline, f"still open after {sent} lines"
-        time.sleep(0.05)
-    assert srv.stats()["memory"]["delivery_piped_bytes"] == 0, "what it was charged went with it"
+    done = threading.Event()
+
+    def write() -> None:  # (answers of 1 KB: 8 MB of them, far past its share; its lines past its input's)
+        try:
+            for i in range(8_000):
+                deaf.sendall(b"p%06d ping %s\n" % (i, b"y" * 1000))
+        except OSError:
+            pass  # (closed)
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    deadline, most = time.monotonic() + 30, 0
+    while not done.is_set() or srv.stats()["mqks"]["connections"]:
+        assert time.monotonic() < deadline, "still open, or still read"
+        most = max(most, srv.stats()["memory"]["delivery_piped_bytes"])
+        time.sleep(0.02)
+    assert 0 < most <= 64 * KIB + 2 * KIB, "answers it left unread stop at its share"
+    memory = srv.stats()["memory"]
+    assert memory["delivery_piped_bytes"] == 0 and memory["alarms_total"] == 0, "what it was charged went with it"
     deaf.close()
     with MqksClient(srv.config.mqks_dsn) as other:
         other.send("pg ping fine")

@@ -142,6 +142,17 @@ class DeliveryAccounts:
             return everyone < self._high_water + self.slack
         return held + size <= self._shares.get(payer, self.share) and everyone + size <= self._ceiling
 
+    def may_pipe(self, payer: Hashable, unsent: int, inflight: InFlight) -> bool:
+        """Whether ``payer`` may be handed another answer (a reply, not a delivery): its piped bytes, with
+        ``unsent`` made for it and not charged yet, under its share and everyone's under the ceiling; the
+        first whatever they hold, as ``room`` allows a delivery. Its deliveries are not counted: a reader
+        holding its share of them must still be answered, since its acks are what gives that room back."""
+        piped = self._piped.get(payer, 0) + unsent
+        everyone = self._others + self.total(inflight) + unsent
+        if not piped:
+            return everyone < self._high_water + self.slack
+        return piped < self._shares.get(payer, self.share) and everyone < self._ceiling
+
     def filled(self, payer: Hashable, inflight: InFlight) -> None:
         """A take stopped at ``payer``'s room: remember it, to be told when a release gives it more."""
         held = self.held(payer, inflight)

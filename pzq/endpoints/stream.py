@@ -15,7 +15,9 @@ that a send is refused (a delivery taken back, to be taken again next turn) only
 while it reads; a PHPMQ connection is sent nothing else.
 
 For a gateway that charges what it sends (MQKS: ``PipedGateway``), it reads what each peer's TCP
-acknowledged (endpoints/unread.py) and closes a connection that leaves too much unacknowledged."""
+acknowledged (endpoints/unread.py) and closes a connection that leaves too much unacknowledged. On every
+door, a connection whose peer acknowledges none of the bytes waiting for it for ``stuck_reader_s`` is
+closed once it holds no delivery within its ack timeout (endpoints/stuck.py): its share is released."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets
+from pzq.endpoints.connwatch import _shut
 from pzq.endpoints.shares import ConnectionLimit
+from pzq.endpoints.stuck import StuckReaders
 from pzq.endpoints.unread import Unread
 from pzq.gateways.contract import PacedGateway, PipedGateway, Send, StreamGateway
 from pzq.gateways.parted import Parted
@@ -70,6 +74,14 @@ class StreamEndpoint(Endpoint):
         # (MQKS: a gateway that charges what it sends until the peer's TCP has it: endpoints/unread.py)
         self.piped: PipedGateway | None = gateway if isinstance(gateway, PipedGateway) else None
         self.unread = Unread()
+        # A connection whose peer acknowledges none of the bytes waiting for it (its deliveries' ack timeouts
+        # past: they went back) is closed: 14 PHPMQ consumers that read nothing had held the memory bound's
+        # whole room for deliveries for good, every consumer of every door then handed one message at a time
+        self._fds: dict[bytes, int] = {}  # open connection -> libzmq's descriptor (SRCFD), where readable
+        self._conn_of: dict[int, bytes] = {}
+        self.stuck = StuckReaders(
+            name, dsn, lambda: set(self._conn_of), config.limits, cut=self._cut_stuck, spare=self._holding
+        )
         # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
         # 8 KiB each wait for a turn to read them (libzmq's default, written down)
         self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
@@ -119,8 +131,10 @@ class StreamEndpoint(Endpoint):
                     self._gone(conn)
                 elif conn not in self._closing and self._closed.pop(conn, None) is None:
                     self._connect(conn, *peer_address(last), now_us)
-                    if conn in sessions and self.piped is not None:
-                        self.unread.opened(conn, _descriptor(last))
+                    if conn in sessions and (fd := _descriptor(last)) >= 0:
+                        self._fds[conn], self._conn_of[fd] = fd, conn
+                        if self.piped is not None:
+                            self.unread.opened(conn, fd)
                 continue
             if conn in self._closing or conn in self._closed:
                 continue
@@ -204,6 +218,9 @@ class StreamEndpoint(Endpoint):
         # second and more of the loop), and every client waited for it
         if self.piped is not None and self.unread.pending:
             self._read_back(self.piped)
+        if self._conn_of and (most := self.budget.records_for(self.limits.stuck_checks_per_turn)):
+            if looked := self.stuck.check(now, most):  # (a look is two system calls: a record)
+                self.budget.take(records=looked)
         blocked = frozenset(self._backlog)
         while most := self.budget.records_for(self.limits.turn_chunk):
             most_bytes = max(self.budget.bytes_left, 1)
@@ -308,7 +325,22 @@ class StreamEndpoint(Endpoint):
             for conn in [c for c, t in self._closed.items() if now - t > CLOSED_MEMORY_S]:
                 del self._closed[conn]
 
+    def _holding(self, fd: int) -> bool:
+        conn = self._conn_of.get(fd)
+        return conn is not None and self.gateway.holding(conn)
+
+    def _cut_stuck(self, fd: int, endpoint: str) -> None:
+        """``fd``'s peer read nothing for ``stuck_reader_s`` (logged): closed, and its descriptor shut down
+        (a close frame waits behind what its pipe holds)."""
+        conn = self._conn_of.get(fd)
+        if conn is not None and conn in self.gateway.sessions:
+            self._close(conn)
+            _shut(fd, endpoint)
+
     def _gone(self, conn: bytes) -> None:
+        fd = self._fds.pop(conn, None)
+        if fd is not None and self._conn_of.get(fd) == conn:
+            del self._conn_of[fd]
         self._peers.pop(conn, None)
         self.unread.gone(conn)
         self.gateway.disconnected(conn)
@@ -353,6 +385,7 @@ class StreamEndpoint(Endpoint):
         return {
             **self.gateway.stats(),
             "closed_bad_input_total": self.closed_total,
+            "stuck_readers_cut_total": self.stuck.cut_total,  # (read nothing, held nothing in time)
             # (the unfinished input of every raw-TCP connection together, as --max-partial-input bounds it)
             "partial_input_bytes_all": self.connections.partial_total,
             "partial_input_bytes": self.connections.partial_of(self.name),  # (this endpoint's connections')

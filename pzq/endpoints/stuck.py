@@ -63,15 +63,18 @@ class StuckReaders:
         *,
         look: Callable[[int], tuple[int, int] | None] = progress,
         cut: Callable[[int, str], None] = _shut,
+        spare: Callable[[int], bool] = lambda fd: False,
     ):
         """``open_fds`` gives the descriptors of the socket's open connections (the socket monitor's);
-        ``look`` and ``cut`` are the kernel's (tests pass their own)."""
+        ``look`` and ``cut`` are the kernel's (tests pass their own); a stuck connection ``spare`` says to
+        leave alone (it holds deliveries whose ack timeout has not come) is cut once it no longer does."""
         self.role = role
         self.endpoint = endpoint
         self.open_fds = open_fds
         self.limits = limits
         self.look = look
         self.cut = cut
+        self.spare = spare
         self._since: dict[int, tuple[int, float]] = {}  # fd -> (bytes acknowledged, since when no more)
         self._round: collections.deque[int] = collections.deque()  # this round's descriptors not looked at
         self._next_round = 0.0
@@ -102,7 +105,7 @@ class StuckReaders:
             if not queued or before is None or before[0] != acked:
                 self._since[fd] = (acked, now)  # (it reads, or has nothing waiting: a fresh start)
                 continue
-            if now - before[1] >= self.limits.stuck_reader_s:
+            if now - before[1] >= self.limits.stuck_reader_s and not self.spare(fd):
                 del self._since[fd]
                 self.cut_total += 1
                 warn_bad(

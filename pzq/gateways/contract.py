@@ -114,6 +114,11 @@ class StreamGateway(Gateway, Protocol):
         """Bytes of unfinished input it holds (held against --max-partial-input)."""
         ...
 
+    def holding(self, conn: bytes) -> bool:
+        """True while the connection holds deliveries whose ack timeout has not come (a peer that reads
+        nothing is cut only after they went back: pzq/endpoints/stuck.py)."""
+        ...
+
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
 
     def dispatch(

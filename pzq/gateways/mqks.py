@@ -110,8 +110,9 @@ class MqksGateway(Requests):
         self.turns.push(conn, session, likely)
 
     def _has_work(self, conn: bytes, session: Session) -> bool:
-        """Held output that may go, or a request (a line, a slice) while what it holds back is small."""
-        return self.outbox.ready(conn) or session.busy and session.held_size <= HELD_MOST
+        """Held output that may go, or a slice, or a line while its answers have room; while it holds back little."""
+        lines = session.job is not None or bool(session.waiting) and self.outbox.may_answer(conn)
+        return self.outbox.ready(conn) or lines and session.held_size <= HELD_MOST
 
     def load(self) -> None:
         """Read the bindings: at start-up and after a rolled-back turn."""
@@ -164,10 +165,12 @@ class MqksGateway(Requests):
         self.rights.connected(conn, address)
 
     def buffered(self, conn: bytes) -> int:
-        """Bytes of input this connection holds: an unfinished line, whole lines not served yet, and the
-        line of a publish still being stored."""
+        """Bytes of input it holds: an unfinished line, whole lines not served, a publish's being stored."""
         session = self.sessions.get(conn)
         return 0 if session is None else session.buffered
+
+    def holding(self, conn: bytes) -> bool:
+        return self.consumers.holding(conn)
 
     def disconnected(self, conn: bytes) -> None:
         """The connection is gone: its consumers go, and what they held returns with retry raised. A
@@ -359,8 +362,6 @@ class MqksGateway(Requests):
 
     def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
         self._reply(conn, self._error_line(request_id, code, detail))
-
-    # -- what is sent, and its charge ------------------------------------------------------------------
 
     def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
         """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are

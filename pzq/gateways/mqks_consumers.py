@@ -71,6 +71,10 @@ class Consumers:
         """The consumers of one connection."""
         return list(self._by_conn.get(conn, {}).values())
 
+    def holding(self, conn: bytes) -> bool:
+        """True while a consumer of the connection holds unacked deliveries (not timed out yet)."""
+        return any(self.broker.held_count(consumer.key) for consumer in self._by_conn.get(conn, {}).values())
+
     def of_queue(self, queue: str, limit: int) -> tuple[list[dict], int]:
         """The consumers of ``queue`` as the monitor's QUEUE lists them (at most ``limit``), and how many."""
         mine = self.by_queue.get(queue, [])

@@ -45,8 +45,9 @@ class Outbox:
         self.out: list[Send] = []  # what goes with this turn
         self._holders: set[bytes] = set()  # connections with held output
         self._stuck: set[bytes] = set()  # of them, those whose next notice found no room
+        self._quiet: set[bytes] = set()  # connections whose lines wait for room for their answers
         self.retry_at = 0.0  # when the stuck ones are looked at again, unless something gave them room
-        self._made: dict[bytes, int] = {}  # notice bytes made this turn per connection, not charged yet
+        self._made: dict[bytes, int] = {}  # bytes sent this turn per connection, not charged yet
         self._blobs: dict[str, tuple[tuple[str, ...], bytes]] = {}  # queue -> (its events, them joined)
         self._blob_bytes = 0
         self.stamp = 0  # the turn's: what was held this turn a rollback must take back
@@ -67,6 +68,7 @@ class Outbox:
             session.held_size += len(send.frames[-1])
         else:
             self.out.append(send)
+            self._made[send.peer] = self._made.get(send.peer, 0) + len(send.frames[-1])
 
     def due(self, consumer: Consumer) -> None:
         """``consumer`` is to be told its queue's events (once: the list as it is when it is sent)."""
@@ -87,24 +89,39 @@ class Outbox:
         """True when ``conn`` has held output that may go now (not waiting for room)."""
         return conn in self._holders and conn not in self._stuck
 
+    def may_answer(self, conn: bytes) -> bool:
+        """Whether ``conn``'s next line may be served: what it was sent and its peer has not acknowledged
+        (answers, notices, auto-ack deliveries), with what this turn made for it, is under its share and
+        the memory bound's ceiling (``accounts.may_pipe``). If not, its lines wait (counted in its
+        unfinished input: a client that pipelines and never reads is read no further, then closed) until
+        its peer acknowledges some (``unstick``) or ``retry``. A ping's answer is as long as its line: 16
+        connections pipelining pings of 60 KB and reading nothing held 497 MiB, raised the alarm (every
+        producer refused) and left the server 638 MiB of RssAnon, when answers stopped only at each
+        connection's share and a backlog (``stream_backlog_bytes``) unacknowledged."""
+        if self.broker.accounts.may_pipe(("mqks", conn), self._made.get(conn, 0), self.broker.inflight):
+            return True
+        self._quiet.add(conn)
+        return False
+
     def unstick(self, conn: bytes) -> None:
-        """``conn`` may have room again (an ack, its peer read): its held output is looked at."""
-        if conn in self._stuck:
+        """``conn`` may have room again (an ack, its peer read): its held output and lines are looked at."""
+        if conn in self._stuck or conn in self._quiet:
             self._stuck.discard(conn)
+            self._quiet.discard(conn)
             self.wake(conn)
 
     def retry(self, now: float) -> None:
         """Connections without room are looked at again once ``retry_at`` came, whatever gave them room
         (an ack timeout, the memory bound going down)."""
-        if self._stuck and now >= self.retry_at:
-            for conn in list(self._stuck):
+        if self.has_stuck and now >= self.retry_at:
+            for conn in [*self._stuck, *self._quiet]:
                 self.unstick(conn)
-        if not self._stuck:
+        if not self.has_stuck:
             self.retry_at = now + RETRY_S
 
     @property
     def has_stuck(self) -> bool:
-        return bool(self._stuck)
+        return bool(self._stuck or self._quiet)
 
     def drain(self, conn: bytes, session: Session, budget: Budget, binding_of, registered) -> None:
         """A slice of ``conn``'s held output, in order, while the turn's bytes last: a notice only while
@@ -184,6 +201,7 @@ class Outbox:
         self._made.pop(conn, None)
         self._holders.discard(conn)
         self._stuck.discard(conn)
+        self._quiet.discard(conn)
 
 
 def _confirms(item: object, token: str) -> bool:

@@ -139,6 +139,9 @@ class PhpmqGateway:
         session = self.sessions.get(conn)
         return 0 if session is None else session.decoder.buffered + self.parts.behind_of(conn)
 
+    def holding(self, conn: bytes) -> bool:
+        return self.broker.held_count(("phpmq", conn)) > 0
+
     def unsent(self, send: Send) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
         self.broker.undeliver(send.token)  # type: ignore[arg-type]  # (dispatch's tokens are refs)
