@@ -28,6 +28,10 @@ class Limits:
     reply_stale_s: float = 60.0  # a backlog its peer took nothing of for this long is dropped
     # Raw TCP connections (pzq/endpoints/stream.py)
     stream_backlog_bytes: int = 16 << 20  # unsent replies for a slow reader; past this it is closed
+    # Raw reads (up to 8 KiB each) libzmq keeps for one raw-TCP connection until a turn reads them: 512 KiB
+    # a connection (was 1,000, 8 MiB: 100 connections sending as fast as TCP lets them held 842 MiB; the
+    # store's rate is the same at 64, `pzq bench --protocol phpmq`: the rest waits in TCP)
+    stream_pipe_reads: int = 64
     # The broker
     late_memory: int = 50_000  # deliveries taken back early whose late answers are still recognised
     # Range leases (pzq/leases.py, the API and Spark)

@@ -83,8 +83,14 @@ class StreamEndpoint(Endpoint):
             name, dsn, lambda: set(self._conn_of), config.limits, cut=self._cut_stuck, spare=self._holding
         )
         # SNDHWM: a turn's output for one connection is one send (see flush); RCVHWM: raw reads of up to
-        # 8 KiB each wait for a turn to read them (libzmq's default, written down)
-        self.sock = binder.bind(zmq.STREAM, dsn, f"--{name}-dsn", SNDHWM=2 * config.max_inflight, RCVHWM=1000)
+        # 8 KiB each wait for a turn to read them, a bound per connection (Limits.stream_pipe_reads)
+        self.sock = binder.bind(
+            zmq.STREAM,
+            dsn,
+            f"--{name}-dsn",
+            SNDHWM=2 * config.max_inflight,
+            RCVHWM=config.limits.stream_pipe_reads,
+        )
         self.sockets = [self.sock]
         self._closed: dict[bytes, float] = {}  # closed by us, and when
         self._closing: list[bytes] = []
