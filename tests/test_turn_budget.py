@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import socket
 
 import zmq
 
+from pzq.broker import Broker
 from pzq.clients import native as client
 from pzq.config import DEFAULT_LIMITS
-from pzq.endpoints.base import TurnBudget
+from pzq.endpoints.base import Sockets, TurnBudget
+from pzq.endpoints.stream import StreamEndpoint
+from pzq.gateways.phpmq import PhpmqGateway
 from pzq.protocols import native as wire
+from pzq.protocols import phpmq
 from pzq.server import Server
 
-from conftest import make_config
+from conftest import free_tcp_endpoint, make_config, wait_until
 
 ZERO = dataclasses.replace(DEFAULT_LIMITS, turn_budget_s=0.0)
 
@@ -242,3 +247,31 @@ def test_a_producers_messages_after_its_held_big_one_keep_their_order_behind_it(
     finally:
         producer.close(0)
         server.close()
+
+
+def test_a_read_of_many_tiny_phpmq_sends_draws_each_message_on_the_turns_records(store, tmp_path):
+    dsn, addr = free_tcp_endpoint()
+    ctx = zmq.Context()
+    binder = Sockets(ctx)
+    try:
+        gateway = PhpmqGateway(Broker(store, ack_timeout_s=5.0), max_content=1 << 20)
+        endpoint = StreamEndpoint("phpmq", dsn, gateway, make_config(tmp_path, phpmq_dsn=dsn), binder)
+        send = [(phpmq.QUEUE, b"q"), (phpmq.CONTENT, b"tiny")]
+        poller = zmq.Poller()
+        poller.register(endpoint.sock, zmq.POLLIN)
+        taken = 0
+
+        def read() -> bool:
+            nonlocal taken
+            endpoint.budget = budget = TurnBudget(float("inf"), 1 << 40, 1 << 40)
+            endpoint.read(dict(poller.poll(100)), 0.0, 0)
+            taken += (1 << 40) - budget.records_left
+            return gateway.received_total == 300
+
+        with socket.create_connection(addr, timeout=5) as raw:
+            raw.sendall(phpmq.encode(phpmq.SEND, send) * 300)  # (a STREAM read of 8 KiB holds over a hundred)
+            assert wait_until(read, timeout_s=10)
+        assert taken >= 300, f"{taken} records drawn for 300 messages"
+    finally:
+        binder.close()
+        ctx.term()

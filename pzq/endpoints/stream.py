@@ -147,7 +147,11 @@ class StreamEndpoint(Endpoint):
             if self.paced is not None:
                 sends = self.paced.keep(conn, data)  # (served after the reads: ``serve``)
             else:
+                before = getattr(self.gateway, "received_total", 0)
                 sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+                # (a record a message, as every door counts them: a read of tiny PHPMQ sends or acks held ~110)
+                if (more := getattr(self.gateway, "received_total", 0) - before - 1) > 0:
+                    self.budget.take(records=more)
             self._out += sends
             if sends and sends[-1].close:
                 self._close(conn)
