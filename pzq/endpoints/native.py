@@ -228,8 +228,7 @@ class NativeEndpoints(Endpoint):
             refilling = False
             while count > 0 and share > 0:
                 run, read, size = self._run(name, min(count, RUN_CHUNK), share)
-                count, share = count - read, share - size
-                # (decoded a chunk at a time, so that the budget's clock sees the decoding too)
+                count, share = count - read, share - size  # (a chunk at a time: the budget's clock sees it)
                 if run:
                     since_dry.append(run)
                     self._replies += self.gateway.received_many(name, run, now=now, now_us=now_us)
@@ -280,9 +279,8 @@ class NativeEndpoints(Endpoint):
         sock, fd = self.receive, self._receive_fd
         deadline = min(time.monotonic() + self.limits.refill_wait_s, self.budget.deadline)
         while True:
-            # The fd turns readable when libzmq's I/O thread tells the socket its pipe has messages again
-            # (a refill while the turn decoded: at once); ZMQ_EVENTS then takes that command and says
-            # whether a message waits (the command may be another one)
+            # The fd turns readable when libzmq's I/O thread tells the socket its pipe has messages again (at
+            # once after a refill); ZMQ_EVENTS then takes that command and says whether a message waits
             left = deadline - time.monotonic()
             if select.select([fd], [], [], max(left, 0.0))[0] and events(sock) & POLLIN:
                 self.refills += 1
@@ -336,12 +334,10 @@ class NativeEndpoints(Endpoint):
                 run.append(frames)
                 continue
             if replies is not None and (length > budget.bytes_left or frames[0] in self._held_from):
-                # More than the turn may still let in. Past a whole turn's bytes, this message is big: it is
-                # committed in turns of its own, so that what this turn takes in (another producer's small
-                # message) does not wait for its write. A smaller one waits for the next turn. Either way
-                # its producer's next messages wait behind it, in order. (A small one held for a turn of
-                # its own cost a producer of 256 KiB messages a turn each, and what its window brought
-                # meanwhile, read from a deep pipe, was held and counted by the memory bound.)
+                # More than the turn may still let in. Past a whole turn's bytes, it is big: committed in turns
+                # of its own, so that another producer's small message does not wait for its write; a smaller
+                # one waits for the next turn (one held for a turn of its own cost a producer of 256 KiB
+                # messages a turn each). Either way its producer's next messages wait behind it, in order.
                 big = length > whole
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
                 if self._busy(frames, length):

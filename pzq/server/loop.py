@@ -286,8 +286,7 @@ class Server(Reloading):
             self._budget.take(records=most)
 
     def _expire(self, ready: dict, now: float, now_us: int) -> None:
-        # (what comes back raises the broker's readiness, for every gateway; the rest, if any, next turn:
-        # next_deadline is due, so the loop polls without waiting)
+        # (what comes back raises the broker's readiness; the rest next turn: next_deadline is then due)
         expired = self.broker.expire(now, self._budget.records_for(self.config.limits.turn_records))
         self._budget.take(records=expired)
 
