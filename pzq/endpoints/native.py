@@ -51,6 +51,10 @@ GIVE_BACK_S = 0.5
 SEND_WAIT_S = 200e-6
 SEND_WAIT_TOTAL_S = 1e-3  # (in one flush at most)
 _FRAMES = operator.attrgetter("frames")
+# A consumer's answer on the send socket is [key, status]: a key of 49 bytes, "1" or some other status.
+# libzmq buffers a frame whole before pzq sees it, so a frame past this cuts its consumer off unread (a
+# 500 MB one had cost 848 MiB, read and copied by the loop)
+ANSWER_FRAME = 4096
 
 
 class NativeEndpoints(Endpoint):
@@ -87,13 +91,14 @@ class NativeEndpoints(Endpoint):
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         # SNDHWM: a pipe holds at most half the send pool's bytes of the largest messages (at least 16: a
         # consumer that stops reading holds its pipe, the others have the rest of the pool; Limits.native_send_*);
-        # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
+        # RCVHWM: consumers' acks and nacks (a few dozen bytes each, ANSWER_FRAME at most), read every turn.
         self.send = binder.bind(
             zmq.DEALER,
             config.send_dsn,
             "--send-dsn",
             SNDHWM=config.limits.send_pipe_messages(config.max_message_size + 4096),
             RCVHWM=10_000,
+            MAXMSGSIZE=ANSWER_FRAME,
         )
         self.watch = SendWatch(binder, config.limits.native_send_stall_s)
         self.sockets = [self.receive, self.send]
