@@ -31,7 +31,10 @@ from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, 
 log = logging.getLogger("pzq.server")
 
 RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
-ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
+# Acks a producer may leave unread in its pipe before they wait in our backlog (SNDHWM): 2 MiB of acks
+# echoing the longest message id (1 KiB), about 0.3 MiB of usual ones. (10,000 had let a producer that
+# reads none park 10 MiB in libzmq, uncounted: 30 of them 326 MiB)
+ACKS_UNREAD = (2 << 20) // wire.MAX_ID
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 # Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
 # producers sent after them) are bounded in bytes: past Limits.held_in_bytes in all, reading stops; past
@@ -73,7 +76,7 @@ class NativeEndpoints(Endpoint):
             config.receive_dsn,
             "--receive-dsn",
             MAXMSGSIZE=config.limits.frame_bytes(largest) + 4096,
-            SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
+            SNDHWM=ACKS_UNREAD,  # a pipelining producer's window of acks fits in its pipe
             # A producer's window of messages waits here until a turn reads it (every turn does, within
             # its budget): about Limits.pipe_in_bytes of the biggest messages it may store (docs/limits.md,
             # "Memory bound"); the rest of its window waits in its own process
