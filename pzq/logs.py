@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import collections
 import datetime
+import hashlib
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -121,6 +123,23 @@ def escape(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+# A ROUTER names a peer that gave no routing id of its own b"\x00" + a 4-byte counter, and asserts (the
+# whole process aborts) when the next one it makes is held already: a client that learns one such id and
+# connects with the next as its own makes the server die at the next peer without one. So pages never show
+# them (see ``peer_label``); the digest's key is the process's own.
+_LABEL_KEY = os.urandom(16)
+
+
+def peer_label(identity: bytes) -> str:
+    """A ZeroMQ peer's routing id for a page (the monitor's, the console's): as text when it is printable
+    (eventmq's are), a keyed digest when libzmq made it (5 bytes, the first 0: showing it would tell a
+    client the ROUTER's next one, see above), else hex."""
+    if len(identity) == 5 and identity[0] == 0:
+        return "peer-" + hashlib.blake2b(identity, digest_size=5, key=_LABEL_KEY).hexdigest()
+    text = identity[:64].decode("ascii", "replace")
+    return text if text.isprintable() and "\ufffd" not in text else identity[:32].hex()
 
 
 class TextFormatter(logging.Formatter):

@@ -299,3 +299,28 @@ def test_the_monitor_lists_a_worker_among_its_queues_consumers_and_in_its_client
     assert wait_until(lambda: admin_request(srv.monitor, "QUEUE jobs")["consumers"][0]["held"] == 1)
     [table] = [t for t in admin_request(srv.monitor, "CLIENTS")["tables"] if t["kind"] == "emqp-workers"]
     assert table["columns"][-1] == "connected_us" and table["rows"][0][-1] == row["connected_us"]
+
+
+def test_a_worker_without_a_routing_id_of_its_own_is_listed_by_a_digest_never_by_the_id_libzmq_made(emqp, sockets):
+    # (a ROUTER makes b"\x00" + a 4-byte counter; a client that read one on a page and connected with the
+    # next as its own made libzmq abort the whole server at the next peer without one: socket_base.cpp:2113)
+    from pzq.clients.admin import admin_request
+
+    srv, _, worker = emqp()
+    named = worker(queues=b'[[10, "default"]]')
+    anonymous = sockets(zmq.DEALER, srv.config.emqp_backend_dsn)
+    inform = mid()
+    anonymous.send_multipart([b"", V, b"INFORM", inform, b'[[10, "default"]]', b"worker"])
+    assert next_command(anonymous, b"ACK")[4] == inform
+
+    def shown() -> list[str]:
+        [table] = [t for t in admin_request(srv.monitor, "CLIENTS")["tables"] if t["kind"] == "emqp-workers"]
+        return sorted(row[0] for row in table["rows"])
+
+    first = wait_until(lambda: len(rows := shown()) == 2 and rows)
+    assert named.identity.decode() in first, "an id of the client's own, printable, is shown as it is"
+    [digest] = [cell for cell in first if cell != named.identity.decode()]
+    assert digest.startswith("peer-") and len(digest) == 15, digest
+    assert shown() == first, "the same worker, the same name"
+    consumers = admin_request(srv.monitor, "QUEUE default")["consumers"]
+    assert sorted(row["client"] for row in consumers) == first

@@ -127,3 +127,31 @@ def test_a_subscriber_whose_pipe_is_full_is_counted_as_missing_publishes(publish
     stats = published(srv, done + 3000)
     assert stats["publish_missed_total"] >= 1
     assert stats["publish_refused_total"] == 0
+
+
+def disconnected(sock: zmq.Socket, endpoint: str, timeout_s: float = 5.0) -> bool:
+    """Connect ``sock`` and tell whether the server ends its connection within ``timeout_s``."""
+    mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        sock.connect(endpoint)
+        return bool(mon.poll(int(timeout_s * 1000)))
+    finally:
+        sock.disable_monitor()
+        mon.close(linger=0)
+
+
+def test_a_subscription_past_its_bound_cuts_its_subscriber_off_and_the_others_are_served_on(publishing, sockets):
+    from pzq.endpoints.emqp_publish import SUBSCRIPTION_BYTES
+
+    srv, client, subscriber = publishing(Limits())
+    reader = subscriber(deaf=False)
+    # (libzmq files a subscription in a trie at ~45 bytes of memory a byte, in the loop's thread: with no
+    # bound on the frame, one of 500 MB grew the server past 13 GB)
+    hostile = sockets(zmq.SUB, None)
+    hostile.setsockopt(zmq.SUBSCRIBE, b"t" * (SUBSCRIPTION_BYTES + 1))
+    assert disconnected(hostile, srv.config.emqp_publish_dsn), "a subscription past the bound is cut off"
+    fitting = sockets(zmq.SUB, None)
+    fitting.setsockopt(zmq.SUBSCRIBE, b"t" * SUBSCRIPTION_BYTES)
+    assert not disconnected(fitting, srv.config.emqp_publish_dsn, timeout_s=0.5)
+    publish(client, b"news", b"after")
+    assert reader.poll(5000) and reader.recv_multipart() == [b"news", b"after"]

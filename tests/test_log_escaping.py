@@ -96,3 +96,13 @@ def test_json_logs_stay_one_valid_object_a_line():
 def test_printable_text_is_logged_as_it_is():
     assert escape("queue 'orders' é ✓") == "queue 'orders' é ✓"
     assert escape("a\tb\x00") == "a\\tb\\x00"
+
+
+def test_a_routing_id_libzmq_made_is_shown_as_a_digest_others_as_text_or_hex():
+    from pzq.logs import peer_label
+
+    made, after = b"\x00\x2a\xe8\x94\x4b", b"\x00\x2a\xe8\x94\x4c"
+    assert peer_label(made).startswith("peer-") and made.hex() not in peer_label(made)
+    assert peer_label(made) == peer_label(made) != peer_label(after), "one peer one name, each its own"
+    assert peer_label(b"worker-7") == "worker-7"
+    assert peer_label(b"\x00\x01") == "0001" and peer_label(b"\xff" * 40) == "ff" * 32

@@ -47,6 +47,17 @@ def test_a_socket_bound_without_both_high_water_marks_is_refused():
         made.close()
 
 
+def test_a_zeromq_socket_bound_without_a_largest_frame_is_refused():
+    made = Sockets(zmq.Context.instance())
+    try:
+        with pytest.raises(TypeError, match="MAXMSGSIZE"):
+            made.bind(zmq.PUB, "inproc://memory-bound-frame-test", "--emqp-publish-dsn", SNDHWM=2, RCVHWM=2)
+        with pytest.raises(TypeError, match="MAXMSGSIZE"):  # (-1, libzmq's default, is no bound either)
+            made.bind(zmq.DEALER, "inproc://memory-bound-frame-test", "--send-dsn", SNDHWM=2, RCVHWM=2, MAXMSGSIZE=-1)
+    finally:
+        made.close()
+
+
 def test_a_server_with_every_endpoint_binds_each_socket_with_its_high_water_marks(make_server):
     srv = make_server(
         phpmq_dsn=free_tcp_endpoint()[0],
@@ -60,6 +71,9 @@ def test_a_server_with_every_endpoint_binds_each_socket_with_its_high_water_mark
     assert len(owned) == 10  # native receive, send and consume (batched), monitor, PHPMQ, MQKS, eMQP's three, API
     marks = {(s.getsockopt(zmq.SNDHWM), s.getsockopt(zmq.RCVHWM)) for s in owned}
     assert all(0 < out <= 10_000 and 0 < into <= 10_000 for out, into in marks)  # (0 would be no bound)
+    # (-1 would be none: the send socket and the eMQP PUB had none, a 500 MB frame held whole)
+    framed = [s for s in owned if s.type != zmq.STREAM]
+    assert len(framed) == 8 and all(0 < s.getsockopt(zmq.MAXMSGSIZE) for s in framed)
     api = next(s for s in owned if s.getsockopt(zmq.LAST_ENDPOINT).decode() == srv.config.api_dsn)
     # (16 requests of up to 24 MiB were 384 MiB in one client's pipe: now Limits.pipe_in_bytes' worth, 14
     # requests of up to --max-message-size + 8 MiB)

@@ -16,7 +16,7 @@ def test_a_rebound_socket_serves_new_peers_at_its_old_address_every_time(tmp_pat
     endpoint = f"ipc://{tmp_path}/send" if transport == "ipc" else free_tcp_endpoint()[0]
     made = Sockets(zmq.Context.instance())
     try:
-        sock = made.bind(zmq.DEALER, endpoint, "--send-dsn", SNDHWM=1000, RCVHWM=1000)
+        sock = made.bind(zmq.DEALER, endpoint, "--send-dsn", SNDHWM=1000, RCVHWM=1000, MAXMSGSIZE=4096)
         for round_ in range(10):
             sock = made.rebind(sock)
             assert not made.pending, f"round {round_}: the address was not free within the wait"

@@ -57,9 +57,15 @@ class Sockets:
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming
         ``option`` if it cannot bind. ``options`` must give SNDHWM and RCVHWM: what each of its pipes
-        may hold is part of the memory bound (docs/limits.md), so no socket is bound without saying it."""
+        may hold is part of the memory bound (docs/limits.md), so no socket is bound without saying it.
+        And MAXMSGSIZE (but a STREAM's, raw TCP read 8 KiB at a time): libzmq counts a pipe in messages
+        and allocates a frame whole from the length its header announces, so without it one peer's
+        frame of any size is held (a 500 MB ack on the send socket: 848 MiB; a 500 MB subscription on
+        the eMQP PUB, which libzmq files byte by byte in a trie: past 13 GB)."""
         if "SNDHWM" not in options or "RCVHWM" not in options:
             raise TypeError(f"{option}: a bound socket must set SNDHWM and RCVHWM (the memory bound)")
+        if kind != zmq.STREAM and options.get("MAXMSGSIZE", -1) < 0:
+            raise TypeError(f"{option}: a bound ZeroMQ socket must set MAXMSGSIZE (the memory bound)")
         role = option.removeprefix("--").removesuffix("-dsn")
         # A STREAM socket is raw TCP, no CURVE: Config.validate lets one be bound under CURVE only when
         # the operator named it unauthenticated.

@@ -35,6 +35,12 @@ from pzq.zmqio import NOBLOCK, Again, events, send_frames
 log = logging.getLogger("pzq.server")
 
 SUBSCRIBER_PIPE = 1000  # messages a subscriber's pipe holds (SNDHWM): libzmq's default, dropped past it
+# A subscription (a prefix of the topics wanted, after its 1 byte): libzmq files each one in a trie, ~45
+# bytes of memory for each of its bytes, in the thread that uses the socket (the loop); without a bound
+# on the frame a subscription of 500 MB grew the server past 13 GB. One past this cuts its subscriber off.
+# (Its frame: a byte before the topic under ZMTP 3.0, a SUBSCRIBE command's 10 under 3.1)
+SUBSCRIPTION_BYTES = 4096
+SUBSCRIPTION_FRAME = SUBSCRIPTION_BYTES + 10
 
 
 class Publisher:
@@ -45,7 +51,13 @@ class Publisher:
         self.dsn = config.emqp_publish_dsn
         # (XPUB_NODROP: a send that a full pipe would drop fails instead, which is how it is counted)
         self.sock = binder.bind(
-            zmq.PUB, self.dsn, "--emqp-publish-dsn", SNDHWM=SUBSCRIBER_PIPE, RCVHWM=1000, XPUB_NODROP=1
+            zmq.PUB,
+            self.dsn,
+            "--emqp-publish-dsn",
+            SNDHWM=SUBSCRIBER_PIPE,
+            RCVHWM=1000,
+            MAXMSGSIZE=SUBSCRIPTION_FRAME,
+            XPUB_NODROP=1,
         )
         self.handed = Handed(broker)
         self.stuck = StuckReaders(

@@ -31,7 +31,8 @@ from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, 
 log = logging.getLogger("pzq.server")
 
 RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's budget
-ACKS_UNREAD = 10_000  # acks a producer may leave unread in its pipe before they wait in our backlog
+# Acks a producer may leave unread in its pipe (SNDHWM): 2 MiB of acks echoing 1 KiB ids (10,000: 10 MiB)
+ACKS_UNREAD = (2 << 20) // wire.MAX_ID
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
 # Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
 # producers sent after them) are bounded in bytes: past Limits.held_in_bytes in all, reading stops; past
@@ -51,6 +52,9 @@ GIVE_BACK_S = 0.5
 SEND_WAIT_S = 200e-6
 SEND_WAIT_TOTAL_S = 1e-3  # (in one flush at most)
 _FRAMES = operator.attrgetter("frames")
+# A consumer's answer is [key, status] (a 49-byte key): libzmq buffers a frame whole before pzq sees it,
+# so a longer frame cuts its consumer off unread (a 500 MB one had cost 848 MiB)
+ANSWER_FRAME = 4096
 
 
 class NativeEndpoints(Endpoint):
@@ -69,7 +73,7 @@ class NativeEndpoints(Endpoint):
             config.receive_dsn,
             "--receive-dsn",
             MAXMSGSIZE=config.limits.frame_bytes(largest) + 4096,
-            SNDHWM=ACKS_UNREAD,  # a pipelining producer's acks fit in its pipe (~100 bytes each)
+            SNDHWM=ACKS_UNREAD,  # a pipelining producer's window of acks fits in its pipe
             # A producer's window of messages waits here until a turn reads it (every turn does, within
             # its budget): about Limits.pipe_in_bytes of the biggest messages it may store (docs/limits.md,
             # "Memory bound"); the rest of its window waits in its own process
@@ -87,13 +91,14 @@ class NativeEndpoints(Endpoint):
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         # SNDHWM: a pipe holds at most half the send pool's bytes of the largest messages (at least 16: a
         # consumer that stops reading holds its pipe, the others have the rest of the pool; Limits.native_send_*);
-        # RCVHWM: consumers' acks and nacks (a few dozen bytes each), read every turn.
+        # RCVHWM: consumers' acks and nacks (a few dozen bytes each, ANSWER_FRAME at most), read every turn.
         self.send = binder.bind(
             zmq.DEALER,
             config.send_dsn,
             "--send-dsn",
             SNDHWM=config.limits.send_pipe_messages(config.max_message_size + 4096),
             RCVHWM=10_000,
+            MAXMSGSIZE=ANSWER_FRAME,
         )
         self.watch = SendWatch(binder, config.limits.native_send_stall_s)
         self.sockets = [self.receive, self.send]

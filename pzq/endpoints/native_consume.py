@@ -19,6 +19,7 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
+from pzq.logs import peer_label
 from pzq.protocols import native_consume as wire
 from pzq.zmqio import NOBLOCK, Again
 
@@ -163,7 +164,7 @@ class BatchConsumeEndpoint(Endpoint):
         if gateway.queue != queue:
             return [], 0
         rows = [
-            {"protocol": "native", "client": c.peer.hex()[:40], "held": gateway.broker.held_count(c.holder)}
+            {"protocol": "native", "client": peer_label(c.peer), "held": gateway.broker.held_count(c.holder)}
             for c in itertools.islice(gateway.consumers.values(), limit)
         ]
         return rows, len(gateway.consumers)

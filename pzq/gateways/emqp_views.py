@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Callable, Hashable, Mapping
 
 from pzq.gateways.emqp_workers import Worker
+from pzq.logs import peer_label
 
 
 def queue_consumers(
@@ -16,7 +17,7 @@ def queue_consumers(
     """The workers serving ``queue`` (``limit`` at most; ``held`` counts a holder's jobs) and how many."""
     mine = [w for w in workers.values() if any(name == queue for _, name in w.queues)]
     return [
-        {"protocol": "emqp", "client": _shown(w.identity), "connected_us": w.connected_us, "held": held(w.consumer)}
+        {"protocol": "emqp", "client": peer_label(w.identity), "connected_us": w.connected_us, "held": held(w.consumer)}
         for w in mine[:limit]
     ], len(mine)
 
@@ -33,7 +34,7 @@ def tables(
     """The console's tables of workers, schedules and scheduler daemons (each from the ``offset``-th)."""
     rows = [
         [
-            _shown(w.identity),
+            peer_label(w.identity),
             ", ".join(f"{name} ({weight})" for weight, name in w.queues)[:200],
             w.slots,
             "yes" if w.draining else "no",
@@ -54,7 +55,7 @@ def tables(
         for key, t in itertools.islice(schedules.items(), offset, offset + limit)
     ]
     daemons = itertools.islice(schedulers.items(), offset, offset + limit)
-    heard = [[_shown(p), round(now - seen, 1)] for p, seen in daemons]
+    heard = [[peer_label(p), round(now - seen, 1)] for p, seen in daemons]
     return [
         {
             "kind": "emqp-workers",
@@ -86,12 +87,6 @@ def tables(
             "total": len(schedulers),
         },
     ]
-
-
-def _shown(identity: bytes) -> str:
-    """A peer's identity for a page: as text when printable (eventmq's are), else hex."""
-    text = identity[:64].decode("ascii", "replace")
-    return text if text.isprintable() and "\ufffd" not in text else identity[:32].hex()
 
 
 def _utc(us: int) -> str:
