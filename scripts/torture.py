@@ -119,7 +119,8 @@ CASES = {
     "mqks-costly-lines": (mqks.costly_lines, 30, 3, _none, frozenset()),
     "mqks-big-publish": (mqks.big_publish, 1, 1, _big_args, frozenset()),
     "mqks-bindings-gc": (mqks.bindings_gc, 880_000, 20_000, _gc_args, frozenset()),
-    "pipes-64-producers": (pipes.many_producers, 64, 16, _none, frozenset()),
+    # (its 128,000 messages go to the queue the honest native consumer reads: that one waits its turn in FIFO order)
+    "pipes-64-producers": (pipes.many_producers, 64, 16, _none, NO_NATIVE_CONSUMER),
     "pipes-oversized": (pipes.oversized_pipeline, 60, 4, _none, frozenset()),
     "native-send-deaf": (native.native_send_deaf, 700, 24, _big_args, NO_NATIVE_CONSUMER),
 }

@@ -77,11 +77,12 @@ def test_a_publisher_holds_at_most_its_share_of_what_a_deaf_subscriber_has_not_t
     subscriber(deaf=True)
     before = published(srv, 0)
     done = before["publish_total"] + before["publish_refused_total"]
-    for _ in range(40):
-        publish(client, b"news", b"x" * (256 * KIB))  # 10 MiB: five times its share
-    stats = published(srv, done + 40)
+    for _ in range(80):
+        publish(client, b"news", b"x" * (256 * KIB))  # 20 MiB: ten times its share
+    stats = published(srv, done + 80)
     assert 0 < stats["publish_held_bytes"] <= share + 256 * KIB, "past its share and one message"
-    assert stats["publish_refused_total"] >= 20, "what does not fit its share is dropped, and counted"
+    # (what libzmq wrote into the deaf one's TCP stream is no longer held: up to tcp_wmem's 4 MiB, autotuned)
+    assert stats["publish_refused_total"] >= 40, "what does not fit its share is dropped, and counted"
     assert srv.stats()["memory"]["deliveries_bytes"] >= stats["publish_held_bytes"], "counted in the memory bound"
     got = 0
     while reader.poll(500):
