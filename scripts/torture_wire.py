@@ -76,6 +76,17 @@ class Server:
     """`python -m pzq serve` on a temp store, every gateway on loopback TCP, its RssAnon sampled."""
 
     def __init__(self, *extra: str):
+        # (a port free_ports found may be taken before the server binds it, as an outgoing connection's
+        # ephemeral port: the server then exits naming the endpoint, and is started again on other ports)
+        for attempt in range(3):
+            failure = self._start(extra)
+            if failure is None:
+                break
+            if attempt == 2 or not ("bind" in failure or "in use" in failure):
+                raise RuntimeError(f"pzq serve did not start: {failure}")
+
+    def _start(self, extra: tuple[str, ...]) -> str | None:
+        """Start the server on fresh ports: None once it answers MONITOR, else the end of its log."""
         self.workdir = tempfile.mkdtemp(prefix="pzq-torture-")
         ports = iter(free_ports(10))
         tcp = {n: f"tcp://127.0.0.1:{next(ports)}" for n in ("receive", "send", "monitor", "phpmq", "mqks", "api")}
@@ -95,11 +106,14 @@ class Server:
             self.proc = subprocess.Popen(
                 [*argv, *extra], cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
             )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while monitor(self.monitor, "MONITOR", timeout_ms=200) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                with open(self.log, errors="replace") as log:  # (read before close() removes the folder)
+                    failure = log.read()[-800:] or f"exit code {self.proc.poll()}, nothing logged"
                 self.close()
-                raise RuntimeError(f"pzq serve did not start: {open(self.log).read()[-800:]}")
+                return failure
+        return None
         self.peak_anon_kb = 0
         self.began = time.monotonic()
         self._sampling = True
