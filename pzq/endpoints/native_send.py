@@ -23,6 +23,7 @@ import sys
 import zmq
 
 from pzq.endpoints.base import Sockets
+from pzq.endpoints.unread import ACKED_AT
 from pzq.gateways.native_pool import Sample
 from pzq.logs import warn_bad
 
@@ -30,7 +31,7 @@ log = logging.getLogger("pzq.server")
 
 # struct tcp_info (linux/tcp.h): the fields read, at their offsets; tcpi_notsent_bytes (Linux 4.6) ends at 148
 _INFO_BYTES = 148
-_STATE, _MSS, _UNACKED, _ACKED, _NOTSENT = 0, 16, 24, 120, 144
+_STATE, _MSS, _UNACKED, _ACKED, _NOTSENT = 0, 16, 24, ACKED_AT, 144
 _ESTABLISHED = 1
 _u32 = struct.Struct("=I").unpack_from
 _u64 = struct.Struct("=Q").unpack_from

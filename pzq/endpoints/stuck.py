@@ -17,38 +17,29 @@ from __future__ import annotations
 
 import collections
 import fcntl
-import socket
 import struct
 import termios
 from collections.abc import Callable
 
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.connwatch import _shut
+from pzq.endpoints.unread import bytes_acked
 from pzq.logs import warn_bad
 
-_ACKED = struct.Struct("Q")  # tcp_info's tcpi_bytes_acked (Linux 4.1)
-_ACKED_AT = 120
-_INFO_BYTES = _ACKED_AT + _ACKED.size
 _QUEUED = struct.Struct("i")
 
 
 def progress(fd: int) -> tuple[int, int] | None:
     """(bytes in the send queue, bytes the peer acknowledged so far) of the TCP connection on descriptor
     ``fd`` (libzmq's, borrowed: never closed here); None when it is not one (closed, reused, not TCP)."""
-    try:
-        conn = socket.socket(fileno=fd)
-    except (OSError, ValueError):  # (ValueError: no descriptor at all)
+    acked = bytes_acked(fd)
+    if acked is None:
         return None
     try:
-        info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_BYTES)
         queued = _QUEUED.unpack(fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * _QUEUED.size))[0]
     except OSError:
         return None
-    finally:
-        conn.detach()
-    if len(info) < _INFO_BYTES:
-        return None
-    return queued, _ACKED.unpack_from(info, _ACKED_AT)[0]
+    return queued, acked
 
 
 class StuckReaders:

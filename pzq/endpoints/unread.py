@@ -27,7 +27,7 @@ def bytes_acked(fd: int) -> int | None:
     """The bytes descriptor ``fd``'s peer acknowledged, or None when it is no TCP socket now."""
     try:
         sock = socket.socket(fileno=fd)  # (wraps libzmq's descriptor: detached below, never closed)
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: no descriptor at all)
         return None
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, ACKED_AT + _ACKED.size)
