@@ -38,7 +38,9 @@ def test_metrics_report_queues_counters_commits_and_protocols(make_server):
 
     def settled() -> str | None:  # the loop publishes its figures once a second
         text = scrape(url)
-        return text if value(text, 'pzq_queue_depth{queue="default"}') == 6 else None
+        # (a figure taken between the producer's first and last message says depth 6 too: wait for the acks)
+        done = value(text, 'pzq_queue_depth{queue="default"}') == 6
+        return text if done and value(text, 'pzq_queue_acked_total{queue="default"}') == 4 else None
 
     text = wait_until(settled, timeout_s=10)
     assert value(text, 'pzq_queue_produced_total{queue="default"}') == 10

@@ -9,6 +9,7 @@ import zmq
 
 from pzq import logs
 from pzq.clients import native as client
+from pzq.endpoints.native import ACKS_UNREAD
 
 
 def acks_until_quiet(sock: zmq.Socket, quiet_ms: int = 1000) -> list[list[bytes]]:
@@ -46,7 +47,9 @@ def test_a_producer_that_pipelines_20000_without_reading_gets_an_ack_for_every_s
     assert all(a[1] == b"1" for a in acks)
     assert len(acks) == stored, f"{stored} stored but {len(acks)} acked: acks were dropped"
     assert len({a[0] for a in acks}) == len(acks)
-    assert stored >= 10_000, "a pipelining producer's acks fit in its pipe and our backlog"
+    # (the server's pipe holds ACKS_UNREAD acks; what the producer's own pipe and the kernel hold on top
+    # depends on how far its I/O thread got while it was sending, so more is not promised)
+    assert stored >= ACKS_UNREAD, "a pipelining producer's window of acks fits in its pipe"
 
 
 def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others_are_served(server, sockets):
