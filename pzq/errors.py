@@ -17,6 +17,7 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 4  # what the command names does not exist (a queue)
     NOT_PERMITTED = 5  # the server refused this client's key: not let in, or without the right (permissions)
     DISK_FULL = 6  # the store's filesystem (or quota) has no room for what must be written: nothing is damaged
+    SYNC_LOST = 7  # a commit or sync failed while answers waited for it: start again from what is on disk
 
 
 class PzqError(Exception):
@@ -51,6 +52,12 @@ class StoreDenied(StoreError):
 class DiskFull(StoreError):
     """The store's filesystem, or the user's quota, has no room for what must be written (ENOSPC,
     EDQUOT): a sound store on a full disk, not damage. Exit status ``DISK_FULL``: free room, run again."""
+
+
+class SyncLost(StoreError):
+    """A commit or sync failed while an earlier commit's meta page was not known on disk, or answers
+    waited for it: the kernel may have dropped that write, so nothing that depends on it may be sent.
+    The server stops (exit status ``SYNC_LOST``) and its supervisor starts it again from the disk."""
 
 
 class StoreLocked(StoreError):

@@ -139,6 +139,8 @@ class Admin(Reads, Writes):
             "queues_refused_total": self.broker.implicit_refused,  # new names past a client's share
             "delivered_total": counters.delivered,
             "commit_ms_last": round(self.commit_ms(), 3),
+            # (a commit's meta page synced on its own: no later commit came soon enough to carry it)
+            "meta_syncs_total": self.store.meta_syncs,
             "server_time_us": time.time_ns() // 1000,
         }
         rest.update(self.gateways())

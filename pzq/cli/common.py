@@ -22,6 +22,7 @@ from pzq.errors import (
     StoreDenied,
     StoreLocked,
     StoreTooNew,
+    SyncLost,
 )
 
 
@@ -42,6 +43,8 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.CONFIG)
         except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)
+        except SyncLost as exc:  # (the answers it held are not sent: a supervisor starts it again from the disk)
+            fail(str(exc), ExitCode.SYNC_LOST)
         except DiskFull as exc:  # (a sound store on a full disk: not damage, its own status)
             fail(str(exc), ExitCode.DISK_FULL)
         except NotPermitted as exc:  # (the key refused, or without the right: one line, its own status)

@@ -236,6 +236,9 @@ class ApiEndpoint(Endpoint):
     def recover(self) -> None:
         self.gateway.recover()
 
+    def output_waiting(self) -> bool:
+        return bool(self._out)
+
     def flush(self, now: float, now_us: int) -> None:
         self._writes = False
         self.gateway.parts.flushed()

@@ -325,6 +325,21 @@ class Endpoint:
         """True if output of this turn waits for the commit (a producer's ack, a delivery)."""
         return False
 
+    # Output waits for the commit it depends on to be on disk (pzq/endpoints/held.py). An endpoint that
+    # ``holds_output`` keeps it per commit (``hold``, ``release``); for the others the loop syncs before
+    # their ``flush`` whenever ``output_waiting`` says it would send something.
+    holds_output = False
+
+    def hold(self, commit: int) -> None:
+        """The turn's output so far depends on ``commit``: keep it until ``release`` reaches it."""
+
+    def release(self, durable: int) -> None:
+        """Output held for commits up to ``durable`` goes at the next ``flush``."""
+
+    def output_waiting(self) -> bool:
+        """True if ``flush`` would send something read from the store (an answer, a delivery, figures)."""
+        return True
+
     def rolled_back(self) -> None:
         """The turn's writes were rolled back: turn pending acks into errors, drop deliveries."""
 

@@ -99,6 +99,9 @@ class ConnectionWatch(Endpoint):
                 self.accept_failed_total += 1
                 warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")
 
+    def output_waiting(self) -> bool:
+        return False  # (it closes connections; it sends nothing)
+
     def stats(self) -> dict | None:
         return {
             "open": self.limit.total(),

@@ -180,6 +180,9 @@ class EmqpEndpoint(Endpoint):
     def recover(self) -> None:
         self.gateway.recover()
 
+    def output_waiting(self) -> bool:
+        return bool(self._out)
+
     def flush(self, now: float, now_us: int) -> None:
         self.handed.collect()
         self.gateway.parts.flushed()

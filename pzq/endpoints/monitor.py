@@ -165,6 +165,9 @@ class MonitorEndpoint(Endpoint):
     def recover(self) -> None:
         self.admin.writes_rolled_back()
 
+    def output_waiting(self) -> bool:
+        return bool(self._requests)
+
     def flush(self, now: float, now_us: int) -> None:
         self.replies.flush()
         requests, self._requests = self._requests, []

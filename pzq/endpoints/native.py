@@ -20,6 +20,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
+from pzq.endpoints.held import Held
 from pzq.endpoints.native_send import SendWatch
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
@@ -106,6 +107,7 @@ class NativeEndpoints(Endpoint):
         self._gates = {RECEIVE: binder.gate(self.receive), SEND: binder.gate(self.send)}
         self._replies: list[Send] = []  # answers to producers: they wait for the commit
         self._deliveries: list[Send] = []  # they leave after the turn's commit, whether or not it wrote
+        self._held_replies, self._held_deliveries = Held[Send](), Held[Send]()  # (till their commit is on disk)
         # Deliveries of earlier turns the send socket did not take yet (its pipes were full): sent first,
         # and nothing more is taken until they are out (a take the socket cannot carry was given back and
         # taken again, turn after turn: short pipes cost 75 % of the rate)
@@ -399,8 +401,20 @@ class NativeEndpoints(Endpoint):
         if lost.get("send"):
             self.revoked(lost["send"])
 
+    holds_output = True
+
+    def hold(self, commit: int) -> None:
+        self._held_replies.hold(commit, self._replies)
+        self._held_deliveries.hold(commit, self._deliveries)
+        self._replies, self._deliveries = [], []
+
+    def release(self, durable: int) -> None:
+        self._replies = self._held_replies.release(durable, self._replies)
+        self._deliveries = self._held_deliveries.release(durable, self._deliveries)
+
     def recover(self) -> None:
         self._waiting = []  # (the broker may have forgotten them: taken again, they would leave twice)
+        self._held_deliveries = Held()
         self.gateway.recover()
 
     def stats(self) -> dict:

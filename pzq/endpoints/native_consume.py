@@ -17,6 +17,7 @@ import zmq
 
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
+from pzq.endpoints.held import Held
 from pzq.endpoints.replies import Replies
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
 from pzq.logs import peer_label
@@ -57,6 +58,7 @@ class BatchConsumeEndpoint(Endpoint):
         # (tcp://: a consumer whose connection closes is gone, and what it held goes back at once)
         binder.on_disconnect[self.sock] = gateway.disconnected
         self._out: list[Out] = []
+        self._held = Held[Out]()  # (each turn's answers and deliveries, till their commit is on disk)
 
     def read(self, ready: dict, now: float, now_us: int) -> None:
         if self.sock not in ready:
@@ -129,6 +131,15 @@ class BatchConsumeEndpoint(Endpoint):
 
     def rolled_back(self) -> None:
         self._out = self.gateway.rolled_back(self._out)
+
+    holds_output = True
+
+    def hold(self, commit: int) -> None:
+        self._held.hold(commit, self._out)
+        self._out = []
+
+    def release(self, durable: int) -> None:
+        self._out = self._held.release(durable, self._out)
 
     def flush(self, now: float, now_us: int) -> None:
         self.replies.flush()

@@ -286,6 +286,9 @@ class StreamEndpoint(Endpoint):
         if self.parts is not None:  # (its big messages whose parts the turn lost)
             self._out += self._closes(self.parts.rolled_back())
 
+    def output_waiting(self) -> bool:
+        return bool(self._out)
+
     def flush(self, now: float, now_us: int) -> None:
         if self.parts is not None:
             self.parts.flushed()

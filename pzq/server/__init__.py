@@ -9,8 +9,11 @@ Each turn of the loop:
   deadline, the bytes the turn may let in and the records it may touch, which bound steps 4 and 5);
   they stop between requests once it is spent, and what was not reached goes first in the next turn,
   which polls without waiting (round-robin);
-  4. commits the turn's writes in one durable transaction (group commit);
-  5. only then lets each endpoint send producer acks, deliveries and replies.
+  4. commits the turn's writes in one transaction (group commit): one sync of its data pages, its meta
+     page written without waiting (the next commit's sync carries it: pzq/server/release.py);
+  5. lets each endpoint send the producer acks, deliveries and replies of every commit now on disk:
+     the busy native sockets' output waits for the next turn's commit, unless no work is ready, the
+     turn wrote nothing, or another endpoint has output, when the meta page is synced on its own.
 Step 5 after step 4 is the durability promise: no ack leaves for data that is not on disk. After each
 turn the garbage collector's survivors are frozen (pzq/server/collector.py), so that its full
 collections stay short.

@@ -22,7 +22,7 @@ from pzq.endpoints.connwatch import ConnectionWatch
 from pzq.endpoints.memory import MemoryAlarm
 from pzq.endpoints.monitor import MonitorEndpoint
 from pzq.endpoints.shares import ConnectionLimit
-from pzq.errors import StoreError
+from pzq.errors import StoreError, SyncLost
 from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
@@ -30,6 +30,7 @@ from pzq.server.access import permissions_for
 from pzq.server.collector import Collector
 from pzq.server.console_child import ConsoleChild
 from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
+from pzq.server.release import Release
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -110,6 +111,7 @@ class Server(Reloading):
         self.store.watch_disk()
         self.store.name_queue(cfg.queue)  # (configured: it never expires)
         self.store.commit()
+        self._release = Release(self.store)
         self.broker = Broker(
             self.store,
             ack_timeout_s=cfg.ack_timeout,
@@ -228,6 +230,10 @@ class Server(Reloading):
                 self._turn(self._poll_timeout_ms())
                 collector.turn_ends(time.monotonic())
                 failed = 0
+            except SyncLost as exc:  # (what waited for that commit is never sent: start again from the disk)
+                log.critical("%s; stopping: a restart starts again from what is on disk", exc)
+                self.notifier.notify("STATUS=a commit or sync failed with answers waiting; exiting", "ERRNO=5")
+                raise
             except Exception:  # noqa: BLE001 - keep serving other clients; logged with its traceback
                 failed += 1
                 log.exception("unexpected error in the event loop (%d in a row); rolled back", failed)
@@ -237,10 +243,22 @@ class Server(Reloading):
                 if failed >= MAX_FAILED_TURNS:
                     self.notifier.notify("STATUS=too many failing turns in a row; exiting", "ERRNO=5")
                     raise
+        self._release.finish(self.endpoints)  # (the last turn's answers: synced and sent before the sockets close)
+        for endpoint in self.endpoints:
+            endpoint.flush(time.monotonic(), time.time_ns() // 1000)
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
+        if self._release.holding:  # (output waits for the next commit's sync: the next turn at once)
+            return 0
+        return self._wake_ms()
+
+    def _idle(self) -> bool:
+        """Nothing to do before the next wake-up: no socket ready, no work left for the next turn."""
+        return self._wake_ms() > 0 and not self.poller.poll(0)
+
+    def _wake_ms(self) -> int:
         # (_behind: the last turn's budget ran out before its work did, whatever is left goes on at once)
         if self.leases.pending or draining() or self._behind or self.broker.dropping:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
@@ -352,10 +370,14 @@ class Server(Reloading):
                 # the rotation goes on where it stopped, or that task got the next turn too (an eMQP hop a turn more)
                 self._first_task, self._behind = first, True
             # New messages are made durable at once, whether or not their protocol acks them.
+            syncs = self.store.syncs
             self._commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
             )
+            self._release.end_turn(self.endpoints, self.store.syncs != syncs, self._idle)
         except StoreError as exc:
+            if isinstance(exc, SyncLost) or self.store.durable != self.store.committed:
+                raise SyncLost(f"{exc} (an earlier commit's meta page was not known on disk)") from exc
             self._store_failures.error("store failure; this turn was rolled back: %s", exc)
             self._recover(whole=False)
             for endpoint in self.endpoints:

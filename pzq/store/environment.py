@@ -2,9 +2,13 @@
 
 Nothing outside this package imports lmdb (the page walk, ``pages.py``, is its other user). The loop
 owns the write transaction: every write of a turn joins the one open transaction (``write()``), and
-``commit()`` ends it with one durable commit (fsync'd unless ``sync=False``); a failed write or
-commit rolls all of it back and tells the listeners (``on_abort``) so that their in-memory state
-follows. Reads go through ``reading()``, a ``with`` block that sees the turn's own uncommitted
+``commit()`` ends it with one synchronous write (unless ``sync=False``): LMDB syncs the data pages
+and writes the meta page that names them without waiting for it (MDB_NOMETASYNC), so a commit is on
+disk once a later commit's data sync (or ``sync()``) has carried its meta page too. ``committed`` and
+``durable`` name the last commit and the last one known on disk; the loop releases what a commit's
+output depends on only when ``durable`` reaches it (docs/semantics.md, "one sync a commit"). A failed
+write or commit rolls all of it back and tells the listeners (``on_abort``) so that their in-memory
+state follows. Reads go through ``reading()``, a ``with`` block that sees the turn's own uncommitted
 writes, or a read-only snapshot outside a turn.
 
 Also here, because they are about the file and not about queues: taking the exclusive lock that keeps a
@@ -26,7 +30,7 @@ from typing import Any
 
 import lmdb
 
-from pzq.errors import DiskFull, StoreDamaged, StoreDenied, StoreError, StoreLocked
+from pzq.errors import DiskFull, StoreDamaged, StoreDenied, StoreError, StoreLocked, SyncLost
 from pzq.store import readers
 from pzq.store.disk import LOCK_FILE, LOCK_FILE_BYTES, Reserve, allocate_lock_file, disk_full, no_room
 from pzq.store.locks import lock_exclusively
@@ -67,7 +71,9 @@ class Environment:
         self.min_disk_free = min_disk_free
         self.disk_reserve = disk_reserve
         self.low_disk = False  # free space is under min_disk_free: producers are refused
-        self.syncs = 0
+        self.syncs = 0  # commits that wrote pages (each one data sync)
+        self.meta_syncs = 0  # syncs of a meta page alone (sync(): no later commit came to carry it)
+        self.hard_sync = sync and not readonly
         self.on_abort: list[Callable[[], None]] = []  # told when the open transaction was rolled back
         self.reserve = Reserve(path, disk_reserve, readonly)
         self._readers_checked_at = 0.0  # monotonic time of the last reader_check
@@ -119,6 +125,9 @@ class Environment:
                 map_size=self.map_cap,
                 max_dbs=16,
                 sync=sync,
+                metasync=False,  # (one synchronous write a commit: the next one carries the meta page)
+                writemap=False,  # (a write through the map reaches the disk whenever the kernel likes)
+                map_async=False,
                 readonly=readonly,
                 lock=locked,
                 meminit=False,
@@ -163,6 +172,12 @@ class Environment:
             raise
         self.page_size: int = self._env.stat()["psize"]
         self._txn: lmdb.Transaction | None = None
+        flags = self._env.flags()
+        if flags["writemap"] or flags["map_async"]:  # (not input: a build of LMDB or py-lmdb that ignored us)
+            self.close()
+            raise StoreError(f"{path}: LMDB opened with writemap or map_async, which the durability argument excludes")
+        # The last commit (LMDB's transaction id) and the last known on disk: at open, what the file holds
+        self.committed = self.durable = int(self._env.info()["last_txnid"])
 
     def _open_table(self, name: str, readonly: bool) -> Any:
         try:
@@ -173,8 +188,13 @@ class Environment:
             return None
 
     def close(self) -> None:
-        """Close the environment (what is not committed is lost) and release the lock."""
+        """Close the environment (what is not committed is lost; what is, is synced) and release the lock."""
         if self._env is not None:
+            if self.durable != self.committed:  # (LMDB's close does not sync the last meta page)
+                try:
+                    self._env.sync(True)
+                except lmdb.Error as exc:  # (closing anyway: the process ends; its last commit may not survive a cut)
+                    log.error("%s: the last commit's sync failed at close: %s", self.path, exc)
             self._env.close()
             self._env = None  # type: ignore[assignment]  # (closed: every later call fails, close does nothing)
         self._unlock()
@@ -229,7 +249,25 @@ class Environment:
             # (a DiskFull is a StoreError: a serving loop goes on; a start that cannot commit exits 6)
             error = DiskFull if no_room(exc) else StoreError
             raise error(f"commit failed, this transaction was rolled back: {exc}") from exc
-        self.syncs += 1
+        last = int(self._env.info()["last_txnid"])
+        if last != self.committed:  # (LMDB writes nothing, and syncs nothing, for a transaction that wrote nothing)
+            # Its data sync carried the previous commit's meta page to the disk; its own waits for the next
+            self.durable = self.committed if self.hard_sync else last
+            self.committed = last
+            self.syncs += 1
+
+    def sync(self) -> None:
+        """Put the last commit's meta page on disk (one fdatasync), when no later commit will. Raises
+        SyncLost when the sync fails: the kernel may have dropped that page's write, and what waits for
+        it must never be sent (the server stops and starts again from the disk)."""
+        if self.durable == self.committed:
+            return
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise SyncLost(f"the sync of commit {self.committed} failed: {exc}") from exc
+        self.durable = self.committed
+        self.meta_syncs += 1
 
     def end_clean(self) -> None:
         """End an open transaction that wrote nothing (no listener needs telling)."""

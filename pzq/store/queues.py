@@ -283,8 +283,27 @@ class Queues:
 
     @property
     def syncs(self) -> int:
-        """Durable commits so far."""
+        """Commits that wrote pages so far (each one data sync)."""
         return self.env.syncs
+
+    @property
+    def meta_syncs(self) -> int:
+        """Syncs of a commit's meta page alone (``sync()`` when no later commit carried it)."""
+        return self.env.meta_syncs
+
+    @property
+    def committed(self) -> int:
+        """The last commit that wrote pages (LMDB's transaction id)."""
+        return self.env.committed
+
+    @property
+    def durable(self) -> int:
+        """The last commit known on disk, meta page included (``committed`` once ``sync()`` ran)."""
+        return self.env.durable
+
+    def sync(self) -> None:
+        """Put the last commit's meta page on disk (see Environment.sync; SyncLost when it fails)."""
+        self.env.sync()
 
     def abort(self) -> None:
         """Drop every write since the last commit, counters included."""

@@ -4,13 +4,21 @@
  * the file a machine would find after losing power at that instant, with the worst page cache.
  *
  * PZQ_POWERCUT_JOURNAL=<path> turns it on; only files whose name ends in "data.mdb" are journaled.
+ * PZQ_POWERCUT_AT_SYNC=<n> cuts the power itself (SIGKILL) at the first sync of the data file from the
+ * n-th on that finds a meta page written and not yet durable: the instant between commit N's meta write
+ * and the data sync that would carry it, where no answer that depends on commit N may have left.
+ * PZQ_POWERCUT_FAIL_SYNC=<n>: that sync fails with EIO instead (as a disk that lost the write says),
+ * and the process goes on; its journal gets an 'F': every write not yet durable is lost, as a kernel that
+ * drops the pages of a failed writeback (a later sync reports success without them).
  * Journal records: 'W' u64 offset, u32 length, bytes (not yet durable); 'D' the same, durable at once
  * (O_DSYNC); 'S' (every earlier write of the file is durable). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +30,10 @@
 #define MAX_FD 65536
 static signed char known[MAX_FD]; /* 0 unknown, 1 data file, -1 other */
 static int journal = -1;
+static long cut_at_sync = 0;       /* 0: no cut of its own */
+static long fail_sync = 0;         /* 0: no sync fails */
+static long syncs_seen = 0;
+static int meta_pending = 0;       /* a meta page written since the last sync */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static ssize_t (*real_write)(int, const void *, size_t);
@@ -45,6 +57,10 @@ static void init(void) {
     real_close = dlsym(RTLD_NEXT, "close");
     const char *path = getenv("PZQ_POWERCUT_JOURNAL");
     if (path) journal = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const char *cut = getenv("PZQ_POWERCUT_AT_SYNC");
+    if (cut) cut_at_sync = atol(cut);
+    const char *fail = getenv("PZQ_POWERCUT_FAIL_SYNC");
+    if (fail) fail_sync = atol(fail);
 }
 
 static int is_data(int fd) {
@@ -75,6 +91,7 @@ static void record(int fd, uint64_t offset, const struct iovec *iov, int count, 
     char kind = (flags & (O_DSYNC | O_SYNC)) ? 'D' : 'W';
     uint32_t length = (uint32_t)written;
     pthread_mutex_lock(&lock);
+    if (kind == 'W' && offset < 2 * 4096) meta_pending = 1; /* LMDB's two meta pages come first */
     put(&kind, 1);
     put(&offset, 8);
     put(&length, 4);
@@ -87,9 +104,37 @@ static void record(int fd, uint64_t offset, const struct iovec *iov, int count, 
     pthread_mutex_unlock(&lock);
 }
 
+/* Before a sync of the data file: the power goes here when asked (see PZQ_POWERCUT_AT_SYNC), or the
+ * sync fails (PZQ_POWERCUT_FAIL_SYNC, once): 1 when it must fail. */
+static int before_sync(int fd) {
+    if ((!cut_at_sync && !fail_sync) || !is_data(fd)) return 0;
+    pthread_mutex_lock(&lock);
+    syncs_seen++;
+    int cut = cut_at_sync && syncs_seen >= cut_at_sync && meta_pending;
+    int failed = fail_sync && syncs_seen >= fail_sync && meta_pending;
+    if (failed) fail_sync = 0;
+    pthread_mutex_unlock(&lock);
+    if (failed) {
+        char kind = 'F';
+        pthread_mutex_lock(&lock);
+        meta_pending = 0;
+        put(&kind, 1);
+        pthread_mutex_unlock(&lock);
+        errno = EIO;
+        return 1;
+    }
+    /* (the power goes during this sync: what libzmq's I/O threads were already sending leaves first) */
+    if (cut) {
+        usleep(200000);
+        kill(getpid(), SIGKILL);
+    }
+    return 0;
+}
+
 static void synced(int fd) {
     char kind = 'S';
     pthread_mutex_lock(&lock);
+    meta_pending = 0;
     put(&kind, 1);
     pthread_mutex_unlock(&lock);
     (void)fd;
@@ -143,6 +188,7 @@ ssize_t pwritev(int fd, const struct iovec *iov, int count, off_t offset) {
 
 int fsync(int fd) {
     init();
+    if (before_sync(fd)) return -1;
     int r = real_fsync(fd);
     if (r == 0 && is_data(fd)) synced(fd);
     return r;
@@ -150,6 +196,7 @@ int fsync(int fd) {
 
 int fdatasync(int fd) {
     init();
+    if (before_sync(fd)) return -1;
     int r = real_fdatasync(fd);
     if (r == 0 && is_data(fd)) synced(fd);
     return r;
