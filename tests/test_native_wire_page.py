@@ -11,11 +11,13 @@ import msgpack
 import zmq
 
 from pzq.clients import native as client
+from pzq.curve import secure_client
 from pzq.protocols import native
 from pzq.protocols import native_batch as batches
 from pzq.protocols import native_consume as consume
 
-from conftest import recv, wait_connected, wait_until
+from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
+from permission_keys import handshake
 
 TOO_MANY = native.TOO_MANY_FRAMES.format(limit=1024, sent=1023).encode()
 
@@ -54,6 +56,28 @@ def test_a_legacy_message_of_1025_frames_with_the_routing_frame_is_answered_0_an
     assert ask(producer, [b"m3", b"", *[b"y"] * 1021]) == [b"m3", b"1", b""], "1,024 with the routing frame fit"
     assert ask(producer, [b"m4", b"header", b"", *[b"z"] * 1021]) == [b"m4", b"0", b"", TOO_MANY], "headers count"
     assert server.stats()["messages"] == 3
+
+
+def test_over_curve_a_message_past_the_frame_cap_is_answered_too(make_server, tenants, sockets):
+    receive, _ = free_tcp_endpoint()
+    srv = make_server(
+        receive_dsn=receive, consume_dsn="", queue="orders.native", unauthenticated="monitor", **tenants.config()
+    )
+    producer = sockets(zmq.DEALER, None)
+    secure_client(producer, *tenants.curve("orders"))
+    assert handshake(producer, receive)
+    assert ask(producer, [b"m1", b"", *[b"x"] * 1022]) == [b"m1", b"0", b"", TOO_MANY]
+    assert ask(producer, [b"m2", b"", b"after"]) == [b"m2", b"1", b""]
+    assert srv.stats()["queues"]["orders.native"]["depth"] == 1
+
+
+def test_the_python_client_hears_a_message_no_batch_holds_refused_and_stores_the_rest(server):
+    many = [b"f%d" % i for i in range(5000)]  # (past max_frames: sent alone, the legacy way, past 1,024)
+    with client.Producer(server.receive, timeout_ms=10_000) as producer:
+        results = producer.send_many([[b"before"], many, [b"after"]], batch=10, window=2)
+    assert [r.ok for r in results] == [True, False, True]
+    assert results[1].error == TOO_MANY.decode()
+    assert server.stats()["messages"] == 2
 
 
 def test_a_batch_past_the_frame_cap_is_answered_as_a_batch_that_stored_nothing(server, sockets):
