@@ -1,6 +1,6 @@
 """The native PZQ protocol on the shared store: producers' runs of messages, consumers' acks, credit.
 
-Two sockets (see shared/specs/pzq-wire.md): producers speak on ``receive`` (the server's ROUTER: each
+Two sockets (docs/protocols.md, "The native protocol"): producers speak on ``receive`` (the server's ROUTER: each
 message starts with the producer's routing frame, and so does each ack), consumers on ``send`` (the
 server's DEALER, which picks the consumer itself: deliveries carry no routing frame, and a consumer's
 answer arrives without one). The DEALER hides which consumer got what, so every delivery is held by
