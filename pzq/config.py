@@ -77,7 +77,11 @@ class Config:
         3600.0, "How long a silent consumer group keeps its leased messages.", DURATION_S, low=1, high=30 * 86400
     )
     api_dedup_window: float = _setting(
-        86400.0, "How long a PRODUCE key is remembered (a repeat stores nothing).", DURATION_S, low=0, high=30 * 86400
+        86400.0,
+        "How long an API PRODUCE key or a native batch id is remembered (a repeat stores nothing).",
+        DURATION_S,
+        low=0,
+        high=30 * 86400,
     )
     ack_timeout: float = _setting(5.0, "A consumer's time to ack a delivery before redelivery.", DURATION_US, low=0.001)
     reaper_frequency: float = _setting(2.5, "Longest idle sleep (expiries are exact anyway).", DURATION_US, low=0.001)

@@ -80,6 +80,22 @@ def test_what_a_consumer_was_handed_counts_in_the_byte_account_until_it_acks_or_
     assert held() == 0
 
 
+def test_an_acked_message_stops_counting_against_credit_when_its_ack_is_read_not_when_settled_is_sent(broker):
+    g = gateway(broker, consume_max_credit=10)
+    hello(g, b"p", 10)
+    keys = [
+        key
+        for out in g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+        for key in wire.parse_reply(out.frames[1:]).keys
+    ]
+    assert len(keys) == 10
+    assert g.received(b"p", wire.credit(1), now=0.0)[0].frames[1] == wire.ERR  # (holds 10: no room)
+    (settled,) = g.received(b"p", wire.ack(keys[:4]), now=0.0)  # (its SETTLED waits for the turn's commit)
+    assert settled.kind == wire.ACK
+    assert g.received(b"p", wire.credit(4), now=0.0) == [], "the 4 acked make room as the ACK is read"
+    assert g.consumers[b"p"].credit == 4 and broker.held_count((HOLDER, b"p")) == 6
+
+
 def test_a_consumer_that_reads_nothing_is_handed_its_byte_share_and_one_message_more_whatever_its_credit(store):
     b = Broker(store, ack_timeout_s=5.0, limits=dataclasses.replace(DEFAULT_LIMITS, delivery_share=10_000))
     b.produce_many("default", [[b"x" * 1000]] * 50, now_us=1)

@@ -1,4 +1,4 @@
-"""Frame vectors of the native PZQ protocol (shared/specs/pzq-wire.md), as pure functions."""
+"""Frame vectors of the native PZQ protocol (docs/protocols.md, "The native protocol"), as pure functions."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pzq.protocols.native import ConsumerAck, Delivered, Produce, ProduceAck, Re
 
 LIMIT = 1024
 MID = "0000000000000001000000000000002a"
+CUT_TEXT = native.TOO_MANY_FRAMES.format(limit=1024, sent=1023).encode()
 
 
 def test_a_produce_with_no_headers_yields_its_body():
@@ -117,6 +118,28 @@ def test_a_message_id_over_max_id_is_refused_with_its_first_bytes_echoed():
     event = native.parse_produce([b"peer", b"i" * (native.MAX_ID + 1), b"", b"body"], 1024)
     assert isinstance(event, Rejected) and event.error.code == "id-too-long"
     assert event.message_id == b"i" * native.MAX_ID
+
+
+def test_a_message_cut_past_the_frame_cap_is_refused_too_many_frames_with_its_id_echoed():
+    cut = native.Cut([b"peer", b"i" * (native.MAX_ID + 5), b"header", b""])
+    event = native.parse_produce(cut, LIMIT)
+    assert isinstance(event, Rejected) and event.error.code == "too-many-frames" and not event.batch
+    assert native.refusal(event) == [b"peer", b"i" * native.MAX_ID, b"0", b"", CUT_TEXT]
+
+
+def test_a_batch_cut_past_the_frame_cap_is_refused_in_a_batchs_frames_with_nothing_stored():
+    event = native.parse_produce(native.Cut([b"peer", b"b1", b"PZQ-BATCH/1", b"", b"x"]), LIMIT)
+    assert isinstance(event, Rejected) and event.batch
+    assert native.refusal(event) == [b"peer", b"b1", b"0", b"", CUT_TEXT, b"0"]
+
+
+def test_the_frame_cap_the_refusal_names_is_the_one_the_server_reads_with():
+    from pzq import zmqio
+    from pzq.protocols import native_consume
+
+    assert native.MAX_FRAMES == zmqio.MAX_FRAMES == 1024
+    assert b"at most 1024 in one message" in CUT_TEXT and b"(1023 as the producer sends them)" in CUT_TEXT
+    assert b"1024" in native_consume.CUT
 
 
 # -- the client's side ---------------------------------------------------------------------------------

@@ -101,6 +101,17 @@ def test_malformed_commands_are_refused_with_a_code(frames, code):
     assert err.value.code == code
 
 
+def test_a_command_cut_past_the_frame_cap_is_refused_bad_frames_and_a_peer_cannot_forge_the_cut():
+    routing, command = wire.cut([b"peer", b"ACK", *[b"k"] * 1022])
+    assert routing == b"peer"
+    with pytest.raises(ProtocolError) as err:
+        wire.parse_command([command], 10)
+    assert err.value.code == "bad-frames" and "more than 1024 frames" in err.value.detail
+    with pytest.raises(ProtocolError) as err:
+        wire.parse_command([bytes(bytearray(wire.CUT))], 10)  # (the same bytes from a peer: a command it does not know)
+    assert err.value.code == "unknown-command"
+
+
 def test_a_keys_array_announcing_billions_is_refused_from_its_header_before_anything_is_built():
     bomb = b"\xdd\xff\xff\xff\xff"  # array 32 announcing 4,294,967,295 keys, in 5 bytes
     with pytest.raises(ProtocolError) as err:

@@ -130,6 +130,39 @@ def test_a_message_of_too_many_frames_is_dropped_and_the_next_one_arrives_whole(
     assert _next(server)[1:] == [b"after"] and not zmqio.draining()
 
 
+def test_on_a_socket_that_answers_them_a_message_past_the_frame_cap_is_received_as_its_head_once_drained(pair):
+    server, client = pair
+    handed: list[int] = []
+
+    def head(frames: list) -> list:
+        handed.append(len(frames))
+        return [frames[0], b"cut:" + frames[1]]
+
+    zmqio.answer_cut(server, head)
+    send_frames(client, [b"ok", *[b"x"] * (zmqio.MAX_FRAMES - 2)])  # (1,024 with the routing frame: whole)
+    send_frames(client, [b"id", *[b""] * (zmqio.DRAIN_PER_CALL + zmqio.MAX_FRAMES)])  # (two calls' drain)
+    send_frames(client, [b"after"])
+    assert server.poll(2000)
+    assert len(recv_frames(server, NOBLOCK)) == zmqio.MAX_FRAMES
+    cut = _next(server)
+    assert cut[1] == b"cut:id" and handed == [zmqio.MAX_FRAMES], "the frames up to the cap, and none kept past it"
+    assert _next(server)[1:] == [b"after"] and not zmqio.draining()
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["dropped", "answered"])
+def test_a_message_whose_frames_past_the_cap_are_exactly_a_drains_share_leaves_the_next_one_whole(pair, answered):
+    server, client = pair
+    if answered:
+        zmqio.answer_cut(server, lambda frames: frames[:2])
+    # (the cap's frames, then DRAIN_PER_CALL more: the drain's first call reads the message's last frame)
+    send_frames(client, [b"id", *[b""] * (zmqio.MAX_FRAMES + zmqio.DRAIN_PER_CALL - 2)])
+    send_frames(client, [b"after"])
+    assert server.poll(2000)
+    if answered:
+        assert _next(server)[1] == b"id"
+    assert _next(server)[1:] == [b"after"] and not zmqio.draining()
+
+
 def test_big_frames_stay_in_libzmqs_buffer_on_that_socket_only_and_are_forgotten_with_it(sockets, tmp_path):
     endpoint = f"ipc://{tmp_path}/big"
     server = zmq.Context.instance().socket(zmq.ROUTER)  # (not the fixture's: it would keep it alive)

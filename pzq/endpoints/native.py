@@ -27,7 +27,7 @@ from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
 from pzq.protocols import native as wire
 from pzq.protocols.native_batch import MARK, MAX_ECHO, KeyedFrames, announced, batch_error
-from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, events, keep_big_frames, recv_frames, send_frames
+from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, answer_cut, events, keep_big_frames, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
 
@@ -89,6 +89,7 @@ class NativeEndpoints(Endpoint):
         self._dry = False  # the last _run stopped because its socket had nothing more (zmq.Again)
         self.replies = Replies(self.receive, "producer", config.limits)
         keep_big_frames(self.receive, BIG_FRAME)
+        answer_cut(self.receive, wire.Cut)  # (a message past MAX_FRAMES frames is answered, not dropped unseen)
         # LINGER 0: unsent deliveries are still stored, nothing to flush.
         # SNDHWM: a pipe holds at most half the send pool's bytes of the largest messages (at least 16: a
         # consumer that stops reading holds its pipe, the others have the rest of the pool; Limits.native_send_*);
@@ -203,6 +204,8 @@ class NativeEndpoints(Endpoint):
             self._replies.append(Send(RECEIVE, batch_error(frames[0], frames[1][:MAX_ECHO], wire.BUSY)))
         elif isinstance(event, wire.Produce):
             self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
+        elif event is not None:  # (refused whatever waits, e.g. too many frames: it hears why, not "busy")
+            self._replies.append(Send(RECEIVE, wire.refusal(event)))
         self.busy_refused_total += 1
         now = time.monotonic()
         if now >= self._busy_logged + BUSY_LOG_S:  # (flow control, not bad input: a line now and then)

@@ -22,7 +22,7 @@ from pzq.endpoints.replies import Replies
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
 from pzq.logs import peer_label
 from pzq.protocols import native_consume as wire
-from pzq.zmqio import NOBLOCK, Again
+from pzq.zmqio import NOBLOCK, Again, answer_cut
 
 log = logging.getLogger("pzq.server")
 
@@ -54,6 +54,7 @@ class BatchConsumeEndpoint(Endpoint):
         self.sockets = [self.sock]
         self.replies = Replies(self.sock, "batch consumer", config.limits)
         self._gate = binder.gate(self.sock)
+        answer_cut(self.sock, wire.cut)  # (a command past MAX_FRAMES frames is answered ERR, not dropped unseen)
         self.binder = binder
         # (tcp://: a consumer whose connection closes is gone, and what it held goes back at once)
         binder.on_disconnect[self.sock] = gateway.disconnected

@@ -1,6 +1,6 @@
 """The native PZQ protocol on the shared store: producers' runs of messages, consumers' acks, credit.
 
-Two sockets (see shared/specs/pzq-wire.md): producers speak on ``receive`` (the server's ROUTER: each
+Two sockets (docs/protocols.md, "The native protocol"): producers speak on ``receive`` (the server's ROUTER: each
 message starts with the producer's routing frame, and so does each ack), consumers on ``send`` (the
 server's DEALER, which picks the consumer itself: deliveries carry no routing frame, and a consumer's
 answer arrives without one). The DEALER hides which consumer got what, so every delivery is held by
@@ -135,7 +135,7 @@ class NativeGateway:
                 if isinstance(event, native.Rejected):
                     self._store(waiting, bodies, out, now_us)  # (acks keep the order of the messages)
                     warn_bad("producer", event.error.code, event.error.detail)
-                    out.append(Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail)))
+                    out.append(Send(RECEIVE, native.refusal(event)))
                     continue
                 waiting.append((event.routing, event.message_id))
                 bodies.append(event.body)
@@ -186,7 +186,7 @@ class NativeGateway:
                 return []
             if isinstance(event, native.Rejected):
                 warn_bad("producer", event.error.code, event.error.detail)
-                return [Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail))]
+                return [Send(RECEIVE, native.refusal(event))]
             self._uploader = (event.routing, event.message_id)
             try:
                 upload = self.broker.begin_big(event.body, chunk)
@@ -417,7 +417,7 @@ class NativeGateway:
             return self.batches.failed(frames)
         event = native.parse_produce(frames, limit)
         if isinstance(event, native.Rejected):
-            return Send(RECEIVE, native.produce_ack(event.routing, event.message_id, event.error.detail))
+            return Send(RECEIVE, native.refusal(event))
         return None if event is None else _failed(event.routing, event.message_id)
 
     def _available(self, now: float) -> int:

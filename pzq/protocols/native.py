@@ -1,4 +1,4 @@
-"""The native PZQ wire protocol (see shared/specs/pzq-wire.md), as pure functions over frame lists.
+"""The native PZQ wire protocol (docs/protocols.md, "The native protocol"), as pure functions over frame lists.
 
 Producer  -> server   [routing, message id, header*, "", body+]      (server ROUTER, client DEALER)
 server    -> producer [routing, message id, "1", ""] | [routing, message id, "0", "", error text]
@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from pzq.errors import ProtocolError
+from pzq.protocols.native_batch import MARK, batch_error
 
 NO_DELIMITER = "Malformed message, no delimiter found or missing message parts"
 EMPTY_MESSAGE = "Trying to save empty message"
@@ -21,7 +22,12 @@ QUEUE_FULL = "queue full: the store is at its size limit or its disk is nearly f
 STORE_FAILED = "store failure: the message was not stored, try again"
 BUSY = "busy: an earlier big message of yours is still being stored; send this one again once that one is acked"
 ID_TOO_LONG = "Message id too long: {size} bytes, the limit is {limit} (this ack carries its first {limit})"
+TOO_MANY_FRAMES = (
+    "Too many frames: at most {limit} in one message, the server's routing frame included ({sent} as the "
+    "producer sends them); nothing was stored"
+)
 MAX_ID = 1024  # bytes of a producer's message id
+MAX_FRAMES = 1024  # frames of one message, the routing frame included (pzq.zmqio.MAX_FRAMES: the same)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +46,18 @@ class Rejected:
     routing: bytes
     message_id: bytes
     error: ProtocolError
+    batch: bool = False  # a batch's (PZQ-BATCH/1) id: answered in a batch's frames
+
+
+class Cut(list[bytes]):
+    """The routing and id frames of a message the server read past MAX_FRAMES frames (the rest drained
+    unkept, pzq.zmqio.answer_cut): refused "too many frames" in its place among its producer's."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, frames: Sequence[bytes]):
+        super().__init__([bytes(frames[0]), bytes(frames[1][:MAX_ID])])
+        self.batch = len(frames) > 2 and frames[2] == MARK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +73,9 @@ def parse_produce(frames: Sequence[bytes], max_size: int) -> Produce | Rejected 
     if len(frames) < 2:
         return None
     routing, message_id = frames[0], frames[1]
+    if isinstance(frames, Cut):
+        detail = TOO_MANY_FRAMES.format(limit=MAX_FRAMES, sent=MAX_FRAMES - 1)
+        return Rejected(routing, message_id, ProtocolError("too-many-frames", detail), frames.batch)
     if len(message_id) > MAX_ID:  # it is echoed in the ack: it must not let a producer size our memory
         return Rejected(
             routing,
@@ -81,6 +102,13 @@ def produce_ack(routing: bytes, message_id: bytes, error: str | None = None) -> 
     if error is None:
         return [routing, message_id, b"1", b""]
     return [routing, message_id, b"0", b"", error.encode("utf-8", "replace")]
+
+
+def refusal(event: Rejected) -> list[bytes]:
+    """The frames refusing ``event``: a legacy "0" ack, or a batch's (nothing of it stored) for a batch."""
+    if event.batch:
+        return batch_error(event.routing, event.message_id, event.error.detail)
+    return produce_ack(event.routing, event.message_id, event.error.detail)
 
 
 def message_key(enqueued_us: int, message_id: str) -> bytes:

@@ -1,6 +1,6 @@
 """Batched native frames, PZQ-BATCH/1 (docs/native-batch.md): many producer messages in one ZeroMQ message.
 
-An extension of the native receive socket (shared/specs/pzq-wire.md), as pure functions over frame lists.
+An extension of the native receive socket (docs/protocols.md), as pure functions over frame lists.
 The server's ROUTER adds and strips the routing frame as for every native message.
 
 Producer -> server  [batch id, "PZQ-BATCH/1", "", bodies]   bodies: msgpack array of messages, each

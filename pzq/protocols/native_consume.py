@@ -32,6 +32,9 @@ HELLO, CREDIT, ACK, NACK, BYE = b"HELLO", b"CREDIT", b"ACK", b"NACK", b"BYE"
 DELIVER, SETTLED, ERR = b"DELIVER", b"SETTLED", b"ERR"
 MAX_KEY = 64  # bytes of one key in an ACK or NACK (pzq's keys are 49)
 MAX_DIGITS = 18  # of a CREDIT count (anything longer is past every limit anyway)
+# What the server reads in the place of a message past its frame cap, its frames drained unkept (1,024, the
+# routing frame included: pzq.zmqio.answer_cut): this one object, told by identity (no peer's frame is it)
+CUT = b"(more than 1024 frames)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,8 @@ def parse_command(frames: Sequence[bytes], max_keys: int) -> Command:
     malformed: the server answers ERR and changes nothing."""
     if not frames:
         raise ProtocolError("bad-frames", "an empty message")
+    if frames[0] is CUT:
+        raise ProtocolError("bad-frames", "more than 1024 frames in one message, the routing frame included")
     name = bytes(frames[0])
     if name in (HELLO, BYE):
         if len(frames) != 1:
@@ -105,6 +110,11 @@ def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
     if type(keys) is not list or not all(type(key) is bytes and key for key in keys):
         raise ProtocolError("bad-keys", f"each key must be a str or bin of 1 to {MAX_KEY} bytes")
     return keys
+
+
+def cut(frames: Sequence[bytes]) -> list[bytes]:
+    """What the server reads in the place of a message cut past its frame cap: its routing frame and CUT."""
+    return [bytes(frames[0]), CUT]
 
 
 # -- what the server sends (its ROUTER puts the routing frame first) ------------------------------------
