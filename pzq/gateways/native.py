@@ -315,7 +315,9 @@ class NativeGateway:
         if most is not None:
             credit = min(credit, most - len(overdue))
         readiness = self.broker.readiness  # (as the take began: a take cut short raises it, and is no stall)
-        taken = self.broker.take(
+        # (as runs of stored records, no Message a delivery: take_run looks at each only where a TTL, meta,
+        # a delivery cap, a lease range or a message that came back asks for it)
+        taken = self.broker.take_run(
             self.queue,
             credit,
             CONSUMER,
@@ -330,14 +332,13 @@ class NativeGateway:
             return []
         # native.delivery's frames, built inline: the two numbers once per run, the key from the ref
         head, make = [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""], Send._make
-        refs = [(message.qid, message.seq) for message in taken]
-        self.credit.sent_many(refs, now)
+        self.credit.sent_many([ref for ref, _, _ in taken], now)
         out = [
             # (the key: native.message_key)
-            make((SEND, [b"%016d|%016x%016x" % (message.enqueued_us, *ref), *head, *message.frames], ref, False))
-            for message, ref in zip(taken, refs, strict=True)
+            make((SEND, [b"%016d|%016x%016x" % (enqueued_us, *ref), *head, *frames], ref, False))
+            for ref, enqueued_us, frames in taken
         ]
-        sizes = [sum(map(len, message.frames)) for message in taken]
+        sizes = [sum(map(len, frames)) for _, _, frames in taken]
         self.dispatched_bytes = sum(sizes)
         self.pool.handed(max(sizes))
         return out
