@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import threading
 
-import zmq
-from test_power_cut import durable_image, shim  # noqa: F401 - shim: the fixture that builds it
+from test_power_cut import durable_image, produce_until_the_power_goes, shim  # noqa: F401 - shim: the fixture
 
 from pzq.clients import native as client
 from pzq.errors import ExitCode
-from pzq.protocols import native as wire
 from pzq.store import Store
 
 
@@ -77,27 +75,9 @@ def test_a_sync_that_fails_with_acks_waiting_stops_the_server_with_status_7_and_
     tmp_path,
 ):
     journal = tmp_path / "journal"
-    env = {"LD_PRELOAD": str(shim), "PZQ_POWERCUT_JOURNAL": str(journal), "PZQ_POWERCUT_FAIL_SYNC": "30"}
+    env = {"LD_PRELOAD": str(shim), "PZQ_POWERCUT_JOURNAL": str(journal), "PZQ_POWERCUT_FAIL_SYNC": "20"}
     srv = process_server(env=env)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(srv.receive)
-    acked: set[bytes] = set()
-    try:
-        for i in range(3000):
-            sock.send_multipart(wire.produce(b"%d" % i, [b"message %06d" % i]))
-            while sock.poll(0 if srv.proc.poll() is None else 100):
-                ack = wire.parse_produce_ack(sock.recv_multipart())
-                assert ack is not None and ack.ok
-                acked.add(b"message %06d" % int(ack.message_id))
-            if srv.proc.poll() is not None:
-                break
-        srv.proc.wait(timeout=10)
-        while sock.poll(200):
-            ack = wire.parse_produce_ack(sock.recv_multipart())
-            acked.add(b"message %06d" % int(ack.message_id))
-    finally:
-        sock.close(linger=0)
+    acked, _ = produce_until_the_power_goes(srv)  # (here the server stops by itself, its sync failed)
     assert srv.proc.returncode == ExitCode.SYNC_LOST, srv.log.read_text()[-2000:]
     assert "a restart starts again from what is on disk" in srv.log.read_text()
     # What the failed sync was to carry is not on disk: no ack for it left

@@ -125,10 +125,11 @@ def test_after_a_power_cut_every_acknowledged_message_is_on_disk(process_server,
 
 
 def produce_until_the_power_goes(srv) -> tuple[set[bytes], int]:
-    """Pipeline messages (window WINDOW) until the server's shim cuts the power by itself; the bodies
-    the producer was acked for, and how many it sent."""
+    """Pipeline messages (window WINDOW) until the server stops by itself (its shim cut the power, or a
+    sync failed); the bodies the producer was acked for, and how many it sent."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
+    sock.sndtimeo = 1000
     sock.connect(srv.receive)
     acked: set[bytes] = set()
     sent: dict[bytes, bytes] = {}
@@ -146,8 +147,11 @@ def produce_until_the_power_goes(srv) -> tuple[set[bytes], int]:
             if srv.proc.poll() is not None:
                 break
             body = b"message %06d" % i
+            try:
+                sock.send_multipart(wire.produce(b"%d" % i, [body]))
+            except zmq.Again:  # (the server is gone: a DEALER without a peer takes nothing)
+                break
             sent[b"%d" % i] = body
-            sock.send_multipart(wire.produce(b"%d" % i, [body]))
         srv.proc.wait(timeout=10)
         while sock.poll(0):  # acks that left before the cut count too
             take()

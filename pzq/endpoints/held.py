@@ -44,7 +44,7 @@ class Held(Generic[T]):
             out += self._generations.popleft()[1]
         return out + before if before else out
 
-    def drop(self, forget: Callable[[T], bool]) -> None:
-        """Forget the sends ``forget`` names (deliveries the broker no longer counts in flight)."""
+    def keep(self, still: Callable[[list[T]], list[T]]) -> None:
+        """Keep of each generation what ``still`` returns (deliveries the broker still counts in flight)."""
         for _, sends in self._generations:
-            sends[:] = [s for s in sends if not forget(s)]
+            sends[:] = still(sends)

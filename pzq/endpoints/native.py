@@ -417,7 +417,8 @@ class NativeEndpoints(Endpoint):
 
     def recover(self) -> None:
         self._waiting = []  # (the broker may have forgotten them: taken again, they would leave twice)
-        self._held_deliveries = Held()
+        # (held deliveries of earlier turns stay in flight after a failed commit: those the broker forgot go)
+        self._held_deliveries.keep(self.gateway.sendable)
         self.gateway.recover()
 
     def stats(self) -> dict:

@@ -10,7 +10,7 @@ Each turn of the loop:
   they stop between requests once it is spent, and what was not reached goes first in the next turn,
   which polls without waiting (round-robin);
   4. commits the turn's writes in one transaction (group commit): one sync of its data pages, its meta
-     page written without waiting (the next commit's sync carries it: pzq/server/release.py);
+     page written without waiting (the next commit's sync carries it: pzq/server/commits.py);
   5. lets each endpoint send the producer acks, deliveries and replies of every commit now on disk:
      the busy native sockets' output waits for the next turn's commit, unless no work is ready, the
      turn wrote nothing, or another endpoint has output, when the meta page is synced on its own.

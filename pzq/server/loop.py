@@ -28,9 +28,9 @@ from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
 from pzq.server.access import permissions_for
 from pzq.server.collector import Collector
+from pzq.server.commits import Commits
 from pzq.server.console_child import ConsoleChild
 from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
-from pzq.server.release import Release
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -73,7 +73,6 @@ class Server(Reloading):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._next_tick = 0.0
-        self._dirty_since: float | None = None  # when uncommitted writes nobody waits for began
         self.notifier = Notifier.from_environment()  # inert unless systemd started us with Type=notify
         self._next_watchdog = 0.0
         self._reload_requested = False
@@ -81,8 +80,6 @@ class Server(Reloading):
         self.reloader: Callable[[], Config] | None = None  # re-reads the settings on SIGHUP
         self.metrics: Metrics | None = None
         self.console: ConsoleChild | None = None  # the web console's process (--http-dsn)
-        self._last_commit_ms = 0.0
-        self._produced_at_commit = 0
         # A full disk fails every turn's commit: one line now and then, not a traceback each time.
         self._store_failures = Throttled(log, config.limits.store_failure_log_s)
         self._budget = TurnBudget.start(0.0, 0)  # the turn's, made anew by each _turn
@@ -111,7 +108,6 @@ class Server(Reloading):
         self.store.watch_disk()
         self.store.name_queue(cfg.queue)  # (configured: it never expires)
         self.store.commit()
-        self._release = Release(self.store)
         self.broker = Broker(
             self.store,
             ack_timeout_s=cfg.ack_timeout,
@@ -119,6 +115,7 @@ class Server(Reloading):
             limits=cfg.limits,
             implicit_ttl_s=cfg.implicit_queue_ttl,
         )
+        self._commits = Commits(self.store, self.broker, cfg.commit_interval)
         # Leases are loaded even with the API off, so that messages a group held go back when it expires.
         self.leases = Leases(self.broker, timeout_s=cfg.lease_timeout, limits=cfg.limits)
         if cfg.curve_secret_key:
@@ -128,7 +125,7 @@ class Server(Reloading):
         self.permissions = permissions_for(cfg, self.curve)  # (before the bind: the native handshake checks them)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        self.admin.attach(lambda: self.endpoints, lambda: self._last_commit_ms, cfg)
+        self.admin.attach(lambda: self.endpoints, lambda: self._commits.last_ms, cfg)
         connections = ConnectionLimit(
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
         )
@@ -140,7 +137,7 @@ class Server(Reloading):
         if cfg.metrics_dsn:
             from pzq.metrics import Metrics  # (prometheus-client: only when metrics are asked for)
 
-            self.metrics = Metrics(cfg.metrics_dsn)
+            self.metrics = self._commits.metrics = Metrics(cfg.metrics_dsn)
         for endpoint in self.endpoints:
             endpoint.alarm = self.alarm
         self._register()
@@ -243,14 +240,14 @@ class Server(Reloading):
                 if failed >= MAX_FAILED_TURNS:
                     self.notifier.notify("STATUS=too many failing turns in a row; exiting", "ERRNO=5")
                     raise
-        self._release.finish(self.endpoints)  # (the last turn's answers: synced and sent before the sockets close)
+        self._commits.finish(self.endpoints)  # (the last turn's answers: synced and sent before the sockets close)
         for endpoint in self.endpoints:
             endpoint.flush(time.monotonic(), time.time_ns() // 1000)
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def _poll_timeout_ms(self) -> int:
-        if self._release.holding:  # (output waits for the next commit's sync: the next turn at once)
+        if self._commits.holding:  # (output waits for the next commit's sync: the next turn at once)
             return 0
         return self._wake_ms()
 
@@ -268,8 +265,9 @@ class Server(Reloading):
         for deadline in (self.broker.next_deadline(), self.broker.next_sweep()):
             if deadline is not None:
                 wake = min(wake, deadline)
-        if self._dirty_since is not None:
-            wake = min(wake, self._dirty_since + self.config.commit_interval)
+        due = self._commits.due_at()
+        if due is not None:
+            wake = min(wake, due)
         for endpoint in self.endpoints:
             due = endpoint.wake_at(now)
             if due is not None:
@@ -370,18 +368,19 @@ class Server(Reloading):
                 # the rotation goes on where it stopped, or that task got the next turn too (an eMQP hop a turn more)
                 self._first_task, self._behind = first, True
             # New messages are made durable at once, whether or not their protocol acks them.
-            syncs = self.store.syncs
-            self._commit_if_due(
+            wrote = self._commits.commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
             )
-            self._release.end_turn(self.endpoints, self.store.syncs != syncs, self._idle)
         except StoreError as exc:
-            if isinstance(exc, SyncLost) or self.store.durable != self.store.committed:
-                raise SyncLost(f"{exc} (an earlier commit's meta page was not known on disk)") from exc
+            if isinstance(exc, SyncLost):  # (a commit or sync failed with a meta page not on disk)
+                raise
             self._store_failures.error("store failure; this turn was rolled back: %s", exc)
             self._recover(whole=False)
             for endpoint in self.endpoints:
                 endpoint.rolled_back()
+            wrote = False
+        # (after a rolled-back turn too: what earlier turns hold must not wait for a commit that fails)
+        self._commits.end_turn(self.endpoints, wrote, self._idle)
         for endpoint in self.endpoints:
             endpoint.flush(now, now_us)
         if self._sockets.pending:
@@ -412,7 +411,7 @@ class Server(Reloading):
         else:
             self.broker.rolled_back()
         self.leases.load()
-        self._dirty_since = None
+        self._commits.dirty_since = None
         for endpoint in self.endpoints:
             endpoint.recover()
 
@@ -426,24 +425,6 @@ class Server(Reloading):
         stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
         if self.metrics is not None:
             self.metrics.update(stats, oldest, per_queue)
-
-    def _commit_if_due(self, now: float, waiting: bool) -> None:
-        """Commit when a producer waits for its ack; otherwise let writes gather for commit_interval."""
-        if not self.store.dirty:
-            return
-        if self._dirty_since is None:
-            self._dirty_since = now
-        interval = self.config.commit_interval
-        if waiting or now - self._dirty_since >= interval:
-            started = time.perf_counter()
-            self.store.commit(counts_older_than=now - interval)
-            self.broker.committed()
-            self._last_commit_ms = (time.perf_counter() - started) * 1000
-            if self.metrics is not None:
-                produced = self.broker.counters.produced
-                self.metrics.observe_commit(time.perf_counter() - started, produced - self._produced_at_commit)
-                self._produced_at_commit = produced
-            self._dirty_since = now if self.store.dirty else None
 
     def stats(self) -> dict:
         """Every figure the monitor reports, the six PZQ fields first."""

@@ -246,8 +246,9 @@ class Environment:
             self._aborted()
             if self.reserve.release():  # most likely the disk is full: give the next commit room
                 self.low_disk = True
-            # (a DiskFull is a StoreError: a serving loop goes on; a start that cannot commit exits 6)
-            error = DiskFull if no_room(exc) else StoreError
+            # (a DiskFull is a StoreError: a serving loop goes on; a start that cannot commit exits 6.
+            # With a meta page not known on disk, the failed sync may have dropped its write: SyncLost)
+            error = SyncLost if self.durable != self.committed else DiskFull if no_room(exc) else StoreError
             raise error(f"commit failed, this transaction was rolled back: {exc}") from exc
         last = int(self._env.info()["last_txnid"])
         if last != self.committed:  # (LMDB writes nothing, and syncs nothing, for a transaction that wrote nothing)
