@@ -137,6 +137,23 @@ def _acks(sock: zmq.Socket) -> list[bytes]:
     return ids
 
 
+def _turns_until_acked(server: Server, producer: zmq.Socket, count: int) -> tuple[list[bytes], list[int]]:
+    """Turns until ``count`` acks came: the acks in order, and the messages each commit stored (acks
+    of consecutive commits may leave together: docs/semantics.md, "One sync a commit")."""
+    acked: list[bytes] = []
+    commits: list[int] = []
+    stored = server.stats()["messages"]
+    for _ in range(30):
+        server._turn(0)
+        if (now := server.stats()["messages"]) != stored:
+            commits.append(now - stored)
+            stored = now
+        acked += _acks(producer)
+        if len(acked) == count:
+            break
+    return acked, commits
+
+
 def test_a_small_producers_ack_waits_for_at_most_one_big_commit_of_another_producer(tmp_path):
     server, receive = _turn_by_turn(tmp_path, turn_write_bytes=1 << 20)
     big, small = _producer(receive), _producer(receive)
@@ -177,14 +194,9 @@ def test_a_message_bigger_than_a_turns_bytes_is_committed_in_a_turn_of_its_own(t
         producer.send_multipart(wire.produce(b"a", [b"small"]))
         producer.send_multipart(wire.produce(b"b", [b"y" * 5000]))
         producer.send_multipart(wire.produce(b"c", [b"small"]))
-        per_turn = []
-        for _ in range(30):
-            server._turn(0)
-            if acked := _acks(producer):
-                per_turn.append(acked)
-            if sum(map(len, per_turn)) == 3:
-                break
-        assert per_turn == [[b"a"], [b"b"], [b"c"]], "in order, the big one alone"
+        acked, commits = _turns_until_acked(server, producer, 3)
+        assert acked == [b"a", b"b", b"c"]
+        assert commits == [1, 1, 1], "in order, the big one alone"
     finally:
         producer.close(0)
         server.close()
@@ -235,15 +247,10 @@ def test_a_producers_messages_after_its_held_big_one_keep_their_order_behind_it(
     try:
         for mid, body in ((b"a", b"y" * 5000), (b"b", b"small"), (b"c", b"y" * 5000), (b"d", b"small")):
             producer.send_multipart(wire.produce(mid, [body]))
-        per_turn = []
-        for _ in range(30):
-            server._turn(0)
-            if acked := _acks(producer):
-                per_turn.append(acked)
-            if sum(map(len, per_turn)) == 4:
-                break
-        assert [a for acked in per_turn for a in acked] == [b"a", b"b", b"c", b"d"], per_turn
-        assert [b"a"] in per_turn and [b"c"] in per_turn, f"each big one alone: {per_turn}"
+        acked, commits = _turns_until_acked(server, producer, 4)
+        assert acked == [b"a", b"b", b"c", b"d"]
+        stored_after = set(itertools.accumulate(commits))  # (stored in order: a, b, c, d)
+        assert {1, 2, 3} <= stored_after, f"each big one alone: messages a commit {commits}"
     finally:
         producer.close(0)
         server.close()

@@ -275,7 +275,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         if size >= room:
             self.accounts.filled(payer, self.inflight)
         if len(out) < n and size < most:
-            left = most - size if out else None  # (its first message is take's first: always taken)
+            left = most - size  # (take's first message is always taken: a big body alone, as take would)
             rest = self.take(queue, n - len(out), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer)
             out += [((m.qid, m.seq), m.enqueued_us, m.frames) for m in rest]
         return out

@@ -74,6 +74,7 @@ class Environment:
         self.syncs = 0  # commits that wrote pages (each one data sync)
         self.meta_syncs = 0  # syncs of a meta page alone (sync(): no later commit came to carry it)
         self.hard_sync = sync and not readonly
+        self.committed = self.durable = 0  # (read from the file once it is open: close() may come first)
         self.on_abort: list[Callable[[], None]] = []  # told when the open transaction was rolled back
         self.reserve = Reserve(path, disk_reserve, readonly)
         self._readers_checked_at = 0.0  # monotonic time of the last reader_check
