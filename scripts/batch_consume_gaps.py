@@ -7,8 +7,9 @@ on a fresh `pzq serve`, and the longest wait for a DELIVER while the client held
 
 Nothing of pzq is imported (raw pyzmq and msgpack, as an outside client): the same script measures
 whichever tree is on PYTHONPATH. A row per style: messages drained, seconds, msg/s, the longest wait
-with credit outstanding, and how many waits passed 100 ms (each such wait is the server idling with
-work to do: credit granted, messages ready).
+with credit outstanding, and how many waits passed 100 ms, beside the server's CPU over the drain (a
+long wait with the server's CPU low is the server idling with work to do: credit granted, messages
+ready; with its CPU high, it is busy answering what the client sent before).
 
 Styles (each grants at most --credit at a time):
 - ack-credit: each DELIVER's keys in one ACK, then one CREDIT for as many (two messages);
@@ -75,6 +76,12 @@ class Server:
                 self.close()
                 raise RuntimeError("pzq serve did not start")
         sock.close(0)
+
+    def cpu_s(self) -> float:
+        """The server's CPU seconds so far (user and system, from /proc)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -221,13 +228,14 @@ def run(style: str, n: int, credit: int, extra: tuple[str, ...]) -> str:
     try:
         preload(server.receive, n)
         consumer = Consumer(server.consume)
-        began = time.monotonic()
+        began, cpu = time.monotonic(), server.cpu_s()
         error = ""
         try:
             drain(consumer, style, n, credit)
         except (TimeoutError, RuntimeError) as exc:
             error = f" ({exc})"
         took = time.monotonic() - began
+        busy = (server.cpu_s() - cpu) / took
         waits = consumer.waits
         got = consumer.settled
         consumer.close()
@@ -235,7 +243,8 @@ def run(style: str, n: int, credit: int, extra: tuple[str, ...]) -> str:
         server.close()
     longest = max(waits, default=0.0) * 1000
     pauses = sum(w > GAP_S for w in waits)
-    return f"| {style} | {credit} | {got} | {took:.2f} | {got / took:,.0f} | {longest:.0f} | {pauses} |{error}"
+    row = f"| {style} | {credit} | {got} | {took:.2f} | {got / took:,.0f} | {busy:.0%} | {longest:.0f} | {pauses} |"
+    return row + error
 
 
 def main() -> None:
@@ -245,8 +254,8 @@ def main() -> None:
     parser.add_argument("--style", action="append", choices=STYLES, help="a style (repeat; default all)")
     parser.add_argument("--server-arg", action="append", default=[], help="an argument for pzq serve")
     args = parser.parse_args()
-    print("| style | credit | settled | s | msg/s | longest wait ms | waits > 100 ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| style | credit | settled | s | msg/s | server CPU | longest wait ms | waits > 100 ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for style in args.style or STYLES:
         for credit in args.credit or (25, 100, 1000):
             print(run(style, args.messages, credit, tuple(args.server_arg)), flush=True)
