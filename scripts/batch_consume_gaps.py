@@ -63,7 +63,7 @@ class Server:
             argv += [f"--{name}-dsn", f"tcp://127.0.0.1:{port}"]
         self.receive = f"tcp://127.0.0.1:{ports['receive']}"
         self.consume = f"tcp://127.0.0.1:{ports['consume']}"
-        monitor = f"tcp://127.0.0.1:{ports['monitor']}"
+        self.monitor = monitor = f"tcp://127.0.0.1:{ports['monitor']}"
         self.log = open(f"{self.workdir}/server.log", "ab")  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen([*argv, *extra], cwd=self.workdir, stderr=self.log, start_new_session=True)
         sock = zmq.Context.instance().socket(zmq.REQ)
