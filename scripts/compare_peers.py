@@ -4,6 +4,7 @@ messages in flight for every system; ratios to Redis and server CPU µs per mess
 
     .venv/bin/python scripts/compare_peers.py [--install] [--runs 3] [--in-flight 100] [--before db15207]
         [--server-arg=--max-message-size --server-arg=16M]   (this pzq's server only: what a setting costs)
+    .venv/bin/python scripts/compare_peers.py --peers '' --client batched   (pzq's batched phases alone)
 
 Each round runs every system once, in turn (load that comes and goes falls on all alike); the table shows
 medians over the rounds. N (--in-flight) messages in flight for every producer and consumer:
@@ -604,6 +605,12 @@ def main() -> None:
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra `pzq serve` argument for this pzq (repeatable)"
     )
+    parser.add_argument(
+        "--client",
+        choices=("both", "batched", "legacy"),
+        default="both",
+        help="this pzq's clients: both columns, or only one (its phases alone: e.g. the batched drain's figures)",
+    )
     parser.add_argument("--install", action="store_true", help="apt/pip-install what is missing")
     parser.add_argument("--json", default="compare-peers.json")
     args = parser.parse_args()
@@ -640,10 +647,11 @@ def main() -> None:
             # on all of them alike.
             print(f"round {i + 1} of {args.runs}: pzq (batched and legacy) ...", file=sys.stderr)
             run, _ = bench.one_run(
-                dataclasses.replace(options, client="both", server_args=tuple(args.server_arg)), progress
+                dataclasses.replace(options, client=args.client, server_args=tuple(args.server_arg)), progress
             )
             for column, figures in columns(run).items():
-                runs.setdefault(column, []).append(figures)
+                if figures:  # (--client batched or legacy: the other column has no figures)
+                    runs.setdefault(column, []).append(figures)
             if tree:
                 print(f"round {i + 1}: pzq before ({args.before or tree}, legacy) ...", file=sys.stderr)
                 run, _ = bench.one_run(dataclasses.replace(options, client="legacy"), progress, code=tree)

@@ -92,3 +92,34 @@ def test_a_backlog_its_peer_never_reads_is_dropped_after_a_while(sockets):
         time.sleep(0.05)
     assert not replies.blocked(identity) and replies.dropped_total > 0
     assert peer.poll(100)  # what fitted in its pipe is still there for it
+
+
+def test_a_backlog_is_tried_again_within_a_millisecond_while_its_peer_reads_and_at_10_ms_while_it_does_not(sockets):
+    from pzq.endpoints.replies import MOVING_RETRY_S, RETRY_S, Replies
+
+    router = sockets(zmq.ROUTER, None)
+    router.sndhwm = 1
+    router.bind("inproc://moving-replies")
+    peer = sockets(zmq.DEALER, None)
+    peer.rcvhwm = 1
+    peer.connect("inproc://moving-replies")
+    peer.send(b"hello")
+    identity = router.recv_multipart()[0]
+    replies = Replies(router, "test")
+    for i in range(50):
+        replies.send([identity, b"%d" % i])
+    assert replies.blocked(identity)
+    replies.flush()  # (it read nothing: nothing moved)
+    now = time.monotonic()
+    assert replies.wake_at(now) == now + RETRY_S
+    got = [peer.recv_multipart() for _ in range(2) if peer.poll(1000)]
+    replies.flush()  # (what it read made room, and the flush saw it: no tick of libzmq's to wait for)
+    assert replies.wake_at(now) == now + MOVING_RETRY_S
+    while replies.blocked(identity):  # (every reply comes, in order, as it reads)
+        assert peer.poll(1000)
+        got.append(peer.recv_multipart())
+        replies.flush()
+    while peer.poll(100):
+        got.append(peer.recv_multipart())
+    assert got == [[b"%d" % i] for i in range(50)]
+    assert replies.wake_at(now) is None

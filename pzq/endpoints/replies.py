@@ -30,6 +30,12 @@ from pzq.zmqio import NOBLOCK, SNDMORE, Again, send_frames
 log = logging.getLogger("pzq.server")
 
 RETRY_S = 0.01  # how soon a backlog is tried again
+# ... and while its peer reads (the last flush sent some of it): libzmq tells the writer of a pipe that
+# its reader took messages only every 8 messages of a 16-deep pipe, so a reader that pipelines many
+# commands has their answers sent 16 per retry. At 10 ms, a batched consumer acking each message in an
+# ACK of its own got 1,600 SETTLEDs a second, its next DELIVER waiting behind them (0.7 s); at 1 ms, with
+# the pipe's news read before giving up (``_send``), 12,000-14,000 (issue 40)
+MOVING_RETRY_S = 0.001
 
 
 class Replies:
@@ -49,6 +55,7 @@ class Replies:
         self.dropped_total = 0  # replies to a peer that never read them (logged)
         self.gone_total = 0  # replies to a peer that had disconnected
         self.backlog_bytes = 0  # of every backlog
+        self.moving = False  # the last flush sent some of what waited (its peer reads): tried again soon
         # (each peer's pipe holds its SNDHWM messages at most, and libzmq's encoder one more)
         depth = int(sock.getsockopt(zmq.SNDHWM)) + 1
         self.pipes = PipeEstimate(depth, limits.memory_peers_tracked, limits.reply_stale_s) if pipes else None
@@ -131,6 +138,7 @@ class Replies:
         now = time.monotonic()
         if self.pipes is not None:
             self.pipes.sweep(now)
+        self.moving = False
         for peer, waiting in list(self._backlog.items()):
             sent = 0
             while waiting:
@@ -153,6 +161,7 @@ class Replies:
                 sent += 1
             if sent:
                 self._moved[peer] = now
+                self.moving = True
             elif waiting and now - self._moved[peer] > self.limits.reply_stale_s:
                 self.dropped_total += len(waiting)
                 log.warning(
@@ -178,7 +187,9 @@ class Replies:
         return True
 
     def wake_at(self, now: float) -> float | None:
-        return now + RETRY_S if self._backlog else None
+        if not self._backlog:
+            return None
+        return now + (MOVING_RETRY_S if self.moving else RETRY_S)
 
     def _forget(self, peer: bytes) -> None:
         del self._backlog[peer]
@@ -188,7 +199,18 @@ class Replies:
 
 def _send(sock: zmq.Socket, frames: list[bytes], key: Hashable | None) -> None:
     """Send without waiting (zmq.Again when the peer's pipe is full); a shared last frame without a copy
-    (libzmq holds the buffer itself until the peer has it: one buffer for every peer sent it)."""
+    (libzmq holds the buffer itself until the peer has it: one buffer for every peer sent it). A pipe
+    found full is tried once more after the socket's news is read (ZMQ_EVENTS): libzmq reads it on a
+    send at most once a millisecond, so a pipe its I/O thread has emptied since often still looks full.
+    (Again comes only for a message's first frame, before anything of it is queued: the retry is whole.)"""
+    try:
+        _send_once(sock, frames, key)
+    except Again:
+        sock.getsockopt(zmq.EVENTS)
+        _send_once(sock, frames, key)
+
+
+def _send_once(sock: zmq.Socket, frames: list[bytes], key: Hashable | None) -> None:
     if key is None:
         send_frames(sock, frames, NOBLOCK)
         return
