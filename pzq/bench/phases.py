@@ -128,6 +128,9 @@ def run_phase(
         p.start()
     cpu0 = server.cpu_seconds() if server else 0.0
     syncs0 = server.commits() if server else None
+    # (a pzq server's meta pages synced on their own: one sync a commit where the next commit carried it)
+    meta_syncs = getattr(server, "meta_syncs", None)
+    meta0 = meta_syncs() if meta_syncs else None
     start.wait(timeout=120)
     t0 = time.monotonic()
     stop_bar = threading.Event()
@@ -160,6 +163,8 @@ def run_phase(
         syncs1 = server.commits()
         if syncs0 is not None and syncs1 is not None:
             figures["commits"] = syncs1 - syncs0
+        if meta_syncs and meta0 is not None:
+            figures["meta_syncs"] = meta_syncs() - meta0
     errors = [r.error for r in p_out if r.error]
     if receive:
         figures["acked"] = sum(r.acked for r in p_out)

@@ -172,6 +172,10 @@ class PzqServer:
     def commits(self) -> int:
         return int(client.stats(self.monitor)["syncs"])
 
+    def meta_syncs(self) -> int:
+        """Meta pages synced on their own (0 from a pzq older than one sync a commit)."""
+        return int(client.stats(self.monitor).get("meta_syncs_total", 0))
+
     def depth(self, queue: str) -> int:
         """Messages stored in ``queue`` and not yet acked (0 for a queue not made yet)."""
         return int(client.stats(self.monitor)["queues"].get(queue, {}).get("depth", 0))
