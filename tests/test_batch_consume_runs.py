@@ -12,7 +12,7 @@ import pytest
 
 from pzq.broker import Broker
 from pzq.gateways.native import ref_of_key
-from pzq.gateways.native_consume import _refs_of, message_keys
+from pzq.gateways.native_keys import message_keys, refs_of_keys
 from pzq.store import Store
 from pzq.store.layout import KEY
 
@@ -134,4 +134,4 @@ def test_the_keys_of_an_ack_read_at_once_are_the_keys_read_one_by_one_hostile_on
     for _ in range(200):
         keys = rng.sample(good, rng.randint(1, 50)) + rng.sample(hostile, rng.choice([0, 0, 1, 2]))
         rng.shuffle(keys)
-        assert _refs_of(keys) == [ref_of_key(key) for key in keys]
+        assert refs_of_keys(keys) == [ref_of_key(key) for key in keys]

@@ -26,60 +26,22 @@ turn's commit, so SETTLED means durably settled.
 
 from __future__ import annotations
 
-import binascii
 import bisect
 import collections
 import dataclasses
 import itertools
-import operator
-import struct
 from collections.abc import Callable, Hashable, Sequence
-
-import msgpack
 
 from pzq.broker import Broker, Ref, TakenRun
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.native import ref_of_key
+from pzq.gateways.native_keys import message_keys, refs_of_keys
 from pzq.logs import warn_bad
 from pzq.protocols import native_consume as wire
 
 HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
 SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a bounded share
-_ID = struct.Struct(">QQ")  # a message id's two numbers (qid, seq): its key's 32 hex digits are these bytes
-_TAIL = slice(17, 49)  # the hex digits of a key pzq made
-
-
-def _refs_of(keys: Sequence[bytes]) -> list[Ref | None]:
-    """``ref_of_key`` of each key (an ACK's run). The keys pzq made ("<16 digits>|<32 lowercase hex>"):
-    all of them read at once, every step over the run in C; a run with any other key, as ref_of_key
-    reads each."""
-    n = len(keys)
-    if n and set(map(len, keys)) == {49} and (joined := b"".join(keys))[16::49] == b"|" * n:
-        tails = b"".join(map(operator.getitem, keys, itertools.repeat(_TAIL, n)))  # type: ignore[arg-type]
-        if tails.isalnum() and tails == tails.lower():  # (then only hex digits get past unhexlify)
-            try:
-                return list(_ID.iter_unpack(binascii.unhexlify(tails)))
-            except binascii.Error:
-                pass
-        del joined
-    return list(map(ref_of_key, keys))
-
-
-def message_keys(refs: Sequence[Ref], enqueued: Sequence[int]) -> bytes:
-    """The keys frame of a DELIVER of ``refs``: each ``native.message_key`` ("<16 digits of its enqueue
-    µs>|<16 hex qid><16 hex seq>"), packed with no object per key: the messages of a producer's batch
-    share their enqueue time, so a run of them is one group of ``wire.pack_keys``."""
-    groups, start = [], 0
-    for at, same in itertools.groupby(enqueued):  # (a group per run of one enqueue time: usually one or two)
-        n = len(list(same))
-        prefix = b"%016d|" % at
-        raw = b"".join(itertools.starmap(_ID.pack, refs[start : start + n]))
-        groups.append((prefix, binascii.hexlify(raw, b"|", _ID.size), n))
-        start += n
-    if all(len(prefix) == 17 for prefix, _, _ in groups):
-        return wire.pack_keys(groups)
-    return msgpack.packb([b"%016d|%016x%016x" % (at, *ref) for ref, at in zip(refs, enqueued, strict=True)])
 
 
 class Consumer:
@@ -223,8 +185,8 @@ class BatchConsumeGateway:
         refused: list[bytes] = []
         settled: list[Ref] = []
         if command.name == wire.ACK:
-            keyed = _refs_of(command.keys)
-            refs = [ref for ref in keyed if ref is not None]
+            keyed = refs_of_keys(command.keys)
+            refs: list[Ref] = keyed if None not in keyed else [ref for ref in keyed if ref is not None]  # type: ignore[assignment]
             not_acked = self.broker.ack_many(refs, by=holder)
             if not not_acked and len(refs) == len(keyed):
                 settled = refs  # (the usual case: every key named once, each held by this consumer)
