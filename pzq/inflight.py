@@ -14,18 +14,20 @@ included, so what is charged can never drift from what is in flight.
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterator, KeysView, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator, KeysView, Mapping, Sequence
+from operator import attrgetter
+from typing import Generic, NamedTuple, TypeVar
 
 Ref = TypeVar("Ref", bound=Hashable)
 
 
-@dataclasses.dataclass(slots=True)
-class Delivery(Generic[Ref]):
-    """One message handed to a consumer and not yet acknowledged (slots: one is built per delivery)."""
+class Delivery(NamedTuple, Generic[Ref]):
+    """One message handed to a consumer and not yet acknowledged. A tuple: a run's are built in C
+    (``_new``), with no Python call per delivery (issue 40: a dataclass's ``__init__`` was a third of
+    ``add_many``)."""
 
     ref: Ref
     deadline: float
@@ -33,6 +35,15 @@ class Delivery(Generic[Ref]):
     token: int
     size: int = 0  # bytes of its body, charged to its payer while it is in flight
     payer: Hashable = None  # whose share the bytes are charged to (its consumer unless given)
+
+
+_new = tuple.__new__  # (``_new(Delivery, fields)``: one delivery from a tuple of its fields, in C)
+_consumer, _size, _payer = attrgetter("consumer"), attrgetter("size"), attrgetter("payer")
+
+
+def _drain(iterator: Iterable) -> None:
+    """Run ``iterator`` to its end in C (a ``map`` of calls made for their effect)."""
+    collections.deque(iterator, 0)
 
 
 class InFlight(Generic[Ref]):
@@ -122,29 +133,50 @@ class InFlight(Generic[Ref]):
         consumer: Hashable = None,
         sizes: Sequence[int] | None = None,
         payer: Hashable = None,
+        *,
+        fresh: bool = False,
     ) -> None:
         """``add`` each of ``refs`` with one deadline, consumer and payer, ``sizes`` the bytes of each (a
-        take's run: one call, not one each; the payer is charged the run's sum at once)."""
+        take's run: one call, not one each; the payer is charged the run's sum at once). ``fresh``: the
+        caller knows that no ref is in flight nor named twice (a run read past what is in flight)."""
         if not refs:
             return
         entries, journal, per = self._entries, self._journal, self._per_consumer
         payer = consumer if payer is None else payer
-        added, token = 0, self._tokens
-        first = token + 1
-        for ref, size in zip(refs, itertools.repeat(0) if sizes is None else sizes, strict=False):
-            if journal is not None and ref not in journal:
-                journal[ref] = entries.get(ref)
-            if ref in entries:  # (replaced: counted so far first, so that _take finds its consumer's count)
-                per[consumer], added = per.get(consumer, 0) + added, 0
-                self._take(ref)  # (a rebuild here gives the run's refs so far twins: harmless, as in undo)
-            token += 1
-            entries[ref] = Delivery(ref, deadline, consumer, token, size, payer)
-            added += 1
-        self._tokens = token
+        first = self._tokens + 1
+        if fresh or entries.keys().isdisjoint(refs) and len(set(refs)) == len(refs):
+            # The usual run (none of it in flight, no ref twice): every step in C, no Python per delivery
+            n = len(refs)
+            if journal is not None:
+                _drain(map(journal.setdefault, refs, itertools.repeat(None, n)))  # (each was not in flight)
+            fields = zip(
+                refs,
+                itertools.repeat(deadline, n),
+                itertools.repeat(consumer, n),
+                range(first, first + n),
+                itertools.repeat(0, n) if sizes is None else sizes,
+                itertools.repeat(payer, n),
+                strict=True,
+            )
+            entries.update(zip(refs, map(_new, itertools.repeat(Delivery, n), fields), strict=True))
+            self._tokens += n
+            per[consumer] = per.get(consumer, 0) + n
+        else:
+            added, token = 0, self._tokens
+            for ref, size in zip(refs, itertools.repeat(0) if sizes is None else sizes, strict=False):
+                if journal is not None and ref not in journal:
+                    journal[ref] = entries.get(ref)
+                if ref in entries:  # (replaced: counted so far first, so that _take finds its consumer's count)
+                    per[consumer], added = per.get(consumer, 0) + added, 0
+                    self._take(ref)  # (a rebuild here gives the run's refs so far twins: harmless, as in undo)
+                token += 1
+                entries[ref] = Delivery(ref, deadline, consumer, token, size, payer)
+                added += 1
+            self._tokens = token
+            if added:
+                per[consumer] = per.get(consumer, 0) + added
         heapq.heappush(self._heap, (deadline, first, first, tuple(refs)))  # (one item for the run)
         self._heaped += len(refs)
-        if added:
-            per[consumer] = per.get(consumer, 0) + added
         if sizes is not None:
             run = sum(sizes)
             if run:
@@ -167,29 +199,49 @@ class InFlight(Generic[Ref]):
     def remove_many(self, refs: list[Ref]) -> list[Delivery[Ref] | None]:
         """``remove`` each of ``refs`` in order (an ack run): what each was, None if not in flight."""
         journal, entries, per = self._journal, self._entries, self._per_consumer
-        if journal is not None:
-            for ref in refs:
-                if ref not in journal:
-                    journal[ref] = entries.get(ref)
-        out = list(map(entries.pop, refs, itertools.repeat(None, len(refs))))
-        gone: dict[Hashable, int] = {}  # (per consumer: an ack run is usually one consumer's)
-        paid: dict[Hashable, int] = {}  # (bytes per payer, likewise)
-        for entry in out:
-            if entry is not None:
-                gone[entry.consumer] = gone.get(entry.consumer, 0) + 1
-                if entry.size:
-                    paid[entry.payer] = paid.get(entry.payer, 0) + entry.size
-        for consumer, n in gone.items():
+        n = len(refs)
+        if journal is not None:  # (the first change of a ref since mark() is the one kept)
+            _drain(map(journal.setdefault, refs, map(entries.get, refs)))
+        out = list(map(entries.pop, refs, itertools.repeat(None, n)))
+        if None not in out and len(consumers := set(map(_consumer, out))) == 1:
+            # The usual run (one consumer's acks, each in flight): its counts and bytes in C
+            (consumer,) = consumers
             left = per[consumer] - n
             if left:
                 per[consumer] = left
             else:
                 del per[consumer]
-        for payer, size in paid.items():
-            self._charge(payer, -size)
+            payers = set(map(_payer, out))
+            if len(payers) == 1:
+                size = sum(map(_size, out))
+                if size:
+                    self._charge(payers.pop(), -size)
+            else:
+                self._release(out)
+        else:
+            gone: dict[Hashable, int] = {}  # (per consumer: an ack run is usually one consumer's)
+            for entry in out:
+                if entry is not None:
+                    gone[entry.consumer] = gone.get(entry.consumer, 0) + 1
+            for consumer, count in gone.items():
+                left = per[consumer] - count
+                if left:
+                    per[consumer] = left
+                else:
+                    del per[consumer]
+            self._release(out)
         if self._heaped > 2 * len(entries) + 1024:  # (as _take: stale heap items bounded)
             self._rebuild()
         return out
+
+    def _release(self, gone: list[Delivery[Ref] | None]) -> None:
+        """Take the bytes of the deliveries ``gone`` off their payers (None: was not in flight)."""
+        paid: dict[Hashable, int] = {}  # (bytes per payer)
+        for entry in gone:
+            if entry is not None and entry.size:
+                paid[entry.payer] = paid.get(entry.payer, 0) + entry.size
+        for payer, size in paid.items():
+            self._charge(payer, -size)
 
     def _rebuild(self) -> None:
         """The heap again from the live entries alone, one item each."""

@@ -60,7 +60,7 @@ def test_every_bodies_frame_accepted_reads_back_the_same_through_every_reader_an
     store.commit()
     assert [m.frames for m in store.scan("q", 0, 10**6)] == expected
     run, _, stopped = store.plain_run("q", 0, 10**6, 1 << 40, set())
-    assert not stopped and [frames for _, _, frames, _ in run] == expected
+    assert not stopped and run.frames == expected
     assert sum(entry[1] for entry in store.lease_headers("q", 0, 10**6)) == len(expected)
     assert [kind for kind, record in store.audit("q") if record is not None] == ["message"] * len(expected)
     previews = store.preview("q", 10**6, 8)

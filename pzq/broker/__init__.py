@@ -13,7 +13,7 @@ range holds), ``questions`` (what gateways ask instead of reaching into the stor
 made by clients' requests: shares, users, expiry).
 """
 
-from pzq.broker.core import Broker, Taken
+from pzq.broker.core import Broker, Taken, TakenRun
 from pzq.broker.state import Counters, Exclusive, Ref, continues
 
-__all__ = ["Broker", "Counters", "Exclusive", "Ref", "Taken", "continues"]
+__all__ = ["Broker", "Counters", "Exclusive", "Ref", "Taken", "TakenRun", "continues"]

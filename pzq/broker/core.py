@@ -5,7 +5,9 @@ Here: producing, handing out, dropping and purging queues, requeueing dead lette
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
+from typing import NamedTuple
 
 from pzq.broker.implicit import ImplicitQueues
 from pzq.broker.questions import Questions
@@ -16,6 +18,15 @@ from pzq.errors import StoreFull
 from pzq.store import Message, QueueInfo, Store, Upload
 
 Taken = tuple[tuple[int, int], int, list[bytes]]  # a message handed out by take_run: (ref, enqueued µs, frames)
+
+
+class TakenRun(NamedTuple):
+    """Messages handed out by ``take_columns``, column by column (no object per message)."""
+
+    refs: list[tuple[int, int]]
+    enqueued: list[int]  # µs
+    frames: list[list[bytes]]
+    sizes: list[int]  # bytes of each body, charged to its payer
 
 
 class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
@@ -231,53 +242,74 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         max_bytes: int | None = None,
         payer: Hashable = None,
     ) -> list[Taken]:
-        """``take`` as ``(ref, enqueued µs, frames)`` of each message: the batch path. Where nothing asks
+        """``take`` as ``(ref, enqueued µs, frames)`` of each message (``take_columns``'s, row by row)."""
+        run = self.take_columns(queue, n, consumer, now=now, now_us=now_us, max_bytes=max_bytes, payer=payer)
+        return list(zip(run.refs, run.enqueued, run.frames, strict=True))
+
+    def take_columns(
+        self,
+        queue: str,
+        n: int,
+        consumer: Hashable,
+        *,
+        now: float,
+        now_us: int,
+        max_bytes: int | None = None,
+        payer: Hashable = None,
+    ) -> TakenRun:
+        """``take`` as columns (refs, enqueue times, frames, body sizes): the batch path. Where nothing asks
         to look at each message (no --max-deliveries, none came back, no lease ranges, and as long as the
         records have no TTL and no meta) the stored records are handed on as read, their counts and
-        in-flight entries set in one call each; from the first that needs a look on, ``take`` goes on.
-        The same effects, in the same order, as ``take`` (its bytes charged to ``payer`` the same way)."""
+        in-flight entries set in one call each, every step over the run in C; from the first that needs
+        a look on, ``take`` goes on. The same effects, in the same order, as ``take`` (its bytes charged
+        to ``payer`` the same way)."""
+        out = TakenRun([], [], [], [])
         info = self.store.queue(queue, create=False)
         if info is None or n <= 0:
-            return []
+            return out
         payer = consumer if payer is None else payer
         room = self.accounts.room(payer, self.inflight)
         if room <= 0:
-            return []
+            return out
         max_bytes = room if max_bytes is None else min(max_bytes, room)
         qid = info.qid
         state = self._state(qid)
-        out: list[Taken] = []
         most, size = max_bytes, 0
         if not (self.max_deliveries or state.requeued or self._held.get(qid)):
             deadline = now + self.ack_timeout_s
-            while len(out) < n and size < most:
+            while len(out.refs) < n and size < most:
                 start = state.cursor
                 run, state.cursor, stopped = self.store.plain_run(
-                    queue, state.cursor, n - len(out), most - size, self.inflight.refs()
+                    queue, state.cursor, n - len(out.refs), most - size, self.inflight.refs()
                 )
-                if run:
+                if run.refs:
                     again = self.store.count_deliveries(queue, run)
                     if again:
                         self.counters.redelivered += again
                         self._count(queue, "redelivered", again)
-                    refs = [(qid, seq) for seq, _, _, _ in run]
-                    sizes = [sum(map(len, frames)) for _, _, frames, _ in run]
-                    self.inflight.add_many(refs, deadline, consumer, sizes, payer)
-                    state.inflight += len(run)
-                    self.counters.delivered += len(run)
+                    sizes = list(map(sum, map(map, itertools.repeat(len), run.frames)))  # (each body's bytes)
+                    # (fresh: plain_run passed over what is in flight, and reads each record once)
+                    self.inflight.add_many(run.refs, deadline, consumer, sizes, payer, fresh=True)
+                    state.inflight += len(run.refs)
+                    self.counters.delivered += len(run.refs)
                     size += sum(sizes)
-                    for ref, (_, enqueued_us, frames, _) in zip(refs, run, strict=True):
-                        out.append((ref, enqueued_us, frames))
+                    out.refs.extend(run.refs)
+                    out.enqueued.extend(run.enqueued)
+                    out.frames.extend(run.frames)
+                    out.sizes.extend(sizes)
                 if stopped:
                     break
-                if not run and state.cursor == start:
+                if not run.refs and state.cursor == start:
                     return out  # (the end of the queue: none ready)
         if size >= room:
             self.accounts.filled(payer, self.inflight)
-        if len(out) < n and size < most:
+        if len(out.refs) < n and size < most:
             left = most - size  # (take's first message is always taken: a big body alone, as take would)
-            rest = self.take(queue, n - len(out), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer)
-            out += [((m.qid, m.seq), m.enqueued_us, m.frames) for m in rest]
+            for m in self.take(queue, n - len(out.refs), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer):
+                out.refs.append((m.qid, m.seq))
+                out.enqueued.append(m.enqueued_us)
+                out.frames.append(m.frames)
+                out.sizes.append(sum(map(len, m.frames)))
         return out
 
     # -- whole queues -----------------------------------------------------------------------------

@@ -99,6 +99,8 @@ class BatchConsumeEndpoint(Endpoint):
             budget.take(size, records=max(1, len(frames[2]) // 50) if settles else 1)
         if came:
             self._again = True  # (cleared by the work, if it comes after in this turn)
+            if self.gateway.known_connections(came):
+                return  # (each over the connection already mapped to it: nothing the monitor says changes that)
             # Connections that closed before these commands came are known gone first (a descriptor may be
             # reused); one the monitor does not know open is not mapped (its consumer goes when silent).
             self.binder.drain_events(self.sock)

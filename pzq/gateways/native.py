@@ -317,7 +317,7 @@ class NativeGateway:
         readiness = self.broker.readiness  # (as the take began: a take cut short raises it, and is no stall)
         # (as runs of stored records, no Message a delivery: take_run looks at each only where a TTL, meta,
         # a delivery cap, a lease range or a message that came back asks for it)
-        taken = self.broker.take_run(
+        taken = self.broker.take_columns(
             self.queue,
             credit,
             CONSUMER,
@@ -326,21 +326,20 @@ class NativeGateway:
             max_bytes=room if most_bytes is None else min(room, most_bytes),
             payer=self.pool.payer,
         )
-        self.dispatched += len(taken)
-        if not taken:
+        self.dispatched += len(taken.refs)
+        if not taken.refs:
             self._stalled_at = readiness
             return []
         # native.delivery's frames, built inline: the two numbers once per run, the key from the ref
         head, make = [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""], Send._make
-        self.credit.sent_many([ref for ref, _, _ in taken], now)
+        self.credit.sent_many(taken.refs, now)
         out = [
             # (the key: native.message_key)
             make((SEND, [b"%016d|%016x%016x" % (enqueued_us, *ref), *head, *frames], ref, False))
-            for ref, enqueued_us, frames in taken
+            for ref, enqueued_us, frames in zip(taken.refs, taken.enqueued, taken.frames, strict=True)
         ]
-        sizes = [sum(map(len, frames)) for _, _, frames in taken]
-        self.dispatched_bytes = sum(sizes)
-        self.pool.handed(max(sizes))
+        self.dispatched_bytes = sum(taken.sizes)
+        self.pool.handed(max(taken.sizes))
         return out
 
     def sendable(self, sends: Sequence[Send]) -> list[Send]:

@@ -26,33 +26,22 @@ turn's commit, so SETTLED means durably settled.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 
-from pzq.broker import Broker, Ref, Taken
+from pzq.broker import Broker, Ref, TakenRun
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.native import ref_of_key
+from pzq.gateways.native_keys import message_keys, refs_of_keys
 from pzq.logs import warn_bad
 from pzq.protocols import native_consume as wire
 
 HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
 SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a bounded share
-
-
-def _refs_of(keys: Sequence[bytes]) -> list[Ref | None]:
-    """``ref_of_key`` of each key (an ACK's run), the keys pzq made ("<16 digits>|<32 lowercase hex>") inline."""
-    out: list[Ref | None] = []
-    for key in keys:
-        try:
-            if not (len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower()):
-                raise ValueError(key)  # (any other key: as ref_of_key reads it)
-            whole = int(tail, 16)
-            out.append((whole >> 64, whole & 0xFFFFFFFFFFFFFFFF))
-        except ValueError:
-            out.append(ref_of_key(key))
-    return out
 
 
 class Consumer:
@@ -196,8 +185,8 @@ class BatchConsumeGateway:
         refused: list[bytes] = []
         settled: list[Ref] = []
         if command.name == wire.ACK:
-            keyed = _refs_of(command.keys)
-            refs = [ref for ref in keyed if ref is not None]
+            keyed = refs_of_keys(command.keys)
+            refs: list[Ref] = keyed if None not in keyed else [ref for ref in keyed if ref is not None]  # type: ignore[assignment]
             not_acked = self.broker.ack_many(refs, by=holder)
             if not not_acked and len(refs) == len(keyed):
                 settled = refs  # (the usual case: every key named once, each held by this consumer)
@@ -271,54 +260,54 @@ class BatchConsumeGateway:
             n = min(consumer.credit, self.limits.consume_max_batch, most - self.dispatched)
             readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
             # (one DELIVER's bytes a turn of the ring; the take stops at the consumer's byte share)
-            taken = self.broker.take_run(
+            taken = self.broker.take_columns(
                 self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
             )
-            if not taken and self.broker.has_ready(self.queue):  # (no room in its share: the others' turn)
+            if not taken.refs and self.broker.has_ready(self.queue):  # (no room in its share: the others' turn)
                 self._ring.append(consumer)
                 skipped += 1
                 continue
-            if not taken:
+            if not taken.refs:
                 self._ring.appendleft(consumer)
                 self._stalled_at = readiness
                 break
             skipped = 0
-            consumer.credit -= len(taken)
+            got = len(taken.refs)
+            consumer.credit -= got
             if consumer.credit > 0:
                 self._ring.append(consumer)
             else:
                 consumer.ringed = False
-            self.dispatched += len(taken)
-            self.delivered_total += len(taken)
+            self.dispatched += got
+            self.delivered_total += got
             out += self._batches(peer, taken, now_us)
         return out
 
-    def _batches(self, peer: bytes, taken: list[Taken], now_us: int) -> list[Out]:
-        """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message)."""
-        out: list[Out] = []
-        cap = self.limits.consume_batch_bytes
-        keys: list[bytes] = []
-        bodies: list[list[bytes]] = []
-        refs: list[Ref] = []
-        size = total = 0
-        for ref, enqueued_us, frames in taken:
-            length = sum(map(len, frames))
-            if keys and size + length > cap:
-                out.append(self._deliver(peer, keys, bodies, refs, now_us))
-                keys, bodies, refs, size = [], [], [], 0
-            # (native.message_key of the message's id, in one format: "<16 digits>|<16 hex qid><16 hex seq>")
-            keys.append(b"%016d|%016x%016x" % (enqueued_us, ref[0], ref[1]))
-            bodies.append(frames)
-            refs.append(ref)
-            size += length
-            total += length
+    def _batches(self, peer: bytes, taken: TakenRun, now_us: int) -> list[Out]:
+        """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message): one
+        encoding of each DELIVER's keys and bodies, as they came from the store."""
+        refs, enqueued, frames, sizes = taken
+        total = sum(sizes)
         self.dispatched_bytes += total
-        out.append(self._deliver(peer, keys, bodies, refs, now_us))
+        cap = self.limits.consume_batch_bytes
+        if total <= cap:  # (the usual batch: one DELIVER)
+            return [self._deliver(peer, refs, enqueued, frames, now_us)]
+        out: list[Out] = []
+        ends = list(itertools.accumulate(sizes))
+        start = 0
+        while start < len(refs):  # (each DELIVER up to the cap, at least one message)
+            base = ends[start - 1] if start else 0
+            end = max(start + 1, bisect.bisect_right(ends, base + cap))
+            out.append(self._deliver(peer, refs[start:end], enqueued[start:end], frames[start:end], now_us))
+            start = end
         return out
 
-    def _deliver(self, peer: bytes, keys: list, bodies: list, refs: list, now_us: int) -> Out:
+    def _deliver(self, peer: bytes, refs: list, enqueued: list, bodies: list, now_us: int) -> Out:
+        """One DELIVER, its keys and bodies each encoded once."""
         self.batches_total += 1
-        return Out([peer, *wire.deliver(self.ack_timeout_us, now_us, keys, bodies)], wire.DELIVER, tuple(refs))
+        keys = message_keys(refs, enqueued)
+        frames = wire.deliver_packed(self.ack_timeout_us, now_us, keys, bodies)
+        return Out([peer, *frames], wire.DELIVER, tuple(refs))
 
     def unsent(self, out: Out) -> None:
         """A DELIVER that could not leave (its consumer is gone): its messages go back to the queue, and
@@ -385,6 +374,16 @@ class BatchConsumeGateway:
         return next(iter(self.consumers.values())).seen + self.limits.consume_idle_s
 
     # -- consumers whose connection closed (tcp://: the socket monitor says so) ------------------------
+
+    def known_connections(self, came: Sequence[tuple[bytes, int, str | None]]) -> bool:
+        """True if each (consumer, descriptor, CURVE key) came over the connection already mapped to its
+        consumer, or from a consumer not known (``connection`` would change nothing for any of them)."""
+        consumers = self.consumers
+        for peer, fd, _ in came:
+            consumer = consumers.get(peer)
+            if consumer is not None and consumer.fd != fd and fd >= 0:
+                return False
+        return True
 
     def connection(self, peer: bytes, fd: int, user: str | None = None) -> None:
         """Commands of ``peer`` came over the open connection of descriptor ``fd`` (with CURVE key ``user``)."""

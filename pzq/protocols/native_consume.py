@@ -76,21 +76,9 @@ def parse_command(frames: Sequence[bytes], max_keys: int) -> Command:
 def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
     """A msgpack array of at most ``max_keys`` keys (bin or str, each 1 to MAX_KEY bytes), nothing after
     it; its header is checked before any item is read."""
-    unpacker = msgpack.Unpacker(
-        io.BytesIO(data),
-        read_size=max(1, min(len(data), 64 << 10)),
-        raw=True,
-        max_buffer_size=max(1, len(data)),
-        max_str_len=MAX_KEY,
-        max_bin_len=MAX_KEY,
-        max_ext_len=0,
-        max_array_len=0,  # (keys are scalars: the one array is read by its header)
-        max_map_len=0,
-    )
-    try:
-        count = unpacker.read_array_header()
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
-        raise ProtocolError("bad-keys", "the keys frame must be a msgpack array") from None
+    count = _array_header(data)
+    if count is None:  # (not a plain array header: the Unpacker says what it is)
+        count = _unpacker_array_header(data)
     if count > max_keys:
         raise ProtocolError("too-many-keys", f"at most {max_keys} keys at once, not {count}")
     try:  # (the header is within limits: the whole array in one call, its items checked after)
@@ -107,7 +95,7 @@ def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
         raise ProtocolError("bad-keys", f"{len(exc.extra)} byte(s) after the keys") from None
     except Exception as exc:  # noqa: BLE001 - as above
         raise ProtocolError("bad-keys", f"keys are not msgpack within limits: {exc}"[:200]) from None
-    if type(keys) is not list or not all(type(key) is bytes and key for key in keys):
+    if type(keys) is not list or keys and (set(map(type, keys)) != {bytes} or not all(keys)):  # (in C: a run)
         raise ProtocolError("bad-keys", f"each key must be a str or bin of 1 to {MAX_KEY} bytes")
     return keys
 
@@ -115,6 +103,41 @@ def decode_keys(data: bytes, max_keys: int) -> list[bytes]:
 def cut(frames: Sequence[bytes]) -> list[bytes]:
     """What the server reads in the place of a message cut past its frame cap: its routing frame and CUT."""
     return [bytes(frames[0]), CUT]
+
+
+def _array_header(data: bytes) -> int | None:
+    """The count of a msgpack array header at the start of ``data`` (fixarray, array 16 or array 32), read
+    from its first bytes; None for anything else."""
+    if not data:
+        return None
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big")
+    if first == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big")
+    return None
+
+
+def _unpacker_array_header(data: bytes) -> int:
+    """``_array_header`` by msgpack's Unpacker (ProtocolError when ``data`` does not begin with an array)."""
+    unpacker = msgpack.Unpacker(
+        io.BytesIO(data),
+        read_size=max(1, min(len(data), 64 << 10)),
+        raw=True,
+        max_buffer_size=max(1, len(data)),
+        max_str_len=MAX_KEY,
+        max_bin_len=MAX_KEY,
+        max_ext_len=0,
+        max_array_len=0,  # (keys are scalars: the one array is read by its header)
+        max_map_len=0,
+    )
+    try:
+        count: int = unpacker.read_array_header()
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on garbage
+        raise ProtocolError("bad-keys", "the keys frame must be a msgpack array") from None
+    return count
 
 
 # -- what the server sends (its ROUTER puts the routing frame first) ------------------------------------
@@ -138,9 +161,41 @@ def deliver(ack_timeout_us: int, sent_us: int, keys: Sequence[bytes], bodies: Se
         DELIVER,
         b"%d" % ack_timeout_us,
         b"%d" % sent_us,
-        msgpack.packb(list(keys)),
-        msgpack.packb([list(body) for body in bodies]),
+        msgpack.packb(keys if type(keys) is list else list(keys)),
+        msgpack.packb(bodies if type(bodies) is list else list(bodies)),  # (each body a list or tuple of frames)
     ]
+
+
+def deliver_packed(ack_timeout_us: int, sent_us: int, keys: bytes, bodies: Sequence[Sequence[bytes]]) -> list[bytes]:
+    """``deliver`` with its keys frame packed already (``pack_keys``)."""
+    return [
+        DELIVER,
+        b"%d" % ack_timeout_us,
+        b"%d" % sent_us,
+        keys,
+        msgpack.packb(bodies if type(bodies) is list else list(bodies)),
+    ]
+
+
+def pack_keys(groups: Sequence[tuple[bytes, bytes, int]]) -> bytes:
+    """A keys frame (a msgpack array of bin) of keys that share a prefix group by group: each group is
+    (prefix, ids, n), its keys ``prefix + id`` for each of its ``n`` ids, which ``ids`` holds with one
+    ``|`` between two (``binascii.hexlify(raw, b"|", size)``: ids of hex digits hold no ``|``). Built by a
+    replace per group, with no object per key; every key is of one length, below 256 bytes."""
+    total = sum(n for _, _, n in groups)
+    out = [array_header(total)]
+    for prefix, ids, n in groups:
+        size = len(prefix) + (len(ids) - (n - 1)) // n  # (each key's length)
+        head = b"\xc4" + bytes([size]) + prefix  # (bin 8, then the key's shared prefix)
+        out += (head, ids.replace(b"|", head))
+    return b"".join(out)
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
 
 
 def settled(count: int, refused: Sequence[bytes]) -> list[bytes]:

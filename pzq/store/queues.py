@@ -12,9 +12,12 @@ so start-up reads one small record per queue and never scans the messages.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, NoReturn, overload
 
 from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreTooNew
@@ -32,6 +35,14 @@ def raise_(exc: Exception) -> NoReturn:
 
 
 _MISSING = (-1, 0.0)  # (in the journal: the key had no pending count)
+
+
+_key = operator.itemgetter(0)
+
+
+def run_all(calls: Iterable) -> None:
+    """Run an iterator of calls made for their effect to its end, in C."""
+    collections.deque(calls, 0)
 
 
 class PendingCounts(dict[bytes, tuple[int, float]]):
@@ -64,21 +75,18 @@ class PendingCounts(dict[bytes, tuple[int, float]]):
             self._note(key)
         return super().pop(key, *default)
 
-    def set_many(self, items: list[tuple[bytes, tuple[int, float]]]) -> None:
-        """``self[key] = value`` for each item (a take's run of counts), in one call."""
-        undo, get, put = self._undo, dict.get, dict.__setitem__
-        for key, value in items:
-            if key not in undo:
-                undo[key] = get(self, key, _MISSING)
-            put(self, key, value)
+    def set_many(self, keys: list[bytes], values: Iterable[tuple[int, float]]) -> None:
+        """``self[key] = value`` for each key and value (a take's run of counts), in one call and in C."""
+        if self._undo:
+            run_all(map(self._undo.setdefault, keys, map(self.get, keys, itertools.repeat(_MISSING))))
+        else:  # (the usual first change of a turn: a dict of them at once)
+            self._undo = dict(zip(keys, map(self.get, keys, itertools.repeat(_MISSING)), strict=True))
+        dict.update(self, zip(keys, values, strict=True))
 
     def pop_many(self, keys: list[bytes]) -> None:
-        """``self.pop(key, None)`` for each key (an ack run's counts), in one call."""
-        undo, get, pop = self._undo, dict.get, dict.pop
-        for key in keys:
-            if key not in undo:
-                undo[key] = get(self, key, _MISSING)
-            pop(self, key, None)
+        """``self.pop(key, None)`` for each key (an ack run's counts), in one call and in C."""
+        run_all(map(self._undo.setdefault, keys, map(self.get, keys, itertools.repeat(_MISSING))))
+        run_all(map(dict.pop, itertools.repeat(self), keys, itertools.repeat(None)))
 
     def undo(self) -> None:
         """Put back every count as it was at ``mark()``."""
@@ -248,17 +256,19 @@ class Queues:
         only those of deliveries made before it. Younger ones stay pending, since most deliveries are
         acked within a millisecond and their counts then never need a write.
         """
+        pending = self._pending_counts
         due = [
             (key, count)
-            for key, (count, since) in self._pending_counts.items()
+            for key, (count, since) in pending.items()
             if counts_older_than is None or since <= counts_older_than
         ]
         if not self._dirty and not due:
             self.env.end_clean()  # (a transaction only read in, or nothing at all)
             return False
         txn = self.env.write()
-        for key, count in due:
-            self.env.do(txn.put, key, U32.pack(count), db=self._deliveries_db)
+        if due:  # (one call for them all)
+            counts = [(key, U32.pack(count)) for key, count in due]
+            self.env.do(lambda: txn.cursor(db=self._deliveries_db).putmulti(counts))
         # Only what changed: every extra record written is another B-tree path copied and synced.
         for name in self._dirty_queues:
             self.env.do(txn.put, name.encode(), self._queues[name].pack(), db=self._queues_db)
@@ -270,9 +280,9 @@ class Queues:
         self.env.commit()  # (a failure rolls back and calls _rolled_back, then raises StoreError)
         self._dirty = False
         self._dirty_queues.clear()
-        for key, _ in due:
-            del self._pending_counts[key]
-        self._pending_counts.mark()
+        # (written: they leave the pending counts unjournaled, since mark() ends the journal here anyway)
+        run_all(map(dict.pop, itertools.repeat(pending), map(_key, due)))
+        pending.mark()
         self._meta_dirty = False
         return True
 

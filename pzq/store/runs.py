@@ -26,21 +26,38 @@ it then reads as gone. ``delete_range`` walks the deliveries table beside the me
 
 from __future__ import annotations
 
+import bisect
+import functools
 import itertools
 import re
 import time
 from collections.abc import Container, Sequence
+from operator import is_not, itemgetter
+from typing import Any, NamedTuple
 
 import msgpack
 
 from pzq.store.environment import LmdbError
 from pzq.store.layout import KEY, OVERHEAD, U32, U64, U64_MAX, Message
 from pzq.store.messages import CHUNKED, Messages
-from pzq.store.queues import raise_
+from pzq.store.queues import raise_, run_all
 
 PLAIN = 0x93  # a record's first byte when it is [enqueued µs, expires µs, frames]: no meta, body inline
+_PLAIN = bytes([PLAIN])
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
-Plain = tuple[int, int, list[bytes], int]  # (seq, enqueued µs, frames, deliveries so far)
+
+class PlainRun(NamedTuple):
+    """A run of plain messages as ``plain_run`` reads them, column by column: no object per message."""
+
+    keys: list[bytes]  # each one's record key (KEY: qid, seq)
+    refs: list[tuple[int, int]]  # (qid, seq)
+    enqueued: list[int]  # µs
+    frames: list[list[bytes]]
+    deliveries: list[int] | None  # how often each was delivered before; None: none was (the usual run)
+
+
+NO_RUN = PlainRun([], [], [], [], None)
 
 # A plain record's first bytes with no TTL: ``[enqueued_us, 0, [frames]]`` (msgpack: a 3-array, a
 # non-negative int, 0, an array header), what every native and API message without a TTL is
@@ -53,80 +70,129 @@ _PAST_KEYS = b"\xff" * 17
 LeaseEntry = tuple[int, int, int, int, int]
 
 
+def _stored_count(counts, key: bytes) -> int:
+    """A delivery count from the deliveries table (``counts``: its lookup, None when it holds none); a
+    damaged one reads as 0, as ``scan`` reads it."""
+    raw = counts(key) if counts is not None else None
+    return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
+
+
 class Runs(Messages):
     """Batches' records, delivery counts and deletes of runs of messages, and plain runs for the take (see
     the module's text)."""
 
     def plain_run(
         self, queue: str, from_seq: int, limit: int, max_bytes: int, skip: Container[tuple[int, int]]
-    ) -> tuple[list[Plain], int, bool]:
+    ) -> tuple[PlainRun, int, bool]:
         """Up to ``limit`` messages of ``queue`` from ``from_seq`` on that need no look of their own (no
-        TTL, no meta, the body inline), as ``(seq, enqueued µs, frames, deliveries)``, passing over those
-        whose ref ``(qid, seq)`` is in ``skip`` (in flight: they count toward ``limit``, as ``scan``'s
-        do); no more once their records reach ``max_bytes`` (the first is always read). Returns (them,
-        the seq to go on from, whether it stopped at a record that needs a look: left for ``scan``)."""
+        TTL, no meta, the body inline), with their enqueue time, frames and delivery counts so far,
+        passing over those whose ref ``(qid, seq)`` is in ``skip`` (in flight: they count toward
+        ``limit``, as ``scan``'s do); no more once their records reach ``max_bytes`` (the first is always
+        read). Returns (them, the seq to go on from, whether it stopped at a record that needs a look:
+        left for ``scan``)."""
         info = self._queues.get(queue)
-        out: list[Plain] = []
         if info is None or limit <= 0:
-            return out, from_seq, False
-        qid, prefix, unpack_key, unpackb = info.qid, U64.pack(info.qid), KEY.unpack, msgpack.unpackb
-        pending, deliveries_db, u32 = self._pending_counts, self._deliveries_db, U32.unpack
-        size, seen, seq, nxt, stopped = 0, 0, from_seq, from_seq, False
+            return NO_RUN, from_seq, False
         with self.env.reading() as txn:
             cursor = txn.cursor(db=self._messages_db)
-            if not cursor.set_range(KEY.pack(qid, from_seq)):
-                return out, from_seq, False
-            get = txn.get
+            if not cursor.set_range(KEY.pack(info.qid, from_seq)):
+                return NO_RUN, from_seq, False
+            records = list(itertools.islice(cursor.iternext(), limit))
             # (no count written at all, the usual case when acks come before commits write counts: none to read)
-            has_counts = txn.stat(deliveries_db)["entries"] > 0
-            for key, value in cursor:
-                if seen >= limit or size >= max_bytes or not key.startswith(prefix):
-                    break
-                seq = unpack_key(key)[1]
-                if not value or value[0] != PLAIN:
-                    stopped = True
-                    break
-                try:
-                    record = unpackb(value)
-                except (ValueError, msgpack.UnpackException):
-                    stopped = True
-                    break
-                frames = record[2]
-                if (
-                    record[1] != 0
-                    or type(record[0]) is not int
-                    or type(frames) is not list
-                    or not (len(frames) == 1 and type(frames[0]) is bytes or all(type(f) is bytes for f in frames))
-                ):  # (a TTL, or a record to read closely: ``scan`` takes it, or sets it aside)
-                    stopped = True
-                    break
-                nxt, seen = seq + 1, seen + 1
-                if (qid, seq) in skip:
-                    continue
-                count = pending.get(key)
-                if count is not None:
-                    deliveries = count[0]
-                elif not has_counts:
-                    deliveries = 0
-                else:
-                    raw = get(key, db=deliveries_db)
-                    # (a damaged count reads as 0, as ``scan`` reads it)
-                    deliveries = u32(raw)[0] if raw and len(raw) == 4 else 0
-                out.append((seq, record[0], frames, deliveries))
-                size += len(value)
+            written = txn.stat(self._deliveries_db)["entries"]
+            counts = functools.partial(txn.get, db=self._deliveries_db) if written else None
+            ran = self._plain_columns(info.qid, records, max_bytes, skip, counts)
+            return ran if ran is not None else self._plain_rows(info.qid, from_seq, records, max_bytes, skip, counts)
+
+    def _plain_columns(
+        self, qid: int, records: list, max_bytes: int, skip: Container[tuple[int, int]], counts
+    ) -> tuple[PlainRun, int, bool] | None:
+        """``plain_run`` of ``records`` (key, value), each step over the whole run in C, when every record
+        is plain and none is in flight (the usual run); None otherwise (``_plain_rows`` reads them)."""
+        keys = list(map(_first, records))
+        end = bisect.bisect_left(keys, U64.pack(qid + 1)) if qid < U64_MAX else len(keys)  # (this queue's)
+        if end < len(keys):
+            del keys[end:], records[end:]
+        values = list(map(_second, records))
+        if not values or not all(map(bytes.startswith, values, itertools.repeat(_PLAIN))):
+            return None
+        try:
+            rows = list(map(msgpack.unpackb, values))
+            if set(map(len, rows)) != {3} or set(map(_second, rows)) != {0}:  # (a TTL, or not a record)
+                return None
+            enqueued, frames = list(map(_first, rows)), list(map(_third, rows))
+            if set(map(type, enqueued)) != {int} or set(map(type, frames)) != {list}:
+                return None
+            if not set(map(type, itertools.chain.from_iterable(frames))) <= {bytes}:
+                return None
+        except (ValueError, TypeError, msgpack.UnpackException):  # (one to read closely: the rows' way)
+            return None
+        refs = list(map(KEY.unpack, keys))
+        if any(map(skip.__contains__, refs)):
+            return None
+        if max_bytes < sum(map(len, values)):  # (the record that reaches max_bytes is the last)
+            cut = bisect.bisect_left(list(itertools.accumulate(map(len, values))), max_bytes) + 1
+            del keys[cut:], refs[cut:], enqueued[cut:], frames[cut:]
+        pending = list(map(self._pending_counts.get, keys))
+        deliveries: list[int] | None = None
+        if pending.count(None) != len(pending) or counts is not None:
+            deliveries = [
+                count[0] if count is not None else _stored_count(counts, key)
+                for key, count in zip(keys, pending, strict=True)
+            ]
+        return PlainRun(keys, refs, enqueued, frames, deliveries), refs[-1][1] + 1, False
+
+    def _plain_rows(
+        self, qid: int, from_seq: int, records: list, max_bytes: int, skip: Container[tuple[int, int]], counts
+    ) -> tuple[PlainRun, int, bool]:
+        """``plain_run`` of ``records`` a record at a time: stops before the first that needs a look."""
+        prefix, unpack_key, unpackb = U64.pack(qid), KEY.unpack, msgpack.unpackb
+        pending = self._pending_counts
+        out = PlainRun([], [], [], [], [])
+        size, seq, nxt, stopped = 0, from_seq, from_seq, False
+        for key, value in records:
+            if size >= max_bytes or not key.startswith(prefix):
+                break
+            seq = unpack_key(key)[1]
+            if not value or value[0] != PLAIN:
+                stopped = True
+                break
+            try:
+                record = unpackb(value)
+            except (ValueError, msgpack.UnpackException):
+                stopped = True
+                break
+            frames = record[2]
+            if (
+                record[1] != 0
+                or type(record[0]) is not int
+                or type(frames) is not list
+                or not (len(frames) == 1 and type(frames[0]) is bytes or all(type(f) is bytes for f in frames))
+            ):  # (a TTL, or a record to read closely: ``scan`` takes it, or sets it aside)
+                stopped = True
+                break
+            nxt = seq + 1
+            if (qid, seq) in skip:
+                continue
+            count = pending.get(key)
+            out.keys.append(key)
+            out.refs.append((qid, seq))
+            out.enqueued.append(record[0])
+            out.frames.append(frames)
+            out.deliveries.append(count[0] if count is not None else _stored_count(counts, key))  # type: ignore[union-attr]
+            size += len(value)
         return out, seq if stopped else nxt, stopped
 
-    def count_deliveries(self, queue: str, run: Sequence[Plain]) -> int:
+    def count_deliveries(self, queue: str, run: PlainRun) -> int:
         """``mark_delivered`` each message of a plain run (``plain_run``'s, as read); returns how many had
-        been delivered before (redeliveries)."""
-        qid, pack, now = self._queues[queue].qid, KEY.pack, time.monotonic()
-        again = 0
-        items = []
-        for seq, _, _, deliveries in run:
-            again += deliveries > 0
-            items.append((pack(qid, seq), (deliveries + 1, now)))
-        self._pending_counts.set_many(items)
-        return again
+        been delivered before (redeliveries). A first delivery's count is one shared value: a run of them
+        costs no object per message."""
+        now = time.monotonic()
+        if run.deliveries is None or not any(run.deliveries):
+            self._pending_counts.set_many(run.keys, itertools.repeat((1, now), len(run.keys)))
+            return 0
+        self._pending_counts.set_many(run.keys, [(count + 1, now) for count in run.deliveries])
+        return len(run.deliveries) - run.deliveries.count(0)
 
     def put_encoded(self, queue: str, messages: Sequence[bytes], *, now_us: int) -> int:
         """``put_many`` of messages each given as the msgpack array of its frames (checked by the
@@ -158,54 +224,48 @@ class Runs(Messages):
         count read with them) and set each one's ``deliveries`` to its new count; returns how many of
         them had been delivered before (redeliveries)."""
         qid, pack, now = self._queues[queue].qid, KEY.pack, time.monotonic()
-        items = []
+        keys, counts = [], []
         again = 0
         for message in messages:
             count = message.deliveries + 1
             again += count > 1
             message.deliveries = count
-            items.append((pack(qid, message.seq), (count, now)))
-        self._pending_counts.set_many(items)
+            keys.append(pack(qid, message.seq))
+            counts.append((count, now))
+        self._pending_counts.set_many(keys, counts)
         return again
 
     def delete_many(self, queue: str, seqs: Sequence[int]) -> list[bool]:
-        """``delete`` each of ``seqs`` of ``queue`` in order, in one loop and one accounting update;
-        whether each was stored (False: already gone, or a repeat)."""
+        """``delete`` each of ``seqs`` of ``queue`` in order, each step over the whole run in C, with one
+        accounting update; whether each was stored (False: already gone, or a repeat)."""
         info = self._queues.get(queue)
         if info is None:
             return [False] * len(seqs)
         txn = self.env.write()
-        pack, qid, pending = KEY.pack, info.qid, self._pending_counts
-        messages_db, deliveries_db = self._messages_db, self._deliveries_db
-        out: list[bool] = []
-        counted: list[bytes] = []  # (keys whose delivery count waits in memory: dropped in one call)
-        count = size = 0
+        n, pending, messages_db, deliveries_db = len(seqs), self._pending_counts, self._messages_db, self._deliveries_db
+        keys = list(map(KEY.pack, itertools.repeat(info.qid, n), seqs))
         try:  # inline rather than through env.do(): every ack comes here
+            values: list[Any] = list(map(functools.partial(txn.pop, db=messages_db), keys))  # (bytes, or None: gone)
+            out = list(map(is_not, values, itertools.repeat(None, n)))
+            count = out.count(True)
+            if count < n:  # (some were gone already)
+                keys = list(itertools.compress(keys, out))
+                values = list(itertools.compress(values, out))
             # (no count written at all, the usual case when acks come before commits write counts: none to delete)
-            has_counts = txn.stat(deliveries_db)["entries"] > 0
-            for seq in seqs:
-                key = pack(qid, seq)
-                value = txn.pop(key, db=messages_db)
-                if value is None:
-                    out.append(False)
-                    continue
-                if has_counts:
-                    txn.delete(key, db=deliveries_db)  # a lookup only, when it was never written
-                if key in pending:
-                    counted.append(key)
-                size += len(key) + len(value)  # (+ OVERHEAD each: ``accounted``, added once below)
-                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
-                    size += self.delete_body(ref)
-                count += 1
-                out.append(True)
+            if count and txn.stat(deliveries_db)["entries"] > 0:
+                run_all(map(functools.partial(txn.delete, db=deliveries_db), keys))  # (a lookup when never written)
+            size = sum(map(len, values)) + KEY.size * count  # (+ OVERHEAD each: ``accounted``, added once below)
+            if any(map(bytes.startswith, values, itertools.repeat(CHUNKED))):  # (their bodies go too)
+                size += sum(self.delete_body(ref) for value in values if (ref := self.ref_of(value)) is not None)
         except LmdbError as exc:
             self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
             raise
-        finally:
+        if pending:  # (keys whose delivery count waits in memory: dropped in one call)
+            counted = list(filter(pending.__contains__, keys))
             if counted:
                 pending.pop_many(counted)
-            if count:  # (what was deleted before a failure is accounted: the rollback undoes both)
-                self._account(info, -count, -size - count * OVERHEAD)
+        if count:
+            self._account(info, -count, -size - count * OVERHEAD)
         return out
 
     def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
