@@ -147,8 +147,10 @@ class InFlight(Generic[Ref]):
         if fresh or entries.keys().isdisjoint(refs) and len(set(refs)) == len(refs):
             # The usual run (none of it in flight, no ref twice): every step in C, no Python per delivery
             n = len(refs)
-            if journal is not None:
+            if journal:
                 _drain(map(journal.setdefault, refs, itertools.repeat(None, n)))  # (each was not in flight)
+            elif journal is not None:  # (the turn's first change: its journal at once)
+                journal = self._journal = dict.fromkeys(refs)
             fields = zip(
                 refs,
                 itertools.repeat(deadline, n),

@@ -16,6 +16,7 @@ from pzq.broker.settle import Settling
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
 from pzq.store import Message, QueueInfo, Store, Upload
+from pzq.store.layout import KEY
 
 Taken = tuple[tuple[int, int], int, list[bytes]]  # a message handed out by take_run: (ref, enqueued µs, frames)
 
@@ -27,6 +28,7 @@ class TakenRun(NamedTuple):
     enqueued: list[int]  # µs
     frames: list[list[bytes]]
     sizes: list[int]  # bytes of each body, charged to its payer
+    ids: list[bytes]  # each one's message id as 16 bytes (two big-endian u64: qid, seq), its record's key
 
 
 class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
@@ -263,7 +265,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         in-flight entries set in one call each, every step over the run in C; from the first that needs
         a look on, ``take`` goes on. The same effects, in the same order, as ``take`` (its bytes charged
         to ``payer`` the same way)."""
-        out = TakenRun([], [], [], [])
+        out = TakenRun([], [], [], [], [])
         info = self.store.queue(queue, create=False)
         if info is None or n <= 0:
             return out
@@ -297,6 +299,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
                     out.enqueued.extend(run.enqueued)
                     out.frames.extend(run.frames)
                     out.sizes.extend(sizes)
+                    out.ids.extend(run.keys)
                 if stopped:
                     break
                 if not run.refs and state.cursor == start:
@@ -310,6 +313,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
                 out.enqueued.append(m.enqueued_us)
                 out.frames.append(m.frames)
                 out.sizes.append(sum(map(len, m.frames)))
+                out.ids.append(KEY.pack(m.qid, m.seq))
         return out
 
     # -- whole queues -----------------------------------------------------------------------------

@@ -286,26 +286,27 @@ class BatchConsumeGateway:
     def _batches(self, peer: bytes, taken: TakenRun, now_us: int) -> list[Out]:
         """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message): one
         encoding of each DELIVER's keys and bodies, as they came from the store."""
-        refs, enqueued, frames, sizes = taken
+        refs, enqueued, frames, sizes, ids = taken
         total = sum(sizes)
         self.dispatched_bytes += total
         cap = self.limits.consume_batch_bytes
         if total <= cap:  # (the usual batch: one DELIVER)
-            return [self._deliver(peer, refs, enqueued, frames, now_us)]
+            return [self._deliver(peer, refs, ids, enqueued, frames, now_us)]
         out: list[Out] = []
         ends = list(itertools.accumulate(sizes))
         start = 0
         while start < len(refs):  # (each DELIVER up to the cap, at least one message)
             base = ends[start - 1] if start else 0
             end = max(start + 1, bisect.bisect_right(ends, base + cap))
-            out.append(self._deliver(peer, refs[start:end], enqueued[start:end], frames[start:end], now_us))
+            part = slice(start, end)
+            out.append(self._deliver(peer, refs[part], ids[part], enqueued[part], frames[part], now_us))
             start = end
         return out
 
-    def _deliver(self, peer: bytes, refs: list, enqueued: list, bodies: list, now_us: int) -> Out:
+    def _deliver(self, peer: bytes, refs: list, ids: list, enqueued: list, bodies: list, now_us: int) -> Out:
         """One DELIVER, its keys and bodies each encoded once."""
         self.batches_total += 1
-        keys = message_keys(refs, enqueued)
+        keys = message_keys(ids, enqueued)
         frames = wire.deliver_packed(self.ack_timeout_us, now_us, keys, bodies)
         return Out([peer, *frames], wire.DELIVER, tuple(refs))
 

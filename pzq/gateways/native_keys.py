@@ -42,17 +42,17 @@ def refs_of_keys(keys: Sequence[bytes]) -> list[Ref | None]:
     return list(map(ref_of_key, keys))
 
 
-def message_keys(refs: Sequence[Ref], enqueued: Sequence[int]) -> bytes:
-    """The keys frame of a DELIVER of ``refs``: each ``native.message_key`` ("<16 digits of its enqueue
-    µs>|<16 hex qid><16 hex seq>"), packed with no object per key: the messages of a producer's batch
-    share their enqueue time, so a run of them is one group of ``wire.pack_keys``."""
+def message_keys(ids: Sequence[bytes], enqueued: Sequence[int]) -> bytes:
+    """The keys frame of a DELIVER of the messages of ``ids`` (each 16 bytes: qid, seq), enqueued at
+    ``enqueued``: each ``native.message_key`` ("<16 digits of its enqueue µs>|<16 hex qid><16 hex seq>"),
+    packed with no object per key: the messages of a producer's batch share their enqueue time, so a
+    run of them is one group of ``wire.pack_keys``."""
     groups, start = [], 0
     for at, same in itertools.groupby(enqueued):  # (a group per run of one enqueue time: usually one or two)
         n = len(list(same))
-        prefix = b"%016d|" % at
-        raw = b"".join(itertools.starmap(_ID.pack, refs[start : start + n]))
-        groups.append((prefix, binascii.hexlify(raw, b"|", _ID.size), n))
+        groups.append((b"%016d|" % at, binascii.hexlify(b"".join(ids[start : start + n]), b"|", _ID.size), n))
         start += n
     if all(len(prefix) == 17 for prefix, _, _ in groups):
         return wire.pack_keys(groups)
+    refs = map(_ID.unpack, ids)
     return msgpack.packb([b"%016d|%016x%016x" % (at, *ref) for ref, at in zip(refs, enqueued, strict=True)])

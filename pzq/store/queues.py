@@ -83,10 +83,19 @@ class PendingCounts(dict[bytes, tuple[int, float]]):
             self._undo = dict(zip(keys, map(self.get, keys, itertools.repeat(_MISSING)), strict=True))
         dict.update(self, zip(keys, values, strict=True))
 
+    def set_new(self, keys: list[bytes], value: tuple[int, float]) -> None:
+        """``self[key] = value`` for each of ``keys``, none of which has a pending count (a run of first
+        deliveries): one shared value, with no object per key."""
+        if self._undo:
+            run_all(map(self._undo.setdefault, keys, itertools.repeat(_MISSING)))
+        else:
+            self._undo = dict.fromkeys(keys, _MISSING)
+        dict.update(self, dict.fromkeys(keys, value))
+
     def pop_many(self, keys: list[bytes]) -> None:
         """``self.pop(key, None)`` for each key (an ack run's counts), in one call and in C."""
-        run_all(map(self._undo.setdefault, keys, map(self.get, keys, itertools.repeat(_MISSING))))
-        run_all(map(dict.pop, itertools.repeat(self), keys, itertools.repeat(None)))
+        olds = list(map(dict.pop, itertools.repeat(self), keys, itertools.repeat(_MISSING)))
+        run_all(map(self._undo.setdefault, keys, olds))  # (the first change of a key is the one kept)
 
     def undo(self) -> None:
         """Put back every count as it was at ``mark()``."""

@@ -43,7 +43,6 @@ from pzq.store.messages import CHUNKED, Messages
 from pzq.store.queues import raise_, run_all
 
 PLAIN = 0x93  # a record's first byte when it is [enqueued µs, expires µs, frames]: no meta, body inline
-_PLAIN = bytes([PLAIN])
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
@@ -75,6 +74,20 @@ def _stored_count(counts, key: bytes) -> int:
     damaged one reads as 0, as ``scan`` reads it."""
     raw = counts(key) if counts is not None else None
     return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
+
+
+def _pop_consecutive(cursor, keys: list[bytes]) -> list[Any] | None:
+    """The values of ``keys`` deleted, when they are the records that follow each other from the first
+    (an ack of a run as it was taken): read in one walk, deleted where the cursor stands (no search
+    from the root for each); None, having deleted nothing, for any other run."""
+    if not cursor.set_key(keys[0]):
+        return None
+    got = list(itertools.islice(cursor.iternext(), len(keys)))
+    if list(map(_first, got)) != keys:
+        return None
+    cursor.set_key(keys[0])
+    run_all(map(cursor.delete, itertools.repeat(False, len(keys))))  # (each moves the cursor to the next)
+    return list(map(_second, got))
 
 
 class Runs(Messages):
@@ -114,18 +127,15 @@ class Runs(Messages):
         if end < len(keys):
             del keys[end:], records[end:]
         values = list(map(_second, records))
-        if not values or not all(map(bytes.startswith, values, itertools.repeat(_PLAIN))):
+        # ([enqueued µs, 0, [frames]] by their first bytes, the whole of each by unpackb, frames all bin)
+        if not values or not all(map(PLAIN_NO_TTL.match, values)):
             return None
         try:
             rows = list(map(msgpack.unpackb, values))
-            if set(map(len, rows)) != {3} or set(map(_second, rows)) != {0}:  # (a TTL, or not a record)
-                return None
-            enqueued, frames = list(map(_first, rows)), list(map(_third, rows))
-            if set(map(type, enqueued)) != {int} or set(map(type, frames)) != {list}:
-                return None
-            if not set(map(type, itertools.chain.from_iterable(frames))) <= {bytes}:
-                return None
-        except (ValueError, TypeError, msgpack.UnpackException):  # (one to read closely: the rows' way)
+        except (ValueError, msgpack.UnpackException):  # (one to read closely: the rows' way)
+            return None
+        enqueued, frames = list(map(_first, rows)), list(map(_third, rows))
+        if not set(map(type, itertools.chain.from_iterable(frames))) <= {bytes}:
             return None
         refs = list(map(KEY.unpack, keys))
         if any(map(skip.__contains__, refs)):
@@ -188,7 +198,10 @@ class Runs(Messages):
         been delivered before (redeliveries). A first delivery's count is one shared value: a run of them
         costs no object per message."""
         now = time.monotonic()
-        if run.deliveries is None or not any(run.deliveries):
+        if run.deliveries is None:  # (none has a count, pending or written: the usual run)
+            self._pending_counts.set_new(run.keys, (1, now))
+            return 0
+        if not any(run.deliveries):
             self._pending_counts.set_many(run.keys, itertools.repeat((1, now), len(run.keys)))
             return 0
         self._pending_counts.set_many(run.keys, [(count + 1, now) for count in run.deliveries])
@@ -245,7 +258,9 @@ class Runs(Messages):
         n, pending, messages_db, deliveries_db = len(seqs), self._pending_counts, self._messages_db, self._deliveries_db
         keys = list(map(KEY.pack, itertools.repeat(info.qid, n), seqs))
         try:  # inline rather than through env.do(): every ack comes here
-            values: list[Any] = list(map(functools.partial(txn.pop, db=messages_db), keys))  # (bytes, or None: gone)
+            values: list[Any] | None = _pop_consecutive(txn.cursor(db=messages_db), keys)
+            if values is None:
+                values = list(map(functools.partial(txn.pop, db=messages_db), keys))  # (bytes, or None: gone)
             out = list(map(is_not, values, itertools.repeat(None, n)))
             count = out.count(True)
             if count < n:  # (some were gone already)
