@@ -367,6 +367,8 @@ class Server(Reloading):
             if not self._behind and budget.spent():  # every task ran, the last (a reader cut short) spent it:
                 # the rotation goes on where it stopped, or that task got the next turn too (an eMQP hop a turn more)
                 self._first_task, self._behind = first, True
+            elif first:  # (a turn begun mid-rotation read after the works: what it read gets a turn at once)
+                self._behind = True
             # New messages are made durable at once, whether or not their protocol acks them.
             wrote = self._commits.commit_if_due(
                 now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
