@@ -111,15 +111,18 @@ def test_the_peer_table_shows_batched_and_legacy_pzq_under_the_same_figures_and_
     peers = _compare_peers()
     run = {
         "producer_batched": {"msg_s": 300, "server_cpu_us": 4},
+        "consumer_batched": {"server_cpu_us": 9},
         "e2e_batched": {"msg_s": 120, "server_cpu_us": 13, "lost": 0},
         "producer_w100": {"msg_s": 50, "server_cpu_us": 20},
         "producer_w1": {"ack_p50_ms": 0.5},
+        "e2e": {"server_cpu_us": 30},
         "server_rss_mb": 30,
     }
     columns = peers.columns(run)
     assert columns["pzq batched"] == {
         "producer_w100.msg_s": 300,
         "producer_w100.server_cpu_us": 4,
+        "consumer.server_cpu_us": 9,
         "e2e.msg_s": 120,
         "e2e.server_cpu_us": 13,
         "e2e.lost": 0,
@@ -128,20 +131,21 @@ def test_the_peer_table_shows_batched_and_legacy_pzq_under_the_same_figures_and_
         "producer_w100.msg_s": 50,
         "producer_w100.server_cpu_us": 20,
         "producer_w1.ack_p50_ms": 0.5,
+        "e2e.server_cpu_us": 30,
     }
     results = {
         **columns,
-        "pzq before": {"producer_w100.server_cpu_us": 40, "producer_w1.ack_p50_ms": 0.5},
+        "pzq before": {"producer_w100.msg_s": 40, "e2e.server_cpu_us": 60, "producer_w1.ack_p50_ms": 0.5},
         "redis": {"producer_w100.msg_s": 100, "e2e.msg_s": 100},
     }
     lines = peers.table(results, ["pzq batched", "pzq legacy", "pzq before", "redis"])
     produce = next(line for line in lines if line.startswith("producer, N in flight"))
-    assert produce.split()[-5:] == ["300", "50", "100", "3.00x", "0.50x"]  # (before: no such figure, no ratio)
+    assert produce.split()[-8:] == ["300", "50", "40", "100", "3.00x", "0.50x", "0.40x", "1.25x"]
     assert [line for line in lines if line.startswith("target")] == [
         "target pzq batched producer_w100.msg_s / redis >= 1.5: 3 met",
-        "target pzq batched e2e.msg_s / redis >= 1.2: 1.2 met",
-        "target pzq batched producer_w100.server_cpu_us <= 5: 4 met",
-        "target pzq batched e2e.server_cpu_us <= 12: 13 NOT met",
-        "target pzq legacy producer_w100.server_cpu_us / pzq before <= 0.7: 0.5 met",
+        "target pzq batched e2e.msg_s / redis >= 1: 1.2 met",
+        "target pzq batched consumer.server_cpu_us <= 8: 9 NOT met",
+        "target pzq legacy producer_w100.msg_s / pzq before >= 1: 1.25 met",
+        "target pzq legacy e2e.server_cpu_us / pzq before <= 0.7: 0.5 met",
         "target pzq legacy producer_w1.ack_p50_ms / pzq before <= 1: 1 met",
     ]
