@@ -26,7 +26,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,19 +34,10 @@ import time
 import msgpack
 import zmq
 
+from pzq.bench.server import free_ports
+
 GAP_S = 0.1  # a wait with credit outstanding longer than this counts as a pause
 WAIT_S = 5.0  # a receive still unanswered after this ends the run (the server is idle for good)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Server:
