@@ -173,13 +173,18 @@ def _page(queue: str, messages: list[list], arrow) -> Iterator:
 def _lease(api, options: Options, after: int, max_n: int, stopping: threading.Event | None, durable=True) -> int:
     """Lease ``after .. after+max_n-1`` as far as messages are ready; returns the range's end. The server
     answers a shorter range past a call's work budget: call again from its end until nothing more comes.
-    Not ``durable``: no reply waits for a commit (the lease ahead; the plan that uses it asks durably)."""
+    Every call but the last asks with ``durable`` 0 (its reply waits for no fsync); the last, from
+    ``after``, waits for the commit that carries them all, so that an end is handed on only once its
+    leases are on disk with one fsync, not one a call (a range of 1,000,000 is about 150 calls). Not
+    ``durable``: no reply waits for a commit (the lease ahead; the plan that uses it asks durably)."""
     end = after
     while end < after + max_n and not (stopping is not None and stopping.is_set()):
-        _, more = api.lease(options.queue, options.group, end, after + max_n - end, durable=durable)
+        _, more = api.lease(options.queue, options.group, end, after + max_n - end, durable=False)
         if more <= end:
             break  # nothing more is ready
         end = more
+    if durable and end > after:  # (nothing leased: the end is ``after``, on disk already)
+        _, end = api.lease(options.queue, options.group, after, max_n)  # (the same leases, and any come since)
     return end
 
 

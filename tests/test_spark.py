@@ -391,3 +391,25 @@ def test_planning_a_full_batch_leases_the_next_one_ahead_and_the_next_plan_gets_
         assert api.offsets("ahead", "spark") == (0, 550)  # availableNow reads what is there: no lease ahead
     finally:
         again.stop()
+
+
+def test_planning_a_batch_of_many_lease_calls_waits_for_one_fsync_before_spark_gets_its_end(make_server, tmp_path):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from pzq.clients import native as client
+    from pzq.config import Limits
+    from pzq.spark import LeaseStreamReader, Options
+
+    # (nothing commits by the clock; a lease call stops after its first 100 messages: 1,000 are 10 calls)
+    limits = Limits(lease_call_budget_s=1e-9, lease_chunk=100)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", commit_interval=30.0, limits=limits)
+    with ApiClient(srv.config.api_dsn, timeout_s=20) as api:
+        produce(api, "planned", [b"p%d" % i for i in range(1000)])
+        syncs = client.stats(srv.config.monitor_dsn)["syncs"]
+        reader = LeaseStreamReader(Options(endpoint=srv.config.api_dsn, queue="planned"))
+        try:
+            assert reader.latestOffset({"seq": 0}, ReadMaxRows(1000)) == {"seq": 1000}
+            # Its last call, from 0, was answered after the commit of all ten: one fsync, not one a call.
+            assert client.stats(srv.config.monitor_dsn)["syncs"] == syncs + 1
+        finally:
+            reader.stop()
