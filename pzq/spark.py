@@ -12,7 +12,9 @@ Reading (streaming): each micro-batch is a range of the group's *lease seqs* (se
 leased range on an executor (replayable: a re-run batch gets the same rows), and ``commit`` - which
 Spark calls once the batch is in its checkpoint, when it plans the next one - acknowledges them, which
 deletes them from the queue. So the guarantee is at-least-once: a message leaves the queue only after
-the batch that used it was committed; a batch that failed or was never committed is read again.
+the batch that used it was committed; a batch that failed or was never committed is read again. A full
+batch's plan leases the next batch ahead while Spark reads it; a batch Spark waits for is at most
+FIRST_BATCH, the rest of a backlog leased ahead meanwhile (docs/spark.md, "Delivery guarantee").
 
 Reading (batch): ``spark.read.format("pzq")`` is a snapshot of what a queue stores, read without
 changing anything (no lease, no delivery count).
@@ -66,6 +68,10 @@ SCHEMA = "queue string, key string, seq long, body binary, enqueued_at timestamp
 # per run of consecutive seqs), so a big batch costs it no memory; what it costs is replay time when a
 # batch fails, and rows Spark holds at once if the query caches them.
 MAX_BATCH = 1_000_000
+# Messages of a batch leased while Spark waits (no lease ahead made it ready: a query's first batch, or
+# the first after batches that were not full): about 0.1 s of the server's work, so that Spark reads them
+# while the rest of a backlog is leased ahead, rather than waiting for a whole maxMessagesPerBatch.
+FIRST_BATCH = 100_000
 FETCHES = 2  # FETCH requests a partition's reader has in flight (the API's memory bound admits two big replies)
 _UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -248,6 +254,8 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._client = None
         self._last_end: int | None = None
         self._ahead: threading.Thread | None = None  # leasing the next batch while this one is read
+        self._planned: tuple[int, int] | None = None  # (from, how many) the lease ahead leases
+        self._leased_to: int | None = None  # the group's leases are made up to here (None: not asked yet)
         self._stopping = threading.Event()
 
     def __getstate__(self) -> dict:  # executors get a copy without the driver's socket and thread
@@ -259,8 +267,18 @@ class LeaseStreamReader(DataSourceStreamReader):
         return self._client
 
     def initialOffset(self) -> dict:
-        base, _ = self._api().offsets(self.options.queue, self.options.group)
+        base, end = self._api().offsets(self.options.queue, self.options.group)
+        if self._leased_to is None:  # a new query: its first batch is leased while Spark prepares to plan it
+            self._leased_to = end  # (Spark asks again later: once is enough)
+            self._lease_ahead(base, min(self.options.max_per_batch, self._ready(base)))
         return {"seq": base}
+
+    def _ready(self, after: int) -> int:
+        """How many a plan from ``after`` leases while Spark waits: FIRST_BATCH, or as many as are leased
+        already (by the query's run before a restart on its checkpoint, or by an availableNow plan)."""
+        if self._leased_to is None:
+            self._leased_to = self._api().offsets(self.options.queue, self.options.group)[1]
+        return max(FIRST_BATCH, self._leased_to - after)
 
     def getDefaultReadLimit(self):
         return ReadMaxRows(self.options.max_per_batch) if ReadMaxRows is not None else None
@@ -272,16 +290,25 @@ class LeaseStreamReader(DataSourceStreamReader):
             after = self._last_end
         else:
             after = self._api().offsets(self.options.queue, self.options.group)[0]
-        max_n = self.options.max_per_batch
-        if ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable):
-            max_n = MAX_BATCH  # (availableNow: what is there is the run's end; Spark reads it in batches)
-        elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+        # availableNow: what is there is the run's end, leased now; Spark then plans its batches within it
+        every = ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable)
+        max_n = MAX_BATCH if every else self.options.max_per_batch
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", 0)  # (named both ways by version)
             max_n = min(int(rows or 0), MAX_BATCH)
+        planned, self._planned = self._planned, None
         self._wait_ahead()  # (its leases are this batch's: the calls below find them made)
-        end = _lease(self._api(), self.options, after, max_n, None)
+        if every:
+            cap = max_n
+        elif planned is not None and planned[0] == after:
+            cap = min(max_n, planned[1])  # (what the lease ahead made ready)
+        else:  # (what Spark waits for: a first part, while the rest is leased ahead)
+            cap = min(max_n, self._ready(after))
+        end = _lease(self._api(), self.options, after, cap, None)
         self._last_end = end
-        if end - after >= max_n and not (ReadAllAvailable is not None and isinstance(limit, ReadAllAvailable)):
+        if every:
+            self._leased_to = max(self._leased_to or 0, end)  # (the run's batches: each planned whole)
+        elif end - after >= cap:  # (a full batch: more is waiting)
             self._lease_ahead(end, max_n)
         return {"seq": end}
 
@@ -292,6 +319,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         What it holds is the group's next batch: no other consumer gets it, and a query that stops for
         good gives it back with the rest of its leases (``--lease-timeout``)."""
         options, stopping = self.options, self._stopping
+        self._planned = (after, max_n)
 
         def run() -> None:
             try:
