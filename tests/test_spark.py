@@ -341,7 +341,7 @@ def test_a_page_goes_to_spark_as_one_arrow_batch_with_the_same_values_as_its_row
         TimestampType,
     )
 
-    from pzq.spark import _arrow_schema, _page, columnar
+    from pzq.spark.read import _arrow_schema, _page, columnar
 
     kinds = [StringType(), StringType(), LongType(), BinaryType(), TimestampType(), IntegerType()]
     names = ["queue", "key", "seq", "body", "enqueued_at", "deliveries"]
@@ -398,10 +398,10 @@ def test_a_batch_leased_while_spark_waits_is_a_first_part_and_the_rest_is_leased
 ):
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    import pzq.spark
+    import pzq.spark.stream
     from pzq.spark import LeaseStreamReader, Options
 
-    monkeypatch.setattr(pzq.spark, "FIRST_BATCH", 100)  # (100,000 in use: too many messages for a test)
+    monkeypatch.setattr(pzq.spark.stream, "FIRST_BATCH", 100)  # (100,000 in use: too many messages for a test)
     api = api_server.api
     produce(api, "ramp", [b"a%d" % i for i in range(450)])
     reader = LeaseStreamReader(Options(endpoint=api_server.endpoint, queue="ramp", max_per_batch=300))
