@@ -31,7 +31,7 @@ PRODUCE_BATCH = 1000  # messages per API PRODUCE
 class SparkOptions:
     messages: int = 100_000
     runs: int = 3
-    batch: int = 100_000  # maxMessagesPerBatch
+    batch: int | None = None  # maxMessagesPerBatch (None: the connector's default)
     size: int = 100  # body bytes
     server_args: tuple[str, ...] = ()
     master: str = "local[2]"  # or spark://HOST:PORT (a standalone cluster: the API is then on TCP)
@@ -99,16 +99,10 @@ def one_run(
 
     cpu.start()
     t0 = time.perf_counter()
-    query = (
-        spark.readStream.format("pzq")
-        .option("endpoint", endpoint)
-        .option("queue", queue)
-        .option("maxMessagesPerBatch", options.batch)
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", f"{checkpoints}/ck{run}")
-        .start()
-    )
+    reader = spark.readStream.format("pzq").option("endpoint", endpoint).option("queue", queue)
+    if options.batch is not None:
+        reader = reader.option("maxMessagesPerBatch", options.batch)
+    query = reader.load().writeStream.format("noop").option("checkpointLocation", f"{checkpoints}/ck{run}").start()
     query.processAllAvailable()
     seconds = time.perf_counter() - t0
     spent = cpu.spent()
@@ -157,7 +151,7 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from pzq.spark import register
+    from pzq.spark import Options, register
 
     runs = []
     local = options.master.startswith("local")
@@ -172,18 +166,20 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
             register(spark)
             with ApiClient(server.api, timeout_s=60) as api:
                 n, size, batch = options.messages, options.size, options.batch
-                echo(f"{n:,} messages of {size} B, {options.master}, maxMessagesPerBatch {batch:,}")
+                which = f"{batch:,}" if batch is not None else f"{Options.max_per_batch:,} (the connector's default)"
+                echo(f"{n:,} messages of {size} B, {options.master}, maxMessagesPerBatch {which}")
                 echo(
                     f"{'run':>3} {'produce msg/s':>14} {'stream read rows/s':>19} {'in batches':>11} "
-                    f"{'snapshot rows/s':>16} {'sink rows/s':>12}"
+                    f"{'snapshot rows/s':>16} {'sink rows/s':>12} {'read/snapshot':>14} {'batches':>8}"
                 )
                 for run in range(1, options.runs + 1):
                     r = one_run(spark, api, server.api, run, options, server.workdir, server)
                     runs.append(r)
-                    echo(
+                    echo(  # (the stream against the snapshot of the same run: the machine's load moves both)
                         f"{run:>3} {r['produce']['msg_s']:>14,.0f} {r['stream']['rows_s']:>19,.0f} "
                         f"{r['stream_batches']['rows_s']:>11,.0f} {r['snapshot']['rows_s']:>16,.0f} "
-                        f"{r['sink']['rows_s']:>12,.0f}"
+                        f"{r['sink']['rows_s']:>12,.0f} {r['stream']['rows_s'] / r['snapshot']['rows_s']:>13.2f}x "
+                        f"{r['stream_batches']['batches']:>8}"
                     )
         finally:
             spark.stop()

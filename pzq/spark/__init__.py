@@ -29,7 +29,7 @@ Rows read: queue string, key string (the 32-hex message id, stable across redeli
 (the lease seq when streaming, the queue seq in a snapshot), body binary (the message's frames
 joined), enqueued_at timestamp, deliveries int (deliveries including this one; 0 in a snapshot).
 
-Options (``options``): endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (100000),
+Options (``options``): endpoint (tcp://127.0.0.1:11133), queue (default), group (spark), maxMessagesPerBatch (500000),
 numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120);
 for a batch write, dedupKey names the write so that writing it again stores nothing (use the batch id
 inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``); for a CURVE server,

@@ -19,7 +19,7 @@ class Options:
     endpoint: str = "tcp://127.0.0.1:11133"
     queue: str = "default"
     group: str = "spark"
-    max_per_batch: int = 100_000
+    max_per_batch: int = 500_000
     partitions: int = 2
     fetch_size: int = 2000
     timeout_s: float = 120.0
