@@ -13,11 +13,13 @@ server): on a shared machine the rates swing with the load, the CPU a row much l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 from pzq.bench.report import machine, medians
 from pzq.bench.server import PzqServer
@@ -146,6 +148,31 @@ def one_run(
     }
 
 
+def this_pzq_first(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for the bench's child processes: this pzq's tree first on their path, and not their
+    working directory. Spark's Python processes and the server run ``python -m``, which puts the working
+    directory first: run from another pzq checkout, they measured that checkout's connector and server."""
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    path = [root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root)]
+    return {**environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(path)}
+
+
+@contextlib.contextmanager
+def _children_run_this_pzq() -> Iterator[None]:
+    """``this_pzq_first`` in this process's environment (what the server and Spark's JVM inherit) while
+    the bench runs; as it was after."""
+    before = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    os.environ.update(this_pzq_first(os.environ))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
     """A local[2] session and one server for every run; a row per run as it ends."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -156,7 +183,8 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
     runs = []
     local = options.master.startswith("local")
     api_transport = "ipc" if local else "tcp"  # (executors of a cluster reach the server over TCP)
-    with PzqServer(gateways=("api",), transport="ipc", api_transport=api_transport, args=options.server_args) as server:
+    server = PzqServer(gateways=("api",), transport="ipc", api_transport=api_transport, args=options.server_args)
+    with _children_run_this_pzq(), server:
         builder = SparkSession.builder.master(options.master).config("spark.ui.enabled", "false")
         if not local:  # every executor runs this interpreter, which has pzq installed
             builder = builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
