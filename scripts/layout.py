@@ -52,7 +52,7 @@ ORDER = [
     "console",
     "clients",
     "bench",
-    "spark.py",
+    "spark",
 ]
 
 HEADER = """\

@@ -30,7 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="100000,1000000")
     parser.add_argument("--runs", type=int, default=2, help="per case, after one warm-up run that is not counted")
-    parser.add_argument("--batch", type=int, default=100_000, help="maxMessagesPerBatch")
+    parser.add_argument("--batch", type=int, default=None, help="maxMessagesPerBatch (default: the connector's)")
     parser.add_argument("--no-cluster", action="store_true", help="local[2] only")
     parser.add_argument("--json", default="spark-figures.json")
     args = parser.parse_args()
@@ -40,10 +40,10 @@ def main() -> int:
     def measure(master: str) -> None:
         for count in counts:
             result = spark.bench(spark.SparkOptions(count, args.runs + 1, args.batch, 100, (), master))
-            median = medians(result["runs"][1:])  # (the first run pays for Spark's and the JIT's warm-up)
-            rows.append(
-                {"master": "local[2]" if master.startswith("local") else "standalone", "count": count, **median}
-            )
+            counted = result["runs"][1:]  # (the first run pays for Spark's and the JIT's warm-up)
+            ratios = [r["stream"]["rows_s"] / r["snapshot"]["rows_s"] for r in counted]  # (each against its own run)
+            master_name = "local[2]" if master.startswith("local") else "standalone"
+            rows.append({"master": master_name, "count": count, **medians(counted), "ratios": ratios})
 
     measure("local[2]")
     if not args.no_cluster:
@@ -52,13 +52,13 @@ def main() -> int:
     print()
     print(
         f"{'master':<11} {'messages':>9} {'stream read':>12} {'in batches':>11} {'snapshot':>9} {'sink':>9} "
-        f"{'read/snapshot':>14}"
+        f"{'read/snapshot':>14}  each run's"
     )
     for r in rows:
         stream, batches, snapshot, sink = (r[f"{k}.rows_s"] for k in ("stream", "stream_batches", "snapshot", "sink"))
         print(
             f"{r['master']:<11} {r['count']:>9,} {stream:>12,.0f} {batches:>11,.0f} {snapshot:>9,.0f} {sink:>9,.0f} "
-            f"{stream / snapshot:>13.2f}x"
+            f"{stream / snapshot:>13.2f}x  " + " ".join(f"{x:.2f}x" for x in r["ratios"])
         )
     print("\nCPU a row (µs; every process: this one, Spark's JVM and workers, the server; and the server's):")
     heads = ("stream all", "server", "snapshot all", "server", "ratio")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -253,3 +254,17 @@ def test_the_cpu_of_a_process_tree_counts_a_busy_child_and_not_an_unrelated_proc
         assert tree_cpu_seconds(child.pid) == pytest.approx(cpu_seconds(child.pid), abs=0.05)  # (none of ours)
     finally:
         child.communicate(b"", timeout=30)
+
+
+def test_the_spark_bench_children_run_this_pzq_even_from_another_checkouts_directory(tmp_path):
+    from pzq.bench.spark import this_pzq_first
+
+    decoy = tmp_path / "pzq"  # (another checkout's package, where `python -m` would look first)
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise SystemExit('the decoy pzq')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    argv = [sys.executable, "-m", "pzq", "--help"]
+    fooled = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert "the decoy pzq" in fooled.stderr  # (what the bench's server and Spark's workers did)
+    ours = subprocess.run(argv, cwd=tmp_path, env=this_pzq_first(env), capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and "serve" in ours.stdout

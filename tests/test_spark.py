@@ -341,7 +341,7 @@ def test_a_page_goes_to_spark_as_one_arrow_batch_with_the_same_values_as_its_row
         TimestampType,
     )
 
-    from pzq.spark import _arrow_schema, _page, columnar
+    from pzq.spark.read import _arrow_schema, _page, columnar
 
     kinds = [StringType(), StringType(), LongType(), BinaryType(), TimestampType(), IntegerType()]
     names = ["queue", "key", "seq", "body", "enqueued_at", "deliveries"]
@@ -391,3 +391,61 @@ def test_planning_a_full_batch_leases_the_next_one_ahead_and_the_next_plan_gets_
         assert api.offsets("ahead", "spark") == (0, 550)  # availableNow reads what is there: no lease ahead
     finally:
         again.stop()
+
+
+def test_a_batch_leased_while_spark_waits_is_a_first_part_and_the_rest_is_leased_ahead_while_it_is_read(
+    api_server, monkeypatch
+):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    import pzq.spark.stream
+    from pzq.spark import LeaseStreamReader, Options
+
+    monkeypatch.setattr(pzq.spark.stream, "FIRST_BATCH", 100)  # (100,000 in use: too many messages for a test)
+    api = api_server.api
+    produce(api, "ramp", [b"a%d" % i for i in range(450)])
+    reader = LeaseStreamReader(Options(endpoint=api_server.endpoint, queue="ramp", max_per_batch=300))
+    try:
+        assert reader.initialOffset() == {"seq": 0}
+        reader._wait_ahead(30)
+        assert api.offsets("ramp", "spark") == (0, 100)  # a new query's first batch is leased at once
+        assert reader.latestOffset({"seq": 0}, ReadMaxRows(300)) == {"seq": 100}  # only a first part: 100
+        reader._wait_ahead(30)
+        assert api.offsets("ramp", "spark") == (0, 400)  # the next batch, whole, while Spark reads that part
+        assert reader.latestOffset({"seq": 100}, ReadMaxRows(300)) == {"seq": 400}
+        reader._wait_ahead(30)
+        assert reader.latestOffset({"seq": 400}, ReadMaxRows(300)) == {"seq": 450}  # what is left: not full
+        produce(api, "ramp", [b"b%d" % i for i in range(250)])  # a burst after batches that kept up
+        assert reader.latestOffset({"seq": 450}, ReadMaxRows(300)) == {"seq": 550}  # a first part again
+        reader._wait_ahead(30)
+        assert api.offsets("ramp", "spark") == (0, 700)
+    finally:
+        reader.stop()
+    # A query restarted on its checkpoint finds its lease ahead made and plans it whole, as it would have.
+    again = LeaseStreamReader(Options(endpoint=api_server.endpoint, queue="ramp", max_per_batch=300))
+    try:
+        assert again.latestOffset({"seq": 550}, ReadMaxRows(300)) == {"seq": 700}
+    finally:
+        again.stop()
+
+
+def test_planning_a_batch_of_many_lease_calls_waits_for_one_fsync_before_spark_gets_its_end(make_server, tmp_path):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from pzq.clients import native as client
+    from pzq.config import Limits
+    from pzq.spark import LeaseStreamReader, Options
+
+    # (nothing commits by the clock; a lease call stops after its first 100 messages: 1,000 are 10 calls)
+    limits = Limits(lease_call_budget_s=1e-9, lease_chunk=100)
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", commit_interval=30.0, limits=limits)
+    with ApiClient(srv.config.api_dsn, timeout_s=20) as api:
+        produce(api, "planned", [b"p%d" % i for i in range(1000)])
+        syncs = client.stats(srv.config.monitor_dsn)["syncs"]
+        reader = LeaseStreamReader(Options(endpoint=srv.config.api_dsn, queue="planned"))
+        try:
+            assert reader.latestOffset({"seq": 0}, ReadMaxRows(1000)) == {"seq": 1000}
+            # Its last call, from 0, was answered after the commit of all ten: one fsync, not one a call.
+            assert client.stats(srv.config.monitor_dsn)["syncs"] == syncs + 1
+        finally:
+            reader.stop()

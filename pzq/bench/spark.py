@@ -13,11 +13,13 @@ server): on a shared machine the rates swing with the load, the CPU a row much l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 from pzq.bench.report import machine, medians
 from pzq.bench.server import PzqServer
@@ -31,7 +33,7 @@ PRODUCE_BATCH = 1000  # messages per API PRODUCE
 class SparkOptions:
     messages: int = 100_000
     runs: int = 3
-    batch: int = 100_000  # maxMessagesPerBatch
+    batch: int | None = None  # maxMessagesPerBatch (None: the connector's default)
     size: int = 100  # body bytes
     server_args: tuple[str, ...] = ()
     master: str = "local[2]"  # or spark://HOST:PORT (a standalone cluster: the API is then on TCP)
@@ -99,16 +101,10 @@ def one_run(
 
     cpu.start()
     t0 = time.perf_counter()
-    query = (
-        spark.readStream.format("pzq")
-        .option("endpoint", endpoint)
-        .option("queue", queue)
-        .option("maxMessagesPerBatch", options.batch)
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", f"{checkpoints}/ck{run}")
-        .start()
-    )
+    reader = spark.readStream.format("pzq").option("endpoint", endpoint).option("queue", queue)
+    if options.batch is not None:
+        reader = reader.option("maxMessagesPerBatch", options.batch)
+    query = reader.load().writeStream.format("noop").option("checkpointLocation", f"{checkpoints}/ck{run}").start()
     query.processAllAvailable()
     seconds = time.perf_counter() - t0
     spent = cpu.spent()
@@ -152,17 +148,43 @@ def one_run(
     }
 
 
+def this_pzq_first(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for the bench's child processes: this pzq's tree first on their path, and not their
+    working directory. Spark's Python processes and the server run ``python -m``, which puts the working
+    directory first: run from another pzq checkout, they measured that checkout's connector and server."""
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    path = [root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root)]
+    return {**environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(path)}
+
+
+@contextlib.contextmanager
+def _children_run_this_pzq() -> Iterator[None]:
+    """``this_pzq_first`` in this process's environment (what the server and Spark's JVM inherit) while
+    the bench runs; as it was after."""
+    before = {name: os.environ.get(name) for name in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    os.environ.update(this_pzq_first(os.environ))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
     """A local[2] session and one server for every run; a row per run as it ends."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from pzq.spark import register
+    from pzq.spark import Options, register
 
     runs = []
     local = options.master.startswith("local")
     api_transport = "ipc" if local else "tcp"  # (executors of a cluster reach the server over TCP)
-    with PzqServer(gateways=("api",), transport="ipc", api_transport=api_transport, args=options.server_args) as server:
+    server = PzqServer(gateways=("api",), transport="ipc", api_transport=api_transport, args=options.server_args)
+    with _children_run_this_pzq(), server:
         builder = SparkSession.builder.master(options.master).config("spark.ui.enabled", "false")
         if not local:  # every executor runs this interpreter, which has pzq installed
             builder = builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
@@ -172,18 +194,20 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
             register(spark)
             with ApiClient(server.api, timeout_s=60) as api:
                 n, size, batch = options.messages, options.size, options.batch
-                echo(f"{n:,} messages of {size} B, {options.master}, maxMessagesPerBatch {batch:,}")
+                which = f"{batch:,}" if batch is not None else f"{Options.max_per_batch:,} (the connector's default)"
+                echo(f"{n:,} messages of {size} B, {options.master}, maxMessagesPerBatch {which}")
                 echo(
                     f"{'run':>3} {'produce msg/s':>14} {'stream read rows/s':>19} {'in batches':>11} "
-                    f"{'snapshot rows/s':>16} {'sink rows/s':>12}"
+                    f"{'snapshot rows/s':>16} {'sink rows/s':>12} {'read/snapshot':>14} {'batches':>8}"
                 )
                 for run in range(1, options.runs + 1):
                     r = one_run(spark, api, server.api, run, options, server.workdir, server)
                     runs.append(r)
-                    echo(
+                    echo(  # (the stream against the snapshot of the same run: the machine's load moves both)
                         f"{run:>3} {r['produce']['msg_s']:>14,.0f} {r['stream']['rows_s']:>19,.0f} "
                         f"{r['stream_batches']['rows_s']:>11,.0f} {r['snapshot']['rows_s']:>16,.0f} "
-                        f"{r['sink']['rows_s']:>12,.0f}"
+                        f"{r['sink']['rows_s']:>12,.0f} {r['stream']['rows_s'] / r['snapshot']['rows_s']:>13.2f}x "
+                        f"{r['stream_batches']['batches']:>8}"
                     )
         finally:
             spark.stop()

@@ -94,7 +94,9 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
     show_default=True,
     help="pzq batched: messages per batch (--window / --batch-size batches in flight, at least one).",
 )
-@click.option("--batch", type=int, default=100_000, show_default=True, help="spark: maxMessagesPerBatch.")
+@click.option(
+    "--batch", type=int, default=None, help="spark: maxMessagesPerBatch.  [default: the connector's, 500,000]"
+)
 @click.option(
     "--spark-master",
     default="local[2]",
@@ -174,10 +176,10 @@ def _bench_native(protocol: str, options: dict, server_args, quiet: bool) -> dic
 
 
 def _bench_other(
-    protocol: str, options: dict, batch: int, concurrent: int, broker: str, server_args: tuple, master: str
+    protocol: str, options: dict, batch: int | None, concurrent: int, broker: str, server_args: tuple, master: str
 ) -> dict:
     count, runs, size = options["count"], options["runs"], options["size"]
-    if min(count, runs, batch, concurrent) < 1 or size < 0:
+    if min(count, runs, 1 if batch is None else batch, concurrent) < 1 or size < 0:
         raise ConfigError("--count, --runs, --batch, --concurrent: at least 1; --size: at least 0")
     if protocol == "mqks":
         from pzq.bench import mqks
