@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Ref, Send
 from pzq.gateways.emqp_rights import unserved
 from pzq.gateways.tally import Tally
 from pzq.permissions import Permissions
@@ -60,7 +59,7 @@ class Roster:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         job_table: EmqpJobs,
         *,
         limits: Limits,
@@ -104,8 +103,9 @@ class Roster:
             if message is None:  # completed through another protocol, or its queue was deleted
                 self.job_table.delete(ref)
                 continue
-            if self.broker.in_flight_to(ref) is not None:
-                if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
+            holding = self.broker.in_flight_to(ref)
+            if holding is not None:
+                if holding == holder:  # (restored already: recover runs twice after a failed turn)
                     self.jobs.setdefault(msgid, {})[ref] = (identity, user)
                 continue
             self.broker.hold(ref, holder)
@@ -200,7 +200,7 @@ class Roster:
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
         message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
-        if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
+        if job is None or self.broker.ack_many((job[0],), by=holder_of(*job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(
                 cmd.peer,
@@ -306,7 +306,7 @@ class Roster:
         ref, holder = _job_of(send)
         if self.broker.in_flight_to(ref) != holder:
             return  # (requeued already: its worker was dropped)
-        self.broker.undeliver(ref)
+        self.broker.undeliver_many((ref,))
         self.job_table.delete(ref)
         msgid = send.frames[4].decode("utf-8", "replace")
         held = self.jobs.get(msgid)
@@ -365,7 +365,7 @@ class Roster:
 
     def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
         for _, queue in worker.queues:
-            if not self.broker.has_ready(queue):
+            if self.broker.ready_count(queue) <= 0:
                 continue
             taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
             if not taken:

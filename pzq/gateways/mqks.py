@@ -30,11 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.gateways import mqks_rights
-from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
+from pzq.gateways.contract import ONLY, UNBOUNDED, BrokerSurface, Budget, Send
 from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.gateways.mqks_lines import LINE_S_PER_BYTE, FairTurns, Session
@@ -55,7 +54,7 @@ class MqksGateway(Requests):
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         bindings: Bindings,
         *,
         max_line: int,

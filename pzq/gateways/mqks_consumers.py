@@ -15,10 +15,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Ref, Send
 from pzq.protocols import mqks
 
 _serials = itertools.count(1)
@@ -48,7 +47,7 @@ class Consumer:
 class Consumers:
     """Every MQKS consumer of the server, by connection and by queue, and their deliveries."""
 
-    def __init__(self, broker: Broker, limits: Limits, window: int):
+    def __init__(self, broker: BrokerSurface, limits: Limits, window: int):
         self.broker = broker
         self.limits = limits
         self.window = window  # unacked deliveries per manual-ack consumer
@@ -158,10 +157,11 @@ class Consumers:
             refs = [held.pop(0)]
             if not held:
                 del consumer.unacked[msg_id]
+        if action == "ack":
+            self.broker.ack_many(refs, by=consumer.key)  # even late: the work is done (as a native late ack)
+            return
         for ref in refs:
-            if action == "ack":
-                self.broker.ack(ref, by=consumer.key)  # even late: the work is done (as a native late ack)
-            elif self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
+            if self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
                 self.broker.requeue_at_end(ref, by=consumer.key)
 
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
@@ -259,6 +259,7 @@ class Consumers:
         )
         left[0] -= len(taken)
         left[1] -= sum(sum(map(len, message.frames)) for message in taken)
+        auto: list[Ref] = []  # (acked as one run, before any line leaves)
         for message in taken:
             msg_id, event = (message.meta or {}).get("mqks") or (message.id, message.queue)
             ref = (message.qid, message.seq)
@@ -271,10 +272,12 @@ class Consumers:
                 conn_held[consumer.conn] += 1
             else:
                 # at most once: gone (durably, with this turn) before the line leaves
-                self.broker.ack(ref, by=consumer.key)
+                auto.append(ref)
                 undo = ("auto",)
             self.delivered_total += 1
             out.append(Send(ONLY, [consumer.conn, line], undo))
+        if auto:
+            self.broker.ack_many(auto, by=consumer.key)
 
     def unsent(self, send: Send) -> bool:
         """A line the client's connection would not take now (see MqksGateway.unsent)."""
@@ -285,5 +288,5 @@ class Consumers:
         refs = consumer.unacked.get(msg_id, [])
         if ref in refs:
             refs.remove(ref)
-        self.broker.undeliver(ref)
+        self.broker.undeliver_many((ref,))
         return False

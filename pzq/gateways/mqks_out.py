@@ -20,8 +20,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
-from pzq.gateways.contract import ONLY, Budget, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Budget, Send
 from pzq.gateways.mqks_consumers import Consumer
 from pzq.gateways.mqks_lines import Session
 from pzq.protocols import mqks
@@ -38,7 +37,9 @@ class Outbox:
     """Each connection's output, in order: at once with the turn, or held behind a notice. ``wake(conn)``
     is told when a connection has held output that may go (its turn, in the fair queue, sends it)."""
 
-    def __init__(self, broker: Broker, session_of: Callable[[bytes], Session | None], wake: Callable[[bytes], None]):
+    def __init__(
+        self, broker: BrokerSurface, session_of: Callable[[bytes], Session | None], wake: Callable[[bytes], None]
+    ):
         self.broker = broker
         self.session_of = session_of
         self.wake = wake

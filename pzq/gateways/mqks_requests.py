@@ -10,11 +10,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
 from pzq.config import Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways import mqks_rights
-from pzq.gateways.contract import ONLY, Budget, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Budget, Send
 from pzq.gateways.mqks_bindings import BindingIndex, with_added
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.gateways.mqks_lines import Session
@@ -71,7 +70,7 @@ class Rebound:
 class Requests:
     """The requests, on the gateway's parts (set by MqksGateway)."""
 
-    broker: Broker
+    broker: BrokerSurface
     limits: Limits
     rights: PeerRights
     bindings: BindingIndex

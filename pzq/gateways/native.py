@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
-from pzq.broker import Broker, Ref
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.credit import NativeCredit
 from pzq.errors import StoreFull
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Ref, Send
 from pzq.gateways.native_batches import Batches
 from pzq.gateways.native_pool import SendPool
 from pzq.logs import warn_bad
@@ -48,7 +47,7 @@ class NativeGateway:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         *,
         queue: str,
         max_message_size: int,
@@ -76,7 +75,7 @@ class NativeGateway:
         self.batches = Batches(
             broker, queue, keys, max_message_size=max_message_size, dedup_window_s=dedup_window_s, limits=limits
         )
-        # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
+        # Its deliveries of earlier turns stay in flight through a rolled-back turn (see BrokerSurface.rolled_back):
         # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
         broker.keep_on_rollback.add(CONSUMER)
         self.taken_back_total = 0
@@ -218,7 +217,7 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
-        deadline_of = self.broker.inflight.deadline_of(CONSUMER)  # (broker.deadline's answer, a call each)
+        deadline = self.broker.deadline
         sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
             if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
@@ -229,9 +228,9 @@ class NativeGateway:
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
                 continue
-            deadline = None if ref in answered else deadline_of(ref)
+            due = None if ref in answered else deadline(ref, CONSUMER)
             answered.add(ref)
-            sent_at.append((ref, None if deadline is None else deadline - timeout_s))
+            sent_at.append((ref, None if due is None else due - timeout_s))
             if frames[1] == b"1":
                 acks.append(ref)
                 keys.append(key)
@@ -273,7 +272,7 @@ class NativeGateway:
             self._stalled_at != self.broker.readiness
             and self._available(now) > 0
             and self.pool.room() > 0
-            and self.broker.has_ready(self.queue)
+            and self.broker.ready_count(self.queue) > 0
         )
 
     def dispatch(
@@ -292,7 +291,7 @@ class NativeGateway:
         caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self.broker.inflight.holds(CONSUMER), most)
+        overdue = self.credit.overdue(held, self._ours, most)
         self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
@@ -345,8 +344,8 @@ class NativeGateway:
     def sendable(self, sends: Sequence[Send]) -> list[Send]:
         """Of deliveries that waited for room in the send socket's pipes (turns of a full socket), those
         still in flight: one that timed out or was taken back meanwhile is not sent."""
-        deadline_of = self.broker.inflight.deadline_of(CONSUMER)
-        return [send for send in sends if send.socket != SEND or deadline_of(send.token) is not None]  # type: ignore[arg-type]
+        deadline = self.broker.deadline
+        return [send for send in sends if send.socket != SEND or deadline(send.token, CONSUMER) is not None]  # type: ignore[arg-type]
 
     def unsent(self, send: Send) -> bool:
         """A delivery the send socket would not take is ready again (False); replies are kept (True)."""

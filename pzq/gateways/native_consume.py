@@ -32,12 +32,12 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 
-from pzq.broker import Broker, Ref, TakenRun
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError
+from pzq.gateways.contract import BrokerSurface, Columns, Ref
 from pzq.gateways.native import ref_of_key
 from pzq.gateways.native_keys import message_keys, refs_of_keys
-from pzq.logs import warn_bad
+from pzq.logs import peer_label, warn_bad
 from pzq.protocols import native_consume as wire
 
 HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
@@ -79,7 +79,7 @@ class Out:
 class BatchConsumeGateway:
     """The consumers of the batched endpoint: commands in, answers and batches of deliveries out."""
 
-    def __init__(self, broker: Broker, *, queue: str, ack_timeout_s: float, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, broker: BrokerSurface, *, queue: str, ack_timeout_s: float, limits: Limits = DEFAULT_LIMITS):
         self.broker = broker
         self.queue = queue
         self.ack_timeout_s = ack_timeout_s
@@ -263,7 +263,7 @@ class BatchConsumeGateway:
             taken = self.broker.take_columns(
                 self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
             )
-            if not taken.refs and self.broker.has_ready(self.queue):  # (no room in its share: the others' turn)
+            if not taken.refs and self.broker.ready_count(self.queue) > 0:  # (no room in its share: the others' turn)
                 self._ring.append(consumer)
                 skipped += 1
                 continue
@@ -283,10 +283,10 @@ class BatchConsumeGateway:
             out += self._batches(peer, taken, now_us)
         return out
 
-    def _batches(self, peer: bytes, taken: TakenRun, now_us: int) -> list[Out]:
+    def _batches(self, peer: bytes, taken: Columns, now_us: int) -> list[Out]:
         """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message): one
         encoding of each DELIVER's keys and bodies, as they came from the store."""
-        refs, enqueued, frames, sizes, ids = taken
+        refs, enqueued, frames, sizes, ids = taken.refs, taken.enqueued, taken.frames, taken.sizes, taken.ids
         total = sum(sizes)
         self.dispatched_bytes += total
         cap = self.limits.consume_batch_bytes
@@ -419,7 +419,7 @@ class BatchConsumeGateway:
 
     def _forget(self, consumer: Consumer, *, gone: bool = False) -> None:
         """Forget ``consumer``; ``gone``: its connection closed (or it said BYE, or was revoked), and
-        ``Broker.consumer_gone`` released what it held. Forgotten for silence or to make room, it holds
+        ``BrokerSurface.consumer_gone`` released what it held. Forgotten for silence or to make room, it holds
         nothing in flight, but copies of deliveries that timed out may still sit in its pipe: they stay
         charged to it until its connection closes (over ipc://, where no connection is known, now)."""
         if gone and self._fds.get(consumer.fd) == consumer.peer:
@@ -429,6 +429,17 @@ class BatchConsumeGateway:
         if self.consumers.pop(consumer.peer, None) is consumer:
             self.slots.add(consumer.client, -1)
         consumer.credit = 0  # (its ring entry is skipped, then dropped)
+
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """Its consumers (all of one queue: ZeroMQ names no peer's address) and what each holds."""
+        if queue != self.queue:
+            return [], 0
+        held = self.broker.held_count
+        rows = [
+            {"protocol": "native", "client": peer_label(c.peer), "held": held(c.holder)}
+            for c in itertools.islice(self.consumers.values(), limit)
+        ]
+        return rows, len(self.consumers)
 
     def stats(self) -> dict:
         """The monitor's figures of the batched consumers."""

@@ -23,8 +23,8 @@ Gateway, for each request that may store a message:
   returned), else keep it to run once what is ahead of it is stored (its answers then come out of
   ``step``). ``act`` returns its client's error answer rather than raising one, and may ``write``.
 - ``write(owner, body, Big(finish, refuse, fail, each))``: a big message, written by ``step``. In the
-  turn of its last part ``finish(upload, now_us)`` stores its record (``Broker.produce_big``) or drops
-  it (``Broker.drop_big``) and returns its answers; ``refuse(reason)`` answers it when the store has no
+  turn of its last part ``finish(upload, now_us)`` stores its record (``BrokerSurface.produce_big``) or drops
+  it (``BrokerSurface.drop_big``) and returns its answers; ``refuse(reason)`` answers it when the store has no
   room (StoreFull from the first part, a part, or ``finish``: nothing of it stays); ``fail()`` when a
   turn that wrote one of its parts was rolled back (its parts are gone); ``each(view)``, if given, sees
   every part as it is written (a digest computed a part at a time).
@@ -48,10 +48,9 @@ import collections
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
-from pzq.gateways.contract import Budget, Send
+from pzq.gateways.contract import BrokerSurface, Budget, Send
 from pzq.store import Upload
 
 Act = Callable[[int], list[Send]]  # a request kept behind a big message: run with the turn's now_us
@@ -80,7 +79,7 @@ class _Job:
 class Parted:
     """Big messages of one gateway's clients, written a part per turn, and what waits behind them."""
 
-    def __init__(self, broker: Broker, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, broker: BrokerSurface, limits: Limits = DEFAULT_LIMITS):
         self.broker = broker
         self.chunk = limits.body_chunk_bytes
         self.most = limits.pipe_in_bytes  # bodies held in all (a door that cannot refuse stops reading)
