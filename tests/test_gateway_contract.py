@@ -29,6 +29,8 @@ def gateway(name: str, store):
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_every_gateway_offers_the_contract_of_its_kind(store, name):
+    if name == "native_batch":  # (its pair's gateway is tests/pair_batch.py's BatchedNative: two gateways)
+        pytest.skip("the batched consume gateway answers ``Out``s of its own endpoint, not the Gateway contract")
     assert isinstance(gateway(name, store), KINDS[name])
 
 
