@@ -158,6 +158,24 @@ class Outbox:
             return accounts.may_hand(payer, size, inflight)
         return accounts.held(payer, inflight) + made + size <= accounts.share_of(payer)
 
+    def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
+        """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are
+        charged to it until its peer has them, but for manual-ack deliveries, charged by their take."""
+        charged = kept
+        for send in sends:
+            token: Any = send.token
+            if token is None or token[0] != "manual":
+                charged += len(send.frames[-1])
+        self.charged(conn)
+        if charged:
+            self.broker.piped(("mqks", conn), charged)
+        return charged
+
+    def unpiped(self, conn: bytes, size: int) -> None:
+        """``conn``'s peer acknowledged ``size`` of its charges: it may have room again."""
+        self.broker.unpiped(("mqks", conn), size)
+        self.unstick(conn)
+
     def charged(self, conn: bytes) -> None:
         """What was made for ``conn`` this turn is charged now (its flush)."""
         self._made.pop(conn, None)
