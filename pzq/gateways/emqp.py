@@ -283,7 +283,7 @@ class EmqpGateway:
     def recover(self) -> None:
         """The turn was rolled back: forget the jobs handed out (the broker forgot every delivery; the
         durable ones are held again) and reload the schedules as they are on disk."""
-        self.roster.jobs.clear()
+        self.roster.book.clear()
         self.restore_jobs(time.monotonic())
         self.scheduler.reload()
 

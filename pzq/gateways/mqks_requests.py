@@ -1,8 +1,9 @@
 """What each MQKS request does (shared/specs/mqks.md), for the gateway (gateways/mqks.py), which owns the
 connections, whose turn it is and what is sent: a line read into its request (or its error answer),
-publish, consume, rebind, ack and reject, delete_consumer and delete_queue, and which queues are in use. A request that cannot be done in one slice of a turn becomes its connection's ``job``
-(a publish's copies: mqks_publish.py; a change of thousands of events, indexed a slice at a time, and
-the notices of a queue with thousands of consumers: ``Rebound``), answered after its last slice."""
+publish, consume, rebind, ack and reject, delete_consumer and delete_queue, and which queues are in use.
+A request that cannot be done in one slice of a turn becomes its connection's ``job`` (a publish's
+copies: mqks_publish.py; a change of thousands of events, indexed a slice at a time, and the notices of
+a queue with thousands of consumers: ``Rebound``), answered after its last slice."""
 
 from __future__ import annotations
 
