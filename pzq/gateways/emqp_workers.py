@@ -196,7 +196,7 @@ class Roster:
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
         message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
-        if job is None or self.broker.ack_many((job[0],), by=holder_of(*job[1])):
+        if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(
                 cmd.peer,

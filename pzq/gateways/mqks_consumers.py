@@ -157,11 +157,10 @@ class Consumers:
             refs = [held.pop(0)]
             if not held:
                 del consumer.unacked[msg_id]
-        if action == "ack":
-            self.broker.ack_many(refs, by=consumer.key)  # even late: the work is done (as a native late ack)
-            return
         for ref in refs:
-            if self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
+            if action == "ack":
+                self.broker.ack(ref, by=consumer.key)  # even late: the work is done (as a native late ack)
+            elif self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
                 self.broker.requeue_at_end(ref, by=consumer.key)
 
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
@@ -259,7 +258,6 @@ class Consumers:
         )
         left[0] -= len(taken)
         left[1] -= sum(sum(map(len, message.frames)) for message in taken)
-        auto: list[Ref] = []  # (acked as one run, before any line leaves)
         for message in taken:
             msg_id, event = (message.meta or {}).get("mqks") or (message.id, message.queue)
             ref = (message.qid, message.seq)
@@ -272,12 +270,10 @@ class Consumers:
                 conn_held[consumer.conn] += 1
             else:
                 # at most once: gone (durably, with this turn) before the line leaves
-                auto.append(ref)
+                self.broker.ack(ref, by=consumer.key)
                 undo = ("auto",)
             self.delivered_total += 1
             out.append(Send(ONLY, [consumer.conn, line], undo))
-        if auto:
-            self.broker.ack_many(auto, by=consumer.key)
 
     def unsent(self, send: Send) -> bool:
         """A line the client's connection would not take now (see MqksGateway.unsent)."""

@@ -202,7 +202,7 @@ class PhpmqGateway:
             if ref is None:
                 done = False
             elif message.type == phpmq.ACK:
-                done = not self.broker.ack_many((ref,), by=session.consumer)
+                done = self.broker.ack(ref, by=session.consumer)
             elif message.type == phpmq.REQUEUE:
                 ttl = _ttl(message)
                 done = self.broker.requeue_at_end(
