@@ -291,7 +291,7 @@ class BrokerSurface(Protocol):
     @property
     def accounts(self) -> Shares: ...
     @property
-    def inflight(self) -> InFlight: ...  # (only to hand to ``accounts``: asked through the methods here)
+    def inflight(self) -> InFlight: ...  # (handed to ``accounts``; the native send pool reads ``bytes_of``)
 
     # -- producing: one message, a run into one queue (how many stored), all or none; big bodies in parts
     def produce(
