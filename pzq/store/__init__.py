@@ -9,9 +9,10 @@
 - ``layout.py``: the key layout, the record types and the store's format version.
 - ``core.py``: the environment opened, the commit and its rollback, each queue's counters, room;
   ``pending.py``: the delivery counts that wait for a commit. Drawn on the core, the verbs (the only
-  inheritance here, one level): ``records.py`` (a message at a time: put, get, scan, delete,
-  requeue) and ``runs.py`` (runs of messages in one call: a batch's puts, a take's counts, an ack
-  run's deletes, a lease's headers; ``plain_runs.py`` reads a take's run as columns).
+  inheritance here: ``Store(Records, Runs)``, each over ``Core``): ``records.py`` (a message at a
+  time: put, get, scan, delete, requeue) and ``runs.py`` (runs of messages in one call: a producer's
+  puts, a take's counts, an ack run's deletes, a lease's headers; ``plain_runs.py`` reads a take's
+  run as columns).
 
 The parts, each handed the core (or its records) as the side-table owners are, and held by the store:
 

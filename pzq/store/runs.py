@@ -1,10 +1,11 @@
-"""Runs of messages in one call: a batch's records, the delivery counts of a take's run, the deletes of
-an ack run (and of a group's acknowledged range), and the headers a lease reads, a run of plain messages
-at a time.
+"""Runs of messages in one call: a producer's run of records, the delivery counts of a take's run, the
+deletes of an ack run (and of a group's acknowledged range), and the headers a lease reads, a run of
+plain messages at a time. Drawn on the core (``core.py``): these are the verbs the hot paths call.
 
-A producer's batch (PZQ-BATCH/1) carries each message as the msgpack array of its frames, which is what
-a record holds after its ``[enqueued_us, 0,`` header: ``put_encoded`` stores them behind one header
-built once, with no per-message encoding and one cursor call.
+A native producer's turn of messages is stored with one cursor call (``put_many``). A producer's batch
+(PZQ-BATCH/1) carries each message as the msgpack array of its frames, which is what a record holds
+after its ``[enqueued_us, 0,`` header: ``put_encoded`` stores them behind one header built once, with
+no per-message encoding and one cursor call.
 
 The per-message calls (``mark_delivered``, ``delete``) cost a clock read, a key, a transaction lookup
 and an accounting update each; a native consumer's turn takes and acks hundreds, so these do the same
@@ -13,7 +14,7 @@ work once per run (issue 27: "pop and delete a run of refs in one loop"). Same e
 ``plain_run`` is the take's batch path: it reads a run of records as they are stored (frames, enqueue
 time, delivery count) without building a ``Message`` for each, and stops before the first record that
 needs a closer look (a TTL, meta such as its own delivery cap, a body in chunks, or a record it cannot
-read), which the general path (``scan``) then reads as before.
+read), which the general path (``scan``) then reads as before (the columns: ``plain_runs.py``).
 
 ``lease_headers`` is ``headers`` for a group's lease: a record whose first bytes say it has no TTL and
 no meta (a native or API message: ``[enqueued_us, 0, [frames]]``) needs nothing else read, so the walk
