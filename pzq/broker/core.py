@@ -45,7 +45,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     ):
         """``implicit_ttl_s``: how long a queue made by a client's request lives unused (see implicit.py)."""
         super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
-        per_owner = max(1, store.max_queues // limits.implicit_connection_part)
+        per_owner = max(1, store.catalog.max_queues // limits.implicit_connection_part)
         self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn, limits.share_reserve_part)
         store.on_set_aside.append(self._set_aside)
         # While set (the server's memory alarm: pzq/endpoints/memory.py), every producer is refused with
@@ -101,7 +101,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         try:
             if self.refusing is not None:
                 raise StoreFull(self.refusing)
-            return self.store.begin_body(body, chunk)
+            return self.store.bodies.begin(body, chunk)
         except StoreFull:
             self.counters.refused_full += 1
             raise
@@ -109,7 +109,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     def write_big(self, upload: Upload, most: int) -> int:
         """Write the next parts of ``upload`` (about ``most`` bytes); StoreFull (counted) when the store filled."""
         try:
-            return self.store.write_body(upload, most)
+            return self.store.bodies.write(upload, most)
         except StoreFull:
             self.counters.refused_full += 1
             raise
@@ -126,7 +126,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
 
     def drop_big(self, upload: Upload) -> None:
         """Give up a body not yet produced: its parts are removed."""
-        self.store.drop_upload(upload)
+        self.store.bodies.drop(upload)
 
     def produce_all(
         self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
@@ -148,7 +148,7 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
     def requeue_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> list[Message]:
         """Put dead letters back at the end of ``queue`` (one by ``seq``, or up to ``limit`` of the
         oldest), ready for every consumer (see Store.requeue_dead); returns the new messages."""
-        moved = self.store.requeue_dead(queue, seq, limit=limit)
+        moved = self.store.dead_letters.requeue(queue, seq, limit=limit)
         if moved:
             self.readiness += 1
         return moved
@@ -332,21 +332,21 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         self._ready.pop(info.qid, None)
         self.per_queue.pop(queue, None)
         self._forget_owner(queue)
-        return self.store.drop_queue(queue)
+        return self.store.drops.drop(queue)
 
     @property
     def dropping(self) -> bool:
         """True while deleted queues' records are left to delete (``drop_work``)."""
-        return bool(self.store.dropping)
+        return bool(self.store.drops.dropping)
 
     def dropping_left(self) -> tuple[int, int]:
         """Deleted queues whose records are not all gone yet, and the messages and dead letters left."""
-        return self.store.dropping_left()
+        return self.store.drops.left()
 
     def drop_work(self, most: int, deadline: float | None = None) -> int:
         """Delete up to ``most`` records of deleted queues, none past ``deadline`` (time.monotonic());
         returns how many went."""
-        return self.store.drop_share(most, deadline) if self.store.dropping else 0
+        return self.store.drops.share(most, deadline) if self.store.drops.dropping else 0
 
     def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
         """Delete the ready messages of ``queue`` with seqs ``lo .. hi-1``, at most ``limit`` of the

@@ -15,7 +15,7 @@ a rest of a quarter of the TTL (at most 10 s): queues in use cost a look each pe
 Shares: a client (``owner``: a connection, or a CURVE key where there is one) has at most
 ``Limits.implicit_connection_part``-th of ``--max-queues`` implicit queues alive that it made, and the
 store keeps ``Limits.implicit_reserved_part``-th of ``--max-queues`` for explicit queues
-(``Store.max_implicit``). Of the room left to implicit queues, the last ``Limits.share_reserve_part``-th
+(``Store.catalog.max_implicit``). Of the room left to implicit queues, the last ``Limits.share_reserve_part``-th
 is kept for clients that have made none yet (as ``pzq.limits.ClientShares`` keeps its pools'): however
 many clients filled the rest, each within its share, a new client can still make its first queue. (91
 short API connections that each made 100 queues holding a message, which never expire, took every
@@ -123,8 +123,8 @@ class ImplicitQueues(BrokerState):
                 f"queue full: this client made {made} queues that still exist, its share of "
                 "--max-queues (they expire when empty and unused)"
             )
-        reserve = self.store.max_implicit // self.implicit_reserve_part
-        if made and self.store.implicit_count >= self.store.max_implicit - reserve:
+        reserve = self.store.catalog.max_implicit // self.implicit_reserve_part
+        if made and self.store.catalog.implicit_count >= self.store.catalog.max_implicit - reserve:
             return (
                 f"queue full: the last {reserve} queues clients' requests may make are kept for clients "
                 f"that have made none yet, and this one made {made} (they expire when empty and unused)"
@@ -158,11 +158,11 @@ class ImplicitQueues(BrokerState):
     def pressed(self) -> bool:
         """True while implicit queues fill nine tenths of the room they may take: a flood of names from
         connections that come and go, each within its share. Unused ones then expire at once."""
-        return self.store.implicit_count * 10 >= self.store.max_implicit * 9
+        return self.store.catalog.implicit_count * 10 >= self.store.catalog.max_implicit * 9
 
     def next_sweep(self) -> float | None:
         """When the sweep has work next (None while there are no implicit queues)."""
-        if not self.store.implicit_count:
+        if not self.store.catalog.implicit_count:
             return None
         return min(self._next_sweep, self._pass_done + PRESSED_REST_S) if self.pressed() else self._next_sweep
 
@@ -176,7 +176,7 @@ class ImplicitQueues(BrokerState):
             return 0
         ttl = 0.0 if self.pressed() else self.implicit_ttl_s
         if self._sweep_at >= len(self._sweep_names):  # a pass begins: with the implicit queues of now
-            self._sweep_names, self._sweep_at = self.store.implicit_names(), 0
+            self._sweep_names, self._sweep_at = self.store.catalog.implicit_names(), 0
             known = set(self._sweep_names)
             for name in [n for n in self._unused_since if n not in known]:
                 del self._unused_since[name]

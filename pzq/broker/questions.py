@@ -34,7 +34,7 @@ class Questions(BrokerState):
 
     def ref_in(self, queue: str, message_id: str | bytes) -> Ref | None:
         """The ref a client's message id names in ``queue``; None if it names none of its messages."""
-        return self.store.ref_in(queue, message_id)
+        return self.store.catalog.ref_in(queue, message_id)
 
     def in_flight_to(self, ref: Ref) -> Hashable | None:
         """The consumer ``ref`` is in flight to; None if it is not in flight (a range a group holds

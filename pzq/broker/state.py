@@ -169,7 +169,7 @@ class BrokerState:
         return "max-deliveries" if cap and deliveries >= cap else None
 
     def _dead_letter(self, message: Message, reason: str, now_us: int) -> None:
-        if self.store.dead_letter(message, reason, now_us=now_us):
+        if self.store.dead_letters.add(message, reason, now_us=now_us):
             self.counters.dead_lettered += 1
             # one INFO line per queue per interval (the server's tick flushes it), each message at DEBUG
             self.events.add(message.queue, f"dead-lettered ({reason})")
