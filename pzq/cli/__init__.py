@@ -11,9 +11,10 @@ import click
 
 from pzq import __version__
 from pzq.cli import admin, backup, bench, clients, console, queues, serve
+from pzq.cli.common import Group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="pzq")
 def cli() -> None:
     """pzq: a durable message queue that speaks PZQ (and more) on ZeroMQ and LMDB."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pzq.cli.common import Duration, errors_to_exit, fail
+from pzq.cli.common import Duration, duration_help, errors_to_exit, fail
 from pzq.errors import ConfigError
 
 # What each `pzq bench --protocol` reads: an option it does not read is refused, never silently ignored.
@@ -50,11 +50,11 @@ _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000,
 @click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase.")
 @click.option(
     "--paced-seconds",
-    type=Duration("s"),
+    type=Duration(),
     metavar="DURATION",
     default="5s",
     show_default=True,
-    help="Length of the paced phase; a plain number is seconds.",
+    help=duration_help("Length of the paced phase."),
 )
 @click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians.")
 @click.option(

@@ -16,6 +16,7 @@ from pzq.cli.common import (
     config_option,
     curve,
     curve_options,
+    duration_help,
     errors_to_exit,
     monitor_endpoint,
     resolve,
@@ -41,10 +42,12 @@ def _from_settings(name: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
 @click.option(
     "--watch",
-    type=Duration("s"),
+    type=Duration(),
     metavar="DURATION",
-    help="Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time); "
-    "a plain number is seconds.  [default: show once]",
+    help=duration_help(
+        "Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time)."
+    )
+    + "  [default: show once]",
 )
 @answer_timeout_option
 @curve_options
@@ -55,7 +58,7 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
     keys = curve(curve_client_key, curve_server_key)
     in_place = bool(watch) and sys.stdout.isatty()
     while True:
-        figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
+        figures = client.stats(endpoint, timeout_s=timeout, curve=keys)
         if as_json:
             click.echo(json.dumps(figures, indent=2))
         else:
@@ -109,7 +112,12 @@ def _table(figures: dict) -> str:
     help="Messages per batch (PZQ-BATCH/1, where the server speaks it); 1 sends one message at a time.",
 )
 @click.option(
-    "--timeout", type=Duration("ms"), default="10s", show_default=True, help="Wait for each ack; a plain number is ms."
+    "--timeout",
+    type=Duration(was="ms"),
+    default="10s",
+    metavar="DURATION",
+    show_default=True,
+    help=duration_help("Wait for each ack.", was="ms"),
 )
 @click.argument("messages", nargs=-1)
 @curve_options
@@ -123,7 +131,7 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    with client.Producer(endpoint, timeout_ms=round(timeout * 1000), curve=keys) as producer:
+    with client.Producer(endpoint, timeout_s=timeout, curve=keys) as producer:
         if batch > 1:  # (a server without batches gets one message at a time, --window in flight)
             per = min(batch, max(1, window))
             results = producer.send_many(bodies, batch=per, window=max(1, window // per))
@@ -149,10 +157,11 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
-    type=Duration("ms"),
+    type=Duration(was="ms"),
     default="10s",
+    metavar="DURATION",
     show_default=True,
-    help="Wait for each message before giving up (exit 1); a plain number is ms.",
+    help=duration_help("Wait for each message before giving up (exit 1).", was="ms"),
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
@@ -169,14 +178,13 @@ def consume(
     cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn)
     out = sys.stdout.buffer
     got = 0
-    wait_ms = round(timeout * 1000)
     keys = curve(curve_client_key, curve_server_key)
     # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
     # 'auto' puts beside that send socket)
     batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else beside_send(send_dsn)
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
-            batch = consumer.receive(count - got if count else 100, wait_ms)
+            batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
             if not batch:
                 click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
                 sys.exit(ExitCode.FAILURE)
@@ -189,7 +197,7 @@ def consume(
                     out.write(b"\t".join(body))
                 out.write(b"\n")
             out.flush()
-            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], wait_ms)
+            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], timeout_s=timeout)
             got += len(batch)
 
 
@@ -234,7 +242,7 @@ def _unrouted(monitor_at: str | None) -> int | None:
     if monitor_at is None or monitor_at.startswith("ipc://") and not os.path.exists(monitor_at[len("ipc://") :]):
         return None
     try:
-        figures = client.stats(monitor_at, timeout_ms=1000)
+        figures = client.stats(monitor_at, timeout_s=1)
     except ClientError:
         return None
     mqks = figures.get("mqks")
@@ -249,10 +257,11 @@ def _unrouted(monitor_at: str | None) -> int | None:
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
-    type=Duration("s"),
+    type=Duration(),
     default="10s",
+    metavar="DURATION",
     show_default=True,
-    help="Wait for each message; a plain number is seconds.",
+    help=duration_help("Wait for each message."),
 )
 @click.argument("queue")
 @click.argument("events", nargs=-1)
