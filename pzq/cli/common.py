@@ -66,6 +66,12 @@ class Group(click.Group):
             fail(str(exc), ExitCode.CONFIG)
 
 
+def from_settings(name: str) -> str:
+    """The default of a client's endpoint option: the server's setting, as `pzq serve` reads it."""
+    default = config.FIELDS[name].metadata["shown"] or config.FIELDS[name].default
+    return f"  [default: --config's {name} or $PZQ_{name.upper()}, else {default}]"
+
+
 def refusal_code(detail: str) -> ExitCode:
     """The exit status for a monitor's ``error:`` answer (its text after ``error:``)."""
     return ExitCode.NOT_PERMITTED if detail.startswith("not permitted") else ExitCode.FAILURE
