@@ -18,8 +18,8 @@ Rules (the code that keeps each is named; "parts" are this folder's modules):
 
  1. One holder at a time: a message is READY, IN FLIGHT to one holder or HELD in one range, never two.
     ``BrokerState.next_ready`` and ``Store.plain_run`` pass over what is in flight or held;
-    ``RangeHolds.take_ranges`` leases only the free parts (``_free_parts``); ``hold_range``'s caller
-    checks ``range_free`` first (pzq/leases).
+    ``RangeHolds.take_ranges`` leases only the free parts (``_free_parts``); ``hold_range`` is called
+    only for groups' leases read back from the disk, which pzq/leases checks do not overlap.
  2. Oldest first: READY messages go out in seq order, those that returned (a small heap of seqs)
     before the cursor's never-delivered ones, so a queue stays FIFO across redeliveries
     (``next_ready``); the cursor jumps held ranges and rewinds to a released one (``release_range``).
@@ -54,28 +54,38 @@ Rules (the code that keeps each is named; "parts" are this folder's modules):
     by those holders since the last commit are done again as the next turn begins (``turn_begins``,
     at most ``Limits.rollback_acks_kept``).
 11. A restart (``reset``) makes everything in flight READY, and forgets late holders and stale copies.
+12. Whole queues: ``drop_queue`` ends everything of a queue at once, in flight and held included;
+    ``purge`` deletes only READY messages (what is in flight or held stays with its holder).
 
-Transitions (from, event: to; by):
+Transitions: from a state, an event (the Broker's verbs; a note in brackets), to a state, by the code
+that makes it (a part's class and method; the rules it keeps). tests/test_broker_life.py drives every
+row on a real store and checks the state it ends in.
 
-    (none)     produce, produce_many/_big/_all         READY           Producing
-    READY      take, take_run, take_columns            IN FLIGHT       Handing (4, 8)
-    READY      about to go out past TTL / cap          dead-lettered   past_limits (5)
-    READY      take_ranges, hold_range                 HELD            RangeHolds (1, 4)
-    READY      hold (a lease re-registered)            IN FLIGHT       Settling.hold (no deadline)
-    IN FLIGHT  ack, ack_many                           settled         Settling (3)
-    IN FLIGHT  nack                                    READY (first)   Settling.nack (3)
-    IN FLIGHT  deadline passed                         READY, late     Settling.expire (6, 7)
-    IN FLIGHT  take_back, consumer_gone                READY, late     Settling (6, 8)
-    IN FLIGHT  undeliver (never left)                  READY           Settling.undeliver (4)
-    IN FLIGHT  requeue_at_end                          moved           Settling (3)
-    IN FLIGHT  dead_letter                             dead-lettered   Settling (3)
-    READY, late  ack / requeue_at_end / dead_letter    as IN FLIGHT    Settling.holds (6)
-    HELD       ack_range                               settled         RangeHolds (3)
-    HELD       release_range                           READY           RangeHolds (2, 4)
-    any live   drop_queue                              dropped         Broker
-    READY      purge                                   dropped         Broker
-    IN FLIGHT  rolled_back (not kept), reset           READY           BrokerState (10, 11)
-    dead       requeue_dead                            READY (new)     Broker
+    from           event                                     to              by
+    (none)         produce, produce_many, produce_big        READY           Producing (9)
+    READY          take, take_run, take_columns              IN FLIGHT       Handing (1, 2, 4, 8)
+    READY          take [past its TTL or its cap]            dead-lettered   BrokerState.past_limits (5)
+    READY          take_ranges, hold_range                   HELD            RangeHolds (1, 4)
+    READY          hold [a lease re-registered]              IN FLIGHT       Settling.hold (1)
+    READY          purge                                     dropped         Queues.purge (12)
+    IN FLIGHT      ack, ack_many                             settled         Settling (3)
+    IN FLIGHT      nack                                      READY           Settling.nack (2, 3)
+    IN FLIGHT      expire [its deadline passed]              READY, late     Settling.expire (6, 7, 8)
+    IN FLIGHT      take_back, take_back_many, consumer_gone  READY, late     Settling (3, 6, 8)
+    IN FLIGHT      undeliver, undeliver_many [never left]    READY           Settling.undeliver (4)
+    IN FLIGHT      requeue_at_end                            moved           Settling.requeue_at_end (3)
+    IN FLIGHT      dead_letter                               dead-lettered   Settling.dead_letter (3)
+    IN FLIGHT      rolled_back [taken this turn]             READY           BrokerState.rolled_back (10)
+    IN FLIGHT      rolled_back [kept, an earlier turn's]     IN FLIGHT       BrokerState.rolled_back (10)
+    IN FLIGHT      reset                                     READY           BrokerState.reset (11)
+    IN FLIGHT      drop_queue                                dropped         Queues.drop_queue (12)
+    READY, late    ack, requeue_at_end, dead_letter [late]   as IN FLIGHT    Settling.holds (6)
+    READY, late    nack, take_back [late]                    READY, late     Settling.nack (3)
+    HELD           ack_range                                 settled         RangeHolds.ack_range (3)
+    HELD           release_range                             READY           RangeHolds.release_range (2, 4)
+    HELD           ack, nack [by anyone]                     HELD            Settling.holds (3)
+    HELD           drop_queue                                dropped         Queues.drop_queue (12)
+    dead-lettered  requeue_dead                              READY           Queues.requeue_dead (9)
 
 Readiness without scans: a queue's never-delivered messages are found by a disk cursor (the next seq
 to read, moving only forward but for a released range), and returned ones wait in a heap of seqs
