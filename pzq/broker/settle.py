@@ -57,9 +57,7 @@ class Settling:
         self._counters.acked += 1
         self._count(info.name, "acked")
         if by in self._s.keep_on_rollback:
-            self._s.unwritten[ref] = None
-            if len(self._s.unwritten) > self._s.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del self._s.unwritten[next(iter(self._s.unwritten))]
+            self._s.keep_unwritten((ref,))
         return True
 
     def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]:
@@ -112,12 +110,7 @@ class Settling:
                 counters.acked += done
                 self._count(info.name, "acked", done)
         if by in self._s.keep_on_rollback:
-            unwritten = self._s.unwritten
-            for ref in settled:
-                if ref not in failed:
-                    unwritten[ref] = None
-            while len(unwritten) > self._s.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del unwritten[next(iter(unwritten))]
+            self._s.keep_unwritten(ref for ref in settled if ref not in failed)
         if not failed and len(settled) == len(refs):
             return []
         acked = {ref for ref in settled if ref not in failed}
@@ -152,10 +145,7 @@ class Settling:
             self._counters.acked += done
             self._count(info.name, "acked", done)
         if by in self._s.keep_on_rollback:
-            unwritten = self._s.unwritten
-            unwritten.update(zip(itertools.compress(refs, oks), itertools.repeat(None)))
-            while len(unwritten) > self._s.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del unwritten[next(iter(unwritten))]
+            self._s.keep_unwritten(itertools.compress(refs, oks))
         return [] if done == len(refs) else [ref for ref, ok in zip(refs, oks, strict=True) if not ok]
 
     def nack(self, ref: Ref, *, by: Hashable) -> bool:

@@ -98,7 +98,7 @@ import collections
 import dataclasses
 import heapq
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from pzq.broker.accounts import DeliveryAccounts, Stale
 from pzq.config import DEFAULT_LIMITS, Limits
@@ -234,7 +234,7 @@ class BrokerState:
         self.redo = bool(self.unwritten)
         self.readiness += 1
 
-    def keep_unwritten(self, refs) -> None:
+    def keep_unwritten(self, refs: Iterable[Ref]) -> None:
         """Acks by a ``keep_on_rollback`` holder, to be done again if this turn is rolled back (rule 10;
         the oldest forgotten past ``rollback_acks_kept``: a commit failing for long stays bounded)."""
         unwritten = self.unwritten
