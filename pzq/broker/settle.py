@@ -80,7 +80,7 @@ class Settling:
         if late:
             for ref in settled:
                 entry = late.pop(ref, None)
-                if entry is not None and entry[1] is not None and entry[0] == by:  # (see _settle)
+                if entry is not None and entry[1] is not None and entry[0] == by:  # (see BrokerState.settle)
                     self._accounts.settled_late(entry[1], entry[2])
         per_queue: dict[int, list[int]] = {}
         gone: dict[int, int] = {}  # qid -> deliveries of it that were in flight (settled here)
