@@ -196,5 +196,3 @@ class Handing:
                 out.sizes.append(sum(map(len, m.frames)))
                 out.ids.append(KEY.pack(m.qid, m.seq))
         return out
-
-    # -- whole queues -----------------------------------------------------------------------------

@@ -20,8 +20,6 @@ class Producing:
     def __init__(self, state: BrokerState):
         self._s, self._store, self._counters, self._count = state, state.store, state.counters, state.count
 
-    # -- producing --------------------------------------------------------------------------------
-
     def produce(
         self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
     ) -> Message:

@@ -23,10 +23,10 @@ class Queues:
         return moved
 
     def drop_queue(self, queue: str) -> int:
-        """Delete a queue and everything in it, in flight included (the Broker's ``drop_queue`` also tells
-        its implicit queues); returns how many messages it had.
-        It is gone for every client at once (its name may make a new, empty queue); its records are
-        deleted by ``drop_work``, a share per turn (a restart goes on with them: store/drops.py)."""
+        """Delete a queue and everything in it, in flight and held included (rule 12; the Broker's
+        ``drop_queue`` also tells its implicit queues); returns how many messages it had. It is gone for
+        every client at once (its name may make a new, empty queue); its records are deleted by
+        ``drop_work``, a share per turn (a restart goes on with them: store/drops.py)."""
         info = self._store.queue(queue, create=False)
         if info is None:
             return 0
