@@ -17,17 +17,19 @@ a new READY message at the end.
 Rules (the code that keeps each is named; "parts" are this folder's modules):
 
  1. One holder at a time: a message is READY, IN FLIGHT to one holder or HELD in one range, never two.
-    ``BrokerState.next_ready`` and ``Store.plain_run`` pass over what is in flight or held;
+    ``BrokerState.next_ready`` passes over what is in flight or held, ``Store.plain_run`` over what is
+    in flight (``Handing.take_columns`` runs it only on a queue without held ranges);
     ``RangeHolds.take_ranges`` leases only the free parts (``_free_parts``); ``hold_range`` is called
     only for groups' leases read back from the disk, which pzq/leases checks do not overlap.
  2. Oldest first: READY messages go out in seq order, those that returned (a small heap of seqs)
     before the cursor's never-delivered ones, so a queue stays FIFO across redeliveries
     (``next_ready``); the cursor jumps held ranges and rewinds to a released one (``release_range``).
  3. Only the holder settles: ack, requeue at the end and dead-letter need ``Settling.holds``; nack
-    and take-back only the holder of the delivery in flight. A group's messages (an ``Exclusive``
-    holder, a HELD range) are settled only by that group, by range (``ack_range``, ``release_range``).
-    Anything else changes nothing, returns False (or is listed as refused) and counts
-    ``refused_not_held``.
+    and take-back only the holder of the delivery in flight. A delivery to an ``Exclusive`` holder (a
+    group's lease re-registered) takes no late answer from anyone else; a HELD range is settled only by
+    its group, by range (``ack_range``, ``release_range``), never by message. Anything else changes
+    nothing and returns False (or is listed as refused); ack, nack, requeue and dead-letter count it
+    (``refused_not_held``).
  4. Every hand-out counts a delivery, durable with the next commit (``Store.mark_delivered_run``,
     ``count_deliveries``); a delivery that never left its socket takes its count back
     (``Settling.undeliver``). A range lease writes nothing per message: the counts are written only if
