@@ -118,15 +118,26 @@ class Broker:
 
     # -- the state's figures that change (read and set through the state, where every part sees them)
 
+    # (Settable as the plain attributes they were, so that a Protocol naming them as attributes still
+    # matches; nothing outside the broker sets them.)
+
     @property
     def inflight(self) -> InFlight[Ref]:
         """Every delivery in flight (replaced by ``reset``: never keep it)."""
         return self._state.inflight
 
+    @inflight.setter
+    def inflight(self, inflight: InFlight[Ref]) -> None:
+        self._state.inflight = inflight
+
     @property
     def readiness(self) -> int:
         """Grows whenever messages may have become ready (rule 9 in state.py)."""
         return self._state.readiness
+
+    @readiness.setter
+    def readiness(self, readiness: int) -> None:
+        self._state.readiness = readiness
 
     @property
     def refusing(self) -> str | None:
