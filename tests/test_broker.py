@@ -330,7 +330,7 @@ def _figures(broker: Broker) -> tuple:
         {q: dict(c) for q, c in broker.per_queue.items()},
         sorted(ref for ref, _ in broker.inflight.holders()),
         {q: broker.queue_inflight(broker.store.queue(q).qid) for q in ("q", "r")},
-        list(broker._unwritten),
+        list(broker._state.unwritten),
     )
 
 

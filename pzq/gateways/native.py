@@ -292,7 +292,7 @@ class NativeGateway:
         caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self.broker.inflight.holds(CONSUMER), most)
+        overdue = self.credit.overdue(held, self.broker.held_by(CONSUMER), most)
         self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
