@@ -99,7 +99,7 @@ class Life:
             return "IN FLIGHT" if b.in_flight_to(ref) is not None else "HELD"
         if b.stored(ref) is not None:
             return "READY, late" if b.holds(ref, last) else "READY"
-        if any(d.message.seq == ref[1] for d in self.store.dead_letters("q", 0, 100)):
+        if any(d.message.seq == ref[1] for d in self.store.dead_letters.read("q", 0, 100)):
             return "dead-lettered"
         if b.counters.acked > self.acked:
             return "settled"
