@@ -127,7 +127,7 @@ def _walk(path: str, target: str | None, say) -> None:
     try:
         for info in store.queues():
             counts = {"message": 0, "dead": 0, "unreadable": 0}
-            for kind, record in store.audit(info.name):
+            for kind, record in store.previews.audit(info.name):
                 if record is None:
                     counts["unreadable"] += 1
                     continue
@@ -159,7 +159,7 @@ def _walk(path: str, target: str | None, say) -> None:
             bad = store.unreadable_records - before
             clean = clean and not bad
             say("line", f"table {table.NAME}: {count} records, {bad} unreadable")
-        damaged = store.damaged()
+        damaged = store.previews.damaged()
         if sink is not None:
             for key, value in damaged:
                 _line(sink, {"damaged_key": key, "raw": value})

@@ -4,43 +4,54 @@ Precedence is flag > environment > file > default. Every key of the file is the 
 dashes turned into underscores (``ack_timeout``); the environment variable is ``PZQ_`` + the key in
 upper case (``PZQ_ACK_TIMEOUT``). Each field of Config carries its help and unit: the `serve` options are
 made from them, and ``conf/pzq.toml`` documents every key with its default (a test keeps them in step).
-Durations take units ('250ms', '30s', '5m', '1h') and are held in seconds.
+Durations take units ('250ms', '30s', '5m', '1h') and are held in seconds; a plain number is read by
+the one rule of pzq/units.py. The rules between settings are in pzq/config_rules.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import decimal
-import ipaddress
-import math
-import re
 import tomllib
-import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pzq.config_rules import DIALECTS as _DIALECTS
+from pzq.config_rules import FORMATS as _FORMATS
+from pzq.config_rules import ROLES as ROLES
+from pzq.config_rules import beside_send as beside_send
+from pzq.config_rules import check_endpoints, check_names, check_security, flag
+from pzq.config_rules import parse_endpoint as parse_endpoint
 from pzq.errors import ConfigError
 from pzq.limits import DEFAULT_LIMITS, Limits
 from pzq.limits import ClientShares as ClientShares  # (re-exported: the pools' owners use it)
-
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
+from pzq.units import format_duration as format_duration
+from pzq.units import format_size as format_size
+from pzq.units import parse_duration as parse_duration
+from pzq.units import parse_size as parse_size
+from pzq.units import plain_rule
 
 # The unit of a setting, as its metadata names it. A duration takes a unit ('30s', '250ms', '5m', '1h',
-# '2us'); a plain number is read in the unit the setting had before durations took units, so existing
-# files, variables and scripts keep meaning what they meant. Every duration is held in seconds.
+# '2us'); a plain number is seconds but for the original PZQ's two (µs), and refused for this release
+# where its meaning changed (``was``: the unit it meant before), by the rule of pzq/units.py.
 DURATION_S, DURATION_US = "s", "µs"  # a duration; the unit a plain number of it is read in
 SIZE = "size"  # bytes; takes K, M, G or T
-_DIALECTS, _FORMATS = ("auto", "legacy", "current"), ("text", "json")
 
 
 def _setting(
-    default: Any, help: str, unit: str = "", *, choices: tuple[str, ...] = (), shown: str = "", **bounds: float
+    default: Any,
+    help: str,
+    unit: str = "",
+    *,
+    choices: tuple[str, ...] = (),
+    shown: str = "",
+    was: str = "",
+    **bounds: float,
 ) -> Any:
     """A Config field with its help, its unit (DURATION_S, DURATION_US, SIZE, or a noun such as 'queues'
-    for a count), its ``low``/``high`` bounds and, where the value does not say it, how its default is shown."""
-    meta = {"help": help, "unit": unit, "choices": choices, "shown": shown, **bounds}
+    for a count), its ``low``/``high`` bounds and, where the value does not say it, how its default is shown.
+    ``was``: for a duration, the unit a plain number of it meant before this release (it is refused now)."""
+    meta = {"help": help, "unit": unit, "choices": choices, "shown": shown, "was": was, **bounds}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -91,7 +102,8 @@ class Config:
     commit_interval: float = _setting(
         0.01,
         "Longest time consumer acks and delivery counts may wait for a commit; producer acks never wait.",
-        DURATION_US,
+        DURATION_S,
+        was=DURATION_US,
         low=0,
     )
     max_inflight: int = _setting(1000, "Unacked deliveries at most, per consumer pool.", "deliveries", low=1)
@@ -205,134 +217,40 @@ class Config:
 
     def validate(self) -> Config:
         """Raise ConfigError naming the first setting that is out of range; return self otherwise."""
-        for name in ("receive_dsn", "send_dsn", "monitor_dsn"):
-            value = getattr(self, name)
-            if not re.match(r"^(tcp|ipc|inproc)://.+", value):
-                raise ConfigError(f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
+        check_endpoints(self)
         if self.memory_low_water >= self.memory_high_water:
             raise ConfigError(
                 f"--memory-low-water: {self.memory_low_water} must be under --memory-high-water "
                 f"{self.memory_high_water} (the alarm clears under it)"
             )
-        for name in ("phpmq_dsn", "mqks_dsn"):
-            if getattr(self, name) and not re.match(r"^tcp://.+:\d+$", getattr(self, name)):
-                raise ConfigError(
-                    f"{_flag(name)}: {getattr(self, name)!r} is not tcp://HOST:PORT (or empty to disable)"
-                )
-        if self.phpmq_dialect not in _DIALECTS:
-            raise ConfigError(f"--phpmq-dialect: {self.phpmq_dialect!r} is not auto, legacy or current")
-        if self.consume_dsn == "auto":
-            raise ConfigError(f"--consume-dsn: 'auto' finds no endpoint beside --send-dsn {self.send_dsn!r}: name one")
-        if self.consume_dsn:
-            for name in ("receive_dsn", "send_dsn", "monitor_dsn", "api_dsn", "emqp_frontend_dsn", "emqp_backend_dsn"):
-                if getattr(self, name) == self.consume_dsn:
-                    raise ConfigError(f"--consume-dsn {self.consume_dsn} is {_flag(name)} too: give it another")
-        for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn", "consume_dsn"):
-            value = getattr(self, name)
-            if value and not re.match(r"^(tcp|ipc|inproc)://.+", value):
-                raise ConfigError(
-                    f"{_flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
-                )
         for name, field in FIELDS.items():
             if "low" in field.metadata:
                 _between(self, name, field.metadata["low"], field.metadata.get("high"))
-        if bool(self.emqp_frontend_dsn) != bool(self.emqp_backend_dsn):
-            raise ConfigError("--emqp-frontend-dsn and --emqp-backend-dsn: give both or neither")
-        if not [q for q in self.emqp_default_queues.split(",") if q.strip()]:
-            raise ConfigError("--emqp-default-queues: name at least one queue")
-        try:
-            zoneinfo.ZoneInfo(self.emqp_cron_timezone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ConfigError(
-                f"--emqp-cron-timezone: {self.emqp_cron_timezone!r} is not a time zone name (e.g. UTC or Europe/Berlin)"
-            ) from None
-        if not self.database:
-            raise ConfigError("--database: must name a directory")
-        if not self.queue or len(self.queue.encode()) > 255:
-            raise ConfigError("--queue: must be 1 to 255 bytes")
-        for part in (p.strip() for p in self.allow_ips.split(",") if p.strip()):
-            try:
-                ipaddress.ip_network(part, strict=False)
-            except ValueError:
-                raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
-        unknown = self.unauthenticated_roles - set(ROLES)
-        if unknown:
-            raise ConfigError(
-                f"--unauthenticated: {', '.join(sorted(unknown))} is not an endpoint; name some of {', '.join(ROLES)}"
-            )
-        if bool(self.curve_secret_key) != bool(self.curve_clients):
-            raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
-        for role in ("phpmq", "mqks"):  # no side door: their protocols have no authentication
-            dsn = getattr(self, f"{role}_dsn")
-            if self.curve_secret_key and dsn and role not in self.unauthenticated_roles:
-                raise ConfigError(
-                    f"--{role}-dsn {dsn}: {role.upper()} clients cannot authenticate, and CURVE is "
-                    f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
-                    f"--unauthenticated {role}"
-                )
-        if self.curve_secret_key and self.http_dsn and "console" not in self.unauthenticated_roles:
-            # (the console's own link to pzq has a CURVE key; the browsers reading it over HTTP have none)
-            raise ConfigError(
-                f"--http-dsn {self.http_dsn}: the web console shows message bodies without a CURVE key to any "
-                "browser that reaches its port, and CURVE is configured: disable it (--http-dsn '') or accept it "
-                "knowingly with --unauthenticated console"
-            )
-        if self.http_dsn and self.monitor_dsn.startswith("inproc://"):  # (the console is a process of its own)
-            raise ConfigError(f"--http-dsn: the console's process cannot reach --monitor-dsn {self.monitor_dsn}")
-        if self.metrics_dsn:
-            parse_endpoint(self.metrics_dsn)
-        if self.http_dsn:
-            parse_endpoint(self.http_dsn, "--http-dsn")
-        if self.http_auth_file and not self.http_dsn:
-            raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
-        if self.log_format not in _FORMATS:
-            raise ConfigError(f"--log-format: {self.log_format!r} is not text or json")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise ConfigError(f"--log-level: {self.log_level!r} is not one of debug, info, warning, error")
+        check_names(self)
+        check_security(self)
         return self
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _between(config: Config, name: str, low: float, high: float | None) -> None:
     value, unit = getattr(config, name), FIELDS[name].metadata["unit"]
     as_text = (lambda v: show(name, v)) if unit in (DURATION_S, DURATION_US, SIZE) else str  # '1 queues' reads ill
     if high is None and value < low:
-        raise ConfigError(f"{_flag(name)}: must be at least {as_text(low)}, got {as_text(value)}")
+        raise ConfigError(f"{flag(name)}: must be at least {as_text(low)}, got {as_text(value)}")
     if high is not None and not low <= value <= high:
-        raise ConfigError(f"{_flag(name)}: {as_text(value)} is not {as_text(low)} to {as_text(high)}")
+        raise ConfigError(f"{flag(name)}: {as_text(value)} is not {as_text(low)} to {as_text(high)}")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "limits"}
-# Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option, but for the web
-# console's, --http-dsn.
-ROLES = (
-    "receive",
-    "send",
-    "consume",
-    "monitor",
-    "phpmq",
-    "emqp-frontend",
-    "emqp-backend",
-    "emqp-publish",
-    "mqks",
-    "api",
-    "console",
-)
-# Each duration setting and the unit a plain number of it is read in (what it meant before units).
+# Each duration setting and the unit a plain number of it is read in (pzq/units.py: the one rule).
 DURATION_FIELDS = {n: f.metadata["unit"] for n, f in FIELDS.items() if f.metadata["unit"] in (DURATION_S, DURATION_US)}
-_DURATION_UNITS = {
-    u: decimal.Decimal(f) for u, f in (("h", "3600"), ("m", "60"), ("s", "1"), ("ms", "1e-3"), ("us", "1e-6"))
-}
-_DURATION_UNITS.update({"µs": _DURATION_UNITS["us"], "μs": _DURATION_UNITS["us"]})  # micro sign and Greek mu
+# The durations whose plain number meant another unit before this release, and that unit: refused now.
+PLAIN_REFUSED = {n: f.metadata["was"] for n, f in FIELDS.items() if n in DURATION_FIELDS and f.metadata["was"]}
 
 
 def describe(name: str) -> str:
     """A setting's help and the unit a plain number of it is read in: its option's help and its file comment."""
     help, plain = FIELDS[name].metadata["help"], DURATION_FIELDS.get(name)
-    return f"{help} A plain number is {'seconds' if plain == 's' else plain}." if plain else help
+    return f"{help} {plain_rule(plain, PLAIN_REFUSED.get(name, ''))}" if plain else help
 
 
 def show(name: str, value: Any) -> str:
@@ -349,86 +267,12 @@ def show(name: str, value: Any) -> str:
     return str(value) or FIELDS[name].metadata["shown"] or "''"
 
 
-def format_duration(seconds: float) -> str:
-    """3600.0 -> '1h', 2.5 -> '2.5s', 0.01 -> '10ms': the largest unit the value is written short in."""
-    us = round(abs(seconds) * 1e6)
-    sign = "-" if seconds < 0 else ""
-    for unit, size, grain in (("h", 3600_000_000, 36_000_000), ("m", 60_000_000, 1_000_000), ("s", 1_000_000, 1000)):
-        if us >= size and us % grain == 0:
-            return f"{sign}{us / size:.2f}".rstrip("0").rstrip(".") + unit
-    if us % 1000 == 0:
-        return f"{sign}{us // 1000}ms" if us else "0s"
-    return f"{sign}{us}µs"
-
-
-def format_size(size: int) -> str:
-    """4294967296 -> '4G'; a size no suffix divides is plain bytes."""
-    for suffix, factor in reversed(list(_SIZE_UNITS.items())):
-        if factor > 1 and size and size % factor == 0:
-            return f"{size // factor}{suffix.upper()}"
-    return str(size)
-
-
-def parse_duration(value: str | float, plain: str = "s") -> float:
-    """'250ms', '30s', '5m', '1h', '2us' or '2µs' -> seconds; a plain number (or a TOML number) is in
-    ``plain`` ('s' or 'µs'). Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration")
-    m = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+))\s*(h|m|s|ms|us|µs|μs)?\s*", str(value))
-    if isinstance(value, int | float):  # repr: the shortest text that reads back as the number (1e-05 too)
-        number, unit = decimal.Decimal(repr(value)), plain
-    elif m:
-        number, unit = decimal.Decimal(m.group(1)), m.group(2) or plain
-    else:
-        raise ValueError(f"{value!r} is not a duration such as 250ms, 30s, 5m or 1h")
-    seconds = float(number * _DURATION_UNITS[unit])
-    if not math.isfinite(seconds):
-        raise ValueError(f"{value!r} is not a finite duration")
-    return seconds
-
-
-def beside_send(send_dsn: str) -> str:
-    """The batched consumers' endpoint that 'auto' means for ``send_dsn`` ('' when none can be made: the
-    setting must then be given): tcp://HOST:PORT -> PORT + 2, ipc://DIR/NAME -> ipc://DIR/consume,
-    inproc://NAME -> inproc://NAME-consume."""
-    scheme, sep, rest = send_dsn.partition("://")
-    if not sep:
-        return ""
-    if scheme == "tcp":
-        host, colon, port = rest.rpartition(":")
-        if not colon or not port.isdigit() or int(port) + 2 > 65535:
-            return ""
-        return f"tcp://{host}:{int(port) + 2}"
-    if scheme == "ipc":
-        folder, slash, name = rest.rpartition("/")
-        return f"ipc://{folder}{slash}{'consume' if name != 'consume' else 'consume-batched'}"
-    if scheme == "inproc":
-        return f"inproc://{rest}-consume"
-    return ""
-
-
-def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
-    """'http://HOST:PORT' -> (host, port), or ConfigError naming ``option``."""
-    match = re.fullmatch(r"http://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?", dsn)
-    if not match or not 0 < int(match.group(2)) < 65536:
-        raise ConfigError(f"{option}: {dsn!r} is not http://HOST:PORT (or empty to disable)")
-    return match.group(1).strip("[]"), int(match.group(2))
-
-
-def parse_size(text: str) -> int:
-    """'4G' -> 4294967296; plain digits are bytes. Raises ValueError."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)i?[bB]?\s*", text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size such as 512M or 4G")
-    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-
-
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a value from a file, the environment or a flag into the field's type, or raise ConfigError."""
     kind = FIELDS[name].type
     try:
         if name in DURATION_FIELDS:
-            return parse_duration(value, DURATION_FIELDS[name])
+            return parse_duration(value, DURATION_FIELDS[name], PLAIN_REFUSED.get(name, ""))
         if kind in (bool, "bool"):
             if isinstance(value, bool):
                 return value
@@ -452,7 +296,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError(f"{value!r} is not a string")
         return value
     except ValueError as exc:
-        raise ConfigError(f"{source} {name}: {exc}") from None
+        raise ConfigError(f"{source} {exc}") from None
 
 
 def load(
@@ -470,8 +314,8 @@ def load(
         if value is None:
             continue
         if name not in FIELDS:
-            raise ConfigError(f"unknown option {_flag(name)}")
-        values[name] = _coerce(name, value, f"option {_flag(name)}:")
+            raise ConfigError(f"unknown option {flag(name)}")
+        values[name] = _coerce(name, value, f"{flag(name)}:")
     return Config(**values).validate()
 
 
@@ -487,5 +331,5 @@ def _read_file(path: Path) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in FIELDS:
             raise ConfigError(f"config file {path}: unknown key {key!r}")
-        values[name] = _coerce(name, value, f"config file {path}:")
+        values[name] = _coerce(name, value, f"config file {path}: {key}:")
     return values

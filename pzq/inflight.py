@@ -90,7 +90,7 @@ class InFlight(Generic[Ref]):
 
         return deadline
 
-    def holds(self, consumer: Hashable) -> Callable[[Ref], bool]:
+    def held_by(self, consumer: Hashable) -> Callable[[Ref], bool]:
         """A function of a ref: whether ``consumer`` holds it (``deadline_of``'s question as a bool)."""
         get = self._entries.get
 

@@ -33,7 +33,7 @@ def main() -> None:
     try:
         srv.start()
         t0 = time.monotonic()
-        with client.Producer(srv.receive, timeout_ms=60_000) as producer:
+        with client.Producer(srv.receive, timeout_s=60) as producer:
             body = b"x" * args.size
             for start in range(0, args.messages, 10_000):
                 results = producer.send_many([[body] for _ in range(min(10_000, args.messages - start))])
@@ -45,19 +45,19 @@ def main() -> None:
         def ping() -> None:
             while not stop.is_set():
                 began = time.monotonic()
-                client.monitor_request(srv.monitor, "STATS", timeout_ms=30_000)
+                client.monitor_request(srv.monitor, "STATS", timeout_s=30)
                 waits.append((began, time.monotonic() - began))
                 stop.wait(0.01)
 
         def load_produce() -> None:
-            with client.Producer(srv.receive, timeout_ms=60_000) as p:
+            with client.Producer(srv.receive, timeout_s=60) as p:
                 while not stop.is_set():
                     p.send_many([[b"y" * args.size] for _ in range(100)])
 
         def load_consume() -> None:
             with client.BatchConsumer(srv.consume) as c:
                 while not stop.is_set():
-                    batch = c.receive(100, timeout_ms=5000)
+                    batch = c.receive(100, timeout_s=5)
                     c.ack([key for key, _ in batch])
 
         threads = [threading.Thread(target=f, daemon=True) for f in (ping, load_produce, load_consume)]

@@ -48,14 +48,14 @@ def main() -> None:
             deadline = time.monotonic() + 20
             while True:
                 try:
-                    client.monitor_request(ep + "m", timeout_ms=200)
+                    client.monitor_request(ep + "m", timeout_s=0.2)
                     break
                 except client.ClientError:
                     if time.monotonic() > deadline:
                         raise
             bodies = [[b"%0100d" % i] for i in range(args.messages)]
             figures: dict[str, list[tuple[float, float]]] = {"legacy": [], "batched": []}
-            with client.Producer(ep + "r", timeout_ms=30_000) as producer:
+            with client.Producer(ep + "r", timeout_s=30) as producer:
                 if producer.batch_caps() is None:
                     sys.exit("this server does not speak PZQ-BATCH/1")
                 for round_ in range(args.rounds):

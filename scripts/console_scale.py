@@ -96,7 +96,7 @@ def main() -> None:
         deadline, open_now = time.monotonic() + 60, 0
         while open_now < args.connections and time.monotonic() < deadline:
             time.sleep(0.5)
-            open_now = admin_request(monitor, ["STATS"], timeout_ms=10_000).get("phpmq", {}).get("connections", 0)
+            open_now = admin_request(monitor, ["STATS"], timeout_s=10).get("phpmq", {}).get("connections", 0)
         if open_now < args.connections:  # (the open-files limit caps --max-connections: the server log says so)
             raise SystemExit(f"only {open_now} of {args.connections} connections were let in: see {tmp}/server.log")
         time.sleep(2.5)  # (two polls: the console's snapshot has every queue)

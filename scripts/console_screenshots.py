@@ -63,7 +63,7 @@ def main() -> None:
         deadline = time.monotonic() + 20
         while True:
             try:
-                client.stats(ends["monitor"], timeout_ms=500)
+                client.stats(ends["monitor"], timeout_s=0.5)
                 break
             except client.ClientError:
                 if time.monotonic() > deadline or server.poll() is not None:

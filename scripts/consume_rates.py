@@ -23,7 +23,7 @@ from pzq.clients import native as client
 
 def fill(srv: PzqServer, count: int, size: int) -> None:
     body = [b"x" * size]
-    with client.Producer(srv.receive, timeout_ms=60_000) as producer:
+    with client.Producer(srv.receive, timeout_s=60) as producer:
         results = producer.produce_many((body for _ in range(count)), window=500)
     if not all(r.ok for r in results):
         raise SystemExit("the store refused messages: use fewer or smaller ones")

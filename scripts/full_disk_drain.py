@@ -48,7 +48,7 @@ def main() -> None:
     try:
         srv.start(timeout_s=20)
         stored = 0
-        with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        with client.Producer(srv.receive, timeout_s=10) as producer:
             while True:
                 results = producer.produce_many([[os.urandom(4096)] for _ in range(50)], window=50)
                 stored += sum(r.ok for r in results)

@@ -59,19 +59,19 @@ def batch_consumer(dsn: str, count: int, per: int, prefetch: int, blocking_acks:
 
     got = 0
     ahead = {"prefetch": prefetch} if prefetch else {}  # (an older tree's BatchConsumer has no prefetch)
-    with BatchConsumer(dsn, hello_timeout_ms=30_000, **ahead) as consumer:
+    with BatchConsumer(dsn, hello_timeout_s=30, **ahead) as consumer:
         pipelined = hasattr(consumer, "ack_async") and not blocking_acks  # (an older tree's has none)
         while got < count:
-            batch = consumer.receive(per, timeout_ms=30_000)
+            batch = consumer.receive(per, timeout_s=30)
             if not batch:
                 raise SystemExit("batch consumer: no delivery for 30 s")
             keys = [key for key, _ in batch]
             if pipelined:  # (acks in flight, answered as they come: more share a commit)
-                consumer.ack_async(keys, timeout_ms=30_000)
-            elif consumer.ack(keys, timeout_ms=30_000).refused:
+                consumer.ack_async(keys, timeout_s=30)
+            elif consumer.ack(keys, timeout_s=30).refused:
                 raise SystemExit("batch consumer: acks refused")
             got += len(batch)
-        if pipelined and consumer.settle(timeout_ms=30_000).refused:
+        if pipelined and consumer.settle(timeout_s=30).refused:
             raise SystemExit("batch consumer: acks refused")
 
 

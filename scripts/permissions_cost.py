@@ -60,7 +60,7 @@ def api_rate(srv: PzqServer, messages: int, batch: int) -> float:
 
 
 def native_rate(srv: PzqServer, messages: int) -> float:
-    with client.Producer(srv.receive, timeout_ms=60_000) as producer:
+    with client.Producer(srv.receive, timeout_s=60) as producer:
         t0 = time.perf_counter()
         results = producer.produce_many(([b"x" * 100] for _ in range(messages)), window=100)
         if not all(r.ok for r in results):

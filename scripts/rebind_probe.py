@@ -48,7 +48,7 @@ class Honest(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        with client.Producer(self.endpoint, timeout_ms=60_000, ctx=zmq.Context()) as producer:
+        with client.Producer(self.endpoint, timeout_s=60, ctx=zmq.Context()) as producer:
             while not self.stop.is_set():
                 started = time.perf_counter()
                 producer.produce([b"honest"])

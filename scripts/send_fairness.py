@@ -72,7 +72,7 @@ def cpu_share(srv: PzqServer, since: float, seconds: float) -> str:
 
 
 def fill(srv: PzqServer, count: int) -> None:
-    with client.Producer(srv.receive, timeout_ms=60_000) as producer:
+    with client.Producer(srv.receive, timeout_s=60) as producer:
         for _ in range(0, count, 10_000):
             results = producer.produce_many([[b"m" * 16] for _ in range(10_000)], window=2000)
             if not all(r.ok for r in results):

@@ -24,7 +24,7 @@ def ask(text: str) -> monitor_proto.Request:
 
 def dead_letter_one(admin: Admin) -> str:
     message = admin.broker.produce("q", [b"poison"], now_us=1)
-    admin.broker.store.dead_letter(message, "max-deliveries", now_us=2)
+    admin.broker.store.dead_letters.add(message, "max-deliveries", now_us=2)
     admin.broker.store.commit()
     return message.id
 
@@ -94,7 +94,7 @@ def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall
             broker.write_big(upload, 2 << 20)
         broker.produce_big("q", upload, now_us=1)
     for message in broker.take("q", 3, "c", now=0.0, now_us=2):
-        store.dead_letter(message, "max-deliveries", now_us=3)
+        store.dead_letters.add(message, "max-deliveries", now_us=3)
     store.commit()
     letters = json.loads(admin.answer(ask("DEADLETTERS q 10000")))
     assert [letter["body"][0] for letter in letters] == ["0", "1"]  # (past DEAD_LIST_BYTES after the second)
@@ -102,7 +102,7 @@ def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall
     for i in range(3):
         broker.produce("small", [b"s%d" % i], now_us=4)
     for message in broker.take("small", 3, "c", now=0.0, now_us=5):
-        store.dead_letter(message, "max-deliveries", now_us=6)
+        store.dead_letters.add(message, "max-deliveries", now_us=6)
     store.commit()
     assert len(json.loads(admin.answer(ask("DEADLETTERS small")))) == 3
 

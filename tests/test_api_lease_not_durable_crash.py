@@ -14,7 +14,7 @@ def test_leases_answered_without_a_commit_and_lost_to_a_sigkill_are_leased_again
     process_server, tmp_path
 ):
     endpoint = f"ipc://{tmp_path}/api"
-    srv = process_server("--api-dsn", endpoint, "--commit-interval", "30")  # (nothing commits by the clock)
+    srv = process_server("--api-dsn", endpoint, "--commit-interval", "30s")  # (nothing commits by the clock)
     with ApiClient(endpoint, timeout_s=20, attempt_s=0.5) as api:
         api.produce([("default", b"m%d" % i) for i in range(10)])
         assert api.lease("default", "g", 0, 1) == (0, 1)  # (the group, durably)

@@ -250,3 +250,33 @@ def test_the_broker_rule_catches_an_import_under_type_checking(tmp_path):
     )
     found = [(i.importer, i.target) for i in read_imports(package) if i.ours]
     assert found == [("gateways/x", "broker/accounts")]
+
+
+def deepest_chains(folder: Path) -> dict[str, int]:
+    """Each class defined in ``folder``'s modules and the longest run of ``class X(Y)`` links under it
+    through classes of that folder (a base from elsewhere, ``SideTable[K, V]``'s ``Generic`` or a
+    ``NamedTuple``, ends the chain: it is not one of the folder's floors)."""
+    bases: dict[str, list[str]] = {}
+    for file in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names = [b.value if isinstance(b, ast.Subscript) else b for b in node.bases]
+                bases[node.name] = [n.id for n in names if isinstance(n, ast.Name)]
+
+    def depth(name: str, seen: frozenset[str] = frozenset()) -> int:
+        ours = [b for b in bases.get(name, []) if b in bases and b not in seen]
+        return max((1 + depth(b, seen | {name}) for b in ours), default=0)
+
+    return {name: depth(name) for name in bases}
+
+
+def test_no_class_of_the_store_derives_through_a_chain_deeper_than_two():
+    deep = {name: links for name, links in deepest_chains(PACKAGE / "store").items() if links > 2}
+    assert not deep, f"store classes stacked more than two floors deep (issue 41: parts held, not inherited): {deep}"
+
+
+def test_the_chain_reader_counts_the_floors_of_a_stack(tmp_path):
+    (tmp_path / "a.py").write_text("class Core:\n    pass\nclass Verbs(Core):\n    pass\n")
+    (tmp_path / "b.py").write_text("class More(Verbs):\n    pass\nclass Top(More, Verbs):\n    pass\n")
+    (tmp_path / "c.py").write_text("from typing import Generic\nclass Table(Generic[K]):\n    pass\n")
+    assert deepest_chains(tmp_path) == {"Core": 0, "Verbs": 1, "More": 2, "Top": 3, "Table": 0}

@@ -53,7 +53,7 @@ def _fill(path, count: int, size: int = 100) -> None:
 def _bodies(path) -> set[bytes]:
     store = Store(str(path), readonly=True)
     try:
-        return {record.frames[0] for kind, record in store.audit("default") if kind == "message" and record}
+        return {record.frames[0] for kind, record in store.previews.audit("default") if kind == "message" and record}
     finally:
         store.close()
 

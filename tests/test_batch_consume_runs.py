@@ -15,6 +15,7 @@ from pzq.gateways.native import ref_of_key
 from pzq.gateways.native_keys import message_keys, refs_of_keys
 from pzq.store import Store
 from pzq.store.layout import KEY
+from pzq.store.plain_runs import plain_columns, plain_rows
 
 T0 = 1_700_000_000_000_000
 
@@ -56,8 +57,8 @@ def test_a_run_read_at_once_is_the_run_read_record_by_record(tmp_path, seed):
             with store.env.reading() as txn:
                 got = {k: txn.get(k, db=store._deliveries_db) for k, _ in records}
             counts = got.get
-        rows = store._plain_rows(info.qid, start, list(records), most, skip, counts)
-        columns = store._plain_columns(info.qid, list(records), most, skip, counts)
+        rows = plain_rows(info.qid, start, list(records), most, skip, counts, store._pending_counts)
+        columns = plain_columns(info.qid, list(records), most, skip, counts, store._pending_counts)
         if columns is not None:
             assert columns[0]._replace(deliveries=columns[0].deliveries or [0] * len(columns[0].keys)) == rows[0]
             assert columns[1:] == rows[1:]

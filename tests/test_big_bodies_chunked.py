@@ -36,9 +36,9 @@ def _entries(store: Store, table: str) -> int:
 
 
 def _written(store: Store, frames: list[bytes], chunk: int = MIB):
-    upload = store.begin_body(frames, chunk)
+    upload = store.bodies.begin(frames, chunk)
     while not upload.done:
-        store.write_body(upload, 2 * MIB)
+        store.bodies.write(upload, 2 * MIB)
         store.commit()
     return upload
 
@@ -52,22 +52,22 @@ def test_a_chunked_body_reads_back_to_the_byte_wherever_its_record_moves_and_its
     stored = store.stored_bytes
     assert stored - empty > sum(map(len, body)), "its chunks count toward the store limit"
     assert store.get("q", message.seq).frames == body
-    [preview] = store.preview("q", 5, 10)
+    [preview] = store.previews.first("q", 5, 10)
     assert (preview.body_head, preview.body_size) == (body[0][:10], sum(map(len, body)))
 
     moved = store.requeue_at_end(store.get("q", message.seq))
     store.commit()
-    assert store.dead_letter(store.get("q", moved.seq), "too many deliveries", now_us=9)
+    assert store.dead_letters.add(store.get("q", moved.seq), "too many deliveries", now_us=9)
     store.commit()
-    [letter] = store.dead_letters("q")
+    [letter] = store.dead_letters.read("q")
     assert letter.message.frames == body
-    [preview] = store.preview("q", 5, 10, dead=True)
+    [preview] = store.previews.first("q", 5, 10, dead=True)
     assert (preview.body_head, preview.body_size, preview.reason) == (
         body[0][:10],
         sum(map(len, body)),
         "too many deliveries",
     )
-    [again] = store.requeue_dead("q")
+    [again] = store.dead_letters.requeue("q")
     store.commit()
     assert store.get("q", again.seq).frames == body
     assert store.stored_bytes == stored, "moving a record neither copies nor loses its chunks"
@@ -89,12 +89,12 @@ def test_dropping_a_queue_deleting_a_range_or_a_dead_letter_removes_their_chunks
     store.put_body("b", _written(store, [os.urandom(2 * MIB)]), now_us=1)
     store.commit()
     assert store.delete_range("a", seqs[0], seqs[1] + 1, 10) == (2, seqs[1] + 1)
-    assert store.dead_letter(store.get("a", seqs[2]), "expired", now_us=2)
-    assert store.delete_dead("a") == 1
+    assert store.dead_letters.add(store.get("a", seqs[2]), "expired", now_us=2)
+    assert store.dead_letters.delete("a") == 1
     store.commit()
     assert _entries(store, "bodies") == 2, "only queue b's body is left"
-    store.drop_queue("b")
-    store.drop_share(100)  # (its records go a share at a time: store/drops.py)
+    store.drops.drop("b")
+    store.drops.share(100)  # (its records go a share at a time: store/drops.py)
     store.commit()
     assert _entries(store, "bodies") == 0
     assert store.stored_bytes == empty
@@ -104,8 +104,8 @@ def test_dropping_a_queue_deleting_a_range_or_a_dead_letter_removes_their_chunks
 def test_a_body_half_written_when_the_store_closed_is_removed_at_start_up(tmp_path):
     store = Store(tmp_path / "db", max_size=1 << 30)
     empty = store.stored_bytes
-    upload = store.begin_body([os.urandom(5 * MIB)], MIB)
-    store.write_body(upload, 2 * MIB)
+    upload = store.bodies.begin([os.urandom(5 * MIB)], MIB)
+    store.bodies.write(upload, 2 * MIB)
     store.commit()
     assert _entries(store, "bodies") == 2 and _entries(store, "uploads") == 1
     store.close()

@@ -102,7 +102,7 @@ def test_a_message_delivered_max_deliveries_times_goes_to_the_dead_letters(store
         assert message.frames == [b"poison"]
         broker.nack((message.qid, message.seq), by="c1")
     assert take(broker) == [b"fine"]
-    [letter] = store.dead_letters("q")
+    [letter] = store.dead_letters.read("q")
     assert (letter.message.frames, letter.reason, letter.message.deliveries) == ([b"poison"], "max-deliveries", 2)
     assert broker.counters.dead_lettered == 1
 
@@ -111,7 +111,7 @@ def test_a_message_past_its_ttl_is_dead_lettered_and_never_handed_out(broker):
     produce(broker, b"stale1", b"stale2", expires_us=T0 - 1)
     produce(broker, b"fresh", expires_us=T0 + 1)
     assert take(broker, 1) == [b"fresh"]
-    letters = broker.store.dead_letters("q")
+    letters = broker.store.dead_letters.read("q")
     assert [(d.message.frames, d.reason, d.dead_at_us) for d in letters] == [
         ([b"stale1"], "expired", T0),
         ([b"stale2"], "expired", T0),
@@ -161,7 +161,7 @@ def test_delivery_counts_carry_over_to_a_broker_on_the_reopened_store(tmp_path):
         assert [m.deliveries for m in broker.take("q", 1, "c1", now=0.0, now_us=T0)] == [2]
         broker.reset()
         assert take(broker) == []
-        assert store.dead_letters("q")[0].reason == "max-deliveries"
+        assert store.dead_letters.read("q")[0].reason == "max-deliveries"
     finally:
         store.close()
 
@@ -330,7 +330,7 @@ def _figures(broker: Broker) -> tuple:
         {q: dict(c) for q, c in broker.per_queue.items()},
         sorted(ref for ref, _ in broker.inflight.holders()),
         {q: broker.queue_inflight(broker.store.queue(q).qid) for q in ("q", "r")},
-        list(broker._unwritten),
+        list(broker._state.unwritten),
     )
 
 

@@ -67,7 +67,7 @@ def test_a_duration_flag_takes_a_unit_and_its_error_names_the_flag_with_units(tm
     result = run("serve", "--database", str(tmp_path / "db"), "--lease-timeout", "5 parsecs")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "pzq: error: option --lease-timeout: lease_timeout: '5 parsecs' is not a duration such as 250ms, 30s, 5m or 1h"
+        "pzq: error: --lease-timeout: '5 parsecs' is not a duration such as 250ms, 30s, 5m or 1h"
     )
 
 
@@ -143,7 +143,7 @@ def test_a_start_that_cannot_bind_leaves_no_new_store_directory_and_keeps_an_exi
 def test_produce_then_consume_round_trips_lines_in_order(server):
     produced = run("produce", "--receive-dsn", server.receive, input="one\ntwo\nthree\n")
     assert produced.exit_code == 0, produced.output
-    consumed = run("consume", "--send-dsn", server.send, "-n", "3", "--timeout", "5000")
+    consumed = run("consume", "--send-dsn", server.send, "-n", "3", "--timeout", "5s")
     assert consumed.exit_code == 0
     assert consumed.output.splitlines() == ["one", "two", "three"]
 
@@ -155,21 +155,27 @@ def test_produce_takes_messages_from_arguments_and_the_environment_names_the_end
 
 
 def test_produce_fails_with_exit_1_when_no_server_answers(tmp_path):
-    result = run("produce", "--receive-dsn", f"ipc://{tmp_path}/nobody", "--timeout", "300", "x")
+    result = run("produce", "--receive-dsn", f"ipc://{tmp_path}/nobody", "--timeout", "300ms", "x")
     assert result.exit_code == 1
     assert "no ack" in result.output
 
 
 def test_consume_exits_1_when_no_message_comes(server):
-    result = run("consume", "--send-dsn", server.send, "--timeout", "300")
+    result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
     assert result.exit_code == 1
 
 
-def test_client_timeouts_take_units_and_a_plain_number_keeps_its_old_unit(server):
+def test_client_timeouts_take_units_and_a_plain_number_whose_meaning_changed_is_refused_in_one_line(server):
     result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
     assert result.exit_code == 1 and "no message within 300ms after 0 received" in result.output
-    result = run("consume", "--send-dsn", server.send, "--timeout", "200")
+    result = run("consume", "--send-dsn", server.send, "--timeout", "0.2s")
     assert result.exit_code == 1 and "no message within 200ms after 0 received" in result.output
+    result = run("consume", "--send-dsn", server.send, "--timeout", "200")  # (was 200 ms; 200 s would hang)
+    assert (result.exit_code, result.output.strip()) == (
+        2,
+        "pzq: error: --timeout: give a unit (500us, 2ms, 1s): a plain number's meaning changes from "
+        "milliseconds to seconds in this release",
+    )
     result = run("consume", "--send-dsn", server.send, "--timeout", "soon")
     assert result.exit_code == 2 and "'soon' is not a duration" in result.output
 
@@ -187,7 +193,7 @@ def test_dead_letters_can_be_listed_and_requeued(make_server):
     server = make_server(max_deliveries=1)
     run("produce", "--receive-dsn", server.receive, "poison")
     assert run("consume", "--send-dsn", server.send, "--nack").exit_code == 0
-    assert run("consume", "--send-dsn", server.send, "--timeout", "300").exit_code == 1
+    assert run("consume", "--send-dsn", server.send, "--timeout", "300ms").exit_code == 1
     listed = run("dead-letters", "list", "--monitor-dsn", server.monitor, "default")
     letter = json.loads(listed.output.splitlines()[0])
     assert letter["body"] == ["poison"] and letter["reason"] == "max-deliveries"

@@ -1,6 +1,6 @@
 """Every option of every `pzq` command says in its help what it defaults to, and every duration option
-says its default with a unit and which unit a plain number is read in (the old unit, kept so that
-existing scripts mean what they meant)."""
+says its default with a unit and what a plain number is (seconds, µs for the original PZQ's two, or
+refused in this release where its meaning changed: pzq/units.py's rule)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_every_duration_option_names_its_unit_and_its_default_has_one():
             if not is_duration:
                 continue
             durations.append(where)
-            assert re.search(r"plain number is (µs|ms|seconds|s)\b", option.help or ""), where
+            rule = r"plain number is (µs|seconds)\.|plain number is refused in this release, as its meaning changes"
+            assert re.search(rule, " ".join((option.help or "").split())), where
             default = shown_default(option)
             assert default is not None, where
             assert DURATION_WITH_UNIT.fullmatch(default) or not re.search(r"\d", default), (where, default)
@@ -73,6 +74,8 @@ def test_the_rendered_help_shows_defaults_with_units():
     assert re.search(r"--ack-timeout DURATION +.*A plain number is µs\.  \[default: 5s\]", out)
     assert re.search(r"--max-store-size SIZE +.*\[default: 4G\]", out)
     out = CliRunner().invoke(cli, ["mqks", "consume", "--help"], terminal_width=200).output
-    assert re.search(r"--timeout DURATION +Wait for each message; a plain number is seconds\.  \[default: 10s\]", out)
+    assert re.search(r"--timeout DURATION +Wait for each message\. A plain number is seconds\.  \[default: 10s\]", out)
     out = CliRunner().invoke(cli, ["produce", "--help"], terminal_width=200).output
-    assert re.search(r"--timeout DURATION +Wait for each ack; a plain number is ms\.  \[default: 10s\]", out)
+    refused = r"Give a unit \(500us, 2ms, 1s\): a plain number is refused in this release, as its meaning changes"
+    refused += r" from ms to seconds\.  \[default: 10s\]"
+    assert re.search(r"--timeout DURATION +Wait for each ack\. " + refused, out)

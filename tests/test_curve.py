@@ -109,7 +109,7 @@ def test_the_cli_produces_and_consumes_through_curve(make_server, keys):
     runner = CliRunner()
     result = runner.invoke(cli, ["produce", "--receive-dsn", receive, *curve, "hello"])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(cli, ["consume", "--send-dsn", send, *curve, "--timeout", "5000"])
+    result = runner.invoke(cli, ["consume", "--send-dsn", send, *curve, "--timeout", "5s"])
     assert result.exit_code == 0 and result.output.strip().endswith("hello"), result.output
 
 

@@ -44,35 +44,35 @@ def test_a_dropped_queue_is_gone_at_once_and_its_records_go_a_share_at_a_time_ac
     empty = store.stored_bytes
     for i in range(300):
         store.put("q", [b"message %d" % i], now_us=1)
-    upload = store.begin_body([os.urandom(MIB + 7)], MIB)  # (a big body: its chunks go with its record)
+    upload = store.bodies.begin([os.urandom(MIB + 7)], MIB)  # (a big body: its chunks go with its record)
     while not upload.done:
-        store.write_body(upload, 2 * MIB)
+        store.bodies.write(upload, 2 * MIB)
     store.put_body("q", upload, now_us=1)
     for seq in (1, 2, 3):
         store.mark_delivered("q", seq)
     for seq in (4, 5):
-        assert store.dead_letter(store.get("q", seq), "expired", now_us=2)
+        assert store.dead_letters.add(store.get("q", seq), "expired", now_us=2)
     store.commit(counts_older_than=time.monotonic() + 1)  # (the delivery counts written too)
     qid, next_seq = store.queue("q").qid, store.queue("q").next_seq
     assert _left_of(store, qid) == {"messages": 299, "deliveries": 3, "dead": 2, "bodies": 2}
 
-    assert store.drop_queue("q") == 299
+    assert store.drops.drop("q") == 299
     store.commit()
     assert store.queue("q", create=False) is None and "q" not in [q.name for q in store.queues()]
     again = store.queue("q")  # the name makes a new, empty queue at once, above every old seq
     assert again.qid != qid and again.next_seq >= next_seq and again.count == 0
-    assert store.dropping_left() == (1, 301)
+    assert store.drops.left() == (1, 301)
     assert store.stored_bytes > empty + MIB, "what is not deleted yet still counts toward the store's size"
 
-    assert store.drop_share(100) == 100
+    assert store.drops.share(100) == 100
     store.commit()
     store.close()
     store = Store(tmp_path / "db", max_size=1 << 30)  # a restart: what is left is still to delete
-    assert store.dropping_left() == (1, 201)
+    assert store.drops.left() == (1, 201)
     assert _left_of(store, qid)["messages"] == 199
     shares = []
-    while store.dropping_left()[0]:
-        shares.append(store.drop_share(100))
+    while store.drops.left()[0]:
+        shares.append(store.drops.share(100))
         store.commit()
     assert max(shares) <= 100 and sum(shares) == 199 + 3 + 2, "every record once, a share at a time"
     assert _left_of(store, qid) == {"messages": 0, "deliveries": 0, "dead": 0, "bodies": 0}

@@ -70,7 +70,7 @@ def test_a_failing_commit_counts_no_delivery_that_did_not_leave(tmp_path, caplog
     try:
         with store.env.reading() as txn:
             counts = {
-                (m.qid, m.seq): store._deliveries(KEY.pack(m.qid, m.seq), txn) for m in store.scan(cfg.queue, 0, 1000)
+                (m.qid, m.seq): store.deliveries(KEY.pack(m.qid, m.seq), txn) for m in store.scan(cfg.queue, 0, 1000)
             }
     finally:
         store.close()

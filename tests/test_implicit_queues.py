@@ -51,7 +51,7 @@ def queues(store: Store) -> set[str]:
 def test_a_queue_a_request_made_expires_once_empty_and_unused_for_the_ttl_and_a_configured_one_never(tmp_path):
     store, broker, *_ = world(tmp_path, ttl_s=1.0)
     try:
-        store.name_queue("configured")
+        store.catalog.name_queue("configured")
         message = broker.produce("made", [b"x"], now_us=1)
         assert store.queue("made").implicit and not store.queue("configured").implicit
         assert broker.sweep_implicit(0.0) == 0 and broker.sweep_implicit(5.0) == 0, "it holds a message"
@@ -69,7 +69,7 @@ def test_a_queue_with_a_dead_letter_a_binding_a_schedule_a_group_or_a_consumer_d
     store, broker, mqks, emqp, leases = world(tmp_path, ttl_s=1.0)
     try:
         dead = broker.produce("dead", [b"x"], now_us=1)
-        store.dead_letter(dead, "too many deliveries", now_us=1)
+        store.dead_letters.add(dead, "too many deliveries", now_us=1)
         mqks.connected(b"c1")
         mqks.received(b"c1", b"r1 rebind bound ev.a\n", now=0.0, now_us=1)  # bound, no consumer
         mqks.received(b"c1", b"r2 consume consumed\n", now=0.0, now_us=1)  # a consumer, no event
@@ -138,7 +138,7 @@ def test_one_owner_makes_at_most_its_share_and_queues_made_by_requests_leave_roo
             broker.create_queue(f"other-{i}", owner=f"client-{i}")
         with pytest.raises(StoreFull, match="kept for configured queues"):
             broker.create_queue("one-too-many", owner="honest")
-        assert store.name_queue("configured").implicit is False, "the reserve is for named queues"
+        assert store.catalog.name_queue("configured").implicit is False, "the reserve is for named queues"
     finally:
         store.close()
 
@@ -230,7 +230,7 @@ def test_a_queue_expired_in_a_turn_that_was_rolled_back_is_back_and_expires_agai
         assert "q" not in queues(store)
         store.abort()  # (the loop's recovery: the store from the disk, every delivery forgotten)
         broker.reset()
-        assert store.queue("q", create=False) is not None and store.implicit_count == 1
+        assert store.queue("q", create=False) is not None and store.catalog.implicit_count == 1
         assert broker.sweep_implicit(2.0) == 0, "its clock starts again"
         assert broker.sweep_implicit(3.0) == 1 and "q" not in queues(store)
     finally:
@@ -241,7 +241,7 @@ def test_a_queue_a_request_made_becomes_explicit_when_the_configuration_names_it
     store, broker, *_ = world(tmp_path, ttl_s=1.0)
     try:
         broker.create_queue("named-later", owner="someone")
-        assert store.name_queue("named-later").implicit is False and store.implicit_count == 0
+        assert store.catalog.name_queue("named-later").implicit is False and store.catalog.implicit_count == 0
         store.commit()
         for now in (0.0, 5.0):
             broker.sweep_implicit(now)
@@ -263,7 +263,7 @@ def test_the_queues_of_a_store_written_by_db15207_are_explicit_and_never_expire(
     try:
         broker = Broker(store, ack_timeout_s=30, implicit_ttl_s=0.1)
         before = queues(store)
-        assert "mqks-q" in before and store.implicit_count == 0 and store.seq_floor == 1
+        assert "mqks-q" in before and store.catalog.implicit_count == 0 and store.catalog.seq_floor == 1
         for now in (0.0, 1.0, 2.0):
             broker.sweep_implicit(now)
         assert queues(store) == before
@@ -273,7 +273,7 @@ def test_the_queues_of_a_store_written_by_db15207_are_explicit_and_never_expire(
         store.close()
     store = Store(database)
     try:
-        assert store.format == FORMAT and store.queue("new").implicit and not store.queue("mqks-q").implicit
+        assert store.catalog.format == FORMAT and store.queue("new").implicit and not store.queue("mqks-q").implicit
     finally:
         store.close()
 
@@ -420,11 +420,11 @@ def test_clients_that_filled_the_room_each_within_its_share_leave_a_client_that_
                 except StoreFull:
                     continue
                 broker.produce(f"h{k}-{i}", [b"never consumed"], now_us=1)
-        assert store.implicit_count == 788 + 91 - 79, "the rest of the room, then each newcomer's first"
+        assert store.catalog.implicit_count == 788 + 91 - 79, "the rest of the room, then each newcomer's first"
         with pytest.raises(StoreFull, match="kept for clients that have made none yet"):
             broker.create_queue("more", owner="hostile-90")
         broker.create_queue("honest-new", owner="honest")
-        assert broker.implicit_refused >= 91 * 10 - store.implicit_count
+        assert broker.implicit_refused >= 91 * 10 - store.catalog.implicit_count
     finally:
         store.close()
 

@@ -83,7 +83,7 @@ def test_a_lease_over_mixed_messages_dead_letters_the_expired_and_capped_and_lea
         store.commit()
         assert leases.lease("q", "g", 0, 100, now=0, now_us=T0 + 10) == (0, 5)
         assert _fetched(leases, 5, T0 + 10) == [(b"p0", 1), (b"p1", 1), (b"p2", 1), (b"p3", 1), (b"q0", 1)]
-        dead = [(b"".join(d.message.frames), d.reason) for d in store.dead_letters("q")]
+        dead = [(b"".join(d.message.frames), d.reason) for d in store.dead_letters.read("q")]
         capped = "max-deliveries"
         assert dead == [(b"expired", "expired"), (b"capped", capped), (b"q1", capped), (b"q2", capped)]
         assert leases.groups[("q", "g")].runs == 2  # p0..p3 and q0: the dead letters between split them

@@ -47,7 +47,7 @@ def test_the_trackers_questions_of_a_run_answer_for_one_consumer_only():
     inflight: InFlight = InFlight()
     inflight.add((1, 1), 10.0, "native")
     inflight.add((1, 2), 20.0, "other")
-    deadline, holds = inflight.deadline_of("native"), inflight.holds("native")
+    deadline, holds = inflight.deadline_of("native"), inflight.held_by("native")
     assert deadline((1, 1)) == 10.0 and holds((1, 1))
     assert deadline((1, 2)) is None and not holds((1, 2)), "another consumer's delivery"
     assert deadline((1, 3)) is None and not holds((1, 3)), "nothing in flight"

@@ -94,7 +94,7 @@ def test_the_default_monitor_socket_lives_in_the_private_store_directory(tmp_pat
         stderr=subprocess.DEVNULL,
     )
     try:
-        result = pzq("monitor", "--json", "--timeout", "20000", cwd=tmp_path)  # the same default, found alone
+        result = pzq("monitor", "--json", "--timeout", "20s", cwd=tmp_path)  # the same default, found alone
         assert result.returncode == 0 and '"messages": 0' in result.stdout, result.stderr
         assert mode(tmp_path / "pzq-data") == 0o700
         assert mode(tmp_path / "pzq-data" / "monitor") == 0o600
@@ -120,7 +120,7 @@ def test_the_server_never_binds_over_another_users_socket_file(tmp_path):
         server.close()
         squat.close()
     assert os.stat(shared / "monitor").st_uid == NOBODY, "the squatter's file is left alone"
-    line = one_clear_line(pzq("monitor", "--monitor-dsn", f"ipc://{shared}/monitor", "--timeout", "1000"))
+    line = one_clear_line(pzq("monitor", "--monitor-dsn", f"ipc://{shared}/monitor", "--timeout", "1s"))
     assert "refusing to talk to" in line and "belongs to uid 65534" in line
 
 
@@ -164,7 +164,7 @@ def test_a_monitor_command_answered_by_something_else_prints_one_line(tmp_path, 
                 "--monitor-dsn",
                 endpoint,
                 "--timeout" if command[0] == "monitor" else "--",
-                *(["3000"] if command[0] == "monitor" else []),
+                *(["3s"] if command[0] == "monitor" else []),
             )
         )
     finally:
@@ -187,7 +187,7 @@ def test_consume_fed_by_something_else_prints_one_line(tmp_path):
     sock.linger = 0
     sock.bind(endpoint)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pzq", "consume", "--send-dsn", endpoint, "--timeout", "20000"],
+        [sys.executable, "-m", "pzq", "consume", "--send-dsn", endpoint, "--timeout", "20s"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

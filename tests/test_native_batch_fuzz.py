@@ -62,6 +62,6 @@ def test_every_bodies_frame_accepted_reads_back_the_same_through_every_reader_an
     run, _, stopped = store.plain_run("q", 0, 10**6, 1 << 40, set())
     assert not stopped and run.frames == expected
     assert sum(entry[1] for entry in store.lease_headers("q", 0, 10**6)) == len(expected)
-    assert [kind for kind, record in store.audit("q") if record is not None] == ["message"] * len(expected)
-    previews = store.preview("q", 10**6, 8)
+    assert [kind for kind, record in store.previews.audit("q") if record is not None] == ["message"] * len(expected)
+    previews = store.previews.first("q", 10**6, 8)
     assert [p.body_size for p in previews] == [sum(map(len, m)) for m in expected]

@@ -30,12 +30,12 @@ def seed(database, queues: tuple[str, ...]) -> None:
     store = Store(database, max_size=64 << 20)
     try:
         for name in queues:
-            store.name_queue(name)
+            store.catalog.name_queue(name)
             for i in range(SEEDED):
                 store.put(name, [b"%s dead %d" % (name.encode(), i)], now_us=1 + i)
             for i in range(SEEDED):
                 dying = store.put(name, [b"%s died %d" % (name.encode(), i)], now_us=10 + i)
-                assert store.dead_letter(dying, "max-deliveries", now_us=20 + i)
+                assert store.dead_letters.add(dying, "max-deliveries", now_us=20 + i)
         store.commit()
     finally:
         store.close()
@@ -171,7 +171,7 @@ def test_a_queue_name_of_any_bytes_is_refused_cleanly_and_the_server_goes_on(ten
 def test_a_sighup_that_takes_the_manage_right_stops_that_keys_purge_under_way(make_server, tenants, tmp_path, caplog):
     store = Store(tmp_path / "db", max_size=256 << 20)
     try:
-        store.name_queue("orders.x")
+        store.catalog.name_queue("orders.x")
         assert store.put_many("orders.x", [[b"m"]] * 10_000, now_us=1) == 10_000
         store.commit()
     finally:

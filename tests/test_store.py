@@ -8,7 +8,7 @@ import pytest
 from pzq.errors import StoreError, StoreFull
 from pzq.store import DeadLetter, Message, Store, message_id, parse_message_id
 from pzq.store.groups import LeaseRecords
-from pzq.store.messages import native_record
+from pzq.store.runs import native_record
 from pzq.store.schedules import Schedules
 
 
@@ -109,14 +109,14 @@ def test_a_dead_letter_leaves_the_queue_and_is_kept_with_its_reason(store, reope
     store.put("q", [b"b"], now_us=11)
     store.mark_delivered("q", 1)
     message = store.get("q", 1)
-    assert store.dead_letter(message, "max-deliveries", now_us=99) is True
-    assert store.dead_letter(message, "max-deliveries", now_us=99) is False
+    assert store.dead_letters.add(message, "max-deliveries", now_us=99) is True
+    assert store.dead_letters.add(message, "max-deliveries", now_us=99) is False
     assert bodies(store, "q") == [[b"b"]]
     store = reopen(store)
     info = store.queue("q", create=False)
     assert (info.count, info.dead_count) == (1, 1)
     assert info.dead_bytes > 0
-    assert store.dead_letters("q") == [DeadLetter(Message("q", 1, 1, [b"a"], 10, 20, 1), "max-deliveries", 99)]
+    assert store.dead_letters.read("q") == [DeadLetter(Message("q", 1, 1, [b"a"], 10, 20, 1), "max-deliveries", 99)]
 
 
 def test_requeue_dead_by_seq_moves_only_that_letter_to_the_end_with_no_deliveries(store):
@@ -124,26 +124,26 @@ def test_requeue_dead_by_seq_moves_only_that_letter_to_the_end_with_no_deliverie
         store.put("q", [body], now_us=1)
     for seq in (1, 3):
         store.mark_delivered("q", seq)
-        store.dead_letter(store.get("q", seq), "expired", now_us=5)
-    assert store.requeue_dead("q", 2) == []
-    moved = store.requeue_dead("q", 3)
+        store.dead_letters.add(store.get("q", seq), "expired", now_us=5)
+    assert store.dead_letters.requeue("q", 2) == []
+    moved = store.dead_letters.requeue("q", 3)
     assert [(m.seq, m.frames, m.deliveries) for m in moved] == [(4, [b"c"], 0)]
     assert store.get("q", 4).deliveries == 0
     assert bodies(store, "q") == [[b"b"], [b"c"]]
-    assert [d.message.seq for d in store.dead_letters("q")] == [1]
+    assert [d.message.seq for d in store.dead_letters.read("q")] == [1]
     assert store.queue("q").dead_count == 1
 
 
 def test_requeue_dead_without_a_seq_moves_every_letter_back_oldest_first(store):
     for body in (b"a", b"b"):
         message = store.put("q", [body], now_us=1)
-        store.dead_letter(message, "client", now_us=2)
-    moved = store.requeue_dead("q")
+        store.dead_letters.add(message, "client", now_us=2)
+    moved = store.dead_letters.requeue("q")
     assert [(m.seq, m.frames) for m in moved] == [(3, [b"a"]), (4, [b"b"])]
-    assert store.dead_letters("q") == []
+    assert store.dead_letters.read("q") == []
     info = store.queue("q")
     assert (info.count, info.dead_count, info.dead_bytes) == (2, 0, 0)
-    assert store.requeue_dead("missing") == []
+    assert store.dead_letters.requeue("missing") == []
 
 
 def test_requeue_at_end_moves_a_message_behind_the_others_keeping_its_deliveries(store):
@@ -325,7 +325,7 @@ def test_an_unreadable_message_record_is_set_aside_and_the_queue_goes_on(tmp_pat
         assert [m.frames for m in store.scan("q", 0, 2)] == [[b"m0"], [b"m3"]]
         assert store.get("q", 2) is None and store.damaged_total == 2
         store.commit()
-        assert (store.queue("q").count, [k for k, _ in store.damaged()]) == (
+        assert (store.queue("q").count, [k for k, _ in store.previews.damaged()]) == (
             3,
             [_KEY.pack(qid, 2), _KEY.pack(qid, 3)],
         )
@@ -376,14 +376,14 @@ def test_a_preview_gives_the_start_of_each_body_its_size_and_a_dead_letters_reas
     store.put("q", big, now_us=5)
     store.put("q", [b"small"], now_us=6)
     letter = store.put("q", [b"\xff" * 10], now_us=7)
-    store.dead_letter(letter, "expired", now_us=8)
+    store.dead_letters.add(letter, "expired", now_us=8)
     store.commit()
-    first, second = store.preview("q", 50, 1024)
+    first, second = store.previews.first("q", 50, 1024)
     assert (first.body_head, first.body_size, first.enqueued_us) == (b"a" * 1024, 6000, 5)
     assert (second.body_head, second.body_size, second.id) == (b"small", 5, store.scan("q", 0, 2)[1].id)
-    (dead,) = store.preview("q", 50, 4, dead=True)
+    (dead,) = store.previews.first("q", 50, 4, dead=True)
     assert (dead.body_head, dead.body_size, dead.reason, dead.id) == (b"\xff" * 4, 10, "expired", letter.id)
-    assert len(store.preview("q", 1, 1024)) == 1 and store.preview("nosuch", 5, 10) == []
+    assert len(store.previews.first("q", 1, 1024)) == 1 and store.previews.first("nosuch", 5, 10) == []
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ T0 = 1_700_000_000_000_000
 def _state(broker: Broker, store: Store) -> tuple:
     stored = [(m.seq, m.frames, m.deliveries) for m in store.scan("q", 0, 10_000)]
     dead = (
-        [(d.message.seq, d.message.deliveries, d.reason) for d in store.dead_letters("q", 0, 10_000)]
+        [(d.message.seq, d.message.deliveries, d.reason) for d in store.dead_letters.read("q", 0, 10_000)]
         if store.queue("q", create=False)
         else []
     )

@@ -152,7 +152,7 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
         assert [jobs[i].deliveries for i in facts["in_flight"]] == [1, 1]
         assert [m.id for m in broker.take("jobs", 2, "c", now=0.0, now_us=1)] == facts["in_flight"]
 
-        (dead,) = store.dead_letters("poison")
+        (dead,) = store.dead_letters.read("poison")
         assert (dead.message.id, dead.message.frames, dead.reason) == (facts["dead"], [b"bad"], "too many deliveries")
         assert [m.frames for m in store.scan("poison")] == [[b"fine"]]
 
@@ -240,9 +240,9 @@ def test_a_store_written_by_56ef5dc_takes_big_bodies_in_chunks_and_56ef5dc_then_
     assert subprocess.run(old_run, env=env, cwd=tmp_path, timeout=120, capture_output=True).returncode == 0
     store = Store(database)
     body = [os.urandom(3 << 20)]
-    upload = store.begin_body(body, 1 << 20)
+    upload = store.bodies.begin(body, 1 << 20)
     while not upload.done:
-        store.write_body(upload, 2 << 20)
+        store.bodies.write(upload, 2 << 20)
     store.put_body("q", upload, now_us=2)
     store.commit()
     assert [m.frames for m in store.scan("q")] == [[b"old"], body]
@@ -261,7 +261,7 @@ def test_a_store_without_a_format_record_is_read_as_format_1_and_marked_after_a_
     set_format(database, None)  # as a pzq from before the record wrote it
     store = Store(database)
     try:
-        assert store.format == 1 and [m.frames for m in store.scan("q")] == [[b"x"]]
+        assert store.catalog.format == 1 and [m.frames for m in store.scan("q")] == [[b"x"]]
         store.put("q", [b"y"], now_us=2)
         store.commit()
     finally:

@@ -68,7 +68,7 @@ class Admin(Reads, Writes):
         if count <= share or self._next_head >= count:
             self._forget_gone_heads()  # (once a round of the queues)
         names = [info.name for info in infos]
-        heads = self.store.oldest_enqueued(names)
+        heads = self.store.previews.oldest_enqueued(names)
         for name in names:
             at = heads.get(name)
             if at is None:
@@ -134,7 +134,7 @@ class Admin(Reads, Writes):
             "produce_rate": self._rate("produced"),
             "ack_rate": self._rate("acked"),
             "store_limit_bytes": self.store_limit,
-            "queues_implicit": self.store.implicit_count,  # made by clients' requests: they expire unused
+            "queues_implicit": self.store.catalog.implicit_count,  # made by clients' requests: they expire unused
             "queues_expired_total": self.broker.implicit_expired,
             "queues_refused_total": self.broker.implicit_refused,  # new names past a client's share
             "delivered_total": counters.delivered,
@@ -167,7 +167,7 @@ class Admin(Reads, Writes):
             return monitor_proto.error_text(f"limit must be a number, got {args[1]!r}")
         # (bodies are listed whole: at most DEAD_LIST_BYTES of them, the first always; 10,000 dead letters of
         # 16 MiB were read and rendered in one turn, gigabytes, the loop stalled for seconds a hundred MiB)
-        letters = self.store.dead_letters(queue, 0, max(1, min(limit, 10_000)), max_bytes=DEAD_LIST_BYTES)
+        letters = self.store.dead_letters.read(queue, 0, max(1, min(limit, 10_000)), max_bytes=DEAD_LIST_BYTES)
         return monitor_proto.render_json(
             [
                 {

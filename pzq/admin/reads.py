@@ -96,12 +96,12 @@ class Reads:
         limit = number(args, 1, "limit", min(50, rows), rows)
         after = None
         if len(args) > 2:
-            ref = self.store.ref_in(info.name, args[2])
+            ref = self.store.catalog.ref_in(info.name, args[2])
             if ref is None:
                 raise Refused(f"{args[2][:80]!r} is not a message id of queue {info.name!r}")
             after = ref[1]
         qid, holder_of = info.qid, self.broker.holder_of
-        page = self.store.preview_page(
+        page = self.store.previews.page(
             info.name,
             limit,
             self.limits.admin_head_bytes,

@@ -114,7 +114,7 @@ class Writes:
     def _dead_seq(self, queue: str, which: str) -> int | None:
         if which == "all":
             return None
-        ref = self.store.ref_in(queue, which)
+        ref = self.store.catalog.ref_in(queue, which)
         if ref is None:
             raise _Refused(f"{which[:80]!r} is not a dead letter id of queue {queue!r}")
         return ref[1]
@@ -130,7 +130,7 @@ class Writes:
     def _delete_dead(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
         info = self._queue_named(request, 2, "DELETEDEAD <queue> <id>|all")
         seq = self._dead_seq(info.name, request.args[1])
-        gone = self.store.delete_dead(info.name, seq, limit=self.limits.admin_rows)
+        gone = self.store.dead_letters.delete(info.name, seq, limit=self.limits.admin_rows)
         budget.take(records=gone)
         return {"deleted": gone}, f"deleted {gone} dead letter(s) of queue {info.name!r}" if gone else ""
 

@@ -125,9 +125,7 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
         # Half the credit asked for by each receive, half granted ahead: deliveries go on while a batch is
         # acked, and what it holds stays the window (the same number in flight as every other system)
         ask = max(1, job.credit // 2)
-        consumer = BatchConsumer(
-            job.endpoint, hello_timeout_ms=int(job.idle_timeout_s * 1000), prefetch=max(0, job.credit - ask)
-        )
+        consumer = BatchConsumer(job.endpoint, hello_timeout_s=job.idle_timeout_s, prefetch=max(0, job.credit - ask))
     except ClientError as e:
         start.wait()
         results.put(ConsumerResult(job.index, 0, seen, 0, 0, [], str(e)))
@@ -136,7 +134,7 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
     idle_since = time.monotonic()
     try:
         while not done.is_set():
-            batch = consumer.receive(ask, timeout_ms=50)
+            batch = consumer.receive(ask, timeout_s=0.05)
             if not batch:
                 if time.monotonic() - idle_since > job.idle_timeout_s:
                     error = f"nothing received for {job.idle_timeout_s} s"
@@ -154,9 +152,9 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
             first_ns = first_ns or now
             last_ns = now
             # (not waiting for its SETTLED: acks in flight share the server's commits; settled below)
-            consumer.ack_async([key for key, _ in batch], timeout_ms=int(job.idle_timeout_s * 1000))
+            consumer.ack_async([key for key, _ in batch], timeout_s=job.idle_timeout_s)
             add_progress(progress, received, received - len(batch), every=0)
-        refused = consumer.settle(timeout_ms=int(job.idle_timeout_s * 1000)).refused
+        refused = consumer.settle(timeout_s=job.idle_timeout_s).refused
         if refused and not error:
             error = f"{len(refused)} ack(s) refused"
     except ClientError as e:

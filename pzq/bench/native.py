@@ -45,7 +45,7 @@ def preload(endpoint: str, count: int, size: int) -> None:
     """Store ``count`` messages through the running server's native producer endpoint, 10,000 per
     window of acks (the bench is a client: it writes no store itself); ClientError if one is refused."""
     body = b"\xff" * 8 + ((1 << TAG_SHIFT) - 1).to_bytes(8, "big") + b"p" * max(0, size - 16)
-    with client.Producer(endpoint, timeout_ms=60_000) as producer:
+    with client.Producer(endpoint, timeout_s=60) as producer:
         for start in range(0, count, 10_000):
             refused = [r for r in producer.produce_many([[body]] * min(10_000, count - start), window=1000) if not r.ok]
             if refused:

@@ -125,7 +125,7 @@ class PzqServer:
             if self.proc.poll() is not None:
                 raise PzqError(f"pzq serve exited with {self.proc.returncode}: {self._log_tail()}")
             try:
-                client.monitor_request(self.monitor, timeout_ms=100)
+                client.monitor_request(self.monitor, timeout_s=0.1)
                 return time.monotonic() - t0
             except ClientError:
                 if time.monotonic() - t0 > timeout_s:

@@ -7,13 +7,16 @@ and tells it what came back, in runs where it can (``produce_many``, ``take``, `
 wall-clock microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
 whenever messages may have become ready, for any gateway that waits for that.
 
-Modules: ``state`` (what every part keeps and the rules they share), ``core`` (producing, handing out,
-whole queues, figures), ``settle`` (answers from consumers, timeouts), ``ranges`` (consumer groups'
-range holds), ``questions`` (what gateways ask instead of reaching into the store), ``implicit`` (queues
-made by clients' requests: shares, users, expiry).
+Modules: ``state`` (the life of a delivery as numbered rules and a transition table, and the state
+every part shares), ``core`` (the Broker: its parts held, their verbs offered), and the parts, each
+handed the state: ``produce``, ``handing`` (take), ``settle`` (answers from consumers, timeouts),
+``ranges`` (consumer groups' range holds), ``implicit`` (queues made by clients' requests),
+``questions`` (what gateways ask instead of reaching into the store), ``queues`` (whole queues,
+figures); ``accounts`` (the byte account of deliveries).
 """
 
-from pzq.broker.core import Broker, Taken, TakenRun
+from pzq.broker.core import Broker
+from pzq.broker.handing import Taken, TakenRun
 from pzq.broker.state import Counters, Exclusive, Ref, continues
 
 __all__ = ["Broker", "Counters", "Exclusive", "Ref", "Taken", "TakenRun", "continues"]

@@ -1,37 +1,51 @@
-"""The Broker: the queue rules on top of a Store, with its parts (range holds, settling) mixed in.
+"""The Broker: the queue rules on top of a Store, composed of parts that share one ``BrokerState``.
 
-Here: producing, handing out, dropping and purging queues, requeueing dead letters, and the figures.
+Each part is a class of its own module, handed the state (state.py: the life of a delivery, its rules
+and transition table, and what every part reads and keeps); none inherits from another. The Broker
+holds them and offers their verbs under the names gateways, endpoints and the server call, bound once
+here (``self.ack_many = settling.ack_many``): a call through the Broker is the part's own call, with no
+call of the Broker's between. It keeps for itself only what joins two parts (``drop_queue``,
+``produce_all``, ``reset``) and the byte account's three verbs for what is not a delivery.
+
+| part | module | verbs |
+|---|---|---|
+| state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone`` |
+| producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big`` |
+| handing out | handing.py | ``take``, ``take_run``, ``take_columns``, ``has_ready``, ``ready_count`` |
+| settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``dead_letter``, ``take_back``, |
+| | | ``take_back_many``, ``undeliver``, ``undeliver_many``, ``expire``, ``consumer_gone``, ``hold``, |
+| | | ``holds``, ``set_deadline``, ``deadline``, ``stored``, ``held_count``, ``next_deadline`` |
+| range holds | ranges.py | ``take_ranges``, ``hold_range``, ``release_range``, ``ack_range``, ``holder_of``, |
+| | | ``held_ranges``, ``held_by_others`` |
+| implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
+| | | ``sweep_implicit`` |
+| questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
+| | | ``deadline_of``, ``held_by`` |
+| whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
+| | | ``queue_figures``, ``stats``, ``totals`` |
+| delivery accounts | accounts.py | ``accounts`` itself (``discharged``, ``piped``, ``unpiped`` here) |
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
 
+from pzq.broker.accounts import Stale
+from pzq.broker.handing import Handing
 from pzq.broker.implicit import ImplicitQueues
+from pzq.broker.produce import Producing
 from pzq.broker.questions import Questions
+from pzq.broker.queues import Queues
 from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
+from pzq.broker.state import BrokerState, Ref
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
-from pzq.store import Message, QueueInfo, Store, Upload
-from pzq.store.layout import KEY
-
-Taken = tuple[tuple[int, int], int, list[bytes]]  # a message handed out by take_run: (ref, enqueued µs, frames)
+from pzq.inflight import InFlight
+from pzq.store import Message, Store
 
 
-class TakenRun(NamedTuple):
-    """Messages handed out by ``take_columns``, column by column (no object per message)."""
-
-    refs: list[tuple[int, int]]
-    enqueued: list[int]  # µs
-    frames: list[list[bytes]]
-    sizes: list[int]  # bytes of each body, charged to its payer
-    ids: list[bytes]  # each one's message id as 16 bytes (two big-endian u64: qid, seq), its record's key
-
-
-class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
+class Broker:
     """The queue rules on top of a Store; single-threaded, driven by the server loop."""
 
     def __init__(
@@ -44,89 +58,124 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
         implicit_ttl_s: float = 60.0,
     ):
         """``implicit_ttl_s``: how long a queue made by a client's request lives unused (see implicit.py)."""
-        super().__init__(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
-        per_owner = max(1, store.max_queues // limits.implicit_connection_part)
-        self._init_implicit(implicit_ttl_s, per_owner, limits.implicit_sweep_per_turn, limits.share_reserve_part)
-        store.on_set_aside.append(self._set_aside)
-        # While set (the server's memory alarm: pzq/endpoints/memory.py), every producer is refused with
-        # this text ("queue full" in each protocol); consumers and acks go on, so that memory drains.
-        self.refusing: str | None = None
+        state = BrokerState(store, ack_timeout_s=ack_timeout_s, max_deliveries=max_deliveries, limits=limits)
+        self._state = state
+        # What is never replaced, as plain attributes (the in-flight table and the counts that change
+        # are properties below)
+        self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
+        self.accounts, self.keep_on_rollback = state.accounts, state.keep_on_rollback
+        self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
+        self.payer_gone = state.payer_gone
+
+        producing = self._producing = Producing(state)
+        self.produce, self.produce_many = producing.produce, producing.produce_many
+        self.begin_big, self.write_big = producing.begin_big, producing.write_big
+        self.produce_big, self.drop_big = producing.produce_big, producing.drop_big
+
+        handing = self._handing = Handing(state)
+        self.take, self.take_run, self.take_columns = handing.take, handing.take_run, handing.take_columns
+        self.has_ready, self.ready_count = handing.has_ready, handing.ready_count
+
+        settling = self._settling = Settling(state)
+        self.ack, self.ack_many, self.nack = settling.ack, settling.ack_many, settling.nack
+        self.requeue_at_end, self.dead_letter = settling.requeue_at_end, settling.dead_letter
+        self.take_back, self.take_back_many = settling.take_back, settling.take_back_many
+        self.undeliver, self.undeliver_many = settling.undeliver, settling.undeliver_many
+        self.expire, self.consumer_gone, self.hold = settling.expire, settling.consumer_gone, settling.hold
+        self.holds, self.set_deadline, self.deadline = settling.holds, settling.set_deadline, settling.deadline
+        self.stored, self.held_count, self.next_deadline = settling.stored, settling.held_count, settling.next_deadline
+
+        ranges = self._ranges = RangeHolds(state)
+        self.take_ranges, self.hold_range = ranges.take_ranges, ranges.hold_range
+        self.release_range, self.ack_range = ranges.release_range, ranges.ack_range
+        self.holder_of, self.held_ranges = ranges.holder_of, ranges.held_ranges
+        self.held_by_others = ranges.held_by_others
+        store.on_set_aside.append(ranges.set_aside)
+
+        implicit = self._implicit = ImplicitQueues(
+            state,
+            self.drop_queue,
+            ttl_s=implicit_ttl_s,
+            per_owner=max(1, store.catalog.max_queues // limits.implicit_connection_part),
+            sweep_per_call=limits.implicit_sweep_per_turn,
+            reserve_part=limits.share_reserve_part,
+        )
+        self.create_queue, self.add_queue_user = implicit.create_queue, implicit.add_queue_user
+        self.owner_gone = implicit.owner_gone
+        self.next_sweep, self.sweep_implicit = implicit.next_sweep, implicit.sweep_implicit
+
+        questions = self._questions = Questions(state)
+        self.queue_info, self.queue_name = questions.queue_info, questions.queue_name
+        self.check_room, self.peek = questions.check_room, questions.peek
+        self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
+        self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
+
+        queues = self._queues = Queues(state)
+        self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work
+        self.dropping_left, self.purge = queues.dropping_left, queues.purge
+        self.queue_inflight, self.queue_figures = queues.queue_inflight, queues.queue_figures
+        self.stats, self.totals = queues.stats, queues.totals
+
+    # -- the state's figures that change (read and set through the state, where every part sees them)
+
+    # (Settable as the plain attributes they were, so that a Protocol naming them as attributes still
+    # matches; nothing outside the broker sets them.)
+
+    @property
+    def inflight(self) -> InFlight[Ref]:
+        """Every delivery in flight (replaced by ``reset``: never keep it)."""
+        return self._state.inflight
+
+    @inflight.setter
+    def inflight(self, inflight: InFlight[Ref]) -> None:
+        self._state.inflight = inflight
+
+    @property
+    def readiness(self) -> int:
+        """Grows whenever messages may have become ready (rule 9 in state.py)."""
+        return self._state.readiness
+
+    @readiness.setter
+    def readiness(self, readiness: int) -> None:
+        self._state.readiness = readiness
+
+    @property
+    def refusing(self) -> str | None:
+        """While set (the server's memory alarm), every producer is refused with this text."""
+        return self._state.refusing
+
+    @refusing.setter
+    def refusing(self, reason: str | None) -> None:
+        self._state.refusing = reason
+
+    @property
+    def implicit_expired(self) -> int:
+        """Queues made by clients' requests that expired since start."""
+        return self._implicit.implicit_expired
+
+    @property
+    def implicit_refused(self) -> int:
+        """New queue names refused past a client's share or into the reserve since start."""
+        return self._implicit.implicit_refused
+
+    @property
+    def dropping(self) -> bool:
+        """True while deleted queues' records are left to delete (``drop_work``)."""
+        return bool(self.store.drops.dropping)
+
+    # -- what joins two parts -------------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget every delivery, as a restart does (and start the unused queues' clocks again)."""
-        super().reset()
-        self.reset_implicit()
+        self._state.reset()
+        self._implicit.reset()
 
-    # -- producing --------------------------------------------------------------------------------
-
-    def produce(
-        self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
-    ) -> Message:
-        """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
-        try:
-            if self.refusing is not None:
-                raise StoreFull(self.refusing)
-            message = self.store.put(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
-        except StoreFull:
-            self.counters.refused_full += 1
-            raise
-        self.counters.produced += 1
-        self.readiness += 1
-        self._count(queue, "produced")
-        return message
-
-    def produce_many(
-        self, queue: str, bodies: Sequence[Sequence[bytes]] | Sequence[bytes], *, now_us: int, encoded: bool = False
-    ) -> int:
-        """Store messages in one go (see Store.put_many; ``encoded``: each message is the msgpack array
-        of its frames, as a batch carries it: Store.put_encoded): how many, from the first, were stored;
-        the rest were refused for room."""
-        store = self.store.put_encoded if encoded else self.store.put_many
-        try:
-            stored = 0 if self.refusing is not None else store(queue, bodies, now_us=now_us)  # type: ignore[arg-type]
-        except StoreFull:
-            stored = 0
-        self.counters.refused_full += len(bodies) - stored
-        if stored:
-            self.counters.produced += stored
-            self.readiness += 1
-            self._count(queue, "produced", stored)
-        return stored
-
-    # A big body is written a part per turn (store/bodies.py): begun, written, then produced as a message
-    # in the turn of its last part; dropped when its producer is answered otherwise.
-
-    def begin_big(self, body: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload:
-        """A big body to write in parts of ``chunk`` bytes. Raises StoreFull (counted) when refused."""
-        try:
-            if self.refusing is not None:
-                raise StoreFull(self.refusing)
-            return self.store.begin_body(body, chunk)
-        except StoreFull:
-            self.counters.refused_full += 1
-            raise
-
-    def write_big(self, upload: Upload, most: int) -> int:
-        """Write the next parts of ``upload`` (about ``most`` bytes); StoreFull (counted) when the store filled."""
-        try:
-            return self.store.write_body(upload, most)
-        except StoreFull:
-            self.counters.refused_full += 1
-            raise
-
-    def produce_big(
-        self, queue: str, upload: Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
-    ) -> Message:
-        """Store the message whose body ``upload`` wrote in full (durable at the next commit)."""
-        message = self.store.put_body(queue, upload, now_us=now_us, expires_us=expires_us, meta=meta)
-        self.counters.produced += 1
-        self.readiness += 1
-        self._count(queue, "produced")
-        return message
-
-    def drop_big(self, upload: Upload) -> None:
-        """Give up a body not yet produced: its parts are removed."""
-        self.store.drop_upload(upload)
+    def drop_queue(self, queue: str) -> int:
+        """Delete a queue and everything in it, in flight included; returns how many messages it had.
+        It is gone for every client at once (its name may make a new, empty queue) and no longer counts
+        against whoever made it; its records are deleted by ``drop_work``, a share per turn."""
+        self._implicit.forget_owner(queue)
+        return self._queues.drop_queue(queue)
 
     def produce_all(
         self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
@@ -145,253 +194,21 @@ class Broker(RangeHolds, Settling, ImplicitQueues, Questions):
             raise
         return stored
 
-    def requeue_dead(self, queue: str, seq: int | None = None, *, limit: int = 1000) -> list[Message]:
-        """Put dead letters back at the end of ``queue`` (one by ``seq``, or up to ``limit`` of the
-        oldest), ready for every consumer (see Store.requeue_dead); returns the new messages."""
-        moved = self.store.requeue_dead(queue, seq, limit=limit)
-        if moved:
-            self.readiness += 1
-        return moved
+    # -- the byte account, for what is not a delivery (accounts.py) ------------------------------
 
-    # -- handing out ------------------------------------------------------------------------------
+    def discharged(self, payer: Hashable, record: Stale, size: int) -> None:
+        """libzmq freed ``size`` bytes charged to ``payer`` outside the deliveries (``accounts.charge``)."""
+        state = self._state
+        if self.accounts.discharge(payer, record, size, state.inflight):
+            state.readiness += 1
 
-    def has_ready(self, queue: str) -> bool:
-        return self.ready_count(queue) > 0
+    def piped(self, payer: Hashable, size: int) -> None:
+        """``size`` bytes other than a delivery's body (replies, notices, an auto-ack delivery gone from
+        the store) were handed to libzmq for ``payer``: charged until its peer has them (accounts.py)."""
+        self.accounts.hold(payer, size)
 
-    def ready_count(self, queue: str) -> int:
-        """Stored messages of ``queue`` not in flight (some may turn out expired when taken)."""
-        info = self.store.queue(queue, create=False)
-        if info is None:
-            return 0
-        return info.count - self._state(info.qid).inflight
-
-    def take(
-        self,
-        queue: str,
-        n: int,
-        consumer: Hashable,
-        *,
-        now: float,
-        now_us: int,
-        timeout_s: float | None = None,
-        max_bytes: int | None = None,
-        payer: Hashable = None,
-    ) -> list[Message]:
-        """Hand up to ``n`` ready messages of ``queue`` to ``consumer``, oldest first: a run, in one call.
-
-        Each is counted as delivered (durably, with the next commit) and tracked in flight until
-        ``now + timeout_s``. Messages past their TTL or their delivery cap go to the dead letters.
-        Their bodies are charged to ``payer`` (``consumer`` if None; pzq/broker/accounts.py), and the
-        run stops at what its share has room for; with ``max_bytes`` too, it stops once their bodies
-        reach it (the first is always taken, so a payer with room for anything gets one message).
-        """
-        info = self.store.queue(queue, create=False)
-        if info is None or n <= 0:
-            return []
-        payer = consumer if payer is None else payer
-        room = self.accounts.room(payer, self.inflight)
-        if room <= 0:
-            return []
-        max_bytes = room if max_bytes is None else min(max_bytes, room)
-        state = self._state(info.qid)
-        deadline = now + (self.ack_timeout_s if timeout_s is None else timeout_s)
-        out: list[Message] = []
-        size, most = 0, max_bytes
-        while len(out) < n and size < most:
-            batch = self._next_ready(queue, info.qid, state, n - len(out), max_bytes=most - size)
-            if not batch:
-                break
-            sizes = [sum(map(len, m.frames)) for m in batch]
-            size += sum(sizes)
-            cut_short = self.cut_short
-            # Only a TTL, a message's own cap (in its meta) or --max-deliveries asks to look at each one
-            capped = self.max_deliveries
-            going = [m for m in batch if not (m.expires_us or m.meta or capped)]
-            if len(going) < len(batch):
-                going, kept = [], []
-                for message, length in zip(batch, sizes, strict=True):
-                    cap = (message.meta or {}).get("max_deliveries") or 0
-                    reason = self._past_limits(message.expires_us, cap, message.deliveries, now_us)
-                    if reason:
-                        self._dead_letter(message, reason, now_us)
-                    else:
-                        going.append(message)
-                        kept.append(length)
-                sizes = kept
-            if going:  # (the run's counts and in-flight entries in one call each)
-                again = self.store.mark_delivered_run(queue, going)
-                if again:
-                    self.counters.redelivered += again
-                    self._count(queue, "redelivered", again)
-                self.inflight.add_many([(m.qid, m.seq) for m in going], deadline, consumer, sizes, payer)
-                state.inflight += len(going)
-                out += going
-            if cut_short:  # (its bounded share of stale seqs passed: the rest is the next take's)
-                break
-        if size >= room:  # (stopped by the payer's room: it is told when it has more, see accounts.py)
-            self.accounts.filled(payer, self.inflight)
-        self.counters.delivered += len(out)
-        return out
-
-    def take_run(
-        self,
-        queue: str,
-        n: int,
-        consumer: Hashable,
-        *,
-        now: float,
-        now_us: int,
-        max_bytes: int | None = None,
-        payer: Hashable = None,
-    ) -> list[Taken]:
-        """``take`` as ``(ref, enqueued µs, frames)`` of each message (``take_columns``'s, row by row)."""
-        run = self.take_columns(queue, n, consumer, now=now, now_us=now_us, max_bytes=max_bytes, payer=payer)
-        return list(zip(run.refs, run.enqueued, run.frames, strict=True))
-
-    def take_columns(
-        self,
-        queue: str,
-        n: int,
-        consumer: Hashable,
-        *,
-        now: float,
-        now_us: int,
-        max_bytes: int | None = None,
-        payer: Hashable = None,
-    ) -> TakenRun:
-        """``take`` as columns (refs, enqueue times, frames, body sizes): the batch path. Where nothing asks
-        to look at each message (no --max-deliveries, none came back, no lease ranges, and as long as the
-        records have no TTL and no meta) the stored records are handed on as read, their counts and
-        in-flight entries set in one call each, every step over the run in C; from the first that needs
-        a look on, ``take`` goes on. The same effects, in the same order, as ``take`` (its bytes charged
-        to ``payer`` the same way)."""
-        out = TakenRun([], [], [], [], [])
-        info = self.store.queue(queue, create=False)
-        if info is None or n <= 0:
-            return out
-        payer = consumer if payer is None else payer
-        room = self.accounts.room(payer, self.inflight)
-        if room <= 0:
-            return out
-        max_bytes = room if max_bytes is None else min(max_bytes, room)
-        qid = info.qid
-        state = self._state(qid)
-        most, size = max_bytes, 0
-        if not (self.max_deliveries or state.requeued or self._held.get(qid)):
-            deadline = now + self.ack_timeout_s
-            while len(out.refs) < n and size < most:
-                start = state.cursor
-                run, state.cursor, stopped = self.store.plain_run(
-                    queue, state.cursor, n - len(out.refs), most - size, self.inflight.refs()
-                )
-                if run.refs:
-                    again = self.store.count_deliveries(queue, run)
-                    if again:
-                        self.counters.redelivered += again
-                        self._count(queue, "redelivered", again)
-                    sizes = list(map(sum, map(map, itertools.repeat(len), run.frames)))  # (each body's bytes)
-                    # (fresh: plain_run passed over what is in flight, and reads each record once)
-                    self.inflight.add_many(run.refs, deadline, consumer, sizes, payer, fresh=True)
-                    state.inflight += len(run.refs)
-                    self.counters.delivered += len(run.refs)
-                    size += sum(sizes)
-                    out.refs.extend(run.refs)
-                    out.enqueued.extend(run.enqueued)
-                    out.frames.extend(run.frames)
-                    out.sizes.extend(sizes)
-                    out.ids.extend(run.keys)
-                if stopped:
-                    break
-                if not run.refs and state.cursor == start:
-                    return out  # (the end of the queue: none ready)
-        if size >= room:
-            self.accounts.filled(payer, self.inflight)
-        if len(out.refs) < n and size < most:
-            left = most - size  # (take's first message is always taken: a big body alone, as take would)
-            for m in self.take(queue, n - len(out.refs), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer):
-                out.refs.append((m.qid, m.seq))
-                out.enqueued.append(m.enqueued_us)
-                out.frames.append(m.frames)
-                out.sizes.append(sum(map(len, m.frames)))
-                out.ids.append(KEY.pack(m.qid, m.seq))
-        return out
-
-    # -- whole queues -----------------------------------------------------------------------------
-
-    def drop_queue(self, queue: str) -> int:
-        """Delete a queue and everything in it, in flight included; returns how many messages it had.
-        It is gone for every client at once (its name may make a new, empty queue); its records are
-        deleted by ``drop_work``, a share per turn (a restart goes on with them: store/drops.py)."""
-        info = self.store.queue(queue, create=False)
-        if info is None:
-            return 0
-        self.inflight.remove_matching(lambda ref: ref[0] == info.qid)
-        self._held.pop(info.qid, None)
-        for ref in [r for r in self._late if r[0] == info.qid]:
-            del self._late[ref]
-        self._ready.pop(info.qid, None)
-        self.per_queue.pop(queue, None)
-        self._forget_owner(queue)
-        return self.store.drop_queue(queue)
-
-    @property
-    def dropping(self) -> bool:
-        """True while deleted queues' records are left to delete (``drop_work``)."""
-        return bool(self.store.dropping)
-
-    def dropping_left(self) -> tuple[int, int]:
-        """Deleted queues whose records are not all gone yet, and the messages and dead letters left."""
-        return self.store.dropping_left()
-
-    def drop_work(self, most: int, deadline: float | None = None) -> int:
-        """Delete up to ``most`` records of deleted queues, none past ``deadline`` (time.monotonic());
-        returns how many went."""
-        return self.store.drop_share(most, deadline) if self.store.dropping else 0
-
-    def purge(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
-        """Delete the ready messages of ``queue`` with seqs ``lo .. hi-1``, at most ``limit`` of the
-        stored ones walked (the operator's purge, done a share per turn); what is in flight to a
-        consumer or held by a group stays, to be settled by its holder. Returns (deleted, the seq to
-        go on from: ``hi`` once done)."""
-        info = self.store.queue(queue, create=False)
-        if info is None:
-            return 0, hi
-        held = self._held.get(info.qid)
-        seqs = self.store.seqs_in(queue, lo, hi, limit)
-        deleted = 0
-        for seq in seqs:
-            if (info.qid, seq) in self.inflight or (held and held.holder_of(seq) is not None):
-                continue
-            deleted += self.store.delete(queue, seq)
-        return deleted, hi if len(seqs) < limit else seqs[-1] + 1
-
-    # -- figures ----------------------------------------------------------------------------------
-
-    def queue_inflight(self, qid: int) -> int:
-        state = self._ready.get(qid)
-        return state.inflight if state else 0
-
-    def queue_figures(self, info: QueueInfo) -> dict:
-        """One queue's figures as STATS reports them."""
-        return {
-            "depth": info.count,
-            "inflight": self.queue_inflight(info.qid),
-            "dead_letters": info.dead_count,
-            "bytes": info.bytes,
-        }
-
-    def stats(self) -> dict:
-        """The figures of the six PZQ monitor lines (totals over all queues) and per queue."""
-        return {**self.totals(), "queues": {info.name: self.queue_figures(info) for info in self.store.queues()}}
-
-    def totals(self) -> dict:
-        """The figures of the six PZQ monitor lines, in their order (the monitor builds the per-queue
-        part of STATS apart, a slice a turn: pzq/admin/figures.py)."""
-        return {
-            "messages": sum(q.count for q in self.store.queues()),
-            "messages_inflight": len(self.inflight) + sum(held.count for held in self._held.values()),
-            "db_size": self.store.disk_bytes(),
-            "inflight_db_size": self.inflight.approx_bytes(),
-            "syncs": self.store.syncs,
-            "expired_messages": self.counters.expired,
-        }
+    def unpiped(self, payer: Hashable, size: int) -> None:
+        """``payer``'s peer's TCP acknowledged ``size`` of its piped bytes."""
+        state = self._state
+        if self.accounts.let_go(payer, size, state.inflight):
+            state.readiness += 1

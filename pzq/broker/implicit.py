@@ -1,4 +1,5 @@
-"""Queues made by clients' requests: who made them (a share each), who still uses them, and their expiry.
+"""The broker's part that keeps the queues made by clients' requests: who made them (a share each),
+who still uses them, and their expiry.
 
 A queue a client's request made (a produce, an MQKS consume or rebind, a consumer group) is *implicit*
 (``QueueInfo.implicit``); one named by the operator (``--queue``) is explicit and never expires. An
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from pzq.broker.state import BrokerState
@@ -55,17 +56,23 @@ class QueueUser(Protocol):
         ...
 
 
-class ImplicitQueues(BrokerState):
+class ImplicitQueues:
     """The Broker's implicit queues: their owners' shares, their users and their bounded expiry."""
 
-    implicit_ttl_s = 60.0
-    implicit_per_owner = 0  # 0: no share per owner (the server sets it from the limits)
-    implicit_reserve_part = 8
-    sweep_per_call = 256
-
-    def _init_implicit(self, ttl_s: float, per_owner: int, sweep_per_call: int, reserve_part: int = 8) -> None:
+    def __init__(
+        self,
+        state: BrokerState,
+        drop: Callable[[str], int],
+        *,
+        ttl_s: float,
+        per_owner: int,
+        sweep_per_call: int,
+        reserve_part: int = 8,
+    ):
+        """``drop``: deletes a queue (the Broker's ``drop_queue``, which tells ``forget_owner``)."""
+        self._s, self._store, self._drop = state, state.store, drop
         self.implicit_ttl_s = ttl_s
-        self.implicit_per_owner = per_owner
+        self.implicit_per_owner = per_owner  # 0: no share per owner
         self.implicit_reserve_part = max(1, reserve_part)  # the room's last part, for clients that made none
         self.sweep_per_call = sweep_per_call
         self._users: list[QueueUser] = []
@@ -93,7 +100,7 @@ class ImplicitQueues(BrokerState):
         there is no room for it, ``owner`` made its share already, ``owner`` made some and only the
         reserve for clients that made none is left, or implicit queues have taken theirs; StoreError for
         a bad name. ``owner`` is who asks: a connection, or its CURVE key."""
-        info = self.store.queue(queue, create=False)
+        info = self._store.queue(queue, create=False)
         if info is not None:
             return info
         if owner is not None and self.implicit_per_owner:
@@ -101,13 +108,13 @@ class ImplicitQueues(BrokerState):
             refusal = self._refusal(len(made) if made else 0)
             if refusal is not None and made:
                 for stale in [name for name in made if not self._still_implicit(name)]:
-                    self._forget_owner(stale)  # (made in a turn that was rolled back)
+                    self.forget_owner(stale)  # (made in a turn that was rolled back)
                 refusal = self._refusal(len(made))
             if refusal is not None:
                 self.implicit_refused += 1
                 raise StoreFull(refusal)
         try:
-            info = self.store.queue(queue, implicit=True)
+            info = self._store.queue(queue, implicit=True)
         except StoreFull:
             self.implicit_refused += 1
             raise
@@ -123,8 +130,8 @@ class ImplicitQueues(BrokerState):
                 f"queue full: this client made {made} queues that still exist, its share of "
                 "--max-queues (they expire when empty and unused)"
             )
-        reserve = self.store.max_implicit // self.implicit_reserve_part
-        if made and self.store.implicit_count >= self.store.max_implicit - reserve:
+        reserve = self._store.catalog.max_implicit // self.implicit_reserve_part
+        if made and self._store.catalog.implicit_count >= self._store.catalog.max_implicit - reserve:
             return (
                 f"queue full: the last {reserve} queues clients' requests may make are kept for clients "
                 f"that have made none yet, and this one made {made} (they expire when empty and unused)"
@@ -136,7 +143,7 @@ class ImplicitQueues(BrokerState):
         for queue in self._made_by.pop(owner, ()):
             self._owner_of.pop(queue, None)
 
-    def _forget_owner(self, queue: str) -> None:
+    def forget_owner(self, queue: str) -> None:
         """``queue`` is gone: it no longer counts against whoever made it."""
         owner = self._owner_of.pop(queue, None)
         made = self._made_by.get(owner) if owner is not None else None
@@ -146,23 +153,23 @@ class ImplicitQueues(BrokerState):
                 del self._made_by[owner]
 
     def _still_implicit(self, queue: str) -> bool:
-        info = self.store.queue(queue, create=False)
+        info = self._store.queue(queue, create=False)
         return info is not None and info.implicit
 
     def in_use(self, info: QueueInfo) -> bool:
         """True if the queue holds anything or any user still uses it."""
-        if info.count or info.dead_count or self._held.get(info.qid):
+        if info.count or info.dead_count or self._s.ranges.get(info.qid):
             return True
         return any(user.uses_queue(info.name) for user in self._users)
 
     def pressed(self) -> bool:
         """True while implicit queues fill nine tenths of the room they may take: a flood of names from
         connections that come and go, each within its share. Unused ones then expire at once."""
-        return self.store.implicit_count * 10 >= self.store.max_implicit * 9
+        return self._store.catalog.implicit_count * 10 >= self._store.catalog.max_implicit * 9
 
     def next_sweep(self) -> float | None:
         """When the sweep has work next (None while there are no implicit queues)."""
-        if not self.store.implicit_count:
+        if not self._store.catalog.implicit_count:
             return None
         return min(self._next_sweep, self._pass_done + PRESSED_REST_S) if self.pressed() else self._next_sweep
 
@@ -176,7 +183,7 @@ class ImplicitQueues(BrokerState):
             return 0
         ttl = 0.0 if self.pressed() else self.implicit_ttl_s
         if self._sweep_at >= len(self._sweep_names):  # a pass begins: with the implicit queues of now
-            self._sweep_names, self._sweep_at = self.store.implicit_names(), 0
+            self._sweep_names, self._sweep_at = self._store.catalog.implicit_names(), 0
             known = set(self._sweep_names)
             for name in [n for n in self._unused_since if n not in known]:
                 del self._unused_since[name]
@@ -189,7 +196,7 @@ class ImplicitQueues(BrokerState):
                 break  # (16 queues at least: a call always moves the pass on)
             name = self._sweep_names[self._sweep_at]
             self._sweep_at += 1
-            info = self.store.queue(name, create=False)
+            info = self._store.queue(name, create=False)
             if info is None or not info.implicit or self.in_use(info):
                 self._unused_since.pop(name, None)
                 continue
@@ -211,16 +218,13 @@ class ImplicitQueues(BrokerState):
 
     def _expire_queue(self, queue: str) -> None:
         del self._unused_since[queue]
-        self.drop_queue(queue)
+        self._drop(queue)
         for user in self._users:
             user.queue_expired(queue)
         self.implicit_expired += 1
         log.debug("queue %r expired", queue)
 
-    def drop_queue(self, queue: str) -> int:  # (the Broker's, in core.py)
-        raise NotImplementedError
-
-    def reset_implicit(self) -> None:
+    def reset(self) -> None:
         """The turn was rolled back: every clock starts again (a queue the sweep deleted may be back)."""
         self._unused_since.clear()
         self._sweep_names, self._sweep_at = [], 0

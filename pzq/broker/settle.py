@@ -1,5 +1,5 @@
-"""Answers from consumers, and deliveries that end without one: ack, nack, requeue, dead-letter,
-take back, undeliver, ack timeouts, consumers gone.
+"""The broker's part that ends deliveries: answers from consumers (ack, nack, requeue, dead-letter,
+take back) and deliveries that end without one (undeliver, ack timeouts, consumers gone).
 
 Ownership: a client settles only what was delivered to it. ``by`` is the holder a protocol gave
 ``take`` (a connection, a consumer, a worker, the native send socket, a lease group). A request naming
@@ -22,18 +22,25 @@ _LATE_NOBODY = (object(), None, 0)
 _consumer, _payer, _qid, _seq = attrgetter("consumer"), attrgetter("payer"), itemgetter(0), itemgetter(1)
 
 
-class Settling(BrokerState):
-    """The Broker's settling of deliveries, by their holder or by time."""
+class Settling:
+    """The Broker's settling of deliveries, by their holder or by time (rules 3, 6, 7, 8)."""
+
+    def __init__(self, state: BrokerState):
+        self._s = state
+        # (what a reset only clears, never replaces: kept here, a lookup less on the hot paths)
+        self._store, self._counters, self._accounts = state.store, state.counters, state.accounts
+        self._late, self._settle, self._requeue = state.late, state.settle, state.requeue
+        self._ready_of, self._count = state.ready_of, state.count
 
     def holds(self, ref: Ref, by: Hashable) -> bool:
         """True if ``by`` may settle ``ref``: it holds the delivery, or its delivery timed out (or it
         left) and nobody has settled the message since (a late answer; see ``Limits.late_memory``)."""
-        delivery = self.inflight.get(ref)
+        delivery = self._s.inflight.get(ref)
         if delivery is not None and delivery.consumer == by:
             return True
         if delivery is not None and isinstance(delivery.consumer, Exclusive):
             return False  # a durable lease: only its group may settle it, however late the answer
-        held = self._held.get(ref[0])
+        held = self._s.ranges.get(ref[0])
         if held and held.holder_of(ref[1]) is not None:
             return False  # leased by a group, which settles by range (ack_range), never by message
         return self._late.get(ref, _LATE_NOBODY)[0] == by
@@ -44,15 +51,13 @@ class Settling(BrokerState):
         if not self._may_settle(ref, by):
             return False
         self._settle(ref, by)
-        info = self.store.queue_by_id(ref[0])
-        if info is None or not self.store.delete(info.name, ref[1]):
+        info = self._store.queue_by_id(ref[0])
+        if info is None or not self._store.delete(info.name, ref[1]):
             return False
-        self.counters.acked += 1
+        self._counters.acked += 1
         self._count(info.name, "acked")
-        if by in self.keep_on_rollback:
-            self._unwritten[ref] = None
-            if len(self._unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del self._unwritten[next(iter(self._unwritten))]
+        if by in self._s.keep_on_rollback:
+            self._s.keep_unwritten((ref,))
         return True
 
     def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]:
@@ -61,7 +66,7 @@ class Settling(BrokerState):
         refs = list(refs)
         if refs and (not_held := self._ack_held_run(refs, by)) is not None:
             return not_held
-        get, holds, counters = self.inflight.table().get, self.holds, self.counters
+        get, holds, counters = self._s.inflight.table().get, self.holds, self._counters
         settled: dict[Ref, None] = {}  # in order; a repeat is refused, as a second ack would be
         for ref in refs:
             delivery = get(ref)
@@ -75,12 +80,12 @@ class Settling(BrokerState):
         if late:
             for ref in settled:
                 entry = late.pop(ref, None)
-                if entry is not None and entry[1] is not None and entry[0] == by:  # (see _settle)
-                    self.accounts.settled_late(entry[1], entry[2])
+                if entry is not None and entry[1] is not None and entry[0] == by:  # (see BrokerState.settle)
+                    self._accounts.settled_late(entry[1], entry[2])
         per_queue: dict[int, list[int]] = {}
         gone: dict[int, int] = {}  # qid -> deliveries of it that were in flight (settled here)
         payer: Hashable = _LATE_NOBODY  # (the run's payer whose bytes were released: usually one)
-        for ref, delivery in zip(settled, self.inflight.remove_many(list(settled)), strict=True):
+        for ref, delivery in zip(settled, self._s.inflight.remove_many(list(settled)), strict=True):
             qid = ref[0]
             seqs = per_queue.get(qid)
             if seqs is None:
@@ -90,27 +95,22 @@ class Settling(BrokerState):
                 gone[qid] = gone.get(qid, 0) + 1
                 if delivery.size and delivery.payer != payer:
                     payer = delivery.payer
-                    if self.accounts.released(payer, self.inflight):
-                        self.readiness += 1
+                    if self._accounts.released(payer, self._s.inflight):
+                        self._s.readiness += 1
         for qid, n in gone.items():
-            self._state(qid).inflight -= n
+            self._ready_of(qid).inflight -= n
         failed: set[Ref] = set()  # settled but no longer stored
         for qid, seqs in per_queue.items():
-            info = self.store.queue_by_id(qid)
-            oks = [False] * len(seqs) if info is None else self.store.delete_many(info.name, seqs)
+            info = self._store.queue_by_id(qid)
+            oks = [False] * len(seqs) if info is None else self._store.delete_many(info.name, seqs)
             done = sum(oks)
             if done < len(seqs):
                 failed.update((qid, seq) for seq, ok in zip(seqs, oks, strict=True) if not ok)
             if done and info is not None:
                 counters.acked += done
                 self._count(info.name, "acked", done)
-        if by in self.keep_on_rollback:
-            unwritten = self._unwritten
-            for ref in settled:
-                if ref not in failed:
-                    unwritten[ref] = None
-            while len(unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del unwritten[next(iter(unwritten))]
+        if by in self._s.keep_on_rollback:
+            self._s.keep_unwritten(ref for ref in settled if ref not in failed)
         if not failed and len(settled) == len(refs):
             return []
         acked = {ref for ref in settled if ref not in failed}
@@ -127,38 +127,35 @@ class Settling(BrokerState):
         in flight to ``by`` (no late answer among them). Returns what was refused (in flight, but no
         longer stored), or None, having changed nothing, for any other run (``ack_many`` then settles it
         ref by ref): the same effects as that."""
-        found = list(map(self.inflight.table().get, refs))
+        found = list(map(self._s.inflight.table().get, refs))
         if None in found or set(map(_consumer, found)) != {by} or len(set(refs)) != len(refs):
             return None
         qids = set(map(_qid, refs))
-        info = self.store.queue_by_id(next(iter(qids))) if len(qids) == 1 else None
+        info = self._store.queue_by_id(next(iter(qids))) if len(qids) == 1 else None
         if info is None or self._late and not self._late.keys().isdisjoint(refs):
             return None
-        self.inflight.remove_many(refs)
-        self._state(info.qid).inflight -= len(refs)
+        self._s.inflight.remove_many(refs)
+        self._ready_of(info.qid).inflight -= len(refs)
         for payer in set(map(_payer, found)):  # (their bytes released: usually one payer)
-            if self.accounts.released(payer, self.inflight):
-                self.readiness += 1
-        oks = self.store.delete_many(info.name, list(map(_seq, refs)))
+            if self._accounts.released(payer, self._s.inflight):
+                self._s.readiness += 1
+        oks = self._store.delete_many(info.name, list(map(_seq, refs)))
         done = oks.count(True)
         if done:
-            self.counters.acked += done
+            self._counters.acked += done
             self._count(info.name, "acked", done)
-        if by in self.keep_on_rollback:
-            unwritten = self._unwritten
-            unwritten.update(zip(itertools.compress(refs, oks), itertools.repeat(None)))
-            while len(unwritten) > self.rollback_acks_kept:  # (a commit failing for long: bounded)
-                del unwritten[next(iter(unwritten))]
+        if by in self._s.keep_on_rollback:
+            self._s.keep_unwritten(itertools.compress(refs, oks))
         return [] if done == len(refs) else [ref for ref, ok in zip(refs, oks, strict=True) if not ok]
 
     def nack(self, ref: Ref, *, by: Hashable) -> bool:
         """Requeue a message ``by`` holds in flight at once, ahead of newer ones. False otherwise."""
-        delivery = self.inflight.get(ref)
+        delivery = self._s.inflight.get(ref)
         if delivery is None or delivery.consumer != by:
-            self.counters.refused_not_held += 1
+            self._counters.refused_not_held += 1
             return False
         self._settle(ref, by)
-        self.counters.nacked += 1
+        self._counters.nacked += 1
         self._requeue(ref)
         return True
 
@@ -168,8 +165,8 @@ class Settling(BrokerState):
         if message is None:
             return False
         self._settle(ref, by)
-        self.store.requeue_at_end(message, expires_us=expires_us)
-        self.readiness += 1
+        self._store.requeue_at_end(message, expires_us=expires_us)
+        self._s.readiness += 1
         return True
 
     def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool:
@@ -178,46 +175,46 @@ class Settling(BrokerState):
         if message is None:
             return False
         self._settle(ref, by)
-        self._dead_letter(message, reason, now_us)
+        self._s.to_dead_letters(message, reason, now_us)
         return True
 
     def _may_settle(self, ref: Ref, by: Hashable) -> bool:
         if self.holds(ref, by):
             return True
-        self.counters.refused_not_held += 1
+        self._counters.refused_not_held += 1
         return False
 
     def stored(self, ref: Ref) -> Message | None:
         """The stored message of ``ref``; None once it is gone."""
-        info = self.store.queue_by_id(ref[0])
-        return None if info is None else self.store.get(info.name, ref[1])
+        info = self._store.queue_by_id(ref[0])
+        return None if info is None else self._store.get(info.name, ref[1])
 
     def set_deadline(self, ref: Ref, deadline: float) -> None:
         """Give a delivery in flight its own deadline (eMQP's timeout:N) instead of the ack timeout."""
-        delivery = self.inflight.get(ref)
+        delivery = self._s.inflight.get(ref)
         if delivery is not None:
-            self.inflight.add(ref, deadline, delivery.consumer, delivery.size, delivery.payer)
+            self._s.inflight.add(ref, deadline, delivery.consumer, delivery.size, delivery.payer)
 
     def deadline(self, ref: Ref, holder: Hashable) -> float | None:
         """When ``holder``'s delivery of ``ref`` times out; None if ``ref`` is not in flight to ``holder``
         (a gateway's question: when did it leave, is it still ours)."""
-        delivery = self.inflight.get(ref)
+        delivery = self._s.inflight.get(ref)
         return delivery.deadline if delivery is not None and delivery.consumer == holder else None
 
     def hold(self, ref: Ref, consumer: Hashable) -> None:
         """Keep a stored message away from every consumer until ``consumer`` settles it (a durable
         lease re-registered after a restart). It has no deadline here: its holder decides."""
-        if ref not in self.inflight:
-            self._state(ref[0]).inflight += 1
-        self.inflight.add(ref, math.inf, consumer)
+        if ref not in self._s.inflight:
+            self._ready_of(ref[0]).inflight += 1
+        self._s.inflight.add(ref, math.inf, consumer)
 
     def undeliver(self, ref: Ref) -> None:
         """A delivery that never left (the socket refused it): requeue it and take back its count."""
         if self._settle(ref) is None:
             return
-        info = self.store.queue_by_id(ref[0])
+        info = self._store.queue_by_id(ref[0])
         if info is not None:
-            self.store.unmark_delivered(info.name, ref[1])
+            self._store.unmark_delivered(info.name, ref[1])
         self._requeue(ref)
 
     def undeliver_many(self, refs: Iterable[Ref]) -> None:
@@ -228,39 +225,39 @@ class Settling(BrokerState):
     def expire(self, now: float, limit: int | None = None) -> int:
         """Requeue the deliveries whose ack timeout has passed, earliest first and at most ``limit`` (the
         rest the next time: ``next_deadline`` is then already due); returns how many."""
-        expired = self.inflight.pop_expired(now, limit)
+        expired = self._s.inflight.pop_expired(now, limit)
         for delivery in expired:
-            self._state(delivery.ref[0]).inflight -= 1
-            self._timed_out(delivery)  # (its copy may still sit in a pipe that is not read)
+            self._ready_of(delivery.ref[0]).inflight -= 1
+            self._s.timed_out(delivery)  # (its copy may still sit in a pipe that is not read)
             self._requeue(delivery.ref)
-        self.counters.expired += len(expired)
+        self._counters.expired += len(expired)
         return len(expired)
 
     def consumer_gone(self, consumer: Hashable) -> int:
         """Requeue everything ``consumer`` held, at once; returns how many. Its copies go with it where
         it paid for them (its connection closed); where another payer did (an MQKS connection whose
         consumer was cancelled), they stay charged to that payer until its answer or its end."""
-        held = self.inflight.remove_consumer(consumer)
+        held = self._s.inflight.remove_consumer(consumer)
         for delivery in held:
-            self._state(delivery.ref[0]).inflight -= 1
+            self._ready_of(delivery.ref[0]).inflight -= 1
             if delivery.payer == consumer:
-                self._remember_late(delivery.ref, consumer)
+                self._s.remember_late(delivery.ref, consumer)
             else:
-                self._timed_out(delivery)
+                self._s.timed_out(delivery)
             self._requeue(delivery.ref)
-        self.payer_gone(consumer)
+        self._s.payer_gone(consumer)
         return len(held)
 
     def take_back(self, ref: Ref, *, by: Hashable) -> bool:
         """Requeue a delivery ``by`` holds before its deadline (consumers holding too much together);
         as after an ack timeout, a late ack from ``by`` still counts."""
-        delivery = self.inflight.get(ref)
+        delivery = self._s.inflight.get(ref)
         if delivery is None or delivery.consumer != by:
             return False
         self._settle(ref, by)
-        self._timed_out(delivery)  # (taken back, not read: its copy may still be in the pipe)
+        self._s.timed_out(delivery)  # (taken back, not read: its copy may still be in the pipe)
         self._requeue(ref)
-        self.counters.expired += 1
+        self._counters.expired += 1
         return True
 
     def take_back_many(self, refs: Iterable[Ref], *, by: Hashable) -> int:
@@ -269,7 +266,7 @@ class Settling(BrokerState):
 
     def held_count(self, holder: Hashable) -> int:
         """How many deliveries ``holder`` holds (a gateway's question; the in-flight table is the broker's)."""
-        return self.inflight.count(holder)
+        return self._s.inflight.count(holder)
 
     def next_deadline(self) -> float | None:
-        return self.inflight.next_deadline()
+        return self._s.inflight.next_deadline()

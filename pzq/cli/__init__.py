@@ -1,8 +1,8 @@
 """The `pzq` command line (click). Wiring only: the work lives in server, clients, check and bench.
 
-``serve`` (pzq/cli/serve.py) takes its options from Config's fields; the clients' commands are in
-clients.py, the store and key commands in admin.py, the queue and clients commands through the monitor in
-queues.py, the benchmark in bench.py.
+``serve`` (pzq/cli/serve.py) takes its options from Config's fields; the native clients' commands are in
+clients.py, the MQKS ones in mqks.py, the store and key commands in admin.py, the queue and clients
+commands through the monitor in queues.py, the benchmark in bench.py.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, backup, bench, clients, console, queues, serve
+from pzq.cli import admin, backup, bench, clients, console, mqks, queues, serve
+from pzq.cli.common import Group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="pzq")
 def cli() -> None:
     """pzq: a durable message queue that speaks PZQ (and more) on ZeroMQ and LMDB."""
@@ -26,7 +27,7 @@ for command in (
     clients.produce,
     clients.consume,
     admin.keygen,
-    clients.mqks_group,
+    mqks.mqks_group,
     admin.dead_letters,
     queues.queue_group,
     queues.clients,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
-from pzq.cli.common import Duration, errors_to_exit, fail
+from pzq.cli.common import Duration, duration_help, errors_to_exit, fail
 from pzq.errors import ConfigError
 
 # What each `pzq bench --protocol` reads: an option it does not read is refused, never silently ignored.
@@ -22,103 +25,134 @@ _BENCH_OPTIONS = {
 _BENCH_COUNT = {"pzq": 100_000, "phpmq": 100_000, "mqks": 10_000, "emqp": 5_000, "spark": 100_000}
 
 
+def _options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Many click options as one decorator, in the order written (as if stacked above the function)."""
+
+    def apply(func: Any) -> Any:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+# What is measured (the workload) and how the run is set up: two groups, so that `bench` itself stays short
+_WORKLOAD = _options(
+    click.option(
+        "--protocol",
+        type=click.Choice(list(_BENCH_OPTIONS)),
+        default="pzq",
+        show_default=True,
+        help="What the clients speak: pzq (native, with the no-storage ceiling), phpmq (no ceiling, no send "
+        "receipt), mqks (publish, consume, ack), emqp (jobs through a real eventmq JobManager), spark (the connector).",
+    ),
+    click.option(
+        "--count",
+        "--messages",
+        "--jobs",
+        "count",
+        type=int,
+        default=None,
+        help="Messages per throughput phase (jobs for emqp).  [default: 100000; mqks 10000; emqp 5000]",
+    ),
+    click.option(
+        "--latency-count",
+        type=int,
+        default=10_000,
+        show_default=True,
+        help="Messages of the window-1 (ack latency) phase.",
+    ),
+    click.option("--size", type=int, default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16)."),
+    click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer."),
+    click.option("--producers", type=int, default=1, show_default=True, help="Producer processes."),
+    click.option("--consumers", type=int, default=1, show_default=True, help="Consumer processes."),
+    click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase."),
+    click.option(
+        "--paced-seconds",
+        type=Duration(),
+        metavar="DURATION",
+        default="5s",
+        show_default=True,
+        help=duration_help("Length of the paced phase."),
+    ),
+    click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians."),
+    click.option(
+        "--preload",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Store N messages before the server starts (scale test).",
+    ),
+)
+_SETUP = _options(
+    click.option(
+        "--transport",
+        type=click.Choice(["tcp", "ipc"]),
+        default="tcp",
+        show_default=True,
+        help="How clients reach the server.",
+    ),
+    click.option(
+        "--hard-sync/--no-hard-sync",
+        default=True,
+        show_default=True,
+        help="The server fsyncs every commit (as `pzq serve`).",
+    ),
+    click.option(
+        "--ceiling/--no-ceiling",
+        default=True,
+        show_default=True,
+        help="Also drive a no-storage pyzmq echo server with the same producer code.",
+    ),
+    click.option(
+        "--client",
+        type=click.Choice(["legacy", "batched", "both"]),
+        default="legacy",
+        show_default=True,
+        help="pzq: one message per ZeroMQ message (legacy), PZQ-BATCH/1 producers and consumers (batched: "
+        "the same --window messages in flight, a consumer credit of --window), or both on one server.",
+    ),
+    click.option(
+        "--batch-size",
+        type=int,
+        default=50,
+        show_default=True,
+        help="pzq batched: messages per batch (--window / --batch-size batches in flight, at least one).",
+    ),
+    click.option(
+        "--batch", type=int, default=None, help="spark: maxMessagesPerBatch.  [default: the connector's, 500,000]"
+    ),
+    click.option(
+        "--spark-master",
+        default="local[2]",
+        show_default=True,
+        help="spark: where the queries run (spark://HOST:PORT for a standalone cluster).",
+    ),
+    click.option("--concurrent", type=int, default=4, show_default=True, help="emqp: the JobManager's job processes."),
+    click.option(
+        "--broker",
+        type=click.Choice(["pzq", "reference", "both"]),
+        default="both",
+        show_default=True,
+        help="emqp: via whom.",
+    ),
+    click.option(
+        "--server-arg",
+        "server_args",
+        multiple=True,
+        help="Extra argument for `pzq serve` (repeatable).  [default: none]",
+    ),
+    click.option("--json", "json_path", default="pzq-bench.json", show_default=True, help="Where to write JSON."),
+    click.option(
+        "--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).  [default: none]"
+    ),
+    click.option("--quiet", is_flag=True, help="No progress bar."),
+)
+
+
 @click.command()
-@click.option(
-    "--protocol",
-    type=click.Choice(list(_BENCH_OPTIONS)),
-    default="pzq",
-    show_default=True,
-    help="What the clients speak: pzq (native, with the no-storage ceiling), phpmq (no ceiling, no send "
-    "receipt), mqks (publish, consume, ack), emqp (jobs through a real eventmq JobManager), spark (the connector).",
-)
-@click.option(
-    "--count",
-    "--messages",
-    "--jobs",
-    "count",
-    type=int,
-    default=None,
-    help="Messages per throughput phase (jobs for emqp).  [default: 100000; mqks 10000; emqp 5000]",
-)
-@click.option(
-    "--latency-count", type=int, default=10_000, show_default=True, help="Messages of the window-1 (ack latency) phase."
-)
-@click.option("--size", type=int, default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16).")
-@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer.")
-@click.option("--producers", type=int, default=1, show_default=True, help="Producer processes.")
-@click.option("--consumers", type=int, default=1, show_default=True, help="Consumer processes.")
-@click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase.")
-@click.option(
-    "--paced-seconds",
-    type=Duration("s"),
-    metavar="DURATION",
-    default="5s",
-    show_default=True,
-    help="Length of the paced phase; a plain number is seconds.",
-)
-@click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians.")
-@click.option(
-    "--preload", type=int, default=0, show_default=True, help="Store N messages before the server starts (scale test)."
-)
-@click.option(
-    "--transport",
-    type=click.Choice(["tcp", "ipc"]),
-    default="tcp",
-    show_default=True,
-    help="How clients reach the server.",
-)
-@click.option(
-    "--hard-sync/--no-hard-sync",
-    default=True,
-    show_default=True,
-    help="The server fsyncs every commit (as `pzq serve`).",
-)
-@click.option(
-    "--ceiling/--no-ceiling",
-    default=True,
-    show_default=True,
-    help="Also drive a no-storage pyzmq echo server with the same producer code.",
-)
-@click.option(
-    "--client",
-    type=click.Choice(["legacy", "batched", "both"]),
-    default="legacy",
-    show_default=True,
-    help="pzq: one message per ZeroMQ message (legacy), PZQ-BATCH/1 producers and consumers (batched: "
-    "the same --window messages in flight, a consumer credit of --window), or both on one server.",
-)
-@click.option(
-    "--batch-size",
-    type=int,
-    default=50,
-    show_default=True,
-    help="pzq batched: messages per batch (--window / --batch-size batches in flight, at least one).",
-)
-@click.option(
-    "--batch", type=int, default=None, help="spark: maxMessagesPerBatch.  [default: the connector's, 500,000]"
-)
-@click.option(
-    "--spark-master",
-    default="local[2]",
-    show_default=True,
-    help="spark: where the queries run (spark://HOST:PORT for a standalone cluster).",
-)
-@click.option("--concurrent", type=int, default=4, show_default=True, help="emqp: the JobManager's job processes.")
-@click.option(
-    "--broker",
-    type=click.Choice(["pzq", "reference", "both"]),
-    default="both",
-    show_default=True,
-    help="emqp: via whom.",
-)
-@click.option(
-    "--server-arg", "server_args", multiple=True, help="Extra argument for `pzq serve` (repeatable).  [default: none]"
-)
-@click.option("--json", "json_path", default="pzq-bench.json", show_default=True, help="Where to write JSON.")
-@click.option(
-    "--plot", "plot_path", default=None, help="Write a latency distribution PNG here (matplotlib).  [default: none]"
-)
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_WORKLOAD
+@_SETUP
 @click.pass_context
 @errors_to_exit
 def bench(

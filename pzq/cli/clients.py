@@ -1,34 +1,28 @@
-"""The clients' commands: produce, consume and monitor (native), and mqks publish/consume."""
+"""The native clients' commands: produce, consume and monitor (the MQKS ones are in mqks.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import click
 
-from pzq import config
 from pzq.cli.common import (
     Duration,
     answer_timeout_option,
     config_option,
     curve,
     curve_options,
+    duration_help,
     errors_to_exit,
+    from_settings,
     monitor_endpoint,
     resolve,
 )
 from pzq.clients import native as client
 from pzq.config import beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
-
-
-def _from_settings(name: str) -> str:
-    """The default of a client's endpoint option: the server's setting, as `pzq serve` reads it."""
-    default = config.FIELDS[name].metadata["shown"] or config.FIELDS[name].default
-    return f"  [default: --config's {name} or $PZQ_{name.upper()}, else {default}]"
 
 
 @click.command()
@@ -41,10 +35,12 @@ def _from_settings(name: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the STATS JSON instead of a table.")
 @click.option(
     "--watch",
-    type=Duration("s"),
+    type=Duration(),
     metavar="DURATION",
-    help="Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time); "
-    "a plain number is seconds.  [default: show once]",
+    help=duration_help(
+        "Redraw this often until ^C (on a terminal in place; else one block per interval, each with its time)."
+    )
+    + "  [default: show once]",
 )
 @answer_timeout_option
 @curve_options
@@ -55,7 +51,7 @@ def monitor(config_file, monitor_dsn, as_json, watch, timeout, curve_client_key,
     keys = curve(curve_client_key, curve_server_key)
     in_place = bool(watch) and sys.stdout.isatty()
     while True:
-        figures = client.stats(endpoint, timeout_ms=round(timeout * 1000), curve=keys)
+        figures = client.stats(endpoint, timeout_s=timeout, curve=keys)
         if as_json:
             click.echo(json.dumps(figures, indent=2))
         else:
@@ -99,7 +95,7 @@ def _table(figures: dict) -> str:
 
 @click.command()
 @config_option
-@click.option("--receive-dsn", help="Producers' endpoint." + _from_settings("receive_dsn"))
+@click.option("--receive-dsn", help="Producers' endpoint." + from_settings("receive_dsn"))
 @click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
 @click.option(
     "--batch",
@@ -109,7 +105,12 @@ def _table(figures: dict) -> str:
     help="Messages per batch (PZQ-BATCH/1, where the server speaks it); 1 sends one message at a time.",
 )
 @click.option(
-    "--timeout", type=Duration("ms"), default="10s", show_default=True, help="Wait for each ack; a plain number is ms."
+    "--timeout",
+    type=Duration(was="ms"),
+    default="10s",
+    metavar="DURATION",
+    show_default=True,
+    help=duration_help("Wait for each ack.", was="ms"),
 )
 @click.argument("messages", nargs=-1)
 @curve_options
@@ -123,7 +124,7 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    with client.Producer(endpoint, timeout_ms=round(timeout * 1000), curve=keys) as producer:
+    with client.Producer(endpoint, timeout_s=timeout, curve=keys) as producer:
         if batch > 1:  # (a server without batches gets one message at a time, --window in flight)
             per = min(batch, max(1, window))
             results = producer.send_many(bodies, batch=per, window=max(1, window // per))
@@ -139,20 +140,21 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 
 @click.command()
 @config_option
-@click.option("--send-dsn", help="Consumers' endpoint." + _from_settings("send_dsn"))
+@click.option("--send-dsn", help="Consumers' endpoint." + from_settings("send_dsn"))
 @click.option(
     "--consume-dsn",
     help="Batched consumers' endpoint (auto: beside the send socket; with --send-dsn alone, the one beside it); "
     "'' = the send socket only. A "
-    "server without it is consumed from the send socket." + _from_settings("consume_dsn"),
+    "server without it is consumed from the send socket." + from_settings("consume_dsn"),
 )
 @click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
 @click.option(
     "--timeout",
-    type=Duration("ms"),
+    type=Duration(was="ms"),
     default="10s",
+    metavar="DURATION",
     show_default=True,
-    help="Wait for each message before giving up (exit 1); a plain number is ms.",
+    help=duration_help("Wait for each message before giving up (exit 1).", was="ms"),
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
@@ -169,14 +171,13 @@ def consume(
     cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn)
     out = sys.stdout.buffer
     got = 0
-    wait_ms = round(timeout * 1000)
     keys = curve(curve_client_key, curve_server_key)
     # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
     # 'auto' puts beside that send socket)
     batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else beside_send(send_dsn)
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
-            batch = consumer.receive(count - got if count else 100, wait_ms)
+            batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
             if not batch:
                 click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
                 sys.exit(ExitCode.FAILURE)
@@ -189,97 +190,5 @@ def consume(
                     out.write(b"\t".join(body))
                 out.write(b"\n")
             out.flush()
-            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], wait_ms)
+            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], timeout_s=timeout)
             got += len(batch)
-
-
-@click.group("mqks")
-def mqks_group() -> None:
-    """Publish and consume through the MQKS gateway (one text line per request)."""
-
-
-@mqks_group.command("publish")
-@config_option
-@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
-@click.argument("event")
-@click.argument("data", nargs=-1)
-@errors_to_exit
-def mqks_publish(config_file, mqks_dsn, event, data) -> None:
-    """Publish DATA (words joined by spaces, or each line of standard input) to EVENT, confirmed durable."""
-    from pzq.clients.mqks import MqksClient
-
-    endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
-    lines = [" ".join(data)] if data else [line.rstrip("\r\n") for line in sys.stdin]
-    # MQKS answers a publish nothing is bound to as any other (the message is dropped, as the reference
-    # does): the server's unrouted count says so, where its monitor is the configured server's own.
-    monitor_at = None if mqks_dsn else monitor_endpoint(config_file, None)
-    before = _unrouted(monitor_at)
-    with MqksClient(endpoint) as mq:
-        for line in lines:
-            mq.publish(event, line)
-    after = _unrouted(monitor_at)
-    dropped = min(len(lines), after - before) if before is not None and after is not None else 0
-    if dropped:
-        click.echo(
-            f"{len(lines)} published; {'none' if dropped == len(lines) else f'{dropped} of them'} stored: no queue "
-            f"is bound to {event!r}, and MQKS drops such messages (bind one: pzq mqks consume QUEUE {event})",
-            err=True,
-        )
-    else:
-        click.echo(f"{len(lines)} published", err=True)
-
-
-def _unrouted(monitor_at: str | None) -> int | None:
-    """The MQKS publishes nothing was bound to so far, or None if the monitor does not answer at once."""
-    if monitor_at is None or monitor_at.startswith("ipc://") and not os.path.exists(monitor_at[len("ipc://") :]):
-        return None
-    try:
-        figures = client.stats(monitor_at, timeout_ms=1000)
-    except ClientError:
-        return None
-    mqks = figures.get("mqks")
-    return (
-        mqks.get("unrouted_total") if isinstance(mqks, dict) and isinstance(mqks.get("unrouted_total"), int) else None
-    )
-
-
-@mqks_group.command("consume")
-@config_option
-@click.option("--mqks-dsn", help="MQKS endpoint." + _from_settings("mqks_dsn"))
-@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
-@click.option(
-    "--timeout",
-    type=Duration("s"),
-    default="10s",
-    show_default=True,
-    help="Wait for each message; a plain number is seconds.",
-)
-@click.argument("queue")
-@click.argument("events", nargs=-1)
-@errors_to_exit
-def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
-    """Consume COUNT messages of QUEUE (binding it to EVENTS if given); print msg_id, event, retry, data.
-
-    Each message is acked once printed, and only one is held at a time (pzq's --prefetch=1), so that
-    nothing beyond COUNT is taken from the queue or has its retry count raised."""
-    from pzq.clients.mqks import MqksClient
-
-    endpoint = resolve(config_file, mqks_dsn=mqks_dsn).mqks_dsn
-    got = 0
-    with MqksClient(endpoint) as mq:
-        consumer = mq.consume(queue, list(events), manual_ack=True, prefetch=1)
-        while count == 0 or got < count:
-            delivery = mq.receive(timeout)
-            if delivery is None:
-                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
-                sys.exit(ExitCode.FAILURE)
-            click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
-            got += 1
-            if got == count:  # the last ack and the goodbye in one write: no next message is handed out
-                mq.sock.sendall(
-                    f"{consumer}-a ack {consumer} {delivery.msg_id}\n"
-                    f"{consumer}-dc delete_consumer --confirm {consumer}\n".encode()
-                )
-                mq.wait_ok(f"{consumer}-dc")  # the acks before it are done once this is answered
-                return
-            mq.ack(consumer, delivery.msg_id)

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from pzq import config
+from pzq import config, units
 from pzq.errors import (
     ConfigError,
     DiskFull,
@@ -53,6 +53,23 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.FAILURE)
 
     return wrapper
+
+
+class Group(click.Group):
+    """The `pzq` group: a ConfigError raised while reading options (a duration without its unit) is one
+    line and ExitCode.CONFIG, as one raised by a command is, not click's usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except ConfigError as exc:
+            fail(str(exc), ExitCode.CONFIG)
+
+
+def from_settings(name: str) -> str:
+    """The default of a client's endpoint option: the server's setting, as `pzq serve` reads it."""
+    default = config.FIELDS[name].metadata["shown"] or config.FIELDS[name].default
+    return f"  [default: --config's {name} or $PZQ_{name.upper()}, else {default}]"
 
 
 def refusal_code(detail: str) -> ExitCode:
@@ -106,19 +123,24 @@ def curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | N
 
 
 class Duration(click.ParamType):
-    """A client's duration option: '250ms', '30s', '5m', '1h', held in seconds. A plain number is in
-    ``plain``, the unit the option took before it took units."""
+    """A client's duration option: '250ms', '30s', '5m', '1h', held in seconds. A plain number is seconds
+    (pzq/units.py's rule), and refused where ``was`` names the unit it meant before this release."""
 
     name = "duration"
 
-    def __init__(self, plain: str):
-        self.plain = plain
+    def __init__(self, was: str = ""):
+        self.was = was
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
-            return value if isinstance(value, float) else config.parse_duration(value, self.plain)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            return value if isinstance(value, float) else units.parse_duration(value, units.SECONDS, self.was)
+        except ValueError as exc:  # one line naming the option, as serve's settings say it (cli's Group)
+            raise ConfigError(f"{param.opts[0] if param else 'duration'}: {exc}") from None
+
+
+def duration_help(text: str, was: str = "") -> str:
+    """An option's help with the rule of its plain number: 'Wait for X. A plain number is seconds.'"""
+    return f"{text} {units.plain_rule(units.SECONDS, was)}"
 
 
 config_option = click.option(
@@ -132,9 +154,9 @@ config_option = click.option(
 # How long a monitor client waits for its answer (`pzq monitor` and the admin commands)
 answer_timeout_option = click.option(
     "--timeout",
-    type=Duration("ms"),
+    type=Duration(was="ms"),
     default="5s",
     metavar="DURATION",
     show_default=True,
-    help="Wait for an answer; a plain number is ms.",
+    help=duration_help("Wait for an answer.", was="ms"),
 )

@@ -8,7 +8,7 @@ import sys
 import click
 
 from pzq import logs
-from pzq.cli.common import Duration, config_option, errors_to_exit, monitor_endpoint, resolve
+from pzq.cli.common import Duration, config_option, duration_help, errors_to_exit, monitor_endpoint, resolve
 from pzq.errors import ConfigError
 
 
@@ -31,12 +31,11 @@ from pzq.errors import ConfigError
 )
 @click.option(
     "--poll-interval",
-    type=Duration("s"),
+    type=Duration(),
     default="1s",
     show_default=True,
     metavar="DURATION",
-    help="Time between two STATS requests to pzq, however many browsers watch (0.5s to 60s); "
-    "a plain number is seconds.",
+    help=duration_help("Time between two STATS requests to pzq, however many browsers watch (0.5s to 60s)."),
 )
 @click.option(
     "--curve-server-key", help="pzq's CURVE public key: its Z85 text (40 characters) or its key file.  [default: none]"

@@ -45,7 +45,7 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
         def ask(words: list[str], body: bytes | None = None) -> Any:
             try:
-                return admin_request(endpoint, words, body, timeout_ms=int(timeout * 1000), curve=keys)
+                return admin_request(endpoint, words, body, timeout_s=timeout, curve=keys)
             except AdminRefused as exc:  # one line; exit 4 for a queue that is not there, 5 for no right
                 fail(str(exc), ExitCode.NOT_FOUND if exc.no_queue else refusal_code(str(exc)))
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import zmq
 
 from pzq.clients.native import no_answer
-from pzq.clients.sockets import Curve, connect, receive
+from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.errors import ClientError, NotPermitted
 
 NOT_PERMITTED = "error: not permitted:"  # the refusal of a request the client's key has not the right for
@@ -37,23 +37,26 @@ def admin_request(
     words: str | Sequence[str],
     body: bytes | None = None,
     *,
-    timeout_ms: int = 5000,
+    timeout_s: float | None = None,
     curve: Curve | None = None,
     ctx: zmq.Context | None = None,
+    timeout_ms: int | None = None,
 ) -> dict | list:
     """Send one monitor request (its words; ``body`` as the second frame: PUBLISH) and return its
     JSON answer. AdminRefused on an ``error:`` answer (AdminNotPermitted, a NotPermitted too, on
     ``error: not permitted``); NotPermitted when the server refuses the CURVE key; ClientError when
-    nothing answers in time or the answer is not pzq's."""
+    nothing answers within ``timeout_s`` (5 s; ``timeout_ms`` is its deprecated alias) or the answer is not
+    pzq's."""
+    wait = timeout_seconds(timeout_s, timeout_ms, 5.0)
     text = words if isinstance(words, str) else " ".join(words)
     sock = connect(zmq.REQ, endpoint, ctx=ctx, curve=curve)
     try:
         sock.send_multipart([text.encode("utf-8")] if body is None else [text.encode("utf-8"), body])
-        frames = receive(sock, timeout_ms)
+        frames = receive(sock, wait_ms(wait))
     finally:
         sock.close(linger=0)
     if frames is None:
-        raise ClientError(no_answer(endpoint, timeout_ms))
+        raise ClientError(no_answer(endpoint, wait))
     reply = frames[0].decode("utf-8", "replace")
     if reply.startswith(NOT_PERMITTED):
         raise AdminNotPermitted(reply)

@@ -14,7 +14,7 @@ import zmq
 
 from pzq.clients.native_batches import BatchSender
 from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
-from pzq.clients.sockets import Curve, connect, receive
+from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.config import format_duration
 from pzq.errors import ClientError
 from pzq.protocols import native as wire
@@ -45,12 +45,19 @@ class Producer:
     packs them into batches (PZQ-BATCH/1) where the server speaks it."""
 
     def __init__(
-        self, endpoint: str, *, timeout_ms: int = 10_000, ctx: zmq.Context | None = None, curve: Curve | None = None
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float | None = None,
+        ctx: zmq.Context | None = None,
+        curve: Curve | None = None,
+        timeout_ms: int | None = None,
     ):
+        """``timeout_s``: how long to wait for each ack (10 s); ``timeout_ms`` is its deprecated alias."""
+        self.timeout_s = timeout_seconds(timeout_s, timeout_ms, 10.0)
         self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve)
-        self.timeout_ms = timeout_ms
         self._counter = 0
-        self.batches = BatchSender(self.sock, timeout_ms)
+        self.batches = BatchSender(self.sock, wait_ms(self.timeout_s))
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -102,9 +109,9 @@ class Producer:
         return [ProduceResult(*result) for result in self.batches.send(bodies, batch=batch, window=window)]
 
     def _collect(self, results: dict[bytes, ProduceResult]) -> None:
-        frames = receive(self.sock, self.timeout_ms)
+        frames = receive(self.sock, wait_ms(self.timeout_s))
         if frames is None:
-            raise ClientError(f"no ack from the server within {self.timeout_ms} ms")
+            raise ClientError(f"no ack from the server within {format_duration(self.timeout_s)}")
         ack = wire.parse_produce_ack(frames)
         if ack is None or ack.message_id in results:
             raise ClientError(
@@ -129,9 +136,11 @@ class Consumer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def receive(self, timeout_ms: int = 10_000) -> Delivery | None:
-        """The next delivery, or None if none came within ``timeout_ms``."""
-        frames = receive(self.sock, timeout_ms)
+    def receive(self, timeout_ms: int | None = None, *, timeout_s: float | None = None) -> Delivery | None:
+        """The next delivery, or None if none came within ``timeout_s`` (10 s). A number in the first
+        place is the deprecated ``timeout_ms`` (still milliseconds, with a DeprecationWarning: never
+        read again as seconds)."""
+        frames = receive(self.sock, wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0)))
         if frames is None:
             return None
         delivered = wire.parse_delivery(frames[1:])
@@ -150,35 +159,41 @@ def monitor_request(
     endpoint: str,
     request: str = "MONITOR",
     *,
-    timeout_ms: int = 5000,
+    timeout_s: float | None = None,
     ctx: zmq.Context | None = None,
     curve: Curve | None = None,
+    timeout_ms: int | None = None,
 ) -> str:
-    """Send one monitor request and return the reply text; ClientError if no reply in time."""
+    """Send one monitor request and return the reply text; ClientError if no reply within ``timeout_s``
+    (5 s; ``timeout_ms`` is its deprecated alias)."""
+    wait = timeout_seconds(timeout_s, timeout_ms, 5.0)
     sock = connect(zmq.REQ, endpoint, ctx=ctx, curve=curve)
     try:
         sock.send_string(request)
-        frames = receive(sock, timeout_ms)
+        frames = receive(sock, wait_ms(wait))
         if frames is None:
-            raise ClientError(no_answer(endpoint, timeout_ms))
+            raise ClientError(no_answer(endpoint, wait))
         return frames[0].decode("utf-8", "replace")
     finally:
         sock.close(linger=0)
 
 
-def no_answer(endpoint: str, timeout_ms: int) -> str:
+def no_answer(endpoint: str, timeout_s: float) -> str:
     """What to say when no monitor answered: the endpoint, the wait, and (for an ipc:// path that is
     not there) that nothing has ever listened at it."""
-    text = f"no answer from pzq at {endpoint} within {format_duration(timeout_ms / 1000)}: is it running?"
+    text = f"no answer from pzq at {endpoint} within {format_duration(timeout_s)}: is it running?"
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
     if path and not os.path.exists(path):
         text += f" (there is no socket file {path})"
     return text
 
 
-def stats(endpoint: str, *, timeout_ms: int = 5000, curve: Curve | None = None) -> dict:
-    """The server's figures as a dict (the STATS request)."""
-    text = monitor_request(endpoint, "STATS", timeout_ms=timeout_ms, curve=curve)
+def stats(
+    endpoint: str, *, timeout_s: float | None = None, curve: Curve | None = None, timeout_ms: int | None = None
+) -> dict:
+    """The server's figures as a dict (the STATS request), within ``timeout_s`` (5 s; ``timeout_ms`` is its
+    deprecated alias)."""
+    text = monitor_request(endpoint, "STATS", timeout_s=timeout_seconds(timeout_s, timeout_ms, 5.0), curve=curve)
     if text.startswith("error:"):
         raise ClientError(text.strip())
     figures = monitor_json(endpoint, text)

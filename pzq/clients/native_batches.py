@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import zmq
 
 from pzq.clients.sockets import receive
+from pzq.config import format_duration
 from pzq.errors import ClientError
 from pzq.protocols import native as legacy
 from pzq.protocols import native_batch as wire
@@ -44,7 +45,7 @@ class _Pending:
 class BatchSender:
     """Sends runs of messages on a producer's DEALER as batches; ``caps`` is None until ``probe``."""
 
-    def __init__(self, sock: zmq.Socket, timeout_ms: int):
+    def __init__(self, sock: zmq.Socket, timeout_ms: int):  # (internal: the Producer's timeout_s, in ms)
         self.sock = sock
         self.timeout_ms = timeout_ms
         # 16 random bytes per producer: without CURVE every producer's ids share one namespace on the server,
@@ -72,7 +73,9 @@ class BatchSender:
         while True:
             frames = receive(self.sock, self.timeout_ms)
             if frames is None:
-                raise ClientError(f"no ack from the server within {self.timeout_ms} ms (to the batch probe)")
+                raise ClientError(
+                    f"no ack from the server within {format_duration(self.timeout_ms / 1000)} (to the batch probe)"
+                )
             if frames and frames[0] == probe_id:
                 break  # (anything else is a late answer to an earlier call: nobody waits for it)
         self.probed = True
@@ -142,7 +145,7 @@ class BatchSender:
         if frames is None:
             again = [(bid, e) for bid, e in pending.items() if e.batch and not e.resent]
             if not again:
-                raise ClientError(f"no ack from the server within {self.timeout_ms} ms")
+                raise ClientError(f"no ack from the server within {format_duration(self.timeout_ms / 1000)}")
             for batch_id, waiting in again:  # (the server stores a batch id once: a resend is safe)
                 waiting.resent = True
                 self.resent += 1

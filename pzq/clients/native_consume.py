@@ -4,7 +4,7 @@ fallback to the legacy send socket for a server without the batched endpoint.
     from pzq.clients.native import BatchConsumer
 
     with BatchConsumer("tcp://127.0.0.1:11134", fallback="tcp://127.0.0.1:11132") as consumer:
-        while batch := consumer.receive(100, timeout_ms=5000):
+        while batch := consumer.receive(100, timeout_s=5):
             for key, frames in batch:
                 handle(frames)
             consumer.ack([key for key, _ in batch])   # one message, answered after the server's commit
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from pzq.clients.sockets import Curve, connect, receive
+from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.errors import ClientError, ProtocolError
 from pzq.protocols import native as legacy
 from pzq.protocols import native_consume as wire
@@ -39,23 +39,30 @@ class BatchConsumer:
     """A DEALER on the batched endpoint: credit, batches of deliveries, batched ack and nack.
 
     ``endpoint``: the server's ``--consume-dsn`` (None: use ``fallback`` at once). If no PZQ-BATCH HELLO
-    answers within ``hello_timeout_ms`` and ``fallback`` (the ``--send-dsn``) is given, it consumes from
-    the legacy send socket instead (``batched`` is then False): deliveries come as the server pushes
-    them, and ``ack``/``nack`` are not answered (SETTLED counts them all). ``prefetch``: deliveries
-    granted ahead of what ``receive`` asks for (a window of credit in flight; 0: none). ``ack_window``: ACK
-    messages ``ack_async`` keeps in flight before it waits for the oldest one's SETTLED."""
+    answers within ``hello_timeout_s`` (2 s; ``hello_timeout_ms``, deprecated: in ms) and ``fallback``
+    (the ``--send-dsn``) is given, it consumes from the legacy send socket instead (``batched`` is then
+    False): deliveries come as the server pushes them, and ``ack``/``nack`` are not answered (SETTLED
+    counts them all). ``prefetch``: deliveries granted ahead of what ``receive`` asks for (a window of
+    credit in flight; 0: none). ``ack_window``: ACK messages ``ack_async`` keeps in flight before it waits
+    for the oldest one's SETTLED.
+
+    Every wait is ``timeout_s``, in seconds (10 s); ``timeout_ms`` is its deprecated alias, and a number in
+    its place (``receive(100, 5000)``) is still milliseconds, with a DeprecationWarning: never read again
+    as seconds."""
 
     def __init__(
         self,
         endpoint: str | None,
         *,
         fallback: str | None = None,
-        hello_timeout_ms: int = 2000,
+        hello_timeout_s: float | None = None,
         ctx: zmq.Context | None = None,
         curve: Curve | None = None,
         prefetch: int = 0,
         ack_window: int = 4,
+        hello_timeout_ms: int | None = None,
     ):
+        hello_timeout_ms = wait_ms(timeout_seconds(hello_timeout_s, hello_timeout_ms, 2.0))
         if prefetch < 0:
             raise ValueError(f"prefetch must be 0 or more, not {prefetch}")
         if ack_window < 1:
@@ -108,10 +115,13 @@ class BatchConsumer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def receive(self, most: int = 100, timeout_ms: int = 10_000) -> list[Message]:
+    def receive(
+        self, most: int = 100, timeout_ms: int | None = None, *, timeout_s: float | None = None
+    ) -> list[Message]:
         """Up to ``most`` messages as (key, body frames), oldest first; [] if none came in time. The
         credit granted is topped up to ``most`` (and ``prefetch`` more) less what is already delivered or
         granted."""
+        timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         if not self.batched:
             return self._receive_legacy(most, timeout_ms)
         assert self.limits is not None
@@ -132,20 +142,29 @@ class BatchConsumer:
         self.sent_us = {key: sent for key, _, sent in batch}
         return [(key, body) for key, body, _ in batch]
 
-    def ack(self, keys: Sequence[bytes], timeout_ms: int = 10_000) -> wire.Settled:
+    def ack(
+        self, keys: Sequence[bytes], timeout_ms: int | None = None, *, timeout_s: float | None = None
+    ) -> wire.Settled:
         """Delete these messages; returns once the server committed it: how many, and the keys refused
         (not held by this consumer: unknown, settled already, or another's)."""
+        timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         return self._settle(wire.ack, keys, timeout_ms, ok=True)
 
-    def nack(self, keys: Sequence[bytes], timeout_ms: int = 10_000) -> wire.Settled:
+    def nack(
+        self, keys: Sequence[bytes], timeout_ms: int | None = None, *, timeout_s: float | None = None
+    ) -> wire.Settled:
         """Put these messages back at the head of the queue (their delivery still counts)."""
+        timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         return self._settle(wire.nack, keys, timeout_ms, ok=False)
 
-    def ack_async(self, keys: Sequence[bytes], timeout_ms: int = 10_000) -> None:
+    def ack_async(
+        self, keys: Sequence[bytes], timeout_ms: int | None = None, *, timeout_s: float | None = None
+    ) -> None:
         """Delete these messages without waiting for the server's commit: ``settle()`` tells how many
-        were and which were refused. Waits (up to ``timeout_ms``) only while ``ack_window`` ACKs are
+        were and which were refused. Waits (up to ``timeout_s``) only while ``ack_window`` ACKs are
         unanswered. Until its SETTLED comes, an ack may be lost with the server (the message then comes
         back: at-least-once)."""
+        timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         if not keys:
             return
         if not self.batched:
@@ -161,9 +180,10 @@ class BatchConsumer:
             self.sock.send_multipart(wire.ack(keys[start : start + step]))
             self._awaiting.append(None)
 
-    def settle(self, timeout_ms: int = 10_000) -> wire.Settled:
+    def settle(self, timeout_ms: int | None = None, *, timeout_s: float | None = None) -> wire.Settled:
         """Wait for the SETTLED of every ``ack_async`` sent; return their sum since the last ``settle``
         (the count acked, the keys refused in the order sent)."""
+        timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         deadline = time.monotonic() + timeout_ms / 1000
         while None in self._awaiting:
             self._answer(deadline, timeout_ms)

@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 import time
+import warnings
 from typing import Any
 
 import zmq
@@ -141,6 +142,22 @@ def receive(sock: zmq.Socket, timeout_ms: int) -> list[bytes] | None:
             return sock.recv_multipart()
         if events not in ready:
             return None
+
+
+def timeout_seconds(timeout_s: float | None, timeout_ms: float | None, default_s: float) -> float:
+    """The seconds a client waits: ``timeout_s`` (every client's wait is seconds, as docs/configuration.md's
+    rule says), else the deprecated ``timeout_ms`` with a DeprecationWarning, else ``default_s``."""
+    if timeout_ms is None:
+        return default_s if timeout_s is None else timeout_s
+    if timeout_s is not None:
+        raise TypeError("give timeout_s (seconds) or the deprecated timeout_ms, not both")
+    warnings.warn("timeout_ms is deprecated: give timeout_s, in seconds", DeprecationWarning, stacklevel=3)
+    return timeout_ms / 1000
+
+
+def wait_ms(seconds: float) -> int:
+    """``seconds`` as the whole milliseconds zmq's poll takes (at least 0)."""
+    return max(0, round(seconds * 1000))
 
 
 def tcp_address(endpoint: str) -> tuple[str, int]:

@@ -115,7 +115,7 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
-        deadline = self.broker.deadline
+        deadline_of = self.broker.deadline_of(CONSUMER)  # (deadline's answer, no call through the broker each)
         sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
             if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
@@ -126,7 +126,7 @@ class NativeGateway:
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
                 continue
-            due = None if ref in answered else deadline(ref, CONSUMER)
+            due = None if ref in answered else deadline_of(ref)
             answered.add(ref)
             sent_at.append((ref, None if due is None else due - timeout_s))
             if frames[1] == b"1":
@@ -189,7 +189,7 @@ class NativeGateway:
         caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
         held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self._ours, most)
+        overdue = self.credit.overdue(held, self.broker.held_by(CONSUMER), most)
         self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
@@ -242,8 +242,8 @@ class NativeGateway:
     def sendable(self, sends: Sequence[Send]) -> list[Send]:
         """Of deliveries that waited for room in the send socket's pipes (turns of a full socket), those
         still in flight: one that timed out or was taken back meanwhile is not sent."""
-        deadline = self.broker.deadline
-        return [send for send in sends if send.socket != SEND or deadline(send.token, CONSUMER) is not None]  # type: ignore[arg-type]
+        deadline_of = self.broker.deadline_of(CONSUMER)
+        return [send for send in sends if send.socket != SEND or deadline_of(send.token) is not None]  # type: ignore[arg-type]
 
     def unsent(self, send: Send) -> bool:
         """A delivery the send socket would not take is ready again (False); replies are kept (True)."""
@@ -266,7 +266,7 @@ class NativeGateway:
     def recover(self) -> None:
         """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
         so does the credit."""
-        self.credit.retain(self._ours)
+        self.credit.retain(self.broker.held_by(CONSUMER))
         self.batches.load()
 
     def next_wake(self, now: float) -> float | None:
@@ -294,9 +294,6 @@ class NativeGateway:
 
     def _available(self, now: float) -> int:
         return self.credit.available(now, self.broker.held_count(CONSUMER))
-
-    def _ours(self, ref: Ref) -> bool:
-        return self.broker.deadline(ref, CONSUMER) is not None
 
 
 def ref_of_key(key: bytes) -> Ref | None:

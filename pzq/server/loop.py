@@ -106,7 +106,7 @@ class Server(Reloading):
             verify=True,
         )
         self.store.watch_disk()
-        self.store.name_queue(cfg.queue)  # (configured: it never expires)
+        self.store.catalog.name_queue(cfg.queue)  # (configured: it never expires)
         self.store.commit()
         self.broker = Broker(
             self.store,

@@ -11,6 +11,10 @@ A chunked record is told apart by its length alone (its first byte): a message r
 that moves (to the dead letters, to the end of its queue) keeps its chunks. A body being written is
 listed in ``uploads`` until its record is: what a crash leaves there is removed at start-up, what a
 rolled-back turn leaves, by the next commit.
+
+``Bodies`` is a part the store holds (``store.bodies``), handed the core: it writes the next body id
+and removes abandoned chunks before each commit, and gives up the bodies being written when a turn is
+rolled back.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import NamedTuple
 import msgpack
 
 from pzq.errors import StoreFull
+from pzq.store.core import Core
 from pzq.store.layout import OVERHEAD, U64, whole
-from pzq.store.queues import Queues
 
 log = logging.getLogger("pzq.store")
 
@@ -77,40 +81,42 @@ class Upload:
         return min(self.chunk, len(self.data) - index * self.chunk)
 
 
-class Bodies(Queues):
+def ref_of(value: bytes | memoryview, dead: bool = False) -> BodyRef | None:
+    """The body ref of a stored record, None when its body is inline (a look at its first byte)."""
+    if not value or value[0] != (CHUNKED_DEAD if dead else CHUNKED_MESSAGE) or len(value) > REF_RECORD_MAX:
+        return None
+    try:
+        return BodyRef.read(msgpack.unpackb(value)[-1])
+    except (ValueError, TypeError, IndexError, msgpack.UnpackException):
+        return None
+
+
+class Bodies:
     """The chunks of big bodies (see the module's text)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            self._open_bodies()
-        except BaseException:
-            self.env.close()
-            raise
-
-    def commit(self, counts_older_than: float | None = None) -> bool:
-        if self._abandoned:
-            self._remove_abandoned()
-        if self._meta_dirty:
-            self.env.do(self.env.write().put, b"next_body", U64.pack(self._next_body), db=self._meta_db)
-        wrote = super().commit(counts_older_than)
-        self._uploads_committed()
-        return wrote
-
-    def _rolled_back(self) -> None:
-        super()._rolled_back()
-        if hasattr(self, "_uploads"):  # (not while the store is still being opened)
-            self._uploads_rolled_back()
-
-    def _open_bodies(self) -> None:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.env = core.env
+        self._meta_db = core.env.dbs["meta"]
         self._bodies_db, self._uploads_db = self.env.dbs.get("bodies"), self.env.dbs.get("uploads")
         self._uploads: dict[int, Upload] = {}  # bodies being written, by id
         self._abandoned: list[Upload] = []  # of a rolled-back turn: their committed chunks go next commit
+        self._next_dirty = False  # the next body id waits for a commit
         with self.env.reading() as txn:
             raw = txn.get(b"next_body", db=self._meta_db)
         self._next_body = U64.unpack(raw)[0] if raw and len(raw) == U64.size else 1
-        if not self._readonly and self._uploads_db is not None:
+        core.before_commit.append(self._before_commit)
+        core.after_commit.append(self._uploads_committed)
+        self.env.on_abort.append(self._uploads_rolled_back)
+        if not self.env.readonly and self._uploads_db is not None:
             self._sweep_uploads()
+
+    def _before_commit(self) -> None:
+        if self._abandoned:
+            self._remove_abandoned()
+        if self._next_dirty:
+            self.env.do(self.env.write().put, b"next_body", U64.pack(self._next_body), db=self._meta_db)
+            self._next_dirty = False
 
     def _sweep_uploads(self) -> None:
         """Remove the chunks of bodies a crash left half written (their records were never stored)."""
@@ -125,68 +131,69 @@ class Bodies(Queues):
                 self.env.do(txn.delete, BODY_KEY.pack(body_id, index), db=self._bodies_db)
             self.env.do(txn.delete, U64.pack(body_id), db=self._uploads_db)
         if left:
-            self._dirty = True
+            self.core.wrote()
             log.warning("removed the chunks of %d big message(s) a stop left half written (never acked)", len(left))
-            self.commit()
+            self.core.commit()
         else:
             self.env.end_clean()
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def begin_body(self, frames: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload:
-        """A body to write in chunks of ``chunk`` bytes (``write_body`` writes them, a part per turn).
+    def begin(self, frames: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload:
+        """A body to write in chunks of ``chunk`` bytes (``write`` writes them, a part per turn).
         Raises StoreFull, writing nothing, when it would not fit."""
         sizes = tuple(len(f) for f in frames)
         total = sum(sizes)
         chunks = max(1, -(-total // chunk))
         ref = BodyRef(self._next_body, chunks, sizes)
-        self.check_room(ref.accounted + 256)
+        self.core.check_room(ref.accounted + 256)
         data = memoryview(frames[0] if len(frames) == 1 else b"".join(frames)).cast("B")
         upload = Upload(ref, data, chunk)
         self._next_body += 1
-        self._meta_dirty = self._dirty = True
+        self._next_dirty = True
+        self.core.wrote()
         self.env.do(self.env.write().put, U64.pack(ref.body_id), msgpack.packb(chunks), db=self._uploads_db)
         self._uploads[ref.body_id] = upload
         return upload
 
-    def write_body(self, upload: Upload, most: int) -> int:
+    def write(self, upload: Upload, most: int) -> int:
         """Write the next chunks of ``upload``, at least one and no more than ``most`` bytes past the
         first; returns the bytes written. Raises StoreFull when the store filled meanwhile (the upload
-        is then abandoned: ``drop_upload``)."""
+        is then abandoned: ``drop``)."""
         if upload.ref.body_id not in self._uploads:
             raise StoreFull("queue full: the message's earlier parts were lost with a failed turn")
         txn, written = self.env.write(), 0
         while not upload.done and (written == 0 or written + upload.chunk_bytes(upload.written) <= most):
             size = upload.chunk_bytes(upload.written)
-            self.check_room(size + BODY_KEY.size + OVERHEAD)
+            self.core.check_room(size + BODY_KEY.size + OVERHEAD)
             start = upload.written * upload.chunk
             key = BODY_KEY.pack(upload.ref.body_id, upload.written)
             self.env.do(txn.put, key, upload.data[start : start + size], db=self._bodies_db)
-            self._total_bytes += size + BODY_KEY.size + OVERHEAD  # (the queue's own count takes it at the end)
+            self.core.charge(size + BODY_KEY.size + OVERHEAD)  # (the queue's own count takes it at the end)
             upload.written += 1
             written += size
-        self._dirty = True
+        self.core.wrote()
         return written
 
-    def drop_upload(self, upload: Upload) -> None:
+    def drop(self, upload: Upload) -> None:
         """Give up a body before its record was written: its chunks go (in the open transaction)."""
         if self._uploads.pop(upload.ref.body_id, None) is not None:
             self._remove_chunks(upload, upload.written)
 
-    def _finish_upload(self, upload: Upload) -> BodyRef:
+    def finish(self, upload: Upload) -> BodyRef:
         """Its record is being written in this transaction: it is no longer being uploaded."""
         del self._uploads[upload.ref.body_id]
         self.env.do(self.env.write().delete, U64.pack(upload.ref.body_id), db=self._uploads_db)
-        self._total_bytes -= upload.ref.accounted  # (the queue's count takes it now)
+        self.core.charge(-upload.ref.accounted)  # (the queue's count takes it now)
         return upload.ref
 
     def _remove_chunks(self, upload: Upload, chunks: int) -> None:
         txn = self.env.write()
         for index in range(chunks):
             self.env.do(txn.delete, BODY_KEY.pack(upload.ref.body_id, index), db=self._bodies_db)
-            self._total_bytes -= upload.chunk_bytes(index) + BODY_KEY.size + OVERHEAD
+            self.core.charge(-(upload.chunk_bytes(index) + BODY_KEY.size + OVERHEAD))
         self.env.do(txn.delete, U64.pack(upload.ref.body_id), db=self._uploads_db)
-        self._dirty = True
+        self.core.wrote()
 
     def _uploads_committed(self) -> None:
         for upload in self._uploads.values():
@@ -198,11 +205,12 @@ class Bodies(Queues):
         committed of them is still on disk, counted, and goes with the next commit."""
         self._abandoned += self._uploads.values()
         self._uploads.clear()
+        self._next_dirty = False  # (ids handed out in the turn stay unused: the next begin writes past them)
         for upload in self._abandoned:
             upload.written = upload.committed
-            self._total_bytes += sum(upload.chunk_bytes(i) + BODY_KEY.size + OVERHEAD for i in range(upload.committed))
+            self.core.charge(sum(upload.chunk_bytes(i) + BODY_KEY.size + OVERHEAD for i in range(upload.committed)))
         if self._abandoned:
-            self._dirty = True
+            self.core.wrote()
 
     def _remove_abandoned(self) -> None:
         for upload in self._abandoned:
@@ -210,7 +218,7 @@ class Bodies(Queues):
 
     # -- reading and deleting ----------------------------------------------------------------------
 
-    def body_frames(self, ref: BodyRef, txn) -> list[bytes]:
+    def frames(self, ref: BodyRef, txn) -> list[bytes]:
         """The frames of a chunked body; ValueError when a chunk is missing. Read in place from the
         committed map and joined (one copy of the body); from ``txn`` (a second copy) only when its
         last part is not committed yet."""
@@ -236,7 +244,7 @@ class Bodies(Queues):
             at += size
         return frames
 
-    def body_head(self, ref: BodyRef, head_bytes: int) -> bytes:
+    def head(self, ref: BodyRef, head_bytes: int) -> bytes:
         """The first ``head_bytes`` of a chunked body (its first chunk only), b"" if it cannot be read."""
         if self._bodies_db is None:
             return b""
@@ -244,16 +252,7 @@ class Bodies(Queues):
             chunk = txn.get(BODY_KEY.pack(ref.body_id, 0), db=self._bodies_db)
             return b"" if chunk is None else bytes(chunk[:head_bytes])
 
-    def ref_of(self, value: bytes | memoryview, dead: bool = False) -> BodyRef | None:
-        """The body ref of a stored record, None when its body is inline (a look at its first byte)."""
-        if not value or value[0] != (CHUNKED_DEAD if dead else CHUNKED_MESSAGE) or len(value) > REF_RECORD_MAX:
-            return None
-        try:
-            return BodyRef.read(msgpack.unpackb(value)[-1])
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException):
-            return None
-
-    def delete_body(self, ref: BodyRef) -> int:
+    def delete(self, ref: BodyRef) -> int:
         """Remove a stored body's chunks for good (its record went); returns the bytes it counted."""
         txn = self.env.write()
         for index in range(ref.chunks):

@@ -1,67 +1,72 @@
 """Deleting a queue over turns: the queue is gone for every client at once, its records go a share per
 call, and a restart goes on where the last commit left off.
 
-``drop_queue`` removes the queue's name (a new queue of that name starts empty, above the old seqs) and
+``drop`` removes the queue's name (a new queue of that name starts empty, above the old seqs) and
 keeps its counters under a name no client can give (``DROPPING``: longer than a queue name may be), so
 that its records still count toward the store's size and a restart finds what is left to delete.
-``drop_share`` then deletes up to a share of its records (messages with their chunked bodies, dead
+``share`` then deletes up to a share of its records (messages with their chunked bodies, dead
 letters, delivery counts) and writes the counters left; the record under ``DROPPING`` goes with the last
 share. Deleting 200,000 messages in one call had held the loop 634 ms. A pzq from before this module reads
 such a record as a queue of that odd name, whose messages are all there: nothing is lost or orphaned.
+
+``Drops`` is a part the store holds (``store.drops``), handed the core and the bodies: after the
+counters are read (at open, after a rollback) it takes the queues being deleted out of the lookups.
 """
 
 from __future__ import annotations
 
 import time
 
+from pzq.store.bodies import Bodies, ref_of
+from pzq.store.core import Core
 from pzq.store.layout import U64, QueueInfo, accounted
-from pzq.store.messages import Messages
 
 # A queue being deleted is kept under this prefix and its qid in hex: over 255 bytes, which no queue made
-# by a client can be named (Queues.queue refuses it), and sorted first (its NUL)
+# by a client can be named (Catalog.create refuses it), and sorted first (its NUL)
 DROPPING = "\x00" + "-" * 255 + "dropping "
 SLICE = 64  # records deleted between two looks at the clock
 
 
-class Drops(Messages):
+class Drops:
     """Queues deleted at once for clients, their records a share at a time."""
 
     dropping: dict[int, QueueInfo]  # qid -> the counters left of a queue being deleted
 
+    def __init__(self, core: Core, bodies: Bodies) -> None:
+        self.core, self.bodies, self.env, self.catalog = core, bodies, core.env, core.catalog
+        dbs = core.env.dbs
+        self._queues_db, self._messages_db, self._dead_db = dbs["queues"], dbs["messages"], dbs["dead"]
+        self._deliveries_db = dbs["deliveries"]
+        core.on_load.append(self._load)
+        self._load()
+
     def _load(self) -> None:
-        super()._load()
         self.dropping = {}
-        for name in [name for name in self._queues if name.startswith(DROPPING)]:
-            info = self._queues.pop(name)
-            del self._by_id[info.qid]
-            self.implicit_count -= info.implicit
+        for name in [name for name in self.catalog.by_name if name.startswith(DROPPING)]:
+            info = self.catalog.forget(name)
             self.dropping[info.qid] = info
 
-    def drop_queue(self, name: str) -> int:
+    def drop(self, name: str) -> int:
         """Delete a queue: its name at once (a later ``queue(name)`` makes a new, empty queue), its
-        messages, delivery counts and dead letters by ``drop_share``. Returns how many messages it had."""
-        info = self._queues.get(name)
+        messages, delivery counts and dead letters by ``share``. Returns how many messages it had."""
+        info = self.catalog.by_name.get(name)
         if info is None:
             return 0
-        txn, prefix = self.env.write(), U64.pack(info.qid)
-        for key in [k for k in self._pending_counts if k[:8] == prefix]:
-            del self._pending_counts[key]
+        txn = self.env.write()
+        self.core.forget_counts(U64.pack(info.qid))
         self.env.do(txn.delete, name.encode(), db=self._queues_db)
-        del self._queues[name]
-        del self._by_id[info.qid]
-        self._dirty_queues.discard(name)
-        self.implicit_count -= info.implicit
+        self.catalog.forget(name)
         # A queue made again under this name starts above every seq it had (a Spark offset may name
         # one): one floor for every new queue, so the record stays one u64 however many names went.
-        self.seq_floor = max(self.seq_floor, info.next_seq)
-        self._dirty = self._meta_dirty = True
+        self.catalog.raise_floor(info.next_seq)
+        self.core.wrote()
         counters = (info.next_seq, info.count, info.bytes, info.dead_count, info.dead_bytes)
         doomed = QueueInfo(f"{DROPPING}{info.qid:016x}", info.qid, *counters)
         self.dropping[info.qid] = doomed
         self.env.do(txn.put, doomed.name.encode(), doomed.pack(), db=self._queues_db)
         return info.count
 
-    def drop_share(self, most: int, deadline: float | None = None) -> int:
+    def share(self, most: int, deadline: float | None = None) -> int:
         """Delete up to ``most`` records of the queues being deleted, oldest deletion first, and none
         past ``deadline`` (time.monotonic(), looked at every ``SLICE`` records); returns how many went. A
         queue whose records are all gone is forgotten (its counters' record too)."""
@@ -73,7 +78,7 @@ class Drops(Messages):
         return done
 
     def _drop_some(self, most: int) -> int:
-        done = 0
+        done = freed = 0
         txn = self.env.write()
         for qid, info in list(self.dropping.items()):
             prefix = U64.pack(qid)
@@ -85,13 +90,13 @@ class Drops(Messages):
                     if db is not self._deliveries_db:  # (a delivery count is part of its message's overhead)
                         dead = db is self._dead_db
                         size = accounted(key, value)
-                        if (ref := self.ref_of(value, dead)) is not None:
-                            size += self.delete_body(ref)
+                        if (ref := ref_of(value, dead)) is not None:
+                            size += self.bodies.delete(ref)
                         info.count -= not dead
                         info.bytes -= 0 if dead else size
                         info.dead_count -= dead
                         info.dead_bytes -= size if dead else 0
-                        self._total_bytes -= size
+                        freed += size
                     done += 1
                     found = self.env.do(cursor.delete)
                 if done >= most:
@@ -99,13 +104,12 @@ class Drops(Messages):
             else:  # (every table of it is empty: the queue is gone for good)
                 del self.dropping[qid]
                 self.env.do(txn.delete, info.name.encode(), db=self._queues_db)
-                self._dirty = True
                 continue
             self.env.do(txn.put, info.name.encode(), info.pack(), db=self._queues_db)
-            self._dirty = True
             break
+        self.core.charge(-freed)
         return done
 
-    def dropping_left(self) -> tuple[int, int]:
+    def left(self) -> tuple[int, int]:
         """Queues being deleted and the messages and dead letters they still hold."""
         return len(self.dropping), sum(info.count + info.dead_count for info in self.dropping.values())

@@ -12,26 +12,25 @@ state follows. Reads go through ``reading()``, a ``with`` block that sees the tu
 writes, or a read-only snapshot outside a turn.
 
 Also here, because they are about the file and not about queues: taking the exclusive lock that keeps a
-second server off the store (``locks.py``), the start-up checks of a damaged or truncated file, the disk
-watch (free space, and a reserve file given back when a commit fails for room: ``disk.py``, with the
-lock file's blocks allocated before LMDB maps it) and the reader slots of dead processes cleared.
+second server off the store (``locks.py``), the start-up checks of a damaged or truncated file
+(``opening.py``), the disk watch (free space, and a reserve file given back when a commit fails for
+room: ``disk.py``, with the lock file's blocks allocated before LMDB maps it) and the reader slots of
+dead processes cleared.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import lmdb
 
-from pzq.errors import DiskFull, StoreDamaged, StoreDenied, StoreError, StoreLocked, SyncLost
-from pzq.store import readers
+from pzq.errors import DiskFull, StoreDamaged, StoreError, SyncLost
+from pzq.store import opening, readers
 from pzq.store.disk import LOCK_FILE, LOCK_FILE_BYTES, Reserve, allocate_lock_file, disk_full, no_room
 from pzq.store.locks import lock_exclusively
 from pzq.store.pages import verify_pages
@@ -39,11 +38,16 @@ from pzq.store.pages import verify_pages
 log = logging.getLogger("pzq.store")
 
 STALE_READERS_S = 10  # how often the server clears the reader slots of processes that died
-_MIN_DATA_FILE = 2 * 4096  # LMDB's two meta pages (4 KiB pages on every platform pzq runs on)
 
 # Python errors a write may raise from inside LMDB, every one of which leaves the transaction unusable.
 LmdbError = lmdb.Error
 KeyExists = lmdb.KeyExistsError
+
+
+def raise_(exc: Exception) -> NoReturn:
+    """For ``env.do(raise_, exc)``: roll the open transaction back and raise StoreError for an LMDB
+    error met outside ``env.do`` (the hot paths call LMDB inline)."""
+    raise exc
 
 
 def pages(stat: Any) -> int:  # (py-lmdb types it as a TypedDict)
@@ -79,43 +83,41 @@ class Environment:
         self.reserve = Reserve(path, disk_reserve, readonly)
         self._readers_checked_at = 0.0  # monotonic time of the last reader_check
         self._readers_seen: dict[tuple[str, str], float | None] = {}  # (pid, txnid): first seen (readers.py)
-        # The map may hold more than the accounted limit: B-tree pages, free pages kept for readers
-        # and copy-on-write during a commit all need room, and deletes must succeed when "full" --
-        # also after a restart with a limit below what is stored, so the data file counts too.
-        data_file = os.path.join(path, "data.mdb")
-        _refuse_links(path)
-        try:
-            stored = os.path.getsize(data_file)
-        except OSError as exc:
-            if exc.errno in _DENIED:  # (the directory cannot be searched: data.mdb may well be there)
-                raise _open_failed(path, exc, readonly=readonly, existed=False) from None
-            stored = 0
-        if os.path.exists(data_file) and not os.path.isfile(data_file):
-            raise StoreDenied(f"{data_file} is not a file: --database must name a pzq store's directory")
-        if stored < _MIN_DATA_FILE and os.path.exists(data_file):
-            # LMDB would take an empty file for a new store: everything that was in it would be gone
-            # without a word. (It writes its two meta pages the moment it creates the file.)
-            raise StoreDamaged(
-                f"{data_file} is empty or truncated ({stored} bytes): restore it from a backup, "
-                "or move the directory aside to start with an empty store"
-            )
-        self.map_cap = max(2 * max_size, max_size + (256 << 20), stored + max(stored // 2, 256 << 20))
         self.verified = ""  # what the page walk found, when it ran
-        try:
-            if readonly:
-                os.makedirs(path, exist_ok=True)
-            else:
-                _private_directory(path)
-        except OSError as exc:
-            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
         self._lock_fd: int | None = None
+        self._txn: lmdb.Transaction | None = None
+        data_file = os.path.join(path, "data.mdb")
+        stored = opening.stored_size(path, data_file, readonly=readonly)
+        self.map_cap = opening.map_cap(max_size, stored)
+        opening.make_directory(path, readonly=readonly, existed=bool(stored))
+        self._open(data_file, stored, sync)
+        stored = self._check_size(data_file, stored)
+        try:
+            self._lock_and_tables(data_file, stored, names, verify)
+        except (lmdb.Error, OSError) as exc:
+            self.close()
+            raise opening.open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
+        except StoreError:
+            self.close()
+            raise
+        self.page_size: int = self._env.stat()["psize"]
+        flags = self._env.flags()
+        if flags["writemap"] or flags["map_async"]:  # (not input: a build of LMDB or py-lmdb that ignored us)
+            self.close()
+            raise StoreError(f"{path}: LMDB opened with writemap or map_async, which the durability argument excludes")
+        # The last commit (LMDB's transaction id) and the last known on disk: at open, what the file holds
+        self.committed = self.durable = int(self._env.info()["last_txnid"])
+
+    def _open(self, data_file: str, stored: int, sync: bool) -> None:
+        """LMDB's environment, its lock file's blocks allocated first."""
+        path, readonly = self.path, self.readonly
         locked = allocate_lock_file(path)  # (else LMDB's first write into it on a full disk: SIGBUS)
         if not locked:
             if not readonly:
                 raise disk_full(path, f"no room for the {LOCK_FILE} of its readers (8 KiB)")
             # A reader without the lock file has no reader slot: a server would reuse the pages it
             # reads, so it reads only while no server can start on the store (a shared flock)
-            self._lock_fd = _hold_off_servers(path, data_file)
+            self._lock_fd = opening.hold_off_servers(path, data_file)
         made = not os.path.lexists(data_file)
         try:
             # The whole cap is reserved as address space only: LMDB's data file still grows page by page
@@ -137,11 +139,14 @@ class Environment:
         except lmdb.Error as exc:
             self._unlock()
             if made and not readonly:  # (an empty data file left would read as a truncated store next time)
-                _remove_new(path)
-            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
+                opening.remove_new(path)
+            raise opening.open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
         if locked and os.path.getsize(os.path.join(path, LOCK_FILE)) > LOCK_FILE_BYTES and not allocate_lock_file(path):
             self.close()  # (an LMDB that sizes its lock file bigger: its slots past ours need blocks too)
             raise disk_full(path, f"no room for the {LOCK_FILE} of its readers")
+
+    def _check_size(self, data_file: str, stored: int) -> int:
+        """The data file's size read again after the meta page, refused if its pages run past its end."""
         needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         # The size is read again after the meta page: a live writer (pzq check beside a running server)
         # only ever grows the file, and writes pages before the meta page that names them.
@@ -152,33 +157,22 @@ class Environment:
                 f"{data_file} is truncated: {stored} bytes, but its pages need {needed}. Restore it "
                 "from a backup, or move the directory aside to start with an empty store"
             )
-        try:
-            if not readonly:
-                self._lock_fd = lock_exclusively(data_file)
-                for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
-                    os.chmod(os.path.join(path, name), 0o600)
-                if verify and stored:
-                    started = time.monotonic()
-                    records = verify_pages(path)
-                    # (logged by the store once it read the rest: a store it refuses says one line only)
-                    self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
-            self.dbs = {name: self._open_table(name, readonly) for name in names}
-            if readonly:  # (a store older than a table has none: reading it finds nothing)
-                self.dbs = {name: db for name, db in self.dbs.items() if db is not None}
-        except (lmdb.Error, OSError) as exc:
-            self.close()
-            raise _open_failed(path, exc, readonly=readonly, existed=bool(stored)) from None
-        except StoreError:
-            self.close()
-            raise
-        self.page_size: int = self._env.stat()["psize"]
-        self._txn: lmdb.Transaction | None = None
-        flags = self._env.flags()
-        if flags["writemap"] or flags["map_async"]:  # (not input: a build of LMDB or py-lmdb that ignored us)
-            self.close()
-            raise StoreError(f"{path}: LMDB opened with writemap or map_async, which the durability argument excludes")
-        # The last commit (LMDB's transaction id) and the last known on disk: at open, what the file holds
-        self.committed = self.durable = int(self._env.info()["last_txnid"])
+        return stored
+
+    def _lock_and_tables(self, data_file: str, stored: int, names: tuple[str, ...], verify: bool) -> None:
+        """A server's exclusive lock, private files and the page walk; then the named databases."""
+        if not self.readonly:
+            self._lock_fd = lock_exclusively(data_file)
+            for name in ("data.mdb", "lock.mdb"):  # made 0644 by an earlier pzq: make them private
+                os.chmod(os.path.join(self.path, name), 0o600)
+            if verify and stored:
+                started = time.monotonic()
+                records = verify_pages(self.path)
+                # (logged by the store once it read the rest: a store it refuses says one line only)
+                self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
+        self.dbs = {name: self._open_table(name, self.readonly) for name in names}
+        if self.readonly:  # (a store older than a table has none: reading it finds nothing)
+            self.dbs = {name: db for name, db in self.dbs.items() if db is not None}
 
     def _open_table(self, name: str, readonly: bool) -> Any:
         try:
@@ -385,87 +379,3 @@ class Environment:
             self._env.copyfd(fd, compact=True)
         except lmdb.Error as exc:
             raise StoreError(f"copying the store at {self.path} failed: {exc}") from exc
-
-
-def _refuse_links(path: str) -> None:
-    """Refuse a store whose data or lock file is a symbolic link: LMDB opens both for writing and
-    follows links, so a link planted in a directory others can write would have the server (often
-    root) write, truncate or chmod the file it names."""
-    for name in ("data.mdb", "lock.mdb"):
-        file = os.path.join(path, name)
-        if os.path.islink(file):
-            raise StoreError(
-                f"{file} is a symbolic link (to {os.readlink(file)!r}): pzq opens only files of its own "
-                "in the store directory; move the file it names into its place"
-            )
-
-
-def _hold_off_servers(path: str, data_file: str) -> int | None:
-    """A shared flock on the data file, which a server's exclusive one cannot pass (None: no data file,
-    nothing to read); a server running already is the one case left, in one line."""
-    if not os.path.isfile(data_file):
-        return None
-    try:
-        return lock_exclusively(data_file, shared=True)
-    except StoreLocked:
-        raise disk_full(path, f"a server runs on this store and there is no room for a reader's {LOCK_FILE}") from None
-
-
-def _remove_new(path: str) -> None:
-    """Remove the data and lock files an open that failed has just made (empty: nothing is lost)."""
-    for name in ("data.mdb", LOCK_FILE):
-        try:
-            os.unlink(os.path.join(path, name))
-        except OSError:
-            pass
-
-
-def _private_directory(path: str) -> None:
-    """Create the store's directory owner-only (0700, whatever the umask); warn if an existing one is
-    open to others, since it is the operator's directory to change."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
-        log.warning("the store directory %s is mode %o: other users may read it (chmod 700 %s)", path, mode, path)
-
-
-_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
-# What LMDB says of a data file whose meta pages (its header) it cannot read: not an LMDB file, another
-# format version, or values no store has (EINVAL: pzq's own parameters never change).
-_HEADER_ERRORS = (
-    lmdb.InvalidError,
-    lmdb.VersionMismatchError,
-    lmdb.CorruptedError,
-    lmdb.PageNotFoundError,
-    lmdb.InvalidParameterError,
-)
-
-
-def _open_failed(path: str, exc: Exception, *, readonly: bool, existed: bool) -> StoreError:
-    """Why the store at ``path`` did not open, as the error whose class names the exit status: a
-    permission to give (StoreDenied, 2), a data file that is not a readable LMDB store (StoreDamaged, 3:
-    a restart would not help), or anything else (StoreError, 1). One line, without LMDB's repeat of the
-    path."""
-    text = str(exc).removeprefix(f"{path}: ")
-    if no_room(exc):  # (a full disk is not damage, whatever was being written)
-        return disk_full(path, f"the store could not be opened ({text})")
-    if isinstance(exc, lmdb.ReadonlyError) or (isinstance(exc, OSError) and exc.errno in _DENIED):
-        import pwd
-
-        try:
-            user = pwd.getpwuid(os.geteuid()).pw_name
-        except KeyError:
-            user = f"uid {os.geteuid()}"
-        need = "read" if readonly else "read and write"
-        return StoreDenied(
-            f"cannot open the store at {path}: {getattr(exc, 'strerror', None) or text}: user {user} must be "
-            f"able to {need} the directory and every file in it (chown or chmod it, or run pzq as its owner)"
-        )
-    # (A meta page's version field that is not LMDB's: py-lmdb raises its base class, with this text.)
-    header = isinstance(exc, _HEADER_ERRORS) or (type(exc) is lmdb.Error and "data format" in text)
-    if existed and header:
-        return StoreDamaged(
-            f"{os.path.join(path, 'data.mdb')} is damaged: LMDB cannot read its header ({text}); restore it "
-            "from a backup, or move the directory aside to start with an empty store"
-        )
-    return StoreError(f"cannot open the store at {path}: {text}")

@@ -33,7 +33,7 @@ format-1 pzq, which would run spent runs again from the older whole record, refu
 a record of six fields is an explicit queue (it never expires), and no floor reads as 1.
 4 adds big bodies in chunks (``bodies``, ``uploads``, the chunked records): a format-3 pzq would read a
 chunked message as an empty one, so it refuses a format-4 store; format-3 records are read as they are.
-A change of any record's layout raises ``FORMAT``, teaches ``Queues._load`` to read (or upgrade) the
+A change of any record's layout raises ``FORMAT``, teaches ``Catalog.load`` to read (or upgrade) the
 older one, and comes with a test that opens a store written by the older pzq (tests/test_upgrade.py).
 """
 

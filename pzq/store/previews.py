@@ -1,6 +1,6 @@
 """Looking without changing: the web console's previews (the start of a message's body, read in place
-from the map) and the audit of every record that ``pzq check`` and ``pzq dump`` read. Drawn on
-``DeadLetters``; nothing here writes."""
+from the map) and the audit of every record that ``pzq check`` and ``pzq dump`` read. A part the store
+holds (``store.previews``), handed its records and dead letters; nothing here writes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 import msgpack
 
+from pzq.store.bodies import ref_of
 from pzq.store.dead_letters import DeadLetters
 from pzq.store.layout import KEY, U64, DeadLetter, Message, message_id
+from pzq.store.records import Records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,16 +96,21 @@ def _preview_record(
         return None
 
 
-class Previews(DeadLetters):
+class Previews:
     """Previews and the audit (see the module's text)."""
 
-    def preview(self, queue: str, limit: int, head_bytes: int, *, dead: bool = False) -> list[Preview]:
+    def __init__(self, store: Records, dead_letters: DeadLetters) -> None:
+        self.store, self.env, self.bodies, self.dead_letters = store, store.env, store.bodies, dead_letters
+        self._messages_db, self._dead_db = store.env.dbs["messages"], store.env.dbs["dead"]
+        self._damaged_db = store.env.dbs["damaged"]
+
+    def first(self, queue: str, limit: int, head_bytes: int, *, dead: bool = False) -> list[Preview]:
         """The first ``limit`` committed messages (or dead letters) of ``queue``, each with only the
         first ``head_bytes`` of its body: a look that costs the same for 16 MiB bodies as for tiny
         ones. Unreadable records are left out (``scan`` sets them aside)."""
-        return self.preview_page(queue, limit, head_bytes, dead=dead).previews
+        return self.page(queue, limit, head_bytes, dead=dead).previews
 
-    def preview_page(
+    def page(
         self,
         queue: str,
         limit: int,
@@ -115,13 +122,13 @@ class Previews(DeadLetters):
         walk: int | None = None,
         deadline: float | None = None,
     ) -> PreviewPage:
-        """``preview`` from the record after seq ``after`` (a cursor placed there, not a walk from the
+        """``first`` from the record after seq ``after`` (a cursor placed there, not a walk from the
         head), leaving out the seqs ``skip`` names (messages in flight: told from the key alone, before
         the record is read); at most ``walk`` records are walked (default twice ``limit``: unreadable
         and skipped ones count too, so a damaged queue or a head all in flight is not walked to its end);
         past ``deadline`` (time.perf_counter) the page ends early, once it has PREVIEW_FLOOR rows (or
         ``limit``), with ``more``."""
-        info = self._queues.get(queue)
+        info = self.store.queue(queue, False)
         if info is None or limit <= 0:
             return PreviewPage([], False, None)
         out: list[Preview] = []
@@ -147,15 +154,15 @@ class Previews(DeadLetters):
                 if skip is not None and skip(seq):
                     continue
                 value = cursor.value()
-                ref = self.ref_of(value, dead)
+                ref = ref_of(value, dead)
                 found = _preview_record(value, head_bytes, dead)
                 if found is None:
                     continue
                 if ref is not None:  # (the record's frames are empty: the body is in chunks)
-                    found = (found[0], self.body_head(ref, head_bytes), sum(ref.sizes), *found[3:])
+                    found = (found[0], self.bodies.head(ref, head_bytes), sum(ref.sizes), *found[3:])
                 enqueued_us, head, size, deliveries, reason, exact, dead_at_us = found
                 if not dead:
-                    deliveries = self._deliveries(bytes(key), txn)
+                    deliveries = self.store.deliveries(bytes(key), txn)
                 out.append(
                     Preview(
                         message_id(info.qid, seq), enqueued_us, deliveries, head, size, reason, exact, dead_at_us, seq
@@ -170,7 +177,7 @@ class Previews(DeadLetters):
         with self.env.snapshot() as txn:
             cursor = txn.cursor(db=self._messages_db)
             for name in names:
-                info = self._queues.get(name)
+                info = self.store.queue(name, False)
                 if info is None:
                     continue
                 prefix = U64.pack(info.qid)
@@ -188,7 +195,9 @@ class Previews(DeadLetters):
     def audit(self, queue: str) -> Iterator[tuple[str, Message | DeadLetter | None]]:
         """Every record of ``queue``, in order: ("message", Message), ("dead", DeadLetter), or (kind,
         None) for one that cannot be read. Read-only: nothing is set aside (``pzq check``, ``pzq dump``)."""
-        info = self._queues[queue]
+        info = self.store.queue(queue, False)
+        if info is None:
+            raise KeyError(queue)
         prefix = U64.pack(info.qid)
         with self.env.reading() as txn:
             for kind, db in (("message", self._messages_db), ("dead", self._dead_db)):
@@ -199,11 +208,10 @@ class Previews(DeadLetters):
                     if not key.startswith(prefix):
                         break
                     if kind == "message":
-                        yield kind, self._decode(info, key, value, txn)
-                        self._unreadable.clear()
+                        yield kind, self.store.read_record(info, key, value, txn)
                         continue
                     try:
-                        yield kind, self._decode_dead(info, key, value, txn)
+                        yield kind, self.dead_letters.decode(info, key, value, txn)
                     except (ValueError, TypeError, msgpack.UnpackException):
                         yield kind, None
 

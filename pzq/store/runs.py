@@ -1,10 +1,11 @@
-"""Runs of messages in one call: a batch's records, the delivery counts of a take's run, the deletes of
-an ack run (and of a group's acknowledged range), and the headers a lease reads, a run of plain messages
-at a time.
+"""Runs of messages in one call: a producer's run of records, the delivery counts of a take's run, the
+deletes of an ack run (and of a group's acknowledged range), and the headers a lease reads, a run of
+plain messages at a time. Drawn on the core (``core.py``): these are the verbs the hot paths call.
 
-A producer's batch (PZQ-BATCH/1) carries each message as the msgpack array of its frames, which is what
-a record holds after its ``[enqueued_us, 0,`` header: ``put_encoded`` stores them behind one header
-built once, with no per-message encoding and one cursor call.
+A native producer's turn of messages is stored with one cursor call (``put_many``). A producer's batch
+(PZQ-BATCH/1) carries each message as the msgpack array of its frames, which is what a record holds
+after its ``[enqueued_us, 0,`` header: ``put_encoded`` stores them behind one header built once, with
+no per-message encoding and one cursor call.
 
 The per-message calls (``mark_delivered``, ``delete``) cost a clock read, a key, a transaction lookup
 and an accounting update each; a native consumer's turn takes and acks hundreds, so these do the same
@@ -13,7 +14,7 @@ work once per run (issue 27: "pop and delete a run of refs in one loop"). Same e
 ``plain_run`` is the take's batch path: it reads a run of records as they are stored (frames, enqueue
 time, delivery count) without building a ``Message`` for each, and stops before the first record that
 needs a closer look (a TTL, meta such as its own delivery cap, a body in chunks, or a record it cannot
-read), which the general path (``scan``) then reads as before.
+read), which the general path (``scan``) then reads as before (the columns: ``plain_runs.py``).
 
 ``lease_headers`` is ``headers`` for a group's lease: a record whose first bytes say it has no TTL and
 no meta (a native or API message: ``[enqueued_us, 0, [frames]]``) needs nothing else read, so the walk
@@ -26,54 +27,56 @@ it then reads as gone. ``delete_range`` walks the deliveries table beside the me
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
-import re
 import time
 from collections.abc import Container, Sequence
 from operator import is_not, itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
-from pzq.store.environment import LmdbError
-from pzq.store.layout import KEY, OVERHEAD, U32, U64, U64_MAX, Message
-from pzq.store.messages import CHUNKED, Messages
-from pzq.store.queues import raise_, run_all
+from pzq.store.bodies import CHUNKED_MESSAGE, Bodies, ref_of
+from pzq.store.core import Core
+from pzq.store.environment import KeyExists, LmdbError, raise_
+from pzq.store.layout import KEY, OVERHEAD, U32, U64_MAX, Message, QueueInfo
+from pzq.store.pending import run_all
+from pzq.store.plain_runs import NO_RUN, PLAIN_NO_TTL, PlainRun, plain_columns, plain_rows
 
-PLAIN = 0x93  # a record's first byte when it is [enqueued µs, expires µs, frames]: no meta, body inline
-_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+CHUNKED = bytes([CHUNKED_MESSAGE])  # a chunked record's first byte
+_first, _second = itemgetter(0), itemgetter(1)
 
-
-class PlainRun(NamedTuple):
-    """A run of plain messages as ``plain_run`` reads them, column by column: no object per message."""
-
-    keys: list[bytes]  # each one's record key (KEY: qid, seq)
-    refs: list[tuple[int, int]]  # (qid, seq)
-    enqueued: list[int]  # µs
-    frames: list[list[bytes]]
-    deliveries: list[int] | None  # how often each was delivered before; None: none was (the usual run)
+# Past this many body bytes a native record is joined from its frames (one copy): msgpack grows its buffer
+# by copies, which took 19 ms of a 16 MiB message's 80 ms turn. The bytes are msgpack's, to the byte.
+BIG_RECORD = 1 << 20
 
 
-NO_RUN = PlainRun([], [], [], [], None)
+def _header(length: int, small: int, sizes: tuple[bytes, bytes, bytes]) -> bytes:
+    """A msgpack array (``small`` 0x90) or bin (``small`` 0) header for ``length`` items or bytes."""
+    if small and length < 16:
+        return bytes([small | length])
+    if length < 256 and not small:
+        return sizes[0] + length.to_bytes(1, "big")
+    if length < 65536:
+        return sizes[1] + length.to_bytes(2, "big")
+    return sizes[2] + length.to_bytes(4, "big")
 
-# A plain record's first bytes with no TTL: ``[enqueued_us, 0, [frames]]`` (msgpack: a 3-array, a
-# non-negative int, 0, an array header), what every native and API message without a TTL is
-# (messages.native_record)
-PLAIN_NO_TTL = re.compile(rb"\x93(?:[\x00-\x7f]|\xcc.|\xcd..|\xce.{4}|\xcf.{8})\x00[\x90-\x9f\xdc\xdd]", re.S)
+
+def native_record(now_us: int, body: Sequence[bytes], pack=msgpack.packb) -> bytes:
+    """``msgpack.packb([now_us, 0, body])`` of a message's frames, joined in one copy when it is big."""
+    if sum(map(len, body)) < BIG_RECORD:  # (``pack``: a run's own Packer, a third of packb's cost)
+        return pack([now_us, 0, body])
+    parts = [b"\x93", msgpack.packb(now_us), b"\x00", _header(len(body), 0x90, (b"", b"\xdc", b"\xdd"))]
+    for frame in body:
+        parts += (_header(len(frame), 0, (b"\xc4", b"\xc5", b"\xc6")), frame)
+    return b"".join(parts)
+
+
 # Past every key (a u64 qid and seq: 16 bytes): where a walk of the deliveries table ends
 _PAST_KEYS = b"\xff" * 17
 # One lease entry: (first seq, count, expires_us, max_deliveries or 0, deliveries); count > 1 only for
 # a run of plain messages (no TTL, no cap)
 LeaseEntry = tuple[int, int, int, int, int]
-
-
-def _stored_count(counts, key: bytes) -> int:
-    """A delivery count from the deliveries table (``counts``: its lookup, None when it holds none); a
-    damaged one reads as 0, as ``scan`` reads it."""
-    raw = counts(key) if counts is not None else None
-    return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
 
 
 def _pop_consecutive(cursor, keys: list[bytes]) -> list[Any] | None:
@@ -90,9 +93,11 @@ def _pop_consecutive(cursor, keys: list[bytes]) -> list[Any] | None:
     return list(map(_second, got))
 
 
-class Runs(Messages):
+class Runs(Core):
     """Batches' records, delivery counts and deletes of runs of messages, and plain runs for the take (see
     the module's text)."""
+
+    bodies: Bodies  # (the store's part, set by the store as it opens)
 
     def plain_run(
         self, queue: str, from_seq: int, limit: int, max_bytes: int, skip: Container[tuple[int, int]]
@@ -114,84 +119,10 @@ class Runs(Messages):
             # (no count written at all, the usual case when acks come before commits write counts: none to read)
             written = txn.stat(self._deliveries_db)["entries"]
             counts = functools.partial(txn.get, db=self._deliveries_db) if written else None
-            ran = self._plain_columns(info.qid, records, max_bytes, skip, counts)
-            return ran if ran is not None else self._plain_rows(info.qid, from_seq, records, max_bytes, skip, counts)
-
-    def _plain_columns(
-        self, qid: int, records: list, max_bytes: int, skip: Container[tuple[int, int]], counts
-    ) -> tuple[PlainRun, int, bool] | None:
-        """``plain_run`` of ``records`` (key, value), each step over the whole run in C, when every record
-        is plain and none is in flight (the usual run); None otherwise (``_plain_rows`` reads them)."""
-        keys = list(map(_first, records))
-        end = bisect.bisect_left(keys, U64.pack(qid + 1)) if qid < U64_MAX else len(keys)  # (this queue's)
-        if end < len(keys):
-            del keys[end:], records[end:]
-        values = list(map(_second, records))
-        # ([enqueued µs, 0, [frames]] by their first bytes, the whole of each by unpackb, frames all bin)
-        if not values or not all(map(PLAIN_NO_TTL.match, values)):
-            return None
-        try:
-            rows = list(map(msgpack.unpackb, values))
-        except (ValueError, msgpack.UnpackException):  # (one to read closely: the rows' way)
-            return None
-        enqueued, frames = list(map(_first, rows)), list(map(_third, rows))
-        if not set(map(type, itertools.chain.from_iterable(frames))) <= {bytes}:
-            return None
-        refs = list(map(KEY.unpack, keys))
-        if any(map(skip.__contains__, refs)):
-            return None
-        if max_bytes < sum(map(len, values)):  # (the record that reaches max_bytes is the last)
-            cut = bisect.bisect_left(list(itertools.accumulate(map(len, values))), max_bytes) + 1
-            del keys[cut:], refs[cut:], enqueued[cut:], frames[cut:]
-        pending = list(map(self._pending_counts.get, keys))
-        deliveries: list[int] | None = None
-        if pending.count(None) != len(pending) or counts is not None:
-            deliveries = [
-                count[0] if count is not None else _stored_count(counts, key)
-                for key, count in zip(keys, pending, strict=True)
-            ]
-        return PlainRun(keys, refs, enqueued, frames, deliveries), refs[-1][1] + 1, False
-
-    def _plain_rows(
-        self, qid: int, from_seq: int, records: list, max_bytes: int, skip: Container[tuple[int, int]], counts
-    ) -> tuple[PlainRun, int, bool]:
-        """``plain_run`` of ``records`` a record at a time: stops before the first that needs a look."""
-        prefix, unpack_key, unpackb = U64.pack(qid), KEY.unpack, msgpack.unpackb
-        pending = self._pending_counts
-        out = PlainRun([], [], [], [], [])
-        size, seq, nxt, stopped = 0, from_seq, from_seq, False
-        for key, value in records:
-            if size >= max_bytes or not key.startswith(prefix):
-                break
-            seq = unpack_key(key)[1]
-            if not value or value[0] != PLAIN:
-                stopped = True
-                break
-            try:
-                record = unpackb(value)
-            except (ValueError, msgpack.UnpackException):
-                stopped = True
-                break
-            frames = record[2]
-            if (
-                record[1] != 0
-                or type(record[0]) is not int
-                or type(frames) is not list
-                or not (len(frames) == 1 and type(frames[0]) is bytes or all(type(f) is bytes for f in frames))
-            ):  # (a TTL, or a record to read closely: ``scan`` takes it, or sets it aside)
-                stopped = True
-                break
-            nxt = seq + 1
-            if (qid, seq) in skip:
-                continue
-            count = pending.get(key)
-            out.keys.append(key)
-            out.refs.append((qid, seq))
-            out.enqueued.append(record[0])
-            out.frames.append(frames)
-            out.deliveries.append(count[0] if count is not None else _stored_count(counts, key))  # type: ignore[union-attr]
-            size += len(value)
-        return out, seq if stopped else nxt, stopped
+            ran = plain_columns(info.qid, records, max_bytes, skip, counts, self._pending_counts)
+            if ran is not None:
+                return ran
+            return plain_rows(info.qid, from_seq, records, max_bytes, skip, counts, self._pending_counts)
 
     def count_deliveries(self, queue: str, run: PlainRun) -> int:
         """``mark_delivered`` each message of a plain run (``plain_run``'s, as read); returns how many had
@@ -206,6 +137,41 @@ class Runs(Messages):
             return 0
         self._pending_counts.set_many(run.keys, [(count + 1, now) for count in run.deliveries])
         return len(run.deliveries) - run.deliveries.count(0)
+
+    def put_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
+        """Append messages (no TTL, no meta) to ``queue`` in one call: how many of them, from the first,
+        were stored; the others did not fit under the store limit (or the disk is short). The native
+        producers' hot path: one LMDB call for a turn's messages, no Message objects. Raises
+        StoreFull, storing nothing, when the queue cannot be made."""
+        if not bodies or self.low_disk:
+            return 0
+        info = self._queues.get(queue) or self.queue(queue, implicit=True)
+        room = self.max_size - self._total_bytes - self._side()
+        items: list[tuple[bytes, bytes]] = []
+        key, qid, seq, total, pack = KEY.pack, info.qid, info.next_seq, 0, msgpack.Packer().pack
+        for body in bodies:
+            value = native_record(now_us, body, pack)
+            size = len(value) + KEY.size + OVERHEAD
+            if total + size > room:
+                break
+            items.append((key(qid, seq), value))
+            seq += 1
+            total += size
+        return self._put_run(queue, info, items, total) if items else 0
+
+    def _put_run(self, queue: str, info: QueueInfo, items: list[tuple[bytes, bytes]], total: int) -> int:
+        """Put ``items`` (the queue's next seqs, in order) in one cursor call and account ``total`` bytes
+        for them; returns how many."""
+        cursor = self.env.write().cursor(db=self._messages_db)
+        try:
+            _, added = cursor.putmulti(items, overwrite=False)
+        except LmdbError as exc:
+            self.env.do(raise_, exc)
+        if added != len(items):  # another writer used these seqs: storing over them would lose messages
+            self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {info.next_seq} are already stored"))
+        info.next_seq += len(items)
+        self.account(info, len(items), total)
+        return len(items)
 
     def put_encoded(self, queue: str, messages: Sequence[bytes], *, now_us: int) -> int:
         """``put_many`` of messages each given as the msgpack array of its frames (checked by the
@@ -271,7 +237,7 @@ class Runs(Messages):
                 run_all(map(functools.partial(txn.delete, db=deliveries_db), keys))  # (a lookup when never written)
             size = sum(map(len, values)) + KEY.size * count  # (+ OVERHEAD each: ``accounted``, added once below)
             if any(map(bytes.startswith, values, itertools.repeat(CHUNKED))):  # (their bodies go too)
-                size += sum(self.delete_body(ref) for value in values if (ref := self.ref_of(value)) is not None)
+                size += sum(self.bodies.delete(ref) for value in values if (ref := ref_of(value)) is not None)
         except LmdbError as exc:
             self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
             raise
@@ -280,7 +246,7 @@ class Runs(Messages):
             if counted:
                 pending.pop_many(counted)
         if count:
-            self._account(info, -count, -size - count * OVERHEAD)
+            self.account(info, -count, -size - count * OVERHEAD)
         return out
 
     def delete_range(self, queue: str, lo: int, hi: int, limit: int) -> tuple[int, int]:
@@ -301,8 +267,8 @@ class Runs(Messages):
             while key and key < end and removed < limit:
                 value = cursor.value()
                 size += len(value)
-                if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
-                    size += self.delete_body(ref)
+                if value[:1] == CHUNKED and (ref := ref_of(value)) is not None:
+                    size += self.bodies.delete(ref)
                 while next_count < key:  # (a count left without its message: kept, as a key delete keeps it)
                     next_count = bytes(counts.key() if counts.next() else b"") or _PAST_KEYS
                 if next_count == key:
@@ -318,7 +284,7 @@ class Runs(Messages):
             self.env.do(raise_, exc)  # (rolls the turn back and raises StoreError)
             raise
         if removed:  # (every key is KEY.size bytes: accounted() of each, summed)
-            self._account(info, -removed, -(size + removed * (KEY.size + OVERHEAD)))
+            self.account(info, -removed, -(size + removed * (KEY.size + OVERHEAD)))
         return removed, at
 
     def lease_headers(self, queue: str, from_seq: int, limit: int) -> list[LeaseEntry]:
@@ -363,7 +329,7 @@ class Runs(Messages):
                 if header is not None:
                     last = [seq, 1, header[0], header[1], deliveries]
                     out.append(last)
-        self._set_aside()
+        self.set_aside()
         return [(seq, count, expires_us, cap, deliveries) for seq, count, expires_us, cap, deliveries in out]
 
     def _header_of(self, info, key: bytes, value: bytes) -> tuple[int, int] | None:

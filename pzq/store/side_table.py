@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 from pzq.store.layout import UNREADABLE
 
 if TYPE_CHECKING:
-    from pzq.store.queues import Queues
+    from pzq.store.core import Core
 
 log = logging.getLogger("pzq.store")
 
@@ -35,7 +35,7 @@ class SideTable(Generic[K, V]):
     NAME: ClassVar[str]
     COUNTED: ClassVar[bool] = True
 
-    def __init__(self, store: Queues):
+    def __init__(self, store: Core):
         self.store = store
         self._env = store.env
         self._db = store.env.dbs[self.NAME]

@@ -1,6 +1,6 @@
-"""Messages: put (one or a run), get, scan; delivery counts (the take
-bookkeeping, written lazily with a commit); deletes (acks), requeues; setting aside
-a record that cannot be read. Drawn on ``Queues`` (queues.py); the layout is in ``layout.py``."""
+"""Messages one at a time: put, get, scan; delivery counts (the take bookkeeping, written lazily with a
+commit); deletes (acks), requeues. Drawn on the core (``core.py``); the verbs of runs of messages are
+``runs.py``'s, and the layout is in ``layout.py``."""
 
 from __future__ import annotations
 
@@ -11,83 +11,25 @@ from collections.abc import Iterator, Sequence
 import msgpack
 
 from pzq.errors import StoreError, StoreFull
-from pzq.store.bodies import CHUNKED_DEAD, CHUNKED_MESSAGE, Bodies, BodyRef, Upload
-from pzq.store.environment import KeyExists, LmdbError
-from pzq.store.layout import KEY, OVERHEAD, U32, U64, Message, QueueInfo, accounted, message_id
-from pzq.store.queues import raise_
+from pzq.store.bodies import CHUNKED_DEAD, CHUNKED_MESSAGE, Bodies, BodyRef, Upload, ref_of
+from pzq.store.core import Core
+from pzq.store.environment import KeyExists, LmdbError, raise_
+from pzq.store.layout import KEY, U32, U64, Message, QueueInfo, accounted, message_id
 
 log = logging.getLogger("pzq.store")
 CHUNKED, CHUNKED_TAGS = bytes([CHUNKED_MESSAGE]), (CHUNKED_MESSAGE, CHUNKED_DEAD)  # a chunked record's first byte
 
-# Past this many body bytes a native record is joined from its frames (one copy): msgpack grows its buffer
-# by copies, which took 19 ms of a 16 MiB message's 80 ms turn. The bytes are msgpack's, to the byte.
-BIG_RECORD = 1 << 20
 
+class Records(Core):
+    """The messages of the queues, one at a time (see the module's text)."""
 
-def _header(length: int, small: int, sizes: tuple[bytes, bytes, bytes]) -> bytes:
-    """A msgpack array (``small`` 0x90) or bin (``small`` 0) header for ``length`` items or bytes."""
-    if small and length < 16:
-        return bytes([small | length])
-    if length < 256 and not small:
-        return sizes[0] + length.to_bytes(1, "big")
-    if length < 65536:
-        return sizes[1] + length.to_bytes(2, "big")
-    return sizes[2] + length.to_bytes(4, "big")
-
-
-def native_record(now_us: int, body: Sequence[bytes], pack=msgpack.packb) -> bytes:
-    """``msgpack.packb([now_us, 0, body])`` of a message's frames, joined in one copy when it is big."""
-    if sum(map(len, body)) < BIG_RECORD:  # (``pack``: a run's own Packer, a third of packb's cost)
-        return pack([now_us, 0, body])
-    parts = [b"\x93", msgpack.packb(now_us), b"\x00", _header(len(body), 0x90, (b"", b"\xdc", b"\xdd"))]
-    for frame in body:
-        parts += (_header(len(frame), 0, (b"\xc4", b"\xc5", b"\xc6")), frame)
-    return b"".join(parts)
-
-
-class Messages(Bodies):
-    """The messages of the queues (see the module's text)."""
+    bodies: Bodies  # (the store's part, set by the store as it opens: a chunked body's record names it)
 
     def put(
         self, queue: str, frames: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
     ) -> Message:
         """Append a message to ``queue``. Raises StoreFull (writing nothing) past the store limit."""
-        return self._append(queue, frames, now_us, expires_us, check_limit=True, meta=meta)
-
-    def put_many(self, queue: str, bodies: Sequence[Sequence[bytes]], *, now_us: int) -> int:
-        """Append messages (no TTL, no meta) to ``queue`` in one call: how many of them, from the first,
-        were stored; the others did not fit under the store limit (or the disk is short). The native
-        producers' hot path: one LMDB call for a turn's messages, no Message objects. Raises
-        StoreFull, storing nothing, when the queue cannot be made."""
-        if not bodies or self.low_disk:
-            return 0
-        info = self._queues.get(queue) or self.queue(queue, implicit=True)
-        room = self.max_size - self._total_bytes - self._side()
-        items: list[tuple[bytes, bytes]] = []
-        key, qid, seq, total, pack = KEY.pack, info.qid, info.next_seq, 0, msgpack.Packer().pack
-        for body in bodies:
-            value = native_record(now_us, body, pack)
-            size = len(value) + KEY.size + OVERHEAD
-            if total + size > room:
-                break
-            items.append((key(qid, seq), value))
-            seq += 1
-            total += size
-        return self._put_run(queue, info, items, total) if items else 0
-
-    def _put_run(self, queue: str, info: QueueInfo, items: list[tuple[bytes, bytes]], total: int) -> int:
-        """Put ``items`` (the queue's next seqs, in order) in one cursor call and account ``total`` bytes
-        for them; returns how many."""
-        cursor = self.env.write().cursor(db=self._messages_db)
-        try:
-            _, added = cursor.putmulti(items, overwrite=False)
-        except LmdbError as exc:
-            self.env.do(raise_, exc)
-        if added != len(items):  # another writer used these seqs: storing over them would lose messages
-            self.env.do(raise_, KeyExists(f"messages of queue {queue!r} from seq {info.next_seq} are already stored"))
-        info.next_seq += len(items)
-        self._account(info, len(items), total)
-        return len(items)
+        return self.append(queue, frames, now_us, expires_us, check_limit=True, meta=meta)
 
     def put_body(
         self, queue: str, upload: Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
@@ -99,11 +41,11 @@ class Messages(Bodies):
             raise ValueError("the body is not all written")
         # (the upload ends after its record is put: a put that fails leaves it to the rollback, which
         # removes its chunks)
-        message = self._append(queue, [], now_us, expires_us, check_limit=False, meta=meta, body=upload.ref)
-        self._finish_upload(upload)
+        message = self.append(queue, [], now_us, expires_us, check_limit=False, meta=meta, body=upload.ref)
+        self.bodies.finish(upload)
         return message
 
-    def _append(
+    def append(
         self,
         queue: str,
         frames: Sequence[bytes],
@@ -137,16 +79,8 @@ class Messages(Bodies):
         if not fresh:  # another writer used this seq: storing over it would lose a message someone was acked for
             self.env.do(raise_, KeyExists(f"message {message_id(info.qid, seq)} is already stored"))
         info.next_seq = seq + 1
-        self._account(info, 1, size)
+        self.account(info, 1, size)
         return Message(queue, info.qid, seq, list(frames), enqueued_us, expires_us, 0, meta, ref)
-
-    def _deliveries(self, key: bytes, txn) -> int:
-        pending = self._pending_counts.get(key)
-        if pending is not None:
-            return pending[0]
-        raw = txn.get(key, db=self._deliveries_db)
-        # (a damaged count reads as 0: the message is still delivered, its retry count starts over)
-        return U32.unpack(raw)[0] if raw and len(raw) == 4 else 0
 
     def _decode_uncounted(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
         return self._decode(info, key, value, txn, False)
@@ -168,16 +102,23 @@ class Messages(Bodies):
                 info.name,
                 info.qid,
                 KEY.unpack(key)[1],
-                record[2] if body is None else self.body_frames(body, txn),
+                record[2] if body is None else self.bodies.frames(body, txn),
                 int(record[0]),
                 int(record[1]),
-                self._deliveries(key, txn) if counts else 0,
+                self.deliveries(key, txn) if counts else 0,
                 record[3] if len(record) > 3 else None,
                 body,
             )
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             self._unreadable.append((info, key, f"{type(exc).__name__}: {exc}"))
             return None
+
+    def read_record(self, info: QueueInfo, key: bytes, value: bytes, txn) -> Message | None:
+        """The stored message, or None when its record cannot be read: nothing is set aside (the
+        audit of ``pzq check``, which only looks)."""
+        message = self._decode(info, key, value, txn)
+        self._unreadable.clear()
+        return message
 
     def get(self, queue: str, seq: int) -> Message | None:
         info = self._queues.get(queue)
@@ -187,7 +128,7 @@ class Messages(Bodies):
         with self.env.reading() as txn:
             value = txn.get(key, db=self._messages_db)
             message = None if value is None else self._decode(info, key, value, txn)
-        self._set_aside()
+        self.set_aside()
         return message
 
     def scan(
@@ -200,38 +141,13 @@ class Messages(Bodies):
         decode = self._decode if counts else self._decode_uncounted
         while True:
             damaged = self.damaged_total
-            found = self._iter(self._messages_db, queue, from_seq, limit, decode, max_bytes)
+            found = self.walk(self._messages_db, queue, from_seq, limit, decode, max_bytes)
             messages = [m for m in found if m is not None]
-            self._set_aside()
+            self.set_aside()
             if self.damaged_total == damaged or len(messages) >= limit:
                 return messages  # (else read again: what was set aside is gone, more may follow it)
 
-    def _set_aside(self) -> None:
-        """Move unreadable message records (a damaged page, a bug) out of their queue into the
-        ``damaged`` table, raw, and count them: one bad record must not fail every turn that meets it
-        (a crash loop), and its bytes stay for ``pzq dump``. Written with the turn's commit."""
-        while self._unreadable:
-            info, key, reason = self._unreadable.pop()
-            txn = self.env.write()
-            value = txn.get(key, db=self._messages_db)
-            if value is None or info.name not in self._queues:
-                continue
-            self.env.do(txn.put, key, value, db=self._damaged_db)
-            self.env.do(txn.delete, key, db=self._messages_db)
-            self._pending_counts.pop(key, None)
-            self._account(info, -1, -accounted(key, value))
-            self.damaged_total += 1
-            for listener in self.on_set_aside:
-                listener(info.qid, KEY.unpack(key)[1])
-            log.error(
-                "message %s of queue %r cannot be read (%s): set aside in the store's damaged table "
-                "(`pzq dump` copies it out); the queue goes on",
-                message_id(info.qid, KEY.unpack(key)[1]),
-                info.name,
-                reason,
-            )
-
-    def _iter(self, db, queue: str, from_seq: int, limit: int, decode, max_bytes: int | None = None) -> Iterator:
+    def walk(self, db, queue: str, from_seq: int, limit: int, decode, max_bytes: int | None = None) -> Iterator:
         info = self._queues.get(queue)
         if info is None or limit <= 0:
             return
@@ -247,7 +163,7 @@ class Messages(Bodies):
                     return
                 n += 1
                 size += len(value)
-                if value[0] in CHUNKED_TAGS and (ref := self.ref_of(value, value[0] == CHUNKED_DEAD)) is not None:
+                if value[0] in CHUNKED_TAGS and (ref := ref_of(value, value[0] == CHUNKED_DEAD)) is not None:
                     size += ref.accounted
                 yield decode(info, key, value, txn)
 
@@ -268,7 +184,7 @@ class Messages(Bodies):
         key = KEY.pack(self._queues[queue].qid, seq)
         if current is None:
             with self.env.reading() as txn:
-                current = self._deliveries(key, txn)
+                current = self.deliveries(key, txn)
         count = max(0, current + step)
         self._pending_counts[key] = (count, time.monotonic())
         return count
@@ -292,9 +208,9 @@ class Messages(Bodies):
             return False
         self._pending_counts.pop(key, None)
         size = accounted(key, value)
-        if value[:1] == CHUNKED and (ref := self.ref_of(value)) is not None:
-            size += ref.accounted if keep_body else self.delete_body(ref)
-        self._account(info, -1, -size)
+        if value[:1] == CHUNKED and (ref := ref_of(value)) is not None:
+            size += ref.accounted if keep_body else self.bodies.delete(ref)
+        self.account(info, -1, -size)
         return True
 
     def set_delivered(self, queue: str, seqs: Sequence[int], count: int) -> None:
@@ -345,7 +261,7 @@ class Messages(Bodies):
         """Move a stored message to the end of its queue (new seq, deliveries kept); it must exist."""
         if not self.delete(message.queue, message.seq, keep_body=True):
             raise StoreError(f"message {message.id} is not stored")
-        moved = self._append(
+        moved = self.append(
             message.queue,
             message.frames,
             message.enqueued_us,

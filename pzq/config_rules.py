@@ -1,0 +1,149 @@
+"""The rules between settings that Config.validate checks: endpoints well formed and apart, CURVE without
+a side door, names that exist. Each takes the Config (duck-typed: config imports this module, not the
+reverse) and raises ConfigError naming the option; ranges of single settings are config's own."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import zoneinfo
+from typing import Any
+
+from pzq.errors import ConfigError
+
+DIALECTS, FORMATS = ("auto", "legacy", "current"), ("text", "json")
+# Endpoint roles, as --unauthenticated names them: each is its --ROLE-dsn option, but for the web
+# console's, --http-dsn.
+ROLES = (
+    "receive",
+    "send",
+    "consume",
+    "monitor",
+    "phpmq",
+    "emqp-frontend",
+    "emqp-backend",
+    "emqp-publish",
+    "mqks",
+    "api",
+    "console",
+)
+_ZMQ = r"^(tcp|ipc|inproc)://.+"
+
+
+def flag(name: str) -> str:
+    """The option of setting ``name``: 'ack_timeout' -> '--ack-timeout'."""
+    return "--" + name.replace("_", "-")
+
+
+def check_endpoints(cfg: Any) -> None:
+    """Every endpoint in its form; the batched consumers' endpoint apart from the others."""
+    for name in ("receive_dsn", "send_dsn", "monitor_dsn"):
+        value = getattr(cfg, name)
+        if not re.match(_ZMQ, value):
+            raise ConfigError(f"{flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint")
+    for name in ("phpmq_dsn", "mqks_dsn"):
+        if getattr(cfg, name) and not re.match(r"^tcp://.+:\d+$", getattr(cfg, name)):
+            raise ConfigError(f"{flag(name)}: {getattr(cfg, name)!r} is not tcp://HOST:PORT (or empty to disable)")
+    if cfg.consume_dsn == "auto":
+        raise ConfigError(f"--consume-dsn: 'auto' finds no endpoint beside --send-dsn {cfg.send_dsn!r}: name one")
+    if cfg.consume_dsn:
+        for name in ("receive_dsn", "send_dsn", "monitor_dsn", "api_dsn", "emqp_frontend_dsn", "emqp_backend_dsn"):
+            if getattr(cfg, name) == cfg.consume_dsn:
+                raise ConfigError(f"--consume-dsn {cfg.consume_dsn} is {flag(name)} too: give it another")
+    for name in ("emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn", "api_dsn", "consume_dsn"):
+        value = getattr(cfg, name)
+        if value and not re.match(_ZMQ, value):
+            raise ConfigError(
+                f"{flag(name)}: {value!r} is not a tcp://, ipc:// or inproc:// endpoint (or empty to disable)"
+            )
+    if bool(cfg.emqp_frontend_dsn) != bool(cfg.emqp_backend_dsn):
+        raise ConfigError("--emqp-frontend-dsn and --emqp-backend-dsn: give both or neither")
+    if cfg.metrics_dsn:
+        parse_endpoint(cfg.metrics_dsn)
+    if cfg.http_dsn:
+        parse_endpoint(cfg.http_dsn, "--http-dsn")
+    if cfg.http_dsn and cfg.monitor_dsn.startswith("inproc://"):  # (the console is a process of its own)
+        raise ConfigError(f"--http-dsn: the console's process cannot reach --monitor-dsn {cfg.monitor_dsn}")
+    if cfg.http_auth_file and not cfg.http_dsn:
+        raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
+
+
+def check_names(cfg: Any) -> None:
+    """Choices, queue names, the time zone, address lists and log settings that exist."""
+    if cfg.phpmq_dialect not in DIALECTS:
+        raise ConfigError(f"--phpmq-dialect: {cfg.phpmq_dialect!r} is not auto, legacy or current")
+    if not [q for q in cfg.emqp_default_queues.split(",") if q.strip()]:
+        raise ConfigError("--emqp-default-queues: name at least one queue")
+    try:
+        zoneinfo.ZoneInfo(cfg.emqp_cron_timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"--emqp-cron-timezone: {cfg.emqp_cron_timezone!r} is not a time zone name (e.g. UTC or Europe/Berlin)"
+        ) from None
+    if not cfg.database:
+        raise ConfigError("--database: must name a directory")
+    if not cfg.queue or len(cfg.queue.encode()) > 255:
+        raise ConfigError("--queue: must be 1 to 255 bytes")
+    for part in (p.strip() for p in cfg.allow_ips.split(",") if p.strip()):
+        try:
+            ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise ConfigError(f"--allow-ips: {part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+    if cfg.log_format not in FORMATS:
+        raise ConfigError(f"--log-format: {cfg.log_format!r} is not text or json")
+    if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"--log-level: {cfg.log_level!r} is not one of debug, info, warning, error")
+
+
+def check_security(cfg: Any) -> None:
+    """CURVE's two files together, and no endpoint that serves clients without a key unless named."""
+    unknown = cfg.unauthenticated_roles - set(ROLES)
+    if unknown:
+        raise ConfigError(
+            f"--unauthenticated: {', '.join(sorted(unknown))} is not an endpoint; name some of {', '.join(ROLES)}"
+        )
+    if bool(cfg.curve_secret_key) != bool(cfg.curve_clients):
+        raise ConfigError("--curve-secret-key and --curve-clients: give both or neither")
+    for role in ("phpmq", "mqks"):  # no side door: their protocols have no authentication
+        dsn = getattr(cfg, f"{role}_dsn")
+        if cfg.curve_secret_key and dsn and role not in cfg.unauthenticated_roles:
+            raise ConfigError(
+                f"--{role}-dsn {dsn}: {role.upper()} clients cannot authenticate, and CURVE is "
+                f"configured: disable it (--{role}-dsn '') or accept it knowingly with "
+                f"--unauthenticated {role}"
+            )
+    if cfg.curve_secret_key and cfg.http_dsn and "console" not in cfg.unauthenticated_roles:
+        # (the console's own link to pzq has a CURVE key; the browsers reading it over HTTP have none)
+        raise ConfigError(
+            f"--http-dsn {cfg.http_dsn}: the web console shows message bodies without a CURVE key to any "
+            "browser that reaches its port, and CURVE is configured: disable it (--http-dsn '') or accept it "
+            "knowingly with --unauthenticated console"
+        )
+
+
+def beside_send(send_dsn: str) -> str:
+    """The batched consumers' endpoint that 'auto' means for ``send_dsn`` ('' when none can be made: the
+    setting must then be given): tcp://HOST:PORT -> PORT + 2, ipc://DIR/NAME -> ipc://DIR/consume,
+    inproc://NAME -> inproc://NAME-consume."""
+    scheme, sep, rest = send_dsn.partition("://")
+    if not sep:
+        return ""
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not port.isdigit() or int(port) + 2 > 65535:
+            return ""
+        return f"tcp://{host}:{int(port) + 2}"
+    if scheme == "ipc":
+        folder, slash, name = rest.rpartition("/")
+        return f"ipc://{folder}{slash}{'consume' if name != 'consume' else 'consume-batched'}"
+    if scheme == "inproc":
+        return f"inproc://{rest}-consume"
+    return ""
+
+
+def parse_endpoint(dsn: str, option: str = "--metrics-dsn") -> tuple[str, int]:
+    """'http://HOST:PORT' -> (host, port), or ConfigError naming ``option``."""
+    match = re.fullmatch(r"http://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?", dsn)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(f"{option}: {dsn!r} is not http://HOST:PORT (or empty to disable)")
+    return match.group(1).strip("[]"), int(match.group(2))
