@@ -122,7 +122,7 @@ class NativeEndpoints(Endpoint):
         # Turns with a held big message and turns that read alternate, so that a small message read after
         # the big one (another producer's) is committed first, and one sent during its commit is read next
         # (what waits at the head only for the next turn is let in by _release_held then)
-        if self.held.big_first():
+        if (held := self.held.messages) and held[0][1]:  # (the oldest held is big; read inline: every turn)
             if self.budget.let_in:
                 self._due = True
                 self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
@@ -159,6 +159,8 @@ class NativeEndpoints(Endpoint):
 
     def _release_held(self, now: float, now_us: int) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
+        if not self.held.messages:  # (the usual turn: nothing held, no call)
+            return
         if run := self.held.take_run():
             self.budget.take(sum(len(f) for frames in run for f in frames))
             self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)

@@ -41,10 +41,6 @@ class HeldIn:
         self._busy_logged = float("-inf")
         self._peer_most = limits.held_in_bytes // HELD_PEER_PART
 
-    def big_first(self) -> bool:
-        """Whether the oldest held message is a big one (the next turn is its own)."""
-        return bool(self.messages) and self.messages[0][1]
-
     def hold(self, frames: list[bytes], big: bool, length: int) -> None:
         self.messages.append((frames, big))
         self.by_peer[frames[0]] = self.by_peer.get(frames[0], 0) + length
