@@ -1,6 +1,7 @@
 """Modules at seams (issue 41): no module of pzq/ over MAX_LINES lines and no function over MAX_FUNCTION
-lines (its decorators, signature, docstring and body, as ``ast`` spans it). Read from the files alone:
-no import, no socket."""
+lines (its decorators, signature, docstring and body, as ``ast`` spans it), and no module importing
+another's private names (a split whose halves do is not a seam). Read from the files alone: no import,
+no socket."""
 
 from __future__ import annotations
 
@@ -57,6 +58,32 @@ def test_the_guard_names_a_long_module_and_a_long_nested_function(tmp_path):
     (package / "wide.py").write_text("x = 1\n" * (MAX_LINES + 1))
     (package / "store" / "waived.py").write_text("x = 1\n" * (MAX_LINES + 1))
     assert oversized(package) == ["pzq/long.py:2 f(): 81 lines", "pzq/wide.py: 401 lines"]
+
+
+def private_imports(package: Path) -> list[str]:
+    """Each ``from <one of ours> import _name`` under ``package``: a split whose halves import each other's
+    private names is not a seam (issue 41)."""
+    found = []
+    for file in sorted(package.rglob("*.py")):
+        relative = file.relative_to(package.parent).as_posix()
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), relative)):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == package.name):
+                names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [f"{relative}:{node.lineno} imports {name} from {node.module}" for name in names]
+    return found
+
+
+def test_no_module_of_pzq_imports_another_ones_private_names():
+    found = private_imports(PACKAGE)
+    assert not found, "make the name public, or keep it where it is used:\n" + "\n".join(found)
+
+
+def test_the_private_import_guard_names_the_importer_and_the_name(tmp_path):
+    package = tmp_path / "pzq"
+    package.mkdir()
+    (package / "a.py").write_text("_x = 1\n__all__ = []\n")
+    (package / "b.py").write_text("from pzq.a import _x, __all__\nfrom os import _exit\n")
+    assert private_imports(package) == ["pzq/b.py:1 imports _x from pzq.a"]
 
 
 def test_every_path_waived_for_now_still_exists():
