@@ -30,8 +30,8 @@ from pzq.gateways.native_batches import Batches
 from pzq.gateways.native_pool import SendPool
 from pzq.logs import warn_bad
 from pzq.protocols import native
-from pzq.protocols.native_batch import MARK
-from pzq.store import Upload, parse_message_id
+from pzq.protocols.native_batch import MARK, is_batch
+from pzq.store import Upload
 from pzq.store.dedup_keys import DedupKeys
 
 log = logging.getLogger("pzq.server")
@@ -374,8 +374,8 @@ class NativeGateway:
             if send.token is not None:  # a batch's answer
                 out.append(self.batches.rolled_back(send))
                 continue
-            routing, message_id, ok = send.frames[:3]
-            out.append(_failed(routing, message_id) if ok == b"1" else send)
+            stored = native.stored_ack(send.frames)
+            out.append(send if stored is None else _failed(*stored))
         self._owed = []
         return out
 
@@ -413,7 +413,7 @@ class NativeGateway:
         return [send for frames in messages if (send := self._failed_one(frames, limit)) is not None]
 
     def _failed_one(self, frames: list[bytes], limit: int) -> Send | None:
-        if len(frames) > 2 and frames[2] == MARK:
+        if is_batch(frames):
             return self.batches.failed(frames)
         event = native.parse_produce(frames, limit)
         if isinstance(event, native.Rejected):
@@ -431,15 +431,4 @@ def _failed(routing: bytes, message_id: bytes) -> Send:
     return Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED))
 
 
-def ref_of_key(key: bytes) -> Ref | None:
-    """The message a consumer's key names, or None if the key is not one pzq made."""
-    # The keys pzq made ("<16 digits>|<32 hex>") are read without a regex: every ack comes here.
-    if len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower():
-        try:  # (32 lowercase letters and digits: only hex digits get past int)
-            whole = int(tail, 16)
-        except ValueError:
-            whole = -1
-        if whole >= 0:
-            return whole >> 64, whole & 0xFFFFFFFFFFFFFFFF
-    mid = native.key_message_id(key)
-    return None if mid is None else parse_message_id(mid)
+ref_of_key = native.key_ref  # (the message a consumer's key names, or None: the codec reads keys)
