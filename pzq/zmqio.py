@@ -136,6 +136,14 @@ def recv_frames_last(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], zmq
     return _recv_message(sock, flags)
 
 
+def source_fd(frame: zmq.Frame) -> int:
+    """The descriptor of the connection ``frame`` came over (libzmq's SRCFD), -1 when it cannot be read."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return -1
+
+
 def peer_address(frame: zmq.Frame) -> tuple[str, str]:
     """The IP address of the TCP peer a frame came from (libzmq's Peer-Address), and "ip:port" (its
     connection's getpeername, through libzmq's SRCFD; the IP alone when that cannot be read)."""

@@ -43,7 +43,7 @@ from pzq.bench import native as bench
 from pzq.bench.phases import BenchOptions, Progress, run_phase
 from pzq.bench.report import _fmt, flatten, machine, medians
 from pzq.bench.server import cpu_seconds, free_ports
-from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
+from pzq.bench.workers import BODY_HEAD, TAG_SHIFT, ConsumerResult, ProducerResult
 
 STREAM, GROUP = "pzq-bench", "bench"
 
@@ -108,7 +108,7 @@ def redis_producer(job, start, progress, results) -> None:
     loop turn that read their commands), as many new commands go out in one write (sliding, as RabbitMQ's
     confirms and pzq's acks). Paced: one command at a time at the rate, waiting for its reply."""
     client = _RawRedis(job.endpoint)
-    pad = b"x" * max(0, job.size - _HEAD.size)
+    pad = b"x" * max(0, job.size - BODY_HEAD.size)
     stream = STREAM.encode()
     latencies: list[int] = []
     sent_at: collections.deque[int] = collections.deque()
@@ -127,7 +127,7 @@ def redis_producer(job, start, progress, results) -> None:
             now = time.monotonic_ns()
             client.send(
                 b"".join(
-                    _resp(b"XADD", stream, b"*", b"b", _HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad)
+                    _resp(b"XADD", stream, b"*", b"b", BODY_HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad)
                     for i in range(sent, sent + room)
                 )
             )
@@ -173,7 +173,7 @@ def redis_consumer(job, start, progress, done, results) -> None:
         now = time.monotonic_ns()
         ack = _resp(b"XACK", stream, group, *[eid for eid, _ in entries])
         for _, fields in entries:
-            sent_ns, tag = _HEAD.unpack_from(fields[1])
+            sent_ns, tag = BODY_HEAD.unpack_from(fields[1])
             producer, seq = tag >> TAG_SHIFT, tag & mask
             if producer < job.producers and seq < job.per_producer:
                 seen[producer][seq] += 1
@@ -250,7 +250,7 @@ def rabbit_producer(job, start, progress, results) -> None:
     conn = pika.SelectConnection(
         pika.ConnectionParameters("127.0.0.1", port), on_close_callback=lambda *_: conn.ioloop.stop()
     )
-    pad = b"x" * max(0, job.size - _HEAD.size)
+    pad = b"x" * max(0, job.size - BODY_HEAD.size)
     state = {"sent": 0, "acked": 0, "nacked": 0, "t0": 0, "latencies": [], "sent_at": {}, "ch": None}
     interval_ns = int(1e9 / job.rate) if job.rate else 0
     props = pika.BasicProperties(delivery_mode=2)
@@ -266,7 +266,7 @@ def rabbit_producer(job, start, progress, results) -> None:
             i = state["sent"]
             now = time.monotonic_ns()
             state["sent_at"][i + 1] = now
-            ch.basic_publish("", QUEUE, _HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad, props)
+            ch.basic_publish("", QUEUE, BODY_HEAD.pack(now, (job.index << TAG_SHIFT) | i) + pad, props)
             state["sent"] += 1
 
     def on_confirm(frame):
@@ -321,7 +321,7 @@ def rabbit_consumer(job, start, progress, done, results) -> None:
         stats["unacked"] += 1
         if stats["unacked"] >= max(1, job.credit // 2):  # half the prefetch: the broker never waits on us
             ack_all()
-        sent_ns, tag = _HEAD.unpack_from(body)
+        sent_ns, tag = BODY_HEAD.unpack_from(body)
         producer, seq = tag >> TAG_SHIFT, tag & mask
         if producer < job.producers and seq < job.per_producer:
             seen[producer][seq] += 1

@@ -10,7 +10,7 @@ from collections.abc import Hashable
 from pzq.gateways import native as native_gateway
 from pzq.gateways.contract import ONLY, Send
 from pzq.gateways.emqp import BACK, FRONT
-from pzq.protocols import api, emqp, mqks, phpmq
+from pzq.protocols import api, emqp, mqks_client, phpmq
 from pzq.protocols import native as native_codec
 
 from pair_loop import (
@@ -83,7 +83,7 @@ class MqksClient(Client):
 
     def _line(self, action: str, data: str, confirm: bool = False) -> str:
         request_id = self.tag()
-        self.loop.feed(self.peer, mqks.request_line(request_id, action, data, confirm))
+        self.loop.feed(self.peer, mqks_client.request_line(request_id, action, data, confirm))
         return request_id
 
     def produce(self, queue: str, body: bytes) -> str:
@@ -105,13 +105,13 @@ class MqksClient(Client):
 
     def receive(self, send: Send) -> None:
         for line in send.frames[1].decode().splitlines():
-            delivery = mqks.parse_delivery(line)
+            delivery = mqks_client.parse_delivery(line)
             if delivery is not None:  # (a consumer's id is the id of its consume request: deliveries first)
                 queue = delivery.event  # (each queue is bound to the event of its name)
                 self.events.append(Delivered(queue, delivery.data.encode(), (delivery.consumer, delivery.msg_id)))
                 continue
             request_id = line.split(" ", 1)[0]
-            answer = mqks.parse_answer(line, request_id)
+            answer = mqks_client.parse_answer(line, request_id)
             if answer is not None:
                 self.events.append(Answered(request_id, answer.ok))
 

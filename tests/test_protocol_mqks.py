@@ -6,6 +6,7 @@ import pytest
 
 from pzq.errors import ProtocolError
 from pzq.protocols import mqks
+from pzq.protocols import mqks_client as mc
 
 
 def parse(line: str) -> mqks.Request:
@@ -225,22 +226,22 @@ def test_a_glob_that_would_backtrack_is_matched_by_finding_its_pieces():
 
 def test_a_client_writes_request_lines_that_the_server_reads_back():
     assert (
-        mqks.request_line("p1", "publish", "e1 hello  world", confirm=True) == b"p1 publish --confirm e1 hello  world\n"
+        mc.request_line("p1", "publish", "e1 hello  world", confirm=True) == b"p1 publish --confirm e1 hello  world\n"
     )
-    assert mqks.request_line("pg1", "ping") == b"pg1 ping\n"
-    assert mqks.request_line("a1", "ack", "c1 --all") == b"a1 ack c1 --all\n"
-    assert mqks.parse_line(mqks.request_line("p1", "publish", "e1 a b", confirm=True).rstrip(b"\n")) == mqks.Request(
+    assert mc.request_line("pg1", "ping") == b"pg1 ping\n"
+    assert mc.request_line("a1", "ack", "c1 --all") == b"a1 ack c1 --all\n"
+    assert mqks.parse_line(mc.request_line("p1", "publish", "e1 a b", confirm=True).rstrip(b"\n")) == mqks.Request(
         "p1", "publish", True, {"event": "e1", "data": "a b"}
     )
-    assert parse(mqks.request_line("c1", "consume", "q1 e1 --manual-ack").decode().rstrip("\n")).args["manual_ack"]
+    assert parse(mc.request_line("c1", "consume", "q1 e1 --manual-ack").decode().rstrip("\n")).args["manual_ack"]
 
 
 def test_a_client_reads_deliveries_as_the_server_writes_them():
     line = mqks.delivery("c1", "m1", "e1", 0, "hello  big world").decode().rstrip("\n")
-    assert mqks.parse_delivery(line) == mqks.Delivery("c1", "m1", "e1", 0, "hello  big world")
+    assert mc.parse_delivery(line) == mc.Delivery("c1", "m1", "e1", 0, "hello  big world")
     line = mqks.delivery("c1", "m2", "user.1.left", 3, "").decode().rstrip("\n")
-    assert mqks.parse_delivery(line) == mqks.Delivery("c1", "m2", "user.1.left", 3, "")
-    assert mqks.parse_delivery("c1 ok m3 event=e1 a\\nb") == mqks.Delivery("c1", "m3", "e1", 0, "a\\nb")
+    assert mc.parse_delivery(line) == mc.Delivery("c1", "m2", "user.1.left", 3, "")
+    assert mc.parse_delivery("c1 ok m3 event=e1 a\\nb") == mc.Delivery("c1", "m3", "e1", 0, "a\\nb")
 
 
 @pytest.mark.parametrize(
@@ -248,14 +249,14 @@ def test_a_client_reads_deliveries_as_the_server_writes_them():
     ["c1 ok ", "c1 ok --update q1 e1 --manual-ack", "c1 ok --update q1", "c1 error 0123abcd", "c1 ok m1 e1 data", ""],
 )
 def test_answers_and_notices_are_not_deliveries(line):
-    assert mqks.parse_delivery(line) is None
+    assert mc.parse_delivery(line) is None
 
 
 def test_a_client_reads_the_answer_to_its_request_and_only_that():
-    assert mqks.parse_answer(mqks.ok("r1", "pong").decode().rstrip("\n"), "r1") == mqks.Answer("r1", True, "pong")
-    assert mqks.parse_answer(mqks.ok("r1").decode().rstrip("\n"), "r1") == mqks.Answer("r1", True, "")
-    assert mqks.parse_answer("r1 ok", "r1") == mqks.Answer("r1", True, "")
+    assert mc.parse_answer(mqks.ok("r1", "pong").decode().rstrip("\n"), "r1") == mc.Answer("r1", True, "pong")
+    assert mc.parse_answer(mqks.ok("r1").decode().rstrip("\n"), "r1") == mc.Answer("r1", True, "")
+    assert mc.parse_answer("r1 ok", "r1") == mc.Answer("r1", True, "")
     eid = "0123456789abcdef01234567"
-    assert mqks.parse_answer(mqks.error("r1", eid).decode().rstrip("\n"), "r1") == mqks.Answer("r1", False, eid)
+    assert mc.parse_answer(mqks.error("r1", eid).decode().rstrip("\n"), "r1") == mc.Answer("r1", False, eid)
     for other in ("r10 ok x", "r1 okay", "r1 ok --update q1 e1", "c1 ok m1 event=e1 x", "r2 error " + eid, ""):
-        assert mqks.parse_answer(other, "r1") is None, other
+        assert mc.parse_answer(other, "r1") is None, other

@@ -194,3 +194,47 @@ def test_a_consumer_answers_one_or_zero_and_the_server_reads_it_so():
     assert native.consumer_ack(b"key", ok=False) == [b"key", b"0"]
     assert native.parse_consumer_ack(native.consumer_ack(b"key")) == ConsumerAck(b"key", True)
     assert native.parse_consumer_ack(native.consumer_ack(b"key", ok=False)) == ConsumerAck(b"key", False)
+
+
+def test_a_key_names_the_queue_and_sequence_of_its_message_id():
+    assert native.key_ref(b"1700000000000123|" + MID.encode()) == (1, 42)
+    assert native.key_ref(native.message_key(7, "ffffffffffffffff" + "00000000000000ff")) == (2**64 - 1, 255)
+    # (a key pzq did not make, but whose tail is a message id: the id names the message)
+    assert native.key_ref(b"12|" + MID.encode()) == (1, 42)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        b"",
+        b"no bar at all",
+        b"1700000000000123|" + MID.upper().encode(),  # (pzq writes lowercase hex)
+        b"1700000000000123|" + b"g" * 32,
+        b"1700000000000123|" + MID.encode()[:-1],
+        b"1700000000000123-" + MID.encode(),
+        b"1700000000000123|" + b"\xff" * 32,
+    ],
+)
+def test_a_key_that_names_no_message_reads_as_none(key):
+    assert native.key_ref(key) is None
+
+
+def test_an_answer_is_matched_by_its_first_frame_and_an_empty_one_by_nothing():
+    assert native.answered_id([b"id-7", b"1", b""]) == b"id-7"
+    assert native.answered_id([b"batch-1", b"0", b"", b"busy", b"0"]) == b"batch-1"
+    assert native.answered_id([]) is None
+
+
+def test_a_routed_delivery_gives_the_servers_peer_id_and_the_delivery():
+    frames = [b"\x00peer", b"0000000000000042|" + MID.encode(), b"123", b"30000000", b"", b"a", b"b"]
+    peer, delivered = native.parse_routed_delivery(frames)
+    assert peer == b"\x00peer"
+    assert delivered == Delivered(frames[1], 123, 30_000_000, [b"a", b"b"])
+    assert native.parse_routed_delivery([]) is None
+    assert native.parse_routed_delivery([b"\x00peer", b"key", b"x", b"1", b""]) is None  # (sent µs not digits)
+
+
+def test_a_stored_answer_is_told_from_a_refusal_by_its_status_frame():
+    assert native.stored_ack(native.produce_ack(b"peer", b"id-1")) == (b"peer", b"id-1")
+    assert native.stored_ack(native.produce_ack(b"peer", b"id-1", native.BUSY)) is None
+    assert native.stored_ack([b"peer", b"id-1"]) is None

@@ -161,3 +161,12 @@ def test_keys_that_are_not_a_flat_array_of_short_bins_are_refused_whatever_they_
             wire.parse_command([b"ACK", data], 1000)
         assert err.value.code == "bad-keys", data[:20]
     assert wire.parse_command([b"ACK", msgpack.packb([KEY, "str-key"])], 1000).keys == (KEY, b"str-key")
+
+
+def test_an_ack_or_nack_costs_a_record_per_50_bytes_of_its_keys_and_any_other_command_one():
+    assert wire.records_of([b"peer", wire.ACK, b"k" * 5_000]) == 100  # (a 49-byte key and its header: ~a key)
+    assert wire.records_of([b"peer", wire.NACK, b"k" * 149]) == 2
+    assert wire.records_of([b"peer", wire.NACK, b"\x90"]) == 1  # (at least one, even for no key)
+    assert wire.records_of([b"peer", wire.CREDIT, b"1000"]) == 1
+    assert wire.records_of([b"peer", wire.ACK]) == 1  # (malformed: parse_command refuses it, a record)
+    assert wire.records_of([b"peer", wire.ACK, b"k" * 5_000, b"more"]) == 1

@@ -341,18 +341,18 @@ def test_a_page_goes_to_spark_as_one_arrow_batch_with_the_same_values_as_its_row
         TimestampType,
     )
 
-    from pzq.spark.read import _arrow_schema, _page, columnar
+    from pzq.spark.read import arrow_schema, columnar, page
 
     kinds = [StringType(), StringType(), LongType(), BinaryType(), TimestampType(), IntegerType()]
     names = ["queue", "key", "seq", "body", "enqueued_at", "deliveries"]
     ours = StructType([StructField(n, k) for n, k in zip(names, kinds, strict=True)])
 
     messages = [[7, "a" * 32, 1_700_000_000_123_456, 1, b"one"], [8, "b" * 32, 0, 3, b"\x00two"]]
-    (batch,) = _page("events", messages, _arrow_schema())
-    rows = list(_page("events", messages, None))
+    (batch,) = page("events", messages, arrow_schema())
+    rows = list(page("events", messages, None))
     assert batch.num_rows == 2 and [tuple(r.values()) for r in batch.to_pylist()] == rows
     assert rows[0][4] == datetime.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=datetime.UTC)
-    assert list(_page("events", [], _arrow_schema())) == []
+    assert list(page("events", [], arrow_schema())) == []
     assert columnar(ours) and not columnar(StructType([StructField("body", StringType())]))
     assert not columnar(StructType([*ours.fields[:-1], StructField("deliveries", StringType())]))
     assert columnar(StructType([*ours.fields[:-1], StructField("deliveries", IntegerType())]))

@@ -19,7 +19,7 @@ import time
 import zmq
 
 from pzq.bench.workers import (
-    _HEAD,
+    BODY_HEAD,
     TAG_SHIFT,
     ConsumerJob,
     ConsumerResult,
@@ -65,7 +65,7 @@ def run_batched_producer(job: ProducerJob, start, progress, results) -> None:
     # (never more than the window in one batch: the messages in flight are what the systems share)
     per = max(1, min(job.batch or 1, caps.max_messages, job.window))
     batches = max(1, job.window // per)
-    pad = b"x" * max(0, job.size - _HEAD.size)
+    pad = b"x" * max(0, job.size - BODY_HEAD.size)
     prefix = b"%s-%d-" % (os.urandom(6).hex().encode(), job.index)  # ids unique across phases of one server
     pending: dict[bytes, tuple[int, int]] = {}  # batch id -> (sent ns, messages)
     latencies: list[int] = []
@@ -77,7 +77,7 @@ def run_batched_producer(job: ProducerJob, start, progress, results) -> None:
             n = min(per, job.count - nxt)
             now = time.monotonic_ns()
             tag = job.index << TAG_SHIFT
-            bodies = [[_HEAD.pack(now, tag | i) + pad] for i in range(nxt, nxt + n)]
+            bodies = [[BODY_HEAD.pack(now, tag | i) + pad] for i in range(nxt, nxt + n)]
             batch_id = prefix + b"%d" % nxt
             pending[batch_id] = (now, n)
             send_frames(sock, wire.batch(batch_id, bodies))
@@ -143,7 +143,7 @@ def run_batched_consumer(job: ConsumerJob, start, progress, done, results) -> No
             now = time.monotonic_ns()
             idle_since = time.monotonic()
             for _, frames in batch:
-                sent_ns, tag = _HEAD.unpack_from(frames[0])
+                sent_ns, tag = BODY_HEAD.unpack_from(frames[0])
                 producer, seq = tag >> TAG_SHIFT, tag & mask
                 if producer < job.producers and seq < job.per_producer:
                     seen[producer][seq] += 1

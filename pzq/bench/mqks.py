@@ -20,7 +20,7 @@ from pzq.bench.report import machine, medians
 from pzq.bench.server import PzqServer
 from pzq.clients.mqks import MqksClient
 from pzq.errors import PzqError
-from pzq.protocols.mqks import parse_delivery, request_line
+from pzq.protocols.mqks_client import parse_delivery, request_line
 
 QUEUE, EVENT = "rate", "rate-event"
 ACK_BATCH = 100  # acks written together, as a busy consumer would

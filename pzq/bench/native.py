@@ -68,74 +68,11 @@ def one_run(options: BenchOptions, progress: Progress, code: str | None = None) 
             return phpmq_phases(options, server, kw, result), samples
         legacy, batched = options.client in ("legacy", "both"), options.client in ("batched", "both")
         if legacy:
-            w1, s = run_phase(
-                "producer w1",
-                options,
-                server.receive,
-                None,
-                count=options.latency_count,
-                window=1,
-                producers=1,
-                consumers=0,
-                **kw,
-            )
-            result["producer_w1"] = w1
-            samples.update(s)
-            wn, s = run_phase(
-                f"producer w{options.window}",
-                options,
-                server.receive,
-                None,
-                count=options.count,
-                window=options.window,
-                producers=options.producers,
-                consumers=0,
-                **kw,
-            )
-            result["producer_w100"] = wn
-            samples.update(s)
-            drain = options.count + options.latency_count
-            result["consumer"], _ = run_phase(
-                "consumer drain",
-                options,
-                None,
-                server.send,
-                count=drain,
-                window=0,
-                producers=0,
-                consumers=options.consumers,
-                **kw,
-            )
+            samples.update(legacy_phases(options, server, kw, result, e2e=False))
         if batched:
             samples.update(batched_phases(options, server, kw, result, e2e=False))
-        if legacy:
-            if not options.preload:  # a backlog would be consumed first: end-to-end needs an empty queue
-                result["e2e"], s = run_phase(
-                    "end to end",
-                    options,
-                    server.receive,
-                    server.send,
-                    count=options.count,
-                    window=options.window,
-                    producers=options.producers,
-                    consumers=options.consumers,
-                    **kw,
-                )
-                samples.update(s)
-                paced = int(options.rate * options.paced_seconds)
-                result["e2e_paced"], s = run_phase(
-                    f"paced {options.rate:g}/s",
-                    options,
-                    server.receive,
-                    server.send,
-                    count=paced,
-                    window=max(options.window, 1000),
-                    producers=options.producers,
-                    consumers=options.consumers,
-                    rate=options.rate,
-                    **kw,
-                )
-                samples.update(s)
+        if legacy and not options.preload:  # a backlog would be consumed first: end-to-end needs an empty queue
+            samples.update(legacy_phases(options, server, kw, result, e2e=True))
         if batched and not options.preload:
             samples.update(batched_phases(options, server, kw, result, e2e=True))
         result["server_rss_mb"] = round(server.rss_mb(), 1)
@@ -144,6 +81,62 @@ def one_run(options: BenchOptions, progress: Progress, code: str | None = None) 
     finally:
         server.close()
     return result, samples
+
+
+def legacy_phases(options: BenchOptions, server: PzqServer, kw: dict, result: dict, *, e2e: bool) -> dict:
+    """The legacy client's phases (one message a frame list, a window of acks): producers at window 1 and
+    at ``options.window`` then the drain, or (``e2e``) end to end, at full speed and paced. Their figures
+    go into ``result``; the latency samples are returned."""
+    samples: dict = {}
+    if not e2e:
+        for key, label, window, count, producers in (
+            ("producer_w1", "producer w1", 1, options.latency_count, 1),
+            ("producer_w100", f"producer w{options.window}", options.window, options.count, options.producers),
+        ):
+            result[key], s = run_phase(
+                label, options, server.receive, None, count=count, window=window, producers=producers, consumers=0, **kw
+            )
+            samples.update(s)
+        drain = options.count + options.latency_count
+        result["consumer"], _ = run_phase(
+            "consumer drain",
+            options,
+            None,
+            server.send,
+            count=drain,
+            window=0,
+            producers=0,
+            consumers=options.consumers,
+            **kw,
+        )
+        return samples
+    result["e2e"], s = run_phase(
+        "end to end",
+        options,
+        server.receive,
+        server.send,
+        count=options.count,
+        window=options.window,
+        producers=options.producers,
+        consumers=options.consumers,
+        **kw,
+    )
+    samples.update(s)
+    paced = int(options.rate * options.paced_seconds)
+    result["e2e_paced"], s = run_phase(
+        f"paced {options.rate:g}/s",
+        options,
+        server.receive,
+        server.send,
+        count=paced,
+        window=max(options.window, 1000),
+        producers=options.producers,
+        consumers=options.consumers,
+        rate=options.rate,
+        **kw,
+    )
+    samples.update(s)
+    return samples
 
 
 def batched_phases(options: BenchOptions, server: PzqServer, kw: dict, result: dict, *, e2e: bool) -> dict:

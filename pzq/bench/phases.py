@@ -126,17 +126,13 @@ def run_phase(
             procs.append(mp.Process(target=consumer_fn, args=(cjob, start, consumed, done, c_results), daemon=True))
     for p in procs:
         p.start()
-    cpu0 = server.cpu_seconds() if server else 0.0
-    syncs0 = server.commits() if server else None
-    # (a pzq server's meta pages synced on their own: one sync a commit where the next commit carried it)
-    meta_syncs = getattr(server, "meta_syncs", None)
-    meta0 = meta_syncs() if meta_syncs else None
+    marks = _ServerMarks.take(server)
     start.wait(timeout=120)
     t0 = time.monotonic()
     stop_bar = threading.Event()
     bar = progress.run(label, consumed if send else produced, count, stop_bar)
-    figures: dict[str, Any] = {"messages": count}
-    samples: dict[str, list[int]] = {}
+    p_out: list = []
+    c_out: list = []
     try:
         p_out = [_result(p_results, procs) for _ in range(producers)] if receive else []
         if send:
@@ -154,47 +150,95 @@ def run_phase(
             p.join(10)
             if p.is_alive():
                 p.kill()
-    if server:
-        cpu = server.cpu_seconds() - cpu0
-        figures["server_cpu_pct"] = round(100 * cpu / wall, 1)
-        # What the server spends per message, whatever the clients' pace: the figure to compare.
-        figures["server_cpu_s"] = round(cpu, 4)
-        figures["server_cpu_us"] = round(cpu / count * 1e6, 2)
-        syncs1 = server.commits()
-        if syncs0 is not None and syncs1 is not None:
-            figures["commits"] = syncs1 - syncs0
-        if meta_syncs and meta0 is not None:
-            figures["meta_syncs"] = meta_syncs() - meta0
-    errors = [r.error for r in p_out if r.error]
-    if receive:
-        figures["acked"] = sum(r.acked for r in p_out)
-        figures["refused"] = sum(r.refused for r in p_out)
-    if receive and not send:
-        seconds = max(max(r.seconds for r in p_out), 1e-9)
-        lat = [x for r in p_out for x in r.latencies_ns]
-        figures.update({"seconds": round(seconds, 6), "msg_s": round(figures["acked"] / seconds)})
-        figures.update(latency_ms(lat, "ack"))
-        samples[f"{label}: send to ack"] = lat
-    if send:
-        errors += [r.error for r in c_out if r.error and consumed.value < count]
-        first = min(r.first_ns for r in c_out if r.first_ns) if any(r.first_ns for r in c_out) else 0
-        last = max(r.last_ns for r in c_out)
-        received = sum(r.received for r in c_out)
-        # Consumers alone: from the release to the last message; with producers: first to last consumed.
-        seconds = max(wall if not receive else (last - first) / 1e9, 1e-9)
-        figures.update({"received": received, "seconds": round(seconds, 6), "msg_s": round(received / seconds)})
-        if receive:
-            unique = sum(
-                1 for i in range(len(per_producer)) for j in range(per_producer[i]) if any(r.seen[i][j] for r in c_out)
-            )
-            figures.update({"lost": count - unique, "duplicated": received - unique})
-            lat = [x for r in c_out for x in r.latencies_ns]
-            figures.update(latency_ms(lat, "lat"))
-            samples[f"{label}: send to consume"] = lat
+    figures: dict[str, Any] = {"messages": count, **marks.figures(server, wall, count)}
+    samples: dict[str, list[int]] = {}
+    phase = _Outcome(label, bool(receive), p_out, c_out if send else None, per_producer, consumed.value, wall)
+    errors = phase.figures(figures, samples)
     if errors:
         figures["errors"] = len(errors)
         print(f"pzq bench: {label}: {errors[0]}", file=sys.stderr)
     return figures, samples
+
+
+@dataclasses.dataclass(frozen=True)
+class _ServerMarks:
+    """The server's counters when a phase begins, for what it spent in the phase (none without a server)."""
+
+    cpu: float = 0.0
+    syncs: int | None = None
+    # (a pzq server's meta pages synced on their own: one sync a commit where the next commit carried it)
+    meta: int | None = None
+
+    @classmethod
+    def take(cls, server: Measured | None) -> _ServerMarks:
+        if not server:
+            return cls()
+        meta_syncs = getattr(server, "meta_syncs", None)
+        return cls(server.cpu_seconds(), server.commits(), meta_syncs() if meta_syncs else None)
+
+    def figures(self, server: Measured | None, wall: float, count: int) -> dict[str, Any]:
+        if not server:
+            return {}
+        cpu = server.cpu_seconds() - self.cpu
+        figures: dict[str, Any] = {"server_cpu_pct": round(100 * cpu / wall, 1)}
+        # What the server spends per message, whatever the clients' pace: the figure to compare.
+        figures["server_cpu_s"] = round(cpu, 4)
+        figures["server_cpu_us"] = round(cpu / count * 1e6, 2)
+        syncs = server.commits()
+        if self.syncs is not None and syncs is not None:
+            figures["commits"] = syncs - self.syncs
+        meta_syncs = getattr(server, "meta_syncs", None)
+        if meta_syncs and self.meta is not None:
+            figures["meta_syncs"] = meta_syncs() - self.meta
+        return figures
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What a phase's producers (``p_out``) and consumers (``c_out``, None without consumers) reported."""
+
+    label: str
+    receive: bool
+    p_out: list
+    c_out: list | None
+    per_producer: list[int]
+    consumed: int
+    wall: float
+
+    def figures(self, figures: dict[str, Any], samples: dict[str, list[int]]) -> list[str]:
+        """Add the clients' figures and latency samples; return the errors they met."""
+        label, receive, p_out, c_out, per_producer = self.label, self.receive, self.p_out, self.c_out, self.per_producer
+        count = figures["messages"]
+        errors = [r.error for r in p_out if r.error]
+        if receive:
+            figures["acked"] = sum(r.acked for r in p_out)
+            figures["refused"] = sum(r.refused for r in p_out)
+        if receive and c_out is None:
+            seconds = max(max(r.seconds for r in p_out), 1e-9)
+            lat = [x for r in p_out for x in r.latencies_ns]
+            figures.update({"seconds": round(seconds, 6), "msg_s": round(figures["acked"] / seconds)})
+            figures.update(latency_ms(lat, "ack"))
+            samples[f"{label}: send to ack"] = lat
+        if c_out is not None:
+            errors += [r.error for r in c_out if r.error and self.consumed < count]
+            first = min(r.first_ns for r in c_out if r.first_ns) if any(r.first_ns for r in c_out) else 0
+            last = max(r.last_ns for r in c_out)
+            received = sum(r.received for r in c_out)
+            # Consumers alone: from the release to the last message; with producers: first to last consumed.
+            seconds = max(self.wall if not receive else (last - first) / 1e9, 1e-9)
+            figures.update({"received": received, "seconds": round(seconds, 6), "msg_s": round(received / seconds)})
+            if receive:
+                unique = sum(
+                    1
+                    for i in range(len(per_producer))
+                    for j in range(per_producer[i])
+                    if any(r.seen[i][j] for r in c_out)
+                )
+                figures.update({"lost": count - unique, "duplicated": received - unique})
+                lat = [x for r in c_out for x in r.latencies_ns]
+                figures.update(latency_ms(lat, "lat"))
+                samples[f"{label}: send to consume"] = lat
+        return errors
 
 
 def _result(results, procs, limit_s: float = 600):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pzq.bench.phases import BenchOptions, run_phase
 from pzq.bench.server import PzqServer
-from pzq.bench.workers import _HEAD, TAG_SHIFT, ConsumerJob, ConsumerResult, ProducerJob, ProducerResult
+from pzq.bench.workers import BODY_HEAD, TAG_SHIFT, ConsumerJob, ConsumerResult, ProducerJob, ProducerResult
 from pzq.clients.sockets import tcp_connect
 from pzq.errors import PzqError
 from pzq.protocols.phpmq import ACK, CONSUME, SEND, encode
@@ -79,7 +79,7 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
     """PHPMQ sends (001, current dialect). The protocol has no receipt: a message counts as done once
     written to the socket; the orchestrator's consumers are what prove it was stored."""
     sock = tcp_connect(job.endpoint, timeout_s=None, nodelay=True)
-    pad = b"x" * max(0, job.size - _HEAD.size)
+    pad = b"x" * max(0, job.size - BODY_HEAD.size)
     interval_ns = int(1e9 / job.rate) if job.rate else 0
     start.wait()
     t0 = time.monotonic_ns()
@@ -89,7 +89,7 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
             due = t0 + i * interval_ns - time.monotonic_ns()
             if due > 0:
                 time.sleep(due / 1e9)
-        body = _HEAD.pack(time.monotonic_ns(), (job.index << TAG_SHIFT) | i) + pad
+        body = BODY_HEAD.pack(time.monotonic_ns(), (job.index << TAG_SHIFT) | i) + pad
         batch.append(encode(SEND, [(1, b"default"), (2, body), (5, b"0")]))
         if interval_ns or len(batch) >= job.window:
             sock.sendall(b"".join(batch))
@@ -143,7 +143,7 @@ def run_consumer(job: ConsumerJob, start, progress, done, results) -> None:
                 break
             del buf[:pos]
             acks.append(encode(ACK, [(1, b"default"), (3, packets[3])]))
-            sent_ns, tag = _HEAD.unpack_from(packets[2])
+            sent_ns, tag = BODY_HEAD.unpack_from(packets[2])
             producer, seq = tag >> TAG_SHIFT, tag & mask
             if producer < job.producers and seq < job.per_producer:
                 seen[producer][seq] += 1

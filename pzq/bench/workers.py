@@ -21,7 +21,7 @@ import zmq
 
 from pzq.zmqio import NOBLOCK, Again, recv_frames, send_frames
 
-_HEAD = struct.Struct(">QQ")
+BODY_HEAD = struct.Struct(">QQ")  # a bench body's head: send time (ns) and tag, read back by every bench consumer
 _ID = struct.Struct(">I")
 TAG_SHIFT = 40
 
@@ -66,7 +66,7 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(job.endpoint)
-    pad = b"x" * max(0, job.size - _HEAD.size)
+    pad = b"x" * max(0, job.size - BODY_HEAD.size)
     sent_at = [0] * job.count
     latencies: list[int] = []
     interval_ns = int(1e9 / job.rate) if job.rate else 0
@@ -81,7 +81,7 @@ def run_producer(job: ProducerJob, start, progress, results) -> None:
             if interval_ns and now < t0 + nxt * interval_ns:
                 break
             sent_at[nxt] = now
-            send_frames(sock, [_ID.pack(nxt), b"", _HEAD.pack(now, (job.index << TAG_SHIFT) | nxt) + pad])
+            send_frames(sock, [_ID.pack(nxt), b"", BODY_HEAD.pack(now, (job.index << TAG_SHIFT) | nxt) + pad])
             nxt += 1
             pending += 1
         if interval_ns and nxt < job.count and pending < job.window:
@@ -170,7 +170,7 @@ def run_consumer(job: ConsumerJob, start, progress, done, results) -> None:
                 break
             now = time.monotonic_ns()
             send_frames(sock, [frames[0], frames[1], b"1"])
-            sent_ns, tag = _HEAD.unpack_from(frames[5])
+            sent_ns, tag = BODY_HEAD.unpack_from(frames[5])
             producer, seq = tag >> TAG_SHIFT, tag & mask
             if producer < job.producers and seq < job.per_producer:
                 seen[producer][seq] += 1

@@ -10,7 +10,7 @@ import time
 
 from pzq.clients.sockets import tcp_connect
 from pzq.errors import ClientError
-from pzq.protocols.mqks import Delivery, parse_answer, parse_delivery, request_line
+from pzq.protocols.mqks_client import Delivery, parse_answer, parse_delivery, request_line
 
 MAX_LINE = 64 << 20  # an unfinished line longer than this is not an MQKS server speaking
 MAX_KEPT = 100_000  # other lines kept while waiting for an answer

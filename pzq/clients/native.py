@@ -143,10 +143,11 @@ class Consumer:
         frames = receive(self.sock, wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0)))
         if frames is None:
             return None
-        delivered = wire.parse_delivery(frames[1:])
-        if delivered is None:
+        routed = wire.parse_routed_delivery(frames)
+        if routed is None:
             raise ClientError(f"malformed delivery of {len(frames)} frames: is a pzq server at this endpoint?")
-        return Delivery(frames[0], delivered.key, delivered.sent_us, delivered.ack_timeout_us, delivered.body)
+        peer, delivered = routed
+        return Delivery(peer, delivered.key, delivered.sent_us, delivered.ack_timeout_us, delivered.body)
 
     def ack(self, delivery: Delivery) -> None:
         self.sock.send_multipart([delivery.peer, *wire.consumer_ack(delivery.key)])

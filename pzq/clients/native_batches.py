@@ -76,7 +76,7 @@ class BatchSender:
                 raise ClientError(
                     f"no ack from the server within {format_duration(self.timeout_ms / 1000)} (to the batch probe)"
                 )
-            if frames and frames[0] == probe_id:
+            if legacy.answered_id(frames) == probe_id:
                 break  # (anything else is a late answer to an earlier call: nobody waits for it)
         self.probed = True
         self.caps = wire.parse_probe_answer(frames)
@@ -151,8 +151,9 @@ class BatchSender:
                 self.resent += 1
                 self.sock.send_multipart(wire.batch(batch_id, waiting.bodies))
             return
-        entry = pending.pop(frames[0], None) if frames else None
-        if entry is None:
+        answered = legacy.answered_id(frames)
+        entry = None if answered is None else pending.pop(answered, None)
+        if entry is None or answered is None:
             return  # an answer nobody waits for: the first ack of a batch that was resent, or a probe's
         self.answered = True  # (unless it is a "busy": see _busy_again)
         if not entry.batch:
@@ -161,14 +162,14 @@ class BatchSender:
                 raise ClientError(f"an answer that is not a pzq ack ({len(frames)} frame(s)): is a pzq server there?")
             if not ack.ok and self._busy_again(entry, ack.error, pending):
                 return
-            results[entry.first] = (frames[0], ack.ok, ack.error)
+            results[entry.first] = (answered, ack.ok, ack.error)
             return
         answer = wire.parse_batch_ack(frames)
         if answer is None:
             raise ClientError(f"an answer that is not a batch ack ({len(frames)} frame(s)): is a pzq server there?")
         stored = max(0, min(answer.stored, len(entry.bodies)))
         for i in range(stored):
-            results[entry.first + i] = (b"%s:%d" % (frames[0], i), True, "")
+            results[entry.first + i] = (b"%s:%d" % (answered, i), True, "")
         if stored == len(entry.bodies):
             return
         if stored > 0:  # some went in: the rest again, as a new batch (a new id: it is other messages)
@@ -177,7 +178,7 @@ class BatchSender:
         if self._busy_again(entry, answer.error, pending):
             return
         for i in range(len(entry.bodies)):
-            results[entry.first + i] = (b"%s:%d" % (frames[0], i), False, answer.error)
+            results[entry.first + i] = (b"%s:%d" % (answered, i), False, answer.error)
 
     def _busy_again(self, entry: _Pending, error: str, pending: dict[bytes, _Pending]) -> bool:
         """True when ``entry`` was answered "busy" (nothing stored) and goes again later."""

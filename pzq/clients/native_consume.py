@@ -281,10 +281,11 @@ class BatchConsumer:
         self.sent_us = {}
         frames = receive(self.sock, timeout_ms)
         while frames is not None:
-            delivered = legacy.parse_delivery(frames[1:])
-            if delivered is None:
+            routed = legacy.parse_routed_delivery(frames)
+            if routed is None:
                 raise ClientError(f"malformed delivery of {len(frames)} frames: is a pzq server at this endpoint?")
-            self._peers[delivered.key] = frames[0]
+            peer, delivered = routed
+            self._peers[delivered.key] = peer
             self.sent_us[delivered.key] = delivered.sent_us
             out.append((delivered.key, delivered.body))
             if len(out) >= most:

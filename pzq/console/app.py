@@ -53,47 +53,10 @@ def build(console: Console) -> Any:
         return respond(console, request, "queues.html", data)
 
     async def queue(request: Request) -> Response:
-        name = request.query_params.get("name", "")
-        after = request.query_params.get("dead_after", "")
-        snap = console.reader.snapshot
-        known = name in (snap.stats.get("queues") or {})
-        if not name or not _word(name) or (after and not _word(after)):
-            return _not_found(console, request, name)
-        texts = (f"QUEUE {name}", f"PEEK {name} {views.PEEKED}", f"DEAD {name} {views.DEAD_PER_PAGE} {after}".strip())
-        answers = await asyncio.gather(*(console.reader.read(t) for t in texts), return_exceptions=True)
-        if any(isinstance(a, Busy) for a in answers):
-            return _busy(console, request)
-        if any(isinstance(a, MonitorRefused) and str(a).startswith(NO_QUEUE) for a in answers):
-            return _not_found(console, request, name)
-        for answer in answers:
-            if isinstance(answer, BaseException) and not isinstance(answer, ClientError):
-                raise answer
-        info, peek, dead = (a if isinstance(a, dict) else None for a in answers)
-        if not known and info is None:
-            return _not_found(console, request, name)
-        data = views.queue(snap, console.reader.history, name, info, peek, dead, after)
-        # A read pzq's permissions refuse the console's key (PEEK, DEAD: they show bodies) is said in
-        # place of its list, and the page is a 403 (its JSON twin too, which console.js still applies:
-        # the figures, anyone's, stay live)
-        refused = [_not_permitted(a) for a in answers]
-        data["not_permitted"] = {"messages": refused[1], "dead": refused[2]}
-        notes = (str(a) for a, why in zip(answers, refused, strict=True) if isinstance(a, ClientError) and not why)
-        data["notes"] = list(dict.fromkeys(notes))
-        return respond(console, request, "queue.html", data, 403 if any(refused) else 200)
+        return await _queue(console, request)
 
     async def clients(request: Request) -> Response:
-        offset = _int(request.query_params.get("offset"), 0) // views.CLIENT_ROWS * views.CLIENT_ROWS
-        try:
-            answer = await console.reader.read(f"CLIENTS {views.CLIENT_ROWS} {offset}")
-        except Busy:
-            return _busy(console, request)
-        except ClientError as exc:
-            answer, note = None, str(exc)
-        else:
-            note = ""
-        data = views.clients(console.reader.snapshot, answer if isinstance(answer, dict) else None, offset)
-        data["notes"] = [note] if note else []
-        return respond(console, request, "clients.html", data)
+        return await _clients(console, request)
 
     async def login(request: Request) -> Response:
         data = {"page": "login", "title": "Log in", "enabled": console.logins.enabled}
@@ -140,6 +103,53 @@ def build(console: Console) -> Any:
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
     return Guard(app, console.hosts)
+
+
+async def _queue(console: Console, request: Request) -> Response:
+    """A queue's page: its figures, the messages at its head and its dead letters (three monitor reads)."""
+    name = request.query_params.get("name", "")
+    after = request.query_params.get("dead_after", "")
+    snap = console.reader.snapshot
+    known = name in (snap.stats.get("queues") or {})
+    if not name or not _word(name) or (after and not _word(after)):
+        return _not_found(console, request, name)
+    texts = (f"QUEUE {name}", f"PEEK {name} {views.PEEKED}", f"DEAD {name} {views.DEAD_PER_PAGE} {after}".strip())
+    answers = await asyncio.gather(*(console.reader.read(t) for t in texts), return_exceptions=True)
+    if any(isinstance(a, Busy) for a in answers):
+        return _busy(console, request)
+    if any(isinstance(a, MonitorRefused) and str(a).startswith(NO_QUEUE) for a in answers):
+        return _not_found(console, request, name)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, ClientError):
+            raise answer
+    info, peek, dead = (a if isinstance(a, dict) else None for a in answers)
+    if not known and info is None:
+        return _not_found(console, request, name)
+    data = views.queue(snap, console.reader.history, name, info, peek, dead, after)
+    # A read pzq's permissions refuse the console's key (PEEK, DEAD: they show bodies) is said in
+    # place of its list, and the page is a 403 (its JSON twin too, which console.js still applies:
+    # the figures, anyone's, stay live)
+    refused = [_not_permitted(a) for a in answers]
+    data["not_permitted"] = {"messages": refused[1], "dead": refused[2]}
+    notes = (str(a) for a, why in zip(answers, refused, strict=True) if isinstance(a, ClientError) and not why)
+    data["notes"] = list(dict.fromkeys(notes))
+    return respond(console, request, "queue.html", data, 403 if any(refused) else 200)
+
+
+async def _clients(console: Console, request: Request) -> Response:
+    """The connected clients' page, a page of rows at ``offset``."""
+    offset = _int(request.query_params.get("offset"), 0) // views.CLIENT_ROWS * views.CLIENT_ROWS
+    try:
+        answer = await console.reader.read(f"CLIENTS {views.CLIENT_ROWS} {offset}")
+    except Busy:
+        return _busy(console, request)
+    except ClientError as exc:
+        answer, note = None, str(exc)
+    else:
+        note = ""
+    data = views.clients(console.reader.snapshot, answer if isinstance(answer, dict) else None, offset)
+    data["notes"] = [note] if note else []
+    return respond(console, request, "clients.html", data)
 
 
 def _not_found(console: Console, request: Request, name: str) -> Response:

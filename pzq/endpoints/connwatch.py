@@ -88,7 +88,7 @@ class ConnectionWatch(Endpoint):
                         f"(--max-connections {self.limit.limit}, at most {self.limit.per_endpoint} on one "
                         f"endpoint, {self.limit.reserve} kept for each): a new one was closed at once",
                     )
-                    _shut(event["value"], event["endpoint"])
+                    shut(event["value"], event["endpoint"])
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
                 open_fds.discard(event["value"])
@@ -112,7 +112,7 @@ class ConnectionWatch(Endpoint):
         }
 
 
-def _shut(fd: int, endpoint: bytes | str) -> None:
+def shut(fd: int, endpoint: bytes | str) -> None:
     """End the connection on descriptor ``fd`` (libzmq's) without closing the descriptor itself:
     shutting down a duplicate ends the stream for both, and libzmq closes its own when it sees that.
     Only a connected socket accepted on ``endpoint``'s port is touched: if libzmq closed it first and

@@ -21,12 +21,13 @@ import zmq
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.endpoints.held import Held
-from pzq.endpoints.native_send import SendWatch
+from pzq.endpoints.native_held import HeldIn
+from pzq.endpoints.native_send import SendWatch, drained
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
 from pzq.protocols import native as wire
-from pzq.protocols.native_batch import MARK, MAX_ECHO, KeyedFrames, announced, batch_error
+from pzq.protocols.native_batch import MARK, KeyedFrames, announced, is_batch
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, answer_cut, events, keep_big_frames, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -35,22 +36,10 @@ RUN_CHUNK = 256  # messages read and decoded between two looks at the turn's bud
 # Acks a producer may leave unread in its pipe (SNDHWM): 2 MiB of acks echoing 1 KiB ids (10,000: 10 MiB)
 ACKS_UNREAD = (2 << 20) // wire.MAX_ID
 _ROLES = {RECEIVE: "producer", SEND: "consumer"}
-# Messages held (big ones, past what a turn may still let in, each for turns of its own, and those their
-# producers sent after them) are bounded in bytes: past Limits.held_in_bytes in all, reading stops; past
-# this part of it for one producer (when it holds one already), its messages are answered "busy", so that
-# one producer's pipeline of big messages cannot stop the reading for every other producer
-HELD_PEER_PART = 4
-BUSY_LOG_S = 10.0  # at most one line this often about producers answered busy
 BIG_FRAME = 64 << 10  # producers' frames of this size and more are not copied out of libzmq's buffer
 # Deliveries the send socket took none of for this long go back to the queue (no consumer is connected, or
 # none reads): they never left, and a batched consumer of the same queue may take them meanwhile
 GIVE_BACK_S = 0.5
-# A full send socket is waited for a moment before the turn's deliveries wait for the next turn: its pipes
-# are short (Limits.send_pipe_messages: 16 deep with a 16M --max-message-size) and libzmq's I/O thread
-# empties them in microseconds for consumers that read (without the wait a turn carried 12 deliveries, 40
-# with it: ~15 % more server CPU a delivery than 1,000-deep pipes, not ~30 %; scripts/hotpath_profile.py);
-# a pipe nobody reads costs one wait of SEND_WAIT_S a turn
-SEND_WAIT_S = 200e-6
 SEND_WAIT_TOTAL_S = 1e-3  # (in one flush at most)
 _FRAMES = operator.attrgetter("frames")
 # A consumer's answer is [key, status] (a 49-byte key): libzmq buffers a frame whole before pzq sees it,
@@ -114,15 +103,7 @@ class NativeEndpoints(Endpoint):
         # taken again, turn after turn: short pipes cost 75 % of the rate)
         self._waiting: list[Send] = []
         self._waiting_since = 0.0  # when the socket last took one of them, or they began to wait
-        # Messages read but left for later turns, in order: each big one (more than the turn could still let
-        # in) gets a turn of its own, with the messages its producer sent after it (they keep its order)
-        self._held: collections.deque[tuple[list[bytes], bool]] = collections.deque()
-        self._held_from: dict[bytes, int] = {}  # bytes held per producer: its next messages wait behind
-        self._held_bytes = 0
-        # (bytes held that are not big: waiting for the next turn, or behind their producer's big message)
-        self._behind = 0
-        self.busy_refused_total = 0
-        self._busy_logged = float("-inf")
+        self.held = HeldIn(config.limits)  # messages read but left for later turns, in order
         self._due = False  # the next turn is the oldest held big message's own
         self._uploading = False  # the oldest held big message is being written, a part per turn
         self._first = RECEIVE  # the socket read first: the other one when a turn's budget cut this one short
@@ -141,7 +122,7 @@ class NativeEndpoints(Endpoint):
         # Turns with a held big message and turns that read alternate, so that a small message read after
         # the big one (another producer's) is committed first, and one sent during its commit is read next
         # (what waits at the head only for the next turn is let in by _release_held then)
-        if self._held and self._held[0][1]:
+        if (held := self.held.messages) and held[0][1]:  # (the oldest held is big; read inline: every turn)
             if self.budget.let_in:
                 self._due = True
                 self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
@@ -151,9 +132,9 @@ class NativeEndpoints(Endpoint):
     def _commit_held(self, now: float, now_us: int) -> None:
         """Let in the oldest held big message alone (the messages behind it go first the next turn): at
         once, or past one chunk a part per turn (``turn_write_bytes`` of it), its ack with the last."""
-        frames = self._held[0][0]
+        frames = self.held.messages[0][0]
         size = sum(map(len, frames))
-        if size <= self.limits.body_chunk_bytes or len(frames) > 2 and frames[2] == MARK:  # (a batch: whole)
+        if size <= self.limits.body_chunk_bytes or is_batch(frames):  # (a batch: whole)
             self._drop_held()
             self.budget.take(size)
             self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
@@ -173,57 +154,14 @@ class NativeEndpoints(Endpoint):
         self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (what else waits, waits for the next turn)
 
     def _drop_held(self) -> None:
-        self._held.popleft()
-        self._count_held()
+        self.held.drop_first()
         self._uploading = False
-
-    def _count_held(self) -> None:
-        self._held_from, self._behind = {}, 0
-        for frames, big in self._held:
-            length = sum(map(len, frames))
-            self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
-            self._behind += 0 if big else length
-        self._held_bytes = sum(self._held_from.values())
-
-    def _waits_a_turn(self, most: int) -> bool:
-        """Whether reading stops until the next turn: what waits for it is a turn's bytes, and no big
-        message is held. A deep pipe (127 messages of 1 MiB) would otherwise be read into what is held, which
-        the memory bound counts, all at once; next turn lets it in. (While a big message is written over
-        turns, reading goes on for the other producers, and its own past its part are answered busy.)"""
-        return self._behind >= most and self._behind == self._held_bytes
-
-    def _busy(self, frames: list[bytes], length: int) -> bool:
-        """Refuse a message that would take what its producer has held past its part of what may be
-        held (it may always hold one): answered "busy" at once (its body dropped), so that reading goes
-        on for the other producers. Its acks then come out of order (clients match them by id)."""
-        held = self._held_from.get(frames[0], 0)
-        if not held or held + length <= self.limits.held_in_bytes // HELD_PEER_PART:
-            return False
-        event = wire.parse_produce(frames, 1 << 62)
-        if len(frames) > 2 and frames[2] == MARK:  # (a batch: answered as one, nothing of it stored)
-            self._replies.append(Send(RECEIVE, batch_error(frames[0], frames[1][:MAX_ECHO], wire.BUSY)))
-        elif isinstance(event, wire.Produce):
-            self._replies.append(Send(RECEIVE, wire.produce_ack(event.routing, event.message_id, wire.BUSY)))
-        elif event is not None:  # (refused whatever waits, e.g. too many frames: it hears why, not "busy")
-            self._replies.append(Send(RECEIVE, wire.refusal(event)))
-        self.busy_refused_total += 1
-        now = time.monotonic()
-        if now >= self._busy_logged + BUSY_LOG_S:  # (flow control, not bad input: a line now and then)
-            self._busy_logged = now
-            log.warning(
-                "a native producer sent more big messages than may wait to be stored for it: answered busy "
-                "(%d so far; it sends them again once its earlier ones are acked)",
-                self.busy_refused_total,
-            )
-        return True
 
     def _release_held(self, now: float, now_us: int) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
-        run: list[list[bytes]] = []
-        while self._held and not self._held[0][1]:
-            run.append(self._held.popleft()[0])
-        if run:
-            self._count_held()
+        if not self.held.messages:  # (the usual turn: nothing held, no call)
+            return
+        if run := self.held.take_run():
             self.budget.take(sum(len(f) for frames in run for f in frames))
             self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)
 
@@ -252,24 +190,11 @@ class NativeEndpoints(Endpoint):
                 refilling = refilling or self._filled(since_dry)
                 since_dry = []
                 # (not while messages are held: what a refill brings would only be held behind them)
-                if not refilling or self._held or self.budget.spent() or not self._refilled():
+                if not refilling or self.held.messages or self.budget.spent() or not self._refilled():
                     break
             if self.budget.spent():  # cut short: the other socket goes first next time
                 self._first = SEND if name == RECEIVE else RECEIVE
                 return
-
-    @staticmethod
-    def _drained(sock: zmq.Socket, until: float) -> bool:
-        """Wait up to SEND_WAIT_S (and no later than ``until``) for libzmq's I/O thread to make room in the
-        send socket's pipes (its descriptor turns readable when one tells it so); whether it did."""
-        fd = int(sock.getsockopt(zmq.FD))
-        deadline = min(time.monotonic() + SEND_WAIT_S, until)
-        while True:
-            left = deadline - time.monotonic()
-            if events(sock) & POLLOUT:
-                return True
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return bool(events(sock) & POLLOUT)
 
     def _filled(self, runs: list[list[list[bytes]]]) -> bool:
         """Whether one producer sent at least a pipe's depth of the messages read since the socket last
@@ -304,15 +229,16 @@ class NativeEndpoints(Endpoint):
         sock, gate, role = (self.receive if name == RECEIVE else self.send), self._gates[name], _ROLES[name]
         replies = self.replies if name == RECEIVE else None
         budget, batch_most, held_most = self.budget, self.limits.batch_max_messages, self.limits.held_in_bytes
+        held = self.held
         behind_most = whole = self.limits.turn_write_bytes
         refused_past = self.refused_past
         run: list[list[bytes]] = []
         read = size = 0
         self._dry = False
         for _ in range(most):
-            if size >= share or budget.spent() or self._held_bytes >= held_most:
+            if size >= share or budget.spent() or held.bytes >= held_most:
                 break
-            if self._behind >= behind_most and self._waits_a_turn(behind_most):  # (the usual case: nothing held)
+            if held.behind >= behind_most and held.waits_a_turn(behind_most):  # (the usual case: nothing held)
                 break
             frames: list[bytes] | None
             try:
@@ -336,30 +262,29 @@ class NativeEndpoints(Endpoint):
             if replies is not None and replies.refuses(frames[0], "its messages are discarded unstored"):
                 budget.take(length)
                 continue
-            if length > refused_past and replies is not None and (len(frames) < 3 or frames[2] != MARK):
+            if length > refused_past and replies is not None and not is_batch(frames):
                 # Past --max-message-size (a batch has its own cap, checked when it is let in): the gateway
                 # answers it "too large" and stores nothing, so it is neither held nor drawn on the turn's
                 # bytes, and the producer hears at once (a client upgraded past the old default of 16 MiB)
                 budget.take(0)
                 run.append(frames)
                 continue
-            if replies is not None and (length > budget.bytes_left or frames[0] in self._held_from):
+            if replies is not None and (length > budget.bytes_left or frames[0] in held.by_peer):
                 # More than the turn may still let in. Past a whole turn's bytes, it is big: committed in turns
                 # of its own, so that another producer's small message does not wait for its write; a smaller
                 # one waits for the next turn (one held for a turn of its own cost a producer of 256 KiB
                 # messages a turn each). Either way its producer's next messages wait behind it, in order.
                 big = length > whole
                 size -= length if big else 0  # (not let in this turn: it leaves the socket's share to others)
-                if self._busy(frames, length):
+                if (answers := held.busy(frames, length)) is not None:
+                    self._replies += [Send(RECEIVE, answer) for answer in answers]
                     continue
-                self._held.append((frames, big))
-                self._held_from[frames[0]] = self._held_from.get(frames[0], 0) + length
-                self._held_bytes += length
-                self._behind += 0 if big else length
-                if self._held_bytes >= held_most or self._waits_a_turn(behind_most):
+                held.hold(frames, big, length)
+                if held.bytes >= held_most or held.waits_a_turn(behind_most):
                     break
                 continue
-            # (a batch draws its messages on the turn's records, as the same messages one by one would)
+            # (a batch draws its messages on the turn's records, as the same messages one by one would; the
+            # test is native_batch.is_batch written out, here and above: this loop gains no call a message)
             budget.take(length, 1 if len(frames) < 3 or frames[2] != MARK else announced(frames, batch_most))
             run.append(frames)
         return run, read, size
@@ -424,14 +349,14 @@ class NativeEndpoints(Endpoint):
     def stats(self) -> dict:
         return {
             **self.gateway.stats(),
-            "busy_refused_total": self.busy_refused_total,
+            "busy_refused_total": self.held.busy_refused_total,
             "send_pipe_messages": self.send.getsockopt(zmq.SNDHWM),
             "send_waiting": len(self._waiting),
             "send_stalled_cut_total": self.watch.cut_total,
         }
 
     def memory(self) -> dict[str, int]:
-        return {"native_backlogs": self.replies.backlog_bytes, "native_held": self._held_bytes}
+        return {"native_backlogs": self.replies.backlog_bytes, "native_held": self.held.bytes}
 
     def rolled_back(self) -> None:
         if self._uploading:  # (its parts are gone with the turn: the gateway answers it "store failure")
@@ -454,7 +379,7 @@ class NativeEndpoints(Endpoint):
                 i += 1
                 continue
             except Again:
-                if self._drained(sock, until):
+                if drained(sock, until):
                     continue
                 # Every pipe is full (or no consumer is connected): the rest waits for room, still in flight
                 # (its ack timeout runs from its take, so a delivery that waits past it is not sent)

@@ -93,8 +93,7 @@ class BatchConsumeEndpoint(Endpoint):
             out = self.gateway.received(frames[0], frames[1:], now=now, user=user)
             self._out += out
             # (an ACK or NACK touches a record per key: the turn's records bound its commit and flush)
-            settles = len(frames) == 3 and frames[1] in (wire.ACK, wire.NACK)
-            budget.take(size, records=max(1, len(frames[2]) // 50) if settles else 1)
+            budget.take(size, records=wire.records_of(frames))
         if came:
             self._again = True  # (cleared by the work, if it comes after in this turn)
             if self.gateway.known_connections(came):

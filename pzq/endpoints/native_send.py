@@ -1,5 +1,6 @@
 """The native send socket's connections, watched through their TCP streams: how far each has got (for the
-pool's epochs, pzq/gateways/native_pool.py), and cutting those that stopped reading.
+pool's epochs, pzq/gateways/native_pool.py), and cutting those that stopped reading; and the short wait
+for room in its pipes (``drained``).
 
 libzmq says nothing of what a DEALER's peers read; their TCP streams do. The socket monitor names each
 connection's descriptor (pzq/endpoints/connwatch.py), and a duplicate of it reads TCP_INFO (Linux): the
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import struct
 import sys
+import time
 
 import zmq
 
@@ -26,6 +29,7 @@ from pzq.endpoints.base import Sockets
 from pzq.endpoints.unread import ACKED_AT
 from pzq.gateways.native_pool import Sample
 from pzq.logs import warn_bad
+from pzq.zmqio import POLLOUT, events
 
 log = logging.getLogger("pzq.server")
 
@@ -35,6 +39,12 @@ _STATE, _MSS, _UNACKED, _ACKED, _NOTSENT = 0, 16, 24, ACKED_AT, 144
 _ESTABLISHED = 1
 _u32 = struct.Struct("=I").unpack_from
 _u64 = struct.Struct("=Q").unpack_from
+# A full send socket is waited for a moment before the turn's deliveries wait for the next turn: its pipes
+# are short (Limits.send_pipe_messages: 16 deep with a 16M --max-message-size) and libzmq's I/O thread
+# empties them in microseconds for consumers that read (without the wait a turn carried 12 deliveries, 40
+# with it: ~15 % more server CPU a delivery than 1,000-deep pipes, not ~30 %; scripts/hotpath_profile.py);
+# a pipe nobody reads costs one wait of SEND_WAIT_S a turn
+SEND_WAIT_S = 200e-6
 
 
 class SendWatch:
@@ -113,3 +123,16 @@ class SendWatch:
             dup.shutdown(socket.SHUT_RDWR)  # (libzmq sees its stream end and drops the connection's pipe)
         except OSError:
             pass  # (it ended meanwhile)
+
+
+def drained(sock: zmq.Socket, until: float) -> bool:
+    """Wait up to SEND_WAIT_S (and no later than ``until``) for libzmq's I/O thread to make room in the
+    send socket's pipes (its descriptor turns readable when one tells it so); whether it did."""
+    fd = int(sock.getsockopt(zmq.FD))
+    deadline = min(time.monotonic() + SEND_WAIT_S, until)
+    while True:
+        left = deadline - time.monotonic()
+        if events(sock) & POLLOUT:
+            return True
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return bool(events(sock) & POLLOUT)

@@ -26,19 +26,20 @@ import logging
 import zmq
 
 from pzq.config import Config
+from pzq.endpoints.allow_ips import allowed, allowed_networks
 from pzq.endpoints.base import Endpoint, Sockets
-from pzq.endpoints.connwatch import _shut
+from pzq.endpoints.connwatch import shut
 from pzq.endpoints.shares import ConnectionLimit
+from pzq.endpoints.stream_closing import Closing
 from pzq.endpoints.stuck import StuckReaders
 from pzq.endpoints.unread import Unread
 from pzq.gateways.contract import PacedGateway, PipedGateway, Send, StreamGateway
 from pzq.gateways.parted import Parted
 from pzq.logs import warn_bad
-from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames
+from pzq.zmqio import NOBLOCK, Again, peer_address, recv_frames_last, send_frames, source_fd
 
 log = logging.getLogger("pzq.server")
 
-CLOSED_MEMORY_S = 60.0  # how long a connection we closed is remembered (STREAM sends no notice for it)
 BACKLOG_BYTES = 16 << 20  # unsent replies kept for a slow reader; past this its connection is closed
 RETRY_S = 0.01  # how soon a backlog is tried again
 UNREAD_S = 0.05  # how soon peers' acknowledgements are read again while some are awaited (endpoints/unread.py)
@@ -92,8 +93,7 @@ class StreamEndpoint(Endpoint):
             RCVHWM=config.limits.stream_pipe_reads,
         )
         self.sockets = [self.sock]
-        self._closed: dict[bytes, float] = {}  # closed by us, and when
-        self._closing: list[bytes] = []
+        self.closing = Closing()  # (connections we close: their close frames, and a memory of them)
         self._out: list[Send] = []
         self._backlog: dict[bytes, list[bytes]] = {}  # per slow connection: bytes to send, in order
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
@@ -135,14 +135,14 @@ class StreamEndpoint(Endpoint):
                 if conn in sessions:
                     self._backlog.pop(conn, None)
                     self._gone(conn)
-                elif conn not in self._closing and self._closed.pop(conn, None) is None:
+                elif conn not in self.closing.pending and self.closing.closed.pop(conn, None) is None:
                     self._connect(conn, *peer_address(last), now_us)
-                    if conn in sessions and (fd := _descriptor(last)) >= 0:
+                    if conn in sessions and (fd := source_fd(last)) >= 0:
                         self._fds[conn], self._conn_of[fd] = fd, conn
                         if self.piped is not None:
                             self.unread.opened(conn, fd)
                 continue
-            if conn in self._closing or conn in self._closed:
+            if conn in self.closing.pending or conn in self.closing.closed:
                 continue
             if self.paced is not None:
                 sends = self.paced.keep(conn, data)  # (served after the reads: ``serve``)
@@ -171,9 +171,9 @@ class StreamEndpoint(Endpoint):
     def _connect(self, conn: bytes, peer: str, address: str, now_us: int) -> None:
         """A new connection from IP ``peer`` ("ip:port" ``address``): accepted, or closed at once (not
         allowed, or no room for it)."""
-        if self.allowed is not None and not _allowed(peer, self.allowed):
+        if self.allowed is not None and not allowed(peer, self.allowed):
             warn_bad(self.name, "not-allowed", f"connection from {peer or 'an unknown address'} refused by --allow-ips")
-            self._closing.append(conn)
+            self.closing.pending.append(conn)
         elif self.connections.full(len(self.gateway.sessions)):
             warn_bad(
                 self.name,
@@ -183,7 +183,7 @@ class StreamEndpoint(Endpoint):
                 f"{self.connections.per_endpoint} on one endpoint, {self.connections.reserve} kept for "
                 "each): a new one was closed at once",
             )
-            self._closing.append(conn)
+            self.closing.pending.append(conn)
         else:
             self.gateway.connected(conn, address)  # (its network's permissions apply to it)
             self._peers[conn] = (address, now_us)
@@ -215,12 +215,12 @@ class StreamEndpoint(Endpoint):
             )
         for conn in cut:
             self._gone(conn)
-            self._closing.append(conn)
+            self.closing.pending.append(conn)
 
     def _close(self, conn: bytes) -> None:
         self.closed_total += 1
         self._gone(conn)
-        self._closing.append(conn)
+        self.closing.pending.append(conn)
 
     def work(self, now: float, now_us: int) -> None:
         # Deliveries a run at a time (Limits.turn_chunk), each drawn on the turn's records and their bodies
@@ -324,19 +324,7 @@ class StreamEndpoint(Endpoint):
                     self._backlog[conn] = kept
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
                 self._gone(conn)
-        closing, self._closing = self._closing, []
-        for conn in closing:
-            try:
-                send_frames(self.sock, [conn, b""], NOBLOCK)  # an empty frame closes a STREAM peer
-            except Again:  # its pipe is full (a slow reader): try again next turn
-                self._closing.append(conn)
-                continue
-            except zmq.ZMQError:  # already gone
-                pass
-            self._closed[conn] = now
-        if self._closed:
-            for conn in [c for c, t in self._closed.items() if now - t > CLOSED_MEMORY_S]:
-                del self._closed[conn]
+        self.closing.send(self.sock, now)
 
     def _holding(self, fd: int) -> bool:
         conn = self._conn_of.get(fd)
@@ -348,7 +336,7 @@ class StreamEndpoint(Endpoint):
         conn = self._conn_of.get(fd)
         if conn is not None and conn in self.gateway.sessions:
             self._close(conn)
-            _shut(fd, endpoint)
+            shut(fd, endpoint)
 
     def _gone(self, conn: bytes) -> None:
         fd = self._fds.pop(conn, None)
@@ -365,7 +353,7 @@ class StreamEndpoint(Endpoint):
     def wake_at(self, now: float) -> float | None:
         if self.paced is not None and self.paced.waiting() or self.parts is not None and self.parts.pending:
             return now
-        if self._backlog or self._closing:
+        if self._backlog or self.closing.pending:
             return now + RETRY_S
         if self.unread.pending:  # (what peers acknowledged since: their charges go, their room comes back)
             return now + UNREAD_S
@@ -403,31 +391,3 @@ class StreamEndpoint(Endpoint):
             "partial_input_bytes_all": self.connections.partial_total,
             "partial_input_bytes": self.connections.partial_of(self.name),  # (this endpoint's connections')
         }
-
-
-def allowed_networks(text: str) -> list | None:
-    """``--allow-ips`` as networks; None when empty (no list: every address may connect)."""
-    import ipaddress
-
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    return [ipaddress.ip_network(p, strict=False) for p in parts] or None
-
-
-def _allowed(peer: str, networks: list) -> bool:
-    import ipaddress
-
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    if address.version == 6 and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in networks)
-
-
-def _descriptor(frame: zmq.Frame) -> int:
-    """The descriptor of the connection ``frame`` came over (libzmq's SRCFD), -1 when it cannot be read."""
-    try:
-        return int(frame.get(zmq.SRCFD))
-    except (zmq.ZMQError, AttributeError, ValueError):
-        return -1

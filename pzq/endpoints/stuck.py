@@ -22,7 +22,7 @@ import termios
 from collections.abc import Callable
 
 from pzq.config import DEFAULT_LIMITS, Limits
-from pzq.endpoints.connwatch import _shut
+from pzq.endpoints.connwatch import shut
 from pzq.endpoints.unread import bytes_acked
 from pzq.logs import warn_bad
 
@@ -53,7 +53,7 @@ class StuckReaders:
         limits: Limits = DEFAULT_LIMITS,
         *,
         look: Callable[[int], tuple[int, int] | None] = progress,
-        cut: Callable[[int, str], None] = _shut,
+        cut: Callable[[int, str], None] = shut,
         spare: Callable[[int], bool] = lambda fd: False,
     ):
         """``open_fds`` gives the descriptors of the socket's open connections (the socket monitor's);

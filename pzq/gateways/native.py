@@ -28,7 +28,6 @@ from pzq.gateways.native_pool import SendPool
 from pzq.gateways.native_produce import RECEIVE, Producers
 from pzq.logs import warn_bad
 from pzq.protocols import native
-from pzq.store import parse_message_id
 from pzq.store.dedup_keys import DedupKeys
 
 log = logging.getLogger("pzq.server")
@@ -296,15 +295,4 @@ class NativeGateway:
         return self.credit.available(now, self.broker.held_count(CONSUMER))
 
 
-def ref_of_key(key: bytes) -> Ref | None:
-    """The message a consumer's key names, or None if the key is not one pzq made."""
-    # The keys pzq made ("<16 digits>|<32 hex>") are read without a regex: every ack comes here.
-    if len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower():
-        try:  # (32 lowercase letters and digits: only hex digits get past int)
-            whole = int(tail, 16)
-        except ValueError:
-            whole = -1
-        if whole >= 0:
-            return whole >> 64, whole & 0xFFFFFFFFFFFFFFFF
-    mid = native.key_message_id(key)
-    return None if mid is None else parse_message_id(mid)
+ref_of_key = native.key_ref  # (the message a consumer's key names, or None: the codec reads keys)

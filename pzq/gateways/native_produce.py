@@ -13,7 +13,7 @@ from pzq.gateways.contract import BrokerSurface, Send
 from pzq.gateways.native_batches import Batches
 from pzq.logs import warn_bad
 from pzq.protocols import native
-from pzq.protocols.native_batch import MARK
+from pzq.protocols.native_batch import MARK, is_batch
 from pzq.store import Upload
 
 RECEIVE = "receive"  # producers: the server's ROUTER
@@ -152,8 +152,8 @@ class Producers:
             if send.token is not None:  # a batch's answer
                 out.append(self.batches.rolled_back(send))
                 continue
-            routing, message_id, ok = send.frames[:3]
-            out.append(failed(routing, message_id) if ok == b"1" else send)
+            stored = native.stored_ack(send.frames)
+            out.append(send if stored is None else failed(*stored))
         self._owed = []
         return out
 
@@ -162,7 +162,7 @@ class Producers:
         return [send for frames in messages if (send := self._failed_one(frames, limit)) is not None]
 
     def _failed_one(self, frames: list[bytes], limit: int) -> Send | None:
-        if len(frames) > 2 and frames[2] == MARK:
+        if is_batch(frames):
             return self.batches.failed(frames)
         event = native.parse_produce(frames, limit)
         if isinstance(event, native.Rejected):

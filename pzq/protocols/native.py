@@ -104,6 +104,13 @@ def produce_ack(routing: bytes, message_id: bytes, error: str | None = None) -> 
     return [routing, message_id, b"0", b"", error.encode("utf-8", "replace")]
 
 
+def stored_ack(frames: Sequence[bytes]) -> tuple[bytes, bytes] | None:
+    """(routing, message id) of a "stored" answer ``produce_ack`` made; None for a refusal (or anything else)."""
+    if len(frames) < 3 or frames[2] != b"1":
+        return None
+    return frames[0], frames[1]
+
+
 def refusal(event: Rejected) -> list[bytes]:
     """The frames refusing ``event``: a legacy "0" ack, or a batch's (nothing of it stored) for a batch."""
     if event.batch:
@@ -125,6 +132,25 @@ def key_message_id(key: bytes) -> str | None:
         return mid.decode("ascii")
     except UnicodeDecodeError:
         return None
+
+
+def key_ref(key: bytes) -> tuple[int, int] | None:
+    """(qid, seq) of the message a key made by ``message_key`` names; None for a key that is not one."""
+    # Read without a regex: every consumer's ack comes here (the gateways name it ref_of_key)
+    if len(key) == 49 and key[16] == 0x7C and (tail := key[17:]).isalnum() and tail == tail.lower():
+        try:  # (32 lowercase letters and digits: only hex digits get past int)
+            whole = int(tail, 16)
+        except ValueError:
+            whole = -1
+        if whole >= 0:
+            return whole >> 64, whole & 0xFFFFFFFFFFFFFFFF
+    mid = key_message_id(key)  # (a key of other digits before its "|": the id is what names the message)
+    if mid is None or not all(c in _HEX_DIGITS for c in mid):
+        return None
+    return int(mid[:16], 16), int(mid[16:], 16)
+
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def delivery(key: bytes, sent_us: int, ack_timeout_us: int, body: Sequence[bytes]) -> list[bytes]:
@@ -166,6 +192,12 @@ def produce(message_id: bytes, body: Sequence[bytes]) -> list[bytes]:
     return [message_id, b"", *body]
 
 
+def answered_id(frames: Sequence[bytes]) -> bytes | None:
+    """The id an answer to a producer carries (a message's, a batch's or a probe's: its first frame once
+    the DEALER has it), to match it with what was sent; None for an empty message."""
+    return frames[0] if frames else None
+
+
 def parse_produce_ack(frames: Sequence[bytes]) -> ProduceAck | None:
     """Read what ``produce_ack`` sent, without its routing frame; None if it is not a pzq ack."""
     if len(frames) < 3 or frames[1] not in (b"1", b"0") or frames[2] != b"":
@@ -179,6 +211,13 @@ def parse_delivery(frames: Sequence[bytes]) -> Delivered | None:
     if len(frames) < 4 or frames[3] != b"" or not (frames[1].isdigit() and frames[2].isdigit()):
         return None
     return Delivered(frames[0], int(frames[1]), int(frames[2]), list(frames[4:]))
+
+
+def parse_routed_delivery(frames: Sequence[bytes]) -> tuple[bytes, Delivered] | None:
+    """A delivery as the consumer's ROUTER reads it: the server's peer id (its answers go back to it) and
+    what ``delivery`` sent; None if it is not one."""
+    delivered = parse_delivery(frames[1:]) if frames else None
+    return None if delivered is None else (frames[0], delivered)
 
 
 def consumer_ack(key: bytes, ok: bool = True) -> list[bytes]:

@@ -153,21 +153,8 @@ def split_bodies(data: bytes, caps: Caps) -> list[bytes]:
     if len(data) > caps.max_bytes:
         raise ProtocolError("batch-too-large", TOO_BIG.format(size=len(data), limit=caps.max_bytes))
     end = len(data)
+    count, pos = _messages_announced(data, caps)  # (once a batch: the loop below is per message)
     try:
-        tag = data[0] if end else 0
-        if 0x90 <= tag <= 0x9F:
-            count, pos = tag & 0x0F, 1
-        elif tag == _ARRAY16 or tag == _ARRAY32:
-            pos = 3 if tag == _ARRAY16 else 5
-            count = int.from_bytes(data[1:pos], "big") if pos <= end else -1
-        else:
-            raise ProtocolError("batch-malformed", MALFORMED.format(detail="not a msgpack array"))
-        if count < 0:
-            raise ProtocolError("batch-malformed", MALFORMED.format(detail="cut short in its array header"))
-        if count == 0:
-            raise ProtocolError("batch-empty", EMPTY_BATCH)
-        if count > caps.max_messages:
-            raise ProtocolError("batch-too-many", TOO_MANY.format(count=count, limit=caps.max_messages))
         limit, frames_left = caps.max_message_size, caps.max_frames
         out: list = [None] * count  # (filled in place: no call per message)
         from_bytes = int.from_bytes
@@ -226,6 +213,27 @@ def split_bodies(data: bytes, caps: Caps) -> list[bytes]:
     if pos != end:
         raise ProtocolError("batch-malformed", MALFORMED.format(detail=f"{end - pos} byte(s) after the array"))
     return out
+
+
+def _messages_announced(data: bytes, caps: Caps) -> tuple[int, int]:
+    """The count in a bodies frame's array header, checked against ``caps``, and where its first message
+    begins; ProtocolError for a header that is not an array's, cut short, or announcing none or too many."""
+    end = len(data)
+    tag = data[0] if end else 0
+    if 0x90 <= tag <= 0x9F:
+        count, pos = tag & 0x0F, 1
+    elif tag == _ARRAY16 or tag == _ARRAY32:
+        pos = 3 if tag == _ARRAY16 else 5
+        count = int.from_bytes(data[1:pos], "big") if pos <= end else -1
+    else:
+        raise ProtocolError("batch-malformed", MALFORMED.format(detail="not a msgpack array"))
+    if count < 0:
+        raise ProtocolError("batch-malformed", MALFORMED.format(detail="cut short in its array header"))
+    if count == 0:
+        raise ProtocolError("batch-empty", EMPTY_BATCH)
+    if count > caps.max_messages:
+        raise ProtocolError("batch-too-many", TOO_MANY.format(count=count, limit=caps.max_messages))
+    return count, pos
 
 
 def _refused(routing: bytes, batch_id: bytes, code: str, detail: str) -> BatchRejected:

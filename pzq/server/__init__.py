@@ -19,6 +19,27 @@ turn the garbage collector's survivors are frozen (pzq/server/collector.py), so 
 collections stay short.
 """
 
-from pzq.server.loop import Server, serve
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pzq.config import Config
+from pzq.server.loop import Server
+from pzq.server.process import NewStore, return_freed_memory
+
+
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
+    the settings on SIGHUP."""
+    return_freed_memory()  # (the process's own malloc: before the first big buffer)
+    server = Server(config)
+    server.reloader = reload
+    try:
+        NewStore(config.database).start(server)  # (a start that fails leaves no new store behind)
+        server.install_signal_handlers()
+        server.run()
+    finally:
+        server.close()
+
 
 __all__ = ["Server", "serve"]

@@ -27,10 +27,11 @@ from pzq.leases import Leases
 from pzq.leases.returns import TurnRecords
 from pzq.logs import Throttled
 from pzq.server.access import permissions_for
+from pzq.server.chores import Chores, Task
 from pzq.server.collector import Collector
 from pzq.server.commits import Commits
 from pzq.server.console_child import ConsoleChild
-from pzq.server.process import NewStore, connection_limit, drain_fd, drop_privileges, return_freed_memory
+from pzq.server.process import connection_limit, drain_fd, drop_privileges
 from pzq.server.reload import Reloading
 from pzq.server.wiring import gateway_endpoints, log_start
 from pzq.store import Store
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pzq.server")
 
-TICK_S = 1.0  # housekeeping (rates, lease expiry); idle wake-ups are at most this frequent
 MAX_FAILED_TURNS = 100
 
 
@@ -72,7 +72,6 @@ class Server(Reloading):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._next_tick = 0.0
         self.notifier = Notifier.from_environment()  # inert unless systemd started us with Type=notify
         self._next_watchdog = 0.0
         self._reload_requested = False
@@ -82,8 +81,7 @@ class Server(Reloading):
         self.console: ConsoleChild | None = None  # the web console's process (--http-dsn)
         # A full disk fails every turn's commit: one line now and then, not a traceback each time.
         self._store_failures = Throttled(log, config.limits.store_failure_log_s)
-        self._budget = TurnBudget.start(0.0, 0)  # the turn's, made anew by each _turn
-        self._task_list: list[Callable[[dict, float, int], None]] = []  # made by _register
+        self._task_list: list[Task] = []  # made by _register
         self._first_task = 0  # the task the next turn begins with: the first one the last turn did not reach
         self._behind = False  # the last turn's budget ran out with work left: poll without waiting
         self.turns = 0  # turns run (tests count them)
@@ -126,6 +124,7 @@ class Server(Reloading):
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         self.admin.attach(lambda: self.endpoints, lambda: self._commits.last_ms, cfg)
+        self._chores = Chores(self.broker, self.leases, self.admin, cfg.limits, self._each_second)
         connections = ConnectionLimit(
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
         )
@@ -159,7 +158,7 @@ class Server(Reloading):
             for sock in endpoint.sockets:
                 self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
-        self._task_list = self._tasks()
+        self._task_list = self._chores.tasks(self.endpoints)
 
     def stop(self) -> None:
         """Ask the loop to stop after the current turn; safe from another thread or a signal handler."""
@@ -261,7 +260,7 @@ class Server(Reloading):
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
         now = time.monotonic()
-        wake = min(self._next_tick, now + self.config.reaper_frequency)
+        wake = min(self._chores.next_tick, now + self.config.reaper_frequency)
         for deadline in (self.broker.next_deadline(), self.broker.next_sweep()):
             if deadline is not None:
                 wake = min(wake, deadline)
@@ -276,62 +275,14 @@ class Server(Reloading):
             wake = min(wake, self._next_watchdog)
         return max(0, int((wake - now) * 1000 + 0.999))
 
-    def _tasks(self) -> list[Callable[[dict, float, int], None]]:
-        """The turn's work before the commit, in its usual order: each endpoint's reads, lease returns,
-        expiry, each endpoint's dispatch, the once-a-second tick. Served round-robin (see ``_turn``)."""
-        reads = [self._reader(e) for e in self.endpoints]
-        works = [self._worker(e) for e in self.endpoints]
-        return [*reads, self._lease_work, self._expire, *works, self._sweep, self._drop_work, self._tick]
-
-    @staticmethod
-    def _reader(endpoint: Endpoint) -> Callable[[dict, float, int], None]:
-        return lambda ready, now, now_us: endpoint.read(ready, now, now_us)
-
-    def _worker(self, endpoint: Endpoint) -> Callable[[dict, float, int], None]:
-        def work(ready: dict, now: float, now_us: int) -> None:
-            endpoint.work(now, now_us)
-            self._budget.take()
-
-        return work
-
-    def _lease_work(self, ready: dict, now: float, now_us: int) -> None:
-        if self.leases.pending:  # (a share per turn of big acks, expiries, within the turn's records)
-            share = self.leases.share_left()
-            most = min(share, self._budget.records_for(share))
-            self.leases.work(now_us, most)
-            self._budget.take(records=most)
-
-    def _expire(self, ready: dict, now: float, now_us: int) -> None:
-        # (what comes back raises the broker's readiness; the rest next turn: next_deadline is then due)
-        expired = self.broker.expire(now, self._budget.records_for(self.config.limits.turn_records))
-        self._budget.take(records=expired)
-
-    def _sweep(self, ready: dict, now: float, now_us: int) -> None:
-        """Queues made by clients' requests that stayed unused for --implicit-queue-ttl go (a share a turn)."""
-        due = self.broker.next_sweep()
-        if due is not None and now >= due:
-            self.broker.sweep_implicit(now, self._budget.deadline)
-            self._budget.take()
-
-    def _drop_work(self, ready: dict, now: float, now_us: int) -> None:
-        """Records of deleted queues (MQKS delete_queue) go, within the turn's records and clock."""
-        if self.broker.dropping:
-            most = self._budget.records_for(self.config.limits.turn_records)
-            self._budget.take(records=max(1, self.broker.drop_work(most, self._budget.deadline)))
-
-    def _tick(self, ready: dict, now: float, now_us: int) -> None:
-        """Once a second: expired leases, the admin's rates, the metrics' figures, the console's process."""
-        if now < self._next_tick:
-            return
-        self.leases.mark_expired(now_us)
-        self.admin.tick(now)
-        self.broker.events.tick(now)
-        self._next_tick = now + TICK_S
+    def _each_second(self, now: float, now_us: int) -> None:
+        """The tick's part that is the server's: the metrics' figures, the console's process."""
         if self.metrics is not None:
-            self._publish_metrics(now, now_us)
+            oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
+            stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
+            self.metrics.update(stats, oldest, per_queue)
         if self.console is not None:
             self.console.check(now)  # (one waitpid(WNOHANG); a restart when its wait is over)
-        self._budget.take()
 
     def _turn(self, timeout_ms: int) -> None:
         """One turn. Its work before the commit draws on one ``TurnBudget`` (a clock deadline and the
@@ -350,7 +301,9 @@ class Server(Reloading):
         produced = self.broker.counters.produced
         self.store.turn_begins()
         limits = self.config.limits
-        budget = self._budget = TurnBudget.start(limits.turn_budget_s, limits.turn_write_bytes, limits.turn_records)
+        budget = self._chores.budget = TurnBudget.start(
+            limits.turn_budget_s, limits.turn_write_bytes, limits.turn_records
+        )
         for endpoint in self.endpoints:
             endpoint.budget = budget
         self.leases.turn_records = TurnRecords(budget)  # (an ACK_UPTO deletes within the turn's records)
@@ -422,12 +375,6 @@ class Server(Reloading):
         self.leases.drop_queue(queue)
         return self.broker.drop_queue(queue)
 
-    def _publish_metrics(self, now: float, now_us: int) -> None:
-        oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
-        stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
-        if self.metrics is not None:
-            self.metrics.update(stats, oldest, per_queue)
-
     def stats(self) -> dict:
         """Every figure the monitor reports, the six PZQ fields first."""
         return self.admin.stats()
@@ -439,17 +386,3 @@ class Server(Reloading):
         if self.collector is not None:
             stats["gc"] = self.collector.stats()
         return stats
-
-
-def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
-    """Run a server in this process until SIGTERM or SIGINT; the CLI's `pzq serve`. ``reload`` re-reads
-    the settings on SIGHUP."""
-    return_freed_memory()  # (the process's own malloc: before the first big buffer)
-    server = Server(config)
-    server.reloader = reload
-    try:
-        NewStore(config.database).start(server)  # (a start that fails leaves no new store behind)
-        server.install_signal_handlers()
-        server.run()
-    finally:
-        server.close()

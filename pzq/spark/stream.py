@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pyspark.sql.datasource import DataSourceStreamReader
 
 from pzq.spark.options import MAX_BATCH, Options
-from pzq.spark.read import SeqRange, _arrow_schema, _page, split
+from pzq.spark.read import SeqRange, arrow_schema, page, split
 
 try:  # admission control (latestOffset(start, limit)) came with pyspark 4.2
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -140,7 +140,7 @@ class LeaseStreamReader(DataSourceStreamReader):
 
     def read(self, partition: SeqRange) -> Iterator[tuple]:  # type: ignore[override]  # (our partitions)
         opts = self.options
-        arrow = _arrow_schema() if self.arrow else None
+        arrow = arrow_schema() if self.arrow else None
         with opts.client() as api:
             # (the next page is read on the server while this one is turned into rows)
             pages = api.fetch_pages(opts.queue, opts.group, partition.lo, partition.hi, opts.fetch_size, FETCHES)
@@ -155,7 +155,7 @@ class LeaseStreamReader(DataSourceStreamReader):
                         partition.hi - 1,
                         opts.queue,
                     )
-                yield from _page(opts.queue, messages, arrow)
+                yield from page(opts.queue, messages, arrow)
 
     def commit(self, end: dict) -> None:
         self._api().ack_upto(self.options.queue, self.options.group, end["seq"])
