@@ -30,6 +30,7 @@ from pzq.store.dedup_keys import DedupKeys
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
 
+from pair_batch import BatchClient, BatchedNative
 from pair_clients import ApiClient, EmqpClient, MqksClient, NativeClient, PhpmqClient, native_gateway
 from pair_loop import ACK_TIMEOUT_S, HEARTBEAT_S, LIVENESS, MAX_INPUT, Answered, Client, Clock, Closed, Delivered, Loop
 
@@ -93,6 +94,11 @@ def make_native(loop: Loop):
     )
 
 
+def make_native_batch(loop: Loop) -> BatchedNative:
+    """The batched consume gateway on the native queue, beside the native gateway its producers send to."""
+    return BatchedNative(make_native(loop), loop)
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """A gateway, its factory and the client class that speaks to it."""
@@ -110,6 +116,7 @@ PAIRS = {
         Spec("emqp", make_emqp, EmqpClient),
         Spec("api", make_api, ApiClient),
         Spec("native", make_native, NativeClient),
+        Spec("native_batch", make_native_batch, BatchClient),
     )
 }
 

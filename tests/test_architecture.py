@@ -231,6 +231,27 @@ def test_the_reader_sees_imports_in_functions_under_type_checking_and_relative_o
     assert "pzq/check: no row of architecture.md covers it" in uncovered and third == []
 
 
+def test_gateways_and_endpoints_import_nothing_of_the_broker_not_even_for_type_checking():
+    # They see the broker only as gateways/contract.py's BrokerSurface (mypy checks the Broker fits it).
+    found = [
+        f"pzq/{imp.importer}.py:{imp.line} imports {imp.target}"
+        for imp in read_imports(PACKAGE)
+        if imp.ours and top(imp.importer) in ("gateways", "endpoints") and top(imp.target) == "broker"
+    ]
+    assert not found, "the broker reached past BrokerSurface:\n" + "\n".join(found)
+
+
+def test_the_broker_rule_catches_an_import_under_type_checking(tmp_path):
+    package = tmp_path / "pzq"
+    (package / "gateways").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "gateways" / "x.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pzq.broker.accounts import Stale\n"
+    )
+    found = [(i.importer, i.target) for i in read_imports(package) if i.ours]
+    assert found == [("gateways/x", "broker/accounts")]
+
+
 def deepest_chains(folder: Path) -> dict[str, int]:
     """Each class defined in ``folder``'s modules and the longest run of ``class X(Y)`` links under it
     through classes of that folder (a base from elsewhere, ``SideTable[K, V]``'s ``Generic`` or a

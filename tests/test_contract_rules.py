@@ -211,7 +211,10 @@ BIG = Limits(body_chunk_bytes=1024, turn_write_bytes=2048)  # a 4,000-byte messa
 # Doors whose big messages take another way: native's endpoint holds them itself (pzq/endpoints/native.py:
 # the pairs have no endpoint), MQKS publish writes its copies a slice per turn (gateways/mqks_publish.py).
 # Any other door must have its gateway's ``parts``.
-OWN_WAY = {"native": "its endpoint writes big messages itself"}
+OWN_WAY = {
+    "native": "its endpoint writes big messages itself",
+    "native_batch": "its producers are the native endpoint's, which writes big messages itself",
+}
 
 
 def _has_parts(pair: Pair) -> None:

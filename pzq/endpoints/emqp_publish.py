@@ -24,11 +24,11 @@ from collections.abc import Hashable
 
 import zmq
 
-from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.base import Sockets
 from pzq.endpoints.handed import Handed
 from pzq.endpoints.stuck import StuckReaders
+from pzq.gateways.contract import BrokerSurface
 from pzq.logs import warn_bad
 from pzq.zmqio import NOBLOCK, Again, events, send_frames
 
@@ -46,7 +46,7 @@ SUBSCRIPTION_FRAME = SUBSCRIPTION_BYTES + 10
 class Publisher:
     """The PUB socket, what its pipes hold, and its subscribers that read nothing."""
 
-    def __init__(self, config: Config, binder: Sockets, broker: Broker):
+    def __init__(self, config: Config, binder: Sockets, broker: BrokerSurface):
         self.binder = binder
         self.dsn = config.emqp_publish_dsn
         # (XPUB_NODROP: a send that a full pipe would drop fails instead, which is how it is counted)

@@ -22,8 +22,7 @@ from collections.abc import Hashable, Sequence
 
 import zmq
 
-from pzq.broker import Broker
-from pzq.broker.accounts import Stale
+from pzq.gateways.contract import BrokerSurface
 
 SMALL = 64
 
@@ -31,11 +30,11 @@ SMALL = 64
 class Handed:
     """Frames handed to libzmq whose bytes stay charged to their payer until libzmq frees them."""
 
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: BrokerSurface):
         self.broker = broker
         # id(weak reference) -> (the reference, payer, its charge's record, bytes); weak references to equal
         # buffers compare equal, so they are kept by identity
-        self._live: dict[int, tuple[weakref.ref, Hashable, Stale | None, int]] = {}
+        self._live: dict[int, tuple[weakref.ref, Hashable, object, int]] = {}
         self._freed: collections.deque[weakref.ref] = collections.deque()  # (appended by pyzmq's gc thread)
         self.bytes = 0  # handed to libzmq and not freed yet
         self.total = 0  # ever handed

@@ -10,7 +10,6 @@ share, all of them under the low-water mark), its backlogs as ``consume_backlogs
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import zmq
@@ -20,7 +19,6 @@ from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.held import Held
 from pzq.endpoints.replies import Replies
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
-from pzq.logs import peer_label
 from pzq.protocols import native_consume as wire
 from pzq.zmqio import NOBLOCK, Again, answer_cut
 
@@ -189,14 +187,7 @@ class BatchConsumeEndpoint(Endpoint):
 
     def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
         """Its batched consumers, all of one queue (ZeroMQ names no peer's address)."""
-        gateway = self.gateway
-        if gateway.queue != queue:
-            return [], 0
-        rows = [
-            {"protocol": "native", "client": peer_label(c.peer), "held": gateway.broker.held_count(c.holder)}
-            for c in itertools.islice(gateway.consumers.values(), limit)
-        ]
-        return rows, len(gateway.consumers)
+        return self.gateway.queue_consumers(queue, limit)
 
     def memory(self) -> dict[str, int]:
         return {"consume_backlogs": self.replies.backlog_bytes}

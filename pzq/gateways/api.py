@@ -24,10 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgpack
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Send
 from pzq.gateways.parted import Big, Parted
 from pzq.leases import Leases
 from pzq.logs import warn_bad
@@ -57,7 +56,7 @@ class ApiGateway:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         leases: Leases,
         keys: DedupKeys,
         *,

@@ -5,13 +5,19 @@ bytes (raw TCP) come in with the turn's clock, and what it wants sent comes out 
 Its changes to the store go through the broker inside the loop's write transaction: the loop commits
 them, or rolls them back (``rolled_back`` then ``recover``); nothing a gateway returns leaves before
 that commit. A gateway never sees a socket, and an endpoint adapter keeps no gateway state and asks
-nothing but these methods.
+nothing but these methods. What a gateway (or an endpoint) may ask of the broker is ``BrokerSurface``:
+they are typed with it, never with the Broker (tests/test_architecture.py forbids importing pzq.broker).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from pzq.inflight import InFlight
+from pzq.store import Message, QueueInfo, Upload
+
+Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
 
 
 class Send(NamedTuple):
@@ -225,3 +231,147 @@ class PipedGateway(StreamGateway, Protocol):
     def unpiped(self, conn: bytes, size: int) -> None:
         """``conn``'s peer acknowledged bytes that carried ``size`` of its charges."""
         ...
+
+
+# -- what a gateway may ask of the broker ---------------------------------------------------------
+
+
+class QueueUser(Protocol):
+    """A part that keeps things of its own for queues (consumers, bindings, workers, schedules)."""
+
+    def uses_queue(self, queue: str) -> bool: ...
+    def queue_expired(self, queue: str) -> None: ...
+
+
+class Columns(Protocol):
+    """A run ``take_columns`` handed out, as columns (the batch path): one entry a message each."""
+
+    @property
+    def refs(self) -> list[Ref]: ...
+    @property
+    def enqueued(self) -> list[int]: ...  # µs
+    @property
+    def frames(self) -> list[list[bytes]]: ...
+    @property
+    def sizes(self) -> list[int]: ...  # bytes of each body, charged to its payer
+    @property
+    def ids(self) -> list[bytes]: ...  # 16 bytes each (qid, seq), its record's key
+
+
+class Shares(Protocol):
+    """The broker's byte account of what is handed to peers, as a gateway asks it (pzq/broker/accounts.py):
+    each payer's share, what it holds, and whether it may be handed ``size`` bytes more."""
+
+    @property
+    def share(self) -> int: ...  # a payer's share unless it has one of its own
+    def share_of(self, payer: Hashable) -> int: ...
+    def set_share(self, payer: Hashable, share: int) -> None: ...
+    def held(self, payer: Hashable, inflight: InFlight) -> int: ...
+    def room(self, payer: Hashable, inflight: InFlight) -> int: ...
+    def may_hand(self, payer: Hashable, size: int, inflight: InFlight) -> bool: ...
+    def may_pipe(self, payer: Hashable, unsent: int, inflight: InFlight) -> bool: ...
+
+    # (the record is the account's own: handed back to ``BrokerSurface.discharged`` as it is)
+    def charge(self, payer: Hashable, size: int) -> Any: ...
+
+
+class BrokerSurface(Protocol):
+    """The broker as gateways and endpoints see it: every name here is one of ``pzq.broker.Broker``'s
+    (the server hands them the Broker; mypy checks that it fits). ``by``/``consumer``/``holder`` is
+    the holder a delivery is in flight to; ``payer`` whose byte share it is charged to. Anything else
+    of the broker (the store, the in-flight table's insides, ranges, figures) is not a gateway's."""
+
+    # -- what the turn reads: a number that grows when messages may have become ready, the alarm
+    @property
+    def readiness(self) -> int: ...
+    @property
+    def refusing(self) -> str | None: ...  # why every producer is refused now (the memory alarm), or None
+    @property
+    def keep_on_rollback(self) -> set[Hashable]: ...  # holders whose deliveries outlive a failed turn
+    @property
+    def accounts(self) -> Shares: ...
+    @property
+    def inflight(self) -> InFlight: ...  # (handed to ``accounts``; the native send pool reads ``bytes_of``)
+
+    # -- producing: one message, a run into one queue (how many stored), all or none; big bodies in parts
+    def produce(
+        self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message: ...
+    def produce_many(
+        self, queue: str, bodies: Sequence[Sequence[bytes]] | Sequence[bytes], *, now_us: int, encoded: bool = False
+    ) -> int: ...
+    def produce_all(
+        self, items: Sequence[tuple[str, Sequence[bytes]]], *, now_us: int, meta: dict | None = None
+    ) -> list[Message]: ...
+    def begin_big(self, body: Sequence[bytes | bytearray | memoryview], chunk: int) -> Upload: ...
+    def write_big(self, upload: Upload, most: int) -> int: ...
+    def produce_big(
+        self, queue: str, upload: Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
+    ) -> Message: ...
+    def drop_big(self, upload: Upload) -> None: ...
+    def check_room(self, size: int) -> None: ...  # StoreFull unless ``size`` more bytes fit
+
+    # -- handing out: how many are ready; a run as messages, or as columns (the batch path)
+    def ready_count(self, queue: str) -> int: ...
+    def take(
+        self,
+        queue: str,
+        n: int,
+        consumer: Hashable,
+        *,
+        now: float,
+        now_us: int,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+        payer: Hashable = None,
+    ) -> list[Message]: ...
+    def take_columns(
+        self,
+        queue: str,
+        n: int,
+        consumer: Hashable,
+        *,
+        now: float,
+        now_us: int,
+        max_bytes: int | None = None,
+        payer: Hashable = None,
+    ) -> Columns: ...
+
+    # -- settling: each verb False (or the refs refused) where ``by`` does not hold the message; a run
+    # of acks in one ``ack_many`` (an ``ack_many`` of one costs 2-4 times an ``ack``: both stay)
+    def ack(self, ref: Ref, *, by: Hashable) -> bool: ...
+    def ack_many(self, refs: Iterable[Ref], *, by: Hashable) -> list[Ref]: ...
+    def nack(self, ref: Ref, *, by: Hashable) -> bool: ...
+    def requeue_at_end(self, ref: Ref, *, by: Hashable, expires_us: int = 0) -> bool: ...
+    def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool: ...
+    def take_back_many(self, refs: Iterable[Ref], *, by: Hashable) -> int: ...
+    def undeliver_many(self, refs: Iterable[Ref]) -> None: ...  # never left: ready again, uncounted
+
+    # -- deliveries: who holds one, how many a holder has, when its delivery times out (None: not its)
+    def in_flight_to(self, ref: Ref) -> Hashable | None: ...
+    def held_count(self, holder: Hashable) -> int: ...
+    def deadline_of(self, holder: Hashable) -> Callable[[Ref], float | None]: ...  # (a run's, read once)
+    def held_by(self, holder: Hashable) -> Callable[[Ref], bool]: ...
+    def set_deadline(self, ref: Ref, deadline: float) -> None: ...
+    def hold(self, ref: Ref, consumer: Hashable) -> None: ...  # a durable lease re-registered
+    def stored(self, ref: Ref) -> Message | None: ...
+    def held_by_others(self, qid: int, ours: Callable[[Any], bool]) -> bool: ...
+
+    # -- ends: a holder's deliveries go back; a payer's charges, an owner's queues are let go
+    def consumer_gone(self, consumer: Hashable) -> int: ...
+    def payer_gone(self, payer: Hashable) -> None: ...
+    def owner_gone(self, owner: Hashable) -> None: ...
+
+    # -- bytes other than bodies charged to a payer (pzq/broker/accounts.py)
+    def piped(self, payer: Hashable, size: int) -> None: ...
+    def unpiped(self, payer: Hashable, size: int) -> None: ...
+    def discharged(self, payer: Hashable, record: Any, size: int) -> None: ...
+
+    # -- queues: read, made by a client's request (implicit), who still uses them, what is left to drop
+    def queue_info(self, queue: str) -> QueueInfo | None: ...
+    def queue_name(self, qid: int) -> str | None: ...
+    def create_queue(self, queue: str, owner: Hashable | None = None) -> QueueInfo: ...
+    def add_queue_user(self, user: QueueUser) -> None: ...
+    def peek(self, queue: str, from_seq: int, limit: int) -> list[Message]: ...
+    def ref_in(self, queue: str, message_id: str | bytes) -> Ref | None: ...
+    def dropping_left(self) -> tuple[int, int]: ...

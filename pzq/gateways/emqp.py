@@ -22,11 +22,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways import emqp_views
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Send
 from pzq.gateways.emqp_requests import Requests
 from pzq.gateways.emqp_rights import client_refusal
 from pzq.gateways.emqp_scheduler import Scheduler
@@ -48,7 +47,7 @@ class EmqpGateway:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         jobs: EmqpJobs,
         schedules: Schedules,
         *,
@@ -284,7 +283,7 @@ class EmqpGateway:
     def recover(self) -> None:
         """The turn was rolled back: forget the jobs handed out (the broker forgot every delivery; the
         durable ones are held again) and reload the schedules as they are on disk."""
-        self.roster.jobs.clear()
+        self.roster.book.clear()
         self.restore_jobs(time.monotonic())
         self.scheduler.reload()
 

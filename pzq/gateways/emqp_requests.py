@@ -17,10 +17,9 @@ import codecs
 import logging
 from collections.abc import Callable
 
-from pzq.broker import Broker
 from pzq.config import Limits
 from pzq.errors import ProtocolError, StoreFull
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Send
 from pzq.gateways.emqp_workers import FRONT
 from pzq.gateways.parted import Big, Parted
 from pzq.protocols import emqp
@@ -36,7 +35,7 @@ class Requests:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         limits: Limits,
         new_id: Callable[[], str],
         counters: dict[str, int],

@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 import croniter
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError, StoreFull
+from pzq.gateways.contract import BrokerSurface
 from pzq.gateways.tally import Tally
 from pzq.protocols import emqp
 from pzq.store.schedules import Schedules
@@ -48,7 +48,7 @@ class Scheduler:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         table: Schedules,
         cron_timezone: str,
         new_id: Callable[[], str],

@@ -3,7 +3,7 @@
 The eMQP gateway (gateways/emqp.py) parses what the backend ROUTER brings and hands workers' commands
 to the ``Roster``; it also asks it, each turn, to hand jobs to free workers and to heartbeat them.
 A job handed out is recorded in the store's ``EmqpJobs`` table with the turn's commit, so that a REPLY
-after a restart still completes it (``restore_jobs``).
+after a restart still completes it (``restore_jobs``); the book of jobs is gateways/emqp_handed.py.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import cast
 
-from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Ref, Send
+from pzq.gateways.emqp_handed import BACK, FRONT, JobBook, job_request, reply_requested
 from pzq.gateways.emqp_rights import unserved
 from pzq.gateways.tally import Tally
 from pzq.permissions import Permissions
@@ -26,7 +25,6 @@ from pzq.store.emqp_jobs import EmqpJobs
 
 log = logging.getLogger("pzq.emqp")
 
-FRONT, BACK = "front", "back"  # the frontend (clients) and backend (workers) sockets
 NO_TIMEOUT_S = 10 * 365 * 86400.0  # eMQP jobs ignore --ack-timeout: they may run for minutes
 TIMEOUT_GRACE_S = 5.0  # a timeout:N job is requeued N + this many seconds after its dispatch
 # After a restart, a job handed out before it waits this long for its REPLY (a JobManager outlives its
@@ -60,7 +58,7 @@ class Roster:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         job_table: EmqpJobs,
         *,
         limits: Limits,
@@ -85,10 +83,7 @@ class Roster:
         self.counters = counters  # the gateway's figures, which these commands count in
         self._bad = bad  # (the gateway's: counted and logged, rate-limited)
         self.workers: Tally[bytes, Worker] = Tally(_queues_of)
-        # msgid a worker was given -> {stored message: (worker identity, its CURVE key)}. Client msgids
-        # are not ours to trust unique, so a REPLY completes the job with that msgid held by the replying
-        # worker (or by its earlier connection: see _pop_job).
-        self.jobs: dict[str, dict[Ref, tuple[bytes, str | None]]] = {}
+        self.book = JobBook(broker, job_table)  # the jobs handed out, and who holds each
         # dropped -> (queues, slots, CURVE key)
         self.departed: dict[bytes, tuple[list[tuple[int, str]], int, str | None]] = {}
         self._fds: dict[int, bytes] = {}  # connection descriptor -> the worker whose commands came over it
@@ -104,9 +99,10 @@ class Roster:
             if message is None:  # completed through another protocol, or its queue was deleted
                 self.job_table.delete(ref)
                 continue
-            if self.broker.in_flight_to(ref) is not None:
-                if self.broker.holds(ref, holder):  # (restored already: recover runs twice after a failed turn)
-                    self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+            holding = self.broker.in_flight_to(ref)
+            if holding is not None:
+                if holding == holder:  # (restored already: recover runs twice after a failed turn)
+                    self.book.handed(msgid, ref, (identity, user), record=False)
                 continue
             self.broker.hold(ref, holder)
             if identity not in self.workers:
@@ -120,7 +116,7 @@ class Roster:
             # A worker still connected (a rolled-back turn, not a restart) keeps its job as long as ever.
             wait = NO_TIMEOUT_S if identity in self.workers else RESTART_GRACE_S
             self.broker.set_deadline(ref, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
-            self.jobs.setdefault(msgid, {})[ref] = (identity, user)
+            self.book.handed(msgid, ref, (identity, user), record=False)
             restored += 1
         if restored:
             self.counters["jobs_restored_total"] += restored
@@ -215,7 +211,7 @@ class Roster:
         self.job_table.delete(job[0])
         self.counters["replies_total"] += 1
         meta = message.meta if message is not None else None
-        if meta and meta.get("client") and _reply_requested(meta):
+        if meta and meta.get("client") and reply_requested(meta):
             self.counters["replies_forwarded_total"] += 1
             client = meta["client"]  # (charged to the client while libzmq holds it: the token names it)
             reply = emqp.reply(self.new_id(), reply_json, request_msgid)
@@ -229,25 +225,16 @@ class Roster:
         dropped, or has missed two heartbeats) and that this worker may have inherited: a JobManager that
         resets reconnects under a fresh identity and INFORMs again, and its REPLYs then come from the
         new one. It must serve the job's queue and, under CURVE, have authenticated with the same key."""
-        holders = self.jobs.get(msgid)
-        if not holders:
-            return None
-        chosen = next((ref for ref, holder in holders.items() if holder == (worker.identity, worker.user)), None)
-        if chosen is None:
-            served = {name for _, name in worker.queues}
-            for ref, (identity, user) in holders.items():
-                live = self.workers.get(identity)
-                name = self.broker.queue_name(ref[0])
-                gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
-                if gone and user == worker.user and name is not None and name in served:
-                    chosen = ref
-                    break
-        if chosen is None:
-            return None
-        holder = holders.pop(chosen)
-        if not holders:
-            del self.jobs[msgid]
-        return chosen, holder
+        served = {name for _, name in worker.queues}
+
+        def inherits(ref: Ref, holder: tuple[bytes, str | None]) -> bool:
+            identity, user = holder
+            live = self.workers.get(identity)
+            name = self.broker.queue_name(ref[0])
+            gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
+            return gone and user == worker.user and name is not None and name in served
+
+        return self.book.pop(msgid, (worker.identity, worker.user), inherits)
 
     def revoke(self, users: set[str]) -> int:
         """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
@@ -297,23 +284,14 @@ class Roster:
             self._drop(worker, "its connection closed")
 
     def holds(self, send: Send) -> bool:
-        """Whether the job ``send`` carries (see _take_for) is still in flight to the worker it was for."""
-        ref, holder = _job_of(send)
-        return self.broker.in_flight_to(ref) == holder
+        """Whether the job ``send`` carries is still in flight to the worker it was for."""
+        return self.book.holds(send)
 
     def give_back(self, send: Send) -> None:
         """The job ``send`` carries never reached its worker: back to its queue, the worker's slot back."""
-        ref, holder = _job_of(send)
-        if self.broker.in_flight_to(ref) != holder:
+        holder = self.book.give_back(send)
+        if holder is None:
             return  # (requeued already: its worker was dropped)
-        self.broker.undeliver(ref)
-        self.job_table.delete(ref)
-        msgid = send.frames[4].decode("utf-8", "replace")
-        held = self.jobs.get(msgid)
-        if held is not None:
-            held.pop(ref, None)
-            if not held:
-                del self.jobs[msgid]
         worker = self.workers.get(send.frames[0])
         if worker is not None and worker.consumer == holder:
             worker.slots += 1
@@ -365,7 +343,7 @@ class Roster:
 
     def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
         for _, queue in worker.queues:
-            if not self.broker.has_ready(queue):
+            if self.broker.ready_count(queue) <= 0:
                 continue
             taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
             if not taken:
@@ -374,29 +352,16 @@ class Roster:
             meta = message.meta or {}
             if meta.get("timeout"):
                 self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
-            msgid = meta.get("msgid") or message.id
-            headers = meta.get("headers", "")
-            if "reply" not in meta:  # (a scheduled run, another protocol's message, or a job stored before)
-                headers = emqp.with_header(headers, "reply-requested")
-            # (what eMQP stored, a REQUEST's or a schedule's, was UTF-8 text: sent as stored; another
-            # protocol's bytes are made text, since eventmq peers decode every frame)
-            body = b"".join(message.frames)
-            payload = body if "msgid" in meta else body.decode("utf-8", "replace")
-            self.jobs.setdefault(msgid, {})[(message.qid, message.seq)] = (worker.identity, worker.user)
+            msgid, send = job_request(message, queue, worker.identity, worker.consumer)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
-            self.job_table.put((message.qid, message.seq), (msgid, worker.identity, worker.user))
-            job = [worker.identity, *emqp.request(msgid, queue, headers, payload)]
-            return Send(BACK, job, ((message.qid, message.seq), worker.consumer))  # (see holds, give_back)
+            self.book.handed(msgid, (message.qid, message.seq), (worker.identity, worker.user))
+            return send
         return None
 
     def tick(self, now: float) -> list[Send]:
         """The heartbeat interval came: forget jobs that left without a REPLY, drop workers that
         finished draining or fell silent for ``liveness`` intervals, and heartbeat the others."""
-        # Jobs that left without a REPLY (dead-lettered, acked through another protocol) are forgotten.
-        gone = [m for m, holders in self.jobs.items() if all(self.broker.in_flight_to(r) is None for r in holders)]
-        for msgid in gone:
-            for ref in self.jobs.pop(msgid):
-                self.job_table.delete(ref)
+        self.book.forget_left()  # (jobs that left without a REPLY)
         for worker in list(self.workers.values()):
             if worker.draining and not self.broker.held_count(worker.consumer):
                 self._drop(worker, "it finished draining")
@@ -408,18 +373,6 @@ class Roster:
                 self.counters["dead_workers_total"] += 1
                 self._drop(worker, f"silent for {now - worker.last_seen:.1f} s")
         return [Send(BACK, [identity, *emqp.heartbeat(self.new_id(), self.wall_clock())]) for identity in self.workers]
-
-
-def _reply_requested(meta: dict) -> bool:
-    """Whether the client asked for the worker's REPLY: kept with the job when its REQUEST came."""
-    if "reply" in meta:
-        return bool(meta["reply"])
-    return "reply-requested" in emqp.parse_headers(meta.get("headers", ""))  # (a job stored before)
-
-
-def _job_of(send: Send) -> tuple[Ref, tuple]:
-    """The stored message a job's Send carries and the holder it was handed to (its token: _take_for)."""
-    return cast(tuple[Ref, tuple], send.token)
 
 
 def holder_of(identity: bytes, user: str | None) -> tuple:

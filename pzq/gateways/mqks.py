@@ -30,12 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.gateways import mqks_rights
-from pzq.gateways.contract import ONLY, UNBOUNDED, Budget, Send
-from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line
+from pzq.gateways.contract import ONLY, UNBOUNDED, BrokerSurface, Budget, Send
+from pzq.gateways.mqks_bindings import BindingIndex
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.gateways.mqks_lines import LINE_S_PER_BYTE, FairTurns, Session
 from pzq.gateways.mqks_out import HELD_MOST, Outbox
@@ -55,7 +54,7 @@ class MqksGateway(Requests):
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         bindings: Bindings,
         *,
         max_line: int,
@@ -196,18 +195,6 @@ class MqksGateway(Requests):
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""
         return mqks_rights.narrowed(self.rights, self.consumers, self.bindings)
 
-    def uses_queue(self, queue: str) -> bool:
-        """A queue with a consumer, or bound to an event, is in use (a publish may fill it)."""
-        binding = self.bindings.get(queue)
-        return self.consumers.used(queue) or (binding is not None and bool(binding.events))
-
-    def queue_expired(self, queue: str) -> None:
-        """An unused queue expired: its binding record (no events) goes with it."""
-        if queue in self.bindings:
-            self.bindings.remove(queue)
-        self.delete_at.pop(queue, None)
-        self._orphans.discard(queue)
-
     def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
         """Bytes, and the answers to every waiting line (tests; the endpoint calls ``keep``, ``serve``)."""
         sends = self.keep(conn, data)
@@ -293,27 +280,8 @@ class MqksGateway(Requests):
         self.waiting_bytes -= len(line)
         self._served.add(conn)
         self.outbox.unstick(conn)  # (an ack may give it room for a notice it waits for)
-        request_id = mqks.request_id_of(line)
         try:
-            if len(line) > self.max_line:
-                raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
-            action = mqks.action_of(line) if len(line) > mqks.BIG_LINE else b""
-            if action == b"publish":  # (its data never decoded whole: mqks_publish.py)
-                req, data = mqks.parse_publish(line)
-                mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)
-                self._publish(conn, session, req, data, line.isascii(), now_us, budget)
-            elif action and action not in (b"consume", b"rebind"):  # (refused before it is parsed)
-                raise ProtocolError(
-                    "line-too-long",
-                    f"a line of {len(line)} bytes: only publish, consume and rebind may pass {mqks.BIG_LINE}",
-                )
-            else:
-                check_bind_line(line, self.limits)
-                self._handle(conn, session, mqks.parse_line(line), now_us, budget)
-        except ProtocolError as exc:
-            self._error(conn, request_id, exc.code, exc.detail)
-        except StoreFull as exc:
-            self._error(conn, request_id, "queue-full", str(exc))
+            self._request(conn, session, line, now_us, budget)
         except StoreError:
             # The whole turn is rolled back by the server: this line and the rest get an error.
             for rest in [line, *session.waiting]:
@@ -352,33 +320,12 @@ class MqksGateway(Requests):
         self.writing = False
         self.outbox.new_turn()
 
-    def _error_line(self, request_id: str, code: str, detail: str) -> bytes:
-        eid = self.error_id()
-        self.errors_total += 1
-        # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
-        # ten of each kind, then every 1000th, carry their error id.
-        warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
-        return mqks.error(request_id, eid)
-
-    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
-        self._reply(conn, self._error_line(request_id, code, detail))
-
     def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
-        """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are
-        charged to it until its peer has them, but for manual-ack deliveries, charged by their take."""
-        charged = kept
-        for send in sends:
-            token: Any = send.token
-            if token is None or token[0] != "manual":
-                charged += len(send.frames[-1])
-        self.outbox.charged(conn)
-        if charged:
-            self.broker.piped(("mqks", conn), charged)
-        return charged
+        """What went to libzmq for ``conn``, charged to it until its peer has it (see Outbox.piped)."""
+        return self.outbox.piped(conn, sends, kept)
 
     def unpiped(self, conn: bytes, size: int) -> None:
-        self.broker.unpiped(("mqks", conn), size)
-        self.outbox.unstick(conn)
+        self.outbox.unpiped(conn, size)
 
     # -- each turn -------------------------------------------------------------------------------------
 

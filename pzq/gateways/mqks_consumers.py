@@ -15,10 +15,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from pzq.broker import Broker, Ref
 from pzq.config import Limits
 from pzq.errors import ProtocolError
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Ref, Send
 from pzq.protocols import mqks
 
 _serials = itertools.count(1)
@@ -48,7 +47,7 @@ class Consumer:
 class Consumers:
     """Every MQKS consumer of the server, by connection and by queue, and their deliveries."""
 
-    def __init__(self, broker: Broker, limits: Limits, window: int):
+    def __init__(self, broker: BrokerSurface, limits: Limits, window: int):
         self.broker = broker
         self.limits = limits
         self.window = window  # unacked deliveries per manual-ack consumer
@@ -285,5 +284,5 @@ class Consumers:
         refs = consumer.unacked.get(msg_id, [])
         if ref in refs:
             refs.remove(ref)
-        self.broker.undeliver(ref)
+        self.broker.undeliver_many((ref,))
         return False

@@ -20,8 +20,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
-from pzq.gateways.contract import ONLY, Budget, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Budget, Send
 from pzq.gateways.mqks_consumers import Consumer
 from pzq.gateways.mqks_lines import Session
 from pzq.protocols import mqks
@@ -38,7 +37,9 @@ class Outbox:
     """Each connection's output, in order: at once with the turn, or held behind a notice. ``wake(conn)``
     is told when a connection has held output that may go (its turn, in the fair queue, sends it)."""
 
-    def __init__(self, broker: Broker, session_of: Callable[[bytes], Session | None], wake: Callable[[bytes], None]):
+    def __init__(
+        self, broker: BrokerSurface, session_of: Callable[[bytes], Session | None], wake: Callable[[bytes], None]
+    ):
         self.broker = broker
         self.session_of = session_of
         self.wake = wake
@@ -156,6 +157,24 @@ class Outbox:
         if not made:  # (charged at the turn's flush: what this turn made counts before)
             return accounts.may_hand(payer, size, inflight)
         return accounts.held(payer, inflight) + made + size <= accounts.share_of(payer)
+
+    def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
+        """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are
+        charged to it until its peer has them, but for manual-ack deliveries, charged by their take."""
+        charged = kept
+        for send in sends:
+            token: Any = send.token
+            if token is None or token[0] != "manual":
+                charged += len(send.frames[-1])
+        self.charged(conn)
+        if charged:
+            self.broker.piped(("mqks", conn), charged)
+        return charged
+
+    def unpiped(self, conn: bytes, size: int) -> None:
+        """``conn``'s peer acknowledged ``size`` of its charges: it may have room again."""
+        self.broker.unpiped(("mqks", conn), size)
+        self.unstick(conn)
 
     def charged(self, conn: bytes) -> None:
         """What was made for ``conn`` this turn is charged now (its flush)."""

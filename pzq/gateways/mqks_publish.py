@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import codecs
 
-from pzq.broker import Broker
 from pzq.config import Limits
 from pzq.errors import ProtocolError, StoreFull
-from pzq.gateways.contract import Budget
+from pzq.gateways.contract import BrokerSurface, Budget
 from pzq.store import Upload
 
 STEP_BYTES = 256 << 10  # copies (or text checked) in one slice of a connection's turn, beyond its first
@@ -32,7 +31,7 @@ class Publish:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         limits: Limits,
         *,
         request_id: str,

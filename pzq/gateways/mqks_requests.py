@@ -1,8 +1,9 @@
 """What each MQKS request does (shared/specs/mqks.md), for the gateway (gateways/mqks.py), which owns the
-connections, whose turn it is and what is sent: publish, consume, rebind, ack and reject, delete_consumer
-and delete_queue. A request that cannot be done in one slice of a turn becomes its connection's ``job``
-(a publish's copies: mqks_publish.py; a change of thousands of events, indexed a slice at a time, and
-the notices of a queue with thousands of consumers: ``Rebound``), answered after its last slice."""
+connections, whose turn it is and what is sent: a line read into its request (or its error answer),
+publish, consume, rebind, ack and reject, delete_consumer and delete_queue, and which queues are in use.
+A request that cannot be done in one slice of a turn becomes its connection's ``job`` (a publish's
+copies: mqks_publish.py; a change of thousands of events, indexed a slice at a time, and the notices of
+a queue with thousands of consumers: ``Rebound``), answered after its last slice."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pzq.broker import Broker
 from pzq.config import Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways import mqks_rights
-from pzq.gateways.contract import ONLY, Budget, Send
-from pzq.gateways.mqks_bindings import BindingIndex, with_added
+from pzq.gateways.contract import ONLY, BrokerSurface, Budget, Send
+from pzq.gateways.mqks_bindings import BindingIndex, check_bind_line, with_added
 from pzq.gateways.mqks_consumers import Consumer, Consumers
 from pzq.gateways.mqks_lines import Session
 from pzq.gateways.mqks_out import UPDATE, Outbox
 from pzq.gateways.mqks_publish import Publish
 from pzq.gateways.peer_rights import PeerRights
+from pzq.logs import warn_bad
 from pzq.protocols import mqks
 from pzq.store.bindings import Binding
 
@@ -71,7 +72,7 @@ class Rebound:
 class Requests:
     """The requests, on the gateway's parts (set by MqksGateway)."""
 
-    broker: Broker
+    broker: BrokerSurface
     limits: Limits
     rights: PeerRights
     bindings: BindingIndex
@@ -83,10 +84,48 @@ class Requests:
     _drop_queue: Callable[[str], int]
     published_total: int
     unrouted_total: int
-    _error: Callable[[bytes, str, str, str], None]
+    max_line: int
+    error_id: Callable[[], str]
+    errors_total: int
 
     def _reply(self, conn: bytes, line: bytes, token: object = None) -> None:
         self.outbox.send(Send(ONLY, [conn, line], token))
+
+    def _error_line(self, request_id: str, code: str, detail: str) -> bytes:
+        eid = self.error_id()
+        self.errors_total += 1
+        # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
+        # ten of each kind, then every 1000th, carry their error id.
+        warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
+        return mqks.error(request_id, eid)
+
+    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
+        self._reply(conn, self._error_line(request_id, code, detail))
+
+    def _request(self, conn: bytes, session: Session, line: bytes, now_us: int, budget: Budget) -> None:
+        """One line's request, done and answered; an error answers what it asks wrongly or past the
+        store's room (a StoreError goes up: the turn is rolled back)."""
+        request_id = mqks.request_id_of(line)
+        try:
+            if len(line) > self.max_line:
+                raise ProtocolError("line-too-long", f"a line of {len(line)} bytes is over {self.max_line}")
+            action = mqks.action_of(line) if len(line) > mqks.BIG_LINE else b""
+            if action == b"publish":  # (its data never decoded whole: mqks_publish.py)
+                req, data = mqks.parse_publish(line)
+                mqks_rights.check(self.rights, self.consumers, self.bindings, conn, req)
+                self._publish(conn, session, req, data, line.isascii(), now_us, budget)
+            elif action and action not in (b"consume", b"rebind"):  # (refused before it is parsed)
+                raise ProtocolError(
+                    "line-too-long",
+                    f"a line of {len(line)} bytes: only publish, consume and rebind may pass {mqks.BIG_LINE}",
+                )
+            else:
+                check_bind_line(line, self.limits)
+                self._handle(conn, session, mqks.parse_line(line), now_us, budget)
+        except ProtocolError as exc:
+            self._error(conn, request_id, exc.code, exc.detail)
+        except StoreFull as exc:
+            self._error(conn, request_id, "queue-full", str(exc))
 
     def _handle(self, conn: bytes, session: Session, req: mqks.Request, now_us: int, budget: Budget) -> None:
         a = req.args
@@ -271,6 +310,18 @@ class Requests:
         log.info("MQKS queue %r deleted with %d message(s)", queue, dropped)
 
     # -- queues unused for their --delete-queue-when-unused seconds ------------------------------------
+
+    def uses_queue(self, queue: str) -> bool:
+        """A queue with a consumer, or bound to an event, is in use (a publish may fill it)."""
+        binding = self.bindings.get(queue)
+        return self.consumers.used(queue) or (binding is not None and bool(binding.events))
+
+    def queue_expired(self, queue: str) -> None:
+        """An unused queue expired: its binding record (no events) goes with it."""
+        if queue in self.bindings:
+            self.bindings.remove(queue)
+        self.delete_at.pop(queue, None)
+        self._orphans.discard(queue)
 
     def _start_unused_clocks(self) -> None:
         self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}

@@ -7,12 +7,11 @@ answer arrives without one). The DEALER hides which consumer got what, so every 
 one holder, ``CONSUMER``, sized by one credit pool (pzq/credit.py), and their bodies are charged to one
 pool of bytes (pzq/gateways/native_pool.py: its epochs are the payers).
 
-Inputs and outputs are runs: ``received_many`` takes every message a socket gave in a turn and stores
-a producer run in one ``produce_many`` call, acknowledging in the order the messages came (a rejected
-message in the middle is answered in its place); a consumer's run of acks is settled by ``ack_many``;
-``dispatch`` hands out one ``take`` of as many as the credit allows. A batched frame (many messages per
-ZeroMQ message, PZQ-BATCH/1: pzq/gateways/native_batches.py) is stored in its place in the run, in one
-``produce_many`` call of its own, and answered in its place. Nothing here touches a socket or reads a clock: ``now`` and
+Inputs and outputs are runs: ``received_many`` takes every message a socket gave in a turn; a producer
+run is stored by gateways/native_produce.py (one ``produce_many`` call, acknowledged in the order the
+messages came; batched frames and big messages there too); a consumer's run of acks is settled by
+``ack_many``; ``dispatch`` hands out one ``take`` of as many as the credit allows. This module is the
+consumers' side and the gateway's face. Nothing here touches a socket or reads a clock: ``now`` and
 ``now_us`` are passed in, and every ``Send`` leaves only after the turn's commit.
 """
 
@@ -21,22 +20,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
-from pzq.broker import Broker, Ref
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.credit import NativeCredit
-from pzq.errors import StoreFull
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Ref, Send
 from pzq.gateways.native_batches import Batches
 from pzq.gateways.native_pool import SendPool
+from pzq.gateways.native_produce import RECEIVE, Producers
 from pzq.logs import warn_bad
 from pzq.protocols import native
-from pzq.protocols.native_batch import MARK, is_batch
-from pzq.store import Upload
 from pzq.store.dedup_keys import DedupKeys
 
 log = logging.getLogger("pzq.server")
 
-RECEIVE = "receive"  # producers: the server's ROUTER
 SEND = "send"  # consumers: the server's DEALER (its sends have no routing frame)
 CONSUMER = "native"  # the holder of every delivery through the send socket: one credit pool
 TAKE_BACK_LOG_S = 10.0  # at most one line this often about deliveries taken back early
@@ -48,7 +43,7 @@ class NativeGateway:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         *,
         queue: str,
         max_message_size: int,
@@ -76,6 +71,7 @@ class NativeGateway:
         self.batches = Batches(
             broker, queue, keys, max_message_size=max_message_size, dedup_window_s=dedup_window_s, limits=limits
         )
+        self.producers = Producers(broker, queue, self.batches, max_message_size=max_message_size)
         # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
         # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
         broker.keep_on_rollback.add(CONSUMER)
@@ -83,11 +79,6 @@ class NativeGateway:
         self._take_back_logged = float("-inf")
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
         self._stalled_at: int | None = None
-        self._owed: list[Send] = []  # answers of a run whose store call failed, for rolled_back
-        # A big message being written a part per turn (received_big), and (routing, message id) of it
-        self._upload: Upload | None = None
-        self._uploader: tuple[bytes, bytes] = (b"", b"")
-        self.big_written = 0  # bytes of its body the last received_big call wrote
         self.dispatched = 0  # deliveries taken back and handed out by the last dispatch call
         self.dispatched_bytes = 0  # bytes of the bodies it handed out (when asked to bound them)
 
@@ -104,113 +95,18 @@ class NativeGateway:
         in that order; consumers' answers need none). Raises StoreError when the store failed: the
         turn is rolled back, and ``rolled_back`` then answers every producer of the run."""
         if socket == RECEIVE:
-            return self._produce(messages, now_us)
+            return self.producers.received(messages, now_us)
         self._answers(messages, now)
         return []
 
-    def _produce(self, messages: Sequence[list[bytes]], now_us: int) -> list[Send]:
-        out: list[Send] = []
-        waiting: list[tuple[bytes, bytes]] = []  # (routing, message id) of the messages not yet stored
-        bodies: list[list[bytes]] = []
-        limit = self.max_message_size
-        at = 0  # the message being looked at
-        try:
-            for at in range(len(messages)):
-                frames = messages[at]
-                if len(frames) > 2 and frames[2] == MARK:  # a batch (or a probe): in its place
-                    self._store(waiting, bodies, out, now_us)
-                    out.append(self.batches.received(frames, now_us))
-                    continue
-                # The usual shape, [routing, id, "", body...], read without a Produce (what parse_produce
-                # would make of it); anything else goes through parse_produce
-                if len(frames) > 3 and frames[2] == b"" and len(frames[1]) <= native.MAX_ID:
-                    body = frames[3:]
-                    if sum(map(len, body)) <= limit:
-                        waiting.append((frames[0], frames[1]))
-                        bodies.append(body)
-                        continue
-                event = native.parse_produce(frames, limit)
-                if event is None:
-                    continue  # (no id frame: there is no one to answer)
-                if isinstance(event, native.Rejected):
-                    self._store(waiting, bodies, out, now_us)  # (acks keep the order of the messages)
-                    warn_bad("producer", event.error.code, event.error.detail)
-                    out.append(Send(RECEIVE, native.refusal(event)))
-                    continue
-                waiting.append((event.routing, event.message_id))
-                bodies.append(event.body)
-            at = len(messages)
-            self._store(waiting, bodies, out, now_us)
-        except Exception:  # noqa: BLE001 - a StoreError, or a bug: the loop rolls the turn back either way
-            # Every producer of the run hears so, in order, those whose messages were not looked at yet
-            # too (they were read off the socket: nobody else will answer them).
-            self._owed = [
-                *out,
-                *(_failed(routing, mid) for routing, mid in waiting),
-                *self._all_failed(messages[at:], limit),
-            ]
-            raise
-        return out
-
-    def _store(
-        self, waiting: list[tuple[bytes, bytes]], bodies: list[list[bytes]], out: list[Send], now_us: int
-    ) -> None:
-        """Store the run read so far in one call and append its acks to ``out``; those past the store
-        limit are answered "queue full"."""
-        if not waiting:
-            return
-        stored = self.broker.produce_many(self.queue, bodies, now_us=now_us)
-        if stored == len(waiting):  # (the usual case: produce_ack's frames for "stored", a call less each)
-            make = Send._make
-            out += [make((RECEIVE, [routing, message_id, b"1", b""], None, False)) for routing, message_id in waiting]
-            waiting.clear()
-            bodies.clear()
-            return
-        for i, (routing, message_id) in enumerate(waiting):
-            error = None if i < stored else native.QUEUE_FULL
-            out.append(Send(RECEIVE, native.produce_ack(routing, message_id, error)))
-        waiting.clear()
-        bodies.clear()
-
     def received_big(self, frames: list[bytes], *, chunk: int, most: int, now_us: int) -> list[Send] | None:
-        """A big message from the receive socket, written a part per call (one call a turn): its body in
-        chunks of ``chunk`` bytes, about ``most`` bytes a call (``big_written`` says how many this call
-        wrote). None while parts remain: call again with the same frames next turn. Its answer once it
-        is stored (in the call of its last part, so the ack follows the commit that stored all of it),
-        or refused. Raises StoreError when the store failed (``rolled_back`` answers it)."""
-        self.big_written = 0
-        upload = self._upload
-        if upload is None:
-            event = native.parse_produce(frames, self.max_message_size)
-            if event is None:
-                return []
-            if isinstance(event, native.Rejected):
-                warn_bad("producer", event.error.code, event.error.detail)
-                return [Send(RECEIVE, native.refusal(event))]
-            self._uploader = (event.routing, event.message_id)
-            try:
-                upload = self.broker.begin_big(event.body, chunk)
-            except StoreFull:
-                return [Send(RECEIVE, native.produce_ack(*self._uploader, native.QUEUE_FULL))]
-            except Exception:  # noqa: BLE001 - a StoreError, or a bug: the loop rolls the turn back either way
-                self._owed = [_failed(*self._uploader)]
-                raise
-            self._upload = upload
-        try:
-            self.big_written = self.broker.write_big(upload, most)
-            if not upload.done:
-                return None
-            self.broker.produce_big(self.queue, upload, now_us=now_us)
-        except StoreFull:
-            self._upload = None
-            self.broker.drop_big(upload)
-            return [Send(RECEIVE, native.produce_ack(*self._uploader, native.QUEUE_FULL))]
-        except Exception:  # noqa: BLE001 - as above
-            self._upload = None
-            self._owed = [_failed(*self._uploader)]
-            raise
-        self._upload = None
-        return [Send(RECEIVE, native.produce_ack(*self._uploader, None))]
+        """A big message from the receive socket, written a part per call (see Producers.received_big)."""
+        return self.producers.received_big(frames, chunk=chunk, most=most, now_us=now_us)
+
+    @property
+    def big_written(self) -> int:
+        """Bytes of its body the last ``received_big`` call wrote."""
+        return self.producers.big_written
 
     def _answers(self, messages: Sequence[list[bytes]], now: float) -> None:
         """Consumers' acks and nacks, settled in order; a run of acks in one ``ack_many``."""
@@ -218,7 +114,7 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
-        deadline_of = self.broker.inflight.deadline_of(CONSUMER)  # (broker.deadline's answer, a call each)
+        deadline_of = self.broker.deadline_of(CONSUMER)  # (deadline's answer, no call through the broker each)
         sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
             if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
@@ -229,9 +125,9 @@ class NativeGateway:
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
                 continue
-            deadline = None if ref in answered else deadline_of(ref)
+            due = None if ref in answered else deadline_of(ref)
             answered.add(ref)
-            sent_at.append((ref, None if deadline is None else deadline - timeout_s))
+            sent_at.append((ref, None if due is None else due - timeout_s))
             if frames[1] == b"1":
                 acks.append(ref)
                 keys.append(key)
@@ -273,7 +169,7 @@ class NativeGateway:
             self._stalled_at != self.broker.readiness
             and self._available(now) > 0
             and self.pool.room() > 0
-            and self.broker.has_ready(self.queue)
+            and self.broker.ready_count(self.queue) > 0
         )
 
     def dispatch(
@@ -345,7 +241,7 @@ class NativeGateway:
     def sendable(self, sends: Sequence[Send]) -> list[Send]:
         """Of deliveries that waited for room in the send socket's pipes (turns of a full socket), those
         still in flight: one that timed out or was taken back meanwhile is not sent."""
-        deadline_of = self.broker.inflight.deadline_of(CONSUMER)
+        deadline_of = self.broker.deadline_of(CONSUMER)
         return [send for send in sends if send.socket != SEND or deadline_of(send.token) is not None]  # type: ignore[arg-type]
 
     def unsent(self, send: Send) -> bool:
@@ -364,25 +260,12 @@ class NativeGateway:
     def rolled_back(self, sends: list[Send]) -> list[Send]:
         """The commit failed: a producer's "stored" becomes "store failure", errors stay, deliveries
         (of a state that is gone) are dropped."""
-        out = []
-        if self._upload is not None:  # (its parts of earlier turns are dropped by the store)
-            self._upload = None
-            self._owed.append(_failed(*self._uploader))
-        for send in [*sends, *self._owed]:
-            if send.socket != RECEIVE:
-                continue
-            if send.token is not None:  # a batch's answer
-                out.append(self.batches.rolled_back(send))
-                continue
-            stored = native.stored_ack(send.frames)
-            out.append(send if stored is None else _failed(*stored))
-        self._owed = []
-        return out
+        return self.producers.rolled_back(sends)
 
     def recover(self) -> None:
         """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
         so does the credit."""
-        self.credit.retain(self._ours)
+        self.credit.retain(self.broker.held_by(CONSUMER))
         self.batches.load()
 
     def next_wake(self, now: float) -> float | None:
@@ -408,27 +291,8 @@ class NativeGateway:
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
         return [], 0  # (as clients: the DEALER's consumers are not told apart)
 
-    def _all_failed(self, messages: Sequence[list[bytes]], limit: int) -> list[Send]:
-        """The answers to producers' messages of a turn that failed before they were stored."""
-        return [send for frames in messages if (send := self._failed_one(frames, limit)) is not None]
-
-    def _failed_one(self, frames: list[bytes], limit: int) -> Send | None:
-        if is_batch(frames):
-            return self.batches.failed(frames)
-        event = native.parse_produce(frames, limit)
-        if isinstance(event, native.Rejected):
-            return Send(RECEIVE, native.refusal(event))
-        return None if event is None else _failed(event.routing, event.message_id)
-
     def _available(self, now: float) -> int:
         return self.credit.available(now, self.broker.held_count(CONSUMER))
-
-    def _ours(self, ref: Ref) -> bool:
-        return self.broker.deadline(ref, CONSUMER) is not None
-
-
-def _failed(routing: bytes, message_id: bytes) -> Send:
-    return Send(RECEIVE, native.produce_ack(routing, message_id, native.STORE_FAILED))
 
 
 ref_of_key = native.key_ref  # (the message a consumer's key names, or None: the codec reads keys)

@@ -18,10 +18,9 @@ import collections
 import hashlib
 from collections.abc import Hashable, Sequence
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
-from pzq.gateways.contract import Send
+from pzq.gateways.contract import BrokerSurface, Send
 from pzq.logs import warn_bad
 from pzq.protocols import native
 from pzq.protocols import native_batch as wire
@@ -130,7 +129,7 @@ class Batches:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         queue: str,
         keys: DedupKeys | None,
         *,

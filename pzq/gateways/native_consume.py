@@ -10,15 +10,8 @@ in messages and in bytes. Consumers with credit are served round-robin, one batc
 ``Limits.consume_max_batch`` each in turn, so a big credit does not starve the others; the endpoint
 draws every batch on the turn's budget.
 
-ROUTER does not report a consumer that left; over tcp:// the socket monitor does (``disconnected``: what
-it held goes back at once). Otherwise a consumer silent for ``Limits.consume_idle_s`` loses its credit,
-and is forgotten once it holds nothing (what it held goes back at its ack timeout, as every delivery).
-At most ``Limits.consume_max_consumers`` are known at once, shared per CURVE key as every pool is
-(``ClientShares``: a key holds at most an eighth of them, and the last eighth is kept for keys that hold
-none; without a key each consumer is its own client). A HELLO past its key's part evicts the least
-recently heard of its own consumers that holds nothing and has no credit; a HELLO past the whole pool
-evicts anyone's such consumer (it costs nothing to forget: its next command is answered "hello-first");
-if there is none, it is refused.
+Who is known, their slots per CURVE key, their connections and their silence are the table's
+(gateways/native_consumers.py); this module serves them: commands in, answers and batches out.
 
 Pure: no sockets, no clock (``now`` and ``now_us`` are handed in). Every answer is sent after the
 turn's commit, so SETTLED means durably settled.
@@ -30,40 +23,16 @@ import bisect
 import collections
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 
-from pzq.broker import Broker, Ref, TakenRun
-from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
+from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError
+from pzq.gateways.contract import BrokerSurface, Columns, Ref
 from pzq.gateways.native import ref_of_key
+from pzq.gateways.native_consumers import HOLDER, Consumer, Consumers
 from pzq.gateways.native_keys import message_keys, refs_of_keys
-from pzq.logs import warn_bad
+from pzq.logs import peer_label, warn_bad
 from pzq.protocols import native_consume as wire
-
-HOLDER = "native-batch"  # the broker holder of a consumer is (HOLDER, its routing id)
-SWEEP_LOOK = 64  # consumers one sweep (or one eviction search) looks at: a bounded share
-
-
-class Consumer:
-    """One consumer: its credit, when it was last heard, its connection and its CURVE key. (What its pipe
-    holds is in the broker's byte account: the bodies of its deliveries, its holder's.)"""
-
-    __slots__ = ("peer", "holder", "credit", "seen", "ringed", "fd", "user", "reader")
-
-    def __init__(self, peer: bytes, now: float, user: str | None = None):
-        self.peer = peer
-        self.holder: Hashable = (HOLDER, peer)
-        self.credit = 0
-        self.seen = now
-        self.ringed = False  # in the gateway's ring of consumers to serve (at most once)
-        self.fd = -1  # the descriptor of its connection, as the socket monitor knows it (-1: not known)
-        self.user = user  # its CURVE key (z85), if the endpoint is a CURVE server
-        self.reader = False  # it showed it reads its DELIVERs (it settled a key of one)
-
-    @property
-    def client(self) -> Hashable:
-        """Whose share of the consumer slots it draws on: its CURVE key, or itself without one."""
-        return self.user if self.user is not None else self.peer
 
 
 @dataclasses.dataclass
@@ -79,23 +48,20 @@ class Out:
 class BatchConsumeGateway:
     """The consumers of the batched endpoint: commands in, answers and batches of deliveries out."""
 
-    def __init__(self, broker: Broker, *, queue: str, ack_timeout_s: float, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, broker: BrokerSurface, *, queue: str, ack_timeout_s: float, limits: Limits = DEFAULT_LIMITS):
         self.broker = broker
         self.queue = queue
         self.ack_timeout_s = ack_timeout_s
         self.ack_timeout_us = round(ack_timeout_s * 1e6)
         self.limits = limits  # consume_* (see pzq/limits.py)
-        self.consumers: dict[bytes, Consumer] = {}  # the least recently heard first
-        self.slots = ClientShares(limits.consume_max_consumers, limits)  # (per CURVE key, see the docstring)
+        self.table = Consumers(broker, limits)  # who is known, their slots and connections
+        self.consumers = self.table.known  # the least recently heard first
         self._ring: collections.deque[Consumer] = collections.deque()  # consumers with credit, in serving order
         self._stalled_at: int | None = None  # the broker's readiness when a take found nothing
-        # Connection descriptor -> the consumer whose commands came over it: kept after a consumer is forgotten
-        # for silence, so that its stale copies (pzq/broker/accounts.py) are released when the connection goes
-        self._fds: dict[int, bytes] = {}
         self.dispatched = 0  # messages handed out by the last dispatch call
         self.dispatched_bytes = 0  # and the bytes of their bodies (they draw on the turn's bytes)
         self.delivered_total = self.batches_total = self.refused_total = 0
-        self.errors_total = self.evicted_total = self.forgotten_total = 0
+        self.errors_total = 0
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -106,59 +72,27 @@ class BatchConsumeGateway:
             command = wire.parse_command(frames, self.limits.consume_max_keys)
         except ProtocolError as exc:
             return [self._error(peer, exc.code, exc.detail)]
-        consumer = self.consumers.get(peer)
-        if consumer is not None:
-            consumer.seen = now
-            self.consumers[peer] = self.consumers.pop(peer)  # (now the most recently heard)
+        consumer = self.table.heard(peer, now)
         if command.name == wire.HELLO:
             return [self._hello(peer, consumer, now, user)]
         if command.name == wire.CREDIT:
             return self._credit(peer, consumer, command.count)
         if command.name == wire.BYE:
-            returned = self.broker.consumer_gone((HOLDER, peer))
-            if consumer is not None:
-                self._forget(consumer, gone=True)
+            returned = self.table.gone(peer)
             return [Out([peer, *wire.bye_reply(returned)], wire.BYE)]
         return [self._settle(peer, consumer, command)]
 
     def _hello(self, peer: bytes, consumer: Consumer | None, now: float, user: str | None) -> Out:
         if consumer is None:
-            consumer = Consumer(peer, now, user)
-            client = consumer.client
-            refusal = self.slots.refusal(client, len(self.consumers))
-            if refusal is not None and not self._evict_one(client):  # (its own idle one makes room)
-                return self._error(peer, "too-many-consumers", f"{refusal}, each holding deliveries or credit")
-            if len(self.consumers) >= self.limits.consume_max_consumers and not self._evict_one():
-                return self._error(
-                    peer,
-                    "too-many-consumers",
-                    f"{len(self.consumers)} consumers are known (at most {self.limits.consume_max_consumers}) and "
-                    "each holds deliveries or credit: try again later",
-                )
-            self.consumers[peer] = consumer
-            self.slots.add(client)
+            admitted = self.table.admit(peer, now, user)
+            if isinstance(admitted, str):
+                return self._error(peer, "too-many-consumers", admitted)
         limits = self.limits
         idle_us = round(limits.consume_idle_s * 1e6)
         reply = wire.hello_reply(
             limits.consume_max_credit, limits.consume_max_batch, limits.consume_max_keys, self.ack_timeout_us, idle_us
         )
         return Out([peer, *reply], wire.HELLO)
-
-    def _evict_one(self, client: Hashable = None) -> bool:
-        """Forget the least recently heard consumer (of ``client``, if given) that holds nothing and has no
-        credit (among the first SWEEP_LOOK looked at); False if there is none."""
-        looked = 0
-        for consumer in list(self.consumers.values()):
-            if client is not None and consumer.client != client:
-                continue
-            if consumer.credit == 0 and self.broker.held_count(consumer.holder) == 0:
-                self._forget(consumer)
-                self.evicted_total += 1
-                return True
-            looked += 1
-            if looked >= SWEEP_LOOK:
-                break
-        return False
 
     def _credit(self, peer: bytes, consumer: Consumer | None, count: int) -> list[Out]:
         if consumer is None:
@@ -263,7 +197,7 @@ class BatchConsumeGateway:
             taken = self.broker.take_columns(
                 self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
             )
-            if not taken.refs and self.broker.has_ready(self.queue):  # (no room in its share: the others' turn)
+            if not taken.refs and self.broker.ready_count(self.queue) > 0:  # (no room in its share: the others' turn)
                 self._ring.append(consumer)
                 skipped += 1
                 continue
@@ -283,10 +217,10 @@ class BatchConsumeGateway:
             out += self._batches(peer, taken, now_us)
         return out
 
-    def _batches(self, peer: bytes, taken: TakenRun, now_us: int) -> list[Out]:
+    def _batches(self, peer: bytes, taken: Columns, now_us: int) -> list[Out]:
         """DELIVER frames for ``taken``, each at most consume_batch_bytes of bodies (or one message): one
         encoding of each DELIVER's keys and bodies, as they came from the store."""
-        refs, enqueued, frames, sizes, ids = taken
+        refs, enqueued, frames, sizes, ids = taken.refs, taken.enqueued, taken.frames, taken.sizes, taken.ids
         total = sum(sizes)
         self.dispatched_bytes += total
         cap = self.limits.consume_batch_bytes
@@ -314,12 +248,7 @@ class BatchConsumeGateway:
         """A DELIVER that could not leave (its consumer is gone): its messages go back to the queue, and
         the consumer is forgotten (with what else it held: nobody is there to ack it)."""
         self.broker.undeliver_many(out.refs)
-        peer = out.frames[0]
-        self.broker.consumer_gone((HOLDER, peer))
-        consumer = self.consumers.get(peer)
-        if consumer is not None:
-            self._forget(consumer, gone=True)
-            self.forgotten_total += 1
+        self.table.gone(out.frames[0], counted=True)
 
     def rolled_back(self, outs: list[Out]) -> list[Out]:
         """The turn's commit failed: its deliveries are dropped (their credit given back), and a
@@ -350,85 +279,42 @@ class BatchConsumeGateway:
         """True if a dispatch may hand something out."""
         return bool(self._ring) and self._stalled_at != self.broker.readiness
 
-    # -- consumers that went silent ---------------------------------------------------------------
+    # -- consumers that went silent or whose connection closed (the table's: native_consumers.py) ---------
 
     def sweep(self, now: float) -> None:
-        """Consumers silent for consume_idle_s lose their credit; those that hold nothing are forgotten
-        (a bounded share a call: the least recently heard first)."""
-        idle = self.limits.consume_idle_s
-        for _ in range(min(SWEEP_LOOK, len(self.consumers))):
-            consumer = next(iter(self.consumers.values()))
-            if now - consumer.seen < idle:
-                return
-            consumer.credit = 0
-            if self.broker.held_count(consumer.holder) == 0:
-                self._forget(consumer, gone=False)
-                self.forgotten_total += 1
-            else:  # (it holds deliveries: its ack timeouts bring them back; looked at again later)
-                consumer.seen = now
-                self.consumers[consumer.peer] = self.consumers.pop(consumer.peer)
+        """Consumers silent for consume_idle_s lose their credit; those that hold nothing are forgotten."""
+        self.table.sweep(now)
 
     def next_sweep(self) -> float | None:
         """When the least recently heard consumer becomes idle."""
-        if not self.consumers:
-            return None
-        return next(iter(self.consumers.values())).seen + self.limits.consume_idle_s
-
-    # -- consumers whose connection closed (tcp://: the socket monitor says so) ------------------------
+        return self.table.next_sweep()
 
     def known_connections(self, came: Sequence[tuple[bytes, int, str | None]]) -> bool:
-        """True if each (consumer, descriptor, CURVE key) came over the connection already mapped to its
-        consumer, or from a consumer not known (``connection`` would change nothing for any of them)."""
-        consumers = self.consumers
-        for peer, fd, _ in came:
-            consumer = consumers.get(peer)
-            if consumer is not None and consumer.fd != fd and fd >= 0:
-                return False
-        return True
+        """True if ``connection`` would change nothing for any of these (consumer, descriptor, CURVE key)."""
+        return self.table.known_connections(came)
 
     def connection(self, peer: bytes, fd: int, user: str | None = None) -> None:
-        """Commands of ``peer`` came over the open connection of descriptor ``fd`` (with CURVE key ``user``)."""
-        consumer = self.consumers.get(peer)
-        if consumer is None:
-            return
-        if fd < 0 or consumer.fd == fd:
-            return
-        self._fds[fd] = peer
-        consumer.fd = fd
+        """Commands of ``peer`` came over the open connection of descriptor ``fd``."""
+        self.table.connection(peer, fd, user)
 
     def disconnected(self, fd: int) -> None:
-        """The connection of descriptor ``fd`` closed: its consumer is gone, and what it held goes back to
-        the queue at once (not at its ack timeouts)."""
-        peer = self._fds.pop(fd, None)
-        if peer is None:
-            return
-        self.broker.consumer_gone((HOLDER, peer))
-        consumer = self.consumers.get(peer)
-        if consumer is not None:
-            self._forget(consumer, gone=True)
-            self.forgotten_total += 1
+        """The connection of descriptor ``fd`` closed: what its consumer held goes back at once."""
+        self.table.disconnected(fd)
 
     def revoke(self, users: set[str]) -> int:
-        """These CURVE keys were revoked: their consumers are forgotten (no more deliveries to them) and
-        what they held goes back to the queue; returns how many consumers."""
-        gone = [c for c in self.consumers.values() if c.user is not None and c.user in users]
-        for consumer in gone:
-            self.broker.consumer_gone(consumer.holder)
-            self._forget(consumer, gone=True)
-        return len(gone)
+        """These CURVE keys were revoked: their consumers are forgotten; returns how many."""
+        return self.table.revoke(users)
 
-    def _forget(self, consumer: Consumer, *, gone: bool = False) -> None:
-        """Forget ``consumer``; ``gone``: its connection closed (or it said BYE, or was revoked), and
-        ``Broker.consumer_gone`` released what it held. Forgotten for silence or to make room, it holds
-        nothing in flight, but copies of deliveries that timed out may still sit in its pipe: they stay
-        charged to it until its connection closes (over ipc://, where no connection is known, now)."""
-        if gone and self._fds.get(consumer.fd) == consumer.peer:
-            del self._fds[consumer.fd]
-        elif not gone and consumer.fd < 0:
-            self.broker.payer_gone(consumer.holder)
-        if self.consumers.pop(consumer.peer, None) is consumer:
-            self.slots.add(consumer.client, -1)
-        consumer.credit = 0  # (its ring entry is skipped, then dropped)
+    def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """Its consumers (all of one queue: ZeroMQ names no peer's address) and what each holds."""
+        if queue != self.queue:
+            return [], 0
+        held = self.broker.held_count
+        rows = [
+            {"protocol": "native", "client": peer_label(c.peer), "held": held(c.holder)}
+            for c in itertools.islice(self.consumers.values(), limit)
+        ]
+        return rows, len(self.consumers)
 
     def stats(self) -> dict:
         """The monitor's figures of the batched consumers."""
@@ -439,8 +325,8 @@ class BatchConsumeGateway:
             "frames_total": self.batches_total,
             "refused_keys_total": self.refused_total,
             "errors_total": self.errors_total,
-            "evicted_total": self.evicted_total,
-            "forgotten_total": self.forgotten_total,
-            "slot_holders": len(self.slots.held),
-            "refused_slots_total": self.slots.refused_total,
+            "evicted_total": self.table.evicted_total,
+            "forgotten_total": self.table.forgotten_total,
+            "slot_holders": len(self.table.slots.held),
+            "refused_slots_total": self.table.slots.refused_total,
         }

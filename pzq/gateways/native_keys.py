@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import msgpack
 
-from pzq.broker import Ref
+from pzq.gateways.contract import Ref
 from pzq.gateways.native import ref_of_key
 from pzq.protocols import native_consume as wire
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import NamedTuple
 
-from pzq.broker import Broker
+from pzq.gateways.contract import BrokerSurface
 
 POOL = "native-pool"  # an epoch's payer is (POOL, its number)
 IDLE_AFTER_S = 0.1  # a stream seen idle this long after a checkpoint had nothing of before it left in its pipe
@@ -65,7 +65,7 @@ class SendPool:
     """The epochs of the send socket's pool: whose payer a run is charged to, how much room is left,
     when to close the current epoch and which closed ones have passed (their payers ended here)."""
 
-    def __init__(self, broker: Broker, share: int, pipe_messages: int, *, check_s: float, unwatched_s: float):
+    def __init__(self, broker: BrokerSurface, share: int, pipe_messages: int, *, check_s: float, unwatched_s: float):
         """``pipe_messages``: deliveries one connection may hold in pzq (SNDHWM, and the encoder's one)."""
         self.broker = broker
         self.share = share

@@ -48,10 +48,9 @@ import collections
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreFull
-from pzq.gateways.contract import Budget, Send
+from pzq.gateways.contract import BrokerSurface, Budget, Send
 from pzq.store import Upload
 
 Act = Callable[[int], list[Send]]  # a request kept behind a big message: run with the turn's now_us
@@ -80,7 +79,7 @@ class _Job:
 class Parted:
     """Big messages of one gateway's clients, written a part per turn, and what waits behind them."""
 
-    def __init__(self, broker: Broker, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, broker: BrokerSurface, limits: Limits = DEFAULT_LIMITS):
         self.broker = broker
         self.chunk = limits.body_chunk_bytes
         self.most = limits.pipe_in_bytes  # bodies held in all (a door that cannot refuse stops reading)

@@ -23,10 +23,9 @@ import functools
 import itertools
 import logging
 
-from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
-from pzq.gateways.contract import ONLY, Send
+from pzq.gateways.contract import ONLY, BrokerSurface, Send
 from pzq.gateways.parted import Big, Parted
 from pzq.gateways.peer_rights import PeerRights
 from pzq.logs import warn_bad
@@ -60,7 +59,7 @@ class PhpmqGateway:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerSurface,
         *,
         max_content: int,
         dialect: str = "auto",
@@ -144,7 +143,7 @@ class PhpmqGateway:
 
     def unsent(self, send: Send) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
-        self.broker.undeliver(send.token)  # type: ignore[arg-type]  # (dispatch's tokens are refs)
+        self.broker.undeliver_many((send.token,))  # type: ignore[arg-type]  # (dispatch's tokens are refs)
         return False
 
     def rolled_back(self, sends: list[Send]) -> list[Send]:
@@ -282,7 +281,7 @@ class PhpmqGateway:
                 continue
             held = self.broker.held_count(session.consumer)
             credit = min(session.count - held, left)
-            if credit <= 0 or not self.broker.has_ready(session.queue):
+            if credit <= 0 or self.broker.ready_count(session.queue) <= 0:
                 continue
             taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us, max_bytes=room)
             if taken:  # (a queue it got messages of; named at a CONSUME, a million names would be kept)
