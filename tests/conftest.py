@@ -394,6 +394,10 @@ SLOW_TESTS = {
     "test_console.py::test_the_console_serves_while_pzq_is_not_there_yet_and_ends_with_status_0_on_sigterm",
     "test_console.py::test_with_curve_the_console_reads_pzq_with_its_own_key_from_a_file_or_stdin_and_a_strangers_reads_nothing",
     "test_console.py::test_the_console_takes_its_endpoints_and_host_names_from_the_servers_config_file",
+    "test_curve.py::test_with_curve_the_web_console_starts_only_when_named_unauthenticated",
+    "test_bench_batched.py::test_batched_and_legacy_clients_run_side_by_side_and_lose_nothing",  # (the bench's
+    "test_bench_batched.py::test_batched_alone_runs_no_legacy_phase_and_no_ceiling",  # own server process)
+    "test_bench_batched.py::test_a_batched_producer_against_a_server_without_batches_reports_it_instead_of_waiting",
 }
 # Run by pytest-xdist (scripts/test: -n 2 --dist loadgroup), the tests of one group go to one worker:
 # a module whose expensive module fixture (a Spark session and its JVM, a Spark cluster, the power-cut
