@@ -376,14 +376,53 @@ SLOW_MODULES = {
     "test_damaged_store",
     "test_durability",
 }
-SLOW_FIXTURES = {"process_server", "emqp_server", "api_server", "spark"}
+# `pzq console` is a server of its own (a web stack in a subprocess): its tests are the slow tier's too.
+SLOW_FIXTURES = {"process_server", "emqp_server", "api_server", "spark", "console", "operator"}
+# Tests of a fast module that start a server process themselves (`pzq serve`, `pzq console`).
+SLOW_TESTS = {
+    "test_console_process.py::test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_whose_page_answers",
+    "test_console_process.py::test_a_killed_console_is_started_again_and_its_end_logged",
+    "test_console_process.py::test_sigterm_to_serve_stops_the_console_first",
+    "test_console_process.py::test_a_sigkilled_serve_takes_its_console_with_it",
+    "test_console_process.py::test_a_console_port_already_taken_is_retried_with_a_growing_wait_while_producers_are_served",
+    "test_console_process.py::test_with_curve_the_console_reaches_pzq_with_its_own_key_which_proc_never_shows",
+    "test_console_process.py::test_a_sighup_reaches_the_console_whose_key_stays_allowed_after_the_clients_directory_is_reread",
+    "test_cli.py::test_json_logs_are_one_object_per_line",
+    "test_local_files.py::test_the_default_monitor_socket_lives_in_the_private_store_directory",
+    "test_console.py::test_the_console_stops_with_status_0_when_its_stdin_pipe_ends_as_when_pzq_serve_is_killed",
+    "test_console.py::test_a_port_in_use_is_one_clear_line_and_a_non_zero_exit",
+    "test_console.py::test_the_console_serves_while_pzq_is_not_there_yet_and_ends_with_status_0_on_sigterm",
+    "test_console.py::test_with_curve_the_console_reads_pzq_with_its_own_key_from_a_file_or_stdin_and_a_strangers_reads_nothing",
+    "test_console.py::test_the_console_takes_its_endpoints_and_host_names_from_the_servers_config_file",
+    "test_curve.py::test_with_curve_the_web_console_starts_only_when_named_unauthenticated",
+    "test_bench_batched.py::test_batched_and_legacy_clients_run_side_by_side_and_lose_nothing",  # (the bench's
+    "test_bench_batched.py::test_batched_alone_runs_no_legacy_phase_and_no_ceiling",  # own server process)
+    "test_bench_batched.py::test_a_batched_producer_against_a_server_without_batches_reports_it_instead_of_waiting",
+}
+# Run by pytest-xdist (scripts/test: -n 2 --dist loadgroup), the tests of one group go to one worker:
+# a module whose expensive module fixture (a Spark session and its JVM, a Spark cluster, the power-cut
+# shim built with cc) is made once, not once per worker; and the tests that bind pzq's default TCP ports
+# (a `serve` with its defaults), which two workers would otherwise bind at once.
+SHARED_MODULES = {"test_spark", "test_spark_cluster", "test_power_cut", "test_native_batch_powercut"}
+DEFAULT_PORTS = {
+    "test_cli.py::test_json_logs_are_one_object_per_line",
+    "test_cli.py::test_an_endpoint_in_use_is_reported_without_a_traceback",
+    "test_curve.py::test_with_curve_the_default_raw_tcp_gateways_stop_the_server_with_one_line",
+    "test_local_files.py::test_the_default_monitor_socket_lives_in_the_private_store_directory",
+}
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
-        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        test = f"{module}.py::{item.originalname}" if isinstance(item, pytest.Function) else ""
+        if module in SLOW_MODULES or test in SLOW_TESTS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if module in SHARED_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
+        elif test in DEFAULT_PORTS:
+            item.add_marker(pytest.mark.xdist_group("default-ports"))
 
 
 # -- the session always ends (tests/session_guard.py) ---------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 import sys
 from pathlib import Path
@@ -60,6 +61,7 @@ def module_path(package: Path, file: Path) -> str:
     return "/".join(parts)
 
 
+@functools.cache  # (read once a run, not by each of four tests: 6-8 s each on a busy machine)
 def read_imports(package: Path) -> list[Import]:
     """Every import of every module under ``package`` (a directory named pzq), in file order."""
     modules = {module_path(package, f): f for f in sorted(package.rglob("*.py"))}

@@ -28,7 +28,7 @@ from pzq.server.console_child import ConsoleChild
 
 from conftest import ProcessServer, free_tcp_endpoint, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)  # (a SCHED_IDLE console on a busy machine: minutes, not seconds)
 STAND_IN = str(Path(__file__).with_name("console_stand_in.py"))
 MODES = ["pzq console", "stand-in"]
 STARTED = re.compile(r"web console at (\S+): child pid (\d+)")
@@ -87,10 +87,10 @@ def test_serve_with_an_http_dsn_starts_the_console_as_a_lower_priority_child_who
     srv, url = console_server(tmp_path, mode, "--log-format", "json")
     srv.start()
     try:
-        pid = wait_until(lambda: children(srv), timeout_s=10)[0]
+        pid = wait_until(lambda: children(srv), timeout_s=30)[0]
         assert parent_of(pid) == srv.proc.pid
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # (only CPU time that nothing else wants)
-        assert wait_until(lambda: page(url), timeout_s=20) == 200
+        assert wait_until(lambda: page(url), timeout_s=60) == 200
         assert f"web console at {url}/: child pid {pid}" in srv.log.read_text()
         if mode == "pzq console":  # (it logs as the server was told to, though no flag of its says so)
             lines = [json.loads(line) for line in srv.log.read_text().splitlines() if line.startswith("{")]
@@ -104,14 +104,14 @@ def test_a_killed_console_is_started_again_and_its_end_logged(tmp_path, mode):
     srv, url = console_server(tmp_path, mode)
     srv.start()
     try:
-        first = wait_until(lambda: children(srv), timeout_s=10)[0]
-        wait_until(lambda: page(url), timeout_s=20)
+        first = wait_until(lambda: children(srv), timeout_s=30)[0]
+        wait_until(lambda: page(url), timeout_s=60)
         os.kill(first, signal.SIGKILL)
-        pids = wait_until(lambda: children(srv)[1:], timeout_s=10)
+        pids = wait_until(lambda: children(srv)[1:], timeout_s=30)
         assert pids[0] != first
         log = srv.log.read_text()
         assert re.search(rf"child pid {first} was killed by SIGKILL after [\d.]+ s.*started again in 1 s", log), log
-        assert wait_until(lambda: page(url), timeout_s=20) == 200
+        assert wait_until(lambda: page(url), timeout_s=60) == 200
         assert srv.stats()["messages"] == 0  # (the server itself never noticed anything)
     finally:
         srv.stop(signal.SIGKILL)
@@ -121,8 +121,8 @@ def test_a_killed_console_is_started_again_and_its_end_logged(tmp_path, mode):
 def test_sigterm_to_serve_stops_the_console_first(tmp_path, mode):
     srv, url = console_server(tmp_path, mode)
     srv.start()
-    pid = wait_until(lambda: children(srv), timeout_s=10)[0]
-    wait_until(lambda: page(url), timeout_s=20)
+    pid = wait_until(lambda: children(srv), timeout_s=30)[0]
+    wait_until(lambda: page(url), timeout_s=60)
     assert srv.stop(signal.SIGTERM) == 0
     assert gone(pid)
     # (stopped by the SIGTERM, not the SIGKILL 5 s later: the console exits 0, or re-raises the signal)
@@ -136,11 +136,11 @@ def test_sigterm_to_serve_stops_the_console_first(tmp_path, mode):
 def test_a_sigkilled_serve_takes_its_console_with_it(tmp_path, mode):
     srv, url = console_server(tmp_path, mode)
     srv.start()
-    pid = wait_until(lambda: children(srv), timeout_s=10)[0]
-    wait_until(lambda: page(url), timeout_s=20)
+    pid = wait_until(lambda: children(srv), timeout_s=30)[0]
+    wait_until(lambda: page(url), timeout_s=60)
     srv.stop(signal.SIGKILL)  # (no stop of its own: the pipe's EOF and PR_SET_PDEATHSIG are what is left)
-    wait_until(lambda: gone(pid), timeout_s=5)
-    wait_until(lambda: page(url) is None, timeout_s=5)
+    wait_until(lambda: gone(pid), timeout_s=30)
+    wait_until(lambda: page(url) is None, timeout_s=30)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -151,13 +151,13 @@ def test_a_console_port_already_taken_is_retried_with_a_growing_wait_while_produ
     srv, url = console_server(tmp_path, mode, port=squatter.getsockname()[1])
     srv.start()
     try:
-        wait_until(lambda: "started again in 2 s" in srv.log.read_text(), timeout_s=20)
+        wait_until(lambda: "started again in 2 s" in srv.log.read_text(), timeout_s=60)
         log = srv.log.read_text()
         assert re.search(r"child pid \d+ exited with status [1-9]\d* after [\d.]+ s.*started again in 1 s", log), log
         with client.Producer(srv.receive, timeout_ms=5000) as producer:
             assert producer.produce([b"served all along"]).ok
         squatter.close()  # the port comes free: the next start takes it
-        assert wait_until(lambda: page(url), timeout_s=30) is not None
+        assert wait_until(lambda: page(url), timeout_s=60) is not None
         assert srv.stats()["messages"] == 1
     finally:
         squatter.close()
@@ -180,7 +180,7 @@ def start_keyed(srv: ProcessServer, keys: Path) -> None:
     alice = (str(keys / "alice" / "alice.key_secret"), str(keys / "server" / "server.key"))
     with open(srv.log, "ab") as out:
         srv.proc = subprocess.Popen(srv.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_until(lambda: srv.proc.poll() is not None or client.monitor_request(srv.monitor, curve=alice), timeout_s=20)
+    wait_until(lambda: srv.proc.poll() is not None or client.monitor_request(srv.monitor, curve=alice), timeout_s=60)
     assert srv.proc.poll() is None, srv.log.read_text()
 
 
@@ -190,13 +190,13 @@ def test_with_curve_the_console_reaches_pzq_with_its_own_key_which_proc_never_sh
     srv, url = console_server(tmp_path, mode, *curve, "--unauthenticated", "console")
     start_keyed(srv, keys)
     try:
-        pid = wait_until(lambda: children(srv), timeout_s=10)[0]
-        assert wait_until(lambda: page(url) == 200, timeout_s=20)
+        pid = wait_until(lambda: children(srv), timeout_s=30)[0]
+        assert wait_until(lambda: page(url) == 200, timeout_s=60)
         if mode == "stand-in":  # (its page is STATS as pzq answered it to the console's key)
             with urllib.request.urlopen(url + "/", timeout=5) as answer:
                 assert b'"messages"' in answer.read()
         else:  # (the overview's figures come from STATS, "-" until pzq has answered one)
-            assert wait_until(lambda: overview(url)["figures"]["messages"] == "0", timeout_s=20)
+            assert wait_until(lambda: overview(url)["figures"]["messages"] == "0", timeout_s=60)
             assert not overview(url)["snapshot"]["error"]
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
@@ -255,10 +255,10 @@ def test_a_sighup_reaches_the_console_whose_key_stays_allowed_after_the_clients_
     srv.argv += ["--http-auth-file", str(secret)]
     start_keyed(srv, keys)
     try:
-        pid = wait_until(lambda: children(srv), timeout_s=10)[0]
-        assert wait_until(lambda: page(url) == 200, timeout_s=20)
+        pid = wait_until(lambda: children(srv), timeout_s=30)[0]
+        assert wait_until(lambda: page(url) == 200, timeout_s=60)
         srv.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: "pzq console (stand-in): SIGHUP" in srv.log.read_text(), timeout_s=10)
+        wait_until(lambda: "pzq console (stand-in): SIGHUP" in srv.log.read_text(), timeout_s=30)
         log = srv.log.read_text()
         assert (
             f"SIGHUP: passed on to the web console (pid {pid})" in log and "CURVE client keys re-read: 1 allowed" in log
@@ -305,7 +305,7 @@ def test_a_console_that_ignores_sigterm_is_killed_when_its_wait_is_over(tmp_path
     child.start()
     proc = child.proc
     assert proc is not None
-    wait_until(ready.exists, timeout_s=10)  # (its SIGTERM is ignored from here on)
+    wait_until(ready.exists, timeout_s=30)  # (its SIGTERM is ignored from here on)
     child.stop()
     assert proc.returncode == -signal.SIGKILL
     assert f"child pid {proc.pid} still running 0.5 s after SIGTERM: killed" in caplog.text

@@ -176,7 +176,7 @@ def test_produce_answered_by_something_else_prints_one_line(tmp_path, answer):
     endpoint = f"ipc://{tmp_path}/receive"
     fake = FakeServer(zmq.ROUTER, endpoint, lambda frames: [[frames[0], *answer]])
     try:
-        one_clear_line(pzq("produce", "--receive-dsn", endpoint, "hello"))
+        one_clear_line(pzq("produce", "--receive-dsn", endpoint, "--timeout", "2s", "hello"))  # (not its 10 s)
     finally:
         fake.close()
 
