@@ -88,7 +88,7 @@ def main() -> None:
     def consume() -> None:
         with client.Consumer(cfg.send_dsn) as consumer:
             while not stop.is_set():
-                delivery = consumer.receive(100)
+                delivery = consumer.receive(timeout_s=0.1)
                 if delivery is not None:
                     consumer.ack(delivery)
 

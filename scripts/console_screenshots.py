@@ -124,7 +124,7 @@ def traffic(ends: dict[str, str], stopping: threading.Event, phpmq_port: int) ->
         assert all(r.ok for r in producer.produce_many([b'{"job": "resize", "image": %d}' % i] for i in range(3)))
     with client.Consumer(ends["send"]) as consumer:
         for _ in range(3):
-            consumer.receive(5000)
+            consumer.receive(timeout_s=5)
         deadline = time.monotonic() + 30
         while client.stats(ends["monitor"])["queues"]["default"]["dead_letters"] < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -144,7 +144,9 @@ def traffic(ends: dict[str, str], stopping: threading.Event, phpmq_port: int) ->
                         body = b'{"to": "user%d@example.org"}' % n
                         php[i + 1].sendall(phpmq.encode(phpmq.SEND, [(phpmq.QUEUE, queue), (phpmq.CONTENT, body)]))
                 n += batch
-                while (delivery := consumer.receive(5)) is not None:  # (all that came, each acked in time)
+                while (
+                    delivery := consumer.receive(timeout_s=0.005)
+                ) is not None:  # (all that came, each acked in time)
                     consumer.ack(delivery)
                 time.sleep(max(0.0, 0.1 - (time.monotonic() - started - elapsed)))
     finally:

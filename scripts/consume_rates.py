@@ -34,7 +34,7 @@ def drain_legacy(srv: PzqServer, count: int) -> float:
     with client.Consumer(srv.send) as consumer:
         start, got = time.perf_counter(), 0
         while got < count:
-            delivery = consumer.receive(10_000)
+            delivery = consumer.receive(timeout_s=10)
             if delivery is None:
                 raise SystemExit(f"legacy consumer: nothing within 10 s after {got}")
             consumer.ack(delivery)
@@ -50,7 +50,7 @@ def drain_batched(srv: PzqServer, count: int, batch: int) -> float:
     with client.BatchConsumer(srv.consume) as consumer:
         start, got = time.perf_counter(), 0
         while got < count:
-            messages = consumer.receive(min(batch, count - got), 10_000)
+            messages = consumer.receive(min(batch, count - got), timeout_s=10)
             if not messages:
                 raise SystemExit(f"batched consumer: nothing within 10 s after {got}")
             consumer.ack([key for key, _ in messages])

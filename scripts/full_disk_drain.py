@@ -29,7 +29,7 @@ def consume(srv: PzqServer, until) -> int:
     with client.Consumer(srv.send) as consumer:
         while not until():
             for _ in range(100):
-                delivery = consumer.receive(200)
+                delivery = consumer.receive(timeout_s=0.2)
                 if delivery is None:
                     break
                 consumer.ack(delivery)

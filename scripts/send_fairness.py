@@ -36,7 +36,7 @@ def honest(endpoint: str, work_s: float, acked, stop) -> None:
     """Works ``work_s`` on each delivery and acks it, counting its acks in ``acked``, until ``stop``."""
     with client.Consumer(endpoint) as consumer:
         while not stop.is_set():
-            delivery = consumer.receive(100)
+            delivery = consumer.receive(timeout_s=0.1)
             if delivery is not None:
                 if work_s:
                     time.sleep(work_s)  # (its work on the message: bound by its own work, not the CPU)
@@ -53,7 +53,7 @@ def late(endpoint: str, delay: float, got, stop) -> None:
             now = time.monotonic()
             while held and held[0][0] <= now:
                 consumer.ack(held.popleft()[1])
-            delivery = consumer.receive(10)
+            delivery = consumer.receive(timeout_s=0.01)
             if delivery is not None:
                 held.append((time.monotonic() + delay, delivery))
                 with got.get_lock():

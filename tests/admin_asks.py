@@ -10,7 +10,7 @@ from pzq.clients.admin import AdminRefused, admin_request
 
 def ask(srv, *words: str, body: bytes | None = None):
     """The JSON answer to one admin request (AdminRefused for an ``error:`` line)."""
-    return admin_request(srv.monitor, words, body, timeout_ms=10_000)
+    return admin_request(srv.monitor, words, body, timeout_s=10)
 
 
 def refusal(srv, *words: str, body: bytes | None = None) -> str:

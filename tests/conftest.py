@@ -188,7 +188,7 @@ class ProcessServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
-                client.monitor_request(self.monitor, timeout_ms=200)
+                client.monitor_request(self.monitor, timeout_s=0.2)
                 return self
             except client.ClientError:
                 continue

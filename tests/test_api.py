@@ -115,13 +115,13 @@ def test_native_consumers_do_not_get_leased_messages_but_get_the_rest(api, socke
     api.lease("default", "g", 0, 3)
     consumer = client.Consumer(api.endpoint.replace("/api", "/send"))
     try:
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None and delivery.body == [b"m3"]
         consumer.ack(delivery)
         # A barrier, not a quiet wait: a message produced now reaches this (only) consumer through the
         # same ordered pipe as anything the server meant to hand it before.
         api.produce([("default", b"marker")])
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None and delivery.body == [b"marker"], "a leased message went to a consumer"
     finally:
         consumer.close()
@@ -176,7 +176,7 @@ def test_leases_and_acks_survive_sigkill_and_stay_away_from_native_consumers(pro
         consumer = client.Consumer(srv.send)
         try:
             got = []
-            while (delivery := consumer.receive(1000)) is not None:
+            while (delivery := consumer.receive(timeout_s=1)) is not None:
                 got.append(delivery.body[0])
                 consumer.ack(delivery)
             assert got == [b"m6", b"m7", b"m8", b"m9"]

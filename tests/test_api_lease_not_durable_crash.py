@@ -38,7 +38,7 @@ def test_leases_answered_without_a_commit_and_lost_to_a_sigkill_are_leased_again
     consumer = client.Consumer(srv.send)
     try:
         got = []
-        while (delivery := consumer.receive(1000)) is not None:
+        while (delivery := consumer.receive(timeout_s=1)) is not None:
             got.append(delivery.body[0])
             consumer.ack(delivery)
         assert got == [b"m8", b"m9"]  # (the leased ones stay the group's: none twice, none lost)

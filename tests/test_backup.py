@@ -139,7 +139,7 @@ def test_a_backup_taken_under_load_restores_every_acked_message_and_none_settled
     settled_before: set[bytes] = set()
     with client.BatchConsumer(srv.consume) as consumer:
         while len(settled_before) < 2000:
-            batch = consumer.receive(100, timeout_ms=5000)
+            batch = consumer.receive(100, timeout_s=5)
             assert batch, "no delivery within 5 s"
             assert not consumer.ack([key for key, _ in batch]).refused
             settled_before.update(body[0] for _, body in batch)
@@ -166,7 +166,7 @@ def test_a_backup_taken_under_load_restores_every_acked_message_and_none_settled
         try:
             with client.BatchConsumer(srv.consume) as c:
                 while not stop.is_set():
-                    batch = c.receive(50, timeout_ms=5000)
+                    batch = c.receive(50, timeout_s=5)
                     now = time.monotonic()
                     settle_sent_at.update((body[0], now) for _, body in batch)
                     c.ack([key for key, _ in batch])
@@ -202,7 +202,7 @@ def test_a_backup_taken_under_load_restores_every_acked_message_and_none_settled
         found: set[bytes] = set()
         with client.BatchConsumer(second.consume) as consumer:
             while len(found) < expected:
-                batch = consumer.receive(500, timeout_ms=5000)
+                batch = consumer.receive(500, timeout_s=5)
                 assert batch, f"{len(found)} of {expected} messages delivered, then nothing for 5 s"
                 found.update(body[0] for _, body in batch)
                 consumer.ack([key for key, _ in batch])
@@ -305,7 +305,7 @@ def test_a_backup_through_a_read_only_view_of_a_store_a_server_writes_is_refused
         pytest.skip("needs root to bind-mount a read-only view")
     subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
     srv = make_server()  # (its store is tmp_path / "db")
-    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+    with client.Producer(srv.receive, timeout_s=10) as producer:
         assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
     assert _read_only_view(tmp_path / "db", tmp_path / "ro")
     try:
@@ -351,7 +351,7 @@ def test_restore_from_the_store_of_a_running_server_is_refused_as_a_torn_copy_wo
     # `pzq restore /var/lib/pzq --database elsewhere` copies data.mdb byte by byte: under a writing server
     # that is the torn file `pzq backup` exists to avoid.
     srv = make_server()  # (its store is tmp_path / "db")
-    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+    with client.Producer(srv.receive, timeout_s=10) as producer:
         assert all(r.ok for r in producer.send_many([[b"live-%d" % i] for i in range(10)]))
     refused = _pzq("restore", str(tmp_path / "db"), "--database", str(tmp_path / "copy"))
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
@@ -478,7 +478,7 @@ def test_a_check_through_a_read_only_view_of_a_store_a_server_writes_is_refused(
         pytest.skip("needs root to bind-mount a read-only view")
     subprocess.run(["umount", str(tmp_path / "probe")], timeout=30, check=True)
     srv = make_server()
-    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+    with client.Producer(srv.receive, timeout_s=10) as producer:
         assert all(r.ok for r in producer.send_many([[b"kept-%d" % i] for i in range(10)]))
     assert _read_only_view(tmp_path / "db", tmp_path / "ro")
     try:

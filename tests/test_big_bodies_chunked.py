@@ -173,7 +173,7 @@ def test_a_big_message_is_written_over_turns_no_commit_carrying_more_than_the_tu
         with client.Consumer(server.config.send_dsn, ctx=zmq.Context.instance()) as consumer:
             for _ in range(60):
                 server._turn(0)
-                delivery = consumer.receive(timeout_ms=0)
+                delivery = consumer.receive(timeout_s=0)
                 if delivery is not None and delivery.body == [body]:
                     break
             else:
@@ -304,7 +304,7 @@ def test_big_bodies_are_handed_out_one_a_turn_as_their_reading_draws_on_the_turn
             for _ in range(30):
                 server._turn(100)
                 turn = []
-                while (delivery := consumer.receive(timeout_ms=50 if not turn else 0)) is not None:
+                while (delivery := consumer.receive(timeout_s=0.05 if not turn else 0)) is not None:
                     turn.append(delivery.body[0])  # (unacked: the credit would let all four go at once)
                 per_turn.append(len(turn))
                 got += turn

@@ -80,7 +80,7 @@ def test_dead_letters_delete_one_then_all(make_server):
         assert all(r.ok for r in producer.produce_many([b"dead %d" % i] for i in range(3)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(3):
-            assert consumer.receive(5000) is not None
+            assert consumer.receive(timeout_s=5) is not None
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == 3, timeout_s=15)
     peeked = run(srv, "queue", "peek", "default", "--dead")
     letters = [json.loads(line) for line in peeked.stdout.splitlines()]

@@ -103,7 +103,7 @@ def test_each_page_has_a_json_twin_with_the_figures_the_page_shows(console):
         assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(10)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(4):
-            consumer.ack(consumer.receive(5000))
+            consumer.ack(consumer.receive(timeout_s=5))
     browser = Browser(process.url)
 
     def settled() -> dict | None:

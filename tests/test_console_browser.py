@@ -64,7 +64,7 @@ class Traffic:
                 assert producer.produce([b"traffic %d" % n]).ok
                 n += 1
                 if n % 3:
-                    delivered = consumer.receive(2000)
+                    delivered = consumer.receive(timeout_s=2)
                     if delivered is not None:
                         consumer.ack(delivered)
 
@@ -92,7 +92,7 @@ def setup(make_server, tmp_path):
         assert all(r.ok for r in producer.produce_many([b"poison %d" % i] for i in range(3)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(3):
-            consumer.receive(5000)
+            consumer.receive(timeout_s=5)
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == 3, timeout_s=15)
     process = ConsoleProcess(tmp_path, srv.monitor, "--http-auth-file", str(secret))
     artifacts = Path(os.environ.get("PZQ_ARTIFACTS") or tmp_path)

@@ -49,7 +49,7 @@ def dead_letters(srv, count: int) -> list[str]:
         assert all(r.ok for r in producer.produce_many([b"dead %d" % i] for i in range(count)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(count):
-            consumer.receive(5000)  # (not acknowledged: back after the ack timeout, then dead)
+            consumer.receive(timeout_s=5)  # (not acknowledged: back after the ack timeout, then dead)
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=15)
     letters = json.loads(client.monitor_request(srv.monitor, "DEADLETTERS default"))
     return [letter["id"] for letter in letters]
@@ -168,7 +168,7 @@ def test_an_operator_logs_in_and_requeues_one_dead_letter_which_a_consumer_then_
     assert re.search(r'data-figure="dead_letters">1<', page), "the page shows the queue as the change left it"
     assert letter not in re.findall(r'data-dead="([^"]+)"', page)
     with client.Consumer(srv.send) as consumer:
-        assert consumer.receive(5000).body[0].startswith(b"dead ")
+        assert consumer.receive(timeout_s=5).body[0].startswith(b"dead ")
     assert re.search(r"INFO pzq\.console: console: 127\.0\.0\.1, session \w{8} asked 'REQUEUE default ", process.text())
 
 
@@ -274,7 +274,7 @@ def test_a_published_message_is_answered_after_its_commit_and_a_consumer_gets_it
     assert status == 200 and notice(page).startswith("published message ")
     assert srv.stats()["queues"]["default"]["depth"] == 1, "answered after pzq's commit"
     with client.Consumer(srv.send) as consumer:
-        assert consumer.receive(5000).body == [b"<b>hello</b> from the console"]
+        assert consumer.receive(timeout_s=5).body == [b"<b>hello</b> from the console"]
     assert re.search(r"INFO pzq\.console: console: 127\.0\.0\.1, session \w{8} asked 'PUBLISH default'", process.text())
 
 

@@ -154,7 +154,7 @@ def test_a_console_port_already_taken_is_retried_with_a_growing_wait_while_produ
         wait_until(lambda: "started again in 2 s" in srv.log.read_text(), timeout_s=60)
         log = srv.log.read_text()
         assert re.search(r"child pid \d+ exited with status [1-9]\d* after [\d.]+ s.*started again in 1 s", log), log
-        with client.Producer(srv.receive, timeout_ms=5000) as producer:
+        with client.Producer(srv.receive, timeout_s=5) as producer:
             assert producer.produce([b"served all along"]).ok
         squatter.close()  # the port comes free: the next start takes it
         assert wait_until(lambda: page(url), timeout_s=60) is not None

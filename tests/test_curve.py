@@ -143,7 +143,7 @@ def test_with_curve_even_the_ipc_monitor_wants_a_key_unless_named_unauthenticate
     srv = make_server(**curve_settings(keys))
     alice = (str(keys / "alice" / "alice.key_secret"), str(keys / "server" / "server.key"))
     with pytest.raises(ClientError, match="no answer"):
-        client.stats(srv.monitor, timeout_ms=1000)
+        client.stats(srv.monitor, timeout_s=1)
     assert client.stats(srv.monitor, curve=alice)["messages"] == 0
     result = CliRunner().invoke(
         cli, ["monitor", "--monitor-dsn", srv.monitor, "--curve-client-key", alice[0], "--curve-server-key", alice[1]]
@@ -191,12 +191,12 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
     )
     server_key = str(keys / "server" / "server.key")
     pair = {name: (str(keys / name / f"{name}.key_secret"), server_key) for name in ("alice", "mallory")}
-    producers = {name: client.Producer(receive, curve=curve, timeout_ms=1500) for name, curve in pair.items()}
+    producers = {name: client.Producer(receive, curve=curve, timeout_s=1.5) for name, curve in pair.items()}
     consumers = {name: client.Consumer(send, curve=curve) for name, curve in pair.items()}
     try:
         for name, producer in producers.items():
             assert producer.produce([name.encode()]).ok
-        got = {name: consumer.receive(5000) for name, consumer in consumers.items()}
+        got = {name: consumer.receive(timeout_s=5) for name, consumer in consumers.items()}
         assert all(got.values()), "both consumers are served before the revocation"
         os.remove(keys / "clients" / "mallory.key")
         srv.proc.send_signal(signal.SIGHUP)
@@ -208,7 +208,7 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
         bodies = set()  # alice's consumer reconnects and drains everything, redeliveries included
         deadline = time.monotonic() + 20
         while srv.stats()["messages"] and time.monotonic() < deadline:
-            delivery = consumers["alice"].receive(500)
+            delivery = consumers["alice"].receive(timeout_s=0.5)
             if delivery is not None:
                 bodies.add(b"".join(delivery.body))
                 consumers["alice"].ack(delivery)
@@ -217,7 +217,7 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
         # The revoked consumer gets nothing more: the send socket was re-bound, and its reconnection is
         # refused, which it hears through its socket monitor
         with pytest.raises(NotPermitted, match="refused this client's CURVE key"):
-            consumers["mallory"].receive(1000)
+            consumers["mallory"].receive(timeout_s=1)
     finally:
         for sock in (*producers.values(), *consumers.values()):
             sock.close()
@@ -447,7 +447,7 @@ def test_a_sighup_revokes_a_removed_key_even_when_the_config_file_has_a_bad_valu
     server_key = str(keys / "server" / "server.key")
     mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
     alice = (str(keys / "alice" / "alice.key_secret"), server_key)
-    with client.Producer(receive, curve=mallory, timeout_ms=1500) as open_connection:
+    with client.Producer(receive, curve=mallory, timeout_s=1.5) as open_connection:
         assert open_connection.produce([b"before"]).ok
         settings.write_text('log_level = "loud"\n')  # one bad value: the settings cannot be reloaded
         os.remove(keys / "clients" / "mallory.key")
@@ -476,16 +476,16 @@ def test_a_revoked_batched_consumer_gets_nothing_more_and_what_it_held_goes_back
     with client.Producer(srv.receive, curve=pair["alice"]) as producer:
         assert all(r.ok for r in producer.produce_many([[b"m%d" % i] for i in range(10)]))
     with client.BatchConsumer(srv.config.consume_dsn, curve=pair["mallory"]) as mallory:
-        assert len(mallory.receive(3, 5000)) == 3
+        assert len(mallory.receive(3, timeout_s=5)) == 3
         assert srv.stats()["queues"]["default"]["inflight"] == 3
         os.remove(keys / "clients" / "mallory.key")
         srv.server.request_reload()
         wait_until(lambda: srv.stats()["queues"]["default"]["inflight"] == 0)  # (not at the ack timeout)
-        assert mallory.receive(5, 500) == []  # (its CREDIT is dropped: it gets nothing more)
+        assert mallory.receive(5, timeout_s=0.5) == []  # (its CREDIT is dropped: it gets nothing more)
     with client.BatchConsumer(srv.config.consume_dsn, curve=pair["alice"]) as alice:
         got = []
         while len(got) < 10:
-            batch = alice.receive(10, 5000)
+            batch = alice.receive(10, timeout_s=5)
             assert batch
             got += batch
         assert [body for _, body in got] == [[b"m%d" % i] for i in range(10)]

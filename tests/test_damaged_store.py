@@ -72,7 +72,7 @@ def test_one_unreadable_record_is_set_aside_and_the_server_serves_the_rest(proce
     got = []
     with client.Consumer(srv.send) as consumer:
         while len(got) < 9:
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None, f"the server stopped serving after {got}"
             got.append(delivery.body[0])
             consumer.ack(delivery)
@@ -130,7 +130,7 @@ def test_a_damaged_side_record_is_skipped_at_start_and_named_by_check(process_se
     srv = start_every_gateway(process_server, tmp_path).server  # every table is read: starts, skips, serves
     with client.Consumer(srv.send) as consumer:
         for _ in range(3):
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None
             consumer.ack(delivery)
     assert srv.stats()["messages"] == 0 and srv.proc.poll() is None

@@ -225,9 +225,9 @@ def test_a_dealer_monitor_client_gets_the_delimiter_and_the_text_as_from_the_ori
 
 def test_the_ack_timeout_goes_on_the_wire_in_microseconds_whatever_unit_configured_it(process_server):
     server = process_server(ack_timeout="250ms")  # the flag with a unit; the config holds 0.25 s
-    with client.Producer(server.receive, timeout_ms=5000) as producer:
+    with client.Producer(server.receive, timeout_s=5) as producer:
         assert producer.produce([b"x"]).ok
     with client.Consumer(server.send) as consumer:
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None and delivery.ack_timeout_us == 250_000
         consumer.ack(delivery)

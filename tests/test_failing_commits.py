@@ -39,7 +39,7 @@ def plant_a_foreign_record(path, queue: str, messages: int) -> None:
 
 def failing_producer(endpoint: str, stop: threading.Event) -> None:
     """Produces two messages at a time until ``stop``: each pair's turn fails to store the second."""
-    with client.Producer(endpoint, timeout_ms=5_000) as producer:
+    with client.Producer(endpoint, timeout_s=5) as producer:
         while not stop.is_set():
             producer.produce_many([[b"x"], [b"y"]], window=2)
 
@@ -55,14 +55,14 @@ def test_a_failing_commit_counts_no_delivery_that_did_not_leave(tmp_path, caplog
         producer.start()
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
-            delivery = consumer.receive(200)
+            delivery = consumer.receive(timeout_s=0.2)
             if delivery is not None:
                 received[ref_of_key(delivery.key)] += 1  # (never acked: each count is deliveries that left)
         stop.set()
         producer.join(10)
         # Whatever was on its way, before the server stops: a socket closed with deliveries in its
         # pipe drops them (as a crash would), and those did leave the server's hands.
-        while (delivery := consumer.receive(500)) is not None:
+        while (delivery := consumer.receive(timeout_s=0.5)) is not None:
             received[ref_of_key(delivery.key)] += 1
         srv.stop()
     failed = [r for r in caplog.records if "store failure" in r.getMessage()]

@@ -64,7 +64,7 @@ class _Honest(threading.Thread):
     def run(self) -> None:
         with client.Consumer(self.endpoint, ctx=zmq.Context()) as consumer:
             while not self.stop.is_set():
-                delivery = consumer.receive(100)
+                delivery = consumer.receive(timeout_s=0.1)
                 if delivery is not None:
                     time.sleep(self.WORK_S)  # (its work on the message)
                     consumer.ack(delivery)
@@ -86,7 +86,7 @@ class _Late(threading.Thread):
             while not self.stop.is_set():
                 while held and held[0][0] <= time.monotonic():
                     consumer.ack(held.popleft()[1])
-                delivery = consumer.receive(10)
+                delivery = consumer.receive(timeout_s=0.01)
                 if delivery is not None:
                     held.append((time.monotonic() + self.LATE_S, delivery))
 
@@ -108,7 +108,7 @@ def test_an_honest_consumer_keeps_most_of_its_rate_beside_one_that_acks_every_de
     srv = ProcessServer(tmp_path, ack_timeout=5_000_000).start()
     honest, late = _Honest(srv.send), _Late(srv.send)
     try:
-        with client.Producer(srv.receive, timeout_ms=30_000) as producer:
+        with client.Producer(srv.receive, timeout_s=30) as producer:
             for _ in range(10):
                 assert all(r.ok for r in producer.produce_many([[b"m"] for _ in range(10_000)], window=1000))
         honest.start()

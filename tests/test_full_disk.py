@@ -60,7 +60,7 @@ def serve_on(disk, tmp_path, *extra: str) -> ProcessServer:
 def fill_until_refused(srv: ProcessServer) -> tuple[int, set[str]]:
     """Produce 4 KiB messages until the server refuses; returns (stored, the refusal texts)."""
     stored, errors = 0, set()
-    with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+    with client.Producer(srv.receive, timeout_s=10) as producer:
         while not errors:
             results = producer.produce_many([[os.urandom(4096)] for _ in range(50)], window=50)
             stored += sum(r.ok for r in results)
@@ -88,7 +88,7 @@ def drain(srv: ProcessServer) -> int:
         while srv.stats()["messages"]:
             assert time.monotonic() < deadline, f"the store did not drain: {srv.stats()['messages']} left"
             for _ in range(200):
-                delivery = consumer.receive(500)
+                delivery = consumer.receive(timeout_s=0.5)
                 if delivery is None:
                     break
                 consumer.ack(delivery)
@@ -164,7 +164,7 @@ def test_commits_failing_on_a_full_disk_deliver_each_message_about_once(small_di
         with client.Consumer(srv.send) as consumer:
             deadline = time.monotonic() + 5  # commits fail all along: nothing more can be freed
             while time.monotonic() < deadline:
-                delivery = consumer.receive(200)
+                delivery = consumer.receive(timeout_s=0.2)
                 if delivery is not None:
                     consumer.ack(delivery)
                     deliveries += 1

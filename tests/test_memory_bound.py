@@ -424,7 +424,7 @@ def test_unfinished_input_past_the_high_water_mark_raises_the_alarm_and_producer
             api.produce([("honest", b"refused")])
         assert exc.value.code == "queue-full"
         with client.Consumer(srv.send) as consumer:  # consumers still get and ack what is stored
-            delivery = consumer.receive(timeout_ms=5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None and delivery.body == [b"for the consumer"]
             consumer.ack(delivery)
     finally:

@@ -33,7 +33,7 @@ def test_metrics_report_queues_counters_commits_and_protocols(make_server):
         assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(10)))
     with client.Consumer(srv.send) as consumer:
         for _ in range(4):
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             consumer.ack(delivery)
 
     def settled() -> str | None:  # the loop publishes its figures once a second

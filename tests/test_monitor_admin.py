@@ -42,7 +42,7 @@ def test_stats_adds_deliveries_the_last_commit_the_server_clock_and_each_queues_
     assert figures["commit_ms_last"] > 0
     assert abs(figures["server_time_us"] - before) < 60e6
     with client.Consumer(server.send) as consumer:
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None
         consumer.ack(delivery)
     assert wait_until(lambda: server.stats()["delivered_total"] == 1)
@@ -93,7 +93,7 @@ def test_queue_lists_mqks_consumers_with_their_addresses(make_server):
 def test_peek_pages_2500_ready_messages_by_after_id_without_the_ones_in_flight(server):
     produce(server, [b"m%04d" % i + b"." * 2000 for i in range(2500)])
     with client.Consumer(server.send) as consumer:
-        held = consumer.receive(5000)  # the head, in flight: not what a consumer would be given next
+        held = consumer.receive(timeout_s=5)  # the head, in flight: not what a consumer would be given next
         assert held is not None and held.body[0].startswith(b"m0000")
         # (all it will be handed first, --max-inflight of them: what pages skip must not move meanwhile)
         assert wait_until(lambda: server.stats()["messages_inflight"] == 1000)
@@ -123,7 +123,7 @@ def test_dead_pages_dead_letters_by_after_id_with_when_and_why_each_died(make_se
     produce(srv, [b"dead %d" % i for i in range(count)])
     with client.Consumer(srv.send) as consumer:
         for _ in range(count):  # (never acknowledged: back after the ack timeout, then dead)
-            assert consumer.receive(5000) is not None
+            assert consumer.receive(timeout_s=5) is not None
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=60)
     letters: list[dict] = []
     after: list[str] = []

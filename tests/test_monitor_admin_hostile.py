@@ -155,7 +155,7 @@ def test_a_purge_raced_by_an_acking_consumer_deletes_nothing_it_holds_and_nothin
     def consume() -> None:
         with client.Consumer(srv.send) as consumer:
             while not stop.is_set():
-                delivery = consumer.receive(200)
+                delivery = consumer.receive(timeout_s=0.2)
                 if delivery is not None:
                     received.append(delivery.key)
                     consumer.ack(delivery)
@@ -210,15 +210,15 @@ def test_with_curve_an_unlisted_key_gets_no_answer_and_changes_nothing_and_a_lis
     server_key = str(tmp_path / "server" / "server.key")
     alice = (str(tmp_path / "alice" / "alice.key_secret"), server_key)
     mallory = (str(tmp_path / "mallory" / "mallory.key_secret"), server_key)
-    assert admin_request(srv.monitor, "PUBLISH default", b"kept", curve=alice, timeout_ms=10_000)["queue"] == "default"
+    assert admin_request(srv.monitor, "PUBLISH default", b"kept", curve=alice, timeout_s=10)["queue"] == "default"
     for words, body in (("PUBLISH default", b"forged"), ("PURGE default", None), ("PEEK default", None)):
         # (no answer comes: the client hears the refused handshake through its socket monitor, at once)
         with pytest.raises(NotPermitted, match="refused this client's CURVE key"):
-            admin_request(srv.monitor, words, body, curve=mallory, timeout_ms=10_000)
-    figures = admin_request(srv.monitor, "QUEUE default", curve=alice, timeout_ms=10_000)["figures"]
+            admin_request(srv.monitor, words, body, curve=mallory, timeout_s=10)
+    figures = admin_request(srv.monitor, "QUEUE default", curve=alice, timeout_s=10)["figures"]
     assert figures["depth"] == 1
     with caplog.at_level(logging.INFO, logger="pzq.admin"):
-        purged = admin_request(srv.monitor, "PURGE default", curve=alice, timeout_ms=10_000)
+        purged = admin_request(srv.monitor, "PURGE default", curve=alice, timeout_s=10)
     assert purged == {"purged": 1, "more": False}
     assert "purged 1 ready message(s) of queue 'default' (by alice)" in caplog.text
 
@@ -239,7 +239,7 @@ def dead_letters(srv, count: int) -> None:
     produce(srv, [b"dead %d" % i for i in range(count)])
     with client.Consumer(srv.send) as consumer:
         for _ in range(count):
-            assert consumer.receive(5000) is not None
+            assert consumer.receive(timeout_s=5) is not None
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=60)
 
 
@@ -258,7 +258,7 @@ def test_requeue_and_deletedead_of_one_dead_letter_in_one_turn_do_one_thing_each
         answers.append(json.loads(dealer.recv_multipart()[1]))
     assert [a.get("requeued", a.get("deleted")) for a in answers] == [1, 0, 1, 0, 0]
     with client.Consumer(srv.send) as consumer:  # (the requeued one is delivered once more, and only it)
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None and delivery.body == [b"dead 0"]
         consumer.ack(delivery)
     stats = srv.stats()["queues"]["default"]

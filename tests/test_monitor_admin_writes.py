@@ -25,7 +25,7 @@ def dead_letters(srv, count: int) -> None:
     produce(srv, [b"dead %d" % i for i in range(count)])
     with client.Consumer(srv.send) as consumer:
         for _ in range(count):
-            assert consumer.receive(5000) is not None
+            assert consumer.receive(timeout_s=5) is not None
         assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == count, timeout_s=60)
 
 
@@ -35,7 +35,7 @@ def test_purge_answers_after_the_first_share_and_deletes_the_rest_over_turns_kee
     srv = make_server(ack_timeout=60.0, max_inflight=10, limits=Limits(admin_purge_share=100))
     produce(srv, [b"m%d" % i for i in range(1000)])
     with client.Consumer(srv.send) as consumer:
-        held = consumer.receive(5000)  # in flight, unacknowledged, while the purge runs
+        held = consumer.receive(timeout_s=5)  # in flight, unacknowledged, while the purge runs
         assert held is not None
         with caplog.at_level(logging.INFO, logger="pzq.admin"):
             answer = ask(srv, "PURGE", "default")
@@ -85,7 +85,7 @@ def test_a_published_message_is_stored_and_a_native_consumer_gets_it(server, cap
     assert f"published {answer['id']} (15 bytes) to queue 'default' (by anonymous)" in caplog.text
     assert ask(server, "PUBLISH", "default", body=b"")["id"] != answer["id"]  # (an empty body is a body)
     with client.Consumer(server.send) as consumer:
-        got = [consumer.receive(5000) for _ in range(3)]
+        got = [consumer.receive(timeout_s=5) for _ in range(3)]
     assert [d.body for d in got if d is not None] == [[b"first"], [b"\x00hello \xff binary"], [b""]]
     assert refusal(server, "PUBLISH", "nope", body=b"x") == "there is no queue 'nope'"
     assert refusal(server, "PUBLISH", body=b"x").startswith("usage: PUBLISH")

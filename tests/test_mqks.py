@@ -309,7 +309,7 @@ def test_mqks_and_native_clients_share_queues_both_ways(make_server, tmp_path):
         talk(c, "dc1 delete_consumer --confirm c1", "dc1 ok ")
         talk(c, "m1 publish --confirm ev to native", "m1 ok ")
     with client.Consumer(srv.send) as consumer:
-        delivery = consumer.receive(5000)
+        delivery = consumer.receive(timeout_s=5)
         assert delivery is not None and delivery.body == [b"to native"]
         consumer.ack(delivery)
 

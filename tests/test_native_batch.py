@@ -143,7 +143,7 @@ class OldServer:
 def test_the_client_falls_back_to_one_message_at_a_time_against_an_old_server(tmp_path):
     old = OldServer(f"ipc://{tmp_path}/old")
     try:
-        with client.Producer(f"ipc://{tmp_path}/old", timeout_ms=5000) as producer:
+        with client.Producer(f"ipc://{tmp_path}/old", timeout_s=5) as producer:
             assert producer.batch_caps() is None
             results = producer.send_many([[b"m%d" % i] for i in range(30)], batch=10, window=2)
         assert all(r.ok for r in results) and len(results) == 30
@@ -163,7 +163,7 @@ def test_the_client_sends_batches_in_order_and_splits_them_at_the_servers_caps(m
         assert not too_big[0].ok and "too large" in too_big[0].error
     with client.Consumer(server.send) as consumer:
         for body in bodies[:50]:
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None and delivery.body == body
             consumer.ack(delivery)
 
@@ -215,7 +215,7 @@ class ForgetfulServer(OldServer):
 def test_a_batch_whose_ack_is_lost_is_sent_again_with_the_same_id(tmp_path):
     forgetful = ForgetfulServer(f"ipc://{tmp_path}/forgetful")
     try:
-        with client.Producer(f"ipc://{tmp_path}/forgetful", timeout_ms=300) as producer:
+        with client.Producer(f"ipc://{tmp_path}/forgetful", timeout_s=0.3) as producer:
             results = producer.send_many([[b"a"], [b"b"]], batch=10)
         assert all(r.ok for r in results) and producer.batches.resent == 1
         [first], [again] = forgetful.bodies
@@ -320,7 +320,7 @@ def test_pzq_produce_sends_batches_and_says_what_it_always_said(server):
     assert server.stats()["native"]["batches"] == 3, "in batches of 100"
     with client.Consumer(server.send) as consumer:
         for i in range(250):
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None and delivery.body == [b"line %d" % i]
             consumer.ack(delivery)
 

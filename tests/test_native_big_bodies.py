@@ -72,7 +72,7 @@ def test_big_bodies_are_stored_and_delivered_to_the_byte_held_or_not(tmp_path):
         got = []
         for _ in range(60):
             server._turn(0)
-            delivery = consumer.receive(timeout_ms=0)
+            delivery = consumer.receive(timeout_s=0)
             if delivery is not None:
                 got.append(delivery.body)
                 consumer.ack(delivery)
@@ -100,7 +100,7 @@ def test_a_big_body_reads_back_to_the_byte_after_a_restart(tmp_path):
     try:
         for _ in range(60):
             server._turn(0)
-            delivery = consumer.receive(timeout_ms=0)
+            delivery = consumer.receive(timeout_s=0)
             if delivery is not None:
                 break
         else:

@@ -75,9 +75,9 @@ def test_a_batch_comes_in_fifo_order_is_acked_in_one_ack_and_settled(server):
     produce(server.receive, 30)
     with client.BatchConsumer(server.config.consume_dsn) as consumer:
         assert consumer.batched
-        batch = consumer.receive(30, 5000)
+        batch = consumer.receive(30, timeout_s=5)
         while len(batch) < 30:
-            batch += consumer.receive(30 - len(batch), 5000)
+            batch += consumer.receive(30 - len(batch), timeout_s=5)
         assert [body for _, body in batch] == [[b"m%d" % i] for i in range(30)]
         settled = consumer.ack([key for key, _ in batch])
         assert (settled.count, settled.refused) == (30, [])
@@ -87,7 +87,7 @@ def test_a_batch_comes_in_fifo_order_is_acked_in_one_ack_and_settled(server):
 def test_a_consumer_cannot_ack_or_nack_another_consumers_keys(server):
     produce(server.receive, 4)
     with client.BatchConsumer(server.config.consume_dsn) as one, client.BatchConsumer(server.config.consume_dsn) as two:
-        mine = one.receive(2, 5000)
+        mine = one.receive(2, timeout_s=5)
         assert len(mine) == 2
         keys = [key for key, _ in mine]
         assert two.ack(keys).refused == keys
@@ -100,9 +100,9 @@ def test_a_consumer_cannot_ack_or_nack_another_consumers_keys(server):
 def test_a_nacked_message_comes_back_first_and_its_delivery_counts(server):
     produce(server.receive, 3)
     with client.BatchConsumer(server.config.consume_dsn) as consumer:
-        first = consumer.receive(1, 5000)
+        first = consumer.receive(1, timeout_s=5)
         assert consumer.nack([first[0][0]]) == wire.Settled(1, [])
-        again = consumer.receive(1, 5000)
+        again = consumer.receive(1, timeout_s=5)
         assert again == first
         consumer.ack([again[0][0]])
 
@@ -129,7 +129,7 @@ def test_legacy_and_batched_consumers_share_the_queue_without_loss_or_duplicates
                 frames = legacy.recv_multipart()
                 seen.append(frames[5])
                 legacy.send_multipart([frames[0], frames[1], b"1"])
-            batch = batched.receive(50, 20)
+            batch = batched.receive(50, timeout_s=0.02)
             seen.extend(body[0] for _, body in batch)
             if batch:
                 assert batched.ack([key for key, _ in batch]).refused == []
@@ -144,16 +144,16 @@ def test_acked_messages_are_gone_and_unacked_ones_back_after_a_restart(process_s
     srv = process_server()
     produce(srv.receive, 10)
     with client.BatchConsumer(srv.consume) as consumer:
-        batch = consumer.receive(6, 5000)
+        batch = consumer.receive(6, timeout_s=5)
         while len(batch) < 6:
-            batch += consumer.receive(6 - len(batch), 5000)
+            batch += consumer.receive(6 - len(batch), timeout_s=5)
         assert consumer.ack([key for key, _ in batch[:4]]) == wire.Settled(4, [])  # (answered after the commit)
         srv.stop(9)  # (SIGKILL: no clean shutdown; the two unacked are still held)
     srv.start()
     with client.BatchConsumer(srv.consume) as consumer:
-        rest = consumer.receive(10, 5000)
+        rest = consumer.receive(10, timeout_s=5)
         while len(rest) < 6:
-            rest += consumer.receive(10 - len(rest), 2000)
+            rest += consumer.receive(10 - len(rest), timeout_s=2)
     assert [body for _, body in rest] == [[b"m%d" % i] for i in range(4, 10)]
 
 
@@ -161,11 +161,11 @@ def test_a_server_without_the_endpoint_is_consumed_through_the_send_socket(make_
     srv = make_server(consume_dsn="")
     produce(srv.receive, 3)
     endpoint = srv.config.send_dsn.replace("send", "consume")  # (nobody binds it)
-    with client.BatchConsumer(endpoint, fallback=srv.send, hello_timeout_ms=300) as consumer:
+    with client.BatchConsumer(endpoint, fallback=srv.send, hello_timeout_s=0.3) as consumer:
         assert not consumer.batched
-        got = consumer.receive(3, 5000)
+        got = consumer.receive(3, timeout_s=5)
         while len(got) < 3:
-            got += consumer.receive(3 - len(got), 5000)
+            got += consumer.receive(3 - len(got), timeout_s=5)
         assert consumer.ack([key for key, _ in got]).count == 3
     assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0)
 
@@ -176,9 +176,9 @@ def test_a_server_without_the_endpoint_is_consumed_through_the_send_socket(make_
 def honest_round_trip(srv, n: int = 3) -> None:
     produce(srv.receive, n, b"honest")
     with client.BatchConsumer(srv.config.consume_dsn) as consumer:
-        got = consumer.receive(n, 5000)
+        got = consumer.receive(n, timeout_s=5)
         while len(got) < n:
-            got += consumer.receive(n - len(got), 5000)
+            got += consumer.receive(n - len(got), timeout_s=5)
         assert consumer.ack([key for key, _ in got]) == wire.Settled(n, [])
 
 
@@ -323,10 +323,10 @@ def test_the_client_never_asks_for_more_than_it_may_hold_unacked(make_server):
     with client.BatchConsumer(srv.config.consume_dsn) as consumer:
         held = []
         while len(held) < 10:
-            held += consumer.receive(4, 5000)  # (4 at a time, none acked: at most 10 in all)
-        assert consumer.receive(4, 300) == []  # (no ERR: it asked for nothing more)
+            held += consumer.receive(4, timeout_s=5)  # (4 at a time, none acked: at most 10 in all)
+        assert consumer.receive(4, timeout_s=0.3) == []  # (no ERR: it asked for nothing more)
         assert consumer.ack([key for key, _ in held]).count == 10
-        assert len(consumer.receive(4, 5000)) > 0
+        assert len(consumer.receive(4, timeout_s=5)) > 0
 
 
 @pytest.mark.slow
@@ -343,18 +343,18 @@ def test_sigkills_while_a_batched_consumer_acks_in_bursts_bring_back_no_settled_
     unknown: set[bytes] = set()
     for _ in range(4):
         killer = threading.Timer(random.uniform(0.05, 0.4), srv.proc.send_signal, (signal.SIGKILL,))
-        with client.BatchConsumer(srv.consume, hello_timeout_ms=5000) as consumer:
+        with client.BatchConsumer(srv.consume, hello_timeout_s=5) as consumer:
             killer.start()
             while srv.proc.poll() is None:
                 try:
-                    batch = consumer.receive(200, 1000)
+                    batch = consumer.receive(200, timeout_s=1)
                 except ClientError:
                     break
                 if not batch:
                     continue
                 bodies = {body[0] for _, body in batch}
                 try:
-                    result = consumer.ack([key for key, _ in batch], timeout_ms=2000)
+                    result = consumer.ack([key for key, _ in batch], timeout_s=2)
                 except ClientError:  # (killed before it answered: these may be stored or gone)
                     unknown |= bodies
                     break
@@ -365,7 +365,7 @@ def test_sigkills_while_a_batched_consumer_acks_in_bursts_bring_back_no_settled_
         srv.start()
     rest: list[bytes] = []
     with client.BatchConsumer(srv.consume) as consumer:
-        while batch := consumer.receive(500, 2000):
+        while batch := consumer.receive(500, timeout_s=2):
             rest += [body[0] for _, body in batch]
             consumer.ack([key for key, _ in batch])
     assert settled, "some bursts were settled before the kills"
@@ -407,9 +407,9 @@ def test_a_server_on_an_ipc_send_socket_puts_the_batched_endpoint_beside_it_not_
         produce(srv.receive, 3)
         with client.BatchConsumer(beside) as consumer:
             assert consumer.batched
-            batch = consumer.receive(3, 5000)
+            batch = consumer.receive(3, timeout_s=5)
             while len(batch) < 3:
-                batch += consumer.receive(3 - len(batch), 5000)
+                batch += consumer.receive(3 - len(batch), timeout_s=5)
             assert consumer.ack([key for key, _ in batch]).count == 3
     finally:
         holder.close(linger=0)
@@ -424,13 +424,13 @@ def test_consumers_that_never_read_stall_only_themselves_and_a_consumer_that_rea
         for _ in range(8):  # (a few at a time: the producers' own bound is not what this test is about)
             assert all(r.ok for r in producer.produce_many([[body]] * 10))
     with client.BatchConsumer(srv.config.consume_dsn, prefetch=4) as polite:
-        first = polite.receive(4, 5000)
+        first = polite.receive(4, timeout_s=5)
         assert first and polite.ack([key for key, _ in first]).refused == []
         got = len(first)
         for _ in range(12):  # (they read their HELLO answer, then nothing: their pipes fill to the ceiling)
             hog(sockets, srv)
         assert wait_until(lambda: srv.stats()["memory"]["deliveries_bytes"] >= 5 << 20)
-        while batch := polite.receive(4, 2000):  # (until nothing comes: the hogs hold the rest)
+        while batch := polite.receive(4, timeout_s=2):  # (until nothing comes: the hogs hold the rest)
             assert polite.ack([key for key, _ in batch]).refused == []
             got += len(batch)
         queue = srv.stats()["queues"]["default"]
@@ -443,14 +443,14 @@ def test_consumers_that_never_read_stall_only_themselves_and_a_consumer_that_rea
 def test_a_consumer_with_prefetch_keeps_that_much_credit_ahead_so_deliveries_flow_while_it_acks(server):
     produce(server.receive, 100)
     with client.BatchConsumer(server.config.consume_dsn, prefetch=20) as consumer:
-        batch = consumer.receive(10, 5000)
+        batch = consumer.receive(10, timeout_s=5)
         assert 0 < len(batch) <= 10
         # (10 asked for and 20 granted ahead: the server takes 30 for it, not one more)
         assert wait_until(lambda: server.stats()["queues"]["default"]["inflight"] == 30)
         assert consumer.ack([key for key, _ in batch]).refused == []
         got = len(batch)
         while got < 100:
-            batch = consumer.receive(10, 5000)
+            batch = consumer.receive(10, timeout_s=5)
             assert batch and consumer.ack([key for key, _ in batch]).refused == []
             got += len(batch)
         assert server.stats()["queues"]["default"]["depth"] == 0

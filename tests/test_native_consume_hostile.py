@@ -47,7 +47,7 @@ def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_de
         assert polite.ack(keys) == wire.Settled(40, [])
         rest = receive_all(polite, 16, most=20)  # (60 less its 40, the rude one's 2 settled and 2 held)
         assert polite.ack([key for key, _ in rest]) == wire.Settled(16, [])
-        assert polite.receive(10, 300) == []
+        assert polite.receive(10, timeout_s=0.3) == []
         assert time.monotonic() - started < 10.0
         bodies = {body[0] for _, body in got + rest}
         assert len(bodies) == 56
@@ -66,7 +66,7 @@ def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_de
         again = receive_all(polite, 2, most=20)
         assert {body[0] for _, body in again}.isdisjoint(bodies)
         assert polite.ack([key for key, _ in again]) == wire.Settled(2, [])
-        assert polite.receive(10, 300) == []
+        assert polite.receive(10, timeout_s=0.3) == []
 
 
 def test_a_run_acked_every_other_key_brings_back_exactly_the_unacked_once_each_then_dead_letters_them(

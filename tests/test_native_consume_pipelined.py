@@ -25,7 +25,7 @@ def produce(endpoint: str, count: int) -> None:
 def receive_all(consumer: client.BatchConsumer, count: int, most: int = 100) -> list[tuple[bytes, list[bytes]]]:
     got: list[tuple[bytes, list[bytes]]] = []
     while len(got) < count:
-        batch = consumer.receive(min(most, count - len(got)), 5000)
+        batch = consumer.receive(min(most, count - len(got)), timeout_s=5)
         assert batch, f"only {len(got)} of {count} delivered"
         got += batch
     return got
@@ -35,7 +35,7 @@ def test_acks_sent_without_waiting_are_all_settled_and_nothing_comes_back(server
     produce(server.receive, 300)
     with client.BatchConsumer(server.config.consume_dsn, prefetch=20, ack_window=2) as consumer:
         for _ in range(15):
-            batch = consumer.receive(20, 5000)
+            batch = consumer.receive(20, timeout_s=5)
             assert batch
             consumer.ack_async([key for key, _ in batch])
             assert len(consumer._awaiting) <= 2  # (the window bounds the ACKs in flight)
@@ -115,4 +115,4 @@ def test_acks_sent_without_waiting_then_closing_at_once_are_not_delivered_again(
         again = receive_all(next_one, 10)
         assert [body for _, body in again] == [body for _, body in got[20:]]
         assert next_one.ack([key for key, _ in again]) == wire.Settled(10, [])
-        assert next_one.receive(10, 300) == []
+        assert next_one.receive(10, timeout_s=0.3) == []

@@ -73,7 +73,7 @@ def test_over_curve_a_message_past_the_frame_cap_is_answered_too(make_server, te
 
 def test_the_python_client_hears_a_message_no_batch_holds_refused_and_stores_the_rest(server):
     many = [b"f%d" % i for i in range(5000)]  # (past max_frames: sent alone, the legacy way, past 1,024)
-    with client.Producer(server.receive, timeout_ms=10_000) as producer:
+    with client.Producer(server.receive, timeout_s=10) as producer:
         results = producer.send_many([[b"before"], many, [b"after"]], batch=10, window=2)
     assert [r.ok for r in results] == [True, False, True]
     assert results[1].error == TOO_MANY.decode()

@@ -39,7 +39,7 @@ def test_a_commit_leaves_its_meta_page_to_the_next_and_a_commit_that_wrote_nothi
 
 def test_a_lone_producers_ack_waits_neither_for_the_next_message_nor_for_the_commit_interval(make_server):
     srv = make_server(commit_interval=30.0)
-    with client.Producer(srv.receive, timeout_ms=3000) as producer:
+    with client.Producer(srv.receive, timeout_s=3) as producer:
         for i in range(5):
             assert producer.produce([b"alone %d" % i]).ok  # (one at a time: no later commit to carry it)
     assert srv.stats()["meta_syncs_total"] >= 5
@@ -50,7 +50,7 @@ def test_producers_that_keep_the_server_busy_share_syncs_one_commit_carrying_the
     errors: list[str] = []
 
     def produce(n: int) -> None:
-        with client.Producer(srv.receive, timeout_ms=10_000) as producer:
+        with client.Producer(srv.receive, timeout_s=10) as producer:
             for start in range(0, 2000, 50):
                 results = producer.produce_many([[b"p%d-%d" % (n, i)] for i in range(start, start + 50)])
                 if not all(r.ok for r in results):

@@ -51,7 +51,7 @@ def tenants_server(make_server, tenants, tmp_path):
 
 def ask(srv, tenants, name: str, *words: str, body: bytes | None = None):
     """``name``'s request to the monitor, with its own CURVE key."""
-    return admin_request(srv.monitor, words, body, timeout_ms=10_000, curve=tenants.curve(name))
+    return admin_request(srv.monitor, words, body, timeout_s=10, curve=tenants.curve(name))
 
 
 def refused(srv, tenants, name: str, *words: str, body: bytes | None = None) -> str:
@@ -64,7 +64,7 @@ def refused(srv, tenants, name: str, *words: str, body: bytes | None = None) -> 
 
 def stats(srv, tenants) -> dict:
     """STATS, asked with the stranger's key: a key without a single right sees the figures."""
-    return client.stats(srv.monitor, timeout_ms=10_000, curve=tenants.curve("stranger"))
+    return client.stats(srv.monitor, timeout_s=10, curve=tenants.curve("stranger"))
 
 
 def figures(srv, tenants, queue: str) -> tuple[int, int]:
@@ -219,9 +219,9 @@ def test_a_client_without_a_key_on_an_unauthenticated_monitor_gets_the_default(m
     seed(tmp_path / "db", ("orders.x", "payroll"))
     tenants.write('[default]\nconsume = ["payroll"]\n\n[keys.orders]\nmanage = ["*"]\n')
     srv = make_server(queue="orders.x", consume_dsn="", unauthenticated="monitor", **tenants.config())
-    assert len(admin_request(srv.monitor, "PEEK payroll", timeout_ms=10_000)["messages"]) == SEEDED
+    assert len(admin_request(srv.monitor, "PEEK payroll", timeout_s=10)["messages"]) == SEEDED
     with pytest.raises(AdminRefused) as caught:
-        admin_request(srv.monitor, "PURGE payroll", timeout_ms=10_000)
+        admin_request(srv.monitor, "PURGE payroll", timeout_s=10)
     said = "not permitted: a client without a CURVE key has no manage right on queue 'payroll' (PURGE)"
     assert str(caught.value) == said
     assert srv.stats()["permissions"]["refused"] == {"anonymous": {"manage": 1}}

@@ -143,7 +143,7 @@ def test_a_real_sighup_that_narrows_a_key_cuts_its_native_and_batched_consumers_
     assert f"permissions: {tenants.permissions}: 2 key(s), 0 network(s), default nothing" in srv.log.read_text()
     orders = tenants.curve("orders")
     with (
-        Producer(srv.receive, curve=orders, timeout_ms=5000) as producer,
+        Producer(srv.receive, curve=orders, timeout_s=5) as producer,
         Consumer(srv.send, curve=orders) as legacy,
         BatchConsumer(srv.consume, curve=orders) as batched,
     ):
@@ -152,9 +152,9 @@ def test_a_real_sighup_that_narrows_a_key_cuts_its_native_and_batched_consumers_
         got: list = []  # (which consumer gets which is the server's choice)
 
         def both_delivered() -> bool:
-            delivery = legacy.receive(50)
+            delivery = legacy.receive(timeout_s=0.05)
             got.extend([delivery.body] if delivery is not None else [])
-            got.extend(body for _, body in batched.receive(1, 50))
+            got.extend(body for _, body in batched.receive(1, timeout_s=0.05))
             return len(got) == 2
 
         wait_until(both_delivered)
@@ -164,8 +164,8 @@ def test_a_real_sighup_that_narrows_a_key_cuts_its_native_and_batched_consumers_
         wait_until(lambda: "lost their right: cut off" in srv.log.read_text())
         producer.produce([b"three"])  # still allowed to produce
         try:  # (the send socket is re-bound: its reconnection is refused, which the client may hear first)
-            assert legacy.receive(1000) is None, "the narrowed key's legacy consumer still gets deliveries"
+            assert legacy.receive(timeout_s=1) is None, "the narrowed key's legacy consumer still gets deliveries"
         except NotPermitted:
             pass
-        assert batched.receive(1, 1000) == [], "the narrowed key's batched consumer still gets deliveries"
+        assert batched.receive(1, timeout_s=1) == [], "the narrowed key's batched consumer still gets deliveries"
     assert srv.stats()["queues"]["orders.native"]["depth"] >= 1

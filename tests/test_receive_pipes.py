@@ -134,7 +134,7 @@ def test_a_pipeline_of_messages_over_the_limit_is_answered_at_once_and_never_hel
 
 def test_one_setting_restores_the_old_limit_of_16_mib(make_server):
     srv = make_server(max_message_size=16 * MiB)
-    with client.Producer(srv.receive, timeout_ms=30_000) as producer:
+    with client.Producer(srv.receive, timeout_s=30) as producer:
         assert producer.produce([os.urandom(15 * MiB)]).ok
     assert srv.stats()["messages"] == 1
 

@@ -59,13 +59,13 @@ def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others
     for i in range(40_000):
         deaf.send_multipart([b"%d" % i, b"", b"x"])
     read_all(server, 40_000, refused, 0)
-    with client.Producer(server.receive, timeout_ms=5000) as honest:
+    with client.Producer(server.receive, timeout_s=5) as honest:
         assert all(r.ok for r in honest.produce_many([[b"honest %d" % i] for i in range(1000)]))
     before, refused = server.stats()["messages"], refused_unread()
     for i in range(5000):
         deaf.send_multipart([b"more %d" % i, b"", b"x"])
     read_all(server, 5000, refused, before)
-    with client.Producer(server.receive, timeout_ms=5000) as honest:
+    with client.Producer(server.receive, timeout_s=5) as honest:
         assert honest.produce([b"still served"]).ok
     assert server.stats()["messages"] == before + 1, "nothing more was stored for the deaf producer"
     acks = acks_until_quiet(deaf)

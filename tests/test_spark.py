@@ -206,7 +206,7 @@ def test_the_sink_stores_rows_that_native_consumers_receive(spark, api_server):
     df.write.format("pzq").option("endpoint", api_server.endpoint).option("queue", "default").mode("append").save()
     got = []
     with client.Consumer(api_server.send) as consumer:
-        while len(got) < 20 and (delivery := consumer.receive(5000)) is not None:
+        while len(got) < 20 and (delivery := consumer.receive(timeout_s=5)) is not None:
             got.append(b"".join(delivery.body))
             consumer.ack(delivery)
     assert sorted(got) == sorted(b"row-%d" % i for i in range(20))

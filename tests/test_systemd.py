@@ -71,7 +71,7 @@ def test_the_server_says_ready_pings_the_watchdog_reloads_on_sighup_and_says_sto
         first = receive(listener)
         assert first["READY"] == "1" and first["MAINPID"] == str(srv.proc.pid)
         # Every socket was bound when READY came: the monitor answers at once, nobody waited for it.
-        assert client.monitor_request(srv.monitor, timeout_ms=300)
+        assert client.monitor_request(srv.monitor, timeout_s=0.3)
         pings, deadline = 0, time.monotonic() + 5
         while pings < 3 and time.monotonic() < deadline:
             pings += receive(listener).get("WATCHDOG") == "1"

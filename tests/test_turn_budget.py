@@ -69,11 +69,11 @@ def test_a_server_with_a_zero_turn_budget_stores_and_delivers_everything_once_an
     got = []
     with client.Consumer(srv.send) as consumer:
         for _ in range(300):
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None, f"only {len(got)} of 300 delivered"
             got.append(delivery.body[0])
             consumer.ack(delivery)
-        assert consumer.receive(200) is None, "nothing is delivered twice"
+        assert consumer.receive(timeout_s=0.2) is None, "nothing is delivered twice"
     assert got == [b"m%d" % i for i in range(300)]
     # (acks get no answer: the last ones may still wait their turns when the consumer is done)
     stats = wait_until(lambda: (s := client.stats(srv.monitor))["acked_total"] == 300 and s, timeout_s=30)
@@ -102,7 +102,7 @@ def test_a_consumer_is_given_a_delivery_within_a_few_turns_beside_a_producer_flo
     flood = flooding(srv, 3000)
     try:
         with client.Consumer(srv.send) as consumer:
-            delivery = consumer.receive(5000)
+            delivery = consumer.receive(timeout_s=5)
             assert delivery is not None and delivery.body == [b"first"]
             consumer.ack(delivery)
         assert client.stats(srv.monitor)["produced_total"] < 3001, "delivered while the flood was still read"
