@@ -20,7 +20,8 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
 | | | ``sweep_implicit`` |
 | questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
-| | | ``deadline_of``, ``held_by`` |
+| | | ``deadline_of``, ``held_by``, ``bytes_held``, ``bytes_in_flight``, ``room_of``, ``may_hand``, |
+| | | ``may_pipe`` |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
 | | | ``queue_figures``, ``stats``, ``totals`` |
 | delivery accounts | accounts.py | ``accounts`` itself (``discharged``, ``piped``, ``unpiped`` here) |
@@ -109,6 +110,8 @@ class Broker:
         self.check_room, self.peek = questions.check_room, questions.peek
         self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
         self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
+        self.bytes_held, self.bytes_in_flight = questions.bytes_held, questions.bytes_in_flight
+        self.room_of, self.may_hand, self.may_pipe = questions.room_of, questions.may_hand, questions.may_pipe
 
         queues = self._queues = Queues(state)
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work

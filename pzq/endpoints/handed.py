@@ -42,11 +42,11 @@ class Handed:
     def room(self, payer: Hashable, size: int) -> bool:
         """Whether ``payer``'s share has room for ``size`` bytes more (a payer that holds nothing may have
         one message, whatever its size, while the memory bound allows it: the accounts' rule)."""
-        accounts, inflight = self.broker.accounts, self.broker.inflight
-        held = accounts.held(payer, inflight)
-        if held and held + size > accounts.share:  # (full: asked again each turn, not counted as a refused take)
+        broker = self.broker
+        held = broker.bytes_held(payer)
+        if held and held + size > broker.accounts.share:  # (full: asked again each turn, not counted as a refused take)
             return False
-        room = accounts.room(payer, inflight)
+        room = broker.room_of(payer)
         return room >= size or (room > 0 and not held)
 
     def frames(self, payer: Hashable, frames: Sequence[bytes]) -> list:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from pzq.inflight import InFlight
 from pzq.store import Message, QueueInfo, Upload
 
 Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
@@ -260,16 +259,12 @@ class Columns(Protocol):
 
 class Shares(Protocol):
     """The broker's byte account of what is handed to peers, as a gateway asks it (pzq/broker/accounts.py):
-    each payer's share, what it holds, and whether it may be handed ``size`` bytes more."""
+    each payer's share (what a payer holds, and whether it may be handed more, are ``BrokerSurface``'s)."""
 
     @property
     def share(self) -> int: ...  # a payer's share unless it has one of its own
     def share_of(self, payer: Hashable) -> int: ...
     def set_share(self, payer: Hashable, share: int) -> None: ...
-    def held(self, payer: Hashable, inflight: InFlight) -> int: ...
-    def room(self, payer: Hashable, inflight: InFlight) -> int: ...
-    def may_hand(self, payer: Hashable, size: int, inflight: InFlight) -> bool: ...
-    def may_pipe(self, payer: Hashable, unsent: int, inflight: InFlight) -> bool: ...
 
     # (the record is the account's own: handed back to ``BrokerSurface.discharged`` as it is)
     def charge(self, payer: Hashable, size: int) -> Any: ...
@@ -279,7 +274,7 @@ class BrokerSurface(Protocol):
     """The broker as gateways and endpoints see it: every name here is one of ``pzq.broker.Broker``'s
     (the server hands them the Broker; mypy checks that it fits). ``by``/``consumer``/``holder`` is
     the holder a delivery is in flight to; ``payer`` whose byte share it is charged to. Anything else
-    of the broker (the store, the in-flight table's insides, ranges, figures) is not a gateway's."""
+    of the broker (the store, the in-flight table, ranges, figures) is not a gateway's."""
 
     # -- what the turn reads: a number that grows when messages may have become ready, the alarm
     @property
@@ -290,8 +285,6 @@ class BrokerSurface(Protocol):
     def keep_on_rollback(self) -> set[Hashable]: ...  # holders whose deliveries outlive a failed turn
     @property
     def accounts(self) -> Shares: ...
-    @property
-    def inflight(self) -> InFlight: ...  # (handed to ``accounts``; the native send pool reads ``bytes_of``)
 
     # -- producing: one message, a run into one queue (how many stored), all or none; big bodies in parts
     def produce(
@@ -361,6 +354,14 @@ class BrokerSurface(Protocol):
     def consumer_gone(self, consumer: Hashable) -> int: ...
     def payer_gone(self, payer: Hashable) -> None: ...
     def owner_gone(self, owner: Hashable) -> None: ...
+
+    # -- a payer's bytes (pzq/broker/accounts.py): held (in flight, stale, piped), in flight, the room
+    # ``take`` would give it (0: remembered, woken by a release), a notice's, an answer's
+    def bytes_held(self, payer: Hashable) -> int: ...
+    def bytes_in_flight(self, payer: Hashable) -> int: ...
+    def room_of(self, payer: Hashable) -> int: ...
+    def may_hand(self, payer: Hashable, size: int) -> bool: ...
+    def may_pipe(self, payer: Hashable, unsent: int) -> bool: ...
 
     # -- bytes other than bodies charged to a payer (pzq/broker/accounts.py)
     def piped(self, payer: Hashable, size: int) -> None: ...
