@@ -9,7 +9,7 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 
 | part | module | verbs |
 |---|---|---|
-| state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone`` |
+| state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone``, ``redo_on_rollback`` |
 | producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big`` |
 | handing out | handing.py | ``take``, ``take_run``, ``take_columns``, ``has_ready``, ``ready_count`` |
 | settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``dead_letter``, ``take_back``, |
@@ -64,9 +64,9 @@ class Broker:
         # What is never replaced, as plain attributes (the in-flight table and the counts that change
         # are properties below)
         self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
-        self.accounts, self.keep_on_rollback = state.accounts, state.keep_on_rollback
+        self.accounts = state.accounts
         self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
-        self.payer_gone = state.payer_gone
+        self.payer_gone, self.redo_on_rollback = state.payer_gone, state.redo_on_rollback
 
         producing = self._producing = Producing(state)
         self.produce, self.produce_many = producing.produce, producing.produce_many

@@ -282,8 +282,6 @@ class BrokerSurface(Protocol):
     @property
     def refusing(self) -> str | None: ...  # why every producer is refused now (the memory alarm), or None
     @property
-    def keep_on_rollback(self) -> set[Hashable]: ...  # holders whose deliveries outlive a failed turn
-    @property
     def accounts(self) -> Shares: ...
 
     # -- producing: one message, a run into one queue (how many stored), all or none; big bodies in parts
@@ -349,6 +347,10 @@ class BrokerSurface(Protocol):
     def hold(self, ref: Ref, consumer: Hashable) -> None: ...  # a durable lease re-registered
     def stored(self, ref: Ref) -> Message | None: ...
     def held_by_others(self, qid: int, ours: Callable[[Any], bool]) -> bool: ...
+
+    # -- a holder whose gateway keeps nothing a rollback undoes: its deliveries outlive a failed turn, its
+    # acks since the last commit are done again
+    def redo_on_rollback(self, holder: Hashable) -> None: ...
 
     # -- ends: a holder's deliveries go back; a payer's charges, an owner's queues are let go
     def consumer_gone(self, consumer: Hashable) -> int: ...
