@@ -24,7 +24,8 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | | | ``may_pipe`` |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
 | | | ``queue_figures``, ``stats``, ``totals`` |
-| delivery accounts | accounts.py | ``accounts`` itself (``discharged``, ``piped``, ``unpiped`` here) |
+| delivery accounts | accounts.py | ``accounts`` itself, ``share_of``, ``set_share``, ``charge`` |
+| | | (``discharged``, ``piped``, ``unpiped`` here) |
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class Broker:
         # What is never replaced, as plain attributes (the in-flight table and the counts that change
         # are properties below)
         self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
-        self.accounts = state.accounts
+        self.accounts = accounts = state.accounts
+        self.share_of, self.set_share, self.charge = accounts.share_of, accounts.set_share, accounts.charge
         self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
         self.payer_gone, self.redo_on_rollback = state.payer_gone, state.redo_on_rollback
 

@@ -257,19 +257,6 @@ class Columns(Protocol):
     def ids(self) -> list[bytes]: ...  # 16 bytes each (qid, seq), its record's key
 
 
-class Shares(Protocol):
-    """The broker's byte account of what is handed to peers, as a gateway asks it (pzq/broker/accounts.py):
-    each payer's share (what a payer holds, and whether it may be handed more, are ``BrokerSurface``'s)."""
-
-    @property
-    def share(self) -> int: ...  # a payer's share unless it has one of its own
-    def share_of(self, payer: Hashable) -> int: ...
-    def set_share(self, payer: Hashable, share: int) -> None: ...
-
-    # (the record is the account's own: handed back to ``BrokerSurface.discharged`` as it is)
-    def charge(self, payer: Hashable, size: int) -> Any: ...
-
-
 class BrokerSurface(Protocol):
     """The broker as gateways and endpoints see it: every name here is one of ``pzq.broker.Broker``'s
     (the server hands them the Broker; mypy checks that it fits). ``by``/``consumer``/``holder`` is
@@ -281,8 +268,6 @@ class BrokerSurface(Protocol):
     def readiness(self) -> int: ...
     @property
     def refusing(self) -> str | None: ...  # why every producer is refused now (the memory alarm), or None
-    @property
-    def accounts(self) -> Shares: ...
 
     # -- producing: one message, a run into one queue (how many stored), all or none; big bodies in parts
     def produce(
@@ -365,7 +350,13 @@ class BrokerSurface(Protocol):
     def may_hand(self, payer: Hashable, size: int) -> bool: ...
     def may_pipe(self, payer: Hashable, unsent: int) -> bool: ...
 
-    # -- bytes other than bodies charged to a payer (pzq/broker/accounts.py)
+    # -- a payer's share of bytes: every payer's unless it has one of its own (``set_share``)
+    def share_of(self, payer: Hashable) -> int: ...
+    def set_share(self, payer: Hashable, share: int) -> None: ...
+
+    # -- bytes other than bodies charged to a payer (pzq/broker/accounts.py): ``charge``'s record is the
+    # account's own, handed back to ``discharged`` as it is
+    def charge(self, payer: Hashable, size: int) -> Any: ...
     def piped(self, payer: Hashable, size: int) -> None: ...
     def unpiped(self, payer: Hashable, size: int) -> None: ...
     def discharged(self, payer: Hashable, record: Any, size: int) -> None: ...

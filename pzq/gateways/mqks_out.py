@@ -156,7 +156,7 @@ class Outbox:
         broker = self.broker
         if not made:  # (charged at the turn's flush: what this turn made counts before)
             return broker.may_hand(payer, size)
-        return broker.bytes_held(payer) + made + size <= broker.accounts.share_of(payer)
+        return broker.bytes_held(payer) + made + size <= broker.share_of(payer)
 
     def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
         """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are

@@ -78,7 +78,7 @@ class SendPool:
         self.closed: list[Epoch] = []  # oldest first
         self._checked_at = float("-inf")
         self.passed_total = 0
-        broker.accounts.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
+        broker.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
 
     def charged(self) -> int:
         """Bytes charged to the pool: in flight and stale, of every epoch not yet passed."""
@@ -140,7 +140,7 @@ class SendPool:
         self.closed.append(Epoch(self.payer, now, self._largest, left))
         self._number += 1
         self.payer, self._largest, self._checked_at = (POOL, self._number), 0, now
-        self.broker.accounts.set_share(self.payer, self.share)
+        self.broker.set_share(self.payer, self.share)
 
     def next_check(self) -> float | None:
         """When closed epochs are next worth a look (None: none waits)."""
