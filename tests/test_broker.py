@@ -301,7 +301,7 @@ def test_runs_of_acks_and_take_backs_settle_each_and_name_what_was_refused(broke
 
 def test_a_rolled_back_turn_undoes_only_its_own_deliveries_and_acks_are_done_again(store):
     broker = Broker(store, ack_timeout_s=10.0)
-    broker.keep_on_rollback.add("native")
+    broker.redo_on_rollback("native")
     produce(broker, b"a", b"b", b"c", b"d")
     store.commit()
     broker.turn_begins()
@@ -341,7 +341,7 @@ def test_an_ack_run_does_what_one_ack_after_another_does_even_for_a_hostile_mix(
     for name in ("one", "run"):
         store = Store(tmp_path / name, max_size=64 << 20)
         broker = Broker(store, ack_timeout_s=10.0)
-        broker.keep_on_rollback.add("alice")
+        broker.redo_on_rollback("alice")
         produce(broker, b"a", b"b", b"c", b"d", b"e")
         produce(broker, b"x", b"y", queue="r")
         mine = broker.take("q", 3, "alice", now=0.0, now_us=T0) + broker.take("r", 2, "alice", now=0.0, now_us=T0)

@@ -151,7 +151,7 @@ def _from_in_flight(life: Life, verb: str, note: str) -> str:
     b = life.broker
     if verb == "rolled_back":
         kept = "kept" in note
-        b.keep_on_rollback.add("native")
+        b.redo_on_rollback("native")
         life.ready()
         life.store.commit()
         b.turn_begins()

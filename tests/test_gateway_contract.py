@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
-from pzq.gateways.contract import ONLY, BrokerSurface, FramesGateway, Send, Shares, StreamGateway
+from pzq.gateways.contract import ONLY, BrokerSurface, FramesGateway, Send, StreamGateway
 from pzq.gateways.emqp import BACK, FRONT
 from pzq.protocols import api, phpmq
 
@@ -27,9 +27,8 @@ KINDS = {
 def test_every_name_of_the_broker_surface_is_one_the_server_s_broker_answers(store):
     # (mypy checks the types where the server hands the Broker in; this fails fast on a name alone)
     broker = Broker(store, ack_timeout_s=60.0)
-    for surface, real in ((BrokerSurface, broker), (Shares, broker.accounts)):
-        names = [n for n in vars(surface) if not n.startswith("_")]
-        assert names and not [n for n in names if not hasattr(real, n)], f"{surface.__name__} names what it lacks"
+    names = [n for n in vars(BrokerSurface) if not n.startswith("_")]
+    assert names and not [n for n in names if not hasattr(broker, n)], "BrokerSurface names what the Broker lacks"
 
 
 def gateway(name: str, store):

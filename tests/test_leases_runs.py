@@ -96,7 +96,7 @@ def test_a_run_skips_what_a_native_consumer_still_holds_after_a_rollback(tmp_pat
     try:
         broker.produce_many("q", [[b"m%d" % i] for i in range(6)], now_us=T0)
         store.commit()
-        broker.keep_on_rollback.add("native")
+        broker.redo_on_rollback("native")
         broker.turn_begins()
         taken = broker.take("q", 2, "native", now=0, now_us=T0)  # m0 m1, kept in flight over a rollback
         store.commit()

@@ -9,7 +9,7 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 
 | part | module | verbs |
 |---|---|---|
-| state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone`` |
+| state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone``, ``redo_on_rollback`` |
 | producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big`` |
 | handing out | handing.py | ``take``, ``take_run``, ``take_columns``, ``has_ready``, ``ready_count`` |
 | settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``dead_letter``, ``take_back``, |
@@ -20,10 +20,12 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
 | | | ``sweep_implicit`` |
 | questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
-| | | ``deadline_of``, ``held_by`` |
+| | | ``deadline_of``, ``held_by``, ``bytes_held``, ``bytes_in_flight``, ``room_of``, ``may_hand``, |
+| | | ``may_pipe`` |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
 | | | ``queue_figures``, ``stats``, ``totals`` |
-| delivery accounts | accounts.py | ``accounts`` itself (``discharged``, ``piped``, ``unpiped`` here) |
+| delivery accounts | accounts.py | ``accounts`` itself, ``share_of``, ``set_share``, ``charge`` |
+| | | (``discharged``, ``piped``, ``unpiped`` here) |
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ class Broker:
         # What is never replaced, as plain attributes (the in-flight table and the counts that change
         # are properties below)
         self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
-        self.accounts, self.keep_on_rollback = state.accounts, state.keep_on_rollback
+        self.accounts = accounts = state.accounts
+        self.share_of, self.set_share, self.charge = accounts.share_of, accounts.set_share, accounts.charge
         self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
-        self.payer_gone = state.payer_gone
+        self.payer_gone, self.redo_on_rollback = state.payer_gone, state.redo_on_rollback
 
         producing = self._producing = Producing(state)
         self.produce, self.produce_many = producing.produce, producing.produce_many
@@ -109,6 +112,8 @@ class Broker:
         self.check_room, self.peek = questions.check_room, questions.peek
         self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
         self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
+        self.bytes_held, self.bytes_in_flight = questions.bytes_held, questions.bytes_in_flight
+        self.room_of, self.may_hand, self.may_pipe = questions.room_of, questions.may_hand, questions.may_pipe
 
         queues = self._queues = Queues(state)
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work

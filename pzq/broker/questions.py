@@ -1,6 +1,7 @@
 """The broker's part that answers what gateways ask about queues and deliveries, so that none reaches
 into the store or the in-flight table: a queue's counters, its name, room for a side record, a
-read-only look at its messages, and who holds a delivery."""
+read-only look at its messages, who holds a delivery, and what a payer holds of the byte account
+(asked with the in-flight table of now, which ``reset`` replaces: so no gateway keeps it)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,26 @@ class Questions:
     def held_by(self, holder: Hashable) -> Callable[[Ref], bool]:
         """A function of a ref: whether ``holder`` holds it in flight (``deadline_of``'s as a bool)."""
         return self._s.inflight.held_by(holder)
+
+    # -- the byte account as a gateway asks it (pzq/broker/accounts.py), without the in-flight table
+
+    def bytes_held(self, payer: Hashable) -> int:
+        """Bytes charged to ``payer``: its deliveries in flight, its stale copies and its piped bytes."""
+        return self._s.accounts.held(payer, self._s.inflight)
+
+    def bytes_in_flight(self, payer: Hashable) -> int:
+        """Bytes of ``payer``'s deliveries in flight (not its stale copies nor piped bytes)."""
+        return self._s.inflight.bytes_of(payer)
+
+    def room_of(self, payer: Hashable) -> int:
+        """Bytes ``payer`` may still be handed, as ``take`` asks (0: none, and the payer is remembered,
+        to be woken when a release gives it room)."""
+        return self._s.accounts.room(payer, self._s.inflight)
+
+    def may_hand(self, payer: Hashable, size: int) -> bool:
+        """Whether ``size`` more bytes (a notice, not a delivery) may be handed to ``payer`` now."""
+        return self._s.accounts.may_hand(payer, size, self._s.inflight)
+
+    def may_pipe(self, payer: Hashable, unsent: int) -> bool:
+        """Whether ``payer`` may be handed another answer, ``unsent`` bytes made for it not charged yet."""
+        return self._s.accounts.may_pipe(payer, unsent, self._s.inflight)

@@ -236,6 +236,12 @@ class BrokerState:
         self.redo = bool(self.unwritten)
         self.readiness += 1
 
+    def redo_on_rollback(self, holder: Hashable) -> None:
+        """``holder``'s gateway keeps no state a rollback would undo (the native send socket): its
+        deliveries of earlier turns stay in flight through a rolled-back turn, and its acks since the
+        last commit are done again (rule 10)."""
+        self.keep_on_rollback.add(holder)
+
     def keep_unwritten(self, refs: Iterable[Ref]) -> None:
         """Acks by a ``keep_on_rollback`` holder, to be done again if this turn is rolled back (rule 10;
         the oldest forgotten past ``rollback_acks_kept``: a commit failing for long stays bounded)."""

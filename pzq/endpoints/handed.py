@@ -4,7 +4,7 @@ A frame sent zero-copy stays a Python buffer until libzmq frees it: once every c
 taken it into the kernel, or its pipe was dropped with a peer that went. pyzmq then gives the buffer back
 from its garbage-collector thread; a weak reference to the memoryview each frame is built on tells that
 moment exactly. Its callback (in that thread) only queues it; ``collect`` (the loop, once a turn) takes
-the bytes off the payer's charge in the delivery accounts (``accounts.charge``, pzq/broker/accounts.py),
+the bytes off the payer's charge in the delivery accounts (the broker's ``charge``, pzq/broker/accounts.py),
 which the memory bound counts with the deliveries. So what a peer that reads nothing leaves in a pipe is
 charged to whoever it was for until it is known to be gone, not until some timeout: an eMQP PUBLISH to
 its publisher (a PUB copies nothing per subscriber: one buffer is shared by every pipe), a worker's REPLY
@@ -42,11 +42,11 @@ class Handed:
     def room(self, payer: Hashable, size: int) -> bool:
         """Whether ``payer``'s share has room for ``size`` bytes more (a payer that holds nothing may have
         one message, whatever its size, while the memory bound allows it: the accounts' rule)."""
-        accounts, inflight = self.broker.accounts, self.broker.inflight
-        held = accounts.held(payer, inflight)
-        if held and held + size > accounts.share:  # (full: asked again each turn, not counted as a refused take)
+        broker = self.broker
+        held = broker.bytes_held(payer)
+        if held and held + size > broker.share_of(payer):  # (full: asked again each turn, not a refused take)
             return False
-        room = accounts.room(payer, inflight)
+        room = broker.room_of(payer)
         return room >= size or (room > 0 and not held)
 
     def frames(self, payer: Hashable, frames: Sequence[bytes]) -> list:
@@ -60,7 +60,7 @@ class Handed:
                 continue
             view = memoryview(frame)
             ref = weakref.ref(view, self._freed.append)
-            self._live[id(ref)] = (ref, payer, self.broker.accounts.charge(payer, size), size)
+            self._live[id(ref)] = (ref, payer, self.broker.charge(payer, size), size)
             self.bytes += size
             self.total += size
             out.append(zmq.Frame(view, copy=False))

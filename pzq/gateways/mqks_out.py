@@ -93,13 +93,13 @@ class Outbox:
     def may_answer(self, conn: bytes) -> bool:
         """Whether ``conn``'s next line may be served: what it was sent and its peer has not acknowledged
         (answers, notices, auto-ack deliveries), with what this turn made for it, is under its share and
-        the memory bound's ceiling (``accounts.may_pipe``). If not, its lines wait (counted in its
+        the memory bound's ceiling (the broker's ``may_pipe``). If not, its lines wait (counted in its
         unfinished input: a client that pipelines and never reads is read no further, then closed) until
         its peer acknowledges some (``unstick``) or ``retry``. A ping's answer is as long as its line: 16
         connections pipelining pings of 60 KB and reading nothing held 497 MiB, raised the alarm (every
         producer refused) and left the server 638 MiB of RssAnon, when answers stopped only at each
         connection's share and a backlog (``stream_backlog_bytes``) unacknowledged."""
-        if self.broker.accounts.may_pipe(("mqks", conn), self._made.get(conn, 0), self.broker.inflight):
+        if self.broker.may_pipe(("mqks", conn), self._made.get(conn, 0)):
             return True
         self._quiet.add(conn)
         return False
@@ -153,10 +153,10 @@ class Outbox:
     def _room(self, conn: bytes, size: int) -> bool:
         made = self._made.get(conn, 0)
         payer = ("mqks", conn)
-        accounts, inflight = self.broker.accounts, self.broker.inflight
+        broker = self.broker
         if not made:  # (charged at the turn's flush: what this turn made counts before)
-            return accounts.may_hand(payer, size, inflight)
-        return accounts.held(payer, inflight) + made + size <= accounts.share_of(payer)
+            return broker.may_hand(payer, size)
+        return broker.bytes_held(payer) + made + size <= broker.share_of(payer)
 
     def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
         """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are

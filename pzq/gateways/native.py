@@ -74,7 +74,7 @@ class NativeGateway:
         self.producers = Producers(broker, queue, self.batches, max_message_size=max_message_size)
         # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
         # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
-        broker.keep_on_rollback.add(CONSUMER)
+        broker.redo_on_rollback(CONSUMER)
         self.taken_back_total = 0
         self._take_back_logged = float("-inf")
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.

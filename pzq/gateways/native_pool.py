@@ -78,14 +78,14 @@ class SendPool:
         self.closed: list[Epoch] = []  # oldest first
         self._checked_at = float("-inf")
         self.passed_total = 0
-        broker.accounts.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
+        broker.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
 
     def charged(self) -> int:
         """Bytes charged to the pool: in flight and stale, of every epoch not yet passed."""
-        accounts, inflight = self.broker.accounts, self.broker.inflight
-        total = accounts.held(self.payer, inflight)
+        bytes_held = self.broker.bytes_held
+        total = bytes_held(self.payer)
         for epoch in self.closed:
-            total += accounts.held(epoch.payer, inflight)
+            total += bytes_held(epoch.payer)
         return total
 
     def room(self) -> int:
@@ -109,7 +109,6 @@ class SendPool:
         whose deliveries is in flight any more, end: their stale copies are released. Then the current
         epoch is closed if it holds stale copies and ``closable`` (every delivery it took has been handed
         to libzmq)."""
-        inflight = self.broker.inflight
         for epoch in list(self.closed):
             left = epoch.left
             if left is None or streams is None:
@@ -120,7 +119,7 @@ class SendPool:
                     del left[fd]
                 if left:
                     continue
-            if inflight.bytes_of(epoch.payer):
+            if self.broker.bytes_in_flight(epoch.payer):
                 continue
             self.closed.remove(epoch)
             self.passed_total += 1
@@ -131,8 +130,7 @@ class SendPool:
     def _closable(self, now: float) -> bool:
         if now < self._checked_at + self.check_s or len(self.closed) >= MOST_CLOSED:
             return False
-        inflight = self.broker.inflight
-        return self.broker.accounts.held(self.payer, inflight) > inflight.bytes_of(self.payer)  # (stale copies)
+        return self.broker.bytes_held(self.payer) > self.broker.bytes_in_flight(self.payer)  # (stale copies)
 
     def _checkpoint(self, now: float, streams: Mapping[int, Sample] | None) -> None:
         """Close the current epoch: ``streams`` holds each open connection's stream now."""
@@ -142,7 +140,7 @@ class SendPool:
         self.closed.append(Epoch(self.payer, now, self._largest, left))
         self._number += 1
         self.payer, self._largest, self._checked_at = (POOL, self._number), 0, now
-        self.broker.accounts.set_share(self.payer, self.share)
+        self.broker.set_share(self.payer, self.share)
 
     def next_check(self) -> float | None:
         """When closed epochs are next worth a look (None: none waits)."""
