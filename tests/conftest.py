@@ -412,8 +412,30 @@ DEFAULT_PORTS = {
 }
 
 
+# The dearest modules (about half of a whole run's seconds), started first: xdist hands a worker the next
+# test as it finishes one, so a long test collected last (torture, at "t") kept one worker busy for a
+# minute and more while the other had nothing left. Groups go out before single tests whatever this order
+# (xdist's --loadscope-reorder, by size): the two Spark modules start at once, one on each worker.
+FIRST = [
+    "test_spark_cluster",
+    "test_spark",
+    "test_torture",
+    "test_bench",
+    "test_fuzz_decoders",
+    "test_damaged_store",
+    "test_console",
+    "test_full_disk",
+    "test_emqp_eventmq",
+    "test_durability",
+    "test_console_process",
+    "test_crash",
+]
+
+
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
+    first = {module: rank for rank, module in enumerate(FIRST)}
+    items.sort(key=lambda item: first.get(item.module.__name__.rpartition(".")[2] if item.module else "", len(first)))
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         test = f"{module}.py::{item.originalname}" if isinstance(item, pytest.Function) else ""
