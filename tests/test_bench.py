@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -195,25 +194,6 @@ def test_bench_through_a_real_eventmq_jobmanager_finishes_every_job_once(tmp_pat
     assert (figures["jobs"], figures["finished"]) == (30, 30)
     assert_rate(figures, "jobs", "jobs_s")
     assert stdout.splitlines()[0] == f"pzq        30 trivial jobs, one JobManager x2: {figures['jobs_s']:,} jobs/s"
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("pyspark") is None or shutil.which("java") is None,
-    reason="pyspark and a Java runtime are installed by scripts/test",
-)
-@pytest.mark.timeout(300)
-def test_bench_through_the_spark_connector_reads_and_writes_every_row(tmp_path):
-    result, stdout = bench(
-        tmp_path, "--protocol", "spark", "--messages", "300", "--runs", "1", "--batch", "100", timeout=280
-    )
-    run = result["runs"][0]
-    assert run["messages"] == 300
-    assert run["produce"]["messages"] == 300
-    assert_rate(run["produce"], "messages")
-    for part in ("snapshot", "stream", "sink"):
-        assert run[part]["rows"] == 300, (part, run)
-        assert_rate(run[part], "rows", "rows_s")
-    assert "300 messages of 100 B, local[2], maxMessagesPerBatch 100" in stdout
 
 
 def test_an_emqp_bench_process_that_died_is_named_at_once_with_its_log(tmp_path):

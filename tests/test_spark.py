@@ -449,3 +449,22 @@ def test_planning_a_batch_of_many_lease_calls_waits_for_one_fsync_before_spark_g
             assert client.stats(srv.config.monitor_dsn)["syncs"] == syncs + 1
         finally:
             reader.stop()
+
+
+def test_the_spark_bench_reads_and_writes_every_row_and_its_rates_are_its_counts_over_its_seconds(spark):
+    """`pzq bench --protocol spark`'s run, on this module's session (its JVM is warm: a session of its own
+    cost the suite a JVM's start); tests/test_bench.py runs the command itself for the other protocols."""
+    from pzq.bench.spark import SparkOptions, bench
+
+    lines: list[str] = []
+    result = bench(SparkOptions(messages=300, runs=1, batch=100), lines.append, session=spark)
+    run = result["runs"][0]
+    assert run["messages"] == 300 and run["produce"]["messages"] == 300
+    for part in ("snapshot", "stream", "sink"):
+        figures = run[part]
+        assert figures["rows"] == 300, (part, run)
+        assert figures["seconds"] > 0 and abs(figures["rows_s"] - 300 / figures["seconds"]) <= max(
+            3, 0.01 * figures["rows_s"]
+        )
+    assert lines[0] == "300 messages of 100 B, local[2], maxMessagesPerBatch 100"
+    assert spark.range(3).count() == 3  # the session the bench was handed is still running

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from pzq.bench.report import machine, medians
 from pzq.bench.server import PzqServer
@@ -173,8 +174,10 @@ def _children_run_this_pzq() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
-    """A local[2] session and one server for every run; a row per run as it ends."""
+def bench(options: SparkOptions, echo: Callable[[str], None] = print, session: Any = None) -> dict:
+    """A local[2] session and one server for every run; a row per run as it ends. ``session``: a running
+    SparkSession to use and leave running (the tests' own, whose JVM is already warm), instead of one of
+    ``options.master`` started and stopped here."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -188,7 +191,7 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
         builder = SparkSession.builder.master(options.master).config("spark.ui.enabled", "false")
         if not local:  # every executor runs this interpreter, which has pzq installed
             builder = builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        spark = builder.config("spark.sql.shuffle.partitions", "2").getOrCreate()
+        spark = session or builder.config("spark.sql.shuffle.partitions", "2").getOrCreate()
         try:
             spark.sparkContext.setLogLevel("ERROR")
             register(spark)
@@ -210,5 +213,6 @@ def bench(options: SparkOptions, echo: Callable[[str], None] = print) -> dict:
                         f"{r['stream_batches']['batches']:>8}"
                     )
         finally:
-            spark.stop()
+            if session is None:
+                spark.stop()
     return {"machine": machine(), "options": dataclasses.asdict(options), "runs": runs, "median": medians(runs)}
