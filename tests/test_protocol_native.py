@@ -238,3 +238,17 @@ def test_a_stored_answer_is_told_from_a_refusal_by_its_status_frame():
     assert native.stored_ack(native.produce_ack(b"peer", b"id-1")) == (b"peer", b"id-1")
     assert native.stored_ack(native.produce_ack(b"peer", b"id-1", native.BUSY)) is None
     assert native.stored_ack([b"peer", b"id-1"]) is None
+
+
+def test_the_usual_shape_of_a_produced_message_is_read_to_its_body_and_every_other_shape_to_none():
+    assert native.plain_body([b"peer", b"id-1", b"", b"a", b"b"], 2) == [b"a", b"b"]
+    assert native.plain_body([b"peer", b"id-1", b"", b"ab", b"c"], 2) is None  # past the size: parse_produce
+    assert native.plain_body([b"peer", b"id-1", b"x", b"a"], 10) is None  # no delimiter
+    assert native.plain_body([b"peer", b"i" * (native.MAX_ID + 1), b"", b"a"], 10) is None  # id too long
+    assert native.plain_body([b"peer", b"id-1", b""], 10) is None  # no body
+
+
+def test_a_consumers_answer_is_read_as_its_key_and_whether_it_is_an_ack():
+    assert native.consumer_answer([b"key", b"1"]) == (b"key", True)
+    assert native.consumer_answer([b"key", b"0", b"extra"]) == (b"key", False)
+    assert native.consumer_answer([b"key"]) is None

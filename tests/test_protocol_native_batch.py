@@ -163,3 +163,15 @@ def test_whatever_frames_arrive_after_the_marker_the_server_answers_them(rest):
     event = wire.parse_batch([b"peer", b"id", wire.MARK, *rest], SMALL)
     assert isinstance(event, (wire.Batch, wire.Probe, wire.BatchRejected))
     assert wire.announced([b"peer", b"id", wire.MARK, *rest], 5) in range(1, 6)
+
+
+def test_a_batch_draws_what_it_announces_on_the_turns_records_and_any_other_message_one():
+    five = msgpack.packb([b"a"] * 5)
+    assert wire.records_of([b"peer", b"b-1", wire.MARK, b"", five], 1000) == 5
+    assert wire.records_of([b"peer", b"b-1", wire.MARK, b"", five], 3) == 3
+    assert wire.records_of([b"peer", b"id", b"", b"body", b"more"], 1000) == 1  # a legacy message of 5 frames
+
+
+def test_a_refused_batch_is_answered_with_its_id_echoed_and_cut():
+    answer = wire.refuse_batch([b"peer", b"x" * 2000, wire.MARK], "busy")
+    assert answer[0] == b"peer" and answer[1] == b"x" * wire.MAX_ECHO and b"busy" in answer

@@ -27,7 +27,7 @@ from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
 from pzq.protocols import native as wire
-from pzq.protocols.native_batch import MARK, KeyedFrames, announced, is_batch
+from pzq.protocols.native_batch import KeyedFrames, is_batch, records_of
 from pzq.zmqio import NOBLOCK, POLLIN, POLLOUT, Again, answer_cut, events, keep_big_frames, recv_frames, send_frames
 
 log = logging.getLogger("pzq.server")
@@ -248,7 +248,7 @@ class NativeEndpoints(Endpoint):
                     frames = receive(sock, gate, role, NOBLOCK)
                 else:  # (a producer's CURVE key names the namespace of its batch ids)
                     frames, key = receive_from(sock, gate, role, NOBLOCK)
-                    if frames is not None and key and len(frames) > 2 and frames[2] == MARK:
+                    if frames is not None and key and is_batch(frames):
                         frames = KeyedFrames(frames, key)
             except Again:
                 self._dry = True
@@ -283,9 +283,8 @@ class NativeEndpoints(Endpoint):
                 if held.bytes >= held_most or held.waits_a_turn(behind_most):
                     break
                 continue
-            # (a batch draws its messages on the turn's records, as the same messages one by one would; the
-            # test is native_batch.is_batch written out, here and above: this loop gains no call a message)
-            budget.take(length, 1 if len(frames) < 3 or frames[2] != MARK else announced(frames, batch_most))
+            # (a batch draws its messages on the turn's records, as the same messages one by one would)
+            budget.take(length, records_of(frames, batch_most))
             run.append(frames)
         return run, read, size
 

@@ -14,7 +14,7 @@ import time
 
 from pzq.config import Limits
 from pzq.protocols import native as wire
-from pzq.protocols.native_batch import MAX_ECHO, batch_error, is_batch
+from pzq.protocols.native_batch import is_batch, refuse_batch
 
 log = logging.getLogger("pzq.server")
 
@@ -79,7 +79,7 @@ class HeldIn:
         answers = []
         event = wire.parse_produce(frames, 1 << 62)
         if is_batch(frames):  # (a batch: answered as one, nothing of it stored)
-            answers.append(batch_error(frames[0], frames[1][:MAX_ECHO], wire.BUSY))
+            answers.append(refuse_batch(frames, wire.BUSY))
         elif isinstance(event, wire.Produce):
             answers.append(wire.produce_ack(event.routing, event.message_id, wire.BUSY))
         elif event is not None:  # (refused whatever waits, e.g. too many frames: it hears why, not "busy")

@@ -117,10 +117,11 @@ class NativeGateway:
         deadline_of = self.broker.deadline_of(CONSUMER)  # (deadline's answer, no call through the broker each)
         sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
-            if len(frames) < 2:  # (parse_consumer_ack's None, read without a ConsumerAck per answer)
+            answer = native.consumer_answer(frames)
+            if answer is None:
                 warn_bad("consumer", "short", f"{len(frames)} frame(s), expected [key, ack]")
                 continue
-            key = frames[0]
+            key, ok = answer
             ref = ref_of_key(key)
             if ref is None:
                 warn_bad("consumer", "bad-key", f"unknown message key {key[:80]!r}")
@@ -128,7 +129,7 @@ class NativeGateway:
             due = None if ref in answered else deadline_of(ref)
             answered.add(ref)
             sent_at.append((ref, None if due is None else due - timeout_s))
-            if frames[1] == b"1":
+            if ok:
                 acks.append(ref)
                 keys.append(key)
                 continue

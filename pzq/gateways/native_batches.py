@@ -230,7 +230,7 @@ class Batches:
         """A batch's answer once its turn's commit failed: what it stored is gone."""
         if send.token != STORED:
             return send
-        return Send(self.socket, wire.batch_error(send.frames[0], send.frames[1], native.STORE_FAILED), ANSWER)
+        return Send(self.socket, wire.refuse_batch(send.frames, native.STORE_FAILED), ANSWER)
 
     def stats(self) -> dict:
         return {

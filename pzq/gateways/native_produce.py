@@ -13,7 +13,8 @@ from pzq.gateways.contract import BrokerSurface, Send
 from pzq.gateways.native_batches import Batches
 from pzq.logs import warn_bad
 from pzq.protocols import native
-from pzq.protocols.native_batch import MARK, is_batch
+from pzq.protocols.native import plain_body
+from pzq.protocols.native_batch import is_batch
 from pzq.store import Upload
 
 RECEIVE = "receive"  # producers: the server's ROUTER
@@ -44,18 +45,15 @@ class Producers:
         try:
             for at in range(len(messages)):
                 frames = messages[at]
-                if len(frames) > 2 and frames[2] == MARK:  # a batch (or a probe): in its place
+                if is_batch(frames):  # a batch (or a probe): in its place
                     self._store(waiting, bodies, out, now_us)
                     out.append(self.batches.received(frames, now_us))
                     continue
-                # The usual shape, [routing, id, "", body...], read without a Produce (what parse_produce
-                # would make of it); anything else goes through parse_produce
-                if len(frames) > 3 and frames[2] == b"" and len(frames[1]) <= native.MAX_ID:
-                    body = frames[3:]
-                    if sum(map(len, body)) <= limit:
-                        waiting.append((frames[0], frames[1]))
-                        bodies.append(body)
-                        continue
+                body = plain_body(frames, limit)  # (the usual shape; anything else through parse_produce)
+                if body is not None:
+                    waiting.append((frames[0], frames[1]))
+                    bodies.append(body)
+                    continue
                 event = native.parse_produce(frames, limit)
                 if event is None:
                     continue  # (no id frame: there is no one to answer)

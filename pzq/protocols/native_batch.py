@@ -104,6 +104,18 @@ def is_batch(frames: Sequence[bytes]) -> bool:
     return len(frames) > 2 and frames[2] == MARK
 
 
+def records_of(frames: Sequence[bytes], most: int) -> int:
+    """What a message read by the server's ROUTER draws on a turn's record budget: 1, or what a batch
+    says it holds (``announced``)."""
+    return announced(frames, most) if len(frames) > 2 and frames[2] == MARK else 1
+
+
+def refuse_batch(frames: Sequence[bytes], code: str) -> list[bytes]:
+    """The answer refusing the batch or probe ``frames`` with ``code``, its id echoed (cut to MAX_ECHO):
+    ``frames`` as the server's ROUTER read them, or an answer to them (routing and id first in both)."""
+    return batch_error(frames[0], frames[1][:MAX_ECHO], code)
+
+
 def announced(frames: Sequence[bytes], most: int) -> int:
     """How many messages a batch says it holds (at most ``most``; 1 for a probe or an unreadable one):
     what it draws on a turn's record budget, read from its array header alone."""
