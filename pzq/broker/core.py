@@ -199,6 +199,20 @@ class Broker:
             raise
         return stored
 
+    # -- the byte account as the server's memory bound asks it (accounts.py): no table read
+
+    def delivery_bytes(self) -> int:
+        """Bytes charged to every payer: deliveries in flight, stale copies and piped bytes."""
+        return self.accounts.total(self._state.inflight)
+
+    def bank(self, *, others: int, ceiling: int, high_water: int) -> None:
+        """The memory bound's figures for this turn (``DeliveryAccounts.bank``)."""
+        self.accounts.bank(others=others, ceiling=ceiling, high_water=high_water)
+
+    def memory_stats(self) -> dict:
+        """The byte account's figures for the monitor's ``memory``."""
+        return self.accounts.stats(self._state.inflight)
+
     # -- the byte account, for what is not a delivery (accounts.py) ------------------------------
 
     def discharged(self, payer: Hashable, record: Stale, size: int) -> None:

@@ -350,11 +350,12 @@ class Server(Reloading):
         parts: dict[str, int] = {}
         for endpoint in self.endpoints:
             parts.update(endpoint.memory())
-        accounts = self.broker.accounts
-        parts["deliveries"] = delivered = accounts.total(self.broker.inflight)
+        parts["deliveries"] = delivered = self.broker.delivery_bytes()
         self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
         # (deliveries grow only under the ceiling, and not even one past the high-water mark)
-        accounts.bank(others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water)
+        self.broker.bank(
+            others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water
+        )
 
     def _recover(self, whole: bool = True) -> None:
         """Start over from what is on disk: uncommitted writes are dropped. After a bug (``whole``),
@@ -381,7 +382,7 @@ class Server(Reloading):
 
     def _gateway_stats(self) -> dict:
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
-        stats["memory"] = {**self.alarm.stats(), **self.broker.accounts.stats(self.broker.inflight)}
+        stats["memory"] = {**self.alarm.stats(), **self.broker.memory_stats()}
         stats["permissions"] = self.permissions.stats()
         if self.collector is not None:
             stats["gc"] = self.collector.stats()
