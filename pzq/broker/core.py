@@ -175,6 +175,17 @@ class Broker:
         self._state.reset()
         self._implicit.reset()
 
+    def gone(self, key: Hashable) -> int:
+        """``key``'s end (a connection closed, a consumer cancelled, a pool's epoch passed), whatever it
+        was: what it holds in flight goes back to its queues (``consumer_gone``; returns how many), what
+        was charged to it is let go (``payer_gone``), the queues it made no longer count against it
+        (``owner_gone``). Each part is a no-op for a key that was not that (and costs O(1) then)."""
+        returned = self.consumer_gone(key) if self._state.inflight.count(key) else 0
+        if not returned:
+            self.payer_gone(key)  # (``consumer_gone`` did, when it had deliveries)
+        self.owner_gone(key)
+        return returned
+
     def drop_queue(self, queue: str) -> int:
         """Delete a queue and everything in it, in flight included; returns how many messages it had.
         It is gone for every client at once (its name may make a new, empty queue) and no longer counts

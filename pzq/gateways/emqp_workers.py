@@ -146,7 +146,7 @@ class Roster:
             # may still consume from them all (the rules may have changed, or the server restarted).
             queues, slots, _ = self.departed.pop(cmd.peer)
             if self._unserved(user, _names(queues), cmd.name) is not None:
-                self.broker.consumer_gone(holder_of(cmd.peer, user))  # (jobs held for it since a restart)
+                self.broker.gone(holder_of(cmd.peer, user))  # (jobs held for it since a restart)
             else:
                 worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
                 log.info("eMQP worker %r is back", cmd.peer[:40])
@@ -181,7 +181,7 @@ class Roster:
         self.departed.pop(cmd.peer, None)
         old = self.workers.pop(cmd.peer, None)
         if old is not None:
-            self.broker.consumer_gone(old.consumer)
+            self.broker.gone(old.consumer)
         self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
         # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
         return [
@@ -255,7 +255,7 @@ class Roster:
         for identity, (queues, _, user) in list(self.departed.items()):
             if self._unserved(user, _names(queues)) is not None:
                 del self.departed[identity]
-                self.broker.consumer_gone(holder_of(identity, user))
+                self.broker.gone(holder_of(identity, user))
         return len(gone)
 
     def _unserved(self, user: str | None, queues: list[str], what: str = "") -> str | None:
@@ -305,7 +305,7 @@ class Roster:
             self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
             while len(self.departed) > self.limits.emqp_remembered:
                 self.departed.pop(next(iter(self.departed)))
-        requeued = self.broker.consumer_gone(worker.consumer)
+        requeued = self.broker.gone(worker.consumer)
         log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
 
     def hand_out(

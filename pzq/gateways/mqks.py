@@ -188,8 +188,7 @@ class MqksGateway(Requests):
         self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
             self._remove_consumer(consumer)
-        self.broker.owner_gone(("mqks", conn))
-        self.broker.payer_gone(("mqks", conn))  # (what its pipe held went with it)
+        self.broker.gone(("mqks", conn))  # (the queues it made, and what its pipe held, go with it)
 
     def narrowed(self) -> list[bytes]:
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""

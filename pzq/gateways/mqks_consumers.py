@@ -179,7 +179,7 @@ class Consumers:
                     self.broker.requeue_at_end(ref, by=consumer.key)
             if not refs:
                 self._leaving.popleft()
-                self.broker.consumer_gone(consumer.key)  # whatever is left (requeued ones are no-ops)
+                self.broker.gone(consumer.key)  # whatever is left (requeued ones are no-ops)
 
     # -- handing out -------------------------------------------------------------------------------
 

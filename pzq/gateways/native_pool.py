@@ -17,7 +17,7 @@ in its socket, plus what its pipe may hold (SNDHWM and libzmq's encoder one more
 since the oldest epoch not passed). A closed epoch has passed once each of those connections has closed,
 got that far, or been seen with nothing waiting in its socket after the checkpoint (an idle stream has
 an empty pipe: libzmq's I/O thread writes what a pipe holds as soon as the socket takes it). Once none
-of its deliveries is in flight either, its payer ends (``Broker.payer_gone``): its stale copies are
+of its deliveries is in flight either, its payer ends (``BrokerSurface.gone``): its stale copies are
 released. A consumer that reads and never acks thus frees its copies as it reads them; one that reads
 nothing holds at most its pipe, and is cut once its stream has not moved for ``Limits.native_send_stall_s``
 (pzq/endpoints/native_send.py), which passes its epochs too.
@@ -123,7 +123,7 @@ class SendPool:
                 continue
             self.closed.remove(epoch)
             self.passed_total += 1
-            self.broker.payer_gone(epoch.payer)
+            self.broker.gone(epoch.payer)
         if closable and self._closable(now):
             self._checkpoint(now, streams)
 

@@ -102,8 +102,7 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         self.rights.gone(conn)
         if session is not None:  # (a big send of its still goes to the store: it was sent whole)
-            self.broker.consumer_gone(session.consumer)
-            self.broker.owner_gone(session.consumer)
+            self.broker.gone(session.consumer)
             self._consume(session, None)
 
     def narrowed(self) -> list[bytes]:
