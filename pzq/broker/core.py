@@ -5,7 +5,7 @@ and transition table, and what every part reads and keeps); none inherits from a
 holds them and offers their verbs under the names gateways, endpoints and the server call, bound once
 here (``self.ack_many = settling.ack_many``): a call through the Broker is the part's own call, with no
 call of the Broker's between. It keeps for itself only what joins two parts (``drop_queue``,
-``produce_all``, ``reset``) and the byte account's three verbs for what is not a delivery.
+``produce_all``, ``reset``, ``gone``) and the byte account's questions the server asks.
 
 | part | module | verbs |
 |---|---|---|
@@ -20,23 +20,23 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
 | | | ``sweep_implicit`` |
 | questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
-| | | ``deadline_of``, ``held_by``, ``bytes_held``, ``bytes_in_flight``, ``room_of``, ``may_hand``, |
-| | | ``may_pipe`` |
+| | | ``deadline_of``, ``held_by`` |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
 | | | ``queue_figures``, ``stats``, ``totals`` |
-| delivery accounts | accounts.py | ``accounts`` itself, ``share_of``, ``set_share``, ``charge`` |
-| | | (``discharged``, ``piped``, ``unpiped`` here) |
+| delivery accounts | accounts.py | ``accounts`` itself (``delivery_bytes``, ``bank``, ``memory_stats`` here) |
+
+A gateway asks a payer's part of the byte account through a view, ``account(payer)`` (questions.py's
+``Account``: held, in flight, share, may hand, may pipe, charge), never through the accounts' table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from pzq.broker.accounts import Stale
 from pzq.broker.handing import Handing
 from pzq.broker.implicit import ImplicitQueues
 from pzq.broker.produce import Producing
-from pzq.broker.questions import Questions
+from pzq.broker.questions import Account, Questions
 from pzq.broker.queues import Queues
 from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
@@ -65,8 +65,7 @@ class Broker:
         # What is never replaced, as plain attributes (the in-flight table and the counts that change
         # are properties below)
         self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
-        self.accounts = accounts = state.accounts
-        self.share_of, self.set_share, self.charge = accounts.share_of, accounts.set_share, accounts.charge
+        self.accounts = state.accounts
         self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
         self.payer_gone, self.redo_on_rollback = state.payer_gone, state.redo_on_rollback
 
@@ -112,8 +111,6 @@ class Broker:
         self.check_room, self.peek = questions.check_room, questions.peek
         self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
         self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
-        self.bytes_held, self.bytes_in_flight = questions.bytes_held, questions.bytes_in_flight
-        self.room_of, self.may_hand, self.may_pipe = questions.room_of, questions.may_hand, questions.may_pipe
 
         queues = self._queues = Queues(state)
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work
@@ -224,21 +221,6 @@ class Broker:
         """The byte account's figures for the monitor's ``memory``."""
         return self.accounts.stats(self._state.inflight)
 
-    # -- the byte account, for what is not a delivery (accounts.py) ------------------------------
-
-    def discharged(self, payer: Hashable, record: Stale, size: int) -> None:
-        """libzmq freed ``size`` bytes charged to ``payer`` outside the deliveries (``accounts.charge``)."""
-        state = self._state
-        if self.accounts.discharge(payer, record, size, state.inflight):
-            state.readiness += 1
-
-    def piped(self, payer: Hashable, size: int) -> None:
-        """``size`` bytes other than a delivery's body (replies, notices, an auto-ack delivery gone from
-        the store) were handed to libzmq for ``payer``: charged until its peer has them (accounts.py)."""
-        self.accounts.hold(payer, size)
-
-    def unpiped(self, payer: Hashable, size: int) -> None:
-        """``payer``'s peer's TCP acknowledged ``size`` of its piped bytes."""
-        state = self._state
-        if self.accounts.let_go(payer, size, state.inflight):
-            state.readiness += 1
+    def account(self, payer: Hashable) -> Account:
+        """``payer``'s part of the byte account, as a gateway asks it (questions.py's ``Account``)."""
+        return Account(self._state, payer)

@@ -1,6 +1,6 @@
 """The broker's part that answers what gateways ask about queues and deliveries, so that none reaches
 into the store or the in-flight table: a queue's counters, its name, room for a side record, a
-read-only look at its messages, who holds a delivery, and what a payer holds of the byte account
+read-only look at its messages, who holds a delivery, and a payer's ``Account`` of the byte account
 (asked with the in-flight table of now, which ``reset`` replaces: so no gateway keeps it)."""
 
 from __future__ import annotations
@@ -57,25 +57,50 @@ class Questions:
         """A function of a ref: whether ``holder`` holds it in flight (``deadline_of``'s as a bool)."""
         return self._s.inflight.held_by(holder)
 
-    # -- the byte account as a gateway asks it (pzq/broker/accounts.py), without the in-flight table
 
-    def bytes_held(self, payer: Hashable) -> int:
-        """Bytes charged to ``payer``: its deliveries in flight, its stale copies and its piped bytes."""
-        return self._s.accounts.held(payer, self._s.inflight)
+class Account:
+    """One payer's part of the byte account (pzq/broker/accounts.py), as a gateway asks it: what it
+    holds, its share, whether a notice or an answer may be handed to it, and the charge of bytes other
+    than deliveries' bodies. A view (the state and a payer), made on each ask (``Broker.account``): it reads the
+    in-flight table of now, so one kept across a ``reset`` still answers right."""
 
-    def bytes_in_flight(self, payer: Hashable) -> int:
-        """Bytes of ``payer``'s deliveries in flight (not its stale copies nor piped bytes)."""
-        return self._s.inflight.bytes_of(payer)
+    __slots__ = ("_payer", "_s")
 
-    def room_of(self, payer: Hashable) -> int:
-        """Bytes ``payer`` may still be handed, as ``take`` asks (0: none, and the payer is remembered,
-        to be woken when a release gives it room)."""
-        return self._s.accounts.room(payer, self._s.inflight)
+    def __init__(self, state: BrokerState, payer: Hashable):
+        self._s, self._payer = state, payer
 
-    def may_hand(self, payer: Hashable, size: int) -> bool:
-        """Whether ``size`` more bytes (a notice, not a delivery) may be handed to ``payer`` now."""
-        return self._s.accounts.may_hand(payer, size, self._s.inflight)
+    def held(self) -> int:
+        """Bytes charged to the payer: its deliveries in flight, its stale copies and its piped bytes."""
+        return self._s.accounts.held(self._payer, self._s.inflight)
 
-    def may_pipe(self, payer: Hashable, unsent: int) -> bool:
-        """Whether ``payer`` may be handed another answer, ``unsent`` bytes made for it not charged yet."""
-        return self._s.accounts.may_pipe(payer, unsent, self._s.inflight)
+    def in_flight(self) -> int:
+        """Bytes of the payer's deliveries in flight (not its stale copies nor piped bytes)."""
+        return self._s.inflight.bytes_of(self._payer)
+
+    @property
+    def share(self) -> int:
+        """The payer's share: its own, set here (the native send socket's pool), or every payer's."""
+        return self._s.accounts.share_of(self._payer)
+
+    @share.setter
+    def share(self, share: int) -> None:
+        self._s.accounts.set_share(self._payer, share)
+
+    def may_hand(self, size: int, unsent: int = 0) -> bool:
+        """Whether ``size`` more bytes (a notice, a published frame: not a delivery) may be handed to the
+        payer now, ``unsent`` bytes already made for it this turn counted (``DeliveryAccounts.may_hand``)."""
+        return self._s.accounts.may_hand(self._payer, size, self._s.inflight, unsent)
+
+    def may_pipe(self, unsent: int) -> bool:
+        """Whether the payer may be handed another answer, ``unsent`` bytes made for it not charged yet."""
+        return self._s.accounts.may_pipe(self._payer, unsent, self._s.inflight)
+
+    def charge(self, size: int) -> None:
+        """``size`` bytes other than a delivery's body were handed to libzmq for the payer (> 0: charged
+        until its peer has them, or libzmq freed them), or are no longer held (< 0: released, and
+        whoever was refused room may have some now)."""
+        state = self._s
+        if size > 0:
+            state.accounts.hold(self._payer, size)
+        elif size < 0 and state.accounts.let_go(self._payer, -size, state.inflight):
+            state.readiness += 1
