@@ -10,23 +10,26 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | part | module | verbs |
 |---|---|---|
 | state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone``, ``redo_on_rollback`` |
-| producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big`` |
+| producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big``, |
+| | | ``check_room`` |
 | handing out | handing.py | ``take``, ``take_run``, ``take_columns``, ``has_ready``, ``ready_count`` |
-| settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``dead_letter``, ``take_back``, |
-| | | ``take_back_many``, ``undeliver``, ``undeliver_many``, ``expire``, ``consumer_gone``, ``hold``, |
-| | | ``holds``, ``set_deadline``, ``deadline``, ``stored``, ``held_count``, ``next_deadline`` |
+| settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``requeue``, ``dead_letter``, |
+| | | ``take_back``, ``take_back_many``, ``undeliver``, ``undeliver_many``, ``expire``, |
+| | | ``consumer_gone``, ``holds``, ``deadline``, ``stored``, ``next_deadline`` |
 | range holds | ranges.py | ``take_ranges``, ``hold_range``, ``release_range``, ``ack_range``, ``holder_of``, |
-| | | ``held_ranges``, ``held_by_others`` |
+| | | ``held_ranges`` |
 | implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
 | | | ``sweep_implicit`` |
-| questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
-| | | ``deadline_of``, ``held_by`` |
+| questions | questions.py | ``queue_info``, ``peek`` (the queues view's); ``in_flight_to``, ``held_count``, |
+| | | ``deadline_of``, ``hold`` (the deliveries view's) |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
 | | | ``queue_figures``, ``stats``, ``totals`` |
 | delivery accounts | accounts.py | ``accounts`` itself (``delivery_bytes``, ``bank``, ``memory_stats`` here) |
 
-A gateway asks a payer's part of the byte account through a view, ``account(payer)`` (questions.py's
-``Account``: held, in flight, share, may hand, may pipe, charge), never through the accounts' table.
+Gateways see the Broker as gateways/contract.py's ``BrokerSurface``: a few verbs, and three views of
+questions.py, held (``queues``, ``deliveries``) or made for a payer (``account(payer)``: its part of the
+byte account), each a few named questions and verbs, never a table. The names above that no gateway
+uses are the server's, the leases' and the tests'.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Hashable, Sequence
 from pzq.broker.handing import Handing
 from pzq.broker.implicit import ImplicitQueues
 from pzq.broker.produce import Producing
-from pzq.broker.questions import Account, Questions
+from pzq.broker.questions import Account, Deliveries, QueueQuestions
 from pzq.broker.queues import Queues
 from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
@@ -72,26 +75,34 @@ class Broker:
         producing = self._producing = Producing(state)
         self.produce, self.produce_many = producing.produce, producing.produce_many
         self.begin_big, self.write_big = producing.begin_big, producing.write_big
-        self.produce_big, self.drop_big = producing.produce_big, producing.drop_big
+        self.produce_big, self.drop_big, self.check_room = (
+            producing.produce_big,
+            producing.drop_big,
+            producing.check_room,
+        )
 
         handing = self._handing = Handing(state)
         self.take, self.take_run, self.take_columns = handing.take, handing.take_run, handing.take_columns
         self.has_ready, self.ready_count = handing.has_ready, handing.ready_count
 
         settling = self._settling = Settling(state)
-        self.ack, self.ack_many, self.nack = settling.ack, settling.ack_many, settling.nack
+        self.ack, self.ack_many, self.nack, self.requeue = (
+            settling.ack,
+            settling.ack_many,
+            settling.nack,
+            settling.requeue,
+        )
         self.requeue_at_end, self.dead_letter = settling.requeue_at_end, settling.dead_letter
         self.take_back, self.take_back_many = settling.take_back, settling.take_back_many
         self.undeliver, self.undeliver_many = settling.undeliver, settling.undeliver_many
-        self.expire, self.consumer_gone, self.hold = settling.expire, settling.consumer_gone, settling.hold
-        self.holds, self.set_deadline, self.deadline = settling.holds, settling.set_deadline, settling.deadline
-        self.stored, self.held_count, self.next_deadline = settling.stored, settling.held_count, settling.next_deadline
+        self.expire, self.consumer_gone = settling.expire, settling.consumer_gone
+        self.holds, self.deadline = settling.holds, settling.deadline
+        self.stored, self.next_deadline = settling.stored, settling.next_deadline
 
         ranges = self._ranges = RangeHolds(state)
         self.take_ranges, self.hold_range = ranges.take_ranges, ranges.hold_range
         self.release_range, self.ack_range = ranges.release_range, ranges.ack_range
         self.holder_of, self.held_ranges = ranges.holder_of, ranges.held_ranges
-        self.held_by_others = ranges.held_by_others
         store.on_set_aside.append(ranges.set_aside)
 
         implicit = self._implicit = ImplicitQueues(
@@ -106,11 +117,12 @@ class Broker:
         self.owner_gone = implicit.owner_gone
         self.next_sweep, self.sweep_implicit = implicit.next_sweep, implicit.sweep_implicit
 
-        questions = self._questions = Questions(state)
-        self.queue_info, self.queue_name = questions.queue_info, questions.queue_name
-        self.check_room, self.peek = questions.check_room, questions.peek
-        self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
-        self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
+        # The views gateways ask (questions.py): held, never replaced (each reads the state of now)
+        self.queues = QueueQuestions(state, implicit, ranges)
+        self.queue_info, self.peek = self.queues.info, self.queues.peek
+        deliveries = self.deliveries = Deliveries(state)
+        self.in_flight_to, self.held_count = deliveries.holder, deliveries.count
+        self.deadline_of, self.hold = deliveries.deadline_of, deliveries.hold
 
         queues = self._queues = Queues(state)
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work

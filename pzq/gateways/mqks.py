@@ -87,7 +87,7 @@ class MqksGateway(Requests):
         self.errors_total = 0
         self.bindings = BindingIndex(bindings, limits)
         self._start_unused_clocks()
-        broker.add_queue_user(self)
+        broker.queues.add_user(self)
 
     def _session(self, conn: bytes) -> Session | None:
         return self.sessions.get(conn) or self._ghosts.get(conn)
@@ -392,5 +392,5 @@ class MqksGateway(Requests):
             "notices_total": self.outbox.made_total,
             "connections_held_back": len(self.outbox.holders()),  # (output waiting behind a notice)
             # (queues deleted whose records go over the next turns, and the messages they still hold)
-            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.dropping_left(), strict=True)),
+            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.queues.dropping_left(), strict=True)),
         }

@@ -193,9 +193,7 @@ class Requests:
             budget.take(len(data) * len(queues), records=len(queues))
             self.published_total += 1
         else:
-            if self.broker.refusing is not None:
-                raise StoreFull(self.broker.refusing)
-            self.broker.check_room(len(data) * len(queues))
+            self.broker.check_room(len(data) * len(queues), producing=True)
             session.job = Publish(
                 self.broker,
                 self.limits,
@@ -212,7 +210,7 @@ class Requests:
 
     def _binding_of(self, queue: str) -> Binding:
         """The queue's binding; a fresh one (owned if MQKS makes the queue) when it has none."""
-        return self.bindings.get(queue) or Binding([], owned=self.broker.queue_info(queue) is None)
+        return self.bindings.get(queue) or Binding([], owned=self.broker.queues.info(queue) is None)
 
     def _consume(self, conn: bytes, session: Session, req: mqks.Request) -> None:
         a = req.args
@@ -229,7 +227,7 @@ class Requests:
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
         growth = self.bindings.room_for_events(queue, events, conn)
         # The queue exists from now on, bound or not: made implicit, on this connection's share (StoreFull)
-        self.broker.create_queue(queue, owner=("mqks", conn))
+        self.broker.queues.create(queue, owner=("mqks", conn))
         if old is not None:  # the same id again on this connection: it starts over
             self._remove_consumer(old)
         unused = a["unused"] if a["unused"] is not None else binding.unused
@@ -255,7 +253,7 @@ class Requests:
         events = mqks.remove_masked(events, a["remove_mask"], self.limits.mqks_mask_work)
         events = with_added(events, a["add"])
         growth = self.bindings.room_for_events(queue, events, conn)
-        self.broker.create_queue(queue, owner=("mqks", conn))
+        self.broker.queues.create(queue, owner=("mqks", conn))
         changed = self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True)
         self.bindings.took(conn, growth)
         if changed:
@@ -295,8 +293,8 @@ class Requests:
                 f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
                 "through it; one that existed before MQKS bound it belongs to others too)",
             )
-        info = self.broker.queue_info(queue)
-        if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
+        info = self.broker.queues.info(queue)
+        if info is not None and self.broker.queues.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
             raise ProtocolError(
                 "queue-in-use",
                 f"queue {queue!r} has messages held by clients of another protocol or leased by an API group",

@@ -89,7 +89,7 @@ class Consumers:
         for consumer in list(self.known.values()):
             if client is not None and consumer.client != client:
                 continue
-            if consumer.credit == 0 and self.broker.held_count(consumer.holder) == 0:
+            if consumer.credit == 0 and self.broker.deliveries.count(consumer.holder) == 0:
                 self.forget(consumer)
                 self.evicted_total += 1
                 return True
@@ -107,7 +107,7 @@ class Consumers:
             if now - consumer.seen < idle:
                 return
             consumer.credit = 0
-            if self.broker.held_count(consumer.holder) == 0:
+            if self.broker.deliveries.count(consumer.holder) == 0:
                 self.forget(consumer, gone=False)
                 self.forgotten_total += 1
             else:  # (it holds deliveries: its ack timeouts bring them back; looked at again later)
