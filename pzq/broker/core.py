@@ -23,7 +23,7 @@ call of the Broker's between. It keeps for itself only what joins two parts (``d
 | questions | questions.py | ``queue_info``, ``peek`` (the queues view's); ``in_flight_to``, ``held_count``, |
 | | | ``deadline_of``, ``hold`` (the deliveries view's) |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
-| | | ``queue_figures``, ``stats``, ``totals`` |
+| | | ``queue_figures``, ``stats``, ``totals``, ``queue_counts`` |
 | delivery accounts | accounts.py | ``accounts`` itself (``delivery_bytes``, ``bank``, ``memory_stats`` here) |
 
 Gateways see the Broker as gateways/contract.py's ``BrokerSurface``: a few verbs, and three views of
@@ -128,7 +128,7 @@ class Broker:
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work
         self.dropping_left, self.purge = queues.dropping_left, queues.purge
         self.queue_inflight, self.queue_figures = queues.queue_inflight, queues.queue_figures
-        self.stats, self.totals = queues.stats, queues.totals
+        self.stats, self.totals, self.queue_counts = queues.stats, queues.totals, queues.queue_counts
 
     # -- the state's figures that change (read and set through the state, where every part sees them)
 

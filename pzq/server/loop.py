@@ -279,7 +279,7 @@ class Server(Reloading):
         """The tick's part that is the server's: the metrics' figures, the console's process."""
         if self.metrics is not None:
             oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
-            stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
+            stats, per_queue = self.stats(), self.broker.queue_counts()
             self.metrics.update(stats, oldest, per_queue)
         if self.console is not None:
             self.console.check(now)  # (one waitpid(WNOHANG); a restart when its wait is over)
