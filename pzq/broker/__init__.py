@@ -3,8 +3,8 @@
 The Broker sits between the protocol gateways and the store. It owns what is in flight and where each
 queue's next ready message is, and it never touches a socket: a gateway asks it for messages to send
 and tells it what came back, in runs where it can (``produce_many``, ``take``, ``ack_many``,
-``take_back_many``). Times are passed in (``now`` monotonic seconds, ``now_us``
-wall-clock microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
+``take_back_many``). Times are passed in (``now`` monotonic seconds, ``now_us`` wall-clock
+microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
 whenever messages may have become ready, for any gateway that waits for that.
 
 Modules: ``state`` (the life of a delivery as numbered rules and a transition table, and the state

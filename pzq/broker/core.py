@@ -75,23 +75,16 @@ class Broker:
         producing = self._producing = Producing(state)
         self.produce, self.produce_many = producing.produce, producing.produce_many
         self.begin_big, self.write_big = producing.begin_big, producing.write_big
-        self.produce_big, self.drop_big, self.check_room = (
-            producing.produce_big,
-            producing.drop_big,
-            producing.check_room,
-        )
+        self.produce_big, self.drop_big = producing.produce_big, producing.drop_big
+        self.check_room = producing.check_room
 
         handing = self._handing = Handing(state)
         self.take, self.take_run, self.take_columns = handing.take, handing.take_run, handing.take_columns
         self.has_ready, self.ready_count = handing.has_ready, handing.ready_count
 
         settling = self._settling = Settling(state)
-        self.ack, self.ack_many, self.nack, self.requeue = (
-            settling.ack,
-            settling.ack_many,
-            settling.nack,
-            settling.requeue,
-        )
+        self.ack, self.ack_many = settling.ack, settling.ack_many
+        self.nack, self.requeue = settling.nack, settling.requeue
         self.requeue_at_end, self.dead_letter = settling.requeue_at_end, settling.dead_letter
         self.take_back, self.take_back_many = settling.take_back, settling.take_back_many
         self.undeliver, self.undeliver_many = settling.undeliver, settling.undeliver_many
