@@ -174,3 +174,25 @@ def test_a_notice_counts_what_was_made_for_its_payer_this_turn_and_waits_for_mem
     account.charge(-1000)
     assert broker.readiness > readiness, "one refused for want of memory is told when there is room"
     assert broker.account("quiet").may_hand(10_000), "one that holds nothing may have one, whatever its size"
+
+
+def test_one_gone_returns_what_a_connection_held_and_lets_go_of_everything_charged_to_it(broker):
+    fill(broker, 20)
+    assert len(take(broker, "c", n=2)) == 2
+    broker.account("c").charge(500)  # (an answer in its pipe)
+    broker.account("p").charge(700)  # (a payer that holds no delivery: a pool's epoch, a publisher)
+    assert broker.gone("c") == 2 and broker.ready_count("q") == 20
+    assert broker.gone("p") == 0
+    assert broker.account("c").held() == broker.account("p").held() == 0
+    assert broker.accounts.total(broker.inflight) == 0
+
+
+def test_a_delivery_given_its_own_deadline_stays_charged_to_its_payer(broker):
+    fill(broker, 2)
+    message = take(broker, "w", n=1, payer="client")[0]
+    ref = (message.qid, message.seq)
+    broker.deliveries.hold(ref, "w", 1234.5)  # (eMQP's timeout:N)
+    assert broker.deliveries.deadline_of("w")(ref) == 1234.5 and broker.deliveries.holder(ref) == "w"
+    assert broker.account("client").in_flight() == 1000, "its bytes are still its payer's"
+    assert broker.expire(1234.0) == 0 and broker.expire(1235.0) == 1
+    assert broker.account("client").in_flight() == 0
