@@ -10,14 +10,14 @@ from collections.abc import Callable
 import pytest
 
 import pzq.broker.state
-from pzq.broker import Broker, Exclusive, handing, implicit, produce, queues, ranges, settle
+from pzq.broker import Broker, Exclusive, handing, implicit, produce, questions, queues, ranges, settle
 from pzq.store import Store
 
 T0 = 1_700_000_000_000_000  # a wall-clock µs timestamp
 GROUP = Exclusive("g")
 Ref = tuple[int, int]
 
-_PARTS = {m.__name__.rsplit(".", 1)[1]: m for m in (handing, implicit, produce, queues, ranges, settle)}
+_PARTS = {m.__name__.rsplit(".", 1)[1]: m for m in (handing, implicit, produce, questions, queues, ranges, settle)}
 
 
 def _table() -> list[tuple[str, str, str, str]]:

@@ -61,4 +61,4 @@ def test_every_verb_bound_on_the_broker_is_in_the_table_in_core(store):
     listed = {verb for verbs in _verb_table().values() for verb in verbs}
     bound = {name for name, value in vars(broker).items() if not name.startswith("_") and inspect.ismethod(value)}
     assert bound - listed == set()
-    assert len(bound) >= 60
+    assert len(bound) >= 50  # (what only gateways asked is on the views of questions.py now)

@@ -134,32 +134,65 @@ def test_deliveries_stop_at_the_ceiling_and_past_the_high_water_mark_even_one_is
 
 def test_bytes_charged_outside_deliveries_fill_the_payers_share_until_libzmq_frees_them(broker):
     fill(broker, 20)
-    record = broker.accounts.charge("pub", 3000)
-    assert charged(broker, "pub") == 3000 and broker.accounts.total(broker.inflight) == 3000
+    account = broker.account("pub")
+    account.charge(3000)
+    assert charged(broker, "pub") == 3000 == account.held() and broker.accounts.total(broker.inflight) == 3000
     assert broker.accounts.room("pub", broker.inflight) == SHARE - 3000
-    more = broker.accounts.charge("pub", 2000)
+    account.charge(2000)
     assert broker.accounts.room("pub", broker.inflight) == 0
     readiness = broker.readiness
-    broker.discharged("pub", record, 3000)
+    account.charge(-3000)
     assert broker.readiness > readiness, "a payer refused for want of room is told it has some"
-    broker.discharged("pub", more, 2000)
+    account.charge(-2000)
     assert charged(broker, "pub") == 0 and broker.accounts.total(broker.inflight) == 0
-    assert "pub" not in broker.accounts._stale, "a client's identity is not remembered once it holds nothing"
+    assert "pub" not in broker.accounts._piped, "a client's identity is not remembered once it holds nothing"
 
 
 def test_bytes_in_a_payers_pipe_count_in_its_share_until_its_peer_has_them_or_it_is_gone(broker):
     fill(broker, 20)
-    broker.piped("c", 3500)  # (replies and notices handed to libzmq for its connection)
+    broker.account("c").charge(3500)  # (replies and notices handed to libzmq for its connection)
     assert charged(broker, "c") == 3500 and broker.accounts.total(broker.inflight) == 3500
-    assert broker.accounts.may_hand("c", 500, broker.inflight) and not broker.accounts.may_hand(
-        "c", 700, broker.inflight
-    )
+    assert broker.account("c").may_hand(500) and not broker.account("c").may_hand(700)
     assert len(take(broker)) == 1, "its share holds one delivery more (and that is all)"
     assert take(broker) == []
     before = broker.readiness
-    broker.unpiped("c", 3500)  # (its peer's TCP acknowledged them)
+    broker.account("c").charge(-3500)  # (its peer's TCP acknowledged them)
     assert charged(broker, "c") == 1000 and broker.readiness > before, "room again: takers are told"
     assert len(take(broker)) == 4
-    broker.piped("c", 2000)
+    broker.account("c").charge(2000)
     broker.payer_gone("c")
     assert broker.accounts.stats(broker.inflight)["delivery_piped_bytes"] == 0, "gone with its connection"
+
+
+def test_a_notice_counts_what_was_made_for_its_payer_this_turn_and_waits_for_memory_as_a_take_does(broker):
+    account = broker.account("c")
+    account.charge(2000)
+    assert account.may_hand(1000) and not account.may_hand(1000, unsent=1500), "made this turn counts"
+    broker.accounts.bank(others=0, ceiling=3500, high_water=8000)
+    assert account.may_hand(1000) and not account.may_hand(1000, unsent=600), "and it counts under the ceiling"
+    readiness = broker.readiness
+    account.charge(-1000)
+    assert broker.readiness > readiness, "one refused for want of memory is told when there is room"
+    assert broker.account("quiet").may_hand(10_000), "one that holds nothing may have one, whatever its size"
+
+
+def test_one_gone_returns_what_a_connection_held_and_lets_go_of_everything_charged_to_it(broker):
+    fill(broker, 20)
+    assert len(take(broker, "c", n=2)) == 2
+    broker.account("c").charge(500)  # (an answer in its pipe)
+    broker.account("p").charge(700)  # (a payer that holds no delivery: a pool's epoch, a publisher)
+    assert broker.gone("c") == 2 and broker.ready_count("q") == 20
+    assert broker.gone("p") == 0
+    assert broker.account("c").held() == broker.account("p").held() == 0
+    assert broker.accounts.total(broker.inflight) == 0
+
+
+def test_a_delivery_given_its_own_deadline_stays_charged_to_its_payer(broker):
+    fill(broker, 2)
+    message = take(broker, "w", n=1, payer="client")[0]
+    ref = (message.qid, message.seq)
+    broker.deliveries.hold(ref, "w", 1234.5)  # (eMQP's timeout:N)
+    assert broker.deliveries.deadline_of("w")(ref) == 1234.5 and broker.deliveries.holder(ref) == "w"
+    assert broker.account("client").in_flight() == 1000, "its bytes are still its payer's"
+    assert broker.expire(1234.0) == 0 and broker.expire(1235.0) == 1
+    assert broker.account("client").in_flight() == 0

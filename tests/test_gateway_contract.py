@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
-from pzq.gateways.contract import ONLY, BrokerSurface, FramesGateway, Send, StreamGateway
+from pzq.gateways.contract import ONLY, Account, BrokerSurface, Deliveries, FramesGateway, Queues, Send, StreamGateway
 from pzq.gateways.emqp import BACK, FRONT
 from pzq.protocols import api, phpmq
 
@@ -29,6 +29,19 @@ def test_every_name_of_the_broker_surface_is_one_the_server_s_broker_answers(sto
     broker = Broker(store, ack_timeout_s=60.0)
     names = [n for n in vars(BrokerSurface) if not n.startswith("_")]
     assert names and not [n for n in names if not hasattr(broker, n)], "BrokerSurface names what the Broker lacks"
+    for view, surface in ((broker.deliveries, Deliveries), (broker.queues, Queues), (broker.account("p"), Account)):
+        names = [n for n in vars(surface) if not n.startswith("_")]
+        assert names and not [n for n in names if not hasattr(view, n)], f"{surface.__name__} names what it lacks"
+
+
+def test_the_broker_surface_is_about_twenty_names_and_each_view_at_most_ten():
+    # (issue 41: 50 names before the views; a table a gateway could mutate is none of them)
+    def names(surface: type) -> list[str]:
+        return [n for n in vars(surface) if not n.startswith("_")]
+
+    assert len(names(BrokerSurface)) <= 22
+    assert all(len(names(view)) <= 10 for view in (Deliveries, Queues, Account))
+    assert not {"inflight", "accounts", "store", "refusing"} & set(names(BrokerSurface))
 
 
 def gateway(name: str, store):

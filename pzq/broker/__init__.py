@@ -3,16 +3,17 @@
 The Broker sits between the protocol gateways and the store. It owns what is in flight and where each
 queue's next ready message is, and it never touches a socket: a gateway asks it for messages to send
 and tells it what came back, in runs where it can (``produce_many``, ``take``, ``ack_many``,
-``undeliver_many``, ``take_back_many``). Times are passed in (``now`` monotonic seconds, ``now_us``
-wall-clock microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
+``take_back_many``). Times are passed in (``now`` monotonic seconds, ``now_us`` wall-clock
+microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
 whenever messages may have become ready, for any gateway that waits for that.
 
 Modules: ``state`` (the life of a delivery as numbered rules and a transition table, and the state
 every part shares), ``core`` (the Broker: its parts held, their verbs offered), and the parts, each
 handed the state: ``produce``, ``handing`` (take), ``settle`` (answers from consumers, timeouts),
 ``ranges`` (consumer groups' range holds), ``implicit`` (queues made by clients' requests),
-``questions`` (what gateways ask instead of reaching into the store), ``queues`` (whole queues,
-figures); ``accounts`` (the byte account of deliveries).
+``questions`` (the views gateways ask instead of reaching into the store: ``queues``, ``deliveries``,
+a payer's ``account``), ``queues`` (whole queues, figures); ``accounts`` (the byte account of
+deliveries).
 """
 
 from pzq.broker.core import Broker

@@ -21,7 +21,10 @@ A raw-TCP door that can see what its peer's TCP acknowledged (MQKS: TCP_INFO's b
 other bytes too, from the moment it hands them to libzmq until the peer's TCP has them (``hold``,
 ``let_go``): replies, notices and auto-ack deliveries (whose message is gone from the store when it is
 sent, so ``take``'s charge ends at once). They count in the payer's share and the memory bound as the
-deliveries do; a manual-ack delivery's body is charged once, by ``take``.
+deliveries do; a manual-ack delivery's body is charged once, by ``take``. eMQP's zero-copy frames (a
+PUBLISH's fan-out, a REPLY passed on) are charged the same way, from the send until libzmq frees their
+buffer (pzq/endpoints/handed.py). A gateway charges and releases them as one signed ``charge`` of its
+``Account`` (pzq/broker/questions.py).
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ class DeliveryAccounts:
 
     def hold(self, payer: Hashable, size: int) -> None:
         """``size`` bytes other than a delivery's body were handed to libzmq for ``payer``: charged until
-        its peer's TCP acknowledged them (``let_go``) or it is gone."""
+        its peer's TCP acknowledged them, or libzmq freed them (``let_go``), or it is gone. A payer left
+        holding none is forgotten (eMQP's payers are clients' identities, whose end nobody reports)."""
         if size > 0:
             self._piped[payer] = self._piped.get(payer, 0) + size
             self.piped_total += size
@@ -133,14 +137,23 @@ class DeliveryAccounts:
         self.refused_total += 1
         return 0
 
-    def may_hand(self, payer: Hashable, size: int, inflight: InFlight) -> bool:
-        """Whether ``size`` more bytes may be handed to ``payer`` now (a notice, not a delivery: nothing
-        is counted or remembered): within its share and the ceiling, or the first whatever its size, as
-        ``room`` allows a delivery."""
-        held, everyone = self.held(payer, inflight), self._others + self.total(inflight)
+    def may_hand(self, payer: Hashable, size: int, inflight: InFlight, unsent: int = 0) -> bool:
+        """Whether ``size`` more bytes (a notice, a published frame: not a delivery) may be handed to
+        ``payer`` now, ``unsent`` bytes made for it this turn and not charged yet counted as charged:
+        within its share and the ceiling, or the first whatever its size, as ``room`` allows a delivery.
+        A payer refused for its share is not remembered (asked again each turn); one refused for want
+        of memory is, and counted, as ``room`` does (a release raises readiness)."""
+        held, everyone = self.held(payer, inflight) + unsent, self._others + self.total(inflight) + unsent
         if not held:
-            return everyone < self._high_water + self.slack
-        return held + size <= self._shares.get(payer, self.share) and everyone + size <= self._ceiling
+            if everyone < self._high_water + self.slack:
+                return True
+        elif held + size > self._shares.get(payer, self.share):
+            return False
+        elif everyone + size <= self._ceiling:
+            return True
+        self.bank_waiting = True
+        self.refused_total += 1
+        return False
 
     def may_pipe(self, payer: Hashable, unsent: int, inflight: InFlight) -> bool:
         """Whether ``payer`` may be handed another answer (a reply, not a delivery): its piped bytes, with
@@ -191,21 +204,6 @@ class DeliveryAccounts:
             size = min(size, record.bytes)
             record.bytes -= size
             self.stale_total -= size
-
-    def charge(self, payer: Hashable, size: int) -> Stale | None:
-        """``size`` bytes handed to libzmq for ``payer`` outside the deliveries (an eMQP PUBLISH's fan-out, a
-        worker's REPLY passed on to its client): charged to its share and to the memory bound as a stale
-        copy is, until ``discharge``. Returns the record to discharge them from (None for 0 bytes)."""
-        return self.stale(payer, size)
-
-    def discharge(self, payer: Hashable, record: Stale, size: int, inflight: InFlight) -> bool:
-        """libzmq is done with ``size`` bytes ``charge`` put on ``record`` (sent to the kernel, or dropped
-        with its pipe): released, and a payer left holding none of them is forgotten (payers of charges
-        are clients' identities, whose end nobody reports). Returns ``released``'s answer."""
-        self.settled_late(record, size)
-        if not record.bytes and self._stale.get(payer) is record:
-            del self._stale[payer]
-        return self.released(payer, inflight)
 
     def gone(self, payer: Hashable) -> None:
         """The payer's connection closed: its stale copies are gone with it, and its own share."""

@@ -5,38 +5,41 @@ and transition table, and what every part reads and keeps); none inherits from a
 holds them and offers their verbs under the names gateways, endpoints and the server call, bound once
 here (``self.ack_many = settling.ack_many``): a call through the Broker is the part's own call, with no
 call of the Broker's between. It keeps for itself only what joins two parts (``drop_queue``,
-``produce_all``, ``reset``) and the byte account's three verbs for what is not a delivery.
+``produce_all``, ``reset``, ``gone``) and the byte account's questions the server asks.
 
 | part | module | verbs |
 |---|---|---|
 | state | state.py | ``turn_begins``, ``committed``, ``rolled_back``, ``payer_gone``, ``redo_on_rollback`` |
-| producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big`` |
+| producing | produce.py | ``produce``, ``produce_many``, ``begin_big``, ``write_big``, ``produce_big``, ``drop_big``, |
+| | | ``check_room`` |
 | handing out | handing.py | ``take``, ``take_run``, ``take_columns``, ``has_ready``, ``ready_count`` |
-| settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``dead_letter``, ``take_back``, |
-| | | ``take_back_many``, ``undeliver``, ``undeliver_many``, ``expire``, ``consumer_gone``, ``hold``, |
-| | | ``holds``, ``set_deadline``, ``deadline``, ``stored``, ``held_count``, ``next_deadline`` |
+| settling | settle.py | ``ack``, ``ack_many``, ``nack``, ``requeue_at_end``, ``requeue``, ``dead_letter``, |
+| | | ``take_back``, ``take_back_many``, ``undeliver``, ``undeliver_many``, ``expire``, |
+| | | ``consumer_gone``, ``holds``, ``deadline``, ``stored``, ``next_deadline`` |
 | range holds | ranges.py | ``take_ranges``, ``hold_range``, ``release_range``, ``ack_range``, ``holder_of``, |
-| | | ``held_ranges``, ``held_by_others`` |
+| | | ``held_ranges`` |
 | implicit queues | implicit.py | ``create_queue``, ``add_queue_user``, ``owner_gone``, ``next_sweep``, |
 | | | ``sweep_implicit`` |
-| questions | questions.py | ``queue_info``, ``queue_name``, ``check_room``, ``peek``, ``ref_in``, ``in_flight_to``, |
-| | | ``deadline_of``, ``held_by``, ``bytes_held``, ``bytes_in_flight``, ``room_of``, ``may_hand``, |
-| | | ``may_pipe`` |
+| questions | questions.py | ``queue_info``, ``peek`` (the queues view's); ``in_flight_to``, ``held_count``, |
+| | | ``deadline_of``, ``hold`` (the deliveries view's) |
 | whole queues | queues.py | ``requeue_dead``, ``dropping_left``, ``drop_work``, ``purge``, ``queue_inflight``, |
-| | | ``queue_figures``, ``stats``, ``totals`` |
-| delivery accounts | accounts.py | ``accounts`` itself, ``share_of``, ``set_share``, ``charge`` |
-| | | (``discharged``, ``piped``, ``unpiped`` here) |
+| | | ``queue_figures``, ``stats``, ``totals``, ``queue_counts`` |
+| delivery accounts | accounts.py | ``accounts`` itself (``delivery_bytes``, ``bank``, ``memory_stats`` here) |
+
+Gateways see the Broker as gateways/contract.py's ``BrokerSurface``: a few verbs, and three views of
+questions.py, held (``queues``, ``deliveries``) or made for a payer (``account(payer)``: its part of the
+byte account), each a few named questions and verbs, never a table. The names above that no gateway
+uses are the server's, the leases' and the tests'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from pzq.broker.accounts import Stale
 from pzq.broker.handing import Handing
 from pzq.broker.implicit import ImplicitQueues
 from pzq.broker.produce import Producing
-from pzq.broker.questions import Questions
+from pzq.broker.questions import Account, Deliveries, QueueQuestions
 from pzq.broker.queues import Queues
 from pzq.broker.ranges import RangeHolds
 from pzq.broker.settle import Settling
@@ -65,8 +68,7 @@ class Broker:
         # What is never replaced, as plain attributes (the in-flight table and the counts that change
         # are properties below)
         self.store, self.counters, self.per_queue, self.events = store, state.counters, state.per_queue, state.events
-        self.accounts = accounts = state.accounts
-        self.share_of, self.set_share, self.charge = accounts.share_of, accounts.set_share, accounts.charge
+        self.accounts = state.accounts
         self.turn_begins, self.committed, self.rolled_back = state.turn_begins, state.committed, state.rolled_back
         self.payer_gone, self.redo_on_rollback = state.payer_gone, state.redo_on_rollback
 
@@ -74,25 +76,26 @@ class Broker:
         self.produce, self.produce_many = producing.produce, producing.produce_many
         self.begin_big, self.write_big = producing.begin_big, producing.write_big
         self.produce_big, self.drop_big = producing.produce_big, producing.drop_big
+        self.check_room = producing.check_room
 
         handing = self._handing = Handing(state)
         self.take, self.take_run, self.take_columns = handing.take, handing.take_run, handing.take_columns
         self.has_ready, self.ready_count = handing.has_ready, handing.ready_count
 
         settling = self._settling = Settling(state)
-        self.ack, self.ack_many, self.nack = settling.ack, settling.ack_many, settling.nack
+        self.ack, self.ack_many = settling.ack, settling.ack_many
+        self.nack, self.requeue = settling.nack, settling.requeue
         self.requeue_at_end, self.dead_letter = settling.requeue_at_end, settling.dead_letter
         self.take_back, self.take_back_many = settling.take_back, settling.take_back_many
         self.undeliver, self.undeliver_many = settling.undeliver, settling.undeliver_many
-        self.expire, self.consumer_gone, self.hold = settling.expire, settling.consumer_gone, settling.hold
-        self.holds, self.set_deadline, self.deadline = settling.holds, settling.set_deadline, settling.deadline
-        self.stored, self.held_count, self.next_deadline = settling.stored, settling.held_count, settling.next_deadline
+        self.expire, self.consumer_gone = settling.expire, settling.consumer_gone
+        self.holds, self.deadline = settling.holds, settling.deadline
+        self.stored, self.next_deadline = settling.stored, settling.next_deadline
 
         ranges = self._ranges = RangeHolds(state)
         self.take_ranges, self.hold_range = ranges.take_ranges, ranges.hold_range
         self.release_range, self.ack_range = ranges.release_range, ranges.ack_range
         self.holder_of, self.held_ranges = ranges.holder_of, ranges.held_ranges
-        self.held_by_others = ranges.held_by_others
         store.on_set_aside.append(ranges.set_aside)
 
         implicit = self._implicit = ImplicitQueues(
@@ -107,19 +110,18 @@ class Broker:
         self.owner_gone = implicit.owner_gone
         self.next_sweep, self.sweep_implicit = implicit.next_sweep, implicit.sweep_implicit
 
-        questions = self._questions = Questions(state)
-        self.queue_info, self.queue_name = questions.queue_info, questions.queue_name
-        self.check_room, self.peek = questions.check_room, questions.peek
-        self.ref_in, self.in_flight_to = questions.ref_in, questions.in_flight_to
-        self.deadline_of, self.held_by = questions.deadline_of, questions.held_by
-        self.bytes_held, self.bytes_in_flight = questions.bytes_held, questions.bytes_in_flight
-        self.room_of, self.may_hand, self.may_pipe = questions.room_of, questions.may_hand, questions.may_pipe
+        # The views gateways ask (questions.py): held, never replaced (each reads the state of now)
+        self.queues = QueueQuestions(state, implicit, ranges)
+        self.queue_info, self.peek = self.queues.info, self.queues.peek
+        deliveries = self.deliveries = Deliveries(state)
+        self.in_flight_to, self.held_count = deliveries.holder, deliveries.count
+        self.deadline_of, self.hold = deliveries.deadline_of, deliveries.hold
 
         queues = self._queues = Queues(state)
         self.requeue_dead, self.drop_work = queues.requeue_dead, queues.drop_work
         self.dropping_left, self.purge = queues.dropping_left, queues.purge
         self.queue_inflight, self.queue_figures = queues.queue_inflight, queues.queue_figures
-        self.stats, self.totals = queues.stats, queues.totals
+        self.stats, self.totals, self.queue_counts = queues.stats, queues.totals, queues.queue_counts
 
     # -- the state's figures that change (read and set through the state, where every part sees them)
 
@@ -175,6 +177,17 @@ class Broker:
         self._state.reset()
         self._implicit.reset()
 
+    def gone(self, key: Hashable) -> int:
+        """``key``'s end (a connection closed, a consumer cancelled, a pool's epoch passed), whatever it
+        was: what it holds in flight goes back to its queues (``consumer_gone``; returns how many), what
+        was charged to it is let go (``payer_gone``), the queues it made no longer count against it
+        (``owner_gone``). Each part is a no-op for a key that was not that (and costs O(1) then)."""
+        returned = self.consumer_gone(key) if self._state.inflight.count(key) else 0
+        if not returned:
+            self.payer_gone(key)  # (``consumer_gone`` did, when it had deliveries)
+        self.owner_gone(key)
+        return returned
+
     def drop_queue(self, queue: str) -> int:
         """Delete a queue and everything in it, in flight included; returns how many messages it had.
         It is gone for every client at once (its name may make a new, empty queue) and no longer counts
@@ -199,21 +212,20 @@ class Broker:
             raise
         return stored
 
-    # -- the byte account, for what is not a delivery (accounts.py) ------------------------------
+    # -- the byte account as the server's memory bound asks it (accounts.py): no table read
 
-    def discharged(self, payer: Hashable, record: Stale, size: int) -> None:
-        """libzmq freed ``size`` bytes charged to ``payer`` outside the deliveries (``accounts.charge``)."""
-        state = self._state
-        if self.accounts.discharge(payer, record, size, state.inflight):
-            state.readiness += 1
+    def delivery_bytes(self) -> int:
+        """Bytes charged to every payer: deliveries in flight, stale copies and piped bytes."""
+        return self.accounts.total(self._state.inflight)
 
-    def piped(self, payer: Hashable, size: int) -> None:
-        """``size`` bytes other than a delivery's body (replies, notices, an auto-ack delivery gone from
-        the store) were handed to libzmq for ``payer``: charged until its peer has them (accounts.py)."""
-        self.accounts.hold(payer, size)
+    def bank(self, *, others: int, ceiling: int, high_water: int) -> None:
+        """The memory bound's figures for this turn (``DeliveryAccounts.bank``)."""
+        self.accounts.bank(others=others, ceiling=ceiling, high_water=high_water)
 
-    def unpiped(self, payer: Hashable, size: int) -> None:
-        """``payer``'s peer's TCP acknowledged ``size`` of its piped bytes."""
-        state = self._state
-        if self.accounts.let_go(payer, size, state.inflight):
-            state.readiness += 1
+    def memory_stats(self) -> dict:
+        """The byte account's figures for the monitor's ``memory``."""
+        return self.accounts.stats(self._state.inflight)
+
+    def account(self, payer: Hashable) -> Account:
+        """``payer``'s part of the byte account, as a gateway asks it (questions.py's ``Account``)."""
+        return Account(self._state, payer)

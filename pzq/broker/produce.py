@@ -21,9 +21,12 @@ class Producing:
         self._s, self._store, self._counters, self._count = state, state.store, state.counters, state.count
 
     def produce(
-        self, queue: str, body: Sequence[bytes], *, now_us: int, expires_us: int = 0, meta: dict | None = None
+        self, queue: str, body: Sequence[bytes] | Upload, *, now_us: int, expires_us: int = 0, meta: dict | None = None
     ) -> Message:
-        """Store a message (durable at the next commit). Raises StoreFull when there is no room."""
+        """Store a message (durable at the next commit). Raises StoreFull when there is no room. A body
+        ``begin_big`` began and ``write_big`` wrote in full is an ``Upload`` (``produce_big``)."""
+        if isinstance(body, Upload):
+            return self.produce_big(queue, body, now_us=now_us, expires_us=expires_us, meta=meta)
         try:
             if self._s.refusing is not None:
                 raise StoreFull(self._s.refusing)
@@ -88,3 +91,11 @@ class Producing:
     def drop_big(self, upload: Upload) -> None:
         """Give up a body not yet produced: its parts are removed."""
         self._store.bodies.drop(upload)
+
+    def check_room(self, size: int, *, producing: bool = False) -> None:
+        """Raise StoreFull unless ``size`` more bytes fit (a gateway's side record, or a message it will
+        write in slices, checked before anything changes); ``producing``: also while every producer is
+        refused (the memory alarm)."""
+        if producing and self._s.refusing is not None:
+            raise StoreFull(self._s.refusing)
+        self._store.check_room(size)

@@ -99,3 +99,7 @@ class Queues:
             "syncs": self._store.syncs,
             "expired_messages": self._s.counters.expired,
         }
+
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        """Each queue's counts since start (produced, delivered, acked...), copied: the metrics' figures."""
+        return {queue: dict(counts) for queue, counts in self._s.per_queue.items()}

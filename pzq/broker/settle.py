@@ -11,7 +11,6 @@ not leave) and answer with what they refused, which is usually nothing.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Hashable, Iterable
 from operator import attrgetter, itemgetter
 
@@ -169,6 +168,11 @@ class Settling:
         self._s.readiness += 1
         return True
 
+    def requeue(self, ref: Ref, *, by: Hashable, at_end: bool = False, expires_us: int = 0) -> bool:
+        """A message ``by`` holds goes back to its queue: ahead of newer ones (``nack``: only while in
+        flight to ``by``), or ``at_end`` with a new expiry (``requeue_at_end``: a late answer counts)."""
+        return self.requeue_at_end(ref, by=by, expires_us=expires_us) if at_end else self.nack(ref, by=by)
+
     def dead_letter(self, ref: Ref, reason: str, *, by: Hashable, now_us: int) -> bool:
         """Move a message ``by`` holds to its queue's dead letters at that client's request."""
         message = self.stored(ref) if self._may_settle(ref, by) else None
@@ -189,33 +193,22 @@ class Settling:
         info = self._store.queue_by_id(ref[0])
         return None if info is None else self._store.get(info.name, ref[1])
 
-    def set_deadline(self, ref: Ref, deadline: float) -> None:
-        """Give a delivery in flight its own deadline (eMQP's timeout:N) instead of the ack timeout."""
-        delivery = self._s.inflight.get(ref)
-        if delivery is not None:
-            self._s.inflight.add(ref, deadline, delivery.consumer, delivery.size, delivery.payer)
-
     def deadline(self, ref: Ref, holder: Hashable) -> float | None:
         """When ``holder``'s delivery of ``ref`` times out; None if ``ref`` is not in flight to ``holder``
         (a gateway's question: when did it leave, is it still ours)."""
         delivery = self._s.inflight.get(ref)
         return delivery.deadline if delivery is not None and delivery.consumer == holder else None
 
-    def hold(self, ref: Ref, consumer: Hashable) -> None:
-        """Keep a stored message away from every consumer until ``consumer`` settles it (a durable
-        lease re-registered after a restart). It has no deadline here: its holder decides."""
-        if ref not in self._s.inflight:
-            self._ready_of(ref[0]).inflight += 1
-        self._s.inflight.add(ref, math.inf, consumer)
-
-    def undeliver(self, ref: Ref) -> None:
-        """A delivery that never left (the socket refused it): requeue it and take back its count."""
+    def undeliver(self, ref: Ref) -> bool:
+        """A delivery that never left (the socket refused it): requeue it and take back its count. False
+        if it was not in flight."""
         if self._settle(ref) is None:
-            return
+            return False
         info = self._store.queue_by_id(ref[0])
         if info is not None:
             self._store.unmark_delivered(info.name, ref[1])
         self._requeue(ref)
+        return True
 
     def undeliver_many(self, refs: Iterable[Ref]) -> None:
         """``undeliver`` a run of deliveries that never left."""
@@ -260,13 +253,13 @@ class Settling:
         self._counters.expired += 1
         return True
 
-    def take_back_many(self, refs: Iterable[Ref], *, by: Hashable) -> int:
-        """``take_back`` a run of deliveries; returns how many ``by`` held and went back."""
+    def take_back_many(self, refs: Iterable[Ref], *, by: Hashable = None) -> int:
+        """A run of deliveries goes back to their queues; returns how many. ``by`` took them (they may sit
+        in its pipe: ``take_back``, its copies stay charged, its late ack counts); None: they never left
+        (``undeliver``: uncounted, nothing charged)."""
+        if by is None:
+            return sum(map(self.undeliver, refs))
         return sum(self.take_back(ref, by=by) for ref in refs)
-
-    def held_count(self, holder: Hashable) -> int:
-        """How many deliveries ``holder`` holds (a gateway's question; the in-flight table is the broker's)."""
-        return self._s.inflight.count(holder)
 
     def next_deadline(self) -> float | None:
         return self._s.inflight.next_deadline()

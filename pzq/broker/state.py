@@ -41,7 +41,7 @@ Rules (the code that keeps each is named; "parts" are this folder's modules):
     holder is remembered (``remember_late``, at most ``Limits.late_memory`` messages): its ack,
     requeue or dead-letter still counts until someone settles the message. Forgotten, the late
     answer is refused and the message is simply delivered again (at-least-once).
- 7. Ack timeouts: a delivery past its deadline (``--ack-timeout``, or its own: ``set_deadline``)
+ 7. Ack timeouts: a delivery past its deadline (``--ack-timeout``, or its own: ``Deliveries.hold``)
     returns, earliest first, at most ``limit`` a call (``Settling.expire``).
  8. Bytes: each body handed out is charged to its payer while it is in flight (the in-flight table
     keeps the sums); released when known gone (acked, nacked, moved, dead-lettered by its holder,
@@ -68,7 +68,7 @@ row on a real store and checks the state it ends in.
     READY          take, take_run, take_columns              IN FLIGHT       Handing (1, 2, 4, 8)
     READY          take [past its TTL or its cap]            dead-lettered   BrokerState.past_limits (5)
     READY          take_ranges, hold_range                   HELD            RangeHolds (1, 4)
-    READY          hold [a lease re-registered]              IN FLIGHT       Settling.hold (1)
+    READY          hold [a lease re-registered]              IN FLIGHT       Deliveries.hold (1)
     READY          purge                                     dropped         Queues.purge (12)
     IN FLIGHT      ack, ack_many                             settled         Settling (3)
     IN FLIGHT      nack                                      READY           Settling.nack (2, 3)

@@ -4,7 +4,7 @@ A frame sent zero-copy stays a Python buffer until libzmq frees it: once every c
 taken it into the kernel, or its pipe was dropped with a peer that went. pyzmq then gives the buffer back
 from its garbage-collector thread; a weak reference to the memoryview each frame is built on tells that
 moment exactly. Its callback (in that thread) only queues it; ``collect`` (the loop, once a turn) takes
-the bytes off the payer's charge in the delivery accounts (the broker's ``charge``, pzq/broker/accounts.py),
+the bytes off the payer's charge in the delivery accounts (its ``Account.charge``, pzq/broker/accounts.py),
 which the memory bound counts with the deliveries. So what a peer that reads nothing leaves in a pipe is
 charged to whoever it was for until it is known to be gone, not until some timeout: an eMQP PUBLISH to
 its publisher (a PUB copies nothing per subscriber: one buffer is shared by every pipe), a worker's REPLY
@@ -22,7 +22,7 @@ from collections.abc import Hashable, Sequence
 
 import zmq
 
-from pzq.gateways.contract import BrokerSurface
+from pzq.gateways.contract import Account, BrokerSurface
 
 SMALL = 64
 
@@ -32,9 +32,9 @@ class Handed:
 
     def __init__(self, broker: BrokerSurface):
         self.broker = broker
-        # id(weak reference) -> (the reference, payer, its charge's record, bytes); weak references to equal
+        # id(weak reference) -> (the reference, its payer's account, bytes); weak references to equal
         # buffers compare equal, so they are kept by identity
-        self._live: dict[int, tuple[weakref.ref, Hashable, object, int]] = {}
+        self._live: dict[int, tuple[weakref.ref, Account, int]] = {}
         self._freed: collections.deque[weakref.ref] = collections.deque()  # (appended by pyzmq's gc thread)
         self.bytes = 0  # handed to libzmq and not freed yet
         self.total = 0  # ever handed
@@ -42,12 +42,7 @@ class Handed:
     def room(self, payer: Hashable, size: int) -> bool:
         """Whether ``payer``'s share has room for ``size`` bytes more (a payer that holds nothing may have
         one message, whatever its size, while the memory bound allows it: the accounts' rule)."""
-        broker = self.broker
-        held = broker.bytes_held(payer)
-        if held and held + size > broker.share_of(payer):  # (full: asked again each turn, not a refused take)
-            return False
-        room = broker.room_of(payer)
-        return room >= size or (room > 0 and not held)
+        return self.broker.account(payer).may_hand(size)
 
     def frames(self, payer: Hashable, frames: Sequence[bytes]) -> list:
         """``frames`` to send zero-copy, their bytes charged to ``payer`` from now until libzmq frees them
@@ -60,7 +55,9 @@ class Handed:
                 continue
             view = memoryview(frame)
             ref = weakref.ref(view, self._freed.append)
-            self._live[id(ref)] = (ref, payer, self.broker.charge(payer, size), size)
+            account = self.broker.account(payer)
+            account.charge(size)
+            self._live[id(ref)] = (ref, account, size)
             self.bytes += size
             self.total += size
             out.append(zmq.Frame(view, copy=False))
@@ -70,9 +67,8 @@ class Handed:
         """Take what libzmq freed since the last call off its payers' charges; returns the bytes."""
         freed = 0
         while self._freed:
-            _, payer, record, size = self._live.pop(id(self._freed.popleft()))
+            _, account, size = self._live.pop(id(self._freed.popleft()))
             self.bytes -= size
             freed += size
-            if record is not None:
-                self.broker.discharged(payer, record, size)
+            account.charge(-size)
         return freed

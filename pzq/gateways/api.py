@@ -168,10 +168,10 @@ class ApiGateway:
         if request.command == "ACK_UPTO":
             return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us, user=user)}
         if request.command == "INFO":
-            info = self.broker.queue_info(a["queue"])
+            info = self.broker.queues.info(a["queue"])
             if info is None:
                 return {"first": 0, "next": 0, "depth": 0}
-            head = self.broker.peek(a["queue"], 0, 1)
+            head = self.broker.queues.peek(a["queue"], 0, 1)
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         return self._snapshot(a)  # (SNAPSHOT: parse_request lets no other command through)
 
@@ -200,11 +200,11 @@ class ApiGateway:
         limit, before = min(max(a["limit"], 1), self.limits.snapshot_max), a["before"]
         rows: list[list] = []
         size, after = 0, a["after"]
-        if self.broker.queue_info(a["queue"]) is None:
+        if self.broker.queues.info(a["queue"]) is None:
             return {"messages": rows, "next": before}
         while len(rows) < limit:
             want = min(100, limit - len(rows))
-            found = self.broker.peek(a["queue"], after, want)
+            found = self.broker.queues.peek(a["queue"], after, want)
             for message in found:
                 if message.seq >= before:
                     return {"messages": rows, "next": before}
@@ -237,8 +237,8 @@ class ApiGateway:
                 f"{most} dedup keys are remembered (--api-dedup-window): no new one until the oldest expire",
             )
         for queue in dict.fromkeys(queue for queue, _ in messages):
-            if self.broker.queue_info(queue) is None:
-                self.broker.create_queue(queue, owner=owner)
+            if self.broker.queues.info(queue) is None:
+                self.broker.queues.create(queue, owner=owner)
         return key
 
     def _produce(self, a: dict, messages: list[tuple[str, bytes]], now_us: int, owner: tuple) -> dict:
@@ -301,7 +301,7 @@ class ApiGateway:
 
         def finish(upload: Upload, now_us: int) -> list[Send]:
             def put() -> None:
-                self.broker.produce_big(queue, upload, now_us=now_us)
+                self.broker.produce(queue, upload, now_us=now_us)
 
             results, stored = self._store(key, hasher.digest(), 1, now_us, put)
             if not stored:  # (a duplicate: its parts are not kept)

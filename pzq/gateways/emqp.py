@@ -106,7 +106,7 @@ class EmqpGateway:
         )
         self.requests = Requests(broker, limits, new_id, self.counters, self._bad)
         self.parts = self.requests.parts  # (big REQUESTs, written a part per turn: the endpoint drives it)
-        broker.add_queue_user(self)
+        broker.queues.add_user(self)
 
     def uses_queue(self, queue: str) -> bool:
         """A queue a worker serves or a schedule runs into is in use (the broker's implicit queues)."""
@@ -352,10 +352,10 @@ class EmqpGateway:
         warn_bad("emqp", exc.code, f"from {peer[:40]!r}: {exc.detail}")
 
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        return emqp_views.queue_consumers(self.workers, self.broker.held_count, queue, limit)
+        return emqp_views.queue_consumers(self.workers, self.broker.deliveries.count, queue, limit)
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
-        held = self.broker.held_count
+        held = self.broker.deliveries.count
         return emqp_views.tables(self.workers, held, self.schedules, self.schedulers, now, limit, offset)
 
     def stats(self) -> dict:
@@ -366,7 +366,7 @@ class EmqpGateway:
             "schedules_refused_total": self.scheduler.shares.refused_total,  # (past a client's share)
             "slots": sum(w.slots for w in self.workers.values()),
             "draining": sum(1 for w in self.workers.values() if w.draining),
-            "jobs_inflight": sum(self.broker.held_count(w.consumer) for w in self.workers.values()),
+            "jobs_inflight": sum(self.broker.deliveries.count(w.consumer) for w in self.workers.values()),
             **self.counters,
         }
 

@@ -54,15 +54,15 @@ class JobBook:
     def holds(self, send: Send) -> bool:
         """Whether the job ``send`` carries is still in flight to the worker it was for."""
         ref, holder = _job_of(send)
-        return self.broker.in_flight_to(ref) == holder
+        return self.broker.deliveries.holder(ref) == holder
 
     def give_back(self, send: Send) -> tuple | None:
         """The job ``send`` carries never reached its worker: back to its queue and off the book. Returns
         the holder it went back from; None if it was requeued already (its worker was dropped)."""
         ref, holder = _job_of(send)
-        if self.broker.in_flight_to(ref) != holder:
+        if self.broker.deliveries.holder(ref) != holder:
             return None
-        self.broker.undeliver_many((ref,))
+        self.broker.take_back_many((ref,))
         self.table.delete(ref)
         msgid = send.frames[4].decode("utf-8", "replace")
         held = self.held.get(msgid)
@@ -74,7 +74,7 @@ class JobBook:
 
     def forget_left(self) -> None:
         """Forget jobs that left without a REPLY (dead-lettered, acked through another protocol)."""
-        gone = [m for m, holders in self.held.items() if all(self.broker.in_flight_to(r) is None for r in holders)]
+        gone = [m for m, holders in self.held.items() if all(self.broker.deliveries.holder(r) is None for r in holders)]
         for msgid in gone:
             for ref in self.held.pop(msgid):
                 self.table.delete(ref)

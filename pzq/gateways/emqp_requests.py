@@ -91,8 +91,8 @@ class Requests:
     ) -> list[Send]:
         """Store a REQUEST's payload (a big one a part per turn, ACKed with its last part)."""
         try:
-            if self.broker.queue_info(queue) is None:  # made on this client's share of --max-queues
-                self.broker.create_queue(queue, owner=("emqp", cmd.peer))
+            if self.broker.queues.info(queue) is None:  # made on this client's share of --max-queues
+                self.broker.queues.create(queue, owner=("emqp", cmd.peer))
             if self.parts.big(len(payload)):
                 utf8 = None if checked else _Utf8()
 
@@ -101,7 +101,7 @@ class Requests:
                         self.broker.drop_big(upload)
                         self.bad(cmd.peer, ProtocolError("not-utf8", "REQUEST has a frame that is not UTF-8"))
                         return []
-                    self.broker.produce_big(queue, upload, now_us=now, meta=meta)
+                    self.broker.produce(queue, upload, now_us=now, meta=meta)
                     return self._stored(cmd)
 
                 def failed() -> list[Send]:

@@ -94,17 +94,16 @@ class Roster:
         with no REPLY within RESTART_GRACE_S goes back to its queue and runs again."""
         restored = 0
         for ref, (msgid, identity, user) in self.job_table.items():
-            message = self.broker.stored(ref)
+            message = self.broker.queues.message(ref)
             holder = holder_of(identity, user)
             if message is None:  # completed through another protocol, or its queue was deleted
                 self.job_table.delete(ref)
                 continue
-            holding = self.broker.in_flight_to(ref)
+            holding = self.broker.deliveries.holder(ref)
             if holding is not None:
                 if holding == holder:  # (restored already: recover runs twice after a failed turn)
                     self.book.handed(msgid, ref, (identity, user), record=False)
                 continue
-            self.broker.hold(ref, holder)
             if identity not in self.workers:
                 # Its JobManager outlived us and will speak again (HEARTBEAT, READY, REPLY) without an
                 # INFORM: remembered as departed, it is taken back with the queues of its jobs.
@@ -115,7 +114,7 @@ class Roster:
             timeout = (message.meta or {}).get("timeout")
             # A worker still connected (a rolled-back turn, not a restart) keeps its job as long as ever.
             wait = NO_TIMEOUT_S if identity in self.workers else RESTART_GRACE_S
-            self.broker.set_deadline(ref, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
+            self.broker.deliveries.hold(ref, holder, now + (timeout + TIMEOUT_GRACE_S if timeout else wait))
             self.book.handed(msgid, ref, (identity, user), record=False)
             restored += 1
         if restored:
@@ -146,7 +145,7 @@ class Roster:
             # may still consume from them all (the rules may have changed, or the server restarted).
             queues, slots, _ = self.departed.pop(cmd.peer)
             if self._unserved(user, _names(queues), cmd.name) is not None:
-                self.broker.consumer_gone(holder_of(cmd.peer, user))  # (jobs held for it since a restart)
+                self.broker.gone(holder_of(cmd.peer, user))  # (jobs held for it since a restart)
             else:
                 worker = self.workers[cmd.peer] = Worker(cmd.peer, queues, now, slots, user=user)
                 log.info("eMQP worker %r is back", cmd.peer[:40])
@@ -181,7 +180,7 @@ class Roster:
         self.departed.pop(cmd.peer, None)
         old = self.workers.pop(cmd.peer, None)
         if old is not None:
-            self.broker.consumer_gone(old.consumer)
+            self.broker.gone(old.consumer)
         self.workers[cmd.peer] = Worker(cmd.peer, queues, now, user=user)
         # The JobManager starts its processes (and sends READY) only once it hears a heartbeat.
         return [
@@ -195,7 +194,7 @@ class Roster:
             return []
         reply_json, request_msgid = cmd.args
         job = self._pop_job(request_msgid, worker, now)
-        message = self.broker.stored(job[0]) if job is not None else None  # read before the ack deletes it
+        message = self.broker.queues.message(job[0]) if job is not None else None  # read before the ack deletes it
         if job is None or not self.broker.ack(job[0], by=holder_of(*job[1])):
             self.counters["replies_refused_total"] += 1
             self._bad(
@@ -230,7 +229,7 @@ class Roster:
         def inherits(ref: Ref, holder: tuple[bytes, str | None]) -> bool:
             identity, user = holder
             live = self.workers.get(identity)
-            name = self.broker.queue_name(ref[0])
+            name = self.broker.queues.name(ref[0])
             gone = live is None or live.draining or now - live.last_seen > 2 * self.heartbeat_s
             return gone and user == worker.user and name is not None and name in served
 
@@ -255,7 +254,7 @@ class Roster:
         for identity, (queues, _, user) in list(self.departed.items()):
             if self._unserved(user, _names(queues)) is not None:
                 del self.departed[identity]
-                self.broker.consumer_gone(holder_of(identity, user))
+                self.broker.gone(holder_of(identity, user))
         return len(gone)
 
     def _unserved(self, user: str | None, queues: list[str], what: str = "") -> str | None:
@@ -305,7 +304,7 @@ class Roster:
             self.departed[worker.identity] = (worker.queues, worker.slots, worker.user)
             while len(self.departed) > self.limits.emqp_remembered:
                 self.departed.pop(next(iter(self.departed)))
-        requeued = self.broker.consumer_gone(worker.consumer)
+        requeued = self.broker.gone(worker.consumer)
         log.warning("eMQP worker %r dropped (%s); %d job(s) requeued", worker.identity[:40], why, requeued)
 
     def hand_out(
@@ -351,7 +350,8 @@ class Roster:
             message = taken[0]
             meta = message.meta or {}
             if meta.get("timeout"):
-                self.broker.set_deadline((message.qid, message.seq), now + meta["timeout"] + TIMEOUT_GRACE_S)
+                deadline = now + meta["timeout"] + TIMEOUT_GRACE_S
+                self.broker.deliveries.hold((message.qid, message.seq), worker.consumer, deadline)
             msgid, send = job_request(message, queue, worker.identity, worker.consumer)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.
             self.book.handed(msgid, (message.qid, message.seq), (worker.identity, worker.user))
@@ -363,7 +363,7 @@ class Roster:
         finished draining or fell silent for ``liveness`` intervals, and heartbeat the others."""
         self.book.forget_left()  # (jobs that left without a REPLY)
         for worker in list(self.workers.values()):
-            if worker.draining and not self.broker.held_count(worker.consumer):
+            if worker.draining and not self.broker.deliveries.count(worker.consumer):
                 self._drop(worker, "it finished draining")
                 continue
             # Draining or not, a worker silent for `liveness` intervals is dead: its jobs go back at

@@ -49,7 +49,7 @@ from pzq.store.bindings import Bindings
 log = logging.getLogger("pzq.mqks")
 
 
-class MqksGateway(Requests):
+class MqksGateway:
     """Every MQKS connection and what it asks: the commands, on the bindings and consumers below."""
 
     def __init__(
@@ -69,10 +69,8 @@ class MqksGateway(Requests):
         also forgets its figures); ``permissions`` who may do what, per source network (mqks_rights.py)."""
         self.broker = broker
         self.rights = PeerRights(permissions, "mqks")
-        self.error_id = error_id  # a fresh id per error reply: the client gets it, the log the details
         self.limits = limits
         self.max_line = max_line
-        self._drop_queue = drop_queue
         self.sessions: dict[bytes, Session] = {}
         self._ghosts: dict[bytes, Session] = {}  # closed connections whose publish goes on to its end
         self.turns = FairTurns()
@@ -82,12 +80,12 @@ class MqksGateway(Requests):
         self.writing = False  # a job wrote a copy or a part since the last flush (the turn must commit)
         self.dispatched = self.dispatched_bytes = 0  # what the last dispatch handed out (the turn's budget)
         self.consumers = Consumers(broker, limits, window)
-        self.delete_at: dict[str, float] = {}
-        self.published_total = self.unrouted_total = 0
-        self.errors_total = 0
         self.bindings = BindingIndex(bindings, limits)
-        self._start_unused_clocks()
-        broker.add_queue_user(self)
+        self.requests = Requests(
+            broker, limits, self.rights, self.bindings, self.consumers, self.outbox, drop_queue, max_line, error_id
+        )
+        self.requests.start_unused_clocks()
+        broker.queues.add_user(self.requests)
 
     def _session(self, conn: bytes) -> Session | None:
         return self.sessions.get(conn) or self._ghosts.get(conn)
@@ -116,7 +114,7 @@ class MqksGateway(Requests):
     def load(self) -> None:
         """Read the bindings: at start-up and after a rolled-back turn."""
         self.bindings.load()
-        self._start_unused_clocks()
+        self.requests.start_unused_clocks()
 
     def recover(self) -> None:
         """The turn was rolled back (the broker restarted from the disk): deliveries are forgotten,
@@ -128,7 +126,7 @@ class MqksGateway(Requests):
         for conn, session in [*self.sessions.items(), *self._ghosts.items()]:
             if session.job is not None:
                 job, session.job = session.job, None
-                self._job_rolled_back(conn, job)
+                self.requests.job_rolled_back(conn, job)
             if session.busy:
                 self._push(conn, session)
         self._ghosts.clear()
@@ -147,11 +145,11 @@ class MqksGateway(Requests):
             if token is None:
                 kept.append(send)
             elif token[0] == CONFIRM:
-                self._error(send.peer, token[1], "store-failed", "store failure: the request was rolled back")
+                self.requests.error(send.peer, token[1], "store-failed", "store failure: the request was rolled back")
         return kept + self._take_out()
 
     def _error_instead(self, confirm: Send) -> Send:  # (a confirm held behind a notice: mqks_out.py)
-        return Send(ONLY, [confirm.peer, self._error_line(confirm.token[1], "store-failed", "rolled back")])  # type: ignore[index]
+        return Send(ONLY, [confirm.peer, self.requests.error_line(confirm.token[1], "store-failed", "rolled back")])  # type: ignore[index]
 
     def _take_out(self) -> list[Send]:
         out, self.outbox.out = self.outbox.out, []
@@ -187,9 +185,8 @@ class MqksGateway(Requests):
         self.rights.gone(conn)
         self.bindings.shares.forget(conn)  # (its bindings stay: the pool's limit still counts them)
         for consumer in self.consumers.of(conn):
-            self._remove_consumer(consumer)
-        self.broker.owner_gone(("mqks", conn))
-        self.broker.payer_gone(("mqks", conn))  # (what its pipe held went with it)
+            self.requests.remove_consumer(consumer)
+        self.broker.gone(("mqks", conn))  # (the queues it made, and what its pipe held, go with it)
 
     def narrowed(self) -> list[bytes]:
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""
@@ -281,11 +278,11 @@ class MqksGateway(Requests):
         self._served.add(conn)
         self.outbox.unstick(conn)  # (an ack may give it room for a notice it waits for)
         try:
-            self._request(conn, session, line, now_us, budget)
+            self.requests.request(conn, session, line, now_us, budget)
         except StoreError:
             # The whole turn is rolled back by the server: this line and the rest get an error.
             for rest in [line, *session.waiting]:
-                self._error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
+                self.requests.error(conn, mqks.request_id_of(rest), "store-failed", "store failure; try again")
             self._drop_waiting(session)
             raise
         budget.take(0, records=1)
@@ -298,10 +295,10 @@ class MqksGateway(Requests):
             done = job.step(budget, now_us)
             failed = False
         except ProtocolError as exc:
-            self._error(conn, job.request_id, exc.code, exc.detail)
+            self.requests.error(conn, job.request_id, exc.code, exc.detail)
         except StoreFull as exc:
             stored = job.stored() if isinstance(job, Publish) else 0
-            self._error(conn, job.request_id, "queue-full", f"{exc} (stored in {stored} of its queues)")
+            self.requests.error(conn, job.request_id, "queue-full", f"{exc} (stored in {stored} of its queues)")
         finally:
             self.writing = self.writing or job.wrote
         if failed or done:
@@ -311,9 +308,9 @@ class MqksGateway(Requests):
                 self._ghosts.pop(conn, None)
         if failed or not done:
             return
-        self.published_total += isinstance(job, Publish)
+        self.requests.published_total += isinstance(job, Publish)
         if job.confirm:
-            self._reply(conn, mqks.ok(job.request_id), (CONFIRM, job.request_id))
+            self.requests.reply(conn, mqks.ok(job.request_id), (CONFIRM, job.request_id))
 
     def flushed(self) -> None:
         """The turn's output went (after its commit): a new turn's parts make a new commit."""
@@ -343,7 +340,7 @@ class MqksGateway(Requests):
         in the same turn goes on from there); and queues unused for long enough go. ``blocked``
         connections read too slowly, and those with output held back wait for it: no deliveries now."""
         self.outbox.retry(now)  # (those without room looked at again now and then: an ack timeout, the bound)
-        self._expire_unused(now)
+        self.requests.expire_unused(now)
         self.consumers.put_back(most)  # (a call's share when the turn is cut in calls: see most)
         held = frozenset(self.outbox.holders())
         deliveries = self.consumers.deliver(
@@ -358,7 +355,8 @@ class MqksGateway(Requests):
         return self.consumers.unsent(send)
 
     def next_wake(self, now: float) -> float | None:
-        wakes = [min(self.delete_at.values())] if self.delete_at else []
+        due = self.requests.next_delete()
+        wakes = [] if due is None else [due]
         if self.outbox.has_stuck:  # (connections without room for a notice: looked at again then)
             wakes.append(self.outbox.retry_at)
         return min(wakes) if wakes else None
@@ -382,10 +380,10 @@ class MqksGateway(Requests):
             "bound_queues": len(self.bindings),
             "bindings": self.bindings.bound_total,
             "bindings_refused_total": self.bindings.shares.refused_total,  # (past a connection's share)
-            "published_total": self.published_total,
-            "unrouted_total": self.unrouted_total,
+            "published_total": self.requests.published_total,
+            "unrouted_total": self.requests.unrouted_total,
             "delivered_total": self.consumers.delivered_total,
-            "errors_total": self.errors_total,
+            "errors_total": self.requests.errors_total,
             # (whole lines read but not served yet: the turn's budget ran out before them)
             "lines_waiting": sum(len(s.waiting) for s in self.sessions.values()),
             # (requests under way in slices: publishes' copies, notices being marked)
@@ -393,5 +391,5 @@ class MqksGateway(Requests):
             "notices_total": self.outbox.made_total,
             "connections_held_back": len(self.outbox.holders()),  # (output waiting behind a notice)
             # (queues deleted whose records go over the next turns, and the messages they still hold)
-            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.dropping_left(), strict=True)),
+            **dict(zip(("deleting_queues", "deleting_messages"), self.broker.queues.dropping_left(), strict=True)),
         }

@@ -72,12 +72,12 @@ class Consumers:
 
     def holding(self, conn: bytes) -> bool:
         """True while a consumer of the connection holds unacked deliveries (not timed out yet)."""
-        return any(self.broker.held_count(consumer.key) for consumer in self._by_conn.get(conn, {}).values())
+        return any(self.broker.deliveries.count(consumer.key) for consumer in self._by_conn.get(conn, {}).values())
 
     def of_queue(self, queue: str, limit: int) -> tuple[list[dict], int]:
         """The consumers of ``queue`` as the monitor's QUEUE lists them (at most ``limit``), and how many."""
         mine = self.by_queue.get(queue, [])
-        held = self.broker.held_count
+        held = self.broker.deliveries.count
         return [
             {"protocol": "mqks", "client": f"{c.conn.hex()}/{c.id[:40]}", "held": held(c.key), "conn": c.conn}
             for c in mine[:limit]
@@ -161,10 +161,10 @@ class Consumers:
             if action == "ack":
                 self.broker.ack(ref, by=consumer.key)  # even late: the work is done (as a native late ack)
             elif self._held_by(ref, consumer):  # else its ack timeout gave it to another consumer already
-                self.broker.requeue_at_end(ref, by=consumer.key)
+                self.broker.requeue(ref, by=consumer.key, at_end=True)
 
     def _held_by(self, ref: Ref, consumer: Consumer) -> bool:
-        return self.broker.in_flight_to(ref) == consumer.key
+        return self.broker.deliveries.holder(ref) == consumer.key
 
     def put_back(self, most: int | None = None) -> None:
         """What consumers that left held goes back to the end of its queue, retry raised (as a reject),
@@ -176,10 +176,10 @@ class Consumers:
                 ref = refs.pop()
                 budget -= 1
                 if self._held_by(ref, consumer):
-                    self.broker.requeue_at_end(ref, by=consumer.key)
+                    self.broker.requeue(ref, by=consumer.key, at_end=True)
             if not refs:
                 self._leaving.popleft()
-                self.broker.consumer_gone(consumer.key)  # whatever is left (requeued ones are no-ops)
+                self.broker.gone(consumer.key)  # whatever is left (requeued ones are no-ops)
 
     # -- handing out -------------------------------------------------------------------------------
 
@@ -219,11 +219,13 @@ class Consumers:
         window = consumer.prefetch or self.window
         if consumer.conn not in conn_held:
             conn_held[consumer.conn] = sum(
-                self.broker.held_count(c.key) for c in self._by_conn.get(consumer.conn, {}).values() if c.manual_ack
+                self.broker.deliveries.count(c.key)
+                for c in self._by_conn.get(consumer.conn, {}).values()
+                if c.manual_ack
             )
         credit = min(
             budget,
-            window - self.broker.held_count(consumer.key),
+            window - self.broker.deliveries.count(consumer.key),
             self.limits.mqks_max_unacked_per_conn - conn_held[consumer.conn],
         )
         if sum(map(len, consumer.unacked.values())) > 2 * window:  # forget what went elsewhere
@@ -284,5 +286,5 @@ class Consumers:
         refs = consumer.unacked.get(msg_id, [])
         if ref in refs:
             refs.remove(ref)
-        self.broker.undeliver_many((ref,))
+        self.broker.take_back_many((ref,))
         return False

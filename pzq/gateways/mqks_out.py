@@ -93,13 +93,13 @@ class Outbox:
     def may_answer(self, conn: bytes) -> bool:
         """Whether ``conn``'s next line may be served: what it was sent and its peer has not acknowledged
         (answers, notices, auto-ack deliveries), with what this turn made for it, is under its share and
-        the memory bound's ceiling (the broker's ``may_pipe``). If not, its lines wait (counted in its
+        the memory bound's ceiling (its account's ``may_pipe``). If not, its lines wait (counted in its
         unfinished input: a client that pipelines and never reads is read no further, then closed) until
         its peer acknowledges some (``unstick``) or ``retry``. A ping's answer is as long as its line: 16
         connections pipelining pings of 60 KB and reading nothing held 497 MiB, raised the alarm (every
         producer refused) and left the server 638 MiB of RssAnon, when answers stopped only at each
         connection's share and a backlog (``stream_backlog_bytes``) unacknowledged."""
-        if self.broker.may_pipe(("mqks", conn), self._made.get(conn, 0)):
+        if self.broker.account(("mqks", conn)).may_pipe(self._made.get(conn, 0)):
             return True
         self._quiet.add(conn)
         return False
@@ -151,12 +151,8 @@ class Outbox:
             self._holders.discard(conn)
 
     def _room(self, conn: bytes, size: int) -> bool:
-        made = self._made.get(conn, 0)
-        payer = ("mqks", conn)
-        broker = self.broker
-        if not made:  # (charged at the turn's flush: what this turn made counts before)
-            return broker.may_hand(payer, size)
-        return broker.bytes_held(payer) + made + size <= broker.share_of(payer)
+        # (charged at the turn's flush: what this turn made counts before)
+        return self.broker.account(("mqks", conn)).may_hand(size, self._made.get(conn, 0))
 
     def piped(self, conn: bytes, sends: list[Send], kept: int) -> int:
         """``sends`` (and ``kept`` bytes of replies held back before) went to libzmq for ``conn``: they are
@@ -168,12 +164,12 @@ class Outbox:
                 charged += len(send.frames[-1])
         self.charged(conn)
         if charged:
-            self.broker.piped(("mqks", conn), charged)
+            self.broker.account(("mqks", conn)).charge(charged)
         return charged
 
     def unpiped(self, conn: bytes, size: int) -> None:
         """``conn``'s peer acknowledged ``size`` of its charges: it may have room again."""
-        self.broker.unpiped(("mqks", conn), size)
+        self.broker.account(("mqks", conn)).charge(-size)
         self.unstick(conn)
 
     def charged(self, conn: bytes) -> None:

@@ -98,7 +98,7 @@ class Publish:
             upload = self._upload
             written = self.broker.write_big(upload, max(min(budget.bytes_left, STEP_BYTES), 0))
             if upload.done:
-                self.broker.produce_big(queue, upload, now_us=now_us, meta=self.meta)
+                self.broker.produce(queue, upload, now_us=now_us, meta=self.meta)
                 self._upload = None
                 self._next += 1
             return written

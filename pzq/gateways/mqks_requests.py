@@ -70,28 +70,38 @@ class Rebound:
 
 
 class Requests:
-    """The requests, on the gateway's parts (set by MqksGateway)."""
+    """The requests (a part the gateway holds): ``request`` does one line's and answers it through the
+    outbox, ``error`` and ``reply`` answer for the gateway, ``job_rolled_back`` ends a request under way,
+    ``remove_consumer`` lets a consumer go; and the queues MQKS made that are unused for their
+    ``--delete-queue-when-unused`` seconds go (``start_unused_clocks``, ``expire_unused``, ``next_delete``;
+    ``uses_queue`` and ``queue_expired`` for the broker's implicit queues). It is handed the gateway's
+    parts it works on (its rights, bindings, consumers and outbox), and keeps nothing of the gateway's."""
 
-    broker: BrokerSurface
-    limits: Limits
-    rights: PeerRights
-    bindings: BindingIndex
-    consumers: Consumers
-    outbox: Outbox
-    delete_at: dict[str, float]
-    _orphans: set[str]
-    _orphan_grace: float
-    _drop_queue: Callable[[str], int]
-    published_total: int
-    unrouted_total: int
-    max_line: int
-    error_id: Callable[[], str]
-    errors_total: int
+    def __init__(
+        self,
+        broker: BrokerSurface,
+        limits: Limits,
+        rights: PeerRights,
+        bindings: BindingIndex,
+        consumers: Consumers,
+        outbox: Outbox,
+        drop_queue: Callable[[str], int],
+        max_line: int,
+        error_id: Callable[[], str],
+    ):
+        self.broker, self.limits, self.rights, self.bindings = broker, limits, rights, bindings
+        self.consumers, self.outbox, self._drop_queue = consumers, outbox, drop_queue
+        self.max_line = max_line
+        self.error_id = error_id  # a fresh id per error reply: the client gets it, the log the details
+        self.delete_at: dict[str, float] = {}
+        self._orphans: set[str] = set()
+        self._orphan_grace = 0.0
+        self.published_total = self.unrouted_total = self.errors_total = 0
 
-    def _reply(self, conn: bytes, line: bytes, token: object = None) -> None:
+    def reply(self, conn: bytes, line: bytes, token: object = None) -> None:
         self.outbox.send(Send(ONLY, [conn, line], token))
 
-    def _error_line(self, request_id: str, code: str, detail: str) -> bytes:
+    def error_line(self, request_id: str, code: str, detail: str) -> bytes:
         eid = self.error_id()
         self.errors_total += 1
         # Rate-limited like all bad input: a flood of wrong requests must not flood the log. The first
@@ -99,10 +109,10 @@ class Requests:
         warn_bad("mqks", code, f"error {eid} for request {request_id[:80]!r}: {detail}")
         return mqks.error(request_id, eid)
 
-    def _error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
-        self._reply(conn, self._error_line(request_id, code, detail))
+    def error(self, conn: bytes, request_id: str, code: str, detail: str) -> None:
+        self.reply(conn, self.error_line(request_id, code, detail))
 
-    def _request(self, conn: bytes, session: Session, line: bytes, now_us: int, budget: Budget) -> None:
+    def request(self, conn: bytes, session: Session, line: bytes, now_us: int, budget: Budget) -> None:
         """One line's request, done and answered; an error answers what it asks wrongly or past the
         store's room (a StoreError goes up: the turn is rolled back)."""
         request_id = mqks.request_id_of(line)
@@ -123,14 +133,14 @@ class Requests:
                 check_bind_line(line, self.limits)
                 self._handle(conn, session, mqks.parse_line(line), now_us, budget)
         except ProtocolError as exc:
-            self._error(conn, request_id, exc.code, exc.detail)
+            self.error(conn, request_id, exc.code, exc.detail)
         except StoreFull as exc:
-            self._error(conn, request_id, "queue-full", str(exc))
+            self.error(conn, request_id, "queue-full", str(exc))
 
     def _handle(self, conn: bytes, session: Session, req: mqks.Request, now_us: int, budget: Budget) -> None:
         a = req.args
         if req.action == "ping":
-            self._reply(conn, mqks.ok(req.request_id, a["data"]))
+            self.reply(conn, mqks.ok(req.request_id, a["data"]))
             return
         if req.action == "_eval":
             raise ProtocolError("refused", "_eval never evaluates client code; read figures from the monitor")
@@ -145,13 +155,13 @@ class Requests:
         elif req.action in ("ack", "reject"):
             self.consumers.settle(self._consumer(conn, a["consumer"]), req.action, a["msg_id"])
         elif req.action == "delete_consumer":
-            self._remove_consumer(self._consumer(conn, a["consumer"]))
+            self.remove_consumer(self._consumer(conn, a["consumer"]))
         elif req.action == "delete_queue":
             self._delete_queue(a["queue"])
         if req.confirm and session.job is None:  # (else its job answers it once done)
-            self._reply(conn, mqks.ok(req.request_id), (CONFIRM, req.request_id))
+            self.reply(conn, mqks.ok(req.request_id), (CONFIRM, req.request_id))
 
-    def _job_rolled_back(self, conn: bytes, job: Any) -> None:
+    def job_rolled_back(self, conn: bytes, job: Any) -> None:
         """A turn was rolled back while ``job`` was under way: it ends with an error (what earlier turns
         stored of a publish stays), but a change of events stored in an earlier turn, which only its
         indexing was left of, is done (the bindings are read again) and confirmed."""
@@ -160,9 +170,9 @@ class Requests:
         if isinstance(job, Rebound) and job.stored():
             job.finish()
             if job.confirm:
-                self._reply(conn, mqks.ok(job.request_id))
+                self.reply(conn, mqks.ok(job.request_id))
             return
-        self._error(conn, job.request_id, "store-failed", "store failure: the request was rolled back")
+        self.error(conn, job.request_id, "store-failed", "store failure: the request was rolled back")
 
     def _consumer(self, conn: bytes, consumer_id: str) -> Consumer:
         consumer = self.consumers.get(conn, consumer_id)
@@ -193,9 +203,7 @@ class Requests:
             budget.take(len(data) * len(queues), records=len(queues))
             self.published_total += 1
         else:
-            if self.broker.refusing is not None:
-                raise StoreFull(self.broker.refusing)
-            self.broker.check_room(len(data) * len(queues))
+            self.broker.check_room(len(data) * len(queues), producing=True)
             session.job = Publish(
                 self.broker,
                 self.limits,
@@ -208,11 +216,11 @@ class Requests:
             )
             return
         if req.confirm:
-            self._reply(conn, mqks.ok(req.request_id), (CONFIRM, req.request_id))
+            self.reply(conn, mqks.ok(req.request_id), (CONFIRM, req.request_id))
 
     def _binding_of(self, queue: str) -> Binding:
         """The queue's binding; a fresh one (owned if MQKS makes the queue) when it has none."""
-        return self.bindings.get(queue) or Binding([], owned=self.broker.queue_info(queue) is None)
+        return self.bindings.get(queue) or Binding([], owned=self.broker.queues.info(queue) is None)
 
     def _consume(self, conn: bytes, session: Session, req: mqks.Request) -> None:
         a = req.args
@@ -229,9 +237,9 @@ class Requests:
             raise ProtocolError("too-many-events", f"queue {queue!r} would have more than {most} events")
         growth = self.bindings.room_for_events(queue, events, conn)
         # The queue exists from now on, bound or not: made implicit, on this connection's share (StoreFull)
-        self.broker.create_queue(queue, owner=("mqks", conn))
+        self.broker.queues.create(queue, owner=("mqks", conn))
         if old is not None:  # the same id again on this connection: it starts over
-            self._remove_consumer(old)
+            self.remove_consumer(old)
         unused = a["unused"] if a["unused"] is not None else binding.unused
         consumer = Consumer(conn, req.request_id, queue, a["manual_ack"], a["prefetch"])
         changed = self.bindings.set(queue, Binding(events, unused, binding.owned), save=True)
@@ -255,7 +263,7 @@ class Requests:
         events = mqks.remove_masked(events, a["remove_mask"], self.limits.mqks_mask_work)
         events = with_added(events, a["add"])
         growth = self.bindings.room_for_events(queue, events, conn)
-        self.broker.create_queue(queue, owner=("mqks", conn))
+        self.broker.queues.create(queue, owner=("mqks", conn))
         changed = self.bindings.set(queue, Binding(events, binding.unused, binding.owned), save=True)
         self.bindings.took(conn, growth)
         if changed:
@@ -272,7 +280,7 @@ class Requests:
         if consumers or self.bindings.indexing(queue):
             session.job = Rebound(self.bindings, self.outbox, queue, consumers, req)
 
-    def _remove_consumer(self, consumer: Consumer) -> None:
+    def remove_consumer(self, consumer: Consumer) -> None:
         """Unregister; what it held goes back to the end of its queue, retry raised (as a reject)."""
         if self.consumers.remove(consumer):
             binding = self.bindings.get(consumer.queue)
@@ -295,14 +303,14 @@ class Requests:
                 f"no MQKS queue {queue!r} (only queues MQKS made can be deleted "
                 "through it; one that existed before MQKS bound it belongs to others too)",
             )
-        info = self.broker.queue_info(queue)
-        if info is not None and self.broker.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
+        info = self.broker.queues.info(queue)
+        if info is not None and self.broker.queues.held_by_others(info.qid, lambda holder: holder[:1] == ("mqks",)):
             raise ProtocolError(
                 "queue-in-use",
                 f"queue {queue!r} has messages held by clients of another protocol or leased by an API group",
             )
         for consumer in self.consumers.drop_queue(queue):  # (a rolled-back turn does not send these)
-            self._reply(consumer.conn, mqks.update(consumer.id, queue, [], None, False), (UPDATE,))
+            self.reply(consumer.conn, mqks.update(consumer.id, queue, [], None, False), (UPDATE,))
         self.bindings.remove(queue)
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
@@ -323,11 +331,15 @@ class Requests:
         self.delete_at.pop(queue, None)
         self._orphans.discard(queue)
 
-    def _start_unused_clocks(self) -> None:
+    def next_delete(self) -> float | None:
+        """When the next unused queue is due to go (None: none is)."""
+        return min(self.delete_at.values()) if self.delete_at else None
+
+    def start_unused_clocks(self) -> None:
         self._orphans = {q for q in self.bindings.unused() if not self.consumers.used(q)}
         self._orphan_grace = RESTART_GRACE_S
 
-    def _expire_unused(self, now: float) -> None:
+    def expire_unused(self, now: float) -> None:
         for queue in self._orphans:
             binding = self.bindings.get(queue)
             if binding is not None and binding.unused is not None:

@@ -74,7 +74,7 @@ class NativeGateway:
         self.producers = Producers(broker, queue, self.batches, max_message_size=max_message_size)
         # Its deliveries of earlier turns stay in flight through a rolled-back turn (see Broker.rolled_back):
         # nothing here would forget them, and a consumer's ack is never answered, so it is done again.
-        broker.redo_on_rollback(CONSUMER)
+        broker.deliveries.redo_on_rollback(CONSUMER)
         self.taken_back_total = 0
         self._take_back_logged = float("-inf")
         # The broker's readiness when a take found nothing: until it changes, nothing is ready for us.
@@ -114,7 +114,9 @@ class NativeGateway:
         keys: list[bytes] = []
         answered: set[Ref] = set()  # (acks settle at the run's end: a repeat must not count twice)
         timeout_s = self.ack_timeout_s
-        deadline_of = self.broker.deadline_of(CONSUMER)  # (deadline's answer, no call through the broker each)
+        deadline_of = self.broker.deliveries.deadline_of(
+            CONSUMER
+        )  # (deadline's answer, no call through the broker each)
         sent_at: list[tuple[Ref, float | None]] = []  # (told to the credit in one call, in order)
         for frames in messages:
             answer = native.consumer_answer(frames)
@@ -136,7 +138,7 @@ class NativeGateway:
             self._ack_run(acks, keys)  # (a nack settles after the acks before it)
             self.credit.answered_many(sent_at, now)
             sent_at.clear()
-            if not self.broker.nack(ref, by=CONSUMER):
+            if not self.broker.requeue(ref, by=CONSUMER):
                 warn_bad(
                     "consumer",
                     "not-held",
@@ -188,8 +190,8 @@ class NativeGateway:
         call's work (the turn's share): at most that many taken back, or else that many handed out; the
         caller calls again for more (``dispatched`` says how many this call handled). ``most_bytes``
         bounds the bodies handed out (the first always goes; ``dispatched_bytes`` says how many)."""
-        held = self.broker.held_count(CONSUMER)
-        overdue = self.credit.overdue(held, self.broker.held_by(CONSUMER), most)
+        held = self.broker.deliveries.count(CONSUMER)
+        overdue = self.credit.overdue(held, self.broker.deliveries.held_by(CONSUMER), most)
         self.dispatched, self.dispatched_bytes = len(overdue), 0
         if overdue:
             self.broker.take_back_many(overdue, by=CONSUMER)
@@ -242,7 +244,7 @@ class NativeGateway:
     def sendable(self, sends: Sequence[Send]) -> list[Send]:
         """Of deliveries that waited for room in the send socket's pipes (turns of a full socket), those
         still in flight: one that timed out or was taken back meanwhile is not sent."""
-        deadline_of = self.broker.deadline_of(CONSUMER)
+        deadline_of = self.broker.deliveries.deadline_of(CONSUMER)
         return [send for send in sends if send.socket != SEND or deadline_of(send.token) is not None]  # type: ignore[arg-type]
 
     def unsent(self, send: Send) -> bool:
@@ -253,7 +255,7 @@ class NativeGateway:
         """A run of sends that could not leave: deliveries go back to the queue; returns what to keep
         for later (producers' acks, which the endpoint's backlog never gives back)."""
         refs: list[Ref] = [send.token for send in sends if send.socket == SEND]  # type: ignore[misc]
-        self.broker.undeliver_many(refs)
+        self.broker.take_back_many(refs)
         for ref in refs:
             self.credit.forget(ref)
         return [send for send in sends if send.socket != SEND]
@@ -266,7 +268,7 @@ class NativeGateway:
     def recover(self) -> None:
         """The broker forgot deliveries (a rolled-back turn: this turn's, or all of them after a bug):
         so does the credit."""
-        self.credit.retain(self.broker.held_by(CONSUMER))
+        self.credit.retain(self.broker.deliveries.held_by(CONSUMER))
         self.batches.load()
 
     def next_wake(self, now: float) -> float | None:
@@ -293,7 +295,7 @@ class NativeGateway:
         return [], 0  # (as clients: the DEALER's consumers are not told apart)
 
     def _available(self, now: float) -> int:
-        return self.credit.available(now, self.broker.held_count(CONSUMER))
+        return self.credit.available(now, self.broker.deliveries.count(CONSUMER))
 
 
 ref_of_key = native.key_ref  # (the message a consumer's key names, or None: the codec reads keys)

@@ -99,7 +99,7 @@ class BatchConsumeGateway:
             return [self._error(peer, "hello-first", "unknown consumer (never said HELLO, or forgotten): send HELLO")]
         if count == 0:
             return []  # (a consumer saying it is still there)
-        held = self.broker.held_count(consumer.holder)
+        held = self.broker.deliveries.count(consumer.holder)
         most = self.limits.consume_max_credit
         if consumer.credit + held + count > most:
             return [
@@ -139,7 +139,7 @@ class BatchConsumeGateway:
         else:
             for key in command.keys:
                 ref = ref_of_key(key)
-                if ref is not None and self.broker.nack(ref, by=holder):
+                if ref is not None and self.broker.requeue(ref, by=holder):
                     settled.append(ref)
                 else:
                     refused.append(key)
@@ -247,7 +247,7 @@ class BatchConsumeGateway:
     def unsent(self, out: Out) -> None:
         """A DELIVER that could not leave (its consumer is gone): its messages go back to the queue, and
         the consumer is forgotten (with what else it held: nobody is there to ack it)."""
-        self.broker.undeliver_many(out.refs)
+        self.broker.take_back_many(out.refs)
         self.table.gone(out.frames[0], counted=True)
 
     def rolled_back(self, outs: list[Out]) -> list[Out]:
@@ -309,7 +309,7 @@ class BatchConsumeGateway:
         """Its consumers (all of one queue: ZeroMQ names no peer's address) and what each holds."""
         if queue != self.queue:
             return [], 0
-        held = self.broker.held_count
+        held = self.broker.deliveries.count
         rows = [
             {"protocol": "native", "client": peer_label(c.peer), "held": held(c.holder)}
             for c in itertools.islice(self.consumers.values(), limit)

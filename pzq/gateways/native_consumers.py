@@ -89,7 +89,7 @@ class Consumers:
         for consumer in list(self.known.values()):
             if client is not None and consumer.client != client:
                 continue
-            if consumer.credit == 0 and self.broker.held_count(consumer.holder) == 0:
+            if consumer.credit == 0 and self.broker.deliveries.count(consumer.holder) == 0:
                 self.forget(consumer)
                 self.evicted_total += 1
                 return True
@@ -107,7 +107,7 @@ class Consumers:
             if now - consumer.seen < idle:
                 return
             consumer.credit = 0
-            if self.broker.held_count(consumer.holder) == 0:
+            if self.broker.deliveries.count(consumer.holder) == 0:
                 self.forget(consumer, gone=False)
                 self.forgotten_total += 1
             else:  # (it holds deliveries: its ack timeouts bring them back; looked at again later)
@@ -152,7 +152,7 @@ class Consumers:
     def gone(self, peer: bytes, *, counted: bool = False) -> int:
         """``peer`` is gone (BYE; a DELIVER it could not be sent, ``counted`` as forgotten): what it held
         goes back to the queue, and it is forgotten; returns how many deliveries went back."""
-        returned = self.broker.consumer_gone((HOLDER, peer))
+        returned = self.broker.gone((HOLDER, peer))
         consumer = self.known.get(peer)
         if consumer is not None:
             self.forget(consumer, gone=True)
@@ -164,19 +164,19 @@ class Consumers:
         what they held goes back to the queue; returns how many consumers."""
         gone = [c for c in self.known.values() if c.user is not None and c.user in users]
         for consumer in gone:
-            self.broker.consumer_gone(consumer.holder)
+            self.broker.gone(consumer.holder)
             self.forget(consumer, gone=True)
         return len(gone)
 
     def forget(self, consumer: Consumer, *, gone: bool = False) -> None:
         """Forget ``consumer``; ``gone``: its connection closed (or it said BYE, or was revoked), and
-        ``BrokerSurface.consumer_gone`` released what it held. Forgotten for silence or to make room, it holds
+        ``BrokerSurface.gone`` released what it held. Forgotten for silence or to make room, it holds
         nothing in flight, but copies of deliveries that timed out may still sit in its pipe: they stay
         charged to it until its connection closes (over ipc://, where no connection is known, now)."""
         if gone and self._fds.get(consumer.fd) == consumer.peer:
             del self._fds[consumer.fd]
         elif not gone and consumer.fd < 0:
-            self.broker.payer_gone(consumer.holder)
+            self.broker.gone(consumer.holder)  # (it holds nothing in flight: its charges)
         if self.known.pop(consumer.peer, None) is consumer:
             self.slots.add(consumer.client, -1)
         consumer.credit = 0  # (its ring entry is skipped, then dropped)

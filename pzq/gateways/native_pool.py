@@ -17,7 +17,7 @@ in its socket, plus what its pipe may hold (SNDHWM and libzmq's encoder one more
 since the oldest epoch not passed). A closed epoch has passed once each of those connections has closed,
 got that far, or been seen with nothing waiting in its socket after the checkpoint (an idle stream has
 an empty pipe: libzmq's I/O thread writes what a pipe holds as soon as the socket takes it). Once none
-of its deliveries is in flight either, its payer ends (``Broker.payer_gone``): its stale copies are
+of its deliveries is in flight either, its payer ends (``BrokerSurface.gone``): its stale copies are
 released. A consumer that reads and never acks thus frees its copies as it reads them; one that reads
 nothing holds at most its pipe, and is cut once its stream has not moved for ``Limits.native_send_stall_s``
 (pzq/endpoints/native_send.py), which passes its epochs too.
@@ -78,14 +78,14 @@ class SendPool:
         self.closed: list[Epoch] = []  # oldest first
         self._checked_at = float("-inf")
         self.passed_total = 0
-        broker.set_share(self.payer, share)  # (an epoch's own share: the pool's, of which it is a part)
+        broker.account(self.payer).share = share  # (an epoch's own share: the pool's, of which it is a part)
 
     def charged(self) -> int:
         """Bytes charged to the pool: in flight and stale, of every epoch not yet passed."""
-        bytes_held = self.broker.bytes_held
-        total = bytes_held(self.payer)
+        account = self.broker.account
+        total = account(self.payer).held()
         for epoch in self.closed:
-            total += bytes_held(epoch.payer)
+            total += account(epoch.payer).held()
         return total
 
     def room(self) -> int:
@@ -119,18 +119,19 @@ class SendPool:
                     del left[fd]
                 if left:
                     continue
-            if self.broker.bytes_in_flight(epoch.payer):
+            if self.broker.account(epoch.payer).in_flight():
                 continue
             self.closed.remove(epoch)
             self.passed_total += 1
-            self.broker.payer_gone(epoch.payer)
+            self.broker.gone(epoch.payer)
         if closable and self._closable(now):
             self._checkpoint(now, streams)
 
     def _closable(self, now: float) -> bool:
         if now < self._checked_at + self.check_s or len(self.closed) >= MOST_CLOSED:
             return False
-        return self.broker.bytes_held(self.payer) > self.broker.bytes_in_flight(self.payer)  # (stale copies)
+        account = self.broker.account(self.payer)
+        return account.held() > account.in_flight()  # (stale copies)
 
     def _checkpoint(self, now: float, streams: Mapping[int, Sample] | None) -> None:
         """Close the current epoch: ``streams`` holds each open connection's stream now."""
@@ -140,7 +141,7 @@ class SendPool:
         self.closed.append(Epoch(self.payer, now, self._largest, left))
         self._number += 1
         self.payer, self._largest, self._checked_at = (POOL, self._number), 0, now
-        self.broker.set_share(self.payer, self.share)
+        self.broker.account(self.payer).share = self.share
 
     def next_check(self) -> float | None:
         """When closed epochs are next worth a look (None: none waits)."""

@@ -125,7 +125,7 @@ class Producers:
             self.big_written = self.broker.write_big(upload, most)
             if not upload.done:
                 return None
-            self.broker.produce_big(self.queue, upload, now_us=now_us)
+            self.broker.produce(self.queue, upload, now_us=now_us)
         except StoreFull:
             self._upload = None
             self.broker.drop_big(upload)

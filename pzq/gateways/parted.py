@@ -23,8 +23,8 @@ Gateway, for each request that may store a message:
   returned), else keep it to run once what is ahead of it is stored (its answers then come out of
   ``step``). ``act`` returns its client's error answer rather than raising one, and may ``write``.
 - ``write(owner, body, Big(finish, refuse, fail, each))``: a big message, written by ``step``. In the
-  turn of its last part ``finish(upload, now_us)`` stores its record (``Broker.produce_big``) or drops
-  it (``Broker.drop_big``) and returns its answers; ``refuse(reason)`` answers it when the store has no
+  turn of its last part ``finish(upload, now_us)`` stores its record (the broker's ``produce`` of the
+  upload) or drops it (``drop_big``) and returns its answers; ``refuse(reason)`` answers it when the store has no
   room (StoreFull from the first part, a part, or ``finish``: nothing of it stays); ``fail()`` when a
   turn that wrote one of its parts was rolled back (its parts are gone); ``each(view)``, if given, sees
   every part as it is written (a digest computed a part at a time).

@@ -84,7 +84,7 @@ class PhpmqGateway:
         self.parts = Parted(broker, limits)  # big sends, written a part per turn (the endpoint drives it)
         self.dispatched = 0  # deliveries the last dispatch call handed out, and their bodies' bytes
         self.dispatched_bytes = 0
-        broker.add_queue_user(self)
+        broker.queues.add_user(self)
 
     def uses_queue(self, queue: str) -> bool:
         """A queue a session consumes is in use (the broker's implicit queues)."""
@@ -102,8 +102,7 @@ class PhpmqGateway:
         session = self.sessions.pop(conn, None)
         self.rights.gone(conn)
         if session is not None:  # (a big send of its still goes to the store: it was sent whole)
-            self.broker.consumer_gone(session.consumer)
-            self.broker.owner_gone(session.consumer)
+            self.broker.gone(session.consumer)
             self._consume(session, None)
 
     def narrowed(self) -> list[bytes]:
@@ -115,7 +114,7 @@ class PhpmqGateway:
         def lost(s: Session) -> bool:
             if s.queue is not None and not self.rights.allows(s.conn, CONSUME, s.queue):
                 return True
-            return bool(self.broker.held_count(s.consumer)) and not all(
+            return bool(self.broker.deliveries.count(s.consumer)) and not all(
                 self.rights.allows(s.conn, CONSUME, queue) for queue in s.consumed
             )
 
@@ -139,11 +138,11 @@ class PhpmqGateway:
         return 0 if session is None else session.decoder.buffered + self.parts.behind_of(conn)
 
     def holding(self, conn: bytes) -> bool:
-        return self.broker.held_count(("phpmq", conn)) > 0
+        return self.broker.deliveries.count(("phpmq", conn)) > 0
 
     def unsent(self, send: Send) -> bool:
         """A dispatch the client's connection would not take: it stays stored for later."""
-        self.broker.undeliver_many((send.token,))  # type: ignore[arg-type]  # (dispatch's tokens are refs)
+        self.broker.take_back_many((send.token,))  # type: ignore[arg-type]  # (dispatch's tokens are refs)
         return False
 
     def rolled_back(self, sends: list[Send]) -> list[Send]:
@@ -205,8 +204,8 @@ class PhpmqGateway:
                 done = self.broker.ack(ref, by=session.consumer)
             elif message.type == phpmq.REQUEUE:
                 ttl = _ttl(message)
-                done = self.broker.requeue_at_end(
-                    ref, by=session.consumer, expires_us=now_us + ttl * 1_000_000 if ttl else 0
+                done = self.broker.requeue(
+                    ref, by=session.consumer, at_end=True, expires_us=now_us + ttl * 1_000_000 if ttl else 0
                 )
             else:
                 done = self.broker.dead_letter(
@@ -227,13 +226,13 @@ class PhpmqGateway:
         refuses it. Its connection may have closed since: the client sent it whole, so it is stored."""
         session = self.sessions.get(conn)
         try:
-            if self.broker.queue_info(queue) is None:  # made on this connection's share of --max-queues
-                self.broker.create_queue(queue, owner=session.consumer if session is not None else None)
+            if self.broker.queues.info(queue) is None:  # made on this connection's share of --max-queues
+                self.broker.queues.create(queue, owner=session.consumer if session is not None else None)
             if self.parts.big(len(content)):
                 size = len(content)
 
                 def finish(upload: Upload, now: int) -> list[Send]:
-                    self.broker.produce_big(queue, upload, now_us=now, expires_us=expires_us)
+                    self.broker.produce(queue, upload, now_us=now, expires_us=expires_us)
                     return []
 
                 refused = functools.partial(self._refused, conn, queue, size)
@@ -252,7 +251,7 @@ class PhpmqGateway:
         return [Send(ONLY, [conn], close=True)] if conn in self.sessions else []
 
     def _ref(self, queue: str, message: phpmq.Message):
-        return self.broker.ref_in(queue, bytes(message.packets[phpmq.MESSAGE_ID]))
+        return self.broker.queues.ref_in(queue, bytes(message.packets[phpmq.MESSAGE_ID]))
 
     def dispatch(
         self,
@@ -279,7 +278,7 @@ class PhpmqGateway:
             session = self.sessions[conn]
             if session.queue is None or conn in blocked:
                 continue
-            held = self.broker.held_count(session.consumer)
+            held = self.broker.deliveries.count(session.consumer)
             credit = min(session.count - held, left)
             if credit <= 0 or self.broker.ready_count(session.queue) <= 0:
                 continue
@@ -305,7 +304,7 @@ class PhpmqGateway:
         return out
 
     def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
-        held = self.broker.held_count
+        held = self.broker.deliveries.count
         rows = [
             [s.conn.hex(), s.dialect.name.lower(), s.queue or "-", held(s.consumer), s.decoder.buffered]
             for s in itertools.islice(self.sessions.values(), offset, offset + limit)
@@ -319,7 +318,12 @@ class PhpmqGateway:
             return [], 0
         mine = [s for s in self.sessions.values() if s.queue == queue]
         return [
-            {"protocol": "phpmq", "client": s.conn.hex(), "held": self.broker.held_count(s.consumer), "conn": s.conn}
+            {
+                "protocol": "phpmq",
+                "client": s.conn.hex(),
+                "held": self.broker.deliveries.count(s.consumer),
+                "conn": s.conn,
+            }
             for s in mine[:limit]
         ], len(mine)
 

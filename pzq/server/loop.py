@@ -279,7 +279,7 @@ class Server(Reloading):
         """The tick's part that is the server's: the metrics' figures, the console's process."""
         if self.metrics is not None:
             oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
-            stats, per_queue = self.stats(), {q: dict(c) for q, c in self.broker.per_queue.items()}
+            stats, per_queue = self.stats(), self.broker.queue_counts()
             self.metrics.update(stats, oldest, per_queue)
         if self.console is not None:
             self.console.check(now)  # (one waitpid(WNOHANG); a restart when its wait is over)
@@ -350,11 +350,12 @@ class Server(Reloading):
         parts: dict[str, int] = {}
         for endpoint in self.endpoints:
             parts.update(endpoint.memory())
-        accounts = self.broker.accounts
-        parts["deliveries"] = delivered = accounts.total(self.broker.inflight)
+        parts["deliveries"] = delivered = self.broker.delivery_bytes()
         self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
         # (deliveries grow only under the ceiling, and not even one past the high-water mark)
-        accounts.bank(others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water)
+        self.broker.bank(
+            others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water
+        )
 
     def _recover(self, whole: bool = True) -> None:
         """Start over from what is on disk: uncommitted writes are dropped. After a bug (``whole``),
@@ -381,7 +382,7 @@ class Server(Reloading):
 
     def _gateway_stats(self) -> dict:
         stats = {e.name: stats for e in self.endpoints if (stats := e.stats()) is not None}
-        stats["memory"] = {**self.alarm.stats(), **self.broker.accounts.stats(self.broker.inflight)}
+        stats["memory"] = {**self.alarm.stats(), **self.broker.memory_stats()}
         stats["permissions"] = self.permissions.stats()
         if self.collector is not None:
             stats["gc"] = self.collector.stats()
