@@ -18,6 +18,7 @@ import time
 import msgpack
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
@@ -50,7 +51,7 @@ def api_cases(store: Store) -> None:
     }
     for label, (command, body) in cases.items():
         frames = [b"peer", b"", b"1", command, body]
-        ms, reply = timed(lambda frames=frames: gateway.handle(frames, now=1.0, now_us=1))
+        ms, reply = timed(lambda frames=frames: gateway.handle(frames, now=Now(1.0, 1)))
         print(f"{label}: {ms:.1f} ms -> {reply[-2].decode()} {msgpack.unpackb(reply[-1])}")
 
 
@@ -64,11 +65,11 @@ def emqp_cases(store: Store) -> None:
         liveness=3,
     )
     frames = [b"client", *emqp.command("REQUEST", "m1", "q", "a," * (8 << 20), "payload")]
-    ms, sends = timed(lambda: gateway.from_client(frames, now=1.0, now_us=1))
+    ms, sends = timed(lambda: gateway.from_client(frames, now=Now(1.0, 1)))
     print(f"eMQP REQUEST with a 16 MiB headers frame, on arrival: {ms:.1f} ms -> {sends[0].frames[3].decode()}")
-    gateway.from_worker([b"w", *emqp.command("INFORM", "i1", '[[10, "q"]]', "worker")], now=1.0, now_us=1)
-    gateway.from_worker([b"w", *emqp.command("READY", "r1")], now=1.0, now_us=1)
-    ms, jobs = timed(lambda: gateway.hand_out(now=1.0, now_us=1))
+    gateway.from_worker([b"w", *emqp.command("INFORM", "i1", '[[10, "q"]]', "worker")], now=Now(1.0, 1))
+    gateway.from_worker([b"w", *emqp.command("READY", "r1")], now=Now(1.0, 1))
+    ms, jobs = timed(lambda: gateway.hand_out(now=Now(1.0, 1)))
     print(f"eMQP dispatch of it to a worker: {ms:.1f} ms -> {len(jobs)} job(s)")
 
 
@@ -77,11 +78,11 @@ def mqks_case(store: Store, label: str, events: list[str], masks: list[str], pip
     gateway = MqksGateway(broker, Bindings(store), max_line=32 << 20, window=10, drop_queue=broker.drop_queue)
     gateway.connected(b"c")
     line = f"r1 rebind --confirm {label[:8].replace(' ', '_')} {' '.join(events)} --remove-mask {' '.join(masks)}\n"
-    ms, sends = timed(lambda: gateway.received(b"c", line.encode(), now=1.0, now_us=1))
+    ms, sends = timed(lambda: gateway.received(b"c", line.encode(), now=Now(1.0, 1)))
     answer = sends[-1].frames[1].split()[1].decode()
     twenty = ""
     if pipelined:
-        all_ms, _ = timed(lambda: gateway.received(b"c", line.encode() * 20, now=1.0, now_us=1))
+        all_ms, _ = timed(lambda: gateway.received(b"c", line.encode() * 20, now=Now(1.0, 1)))
         twenty = f", 20 pipelined {all_ms:.0f} ms"
     print(f"MQKS rebind, {label}: one {ms:.1f} ms ({answer}){twenty}")
 

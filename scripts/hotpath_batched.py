@@ -29,6 +29,8 @@ import time
 
 import zmq
 
+from pzq.clock import Now
+
 
 def batch_producer(dsn: str, count: int, window: int, size: int, per: int) -> None:
     from pzq.protocols import native_batch as wire
@@ -104,7 +106,7 @@ def no_sockets(count: int, size: int, per: int, profile: cProfile.Profile | None
         turn(broker.produce_many, "q", [body] * per, now_us=now_us)
         middle = time.thread_time()
         gateway.received(b"peer", wire.credit(per), now=now)
-        outs = turn(gateway.dispatch, now=now, now_us=now_us, most=per, blocked=lambda peer: False)
+        outs = turn(gateway.dispatch, now=Now(now, now_us), most=per, blocked=lambda peer: False)
         keys = [key for out in outs for key in wire.parse_reply(out.frames[1:]).keys]
         settled = turn(gateway.received, b"peer", wire.ack(keys), now=now)
         if profile:

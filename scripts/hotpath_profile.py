@@ -34,6 +34,8 @@ import time
 
 import zmq
 
+from pzq.clock import Now
+
 
 def producer(dsn: str, count: int, window: int, size: int) -> None:
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -115,11 +117,11 @@ def no_sockets(count: int, size: int, profile: cProfile.Profile | None) -> None:
         started = time.thread_time()
         if profile:
             profile.enable()
-        turn(gateway.received_many, RECEIVE, run, now=now, now_us=now_us)
+        turn(gateway.received_many, RECEIVE, run, now=Now(now, now_us))
         middle = time.thread_time()
-        sends = turn(gateway.dispatch, now=now, now_us=now_us, most=100, most_bytes=1 << 20)
+        sends = turn(gateway.dispatch, now=Now(now, now_us), most=100, most_bytes=1 << 20)
         answers = [[send.frames[0], b"1"] for send in sends]
-        turn(gateway.received_many, SEND, answers, now=now + 0.001, now_us=now_us)
+        turn(gateway.received_many, SEND, answers, now=Now(now + 0.001, now_us))
         if profile:
             profile.disable()
         produce_s, consume_s = produce_s + middle - started, consume_s + time.thread_time() - middle
@@ -162,7 +164,7 @@ def no_sockets_batched(count: int, size: int, per: int, profile: cProfile.Profil
             profile.enable()
         store.turn_begins()
         broker.turn_begins()
-        answers = gateway.received_many(RECEIVE, run, now=0.0, now_us=now_us)
+        answers = gateway.received_many(RECEIVE, run, now=Now(0.0, now_us))
         store.commit()
         broker.committed()
         if profile:

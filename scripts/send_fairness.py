@@ -29,6 +29,7 @@ import time
 
 from pzq.bench.server import PzqServer
 from pzq.clients import native as client
+from pzq.clock import Now
 from pzq.protocols import native
 
 
@@ -108,10 +109,10 @@ def simulated(seconds: float, rate: int, delay: float, late_too: bool) -> tuple[
             while later and later[0][0] <= now:
                 answers.append(native.consumer_ack(later.popleft()[1], True))
             if answers:
-                gateway.received_many(SEND, answers, now=now, now_us=int(now * 1e6))
+                gateway.received_many(SEND, answers, now=Now(now, int(now * 1e6)))
             broker.expire(now, 1000)
             prompt = []
-            for i, send in enumerate(gateway.dispatch(now=now, now_us=int(now * 1e6), most=per_turn)):
+            for i, send in enumerate(gateway.dispatch(now=Now(now, int(now * 1e6)), most=per_turn)):
                 if late_too and (turn + i) % 2:  # (the DEALER's turns: one each)
                     later.append((now + delay, send.frames[0]))
                     counts[1] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Hashable
 
+from pzq.clock import Now
 from pzq.gateways import native as native_gateway
 from pzq.gateways.contract import Send
 from pzq.gateways.native_consume import BatchConsumeGateway, Out
@@ -31,21 +32,21 @@ class BatchedNative:
         self.chunk = loop.limits.turn_chunk
         self._fds: dict[bytes, int] = {}  # each consumer's connection, as the socket monitor would name it
 
-    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+    def received(self, socket: str, frames: list[bytes], *, now: Now, user: str | None) -> list[Send]:
         if socket != CONSUME:
-            return self.native.received(socket, frames, now=now, now_us=now_us, user=user)
+            return self.native.received(socket, frames, now=now, user=user)
         peer = frames[0]
-        outs = self.batch.received(peer, frames[1:], now=now, user=user) if len(frames) > 1 else []
+        outs = self.batch.received(peer, frames[1:], now=now.mono, user=user) if len(frames) > 1 else []
         self.batch.connection(peer, self._fds.setdefault(peer, len(self._fds) + 3), user)
         return [Send(CONSUME, out.frames, out) for out in outs]
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset[Hashable]) -> list[Send]:
-        out = self.native.dispatch(now=now, now_us=now_us, blocked=blocked | {native_gateway.SEND})
+    def dispatch(self, *, now: Now, blocked: frozenset[Hashable]) -> list[Send]:
+        out = self.native.dispatch(now=now, blocked=blocked | {native_gateway.SEND})
         due = self.batch.next_sweep()
-        if due is not None and now >= due:
-            self.batch.sweep(now)
+        if due is not None and now.mono >= due:
+            self.batch.sweep(now.mono)
         while self.batch.would_send():
-            outs = self.batch.dispatch(now=now, now_us=now_us, most=self.chunk, blocked=blocked.__contains__)
+            outs = self.batch.dispatch(now=now, most=self.chunk, blocked=blocked.__contains__)
             out += [Send(CONSUME, o.frames, o) for o in outs]
             if self.batch.dispatched < self.chunk:
                 break

@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.base import TurnBudget
 from pzq.gateways.contract import PacedGateway, Send
@@ -31,17 +32,16 @@ MAX_INPUT = 4096  # a PHPMQ packet or MQKS line; small, so that an endless one i
 
 @dataclasses.dataclass
 class Clock:
-    """The loop's two clocks (monotonic seconds and wall microseconds); they move only by ``advance``."""
+    """The loop's time: one ``Now`` (monotonic seconds and wall microseconds together), read once a turn
+    as the server reads it; it moves only by ``advance``, both clocks alike."""
 
-    now: float = 1000.0
-    wall_us: int = 1_700_000_000_000_000
+    now: Now = Now(mono=1000.0, wall_us=1_700_000_000_000_000)
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
-        self.wall_us += int(seconds * 1_000_000)
+        self.now = Now(self.now.mono + seconds, self.now.wall_us + int(seconds * 1_000_000))
 
     def wall_s(self) -> float:
-        return self.wall_us / 1e6
+        return self.now.wall_us / 1e6
 
 
 # -- the loop ------------------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ class Loop:
         self.broker = Broker(store, ack_timeout_s=ACK_TIMEOUT_S, limits=limits)
         self.leases = Leases(self.broker, timeout_s=LEASE_TIMEOUT_S)
         self.gateway: Any = make_gateway(self)  # (each kind offers its own half of the contract)
-        self._inbox: list[Callable[[float, int], list[Send]]] = []
+        self._inbox: list[Callable[[Now], list[Send]]] = []
         self.backlog: dict[Hashable, list[Send]] = {}  # what a full pipe did not take, kept by the endpoint
         self.closed: list[bytes] = []  # connections the gateway asked to close, not yet told to their client
         self.taken_back: list[Send] = []  # deliveries ``unsent`` took back (ready again)
@@ -74,13 +74,13 @@ class Loop:
     def feed(self, conn: bytes, data: bytes) -> None:
         """Bytes of a raw TCP connection, read in the next turn; a close it asks for is done at once."""
 
-        def step(now: float, now_us: int) -> list[Send]:
+        def step(now: Now) -> list[Send]:
             if conn in self.closed or conn not in self.gateway.sessions:
                 return []  # (bytes behind garbage, as the endpoint drops them)
             if isinstance(self.gateway, PacedGateway):  # (as the endpoint: kept, then served in turn)
                 sends = self.gateway.keep(conn, data)
             else:
-                sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+                sends = self.gateway.received(conn, data, now=now)
             if sends and sends[-1].close:
                 self.gateway.disconnected(conn)
                 self.closed.append(conn)
@@ -90,12 +90,12 @@ class Loop:
 
     def feed_frames(self, socket: str, frames: list[bytes], user: str | None = None) -> None:
         """One ZeroMQ message (routing frame first), read in the next turn."""
-        self._inbox.append(lambda now, now_us: self.gateway.received(socket, frames, now=now, now_us=now_us, user=user))
+        self._inbox.append(lambda now: self.gateway.received(socket, frames, now=now, user=user))
 
     def hang_up(self, conn: bytes) -> None:
         """A raw TCP connection closes (STREAM's second notice), in the next turn."""
 
-        def step(now: float, now_us: int) -> list[Send]:
+        def step(now: Now) -> list[Send]:
             self.gateway.disconnected(conn)
             return []
 
@@ -112,25 +112,25 @@ class Loop:
         left for the peers. A pipe (``route``: a peer, or the native send socket) in ``full`` takes
         nothing this turn; one in ``slow`` is handed to ``dispatch`` as blocked, as a peer with a
         backlog is (the endpoint's own bookkeeping)."""
-        now, now_us = self.clock.now, self.clock.wall_us
+        now = self.clock.now  # (one Now for every step of the turn, as the server's loop hands out)
         inbox, self._inbox = self._inbox, []
         out: list[Send] = []
         for step in inbox:
-            out += step(now, now_us)
+            out += step(now)
         if isinstance(self.gateway, PacedGateway):  # (the endpoint serves what it read, one line of each in turn)
             # (within the turn's bytes and records, as the endpoint serves: a fan-out or a big publish goes
             # on over turns; no clock, so that a rule never depends on the machine's speed)
             serving = TurnBudget(float("inf"), self.limits.turn_write_bytes, self.limits.turn_records)
-            out += self.gateway.serve(now=now, now_us=now_us, budget=serving)
+            out += self.gateway.serve(now=now, budget=serving)
             self.gateway.served()
-        self.leases.mark_expired(now_us)
-        self.leases.work(now_us)
-        self.broker.expire(now)
-        out += self.gateway.dispatch(now=now, now_us=now_us, blocked=frozenset(self.backlog) | slow)
+        self.leases.mark_expired(now.wall_us)
+        self.leases.work(now.wall_us)
+        self.broker.expire(now.mono)
+        out += self.gateway.dispatch(now=now, blocked=frozenset(self.backlog) | slow)
         parts = getattr(self.gateway, "parts", None)
         if parts is not None and parts.pending:  # (a turn's bytes of its big messages, as its endpoint does)
             budget = TurnBudget(float("inf"), self.limits.turn_write_bytes, self.limits.turn_records)
-            out += self._closes(parts.step(budget, now_us))
+            out += self._closes(parts.step(budget, now.wall_us))
         if fail:  # as server._recover and each endpoint's rolled_back
             self.store.abort()
             self.broker.reset()

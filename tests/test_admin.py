@@ -8,6 +8,7 @@ import json
 from pzq.admin import Admin
 from pzq.admin.writes import UNBOUNDED
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.protocols import monitor as monitor_proto
 from pzq.store import message_id
 
@@ -93,7 +94,7 @@ def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall
         while not upload.done:
             broker.write_big(upload, 2 << 20)
         broker.produce_big("q", upload, now_us=1)
-    for message in broker.take("q", 3, "c", now=0.0, now_us=2):
+    for message in broker.take("q", 3, "c", now=Now(0.0, 2)):
         store.dead_letters.add(message, "max-deliveries", now_us=3)
     store.commit()
     letters = json.loads(admin.answer(ask("DEADLETTERS q 10000")))
@@ -101,7 +102,7 @@ def test_deadletters_lists_bodies_up_to_a_bound_so_big_dead_letters_cannot_stall
     assert DEAD_LIST_BYTES < 2 * (3 << 20) + 4096
     for i in range(3):
         broker.produce("small", [b"s%d" % i], now_us=4)
-    for message in broker.take("small", 3, "c", now=0.0, now_us=5):
+    for message in broker.take("small", 3, "c", now=Now(0.0, 5)):
         store.dead_letters.add(message, "max-deliveries", now_us=6)
     store.commit()
     assert len(json.loads(admin.answer(ask("DEADLETTERS small")))) == 3

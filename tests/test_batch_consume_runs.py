@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.gateways.native import ref_of_key
 from pzq.gateways.native_keys import message_keys, refs_of_keys
 from pzq.store import Store
@@ -76,8 +77,8 @@ def test_an_ack_run_settles_and_refuses_as_acks_one_at_a_time_do_and_rolls_back_
         store = Store(tmp_path / f"db{by_run}", max_size=1 << 26, sync=False)
         broker = Broker(store, ack_timeout_s=10.0)
         broker.produce_many("q", [[b"x" * rng.randint(1, 50)] for _ in range(120)], now_us=T0)
-        mine = [r for r, _, _ in broker.take_run("q", 60, "c1", now=0.0, now_us=T0)]
-        theirs = [r for r, _, _ in broker.take_run("q", 20, "c2", now=0.0, now_us=T0)]
+        mine = [r for r, _, _ in broker.take_run("q", 60, "c1", now=Now(0.0, T0))]
+        theirs = [r for r, _, _ in broker.take_run("q", 20, "c2", now=Now(0.0, T0))]
         if seed % 3 == 1:  # (some of mine timed out: late acks)
             broker.expire(11.0, 5)
         if seed % 3 == 2:  # (some gone from the store under it)

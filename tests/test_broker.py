@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.errors import StoreFull
 from pzq.store import Store
@@ -25,7 +26,7 @@ def produce(broker: Broker, *bodies: bytes, queue: str = "q", **kw) -> None:
 
 
 def take(broker: Broker, n: int = 100, consumer: str = "c1", now: float = 0.0, queue: str = "q") -> list[bytes]:
-    return [m.frames[0] for m in broker.take(queue, n, consumer, now=now, now_us=T0)]
+    return [m.frames[0] for m in broker.take(queue, n, consumer, now=Now(now, T0))]
 
 
 def test_messages_are_taken_in_the_order_they_were_produced(broker):
@@ -52,7 +53,7 @@ def test_taking_from_an_unknown_queue_gives_nothing_and_creates_no_queue(broker)
 
 def test_an_ack_deletes_the_message_for_good(broker):
     produce(broker, b"a", b"b")
-    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    first = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]
     assert broker.ack((first.qid, first.seq), by="c1") is True
     assert broker.ack((first.qid, first.seq), by="c1") is False
     assert broker.store.get("q", first.seq) is None
@@ -64,7 +65,7 @@ def test_an_ack_deletes_the_message_for_good(broker):
 
 def test_a_late_ack_after_the_timeout_requeued_the_message_still_deletes_it(broker):
     produce(broker, b"a")
-    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    first = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]
     assert broker.expire(10.0) == 1
     assert broker.ack((first.qid, first.seq), by="c1") is True
     assert take(broker, now=20.0) == []
@@ -74,10 +75,10 @@ def test_a_late_ack_after_the_timeout_requeued_the_message_still_deletes_it(brok
 
 def test_a_nacked_message_is_handed_out_again_before_newer_ones(broker):
     produce(broker, b"a", b"b", b"c")
-    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    first = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]
     assert broker.nack((first.qid, first.seq), by="c1") is True
     assert broker.nack((first.qid, first.seq), by="c1") is False
-    again = broker.take("q", 3, "c1", now=0.0, now_us=T0)
+    again = broker.take("q", 3, "c1", now=Now(0.0, T0))
     assert [(m.frames[0], m.deliveries) for m in again] == [(b"a", 2), (b"b", 1), (b"c", 1)]
     assert (broker.counters.nacked, broker.counters.redelivered) == (1, 1)
 
@@ -98,7 +99,7 @@ def test_a_message_delivered_max_deliveries_times_goes_to_the_dead_letters(store
     broker = Broker(store, ack_timeout_s=10.0, max_deliveries=2)
     produce(broker, b"poison", b"fine")
     for _ in range(2):
-        message = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+        message = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]
         assert message.frames == [b"poison"]
         broker.nack((message.qid, message.seq), by="c1")
     assert take(broker) == [b"fine"]
@@ -121,10 +122,10 @@ def test_a_message_past_its_ttl_is_dead_lettered_and_never_handed_out(broker):
 
 def test_undeliver_requeues_and_takes_back_the_delivery_count(broker):
     produce(broker, b"a")
-    first = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]
+    first = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]
     broker.undeliver((first.qid, first.seq))
     assert len(broker.inflight) == 0
-    again = broker.take("q", 1, "c1", now=0.0, now_us=T0)
+    again = broker.take("q", 1, "c1", now=Now(0.0, T0))
     assert [(m.frames, m.deliveries) for m in again] == [([b"a"], 1)]
     assert broker.counters.redelivered == 0
 
@@ -145,7 +146,7 @@ def test_after_reset_in_flight_messages_are_ready_again_in_order(broker):
     assert take(broker, 2) == [b"a", b"b"]
     broker.reset()
     assert len(broker.inflight) == 0
-    again = broker.take("q", 10, "c1", now=0.0, now_us=T0)
+    again = broker.take("q", 10, "c1", now=Now(0.0, T0))
     assert [(m.frames[0], m.deliveries) for m in again] == [(b"a", 2), (b"b", 2), (b"c", 1)]
 
 
@@ -158,7 +159,7 @@ def test_delivery_counts_carry_over_to_a_broker_on_the_reopened_store(tmp_path):
     store = Store(tmp_path / "db")
     try:
         broker = Broker(store, ack_timeout_s=10.0, max_deliveries=2)
-        assert [m.deliveries for m in broker.take("q", 1, "c1", now=0.0, now_us=T0)] == [2]
+        assert [m.deliveries for m in broker.take("q", 1, "c1", now=Now(0.0, T0))] == [2]
         broker.reset()
         assert take(broker) == []
         assert store.dead_letters.read("q")[0].reason == "max-deliveries"
@@ -181,7 +182,7 @@ def test_a_produce_refused_as_full_is_counted_and_raises(tmp_path):
 def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
     produce(broker, b"a", b"b", b"c")
     produce(broker, b"z", queue="other")
-    taken = broker.take("q", 2, "c1", now=0.0, now_us=T0)
+    taken = broker.take("q", 2, "c1", now=Now(0.0, T0))
     broker.ack((taken[0].qid, taken[0].seq), by="c1")
     broker.store.commit()
     broker.expire(10.0)
@@ -207,7 +208,7 @@ def test_stats_report_the_six_pzq_figures_then_the_queues(broker):
 
 def test_a_client_settles_only_what_was_delivered_to_it(broker):
     produce(broker, b"a", b"b", b"c")
-    given = broker.take("q", 1, "alice", now=0.0, now_us=T0)[0]
+    given = broker.take("q", 1, "alice", now=Now(0.0, T0))[0]
     ref = (given.qid, given.seq)
     never_given = (given.qid, given.seq + 1)
     assert broker.ack(ref, by="mallory") is False
@@ -227,12 +228,12 @@ def test_a_client_settles_only_what_was_delivered_to_it(broker):
 
 def test_a_late_answer_counts_only_from_the_last_holder_and_only_until_settled(broker):
     produce(broker, b"a")
-    given = broker.take("q", 1, "alice", now=0.0, now_us=T0)[0]
+    given = broker.take("q", 1, "alice", now=Now(0.0, T0))[0]
     ref = (given.qid, given.seq)
     assert broker.expire(10.0) == 1
     assert broker.nack(ref, by="alice") is False  # already back in the queue: a late nack means nothing
     assert broker.ack(ref, by="bob") is False
-    assert broker.take("q", 1, "bob", now=10.0, now_us=T0)[0].seq == given.seq
+    assert broker.take("q", 1, "bob", now=Now(10.0, T0))[0].seq == given.seq
     assert broker.ack(ref, by="alice") is True  # the work was done: a late ack deletes it (the PZQ rule)
     assert broker.store.get("q", given.seq) is None
 
@@ -240,7 +241,7 @@ def test_a_late_answer_counts_only_from_the_last_holder_and_only_until_settled(b
 def test_the_late_answer_memory_is_bounded(store):
     broker = Broker(store, ack_timeout_s=10.0, limits=Limits(late_memory=2))
     produce(broker, b"a", b"b", b"c")
-    refs = [(m.qid, m.seq) for m in broker.take("q", 3, "alice", now=0.0, now_us=T0)]
+    refs = [(m.qid, m.seq) for m in broker.take("q", 3, "alice", now=Now(0.0, T0))]
     broker.expire(10.0)
     assert broker.ack(refs[0], by="alice") is False  # forgotten: it will simply be delivered again
     assert broker.ack(refs[2], by="alice") is True
@@ -256,7 +257,7 @@ def test_readiness_grows_whenever_messages_may_have_become_ready_and_only_then(b
     produce(broker, b"a", b"b", b"c", b"d", b"e", b"f")
     assert changed(), "produced"
     assert broker.produce_many("q", [[b"g"]], now_us=T0) == 1 and changed()
-    refs = [(m.qid, m.seq) for m in broker.take("q", 6, "alice", now=0.0, now_us=T0)]
+    refs = [(m.qid, m.seq) for m in broker.take("q", 6, "alice", now=Now(0.0, T0))]
     assert not changed(), "a take makes nothing ready"
     assert broker.ack(refs[0], by="alice") and not changed(), "nor does an ack"
     assert broker.nack(refs[1], by="alice") and changed()
@@ -265,7 +266,7 @@ def test_readiness_grows_whenever_messages_may_have_become_ready_and_only_then(b
     assert changed()
     assert broker.requeue_at_end(refs[4], by="alice") and changed()
     assert broker.expire(100.0) == 1 and changed(), "an ack timeout"
-    [again] = broker.take("q", 1, "bob", now=100.0, now_us=T0)
+    [again] = broker.take("q", 1, "bob", now=Now(100.0, T0))
     assert not changed()
     assert broker.consumer_gone("bob") == 1 and changed()
     broker.dead_letter((again.qid, again.seq), "bad", by="bob", now_us=T0)  # (a late holder: still bob's)
@@ -288,12 +289,12 @@ def test_a_released_range_raises_readiness(broker):
 
 def test_runs_of_acks_and_take_backs_settle_each_and_name_what_was_refused(broker):
     produce(broker, b"a", b"b", b"c", b"d")
-    refs = [(m.qid, m.seq) for m in broker.take("q", 4, "alice", now=0.0, now_us=T0)]
+    refs = [(m.qid, m.seq) for m in broker.take("q", 4, "alice", now=Now(0.0, T0))]
     assert broker.ack_many([refs[0], (refs[0][0], 999), refs[1]], by="alice") == [(refs[0][0], 999)]
     assert broker.ack_many([refs[2]], by="bob") == [refs[2]], "not bob's"
     assert broker.take_back_many(refs[2:], by="alice") == 2
     assert broker.deadline(refs[2], "alice") is None and broker.ready_count("q") == 2
-    [again] = broker.take("q", 1, "bob", now=0.0, now_us=T0)
+    [again] = broker.take("q", 1, "bob", now=Now(0.0, T0))
     assert broker.deadline((again.qid, again.seq), "bob") == 10.0
     broker.undeliver_many([(again.qid, again.seq)])
     assert broker.ready_count("q") == 2
@@ -305,13 +306,13 @@ def test_a_rolled_back_turn_undoes_only_its_own_deliveries_and_acks_are_done_aga
     produce(broker, b"a", b"b", b"c", b"d")
     store.commit()
     broker.turn_begins()
-    first, second = broker.take("q", 2, "native", now=0.0, now_us=T0)
-    other = broker.take("q", 1, "c1", now=0.0, now_us=T0)[0]  # a holder whose gateway forgets its own
+    first, second = broker.take("q", 2, "native", now=Now(0.0, T0))
+    other = broker.take("q", 1, "c1", now=Now(0.0, T0))[0]  # a holder whose gateway forgets its own
     store.commit()
     broker.committed()
     broker.turn_begins()  # the turn that fails: an ack, and a delivery that never leaves
     assert broker.ack((first.qid, first.seq), by="native")
-    [fourth] = broker.take("q", 1, "native", now=1.0, now_us=T0)
+    [fourth] = broker.take("q", 1, "native", now=Now(1.0, T0))
     store.abort()  # (the commit failed)
     broker.rolled_back()
     assert broker.deadline((second.qid, second.seq), "native") == 10.0, "it left in an earlier turn: still held"
@@ -344,11 +345,11 @@ def test_an_ack_run_does_what_one_ack_after_another_does_even_for_a_hostile_mix(
         broker.redo_on_rollback("alice")
         produce(broker, b"a", b"b", b"c", b"d", b"e")
         produce(broker, b"x", b"y", queue="r")
-        mine = broker.take("q", 3, "alice", now=0.0, now_us=T0) + broker.take("r", 2, "alice", now=0.0, now_us=T0)
-        late = broker.take("q", 1, "bob", now=0.0, now_us=T0, timeout_s=1.0)
+        mine = broker.take("q", 3, "alice", now=Now(0.0, T0)) + broker.take("r", 2, "alice", now=Now(0.0, T0))
+        late = broker.take("q", 1, "bob", now=Now(0.0, T0), timeout_s=1.0)
         broker.expire(5.0)  # bob's delivery timed out: his late ack still counts
-        again = broker.take("q", 1, "carol", now=5.0, now_us=T0)  # (the same message, now carol's)
-        theirs = broker.take("q", 1, "carol", now=5.0, now_us=T0)
+        again = broker.take("q", 1, "carol", now=Now(5.0, T0))  # (the same message, now carol's)
+        theirs = broker.take("q", 1, "carol", now=Now(5.0, T0))
         assert again[0].seq == late[0].seq and theirs
         refs = [(m.qid, m.seq) for m in mine]
         qid = refs[0][0]

@@ -11,6 +11,7 @@ import pytest
 
 import pzq.broker.state
 from pzq.broker import Broker, Exclusive, handing, implicit, produce, questions, queues, ranges, settle
+from pzq.clock import Now
 from pzq.store import Store
 
 T0 = 1_700_000_000_000_000  # a wall-clock µs timestamp
@@ -72,7 +73,7 @@ class Life:
 
     def in_flight(self, holder: str = "c1") -> Ref:
         self.ready()
-        m = self.broker.take("q", 1, holder, now=0.0, now_us=T0)[0]
+        m = self.broker.take("q", 1, holder, now=Now(0.0, T0))[0]
         return m.qid, m.seq
 
     def late(self) -> Ref:
@@ -129,13 +130,13 @@ def _from_ready(life: Life, verb: str, note: str) -> str:
     b = life.broker
     if "TTL" in note:
         ref = life.ready(expires_us=T0 - 1)
-        assert b.take("q", 1, "c1", now=0.0, now_us=T0) == []
+        assert b.take("q", 1, "c1", now=Now(0.0, T0)) == []
         return life.state_of(ref)
     ref = life.ready()
     if verb in ("take", "take_run"):
-        assert len(getattr(b, verb)("q", 1, "c1", now=0.0, now_us=T0)) == 1
+        assert len(getattr(b, verb)("q", 1, "c1", now=Now(0.0, T0))) == 1
     elif verb == "take_columns":
-        assert b.take_columns("q", 1, "c1", now=0.0, now_us=T0).refs == [ref]
+        assert b.take_columns("q", 1, "c1", now=Now(0.0, T0)).refs == [ref]
     elif verb == "take_ranges":
         assert b.take_ranges("q", 1, GROUP, now_us=T0)
     elif verb == "hold_range":
@@ -155,7 +156,7 @@ def _from_in_flight(life: Life, verb: str, note: str) -> str:
         life.ready()
         life.store.commit()
         b.turn_begins()
-        m = b.take("q", 1, "native" if kept else "c1", now=0.0, now_us=T0)[0]
+        m = b.take("q", 1, "native" if kept else "c1", now=Now(0.0, T0))[0]
         if kept:  # (it left in a turn that committed; the next one fails)
             life.store.commit()
             b.committed()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.store import Store
 
 T0 = 1_700_000_000_000_000  # a wall-clock µs timestamp
@@ -21,7 +22,7 @@ def bodies(taken) -> list[bytes]:
 
 
 def take_run(broker: Broker, n: int = 100, consumer: str = "c1", **kw) -> list:
-    return broker.take_run("q", n, consumer, now=0.0, now_us=T0, **kw)
+    return broker.take_run("q", n, consumer, now=Now(0.0, T0), **kw)
 
 
 def test_a_run_is_handed_on_in_fifo_order_with_its_refs_enqueue_times_and_frames(broker):
@@ -111,7 +112,7 @@ def test_a_run_and_its_acks_leave_the_store_and_the_in_flight_table_as_take_and_
         if batch:
             refs = [ref for ref, _, _ in take_run(broker, 6)]
         else:
-            refs = [(m.qid, m.seq) for m in broker.take("q", 6, "c1", now=0.0, now_us=T0)]
+            refs = [(m.qid, m.seq) for m in broker.take("q", 6, "c1", now=Now(0.0, T0))]
         assert broker.ack_many(refs[:4] + refs[:1], by="c1") == refs[:1]  # (a repeat is refused)
         info = store.queue("q")
         figures.append((info.count, broker.held_count("c1"), broker.queue_inflight(info.qid), broker.counters))

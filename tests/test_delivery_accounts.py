@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 
 T0 = 1_700_000_000_000_000
@@ -25,7 +26,7 @@ def fill(broker: Broker, n: int, queue: str = "q") -> None:
 
 
 def take(broker: Broker, consumer: str = "c", n: int = 100, now: float = 0.0, payer=None) -> list:
-    return broker.take("q", n, consumer, now=now, now_us=T0, payer=payer)
+    return broker.take("q", n, consumer, now=Now(now, T0), payer=payer)
 
 
 def charged(broker: Broker, payer) -> int:

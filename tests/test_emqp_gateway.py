@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.gateways.emqp import EmqpGateway
 from pzq.store import Store
 from pzq.store.emqp_jobs import EmqpJobs
@@ -36,19 +37,19 @@ def gateway_on(store: Store, now: float = T0, **options) -> EmqpGateway:
 
 
 def worker(gateway: EmqpGateway, peer: bytes, name: bytes, *args: bytes, now: float) -> list:
-    return gateway.from_worker([peer, b"", V, name, mid(), *args], now=now, now_us=int(now * 1e6))
+    return gateway.from_worker([peer, b"", V, name, mid(), *args], now=Now(now, int(now * 1e6)))
 
 
 def request(gateway: EmqpGateway, msgid: bytes, payload: bytes = b'"x"', now: float = T0) -> None:
     gateway.from_client(
-        [b"client", b"", V, b"REQUEST", msgid, b"jobs", b"reply-requested", payload], now=now, now_us=int(now * 1e6)
+        [b"client", b"", V, b"REQUEST", msgid, b"jobs", b"reply-requested", payload], now=Now(now, int(now * 1e6))
     )
 
 
 def given_a_job(gateway: EmqpGateway, peer: bytes = b"w1", now: float = T0) -> list[bytes]:
     worker(gateway, peer, b"INFORM", b'[[10, "jobs"]]', b"worker", now=now)
     worker(gateway, peer, b"READY", now=now)
-    [(_, job, _, _)] = gateway.hand_out(now=now, now_us=int(now * 1e6))
+    [(_, job, _, _)] = gateway.hand_out(now=Now(now, int(now * 1e6)))
     return job
 
 
@@ -96,7 +97,7 @@ def test_a_reply_after_a_restart_completes_the_job_handed_out_before_it(job_befo
     given_new = worker(gateway, b"w1-reset", b"INFORM", b'[[10, "jobs"]]', b"worker", now=T0 + 101)
     assert given_new[0][1][3] == b"ACK"
     worker(gateway, b"w1-reset", b"READY", now=T0 + 101)
-    assert gateway.hand_out(now=T0 + 101, now_us=1) == []  # the one job is not given out twice
+    assert gateway.hand_out(now=Now(T0 + 101, 1)) == []  # the one job is not given out twice
     out = worker(gateway, b"w1-reset", b"REPLY", b'{"ok": 1}', job[4], now=T0 + 102)
     assert out[0][1][:1] == [b"client"] and out[0][1][3] == b"REPLY"
     assert store.queue("jobs").count == 0 and gateway.counters["replies_total"] == 1
@@ -121,8 +122,8 @@ def test_a_restored_job_is_not_completed_by_a_worker_that_cannot_inherit_it(job_
     gateway = gateway_on(store, now=T0)
     queues = b'[[10, "other"]]' if peer_of == "another worker" else b'[[10, "jobs"]]'
     user = "another-key" if peer_of == "another key" else None
-    gateway.from_worker([b"w9", b"", V, b"INFORM", mid(), queues, b"worker"], now=T0, now_us=1, user=user)
-    gateway.from_worker([b"w9", b"", V, b"REPLY", mid(), b"{}", job[4]], now=T0, now_us=1, user=user)
+    gateway.from_worker([b"w9", b"", V, b"INFORM", mid(), queues, b"worker"], now=Now(T0, 1), user=user)
+    gateway.from_worker([b"w9", b"", V, b"REPLY", mid(), b"{}", job[4]], now=Now(T0, 1), user=user)
     assert store.queue("jobs").count == 1 and gateway.counters["replies_refused_total"] == 1
 
 
@@ -137,18 +138,18 @@ def test_after_a_restart_the_same_jobmanager_connection_is_taken_back_by_its_hea
 
 def test_a_scheduler_peer_gets_heartbeats_on_the_frontend_until_it_falls_silent(store):
     gateway = gateway_on(store)
-    out = gateway.from_client([b"sched", b"", V, b"INFORM", b"m1", b"", b"scheduler"], now=T0, now_us=1)
+    out = gateway.from_client([b"sched", b"", V, b"INFORM", b"m1", b"", b"scheduler"], now=Now(T0, 1))
     assert out[0][1][3] == b"ACK"
     beats = gateway.tick(T0)
     assert [(send.socket, send.peer, send.frames[3]) for send in beats] == [("front", b"sched", b"HEARTBEAT")]
-    gateway.from_client([b"sched", b"", V, b"HEARTBEAT", b"m2", b"1.0"], now=T0 + 8, now_us=1)
+    gateway.from_client([b"sched", b"", V, b"HEARTBEAT", b"m2", b"1.0"], now=Now(T0 + 8, 1))
     assert gateway.tick(T0 + 16) != [], "heard from 8 s before: alive"
     assert gateway.tick(T0 + 30) == [] and gateway.schedulers == {}, "silent for more than 3 x 3 s"
 
 
 def schedule(gateway, payload: bytes, cron: bytes, headers: bytes = b"", now_us: int = 0) -> list:
     return gateway.from_client(
-        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"-1", payload, cron], now=T0, now_us=now_us
+        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"-1", payload, cron], now=Now(T0, now_us)
     )
 
 
@@ -203,14 +204,14 @@ def test_unschedule_of_the_same_job_removes_a_cron_schedule(store):
     job = b'["run", {"callable": "f", "path": "m", "args": [1], "kwargs": {}, "class_args": [], "class_kwargs": {}}]'
     schedule(gateway, job, b"* * * * *")
     assert len(gateway.schedules) == 1
-    gateway.from_client([b"client", b"", V, b"UNSCHEDULE", mid(), b"jobs", b"", b"-1", job, b""], now=T0, now_us=1)
+    gateway.from_client([b"client", b"", V, b"UNSCHEDULE", mid(), b"jobs", b"", b"-1", job, b""], now=Now(T0, 1))
     assert gateway.schedules == {} and Schedules(store).raw() == []
 
 
 def interval_schedule(gateway, seconds: bytes, headers: bytes, now_us: int) -> None:
     job = b'["run", {"callable": "tick", "path": "m", "args": [], "kwargs": {}, "class_args": [], "class_kwargs": {}}]'
     out = gateway.from_client(
-        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, seconds, job, b""], now=T0, now_us=now_us
+        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, seconds, job, b""], now=Now(T0, now_us)
     )
     assert out[0].frames[3] == b"ACK"
 
@@ -239,20 +240,20 @@ def test_a_job_with_a_timeout_header_is_requeued_after_its_timeout_and_the_grace
 
     gateway = gateway_on(store)
     gateway.from_client(
-        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"timeout:2", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"timeout:2", b'"x"'], now=Now(T0, int(T0 * 1e6))
     )
     given_a_job(gateway)
     assert gateway.broker.expire(T0 + 2 + TIMEOUT_GRACE_S - 0.01) == 0, "--ack-timeout does not apply to jobs"
     assert gateway.broker.expire(T0 + 2 + TIMEOUT_GRACE_S + 0.01) == 1
     worker(gateway, b"w1", b"READY", now=T0 + 10)
-    [again] = gateway.hand_out(now=T0 + 10, now_us=int((T0 + 10) * 1e6))
+    [again] = gateway.hand_out(now=Now(T0 + 10, int((T0 + 10) * 1e6)))
     assert again.frames[3] == b"REQUEST" and again.frames[4] == b"req-1"
 
 
 def test_retry_count_caps_deliveries_then_the_job_is_dead_lettered(store):
     gateway = gateway_on(store)
     gateway.from_client(
-        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"retry-count:1", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"retry-count:1", b'"x"'], now=Now(T0, int(T0 * 1e6))
     )
     now = T0
     for peer in (b"w1", b"w2"):  # the first delivery and one retry, each to a worker that then dies
@@ -262,7 +263,7 @@ def test_retry_count_caps_deliveries_then_the_job_is_dead_lettered(store):
         assert peer not in gateway.workers
     worker(gateway, b"w3", b"INFORM", b'[[10, "jobs"]]', b"worker", now=now)
     worker(gateway, b"w3", b"READY", now=now)
-    assert gateway.hand_out(now=now, now_us=int(now * 1e6)) == []
+    assert gateway.hand_out(now=Now(now, int(now * 1e6))) == []
     assert store.queue("jobs").dead_count == 1 and store.queue("jobs").count == 0
 
 
@@ -274,7 +275,7 @@ def test_a_request_whose_headers_frame_is_over_the_limit_is_answered_with_an_err
 
     gateway = gateway_on(store, limits=dataclasses.replace(DEFAULT_LIMITS, emqp_header_bytes=64))
     args = [b"jobs", b"a" * 65, *([b"60", b"payload", b""] if command == b"SCHEDULE" else [b'"x"'])]
-    [answer] = gateway.from_client([b"client", b"", V, command, b"m1", *args], now=T0, now_us=int(T0 * 1e6))
+    [answer] = gateway.from_client([b"client", b"", V, command, b"m1", *args], now=Now(T0, int(T0 * 1e6)))
     assert answer.frames[3] == b"REPLY" and answer.frames[-1] == b"m1"
     assert b"refused: a headers frame of 65 bytes; at most 64" in answer.frames[5]
     assert store.queue("jobs", create=False) is None and gateway.schedules == {}
@@ -289,7 +290,7 @@ def test_a_requests_headers_are_parsed_once_from_its_arrival_to_its_reply(store,
     monkeypatch.setattr(emqp, "parse_headers", lambda text: parsed.append(text) or real(text))
     gateway = gateway_on(store)
     gateway.from_client(
-        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"guarantee", b'"x"'], now=T0, now_us=int(T0 * 1e6)
+        [b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"guarantee", b'"x"'], now=Now(T0, int(T0 * 1e6))
     )
     job = given_a_job(gateway)
     assert job[6] == b"guarantee,reply-requested", "the worker is still asked for its REPLY"

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.gateways.emqp import EmqpGateway
 from pzq.store import Store
@@ -30,8 +31,7 @@ def test_a_thousand_schedules_due_in_the_same_second_run_over_several_turns_in_d
     for i in order:
         out = gateway.from_client(
             [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", b"nohaste", b"60", job(f"j{i:04}"), b""],
-            now=T0,
-            now_us=i * 1000,
+            now=Now(T0, i * 1000),
         )
         assert out[0].frames[3] == b"ACK"
     gateway.tick(T0)  # (its next heartbeat is 3 s away)
@@ -58,7 +58,7 @@ def test_a_turns_share_of_schedules_also_ends_with_its_time_budget(store):
 
 def interval_schedule_of(gateway: EmqpGateway, payload: bytes, headers: bytes = b"") -> None:
     out = gateway.from_client(
-        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"60", payload, b""], now=T0, now_us=1
+        [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", headers, b"60", payload, b""], now=Now(T0, 1)
     )
     assert out[0].frames[3] == b"ACK"
 
@@ -178,8 +178,7 @@ def test_a_schedule_sent_again_a_thousand_times_runs_once_when_due_and_its_stale
     for i in range(1000):  # each SCHEDULE of the same job replaces it: a later first run each time
         out = gateway.from_client(
             [b"client", b"", V, b"SCHEDULE", mid(), b"jobs", b"nohaste", b"60", job("again"), b""],
-            now=T0,
-            now_us=i,
+            now=Now(T0, i),
         )
         assert out[0].frames[3] == b"ACK"
     assert len(gateway.scheduler._heap) <= 2 + 64, "stale entries do not pile up"

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.endpoints.emqp_kept import KeptJobs
 from pzq.gateways.emqp import EmqpGateway
@@ -155,14 +156,14 @@ def test_jobs_a_full_pipe_cannot_take_are_kept_for_their_worker_then_given_back(
     deaf.send_multipart([b"", V, b"INFORM", mid(), b'[[10, "jobs"]]', b"worker"])
     assert router.poll(5000)
     for frames in (router.recv_multipart(), *([b"w1", b"", V, b"READY", mid()] for _ in range(20))):
-        gateway.received("back", frames, now=0.0, now_us=0, user=None)
+        gateway.received("back", frames, now=Now(0.0, 0), user=None)
     for i in range(20):
         gateway.broker.produce("jobs", [b'"%02d%s"' % (i, b"x" * (256 * KIB))], now_us=0)
     kept = KeptJobs(router, gateway, Limits(reply_stale_s=1.0))
-    for send in gateway.hand_out(now=0.0, now_us=0):
+    for send in gateway.hand_out(now=Now(0.0, 0)):
         kept.send(send, now=0.0)
     assert kept.kept_total > 0 and kept.blocked() == {b"w1"}
-    assert gateway.hand_out(now=0.0, now_us=0, blocked=kept.blocked()) == [], "nothing new while jobs wait"
+    assert gateway.hand_out(now=Now(0.0, 0), blocked=kept.blocked()) == [], "nothing new while jobs wait"
     before = gateway.broker.ready_count("jobs")
     kept.flush(now=2.0)
     assert gateway.broker.ready_count("jobs") == before + kept.kept_total, "never sent: back in their queue"

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.mqks import MqksGateway
@@ -234,10 +235,10 @@ def test_the_mqks_gateway_answers_any_lines_without_raising(gateways, lines, con
     if conn not in gateway.sessions:
         gateway.connected(conn)
     try:
-        gateway.received(conn, "\n".join(lines).encode() + b"\n", now=0.0, now_us=1)
+        gateway.received(conn, "\n".join(lines).encode() + b"\n", now=Now(0.0, 1))
     except ProtocolError:
         gateway.disconnected(conn)
-    gateway.dispatch(now=0.0, now_us=1)
+    gateway.dispatch(now=Now(0.0, 1))
     if conn == b"b":
         gateway.disconnected(conn)
     store.commit()
@@ -250,7 +251,7 @@ def test_the_api_gateway_answers_any_request_without_raising(gateways, command, 
     if not _packable(args):
         return
     try:
-        reply = gateway.handle([b"peer", b"", b"1", command, msgpack.packb(args, use_bin_type=True)], now=0.0, now_us=1)
+        reply = gateway.handle([b"peer", b"", b"1", command, msgpack.packb(args, use_bin_type=True)], now=Now(0.0, 1))
     except StoreFull:
         return
     assert reply is not None and reply[3] in (b"OK", b"ERR")

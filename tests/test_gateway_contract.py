@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.gateways.contract import ONLY, Account, BrokerSurface, Deliveries, FramesGateway, Queues, Send, StreamGateway
 from pzq.gateways.emqp import BACK, FRONT
 from pzq.protocols import api, phpmq
@@ -58,29 +59,29 @@ def test_every_gateway_offers_the_contract_of_its_kind(store, name):
 def test_phpmq_garbage_closes_with_a_bare_close_and_nothing_else(store):
     g = gateway("phpmq", store)
     g.connected(b"a")
-    assert g.received(b"a", b"GARBAGE!", now_us=3) == [Send(ONLY, [b"a"], close=True)]
+    assert g.received(b"a", b"GARBAGE!", now=Now(0.0, 3)) == [Send(ONLY, [b"a"], close=True)]
 
 
 def test_a_phpmq_message_that_shares_a_read_with_garbage_is_stored_before_the_close(store):
     g = gateway("phpmq", store)
     g.connected(b"a")
     send = phpmq.encode(phpmq.SEND, [(phpmq.QUEUE, b"q"), (phpmq.CONTENT, b"whole")])
-    assert g.received(b"a", send + b"GARBAGE!", now_us=1) == [Send(ONLY, [b"a"], close=True)]
+    assert g.received(b"a", send + b"GARBAGE!", now=Now(0.0, 1)) == [Send(ONLY, [b"a"], close=True)]
     assert g.broker.ready_count("q") == 1
 
 
 def test_mqks_answers_a_bad_line_with_an_error_and_closes_on_an_endless_one(store):
     g = gateway("mqks", store)
     g.connected(b"c")
-    assert g.received(b"c", b"r1 frobnicate\n", now=0.0, now_us=1) == [Send(ONLY, [b"c", b"r1 error E1\n"])]
-    [close] = g.received(b"c", b"x" * (MAX_INPUT + 10), now=0.0, now_us=2)
+    assert g.received(b"c", b"r1 frobnicate\n", now=Now(0.0, 1)) == [Send(ONLY, [b"c", b"r1 error E1\n"])]
+    [close] = g.received(b"c", b"x" * (MAX_INPUT + 10), now=Now(0.0, 2))
     assert close.close and close.peer == b"c"
 
 
 def test_mqks_after_a_rollback_confirms_become_errors_and_deliveries_are_dropped(store):
     g = gateway("mqks", store)
     g.connected(b"c")
-    sent = g.received(b"c", b"p1 publish --confirm e1 hello\n", now=0.0, now_us=1)
+    sent = g.received(b"c", b"p1 publish --confirm e1 hello\n", now=Now(0.0, 1))
     delivery = Send(ONLY, [b"c", b"c1 ok m1 event=e1 hello\n"], ("auto",))
     ping = Send(ONLY, [b"c", b"r9 error E0\n"])
     said = g.rolled_back([*sent, delivery, ping])
@@ -90,7 +91,7 @@ def test_mqks_after_a_rollback_confirms_become_errors_and_deliveries_are_dropped
 def test_every_api_reply_of_a_rolled_back_turn_becomes_store_failed(store):
     g = gateway("api", store)
     frames = [b"peer", *api.request(b"1", "PRODUCE", {"messages": [["q", b"m"]]})]
-    [reply] = g.received(ONLY, frames, now=0.0, now_us=1, user=None)
+    [reply] = g.received(ONLY, frames, now=Now(0.0, 1), user=None)
     assert api.parse_reply(reply.frames[1:])[1] is True
     [failed] = g.rolled_back([reply])
     request_id, ok, body = api.parse_reply(failed.frames[1:])
@@ -99,11 +100,11 @@ def test_every_api_reply_of_a_rolled_back_turn_becomes_store_failed(store):
 
 def test_emqp_after_a_rollback_acks_become_error_replies_and_jobs_give_their_slots_back(store):
     g = gateway("emqp", store)
-    ack = g.received(FRONT, [b"cl", b"", V, b"REQUEST", b"r1", b"jobs", b"", b'"x"'], now=0.0, now_us=1, user=None)
+    ack = g.received(FRONT, [b"cl", b"", V, b"REQUEST", b"r1", b"jobs", b"", b'"x"'], now=Now(0.0, 1), user=None)
     assert [s.frames[3] for s in ack] == [b"ACK"]
-    g.received(BACK, [b"w", b"", V, b"INFORM", b"i1", b'[[10, "jobs"]]', b"worker"], now=0.0, now_us=1, user=None)
-    g.received(BACK, [b"w", b"", V, b"READY", b"i2"], now=0.0, now_us=1, user=None)
-    jobs = [s for s in g.dispatch(now=0.0, now_us=2) if s.frames[3] == b"REQUEST"]
+    g.received(BACK, [b"w", b"", V, b"INFORM", b"i1", b'[[10, "jobs"]]', b"worker"], now=Now(0.0, 1), user=None)
+    g.received(BACK, [b"w", b"", V, b"READY", b"i2"], now=Now(0.0, 1), user=None)
+    jobs = [s for s in g.dispatch(now=Now(0.0, 2)) if s.frames[3] == b"REQUEST"]
     assert len(jobs) == 1 and g.workers[b"w"].slots == 0
     said = g.rolled_back([*ack, *jobs])
     assert g.workers[b"w"].slots == 1
@@ -115,9 +116,9 @@ def test_emqp_after_a_rollback_acks_become_error_replies_and_jobs_give_their_slo
 def test_emqp_heartbeats_carry_the_injected_time_and_id(store):
     pair = Pair(PAIRS["emqp"], store)
     g = pair.gateway
-    informed = g.received(BACK, [b"w", b"", V, b"INFORM", b"i1", b"", b"worker"], now=0.0, now_us=1, user=None)
+    informed = g.received(BACK, [b"w", b"", V, b"INFORM", b"i1", b"", b"worker"], now=Now(0.0, 1), user=None)
     assert [s.frames[4] for s in informed] == [b"server1", b"server2"]  # its ACK, its first heartbeat
-    beats = [s for s in g.dispatch(now=0.0, now_us=2) if s.frames[3] == b"HEARTBEAT"]
+    beats = [s for s in g.dispatch(now=Now(0.0, 2)) if s.frames[3] == b"HEARTBEAT"]
     assert beats == [Send(BACK, [b"w", b"", V, b"HEARTBEAT", b"server3", repr(pair.clock.wall_s()).encode()])]
 
 

@@ -4,6 +4,7 @@ without a socket: small values in, refusals out."""
 from __future__ import annotations
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import ONLY, Send
@@ -50,13 +51,13 @@ def emqp_on(store, limits: Limits) -> EmqpGateway:
 def test_mqks_refuses_a_consumer_past_the_limit_per_connection_and_one_past_the_bindings_in_all(store):
     gateway = mqks_on(store, Limits(mqks_max_consumers=1, mqks_max_bindings=2))
     gateway.connected(b"c")
-    assert gateway.received(b"c", b"c1 consume --confirm q1 e1\n", now=0.0, now_us=1) == [
+    assert gateway.received(b"c", b"c1 consume --confirm q1 e1\n", now=Now(0.0, 1)) == [
         Send(ONLY, [b"c", b"c1 ok \n"], ("confirm", "c1"))
     ]
-    assert gateway.received(b"c", b"c2 consume --confirm q2 e2\n", now=0.0, now_us=2) == [
+    assert gateway.received(b"c", b"c2 consume --confirm q2 e2\n", now=Now(0.0, 2)) == [
         Send(ONLY, [b"c", b"c2 error E\n"])
     ]
-    assert gateway.received(b"c", b"r1 rebind --confirm q1 e1 e2 e3\n", now=0.0, now_us=3) == [
+    assert gateway.received(b"c", b"r1 rebind --confirm q1 e1 e2 e3\n", now=Now(0.0, 3)) == [
         Send(ONLY, [b"c", b"r1 error E\n"])
     ]
     assert gateway.stats()["consumers"] == 1 and gateway.stats()["bindings"] == 1
@@ -66,14 +67,14 @@ def test_mqks_refuses_a_rebind_whose_remove_mask_would_work_past_its_budget_and_
     gateway = mqks_on(store, Limits(mqks_mask_work=20))
     gateway.connected(b"c")
     events = b" ".join(b"e%d.x.y" % i for i in range(10))  # indexed at "x": 10 x (3 + 1) units of work
-    assert gateway.received(b"c", b"c1 consume --confirm q1 " + events + b"\n", now=0.0, now_us=1)[0].frames[1] == (
+    assert gateway.received(b"c", b"c1 consume --confirm q1 " + events + b"\n", now=Now(0.0, 1))[0].frames[1] == (
         b"c1 ok \n"
     )
-    assert gateway.received(b"c", b"r1 rebind --confirm q1 --remove-mask *.x.y\n", now=0.0, now_us=2) == [
+    assert gateway.received(b"c", b"r1 rebind --confirm q1 --remove-mask *.x.y\n", now=Now(0.0, 2)) == [
         Send(ONLY, [b"c", b"r1 error E\n"])
     ]
     assert len(gateway.bindings.get("q1").events) == 10
-    assert gateway.received(b"c", b"r2 rebind --confirm q1 --remove-mask e1.*\n", now=0.0, now_us=3)[-1].frames[1] == (
+    assert gateway.received(b"c", b"r2 rebind --confirm q1 --remove-mask e1.*\n", now=Now(0.0, 3))[-1].frames[1] == (
         b"r2 ok \n"
     ), "a mask of two segments splits none of these events"
 
@@ -81,10 +82,10 @@ def test_mqks_refuses_a_rebind_whose_remove_mask_would_work_past_its_budget_and_
 def test_a_rebind_to_the_events_a_queue_has_leaves_its_index_as_it_was(store):
     gateway = mqks_on(store, Limits())
     gateway.connected(b"c")
-    gateway.received(b"c", b"r1 rebind q1 e1 e2 e3\n", now=0.0, now_us=1)
-    gateway.received(b"c", b"r2 rebind q2 e2\n", now=0.0, now_us=1)
-    gateway.received(b"c", b"r3 rebind q1 e3 e2 e1\n", now=0.0, now_us=2)
-    gateway.received(b"c", b"r4 rebind q1 e2 e4\n", now=0.0, now_us=3)
+    gateway.received(b"c", b"r1 rebind q1 e1 e2 e3\n", now=Now(0.0, 1))
+    gateway.received(b"c", b"r2 rebind q2 e2\n", now=Now(0.0, 1))
+    gateway.received(b"c", b"r3 rebind q1 e3 e2 e1\n", now=Now(0.0, 2))
+    gateway.received(b"c", b"r4 rebind q1 e2 e4\n", now=Now(0.0, 3))
     index = gateway.bindings
     assert {event: set(index.queues_for(event)) for event in ("e1", "e2", "e3", "e4")} == {
         "e1": set(),
@@ -98,11 +99,11 @@ def test_a_rebind_to_the_events_a_queue_has_leaves_its_index_as_it_was(store):
 def test_mqks_hands_a_consumer_at_most_its_turn_budget_per_turn(store):
     gateway = mqks_on(store, Limits(mqks_turn_budget=2))
     gateway.connected(b"c")
-    gateway.received(b"c", b"c1 consume q e\n", now=0.0, now_us=1)
+    gateway.received(b"c", b"c1 consume q e\n", now=Now(0.0, 1))
     for i in range(5):
-        gateway.received(b"c", b"p%d publish e m%d\n" % (i, i), now=0.0, now_us=2)
-    assert len(gateway.dispatch(now=0.0, now_us=3)) == 2
-    assert len(gateway.dispatch(now=0.0, now_us=4)) == 2
+        gateway.received(b"c", b"p%d publish e m%d\n" % (i, i), now=Now(0.0, 2))
+    assert len(gateway.dispatch(now=Now(0.0, 3))) == 2
+    assert len(gateway.dispatch(now=Now(0.0, 4))) == 2
 
 
 def test_emqp_keeps_at_most_max_schedules_and_refuses_a_cron_expression_over_max_cron(store):
@@ -110,7 +111,7 @@ def test_emqp_keeps_at_most_max_schedules_and_refuses_a_cron_expression_over_max
 
     def schedule(payload: bytes, interval: bytes, cron: bytes) -> bytes:
         frames = [b"cl", b"", V, b"SCHEDULE", b"m", b"jobs", b"", interval, payload, cron]
-        [reply] = gateway.received(FRONT, frames, now=0.0, now_us=1, user=None)
+        [reply] = gateway.received(FRONT, frames, now=Now(0.0, 1), user=None)
         return reply.frames[3]
 
     assert schedule(b'"a"', b"60", b"") == b"ACK"
@@ -122,7 +123,7 @@ def test_emqp_keeps_at_most_max_schedules_and_refuses_a_cron_expression_over_max
 def test_emqp_heartbeats_at_most_max_schedulers_scheduler_daemons(store):
     gateway = emqp_on(store, Limits(max_schedulers=1))
     for peer in (b"s1", b"s2"):
-        gateway.received(FRONT, [peer, b"", V, b"INFORM", b"m", b"", b"scheduler"], now=0.0, now_us=1, user=None)
+        gateway.received(FRONT, [peer, b"", V, b"INFORM", b"m", b"", b"scheduler"], now=Now(0.0, 1), user=None)
     assert list(gateway.schedulers) == [b"s1"]
 
 
@@ -139,6 +140,6 @@ def test_the_api_snapshot_returns_at_most_snapshot_max_messages(store):
     for i in range(5):
         broker.produce("q", [b"m%d" % i], now_us=1)
     frames = [b"peer", *api.request(b"1", "SNAPSHOT", {"queue": "q", "after": 0, "before": 100, "limit": 100})]
-    [reply] = gateway.received(ONLY, frames, now=0.0, now_us=2, user=None)
+    [reply] = gateway.received(ONLY, frames, now=Now(0.0, 2), user=None)
     _, ok, body = api.parse_reply(reply.frames[1:])
     assert ok and len(body["messages"]) == 3 and body["next"] == body["messages"][-1][0] + 1

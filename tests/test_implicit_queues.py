@@ -17,6 +17,7 @@ import pytest
 from pzq.broker import Broker
 from pzq.clients.api import ApiClient
 from pzq.clients.mqks import MqksClient
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.errors import ClientError, StoreFull
 from pzq.gateways.emqp import EmqpGateway
@@ -55,7 +56,7 @@ def test_a_queue_a_request_made_expires_once_empty_and_unused_for_the_ttl_and_a_
         message = broker.produce("made", [b"x"], now_us=1)
         assert store.queue("made").implicit and not store.queue("configured").implicit
         assert broker.sweep_implicit(0.0) == 0 and broker.sweep_implicit(5.0) == 0, "it holds a message"
-        broker.take("made", 1, "c", now=5.0, now_us=2)
+        broker.take("made", 1, "c", now=Now(5.0, 2))
         broker.ack((message.qid, message.seq), by="c")
         assert broker.sweep_implicit(6.0) == 0, "its clock starts now"
         assert broker.sweep_implicit(6.5) == 0, "unused for half the TTL"
@@ -71,11 +72,11 @@ def test_a_queue_with_a_dead_letter_a_binding_a_schedule_a_group_or_a_consumer_d
         dead = broker.produce("dead", [b"x"], now_us=1)
         store.dead_letters.add(dead, "too many deliveries", now_us=1)
         mqks.connected(b"c1")
-        mqks.received(b"c1", b"r1 rebind bound ev.a\n", now=0.0, now_us=1)  # bound, no consumer
-        mqks.received(b"c1", b"r2 consume consumed\n", now=0.0, now_us=1)  # a consumer, no event
+        mqks.received(b"c1", b"r1 rebind bound ev.a\n", now=Now(0.0, 1))  # bound, no consumer
+        mqks.received(b"c1", b"r2 consume consumed\n", now=Now(0.0, 1))  # a consumer, no event
         broker.create_queue("scheduled")
         emqp.scheduler.add("scheduled", "", "3600", "job", "", 1)
-        leases.lease("grouped", "g", 0, 10, now=0.0, now_us=1)  # (a group makes its queue)
+        leases.lease("grouped", "g", 0, 10, now=Now(0.0, 1))  # (a group makes its queue)
         broker.create_queue("idle")
         for now in (0.0, 0.5, 1.0, 1.5, 30.0):
             broker.sweep_implicit(now)
@@ -93,7 +94,7 @@ def test_a_queue_made_again_starts_above_every_seq_its_name_had_also_after_a_reo
     store, broker, *_ = world(tmp_path, ttl_s=0.5)
     try:
         last = [broker.produce("remade", [b"%d" % i], now_us=1) for i in range(3)][-1]
-        taken = broker.take("remade", 3, "c", now=0.0, now_us=1)
+        taken = broker.take("remade", 3, "c", now=Now(0.0, 1))
         broker.ack_many([(m.qid, m.seq) for m in taken], by="c")
         for now in (0.0, 1.0):
             broker.sweep_implicit(now)
@@ -350,7 +351,7 @@ def test_a_queue_used_between_two_looks_of_the_sweep_starts_its_clock_again(tmp_
         broker.create_queue("busy")
         broker.sweep_implicit(0.0)
         message = broker.produce("busy", [b"x"], now_us=1)  # produced and taken while the sweep rests
-        broker.take("busy", 1, "c", now=0.5, now_us=1)
+        broker.take("busy", 1, "c", now=Now(0.5, 1))
         broker.ack((message.qid, message.seq), by="c")
         assert broker.sweep_implicit(1.0) == 0, "it was in use 0.5 s ago"
         assert broker.sweep_implicit(1.5) == 0 and broker.sweep_implicit(2.0) == 1

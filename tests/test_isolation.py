@@ -8,6 +8,7 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
+from pzq.clock import Now
 from pzq.store import message_id
 
 from conftest import free_tcp_endpoint, recv, wait_connected, wait_until
@@ -171,12 +172,12 @@ def test_a_reset_jobmanager_inherits_its_jobs_once_its_old_connection_missed_two
     )
 
     def command(peer, name, *args, now):
-        return gateway.from_worker([peer, b"", V, name, mid(), *args], now=now, now_us=1)
+        return gateway.from_worker([peer, b"", V, name, mid(), *args], now=Now(now, 1))
 
-    gateway.from_client([b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"", b'"x"'], now=0, now_us=1)
+    gateway.from_client([b"client", b"", V, b"REQUEST", b"req-1", b"jobs", b"", b'"x"'], now=Now(0, 1))
     command(b"old", b"INFORM", b'[[10, "jobs"]]', b"worker", now=0)
     command(b"old", b"READY", now=0)
-    [(_, job, _, _)] = gateway.hand_out(now=0, now_us=1)
+    [(_, job, _, _)] = gateway.hand_out(now=Now(0, 1))
     command(b"new", b"INFORM", b'[[10, "jobs"]]', b"worker", now=1)
     command(b"elsewhere", b"INFORM", b'[[10, "other"]]', b"worker", now=1)
     command(b"new", b"REPLY", b"{}", b"req-1", now=5)  # the old connection is still live: not yet
@@ -233,7 +234,7 @@ def test_a_schedules_payload_stays_in_the_store_and_each_run_reads_it(store):
     gateway = gateway_on(store)
     big = "p" * 100_000
     out = gateway.from_client(
-        [b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()], now=0, now_us=1_000_000
+        [b"client", b"", V, b"SCHEDULE", b"s-1", b"jobs", b"run_count:2", b"60", big.encode()], now=Now(0, 1_000_000)
     )
     assert out[0][1][3] == b"ACK"
     assert all("payload" not in record for record in gateway.schedules.values())

@@ -10,6 +10,7 @@ import struct
 import msgpack
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.leases import Leases
 from pzq.store import Store
@@ -81,7 +82,7 @@ def test_a_lease_over_mixed_messages_dead_letters_the_expired_and_capped_and_lea
         store.set_delivered("q", [first + 5], 1)  # the capped one was delivered once already
         store.set_delivered("q", [first + 7, first + 8], 3)  # at the server's --max-deliveries
         store.commit()
-        assert leases.lease("q", "g", 0, 100, now=0, now_us=T0 + 10) == (0, 5)
+        assert leases.lease("q", "g", 0, 100, now=Now(0, T0 + 10)) == (0, 5)
         assert _fetched(leases, 5, T0 + 10) == [(b"p0", 1), (b"p1", 1), (b"p2", 1), (b"p3", 1), (b"q0", 1)]
         dead = [(b"".join(d.message.frames), d.reason) for d in store.dead_letters.read("q")]
         capped = "max-deliveries"
@@ -98,13 +99,13 @@ def test_a_run_skips_what_a_native_consumer_still_holds_after_a_rollback(tmp_pat
         store.commit()
         broker.redo_on_rollback("native")
         broker.turn_begins()
-        taken = broker.take("q", 2, "native", now=0, now_us=T0)  # m0 m1, kept in flight over a rollback
+        taken = broker.take("q", 2, "native", now=Now(0, T0))  # m0 m1, kept in flight over a rollback
         store.commit()
         broker.committed()
         broker.turn_begins()  # a turn whose commit fails: readiness is found again, the cursor walks m0 m1
         store.abort()
         broker.rolled_back()
-        assert leases.lease("q", "g", 0, 100, now=0, now_us=T0) == (0, 4)
+        assert leases.lease("q", "g", 0, 100, now=Now(0, T0)) == (0, 4)
         assert _fetched(leases, 4) == [(b"m2", 1), (b"m3", 1), (b"m4", 1), (b"m5", 1)]
         assert [b"".join(m.frames) for m in taken] == [b"m0", b"m1"]
     finally:
@@ -119,7 +120,7 @@ def test_a_record_damaged_past_its_first_bytes_is_leased_then_set_aside_by_the_f
         seq = info.next_seq - 3
         plain_start = b"\x93" + msgpack.packb(T0) + b"\x00\x91"  # looks plain; its frame is not bytes
         store.env.write().put(struct.pack(">QQ", info.qid, seq), plain_start + b"\xc3", db=store.env.dbs["messages"])
-        assert leases.lease("q", "g", 0, 10, now=0, now_us=T0) == (0, 4)
+        assert leases.lease("q", "g", 0, 10, now=Now(0, T0)) == (0, 4)
         messages, gone, end = leases.fetch("q", "g", 0, 4, now_us=T0)
         assert [b"".join(m.frames) for _, m in messages] == [b"m0", b"m2", b"m3"] and gone == 1 and end == 4
         assert store.damaged_total == 1 and store.queue("q").count == 3
@@ -138,13 +139,13 @@ def test_an_acknowledged_range_is_deleted_with_its_delivery_counts_and_its_bytes
         broker.produce("q", [b"ttl"], now_us=T0, expires_us=T0 + 10**12)
         store.commit()
         before = store.queue("q").bytes
-        leases.lease("q", "g", 0, 4, now=0, now_us=T0)
+        leases.lease("q", "g", 0, 4, now=Now(0, T0))
         assert leases.expire(T0 + 20_000_000) == 4  # back with a written count of 1
         store.commit()
         counts = store.env.dbs["deliveries"]
         with store.env.reading() as txn:
             assert txn.stat(counts)["entries"] == 4
-        leases.lease("q", "other", 0, 100, now=0, now_us=T0 + 20_000_000)
+        leases.lease("q", "other", 0, 100, now=Now(0, T0 + 20_000_000))
         assert _fetched_group(leases, "other", 9)[:5] == [(b"m0", 2), (b"m1", 2), (b"m2", 2), (b"m3", 2), (b"m4", 1)]
         leases.ack_upto("q", "other", 9, now_us=T0 + 20_000_000)
         while leases.pending:

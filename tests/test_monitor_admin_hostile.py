@@ -22,6 +22,7 @@ from pzq.cli import cli
 from pzq.clients import native as client
 from pzq.clients.admin import admin_request
 from pzq.clients.sockets import tcp_address
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.endpoints.monitor import READ_BATCH, MonitorEndpoint
 from pzq.errors import NotPermitted
@@ -80,10 +81,10 @@ def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_hone
     most = 0
     flush = monitor.flush
 
-    def counted(now: float, now_us: int) -> None:
+    def counted(now: Now) -> None:
         nonlocal most
         most = max(most, len(monitor._requests))
-        flush(now, now_us)
+        flush(now)
 
     monitor.flush = counted  # (counts what waits to be answered at each turn's end)
     stop, sent = threading.Event(), [0]

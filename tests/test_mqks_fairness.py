@@ -8,6 +8,7 @@ from __future__ import annotations
 from test_gateway_limits import mqks_on
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.gateways.contract import UNBOUNDED
 from pzq.gateways.mqks import MqksGateway
@@ -38,10 +39,10 @@ def test_an_honest_line_behind_ten_connections_pipelining_a_thousand_lines_is_an
         assert gateway.keep(conn, b"".join(b"p%d ping x\n" % i for i in range(1000))) == []
     assert gateway.keep(b"honest", b"mine ping y\n") == []
     assert gateway.buffered(b"h0") == sum(len(b"p%d ping x" % i) for i in range(1000)), "its waiting lines count"
-    sent = gateway.serve(now=0.0, now_us=1, budget=LineBudget(11))
+    sent = gateway.serve(now=Now(0.0, 1), budget=LineBudget(11))
     assert [s.peer for s in sent] == [*hostile, b"honest"]
     assert sent[-1].frames[1] == b"mine ok y\n"
-    rest = gateway.serve(now=0.0, now_us=2, budget=UNBOUNDED)
+    rest = gateway.serve(now=Now(0.0, 2), budget=UNBOUNDED)
     for conn in hostile:  # each connection's answers in the order of its lines
         assert [s.frames[1] for s in rest if s.peer == conn] == [b"p%d ok x\n" % i for i in range(1, 1000)]
     assert gateway.buffered(b"h0") == 0 and not gateway.waiting()
@@ -60,7 +61,7 @@ def test_cheap_lines_go_before_the_second_of_connections_whose_lines_cost_millis
         ]
         gateway.keep(conn, b"\n".join(lines) + b"\n")
     gateway.keep(b"honest", b"".join(b"p%d ping x\n" % i for i in range(20)))
-    sent = gateway.serve(now=0.0, now_us=1, budget=LineBudget(23))
+    sent = gateway.serve(now=Now(0.0, 1), budget=LineBudget(23))
     mine = [s.frames[1] for s in sent if s.peer == b"honest"]
     assert mine == [b"p%d ok x\n" % i for i in range(20)], "every cheap line before a costly connection's second"
     theirs = [s.frames[1] for s in sent if s.peer in costly]

@@ -12,6 +12,7 @@ import time
 
 from pzq.broker import Broker
 from pzq.clients.mqks import MqksClient
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.endpoints.base import TurnBudget
 from pzq.endpoints.unread import Unread
@@ -43,8 +44,9 @@ def turn(gateway: MqksGateway, limits: Limits, *, fail: bool = False) -> list[Se
     """One server turn of the gateway: serve within the turn's budget, dispatch, commit (or roll back),
     flush (charging what leaves to its connection, as the endpoint does)."""
     budget = TurnBudget(time.monotonic() + 3600, limits.turn_write_bytes, limits.turn_records)
-    out = gateway.serve(now=time.monotonic(), now_us=time.time_ns() // 1000, budget=budget)
-    out += gateway.dispatch(now=time.monotonic(), now_us=time.time_ns() // 1000)
+    now = Now.read()  # (one a turn, as the server's loop reads it)
+    out = gateway.serve(now=now, budget=budget)
+    out += gateway.dispatch(now=now)
     store = gateway.broker.store
     if fail:
         store.abort()
@@ -90,7 +92,7 @@ def test_a_fanout_past_the_turn_is_written_a_slice_a_turn_and_answered_after_its
     assert counts[-1] == 10 and len(counts) >= 5, f"10 copies of 32 KiB over turns of 64 KiB: {counts}"
     assert all(b - a <= 3 for a, b in zip([0, *counts], counts, strict=False)), f"a turn's bytes a turn: {counts}"
     assert counts[counts.index(10) :] == [10] * len(counts[counts.index(10) :])
-    message = gateway.broker.take("fan3", 1, "reader", now=0.0, now_us=1)[0]
+    message = gateway.broker.take("fan3", 1, "reader", now=Now(0.0, 1))[0]
     assert message.frames == [data] and message.meta == {"mqks": ["p1", "ev"]}
 
 
@@ -108,7 +110,7 @@ def test_a_big_publish_is_stored_in_parts_and_a_line_that_is_not_utf8_stores_not
         turns += 1
         assert stored(gateway, "big") == (1 if answers else 0), "stored with its last part, not before"
     assert answers == [b"p1 ok "] and turns >= 190_000 // (32 * KIB)
-    (message,) = gateway.broker.take("big", 1, "reader", now=0.0, now_us=1)
+    (message,) = gateway.broker.take("big", 1, "reader", now=Now(0.0, 1))
     assert message.frames == [data] and message.body is not None, "its body in chunks"
     bad = b"x" * 100_000 + "é".encode()[:1]  # (cut in the middle of a character, at the end)
     gateway.keep(b"a", b"p2 publish --confirm ev " + bad + b"\n")

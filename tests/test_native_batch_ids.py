@@ -13,6 +13,7 @@ from test_curve import curve_settings, keys  # noqa: F401 - keys is a fixture
 from test_native_batch_gateway import T0, answers, make
 
 from pzq.clients.native_batches import BatchSender
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.curve import secure_client
 from pzq.gateways.native import RECEIVE
@@ -34,7 +35,7 @@ def keyed(key: str | None, batch_id: bytes, *messages: list[bytes]) -> list[byte
 def test_two_keys_batches_of_one_id_and_the_same_bodies_are_both_stored(store):
     gateway = make(store)
     run = [keyed(MALLORY, b"b1", [b"same"]), keyed(ALICE, b"b1", [b"same"])]
-    assert answers(gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)) == [
+    assert answers(gateway.received_many(RECEIVE, run, now=Now(0.0, T0))) == [
         (b"b1", True, 1, ""),
         (b"b1", True, 1, ""),
     ]
@@ -44,13 +45,13 @@ def test_two_keys_batches_of_one_id_and_the_same_bodies_are_both_stored(store):
 
 def test_a_keys_resend_is_still_stored_once_across_a_restart_and_the_plain_namespace_is_apart(store):
     gateway = make(store)
-    gateway.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=0.0, now_us=T0)
+    gateway.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=Now(0.0, T0))
     store.commit()
     again = make(store)  # (a restart: the ids are read back from the store)
-    sends = again.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=0.0, now_us=T0 + 1)
+    sends = again.received_many(RECEIVE, [keyed(ALICE, b"b1", [b"m"])], now=Now(0.0, T0 + 1))
     assert answers(sends) == [(b"b1", True, 1, "")] and again.batches.duplicates_total == 1
     # Without CURVE (a socket named unauthenticated) the same id is another namespace's: stored
-    sends = again.received_many(RECEIVE, [keyed(None, b"b1", [b"m"])], now=0.0, now_us=T0 + 2)
+    sends = again.received_many(RECEIVE, [keyed(None, b"b1", [b"m"])], now=Now(0.0, T0 + 2))
     assert answers(sends) == [(b"b1", True, 1, "")] and again.batches.duplicates_total == 1
     assert len(store.scan("q")) == 2
     remembered = {key for key, _ in DedupKeys(store).items(b"native:")}
@@ -121,25 +122,25 @@ def stored_bodies(store) -> list[list[bytes]]:
 
 def test_one_keys_flood_of_batches_forgets_its_own_ids_and_another_keys_resend_is_stored_once(store):
     gateway = make(store, batch_dedup_ids=10)
-    gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=0.0, now_us=T0)
+    gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=Now(0.0, T0))
     flood = [keyed(MALLORY, b"m%d" % i, [b"m"]) for i in range(11)]
-    gateway.received_many(RECEIVE, flood, now=0.0, now_us=T0 + 1)
-    sends = gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=0.0, now_us=T0 + 2)
+    gateway.received_many(RECEIVE, flood, now=Now(0.0, T0 + 1))
+    sends = gateway.received_many(RECEIVE, [keyed(BOB, b"b1", [b"bob"])], now=Now(0.0, T0 + 2))
     assert answers(sends) == [(b"b1", True, 1, "")] and gateway.batches.duplicates_total == 1
     assert stored_bodies(store).count([b"bob"]) == 1, "Bob's resend is known: stored once"
     figures = gateway.stats()
     assert (figures["batch_ids"], figures["batch_id_keys"], figures["batch_ids_forgotten_early"]) == (10, 2, 2)
-    again = gateway.received_many(RECEIVE, [keyed(MALLORY, b"m0", [b"m"])], now=0.0, now_us=T0 + 3)
+    again = gateway.received_many(RECEIVE, [keyed(MALLORY, b"m0", [b"m"])], now=Now(0.0, T0 + 3))
     assert answers(again) == [(b"m0", True, 1, "")] and gateway.batches.duplicates_total == 1, "its own went"
 
 
 def test_at_the_full_limit_a_key_sending_100_001_batches_leaves_another_keys_batch_remembered(store):
     gateway = make(store)  # (Limits.batch_dedup_ids: 100,000)
-    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=0.0, now_us=T0)
+    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=Now(0.0, T0))
     for start in range(0, 100_001, 1_000):
         run = [keyed(MALLORY, b"m%d" % i, [b""]) for i in range(start, min(start + 1_000, 100_001))]
-        gateway.received_many(RECEIVE, run, now=0.0, now_us=T0 + 1 + start)
-    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=0.0, now_us=T0 + 200_000)
+        gateway.received_many(RECEIVE, run, now=Now(0.0, T0 + 1 + start))
+    gateway.received_many(RECEIVE, [keyed(BOB, b"bob-1", [b"bob"])], now=Now(0.0, T0 + 200_000))
     assert gateway.batches.duplicates_total == 1 and stored_bodies(store).count([b"bob"]) == 1
 
 

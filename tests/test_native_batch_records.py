@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from test_native_batch_gateway import T0, answers, make
 
+from pzq.clock import Now
 from pzq.gateways.native import RECEIVE
 from pzq.protocols import native_batch as wire
 from pzq.store import Store
@@ -22,7 +23,7 @@ def test_a_batchs_records_are_byte_for_byte_what_the_legacy_path_stores(tmp_path
     try:
         assert legacy.put_many("q", bodies, now_us=T0) == 4
         gateway = make(batched)
-        sends = gateway.received_many(RECEIVE, [[b"p", *wire.batch(b"b1", bodies)]], now=0.0, now_us=T0)
+        sends = gateway.received_many(RECEIVE, [[b"p", *wire.batch(b"b1", bodies)]], now=Now(0.0, T0))
         assert answers(sends) == [(b"b1", True, 4, "")]
         assert records(batched, batched._queues["q"].qid) == records(legacy, legacy._queues["q"].qid)
         assert batched._queues["q"].bytes == legacy._queues["q"].bytes  # (counted toward the limit alike)
@@ -44,7 +45,7 @@ def test_wide_msgpack_headers_are_stored_as_sent_and_read_back_as_the_same_messa
         + b"w" * 256
     )
     gateway = make(store)
-    sends = gateway.received_many(RECEIVE, [[b"p", b"b1", wire.MARK, b"", data]], now=0.0, now_us=T0)
+    sends = gateway.received_many(RECEIVE, [[b"p", b"b1", wire.MARK, b"", data]], now=Now(0.0, T0))
     assert answers(sends) == [(b"b1", True, 3, "")]
     assert [m.frames for m in store.scan("q")] == [[b"hi", b"you"], [b"z"], [b"w" * 256]]
     first = store.scan("q")[0].seq
@@ -58,6 +59,6 @@ def test_a_bodies_frame_left_in_libzmqs_buffer_is_stored_the_same(store):
     bodies = [[b"x" * 40_000], [b"y" * 30_000, b"z"]]
     frames = [b"p", *wire.batch(b"b1", bodies)]
     frames[-1] = memoryview(frames[-1])
-    sends = make(store).received_many(RECEIVE, [frames], now=0.0, now_us=T0)
+    sends = make(store).received_many(RECEIVE, [frames], now=Now(0.0, T0))
     assert answers(sends) == [(b"b1", True, 2, "")]
     assert [m.frames for m in store.scan("q")] == bodies

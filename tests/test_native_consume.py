@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from pzq.clients import native as client
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS
 from pzq.errors import ClientError
 from pzq.protocols import native_consume as wire
@@ -269,7 +270,7 @@ def test_ten_thousand_hellos_from_distinct_identities_keep_the_known_consumers_c
     assert kinds == [wire.HELLO] * 10_000  # (each idle one without credit is evicted for the next)
     assert len(gateway.consumers) == DEFAULT_LIMITS.consume_max_consumers
     assert b"honest" in gateway.consumers  # (it has credit: never evicted)
-    delivered = gateway.dispatch(now=1.0, now_us=2, most=100, blocked=lambda peer: False)
+    delivered = gateway.dispatch(now=Now(1.0, 2), most=100, blocked=lambda peer: False)
     assert [out.frames[0] for out in delivered] == [b"honest"] and len(delivered[0].refs) == 5
 
 

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS
 from pzq.gateways.native_consume import HOLDER, BatchConsumeGateway
 from pzq.protocols import native_consume as wire
@@ -43,7 +44,7 @@ def test_consumers_with_credit_are_served_a_batch_each_in_turn_so_a_big_credit_d
     g = gateway(broker)
     hello(g, b"big", 1000)
     hello(g, b"small", 10)
-    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    outs = g.dispatch(now=Now(0.0, 2), most=128, blocked=never_blocked)
     assert [(o.frames[0], len(o.refs)) for o in outs] == [(b"big", 100), (b"small", 10), (b"big", 18)]
     # FIFO across the consumers: each batch continues where the last one ended
     seqs = [ref[1] for o in outs for ref in o.refs]
@@ -54,7 +55,7 @@ def test_a_consumer_whose_answers_cannot_leave_is_skipped_and_the_others_are_ser
     g = gateway(broker)
     hello(g, b"stuck", 50)
     hello(g, b"reader", 50)
-    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=lambda peer: peer == b"stuck")
+    outs = g.dispatch(now=Now(0.0, 2), most=128, blocked=lambda peer: peer == b"stuck")
     assert [(o.frames[0], len(o.refs)) for o in outs] == [(b"reader", 50)]
 
 
@@ -63,14 +64,14 @@ def test_a_deliver_is_cut_at_the_byte_bound_and_a_bigger_message_goes_alone(stor
     b.produce_many("default", [[b"a" * 400], [b"b" * 400], [b"c" * 2000], [b"d" * 10]], now_us=1)
     g = gateway(b, consume_batch_bytes=1000)
     hello(g, b"p", 4)
-    outs = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    outs = g.dispatch(now=Now(0.0, 2), most=128, blocked=never_blocked)
     assert [len(o.refs) for o in outs] == [2, 1, 1]
 
 
 def test_what_a_consumer_was_handed_counts_in_the_byte_account_until_it_acks_or_says_bye(broker):
     g = gateway(broker)
     hello(g, b"p", 200)
-    outs = g.dispatch(now=0.0, now_us=2, most=200, blocked=never_blocked)
+    outs = g.dispatch(now=Now(0.0, 2), most=200, blocked=never_blocked)
     held = lambda: broker.accounts.held((HOLDER, b"p"), broker.inflight)  # noqa: E731
     assert held() == g.dispatched_bytes == 690  # (bodies "m0".."m199"; the DELIVERs' keys are not counted)
     first = wire.parse_reply(outs[0].frames[1:])
@@ -85,7 +86,7 @@ def test_an_acked_message_stops_counting_against_credit_when_its_ack_is_read_not
     hello(g, b"p", 10)
     keys = [
         key
-        for out in g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+        for out in g.dispatch(now=Now(0.0, 2), most=128, blocked=never_blocked)
         for key in wire.parse_reply(out.frames[1:]).keys
     ]
     assert len(keys) == 10
@@ -101,10 +102,10 @@ def test_a_consumer_that_reads_nothing_is_handed_its_byte_share_and_one_message_
     b.produce_many("default", [[b"x" * 1000]] * 50, now_us=1)
     g = gateway(b, delivery_share=10_000)
     hello(g, b"hog", 1000)
-    taken = sum(len(out.refs) for out in g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked))
-    assert taken == 10 and g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked) == []
+    taken = sum(len(out.refs) for out in g.dispatch(now=Now(0.0, 2), most=1000, blocked=never_blocked))
+    assert taken == 10 and g.dispatch(now=Now(0.0, 2), most=1000, blocked=never_blocked) == []
     hello(g, b"reader", 5)
-    assert sum(len(out.refs) for out in g.dispatch(now=0.0, now_us=2, most=1000, blocked=never_blocked)) == 5
+    assert sum(len(out.refs) for out in g.dispatch(now=Now(0.0, 2), most=1000, blocked=never_blocked)) == 5
 
 
 def test_one_curve_key_holds_at_most_its_part_of_the_consumer_slots_and_another_keys_hello_is_answered(broker):
@@ -133,7 +134,7 @@ def test_a_consumer_forgotten_for_silence_keeps_its_timed_out_copies_charged_unt
     g = gateway(broker, consume_idle_s=10.0)
     hello(g, b"p", 3)
     g.connection(b"p", 42)
-    g.dispatch(now=0.0, now_us=2, most=3, blocked=never_blocked)
+    g.dispatch(now=Now(0.0, 2), most=3, blocked=never_blocked)
     broker.expire(6.0)  # (its copies may still sit in its pipe)
     g.sweep(11.0)
     assert b"p" not in g.consumers and broker.accounts.held((HOLDER, b"p"), broker.inflight) == 6
@@ -145,7 +146,7 @@ def test_a_silent_consumer_loses_its_credit_and_is_forgotten_once_it_holds_nothi
     g = gateway(broker, consume_idle_s=10.0)
     hello(g, b"silent", 5, now=0.0)
     hello(g, b"holder", 1, now=0.0)
-    assert len(g.dispatch(now=0.0, now_us=2, most=1, blocked=lambda peer: peer != b"holder")) == 1
+    assert len(g.dispatch(now=Now(0.0, 2), most=1, blocked=lambda peer: peer != b"holder")) == 1
     assert g.next_sweep() == 10.0
     g.sweep(11.0)
     assert list(g.consumers) == [b"holder"]  # (it holds a delivery: kept, without credit)
@@ -159,7 +160,7 @@ def test_a_silent_consumer_loses_its_credit_and_is_forgotten_once_it_holds_nothi
 def test_a_rolled_back_turn_gives_the_credit_of_its_deliveries_back_and_turns_settled_into_err(broker):
     g = gateway(broker)
     hello(g, b"p", 10)
-    first = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    first = g.dispatch(now=Now(0.0, 2), most=128, blocked=never_blocked)
     keys = wire.parse_reply(first[0].frames[1:]).keys
     settled = g.received(b"p", wire.ack(keys[:2]), now=0.0)
     kept = g.rolled_back(first + settled)
@@ -183,10 +184,10 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
     try:
         hello(g, b"big", 1000)
         endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
-        endpoint.work(0.0, 2)
+        endpoint.work(Now(0.0, 2))
         assert sum(len(o.refs) for o in endpoint._out) == 300  # (of 500 ready and 1,000 of credit)
         endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=300)
-        endpoint.work(0.0, 2)
+        endpoint.work(Now(0.0, 2))
         assert sum(len(o.refs) for o in endpoint._out) == 500  # (the rest the next turn)
         flood = zmq.Context.instance().socket(zmq.DEALER)
         flood.connect(cfg.consume_dsn)
@@ -198,7 +199,7 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
         while reads < 5:
             endpoint.budget = TurnBudget.start(3600.0, 1 << 30, records=1000)
             assert endpoint.sock.poll(5000)
-            endpoint.read({endpoint.sock: zmq.POLLIN}, 0.0, 2)
+            endpoint.read({endpoint.sock: zmq.POLLIN}, Now(0.0, 2))
             turn = len(endpoint._out) - reads
             assert turn == 1  # (an ACK of 1,000 keys is a turn's records: one a turn)
             reads += turn
@@ -210,7 +211,7 @@ def test_the_endpoint_hands_out_no_more_than_the_turns_records_and_reads_acks_a_
 def test_a_key_named_twice_in_one_ack_is_settled_once_and_its_repeat_alone_refused(broker):
     g = gateway(broker)
     hello(g, b"p", 3)
-    [out] = g.dispatch(now=0.0, now_us=2, most=128, blocked=never_blocked)
+    [out] = g.dispatch(now=Now(0.0, 2), most=128, blocked=never_blocked)
     k0, k1, k2 = msgpack.unpackb(out.frames[4])
     [answer] = g.received(b"p", [b"ACK", msgpack.packb([k0, k0, k1, k0])], now=0.0)
     # k0 and k1 acked: 2 settled, only the two repeats of k0 refused (not its first mention)
@@ -238,7 +239,7 @@ def test_a_turn_hands_batched_consumers_no_more_bodies_than_its_bytes_and_each_c
         hello(g, b"a", 1000)
         hello(g, b"b", 1000)
         endpoint.budget = TurnBudget.start(3600.0, 2 << 20, records=1000)
-        endpoint.work(0.0, 2)
+        endpoint.work(Now(0.0, 2))
         # 2 MiB of 256 KiB bodies a turn (a batch passes it by one message at most), and a consumer's
         # batch is 1 MiB (one message past it at most) before the next consumer's turn
         assert 8 <= sum(len(o.refs) for o in endpoint._out) <= 10

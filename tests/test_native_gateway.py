@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.credit import HOARD
 from pzq.errors import StoreError
 from pzq.gateways.contract import FramesGateway, Send
@@ -56,7 +57,7 @@ def bodies(store: Store) -> list[list[bytes]]:
 
 
 def answer(gateway: NativeGateway, delivery: Send, ok: bool = True, *, now: float = 0.0) -> None:
-    assert gateway.received_many(SEND, [native.consumer_ack(delivery.frames[0], ok)], now=now, now_us=T0) == []
+    assert gateway.received_many(SEND, [native.consumer_ack(delivery.frames[0], ok)], now=Now(now, T0)) == []
 
 
 def someone_else_stores_the_seq_after_next(store: Store) -> None:
@@ -77,14 +78,14 @@ def test_the_native_gateway_offers_the_frames_contract(gateway):
 
 def test_a_producer_run_is_stored_in_order_and_acked_in_order(gateway, store):
     run = [produced(b"p1", b"m1", b"a"), produced(b"p2", b"m2", b"b", b"b2"), produced(b"p1", b"m3", b"c")]
-    sent = gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)
+    sent = gateway.received_many(RECEIVE, run, now=Now(0.0, T0))
     assert acks(sent) == [(b"p1", b"m1", True, ""), (b"p2", b"m2", True, ""), (b"p1", b"m3", True, "")]
     assert bodies(store) == [[b"a"], [b"b", b"b2"], [b"c"]]
     assert store.dirty, "stored in the turn: the acks leave only once the loop has committed it"
 
 
 def test_one_message_is_a_run_of_one(gateway, store):
-    sent = gateway.received(RECEIVE, produced(b"p", b"m", b"x"), now=0.0, now_us=T0, user=None)
+    sent = gateway.received(RECEIVE, produced(b"p", b"m", b"x"), now=Now(0.0, T0), user=None)
     assert acks(sent) == [(b"p", b"m", True, "")]
 
 
@@ -96,7 +97,7 @@ def test_a_rejected_message_in_the_middle_of_a_run_is_answered_in_its_place(gate
         [b"p", b"m3", b""],  # a delimiter and no body
         produced(b"p", b"m4", b"d"),
     ]
-    sent = gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)
+    sent = gateway.received_many(RECEIVE, run, now=Now(0.0, T0))
     assert acks(sent) == [
         (b"p", b"m1", True, ""),
         (b"p", b"m2", False, native.NO_DELIMITER),
@@ -111,7 +112,7 @@ def test_a_run_past_the_store_limit_is_stored_as_a_prefix_and_the_rest_hears_que
     try:
         gateway = make(store)
         run = [produced(b"p", b"m%d" % i, b"x" * 500) for i in range(40)]
-        said = acks(gateway.received_many(RECEIVE, run, now=0.0, now_us=T0))
+        said = acks(gateway.received_many(RECEIVE, run, now=Now(0.0, T0)))
         stored = [ok for _, _, ok, _ in said]
         n = stored.count(True)
         assert 0 < n < 40 and stored == [True] * n + [False] * (40 - n), "a prefix is stored, the rest refused"
@@ -124,14 +125,13 @@ def test_a_run_past_the_store_limit_is_stored_as_a_prefix_and_the_rest_hears_que
 
 def test_a_rolled_back_turn_answers_store_failed_and_confirms_nothing(gateway, store):
     someone_else_stores_the_seq_after_next(store)
-    first = gateway.received_many(RECEIVE, [produced(b"p1", b"m1", b"a")], now=0.0, now_us=T0)
+    first = gateway.received_many(RECEIVE, [produced(b"p1", b"m1", b"a")], now=Now(0.0, T0))
     assert acks(first) == [(b"p1", b"m1", True, "")]
     with pytest.raises(StoreError):
         gateway.received_many(
             RECEIVE,
             [produced(b"p2", b"m2", b"b"), [b"p2", b"m3", b"bad"], produced(b"p1", b"m4", b"c")],
-            now=0.0,
-            now_us=T0,
+            now=Now(0.0, T0),
         )
     store.abort()
     gateway.broker.reset()
@@ -151,13 +151,13 @@ def test_a_rolled_back_turn_answers_store_failed_and_confirms_nothing(gateway, s
 
 def test_deliveries_of_a_rolled_back_turn_are_dropped(gateway, store):
     gateway.broker.produce("q", [b"a"], now_us=T0)
-    [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+    [delivery] = gateway.dispatch(now=Now(0.0, T0))
     assert gateway.rolled_back([delivery]) == []
 
 
 def test_a_delivery_carries_the_pzq_frames_and_no_routing_frame(gateway):
     message = gateway.broker.produce("q", [b"body", b"part"], now_us=T0)
-    [delivery] = gateway.dispatch(now=0.0, now_us=T0 + 7)
+    [delivery] = gateway.dispatch(now=Now(0.0, T0 + 7))
     assert delivery.socket == SEND and delivery.token == (message.qid, message.seq)
     got = native.parse_delivery(delivery.frames)
     assert got == native.Delivered(native.message_key(T0, message.id), T0 + 7, TIMEOUT_US, [b"body", b"part"])
@@ -168,8 +168,8 @@ def test_a_consumer_acks_and_nacks_only_what_the_send_socket_holds(store):
     gateway = make(store, max_inflight=2)  # (two go out: the third is left for another consumer)
     broker = gateway.broker
     broker.produce_many("q", [[b"a"], [b"b"], [b"c"]], now_us=T0)
-    first, second = gateway.dispatch(now=0.0, now_us=T0)
-    [elsewhere] = broker.take("q", 1, "another gateway's consumer", now=0.0, now_us=T0)
+    first, second = gateway.dispatch(now=Now(0.0, T0))
+    [elsewhere] = broker.take("q", 1, "another gateway's consumer", now=Now(0.0, T0))
     other_key = native.message_key(elsewhere.enqueued_us, elsewhere.id)
     gateway.received_many(
         SEND,
@@ -181,8 +181,7 @@ def test_a_consumer_acks_and_nacks_only_what_the_send_socket_holds(store):
             native.consumer_ack(b"0000000000000001|not-a-key"),
             native.consumer_ack(second.frames[0], ok=False),
         ],
-        now=0.1,
-        now_us=T0,
+        now=Now(0.1, T0),
     )
     assert [m.frames for m in store.scan("q")] == [[b"b"], [b"c"]], "the ack deleted only ours"
     assert broker.holder_of((elsewhere.qid, elsewhere.seq)) == "another gateway's consumer"
@@ -192,33 +191,33 @@ def test_a_consumer_acks_and_nacks_only_what_the_send_socket_holds(store):
 
 def test_an_ack_then_a_nack_of_one_delivery_in_a_run_settle_in_order(gateway, store):
     gateway.broker.produce("q", [b"a"], now_us=T0)
-    [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+    [delivery] = gateway.dispatch(now=Now(0.0, T0))
     key = delivery.frames[0]
-    gateway.received_many(SEND, [native.consumer_ack(key), native.consumer_ack(key, ok=False)], now=0.1, now_us=T0)
+    gateway.received_many(SEND, [native.consumer_ack(key), native.consumer_ack(key, ok=False)], now=Now(0.1, T0))
     assert bodies(store) == [], "the ack came first: the nack finds nothing to put back"
 
 
 def test_a_lone_consumer_that_answers_nothing_gets_at_most_max_inflight(store):
     gateway = make(store, max_inflight=3)
     gateway.broker.produce_many("q", [[b"%d" % i] for i in range(10)], now_us=T0)
-    assert len(gateway.dispatch(now=0.0, now_us=T0)) == 3
-    assert gateway.dispatch(now=1.0, now_us=T0) == [], "nobody answers: one plain pool, however old"
+    assert len(gateway.dispatch(now=Now(0.0, T0))) == 3
+    assert gateway.dispatch(now=Now(1.0, T0)) == [], "nobody answers: one plain pool, however old"
     assert not gateway.would_send(1.0)
-    assert len(gateway.dispatch(now=6.0, now_us=T0)) == 0, "(the ack timeout is the broker's: expire first)"
+    assert len(gateway.dispatch(now=Now(6.0, T0))) == 0, "(the ack timeout is the broker's: expire first)"
     assert gateway.broker.expire(5.0) == 3
-    assert len(gateway.dispatch(now=6.0, now_us=T0)) == 3
+    assert len(gateway.dispatch(now=Now(6.0, T0))) == 3
 
 
 def test_a_delivery_nobody_answers_stops_blocking_once_a_later_one_is_answered_or_it_is_old(store):
     gateway = make(store, max_inflight=2)
     gateway.broker.produce_many("q", [[b"%d" % i] for i in range(10)], now_us=T0)
-    kept, answered = gateway.dispatch(now=0.0, now_us=T0)
+    kept, answered = gateway.dispatch(now=Now(0.0, T0))
     answer(gateway, answered, now=0.01)  # answered before ``kept``: ``kept`` is passed, it blocks nothing
-    third, fourth = gateway.dispatch(now=0.02, now_us=T0)
+    third, fourth = gateway.dispatch(now=Now(0.02, T0))
     assert gateway.broker.deadline(kept.token, CONSUMER) is not None, "it is still in flight, its ack counts"
-    assert gateway.dispatch(now=0.03, now_us=T0) == [], "two young deliveries nobody passed still count"
+    assert gateway.dispatch(now=Now(0.03, T0)) == [], "two young deliveries nobody passed still count"
     answer(gateway, kept, now=0.1)  # (a late answer passes nothing newer, but says someone answers)
-    assert len(gateway.dispatch(now=0.1, now_us=T0)) == 2, "the unanswered ones are old: they block nothing"
+    assert len(gateway.dispatch(now=Now(0.1, T0))) == 2, "the unanswered ones are old: they block nothing"
     assert gateway.broker.deadline(third.token, CONSUMER) is not None
     assert gateway.next_wake(0.1) is not None, "credit comes back when young deliveries age: wake then"
 
@@ -229,7 +228,7 @@ def test_a_late_consumers_answers_do_not_stretch_the_window_of_the_prompt_ones(s
     now = 0.0
     for _ in range(20):  # the DEALER hands them out in turn: every other one to a consumer 4 s late
         now += 0.1
-        sent = gateway.dispatch(now=now, now_us=T0)[:200]
+        sent = gateway.dispatch(now=Now(now, T0))[:200]
         for i, delivery in enumerate(sent):
             answer(gateway, delivery, now=now + (4.0 if i % 2 else 0.001))
     assert gateway.credit.window_s < 0.1, "half the answers are prompt: the window is theirs"
@@ -243,7 +242,7 @@ def test_consumers_holding_too_much_together_lose_the_oldest_early_and_a_late_ac
     now = 0.0
     for step in range(HOARD * 16):  # one hoarding consumer takes one delivery every other turn; another acks
         now += 0.03
-        for i, delivery in enumerate(gateway.dispatch(now=now, now_us=T0)):
+        for i, delivery in enumerate(gateway.dispatch(now=Now(now, T0))):
             if i == 0 and step % 2 == 0:
                 hoarded.append(delivery)
             else:
@@ -262,11 +261,11 @@ def test_consumers_holding_too_much_together_lose_the_oldest_early_and_a_late_ac
 def test_a_delivery_the_send_socket_would_not_take_is_ready_again(gateway, store):
     broker = gateway.broker
     message = broker.produce("q", [b"a"], now_us=T0)
-    [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+    [delivery] = gateway.dispatch(now=Now(0.0, T0))
     assert gateway.unsent(delivery) is False
     assert broker.ready_count("q") == 1 and broker.held_count(CONSUMER) == 0
     assert store.get("q", message.seq).deliveries == 0, "a delivery that never left is not counted"
-    [again] = gateway.dispatch(now=0.0, now_us=T0 + 1)
+    [again] = gateway.dispatch(now=Now(0.0, T0 + 1))
     assert again.frames[0] == delivery.frames[0], "the same key"
     reply = Send(RECEIVE, native.produce_ack(b"p", b"m"))
     assert gateway.unsent_many([again, reply]) == [reply], "a reply is kept for later, a delivery taken back"
@@ -276,26 +275,26 @@ def test_a_delivery_the_send_socket_would_not_take_is_ready_again(gateway, store
 def test_nothing_is_taken_while_the_send_socket_is_blocked(gateway):
     gateway.broker.produce("q", [b"a"], now_us=T0)
     assert gateway.would_send(0.0)
-    assert gateway.dispatch(now=0.0, now_us=T0, blocked=frozenset({SEND})) == []
+    assert gateway.dispatch(now=Now(0.0, T0), blocked=frozenset({SEND})) == []
     assert gateway.broker.ready_count("q") == 1
 
 
 def test_after_a_take_found_nothing_it_waits_for_the_broker_to_say_messages_are_ready(gateway):
     broker = gateway.broker
-    assert gateway.dispatch(now=0.0, now_us=T0) == []
+    assert gateway.dispatch(now=Now(0.0, T0)) == []
     assert not gateway.would_send(0.0)
     dead = broker.produce("q", [b"a"], now_us=T0, meta={"max_deliveries": 1})
     assert gateway.would_send(0.0)
-    [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+    [delivery] = gateway.dispatch(now=Now(0.0, T0))
     answer(gateway, delivery, ok=False)  # back once, then over its cap: a take finds only a dead letter
-    assert gateway.dispatch(now=0.0, now_us=T0) == [] and not gateway.would_send(0.0)
+    assert gateway.dispatch(now=Now(0.0, T0)) == [] and not gateway.would_send(0.0)
     assert broker.requeue_dead("q", None) and gateway.would_send(0.0), "requeued letters are ready for it"
     assert broker.stored((dead.qid, dead.seq)) is None
 
 
 def test_a_recovered_gateway_forgets_its_young_deliveries(gateway):
     gateway.broker.produce("q", [b"a"], now_us=T0)
-    gateway.dispatch(now=0.0, now_us=T0)
+    gateway.dispatch(now=Now(0.0, T0))
     assert gateway.stats()["young_deliveries"] == 1
     gateway.broker.reset()
     gateway.recover()
@@ -307,10 +306,10 @@ def test_a_repeated_answer_in_one_run_counts_once_toward_the_consumers_latency(s
     def latency_after(answers: int) -> float:
         gateway = make(store)
         gateway.broker.produce("q", [b"m"], now_us=T0)
-        [delivery] = gateway.dispatch(now=0.0, now_us=T0)
+        [delivery] = gateway.dispatch(now=Now(0.0, T0))
         key = delivery.frames[0]
         run = [native.consumer_ack(key), native.consumer_ack(key, ok=repeat)][:answers]
-        gateway.received_many(SEND, run, now=1.0, now_us=T0)
+        gateway.received_many(SEND, run, now=Now(1.0, T0))
         store.abort()  # (the next gateway starts from the same stored message)
         gateway.broker.reset()
         return gateway.credit.latency_s
@@ -326,7 +325,7 @@ def test_a_consumer_that_answers_newest_first_holds_no_more_than_the_cap(store):
     most, now = 0, 0.0
     for _ in range(100):
         now += 0.01
-        sent = gateway.dispatch(now=now, now_us=T0)
+        sent = gateway.dispatch(now=Now(now, T0))
         if sent:
             answer(gateway, sent[-1], now=now)
         most = max(most, gateway.broker.held_count(CONSUMER))
@@ -353,7 +352,7 @@ def test_a_run_of_edge_shapes_is_answered_as_parse_produce_answers_each(store):
             expected.append((b"p", event.message_id, False, event.error.detail))
         else:
             expected.append((b"p", event.message_id, True, ""))
-    assert acks(gateway.received_many(RECEIVE, run, now=0.0, now_us=T0)) == expected
+    assert acks(gateway.received_many(RECEIVE, run, now=Now(0.0, T0))) == expected
     assert [ok for _, _, ok, _ in expected] == [True, False, True, False, True, True]
     assert bodies(store) == [[b"abcd"], [b"a"], [b"a"], [b"", b""]]
 
@@ -394,7 +393,7 @@ def test_a_consumer_that_acks_every_delivery_late_within_its_timeout_loses_none_
         now, turn = now + 0.001, turn + 1
         while later and later[0][0] <= now:
             answer(gateway, later.pop(0)[1], now=now)
-        for i, delivery in enumerate(gateway.dispatch(now=now, now_us=T0, most=2)):
+        for i, delivery in enumerate(gateway.dispatch(now=Now(now, T0), most=2)):
             if (turn + i) % 2:
                 later.append((now + 4.0, delivery))
                 late += 1

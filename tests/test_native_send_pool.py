@@ -13,6 +13,7 @@ import time
 import zmq
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.gateways.native import SEND, NativeGateway
 from pzq.gateways.native_pool import IDLE_AFTER_S, OVERHEAD, Sample
@@ -42,12 +43,12 @@ def fill(gateway: NativeGateway, n: int) -> None:
 
 
 def dispatch(gateway: NativeGateway, now: float) -> list:
-    return gateway.dispatch(now=now, now_us=T0)
+    return gateway.dispatch(now=Now(now, T0))
 
 
 def acked(gateway: NativeGateway, sends: list, now: float) -> None:
     answers = [native.consumer_ack(send.frames[0], True) for send in sends]
-    gateway.received_many(SEND, answers, now=now, now_us=T0)
+    gateway.received_many(SEND, answers, now=Now(now, T0))
 
 
 def charged(gateway: NativeGateway) -> int:

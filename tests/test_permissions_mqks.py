@@ -15,6 +15,7 @@ import pytest
 from pzq.broker import Broker
 from pzq.clients.mqks import MqksClient
 from pzq.clients.sockets import tcp_address
+from pzq.clock import Now
 from pzq.errors import ClientError
 from pzq.gateways.mqks import MqksGateway
 from pzq.permissions import Permissions
@@ -208,13 +209,13 @@ def test_an_ack_or_reject_after_the_rules_narrowed_is_refused_even_before_the_co
         broker, Bindings(store), max_line=1 << 16, window=10, drop_queue=broker.drop_queue, permissions=permissions
     )
     gateway.connected(b"c", "127.0.0.1:4000")
-    gateway.received(b"c", b"c1 consume orders.eu orders.created --manual-ack\n", now=0.0, now_us=1)
-    gateway.received(b"c", b"p1 publish orders.created held\n", now=0.0, now_us=2)
-    assert [s.frames[1] for s in gateway.dispatch(now=0.0, now_us=3)] == [b"c1 ok p1 event=orders.created held\n"]
+    gateway.received(b"c", b"c1 consume orders.eu orders.created --manual-ack\n", now=Now(0.0, 1))
+    gateway.received(b"c", b"p1 publish orders.created held\n", now=Now(0.0, 2))
+    assert [s.frames[1] for s in gateway.dispatch(now=Now(0.0, 3))] == [b"c1 ok p1 event=orders.created held\n"]
     path.write_text(ORDERS_PRODUCE_ONLY)
     assert permissions.reload()
     for line in (b"a1 ack --confirm c1 p1\n", b"r1 reject --confirm c1 --all\n"):
-        sends = gateway.received(b"c", line, now=0.0, now_us=4)
+        sends = gateway.received(b"c", line, now=Now(0.0, 4))
         assert [s.frames[1].split()[:2] for s in sends] == [[line.split()[0], b"error"]]
     assert broker.held_count(gateway.consumers.get(b"c", "c1").key) == 1, "the message is still held"
     assert gateway.narrowed() == [b"c"]

@@ -11,6 +11,7 @@ import socket
 
 from pzq.broker import Broker
 from pzq.clients import native as client
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.protocols.phpmq import ACK, CONSUME, CONTENT, COUNT, MESSAGE_ID, QUEUE, SEND, encode
@@ -91,15 +92,15 @@ def test_a_dispatch_hands_out_at_most_its_slice_and_the_next_one_begins_with_the
     conns = [b"c%d" % i for i in range(4)]
     for conn in conns:
         gateway.connected(conn)
-        gateway.received(conn, encode(CONSUME, [(QUEUE, b"q"), (COUNT, b"100")]), now_us=1)
+        gateway.received(conn, encode(CONSUME, [(QUEUE, b"q"), (COUNT, b"100")]), now=Now(0.0, 1))
     for i in range(40):
         broker.produce("q", [b"%04d" % i + b"x" * 996], now_us=1)
-    first = gateway.dispatch(now=1.0, now_us=1, most=3)
+    first = gateway.dispatch(now=Now(1.0, 1), most=3)
     assert len(first) == gateway.dispatched == 3 and {s.peer for s in first} == {b"c0"}
-    second = gateway.dispatch(now=1.0, now_us=1, most=100, most_bytes=2500)
+    second = gateway.dispatch(now=Now(1.0, 1), most=100, most_bytes=2500)
     assert [s.peer for s in second] == [b"c1"] * 3, "one message past the bytes, then the turn's slice is spent"
     assert gateway.dispatched_bytes == 3000
-    third = gateway.dispatch(now=1.0, now_us=1, most=2)
+    third = gateway.dispatch(now=Now(1.0, 1), most=2)
     assert {s.peer for s in third} == {b"c2"}, "the connections left out go first"
-    rest = gateway.dispatch(now=1.0, now_us=1)  # (unbounded: the one left out first, and it has credit for all)
+    rest = gateway.dispatch(now=Now(1.0, 1))  # (unbounded: the one left out first, and it has credit for all)
     assert {s.peer for s in rest} == {b"c3"} and len(first + second + third + rest) == 40

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.store import Store
 
 T0 = 1_700_000_000_000_000
@@ -62,8 +63,8 @@ def test_take_run_hands_out_counts_and_dead_letters_exactly_as_take_does_whateve
                             broker.produce("q", body, now_us=now_us, meta={"client": "c", "msgid": "1"})
             elif op < 0.6:  # a take of up to n by one consumer
                 who, n = rng.choice("ab"), rng.randint(1, 12)
-                got_run = brokers[0].take_run("q", n, who, now=now, now_us=now_us)
-                got_take = brokers[1].take("q", n, who, now=now, now_us=now_us)
+                got_run = brokers[0].take_run("q", n, who, now=Now(now, now_us))
+                got_take = brokers[1].take("q", n, who, now=Now(now, now_us))
                 assert [(ref, frames) for ref, _, frames in got_run] == [((m.qid, m.seq), m.frames) for m in got_take]
                 held[who] += [ref for ref, _, _ in got_run]
             elif op < 0.75:  # acks of part of what was taken (and a key named twice, and one never given)

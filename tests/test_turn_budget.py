@@ -13,6 +13,7 @@ import zmq
 
 from pzq.broker import Broker
 from pzq.clients import native as client
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS
 from pzq.endpoints.base import Sockets, TurnBudget
 from pzq.endpoints.stream import StreamEndpoint
@@ -272,7 +273,7 @@ def test_a_read_of_many_tiny_phpmq_sends_draws_each_message_on_the_turns_records
         def read() -> bool:
             nonlocal taken
             endpoint.budget = budget = TurnBudget(float("inf"), 1 << 40, 1 << 40)
-            endpoint.read(dict(poller.poll(100)), 0.0, 0)
+            endpoint.read(dict(poller.poll(100)), Now(0.0, 0))
             taken += (1 << 40) - budget.records_left
             return gateway.received_total == 300
 

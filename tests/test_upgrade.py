@@ -20,6 +20,7 @@ import lmdb
 import pytest
 
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.leases import Leases
 from pzq.store import FORMAT, Store
 from pzq.store.bindings import Bindings
@@ -150,7 +151,7 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
         assert with_meta.meta == {"client": "c1", "msgid": "m-5"} and with_meta.expires_us > 0
         # In flight when the old server stopped: still stored, counted once, and ready again.
         assert [jobs[i].deliveries for i in facts["in_flight"]] == [1, 1]
-        assert [m.id for m in broker.take("jobs", 2, "c", now=0.0, now_us=1)] == facts["in_flight"]
+        assert [m.id for m in broker.take("jobs", 2, "c", now=Now(0.0, 1))] == facts["in_flight"]
 
         (dead,) = store.dead_letters.read("poison")
         assert (dead.message.id, dead.message.frames, dead.reason) == (facts["dead"], [b"bad"], "too many deliveries")
@@ -170,7 +171,7 @@ def test_a_store_written_by_db15207_opens_with_every_record_and_is_marked_with_t
         fetched, gone, _ = leases.fetch("spark", "g1", 0, 3, now_us=1)
         assert [(n, m.frames) for n, m in fetched] == [(i, [b"row-%d" % i]) for i in range(3)] and gone == 0
         # Leased messages stay the group's: nobody else is handed them.
-        assert [m.frames for m in broker.take("spark", 10, "other", now=0.0, now_us=1)] == [[b"row-3"], [b"row-4"]]
+        assert [m.frames for m in broker.take("spark", 10, "other", now=Now(0.0, 1))] == [[b"row-3"], [b"row-4"]]
 
         binding = Bindings(store).get("mqks-q")
         assert binding is not None and list(binding.events) == ["ev.a", "ev.b"]

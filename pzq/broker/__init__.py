@@ -3,9 +3,9 @@
 The Broker sits between the protocol gateways and the store. It owns what is in flight and where each
 queue's next ready message is, and it never touches a socket: a gateway asks it for messages to send
 and tells it what came back, in runs where it can (``produce_many``, ``take``, ``ack_many``,
-``take_back_many``). Times are passed in (``now`` monotonic seconds, ``now_us`` wall-clock
-microseconds), so every timing rule is testable without sleeping. ``readiness`` grows
-whenever messages may have become ready, for any gateway that waits for that.
+``take_back_many``). Times are passed in (a take gets the turn's ``Now``,
+pzq/clock.py; a stamp alone is ``now_us``, wall-clock µs), so every timing rule is testable without
+sleeping. ``readiness`` grows whenever messages may have become ready, for any gateway that waits for that.
 
 Modules: ``state`` (the life of a delivery as numbered rules and a transition table, and the state
 every part shares), ``core`` (the Broker: its parts held, their verbs offered), and the parts, each

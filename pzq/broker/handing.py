@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from typing import NamedTuple
 
 from pzq.broker.state import BrokerState
+from pzq.clock import Now
 from pzq.store import Message
 from pzq.store.layout import KEY
 
@@ -52,8 +53,7 @@ class Handing:
         n: int,
         consumer: Hashable,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         timeout_s: float | None = None,
         max_bytes: int | None = None,
         payer: Hashable = None,
@@ -75,7 +75,7 @@ class Handing:
             return []
         max_bytes = room if max_bytes is None else min(max_bytes, room)
         state = self._ready_of(info.qid)
-        deadline = now + (self._s.ack_timeout_s if timeout_s is None else timeout_s)
+        deadline = now.mono + (self._s.ack_timeout_s if timeout_s is None else timeout_s)
         out: list[Message] = []
         size, most = 0, max_bytes
         while len(out) < n and size < most:
@@ -92,9 +92,9 @@ class Handing:
                 going, kept = [], []
                 for message, length in zip(batch, sizes, strict=True):
                     cap = (message.meta or {}).get("max_deliveries") or 0
-                    reason = self._s.past_limits(message.expires_us, cap, message.deliveries, now_us)
+                    reason = self._s.past_limits(message.expires_us, cap, message.deliveries, now.wall_us)
                     if reason:
-                        self._s.to_dead_letters(message, reason, now_us)
+                        self._s.to_dead_letters(message, reason, now.wall_us)
                     else:
                         going.append(message)
                         kept.append(length)
@@ -120,13 +120,12 @@ class Handing:
         n: int,
         consumer: Hashable,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         max_bytes: int | None = None,
         payer: Hashable = None,
     ) -> list[Taken]:
         """``take`` as ``(ref, enqueued µs, frames)`` of each message (``take_columns``'s, row by row)."""
-        run = self.take_columns(queue, n, consumer, now=now, now_us=now_us, max_bytes=max_bytes, payer=payer)
+        run = self.take_columns(queue, n, consumer, now=now, max_bytes=max_bytes, payer=payer)
         return list(zip(run.refs, run.enqueued, run.frames, strict=True))
 
     def take_columns(
@@ -135,8 +134,7 @@ class Handing:
         n: int,
         consumer: Hashable,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         max_bytes: int | None = None,
         payer: Hashable = None,
     ) -> TakenRun:
@@ -159,7 +157,7 @@ class Handing:
         state = self._ready_of(qid)
         most, size = max_bytes, 0
         if not (self._s.max_deliveries or state.requeued or self._s.ranges.get(qid)):
-            deadline = now + self._s.ack_timeout_s
+            deadline = now.mono + self._s.ack_timeout_s
             while len(out.refs) < n and size < most:
                 start = state.cursor
                 run, state.cursor, stopped = self._store.plain_run(
@@ -189,7 +187,7 @@ class Handing:
             self._accounts.filled(payer, self._s.inflight)
         if len(out.refs) < n and size < most:
             left = most - size  # (take's first message is always taken: a big body alone, as take would)
-            for m in self.take(queue, n - len(out.refs), consumer, now=now, now_us=now_us, max_bytes=left, payer=payer):
+            for m in self.take(queue, n - len(out.refs), consumer, now=now, max_bytes=left, payer=payer):
                 out.refs.append((m.qid, m.seq))
                 out.enqueued.append(m.enqueued_us)
                 out.frames.append(m.frames)

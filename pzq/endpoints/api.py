@@ -7,6 +7,7 @@ import time
 
 import zmq
 
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
@@ -91,7 +92,7 @@ class ApiEndpoint(Endpoint):
         self._granted: dict[bytes, int] = {}  # big replies admitted this turn, not sent yet, per peer
         self._writes = False  # a reply of this turn tells of a write: it waits for the commit
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         if self.sock in ready:
             self._take_in()
         started = time.perf_counter()
@@ -110,7 +111,7 @@ class ApiEndpoint(Endpoint):
                 self._out.append(Send(ONLY, _memory_busy(frames, self.alarm.total)))
                 continue
             began = time.perf_counter()
-            self._out += self.gateway.received(ONLY, frames, now=now, now_us=now_us, user=user)
+            self._out += self.gateway.received(ONLY, frames, now=now, user=user)
             cost = time.perf_counter() - began
             self._tags[frames[0]] = self._now_tag + cost
             command = _command(frames)
@@ -210,9 +211,9 @@ class ApiEndpoint(Endpoint):
         self._granted[peer] = granted + self.big_reply
         return True
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         if self.gateway.parts.pending:  # big PRODUCEs, a part per turn (gateways/parted.py)
-            self._out += self.gateway.parts.step(self.budget, now_us)
+            self._out += self.gateway.parts.step(self.budget, now.wall_us)
 
     def memory(self) -> dict[str, int]:
         return {
@@ -239,7 +240,7 @@ class ApiEndpoint(Endpoint):
     def output_waiting(self) -> bool:
         return bool(self._out)
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         self._writes = False
         self.gateway.parts.flushed()
         self._granted.clear()  # (sent now: counted by the pipe estimate from here on)

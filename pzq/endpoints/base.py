@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import zmq
 
+from pzq.clock import Now
 from pzq.curve import CurveServer, Gate
 from pzq.endpoints.memory import UNWATCHED, MemoryAlarm
 from pzq.errors import ConfigError
@@ -315,10 +316,10 @@ class Endpoint:
     def before_poll(self, poller: zmq.Poller) -> None:
         """Adjust what the poller waits for (e.g. writability) before the turn's poll."""
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         """Read what arrived on this endpoint's sockets (bounded per turn)."""
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         """Hand out messages, heartbeats and schedules: the turn's writes before the commit."""
 
     def waiting(self) -> bool:
@@ -343,7 +344,7 @@ class Endpoint:
     def rolled_back(self) -> None:
         """The turn's writes were rolled back: turn pending acks into errors, drop deliveries."""
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         """Send the turn's output; the commit it depends on is done."""
 
     def recover(self) -> None:

@@ -17,6 +17,7 @@ import socket
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from pzq.clock import Now
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.logs import warn_bad
@@ -54,7 +55,7 @@ class ConnectionWatch(Endpoint):
     def sockets(self) -> list[zmq.Socket]:  # type: ignore[override]
         return list(self.binder.monitors)  # (a re-bound socket comes with a new monitor)
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         for pair in [p for p in self.limit.zmq_open if p not in self.binder.monitors]:
             del self.limit.zmq_open[pair]  # its socket was closed: so were its connections
         self.limit.zmq_endpoints = len(self.binder.monitors)

@@ -13,6 +13,7 @@ import logging
 
 import zmq
 
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_from, receive_with_fd
 from pzq.endpoints.emqp_kept import KeptJobs, KeptReplies
@@ -68,20 +69,20 @@ class EmqpEndpoint(Endpoint):
         self._first = FRONT  # the socket read first: the other one when a turn's budget cut this one short
         self._may_free = 0  # REQUESTs and READYs read this turn, not handed a job yet
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         budget = self.limits.turn_bytes  # (this endpoint's share; the turn's budget, shared, may end it first)
         sockets = [(FRONT, self.front), (BACK, self.back)]
         if self._first == BACK:  # (the one a spent budget cut short last time goes first)
             sockets.reverse()
         self._may_free = 0
-        self._read(sockets, budget, ready, now, now_us)
-        self._hand_out_now(now, now_us)
+        self._read(sockets, budget, ready, now)
+        self._hand_out_now(now)
 
-    def _read(self, sockets: list, budget: int, ready: dict, now: float, now_us: int) -> None:
+    def _read(self, sockets: list, budget: int, ready: dict, now: Now) -> None:
         """What ``read`` reads, the socket a spent budget cut short last turn first."""
         workers: list[tuple[bytes, int]] = []  # (worker, descriptor of the connection its command came over)
         try:
-            self._read_sockets(sockets, budget, ready, now, now_us, workers)
+            self._read_sockets(sockets, budget, ready, now, workers)
         finally:
             if workers:
                 # Connections that closed before these commands came are known gone first (a descriptor may
@@ -92,7 +93,7 @@ class EmqpEndpoint(Endpoint):
                     self.gateway.connection(peer, fd if fd in open_fds else -1)
 
     def _read_sockets(
-        self, sockets: list, budget: int, ready: dict, now: float, now_us: int, workers: list[tuple[bytes, int]]
+        self, sockets: list, budget: int, ready: dict, now: Now, workers: list[tuple[bytes, int]]
     ) -> None:
         for name, sock in sockets:
             # (what came after the turn's poll too: a worker answers a job within a turn, and its REPLY
@@ -123,12 +124,12 @@ class EmqpEndpoint(Endpoint):
                 # Its ACKs cannot leave: store nothing more for it, rather than answers it would never get.
                 if name == FRONT and self.replies[FRONT].refuses(frames[0], "its requests are discarded unstored"):
                     continue
-                self._out += self.gateway.received(name, frames, now=now, now_us=now_us, user=user)
+                self._out += self.gateway.received(name, frames, now=now, user=user)
             if self.budget.spent():
                 self._first = BACK if name == FRONT else FRONT
                 return
 
-    def _hand_out_now(self, now: float, now_us: int) -> None:
+    def _hand_out_now(self, now: Now) -> None:
         """Jobs for the REQUESTs and READYs just read, in the turn that read them: one at most for each
         (its record was drawn with it). Waiting for ``work`` would cost a turn whenever the budget ran
         out between the two tasks, and a round trip crosses it twice (a job out, its REPLY back). The
@@ -136,7 +137,6 @@ class EmqpEndpoint(Endpoint):
         if self._may_free:
             jobs = self.gateway.hand_out(
                 now=now,
-                now_us=now_us,
                 most=self._may_free,
                 blocked=self.kept_jobs.blocked(),
                 most_bytes=max(1, self.budget.bytes_left),
@@ -145,29 +145,27 @@ class EmqpEndpoint(Endpoint):
             self.budget.take(_bytes_of(jobs), records=0)  # (their records were drawn as they were read)
             self._may_free = 0
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         # Connections of workers and subscribers that read nothing (a look is two system calls: each one
         # draws a record), then due schedules and heartbeats, then jobs a run at a time
         # (Limits.turn_chunk), each run drawn on the turn's records: workers may hold many free slots when
         # a backlog arrives at once.
         most = self.budget.records_for(self.limits.stuck_checks_per_turn)
-        looked = self.publisher.turn(now, most) if self.publisher is not None else 0
-        looked += self.stuck_workers.check(now, most - looked)
+        looked = self.publisher.turn(now.mono, most) if self.publisher is not None else 0
+        looked += self.stuck_workers.check(now.mono, most - looked)
         if looked:
             self.budget.take(records=looked)
         blocked = self.kept_jobs.blocked()
-        self._out += self.gateway.dispatch(now=now, now_us=now_us, most=0, blocked=blocked)
+        self._out += self.gateway.dispatch(now=now, most=0, blocked=blocked)
         while most := self.budget.records_for(self.limits.turn_chunk):
             # (their bodies draw on the turn's bytes, as native deliveries do: a 1 MiB job costs ~1 ms)
-            jobs = self.gateway.hand_out(
-                now=now, now_us=now_us, most=most, blocked=blocked, most_bytes=max(1, self.budget.bytes_left)
-            )
+            jobs = self.gateway.hand_out(now=now, most=most, blocked=blocked, most_bytes=max(1, self.budget.bytes_left))
             self._out += jobs
             self.budget.take(_bytes_of(jobs), records=len(jobs))
             if len(jobs) < most:  # no free slot, nothing ready for one, or the turn's bytes are used
                 break
         if self.gateway.parts.pending:  # big REQUESTs, a part per turn (gateways/parted.py)
-            self._out += self.gateway.parts.step(self.budget, now_us)
+            self._out += self.gateway.parts.step(self.budget, now.wall_us)
 
     def waiting(self) -> bool:
         # (a big REQUEST's part written this turn: committed now, so that no commit carries more)
@@ -183,13 +181,13 @@ class EmqpEndpoint(Endpoint):
     def output_waiting(self) -> bool:
         return bool(self._out)
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         self.handed.collect()
         self.gateway.parts.flushed()
         for replies in self.replies.values():
             replies.flush()
-        self.kept_replies.flush(now)  # (after the answers: a REPLY never overtakes one waiting for its client)
-        self.kept_jobs.flush(now)
+        self.kept_replies.flush(now.mono)  # (after the answers: a REPLY never overtakes one waiting for its client)
+        self.kept_jobs.flush(now.mono)
         out, self._out = self._out, []
         for send in out:
             if send.socket == PUB:  # (the gateway says PUBLISH only when there is a publish socket)
@@ -198,9 +196,9 @@ class EmqpEndpoint(Endpoint):
             elif send.token is None:  # answers, heartbeats: small
                 self.replies[send.socket].send(send.frames)
             elif send.socket == BACK:  # a job, charged to its worker as a delivery
-                self.kept_jobs.send(send, now)
+                self.kept_jobs.send(send, now.mono)
             else:  # a worker's REPLY passed on, charged to its client while libzmq holds it
-                self.kept_replies.send(send.frames, send.token, now)
+                self.kept_replies.send(send.frames, send.token, now.mono)
 
     def wake_at(self, now: float) -> float | None:
         if self.gateway.parts.pending:

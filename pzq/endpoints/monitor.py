@@ -10,6 +10,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.admin.figures import KINDS
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.replies import Replies
@@ -84,7 +85,7 @@ class MonitorEndpoint(Endpoint):
         self._sent_key: tuple[str, int] = ("", 0)
         self.busy_total = 0
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         if self.sock not in ready:
             return
         for _ in range(READ_BATCH):
@@ -128,7 +129,7 @@ class MonitorEndpoint(Endpoint):
             f"not permitted: {who} has no {right} right on queue {queue[:255]!r} ({request.command})"
         )
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         if self.admin.purging():
             self.admin.work(self.budget)
         for i, request in enumerate(self._requests):
@@ -168,7 +169,7 @@ class MonitorEndpoint(Endpoint):
     def output_waiting(self) -> bool:
         return bool(self._requests)
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         self.replies.flush()
         requests, self._requests = self._requests, []
         who, self._who = self._who, []

@@ -18,6 +18,7 @@ import time
 
 import zmq
 
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.endpoints.held import Held
@@ -112,13 +113,13 @@ class NativeEndpoints(Endpoint):
         want_out = bool(self._waiting) or self.gateway.would_send(time.monotonic())
         poller.modify(self.send, POLLIN | (POLLOUT if want_out else 0))
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         if self._due:  # a big message an earlier turn read and held: a turn of its own
             self._due = False
-            self._commit_held(now, now_us)
+            self._commit_held(now)
             return
-        self._release_held(now, now_us)
-        self._read(ready, now, now_us)
+        self._release_held(now)
+        self._read(ready, now)
         # Turns with a held big message and turns that read alternate, so that a small message read after
         # the big one (another producer's) is committed first, and one sent during its commit is read next
         # (what waits at the head only for the next turn is let in by _release_held then)
@@ -127,9 +128,9 @@ class NativeEndpoints(Endpoint):
                 self._due = True
                 self.budget.bytes_left = min(self.budget.bytes_left, 0)  # (the loop goes on at once)
             else:  # nothing else in this turn: the big message has it to itself already
-                self._commit_held(now, now_us)
+                self._commit_held(now)
 
-    def _commit_held(self, now: float, now_us: int) -> None:
+    def _commit_held(self, now: Now) -> None:
         """Let in the oldest held big message alone (the messages behind it go first the next turn): at
         once, or past one chunk a part per turn (``turn_write_bytes`` of it), its ack with the last."""
         frames = self.held.messages[0][0]
@@ -137,11 +138,11 @@ class NativeEndpoints(Endpoint):
         if size <= self.limits.body_chunk_bytes or is_batch(frames):  # (a batch: whole)
             self._drop_held()
             self.budget.take(size)
-            self._replies += self.gateway.received_many(RECEIVE, [frames], now=now, now_us=now_us)
+            self._replies += self.gateway.received_many(RECEIVE, [frames], now=now)
         else:
             try:
                 answer = self.gateway.received_big(
-                    frames, chunk=self.limits.body_chunk_bytes, most=max(self.budget.bytes_left, 0), now_us=now_us
+                    frames, chunk=self.limits.body_chunk_bytes, most=max(self.budget.bytes_left, 0), now_us=now.wall_us
                 )
             except BaseException:
                 self._drop_held()  # (the gateway answers it "store failure" when the turn is rolled back)
@@ -157,15 +158,15 @@ class NativeEndpoints(Endpoint):
         self.held.drop_first()
         self._uploading = False
 
-    def _release_held(self, now: float, now_us: int) -> None:
+    def _release_held(self, now: Now) -> None:
         """Let in the held messages before the next big one: they were sent after a big one now stored."""
         if not self.held.messages:  # (the usual turn: nothing held, no call)
             return
         if run := self.held.take_run():
             self.budget.take(sum(len(f) for frames in run for f in frames))
-            self._replies += self.gateway.received_many(RECEIVE, run, now=now, now_us=now_us)
+            self._replies += self.gateway.received_many(RECEIVE, run, now=now)
 
-    def _read(self, ready: dict, now: float, now_us: int) -> None:
+    def _read(self, ready: dict, now: Now) -> None:
         names = [RECEIVE, SEND] if self._first == RECEIVE else [SEND, RECEIVE]
         for name in names:
             if name == RECEIVE and self.receive not in ready or name == SEND and not ready.get(self.send, 0) & POLLIN:
@@ -179,7 +180,7 @@ class NativeEndpoints(Endpoint):
                 count, share = count - read, share - size  # (a chunk at a time: the budget's clock sees it)
                 if run:
                     since_dry.append(run)
-                    self._replies += self.gateway.received_many(name, run, now=now, now_us=now_us)
+                    self._replies += self.gateway.received_many(name, run, now=now)
                 if not self._dry:
                     if not read:  # (stopped by the budget, a share or what is held)
                         break
@@ -288,7 +289,7 @@ class NativeEndpoints(Endpoint):
             run.append(frames)
         return run, read, size
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         if self._waiting:  # (what the socket could not take yet goes first: nothing more until it has)
             return
         # A run at a time (Limits.turn_chunk), each drawn on the turn's budget: a thousand deliveries (or
@@ -297,9 +298,7 @@ class NativeEndpoints(Endpoint):
         # Their bodies draw on the turn's bytes too: reading 16 MiB bodies back costs ~1 ms a MiB
         while most := self.budget.records_for(self.limits.turn_chunk):
             most_bytes = max(self.budget.bytes_left, 1)
-            self._deliveries += self.gateway.dispatch(
-                now=now, now_us=now_us, blocked=blocked, most=most, most_bytes=most_bytes
-            )
+            self._deliveries += self.gateway.dispatch(now=now, blocked=blocked, most=most, most_bytes=most_bytes)
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
             if done < most:  # nothing more to do now (no credit, nothing ready)
@@ -364,7 +363,7 @@ class NativeEndpoints(Endpoint):
         self._replies = [s for s in out if s.socket == RECEIVE]
         self._deliveries = [s for s in out if s.socket != RECEIVE]
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         self.replies.flush()
         replies, self._replies = self._replies, []
         self.replies.send_many(map(_FRAMES, replies))
@@ -383,8 +382,8 @@ class NativeEndpoints(Endpoint):
                 # Every pipe is full (or no consumer is connected): the rest waits for room, still in flight
                 # (its ack timeout runs from its take, so a delivery that waits past it is not sent)
                 if i or not self._waiting_since:
-                    self._waiting_since = now
-                if now - self._waiting_since < GIVE_BACK_S:
+                    self._waiting_since = now.mono
+                if now.mono - self._waiting_since < GIVE_BACK_S:
                     self._waiting = deliveries[i:]
                 else:  # (nobody took any for a while: back to the queue, known never to have left)
                     self._deliveries = self.gateway.unsent_many(deliveries[i:])
@@ -392,6 +391,6 @@ class NativeEndpoints(Endpoint):
                 break
         else:
             self._waiting_since = 0.0
-        if self.gateway.pool.look_due(now):
-            streams = self.watch.streams(self.send, now)
-            self.gateway.pool.look(now, streams, closable=not self._waiting)
+        if self.gateway.pool.look_due(now.mono):
+            streams = self.watch.streams(self.send, now.mono)
+            self.gateway.pool.look(now.mono, streams, closable=not self._waiting)

@@ -14,6 +14,7 @@ import logging
 
 import zmq
 
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive_with_fd
 from pzq.endpoints.held import Held
@@ -67,7 +68,7 @@ class BatchConsumeEndpoint(Endpoint):
         self._again = False
         self._held_back: set[bytes] = set()  # consumers passed over this turn for answers waiting
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         if self.sock not in ready:
             return
         budget = self.budget
@@ -90,7 +91,7 @@ class BatchConsumeEndpoint(Endpoint):
             if len(frames) < 2:
                 budget.take(size)
                 continue
-            out = self.gateway.received(frames[0], frames[1:], now=now, user=user)
+            out = self.gateway.received(frames[0], frames[1:], now=now.mono, user=user)
             self._out += out
             # (an ACK or NACK touches a record per key: the turn's records bound its commit and flush)
             budget.take(size, records=wire.records_of(frames))
@@ -105,18 +106,16 @@ class BatchConsumeEndpoint(Endpoint):
             for peer, fd, user in came:
                 self.gateway.connection(peer, fd if fd in open_fds else -1, user)
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         self._again = False
         due = self.gateway.next_sweep()
-        if due is not None and now >= due:
-            self.gateway.sweep(now)
+        if due is not None and now.mono >= due:
+            self.gateway.sweep(now.mono)
         # A chunk at a time (Limits.turn_chunk), each drawn on the turn's budget, as the native endpoint's
         while self.gateway.would_send() and (most := self.budget.records_for(self.limits.turn_chunk)):
             # (their bodies draw on the turn's bytes, as the send socket's: reading them back costs ~1 ms a MiB)
             most_bytes = max(self.budget.bytes_left, 1)
-            self._out += self.gateway.dispatch(
-                now=now, now_us=now_us, most=most, blocked=self._blocked, most_bytes=most_bytes
-            )
+            self._out += self.gateway.dispatch(now=now, most=most, blocked=self._blocked, most_bytes=most_bytes)
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
             if done < most or self.budget.bytes_left <= 0:  # nothing more now (no credit, nothing ready, pipes full)
@@ -152,7 +151,7 @@ class BatchConsumeEndpoint(Endpoint):
     def release(self, durable: int) -> None:
         self._out = self._held.release(durable, self._out)
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         self.replies.flush()
         outs, self._out = self._out, []
         for out in outs:

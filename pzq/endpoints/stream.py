@@ -25,6 +25,7 @@ import logging
 
 import zmq
 
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.allow_ips import allowed, allowed_networks
 from pzq.endpoints.base import Endpoint, Sockets
@@ -99,16 +100,16 @@ class StreamEndpoint(Endpoint):
         self.closed_total = 0  # connections closed for bad input or for reading too slowly
         self._peers: dict[bytes, tuple[str, int]] = {}  # open connection -> ("ip:port", connected since, µs)
 
-    def read(self, ready: dict, now: float, now_us: int) -> None:
+    def read(self, ready: dict, now: Now) -> None:
         if self.sock in ready:
-            self._read(now, now_us)
+            self._read(now)
         if self.paced is not None and self.paced.waiting():  # one line of each connection in turn
-            self._out += self.paced.serve(now=now, now_us=now_us, budget=self.budget)
+            self._out += self.paced.serve(now=now, budget=self.budget)
             for conn in self.paced.served():
                 if conn in self.gateway.sessions:  # (what it holds went down: it may have room again)
                     self.connections.hold(self.name, conn, self.gateway.buffered(conn))
 
-    def _read(self, now: float, now_us: int) -> None:
+    def _read(self, now: Now) -> None:
         """Read the socket's connections, libzmq's fair queue taking one chunk of each in turn. A paced
         gateway's lines are served after (``serve``), so reading goes on past the turn's budget until a
         connection comes round again: each connection with input is read once a turn, whatever the
@@ -136,7 +137,7 @@ class StreamEndpoint(Endpoint):
                     self._backlog.pop(conn, None)
                     self._gone(conn)
                 elif conn not in self.closing.pending and self.closing.closed.pop(conn, None) is None:
-                    self._connect(conn, *peer_address(last), now_us)
+                    self._connect(conn, *peer_address(last), now.wall_us)
                     if conn in sessions and (fd := source_fd(last)) >= 0:
                         self._fds[conn], self._conn_of[fd] = fd, conn
                         if self.piped is not None:
@@ -148,7 +149,7 @@ class StreamEndpoint(Endpoint):
                 sends = self.paced.keep(conn, data)  # (served after the reads: ``serve``)
             else:
                 before = getattr(self.gateway, "received_total", 0)
-                sends = self.gateway.received(conn, data, now=now, now_us=now_us)
+                sends = self.gateway.received(conn, data, now=now)
                 # (a record a message, as every door counts them: a read of tiny PHPMQ sends or acks held ~110)
                 if (more := getattr(self.gateway, "received_total", 0) - before - 1) > 0:
                     self.budget.take(records=more)
@@ -222,27 +223,25 @@ class StreamEndpoint(Endpoint):
         self._gone(conn)
         self.closing.pending.append(conn)
 
-    def work(self, now: float, now_us: int) -> None:
+    def work(self, now: Now) -> None:
         # Deliveries a run at a time (Limits.turn_chunk), each drawn on the turn's records and their bodies
         # on its bytes: a PHPMQ consumer asking for 1,000 of 1 MiB was handed 700 MiB in one turn (a
         # second and more of the loop), and every client waited for it
         if self.piped is not None and self.unread.pending:
             self._read_back(self.piped)
         if self._conn_of and (most := self.budget.records_for(self.limits.stuck_checks_per_turn)):
-            if looked := self.stuck.check(now, most):  # (a look is two system calls: a record)
+            if looked := self.stuck.check(now.mono, most):  # (a look is two system calls: a record)
                 self.budget.take(records=looked)
         blocked = frozenset(self._backlog)
         while most := self.budget.records_for(self.limits.turn_chunk):
             most_bytes = max(self.budget.bytes_left, 1)
-            self._out += self.gateway.dispatch(
-                now=now, now_us=now_us, blocked=blocked, most=most, most_bytes=most_bytes
-            )
+            self._out += self.gateway.dispatch(now=now, blocked=blocked, most=most, most_bytes=most_bytes)
             done = self.gateway.dispatched
             self.budget.take(self.gateway.dispatched_bytes, records=done)
             if done < most:  # nothing more to hand out now (no credit, nothing ready, no room)
                 break
         if self.parts is not None and self.parts.pending:  # after the deliveries: they are not starved by it
-            self._out += self._closes(self.parts.step(self.budget, now_us))
+            self._out += self._closes(self.parts.step(self.budget, now.wall_us))
             for conn in self.parts.settled():  # (what it holds went down: its share of unfinished input)
                 if isinstance(conn, bytes) and conn in self.gateway.sessions:
                     self.connections.hold(self.name, conn, self.gateway.buffered(conn))
@@ -289,7 +288,7 @@ class StreamEndpoint(Endpoint):
     def output_waiting(self) -> bool:
         return bool(self._out)
 
-    def flush(self, now: float, now_us: int) -> None:
+    def flush(self, now: Now) -> None:
         if self.parts is not None:
             self.parts.flushed()
         if self.paced is not None:
@@ -324,7 +323,7 @@ class StreamEndpoint(Endpoint):
                     self._backlog[conn] = kept
             except zmq.ZMQError:  # gone since its bytes were read (EHOSTUNREACH)
                 self._gone(conn)
-        self.closing.send(self.sock, now)
+        self.closing.send(self.sock, now.mono)
 
     def _holding(self, fd: int) -> bool:
         conn = self._conn_of.get(fd)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgpack
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, BrokerSurface, Send
@@ -91,11 +92,11 @@ class ApiGateway:
             (key, stored_us) for stored_us, key in sorted(keys)
         )
 
-    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
-        reply = self.handle(frames, now=now, now_us=now_us, user=user)
+    def received(self, socket: str, frames: list[bytes], *, now: Now, user: str | None) -> list[Send]:
+        reply = self.handle(frames, now=now, user=user)
         return [] if reply is None else [Send(ONLY, reply)]
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset = frozenset()) -> list[Send]:
+    def dispatch(self, *, now: Now, blocked: frozenset = frozenset()) -> list[Send]:
         return []  # the API only answers
 
     def unsent(self, send: Send) -> bool:
@@ -112,7 +113,7 @@ class ApiGateway:
     def next_wake(self, now: float) -> float | None:
         return None
 
-    def handle(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[bytes] | None:
+    def handle(self, frames: list[bytes], *, now: Now, user: str | None = None) -> list[bytes] | None:
         """The reply to one request (None when it cannot be answered: no delimiter or id). ``user`` is
         the client's CURVE key (z85) when the endpoint uses CURVE: consumer groups belong to one key."""
         self.reply_waits = True  # (until a request says otherwise: see LEASE's ``durable``)
@@ -127,7 +128,7 @@ class ApiGateway:
         if isinstance(parsed, api.Rejected):
             return self._error(parsed.request, parsed.error)
         try:
-            results = self._carry_out(parsed, now, now_us, user, frames[0])
+            results = self._carry_out(parsed, now, user, frames[0])
             return None if results is LATER else api.ok(parsed, results)
         except ProtocolError as exc:
             return self._error(parsed, exc)
@@ -140,7 +141,7 @@ class ApiGateway:
             warn_bad("api", exc.code, exc.detail)
         return api.error(request, exc.code, exc.detail)
 
-    def _carry_out(self, request: api.Request, now: float, now_us: int, user: str | None, peer: bytes) -> dict:
+    def _carry_out(self, request: api.Request, now: Now, user: str | None, peer: bytes) -> dict:
         """``peer``: the caller's routing identity, its connection (a group it makes counts against its
         key's share with CURVE, else against the connection's)."""
         a, leases = request.args, self.leases
@@ -152,21 +153,19 @@ class ApiGateway:
             if len(messages) == 1 and self.parts.big(len(messages[0][1])):
                 return self._produce_big(request, messages[0], peer, owner)
             # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
-            return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now_us, owner)
+            return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now.wall_us, owner)
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
             return {"base": base, "end": end}
         if request.command == "LEASE":
             self.reply_waits = a.get("durable", 1) != 0  # (0: its leases become durable with a later commit)
-            base, end = leases.lease(
-                a["queue"], a["group"], a["after"], a["max"], now=now, now_us=now_us, user=user, client=peer
-            )
+            base, end = leases.lease(a["queue"], a["group"], a["after"], a["max"], now=now, user=user, client=peer)
             return {"base": base, "end": end}
         if request.command == "FETCH":
-            return self._fetch(a, now_us, user)
+            return self._fetch(a, now.wall_us, user)
         if request.command == "ACK_UPTO":
-            return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now_us, user=user)}
+            return {"base": leases.ack_upto(a["queue"], a["group"], a["upto"], now_us=now.wall_us, user=user)}
         if request.command == "INFO":
             info = self.broker.queues.info(a["queue"])
             if info is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from pzq.clock import Now
 from pzq.store import Message, QueueInfo, Upload
 
 Ref = tuple[int, int]  # (queue id, seq): names a message across the store and the in-flight table
@@ -45,7 +46,7 @@ ONLY = ""  # the socket of an endpoint that has one
 class Gateway(Protocol):
     """What every gateway offers the endpoint that feeds it."""
 
-    def dispatch(self, *, now: float, now_us: int, blocked: frozenset[Hashable]) -> list[Send]:
+    def dispatch(self, *, now: Now, blocked: frozenset[Hashable]) -> list[Send]:
         """What the turn sends besides direct answers: deliveries, heartbeats, scheduled work.
         ``blocked`` peers read too slowly: hand them nothing more now."""
         ...
@@ -88,7 +89,7 @@ class Gateway(Protocol):
 class FramesGateway(Gateway, Protocol):
     """A gateway on ZeroMQ sockets: whole messages of frames, routing frame first."""
 
-    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+    def received(self, socket: str, frames: list[bytes], *, now: Now, user: str | None) -> list[Send]:
         """One message from ``socket``; ``user`` is the peer's CURVE key (z85) when it has one."""
         ...
 
@@ -124,13 +125,12 @@ class StreamGateway(Gateway, Protocol):
         nothing is cut only after they went back: pzq/endpoints/stuck.py)."""
         ...
 
-    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]: ...
+    def received(self, conn: bytes, data: bytes, *, now: Now) -> list[Send]: ...
 
     def dispatch(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         blocked: frozenset[Hashable],
         most: int | None = None,
         most_bytes: int | None = None,
@@ -196,7 +196,7 @@ class PacedGateway(StreamGateway, Protocol):
         """True while requests wait to be served."""
         ...
 
-    def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
+    def serve(self, *, now: Now, budget: Budget) -> list[Send]:
         """Serve the waiting requests while ``budget`` lasts: one of each connection in turn, each
         connection's in order; the connection whose turn it was when the budget ran out goes first next."""
         ...
@@ -343,8 +343,7 @@ class BrokerSurface(Protocol):
         n: int,
         consumer: Hashable,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         timeout_s: float | None = None,
         max_bytes: int | None = None,
         payer: Hashable = None,
@@ -355,8 +354,7 @@ class BrokerSurface(Protocol):
         n: int,
         consumer: Hashable,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         max_bytes: int | None = None,
         payer: Hashable = None,
     ) -> Columns: ...

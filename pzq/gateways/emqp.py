@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways import emqp_views
@@ -126,7 +127,7 @@ class EmqpGateway:
 
     # -- clients ----------------------------------------------------------------------------------
 
-    def from_client(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
+    def from_client(self, frames: list[bytes], *, now: Now, user: str | None = None) -> list[Send]:
         """A command from a client; ``user`` is its CURVE key (z85) when the frontend uses CURVE."""
         big = self.requests.big_payload(frames)  # (a big REQUEST's: checked a part at a time)
         try:
@@ -153,18 +154,18 @@ class EmqpGateway:
                 return []
             return [Send(FRONT, [cmd.peer, *emqp.error_reply(self.new_id(), why, cmd.msgid)])]
         if cmd.name == "REQUEST":
-            return self.requests.request(cmd, frames[-1], now_us, checked=big is None)
+            return self.requests.request(cmd, frames[-1], now.wall_us, checked=big is None)
         if cmd.name == "INFORM":  # a scheduler introducing itself
             if cmd.args and cmd.args[-1] == "scheduler":
                 most = self.limits.max_schedulers
                 if cmd.peer not in self.schedulers and len(self.schedulers) >= most:
                     self._bad(cmd.peer, ProtocolError("too-many-schedulers", f"at most {most} schedulers"))
                     return []
-                self.schedulers[cmd.peer] = now
+                self.schedulers[cmd.peer] = now.mono
             return [Send(FRONT, [cmd.peer, *emqp.ack(self.new_id(), cmd.msgid)])]
         if cmd.name == "HEARTBEAT":
             if cmd.peer in self.schedulers:
-                self.schedulers[cmd.peer] = now
+                self.schedulers[cmd.peer] = now.mono
             return []
         if cmd.name == "PUBLISH":
             if self.publish:  # (its bytes are charged to its publisher while libzmq holds them: the token)
@@ -182,7 +183,7 @@ class EmqpGateway:
                 )
             ]
         elif cmd.name == "SCHEDULE":  # (a share per CURVE key, else per peer: its routing identity)
-            return self._schedule(cmd, now_us, user or cmd.peer)
+            return self._schedule(cmd, now.wall_us, user or cmd.peer)
         elif cmd.name == "UNSCHEDULE":
             payload = cmd.args[3] if len(cmd.args) > 3 else ""
             self.scheduler.remove(payload)
@@ -216,18 +217,16 @@ class EmqpGateway:
         how many ran. Due ones left over make ``next_wake`` say now."""
         return self.scheduler.run(now_us)
 
-    def received(self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None) -> list[Send]:
+    def received(self, socket: str, frames: list[bytes], *, now: Now, user: str | None) -> list[Send]:
         if socket == BACK:
-            return self.from_worker(frames, now=now, now_us=now_us, user=user)
-        return self.from_client(frames, now=now, now_us=now_us, user=user)
+            return self.from_worker(frames, now=now, user=user)
+        return self.from_client(frames, now=now, user=user)
 
-    def dispatch(
-        self, *, now: float, now_us: int, blocked: frozenset = frozenset(), most: int | None = None
-    ) -> list[Send]:
+    def dispatch(self, *, now: Now, blocked: frozenset = frozenset(), most: int | None = None) -> list[Send]:
         """Due schedules run, heartbeats, and jobs for free workers, ``most`` at most (None: every free
         slot), none for the ``blocked`` ones (their pipes hold jobs kept for them: pzq/endpoints/emqp_kept.py)."""
-        self.run_schedules(now_us)
-        return self.tick(now) + self.hand_out(now=now, now_us=now_us, most=most, blocked=blocked)
+        self.run_schedules(now.wall_us)
+        return self.tick(now.mono) + self.hand_out(now=now, most=most, blocked=blocked)
 
     def unsent(self, send: Send) -> bool:
         """True: a job its worker's pipe could not take is kept for it (it asked for it with READY), and
@@ -289,12 +288,12 @@ class EmqpGateway:
 
     # -- workers ----------------------------------------------------------------------------------
 
-    def from_worker(self, frames: list[bytes], *, now: float, now_us: int, user: str | None = None) -> list[Send]:
+    def from_worker(self, frames: list[bytes], *, now: Now, user: str | None = None) -> list[Send]:
         """A command from a worker; ``user`` is its CURVE public key (z85) when the backend uses CURVE."""
         cmd = self._parse(frames)
         if cmd is None:
             return []
-        return self.roster.command(cmd, now=now, user=user)
+        return self.roster.command(cmd, now=now.mono, user=user)
 
     def revoke(self, users: set[str]) -> int:
         """Drop every worker that authenticated with one of these (revoked) CURVE keys; returns how many."""
@@ -310,15 +309,14 @@ class EmqpGateway:
     def hand_out(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         most: int | None = None,
         blocked: frozenset = frozenset(),
         most_bytes: int | None = None,
     ) -> list[Send]:
         """Give jobs to workers with free slots, heaviest queue first, least recently served first
         (``most`` at most, none to the ``blocked``, payloads up to ``most_bytes``: see Roster.hand_out)."""
-        return self.roster.hand_out(now=now, now_us=now_us, most=most, blocked=blocked, most_bytes=most_bytes)
+        return self.roster.hand_out(now=now, most=most, blocked=blocked, most_bytes=most_bytes)
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeat every worker and scheduler daemon each interval; drop the ones silent for

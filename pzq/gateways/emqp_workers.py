@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.contract import BrokerSurface, Ref, Send
@@ -310,8 +311,7 @@ class Roster:
     def hand_out(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         most: int | None = None,
         blocked: frozenset = frozenset(),
         most_bytes: int | None = None,
@@ -331,7 +331,7 @@ class Roster:
             while worker.slots > 0 and not worker.draining:
                 if most is not None and len(out) >= most or most_bytes is not None and out and size >= most_bytes:
                     return out
-                job = self._take_for(worker, now, now_us)
+                job = self._take_for(worker, now)
                 if job is None:
                     break
                 out.append(job)
@@ -340,17 +340,17 @@ class Roster:
                 self.workers[worker.identity] = self.workers.pop(worker.identity)  # to the back of the line
         return out
 
-    def _take_for(self, worker: Worker, now: float, now_us: int) -> Send | None:
+    def _take_for(self, worker: Worker, now: Now) -> Send | None:
         for _, queue in worker.queues:
             if self.broker.ready_count(queue) <= 0:
                 continue
-            taken = self.broker.take(queue, 1, worker.consumer, now=now, now_us=now_us, timeout_s=NO_TIMEOUT_S)
+            taken = self.broker.take(queue, 1, worker.consumer, now=now, timeout_s=NO_TIMEOUT_S)
             if not taken:
                 continue
             message = taken[0]
             meta = message.meta or {}
             if meta.get("timeout"):
-                deadline = now + meta["timeout"] + TIMEOUT_GRACE_S
+                deadline = now.mono + meta["timeout"] + TIMEOUT_GRACE_S
                 self.broker.deliveries.hold((message.qid, message.seq), worker.consumer, deadline)
             msgid, send = job_request(message, queue, worker.identity, worker.consumer)
             # Durable with the turn's commit, before the job leaves: a REPLY after a restart completes it.

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.gateways import mqks_rights
@@ -192,10 +193,10 @@ class MqksGateway:
         """Connections consuming a queue their network may no longer consume (SIGHUP): to be closed."""
         return mqks_rights.narrowed(self.rights, self.consumers, self.bindings)
 
-    def received(self, conn: bytes, data: bytes, *, now: float, now_us: int) -> list[Send]:
+    def received(self, conn: bytes, data: bytes, *, now: Now) -> list[Send]:
         """Bytes, and the answers to every waiting line (tests; the endpoint calls ``keep``, ``serve``)."""
         sends = self.keep(conn, data)
-        return sends if sends and sends[-1].close else sends + self.serve(now=now, now_us=now_us, budget=UNBOUNDED)
+        return sends if sends and sends[-1].close else sends + self.serve(now=now, budget=UNBOUNDED)
 
     def keep(self, conn: bytes, data: bytes) -> list[Send]:
         """Bytes from a connection: its whole lines wait for ``serve``; an endless line closes it."""
@@ -231,7 +232,7 @@ class MqksGateway:
         served, self._served = self._served, set()
         return served
 
-    def serve(self, *, now: float, now_us: int, budget: Budget) -> list[Send]:
+    def serve(self, *, now: Now, budget: Budget) -> list[Send]:
         """Serve while ``budget`` lasts, the connection whose requests have cost least first
         (mqks_lines.py), a slice of its turn at a time: output held behind a notice (while it has room),
         else its request in slices or its next line; asked between requests and slices, so each request
@@ -257,9 +258,9 @@ class MqksGateway:
                     self.outbox.drain(conn, session, budget, self.bindings.get, self._registered)
                     self._served.add(conn)  # (what it holds back went down: buffered)
                 elif session.job is not None:
-                    self._step(conn, session, budget, now_us)
+                    self._step(conn, session, budget, now.wall_us)
                 else:
-                    self._serve_line(conn, session, now_us, budget)
+                    self._serve_line(conn, session, now.wall_us, budget)
             finally:
                 self.turns.charge(session, time.perf_counter() - began)
                 session.queued = False
@@ -329,8 +330,7 @@ class MqksGateway:
     def dispatch(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         blocked: frozenset = frozenset(),
         most: int | None = None,
         most_bytes: int | None = None,
@@ -339,12 +339,12 @@ class MqksGateway:
         ``most_bytes`` of bodies at most: ``dispatched``, ``dispatched_bytes`` say what went; a call again
         in the same turn goes on from there); and queues unused for long enough go. ``blocked``
         connections read too slowly, and those with output held back wait for it: no deliveries now."""
-        self.outbox.retry(now)  # (those without room looked at again now and then: an ack timeout, the bound)
-        self.requests.expire_unused(now)
+        self.outbox.retry(now.mono)  # (those without room looked at again now and then: an ack timeout, the bound)
+        self.requests.expire_unused(now.mono)
         self.consumers.put_back(most)  # (a call's share when the turn is cut in calls: see most)
         held = frozenset(self.outbox.holders())
         deliveries = self.consumers.deliver(
-            now=now, now_us=now_us, blocked=blocked | held if held else blocked, most=most, most_bytes=most_bytes
+            now=now, blocked=blocked | held if held else blocked, most=most, most_bytes=most_bytes
         )
         self.dispatched = len(deliveries)
         self.dispatched_bytes = sum(len(send.frames[-1]) for send in deliveries)

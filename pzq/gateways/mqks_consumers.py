@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from pzq.clock import Now
 from pzq.config import Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.contract import ONLY, BrokerSurface, Ref, Send
@@ -184,7 +185,7 @@ class Consumers:
     # -- handing out -------------------------------------------------------------------------------
 
     def deliver(
-        self, *, now: float, now_us: int, blocked: frozenset, most: int | None = None, most_bytes: int | None = None
+        self, *, now: Now, blocked: frozenset, most: int | None = None, most_bytes: int | None = None
     ) -> list[Send]:
         """This turn's deliveries: competing consumers of a queue split what is ready and take turns
         at its head; ``blocked`` connections read too slowly and get nothing now. At most ``most`` of
@@ -207,7 +208,7 @@ class Consumers:
             for consumer in list(consumers):
                 if consumer.conn not in blocked and left[0] > 0 and left[1] > 0:
                     budget = min(share, self.limits.mqks_turn_budget, left[0])
-                    self._deliver(consumer, budget, now, now_us, conn_held, out, left)
+                    self._deliver(consumer, budget, now, conn_held, out, left)
             if len(consumers) > 1:
                 consumers.append(consumers.pop(0))
         else:
@@ -239,8 +240,7 @@ class Consumers:
         self,
         consumer: Consumer,
         budget: int,
-        now: float,
-        now_us: int,
+        now: Now,
         conn_held: dict[bytes, int],
         out: list[Send],
         left: list[int],
@@ -254,7 +254,6 @@ class Consumers:
             credit,
             consumer.key,
             now=now,
-            now_us=now_us,
             payer=("mqks", consumer.conn),
             max_bytes=max(left[1], 1),
         )

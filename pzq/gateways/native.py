@@ -11,8 +11,8 @@ Inputs and outputs are runs: ``received_many`` takes every message a socket gave
 run is stored by gateways/native_produce.py (one ``produce_many`` call, acknowledged in the order the
 messages came; batched frames and big messages there too); a consumer's run of acks is settled by
 ``ack_many``; ``dispatch`` hands out one ``take`` of as many as the credit allows. This module is the
-consumers' side and the gateway's face. Nothing here touches a socket or reads a clock: ``now`` and
-``now_us`` are passed in, and every ``Send`` leaves only after the turn's commit.
+consumers' side and the gateway's face. Nothing here touches a socket or reads a clock: the turn's
+``Now`` is passed in, and every ``Send`` leaves only after the turn's commit.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.credit import NativeCredit
 from pzq.gateways.contract import BrokerSurface, Ref, Send
@@ -84,19 +85,17 @@ class NativeGateway:
 
     # -- what arrives ----------------------------------------------------------------------------
 
-    def received(
-        self, socket: str, frames: list[bytes], *, now: float, now_us: int, user: str | None = None
-    ) -> list[Send]:
+    def received(self, socket: str, frames: list[bytes], *, now: Now, user: str | None = None) -> list[Send]:
         """One message from ``socket`` (a run of one); ``user`` is not needed by this protocol."""
-        return self.received_many(socket, [frames], now=now, now_us=now_us)
+        return self.received_many(socket, [frames], now=now)
 
-    def received_many(self, socket: str, messages: Sequence[list[bytes]], *, now: float, now_us: int) -> list[Send]:
+    def received_many(self, socket: str, messages: Sequence[list[bytes]], *, now: Now) -> list[Send]:
         """A run of messages from ``socket``, in the order they came: what to answer (producers' acks,
         in that order; consumers' answers need none). Raises StoreError when the store failed: the
         turn is rolled back, and ``rolled_back`` then answers every producer of the run."""
         if socket == RECEIVE:
-            return self.producers.received(messages, now_us)
-        self._answers(messages, now)
+            return self.producers.received(messages, now.wall_us)
+        self._answers(messages, now.mono)
         return []
 
     def received_big(self, frames: list[bytes], *, chunk: int, most: int, now_us: int) -> list[Send] | None:
@@ -178,8 +177,7 @@ class NativeGateway:
     def dispatch(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         blocked: frozenset[Hashable] = frozenset(),
         most: int | None = None,
         most_bytes: int | None = None,
@@ -197,7 +195,7 @@ class NativeGateway:
             self.broker.take_back_many(overdue, by=CONSUMER)
             self.taken_back_total += len(overdue)
             # (a consumer that acks late takes this path every turn: one line per TAKE_BACK_LOG_S)
-            if now >= self._take_back_logged + TAKE_BACK_LOG_S:
+            if now.mono >= self._take_back_logged + TAKE_BACK_LOG_S:
                 log.warning(
                     "native consumers hold %d unacknowledged deliveries together (the most is %d): the "
                     "oldest went back to the queue early (%d in all so far)",
@@ -205,10 +203,10 @@ class NativeGateway:
                     self.credit.cap,
                     self.taken_back_total,
                 )
-                self._take_back_logged = now
+                self._take_back_logged = now.mono
             if most is not None and len(overdue) >= most:
                 return []  # (this call's work is done: what else is overdue, and the deliveries, come next)
-        credit, room = self._available(now), self.pool.room()
+        credit, room = self._available(now.mono), self.pool.room()
         if credit <= 0 or room <= 0 or SEND in blocked:
             return []
         if most is not None:
@@ -221,7 +219,6 @@ class NativeGateway:
             credit,
             CONSUMER,
             now=now,
-            now_us=now_us,
             max_bytes=room if most_bytes is None else min(room, most_bytes),
             payer=self.pool.payer,
         )
@@ -230,8 +227,8 @@ class NativeGateway:
             self._stalled_at = readiness
             return []
         # native.delivery's frames, built inline: the two numbers once per run, the key from the ref
-        head, make = [b"%d" % now_us, b"%d" % self.ack_timeout_us, b""], Send._make
-        self.credit.sent_many(taken.refs, now)
+        head, make = [b"%d" % now.wall_us, b"%d" % self.ack_timeout_us, b""], Send._make
+        self.credit.sent_many(taken.refs, now.mono)
         out = [
             # (the key: native.message_key)
             make((SEND, [b"%016d|%016x%016x" % (enqueued_us, *ref), *head, *frames], ref, False))

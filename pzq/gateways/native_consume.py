@@ -13,7 +13,7 @@ draws every batch on the turn's budget.
 Who is known, their slots per CURVE key, their connections and their silence are the table's
 (gateways/native_consumers.py); this module serves them: commands in, answers and batches out.
 
-Pure: no sockets, no clock (``now`` and ``now_us`` are handed in). Every answer is sent after the
+Pure: no sockets, no clock (the turn's ``Now`` is handed in). Every answer is sent after the
 turn's commit, so SETTLED means durably settled.
 """
 
@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError
 from pzq.gateways.contract import BrokerSurface, Columns, Ref
@@ -165,8 +166,7 @@ class BatchConsumeGateway:
     def dispatch(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         most: int,
         blocked: Callable[[bytes], bool],
         most_bytes: int = 1 << 62,
@@ -195,7 +195,7 @@ class BatchConsumeGateway:
             readiness = self.broker.readiness  # (as the take began: a take cut short raises it)
             # (one DELIVER's bytes a turn of the ring; the take stops at the consumer's byte share)
             taken = self.broker.take_columns(
-                self.queue, n, consumer.holder, now=now, now_us=now_us, max_bytes=self.limits.consume_batch_bytes
+                self.queue, n, consumer.holder, now=now, max_bytes=self.limits.consume_batch_bytes
             )
             if not taken.refs and self.broker.ready_count(self.queue) > 0:  # (no room in its share: the others' turn)
                 self._ring.append(consumer)
@@ -214,7 +214,7 @@ class BatchConsumeGateway:
                 consumer.ringed = False
             self.dispatched += got
             self.delivered_total += got
-            out += self._batches(peer, taken, now_us)
+            out += self._batches(peer, taken, now.wall_us)
         return out
 
     def _batches(self, peer: bytes, taken: Columns, now_us: int) -> list[Out]:

@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.gateways.contract import ONLY, BrokerSurface, Send
@@ -154,7 +155,7 @@ class PhpmqGateway:
     def next_wake(self, now: float) -> float | None:
         return None
 
-    def received(self, conn: bytes, data: bytes, *, now: float = 0.0, now_us: int) -> list[Send]:
+    def received(self, conn: bytes, data: bytes, *, now: Now) -> list[Send]:
         """Apply every whole message in ``data``; garbage closes the connection."""
         session = self.sessions.get(conn)
         if session is None:  # bytes still queued from a connection closed for garbage: drop them
@@ -164,7 +165,7 @@ class PhpmqGateway:
                 self.received_total += 1
                 if self.forced is None and phpmq.speaks_current(message):
                     session.dialect = phpmq.Dialect.CURRENT
-                closing = self._apply(session, message, now_us)
+                closing = self._apply(session, message, now.wall_us)
                 if closing:  # (its send was refused: what followed it is not applied)
                     return closing
             if session.decoder.broken is not None:  # garbage after the whole messages just applied
@@ -256,8 +257,7 @@ class PhpmqGateway:
     def dispatch(
         self,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         blocked: frozenset = frozenset(),
         most: int | None = None,
         most_bytes: int | None = None,
@@ -282,7 +282,7 @@ class PhpmqGateway:
             credit = min(session.count - held, left)
             if credit <= 0 or self.broker.ready_count(session.queue) <= 0:
                 continue
-            taken = self.broker.take(session.queue, credit, session.consumer, now=now, now_us=now_us, max_bytes=room)
+            taken = self.broker.take(session.queue, credit, session.consumer, now=now, max_bytes=room)
             if taken:  # (a queue it got messages of; named at a CONSUME, a million names would be kept)
                 if not held:
                     session.consumed.clear()
@@ -290,7 +290,7 @@ class PhpmqGateway:
             left -= len(taken)
             for message in taken:
                 # Whole seconds left, rounded up and at least 1: "0" would tell the client "never".
-                ttl_left = max(1, -(-(message.expires_us - now_us) // 1_000_000)) if message.expires_us else 0
+                ttl_left = max(1, -(-(message.expires_us - now.wall_us) // 1_000_000)) if message.expires_us else 0
                 body = message.frames[0] if len(message.frames) == 1 else b"".join(message.frames)
                 room -= len(body)
                 data = phpmq.encode_dispatch(message.queue, body, message.id, ttl_left, session.dialect)

@@ -8,6 +8,7 @@ import time
 from typing import Literal, overload
 
 from pzq.broker import Broker, continues
+from pzq.clock import Now
 from pzq.config import DEFAULT_LIMITS, ClientShares, Limits
 from pzq.errors import ProtocolError, StoreFull
 from pzq.leases.returns import UNBOUNDED_RECORDS, Group, LeaseReturns, TurnRecords
@@ -176,8 +177,7 @@ class Leases(LeaseReturns):
         after: int,
         max_n: int,
         *,
-        now: float,
-        now_us: int,
+        now: Now,
         user: str | None = None,
         client: object = None,
     ) -> tuple[int, int]:
@@ -194,7 +194,7 @@ class Leases(LeaseReturns):
             raise ProtocolError(
                 "bad-offset", f"group {name!r} of {queue!r} never leased up to {after} (its leases end at {group.end})"
             )
-        self._touch(group, now_us)
+        self._touch(group, now.wall_us)
         # Below base is acknowledged or expired: a reader that starts there simply reads on from base.
         target = max(after, group.base) + max_n
         if group.end < target:
@@ -205,7 +205,7 @@ class Leases(LeaseReturns):
             tail = group.tail if group.tail is not None and group.tail[0] + group.tail[2] == group.end else None
             while wanted > 0:
                 chunk = self.broker.take_ranges(
-                    queue, min(wanted, self.limits.lease_chunk), group.holder, now_us=now_us
+                    queue, min(wanted, self.limits.lease_chunk), group.holder, now_us=now.wall_us
                 )
                 if not chunk:
                     break

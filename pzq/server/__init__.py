@@ -1,7 +1,8 @@
 """The server: one thread, one poller, one loop; the endpoint adapters (pzq/endpoints) own the sockets.
 
 Each turn of the loop:
-  1. polls every socket, with a timeout that ends at the next deadline (never a busy loop);
+  1. polls every socket, with a timeout that ends at the next deadline (never a busy loop), then reads
+     the clocks once: the turn's ``Now`` (pzq/clock.py), handed to every step below;
   2. lets each endpoint read what arrived (bounded per socket, so one busy peer cannot starve the
      others) and feed it to its protocol codec, gateway and the broker;
   3. requeues expired deliveries and leases, and lets each endpoint pick what to send;

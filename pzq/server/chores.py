@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from pzq.clock import Now
 from pzq.endpoints.base import TurnBudget
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 TICK_S = 1.0  # housekeeping (rates, lease expiry); idle wake-ups are at most this frequent
 
-Task = Callable[[dict, float, int], None]  # (ready sockets, monotonic s, wall µs)
+Task = Callable[[dict, Now], None]  # (ready sockets, the turn's Now)
 
 
 class Chores:
@@ -28,7 +29,7 @@ class Chores:
     ``each_second`` is the server's part of the tick (metrics, the console's process)."""
 
     def __init__(
-        self, broker: Broker, leases: Leases, admin: Admin, limits: Limits, each_second: Callable[[float, int], None]
+        self, broker: Broker, leases: Leases, admin: Admin, limits: Limits, each_second: Callable[[Now], None]
     ):
         self.broker = broker
         self.leases = leases
@@ -47,47 +48,47 @@ class Chores:
 
     @staticmethod
     def _reader(endpoint: Endpoint) -> Task:
-        return lambda ready, now, now_us: endpoint.read(ready, now, now_us)
+        return lambda ready, now: endpoint.read(ready, now)
 
     def _worker(self, endpoint: Endpoint) -> Task:
-        def work(ready: dict, now: float, now_us: int) -> None:
-            endpoint.work(now, now_us)
+        def work(ready: dict, now: Now) -> None:
+            endpoint.work(now)
             self.budget.take()
 
         return work
 
-    def lease_work(self, ready: dict, now: float, now_us: int) -> None:
+    def lease_work(self, ready: dict, now: Now) -> None:
         if self.leases.pending:  # (a share per turn of big acks, expiries, within the turn's records)
             share = self.leases.share_left()
             most = min(share, self.budget.records_for(share))
-            self.leases.work(now_us, most)
+            self.leases.work(now.wall_us, most)
             self.budget.take(records=most)
 
-    def expire(self, ready: dict, now: float, now_us: int) -> None:
+    def expire(self, ready: dict, now: Now) -> None:
         # (what comes back raises the broker's readiness; the rest next turn: next_deadline is then due)
-        expired = self.broker.expire(now, self.budget.records_for(self.limits.turn_records))
+        expired = self.broker.expire(now.mono, self.budget.records_for(self.limits.turn_records))
         self.budget.take(records=expired)
 
-    def sweep(self, ready: dict, now: float, now_us: int) -> None:
+    def sweep(self, ready: dict, now: Now) -> None:
         """Queues made by clients' requests that stayed unused for --implicit-queue-ttl go (a share a turn)."""
         due = self.broker.next_sweep()
-        if due is not None and now >= due:
-            self.broker.sweep_implicit(now, self.budget.deadline)
+        if due is not None and now.mono >= due:
+            self.broker.sweep_implicit(now.mono, self.budget.deadline)
             self.budget.take()
 
-    def drop_work(self, ready: dict, now: float, now_us: int) -> None:
+    def drop_work(self, ready: dict, now: Now) -> None:
         """Records of deleted queues (MQKS delete_queue) go, within the turn's records and clock."""
         if self.broker.dropping:
             most = self.budget.records_for(self.limits.turn_records)
             self.budget.take(records=max(1, self.broker.drop_work(most, self.budget.deadline)))
 
-    def tick(self, ready: dict, now: float, now_us: int) -> None:
+    def tick(self, ready: dict, now: Now) -> None:
         """Once a second: expired leases, the admin's rates, the events' interval, then the server's part."""
-        if now < self.next_tick:
+        if now.mono < self.next_tick:
             return
-        self.leases.mark_expired(now_us)
-        self.admin.tick(now)
-        self.broker.events.tick(now)
-        self.next_tick = now + TICK_S
-        self.each_second(now, now_us)
+        self.leases.mark_expired(now.wall_us)
+        self.admin.tick(now.mono)
+        self.broker.events.tick(now.mono)
+        self.next_tick = now.mono + TICK_S
+        self.each_second(now)
         self.budget.take()

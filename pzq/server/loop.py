@@ -16,6 +16,7 @@ import zmq
 
 from pzq.admin import Admin
 from pzq.broker import Broker
+from pzq.clock import Now
 from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, TurnBudget
 from pzq.endpoints.connwatch import ConnectionWatch
@@ -224,7 +225,7 @@ class Server(Reloading):
                     log.exception("SIGHUP: reload failed; the server goes on with its settings")
             try:
                 self._turn(self._poll_timeout_ms())
-                collector.turn_ends(time.monotonic())
+                collector.turn_ends(time.monotonic())  # (the turn's end, not its Now: what the turn took counts)
                 failed = 0
             except SyncLost as exc:  # (what waited for that commit is never sent: start again from the disk)
                 log.critical("%s; stopping: a restart starts again from what is on disk", exc)
@@ -241,7 +242,7 @@ class Server(Reloading):
                     raise
         self._commits.finish(self.endpoints)  # (the last turn's answers: synced and sent before the sockets close)
         for endpoint in self.endpoints:
-            endpoint.flush(time.monotonic(), time.time_ns() // 1000)
+            endpoint.flush(Now.read())  # (after the last turn: its own moment)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -259,7 +260,7 @@ class Server(Reloading):
         if self.leases.pending or draining() or self._behind or self.broker.dropping:
             return 0  # the next share at once: acknowledged runs to delete or expired ones to return, or
             # the rest of an oversized message to drain
-        now = time.monotonic()
+        now = time.monotonic()  # (between turns, not the last turn's Now: the wait is measured from here)
         wake = min(self._chores.next_tick, now + self.config.reaper_frequency)
         for deadline in (self.broker.next_deadline(), self.broker.next_sweep()):
             if deadline is not None:
@@ -275,14 +276,14 @@ class Server(Reloading):
             wake = min(wake, self._next_watchdog)
         return max(0, int((wake - now) * 1000 + 0.999))
 
-    def _each_second(self, now: float, now_us: int) -> None:
+    def _each_second(self, now: Now) -> None:
         """The tick's part that is the server's: the metrics' figures, the console's process."""
         if self.metrics is not None:
             oldest = self.admin.oldest  # (the head messages' ages, read by its tick)
             stats, per_queue = self.stats(), self.broker.queue_counts()
             self.metrics.update(stats, oldest, per_queue)
         if self.console is not None:
-            self.console.check(now)  # (one waitpid(WNOHANG); a restart when its wait is over)
+            self.console.check(now.mono)  # (one waitpid(WNOHANG); a restart when its wait is over)
 
     def _turn(self, timeout_ms: int) -> None:
         """One turn. Its work before the commit draws on one ``TurnBudget`` (a clock deadline and the
@@ -293,7 +294,7 @@ class Server(Reloading):
         for endpoint in self.endpoints:
             endpoint.before_poll(self.poller)
         ready = dict(self.poller.poll(timeout_ms))
-        now, now_us = time.monotonic(), time.time_ns() // 1000
+        now = Now.read()  # (one value for every endpoint, gateway and chore of the turn: pzq/clock.py)
         if self._wake_r in ready:
             drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
@@ -316,7 +317,7 @@ class Server(Reloading):
                 if budget.spent():  # the rest (from this task on) goes first next turn
                     self._first_task, self._behind = (first + i) % len(tasks), True
                     break
-                tasks[(first + i) % len(tasks)](ready, now, now_us)
+                tasks[(first + i) % len(tasks)](ready, now)
             if not self._behind and budget.spent():  # every task ran, the last (a reader cut short) spent it:
                 # the rotation goes on where it stopped, or that task got the next turn too (an eMQP hop a turn more)
                 self._first_task, self._behind = first, True
@@ -324,7 +325,7 @@ class Server(Reloading):
                 self._behind = True
             # New messages are made durable at once, whether or not their protocol acks them.
             wrote = self._commits.commit_if_due(
-                now, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
+                now.mono, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
             )
         except StoreError as exc:
             if isinstance(exc, SyncLost):  # (a commit or sync failed with a meta page not on disk)
@@ -337,12 +338,12 @@ class Server(Reloading):
         # (after a rolled-back turn too: what earlier turns hold must not wait for a commit that fails)
         self._commits.end_turn(self.endpoints, wrote, self._idle)
         for endpoint in self.endpoints:
-            endpoint.flush(now, now_us)
+            endpoint.flush(now)
         if self._sockets.pending:
             self._sockets.bind_pending()
-        if self.notifier.watchdog_s and now >= self._next_watchdog:  # a loop that hangs stops pinging
+        if self.notifier.watchdog_s and now.mono >= self._next_watchdog:  # a loop that hangs stops pinging
             self.notifier.watchdog()
-            self._next_watchdog = now + self.notifier.watchdog_s / 2
+            self._next_watchdog = now.mono + self.notifier.watchdog_s / 2
 
     def _measure_memory(self) -> None:
         """The memory bound: add up what every endpoint holds; while the alarm is raised, the broker
