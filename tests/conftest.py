@@ -4,6 +4,7 @@ real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import secrets
 import selectors
@@ -20,7 +21,8 @@ import zmq
 
 from pzq import config
 from pzq.clients import native as client
-from pzq.server import Server
+from pzq.server import Server, loop
+from pzq.server.collector import Collector
 from pzq.store import Store
 
 import session_guard
@@ -52,6 +54,26 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
     )  # (pytest keeps its temp dirs: no reserve file in each; tests of it ask)
     values.update(overrides)
     return config.Config(**values).validate()
+
+
+class InProcessCollector(Collector):
+    """The server's garbage-collector rule, less its start-up walks, for a server in the test process.
+
+    At start the real one walks every object twice (collect, then unfreeze, collect and freeze) to free
+    start-up's garbage and weigh a frozen object; in a test process that is pytest's heap and every
+    earlier test's, 60-80 ms of CPU a server (measured, 58,000 objects), paid by each of the fast tier's
+    hundreds of in-process servers. The rest of the rule (freeze what a full collection leaves, a whole
+    walk when due, unfreeze at stop) is the server's own. The rule itself is tested on its own
+    (tests/test_turn_length.py, tests/test_collector.py) and in every subprocess server."""
+
+    def start(self, now: float) -> None:
+        gc.freeze()  # (as the real one leaves it, uncollected: splicing lists, no walk)
+        self._next_whole = now + self.whole_s
+        if self._collected not in gc.callbacks:
+            gc.callbacks.append(self._collected)
+
+
+loop.Collector = InProcessCollector  # (every Server made in this process: run() makes its collector)
 
 
 class ThreadServer:
