@@ -120,6 +120,11 @@ class ThreadServer:
     def stats(self) -> dict:
         return client.stats(self.monitor)
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server's loop thread has used: what its work cost, however busy the machine
+        (a wall-clock bound fails when other processes take the cores)."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+
     def stop(self) -> None:
         if self._thread.is_alive():
             self.server.stop()
