@@ -35,7 +35,7 @@ def oversized(package: Path) -> list[str]:
             continue
         if (lines := len(source_files.text(file).splitlines())) > MAX_LINES:
             found.append(f"{relative}: {lines} lines")
-        for node in ast.walk(source_files.parsed(file)):
+        for node in source_files.statements(file):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 if (length := (node.end_lineno or node.lineno) - first + 1) > MAX_FUNCTION:
@@ -66,7 +66,7 @@ def private_imports(package: Path) -> list[str]:
     found = []
     for file in sorted(package.rglob("*.py")):
         relative = file.relative_to(package.parent).as_posix()
-        for node in ast.walk(source_files.parsed(file)):
+        for node in source_files.statements(file):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == package.name):
                 names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 found += [f"{relative}:{node.lineno} imports {name} from {node.module}" for name in names]
