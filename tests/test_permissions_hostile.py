@@ -124,7 +124,7 @@ def test_a_peer_gets_the_most_specific_network_holding_it_whatever_the_versions_
     def one_by_one(ip) -> str:  # what the rules mean: the first of the most specific first
         return next((label for n, label, _ in rules.networks if n.version == ip.version and ip in n), "default")
 
-    for _ in range(5000):
+    for _ in range(2000):  # (6,000 addresses, v4 and v6, against 300 networks in a few /16s)
         v4 = f"10.{rng.randint(0, 3)}.{rng.randint(0, 3)}.{rng.randint(0, 255)}"
         v6 = f"fd00::{rng.randint(0, 3):x}:{rng.randint(0, 65535):x}"
         for address, ip in ((f"{v4}:5", v4), (f"[::ffff:{v4}]:5", v4), (f"[{v6}]:5", v6)):
