@@ -86,7 +86,9 @@ class ThreadServer:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        if not self._ready.wait(10):
+        # (a bound for a hang, not a speed: a start that reads 20,000 networks took over 10 s beside a
+        # busy core; the thread reports a failed start at once)
+        if not self._ready.wait(60):
             raise RuntimeError("server did not start")
         if self._error:
             raise self._error
@@ -128,7 +130,7 @@ class ThreadServer:
     def stop(self) -> None:
         if self._thread.is_alive():
             self.server.stop()
-            self._thread.join(10)
+            self._thread.join(30)
             if self._thread.is_alive():
                 raise RuntimeError("server thread did not stop")
 
