@@ -18,10 +18,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from click.testing import CliRunner
 
 from pzq.broker import Broker
-from pzq.cli import cli
 from pzq.leases import Leases
 from pzq.store import FORMAT, Store
 from pzq.store.bindings import Bindings
@@ -277,6 +275,10 @@ def test_a_store_of_a_newer_format_is_refused_in_one_line_with_exit_3(tmp_path, 
     Store(database).close()
     set_format(database, FORMAT + 1)
     if command == "check":  # (in this process: click's runner)
+        from click.testing import CliRunner
+
+        from pzq.cli import cli
+
         ran = CliRunner().invoke(cli, ["check", str(database)], prog_name="pzq", catch_exceptions=False)
         result = subprocess.CompletedProcess(["pzq", "check"], ran.exit_code, ran.stdout, ran.stderr)
     else:  # (a process: serve sets up the process's logging and signals first)
