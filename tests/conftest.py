@@ -4,6 +4,7 @@ real ZeroMQ sockets on ipc endpoints in a temp dir, all closed with linger=0."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import secrets
 import selectors
@@ -20,7 +21,8 @@ import zmq
 
 from pzq import config
 from pzq.clients import native as client
-from pzq.server import Server
+from pzq.server import Server, loop
+from pzq.server.collector import Collector
 from pzq.store import Store
 
 import session_guard
@@ -54,6 +56,26 @@ def make_config(tmp_path: Path, **overrides) -> config.Config:
     return config.Config(**values).validate()
 
 
+class InProcessCollector(Collector):
+    """The server's garbage-collector rule, less its start-up walks, for a server in the test process.
+
+    At start the real one walks every object twice (collect, then unfreeze, collect and freeze) to free
+    start-up's garbage and weigh a frozen object; in a test process that is pytest's heap and every
+    earlier test's, 60-80 ms of CPU a server (measured, 58,000 objects), paid by each of the fast tier's
+    hundreds of in-process servers. The rest of the rule (freeze what a full collection leaves, a whole
+    walk when due, unfreeze at stop) is the server's own. The rule itself is tested on its own
+    (tests/test_turn_length.py, tests/test_collector.py) and in every subprocess server."""
+
+    def start(self, now: float) -> None:
+        gc.freeze()  # (as the real one leaves it, uncollected: splicing lists, no walk)
+        self._next_whole = now + self.whole_s
+        if self._collected not in gc.callbacks:
+            gc.callbacks.append(self._collected)
+
+
+loop.Collector = InProcessCollector  # (every Server made in this process: run() makes its collector)
+
+
 class ThreadServer:
     """A real Server running its loop in a thread of the test process."""
 
@@ -64,7 +86,9 @@ class ThreadServer:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        if not self._ready.wait(10):
+        # (a bound for a hang, not a speed: a start that reads 20,000 networks took over 10 s beside a
+        # busy core; the thread reports a failed start at once)
+        if not self._ready.wait(60):
             raise RuntimeError("server did not start")
         if self._error:
             raise self._error
@@ -98,10 +122,15 @@ class ThreadServer:
     def stats(self) -> dict:
         return client.stats(self.monitor)
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server's loop thread has used: what its work cost, however busy the machine
+        (a wall-clock bound fails when other processes take the cores)."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+
     def stop(self) -> None:
         if self._thread.is_alive():
             self.server.stop()
-            self._thread.join(10)
+            self._thread.join(30)
             if self._thread.is_alive():
                 raise RuntimeError("server thread did not stop")
 
@@ -496,6 +525,22 @@ class _CleanUp:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if found and reporter is not None:
             reporter.write_line(f"tests left behind (now released): {'; '.join(found)}", yellow=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A test module's assertion-rewritten code is kept in tests/__pycache__ (git ignores it) even where
+    PYTHONDONTWRITEBYTECODE is set, as on this machine: else each xdist worker rewrote the asserts of
+    every test module at each run (8.6 s of CPU a worker, 18 s of the fast tier's wall under load)."""
+    if not isinstance(collector, pytest.Module):
+        yield
+        return
+    was = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = was
 
 
 def pytest_configure(config):

@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+import source_files
+
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "docs" / "architecture.md"
 ANY = "*"
@@ -69,7 +71,7 @@ def read_imports(package: Path) -> list[Import]:
     for name, file in modules.items():
         is_package = file.name == "__init__.py"
         here = [] if name == "__init__" else name.split("/")
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+        for node in source_files.statements(file):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     found.append(_resolved(name, alias.name.split("."), [], modules, node.lineno))
@@ -260,7 +262,7 @@ def deepest_chains(folder: Path) -> dict[str, int]:
     ``NamedTuple``, ends the chain: it is not one of the folder's floors)."""
     bases: dict[str, list[str]] = {}
     for file in sorted(folder.glob("*.py")):
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        for node in source_files.statements(file):
             if isinstance(node, ast.ClassDef):
                 names = [b.value if isinstance(b, ast.Subscript) else b for b in node.bases]
                 bases[node.name] = [n.id for n in names if isinstance(n, ast.Name)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def _layout_script():
 
 
 layout = _layout_script()
+layout.describe = functools.cache(layout.describe)  # (every module parsed once for both tests, not twice)
 
 
 def test_every_module_of_pzq_has_a_docstring():

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import source_files
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pzq"
 MAX_LINES = 400
@@ -31,10 +33,9 @@ def oversized(package: Path) -> list[str]:
         relative = file.relative_to(package.parent).as_posix()
         if _waived(relative):
             continue
-        text = file.read_text(encoding="utf-8")
-        if (lines := len(text.splitlines())) > MAX_LINES:
+        if (lines := len(source_files.text(file).splitlines())) > MAX_LINES:
             found.append(f"{relative}: {lines} lines")
-        for node in ast.walk(ast.parse(text, relative)):
+        for node in source_files.statements(file):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 if (length := (node.end_lineno or node.lineno) - first + 1) > MAX_FUNCTION:
@@ -65,7 +66,7 @@ def private_imports(package: Path) -> list[str]:
     found = []
     for file in sorted(package.rglob("*.py")):
         relative = file.relative_to(package.parent).as_posix()
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), relative)):
+        for node in source_files.statements(file):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == package.name):
                 names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 found += [f"{relative}:{node.lineno} imports {name} from {node.module}" for name in names]

@@ -83,11 +83,10 @@ def test_a_pattern_of_stars_matches_exactly_the_names_it_matched_as_a_plain_regu
 def test_a_flood_of_refused_mqks_publishes_costs_little_with_thousands_of_networks_in_the_file(make_server, tmp_path):
     # Each refusal looked its peer's network up again, one test per network: 20,000 networks made each
     # refused line cost about 6 ms of the loop (3,000 lines: 18 s), for any client of the raw port.
-    import time
-
+    # 4,000 here (about 3.6 s of the loop's CPU that way; 0.08 s now): reading 20,000 took 2-10 s.
     from pzq.clients.mqks import MqksClient
 
-    networks = "".join(f'[networks."10.{i // 256}.{i % 256}.0/24"]\nproduce = ["x"]\n' for i in range(20_000))
+    networks = "".join(f'[networks."10.{i // 256}.{i % 256}.0/24"]\nproduce = ["x"]\n' for i in range(4_000))
     path = tmp_path / "permissions.toml"
     path.write_text('[default]\nproduce = ["default"]\nconsume = ["default"]\n' + networks)
     dsn, _ = free_tcp_endpoint()
@@ -95,15 +94,15 @@ def test_a_flood_of_refused_mqks_publishes_costs_little_with_thousands_of_networ
     conn = MqksClient(dsn)
     try:
         assert mqks_barrier(conn) == []
-        started = time.monotonic()
+        started = srv.cpu_s()  # (the loop's CPU, not the wall: a busy machine's waits are not this work)
         conn.sock.sendall(b"".join(b"r%d publish payroll.paid forged\n" % i for i in range(3000)))
         lines = mqks_barrier(conn)
-        elapsed = time.monotonic() - started
+        spent = srv.cpu_s() - started
     finally:
         conn.close()
     assert len(lines) == 3000 and all(" error " in line for line in lines)
     assert srv.stats()["permissions"]["refused"] == {"default": {"produce": 3000}}
-    assert elapsed < 5, f"3,000 refused lines took {elapsed:.1f} s"
+    assert spent < 1, f"3,000 refused lines took {spent:.1f} s of the loop's CPU"
 
 
 def test_a_peer_gets_the_most_specific_network_holding_it_whatever_the_versions_and_prefixes_listed():
@@ -126,7 +125,7 @@ def test_a_peer_gets_the_most_specific_network_holding_it_whatever_the_versions_
     def one_by_one(ip) -> str:  # what the rules mean: the first of the most specific first
         return next((label for n, label, _ in rules.networks if n.version == ip.version and ip in n), "default")
 
-    for _ in range(5000):
+    for _ in range(2000):  # (6,000 addresses, v4 and v6, against 300 networks in a few /16s)
         v4 = f"10.{rng.randint(0, 3)}.{rng.randint(0, 3)}.{rng.randint(0, 255)}"
         v6 = f"fd00::{rng.randint(0, 3):x}:{rng.randint(0, 65535):x}"
         for address, ip in ((f"{v4}:5", v4), (f"[::ffff:{v4}]:5", v4), (f"[{v6}]:5", v6)):

@@ -170,16 +170,16 @@ class Environment:
                 records = verify_pages(self.path)
                 # (logged by the store once it read the rest: a store it refuses says one line only)
                 self.verified = f"{data_file} verified: {records} records in {time.monotonic() - started:.2f} s"
-        self.dbs = {name: self._open_table(name, self.readonly) for name in names}
         if self.readonly:  # (a store older than a table has none: reading it finds nothing)
-            self.dbs = {name: db for name, db in self.dbs.items() if db is not None}
+            self.dbs = {name: db for name in names if (db := self._open_table(name)) is not None}
+        else:  # (one transaction: a new store's tables in one commit and one sync, not one each)
+            with self._env.begin(write=True) as txn:
+                self.dbs = {name: self._env.open_db(name.encode(), txn=txn, create=True) for name in names}
 
-    def _open_table(self, name: str, readonly: bool) -> Any:
+    def _open_table(self, name: str) -> Any:
         try:
-            return self._env.open_db(name.encode(), create=not readonly)
+            return self._env.open_db(name.encode(), create=False)
         except lmdb.NotFoundError:
-            if not readonly:
-                raise
             return None
 
     def close(self) -> None:
