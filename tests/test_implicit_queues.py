@@ -378,8 +378,15 @@ def test_connections_that_come_and_go_filling_the_room_lose_their_unused_queues_
             return True
 
         wait_until(made, timeout_s=30)  # (well inside the TTL's 60 s, however busy the machine)
-    figures = wait_until(lambda: (f := server.stats())["queues_expired_total"] >= 90 and f, timeout_s=30)
-    assert figures["queues_implicit"] < 900
+    # Pressed (nine tenths of the 900 made by requests), unused queues expire at once until the room is
+    # under the mark again: how many that takes depends on how many the flood made before its own first
+    # ones expired (a busy machine interleaves the two), not the TTL's 60 s.
+    pressed = 900 * 9 // 10
+    figures = wait_until(
+        lambda: (f := server.stats())["queues_expired_total"] > 0 and f["queues_implicit"] < pressed and f,
+        timeout_s=30,
+    )
+    assert figures["queues_implicit"] < pressed
 
 
 def test_queues_made_in_a_rolled_back_turn_leave_their_makers_share(tmp_path):
