@@ -15,7 +15,7 @@ from test_native_consume import dealer, produce
 from pzq.config import DEFAULT_LIMITS
 from pzq.protocols import native_consume as wire
 
-from conftest import recv
+from conftest import recv, wait_until
 
 PROMPT_S = 0.3  # a DELIVER owed comes within this (the server idled up to its 1 s tick before)
 
@@ -71,7 +71,8 @@ def test_a_consumer_passed_over_while_its_answers_waited_is_served_once_they_are
         unknown = msgpack.packb([b"%016d|%032x" % (round_, i) for i in range(1000)])
         for _ in range(60):
             sock.send_multipart([wire.ACK, unknown])
-        time.sleep(0.2)  # (the ACKs read and answered into a pipe that is not read)
+        # (the ACKs read and answered into a pipe that is not read: the server counted their refused keys)
+        wait_until(lambda n=60_000 * (round_ + 1): srv.stats()["native_batch"]["refused_keys_total"] >= n)
         sock.send_multipart(wire.credit(1))
         answered = 0
         while answered < 60:
