@@ -182,7 +182,7 @@ def test_a_restart_stops_a_purge_under_way_leaving_the_rest_which_a_second_purge
     cfg = make_config(tmp_path, ack_timeout=600.0, limits=Limits(admin_purge_share=100, turn_records=100))
     srv = ThreadServer(cfg)
     try:
-        produce(srv, [b"m%d" % i for i in range(20_000)])
+        produce(srv, [b"m%d" % i for i in range(2_000)])
         srv.server.admin.work = lambda budget: None  # (the loop cut off before its next share, as by a crash)
         first = ask(srv, "PURGE", "default")
         assert first["more"] is True and 0 < first["purged"] <= 100
@@ -190,7 +190,7 @@ def test_a_restart_stops_a_purge_under_way_leaving_the_rest_which_a_second_purge
         srv.stop()
     srv = ThreadServer(cfg)
     try:
-        assert srv.stats()["queues"]["default"]["depth"] == 20_000 - first["purged"]
+        assert srv.stats()["queues"]["default"]["depth"] == 2_000 - first["purged"]
         assert ask(srv, "PURGE", "default")["more"] is True
         assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0, timeout_s=60)
     finally:
