@@ -38,7 +38,7 @@ READERS: dict[socket.socket, Any] = {}  # (one buffered reader per connection)
 def test_lines_written_at_once_under_a_zero_budget_are_answered_in_order_and_another_connection_between(
     make_server,
 ):
-    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO)
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO, hard_sync=False)  # (no fsync a turn)
     port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
         conn.sendall(b"".join(b"p%d ping %d\n" % (i, i) for i in range(2000)))  # (2,000 turns)
@@ -53,7 +53,7 @@ def test_lines_written_at_once_under_a_zero_budget_are_answered_in_order_and_ano
 
 
 def test_a_producer_is_acked_while_a_pipelined_flood_of_lines_still_waits_to_be_served(make_server):
-    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO)
+    srv = make_server(mqks_dsn=free_tcp_endpoint()[0], limits=ZERO, hard_sync=False)  # (no fsync a turn)
     port = int(srv.config.mqks_dsn.rsplit(":", 1)[1])
     hostile = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(2)]
     try:
