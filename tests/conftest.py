@@ -555,15 +555,17 @@ def pytest_unconfigure(config):
     _watchdog.arm(_watchdog.status if session is None else session.exitstatus, session_guard.EXIT_GRACE_S)
 
 
-def ended(raws: list[socket.socket], seconds: float) -> list[bool]:
-    """Which of ``raws`` the server ends within ``seconds`` (libzmq's greeting is read past)."""
+def ended(raws: list[socket.socket], seconds: float, count: int | None = None) -> list[bool]:
+    """Which of ``raws`` the server ends within ``seconds`` (libzmq's greeting is read past); with ``count``,
+    as soon as that many ended (the test knows by a barrier that no more will: a server's counter)."""
     done = [False] * len(raws)
+    count = len(raws) if count is None else count
     with selectors.DefaultSelector() as sel:
         for i, raw in enumerate(raws):
             raw.setblocking(False)
             sel.register(raw, selectors.EVENT_READ, i)
         deadline = time.monotonic() + seconds
-        while not all(done) and (left := deadline - time.monotonic()) > 0:
+        while sum(done) < count and (left := deadline - time.monotonic()) > 0:
             for key, _ in sel.select(left):
                 try:
                     data = key.fileobj.recv(4096)

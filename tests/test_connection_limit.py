@@ -18,7 +18,9 @@ def test_idle_zeromq_connections_past_the_limit_are_closed_and_the_server_serves
     srv = make_server(receive_dsn=endpoint, max_connections=10)  # one endpoint may hold 9 of them
     flood = [socket.create_connection(addr, timeout=5) for _ in range(15)]
     try:
-        cut = ended(flood, 3)
+        # (a barrier: once the server counts 6 refused of the 15, it has seen them all and ends no more)
+        wait_until(lambda: srv.stats()["connections"]["refused_total"] >= 6)
+        cut = ended(flood, 5, count=6)
         assert cut.count(False) == 9, cut
         stats = srv.stats()  # the monitor (another endpoint) is still reachable
         assert stats["connections"]["refused_total"] == 6
@@ -39,7 +41,8 @@ def test_closed_connections_are_counted_out(make_server):
     srv = make_server(receive_dsn=endpoint, max_connections=10)
     for _ in range(5):  # 45 connections made and closed, never more than 9 at once
         batch = [socket.create_connection(addr, timeout=5) for _ in range(9)]
-        assert not any(ended(batch, 0.2))
+        wait_until(lambda: (c := srv.stats()["connections"])["open"] >= 9 or c["refused_total"])
+        assert srv.stats()["connections"]["refused_total"] == 0 and not any(ended(batch, 0))
         for raw in batch:
             raw.close()
         wait_until(lambda: srv.stats()["connections"]["open"] <= 1)

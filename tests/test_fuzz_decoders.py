@@ -10,6 +10,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_protocol_native_batch import AFTER_MARKER, BODIES_FRAMES, decoder_answers, server_answers
 
 from pzq.broker import Broker
 from pzq.clock import Now
@@ -256,3 +257,15 @@ def test_the_api_gateway_answers_any_request_without_raising(gateways, command, 
         return
     assert reply is not None and reply[3] in (b"OK", b"ERR")
     store.commit()
+
+
+@FUZZ
+@given(BODIES_FRAMES)
+def test_the_native_batch_bodies_decoder_answers_messages_or_a_protocol_error(data):
+    decoder_answers(data)  # (tests/test_protocol_native_batch.py runs it with fewer examples)
+
+
+@FUZZ
+@given(AFTER_MARKER)
+def test_whatever_frames_follow_a_native_batch_marker_the_server_answers_them(rest):
+    server_answers(rest)

@@ -19,6 +19,18 @@ from pzq.protocols import native_consume as wire
 
 from conftest import free_tcp_endpoint, recv, wait_until
 
+MARKER = b"0000000000000000|" + b"0" * 32  # (a key never given: its ACK is answered, in order, refused)
+
+
+def replies_to_marker(sock: zmq.Socket) -> list:
+    """Send an ACK of MARKER and return every reply that came before its answer: the socket's commands are
+    answered in order, and deliveries sent before it come first (a barrier, not a wait for quiet)."""
+    sock.send_multipart(wire.ack([MARKER]))
+    before = []
+    while (reply := wire.parse_reply(recv(sock))) != wire.Settled(0, [MARKER]):
+        before.append(reply)
+    return before
+
 
 def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_delays_anothers_deliveries(
     make_server, sockets
@@ -53,9 +65,18 @@ def test_a_consumer_flooding_forged_acks_and_nacks_unread_neither_settles_nor_de
         assert len(bodies) == 56
         # The rude one's answers, read at last (those past what its pipe held were dropped, and the commands
         # sent meanwhile with them): its own keys settled once, every other key refused
-        answers = [wire.parse_reply(recv(rude))]
-        while rude.poll(1000):
-            answers.append(wire.parse_reply(recv(rude)))
+        # (once the server holds none of its answers waiting for room in its pipe, an ACK's answer comes after
+        # all the rest: read as they come meanwhile)
+        endpoint = next(e for e in server.server.endpoints if e.name == "native_batch")
+        answers = []
+
+        def backlog_gone() -> bool:
+            while rude.poll(0):
+                answers.append(wire.parse_reply(recv(rude)))
+            return endpoint.replies.backlog_bytes == 0
+
+        wait_until(backlog_gone)
+        answers += replies_to_marker(rude)
         assert 2 <= len(answers) <= 302
         assert (answers[0].count, answers[0].refused) == (1, [])
         assert (answers[1].count, answers[1].refused) == (2, [mine[0], *mine[1:3]])
@@ -103,12 +124,13 @@ def test_a_run_acked_every_other_key_brings_back_exactly_the_unacked_once_each_t
     assert wait_until(lambda: inflight() == 0)  # (the 20 not acked, back at the timeout)
     second = again()
     assert second == unacked  # (the same keys, in order, each once)
-    assert not sock.poll(300)  # (nothing else: none of the acked came back)
+    assert replies_to_marker(sock) == []  # (nothing else: none of the acked came back)
     assert wait_until(lambda: inflight() == 0)
     sock.send_multipart(wire.credit(1))
-    assert not sock.poll(500)  # (each delivered twice: the cap sent them to the dead letters, not to it)
-    assert server.stats()["queues"]["default"]["dead_letters"] == 20
+    # (each delivered twice: the cap sent them to the dead letters, not to it)
+    assert wait_until(lambda: server.stats()["queues"]["default"]["dead_letters"] == 20)
     assert server.stats()["queues"]["default"]["depth"] == 0
+    assert replies_to_marker(sock) == []
 
 
 def test_a_consumer_whose_deliveries_wait_in_a_backlog_still_gets_the_settled_of_its_ack(make_server):

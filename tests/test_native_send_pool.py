@@ -208,7 +208,7 @@ def depth(srv) -> int:
 
 
 def test_a_consumer_that_reads_nothing_holds_its_pipe_the_reader_gets_the_rest_and_the_deaf_one_is_cut(make_server):
-    srv = make_server(send_dsn=free_tcp_endpoint()[0], ack_timeout=0.5, max_message_size=65536, limits=SMALL_POOL)
+    srv = make_server(send_dsn=free_tcp_endpoint()[0], ack_timeout=0.2, max_message_size=65536, limits=SMALL_POOL)
     deaf = consumer(srv.send, rcvhwm=1, rcvbuf=4096)
     reader = consumer(srv.send)
     try:
@@ -229,7 +229,7 @@ def test_a_consumer_that_reads_nothing_holds_its_pipe_the_reader_gets_the_rest_a
 
 
 def test_a_consumer_that_reads_and_never_acks_does_not_take_the_pool_for_good(make_server):
-    srv = make_server(send_dsn=free_tcp_endpoint()[0], ack_timeout=0.3, max_message_size=65536, limits=SMALL_POOL)
+    srv = make_server(send_dsn=free_tcp_endpoint()[0], ack_timeout=0.1, max_message_size=65536, limits=SMALL_POOL)
     hoarder = consumer(srv.send)
     try:
         wait_until(lambda: srv.stats()["connections"]["open"] >= 1)
@@ -251,7 +251,7 @@ def test_a_consumer_that_reads_and_never_acks_does_not_take_the_pool_for_good(ma
 
 
 def test_over_ipc_a_consumer_that_never_acks_is_released_by_time(make_server):
-    srv = make_server(ack_timeout=0.3, max_message_size=65536, limits=SMALL_POOL)  # (ipc: no socket monitor)
+    srv = make_server(ack_timeout=0.1, max_message_size=65536, limits=SMALL_POOL)  # (ipc: no socket monitor)
     hoarder = consumer(srv.send)
     reader = None
     try:

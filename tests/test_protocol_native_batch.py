@@ -145,9 +145,14 @@ _shapes = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4), max_lea
 SMALL = wire.Caps(max_messages=5, max_bytes=256, max_message_size=16, max_frames=8)
 
 
-@settings(max_examples=2000, deadline=None)
-@given(st.one_of(st.binary(max_size=64), _shapes.map(lambda v: msgpack.packb(v, use_bin_type=True))))
-def test_whatever_bytes_the_bodies_frame_holds_the_decoder_answers_messages_or_a_protocol_error(data):
+# Each a few hundred examples here; test_fuzz_decoders.py (the slow tier's fuzzers) runs the same
+# properties at its own count (3,000 each: 2,000 and 1,000 here took 20 s of the fast tier on a busy CI).
+BODIES_FRAMES = st.one_of(st.binary(max_size=64), _shapes.map(lambda v: msgpack.packb(v, use_bin_type=True)))
+AFTER_MARKER = st.lists(st.binary(max_size=12), max_size=7)
+
+
+def decoder_answers(data: bytes) -> None:
+    """What the bodies frame ``data`` decodes to is messages within the caps, or a batch protocol error."""
     try:
         out = wire.decode_bodies(data, SMALL)
     except ProtocolError as exc:
@@ -157,12 +162,23 @@ def test_whatever_bytes_the_bodies_frame_holds_the_decoder_answers_messages_or_a
     assert all(body and all(type(part) is bytes for part in body) for body in out)
 
 
-@settings(max_examples=1000, deadline=None)
-@given(st.lists(st.binary(max_size=12), max_size=7))
-def test_whatever_frames_arrive_after_the_marker_the_server_answers_them(rest):
+def server_answers(rest: list[bytes]) -> None:
+    """Whatever frames follow the marker, the server has an answer to them."""
     event = wire.parse_batch([b"peer", b"id", wire.MARK, *rest], SMALL)
     assert isinstance(event, (wire.Batch, wire.Probe, wire.BatchRejected))
     assert wire.announced([b"peer", b"id", wire.MARK, *rest], 5) in range(1, 6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BODIES_FRAMES)
+def test_whatever_bytes_the_bodies_frame_holds_the_decoder_answers_messages_or_a_protocol_error(data):
+    decoder_answers(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(AFTER_MARKER)
+def test_whatever_frames_arrive_after_the_marker_the_server_answers_them(rest):
+    server_answers(rest)
 
 
 def test_a_batch_draws_what_it_announces_on_the_turns_records_and_any_other_message_one():

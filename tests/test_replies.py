@@ -12,10 +12,15 @@ from pzq.clients import native as client
 from pzq.endpoints.native import ACKS_UNREAD
 
 
-def acks_until_quiet(sock: zmq.Socket, quiet_ms: int = 1000) -> list[list[bytes]]:
+def acks_then_marker(sock: zmq.Socket, count: int) -> list[list[bytes]]:
+    """``count`` acks, then a marker message's: its ack comes after every ack sent before it (one ordered
+    pipe), so none more was owed (a barrier, not a wait for a second of quiet). The marker is stored."""
     acks = []
-    while sock.poll(quiet_ms):
+    for _ in range(count):
+        assert sock.poll(10_000), f"{len(acks)} of {count} acks came"
         acks.append(sock.recv_multipart())
+    sock.send_multipart([b"marker", b"", b"marker"])
+    assert sock.poll(10_000) and sock.recv_multipart()[:2] == [b"marker", b"1"], "no ack more than stored"
     return acks
 
 
@@ -40,10 +45,11 @@ def read_all(server, sent: int, refused_before: int, stored_before: int) -> int:
 def test_a_producer_that_pipelines_20000_without_reading_gets_an_ack_for_every_stored_message(server, sockets):
     producer = sockets(zmq.DEALER, server.receive)
     producer.sndhwm = 0  # let it push everything at once, as a careless client would
+    refused = refused_unread()
     for i in range(20_000):
         producer.send_multipart([b"%d" % i, b"", b"body %d" % i])
-    acks = acks_until_quiet(producer)
-    stored = server.stats()["messages"]
+    stored = read_all(server, 20_000, refused, 0)
+    acks = acks_then_marker(producer, stored)
     assert all(a[1] == b"1" for a in acks)
     assert len(acks) == stored, f"{stored} stored but {len(acks)} acked: acks were dropped"
     assert len({a[0] for a in acks}) == len(acks)
@@ -68,8 +74,8 @@ def test_a_producer_that_never_reads_its_acks_is_stored_for_no_more_while_others
     with client.Producer(server.receive, timeout_s=5) as honest:
         assert honest.produce([b"still served"]).ok
     assert server.stats()["messages"] == before + 1, "nothing more was stored for the deaf producer"
-    acks = acks_until_quiet(deaf)
-    assert len(acks) == before - 1000, "every message stored for it was acked once it read"
+    acks = acks_then_marker(deaf, before - 1000)  # (every message stored for it is acked once it reads)
+    assert all(a[1] == b"1" for a in acks)
 
 
 def test_a_backlog_its_peer_never_reads_is_dropped_after_a_while(sockets):

@@ -61,18 +61,20 @@ def test_a_peer_that_reads_nothing_is_closed_once_its_deliveries_went_back_and_w
 
 def test_a_peer_that_reads_slowly_or_holds_deliveries_within_their_ack_timeout_is_not_closed(make_server):
     dsn = free_tcp_endpoint()[0]
-    srv = make_server(queue="q", limits=LIMITS, ack_timeout=30.0, phpmq_dsn=dsn)
+    # (a quarter of a second stuck is cut: watched for four times that, the slow reader reading 5 times as often)
+    limits = dataclasses.replace(LIMITS, stuck_reader_s=0.25, stuck_check_s=0.05)
+    srv = make_server(queue="q", limits=limits, ack_timeout=30.0, phpmq_dsn=dsn)
     produce(srv, 40)
     port = int(dsn.rsplit(":", 1)[1])
     holder, slow = deaf_socket(port), deaf_socket(port)
     holder.sendall(encode(2, [(1, b"q"), (4, b"1000")]))  # (reads nothing, its deliveries still in time)
     slow.sendall(encode(2, [(1, b"q"), (4, b"1000")]))
     got = 0
-    deadline = time.monotonic() + 3  # (six times stuck_reader_s)
+    deadline = time.monotonic() + 1  # (four times stuck_reader_s)
     while time.monotonic() < deadline:
         slow.settimeout(1)
-        got += len(slow.recv(2 * KIB))  # (a few KiB a tenth of a second: far slower than it is sent)
-        time.sleep(0.1)
+        got += len(slow.recv(2 * KIB))  # (a few KiB a twentieth of a second: far slower than it is sent)
+        time.sleep(0.05)
     assert got > 0
     assert srv.stats()["phpmq"]["connections"] == 2 and srv.stats()["phpmq"]["stuck_readers_cut_total"] == 0
     holder.close()
