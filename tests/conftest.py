@@ -551,6 +551,11 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     """After the summary: the interpreter has EXIT_GRACE_S to exit, or the watchdog ends it with
     pytest's own exit status."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # A worker done with its tests waits for the controller to close its channel, which it does once
+        # the other worker is done too: minutes, not a hang. The controller's own watchdog ends the run.
+        _watchdog.disarm()
+        return
     session = getattr(config, "_pzq_session", None)
     _watchdog.arm(_watchdog.status if session is None else session.exitstatus, session_guard.EXIT_GRACE_S)
 

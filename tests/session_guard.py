@@ -172,6 +172,11 @@ class Watchdog:
         self._moved = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pzq-tests-watchdog", daemon=True)
 
+    def disarm(self) -> None:
+        """No countdown (until the next ``arm``)."""
+        self.deadline = float("inf")
+        self._moved.set()
+
     def arm(self, status: int, after_s: float) -> None:
         """(Re)start the countdown: ``after_s`` from now, then exit with ``status``."""
         self.status, self.deadline = int(status), time.monotonic() + after_s
