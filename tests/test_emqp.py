@@ -288,13 +288,20 @@ def test_schedules_with_a_bad_interval_or_cron_are_refused_with_an_error_reply(e
 
 
 def test_the_monitor_lists_a_worker_among_its_queues_consumers_and_in_its_clients(emqp):
-    from pzq.clients.admin import admin_request
+    from pzq.clients.admin import AdminRefused, admin_request
 
     srv, front, worker = emqp()
     since = time.time_ns() // 1000
     worker(queues=b'[[10, "jobs"], [5, "other"]]', ready=2)
     request(front(), queue=b"jobs")
-    [row] = wait_until(lambda: admin_request(srv.monitor, "QUEUE jobs")["consumers"])
+
+    def consumers() -> list | None:
+        try:
+            return admin_request(srv.monitor, "QUEUE jobs")["consumers"]
+        except AdminRefused:  # "there is no queue 'jobs'" yet: the request is on its way on a busy machine
+            return None
+
+    [row] = wait_until(consumers)
     assert row["protocol"] == "emqp" and row["connected_us"] >= since - 1_000_000
     assert wait_until(lambda: admin_request(srv.monitor, "QUEUE jobs")["consumers"][0]["held"] == 1)
     [table] = [t for t in admin_request(srv.monitor, "CLIENTS")["tables"] if t["kind"] == "emqp-workers"]
