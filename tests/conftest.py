@@ -488,7 +488,7 @@ def pytest_xdist_make_scheduler(config, log):
     return Groups(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # (before xdist reads the xdist_group marks)
+@pytest.hookimpl(tryfirst=True)  # (the slow marks before -m deselects)
 def pytest_collection_modifyitems(config, items):
     first = {module: rank for rank, module in enumerate(FIRST)}
     items.sort(key=lambda item: first.get(item.module.__name__.rpartition(".")[2] if item.module else "", len(first)))
@@ -497,10 +497,6 @@ def pytest_collection_modifyitems(config, items):
         test = f"{module}.py::{item.originalname}" if isinstance(item, pytest.Function) else ""
         if module in SLOW_MODULES or test in SLOW_TESTS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if module in SHARED_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))
-        elif test in DEFAULT_PORTS:
-            item.add_marker(pytest.mark.xdist_group("default-ports"))
 
 
 # -- the session always ends (tests/session_guard.py) ---------------------------------------------------

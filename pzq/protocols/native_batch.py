@@ -107,7 +107,7 @@ def is_batch(frames: Sequence[bytes]) -> bool:
 def records_of(frames: Sequence[bytes], most: int) -> int:
     """What a message read by the server's ROUTER draws on a turn's record budget: 1, or what a batch
     says it holds (``announced``)."""
-    return announced(frames, most) if len(frames) > 2 and frames[2] == MARK else 1
+    return announced(frames, most) if is_batch(frames) else 1
 
 
 def refuse_batch(frames: Sequence[bytes], code: str) -> list[bytes]:
