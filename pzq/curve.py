@@ -160,7 +160,7 @@ class CurveServer:
         old, self.gate.allowed = self.gate.allowed, Gate(certs).allowed
         self.refresh()  # (a revoked key leaves every domain at once; revoked() cuts its connections)
         revoked = set(old - self.gate.allowed)
-        log.warning(  # (a warning, as every SIGHUP line: an operator who sent one sees what it did)
+        log.info(  # (INFO, as every SIGHUP line that took: the default level shows it, and it is no warning)
             "SIGHUP: CURVE client keys re-read: %d allowed in %s%s",
             len(certs) - len(self.in_memory),  # (the console's own key is kept, not counted)
             self.clients_dir,

@@ -327,7 +327,7 @@ class Permissions:
         if not self.path:
             return False
         if not os.path.exists(self.path) and self.rules is None:
-            log.warning("SIGHUP: permissions: still no file at %s: every client may do anything", self.path)
+            log.info("SIGHUP: permissions: still no file at %s: every client may do anything", self.path)
             return False
         try:
             rules = Rules.read(self.path)
@@ -337,7 +337,7 @@ class Permissions:
             log.error("SIGHUP: permissions not reloaded, %s: %s", kept, exc)
             return False
         self.rules = rules
-        log.warning("SIGHUP: %s", self.describe())
+        log.info("SIGHUP: %s", self.describe())
         return True
 
     def stats(self) -> dict:

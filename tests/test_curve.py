@@ -496,3 +496,30 @@ def test_a_revoked_batched_consumer_gets_nothing_more_and_what_it_held_goes_back
             assert batch
             got += batch
         assert [body for _, body in got] == [[b"m%d" % i] for i in range(10)]
+
+
+def test_an_ordinary_sighup_logs_each_part_that_took_at_info_and_no_warning(process_server, keys, tmp_path):
+    # Issue 42: every reload line was a WARNING, so an operator's alerting on warnings fired on each
+    # `systemctl reload pzq`. What took is INFO; what did not stays ERROR (the test above).
+    import signal
+
+    from conftest import wait_until
+
+    settings = tmp_path / "pzq.toml"
+    settings.write_text('log_level = "info"\n')
+    srv = process_server(
+        "--config",
+        str(settings),
+        "--curve-secret-key",
+        str(keys / "server" / "server.key_secret"),
+        "--curve-clients",
+        str(keys / "clients"),
+        "--unauthenticated",
+        "monitor",
+    )
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "SIGHUP: settings reloaded" in srv.log.read_text(), timeout_s=10)
+    lines = [line for line in srv.log.read_text().splitlines() if "SIGHUP" in line]
+    assert any("CURVE client keys re-read: 1 allowed" in line for line in lines), lines
+    assert any("SIGHUP: permissions: still no file" in line for line in lines), lines
+    assert lines and all(" INFO pzq." in line for line in lines), lines
