@@ -8,6 +8,7 @@ import os
 import pwd
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from click.testing import CliRunner
 
 from pzq.cli import cli
 from pzq.store import Store
+
+from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "install-systemd"
@@ -255,3 +258,101 @@ def test_the_backup_directory_is_there_for_a_first_backup_by_hand_and_a_hung_run
     # A run that hangs (a stalled remote disk) holds its snapshot: the store would grow without end.
     limit = _settings(UNITS / "pzq-backup.service").get("TimeoutStartSec", ["infinity"])[0]
     assert limit not in ("infinity", "0")
+
+
+def _installed_venv(root: Path) -> None:
+    """What the install's venv is to the script: /opt/pzq/.venv/bin/python, here this interpreter (a
+    link would lose the venv: Python finds it from the path it was started by)."""
+    python = root / "opt" / "pzq" / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+
+
+def _printed(done: subprocess.CompletedProcess, start: str) -> list[str]:
+    """The printout's command line that starts with ``start``, its comment cut, as words."""
+    line = next(line for line in done.stdout.splitlines() if line.strip().startswith(start))
+    return shlex.split(line.split("#")[0])
+
+
+def test_an_install_makes_the_servers_key_pair_turns_curve_on_and_its_printout_lets_a_client_in(
+    tmp_path, process_server, monkeypatch
+):
+    # Issue 42: the README named a key file nothing made, and the install left CURVE off.
+    root = tmp_path / "root"
+    _installed_venv(root)  # (the install's venv makes the key: no `pzq` on PATH before it is installed)
+    done = _install(root)
+    assert done.returncode == 0, done.stderr
+    etc = root / "etc" / "pzq"
+    assert _mode(etc / "server.key_secret") == 0o600 and _mode(etc / "server.key") == 0o644
+    assert pwd.getpwuid((etc / "server.key_secret").stat().st_uid).pw_name == ME
+    assert (etc / "clients").is_dir() and not os.listdir(etc / "clients")
+    installed = (etc / "pzq.toml").read_text()
+    for line in (
+        'curve_secret_key = "/etc/pzq/server.key_secret"',
+        'curve_clients = "/etc/pzq/clients"',
+        'phpmq_dsn = ""',  # (no key in PHPMQ's nor MQKS's protocol: pzq refuses them beside CURVE)
+        'mqks_dsn = ""',
+        'unauthenticated = "monitor"',  # (its socket in /run/pzq: root and the service user only)
+    ):
+        assert f"\n{line}\n" in installed, line
+    assert "CURVE is on" in done.stdout
+    # The installed config, as the target reads it, serves: here its /etc/pzq is under the temp root.
+    config = tmp_path / "pzq.toml"
+    config.write_text(installed.replace('"/etc/pzq/', f'"{etc}/'))
+    srv = process_server("--config", str(config))  # (the test's own store and endpoints)
+    client = tmp_path / "client"
+    client.mkdir()
+    monkeypatch.chdir(client)
+    shutil.copy(etc / "server.key", client / "server.key")  # (the printout: a copy of the public key)
+    keygen = _printed(done, "pzq keygen")
+    assert keygen == ["pzq", "keygen", ".", "NAME"]
+    made = CliRunner().invoke(cli, [*keygen[1:3], "alice"], prog_name="pzq")
+    assert made.exit_code == 0, made.output
+    produce = [a.replace("NAME", "alice") for a in _printed(done, "pzq produce")[1:]]
+    produce[1:1] = ["--receive-dsn", srv.receive, "--timeout", "1s"]
+    refused = CliRunner().invoke(cli, produce, prog_name="pzq")
+    assert refused.exit_code != 0  # (a key not yet allowed)
+    copy = _printed(done, "sudo cp")
+    assert copy == ["sudo", "cp", "NAME.key", "/etc/pzq/clients/"]
+    shutil.copy(client / "alice.key", etc / "clients")
+    assert _printed(done, "sudo systemctl reload") == ["sudo", "systemctl", "reload", "pzq"]
+    srv.proc.send_signal(signal.SIGHUP)  # (ExecReload's own signal)
+    assert wait_until(lambda: "CURVE client keys re-read: 1 allowed" in srv.log.read_text(), timeout_s=10)
+    allowed = CliRunner().invoke(cli, produce, prog_name="pzq")
+    assert allowed.exit_code == 0, allowed.output
+    assert srv.stats()["messages"] == 1
+
+
+def test_an_install_over_an_existing_one_keeps_its_keys_and_no_curve_says_so_plainly(tmp_path):
+    root = tmp_path / "root"
+    _installed_venv(root)
+    assert _install(root).returncode == 0
+    etc = root / "etc" / "pzq"
+    before = {name: (etc / name).read_bytes() for name in ("server.key", "server.key_secret")}
+    (etc / "clients" / "alice.key").write_text("a client's key\n")
+    again = _install(root)
+    assert again.returncode == 0, again.stderr
+    assert {name: (etc / name).read_bytes() for name in before} == before  # (clients trust that key)
+    assert "kept (a key pair is never replaced)" in again.stdout
+    assert (etc / "clients" / "alice.key").exists() and _mode(etc / "server.key_secret") == 0o600
+    # Security terminated elsewhere: no keys, CURVE off in the config, and the printout says so.
+    other = tmp_path / "other"
+    _installed_venv(other)
+    plain = _install(other, "--no-curve")
+    assert plain.returncode == 0, plain.stderr
+    assert not (other / "etc" / "pzq" / "server.key_secret").exists()
+    assert '\ncurve_secret_key = ""\n' in (other / "etc" / "pzq" / "pzq.toml").read_text()
+    assert "CURVE is OFF (--no-curve): every endpoint serves any client that reaches it" in plain.stdout
+
+
+def test_a_kept_config_with_curve_off_is_told_how_to_turn_it_on(tmp_path):
+    etc = tmp_path / "etc" / "pzq"
+    etc.mkdir(parents=True)
+    (etc / "pzq.toml").write_text('database = "/var/lib/pzq"\nmonitor_dsn = "ipc:///run/pzq/monitor"\n')
+    done = _install(tmp_path)  # (and no venv to make a key with: said, with the command for the target)
+    assert done.returncode == 0, done.stderr
+    assert "has CURVE off: to turn it on, set curve_secret_key" in done.stderr
+    assert "/opt/pzq/.venv/bin/pzq keygen /etc/pzq server" in done.stderr
+    assert "CURVE is OFF" in done.stdout and "(--no-curve)" not in done.stdout
+    assert (etc / "pzq.toml").read_text().startswith('database = "/var/lib/pzq"')  # (the operator's file kept)
