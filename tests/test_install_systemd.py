@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -356,3 +357,46 @@ def test_a_kept_config_with_curve_off_is_told_how_to_turn_it_on(tmp_path):
     assert "/opt/pzq/.venv/bin/pzq keygen /etc/pzq server" in done.stderr
     assert "CURVE is OFF" in done.stdout and "(--no-curve)" not in done.stdout
     assert (etc / "pzq.toml").read_text().startswith('database = "/var/lib/pzq"')  # (the operator's file kept)
+
+
+# The directives that sandbox a unit (not where it may write: each unit names its own paths).
+_SANDBOX = re.compile(
+    r"(NoNewPrivileges|Protect\w+|Private\w+|Restrict\w+|LockPersonality|MemoryDeny\w+|SystemCall\w+|"
+    r"CapabilityBoundingSet|AmbientCapabilities|UMask|RemoveIPC)$"
+)
+
+
+def _sandbox(unit: Path) -> dict[str, list[str]]:
+    return {key: values for key, values in _settings(unit).items() if _SANDBOX.match(key)}
+
+
+def test_the_backup_unit_is_sandboxed_as_the_server_is_and_reads_the_store_read_only():
+    # Issue 42: `systemd-analyze security` scored pzq.service 1.9 and pzq-backup.service 7.0.
+    server, backup = _sandbox(UNITS / "pzq.service"), _sandbox(UNITS / "pzq-backup.service")
+    assert len(server) >= 20 and backup == server
+    settings = _settings(UNITS / "pzq-backup.service")
+    assert settings["ReadOnlyPaths"] == ["-/var/lib/pzq/data.mdb"]  # (the copy only reads it)
+    assert settings["StateDirectory"] == ["pzq pzq-backups"]  # (writes: the backups, the store's reader slot)
+
+
+def _security_offline() -> bool:
+    if shutil.which("systemd-analyze") is None:
+        return False
+    helped = subprocess.run(["systemd-analyze", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    return "--offline" in helped.stdout
+
+
+@pytest.mark.skipif(not _security_offline(), reason="no systemd-analyze with --offline (systemd 250 or newer)")
+def test_systemd_analyze_security_scores_both_services_at_most_2_5():
+    for unit in ("pzq.service", "pzq-backup.service"):
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNITS / unit)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        found = re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)
+        assert found, done.stdout + done.stderr
+        print(f"systemd-analyze security: {unit} {found.group(1)}")  # (-s shows the figures)
+        assert float(found.group(1)) <= 2.5, done.stdout
