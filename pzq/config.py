@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pzq.config_rules import BASE_OFFSETS as BASE_OFFSETS
 from pzq.config_rules import DIALECTS as _DIALECTS
 from pzq.config_rules import FORMATS as _FORMATS
+from pzq.config_rules import MAX_BASE_PORT, at_base, check_endpoints, check_names, check_security, flag
 from pzq.config_rules import ROLES as ROLES
 from pzq.config_rules import beside_send as beside_send
-from pzq.config_rules import check_endpoints, check_names, check_security, flag
 from pzq.config_rules import parse_endpoint as parse_endpoint
 from pzq.errors import ConfigError
 from pzq.limits import DEFAULT_LIMITS, Limits
@@ -61,6 +62,13 @@ class Config:
     fields, and conf/pzq.toml documents them (a test keeps the three in step). Durations are seconds."""
 
     database: str = _setting("./pzq-data", "LMDB directory of the store (created if missing).")
+    base_port: int = _setting(
+        0,
+        "Moves every tcp endpoint no flag, variable or file line names to this port plus its fixed offset "
+        "(docs/configuration.md; metrics and the console too when set to 'auto'); 0 = off.",
+        low=0,
+        high=MAX_BASE_PORT,
+    )
     receive_dsn: str = _setting("tcp://127.0.0.1:11131", "Producers' endpoint (ROUTER).")
     send_dsn: str = _setting("tcp://127.0.0.1:11132", "Consumers' endpoint (DEALER).")
     consume_dsn: str = _setting(
@@ -167,8 +175,10 @@ class Config:
     user: str = _setting("", "Switch to this user after binding (when started as root).")
     log_level: str = _setting("info", "debug, info, warning or error.")
     log_format: str = _setting("text", "Log lines as text or as JSON objects (for log shippers).", choices=_FORMATS)
-    metrics_dsn: str = _setting("", "Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; '' disables.")
-    http_dsn: str = _setting("", "The web console, e.g. http://127.0.0.1:9180; '' disables.")
+    metrics_dsn: str = _setting(
+        "", "Prometheus metrics endpoint, e.g. http://127.0.0.1:9108; 'auto' = --base-port + 9; '' disables."
+    )
+    http_dsn: str = _setting("", "The web console, e.g. http://127.0.0.1:9180; 'auto' = --base-port + 10; '' disables.")
     http_auth_file: str = _setting(
         "",
         "A file whose first line is the secret that logs in to the web console to requeue, delete and purge "
@@ -316,6 +326,7 @@ def load(
         if name not in FIELDS:
             raise ConfigError(f"unknown option {flag(name)}")
         values[name] = _coerce(name, value, f"{flag(name)}:")
+    values.update(at_base(values))  # (here, where what a source named is known: that wins over the base)
     return Config(**values).validate()
 
 

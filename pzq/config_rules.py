@@ -1,6 +1,7 @@
 """The rules between settings that Config.validate checks: endpoints well formed and apart, CURVE without
 a side door, names that exist. Each takes the Config (duck-typed: config imports this module, not the
-reverse) and raises ConfigError naming the option; ranges of single settings are config's own."""
+reverse) and raises ConfigError naming the option; ranges of single settings are config's own. The base
+port's layout (``BASE_OFFSETS``, ``at_base``) is here too, applied by config.load as the settings are read."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ ROLES = (
     "console",
 )
 _ZMQ = r"^(tcp|ipc|inproc)://.+"
+# base_port's layout (docs/configuration.md has the table): each endpoint at the base plus its offset, on
+# loopback. The first three keep the defaults' order (11131, 11132, 11133), so that consume_dsn's 'auto'
+# (send's port + 2) lands on base + 3 as 11134 does; metrics and the console move only when set to 'auto'
+# (off by default, they are never turned on by a base port).
+BASE_OFFSETS = {
+    "receive_dsn": 0,
+    "send_dsn": 1,
+    "api_dsn": 2,
+    "phpmq_dsn": 4,
+    "mqks_dsn": 5,
+    "emqp_backend_dsn": 6,
+    "emqp_frontend_dsn": 7,
+    "emqp_publish_dsn": 8,
+    "metrics_dsn": 9,
+    "http_dsn": 10,
+}
+_HTTP_AT_BASE = ("metrics_dsn", "http_dsn")
+MAX_BASE_PORT = 65535 - max(BASE_OFFSETS.values())
 
 
 def flag(name: str) -> str:
@@ -119,6 +138,27 @@ def check_security(cfg: Any) -> None:
             "browser that reaches its port, and CURVE is configured: disable it (--http-dsn '') or accept it "
             "knowingly with --unauthenticated console"
         )
+
+
+def at_base(values: dict[str, Any]) -> dict[str, str]:
+    """The endpoints ``base_port`` moves, from the settings every source gave (``values``): each tcp one
+    none of them named goes to base + its offset (one named wins, even at its default value), and
+    metrics_dsn or http_dsn given as 'auto' go there too. Nothing without a base port, but 'auto' refused."""
+    base = values.get("base_port", 0)
+    if not 0 <= base <= MAX_BASE_PORT:
+        raise ConfigError(f"--base-port: {base} is not 0 (off) to {MAX_BASE_PORT} (the last offset is +10)")
+    moved = {}
+    for name, offset in BASE_OFFSETS.items():
+        if name in _HTTP_AT_BASE:
+            if values.get(name) == "auto":
+                if not base:
+                    raise ConfigError(
+                        f"{flag(name)}: 'auto' is --base-port + {offset}: set --base-port too, or give http://HOST:PORT"
+                    )
+                moved[name] = f"http://127.0.0.1:{base + offset}"
+        elif base and name not in values:
+            moved[name] = f"tcp://127.0.0.1:{base + offset}"
+    return moved
 
 
 def beside_send(send_dsn: str) -> str:

@@ -300,3 +300,39 @@ def test_a_batched_endpoint_that_auto_cannot_place_or_that_another_endpoint_has_
     with pytest.raises(ConfigError, match="is --api-dsn too"):
         config.Config(send_dsn="tcp://127.0.0.1:11131", receive_dsn="tcp://127.0.0.1:11130").validate()
     assert config.Config(consume_dsn="").validate().consume_dsn == ""
+
+
+def test_a_base_port_moves_every_tcp_endpoint_no_source_named_to_its_fixed_offset(tmp_path):
+    moved = config.load(env={"PZQ_BASE_PORT": "20000"})
+    assert (moved.receive_dsn, moved.send_dsn, moved.api_dsn, moved.consume_dsn) == tuple(
+        f"tcp://127.0.0.1:{port}" for port in (20000, 20001, 20002, 20003)
+    )
+    assert (moved.phpmq_dsn, moved.mqks_dsn) == ("tcp://127.0.0.1:20004", "tcp://127.0.0.1:20005")
+    assert (moved.emqp_backend_dsn, moved.emqp_frontend_dsn, moved.emqp_publish_dsn) == tuple(
+        f"tcp://127.0.0.1:{port}" for port in (20006, 20007, 20008)
+    )
+    assert moved.monitor_dsn == "ipc://./pzq-data/monitor" and moved.metrics_dsn == moved.http_dsn == ""
+    # Every offset is in docs/configuration.md's table, and the defaults keep the first three's order.
+    page = (CONF.parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for name, offset in config.BASE_OFFSETS.items():
+        assert f"| `{name}` | +{offset} |" in page, name
+    # What a flag, a variable or the file names wins, even at its default value; '' still disables.
+    path = write(tmp_path, 'base_port = 30000\nreceive_dsn = "tcp://127.0.0.1:11131"\nmqks_dsn = ""\n')
+    mixed = config.load({"send_dsn": "ipc:///tmp/x/send"}, {"PZQ_API_DSN": "tcp://127.0.0.1:7"}, path)
+    assert (mixed.receive_dsn, mixed.send_dsn, mixed.consume_dsn) == (
+        "tcp://127.0.0.1:11131",
+        "ipc:///tmp/x/send",
+        "ipc:///tmp/x/consume",  # ('auto': beside the send socket wherever it is)
+    )
+    assert (mixed.api_dsn, mixed.mqks_dsn, mixed.phpmq_dsn) == ("tcp://127.0.0.1:7", "", "tcp://127.0.0.1:30004")
+    assert config.load() == Config()  # (0: off)
+
+
+def test_metrics_and_the_console_move_with_the_base_port_only_when_set_to_auto_and_a_bad_base_is_refused():
+    auto = config.load({"base_port": 20000, "metrics_dsn": "auto", "http_dsn": "auto"})
+    assert (auto.metrics_dsn, auto.http_dsn) == ("http://127.0.0.1:20009", "http://127.0.0.1:20010")
+    with pytest.raises(ConfigError, match=r"--metrics-dsn: 'auto' is --base-port \+ 9: set --base-port too"):
+        config.load({"metrics_dsn": "auto"})
+    for base in ("65530", "-1"):
+        with pytest.raises(ConfigError, match=r"--base-port: .* is not 0 \(off\) to 65525"):
+            config.load(env={"PZQ_BASE_PORT": base})

@@ -1,6 +1,6 @@
 """SIGHUP: what a running server re-reads, each part on its own (the CURVE client keys first, then the
 permissions, then the settings' log level, then the console's process, told to re-read its secret),
-each saying in one line whether it took: INFO for what took (an ordinary reload is no warning), ERROR
+each saying in one line whether it took. INFO for what took (an ordinary reload is no warning), ERROR
 for what did not, the old value staying."""
 
 from __future__ import annotations
