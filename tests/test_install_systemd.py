@@ -400,3 +400,24 @@ def test_systemd_analyze_security_scores_both_services_at_most_2_5():
         assert found, done.stdout + done.stderr
         print(f"systemd-analyze security: {unit} {found.group(1)}")  # (-s shows the figures)
         assert float(found.group(1)) <= 2.5, done.stdout
+
+
+def test_an_install_without_python3_venv_says_so_before_it_changes_anything(tmp_path):
+    # Debian's python3 has no ensurepip without python3-venv: `python3 -m venv` would fail midway.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(
+        f'#!/bin/sh\ncase "$*" in *ensurepip*) exit 1 ;; esac\nexec {shutil.which("python3")} "$@"\n'
+    )
+    (shim / "python3").chmod(0o755)
+    root = tmp_path / "root"
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--root", str(root), "--user", ME],  # (an install that builds the venv)
+        env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "install python3-venv" in done.stderr, done.stderr
+    assert not root.exists()
