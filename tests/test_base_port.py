@@ -17,7 +17,7 @@ from pzq.clients import native as client
 
 from conftest import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # (a subprocess server)
 
 
 def _free_base() -> int:
