@@ -357,3 +357,54 @@ def test_an_id_and_all_together_or_neither_is_a_usage_error(server):
     for args in (("requeue", "default"), ("delete", "default"), ("requeue", "default", "x", "--all")):
         line = one_error_line(run(server, "dead-letters", *args), ExitCode.USAGE)
         assert line == "pzq: error: give either an ID or --all"
+
+
+# -- hostile: the monitor's CREATE and DELETE --------------------------------------------------------
+
+
+def pipelined(endpoint: str, requests: list[bytes], window: int = 8) -> list[str]:
+    """Send every request from one DEALER, ``window`` at a time without waiting (more than its pipe's 16
+    and the monitor leaves them unanswered until it reads), and return the answers in order (each
+    receive with a timeout)."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    answers: list[str] = []
+    try:
+        for at in range(0, len(requests), window):
+            batch = requests[at : at + window]
+            for request in batch:
+                sock.send_multipart([b"", request])
+            for _ in batch:
+                assert sock.poll(30_000), "the monitor stopped answering"
+                answers.append(sock.recv_multipart()[-1].decode())
+    finally:
+        sock.close()
+    return answers
+
+
+def test_a_create_or_delete_of_a_100_kb_name_is_one_error_line_and_the_server_goes_on(server):
+    for word in (b"CREATE ", b"DELETE "):
+        [answer] = pipelined(server.monitor, [word + b"q" * 100_000])
+        assert answer.startswith("error: a request is one frame of at most 4096 bytes") and answer.count("\n") == 1
+    [answer] = pipelined(server.monitor, [b"CREATE " + b"q" * 4000])
+    assert answer.startswith("error: queue name must be 1 to 255 bytes")
+    assert list(server.stats()["queues"]) == ["default"]
+
+
+def test_thousands_of_creates_stop_at_max_queues_and_as_many_deletes_leave_the_server_as_it_was(make_server):
+    srv = make_server(max_queues=1_000)
+    names = [b"flood.%05d" % i for i in range(10_000)]
+    answers = pipelined(srv.monitor, [b"CREATE " + name for name in names])
+    made = [a for a in answers if a.startswith("{")]
+    refused = [a for a in answers if a.startswith("error: queue full")]
+    assert (len(made), len(refused)) == (999, 9_001), "the default queue is one of the 1,000"
+    assert len(srv.stats()["queues"]) == 1_000
+    assert answers[-1] == "error: queue full: there are 1000 queues, the most --max-queues allows\n"
+    deleted = pipelined(srv.monitor, [b"DELETE " + name for name in names])
+    assert sum(a.startswith('{"deleted"') for a in deleted) == 999
+    assert sum(a == f"error: there is no queue {n.decode()!r}\n" for a, n in zip(deleted, names, strict=True)) == 9_001
+    assert list(srv.stats()["queues"]) == ["default"]
+    assert run(srv, "queue", "create", "after.the.flood").exit_code == 0
