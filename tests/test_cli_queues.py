@@ -408,3 +408,10 @@ def test_thousands_of_creates_stop_at_max_queues_and_as_many_deletes_leave_the_s
     assert sum(a == f"error: there is no queue {n.decode()!r}\n" for a, n in zip(deleted, names, strict=True)) == 9_001
     assert list(srv.stats()["queues"]) == ["default"]
     assert run(srv, "queue", "create", "after.the.flood").exit_code == 0
+
+
+def test_routes_on_a_server_without_mqks_is_one_error_line_and_names_the_setting(server):
+    assert pipelined(server.monitor, [b"ROUTES some.event", b"ROUTES"]) == [
+        "error: no MQKS gateway runs on this server (--mqks-dsn)\n",
+        "error: usage: ROUTES <event>\n",
+    ]
