@@ -415,3 +415,22 @@ def test_routes_on_a_server_without_mqks_is_one_error_line_and_names_the_setting
         "error: no MQKS gateway runs on this server (--mqks-dsn)\n",
         "error: usage: ROUTES <event>\n",
     ]
+
+
+def test_deleting_a_queue_bound_to_mqks_events_is_refused_and_it_stays_bound(make_server):
+    from pzq.clients.mqks import MqksClient
+
+    mqks, _ = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=mqks)
+    with MqksClient(mqks) as mq:
+        mq.consume("bound", ["e"])
+    line = one_error_line(run(srv, "queue", "delete", "bound", "--yes"))
+    assert line == (
+        "pzq: error: queue 'bound' is bound to MQKS events: delete it through MQKS (delete_queue), "
+        "which unbinds it and tells its consumers"
+    )
+    assert "bound" in srv.stats()["queues"]
+    assert pipelined(srv.monitor, [b"ROUTES e", b"ROUTES other"]) == [
+        '{"event":"e","queues":["bound"],"total":1}',
+        '{"event":"other","queues":[],"total":0}',
+    ]
