@@ -434,3 +434,19 @@ def test_deleting_a_queue_bound_to_mqks_events_is_refused_and_it_stays_bound(mak
         '{"event":"e","queues":["bound"],"total":1}',
         '{"event":"other","queues":[],"total":0}',
     ]
+
+
+def test_a_real_monitor_reply_has_the_six_lines_then_the_wiki_spellings_with_the_same_values(server):
+    with client.Producer(server.receive) as producer:
+        assert all(r.ok for r in producer.produce_many([[b"held"], [b"ready"]]))
+    with client.Consumer(server.send) as consumer:
+        assert consumer.receive(timeout_s=5) is not None
+        assert wait_until(lambda: server.stats()["messages_inflight"] >= 1)
+        lines = client.monitor_request(server.monitor, "MONITOR").splitlines()
+    values = dict(line.split(": ", 1) for line in lines[:8])
+    assert [line.split(": ")[0] for line in lines[:8]] == [
+        *("messages", "messages_inflight", "db_size", "inflight_db_size", "syncs", "expired_messages"),
+        *("messages_in_flight", "in_flightdb_size"),
+    ]
+    assert values["messages_in_flight"] == values["messages_inflight"] != "0"
+    assert values["in_flightdb_size"] == values["inflight_db_size"] != "0"
