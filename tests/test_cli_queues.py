@@ -216,6 +216,9 @@ def test_queue_create_refuses_a_name_the_store_refuses_in_one_line(server):
     line = one_error_line(run(server, "queue", "create", "q" * 256))
     assert line.startswith("pzq: error: queue name must be 1 to 255 bytes")
     assert "q" * 256 not in server.stats()["queues"]
+    for bad in ("", "two words"):
+        line = one_error_line(run(server, "queue", "create", bad), ExitCode.USAGE)
+        assert line == f"pzq: error: a queue name is 1 to 255 bytes without whitespace, got {bad!r}"
 
 
 def test_queue_delete_without_a_terminal_and_without_yes_refuses_with_exit_not_confirmed(server):
