@@ -108,8 +108,7 @@ def queue_list(ask, sort, limit, as_json) -> None:
     elif not rows:
         click.echo("no queues on this server")
     else:
-        for line in _table(rows):
-            click.echo(line)
+        click.echo("\n".join(_table(rows)))  # (one write: a line each took 100,000 queues 3 s)
     if len(shown) < len(names):
         click.echo(f"{len(shown)} of {len(names)} queues shown (--limit {limit})", err=True)
 
