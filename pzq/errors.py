@@ -18,6 +18,9 @@ class ExitCode(enum.IntEnum):
     NOT_PERMITTED = 5  # the server refused this client's key: not let in, or without the right (permissions)
     DISK_FULL = 6  # the store's filesystem (or quota) has no room for what must be written: nothing is damaged
     SYNC_LOST = 7  # a commit or sync failed while answers waited for it: start again from what is on disk
+    # (8-10: h42-cli's NOT_LISTENING, CURVE_REFUSED, NO_MESSAGE)
+    NOT_CONFIRMED = 11  # a destructive command was not confirmed: no terminal to ask on and no --yes, or "no"
+    UNROUTED = 12  # an MQKS event no queue is bound to: nothing was published (MQKS would drop it)
 
 
 class PzqError(Exception):

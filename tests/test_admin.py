@@ -149,3 +149,12 @@ def test_a_purge_keeps_what_came_after_it_began_and_stops_when_its_queue_is_dele
     store.put_many("r", [[b"again"]] * 25, now_us=2)  # (another queue of the same name: untouched)
     admin.work(UNBOUNDED)
     assert not admin.purging() and store.queue("r").count == 25
+
+
+def test_create_of_a_queue_a_client_request_made_makes_it_explicit_and_says_so(store):
+    admin = admin_on(store)
+    store.queue("made.by.a.client", implicit=True)
+    text, changed = admin.write(ask("CREATE made.by.a.client"))
+    assert changed and json.loads(text) == {"created": False, "queue": "made.by.a.client", "was_implicit": True}
+    assert store.queue("made.by.a.client", create=False).implicit is False
+    assert store.catalog.implicit_count == 0

@@ -122,30 +122,55 @@ def test_watch_into_a_pipe_writes_one_time_stamped_block_per_interval(server):
 def test_dead_letters_of_a_queue_the_server_does_not_have_is_an_error_not_an_empty_list(server):
     result = run("dead-letters", "list", "--monitor-dsn", server.monitor, "nosuchqueue")
     assert result.exit_code == ExitCode.NOT_FOUND == 4
-    assert result.output.strip() == (
-        f"pzq: error: queue 'nosuchqueue' does not exist on the server at {server.monitor}"
-    )
+    assert result.output.strip() == "pzq: error: there is no queue 'nosuchqueue'"  # (as every queue command says)
     result = run("dead-letters", "requeue", "--monitor-dsn", server.monitor, "--all", "nosuchqueue")
     assert result.exit_code == ExitCode.NOT_FOUND
-    # a queue that exists with no dead letters lists nothing, successfully
+    # a queue that exists with no dead letters lists none, successfully, and says so on standard error
     result = run("dead-letters", "list", "--monitor-dsn", server.monitor, "default")
-    assert (result.exit_code, result.output) == (0, "")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "queue 'default' has no dead letters\n")
 
 
-def test_mqks_publish_to_an_event_nothing_is_bound_to_says_it_was_dropped(make_server):
+def test_mqks_publish_to_an_event_nothing_is_bound_to_publishes_nothing_and_exits_unrouted(make_server):
     mqks, _ = free_tcp_endpoint()
     srv = make_server(mqks_dsn=mqks)
     env = {**NO_SETTINGS, "PZQ_MQKS_DSN": mqks, "PZQ_MONITOR_DSN": srv.monitor}
     runner = CliRunner()
     result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
-    assert result.exit_code == 0
+    assert result.exit_code == ExitCode.UNROUTED
     assert result.output.strip() == (
-        "1 published; none stored: no queue is bound to 'nobody.listens', and MQKS drops such messages "
-        "(bind one: pzq mqks consume QUEUE nobody.listens)"
+        "pzq: error: no queue is bound to event 'nobody.listens': nothing published (MQKS drops such a message; "
+        "bind one: pzq mqks consume QUEUE nobody.listens, or publish anyway with --allow-unrouted)"
     )
+    assert srv.stats()["mqks"]["unrouted_total"] == 0, "nothing was sent to be dropped"
+    anyway = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "lost", "--allow-unrouted"], env=env)
+    assert (anyway.exit_code, anyway.output.strip()) == (
+        0,
+        "1 published and dropped: no queue is bound to 'nobody.listens' (--allow-unrouted)",
+    )
+    assert srv.stats()["mqks"]["unrouted_total"] == 1
     bound = runner.invoke(cli, ["mqks", "consume", "q", "nobody.listens", "--timeout", "100ms"], env=env)
     assert bound.exit_code == 1  # (nothing there yet; the queue is bound from now on)
     result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
-    assert (result.exit_code, result.output.strip()) == (0, "1 published")
+    assert (result.exit_code, result.output.strip()) == (0, "1 published to 1 queue(s)")
     got = runner.invoke(cli, ["mqks", "consume", "q", "--timeout", "5s"], env=env)
     assert got.exit_code == 0 and got.output.split("\t")[1:] == ["nobody.listens", "0", "hello\n"]
+
+
+def test_mqks_publish_without_a_monitor_to_ask_publishes_and_says_binding_is_not_known(make_server, tmp_path):
+    mqks, _ = free_tcp_endpoint()
+    make_server(mqks_dsn=mqks)
+    env = {**NO_SETTINGS, "PZQ_MQKS_DSN": mqks, "PZQ_MONITOR_DSN": f"ipc://{tmp_path}/nothing-here"}
+    result = CliRunner().invoke(cli, ["mqks", "publish", "some.event", "hello"], env=env)
+    assert (result.exit_code, result.output.strip()) == (
+        0,
+        f"1 published (whether a queue is bound to 'some.event' is not known: no monitor answered at "
+        f"ipc://{tmp_path}/nothing-here)",
+    )
+
+
+def test_mqks_publish_refuses_an_event_with_spaces_in_one_line(server):
+    result = CliRunner().invoke(cli, ["mqks", "publish", "two words", "x"], env=NO_SETTINGS)
+    assert (result.exit_code, result.output.strip()) == (
+        ExitCode.USAGE,
+        "pzq: error: an MQKS event is one word without spaces, got 'two words'",
+    )

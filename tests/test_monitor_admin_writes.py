@@ -56,10 +56,10 @@ def test_deletedead_deletes_one_dead_letter_by_id_then_all_the_rest(make_server,
     dead_letters(srv, 3)
     first = ask(srv, "DEAD", "default")["letters"][0]["id"]
     with caplog.at_level(logging.INFO, logger="pzq.admin"):
-        assert ask(srv, "DELETEDEAD", "default", first) == {"deleted": 1}
+        assert ask(srv, "DELETEDEAD", "default", first) == {"deleted": 1, "left": 2}
     assert "deleted 1 dead letter(s) of queue 'default' (by anonymous)" in caplog.text
-    assert ask(srv, "DELETEDEAD", "default", first) == {"deleted": 0}  # (gone already)
-    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 2}
+    assert ask(srv, "DELETEDEAD", "default", first) == {"deleted": 0, "left": 2}  # (gone already)
+    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 2, "left": 0}
     assert srv.stats()["queues"]["default"]["dead_letters"] == 0
     assert refusal(srv, "DELETEDEAD", "nope", "all") == "there is no queue 'nope'"
     assert "is not a dead letter id of queue 'default'" in refusal(srv, "DELETEDEAD", "default", "x" * 500)
@@ -70,9 +70,9 @@ def test_deletedead_and_requeue_of_all_move_at_most_1000_a_request(make_server):
     srv = make_server(max_deliveries=1, ack_timeout=0.2)
     dead_letters(srv, 2100)
     requeued = ask(srv, "REQUEUE", "default", "all")
-    assert requeued["requeued"] == 1000 and len(requeued["ids"]) == 1000
-    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 1000}
-    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 100}
+    assert requeued["requeued"] == 1000 and len(requeued["ids"]) == 1000 and requeued["left"] == 1100
+    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 1000, "left": 100}
+    assert ask(srv, "DELETEDEAD", "default", "all") == {"deleted": 100, "left": 0}
     figures = srv.stats()["queues"]["default"]
     assert (figures["dead_letters"], figures["depth"]) == (0, 1000)
 

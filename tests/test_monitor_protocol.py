@@ -79,10 +79,28 @@ def test_the_text_reply_starts_with_the_six_pzq_lines_in_order():
     ]
 
 
+def test_the_text_reply_adds_the_wiki_spellings_of_two_fields_after_the_six_with_the_same_values():
+    lines = monitor.render_text(STATS).splitlines()
+    assert lines[6:8] == ["messages_in_flight: 1", "in_flightdb_size: 240"]
+    assert monitor.monitor_opening(STATS).splitlines() == lines[:8]
+
+
+def test_create_delete_and_routes_requests_are_parsed_from_their_bytes():
+    for raw, command, args in (
+        (b"CREATE orders", "CREATE", ["orders"]),
+        (b"DELETE orders", "DELETE", ["orders"]),
+        (b"ROUTES user.1.connected", "ROUTES", ["user.1.connected"]),
+    ):
+        request = monitor.parse_request([b"peer", b"", raw])
+        assert (request.envelope, request.command, request.args, request.body) == ([b"peer", b""], command, args, None)
+    too_long = monitor.parse_request([b"peer", b"", b"CREATE " + b"q" * 100_000])
+    assert too_long.command == "" and "at most 4096 bytes" in too_long.problem
+
+
 def test_the_text_reply_flattens_queues_and_lists_the_other_figures_after():
     text = monitor.render_text(STATS)
     assert text.endswith("\n")
-    assert text.splitlines()[6:] == [
+    assert text.splitlines()[8:] == [
         "queue.default.depth: 3",
         "queue.default.inflight: 1",
         "queue.default.dead_letters: 0",

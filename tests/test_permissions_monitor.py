@@ -81,6 +81,8 @@ REQUESTS = [
     ("manage", "DELETEDEAD", ("DELETEDEAD", "Q", "all")),
     ("manage", "REQUEUE", ("REQUEUE", "Q", "all")),
     ("produce", "PUBLISH", ("PUBLISH", "Q")),
+    ("manage", "CREATE", ("CREATE", "Q")),
+    ("manage", "DELETE", ("DELETE", "Q")),
 ]
 
 
@@ -98,8 +100,8 @@ def test_a_key_limited_to_orders_is_refused_every_admin_request_on_payroll_and_n
     peeked = ask(srv, tenants, "payroll", "PEEK", "payroll", "10")["messages"]
     assert len(peeked) == SEEDED, "the owner's messages are all there"
     refusals = stats(srv, tenants)["permissions"]
-    assert refusals["refused"]["orders"] == {"consume": 3, "manage": 3, "produce": 1}
-    assert refusals["refused_total"] == 7
+    assert refusals["refused"]["orders"] == {"consume": 3, "manage": 5, "produce": 1}
+    assert refusals["refused_total"] == 9
 
 
 def test_a_key_limited_to_orders_may_do_every_admin_request_on_orders_x(tenants_server, tenants):
@@ -109,11 +111,13 @@ def test_a_key_limited_to_orders_may_do_every_admin_request_on_orders_x(tenants_
     assert len(letters) == SEEDED
     assert len(ask(srv, tenants, "orders", "DEADLETTERS", "orders.x")) == SEEDED
     assert ask(srv, tenants, "orders", "REQUEUE", "orders.x", letters[0]["id"])["requeued"] == 1
-    assert ask(srv, tenants, "orders", "DELETEDEAD", "orders.x", letters[1]["id"]) == {"deleted": 1}
+    assert ask(srv, tenants, "orders", "DELETEDEAD", "orders.x", letters[1]["id"]) == {"deleted": 1, "left": 1}
     assert figures(srv, tenants, "orders.x") == (SEEDED + 1, SEEDED - 2)
     assert ask(srv, tenants, "orders", "PURGE", "orders.x") == {"purged": SEEDED + 1, "more": False}
     assert ask(srv, tenants, "orders", "PUBLISH", "orders.x", body=b"new order")["queue"] == "orders.x"
     assert figures(srv, tenants, "orders.x") == (1, SEEDED - 2)
+    assert ask(srv, tenants, "orders", "CREATE", "orders.new")["created"] is True
+    assert ask(srv, tenants, "orders", "DELETE", "orders.new")["deleted"] == "orders.new"
     assert stats(srv, tenants)["permissions"]["refused_total"] == 0
 
 

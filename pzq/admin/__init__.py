@@ -152,6 +152,8 @@ class Admin(Reads, Writes):
             return self.figures.build(request.command).decode("utf-8")
         if request.command == "DEADLETTERS" and 1 <= len(request.args) <= 2:
             return self._dead_letters(request.args)
+        if request.command == "ROUTES":
+            return self.routes(request.args)
         answer = self.read(request)
         if answer is not None:
             return answer

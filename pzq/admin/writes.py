@@ -1,23 +1,34 @@
 """The monitor's writes: REQUEUE and DELETEDEAD of dead letters, PURGE of a queue's ready messages (a
-big queue over turns), and PUBLISH of one message. Each is carried out inside the loop's turn, within
-its budget, and answered after the turn's commit (pzq/endpoints/monitor.py); each change is logged at
-info with who asked (the requester's CURVE key name, or "anonymous")."""
+big queue over turns), PUBLISH of one message, CREATE and DELETE of a queue (and ROUTES, the MQKS
+bindings of an event: a read, here beside DELETE, which asks the same index). Each write is carried
+out inside the loop's turn, within its budget, and answered after the turn's commit
+(pzq/endpoints/monitor.py); each change is logged at info with who asked (the requester's CURVE key
+name, or "anonymous")."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
-from pzq.errors import StoreFull
+from pzq.errors import StoreError, StoreFull
 from pzq.protocols import monitor as monitor_proto
 from pzq.store import Store
 
 log = logging.getLogger("pzq.admin")
 
-WRITES = frozenset({"REQUEUE", "DELETEDEAD", "PURGE", "PUBLISH"})
+WRITES = frozenset({"REQUEUE", "DELETEDEAD", "PURGE", "PUBLISH", "CREATE", "DELETE"})
+
+
+class Routing(Protocol):
+    """The MQKS gateway's bindings, as far as the monitor asks them (pzq/gateways/mqks_bindings.py)."""
+
+    def queues_for(self, event: str) -> tuple[str, ...]: ...
+
+    def __contains__(self, queue: str) -> bool: ...
 
 
 class Budget(Protocol):
@@ -52,6 +63,9 @@ class Writes:
     store: Store
     limits: Limits = DEFAULT_LIMITS
     max_body: int = 1 << 20
+    # deletes a queue for good, its leases too (the server's, MQKS delete_queue's; None: the broker's)
+    drop_queue: Callable[[str], int] | None = None
+    endpoints: Callable[[], Sequence[object]]
     # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made again
     # under the same name mid-purge is another queue, whose messages the purge must not touch)
     _purges: dict[str, tuple[int, int, int]]
@@ -72,6 +86,8 @@ class Writes:
             "DELETEDEAD": self._delete_dead,
             "PURGE": self._purge,
             "PUBLISH": self._publish,
+            "CREATE": self._create,
+            "DELETE": self._delete,
         }[request.command]
         try:
             answer, done = handler(request, budget)
@@ -125,14 +141,20 @@ class Writes:
         moved = self.broker.requeue_dead(queue, seq, limit=self.limits.admin_rows)
         budget.take(records=2 * len(moved))
         done = f"requeued {len(moved)} dead letter(s) of queue {queue!r}" if moved else ""
-        return {"requeued": len(moved), "ids": [m.id for m in moved]}, done
+        return {"requeued": len(moved), "ids": [m.id for m in moved], "left": self._dead_left(queue)}, done
 
     def _delete_dead(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
         info = self._queue_named(request, 2, "DELETEDEAD <queue> <id>|all")
         seq = self._dead_seq(info.name, request.args[1])
         gone = self.store.dead_letters.delete(info.name, seq, limit=self.limits.admin_rows)
         budget.take(records=gone)
-        return {"deleted": gone}, f"deleted {gone} dead letter(s) of queue {info.name!r}" if gone else ""
+        done = f"deleted {gone} dead letter(s) of queue {info.name!r}" if gone else ""
+        return {"deleted": gone, "left": self._dead_left(info.name)}, done
+
+    def _dead_left(self, queue: str) -> int:
+        """The dead letters ``queue`` still has (past the 1,000 a request moves: the CLI says how many)."""
+        info = self.store.queue(queue, create=False)
+        return info.dead_count if info is not None else 0
 
     def _purge(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
         info = self._queue_named(request, 1, "PURGE <queue>")
@@ -176,3 +198,57 @@ class Writes:
             "id": message.id,
             "queue": info.name,
         }, f"published {message.id} ({len(body)} bytes) to queue {info.name!r}"
+
+    def _create(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
+        """An explicit queue, as ``--queue`` makes one: it never expires. One that exists is no error
+        (``rabbitmqctl``'s declare is idempotent too): it is answered ``created: false``, and made
+        explicit if a client's request had made it."""
+        if len(request.args) != 1:
+            raise _Refused("usage: CREATE <queue>")
+        name = request.args[0]
+        existed = self.store.queue(name, create=False)
+        was_implicit = existed is not None and existed.implicit
+        try:
+            info = self.store.catalog.name_queue(name)  # (the store's rules: 1 to 255 bytes, --max-queues)
+        except StoreError as exc:  # (a name the store refuses, or past --max-queues: StoreFull)
+            raise _Refused(str(exc)) from None
+        budget.take(len(name))
+        created = existed is None
+        answer = {"created": created, "queue": info.name, "was_implicit": was_implicit}
+        if was_implicit:
+            return answer, f"made queue {info.name!r} explicit (it no longer expires)"
+        return answer, f"created queue {info.name!r}" if created else ""
+
+    def _delete(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
+        """Delete a queue with its messages (in flight and held included) and dead letters: at once for
+        every client, its records over the next turns (store/drops.py, as MQKS delete_queue does). An
+        MQKS queue is refused: its bindings and consumers are MQKS's (delete it with delete_queue)."""
+        info = self._queue_named(request, 1, "DELETE <queue>")
+        if info.name in (self._routing() or ()):
+            raise _Refused(
+                f"queue {info.name!r} is bound to MQKS events: delete it through MQKS (delete_queue), "
+                "which unbinds it and tells its consumers"
+            )
+        dead = info.dead_count
+        messages = (self.drop_queue or self.broker.drop_queue)(info.name)
+        budget.take(len(info.name))
+        done = f"deleted queue {info.name!r} with {messages} message(s) and {dead} dead letter(s)"
+        return {"deleted": info.name, "messages": messages, "dead_letters": dead}, done
+
+    def routes(self, args: list[str]) -> str:
+        """ROUTES <event>: the MQKS queues a publish of ``event`` is copied to (none: MQKS drops it), or an
+        ``error:`` line when no MQKS gateway runs."""
+        if len(args) != 1:
+            return monitor_proto.error_text("usage: ROUTES <event>")
+        routing = self._routing()
+        if routing is None:
+            return monitor_proto.error_text("no MQKS gateway runs on this server (--mqks-dsn)")
+        queues = routing.queues_for(args[0])
+        shown = list(queues[: self.limits.admin_rows])
+        return monitor_proto.render_json({"event": args[0], "queues": shown, "total": len(queues)})
+
+    def _routing(self) -> Routing | None:
+        for endpoint in self.endpoints():
+            if getattr(endpoint, "name", None) == "mqks":
+                return getattr(getattr(endpoint, "gateway", None), "bindings", None)
+        return None

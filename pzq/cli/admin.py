@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from pzq.cli.common import config_option, curve, curve_options, errors_to_exit, fail, monitor_endpoint, refusal_code
-from pzq.clients import native as client
+from pzq.cli.common import errors_to_exit, fail
+from pzq.cli.queues import dead_letter_choice, monitor_options, settled
 from pzq.errors import ClientError, ExitCode
 
 
@@ -28,68 +28,38 @@ def keygen(directory, name) -> None:
 
 @click.group("dead-letters")
 def dead_letters() -> None:
-    """Inspect and requeue a queue's dead letters (through the running server's monitor socket)."""
+    """List, requeue and delete a queue's dead letters (through the running server's monitor socket):
+    one dead letter by its ID, or --all of them."""
 
 
 @dead_letters.command("list")
-@config_option
-@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
-@click.option("--limit", type=int, default=100, show_default=True, help="Dead letters to list at most.")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Dead letters to list at most.")
 @click.argument("queue", default="default")
-@curve_options
-@errors_to_exit
-def dead_letters_list(config_file, monitor_dsn, limit, queue, curve_client_key, curve_server_key) -> None:
-    """List QUEUE's dead letters, oldest first, one JSON object per line."""
-    endpoint = monitor_endpoint(config_file, monitor_dsn)
-    text = client.monitor_request(
-        endpoint, f"DEADLETTERS {queue} {limit}", curve=curve(curve_client_key, curve_server_key)
-    )
-    if text.startswith("error:"):
-        fail(text[len("error:") :].strip(), refusal_code(text[len("error:") :].strip()))
-    letters = client.monitor_json(endpoint, text)
+@monitor_options
+def dead_letters_list(ask, limit, queue) -> None:
+    """List QUEUE's dead letters, oldest first, one JSON object per line (a line on standard error when
+    it has none; exit 4 when there is no such queue)."""
+    letters = ask(["DEADLETTERS", queue, str(limit)])
     if not isinstance(letters, list):
-        raise ClientError(f"the answer from {endpoint} is not a list of dead letters: is a pzq monitor there?")
+        raise ClientError("the answer is not a list of dead letters: is a pzq monitor there?")
     if not letters:
-        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
+        ask(["QUEUE", queue], missing="")  # (the server lists an unknown queue as empty: a typo says so here)
+        click.echo(f"queue {queue!r} has no dead letters", err=True)
     for letter in letters:
         click.echo(json.dumps(letter))
 
 
 @dead_letters.command("requeue")
-@config_option
-@click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
-@click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of QUEUE.")
+@click.option("--all", "everything", is_flag=True, help="Requeue QUEUE's dead letters (1,000 a run, the oldest).")
 @click.argument("queue")
-@click.argument("message_id", required=False)
-@curve_options
-@errors_to_exit
-def dead_letters_requeue(
-    config_file, monitor_dsn, everything, queue, message_id, curve_client_key, curve_server_key
-) -> None:
-    """Move dead letter MESSAGE_ID (or --all) back to the end of QUEUE."""
-    if bool(everything) == bool(message_id):
-        fail("give either a MESSAGE_ID or --all", ExitCode.USAGE)
-    endpoint = monitor_endpoint(config_file, monitor_dsn)
-    text = client.monitor_request(
-        endpoint,
-        f"REQUEUE {queue} {'all' if everything else message_id}",
-        curve=curve(curve_client_key, curve_server_key),
-    )
-    if text.startswith("error:"):
-        fail(text[len("error:") :].strip(), refusal_code(text[len("error:") :].strip()))
-    answer = client.monitor_json(endpoint, text)
-    if not isinstance(answer, dict) or "requeued" not in answer:
-        raise ClientError(f"the answer from {endpoint} is not pzq's: is a pzq monitor there?")
-    if not answer["requeued"]:
-        _must_exist(endpoint, queue, curve(curve_client_key, curve_server_key))
-    click.echo(f"requeued {answer['requeued']}")
-
-
-def _must_exist(endpoint: str, queue: str, keys: tuple[str, str] | None) -> None:
-    """Exit NOT_FOUND if ``queue`` is not one of the server's: the server answers an unknown queue as
-    an empty one (no dead letters), which hides a typo."""
-    if queue not in client.stats(endpoint, curve=keys)["queues"]:
-        fail(f"queue {queue!r} does not exist on the server at {endpoint}", ExitCode.NOT_FOUND)
+@click.argument("message_id", metavar="[ID]", required=False)
+@monitor_options
+def dead_letters_requeue(ask, everything, queue, message_id) -> None:
+    """Move dead letter ID (or --all: 1,000 a run, it says how many remain) back to the end of QUEUE.
+    Nothing to requeue (none, or an ID requeued or deleted already) exits 4."""
+    which = dead_letter_choice(message_id, everything)
+    answer = ask(["REQUEUE", queue, which])
+    settled(ask, queue, which, answer["requeued"], answer.get("left"), "requeued")
 
 
 @click.command("check")

@@ -37,6 +37,8 @@ RIGHT_OF = {
     "PURGE": MANAGE,
     "DELETEDEAD": MANAGE,
     "REQUEUE": MANAGE,
+    "CREATE": MANAGE,  # (a queue made or deleted: the operator's, as a purge is)
+    "DELETE": MANAGE,
     "PUBLISH": PRODUCE,
 }
 

@@ -2,7 +2,7 @@
 
 Requests (case-sensitive, words separated by spaces):
 
-    MONITOR                          the PZQ text: six fixed lines, then pzq's own lines
+    MONITOR                          the PZQ text: six fixed lines, their two wiki spellings, pzq's own lines
     STATS                            the same figures as one JSON object, for tools
     DEADLETTERS <queue> [limit]      JSON list of a queue's dead letters, oldest first
     REQUEUE <queue> <id>|all         move dead letters back to the end of their queue; JSON count
@@ -13,6 +13,9 @@ Requests (case-sensitive, words separated by spaces):
     PURGE <queue>                    delete its ready messages (over turns); JSON count
     DELETEDEAD <queue> <id>|all      delete dead letters for good; JSON count
     PUBLISH <queue>                  store the SECOND frame as a message (the only two-frame request)
+    CREATE <queue>                   make an explicit queue (never expires); JSON {"created": bool}
+    DELETE <queue>                   delete a queue with its messages and dead letters (over turns); JSON
+    ROUTES <event>                   JSON: the MQKS queues bound to an event (a publish copies to them)
 
 Anything else is answered with one ``error: ...`` line, never with silence (which would hang a REQ
 client forever).
@@ -27,6 +30,10 @@ from collections.abc import Sequence
 from pzq.errors import ProtocolError
 
 PZQ_FIELDS = ("messages", "messages_inflight", "db_size", "inflight_db_size", "syncs", "expired_messages")
+# The PZQ wiki page ("PZQ Sockets & Formats") spells two of the six otherwise than the original's later
+# code (which the six lines follow): MONITOR adds them under the wiki's names, same values, after the six,
+# so that a script written from either source finds its key (docs/protocols.md)
+WIKI_SPELLINGS = (("messages_in_flight", "messages_inflight"), ("in_flightdb_size", "inflight_db_size"))
 MAX_REQUEST = 4096
 
 
@@ -86,16 +93,18 @@ def unknown_request(request: Request) -> str:
     return error_text(
         f"{request.problem or 'unknown request'}; send MONITOR, STATS, QUEUE <queue>, "
         "PEEK|DEAD <queue> [limit] [after-id], CLIENTS [limit] [offset], DEADLETTERS <queue> [limit], "
-        "REQUEUE|DELETEDEAD <queue> <id>|all, PURGE <queue> or PUBLISH <queue> (its body a second frame)"
+        "REQUEUE|DELETEDEAD <queue> <id>|all, PURGE|CREATE|DELETE <queue>, ROUTES <event> "
+        "or PUBLISH <queue> (its body a second frame)"
     )
 
 
 def render_text(stats: dict) -> str:
-    """The MONITOR reply: the six PZQ lines in their order, then every other figure as name: value.
+    """The MONITOR reply: the six PZQ lines in their order, the wiki's two spellings, then every other
+    figure as name: value.
 
     Nested figures flatten with dots: {"queues": {"default": {"depth": 3}}} -> "queue.default.depth: 3".
     """
-    lines = [f"{name}: {stats[name]}" for name in PZQ_FIELDS]
+    lines = monitor_opening(stats).splitlines()
     for name, value in stats.items():
         if name in PZQ_FIELDS:
             continue
@@ -132,7 +141,8 @@ def stats_closing(rest: dict) -> str:
 
 
 def monitor_opening(head: dict) -> str:
-    return "".join(f"{name}: {head[name]}\n" for name in PZQ_FIELDS)
+    six = "".join(f"{name}: {head[name]}\n" for name in PZQ_FIELDS)
+    return six + "".join(f"{wiki}: {head[name]}\n" for wiki, name in WIKI_SPELLINGS)
 
 
 def monitor_queues(queues: dict, first: bool) -> str:

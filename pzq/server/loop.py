@@ -125,6 +125,7 @@ class Server(Reloading):
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
         self.admin.attach(lambda: self.endpoints, lambda: self._commits.last_ms, cfg)
+        self.admin.drop_queue = self._drop_queue  # (DELETE: its leases go too, as MQKS delete_queue's)
         self._chores = Chores(self.broker, self.leases, self.admin, cfg.limits, self._each_second)
         connections = ConnectionLimit(
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
