@@ -186,7 +186,7 @@ class Watchdog:
 
     def _run(self) -> None:
         while (left := self.deadline - time.monotonic()) > 0:
-            self._moved.wait(left)
+            self._moved.wait(None if left == float("inf") else left)  # (disarmed: wait for the next arm)
             self._moved.clear()
         alive = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
         sys.stderr.write(
