@@ -30,11 +30,10 @@ def run(*args: str):
 def test_no_answer_is_one_line_naming_the_absolute_socket_and_asking_if_pzq_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run("monitor", "--timeout", "200ms")
-    assert result.exit_code == 1
+    assert result.exit_code == ExitCode.NOT_LISTENING
     socket = f"{tmp_path}/pzq-data/monitor"
     assert result.output.strip().splitlines() == [
-        f"pzq: error: no answer from pzq at ipc://{socket} within 200ms: is it running? "
-        f"(there is no socket file {socket})"
+        f"pzq: error: nothing listens at ipc://{socket}: there is no socket file {socket} (is pzq running there?)"
     ]
 
 

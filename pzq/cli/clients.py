@@ -16,6 +16,7 @@ from pzq.cli.common import (
     curve_options,
     duration_help,
     errors_to_exit,
+    fail,
     from_settings,
     monitor_endpoint,
     resolve,
@@ -178,9 +179,8 @@ def consume(
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
             batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
-            if not batch:
-                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
-                sys.exit(ExitCode.FAILURE)
+            if not batch:  # (connected and handshaken, else reach.py said so: the queue had nothing)
+                fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
             for key, body in batch:
                 if as_json:
                     row = {"key": key.decode(), "sent_us": consumer.sent_us.get(key, 0), "body": []}

@@ -12,10 +12,14 @@ from typing import Any, NoReturn
 import click
 
 from pzq import config, units
+from pzq.clients import reach
 from pzq.errors import (
     ConfigError,
+    CurveRefused,
     DiskFull,
     ExitCode,
+    NoMessage,
+    NotListening,
     NotPermitted,
     PzqError,
     StoreDamaged,
@@ -49,6 +53,12 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.DISK_FULL)
         except NotPermitted as exc:  # (the key refused, or without the right: one line, its own status)
             fail(str(exc), ExitCode.NOT_PERMITTED)
+        except NotListening as exc:  # (the three silences a client meets, told apart: pzq/clients/reach.py)
+            fail(str(exc), ExitCode.NOT_LISTENING)
+        except CurveRefused as exc:
+            fail(str(exc), ExitCode.CURVE_REFUSED)
+        except NoMessage as exc:
+            fail(str(exc), ExitCode.NO_MESSAGE)
         except PzqError as exc:
             fail(str(exc), ExitCode.FAILURE)
 
@@ -57,11 +67,13 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
 
 class Group(click.Group):
     """The `pzq` group: a ConfigError raised while reading options (a duration without its unit) is one
-    line and ExitCode.CONFIG, as one raised by a command is, not click's usage block."""
+    line and ExitCode.CONFIG, as one raised by a command is, not click's usage block. Its client
+    commands are impatient (reach.py): nothing listening is said within a second, not after --timeout."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().main(*args, **kwargs)
+            with reach.impatient():
+                return super().main(*args, **kwargs)
         except ConfigError as exc:
             fail(str(exc), ExitCode.CONFIG)
 

@@ -16,7 +16,7 @@ from pzq.clients.native_batches import BatchSender
 from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.config import format_duration
-from pzq.errors import ClientError
+from pzq.errors import ClientError, NoMessage
 from pzq.protocols import native as wire
 from pzq.protocols.monitor import PZQ_FIELDS
 from pzq.protocols.native_batch import Caps as BatchCaps
@@ -111,7 +111,7 @@ class Producer:
     def _collect(self, results: dict[bytes, ProduceResult]) -> None:
         frames = receive(self.sock, wait_ms(self.timeout_s))
         if frames is None:
-            raise ClientError(f"no ack from the server within {format_duration(self.timeout_s)}")
+            raise NoMessage(f"no ack from the server within {format_duration(self.timeout_s)}")
         ack = wire.parse_produce_ack(frames)
         if ack is None or ack.message_id in results:
             raise ClientError(
@@ -173,7 +173,7 @@ def monitor_request(
         sock.send_string(request)
         frames = receive(sock, wait_ms(wait))
         if frames is None:
-            raise ClientError(no_answer(endpoint, wait))
+            raise NoMessage(no_answer(endpoint, wait))
         return frames[0].decode("utf-8", "replace")
     finally:
         sock.close(linger=0)
