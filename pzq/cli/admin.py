@@ -34,7 +34,7 @@ def dead_letters() -> None:
 @dead_letters.command("list")
 @config_option
 @click.option("--monitor-dsn", help="Monitor endpoint.  [default: as `pzq monitor` finds it]")
-@click.option("--limit", type=int, default=100, show_default=True, help="Dead letters to list at most.")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Dead letters to list at most.")
 @click.argument("queue", default="default")
 @curve_options
 @errors_to_exit

@@ -97,10 +97,12 @@ def _table(figures: dict) -> str:
 @click.command()
 @config_option
 @click.option("--receive-dsn", help="Producers' endpoint." + from_settings("receive_dsn"))
-@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
+@click.option(
+    "--window", type=click.IntRange(1), default=100, show_default=True, help="Unacked messages in flight at most."
+)
 @click.option(
     "--batch",
-    type=int,
+    type=click.IntRange(1),
     default=100,
     show_default=True,
     help="Messages per batch (PZQ-BATCH/1, where the server speaks it); 1 sends one message at a time.",
@@ -148,7 +150,9 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
     "'' = the send socket only. A "
     "server without it is consumed from the send socket." + from_settings("consume_dsn"),
 )
-@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "-n", "--count", type=click.IntRange(0), default=1, show_default=True, help="Messages to consume; 0 = until ^C."
+)
 @click.option(
     "--timeout",
     type=Duration(was="ms"),

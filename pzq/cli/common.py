@@ -66,16 +66,28 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Group(click.Group):
-    """The `pzq` group: a ConfigError raised while reading options (a duration without its unit) is one
-    line and ExitCode.CONFIG, as one raised by a command is, not click's usage block. Its client
+    """The `pzq` group: every refused input is one line and a named exit code, whether click refuses it
+    (a usage error: ExitCode.USAGE, with the command's --help named, not click's usage block) or a
+    ConfigError raised while reading options (a duration without its unit: ExitCode.CONFIG). Its client
     commands are impatient (reach.py): nothing listening is said within a second, not after --timeout."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
+    def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False or rest:  # (an embedding caller handles click's own)
+            return super().main(args, prog_name, *rest, **kwargs)
         try:
             with reach.impatient():
-                return super().main(*args, **kwargs)
+                code = super().main(args, prog_name, *rest, **{**kwargs, "standalone_mode": False})
         except ConfigError as exc:
             fail(str(exc), ExitCode.CONFIG)
+        except click.UsageError as exc:
+            where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
+            fail(" ".join(exc.format_message().split()) + where, ExitCode.USAGE)
+        except click.ClickException as exc:  # (a file click could not open: one line too)
+            fail(" ".join(exc.format_message().split()), ExitCode.CONFIG)
+        except click.Abort:  # (^C, as click says it)
+            click.echo("Aborted!", err=True)
+            sys.exit(ExitCode.FAILURE)
+        sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
 def from_settings(name: str) -> str:
@@ -144,10 +156,14 @@ class Duration(click.ParamType):
         self.was = was
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        name = param.opts[0] if param else "duration"
         try:
-            return value if isinstance(value, float) else units.parse_duration(value, units.SECONDS, self.was)
+            seconds = value if isinstance(value, float) else units.parse_duration(value, units.SECONDS, self.was)
         except ValueError as exc:  # one line naming the option, as serve's settings say it (cli's Group)
-            raise ConfigError(f"{param.opts[0] if param else 'duration'}: {exc}") from None
+            raise ConfigError(f"{name}: {exc}") from None
+        if seconds < 0:  # (a wait of -1s was read as none at all)
+            raise ConfigError(f"{name}: a duration is 0 or more, not {value!r}")
+        return seconds
 
 
 def duration_help(text: str, was: str = "") -> str:

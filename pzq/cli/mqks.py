@@ -75,7 +75,9 @@ def _unrouted(monitor_at: str | None) -> int | None:
 @mqks_group.command("consume")
 @config_option
 @click.option("--mqks-dsn", help="MQKS endpoint." + from_settings("mqks_dsn"))
-@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "-n", "--count", type=click.IntRange(0), default=1, show_default=True, help="Messages to consume; 0 = until ^C."
+)
 @click.option(
     "--timeout",
     type=Duration(),

@@ -14,7 +14,12 @@ from pzq.cli.common import config_option, errors_to_exit, resolve
 
 def help_text(name: str) -> str:
     """The help of setting ``name``'s option: what it does, its unit, and its default with the unit."""
-    return f"{config.describe(name)}  [default: {config.show(name, config.FIELDS[name].default)}]"
+    size = (
+        " In bytes, or with K, M, G or T (times 1024 each)."
+        if config.FIELDS[name].metadata["unit"] == config.SIZE
+        else ""
+    )
+    return f"{config.describe(name)}{size}  [default: {config.show(name, config.FIELDS[name].default)}]"
 
 
 def _option(name: str) -> Callable[[Any], Any]:

@@ -134,7 +134,8 @@ class Reach:
         if not self.keyed:  # (a mechanism mismatch, or the server closing on a NULL greeting: errno in value)
             return f"{at} wants a CURVE key: give --curve-client-key and --curve-server-key"
         if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            return f"{at} refused the CURVE handshake: is --curve-server-key that server's public key?"
+            # (a wrong server key, or a server without CURVE closing on the greeting: ipc says no more)
+            return f"{at} refused the CURVE handshake: is --curve-server-key its public key, and does it use CURVE?"
         return f"{at} broke the CURVE handshake (protocol error {value:#x}): is it pzq?"
 
     def _nothing(self, now: float) -> str:
