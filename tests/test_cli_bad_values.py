@@ -141,6 +141,21 @@ def test_a_missing_argument_or_an_unknown_option_is_one_line_naming_the_command_
         assert "--no-such-option" in line
 
 
+def test_a_bad_queue_name_is_one_line_for_every_command_that_names_a_queue(nowhere):
+    from pzq.cli.common import QueueName
+
+    naming = [(path, c) for path, c in commands() if any(isinstance(p.type, QueueName) for p in c.params)]
+    assert {"queue show", "dead-letters list", "mqks consume"} <= {" ".join(path) for path, _ in naming}
+    for path, command in naming:
+        for bad in ("", "two words", "line\nbreak", "x" * 1025):
+            args = [*path, *(bad if isinstance(p.type, QueueName) else "x" for p in command.params if p.required)]
+            if not any(isinstance(p.type, QueueName) and p.required for p in command.params):
+                args.append(bad)  # (an optional QUEUE: dead-letters list)
+            result = CliRunner().invoke(cli, args, env=nowhere)
+            line = one_line_and_a_named_code(result, repr(args))
+            assert result.exit_code == ExitCode.USAGE and "is not a queue name" in line, line
+
+
 def test_consume_refuses_a_negative_count_instead_of_printing_nothing(nowhere):
     result = CliRunner().invoke(cli, ["consume", "--count=-1"], env=nowhere)
     assert result.exit_code == ExitCode.USAGE and "-1 is not in the range" in result.stderr

@@ -11,7 +11,7 @@ import click
 
 from pzq import __version__
 from pzq.cli import admin, backup, bench, clients, console, mqks, queues, serve
-from pzq.cli.common import Group
+from pzq.cli.common import Group, QueueName
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -76,6 +76,22 @@ def _whole_short_help(group: click.Group) -> None:
 
 
 _whole_short_help(cli)
+
+
+def _queue_names(group: click.Group, path: tuple[str, ...] = ()) -> None:
+    """Every argument that names a queue (QUEUE anywhere, NAME under the queue commands) takes QueueName,
+    a command added later too."""
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            _queue_names(command, (*path, name))
+            continue
+        for param in command.params:
+            if isinstance(param, click.Argument) and (param.name == "queue" or param.name == "name" and path):
+                if param.type is click.STRING:
+                    param.type = QueueName()
+
+
+_queue_names(cli)
 
 
 def main() -> None:

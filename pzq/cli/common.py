@@ -166,6 +166,19 @@ class Duration(click.ParamType):
         return seconds
 
 
+class QueueName(click.ParamType):
+    """A queue name a request can carry: the monitor's and MQKS's requests are words on one line, so a
+    name that is empty, has blanks or control characters, or is over 1024 characters is refused here,
+    in one line, not answered by the server as some other request (the console's rule too)."""
+
+    name = "queue"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if 0 < len(value) <= 1024 and value.isprintable() and not any(c.isspace() for c in value):
+            return value
+        self.fail(f"{value!r} is not a queue name (1 to 1024 characters, no blanks or control characters)", param, ctx)
+
+
 def duration_help(text: str, was: str = "") -> str:
     """An option's help with the rule of its plain number: 'Wait for X. A plain number is seconds.'"""
     return f"{text} {units.plain_rule(units.SECONDS, was)}"
