@@ -250,6 +250,21 @@ def test_keys_given_to_a_server_without_curve_are_said_to_be_needless(make_serve
     assert result.exit_code == ExitCode.CURVE_REFUSED and "does not use CURVE" in result.stderr, result.stderr
 
 
+def test_a_peer_that_takes_the_connection_and_never_handshakes_is_said_after_a_second(tmp_path):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))  # (accepts, and says nothing: no ZeroMQ greeting)
+    try:
+        endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        result = CliRunner().invoke(cli, ["produce", "--receive-dsn", endpoint, "--timeout", "30s", "x"])
+        line = one_line_and_a_named_code(result, "produce")
+        assert result.exit_code == ExitCode.CURVE_REFUSED and "no ZeroMQ handshake completed within 1 s" in line
+        assert time.monotonic() - started < 10, "the 1 s wait for a handshake, not --timeout's 30 s"
+    finally:
+        listener.close()
+
+
 def test_an_empty_queue_is_no_message_with_its_own_code_after_the_timeout_not_before(server):
     started = time.monotonic()
     result = CliRunner().invoke(cli, ["consume", "--send-dsn", server.send, "--timeout", "1500ms"])

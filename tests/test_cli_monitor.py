@@ -143,7 +143,7 @@ def test_mqks_publish_to_an_event_nothing_is_bound_to_says_it_was_dropped(make_s
         "(bind one: pzq mqks consume QUEUE nobody.listens)"
     )
     bound = runner.invoke(cli, ["mqks", "consume", "q", "nobody.listens", "--timeout", "100ms"], env=env)
-    assert bound.exit_code == 1  # (nothing there yet; the queue is bound from now on)
+    assert bound.exit_code == ExitCode.NO_MESSAGE  # (nothing there yet; the queue is bound from now on)
     result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
     assert (result.exit_code, result.output.strip()) == (0, "1 published")
     got = runner.invoke(cli, ["mqks", "consume", "q", "--timeout", "5s"], env=env)

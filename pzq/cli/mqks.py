@@ -12,6 +12,7 @@ from pzq.cli.common import (
     config_option,
     duration_help,
     errors_to_exit,
+    fail,
     from_settings,
     monitor_endpoint,
     resolve,
@@ -103,8 +104,7 @@ def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
         while count == 0 or got < count:
             delivery = mq.receive(timeout)
             if delivery is None:
-                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
-                sys.exit(ExitCode.FAILURE)
+                fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
             click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
             got += 1
             if got == count:  # the last ack and the goodbye in one write: no next message is handed out
