@@ -265,6 +265,26 @@ def test_a_peer_that_takes_the_connection_and_never_handshakes_is_said_after_a_s
         listener.close()
 
 
+def test_a_zeromq_peer_that_handshakes_and_never_answers_is_no_message_after_the_timeout():
+    import zmq
+
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # (takes every request, answers none)
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        for args, said in (
+            (["monitor", "--monitor-dsn", endpoint], "no answer from pzq at"),
+            (["queue", "show", "default", "--monitor-dsn", endpoint], "though connected"),
+            (["produce", "--receive-dsn", endpoint, "x"], "no ack from the server within 1.2s"),
+        ):
+            result = CliRunner().invoke(cli, [*args, "--timeout", "1200ms"])
+            line = one_line_and_a_named_code(result, args[0])
+            assert result.exit_code == ExitCode.NO_MESSAGE and said in line, line
+    finally:
+        silent.close()
+
+
 def test_an_empty_queue_is_no_message_with_its_own_code_after_the_timeout_not_before(server):
     started = time.monotonic()
     result = CliRunner().invoke(cli, ["consume", "--send-dsn", server.send, "--timeout", "1500ms"])

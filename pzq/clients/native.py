@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
+from pzq.clients import reach
 from pzq.clients.native_batches import BatchSender
 from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
@@ -181,7 +182,10 @@ def monitor_request(
 
 def no_answer(endpoint: str, timeout_s: float) -> str:
     """What to say when no monitor answered: the endpoint, the wait, and (for an ipc:// path that is
-    not there) that nothing has ever listened at it."""
+    not there) that nothing has ever listened at it. A `pzq` command (reach.impatient) got here connected
+    and handshaken, else its socket monitor said so: the server is there and did not answer."""
+    if reach.patience() is not None:
+        return f"no answer from pzq at {endpoint} within {format_duration(timeout_s)}, though connected: is it stuck?"
     text = f"no answer from pzq at {endpoint} within {format_duration(timeout_s)}: is it running?"
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
     if path and not os.path.exists(path):
