@@ -291,3 +291,9 @@ def test_an_empty_queue_is_no_message_with_its_own_code_after_the_timeout_not_be
     assert time.monotonic() - started >= 1.5, "the server is there: its silence is waited out"
     line = one_line_and_a_named_code(result, "consume")
     assert result.exit_code == ExitCode.NO_MESSAGE and "no message came within 1.5s (0 received)" in line
+
+
+def test_a_group_given_no_command_prints_its_help_not_a_line_of_it():
+    for path in ((), ("queue",), ("dead-letters",), ("mqks",)):
+        result = CliRunner().invoke(cli, list(path))
+        assert result.exit_code == ExitCode.USAGE and "Commands:\n" in result.output, path

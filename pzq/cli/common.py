@@ -79,6 +79,9 @@ class Group(click.Group):
                 code = super().main(args, prog_name, *rest, **{**kwargs, "standalone_mode": False})
         except ConfigError as exc:
             fail(str(exc), ExitCode.CONFIG)
+        except click.exceptions.NoArgsIsHelpError as exc:  # (`pzq` or `pzq queue` alone: the help is the answer)
+            exc.show()
+            sys.exit(ExitCode.USAGE)
         except click.UsageError as exc:
             where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
             fail(" ".join(exc.format_message().split()) + where, ExitCode.USAGE)
