@@ -140,8 +140,8 @@ class Reach:
 
     def _nothing(self, now: float) -> str:
         waited = f"{now - self.started:.1f} s" if now - self.started >= 0.05 else "at once"
-        why = "refused" if self.retried else "not answered"
-        return f"nothing listens at {self.endpoint} (the connection was {why}, {waited}): is pzq running there?"
+        why = "refused or unreachable" if self.retried else "not answered"
+        return f"nothing listens at {self.endpoint} (connecting was {why}, {waited}): is pzq running there?"
 
 
 class WatchedSocket(zmq.Socket):

@@ -52,6 +52,10 @@ def connect(
     NotListening as soon as its monitor says so (``eager``: a refused connect is final at once). An
     endpoint ZeroMQ cannot read (``tcp://HOST`` without a port) is a ConfigError naming it."""
     check_ipc_owner(endpoint)
+    if endpoint.startswith("tcp://"):  # (libzmq takes port 0 or 99999 and retries for ever)
+        port = endpoint.rpartition(":")[2]
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"cannot connect to {endpoint!r}: an endpoint is tcp://HOST:PORT (PORT 1-65535)")
     impatient = reach.patience() is not None
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@") else ""
     if impatient and path and not os.path.exists(path):  # (known at once: no wait tells more)
