@@ -3,10 +3,11 @@ resolved from flags, environment and file, and the CURVE client options."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import click
@@ -71,26 +72,35 @@ class Group(click.Group):
     ConfigError raised while reading options (a duration without its unit: ExitCode.CONFIG). Its client
     commands are impatient (reach.py): nothing listening is said within a second, not after --timeout."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **kwargs: Any) -> Any:
-        if kwargs.get("standalone_mode", True) is False or rest:  # (an embedding caller handles click's own)
-            return super().main(args, prog_name, *rest, **kwargs)
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
             with reach.impatient():
-                code = super().main(args, prog_name, *rest, **{**kwargs, "standalone_mode": False})
+                return super().main(*args, **kwargs)
         except ConfigError as exc:
             fail(str(exc), ExitCode.CONFIG)
-        except click.exceptions.NoArgsIsHelpError as exc:  # (`pzq` or `pzq queue` alone: the help is the answer)
-            exc.show()
-            sys.exit(ExitCode.USAGE)
-        except click.UsageError as exc:
-            where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
-            fail(" ".join(exc.format_message().split()) + where, ExitCode.USAGE)
-        except click.ClickException as exc:  # (a file click could not open: one line too)
-            fail(" ".join(exc.format_message().split()), ExitCode.CONFIG)
-        except click.Abort:  # (^C, as click says it)
-            click.echo("Aborted!", err=True)
-            sys.exit(ExitCode.FAILURE)
-        sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+    # (click's usage errors are raised while the group's context is made, or its subcommand's in invoke:
+    # caught at both, click's own handling of everything else, --help's exit included, stays as it is)
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:  # (`pzq` or `pzq queue` alone: the help is the answer)
+        raise
+    except click.UsageError as exc:
+        where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
+        fail(" ".join(exc.format_message().split()) + where, ExitCode.USAGE)
+    except click.exceptions.FileError as exc:  # (a file click could not open: one line too)
+        fail(" ".join(exc.format_message().split()), ExitCode.CONFIG)
 
 
 def from_settings(name: str) -> str:
