@@ -285,6 +285,20 @@ def test_a_zeromq_peer_that_handshakes_and_never_answers_is_no_message_after_the
         silent.close()
 
 
+def test_consume_with_send_dsn_alone_does_not_wait_for_a_batched_endpoint_nothing_listens_at(make_server):
+    import socket
+
+    send, (_, port) = free_tcp_endpoint()
+    with socket.socket() as beside:  # (the port 'auto' puts the batched endpoint at: free, nothing there)
+        beside.bind(("127.0.0.1", port + 2))
+    srv = make_server(send_dsn=send, consume_dsn="")
+    assert CliRunner().invoke(cli, ["produce", "--receive-dsn", srv.receive, "hello"]).exit_code == 0
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["consume", "--send-dsn", send, "--timeout", "30s"])
+    assert result.exit_code == 0 and result.stdout == "hello\n", result.output
+    assert time.monotonic() - started < 1.5, "the refused batched endpoint is left at once (it waited 2 s for HELLO)"
+
+
 def test_an_empty_queue_is_no_message_with_its_own_code_after_the_timeout_not_before(server):
     started = time.monotonic()
     result = CliRunner().invoke(cli, ["consume", "--send-dsn", server.send, "--timeout", "1500ms"])
