@@ -97,6 +97,8 @@ def nowhere(tmp_path, monkeypatch):
     for name in ("receive_dsn", "send_dsn", "consume_dsn", "monitor_dsn"):
         env[f"PZQ_{name.upper()}"] = f"ipc://{tmp_path}/no-{name}"
     env["PZQ_MQKS_DSN"] = f"tcp://127.0.0.1:{port}"
+    _, (_, http) = free_tcp_endpoint()
+    env["PZQ_HTTP_DSN"] = f"http://127.0.0.1:{http}"  # (so that `pzq console` reads every other option)
     env["PZQ_DATABASE"] = str(tmp_path / "db")
     return env
 
@@ -114,6 +116,7 @@ def test_every_command_is_walked_including_each_group_s_subcommands():
     assert {"produce", "consume", "monitor", "queue show", "dead-letters list", "mqks publish", "serve"} <= walked
 
 
+@pytest.mark.timeout(30)  # (a value taken by mistake would start the command's work: serve, console, bench)
 @pytest.mark.parametrize(("path", "option", "value"), list(cases()))
 def test_a_bad_value_of_any_option_is_one_line_and_a_named_exit_code(nowhere, path, option, value):
     command = dict(commands())[path]
@@ -154,6 +157,14 @@ def test_a_bad_queue_name_is_one_line_for_every_command_that_names_a_queue(nowhe
             result = CliRunner().invoke(cli, args, env=nowhere)
             line = one_line_and_a_named_code(result, repr(args))
             assert result.exit_code == ExitCode.USAGE and "is not a queue name" in line, line
+
+
+def test_keygen_refuses_a_name_that_is_not_a_file_name_and_a_directory_it_cannot_make(nowhere, tmp_path):
+    for args in (["keys", ""], ["keys", "../outside"], ["keys", ".hidden"], ["/proc/no/such", "alice"]):
+        result = CliRunner().invoke(cli, ["keygen", *args], env=nowhere)
+        line = one_line_and_a_named_code(result, repr(args))
+        assert result.exit_code == ExitCode.CONFIG and "keygen:" in line
+    assert not list(tmp_path.glob("outside*")) and not list(tmp_path.glob("keys/*")), "nothing was written"
 
 
 def test_consume_refuses_a_negative_count_instead_of_printing_nothing(nowhere):

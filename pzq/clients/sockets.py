@@ -43,6 +43,15 @@ def check_ipc_owner(endpoint: str) -> None:
     )
 
 
+def check_endpoint(endpoint: str) -> None:
+    """ConfigError for a tcp:// endpoint a client cannot connect to: no port, or one outside 1-65535
+    (libzmq refuses the first with EINVAL, and takes port 0 or 99999 and retries for ever)."""
+    if endpoint.startswith("tcp://"):
+        port = endpoint.rpartition(":")[2]
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"cannot connect to {endpoint!r}: an endpoint is tcp://HOST:PORT (PORT 1-65535)")
+
+
 def connect(
     kind: int, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None, eager: bool = False
 ) -> zmq.Socket:
@@ -52,10 +61,7 @@ def connect(
     NotListening as soon as its monitor says so (``eager``: a refused connect is final at once). An
     endpoint ZeroMQ cannot read (``tcp://HOST`` without a port) is a ConfigError naming it."""
     check_ipc_owner(endpoint)
-    if endpoint.startswith("tcp://"):  # (libzmq takes port 0 or 99999 and retries for ever)
-        port = endpoint.rpartition(":")[2]
-        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"cannot connect to {endpoint!r}: an endpoint is tcp://HOST:PORT (PORT 1-65535)")
+    check_endpoint(endpoint)
     impatient = reach.patience() is not None
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@") else ""
     if impatient and path and not os.path.exists(path):  # (known at once: no wait tells more)
