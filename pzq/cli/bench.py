@@ -57,10 +57,10 @@ _WORKLOAD = _options(
     ),
     click.option(
         "--latency-count",
-        type=click.IntRange(0),
+        type=click.IntRange(1),
         default=10_000,
         show_default=True,
-        help="Messages of the window-1 (ack latency) phase; 0 = none.",
+        help="Messages of the window-1 (ack latency) phase.",
     ),
     click.option(
         "--size", type=click.IntRange(0), default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16)."
