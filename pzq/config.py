@@ -64,7 +64,7 @@ class Config:
     database: str = _setting("./pzq-data", "LMDB directory of the store (created if missing).")
     base_port: int = _setting(
         0,
-        "Moves every tcp endpoint no flag, variable or file line names to this port plus its fixed offset "
+        "A TCP port number: moves every tcp endpoint no flag, variable or file line names to this port plus its fixed offset "
         "(docs/configuration.md; metrics and the console too when set to 'auto'); 0 = off.",
         low=0,
         high=MAX_BASE_PORT,

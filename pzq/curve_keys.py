@@ -17,10 +17,16 @@ from pzq.errors import ConfigError
 
 
 def keygen(directory: str, name: str) -> tuple[str, str]:
-    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (owner-only) in ``directory``."""
-    os.makedirs(directory, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(directory, name)
-    os.chmod(secret, 0o600)
+    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (owner-only) in ``directory``. ConfigError
+    for a NAME that is not a plain file name ('', '../x' wrote outside it) or a directory not writable."""
+    if not name or not name.isprintable() or "/" in name or name.startswith("."):
+        raise ConfigError(f"keygen: {name!r} is not a key name (a file name: no '/', not starting with '.')")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        public, secret = zmq.auth.create_certificates(directory, name)
+        os.chmod(secret, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"keygen: cannot write keys in {directory}: {exc.strerror}") from None
     return public, secret
 
 

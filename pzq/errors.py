@@ -18,7 +18,9 @@ class ExitCode(enum.IntEnum):
     NOT_PERMITTED = 5  # the server refused this client's key: not let in, or without the right (permissions)
     DISK_FULL = 6  # the store's filesystem (or quota) has no room for what must be written: nothing is damaged
     SYNC_LOST = 7  # a commit or sync failed while answers waited for it: start again from what is on disk
-    # (8-10: h42-cli's NOT_LISTENING, CURVE_REFUSED, NO_MESSAGE)
+    NOT_LISTENING = 8  # a client command: nothing listens at the endpoint (no connection within 1 s)
+    CURVE_REFUSED = 9  # a client command: the server wants a CURVE key, another one, or none (handshake failed)
+    NO_MESSAGE = 10  # a client command: connected, but no message (or answer) came within its --timeout
     NOT_CONFIRMED = 11  # a destructive command was not confirmed: no terminal to ask on and no --yes, or "no"
     UNROUTED = 12  # an MQKS event no queue is bound to: nothing was published (MQKS would drop it)
 
@@ -84,6 +86,21 @@ class ProtocolError(PzqError):
 
 class ClientError(PzqError):
     """A client call failed: no answer in time, or the server refused the request."""
+
+
+class NotListening(ClientError):
+    """Nothing listens at the client's endpoint: no connection within its patience (1 s for a `pzq`
+    command), or an ipc:// socket file that is not there. Exit status ``NOT_LISTENING``."""
+
+
+class CurveRefused(ClientError):
+    """The connection was made but its ZeroMQ handshake failed or never completed: the server wants a
+    CURVE key (or another server key), or does not use CURVE at all. Exit status ``CURVE_REFUSED``."""
+
+
+class NoMessage(ClientError):
+    """Connected and handshaken, but no message (or answer, or ack) came within the wait: the server is
+    there and said nothing. Exit status ``NO_MESSAGE``."""
 
 
 class NotPermitted(ClientError):

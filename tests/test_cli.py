@@ -10,6 +10,7 @@ import sys
 from click.testing import CliRunner
 
 from pzq.cli import cli
+from pzq.errors import ExitCode
 
 
 def run(*args: str, input: str | None = None, env: dict | None = None):
@@ -154,22 +155,22 @@ def test_produce_takes_messages_from_arguments_and_the_environment_names_the_end
     assert server.stats()["messages"] == 2
 
 
-def test_produce_fails_with_exit_1_when_no_server_answers(tmp_path):
+def test_produce_says_at_once_that_nothing_listens_at_an_ipc_path_with_no_socket_file(tmp_path):
     result = run("produce", "--receive-dsn", f"ipc://{tmp_path}/nobody", "--timeout", "300ms", "x")
-    assert result.exit_code == 1
-    assert "no ack" in result.output
+    assert result.exit_code == ExitCode.NOT_LISTENING
+    assert f"nothing listens at ipc://{tmp_path}/nobody: there is no socket file" in result.output
 
 
-def test_consume_exits_1_when_no_message_comes(server):
+def test_consume_exits_no_message_when_no_message_comes(server):
     result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
-    assert result.exit_code == 1
+    assert result.exit_code == ExitCode.NO_MESSAGE
 
 
 def test_client_timeouts_take_units_and_a_plain_number_whose_meaning_changed_is_refused_in_one_line(server):
     result = run("consume", "--send-dsn", server.send, "--timeout", "300ms")
-    assert result.exit_code == 1 and "no message within 300ms after 0 received" in result.output
+    assert result.exit_code == ExitCode.NO_MESSAGE and "no message came within 300ms (0 received)" in result.output
     result = run("consume", "--send-dsn", server.send, "--timeout", "0.2s")
-    assert result.exit_code == 1 and "no message within 200ms after 0 received" in result.output
+    assert result.exit_code == ExitCode.NO_MESSAGE and "no message came within 200ms (0 received)" in result.output
     result = run("consume", "--send-dsn", server.send, "--timeout", "200")  # (was 200 ms; 200 s would hang)
     assert (result.exit_code, result.output.strip()) == (
         2,
@@ -193,7 +194,7 @@ def test_dead_letters_can_be_listed_and_requeued(make_server):
     server = make_server(max_deliveries=1)
     run("produce", "--receive-dsn", server.receive, "poison")
     assert run("consume", "--send-dsn", server.send, "--nack").exit_code == 0
-    assert run("consume", "--send-dsn", server.send, "--timeout", "300ms").exit_code == 1
+    assert run("consume", "--send-dsn", server.send, "--timeout", "300ms").exit_code == ExitCode.NO_MESSAGE
     listed = run("dead-letters", "list", "--monitor-dsn", server.monitor, "default")
     letter = json.loads(listed.output.splitlines()[0])
     assert letter["body"] == ["poison"] and letter["reason"] == "max-deliveries"

@@ -79,3 +79,51 @@ def test_the_rendered_help_shows_defaults_with_units():
     refused = r"Give a unit \(500us, 2ms, 1s\): a plain number is refused in this release, as its meaning changes"
     refused += r" from ms to seconds\.  \[default: 10s\]"
     assert re.search(r"--timeout DURATION +Wait for each ack\. " + refused, out)
+
+
+# What counts as naming a unit in an option's help: a time unit (or the plain-number rule), bytes, or the
+# noun a count counts. A new option about time, size or a count must use one of these words.
+UNIT_WORDS = re.compile(
+    r"\b(seconds|ms|µs|plain number is|bytes|messages|msg/s|deliveries|queues|connections|intervals|rows|"
+    r"processes|runs|jobs|dead letters|batches|port number)\b",
+    re.IGNORECASE,
+)
+
+
+def test_every_option_about_time_size_or_a_count_names_its_unit():
+    unnamed = []
+    for path, command in commands():
+        for option in command.params:
+            if not isinstance(option, click.Option) or option.is_flag:
+                continue
+            unit = config.FIELDS[option.name].metadata["unit"] if option.name in config.FIELDS else None
+            counted = isinstance(option.type, click.types.IntParamType | click.types.FloatParamType)
+            timed = isinstance(option.type, Duration) or option.name in config.DURATION_FIELDS
+            if (counted or timed or unit == config.SIZE) and not UNIT_WORDS.search(option.help or ""):
+                unnamed.append(f"pzq {' '.join(path)} {option.opts[-1]}: {option.help}")
+    assert unnamed == []
+
+
+def test_monitor_s_timeout_and_watch_both_say_a_plain_number_is_seconds_or_refused():
+    out = " ".join(CliRunner().invoke(cli, ["monitor", "--help"], terminal_width=200).output.split())
+    assert "--watch DURATION Redraw this often" in out and "A plain number is seconds." in out
+    assert "a plain number is refused in this release, as its meaning changes from ms to seconds" in out
+
+
+def groups(group: click.Group = cli, path: tuple[str, ...] = ()):
+    yield path, group
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from groups(command, (*path, name))
+
+
+def test_no_command_list_cuts_a_description_mid_sentence():
+    for path, _ in groups():
+        for width in (80, 200):
+            out = CliRunner().invoke(cli, [*path, "--help"], terminal_width=width).output
+            listing = out.split("Commands:\n", 1)[1] if "Commands:\n" in out else ""
+            assert listing, (path, out)
+            cut = [line for line in listing.splitlines() if line.rstrip().endswith("...")]
+            assert cut == [], (path, width)
+            # (each description is whole: its last line ends a sentence)
+            assert listing.rstrip().endswith((".", ")")), (path, listing)

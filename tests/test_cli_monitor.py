@@ -30,11 +30,10 @@ def run(*args: str):
 def test_no_answer_is_one_line_naming_the_absolute_socket_and_asking_if_pzq_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run("monitor", "--timeout", "200ms")
-    assert result.exit_code == 1
+    assert result.exit_code == ExitCode.NOT_LISTENING
     socket = f"{tmp_path}/pzq-data/monitor"
     assert result.output.strip().splitlines() == [
-        f"pzq: error: no answer from pzq at ipc://{socket} within 200ms: is it running? "
-        f"(there is no socket file {socket})"
+        f"pzq: error: nothing listens at ipc://{socket}: there is no socket file {socket} (is pzq running there?)"
     ]
 
 
@@ -149,7 +148,7 @@ def test_mqks_publish_to_an_event_nothing_is_bound_to_publishes_nothing_and_exit
     )
     assert srv.stats()["mqks"]["unrouted_total"] == 1
     bound = runner.invoke(cli, ["mqks", "consume", "q", "nobody.listens", "--timeout", "100ms"], env=env)
-    assert bound.exit_code == 1  # (nothing there yet; the queue is bound from now on)
+    assert bound.exit_code == ExitCode.NO_MESSAGE  # (nothing there yet; the queue is bound from now on)
     result = runner.invoke(cli, ["mqks", "publish", "nobody.listens", "hello"], env=env)
     assert (result.exit_code, result.output.strip()) == (0, "1 published to 1 queue(s)")
     got = runner.invoke(cli, ["mqks", "consume", "q", "--timeout", "5s"], env=env)

@@ -114,10 +114,10 @@ def test_no_answer_is_one_line_and_a_non_zero_exit(tmp_path):
     result = CliRunner().invoke(
         cli, ["queue", "show", "x", "--monitor-dsn", f"ipc://{tmp_path}/none", "--timeout", "200ms"], env=NO_SETTINGS
     )
-    assert result.exit_code == ExitCode.FAILURE
+    assert result.exit_code == ExitCode.NOT_LISTENING
     assert result.output.strip().splitlines() == [
-        f"pzq: error: no answer from pzq at ipc://{tmp_path}/none within 200ms: is it running? "
-        f"(there is no socket file {tmp_path}/none)"
+        f"pzq: error: nothing listens at ipc://{tmp_path}/none: there is no socket file {tmp_path}/none "
+        "(is pzq running there?)"
     ]
 
 
@@ -139,7 +139,7 @@ def test_with_curve_a_write_is_logged_with_the_name_of_the_key_that_asked(make_s
         assert published.exit_code == 0, published.stderr
     assert f"published {published.stdout.strip()} (6 bytes) to queue 'default' (by alice)" in caplog.text
     unsigned = run(srv, "queue", "publish", "default", "anyone", "--timeout", "300ms")
-    assert "no answer from pzq" in one_error_line(unsigned)
+    assert "wants a CURVE key" in one_error_line(unsigned, ExitCode.CURVE_REFUSED)
 
 
 # -- queue list, create, delete; publish --create -------------------------------------------------------
@@ -213,12 +213,10 @@ def test_queue_create_makes_an_explicit_queue_and_again_says_it_exists_with_exit
 
 
 def test_queue_create_refuses_a_name_the_store_refuses_in_one_line(server):
-    line = one_error_line(run(server, "queue", "create", "q" * 256))
-    assert line.startswith("pzq: error: queue name must be 1 to 255 bytes")
-    assert "q" * 256 not in server.stats()["queues"]
-    for bad in ("", "two words"):
+    for bad in ("q" * 256, "é" * 128, "", "two words"):
         line = one_error_line(run(server, "queue", "create", bad), ExitCode.USAGE)
-        assert line == f"pzq: error: a queue name is 1 to 255 bytes without whitespace, got {bad!r}"
+        assert f"{bad!r} is not a queue name (1 to 255 bytes, no blanks or control characters)" in line
+    assert sorted(server.stats()["queues"]) == ["default"]
 
 
 def test_queue_delete_without_a_terminal_and_without_yes_refuses_with_exit_not_confirmed(server):

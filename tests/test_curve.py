@@ -115,7 +115,7 @@ def test_the_cli_produces_and_consumes_through_curve(make_server, keys):
     result = runner.invoke(cli, ["produce", "--receive-dsn", receive, *curve, "hello"])
     assert result.exit_code == 0, result.output
     # (the send socket, as named: with --send-dsn alone the batched endpoint beside it is tried first, and
-    # this server has none there: the client's 2 s HELLO timeout, then the send socket)
+    # this server has none there: refused at once, then the send socket)
     result = runner.invoke(cli, ["consume", "--send-dsn", send, "--consume-dsn", "", *curve, "--timeout", "5s"])
     assert result.exit_code == 0 and result.output.strip().endswith("hello"), result.output
 

@@ -51,22 +51,32 @@ _WORKLOAD = _options(
         "--messages",
         "--jobs",
         "count",
-        type=int,
+        type=click.IntRange(1),
         default=None,
         help="Messages per throughput phase (jobs for emqp).  [default: 100000; mqks 10000; emqp 5000]",
     ),
     click.option(
         "--latency-count",
-        type=int,
+        type=click.IntRange(1),
         default=10_000,
         show_default=True,
         help="Messages of the window-1 (ack latency) phase.",
     ),
-    click.option("--size", type=int, default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16)."),
-    click.option("--window", type=int, default=100, show_default=True, help="Unacked messages per producer."),
-    click.option("--producers", type=int, default=1, show_default=True, help="Producer processes."),
-    click.option("--consumers", type=int, default=1, show_default=True, help="Consumer processes."),
-    click.option("--rate", type=float, default=5000, show_default=True, help="msg/s of the paced phase."),
+    click.option(
+        "--size", type=click.IntRange(0), default=100, show_default=True, help="Body bytes (pzq, phpmq: at least 16)."
+    ),
+    click.option(
+        "--window", type=click.IntRange(1), default=100, show_default=True, help="Unacked messages per producer."
+    ),
+    click.option("--producers", type=click.IntRange(1), default=1, show_default=True, help="Producer processes."),
+    click.option("--consumers", type=click.IntRange(1), default=1, show_default=True, help="Consumer processes."),
+    click.option(
+        "--rate",
+        type=click.FloatRange(0, min_open=True),
+        default=5000,
+        show_default=True,
+        help="Messages a second (msg/s) of the paced phase.",
+    ),
     click.option(
         "--paced-seconds",
         type=Duration(),
@@ -75,13 +85,15 @@ _WORKLOAD = _options(
         show_default=True,
         help=duration_help("Length of the paced phase."),
     ),
-    click.option("--runs", type=int, default=3, show_default=True, help="Full runs; the table shows medians."),
+    click.option(
+        "--runs", type=click.IntRange(1), default=3, show_default=True, help="Full runs; the table shows medians."
+    ),
     click.option(
         "--preload",
-        type=int,
+        type=click.IntRange(0),
         default=0,
         show_default=True,
-        help="Store N messages before the server starts (scale test).",
+        help="Store this many messages before the server starts (scale test).",
     ),
 )
 _SETUP = _options(
@@ -114,13 +126,16 @@ _SETUP = _options(
     ),
     click.option(
         "--batch-size",
-        type=int,
+        type=click.IntRange(1),
         default=50,
         show_default=True,
         help="pzq batched: messages per batch (--window / --batch-size batches in flight, at least one).",
     ),
     click.option(
-        "--batch", type=int, default=None, help="spark: maxMessagesPerBatch.  [default: the connector's, 500,000]"
+        "--batch",
+        type=click.IntRange(1),
+        default=None,
+        help="spark: maxMessagesPerBatch, in messages.  [default: the connector's, 500,000]",
     ),
     click.option(
         "--spark-master",
@@ -128,7 +143,13 @@ _SETUP = _options(
         show_default=True,
         help="spark: where the queries run (spark://HOST:PORT for a standalone cluster).",
     ),
-    click.option("--concurrent", type=int, default=4, show_default=True, help="emqp: the JobManager's job processes."),
+    click.option(
+        "--concurrent",
+        type=click.IntRange(1),
+        default=4,
+        show_default=True,
+        help="emqp: the JobManager's job processes.",
+    ),
     click.option(
         "--broker",
         type=click.Choice(["pzq", "reference", "both"]),

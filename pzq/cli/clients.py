@@ -16,6 +16,7 @@ from pzq.cli.common import (
     curve_options,
     duration_help,
     errors_to_exit,
+    fail,
     from_settings,
     monitor_endpoint,
     resolve,
@@ -96,10 +97,12 @@ def _table(figures: dict) -> str:
 @click.command()
 @config_option
 @click.option("--receive-dsn", help="Producers' endpoint." + from_settings("receive_dsn"))
-@click.option("--window", type=int, default=100, show_default=True, help="Unacked messages in flight at most.")
+@click.option(
+    "--window", type=click.IntRange(1), default=100, show_default=True, help="Unacked messages in flight at most."
+)
 @click.option(
     "--batch",
-    type=int,
+    type=click.IntRange(1),
     default=100,
     show_default=True,
     help="Messages per batch (PZQ-BATCH/1, where the server speaks it); 1 sends one message at a time.",
@@ -147,7 +150,9 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
     "'' = the send socket only. A "
     "server without it is consumed from the send socket." + from_settings("consume_dsn"),
 )
-@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "-n", "--count", type=click.IntRange(0), default=1, show_default=True, help="Messages to consume; 0 = until ^C."
+)
 @click.option(
     "--timeout",
     type=Duration(was="ms"),
@@ -178,9 +183,8 @@ def consume(
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
         while count == 0 or got < count:
             batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
-            if not batch:
-                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
-                sys.exit(ExitCode.FAILURE)
+            if not batch:  # (connected and handshaken, else reach.py said so: the queue had nothing)
+                fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
             for key, body in batch:
                 if as_json:
                     row = {"key": key.decode(), "sent_us": consumer.sent_us.get(key, 0), "body": []}

@@ -3,19 +3,24 @@ resolved from flags, environment and file, and the CURVE client options."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import click
 
 from pzq import config, units
+from pzq.clients import reach
 from pzq.errors import (
     ConfigError,
+    CurveRefused,
     DiskFull,
     ExitCode,
+    NoMessage,
+    NotListening,
     NotPermitted,
     PzqError,
     StoreDamaged,
@@ -49,6 +54,12 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), ExitCode.DISK_FULL)
         except NotPermitted as exc:  # (the key refused, or without the right: one line, its own status)
             fail(str(exc), ExitCode.NOT_PERMITTED)
+        except NotListening as exc:  # (the three silences a client meets, told apart: pzq/clients/reach.py)
+            fail(str(exc), ExitCode.NOT_LISTENING)
+        except CurveRefused as exc:
+            fail(str(exc), ExitCode.CURVE_REFUSED)
+        except NoMessage as exc:
+            fail(str(exc), ExitCode.NO_MESSAGE)
         except PzqError as exc:
             fail(str(exc), ExitCode.FAILURE)
 
@@ -56,14 +67,40 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Group(click.Group):
-    """The `pzq` group: a ConfigError raised while reading options (a duration without its unit) is one
-    line and ExitCode.CONFIG, as one raised by a command is, not click's usage block."""
+    """The `pzq` group: every refused input is one line and a named exit code, whether click refuses it
+    (a usage error: ExitCode.USAGE, with the command's --help named, not click's usage block) or a
+    ConfigError raised while reading options (a duration without its unit: ExitCode.CONFIG). Its client
+    commands are impatient (reach.py): nothing listening is said within a second, not after --timeout."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().main(*args, **kwargs)
+            with reach.impatient():
+                return super().main(*args, **kwargs)
         except ConfigError as exc:
             fail(str(exc), ExitCode.CONFIG)
+
+    # (click's usage errors are raised while the group's context is made, or its subcommand's in invoke:
+    # caught at both, click's own handling of everything else, --help's exit included, stays as it is)
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:  # (`pzq` or `pzq queue` alone: the help is the answer)
+        raise
+    except click.UsageError as exc:
+        where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
+        fail(" ".join(exc.format_message().split()) + where, ExitCode.USAGE)
+    except click.exceptions.FileError as exc:  # (a file click could not open: one line too)
+        fail(" ".join(exc.format_message().split()), ExitCode.CONFIG)
 
 
 def from_settings(name: str) -> str:
@@ -132,10 +169,31 @@ class Duration(click.ParamType):
         self.was = was
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        name = param.opts[0] if param else "duration"
         try:
-            return value if isinstance(value, float) else units.parse_duration(value, units.SECONDS, self.was)
+            seconds = value if isinstance(value, float) else units.parse_duration(value, units.SECONDS, self.was)
         except ValueError as exc:  # one line naming the option, as serve's settings say it (cli's Group)
-            raise ConfigError(f"{param.opts[0] if param else 'duration'}: {exc}") from None
+            raise ConfigError(f"{name}: {exc}") from None
+        if seconds < 0:  # (a wait of -1s was read as none at all)
+            raise ConfigError(f"{name}: a duration is 0 or more, not {value!r}")
+        return seconds
+
+
+class QueueName(click.ParamType):
+    """A queue name a request can carry: the monitor's and MQKS's requests are words on one line, so a
+    name that is empty, has blanks or control characters, or is over the store's 255 bytes is refused
+    here, in one line, not answered by the server as some other request."""
+
+    name = "queue"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if (
+            0 < len(value.encode("utf-8", "surrogateescape")) <= 255
+            and value.isprintable()
+            and not any(c.isspace() for c in value)
+        ):
+            return value
+        self.fail(f"{value!r} is not a queue name (1 to 255 bytes, no blanks or control characters)", param, ctx)
 
 
 def duration_help(text: str, was: str = "") -> str:

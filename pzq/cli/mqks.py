@@ -95,7 +95,9 @@ def _bound(monitor_at: str | None, event: str) -> int | None:
 @mqks_group.command("consume")
 @config_option
 @click.option("--mqks-dsn", help="MQKS endpoint." + from_settings("mqks_dsn"))
-@click.option("-n", "--count", type=int, default=1, show_default=True, help="Messages to consume; 0 = until ^C.")
+@click.option(
+    "-n", "--count", type=click.IntRange(0), default=1, show_default=True, help="Messages to consume; 0 = until ^C."
+)
 @click.option(
     "--timeout",
     type=Duration(),
@@ -121,8 +123,7 @@ def mqks_consume(config_file, mqks_dsn, count, timeout, queue, events) -> None:
         while count == 0 or got < count:
             delivery = mq.receive(timeout)
             if delivery is None:
-                click.echo(f"pzq: no message within {format_duration(timeout)} after {got} received", err=True)
-                sys.exit(ExitCode.FAILURE)
+                fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
             click.echo(f"{delivery.msg_id}\t{delivery.event}\t{delivery.retry}\t{delivery.data}")
             got += 1
             if got == count:  # the last ack and the goodbye in one write: no next message is handed out

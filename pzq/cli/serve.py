@@ -3,6 +3,7 @@ written once, in pzq/config.py."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -10,11 +11,17 @@ import click
 
 from pzq import config, logs
 from pzq.cli.common import config_option, errors_to_exit, resolve
+from pzq.errors import ConfigError
 
 
 def help_text(name: str) -> str:
     """The help of setting ``name``'s option: what it does, its unit, and its default with the unit."""
-    return f"{config.describe(name)}  [default: {config.show(name, config.FIELDS[name].default)}]"
+    size = (
+        " In bytes, or with K, M, G or T (times 1024 each)."
+        if config.FIELDS[name].metadata["unit"] == config.SIZE
+        else ""
+    )
+    return f"{config.describe(name)}{size}  [default: {config.show(name, config.FIELDS[name].default)}]"
 
 
 def _option(name: str) -> Callable[[Any], Any]:
@@ -52,6 +59,9 @@ def setting_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
     cfg = resolve(config_file, **flags)
+    if cfg.http_dsn and cfg.http_auth_file and not os.path.isfile(cfg.http_auth_file):
+        # (the console, pzq's child, reads it: without this, pzq served on with a console that died every second)
+        raise ConfigError(f"--http-auth-file {cfg.http_auth_file}: no such file (the web console's secret)")
     logs.configure(cfg.log_level, cfg.log_format)
     from pzq.server import serve as run_server
 

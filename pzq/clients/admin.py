@@ -10,7 +10,7 @@ import zmq
 
 from pzq.clients.native import no_answer
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
-from pzq.errors import ClientError, NotPermitted
+from pzq.errors import ClientError, NoMessage, NotPermitted
 
 NOT_PERMITTED = "error: not permitted:"  # the refusal of a request the client's key has not the right for
 
@@ -56,7 +56,7 @@ def admin_request(
     finally:
         sock.close(linger=0)
     if frames is None:
-        raise ClientError(no_answer(endpoint, wait))
+        raise NoMessage(no_answer(endpoint, wait))
     reply = frames[0].decode("utf-8", "replace")
     if reply.startswith(NOT_PERMITTED):
         raise AdminNotPermitted(reply)

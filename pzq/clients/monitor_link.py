@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 import zmq.utils.z85  # (a submodule: `import zmq` alone does not load it)
 
-from pzq.clients.sockets import check_ipc_owner
+from pzq.clients.sockets import check_endpoint, check_ipc_owner
 from pzq.errors import ClientError, ConfigError
 
 
@@ -76,6 +76,7 @@ class MonitorLink:
 
     def __init__(self, endpoint: str, *, size: int = 4, timeout_s: float = 5.0, curve: CurveKeys | None = None):
         check_ipc_owner(endpoint)
+        check_endpoint(endpoint)  # (a bad one is said at start, in one line, not at every request)
         self.endpoint = endpoint
         self.size = size
         self.timeout_s = timeout_s

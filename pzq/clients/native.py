@@ -12,11 +12,12 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
+from pzq.clients import reach
 from pzq.clients.native_batches import BatchSender
 from pzq.clients.native_consume import BatchConsumer as BatchConsumer  # (the batched consumer: PZQ-BATCH/1)
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.config import format_duration
-from pzq.errors import ClientError
+from pzq.errors import ClientError, NoMessage
 from pzq.protocols import native as wire
 from pzq.protocols.monitor import PZQ_FIELDS
 from pzq.protocols.native_batch import Caps as BatchCaps
@@ -111,7 +112,7 @@ class Producer:
     def _collect(self, results: dict[bytes, ProduceResult]) -> None:
         frames = receive(self.sock, wait_ms(self.timeout_s))
         if frames is None:
-            raise ClientError(f"no ack from the server within {format_duration(self.timeout_s)}")
+            raise NoMessage(f"no ack from the server within {format_duration(self.timeout_s)}")
         ack = wire.parse_produce_ack(frames)
         if ack is None or ack.message_id in results:
             raise ClientError(
@@ -173,7 +174,7 @@ def monitor_request(
         sock.send_string(request)
         frames = receive(sock, wait_ms(wait))
         if frames is None:
-            raise ClientError(no_answer(endpoint, wait))
+            raise NoMessage(no_answer(endpoint, wait))
         return frames[0].decode("utf-8", "replace")
     finally:
         sock.close(linger=0)
@@ -181,7 +182,10 @@ def monitor_request(
 
 def no_answer(endpoint: str, timeout_s: float) -> str:
     """What to say when no monitor answered: the endpoint, the wait, and (for an ipc:// path that is
-    not there) that nothing has ever listened at it."""
+    not there) that nothing has ever listened at it. A `pzq` command (reach.impatient) got here connected
+    and handshaken, else its socket monitor said so: the server is there and did not answer."""
+    if reach.patience() is not None:
+        return f"no answer from pzq at {endpoint} within {format_duration(timeout_s)}, though connected: is it stuck?"
     text = f"no answer from pzq at {endpoint} within {format_duration(timeout_s)}: is it running?"
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
     if path and not os.path.exists(path):

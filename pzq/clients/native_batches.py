@@ -19,7 +19,7 @@ import zmq
 
 from pzq.clients.sockets import receive
 from pzq.config import format_duration
-from pzq.errors import ClientError
+from pzq.errors import ClientError, NoMessage
 from pzq.protocols import native as legacy
 from pzq.protocols import native_batch as wire
 
@@ -73,7 +73,7 @@ class BatchSender:
         while True:
             frames = receive(self.sock, self.timeout_ms)
             if frames is None:
-                raise ClientError(
+                raise NoMessage(
                     f"no ack from the server within {format_duration(self.timeout_ms / 1000)} (to the batch probe)"
                 )
             if legacy.answered_id(frames) == probe_id:
@@ -145,7 +145,7 @@ class BatchSender:
         if frames is None:
             again = [(bid, e) for bid, e in pending.items() if e.batch and not e.resent]
             if not again:
-                raise ClientError(f"no ack from the server within {format_duration(self.timeout_ms / 1000)}")
+                raise NoMessage(f"no ack from the server within {format_duration(self.timeout_ms / 1000)}")
             for batch_id, waiting in again:  # (the server stores a batch id once: a resend is safe)
                 waiting.resent = True
                 self.resent += 1

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import zmq
 
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
-from pzq.errors import ClientError, ProtocolError
+from pzq.errors import ClientError, NoMessage, NotListening, ProtocolError
 from pzq.protocols import native as legacy
 from pzq.protocols import native_consume as wire
 
@@ -81,22 +81,39 @@ class BatchConsumer:
         self._unsettled = 0  # delivered (buffered or returned) and not yet acked or nacked by us
         self._heard = time.monotonic()  # when the server was last told we are here
         self._peers: dict[bytes, bytes] = {}  # legacy: key -> the server's peer id (to answer on)
-        if endpoint:
-            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve)
-            try:
-                self.limits = self._hello(hello_timeout_ms)
-            except ClientError:  # (the key refused, the HELLO refused: nobody will close it but us)
-                self.sock.close(linger=0)
-                raise
-            if self.limits is not None:
-                self.batched = True
-                return
-            self.sock.close(linger=0)
-            if not fallback:
-                raise ClientError(f"no PZQ-BATCH/1 answer from {endpoint} within {hello_timeout_ms} ms")
+        if endpoint and self._batched(endpoint, hello_timeout_ms, ctx=ctx, curve=curve, fallback=bool(fallback)):
+            return
         if not fallback:
             raise ClientError("no endpoint to consume from")
         self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve)
+
+    def _batched(self, endpoint: str, hello_ms: int, *, ctx, curve, fallback: bool) -> bool:
+        """Say HELLO at ``endpoint``: True if it speaks PZQ-BATCH/1; False to fall back (a ``fallback``
+        exists, and the endpoint did not answer, or nothing listens there: a `pzq` command knows it at
+        once, as a refused connect is final for this probe)."""
+        try:
+            # (eager with a fallback: a refused batched endpoint is left at once for the send socket)
+            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, eager=fallback)
+            self.limits = self._hello(hello_ms)
+        except NotListening:  # (only a `pzq` command hears it: reach.impatient)
+            self._close_probe()
+            if not fallback:
+                raise
+            return False
+        except ClientError:  # (the key refused, the HELLO refused: nobody will close it but us)
+            self._close_probe()
+            raise
+        if self.limits is not None:
+            self.batched = True
+            return True
+        self._close_probe()
+        if not fallback:
+            raise ClientError(f"no PZQ-BATCH/1 answer from {endpoint} within {hello_ms} ms")
+        return False
+
+    def _close_probe(self) -> None:
+        if getattr(self, "sock", None) is not None:
+            self.sock.close(linger=0)
 
     def close(self) -> None:
         """Say BYE (what this consumer holds goes back to the queue at once) and close, letting the last
@@ -196,7 +213,7 @@ class BatchConsumer:
         while len(self._awaiting) >= waiting:
             reply = self._next(deadline)
             if reply is None:
-                raise ClientError(f"no SETTLED from the server within {timeout_ms} ms")
+                raise NoMessage(f"no SETTLED from the server within {timeout_ms} ms")
             self._unexpected(reply)
 
     def _settle(self, make, keys: Sequence[bytes], timeout_ms: int, *, ok: bool) -> wire.Settled:

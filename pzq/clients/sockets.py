@@ -1,24 +1,21 @@
 """What every blocking client does with its sockets: connect (ZeroMQ or raw TCP), wait with a timeout,
-use CURVE keys from files, hear at once when the server refuses the key, and refuse an ipc socket file
-someone else may have planted."""
+use CURVE keys from files, hear at once what the socket monitor knows (reach.py: nothing listens, the
+key refused), and refuse an ipc socket file someone else may have planted."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import stat
 import time
 import warnings
-from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from pzq.errors import ClientError, NotPermitted
+from pzq.clients import reach
+from pzq.errors import ClientError, ConfigError, NotListening
 
 Curve = tuple[str, str]  # (this client's .key_secret file, the server's .key file)
-_watch_ids = itertools.count(1)  # (the inproc addresses of the clients' socket monitors)
 
 
 def check_ipc_owner(endpoint: str) -> None:
@@ -46,101 +43,71 @@ def check_ipc_owner(endpoint: str) -> None:
     )
 
 
-class KeyedSocket(zmq.Socket):
-    """A CURVE client socket that hears, through its socket monitor, when the server refuses its key.
-    A refused CURVE handshake is silence on the wire (ZeroMQ only tries again, and again): without the
-    monitor a client would wait out its whole timeout and then say "no answer", not "not permitted"."""
-
-    handshakes: zmq.Socket | None = None
-    endpoint: str = ""
-
-    def watch(self, endpoint: str) -> None:
-        """Listen for refused handshakes (before the connect: the first one may come at once)."""
-        self.endpoint = endpoint
-        address = f"inproc://pzq-client-watch-{next(_watch_ids)}"
-        self.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        events = self.context.socket(zmq.PAIR)
-        events.setsockopt(zmq.LINGER, 0)
-        # (unbounded, set before the connect: libzmq sends its events from its I/O thread and would block
-        # that thread, every socket of the context, on a full pipe; a key refused again and again while
-        # its client does not read adds an event of ~100 bytes each reconnection, 10 a second)
-        events.setsockopt(zmq.RCVHWM, 0)
-        events.connect(address)
-        self.handshakes = events
-
-    def check_refused(self) -> None:
-        """Raise NotPermitted if the server refused a handshake since the last look."""
-        events = self.handshakes
-        while events is not None and events.poll(0):
-            event = parse_monitor_message(events.recv_multipart())
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                raise NotPermitted(
-                    f"not permitted: pzq at {self.endpoint} refused this client's CURVE key (it is not one of "
-                    "its clients, or its permissions do not give it this socket's right)"
-                )
-
-    def send(self, data: Any, flags: int = 0, copy: bool = True, track: bool = False, **kwargs: Any) -> Any:  # type: ignore[override]
-        """Send as a ZeroMQ socket does, but a blocking send gives up with NotPermitted once the server
-        refused the key: libzmq drops the connection's pipe then, and a DEALER or REQ without a pipe
-        would wait for one for ever."""
-        if self.handshakes is None or flags & zmq.NOBLOCK:
-            return super().send(data, flags, copy=copy, track=track, **kwargs)
-        poller = zmq.Poller()
-        poller.register(self, zmq.POLLOUT)
-        poller.register(self.handshakes, zmq.POLLIN)
-        while True:
-            try:
-                return super().send(data, flags | zmq.NOBLOCK, copy=copy, track=track, **kwargs)
-            except zmq.Again:
-                self.check_refused()
-                poller.poll()  # (until it may send, or a refusal came: checked above next time round)
-
-    def close(self, linger: int | None = None) -> None:
-        # (the monitor goes first: libzmq would send its events to a reader that is no more)
-        events, self.handshakes = self.handshakes, None
-        if events is not None and not self.closed:
-            self.monitor(None, 0)
-            events.close(linger=0)
-        super().close(linger=linger)
+def check_endpoint(endpoint: str) -> None:
+    """ConfigError for a tcp:// endpoint a client cannot connect to: no port, or one outside 1-65535
+    (libzmq refuses the first with EINVAL, and takes port 0 or 99999 and retries for ever)."""
+    if endpoint.startswith("tcp://"):
+        port = endpoint.rpartition(":")[2]
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"cannot connect to {endpoint!r}: an endpoint is tcp://HOST:PORT (PORT 1-65535)")
 
 
-def connect(kind: int, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None) -> zmq.Socket:
+def connect(
+    kind: int, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None, eager: bool = False
+) -> zmq.Socket:
     """A ZeroMQ socket connected to ``endpoint``. Linger 0: a client that gives up on a server must not
-    hang at exit over messages that server will never take. With ``curve``, a ``KeyedSocket``: its
-    receives raise NotPermitted as soon as the server refuses the key."""
+    hang at exit over messages that server will never take. With ``curve`` or within ``reach.impatient()``
+    (a `pzq` command), a ``WatchedSocket``: its sends and ``receive`` raise NotPermitted, CurveRefused or
+    NotListening as soon as its monitor says so (``eager``: a refused connect is final at once). An
+    endpoint ZeroMQ cannot read (``tcp://HOST`` without a port) is a ConfigError naming it."""
     check_ipc_owner(endpoint)
+    check_endpoint(endpoint)
+    impatient = reach.patience() is not None
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@") else ""
+    if impatient and path and not os.path.exists(path):  # (known at once: no wait tells more)
+        raise NotListening(f"nothing listens at {endpoint}: there is no socket file {path} (is pzq running there?)")
     context = ctx or zmq.Context.instance()
-    if curve:
-        from pzq.curve_keys import secure_client
+    watched = bool(curve) or impatient
+    sock = context.socket(kind, socket_class=reach.WatchedSocket) if watched else context.socket(kind)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve:
+            from pzq.curve_keys import secure_client
 
-        keyed = context.socket(kind, socket_class=KeyedSocket)
-        keyed.setsockopt(zmq.LINGER, 0)
-        secure_client(keyed, *curve)
-        keyed.watch(endpoint)
-        keyed.connect(endpoint)
-        return keyed
-    sock = context.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+            secure_client(sock, *curve)
+        if isinstance(sock, reach.WatchedSocket):
+            sock.watch(endpoint, keyed=bool(curve), eager=eager)
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise ConfigError(
+            f"cannot connect to {endpoint!r} ({zmq.strerror(exc.errno or 0)}): an endpoint is tcp://HOST:PORT or ipc://PATH"
+        ) from None
+    except BaseException:
+        sock.close(linger=0)
+        raise
     return sock
 
 
 def receive(sock: zmq.Socket, timeout_ms: int) -> list[bytes] | None:
-    """The next message, or None if none came within ``timeout_ms``; NotPermitted as soon as the server
-    refuses a ``KeyedSocket``'s key."""
-    if not isinstance(sock, KeyedSocket) or sock.handshakes is None:
+    """The next message, or None if none came within ``timeout_ms``; for a ``WatchedSocket``, its
+    monitor's verdict (NotPermitted, CurveRefused, NotListening) as soon as there is one."""
+    watch = sock.reach if isinstance(sock, reach.WatchedSocket) else None
+    if watch is None:
         return sock.recv_multipart() if sock.poll(timeout_ms) else None
-    events = sock.handshakes
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    poller.register(events, zmq.POLLIN)
+    poller.register(watch.events, zmq.POLLIN)
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
-        sock.check_refused()
-        ready = dict(poller.poll(max(0, round((deadline - time.monotonic()) * 1000))))
+        watch.check()
+        due = watch.due()
+        wake = deadline if due is None else min(deadline, due)
+        ready = dict(poller.poll(max(0, round((wake - time.monotonic()) * 1000))))
         if sock in ready:
             return sock.recv_multipart()
-        if events not in ready:
+        if not ready and time.monotonic() >= deadline:
+            watch.at_end()
             return None
 
 
@@ -166,16 +133,27 @@ def tcp_address(endpoint: str) -> tuple[str, int]:
     try:
         return host.strip("[]"), int(port)
     except ValueError:
-        raise ClientError(f"{endpoint!r} is not tcp://HOST:PORT") from None
+        raise ConfigError(f"{endpoint!r} is not tcp://HOST:PORT") from None
 
 
 def tcp_connect(endpoint: str, *, timeout_s: float | None, nodelay: bool = False) -> socket.socket:
     """A raw TCP connection whose reads time out after ``timeout_s`` (None: never, for a caller that
-    sets its own); ClientError if nothing answers."""
+    sets its own); NotListening if the connection is refused (or, within ``reach.impatient()``, not made
+    within its patience), ClientError for another failure."""
+    address = tcp_address(endpoint)
+    wait = reach.patience()
+    started = time.monotonic()
     try:
-        sock = socket.create_connection(tcp_address(endpoint), timeout=timeout_s)
+        sock = socket.create_connection(address, timeout=timeout_s if wait is None else wait)
+    except (ConnectionRefusedError, TimeoutError) as exc:
+        how = "refused" if isinstance(exc, ConnectionRefusedError) else "not answered"
+        raise NotListening(
+            f"nothing listens at {endpoint} (the connection was {how}, {time.monotonic() - started:.1f} s): "
+            "is pzq running there?"
+        ) from None
     except OSError as exc:
         raise ClientError(f"cannot connect to {endpoint}: {exc}") from None
+    sock.settimeout(timeout_s)
     if nodelay:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
