@@ -59,6 +59,8 @@ def test_queue_answers_its_figures_and_consumers_and_404s_an_unknown_queue(serve
         "dead_letters",
         "bytes",
         "oldest_age_s",
+        "in_per_s",
+        "out_per_s",
     }
     assert refusal(server, "QUEUE", "nope") == "there is no queue 'nope'"
     assert refusal(server, "QUEUE").startswith("usage: QUEUE")
