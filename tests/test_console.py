@@ -524,3 +524,17 @@ def test_a_snapshots_queue_rows_are_sorted_once_per_order_and_every_page_of_it_r
     assert [r["name"] for r in by_name["rows"]] == [f"q{i:04d}" for i in range(200, 250)]
     later = Snapshot({"queues": {**figures, "q0000": {**figures["q0000"], "depth": 99}}}, 2.0, 2)
     assert views.queues(later, "depth", True, 1)["rows"][0]["name"] == "q0000", "a new snapshot, new rows"
+
+
+def test_every_line_a_console_process_logs_comes_from_the_logger_pzq_console(make_server, tmp_path):
+    """uvicorn's own lines (startup, shutdown) included: they came from ``uvicorn.error``."""
+    srv = make_server()
+    process = ConsoleProcess(tmp_path, srv.monitor)
+    try:
+        assert Browser(process.url).get("/")[0] == 200
+    finally:
+        assert process.stop() == 0, process.text()
+    lines = [line for line in process.text().splitlines() if re.match(r"\d{4}-\d\d-\d\d ", line)]
+    loggers = {line.split(" ")[3].rstrip(":") for line in lines}
+    assert loggers == {"pzq.console"}, process.text()
+    assert any("Application startup complete" in line for line in lines), "uvicorn's lines are kept, renamed"
