@@ -236,7 +236,9 @@ def test_pages_say_busy_with_503_when_reads_already_wait_on_a_pzq_that_does_not_
         return page if status == 200 and "no answer from pzq" in page else None
 
     page = wait_until(failure_shown, timeout_s=15, interval_s=0.2)
-    assert 'data-figure="queues" data-unit="count" title="1">1<' in page, "the overview shows the last figures and the failure"
+    assert 'data-figure="queues" data-unit="count" title="1">1<' in page, (
+        "the overview shows the last figures and the failure"
+    )
 
 
 def test_half_sent_requests_held_open_from_one_address_never_refuse_a_page_load_from_that_address(console):

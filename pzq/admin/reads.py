@@ -152,7 +152,8 @@ def _consumer(row: dict) -> dict:
         "client": str(row.get("client", "")),
         "address": str(row.get("address", "")),
         "connected_us": int(row.get("connected_us", 0)),
-        "held": int(row.get("held", 0)),
+        # (None: not known apart, the native send socket's consumers share what they hold)
+        "held": None if row.get("held", 0) is None else int(row.get("held", 0)),
     }
 
 

@@ -11,6 +11,7 @@ are watched (pzq/endpoints/native_send.py).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import operator
 import select
@@ -343,6 +344,19 @@ class NativeEndpoints(Endpoint):
         # (held deliveries of earlier turns stay in flight after a failed commit: those the broker forgot go)
         self._held_deliveries.keep(self.gateway.sendable)
         self.gateway.recover()
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """The send socket's connections, each a consumer of the native queue: its peer's address and when
+        it connected, as the socket monitor told (TCP; ipc:// names no peer). What each holds is not known
+        apart (a DEALER's deliveries do not say which connection took them): ``held`` is None."""
+        if queue != self.gateway.queue:
+            return [], 0
+        peers = self.binder.peers.get(self.send, {})
+        rows = [
+            {"protocol": "native", "client": "send socket", "address": address, "connected_us": since, "held": None}
+            for address, since in itertools.islice(peers.values(), limit)
+        ]
+        return rows, len(peers)
 
     def stats(self) -> dict:
         return {
