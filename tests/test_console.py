@@ -550,3 +550,36 @@ def test_every_line_a_console_process_logs_comes_from_the_logger_pzq_console(mak
     loggers = {line.split(" ")[3].rstrip(":") for line in lines}
     assert loggers == {"pzq.console"}, process.text()
     assert any("Application startup complete" in line for line in lines), "uvicorn's lines are kept, renamed"
+
+
+def test_the_json_twins_give_numbers_as_numbers_with_their_units_apart_and_each_queues_rates(console):
+    srv, process = console()
+    browser = Browser(process.url)
+    with client.Producer(srv.receive) as producer, client.Consumer(srv.send) as consumer:
+        assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(50)))
+        for _ in range(20):
+            consumer.ack(consumer.receive(timeout_s=5))
+
+        def rated() -> dict | None:
+            row = json.loads(browser.get("/api/queues")[1])["rows"][0]
+            return row if row["in_per_s"] > 0 and row["out_per_s"] > 0 else None
+
+        row = wait_until(rated, timeout_s=15, interval_s=0.2)
+    assert isinstance(row["in_per_s"], float) and isinstance(row["out_per_s"], float)
+    assert row["in_per_s"] == pytest.approx(5.0, abs=0.6) and row["out_per_s"] == pytest.approx(2.0, abs=0.3), (
+        "50 in and 20 acked over the last 10 s"
+    )
+    queue = json.loads(browser.get("/api/queue?name=default")[1])
+    assert isinstance(queue["figures"]["in_per_s"], float) and queue["units"]["in_per_s"] == "msg/s"
+    for path in ("/api/overview", "/api/queues", "/api/queue?name=default", "/api/clients"):
+        twin = json.loads(browser.get(path)[1])
+        assert set(twin["figures"]) == set(twin["units"]), path
+        for key, value in twin["figures"].items():
+            assert value is None or (isinstance(value, int | float) and not isinstance(value, bool)), (path, key, value)
+            assert twin["units"][key] in ("count", "msg/s", "bytes", "s", "ms", "time_us"), (path, key)
+    overview = json.loads(browser.get("/api/overview")[1])
+    assert isinstance(overview["figures"]["inflight"], int) and overview["units"]["produce_rate"] == "msg/s"
+    assert isinstance(overview["figures"]["produce_rate"], float)
+    assert overview["figures"]["store_limit_bytes"] == srv.stats()["store_limit_bytes"]
+    dead = queue["dead"]
+    assert dead["page"] == 1 and dead["links"] == {} and isinstance(dead["total"], int)

@@ -31,7 +31,9 @@ class QueueRates:
 
     def sample(self, info: QueueInfo, now: float) -> None:
         """Take ``info``'s counters at ``now`` (seconds, any one clock), and its rates since the sample
-        kept ten seconds before (or the oldest kept, for a queue sampled for less than that)."""
+        kept ten seconds before. A queue sampled for less than that counts from its oldest sample over
+        the ten seconds (a new queue had none of it before; after a restart the rate climbs to the truth
+        within ten seconds rather than showing one second's burst as a rate)."""
         came, went = float(info.next_seq), float(info.next_seq - info.count)
         ring = self._rings.get(info.name)
         if ring is None or ring[0] != info.qid:  # (new, or deleted and made again under the same name)
@@ -47,8 +49,8 @@ class QueueRates:
                 continue
             if base is None or ring[at] <= now - WINDOW_S:
                 base = at
-        if base is not None and now - ring[base] >= 0.5:
-            seconds = now - ring[base]
+        if base is not None:
+            seconds = max(now - ring[base], WINDOW_S)
             ring[2] = round(max(0.0, came - ring[base + 1]) / seconds, 2)
             ring[3] = round(max(0.0, went - ring[base + 2]) / seconds, 2)
         if now - ring[_HEAD + 3 * last] >= STEP_S:
