@@ -11,7 +11,6 @@ are watched (pzq/endpoints/native_send.py).
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import operator
 import select
@@ -24,7 +23,7 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.endpoints.held import Held
 from pzq.endpoints.native_held import HeldIn
-from pzq.endpoints.native_send import SendWatch, drained
+from pzq.endpoints.native_send import SendWatch, consumers, drained
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
@@ -346,17 +345,8 @@ class NativeEndpoints(Endpoint):
         self.gateway.recover()
 
     def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        """The send socket's connections, each a consumer of the native queue: its peer's address and when
-        it connected, as the socket monitor told (TCP; ipc:// names no peer). What each holds is not known
-        apart (a DEALER's deliveries do not say which connection took them): ``held`` is None."""
-        if queue != self.gateway.queue:
-            return [], 0
-        peers = self.binder.peers.get(self.send, {})
-        rows = [
-            {"protocol": "native", "client": "send socket", "address": address, "connected_us": since, "held": None}
-            for address, since in itertools.islice(peers.values(), limit)
-        ]
-        return rows, len(peers)
+        """The send socket's connections as the native queue's consumers (native_send.py's ``consumers``)."""
+        return consumers(self.binder.peers.get(self.send, {}), limit) if queue == self.gateway.queue else ([], 0)
 
     def stats(self) -> dict:
         return {
