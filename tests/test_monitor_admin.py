@@ -268,4 +268,8 @@ def test_queue_names_each_native_consumers_address_and_when_it_connected_legacy_
                 assert started_us - 5_000_000 <= row["connected_us"] <= time.time_ns() // 1000, row
             assert rows["native"]["held"] is None, "the send socket's consumers hold their messages together"
             assert rows["native batch"]["held"] == 1
+            [table] = [t for t in ask(srv, "CLIENTS")["tables"] if t["kind"] == "zmq"]
+            assert table["columns"] == ["address", "endpoint", "connected_us"] and table["total"] >= 2
+            listed = {row[0] for row in table["rows"]}
+            assert {r["address"] for r in rows.values()} <= listed, "the clients page lists them too"
     wait_until(lambda: ask(srv, "QUEUE", "default")["consumers"] == [], timeout_s=10)

@@ -10,6 +10,7 @@ down at once through a duplicate of its descriptor; libzmq sees the end of the s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -104,6 +105,25 @@ class ConnectionWatch(Endpoint):
             elif kind == zmq.EVENT_ACCEPT_FAILED:
                 self.accept_failed_total += 1
                 warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")
+
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
+        """Every watched ZeroMQ socket's TCP connections (native producers and consumers, the monitor,
+        the API, eMQP): the peer's address, the endpoint, since when; a page of ``limit`` from ``offset``."""
+        watched = [(role, self.binder.peers.get(sock, {})) for role, sock in self.binder.monitors.values()]
+        every = ((address, role, since) for role, peers in watched for address, since in peers.values())
+        rows = [list(row) for row in itertools.islice(every, offset, offset + limit)]
+        total = sum(len(peers) for _, peers in watched)
+        columns = ["address", "endpoint", "connected_us"]
+        return [
+            {
+                "kind": "zmq",
+                "gateway": "zeromq",
+                "title": "TCP connections",
+                "columns": columns,
+                "rows": rows,
+                "total": total,
+            }
+        ]
 
     def output_waiting(self) -> bool:
         return False  # (it closes connections; it sends nothing)
