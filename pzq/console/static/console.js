@@ -116,6 +116,7 @@
         columns.forEach(function (c, i) {
           var td = document.createElement("td");
           if (i === 0) { td.className = "name"; } else { td.dataset.column = c.key; }
+          if (i > 0 && c.unit === "text") { td.className = "text"; }
           tr.appendChild(td);
         });
       }
