@@ -355,17 +355,21 @@ def test_the_clients_page_lists_phpmq_connections_with_peer_address_and_age_a_pa
             return page if "Connections (250)" in page else None
 
         page = wait_until(listed, timeout_s=15, interval_s=0.2)
-        rows = re.findall(r"<td>(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>", page)
+        rows = re.findall(
+            r'<td class="text">(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>', page
+        )
         assert len(rows) == 100 and ">connected since</th>" in page, "a page of 100 rows, each with its age"
         following = browser.get("/clients?offset=200")[1]
-        assert len(re.findall(r"<td>127\.0\.0\.1:\d+</td>", following)) == 50 and 'rel="prev"' in following
+        assert len(re.findall(r'<td class="text">127\.0\.0\.1:\d+</td>', following)) == 50 and 'rel="prev"' in following
 
         def consuming() -> str | None:
             page = browser.get("/queue?name=default")[1]
             return page if mine in page else None
 
         queue = wait_until(consuming, timeout_s=10)
-        assert re.search(rf'<td class="name">phpmq</td><td>\w+</td><td>{mine}</td><td>\d{{4}}-', queue)
+        assert re.search(
+            rf'<td class="name">phpmq</td><td class="text">\w+</td><td class="text">{mine}</td><td>\d{{4}}-', queue
+        )
     finally:
         for connection in connections:
             connection.close()

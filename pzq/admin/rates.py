@@ -7,10 +7,10 @@ So ``next_seq`` is what came in, and ``next_seq - count`` what went out for good
 (expired or out of deliveries), purged. A delivery, a nack or a redelivery moves neither. Exact, with no
 counter of our own to keep in step with the broker's verbs.
 
-Bounded: one array of ``SLOTS`` samples a queue the store has (its count of queues is bounded by
-``--max-queues``; a list of 27 numbers, about 1 KB with them and its dict entry, measured: 10 MB at 10,000
-queues), dropped
-when the queue goes; O(1) work a sample and a row. Pure: the tick hands in its clock."""
+Bounded: one ring of ``SLOTS`` samples a queue the store has (its count of queues is bounded by
+``--max-queues``; a list of 27 numbers, about 1 KB with them and its dict entry, measured: 10 MB at
+10,000 queues), dropped when the queue goes; O(1) work a sample and a row. Pure: the tick hands in its
+clock."""
 
 from __future__ import annotations
 
