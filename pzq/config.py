@@ -64,8 +64,8 @@ class Config:
     database: str = _setting("./pzq-data", "LMDB directory of the store (created if missing).")
     base_port: int = _setting(
         0,
-        "A TCP port number: moves every tcp endpoint no flag, variable or file line names to this port plus its fixed offset "
-        "(docs/configuration.md; metrics and the console too when set to 'auto'); 0 = off.",
+        "A TCP port number: moves every tcp endpoint no flag, variable or file line names to this port plus its "
+        "fixed offset (docs/configuration.md; metrics and the console too when set to 'auto'); 0 = off.",
         low=0,
         high=MAX_BASE_PORT,
     )

@@ -41,6 +41,7 @@ def main() -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.support.wait import WebDriverWait
 
     out = pathlib.Path(args.out)
@@ -51,6 +52,7 @@ def main() -> None:
     secret.chmod(0o600)
     url, phpmq = f"http://127.0.0.1:{free_port()}", free_port()
     ends = {name: f"ipc://{tmp}/{name}" for name in ("receive", "send", "monitor")}
+    ends["send"] = f"tcp://127.0.0.1:{free_port()}"  # (TCP: the queue's page names its consumers' addresses)
     server = subprocess.Popen(
         [sys.executable, "-m", "pzq", "serve", "--database", str(tmp / "db"), "--http-dsn", url]
         + ["--http-auth-file", str(secret), "--phpmq-dsn", f"tcp://127.0.0.1:{phpmq}", "--max-deliveries", "1"]
@@ -81,12 +83,16 @@ def main() -> None:
         try:
             driver.get(url + "/")
             settle(driver, WebDriverWait)
+            over = driver.find_element("css selector", 'figure[data-chart="produced_total"] .u-over')
+            # (the cursor on the produce chart: its legend shows the time and the value under it)
+            ActionChains(driver).move_to_element_with_offset(over, over.size["width"] // 4, 10).perform()
             driver.save_screenshot(str(out / "console-overview.png"))
             driver.get(url + "/queues?sort=depth&order=desc")
             settle(driver, WebDriverWait)
             driver.save_screenshot(str(out / "console-queues.png"))
             driver.get(url + "/clients")
             settle(driver, WebDriverWait)
+            driver.find_element("css selector", "details.counters summary").click()  # (the counters too)
             driver.save_screenshot(str(out / "console-clients.png"))
             driver.get(url + "/login")
             driver.find_element("name", "secret").send_keys(SECRET)

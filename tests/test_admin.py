@@ -158,3 +158,57 @@ def test_create_of_a_queue_a_client_request_made_makes_it_explicit_and_says_so(s
     assert changed and json.loads(text) == {"created": False, "queue": "made.by.a.client", "was_implicit": True}
     assert store.queue("made.by.a.client", create=False).implicit is False
     assert store.catalog.implicit_count == 0
+
+
+def test_each_queue_reports_messages_in_and_out_a_second_over_the_last_ten_seconds(store):
+    """In: what was stored into the queue (a produce, a dead letter requeued); out: what left it for good
+    (acked, dead-lettered, purged); a delivery, a nack and a redelivery are neither."""
+    admin = admin_on(store)
+    broker = admin.broker
+    for i in range(20):
+        broker.produce("q", [b"m%d" % i], now_us=1)
+    store.commit()
+    admin.tick(100.0)
+    assert (admin.stats()["queues"]["q"]["in_per_s"], admin.stats()["queues"]["q"]["out_per_s"]) == (0.0, 0.0)
+    for i in range(10):
+        broker.produce("q", [b"n%d" % i], now_us=2)
+    taken = broker.take("q", 6, "c", now=Now(0.0, 3))
+    for message in taken[:3]:
+        assert broker.ack((message.qid, message.seq), by="c")
+    assert broker.nack((taken[3].qid, taken[3].seq), by="c")  # (back to ready: not out)
+    store.commit()
+    for t in range(101, 111):
+        admin.tick(float(t))
+    row = admin.stats()["queues"]["q"]
+    assert (row["in_per_s"], row["out_per_s"]) == (1.0, 0.3)  # 10 in, 3 acked, over 10 s
+    queue = json.loads(admin.answer(ask("QUEUE q")))["figures"]
+    assert (queue["in_per_s"], queue["out_per_s"]) == (1.0, 0.3)
+    # ten seconds with two dead-lettered then requeued (out, then in again) and a purge
+    dead = [dead_letter_one(admin) for _ in range(2)]  # (each produced: 2 in, then dead-lettered: 2 out)
+    for letter in dead:
+        admin.write(ask(f"REQUEUE q {letter}"))
+    store.commit()
+    admin.write(ask("PURGE q"))
+    store.commit()
+    for t in range(111, 121):
+        admin.tick(float(t))
+    row = admin.stats()["queues"]["q"]
+    purged = 20 + 10 + 2 - 3 - 2  # (the ready ones: 3 acked, the 2 in flight stay)
+    assert row["depth"] == 2 and row["in_per_s"] == 0.4  # (2 produced, 2 requeued)
+    assert row["out_per_s"] == (2 + purged) / 10  # (2 dead-lettered, the purged)
+    for t in range(121, 132):
+        admin.tick(float(t))
+    assert (admin.stats()["queues"]["q"]["in_per_s"], admin.stats()["queues"]["q"]["out_per_s"]) == (0.0, 0.0)
+
+
+def test_rates_are_kept_for_the_queues_the_store_has_and_no_other(store):
+    admin = admin_on(store)
+    for i in range(3):
+        store.put_many(f"q{i}", [[b"m"]], now_us=1)
+    store.commit()
+    admin.tick(0.0)
+    assert len(admin.rates) == 3
+    admin.broker.drop_queue("q1")
+    store.commit()
+    admin.tick(1.0)
+    assert len(admin.rates) == 2 and "q1" not in admin.stats()["queues"]

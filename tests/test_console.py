@@ -25,7 +25,7 @@ from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.console import views
 from pzq.console.connections import MOST, REQUEST_S
-from pzq.console.history import QUEUE_EVERY_S, WINDOW_S, History
+from pzq.console.history import QUEUE_EVERY_S, History
 from pzq.console.reader import Snapshot
 from pzq.curve_keys import keygen
 from pzq.protocols import phpmq
@@ -63,16 +63,26 @@ def test_rates_are_the_counters_differences_over_the_seconds_between_samples():
     assert series["messages"]["v"] == [1.0, 401.0, 801.0] and series["commit_ms"]["v"] == [0.5, 0.7, 0.9]
 
 
-def test_the_history_keeps_fifteen_minutes_of_samples_and_no_more():
+def test_the_history_keeps_five_minutes_of_polls_an_hour_and_a_day_downsampled_and_no_more():
     history = History()
-    for second in range(2000):
-        history.add(float(second), {"produced_total": second, "queues": {"q": {"depth": second}}})
-    points = history.series()["produced_total"]["t"]
-    assert points[0] >= 1999 - WINDOW_S and len(points) == WINDOW_S
-    depth = history.queue_series("q", 2000.0, {"depth": 7})["depth"]
-    assert depth["t"][0] >= 1999 - WINDOW_S - QUEUE_EVERY_S and depth["v"][-1] == 7.0, (
-        "a queue's chart ends with the page's figure"
-    )
+    day = 2 * 24 * 3600  # (two days of one poll a second)
+    for second in range(0, day, 1):
+        history.add(float(second), {"produced_total": 2 * second, "commit_ms_last": 1.0 if second % 600 else 9.0})
+    last = day - 1
+    for name, span, most in (("5m", 300, 302), ("1h", 3600, 362), ("24h", 86400, 290)):
+        points = history.series(name)["produced_total"]
+        assert points["t"][0] >= last - span - 300 and points["t"][-1] == last, name
+        assert len(points["t"]) <= most, name
+        assert set(points["v"]) == {2.0}, f"{name}: a downsampled rate is the rate over its step"
+    assert max(history.series("24h")["commit_ms"]["v"]) == 9.0, "a day's chart keeps the worst commit of each step"
+    assert history.series("nonsense") == history.series("5m")
+    history = History()
+    for second in range(0, 3 * 3600, 1):
+        history.add(float(second), {"queues": {"q": {"depth": second}}})
+    for name, span in (("5m", 300), ("1h", 3600), ("24h", 86400)):
+        depth = history.queue_series("q", 3 * 3600.0, {"depth": 7}, name)["depth"]
+        assert depth["t"][0] >= 3 * 3600 - span - QUEUE_EVERY_S and len(depth["t"]) <= 75, name
+        assert depth["v"][-1] == 7.0, "a queue's chart ends with the page's figure"
 
 
 def test_every_page_answers_200_and_head_answers_the_same_headers_without_a_body(console):
@@ -108,20 +118,20 @@ def test_each_page_has_a_json_twin_with_the_figures_the_page_shows(console):
 
     def settled() -> dict | None:
         data = json.loads(browser.get("/api/overview")[1])
-        return data if data["figures"]["messages"] == "6" and data["figures"]["acked_total"] == "4" else None
+        return data if data["figures"]["messages"] == 6 and data["figures"]["acked_total"] == 4 else None
 
     overview = wait_until(settled, timeout_s=10, interval_s=0.1)
-    assert overview["figures"]["produced_total"] == "10"
+    assert overview["figures"]["produced_total"] == 10
     assert set(overview["charts"]) == {"produced_total", "delivered_total", "acked_total", "messages", "commit_ms"}
     messages = overview["charts"]["messages"]
     assert messages["v"][-1] == 6.0 and len(messages["t"]) == len(messages["v"]), "the chart ends at the figure"
     queues = json.loads(browser.get("/api/queues?sort=depth&order=desc")[1])
-    assert queues["rows"][0]["name"] == "default" and queues["figures"]["depth:default"] == "6"
+    assert queues["rows"][0]["name"] == "default" and queues["rows"][0]["depth"] == 6
     queue = json.loads(browser.get("/api/queue?name=default")[1])
-    assert queue["figures"]["depth"] == "6" and queue["charts"]["depth"]["v"][-1] == 6.0
+    assert queue["figures"]["depth"] == 6 and queue["charts"]["depth"]["v"][-1] == 6.0
     assert queue["snapshot"]["at"] == queue["charts"]["depth"]["t"][-1], "figures and charts of one snapshot"
     page = browser.get("/queue?name=default")[1]
-    assert re.search(r'data-figure="depth">6<', page)
+    assert re.search(r'data-figure="depth" data-unit="count" title="6">6<', page)
     clients = json.loads(browser.get("/api/clients")[1])
     assert clients["page"] == "clients" and "figures" in clients
 
@@ -215,7 +225,7 @@ def test_fifty_browsers_at_once_leave_the_requests_to_pzq_at_one_stats_a_poll(co
 def test_pages_say_busy_with_503_when_reads_already_wait_on_a_pzq_that_does_not_answer(console):
     srv, process = console()
     browser = Browser(process.url)
-    wait_until(lambda: json.loads(browser.get("/api/overview")[1])["figures"]["queues"] == "1", timeout_s=10)
+    wait_until(lambda: json.loads(browser.get("/api/overview")[1])["figures"]["queues"] == 1, timeout_s=10)
     srv.stop()  # (pzq stops answering: every read waits its 5 s out)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         statuses = list(pool.map(lambda p: Browser(process.url).get(p)[0], ["/clients", "/queue?name=default"] * 3))
@@ -226,7 +236,9 @@ def test_pages_say_busy_with_503_when_reads_already_wait_on_a_pzq_that_does_not_
         return page if status == 200 and "no answer from pzq" in page else None
 
     page = wait_until(failure_shown, timeout_s=15, interval_s=0.2)
-    assert 'data-figure="queues">1<' in page, "the overview shows the last figures and the failure"
+    assert 'data-figure="queues" data-unit="count" title="1">1<' in page, (
+        "the overview shows the last figures and the failure"
+    )
 
 
 def test_half_sent_requests_held_open_from_one_address_never_refuse_a_page_load_from_that_address(console):
@@ -343,17 +355,21 @@ def test_the_clients_page_lists_phpmq_connections_with_peer_address_and_age_a_pa
             return page if "Connections (250)" in page else None
 
         page = wait_until(listed, timeout_s=15, interval_s=0.2)
-        rows = re.findall(r"<td>(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>", page)
-        assert len(rows) == 100 and "<th>connected since</th>" in page, "a page of 100 rows, each with its age"
+        rows = re.findall(
+            r'<td class="text">(127\.0\.0\.1:\d+)</td><td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</td>', page
+        )
+        assert len(rows) == 100 and ">connected since</th>" in page, "a page of 100 rows, each with its age"
         following = browser.get("/clients?offset=200")[1]
-        assert len(re.findall(r"<td>127\.0\.0\.1:\d+</td>", following)) == 50 and 'rel="prev"' in following
+        assert len(re.findall(r'<td class="text">127\.0\.0\.1:\d+</td>', following)) == 50 and 'rel="prev"' in following
 
         def consuming() -> str | None:
             page = browser.get("/queue?name=default")[1]
             return page if mine in page else None
 
         queue = wait_until(consuming, timeout_s=10)
-        assert re.search(rf'<td class="name">phpmq</td><td>\w+</td><td>{mine}</td><td>\d{{4}}-', queue)
+        assert re.search(
+            rf'<td class="name">phpmq</td><td class="text">\w+</td><td class="text">{mine}</td><td>\d{{4}}-', queue
+        )
     finally:
         for connection in connections:
             connection.close()
@@ -371,7 +387,7 @@ def test_the_queues_page_shows_a_thousand_queues_a_hundred_a_page_sorted_by_any_
     status, page = browser.get("/queues?sort=depth&order=desc&page=3")
     assert status == 200 and time.monotonic() - started < 5
     assert "page 3 of 11" in page and len(re.findall(r'<td class="name" data-queue=', page)) == 100
-    depths = [int(d) for d in re.findall(r'data-column="depth" data-figure="depth:[^"]+">(\d+)<', page)]
+    depths = [int(d) for d in re.findall(r'data-column="depth" title="\d+">(\d+)<', page)]
     assert depths == sorted(depths, reverse=True) and depths[0] <= 3
     assert 'rel="next" href="/queues?sort=depth&amp;order=desc&amp;page=4"' in page
     found = json.loads(browser.get("/api/queues?filter=q09&sort=name")[1])
@@ -425,9 +441,9 @@ def test_with_curve_the_console_reads_pzq_with_its_own_key_from_a_file_or_stdin_
     try:
         for process in started[:2]:
             overview = json.loads(Browser(process.url).get("/api/overview")[1])
-            assert overview["snapshot"]["error"] == "" and overview["figures"]["queues"] == "1", process.text()
+            assert overview["snapshot"]["error"] == "" and overview["figures"]["queues"] == 1, process.text()
         stranger = json.loads(Browser(started[2].url).get("/api/overview")[1])
-        assert "no answer from pzq" in stranger["snapshot"]["error"] and stranger["figures"]["queues"] == "0"
+        assert "no answer from pzq" in stranger["snapshot"]["error"] and stranger["figures"]["queues"] == 0
     finally:
         assert [process.stop() for process in started] == [0, 0, 0]
 
@@ -494,7 +510,7 @@ def test_the_console_takes_its_endpoints_and_host_names_from_the_servers_config_
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         connection.request("GET", "/api/overview", headers={"Host": "cfg.example"})
         answer = connection.getresponse()
-        assert answer.status == 200 and json.loads(answer.read())["figures"]["queues"] == "1"
+        assert answer.status == 200 and json.loads(answer.read())["figures"]["queues"] == 1
         connection.close()
     finally:
         proc.terminate()
@@ -524,3 +540,50 @@ def test_a_snapshots_queue_rows_are_sorted_once_per_order_and_every_page_of_it_r
     assert [r["name"] for r in by_name["rows"]] == [f"q{i:04d}" for i in range(200, 250)]
     later = Snapshot({"queues": {**figures, "q0000": {**figures["q0000"], "depth": 99}}}, 2.0, 2)
     assert views.queues(later, "depth", True, 1)["rows"][0]["name"] == "q0000", "a new snapshot, new rows"
+
+
+def test_every_line_a_console_process_logs_comes_from_the_logger_pzq_console(make_server, tmp_path):
+    """uvicorn's own lines (startup, shutdown) included: they came from ``uvicorn.error``."""
+    srv = make_server()
+    process = ConsoleProcess(tmp_path, srv.monitor)
+    try:
+        assert Browser(process.url).get("/")[0] == 200
+    finally:
+        assert process.stop() == 0, process.text()
+    lines = [line for line in process.text().splitlines() if re.match(r"\d{4}-\d\d-\d\d ", line)]
+    loggers = {line.split(" ")[3].rstrip(":") for line in lines}
+    assert loggers == {"pzq.console"}, process.text()
+    assert any("Application startup complete" in line for line in lines), "uvicorn's lines are kept, renamed"
+
+
+def test_the_json_twins_give_numbers_as_numbers_with_their_units_apart_and_each_queues_rates(console):
+    srv, process = console()
+    browser = Browser(process.url)
+    with client.Producer(srv.receive) as producer, client.Consumer(srv.send) as consumer:
+        assert all(r.ok for r in producer.produce_many([b"m%d" % i] for i in range(50)))
+        for _ in range(20):
+            consumer.ack(consumer.receive(timeout_s=5))
+
+        def rated() -> dict | None:
+            row = json.loads(browser.get("/api/queues")[1])["rows"][0]
+            return row if row["in_per_s"] > 0 and row["out_per_s"] > 0 else None
+
+        row = wait_until(rated, timeout_s=15, interval_s=0.2)
+    assert isinstance(row["in_per_s"], float) and isinstance(row["out_per_s"], float)
+    assert row["in_per_s"] == pytest.approx(5.0, abs=0.6) and row["out_per_s"] == pytest.approx(2.0, abs=0.3), (
+        "50 in and 20 acked over the last 10 s"
+    )
+    queue = json.loads(browser.get("/api/queue?name=default")[1])
+    assert isinstance(queue["figures"]["in_per_s"], float) and queue["units"]["in_per_s"] == "msg/s"
+    for path in ("/api/overview", "/api/queues", "/api/queue?name=default", "/api/clients"):
+        twin = json.loads(browser.get(path)[1])
+        assert set(twin["figures"]) == set(twin["units"]), path
+        for key, value in twin["figures"].items():
+            assert value is None or (isinstance(value, int | float) and not isinstance(value, bool)), (path, key, value)
+            assert twin["units"][key] in ("count", "msg/s", "bytes", "s", "ms", "time_us"), (path, key)
+    overview = json.loads(browser.get("/api/overview")[1])
+    assert isinstance(overview["figures"]["inflight"], int) and overview["units"]["produce_rate"] == "msg/s"
+    assert isinstance(overview["figures"]["produce_rate"], float)
+    assert overview["figures"]["store_limit_bytes"] == srv.stats()["store_limit_bytes"]
+    dead = queue["dead"]
+    assert dead["page"] == 1 and dead["links"] == {} and isinstance(dead["total"], int)

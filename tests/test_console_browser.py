@@ -7,6 +7,7 @@ $PZQ_ARTIFACTS (or the test's tmp dir) and are named in the output."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -196,4 +197,167 @@ def test_a_logged_in_operator_publishes_requeues_deletes_and_purges_from_the_que
     act("section.changes form[action='/queue/purge']", "purged 3 ready message(s)", box=True)
     figures = srv.stats()["queues"]["default"]
     assert (figures["depth"], figures["dead_letters"]) == (0, 0)
+    assert not errors(browser)
+
+
+@pytest.fixture
+def served(make_server, tmp_path):
+    """A server whose native and PHPMQ endpoints are TCP (their peers have addresses), with an API to
+    make queues by producing to them, and its console; the artifacts' directory."""
+    from conftest import free_tcp_endpoint
+
+    send, _ = free_tcp_endpoint()
+    phpmq_dsn, _ = free_tcp_endpoint()
+    srv = make_server(send_dsn=send, phpmq_dsn=phpmq_dsn, api_dsn=f"ipc://{tmp_path}/api")
+    process = ConsoleProcess(tmp_path, srv.monitor)
+    artifacts = Path(os.environ.get("PZQ_ARTIFACTS") or tmp_path)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    yield srv, process, artifacts
+    assert process.stop() == 0, process.text()
+
+
+def produce_to(srv, queue: str, n: int) -> None:
+    from pzq.clients.api import ApiClient
+
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        api.produce([(queue, b"m%d" % i) for i in range(n)])
+
+
+def test_the_queues_table_lives_a_queue_made_after_the_page_loaded_appears_and_the_filter_typed_stays(served, browser):
+    srv, process, _ = served
+    browser.set_window_size(1280, 400)  # (a page taller than the window: its scroll must stay)
+    browser.get(process.url + "/queues")
+    WebDriverWait(browser, 10).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-updated"))
+    browser.execute_script("window.pzqNoReload = 1")
+    typed = browser.find_element(By.NAME, "filter")
+    typed.send_keys("half-typed")  # (an operator's form, open as the table changes under it)
+    produce_to(srv, "fresh", 3)
+    row = 'table[data-live="queues"] tr[data-key="fresh"]'
+    WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.CSS_SELECTOR, row))
+    assert text(browser, row + ' td[data-column="depth"]') == "3"
+    assert text(browser, row + " td.name a") == "fresh"
+    produce_to(srv, "fresh", 1024)
+    WebDriverWait(browser, 15).until(lambda b: text(b, row + ' td[data-column="depth"]') == "1,027")
+    rate = browser.find_element(By.CSS_SELECTOR, row + ' td[data-column="in_per_s"]')
+    WebDriverWait(browser, 20).until(lambda b: rate.text != "0 msg/s")
+    assert rate.text.endswith(" msg/s") and rate.get_attribute("title").endswith(" msg/s"), rate.text
+    assert browser.execute_script("return window.pzqNoReload") == 1, "updated in place, not reloaded"
+    assert typed.get_attribute("value") == "half-typed", "the operator's form is as they left it"
+    assert not errors(browser)
+
+
+def test_charts_switch_between_five_minutes_an_hour_and_a_day_without_a_reload_and_show_values_on_hover(
+    served, browser
+):
+    srv, process, artifacts = served
+    traffic = Traffic(srv)
+    try:
+        browser.get(process.url + "/")
+        browser.execute_script("window.pzqNoReload = 1")
+        chart = browser.find_element(By.CSS_SELECTOR, 'figure[data-chart="produced_total"]')
+        WebDriverWait(browser, 15).until(lambda b: int(chart.get_attribute("data-points") or 0) >= 3)
+        assert chart.get_attribute("data-range") == "5m"
+        for label, name in (("1 hour", "1h"), ("24 hours", "24h"), ("5 minutes", "5m")):
+            browser.find_element(By.LINK_TEXT, label).click()
+            WebDriverWait(browser, 10).until(lambda b, name=name: chart.get_attribute("data-range") == name)
+            assert f"range={name}" in browser.current_url
+            chosen = browser.find_element(By.CSS_SELECTOR, "a[data-range].chosen")
+            assert chosen.get_attribute("data-range") == name
+        assert browser.execute_script("return window.pzqNoReload") == 1, "switched in place, not reloaded"
+
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        over = chart.find_element(By.CSS_SELECTOR, ".u-over")
+        ActionChains(browser).move_to_element_with_offset(over, over.size["width"] // 3, 5).perform()
+        value = chart.find_elements(By.CSS_SELECTOR, ".u-legend .u-series .u-value")
+        WebDriverWait(browser, 5).until(lambda b: re.fullmatch(r"[\d,.]+ msg/s", value[1].text))
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", value[0].text), "the time under the cursor"
+        browser.save_screenshot(str(artifacts / "console-hover.png"))
+        stored = browser.find_element(By.CSS_SELECTOR, 'td[data-figure="store_bytes"]')
+        assert re.fullmatch(r"[\d.,]+ (KiB|MiB|GiB)", stored.text), stored.text
+        assert re.fullmatch(r"[\d,]+ bytes", stored.get_attribute("title")), "the exact figure on hover"
+        assert not errors(browser)
+    finally:
+        traffic.stop()
+
+
+def test_a_native_consumer_is_listed_with_its_address_and_since_when_and_the_list_lives(served, browser):
+    srv, process, _ = served
+    browser.get(process.url + "/queue?name=default")
+    WebDriverWait(browser, 10).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-updated"))
+    browser.execute_script("window.pzqNoReload = 1")
+    with client.Consumer(srv.send) as consumer:
+        consumer.receive(timeout_s=0.5)  # (connected: nothing to receive)
+        rows = 'table[data-live="consumers"] tbody tr:not(.none)'
+        WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.CSS_SELECTOR, rows))
+        cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, rows + " td")]
+        assert cells[0] == "native" and re.fullmatch(r"127\.0\.0\.1:\d+", cells[2]), cells
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", cells[3]), cells
+    WebDriverWait(browser, 15).until(lambda b: not b.find_elements(By.CSS_SELECTOR, rows))
+    assert browser.execute_script("return window.pzqNoReload") == 1
+    assert not errors(browser)
+
+
+def test_the_clients_page_leads_with_who_is_connected_and_folds_its_counters_in_units(served, browser):
+    srv, process, artifacts = served
+    host, port = srv.config.phpmq_dsn.removeprefix("tcp://").rsplit(":", 1)
+    import socket
+
+    with socket.create_connection((host, int(port)), timeout=5):
+        browser.get(process.url + "/clients")
+        browser.execute_script("window.pzqNoReload = 1")
+        live = 'table[data-live="clients:phpmq"] tbody tr:not(.none)'
+        WebDriverWait(browser, 15).until(lambda b: b.find_elements(By.CSS_SELECTOR, live))
+        first = browser.find_element(By.CSS_SELECTOR, "h1 ~ table, h1 ~ details")
+        assert first.get_attribute("data-live") == "clients:phpmq", "the connections come first"
+        cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, live + " td")]
+        assert any(re.fullmatch(r"127\.0\.0\.1:\d+", c) for c in cells), cells
+        assert any(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", c) for c in cells), cells
+        counters = browser.find_element(By.CSS_SELECTOR, "details.counters")
+        assert (
+            counters.get_attribute("open") is None
+            and not counters.find_element(By.CSS_SELECTOR, "table").is_displayed()
+        )
+        counters.find_element(By.TAG_NAME, "summary").click()
+        sizes = [c for c in counters.find_elements(By.CSS_SELECTOR, 'td[data-unit="bytes"]') if c.text != "0 B"]
+        assert sizes and all(re.fullmatch(r"[\d.,]+ (B|KiB|MiB|GiB)", c.text) for c in sizes), [c.text for c in sizes]
+        assert all(re.fullmatch(r"[\d,]+ bytes", c.get_attribute("title")) for c in sizes)
+        browser.save_screenshot(str(artifacts / "console-clients-open.png"))
+    WebDriverWait(browser, 15).until(lambda b: not b.find_elements(By.CSS_SELECTOR, live))
+    assert browser.execute_script("return window.pzqNoReload") == 1
+    assert not errors(browser)
+
+
+def test_the_dead_letter_pager_goes_next_previous_and_first_with_its_links_apart(setup, browser):
+    srv, process, _ = setup
+    with client.Producer(srv.receive) as producer:  # 3 dead already: 57 more, 60 in all, 3 pages of 25
+        assert all(r.ok for r in producer.produce_many([b"poison more %d" % i] for i in range(57)))
+    with client.Consumer(srv.send) as consumer:
+        for _ in range(57):
+            assert consumer.receive(timeout_s=5) is not None
+        assert wait_until(lambda: srv.stats()["queues"]["default"]["dead_letters"] == 60, timeout_s=30)
+    browser.get(process.url + "/queue?name=default")
+
+    def page() -> tuple[str, list[str], list[str]]:
+        pager = browser.find_element(By.CSS_SELECTOR, "nav.pages")
+        links = [a.text for a in pager.find_elements(By.TAG_NAME, "a")]
+        ids = [tr.get_attribute("data-dead") for tr in browser.find_elements(By.CSS_SELECTOR, "tr[data-dead]")]
+        return pager.text, links, ids
+
+    said, links, first = page()
+    assert "page 1" in said and links == ["next"] and len(first) == 25
+    assert said.endswith("first · previous · next"), "each link a word of its own"
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=next]").click()
+    said, links, second = page()
+    assert "page 2" in said and links == ["first", "previous", "next"] and not set(second) & set(first)
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=next]").click()
+    said, links, third = page()
+    assert "page 3" in said and links == ["first", "previous"] and len(third) == 10
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=prev]").click()
+    assert page()[2] == second, "previous goes back to the page before"
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=prev]").click()
+    assert page()[2] == first
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=next]").click()
+    browser.find_element(By.CSS_SELECTOR, "nav.pages a[rel=first]").click()
+    assert page()[2] == first
     assert not errors(browser)

@@ -198,8 +198,8 @@ def test_with_curve_the_console_reaches_pzq_with_its_own_key_which_proc_never_sh
         if mode == "stand-in":  # (its page is STATS as pzq answered it to the console's key)
             with urllib.request.urlopen(url + "/", timeout=5) as answer:
                 assert b'"messages"' in answer.read()
-        else:  # (the overview's figures come from STATS, "-" until pzq has answered one)
-            assert wait_until(lambda: overview(url)["figures"]["messages"] == "0", timeout_s=STARVED_S)
+        else:  # (the overview's figures come from STATS, null until pzq has answered one)
+            assert wait_until(lambda: overview(url)["figures"]["messages"] == 0, timeout_s=STARVED_S)
             assert not overview(url)["snapshot"]["error"]
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import time
 
@@ -59,6 +60,8 @@ def test_queue_answers_its_figures_and_consumers_and_404s_an_unknown_queue(serve
         "dead_letters",
         "bytes",
         "oldest_age_s",
+        "in_per_s",
+        "out_per_s",
     }
     assert refusal(server, "QUEUE", "nope") == "there is no queue 'nope'"
     assert refusal(server, "QUEUE").startswith("usage: QUEUE")
@@ -240,3 +243,33 @@ def test_queue_lists_an_api_consumer_group_with_the_messages_its_lease_holds(mak
     assert answer["consumers"] == [
         {"protocol": "api", "client": "group billing", "address": "", "connected_us": 0, "held": 2}
     ]
+
+
+def test_queue_names_each_native_consumers_address_and_when_it_connected_legacy_and_batched(make_server):
+    send, _ = free_tcp_endpoint()
+    consume, _ = free_tcp_endpoint()
+    srv = make_server(send_dsn=send, consume_dsn=consume)
+    started_us = time.time_ns() // 1000
+    with client.BatchConsumer(consume) as batched:
+        produce(srv, [b"m"])
+        assert batched.receive(1, timeout_s=5)
+        with client.Consumer(send) as legacy:  # (after: the DEALER would have taken every message)
+            produce(srv, [b"n"])
+            assert legacy.receive(timeout_s=5) is not None
+
+            def listed() -> list[dict] | None:
+                rows = ask(srv, "QUEUE", "default")["consumers"]
+                return rows if len(rows) == 2 and all(r["address"] for r in rows) else None
+
+            rows = {r["protocol"]: r for r in wait_until(listed, timeout_s=10)}
+            assert set(rows) == {"native", "native batch"}
+            for row in rows.values():
+                assert re.fullmatch(r"127\.0\.0\.1:\d+", row["address"]), row
+                assert started_us - 5_000_000 <= row["connected_us"] <= time.time_ns() // 1000, row
+            assert rows["native"]["held"] is None, "the send socket's consumers hold their messages together"
+            assert rows["native batch"]["held"] == 1
+            [table] = [t for t in ask(srv, "CLIENTS")["tables"] if t["kind"] == "zmq"]
+            assert table["columns"] == ["address", "endpoint", "connected_us"] and table["total"] >= 2
+            listed = {row[0] for row in table["rows"]}
+            assert {r["address"] for r in rows.values()} <= listed, "the clients page lists them too"
+    wait_until(lambda: ask(srv, "QUEUE", "default")["consumers"] == [], timeout_s=10)

@@ -91,7 +91,7 @@ def test_stats_and_monitor_built_a_slice_at_a_time_say_what_they_say_built_at_on
         lines = bytes(figures.ready("MONITOR", ticket) or b"").decode().splitlines()
         expected = monitor_proto.render_text(whole).splitlines()
         assert [ln for ln in lines if not ln.startswith(CLOCKS)] == [ln for ln in expected if not ln.startswith(CLOCKS)]
-        assert sum(line.startswith("queue.") for line in lines) == 5 * (3 * CHUNK + 5)
+        assert sum(line.startswith("queue.") for line in lines) == 7 * (3 * CHUNK + 5)  # (with in_per_s, out_per_s)
     finally:
         admin.store.close()
 

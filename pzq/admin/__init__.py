@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pzq.admin.figures import KINDS, Figures
+from pzq.admin.rates import QueueRates
 from pzq.admin.reads import Listed, Reads
 from pzq.admin.writes import Writes
 from pzq.broker import Broker
@@ -37,6 +38,7 @@ class Admin(Reads, Writes):
         self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
         self._heads: dict[str, int] = {}  # queue -> when its head message was stored (µs), as last read
         self._next_head = 0  # where the next tick's share of queues begins
+        self.rates = QueueRates()  # each queue's in_per_s and out_per_s, sampled with its head
         self._purges = {}
         self.figures = Figures(self)  # STATS and MONITOR over turns (the monitor endpoint's)
 
@@ -47,13 +49,13 @@ class Admin(Reads, Writes):
         self.limits, self.max_body = config.limits, config.max_message_size
 
     def tick(self, now: float) -> None:
-        """Take a sample of the counters and the queues' head ages (the server calls this about once a
-        second)."""
+        """Take a sample of the counters and the queues' head ages and rates (the server calls this
+        about once a second, ``now`` its monotonic clock)."""
         counters = self.broker.counters
         self._samples.append((now, type(counters)(**vars(counters))))
-        self._read_heads()
+        self._read_heads(now)
 
-    def _read_heads(self) -> None:
+    def _read_heads(self, now: float) -> None:
         """Read when the head message of a share of the queues was stored (all of them up to
         ``limits.admin_heads_per_tick``; past it, in turn over the next ticks). A head's age is counted
         from it when the figures are made, so it grows between two reads; only a head that changed (its
@@ -67,6 +69,9 @@ class Admin(Reads, Writes):
             infos = (infos[start:] + infos[:share])[:share]
         if count <= share or self._next_head >= count:
             self._forget_gone_heads()  # (once a round of the queues)
+        sample = self.rates.sample
+        for info in infos:
+            sample(info, now)
         names = [info.name for info in infos]
         heads = self.store.previews.oldest_enqueued(names)
         for name in names:
@@ -79,6 +84,7 @@ class Admin(Reads, Writes):
     def _forget_gone_heads(self) -> None:
         for name in [name for name in self._heads if self.store.queue(name, create=False) is None]:
             del self._heads[name]
+        self.rates.forget(lambda name: self.store.queue(name, create=False) is None)
 
     def oldest_age(self, info: QueueInfo, now_us: int) -> float:
         """Seconds since ``info``'s head message was stored (as last read; 0.0 for an empty queue)."""
@@ -109,11 +115,12 @@ class Admin(Reads, Writes):
 
     def queue_rows(self, infos: Sequence[QueueInfo], now_us: int) -> dict[str, dict]:
         """The STATS figures of each queue of ``infos``, by name."""
-        figures, age = self.broker.queue_figures, self.oldest_age
+        figures, age, rates = self.broker.queue_figures, self.oldest_age, self.rates.of
         rows = {}
         for info in infos:
             row = figures(info)
             row["oldest_age_s"] = age(info, now_us)
+            row["in_per_s"], row["out_per_s"] = rates(info.name)  # (msg/s over the last 10 s, as last sampled)
             rows[info.name] = row
         return rows
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from pzq.admin.rates import QueueRates
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.protocols import monitor as monitor_proto
@@ -58,6 +59,7 @@ class Reads:
     endpoints: Callable[[], Sequence[Listed]]
     limits: Limits = DEFAULT_LIMITS
     oldest_age: Callable[[QueueInfo, int], float]
+    rates: QueueRates
 
     def read(self, request: monitor_proto.Request) -> str | None:
         """The JSON answer to one of these requests, or its ``error:`` line; None for another request."""
@@ -82,6 +84,7 @@ class Reads:
     def _queue(self, args: list[str]) -> dict:
         info = self._info(args, 1, "QUEUE <queue>")
         figures = {**self.broker.queue_figures(info), "oldest_age_s": self.oldest_age(info, time.time_ns() // 1000)}
+        figures["in_per_s"], figures["out_per_s"] = self.rates.of(info.name)
         rows: list[dict] = []
         total = 0
         for endpoint in self.endpoints():
@@ -149,7 +152,8 @@ def _consumer(row: dict) -> dict:
         "client": str(row.get("client", "")),
         "address": str(row.get("address", "")),
         "connected_us": int(row.get("connected_us", 0)),
-        "held": int(row.get("held", 0)),
+        # (None: not known apart, the native send socket's consumers share what they hold)
+        "held": None if row.get("held", 0) is None else int(row.get("held", 0)),
     }
 
 

@@ -23,6 +23,7 @@ from pzq.clients.monitor_link import MonitorRefused
 from pzq.console import actions, render, views
 from pzq.console.connections import Connection
 from pzq.console.guard import Guard
+from pzq.console.history import pick
 from pzq.console.reader import Busy
 from pzq.console.site import Console
 from pzq.errors import ClientError
@@ -41,7 +42,7 @@ def build(console: Console) -> Any:
     """The ASGI app: the routes behind the Host check and the security headers (pzq/console/guard.py)."""
 
     async def overview(request: Request) -> Response:
-        data = views.overview(console.reader.snapshot, console.reader.history)
+        data = views.overview(console.reader.snapshot, console.reader.history, pick(request.query_params.get("range")))
         return respond(console, request, "overview.html", data)
 
     async def queues(request: Request) -> Response:
@@ -109,9 +110,10 @@ async def _queue(console: Console, request: Request) -> Response:
     """A queue's page: its figures, the messages at its head and its dead letters (three monitor reads)."""
     name = request.query_params.get("name", "")
     after = request.query_params.get("dead_after", "")
+    trail = tuple(t for t in request.query_params.get("dead_trail", "").split(",")[-views.TRAIL :] if t)
     snap = console.reader.snapshot
     known = name in (snap.stats.get("queues") or {})
-    if not name or not _word(name) or (after and not _word(after)):
+    if not name or not _word(name) or (after and not _word(after)) or not all(_word(t) for t in trail):
         return _not_found(console, request, name)
     texts = (f"QUEUE {name}", f"PEEK {name} {views.PEEKED}", f"DEAD {name} {views.DEAD_PER_PAGE} {after}".strip())
     answers = await asyncio.gather(*(console.reader.read(t) for t in texts), return_exceptions=True)
@@ -125,7 +127,8 @@ async def _queue(console: Console, request: Request) -> Response:
     info, peek, dead = (a if isinstance(a, dict) else None for a in answers)
     if not known and info is None:
         return _not_found(console, request, name)
-    data = views.queue(snap, console.reader.history, name, info, peek, dead, after)
+    range_name = pick(request.query_params.get("range"))
+    data = views.queue(snap, console.reader.history, name, info, peek, dead, after, trail, range_name)
     # A read pzq's permissions refuse the console's key (PEEK, DEAD: they show bodies) is said in
     # place of its list, and the page is a 403 (its JSON twin too, which console.js still applies:
     # the figures, anyone's, stay live)

@@ -12,7 +12,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from pzq.console import views
+from pzq.console import formats
 
 ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("pzq.console", "templates"),
@@ -21,8 +21,11 @@ ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-ENV.filters["number"] = views.number
-ENV.filters["size"] = views.size
+ENV.filters["number"] = formats.number
+ENV.filters["size"] = formats.size
+ENV.filters["when"] = formats.when
+ENV.filters["show"] = formats.show  # (value | show(unit): rounded, in its unit)
+ENV.filters["exact"] = formats.exact  # (value | exact(unit): in full, for a title)
 ENV.filters["q"] = lambda name: urllib.parse.urlencode({"name": name})
 ENV.filters["qs"] = lambda params: urllib.parse.urlencode({k: v for k, v in params.items() if v not in ("", None)})
 

@@ -68,6 +68,24 @@ def listen(dsn: str) -> socket.socket:
     return sock
 
 
+class _AsConsole(logging.Handler):
+    """uvicorn's own lines (its loggers ``uvicorn``, ``uvicorn.error``: a refused connection, an error in
+    a request, its shutdown) passed on as the console's: one logger name for everything this process says,
+    so an operator filters on ``pzq.console`` and misses nothing."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.name = log.name
+        log.handle(record)
+
+
+def route_uvicorn_logs() -> None:
+    """Send uvicorn's loggers' records on as ``pzq.console``'s (and not on to the root's handlers too)."""
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.asgi"):
+        one = logging.getLogger(name)
+        one.handlers = [_AsConsole()]
+        one.propagate = False
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, ending with status 0 at SIGTERM or SIGINT: uvicorn raises the signal again once
     it has shut down (so that the process dies of it), which the supervisor would log as a crash."""
@@ -148,6 +166,7 @@ async def _serve(options: Options, logins: Logins, host: str, sock: socket.socke
         access_log=False,
         log_config=None,
     )
+    route_uvicorn_logs()
     server = _Server(config)
     where = sock.getsockname()
     log.info(

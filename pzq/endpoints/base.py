@@ -53,6 +53,9 @@ class Sockets:
         # The descriptors of each watched socket's open connections, as its monitor's events have told
         # so far; ``drain_events(sock)`` reads the events waiting now (set by ConnectionWatch).
         self.open_fds: dict[zmq.Socket, set[int]] = {}
+        # Each of those connections' peer address ("ip:port") and when it was accepted (epoch µs), by
+        # descriptor, for the console's lists of consumers (bounded as the connections are: --max-connections)
+        self.peers: dict[zmq.Socket, dict[int, tuple[str, int]]] = {}
         self.drain_events: Callable[[zmq.Socket], None] = lambda sock: None
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:

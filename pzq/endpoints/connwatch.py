@@ -10,9 +10,11 @@ down at once through a duplicate of its descriptor; libzmq sees the end of the s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
+import time
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -66,6 +68,7 @@ class ConnectionWatch(Endpoint):
     def _events(self, pair: zmq.Socket, role: str, *, bounded: bool = True) -> None:
         sock = self.binder.monitors[pair][1]
         open_fds = self.binder.open_fds.setdefault(sock, set())
+        peers = self.binder.peers.setdefault(sock, {})
         for _ in range(EVENTS_PER_TURN):
             if bounded and self.budget.spent():  # (the rest wait in the pipe, which loses none: next turn)
                 return
@@ -81,6 +84,8 @@ class ConnectionWatch(Endpoint):
                 # Counted all the same: the one cut off still sends its DISCONNECTED event.
                 self.limit.zmq_open[pair] = held + 1
                 open_fds.add(event["value"])
+                if not refuse:
+                    peers[event["value"]] = (peer_of(event["value"]), time.time_ns() // 1000)
                 if refuse:
                     warn_bad(
                         role,
@@ -93,12 +98,32 @@ class ConnectionWatch(Endpoint):
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.limit.zmq_open[pair] = max(0, self.limit.zmq_open.get(pair, 0) - 1)
                 open_fds.discard(event["value"])
+                peers.pop(event["value"], None)
                 told = self.binder.on_disconnect.get(sock)
                 if told is not None:
                     told(event["value"])
             elif kind == zmq.EVENT_ACCEPT_FAILED:
                 self.accept_failed_total += 1
                 warn_bad(role, "accept-failed", f"libzmq could not accept a connection: {os.strerror(event['value'])}")
+
+    def clients(self, now: float, limit: int, offset: int = 0) -> list[dict]:
+        """Every watched ZeroMQ socket's TCP connections (native producers and consumers, the monitor,
+        the API, eMQP): the peer's address, the endpoint, since when; a page of ``limit`` from ``offset``."""
+        watched = [(role, self.binder.peers.get(sock, {})) for role, sock in self.binder.monitors.values()]
+        every = ((address, role, since) for role, peers in watched for address, since in peers.values())
+        rows = [list(row) for row in itertools.islice(every, offset, offset + limit)]
+        total = sum(len(peers) for _, peers in watched)
+        columns = ["address", "endpoint", "connected_us"]
+        return [
+            {
+                "kind": "zmq",
+                "gateway": "zeromq",
+                "title": "TCP connections",
+                "columns": columns,
+                "rows": rows,
+                "total": total,
+            }
+        ]
 
     def output_waiting(self) -> bool:
         return False  # (it closes connections; it sends nothing)
@@ -111,6 +136,27 @@ class ConnectionWatch(Endpoint):
             "accept_failed_total": self.accept_failed_total,
             **self.limit.stats(),
         }
+
+
+def peer_of(fd: int) -> str:
+    """The "ip:port" of the peer of libzmq's connection on descriptor ``fd`` ("" if it is gone: read through
+    a duplicate, as ``shut`` does, never closing libzmq's own)."""
+    try:
+        copy = os.dup(fd)
+    except OSError:
+        return ""
+    try:
+        dup = socket.socket(fileno=copy)
+    except OSError:  # (the number went to something that is no socket)
+        os.close(copy)
+        return ""
+    try:
+        host, port = dup.getpeername()[:2]
+    except (OSError, ValueError, TypeError):  # (not connected any more; not TCP)
+        return ""
+    finally:
+        dup.close()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def shut(fd: int, endpoint: bytes | str) -> None:

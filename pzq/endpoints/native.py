@@ -23,7 +23,7 @@ from pzq.config import Config
 from pzq.endpoints.base import Endpoint, Sockets, receive, receive_from
 from pzq.endpoints.held import Held
 from pzq.endpoints.native_held import HeldIn
-from pzq.endpoints.native_send import SendWatch, drained
+from pzq.endpoints.native_send import SendWatch, consumers, drained
 from pzq.endpoints.replies import Replies
 from pzq.gateways.contract import Send
 from pzq.gateways.native import RECEIVE, SEND, NativeGateway
@@ -343,6 +343,10 @@ class NativeEndpoints(Endpoint):
         # (held deliveries of earlier turns stay in flight after a failed commit: those the broker forgot go)
         self._held_deliveries.keep(self.gateway.sendable)
         self.gateway.recover()
+
+    def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
+        """The send socket's connections as the native queue's consumers (native_send.py's ``consumers``)."""
+        return consumers(self.binder.peers.get(self.send, {}), limit) if queue == self.gateway.queue else ([], 0)
 
     def stats(self) -> dict:
         return {

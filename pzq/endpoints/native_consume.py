@@ -185,8 +185,13 @@ class BatchConsumeEndpoint(Endpoint):
         return self.gateway.stats()
 
     def consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        """Its batched consumers, all of one queue (ZeroMQ names no peer's address)."""
-        return self.gateway.queue_consumers(queue, limit)
+        """Its batched consumers, all of one queue, with their connections' peer addresses and when they
+        connected (TCP: what the socket monitor told of each connection; ipc:// names none)."""
+        rows, total = self.gateway.queue_consumers(queue, limit)
+        peers = self.binder.peers.get(self.sock, {})
+        for row in rows:
+            row["address"], row["connected_us"] = peers.get(row.pop("fd", -1), ("", 0))
+        return rows, total
 
     def memory(self) -> dict[str, int]:
         return {"consume_backlogs": self.replies.backlog_bytes}

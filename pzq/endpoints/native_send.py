@@ -15,6 +15,7 @@ byte counts, nothing is read (``streams`` answers None) and nothing is cut.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import select
@@ -123,6 +124,18 @@ class SendWatch:
             dup.shutdown(socket.SHUT_RDWR)  # (libzmq sees its stream end and drops the connection's pipe)
         except OSError:
             pass  # (it ended meanwhile)
+
+
+def consumers(peers: dict[int, tuple[str, int]], limit: int) -> tuple[list[dict], int]:
+    """The send socket's connections (``peers``: the socket monitor's, by descriptor), each a consumer of
+    the native queue: its peer's address and when it connected (TCP; ipc:// names no peer). What each
+    holds is not known apart (a DEALER's deliveries do not say which connection took them): ``held`` is
+    None. At most ``limit`` rows, and how many there are."""
+    rows = [
+        {"protocol": "native", "client": "send socket", "address": address, "connected_us": since, "held": None}
+        for address, since in itertools.islice(peers.values(), limit)
+    ]
+    return rows, len(peers)
 
 
 def drained(sock: zmq.Socket, until: float) -> bool:

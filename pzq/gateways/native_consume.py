@@ -306,12 +306,13 @@ class BatchConsumeGateway:
         return self.table.revoke(users)
 
     def queue_consumers(self, queue: str, limit: int) -> tuple[list[dict], int]:
-        """Its consumers (all of one queue: ZeroMQ names no peer's address) and what each holds."""
+        """Its consumers (all of one queue) and what each holds, each with the descriptor of its connection
+        (``fd``, -1 if not known: the endpoint, which knows the connections, names their peers)."""
         if queue != self.queue:
             return [], 0
         held = self.broker.deliveries.count
         rows = [
-            {"protocol": "native", "client": peer_label(c.peer), "held": held(c.holder)}
+            {"protocol": "native batch", "client": peer_label(c.peer), "held": held(c.holder), "fd": c.fd}
             for c in itertools.islice(self.consumers.values(), limit)
         ]
         return rows, len(self.consumers)
