@@ -245,12 +245,16 @@ def test_the_consoles_clients_page_lists_a_real_worker_its_slots_and_a_schedule(
         wait_until(lambda: lines(tmp_path / "trace") == ["start c", "done c"], timeout_s=20)
         wait_until(lambda: server.stats()["emqp"]["slots"] == 2, timeout_s=20)
         listed = wait_until(
-            lambda: (t := tables()) and [r[1:3] for r in t.get("emqp-workers", [])] == [["jobs (10)", "2"]] and t,
+            lambda: (
+                (t := tables())
+                and [[r["queues (weight)"], r["free slots"]] for r in t.get("emqp-workers", [])] == [["jobs (10)", 2]]
+                and t
+            ),
             timeout_s=20,
         )
         page = urllib.request.urlopen(url + "/clients", timeout=10).read().decode()
     finally:
         workers.close()
     [row] = listed["emqp-schedules"]
-    assert row[1:3] == ["jobs", "cron 0 0 1 1 *"] and row[4] == "2027-01-01 00:00:00 UTC"
+    assert [row["queue"], row["when"], row["next run"]] == ["jobs", "cron 0 0 1 1 *", "2027-01-01 00:00:00 UTC"]
     assert "cron 0 0 1 1 *" in page and "2027-01-01 00:00:00 UTC" in page

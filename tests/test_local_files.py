@@ -21,7 +21,7 @@ from pzq.errors import ConfigError
 from pzq.server import Server
 from pzq.store import Store
 
-from conftest import free_tcp_endpoint, make_config
+from conftest import free_tcp_endpoint, make_config, wait_until
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
@@ -101,6 +101,8 @@ def test_the_default_monitor_socket_lives_in_the_private_store_directory(tmp_pat
         stderr=subprocess.DEVNULL,
     )
     try:
+        # (a client says at once that nothing listens: the server's socket is waited for first)
+        assert wait_until(lambda: (tmp_path / "pzq-data" / "monitor").exists() or server.poll() is not None, 60)
         result = pzq("monitor", "--json", "--timeout", "20s", cwd=tmp_path)  # the same default, found alone
         assert result.returncode == 0 and '"messages": 0' in result.stdout, result.stderr
         assert mode(tmp_path / "pzq-data") == 0o700
@@ -156,10 +158,20 @@ class FakeServer:
         self.sock.close(linger=0)
 
 
-@pytest.mark.parametrize("answer", [b"hello", b'{"messages": 1, "queues": 7}', b"[1, 2", b"\xff\xfe"])
+# (the last: every key a command reads at the top, with rows that are not rows)
+NESTED = b'{"tables": [1], "figures": {}, "name": "q", "consumers": [1], "consumers_total": 1, "messages": [1],'
+NESTED += b' "letters": [1], "more": false, "queues": {"q": 1}, "created": 1, "requeued": "x", "deleted": []}'
+
+
+@pytest.mark.parametrize("answer", [b"hello", b'{"messages": 1, "queues": 7}', b"[1, 2", b"\xff\xfe", NESTED])
 @pytest.mark.parametrize(
     "command",
-    [["monitor"], ["monitor", "--json"], ["dead-letters", "list", "q"], ["dead-letters", "requeue", "q", "--all"]],
+    [
+        *(["monitor"], ["monitor", "--json"], ["clients"], ["queue", "list"], ["queue", "create", "q"]),
+        *(["queue", "delete", "q", "--yes"], ["queue", "show", "q"], ["queue", "peek", "q"], ["queue", "purge", "q"]),
+        *(["queue", "peek", "--dead", "q"], ["queue", "publish", "q", "x"], ["dead-letters", "list", "q"]),
+        *(["dead-letters", "requeue", "q", "--all"], ["dead-letters", "delete", "q", "--all"]),
+    ],
 )
 def test_a_monitor_command_answered_by_something_else_prints_one_line(tmp_path, command, answer):
     endpoint = f"ipc://{tmp_path}/monitor"

@@ -473,5 +473,5 @@ def test_the_monitor_lists_a_batched_consumer_among_its_queues_consumers_with_wh
     sock = dealer(sockets, server)
     take(sock, 3)
     [row] = wait_until(lambda: admin_request(server.monitor, "QUEUE default")["consumers"])
-    assert (row["protocol"], row["held"], row["address"]) == ("native", 3, "")
+    assert (row["protocol"], row["held"], row["address"]) == ("native batch", 3, "")
     assert admin_request(server.monitor, "QUEUE default")["consumers_total"] == 1

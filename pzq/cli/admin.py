@@ -10,7 +10,7 @@ import click
 
 from pzq.cli.common import errors_to_exit, fail
 from pzq.cli.queues import dead_letter_choice, monitor_options, settled
-from pzq.errors import ClientError, ExitCode
+from pzq.errors import ExitCode
 
 
 @click.command()
@@ -39,9 +39,7 @@ def dead_letters() -> None:
 def dead_letters_list(ask, limit, queue) -> None:
     """List QUEUE's dead letters, oldest first, one JSON object per line (a line on standard error when
     it has none; exit 4 when there is no such queue)."""
-    letters = ask(["DEADLETTERS", queue, str(limit)])
-    if not isinstance(letters, list):
-        raise ClientError("the answer is not a list of dead letters: is a pzq monitor there?")
+    letters = ask(["DEADLETTERS", queue, str(limit)])  # (a list, or one line: queues.checked)
     if not letters:
         ask(["QUEUE", queue], missing="")  # (the server lists an unknown queue as empty: a typo says so here)
         click.echo(f"queue {queue!r} has no dead letters", err=True)

@@ -25,9 +25,41 @@ from pzq.cli.common import (
     refusal_code,
 )
 from pzq.clients.admin import AdminRefused, admin_request
-from pzq.errors import ExitCode
+from pzq.errors import ClientError, ExitCode
 
 MAX_BODY = 1 << 20  # what the monitor socket takes in one frame (its MAXMSGSIZE): past it, no answer comes
+
+
+# What each request's answer must hold for the commands that read it (an answer from a peer that is not
+# pzq, or is another program, gets one line, not a KeyError's traceback)
+ANSWERS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "STATS": {"queues": dict},
+    "CREATE": {"created": bool},
+    "DELETE": {"messages": int, "dead_letters": int},
+    "QUEUE": {"figures": dict, "name": str, "consumers": list, "consumers_total": int},
+    "PEEK": {"messages": list, "more": bool},
+    "DEAD": {"letters": list, "more": bool},
+    "PURGE": {"purged": int, "more": bool},
+    "PUBLISH": {"id": str},
+    "CLIENTS": {"tables": list},
+    "REQUEUE": {"requeued": int},
+    "DELETEDEAD": {"deleted": int},
+}
+
+
+def checked(endpoint: str, words: list[str], answer: Any) -> Any:
+    """``answer`` if it has the shape ``words``' request is answered with (ANSWERS; DEADLETTERS: a list);
+    ClientError, naming the endpoint, if not."""
+    wanted = ANSWERS.get(words[0])
+    if words[0] == "DEADLETTERS":
+        fits = isinstance(answer, list)
+    else:
+        fits = wanted is None or (
+            isinstance(answer, dict) and all(isinstance(answer.get(k), kind) for k, kind in wanted.items())
+        )
+    if not fits:
+        raise ClientError(f"the answer to {words[0]} from {endpoint} is not pzq's: is a pzq monitor there?")
+    return answer
 
 
 def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,13 +79,17 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
         def ask(words: list[str], body: bytes | None = None, missing: str = "") -> Any:
             try:
-                return admin_request(endpoint, words, body, timeout_s=timeout, curve=keys)
+                return checked(endpoint, words, admin_request(endpoint, words, body, timeout_s=timeout, curve=keys))
             except AdminRefused as exc:  # one line; exit 4 for a queue that is not there, 5 for no right
                 if exc.no_queue:
                     fail(str(exc) + missing, ExitCode.NOT_FOUND)
                 fail(str(exc), refusal_code(str(exc)))
 
-        return func(ask=ask, **kwargs)
+        try:
+            return func(ask=ask, **kwargs)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            # (``checked`` saw the answer's top; a row inside it that is not a row is read only here)
+            raise ClientError(f"the answer from {endpoint} is not pzq's ({exc!r}): is a pzq monitor there?") from exc
 
     return wrapper
 
