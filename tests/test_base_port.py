@@ -21,9 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # (a subprocess serve
 
 
 def _free_base() -> int:
-    """A base port whose eleven ports (base + 0 to + 10) are all free on loopback just now."""
+    """A base port whose eleven ports (base + 0 to + 10) are all free on loopback just now, below the
+    kernel's ephemeral range: the other tests' ports (``free_tcp_endpoint``) and every outgoing
+    connection's come from that range, and a base inside it had taken a port another test was given."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(50):
-        base = random.randrange(20000, 60000)
+        base = random.randrange(min(20000, low // 2), low - 11)
         taken = []
         try:
             for port in range(base, base + 11):
