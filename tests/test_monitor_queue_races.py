@@ -1,0 +1,44 @@
+"""CREATE and DELETE of queues against an unlucky operator and a hostile client, over a real server on
+real sockets: a queue deleted while consumers hold its deliveries, the server's own ``--queue`` deleted,
+its name made again during the drop."""
+
+from __future__ import annotations
+
+import pytest
+
+from pzq.clients import native as client
+
+from admin_asks import ask, produce
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_deleting_the_servers_own_queue_leaves_it_explicit_so_it_never_expires_and_producers_still_reach_it(
+    make_server,
+):
+    srv = make_server()
+    produce(srv, [b"one", b"two"])
+    answer = ask(srv, "DELETE", "default")
+    assert answer["messages"] == 2
+    produce(srv, [b"after"])
+    info = srv.server.store.queue("default", create=False)
+    assert info is not None and not info.implicit, "the --queue of the server is the operator's, not a client's"
+    with client.Consumer(srv.send) as consumer:
+        delivery = consumer.receive(timeout_s=5)
+        assert delivery is not None and delivery.body == [b"after"]
+
+
+def test_an_ack_of_a_delivery_of_a_deleted_queue_touches_nothing_of_the_queue_made_again_under_its_name(make_server):
+    srv = make_server(ack_timeout=30.0)
+    produce(srv, [b"old"])
+    with client.Consumer(srv.send) as consumer:
+        held = consumer.receive(timeout_s=5)
+        assert held is not None and held.body == [b"old"]
+        assert ask(srv, "DELETE", "default")["messages"] == 1
+        produce(srv, [b"new"])
+        consumer.ack(held)  # (of the queue that went: nothing of the new one may go with it)
+        fresh = consumer.receive(timeout_s=5)
+        assert fresh is not None and fresh.body == [b"new"]
+        consumer.ack(fresh)
+    stats = srv.stats()
+    assert stats["queues"]["default"]["depth"] == 0 and stats["messages_inflight"] == 0
