@@ -9,6 +9,7 @@ import pytest
 from pzq.clients import native as client
 
 from admin_asks import ask, produce
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,3 +43,30 @@ def test_an_ack_of_a_delivery_of_a_deleted_queue_touches_nothing_of_the_queue_ma
         consumer.ack(fresh)
     stats = srv.stats()
     assert stats["queues"]["default"]["depth"] == 0 and stats["messages_inflight"] == 0
+
+
+def test_a_spark_group_leasing_a_deleted_queue_gets_an_api_error_and_leases_the_queue_made_again_from_its_start(
+    make_server, tmp_path
+):
+    from pzq.clients.api import ApiClient, ApiError
+
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api")
+    produce(srv, [b"m%d" % i for i in range(10)])
+    with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+        base, end = api.lease("default", "billing", 0, 3)
+        assert ask(srv, "DELETE", "default")["messages"] == 10
+        outcomes = []
+        calls = (lambda: api.fetch("default", "billing", base, end), lambda: api.ack_upto("default", "billing", end))
+        for call in calls:
+            try:
+                outcomes.append(call())
+            except ApiError as exc:
+                outcomes.append(exc.code)
+        produce(srv, [b"new"])
+        lo, hi = api.offsets("default", "billing")
+        base2, end2 = api.lease("default", "billing", lo, 10)
+        messages, _ = api.fetch("default", "billing", base2, end2)
+        assert [m[-1] for m in messages] == [b"new"], (outcomes, lo, hi, base2, end2)
+        api.ack_upto("default", "billing", end2)
+    assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0)
+    assert srv.stats()["messages_inflight"] == 0
