@@ -14,13 +14,12 @@ from conftest import wait_until
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_deleting_the_servers_own_queue_leaves_it_explicit_so_it_never_expires_and_producers_still_reach_it(
-    make_server,
-):
+def test_the_servers_own_queue_made_again_by_a_produce_after_a_delete_is_explicit_so_it_never_expires(make_server):
     srv = make_server()
     produce(srv, [b"one", b"two"])
     answer = ask(srv, "DELETE", "default")
     assert answer["messages"] == 2
+    assert "default" not in srv.stats()["queues"]  # (gone, as the operator asked, until something uses it)
     produce(srv, [b"after"])
     info = srv.server.store.queue("default", create=False)
     assert info is not None and not info.implicit, "the --queue of the server is the operator's, not a client's"

@@ -48,7 +48,6 @@ class Admin(Reads, Writes):
         commit's duration, and its limits."""
         self.endpoints, self.commit_ms = endpoints, commit_ms
         self.limits, self.max_body = config.limits, config.max_message_size
-        self.own_queue = config.queue
 
     def tick(self, now: float) -> None:
         """Take a sample of the counters and the queues' head ages and rates (the server calls this

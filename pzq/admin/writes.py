@@ -66,7 +66,6 @@ class Writes:
     # deletes a queue for good, its leases too (the server's, MQKS delete_queue's; None: the broker's)
     drop_queue: Callable[[str], int] | None = None
     endpoints: Callable[[], Sequence[object]]
-    own_queue: str = ""  # the server's --queue: made again at once when deleted (it is the operator's, never expires)
     # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made again
     # under the same name mid-purge is another queue, whose messages the purge must not touch)
     _purges: dict[str, tuple[int, int, int]]
@@ -234,9 +233,6 @@ class Writes:
         messages = (self.drop_queue or self.broker.drop_queue)(info.name)
         budget.take(len(info.name))
         done = f"deleted queue {info.name!r} with {messages} message(s) and {dead} dead letter(s)"
-        if info.name == self.own_queue:  # (else the next produce made it a client's: implicit, it expired)
-            self.store.catalog.name_queue(info.name)
-            done += "; made again empty: it is --queue"
         return {"deleted": info.name, "messages": messages, "dead_letters": dead}, done
 
     def routes(self, args: list[str]) -> str:

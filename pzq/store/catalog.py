@@ -25,6 +25,9 @@ class Catalog:
         # Queues made by clients' requests at most (None: --max-queues); the rest is kept for named ones
         self.max_implicit = max_queues if max_implicit is None else max_implicit
         self.implicit_count = 0
+        # The server's --queue: made explicit whoever makes it (a produce after an operator's DELETE had
+        # made it a client's implicit queue, which expired unused). Configuration, not data: kept on load.
+        self.configured: set[str] = set()
         self.seq_floor = 1  # a new queue's first seq (meta b"seq_floor")
         self.format = FORMAT  # the store's format version (read by load)
         self.by_name: dict[str, QueueInfo] = {}
@@ -109,6 +112,7 @@ class Catalog:
                 f"queue full: {self.implicit_count} queues made by clients' requests, the most of "
                 "--max-queues they may take (the rest is kept for configured queues)"
             )
+        implicit = implicit and name not in self.configured
         info = QueueInfo(name, self._next_qid, self.seq_floor, implicit=implicit)
         self.implicit_count += implicit
         self._next_qid += 1
