@@ -1,15 +1,20 @@
-"""CREATE and DELETE of queues against an unlucky operator and a hostile client, over a real server on
-real sockets: a queue deleted while consumers hold its deliveries, the server's own ``--queue`` deleted,
-its name made again during the drop."""
+"""CREATE, DELETE and ROUTES against an unlucky operator and a hostile client, over a real server on real
+sockets: a queue deleted while a native consumer or a Spark group holds its messages, the server's own
+``--queue`` deleted and made again, big ROUTES answers asked for and never read."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from test_monitor_admin_hostile import flood
 
 from pzq.clients import native as client
+from pzq.clients.mqks import MqksClient
+from pzq.endpoints.monitor import MonitorEndpoint
 
 from admin_asks import ask, produce
-from conftest import wait_until
+from conftest import free_tcp_endpoint, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,3 +74,27 @@ def test_a_spark_group_leasing_a_deleted_queue_gets_an_api_error_and_leases_the_
         api.ack_upto("default", "billing", end2)
     assert wait_until(lambda: srv.stats()["queues"]["default"]["depth"] == 0)
     assert srv.stats()["messages_inflight"] == 0
+
+
+def test_a_flood_of_big_routes_answers_never_read_is_refused_busy_before_it_raises_the_memory_alarm(make_server):
+    """ROUTES of an event 300 queues of 250-byte names are bound to is a 77 KB answer: past the 64 KiB a
+    page may take without asking the memory bound, as QUEUE, PEEK, DEAD and CLIENTS pages do."""
+    mqks, _ = free_tcp_endpoint()
+    srv = make_server(mqks_dsn=mqks, max_queues=100_000, memory_high_water=8 << 20, memory_low_water=6 << 20)
+    with MqksClient(mqks, timeout_s=30) as mq:
+        for i in range(300):
+            mq.consume(f"{i:03d}".ljust(250, "q"), ["e"])
+        assert ask(srv, "ROUTES", "e")["total"] == 300
+        stop, sent = threading.Event(), [0]
+        flooder = threading.Thread(target=flood, args=(srv.monitor, b"ROUTES e", stop, sent, 8), daemon=True)
+        flooder.start()
+        try:
+            assert wait_until(lambda: sent[0] > 2000, timeout_s=30)
+            alarm = srv.server.alarm
+            monitor = next(e for e in srv.server.endpoints if isinstance(e, MonitorEndpoint))
+            assert wait_until(lambda: monitor.busy_total > 0 or alarm.raised_total > 0, timeout_s=30)
+            produce(srv, [b"honest"])  # (before: "queue full: memory alarm", the monitor's backlogs past 8 MiB)
+        finally:
+            stop.set()
+            flooder.join(10)
+    assert srv.server.alarm.raised_total == 0
