@@ -98,3 +98,21 @@ def test_a_flood_of_big_routes_answers_never_read_is_refused_busy_before_it_rais
             stop.set()
             flooder.join(10)
     assert srv.server.alarm.raised_total == 0
+
+
+def test_the_servers_own_queue_is_made_again_when_clients_queues_took_all_their_room(make_server, tmp_path):
+    from pzq.clients.api import ApiClient, ApiError
+
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", max_queues=100)
+    made = 0
+    for i in range(200):  # (a connection each: one's share of 100 queues is one)
+        with ApiClient(srv.config.api_dsn, timeout_s=10) as api:
+            try:
+                api.produce([(f"tenant.{i}", b"m")])
+                made += 1
+            except ApiError:
+                break
+    assert made >= 80, "the clients' queues took their room"
+    assert ask(srv, "DELETE", "default")["messages"] == 0
+    produce(srv, [b"after"])  # (before: refused, queue full, the name a client's queue past the clients' room)
+    assert srv.stats()["queues"]["default"]["depth"] == 1

@@ -105,6 +105,7 @@ class Catalog:
         --max-queues, or past ``max_implicit`` for one a client's request makes."""
         if not name or len(name.encode()) > 255:
             raise StoreError(f"queue name must be 1 to 255 bytes: {name!r}")
+        implicit = implicit and name not in self.configured  # (before the room kept for named queues is weighed)
         if len(self.by_name) >= self.max_queues:  # every queue costs memory and a line of figures
             raise StoreFull(f"queue full: there are {len(self.by_name)} queues, the most --max-queues allows")
         if implicit and self.implicit_count >= self.max_implicit:  # (the rest is kept for named queues)
@@ -112,7 +113,6 @@ class Catalog:
                 f"queue full: {self.implicit_count} queues made by clients' requests, the most of "
                 "--max-queues they may take (the rest is kept for configured queues)"
             )
-        implicit = implicit and name not in self.configured
         info = QueueInfo(name, self._next_qid, self.seq_floor, implicit=implicit)
         self.implicit_count += implicit
         self._next_qid += 1
