@@ -85,6 +85,31 @@ def check_endpoints(cfg: Any) -> None:
         raise ConfigError(f"--http-dsn: the console's process cannot reach --monitor-dsn {cfg.monitor_dsn}")
     if cfg.http_auth_file and not cfg.http_dsn:
         raise ConfigError("--http-auth-file: it is the web console's login, and --http-dsn is not set")
+    check_ports(cfg)
+
+
+_PORTED = (*BASE_OFFSETS, "consume_dsn", "monitor_dsn")
+_ANY_HOST = ("*", "0.0.0.0", "::", "")
+
+
+def check_ports(cfg: Any) -> None:
+    """No two endpoints on one TCP port of one host (a wildcard host takes the port on every one). A base
+    port with one endpoint named at a port it gives another had failed at the bind with "Address already
+    in use", naming only one of the two, as if another program held the port."""
+    seen: dict[tuple[str, int], str] = {}
+    for name in _PORTED:
+        match = re.fullmatch(r"(?:tcp|http)://(\[[0-9a-fA-F:]*\]|[^:/]*):(\d{1,5})/?", getattr(cfg, name) or "")
+        if not match or not int(match.group(2)):
+            continue  # (ipc://, inproc://, a port chosen by the system, or off)
+        host, port = match.group(1).strip("[]"), int(match.group(2))
+        for (other_host, other_port), other in seen.items():
+            if port == other_port and (host == other_host or host in _ANY_HOST or other_host in _ANY_HOST):
+                base = f" (--base-port {cfg.base_port} put one there)" if cfg.base_port else ""
+                raise ConfigError(
+                    f"{flag(name)} {getattr(cfg, name)}: port {port} is {flag(other)}'s too{base}: "
+                    "give one another port"
+                )
+        seen[(host, port)] = name
 
 
 def check_names(cfg: Any) -> None:

@@ -336,3 +336,25 @@ def test_metrics_and_the_console_move_with_the_base_port_only_when_set_to_auto_a
     for base in ("65530", "-1"):
         with pytest.raises(ConfigError, match=r"--base-port: .* is not 0 \(off\) to 65525"):
             config.load(env={"PZQ_BASE_PORT": base})
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (  # (a base port gives receive +0: it had failed at the bind, "Address already in use", as if another program)
+            {"base_port": 20000, "phpmq_dsn": "tcp://127.0.0.1:20000"},
+            "--phpmq-dsn tcp://127.0.0.1:20000: port 20000 is --receive-dsn's too (--base-port 20000 put one there)",
+        ),
+        ({"mqks_dsn": "tcp://0.0.0.0:11131"}, "--mqks-dsn tcp://0.0.0.0:11131: port 11131 is --receive-dsn's too"),
+        ({"metrics_dsn": "http://127.0.0.1:11132"}, "--metrics-dsn http://127.0.0.1:11132: port 11132 is --send-dsn's"),
+    ],
+)
+def test_two_endpoints_on_one_port_are_refused_naming_both_before_anything_binds(flags, needle):
+    with pytest.raises(ConfigError) as caught:
+        config.load(flags=flags, env={})
+    assert needle in str(caught.value)
+
+
+def test_endpoints_on_one_port_of_two_hosts_or_on_ports_the_system_chooses_are_accepted():
+    config.load(flags={"phpmq_dsn": "tcp://127.0.0.2:11131", "api_dsn": "tcp://127.0.0.1:0"}, env={})
+    config.load(flags={"base_port": 65525}, env={})  # (the last base port: every offset fits under 65536)

@@ -26,3 +26,18 @@ def test_a_rebound_socket_serves_new_peers_at_its_old_address_every_time(tmp_pat
         assert made.owned == [sock]
     finally:
         made.close()
+
+
+def test_a_rebound_socket_leaves_no_table_of_the_old_ones_peers_behind(tmp_path):
+    """The socket monitor's reader (endpoints/connwatch.py) keeps each watched socket's peers by descriptor;
+    a re-bind (each CURVE revocation on SIGHUP) cuts them all off, and kept the old socket's table for good."""
+    endpoint, _ = free_tcp_endpoint()
+    made = Sockets(zmq.Context.instance())
+    try:
+        sock = made.bind(zmq.DEALER, endpoint, "--send-dsn", SNDHWM=1000, RCVHWM=1000, MAXMSGSIZE=4096)
+        for _ in range(3):
+            made.peers.setdefault(sock, {})[99] = ("127.0.0.1:40000", 1)  # (as connwatch records an accept)
+            sock = made.rebind(sock)
+        assert set(made.peers) <= set(made.owned)
+    finally:
+        made.close()

@@ -38,6 +38,7 @@ class Admin(Reads, Writes):
         self._samples: collections.deque = collections.deque(maxlen=RATE_WINDOW)
         self._heads: dict[str, int] = {}  # queue -> when its head message was stored (µs), as last read
         self._next_head = 0  # where the next tick's share of queues begins
+        self._unchecked: list[str] = []  # names sampled, still to look at this round (gone: forgotten)
         self.rates = QueueRates()  # each queue's in_per_s and out_per_s, sampled with its head
         self._purges = {}
         self.figures = Figures(self)  # STATS and MONITOR over turns (the monitor endpoint's)
@@ -66,9 +67,9 @@ class Admin(Reads, Writes):
         if count > share:
             start = self._next_head % count
             self._next_head = start + share
-            infos = (infos[start:] + infos[:share])[:share]
-        if count <= share or self._next_head >= count:
-            self._forget_gone_heads()  # (once a round of the queues)
+            # (the share alone: copying the whole list twice more was 1 ms a tick at 100,000 queues)
+            infos = infos[start : start + share] + infos[: max(0, start + share - count)]
+        self._forget_gone(share)
         sample = self.rates.sample
         for info in infos:
             sample(info, now)
@@ -81,10 +82,18 @@ class Admin(Reads, Writes):
             else:
                 self._heads[name] = at
 
-    def _forget_gone_heads(self) -> None:
-        for name in [name for name in self._heads if self.store.queue(name, create=False) is None]:
-            del self._heads[name]
-        self.rates.forget(lambda name: self.store.queue(name, create=False) is None)
+    def _forget_gone(self, most: int) -> None:
+        """Forget the head and the rates of queues that went, ``most`` names looked at a tick (the names
+        sampled, a list taken once a round: a walk of every name at the end of each round held one tick
+        55 ms at 100,000 queues). A queue's head is read only where its rates are sampled: one list."""
+        if not self._unchecked:
+            self._unchecked = self.rates.names()
+        unchecked, queue = self._unchecked, self.store.queue
+        for _ in range(min(most, len(unchecked))):
+            name = unchecked.pop()
+            if queue(name, create=False) is None:
+                self._heads.pop(name, None)
+                self.rates.drop(name)
 
     def oldest_age(self, info: QueueInfo, now_us: int) -> float:
         """Seconds since ``info``'s head message was stored (as last read; 0.0 for an empty queue)."""

@@ -72,10 +72,13 @@ class QueueRates:
         ring = self._rings.get(name)
         return (0.0, 0.0) if ring is None else (ring[3], ring[4])
 
-    def forget(self, gone) -> None:
-        """Drop the samples of the queues for which ``gone(name)`` is true."""
-        for name in [name for name in self._rings if gone(name)]:
-            del self._rings[name]
+    def names(self) -> list[str]:
+        """The names of the queues sampled."""
+        return list(self._rings)
+
+    def drop(self, name: str) -> None:
+        """Forget queue ``name``'s samples (it went)."""
+        self._rings.pop(name, None)
 
     def __len__(self) -> int:
         return len(self._rings)

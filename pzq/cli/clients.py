@@ -19,6 +19,7 @@ from pzq.cli.common import (
     fail,
     from_settings,
     monitor_endpoint,
+    printable,
     resolve,
 )
 from pzq.clients import native as client
@@ -80,7 +81,7 @@ def _table(figures: dict) -> str:
     if queues:  # what an operator looks for first
         lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
         for name, q in queues.items():
-            lines.append(f"{name:<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+            lines.append(f"{printable(name):<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
         lines.append("")
     flat = {}
     for name, value in figures.items():

@@ -22,6 +22,7 @@ from pzq.cli.common import (
     errors_to_exit,
     fail,
     monitor_endpoint,
+    printable,
     refusal_code,
 )
 from pzq.clients.admin import AdminRefused, admin_request
@@ -157,7 +158,7 @@ def _row(figures: dict) -> dict:
 def _table(rows: list[dict]) -> list[str]:
     """The rows aligned: the name left, the figures right, each column as wide as its widest cell."""
     headers = ["name", *(header for header, _ in COLUMNS)]
-    cells = [[row["name"], *(_cell(row[column]) for _, column in COLUMNS)] for row in rows]
+    cells = [[printable(row["name"]), *(_cell(row[column]) for _, column in COLUMNS)] for row in rows]
     widths = [max(len(header), *(len(line[i]) for line in cells)) for i, header in enumerate(headers)]
 
     def line(values: list[str]) -> str:
@@ -221,7 +222,7 @@ def queue_show(ask, name, as_json) -> None:
         click.echo(json.dumps(answer))
         return
     f = answer["figures"]
-    click.echo(f"queue {answer['name']}")
+    click.echo(f"queue {printable(answer['name'])}")
     click.echo(
         f"depth {f['depth']}  inflight {f['inflight']}  dead {f['dead_letters']}  bytes {f['bytes']}  "
         f"oldest {f['oldest_age_s']:.1f} s"
@@ -229,7 +230,8 @@ def queue_show(ask, name, as_json) -> None:
     click.echo(f"consumers: {answer['consumers_total']}")
     for c in answer["consumers"]:
         since = _when(c["connected_us"])
-        click.echo(f"  {c['protocol']:<7} {c['client']:<40} {c['address'] or '-':<22} {since:<20} held {c['held']}")
+        client, address = printable(str(c["client"])), printable(c["address"] or "-")
+        click.echo(f"  {c['protocol']:<7} {client:<40} {address:<22} {since:<20} held {c['held']}")
 
 
 @queue_group.command("peek")
@@ -296,7 +298,7 @@ def clients(ask, limit, offset, as_json) -> None:
         click.echo(f"{table['gateway']}: {table['title']} ({shown} of {table['total']})")
         click.echo("  " + "\t".join(table["columns"]))
         for row in table["rows"]:
-            click.echo("  " + "\t".join(str(cell) for cell in row))
+            click.echo("  " + "\t".join(printable(str(cell)) for cell in row))
     if not answer["tables"]:
         click.echo("no lists: the gateways that run list no clients")
 

@@ -124,6 +124,7 @@ class Sockets:
         """Stop the monitor before its reader goes: libzmq sends monitor events from its I/O thread
         without NOBLOCK, and an event with no reader would block that thread (every socket) for good."""
         self.open_fds.pop(sock, None)
+        self.peers.pop(sock, None)  # (its connections went with it: kept, each CURVE revocation left a table)
         for pair, (_, watched) in list(self.monitors.items()):
             if watched is sock:
                 del self.monitors[pair]

@@ -106,6 +106,7 @@ class Server(Reloading):
         )
         self.store.watch_disk()
         self.store.catalog.name_queue(cfg.queue)  # (configured: it never expires)
+        self.store.catalog.configured.add(cfg.queue)  # (made again after a DELETE: explicit too)
         self.store.commit()
         self.broker = Broker(
             self.store,

@@ -25,6 +25,9 @@ class Catalog:
         # Queues made by clients' requests at most (None: --max-queues); the rest is kept for named ones
         self.max_implicit = max_queues if max_implicit is None else max_implicit
         self.implicit_count = 0
+        # The server's --queue: made explicit whoever makes it (a produce after an operator's DELETE had
+        # made it a client's implicit queue, which expired unused). Configuration, not data: kept on load.
+        self.configured: set[str] = set()
         self.seq_floor = 1  # a new queue's first seq (meta b"seq_floor")
         self.format = FORMAT  # the store's format version (read by load)
         self.by_name: dict[str, QueueInfo] = {}
@@ -102,6 +105,7 @@ class Catalog:
         --max-queues, or past ``max_implicit`` for one a client's request makes."""
         if not name or len(name.encode()) > 255:
             raise StoreError(f"queue name must be 1 to 255 bytes: {name!r}")
+        implicit = implicit and name not in self.configured  # (before the room kept for named queues is weighed)
         if len(self.by_name) >= self.max_queues:  # every queue costs memory and a line of figures
             raise StoreFull(f"queue full: there are {len(self.by_name)} queues, the most --max-queues allows")
         if implicit and self.implicit_count >= self.max_implicit:  # (the rest is kept for named queues)
