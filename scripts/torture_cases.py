@@ -26,6 +26,20 @@ def dealer(endpoint: str, **options: int) -> zmq.Socket:
     return sock
 
 
+def unread_then_stats(endpoint: str, request: bytes, size: int) -> tuple[list[zmq.Socket], dict | None, float]:
+    """``size`` monitor DEALERs at ``endpoint`` each send ``request`` 40 times and read nothing (their
+    sockets returned, for the caller to close after its own checks); an operator's STATS meanwhile:
+    its answer (None if none came in 5 s) and how long it took, in ms."""
+    socks = [dealer(endpoint, rcvhwm=1, rcvbuf=4096) for _ in range(size)]
+    for sock in socks:
+        for _ in range(40):
+            sock.send_multipart([b"", request])
+    time.sleep(0.5)
+    started = time.monotonic()
+    stats = monitor(endpoint, "STATS", timeout_ms=5_000)
+    return socks, stats, (time.monotonic() - started) * 1000
+
+
 def collect(sock: zmq.Socket, want: int, timeout_s: float) -> list[list[bytes]]:
     """Up to ``want`` answers, none waited for past ``timeout_s`` in all."""
     answers, deadline = [], time.monotonic() + timeout_s

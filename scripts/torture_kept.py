@@ -13,8 +13,8 @@ import urllib.request
 
 import msgpack
 import zmq
-from torture_cases import collect, dealer, drain, read_answers
-from torture_wire import HonestClients, Server, api_call, api_request, monitor
+from torture_cases import collect, dealer, drain, read_answers, unread_then_stats
+from torture_wire import HonestClients, Server, api_call, api_request
 
 
 def deaf_producer(srv: Server, size: int, short: bool) -> str:
@@ -263,14 +263,8 @@ def monitor_peek_flood(srv: Server, size: int, short: bool) -> str:
     an operator's STATS meanwhile (round 8: the waiting list grew without bound, STATS waited minutes)."""
     api_call(srv.api, "PRODUCE", {"messages": [["peekq", os.urandom(4096)] for _ in range(1000)]})
     srv.begin()
-    socks = [dealer(srv.monitor, rcvhwm=1, rcvbuf=4096) for _ in range(size)]
-    for sock in socks:
-        for _ in range(40):
-            sock.send_multipart([b"", b"PEEK peekq 1000"])
-    time.sleep(0.5)
-    started = time.monotonic()
-    answered = monitor(srv.monitor, "STATS", timeout_ms=5_000) is not None
-    took_ms = (time.monotonic() - started) * 1000
+    socks, stats, took_ms = unread_then_stats(srv.monitor, b"PEEK peekq 1000", size)
+    answered = stats is not None
     time.sleep(1 if short else 4)
     for sock in socks:
         sock.close(0)

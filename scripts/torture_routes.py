@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from torture_cases import dealer
+from torture_cases import unread_then_stats
 from torture_mqks import Lines
 from torture_wire import Server, find, monitor
 
@@ -28,14 +28,7 @@ def routes_unread(srv: Server, size: int, short: bool) -> str:
     setup.send(*(b"r%d rebind --confirm %s routes.event" % (i, name) for i, name in enumerate(names)))
     bound = len(setup.answers(lambda got: len(got) >= BOUND, 120))
     srv.begin()
-    socks = [dealer(srv.monitor, rcvhwm=1, rcvbuf=4096) for _ in range(size)]
-    for sock in socks:
-        for _ in range(40):
-            sock.send_multipart([b"", b"ROUTES routes.event"])
-    time.sleep(0.5)
-    started = time.monotonic()
-    stats = monitor(srv.monitor, "STATS", timeout_ms=5_000)
-    took_ms = (time.monotonic() - started) * 1000
+    socks, stats, took_ms = unread_then_stats(srv.monitor, b"ROUTES routes.event", size)
     time.sleep(1 if short else 4)
     after = monitor(srv.monitor, "STATS", timeout_ms=5_000) or {}
     for sock in socks:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 import pytest
+from cli_walk import commands
 from click.testing import CliRunner
 
 from pzq import config
@@ -27,15 +28,6 @@ from conftest import free_tcp_endpoint
 
 pytestmark = pytest.mark.timeout(120)
 PZQ = str(Path(sys.executable).parent / "pzq")
-
-
-def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
-    """(path, command) of every command under ``group``, subcommands included."""
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            yield from commands(command, (*path, name))
-        else:
-            yield (*path, name), command
 
 
 def kind(option: click.Option) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import click
+from cli_walk import commands, groups
 from click.testing import CliRunner
 
 from pzq import config
@@ -16,14 +17,6 @@ from pzq.cli.common import Duration
 # Option names that are durations whatever their type: a new one must take Duration.
 LOOKS_LIKE_A_DURATION = re.compile(r"timeout|interval|seconds|ttl|frequency|watch|dedup_window|_s$|_ms$|_us$")
 DURATION_WITH_UNIT = re.compile(r"\d+(\.\d+)?(h|m|s|ms|µs)")
-
-
-def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            yield from commands(command, (*path, name))
-        else:
-            yield (*path, name), command
 
 
 def shown_default(option: click.Option) -> str | None:
@@ -108,13 +101,6 @@ def test_monitor_s_timeout_and_watch_both_say_a_plain_number_is_seconds_or_refus
     out = " ".join(CliRunner().invoke(cli, ["monitor", "--help"], terminal_width=200).output.split())
     assert "--watch DURATION Redraw this often" in out and "A plain number is seconds." in out
     assert "a plain number is refused in this release, as its meaning changes from ms to seconds" in out
-
-
-def groups(group: click.Group = cli, path: tuple[str, ...] = ()):
-    yield path, group
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            yield from groups(command, (*path, name))
 
 
 def test_no_command_list_cuts_a_description_mid_sentence():

@@ -38,6 +38,13 @@ def keys(tmp_path):
     return tmp_path
 
 
+def curve_server(keys) -> list[str]:
+    """`pzq serve`'s options for CURVE with the ``keys`` fixture's server key and client keys, the
+    monitor keyless (as the installed service has it)."""
+    secret, clients = keys / "server" / "server.key_secret", keys / "clients"
+    return ["--curve-secret-key", str(secret), "--curve-clients", str(clients), "--unauthenticated", "monitor"]
+
+
 def produce_once(endpoint: str, curve: tuple[str, str] | None) -> list[bytes] | None:
     """Produce one message and return its ack; None if the server refused the client's handshake.
 
@@ -189,12 +196,7 @@ def test_a_revoked_key_loses_its_open_connections_too(process_server, keys, tmp_
         receive,
         "--send-dsn",
         send,
-        "--curve-secret-key",
-        str(keys / "server" / "server.key_secret"),
-        "--curve-clients",
-        str(keys / "clients"),
-        "--unauthenticated",
-        "monitor",
+        *curve_server(keys),
     )
     server_key = str(keys / "server" / "server.key")
     pair = {name: (str(keys / name / f"{name}.key_secret"), server_key) for name in ("alice", "mallory")}
@@ -275,12 +277,7 @@ def test_a_revoked_emqp_worker_is_dropped_and_its_job_goes_to_an_allowed_one(pro
         back,
         "--emqp-publish-dsn",
         "",
-        "--curve-secret-key",
-        str(keys / "server" / "server.key_secret"),
-        "--curve-clients",
-        str(keys / "clients"),
-        "--unauthenticated",
-        "monitor",
+        *curve_server(keys),
     )
     made = []
 
@@ -444,12 +441,7 @@ def test_a_sighup_revokes_a_removed_key_even_when_the_config_file_has_a_bad_valu
         str(settings),
         "--receive-dsn",
         receive,
-        "--curve-secret-key",
-        str(keys / "server" / "server.key_secret"),
-        "--curve-clients",
-        str(keys / "clients"),
-        "--unauthenticated",
-        "monitor",
+        *curve_server(keys),
     )
     server_key = str(keys / "server" / "server.key")
     mallory = (str(keys / "mallory" / "mallory.key_secret"), server_key)
@@ -510,12 +502,7 @@ def test_an_ordinary_sighup_logs_each_part_that_took_at_info_and_no_warning(proc
     srv = process_server(
         "--config",
         str(settings),
-        "--curve-secret-key",
-        str(keys / "server" / "server.key_secret"),
-        "--curve-clients",
-        str(keys / "clients"),
-        "--unauthenticated",
-        "monitor",
+        *curve_server(keys),
     )
     srv.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: "SIGHUP: settings reloaded" in srv.log.read_text(), timeout_s=10)

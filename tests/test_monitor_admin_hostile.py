@@ -6,12 +6,14 @@ raw DEALER framing."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import shutil
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -74,6 +76,19 @@ def flood(endpoint: str, request: bytes, stop: threading.Event, sent: list[int],
             sock.close(linger=100)
 
 
+@contextlib.contextmanager
+def flooding(endpoint: str, request: bytes, connections: int = 8) -> Iterator[list[int]]:
+    """``flood`` in a thread for as long as the block runs; yields its count of requests sent."""
+    stop, sent = threading.Event(), [0]
+    flooder = threading.Thread(target=flood, args=(endpoint, request, stop, sent, connections), daemon=True)
+    flooder.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        flooder.join(10)
+
+
 def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_honest_stats_is_answered(make_server):
     srv = make_server(ack_timeout=600.0)
     produce(srv, [bytes(4096)] * 1000)
@@ -87,18 +102,12 @@ def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_hone
         flush(now)
 
     monitor.flush = counted  # (counts what waits to be answered at each turn's end)
-    stop, sent = threading.Event(), [0]
-    flooder = threading.Thread(target=flood, args=(srv.monitor, b"PEEK default 1000", stop, sent), daemon=True)
-    flooder.start()
-    try:
+    with flooding(srv.monitor, b"PEEK default 1000") as sent:
         assert wait_until(lambda: sent[0] > 2000, timeout_s=30)  # (the flood is on: far more than is answered)
         started = time.monotonic()
         assert "queues" in ask(srv, "STATS")  # (before: behind thousands of PEEKs, minutes)
         answered_s = time.monotonic() - started
         produce(srv, [b"honest"])
-    finally:
-        stop.set()
-        flooder.join(10)
     assert most <= READ_BATCH, f"{most} requests waited to be answered"
     assert answered_s < 10
 
@@ -106,19 +115,13 @@ def test_a_flood_of_big_peeks_never_read_leaves_few_requests_waiting_and_an_hone
 def test_big_pages_for_clients_that_never_read_them_are_refused_before_they_raise_the_memory_alarm(make_server):
     srv = make_server(ack_timeout=600.0, memory_high_water=8 << 20, memory_low_water=6 << 20)
     produce(srv, [bytes(4096)] * 1000)  # (a page of 1,000 rows: about 1.5 MB of JSON)
-    stop, sent = threading.Event(), [0]
-    flooder = threading.Thread(target=flood, args=(srv.monitor, b"PEEK default 1000", stop, sent, 4), daemon=True)
-    flooder.start()
-    try:
+    with flooding(srv.monitor, b"PEEK default 1000", 4) as sent:
         assert wait_until(lambda: sent[0] > 500, timeout_s=30)
         alarm = srv.server.alarm
         assert wait_until(lambda: alarm.refused_replies_total > 0 or alarm.raised_total > 0, timeout_s=30)
         produce(srv, [b"honest"])  # (before: "queue full: memory alarm", the monitor's backlogs past 8 MiB)
         assert "busy" in refusal(srv, "PEEK", "default", "1000")  # (one line; the small requests still go)
         assert "queues" in ask(srv, "STATS") and ask(srv, "PEEK", "default", "1")["messages"]
-    finally:
-        stop.set()
-        flooder.join(10)
     assert srv.server.alarm.raised_total == 0
 
 

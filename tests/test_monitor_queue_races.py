@@ -4,10 +4,8 @@ sockets: a queue deleted while a native consumer or a Spark group holds its mess
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_monitor_admin_hostile import flood
+from test_monitor_admin_hostile import flooding
 
 from pzq.clients import native as client
 from pzq.clients.mqks import MqksClient
@@ -85,18 +83,12 @@ def test_a_flood_of_big_routes_answers_never_read_is_refused_busy_before_it_rais
         for i in range(300):
             mq.consume(f"{i:03d}".ljust(250, "q"), ["e"])
         assert ask(srv, "ROUTES", "e")["total"] == 300
-        stop, sent = threading.Event(), [0]
-        flooder = threading.Thread(target=flood, args=(srv.monitor, b"ROUTES e", stop, sent, 8), daemon=True)
-        flooder.start()
-        try:
+        with flooding(srv.monitor, b"ROUTES e") as sent:
             assert wait_until(lambda: sent[0] > 2000, timeout_s=30)
             alarm = srv.server.alarm
             monitor = next(e for e in srv.server.endpoints if isinstance(e, MonitorEndpoint))
             assert wait_until(lambda: monitor.busy_total > 0 or alarm.raised_total > 0, timeout_s=30)
             produce(srv, [b"honest"])  # (before: "queue full: memory alarm", the monitor's backlogs past 8 MiB)
-        finally:
-            stop.set()
-            flooder.join(10)
     assert srv.server.alarm.raised_total == 0
 
 

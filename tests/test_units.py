@@ -9,6 +9,7 @@ import warnings
 
 import click
 import pytest
+from cli_walk import commands
 from click.testing import CliRunner
 
 from pzq import config
@@ -53,14 +54,7 @@ REFUSED = "give a unit (500us, 2ms, 1s): a plain number's meaning changes from {
 
 
 def duration_options():
-    def walk(group: click.Group, path: tuple[str, ...] = ()):
-        for name, command in group.commands.items():
-            if isinstance(command, click.Group):
-                yield from walk(command, (*path, name))
-            else:
-                yield (*path, name), command
-
-    for path, command in walk(cli):
+    for path, command in commands():
         for option in command.params:
             if isinstance(option, click.Option) and isinstance(option.type, Duration):
                 yield " ".join(path), command, option
