@@ -150,16 +150,25 @@ def peer_address(frame: zmq.Frame) -> tuple[str, str]:
     ip = str(frame.get("Peer-Address") or "")
     try:
         fd = int(frame.get(zmq.SRCFD))
-        conn = socket.socket(fileno=fd)  # (borrowed: detached below, never closed here)
-    except (zmq.ZMQError, OSError, ValueError):
+    except (zmq.ZMQError, ValueError):
         return ip, ip
+    return ip, peer_of_fd(fd) or ip
+
+
+def peer_of_fd(fd: int) -> str:
+    """The "ip:port" of the TCP peer of libzmq's connection on descriptor ``fd`` ("" when it cannot be
+    read: gone, or not TCP); the descriptor is borrowed, never closed here."""
+    try:
+        conn = socket.socket(fileno=fd)
+    except (OSError, ValueError):
+        return ""
     try:
         host, port = conn.getpeername()[:2]
     except (OSError, ValueError, TypeError):
-        return ip, ip
+        return ""
     finally:
         conn.detach()
-    return ip, f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def recv_frames_fd(sock: zmq.Socket, flags: int = 0, *, user: bool = False) -> tuple[list[bytes], str | None, int]:

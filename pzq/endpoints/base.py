@@ -17,7 +17,7 @@ from pzq.curve import CurveServer, Gate
 from pzq.endpoints.memory import UNWATCHED, MemoryAlarm
 from pzq.errors import ConfigError
 from pzq.logs import warn_bad
-from pzq.zmqio import recv_frames, recv_frames_fd, recv_frames_user
+from pzq.zmqio import peer_of_fd, recv_frames, recv_frames_fd, recv_frames_user
 
 log = logging.getLogger("pzq.server")
 
@@ -53,10 +53,17 @@ class Sockets:
         # The descriptors of each watched socket's open connections, as its monitor's events have told
         # so far; ``drain_events(sock)`` reads the events waiting now (set by ConnectionWatch).
         self.open_fds: dict[zmq.Socket, set[int]] = {}
-        # Each of those connections' peer address ("ip:port") and when it was accepted (epoch µs), by
-        # descriptor, for the console's lists of consumers (bounded as the connections are: --max-connections)
-        self.peers: dict[zmq.Socket, dict[int, tuple[str, int]]] = {}
+        # When each of those connections was accepted (epoch µs), by descriptor, for the console's lists
+        # (bounded as the connections are: --max-connections); its peer's address is read only for the
+        # rows a page shows (``peer``), not at every accept
+        self.peers: dict[zmq.Socket, dict[int, int]] = {}
         self.drain_events: Callable[[zmq.Socket], None] = lambda sock: None
+
+    def peer(self, sock: zmq.Socket, fd: int) -> tuple[str, int]:
+        """The "ip:port" of ``sock``'s connection on descriptor ``fd`` and since when it is connected
+        (epoch µs); ("", 0) for a connection not known (ipc://, or gone)."""
+        since = self.peers.get(sock, {}).get(fd)
+        return ("", 0) if since is None else (peer_of_fd(fd), since)
 
     def bind(self, kind: int, endpoint: str, option: str, **options) -> zmq.Socket:
         """A socket of ``kind`` bound to ``endpoint`` (linger 0 unless given); ConfigError naming

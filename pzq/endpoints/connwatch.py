@@ -23,6 +23,7 @@ from pzq.clock import Now
 from pzq.endpoints.base import Endpoint, Sockets
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.logs import warn_bad
+from pzq.zmqio import peer_of_fd
 
 log = logging.getLogger("pzq.server")
 
@@ -46,7 +47,8 @@ class ConnectionWatch(Endpoint):
         request to its connection (the memory bound) must have seen every DISCONNECTED before it."""
         for pair, (role, watched) in self.binder.monitors.items():
             if watched is sock:
-                self._events(pair, role, bounded=False)
+                # (asked by an endpoint mid-turn, which is not handed the turn's Now: a stamp of its own)
+                self._events(pair, role, time.time_ns() // 1000, bounded=False)
 
     @property
     def refused_total(self) -> int:
@@ -63,9 +65,9 @@ class ConnectionWatch(Endpoint):
         self.limit.zmq_endpoints = len(self.binder.monitors)
         for pair, (role, _) in self.binder.monitors.items():
             if pair in ready:
-                self._events(pair, role)
+                self._events(pair, role, now.wall_us)
 
-    def _events(self, pair: zmq.Socket, role: str, *, bounded: bool = True) -> None:
+    def _events(self, pair: zmq.Socket, role: str, wall_us: int, *, bounded: bool = True) -> None:
         sock = self.binder.monitors[pair][1]
         open_fds = self.binder.open_fds.setdefault(sock, set())
         peers = self.binder.peers.setdefault(sock, {})
@@ -85,7 +87,7 @@ class ConnectionWatch(Endpoint):
                 self.limit.zmq_open[pair] = held + 1
                 open_fds.add(event["value"])
                 if not refuse:
-                    peers[event["value"]] = (peer_of(event["value"]), time.time_ns() // 1000)
+                    peers[event["value"]] = wall_us
                 if refuse:
                     warn_bad(
                         role,
@@ -110,8 +112,8 @@ class ConnectionWatch(Endpoint):
         """Every watched ZeroMQ socket's TCP connections (native producers and consumers, the monitor,
         the API, eMQP): the peer's address, the endpoint, since when; a page of ``limit`` from ``offset``."""
         watched = [(role, self.binder.peers.get(sock, {})) for role, sock in self.binder.monitors.values()]
-        every = ((address, role, since) for role, peers in watched for address, since in peers.values())
-        rows = [list(row) for row in itertools.islice(every, offset, offset + limit)]
+        every = ((fd, role, since) for role, peers in watched for fd, since in peers.items())
+        rows = [[peer_of_fd(fd), role, since] for fd, role, since in itertools.islice(every, offset, offset + limit)]
         total = sum(len(peers) for _, peers in watched)
         columns = ["address", "endpoint", "connected_us"]
         return [
@@ -136,27 +138,6 @@ class ConnectionWatch(Endpoint):
             "accept_failed_total": self.accept_failed_total,
             **self.limit.stats(),
         }
-
-
-def peer_of(fd: int) -> str:
-    """The "ip:port" of the peer of libzmq's connection on descriptor ``fd`` ("" if it is gone: read through
-    a duplicate, as ``shut`` does, never closing libzmq's own)."""
-    try:
-        copy = os.dup(fd)
-    except OSError:
-        return ""
-    try:
-        dup = socket.socket(fileno=copy)
-    except OSError:  # (the number went to something that is no socket)
-        os.close(copy)
-        return ""
-    try:
-        host, port = dup.getpeername()[:2]
-    except (OSError, ValueError, TypeError):  # (not connected any more; not TCP)
-        return ""
-    finally:
-        dup.close()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def shut(fd: int, endpoint: bytes | str) -> None:

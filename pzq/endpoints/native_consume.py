@@ -188,9 +188,8 @@ class BatchConsumeEndpoint(Endpoint):
         """Its batched consumers, all of one queue, with their connections' peer addresses and when they
         connected (TCP: what the socket monitor told of each connection; ipc:// names none)."""
         rows, total = self.gateway.queue_consumers(queue, limit)
-        peers = self.binder.peers.get(self.sock, {})
         for row in rows:
-            row["address"], row["connected_us"] = peers.get(row.pop("fd", -1), ("", 0))
+            row["address"], row["connected_us"] = self.binder.peer(self.sock, row.pop("fd", -1))
         return rows, total
 
     def memory(self) -> dict[str, int]:

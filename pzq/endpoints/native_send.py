@@ -30,7 +30,7 @@ from pzq.endpoints.base import Sockets
 from pzq.endpoints.unread import ACKED_AT
 from pzq.gateways.native_pool import Sample
 from pzq.logs import warn_bad
-from pzq.zmqio import POLLOUT, events
+from pzq.zmqio import POLLOUT, events, peer_of_fd
 
 log = logging.getLogger("pzq.server")
 
@@ -126,14 +126,14 @@ class SendWatch:
             pass  # (it ended meanwhile)
 
 
-def consumers(peers: dict[int, tuple[str, int]], limit: int) -> tuple[list[dict], int]:
+def consumers(peers: dict[int, int], limit: int) -> tuple[list[dict], int]:
     """The send socket's connections (``peers``: the socket monitor's, by descriptor), each a consumer of
     the native queue: its peer's address and when it connected (TCP; ipc:// names no peer). What each
     holds is not known apart (a DEALER's deliveries do not say which connection took them): ``held`` is
     None. At most ``limit`` rows, and how many there are."""
     rows = [
-        {"protocol": "native", "client": "send socket", "address": address, "connected_us": since, "held": None}
-        for address, since in itertools.islice(peers.values(), limit)
+        {"protocol": "native", "client": "send socket", "address": peer_of_fd(fd), "connected_us": since, "held": None}
+        for fd, since in itertools.islice(peers.items(), limit)
     ]
     return rows, len(peers)
 
