@@ -66,6 +66,7 @@ class Writes:
     # deletes a queue for good, its leases too (the server's, MQKS delete_queue's; None: the broker's)
     drop_queue: Callable[[str], int] | None = None
     endpoints: Callable[[], Sequence[object]]
+    routing: Routing | None = None  # the MQKS gateway's bindings (the server's; None: no MQKS gateway)
     # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made again
     # under the same name mid-purge is another queue, whose messages the purge must not touch)
     _purges: dict[str, tuple[int, int, int]]
@@ -224,7 +225,7 @@ class Writes:
         every client, its records over the next turns (store/drops.py, as MQKS delete_queue does). An
         MQKS queue is refused: its bindings and consumers are MQKS's (delete it with delete_queue)."""
         info = self._queue_named(request, 1, "DELETE <queue>")
-        if info.name in (self._routing() or ()):
+        if info.name in (self.routing or ()):
             raise _Refused(
                 f"queue {info.name!r} is bound to MQKS events: delete it through MQKS (delete_queue), "
                 "which unbinds it and tells its consumers"
@@ -240,15 +241,9 @@ class Writes:
         ``error:`` line when no MQKS gateway runs."""
         if len(args) != 1:
             return monitor_proto.error_text("usage: ROUTES <event>")
-        routing = self._routing()
+        routing = self.routing
         if routing is None:
             return monitor_proto.error_text("no MQKS gateway runs on this server (--mqks-dsn)")
         queues = routing.queues_for(args[0])
         shown = list(queues[: self.limits.admin_rows])
         return monitor_proto.render_json({"event": args[0], "queues": shown, "total": len(queues)})
-
-    def _routing(self) -> Routing | None:
-        for endpoint in self.endpoints():
-            if getattr(endpoint, "name", None) == "mqks":
-                return getattr(getattr(endpoint, "gateway", None), "bindings", None)
-        return None

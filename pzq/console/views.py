@@ -184,7 +184,6 @@ class _Table:
 _TABLE = _Table()  # (one console, one event loop: one table)
 
 
-QUEUE_UNITS_FIGURES = {"bytes": "bytes", "oldest_age_s": "s", "in_per_s": "msg/s", "out_per_s": "msg/s"}
 CONSUMER_COLUMNS = (
     ("protocol", "protocol", "text"),
     ("client", "client", "text"),
@@ -212,8 +211,7 @@ def queue(
     that pzq did not answer is None: the page says so."""
     q = (snap.stats.get("queues") or {}).get(name)
     q = q if isinstance(q, dict) else (info or {}).get("figures") or {}
-    keys = ("depth", "inflight", "dead_letters", "bytes", "oldest_age_s", "in_per_s", "out_per_s")
-    figures = {k: _num(q.get(k)) for k in keys}
+    figures = {k: _num(q.get(k)) for k in QUEUE_COLUMNS}
     series = history.queue_series(name, snap.at, q if q else None, range_name)
     charts = {key: _chart(series[key], title, unit) for key, title, unit in QUEUE_CHARTS}
     consumers = None
@@ -230,7 +228,7 @@ def queue(
         "name": name,
         "snapshot": _state(snap, range_name),
         "figures": figures,
-        "units": {k: QUEUE_UNITS_FIGURES.get(k, "count") for k in figures},
+        "units": {k: QUEUE_UNITS.get(k, "count") for k in figures},
         "charts": charts,
         "consumers": consumers,
         "messages": messages,

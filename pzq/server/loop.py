@@ -34,7 +34,7 @@ from pzq.server.commits import Commits
 from pzq.server.console_child import ConsoleChild
 from pzq.server.process import connection_limit, drain_fd, drop_privileges
 from pzq.server.reload import Reloading
-from pzq.server.wiring import gateway_endpoints, log_start
+from pzq.server.wiring import gateway_endpoints, log_start, mqks_routing
 from pzq.store import Store
 from pzq.systemd import Notifier
 from pzq.zmqio import draining
@@ -134,6 +134,7 @@ class Server(Reloading):
         self.endpoints = gateway_endpoints(
             cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue, self.permissions
         )
+        self.admin.routing = mqks_routing(self.endpoints)
         self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned, self.permissions))
         self.endpoints.append(ConnectionWatch(owned, connections))
         if cfg.metrics_dsn:

@@ -20,6 +20,7 @@ from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import FramesGateway, StreamGateway
 from pzq.gateways.emqp import EmqpGateway
 from pzq.gateways.mqks import MqksGateway
+from pzq.gateways.mqks_bindings import BindingIndex
 from pzq.gateways.native import NativeGateway
 from pzq.gateways.native_consume import BatchConsumeGateway
 from pzq.gateways.phpmq import PhpmqGateway
@@ -111,6 +112,15 @@ def gateway_endpoints(
         )
         endpoints.append(ApiEndpoint(cfg, api, owned))
     return endpoints
+
+
+def mqks_routing(endpoints: list[Endpoint]) -> BindingIndex | None:
+    """The MQKS gateway's bindings (which queues an event is copied to), for the monitor's ROUTES and
+    DELETE; None when no MQKS gateway runs."""
+    for endpoint in endpoints:
+        if isinstance(endpoint, StreamEndpoint) and isinstance(endpoint.gateway, MqksGateway):
+            return endpoint.gateway.bindings
+    return None
 
 
 def log_start(cfg: Config, open_roles: list[str], connections: int, *, curve: bool) -> None:
