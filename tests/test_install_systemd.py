@@ -421,3 +421,19 @@ def test_an_install_without_python3_venv_says_so_before_it_changes_anything(tmp_
     )
     assert done.returncode == 1 and "install python3-venv" in done.stderr, done.stderr
     assert not root.exists()
+
+
+def test_a_kept_config_naming_its_secret_in_a_new_directory_gets_a_directory_the_service_can_enter(tmp_path):
+    # (made by keygen under the install's umask 077, the directory was root's alone, 0700: the service
+    # user could not reach its own secret key)
+    root = tmp_path / "root"
+    _installed_venv(root)
+    etc = root / "etc" / "pzq"
+    etc.mkdir(parents=True)
+    (etc / "pzq.toml").write_text(
+        'curve_secret_key = "/etc/pzq/keys/server.key_secret"\ncurve_clients = "/etc/pzq/clients"\n'
+    )
+    done = _install(root)
+    assert done.returncode == 0, done.stderr
+    assert _mode(etc / "keys") == 0o750
+    assert _mode(etc / "keys" / "server.key_secret") == 0o600

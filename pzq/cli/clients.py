@@ -19,12 +19,12 @@ from pzq.cli.common import (
     fail,
     from_settings,
     monitor_endpoint,
-    printable,
     resolve,
 )
 from pzq.clients import native as client
 from pzq.config import beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
+from pzq.logs import escape
 
 
 @click.command()
@@ -81,7 +81,7 @@ def _table(figures: dict) -> str:
     if queues:  # what an operator looks for first
         lines.append(f"{'queue':<24} {'depth':>10} {'inflight':>10} {'dead':>10}")
         for name, q in queues.items():
-            lines.append(f"{printable(name):<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
+            lines.append(f"{escape(name):<24} {q['depth']:>10} {q['inflight']:>10} {q['dead_letters']:>10}")
         lines.append("")
     flat = {}
     for name, value in figures.items():
@@ -160,7 +160,7 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
     default="10s",
     metavar="DURATION",
     show_default=True,
-    help=duration_help("Wait for each message before giving up (exit 1).", was="ms"),
+    help=duration_help("Wait for each message before giving up (exit 10, NO_MESSAGE).", was="ms"),
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")

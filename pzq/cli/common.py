@@ -179,15 +179,6 @@ class Duration(click.ParamType):
         return seconds
 
 
-def printable(text: str) -> str:
-    """``text`` as a terminal may show it: a control or format character (an escape sequence, a bidi
-    override) written as its escape. Queue names, client names and addresses come from clients, any of
-    which could otherwise retitle or clear the operator's terminal, or reorder a line."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 class QueueName(click.ParamType):
     """A queue name a request can carry: the monitor's and MQKS's requests are words on one line, so a
     name that is empty, has blanks or control characters, or is over the store's 255 bytes is refused

@@ -22,11 +22,11 @@ from pzq.cli.common import (
     errors_to_exit,
     fail,
     monitor_endpoint,
-    printable,
     refusal_code,
 )
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.errors import ClientError, ExitCode
+from pzq.logs import escape
 
 MAX_BODY = 1 << 20  # what the monitor socket takes in one frame (its MAXMSGSIZE): past it, no answer comes
 
@@ -158,7 +158,7 @@ def _row(figures: dict) -> dict:
 def _table(rows: list[dict]) -> list[str]:
     """The rows aligned: the name left, the figures right, each column as wide as its widest cell."""
     headers = ["name", *(header for header, _ in COLUMNS)]
-    cells = [[printable(row["name"]), *(_cell(row[column]) for _, column in COLUMNS)] for row in rows]
+    cells = [[escape(row["name"]), *(_cell(row[column]) for _, column in COLUMNS)] for row in rows]
     widths = [max(len(header), *(len(line[i]) for line in cells)) for i, header in enumerate(headers)]
 
     def line(values: list[str]) -> str:
@@ -198,8 +198,8 @@ def queue_delete(ask, name, yes) -> None:
     """Delete queue NAME with its messages (those consumers hold too) and dead letters, for good. Asks
     first on a terminal; without one, --yes is needed (exit 11 otherwise). The queue is gone at once;
     its records are deleted over the server's next turns."""
-    figures = ask(["QUEUE", name])["figures"]  # (a missing queue: one line, exit 4, before asking anything)
     if not yes:
+        figures = ask(["QUEUE", name])["figures"]  # (a missing queue: one line, exit 4, before asking anything)
         what = f"queue {name!r} with {figures['depth']:,} message(s) and {figures['dead_letters']:,} dead letter(s)"
         if not sys.stdin.isatty():
             fail(f"not deleting {what}: there is no terminal to ask on; give --yes", ExitCode.NOT_CONFIRMED)
@@ -222,7 +222,7 @@ def queue_show(ask, name, as_json) -> None:
         click.echo(json.dumps(answer))
         return
     f = answer["figures"]
-    click.echo(f"queue {printable(answer['name'])}")
+    click.echo(f"queue {escape(answer['name'])}")
     click.echo(
         f"depth {f['depth']}  inflight {f['inflight']}  dead {f['dead_letters']}  bytes {f['bytes']}  "
         f"oldest {f['oldest_age_s']:.1f} s"
@@ -230,7 +230,7 @@ def queue_show(ask, name, as_json) -> None:
     click.echo(f"consumers: {answer['consumers_total']}")
     for c in answer["consumers"]:
         since = _when(c["connected_us"])
-        client, address = printable(str(c["client"])), printable(c["address"] or "-")
+        client, address = escape(str(c["client"])), escape(c["address"] or "-")
         click.echo(f"  {c['protocol']:<7} {client:<40} {address:<22} {since:<20} held {c['held']}")
 
 
@@ -264,7 +264,11 @@ def queue_purge(ask, name) -> None:
 @queue_group.command("publish")
 @click.argument("name")
 @click.argument("body")
-@click.option("--create", is_flag=True, help="Create NAME first (explicit) if it does not exist.")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="Create NAME first, as `pzq queue create` does (explicit: a queue a client made becomes explicit).",
+)
 @monitor_options
 def queue_publish(ask, name, body, create) -> None:
     """Store BODY (a UTF-8 text; "-" reads the body from standard input) as one message of queue NAME;
@@ -298,7 +302,7 @@ def clients(ask, limit, offset, as_json) -> None:
         click.echo(f"{table['gateway']}: {table['title']} ({shown} of {table['total']})")
         click.echo("  " + "\t".join(table["columns"]))
         for row in table["rows"]:
-            click.echo("  " + "\t".join(printable(str(cell)) for cell in row))
+            click.echo("  " + "\t".join(escape(str(cell)) for cell in row))
     if not answer["tables"]:
         click.echo("no lists: the gateways that run list no clients")
 

@@ -3,7 +3,6 @@ written once, in pzq/config.py."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,6 @@ import click
 
 from pzq import config, logs
 from pzq.cli.common import config_option, errors_to_exit, resolve
-from pzq.errors import ConfigError
 
 
 def help_text(name: str) -> str:
@@ -59,9 +57,11 @@ def setting_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the server in the foreground until SIGTERM or SIGINT."""
     cfg = resolve(config_file, **flags)
-    if cfg.http_dsn and cfg.http_auth_file and not os.path.isfile(cfg.http_auth_file):
+    if cfg.http_dsn and cfg.http_auth_file:
         # (the console, pzq's child, reads it: without this, pzq served on with a console that died every second)
-        raise ConfigError(f"--http-auth-file {cfg.http_auth_file}: no such file (the web console's secret)")
+        from pzq.console.auth import read_secret
+
+        read_secret(cfg.http_auth_file)
     logs.configure(cfg.log_level, cfg.log_format)
     from pzq.server import serve as run_server
 

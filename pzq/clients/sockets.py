@@ -77,12 +77,13 @@ def connect(
             secure_client(sock, *curve)
         if isinstance(sock, reach.WatchedSocket):
             sock.watch(endpoint, keyed=bool(curve), eager=eager)
-        sock.connect(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise ConfigError(
-            f"cannot connect to {endpoint!r} ({zmq.strerror(exc.errno or 0)}): an endpoint is tcp://HOST:PORT or ipc://PATH"
-        ) from None
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:  # (only the endpoint's: a key's or a socket option's error says its own)
+            raise ConfigError(
+                f"cannot connect to {endpoint!r} ({zmq.strerror(exc.errno or 0)}): an endpoint is tcp://HOST:PORT or "
+                "ipc://PATH"
+            ) from None
     except BaseException:
         sock.close(linger=0)
         raise
