@@ -297,13 +297,22 @@ def test_a_connection_that_pipelines_lines_and_reads_nothing_holds_its_share_of_
             pass  # (closed)
         done.set()
 
+    # The most its answers were charged, seen where they are charged (sampled from here, a connection
+    # closed within half a second was missed on a busy machine: most stayed 0)
+    accounts, most = srv.server.broker.accounts, [0]
+    hold = accounts.hold
+
+    def held(payer, size: int) -> None:
+        hold(payer, size)
+        most[0] = max(most[0], accounts.piped_total)
+
+    accounts.hold = held
     threading.Thread(target=write, daemon=True).start()
-    deadline, most = time.monotonic() + 30, 0
+    deadline = time.monotonic() + 30
     while not done.is_set() or srv.stats()["mqks"]["connections"]:
         assert time.monotonic() < deadline, "still open, or still read"
-        most = max(most, srv.stats()["memory"]["delivery_piped_bytes"])
         time.sleep(0.02)
-    assert 0 < most <= 64 * KIB + 2 * KIB, "answers it left unread stop at its share"
+    assert 0 < most[0] <= 64 * KIB + 2 * KIB, "answers it left unread stop at its share"
     memory = srv.stats()["memory"]
     assert memory["delivery_piped_bytes"] == 0 and memory["alarms_total"] == 0, "what it was charged went with it"
     deaf.close()
