@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     NO_MESSAGE = 10  # a client command: connected, but no message (or answer) came within its --timeout
     NOT_CONFIRMED = 11  # a destructive command was not confirmed: no terminal to ask on and no --yes, or "no"
     UNROUTED = 12  # an MQKS event no queue is bound to: nothing was published (MQKS would drop it)
+    WRONG_SHARD = 13  # the store is another shard's (its name is kept in it): `pzq serve --shard` refused it
 
 
 class PzqError(Exception):
