@@ -19,7 +19,7 @@ from typing import Any
 from pzq.config_rules import BASE_OFFSETS as BASE_OFFSETS
 from pzq.config_rules import DIALECTS as _DIALECTS
 from pzq.config_rules import FORMATS as _FORMATS
-from pzq.config_rules import MAX_BASE_PORT, at_base, check_endpoints, check_names, check_security, flag
+from pzq.config_rules import MAX_BASE_PORT, at_base, check_endpoints, check_names, check_security, check_shard, flag
 from pzq.config_rules import ROLES as ROLES
 from pzq.config_rules import beside_send as beside_send
 from pzq.config_rules import parse_endpoint as parse_endpoint
@@ -207,6 +207,17 @@ class Config:
         "With CURVE: endpoints that serve clients without a key anyway, e.g. 'monitor,phpmq' (the raw-TCP "
         "gateways and the web console must be named or disabled).",
     )
+    shard: str = _setting(
+        "",
+        "This server's shard name (letters, digits, '_.-'): kept in the store at its first start, which never "
+        "starts as another shard; '' = the name the store keeps, if any (docs/cluster.md).",
+    )
+    cluster: str = _setting(
+        "",
+        "The shard list (a TOML file of [[shard]] tables, docs/cluster.md): this server's shard must be in it; "
+        "WHERE answers from it; '' = not in a cluster.",
+        "file",
+    )
     # Not a setting (no flag, key or variable): the code's own limits, replaced whole by tests.
     limits: Limits = dataclasses.field(default=DEFAULT_LIMITS, compare=False, repr=False)
 
@@ -238,6 +249,7 @@ class Config:
                 _between(self, name, field.metadata["low"], field.metadata.get("high"))
         check_names(self)
         check_security(self)
+        check_shard(self)
         return self
 
 

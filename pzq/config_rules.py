@@ -10,6 +10,7 @@ import re
 import zoneinfo
 from typing import Any
 
+from pzq import shards
 from pzq.errors import ConfigError
 
 DIALECTS, FORMATS = ("auto", "legacy", "current"), ("text", "json")
@@ -137,6 +138,23 @@ def check_names(cfg: Any) -> None:
         raise ConfigError(f"--log-format: {cfg.log_format!r} is not text or json")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level: {cfg.log_level!r} is not one of debug, info, warning, error")
+
+
+def check_shard(cfg: Any) -> None:
+    """A shard name well formed; a shard list that reads, naming this shard when it has a name (a server
+    started with --cluster and no --shard takes the name its store keeps: checked at start, in
+    pzq/server/wiring.py, where the store is open)."""
+    if cfg.shard:
+        shards.check_name(cfg.shard, "--shard")
+    if cfg.cluster:
+        try:
+            listed = shards.load(cfg.cluster)
+        except ConfigError as exc:
+            raise ConfigError(f"--cluster: {exc}") from None
+        if cfg.shard and cfg.shard not in listed.names():
+            raise ConfigError(
+                f"--shard {cfg.shard}: not in the shard list {cfg.cluster} (it names {', '.join(listed.names())})"
+            )
 
 
 def check_security(cfg: Any) -> None:

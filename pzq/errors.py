@@ -66,6 +66,12 @@ class SyncLost(StoreError):
     The server stops (exit status ``SYNC_LOST``) and its supervisor starts it again from the disk."""
 
 
+class WrongShard(StoreError):
+    """The store is another shard's: it keeps the name of the shard it was first started as, and a start
+    as another (``--shard``) is refused, so that two shards never serve one store's queues. Exit status
+    ``WRONG_SHARD``."""
+
+
 class StoreLocked(StoreError):
     """Another pzq process holds the store: there is one writer, and it is not this process."""
 

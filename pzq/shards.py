@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import re
 import tomllib
+from collections.abc import Callable
 
 from pzq.errors import ConfigError
 
@@ -157,3 +158,23 @@ def load(path: str) -> ShardList:
     if unknown:
         raise ConfigError(f"shard list {path}: unknown keys {sorted(unknown)} (it holds [[shard]] tables)")
     return ShardList.from_dict(data.get("shard", []), f"shard list {path}")
+
+
+def where_answer(
+    queue: str, shard: str, shards: ShardList | None, partitions: int, depth: Callable[[str], int | None]
+) -> dict:
+    """The answer to WHERE ``queue`` (the API's and the monitor's, the same dict): this server's shard
+    name ("" when it is none), the list it reads ([] without one), the partitions it keeps for ``queue``
+    (0: none kept), where the list places them ([[queue name, shard name], ...]; [] without a list) and
+    the queues of ``queue`` it holds ([[name, depth], ...]: ``queue`` itself and ``queue#i``, found with
+    ``depth(name)``, None for a queue it does not hold). A seed-protocol client's queue made on a shard
+    that is not its home shows in that shard's ``held``: clients add it to the places they read."""
+    family = [queue, *(partition_name(queue, i) for i in range(MAX_PARTITIONS))]
+    held = [[name, found] for name in family if len(name.encode()) <= 255 and (found := depth(name)) is not None]
+    return {
+        "shard": shard,
+        "shards": shards.to_dict() if shards is not None else [],
+        "partitions": partitions,
+        "places": [[name, home.name] for name, home in shards.place(queue, partitions)] if shards is not None else [],
+        "held": held,
+    }

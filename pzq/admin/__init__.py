@@ -18,6 +18,7 @@ from pzq.broker import Broker
 from pzq.config import Config
 from pzq.logs import warn_bad
 from pzq.protocols import monitor as monitor_proto
+from pzq.shards import where_answer
 from pzq.store import QueueInfo, Store
 
 RATE_WINDOW = 11  # one-second samples: rates are over the last ten seconds
@@ -42,11 +43,20 @@ class Admin(Reads, Writes):
         self.rates = QueueRates()  # each queue's in_per_s and out_per_s, sampled with its head
         self._purges = {}
         self.figures = Figures(self)  # STATS and MONITOR over turns (the monitor endpoint's)
+        self.where: Callable[[str], dict] = self._where_alone  # WHERE's answer (the server's: attach)
 
-    def attach(self, endpoints: Callable[[], Sequence[Listed]], commit_ms: Callable[[], float], config: Config) -> None:
+    def attach(
+        self,
+        endpoints: Callable[[], Sequence[Listed]],
+        commit_ms: Callable[[], float],
+        config: Config,
+        where: Callable[[str], dict] | None = None,
+    ) -> None:
         """What the server adds once it runs: its endpoints (their clients and consumers), the last
-        commit's duration, and its limits."""
+        commit's duration, its limits, and its answer to WHERE a queue (pzq/server/wiring.py's Where)."""
         self.endpoints, self.commit_ms = endpoints, commit_ms
+        if where is not None:
+            self.where = where
         self.limits, self.max_body = config.limits, config.max_message_size
 
     def tick(self, now: float) -> None:
@@ -170,12 +180,22 @@ class Admin(Reads, Writes):
             return self._dead_letters(request.args)
         if request.command == "ROUTES":
             return self.routes(request.args)
+        if request.command == "WHERE":
+            if len(request.args) != 1 or len(request.args[0].encode()) > 255:
+                return monitor_proto.error_text("usage: WHERE <queue> (a name of 1 to 255 bytes)")
+            return monitor_proto.render_json(self.where(request.args[0]))
         answer = self.read(request)
         if answer is not None:
             return answer
         if request.command:
             warn_bad("monitor", "unknown", f"request {request.command[:40]!r}")
         return monitor_proto.unknown_request(request)
+
+    def _where_alone(self, queue: str) -> dict:
+        """WHERE's answer of a server that is no shard (a test's, a tool's: the server hands its own)."""
+        info = self.store.catalog.by_name.get
+        kept = self.store.catalog.partitions.get(queue, 0)
+        return where_answer(queue, "", None, kept, lambda name: getattr(info(name), "count", None))
 
     def _dead_letters(self, args: list[str]) -> str:
         queue = args[0]

@@ -28,6 +28,7 @@ from pzq.errors import (
     StoreLocked,
     StoreTooNew,
     SyncLost,
+    WrongShard,
 )
 
 
@@ -46,6 +47,8 @@ def errors_to_exit(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         except (ConfigError, StoreLocked, StoreDenied) as exc:
             fail(str(exc), ExitCode.CONFIG)
+        except WrongShard as exc:  # (another shard's store: one line, its own status)
+            fail(str(exc), ExitCode.WRONG_SHARD)
         except (StoreDamaged, StoreTooNew) as exc:
             fail(str(exc), ExitCode.STORE)
         except SyncLost as exc:  # (the answers it held are not sent: a supervisor starts it again from the disk)

@@ -33,6 +33,7 @@ from pzq.leases import Leases
 from pzq.logs import warn_bad
 from pzq.permissions import CONSUME, PHRASES, PRODUCE, Permissions
 from pzq.protocols import api
+from pzq.shards import where_answer
 from pzq.store import Message, Upload
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
@@ -65,10 +66,12 @@ class ApiGateway:
         dedup_window_s: float,
         limits: Limits = DEFAULT_LIMITS,
         permissions: Permissions | None = None,
+        where: Callable[[str], dict] | None = None,
     ):
         """``keys`` is the store's table of PRODUCE dedup keys; ``limits`` gives snapshot_max,
         max_dedup_keys (each ~100 B in memory and on disk), api_reply_bytes and api_max_produce;
-        ``permissions`` says which queues each CURVE key may produce to and consume from (None: any)."""
+        ``permissions`` says which queues each CURVE key may produce to and consume from (None: any);
+        ``where`` answers WHERE a queue (the server's, pzq/server/wiring.py; None: a server that is no shard)."""
         self.broker = broker
         self.permissions = permissions
         self.keys = keys
@@ -80,6 +83,7 @@ class ApiGateway:
         self.reply_waits = True  # the last reply waits for the commit of its writes (LEASE durable 0: no)
         self.errors_total = 0
         self.duplicates_total = 0
+        self.where = where or self._where_alone
         self.parts = Parted(broker, limits)  # big PRODUCEs, written a part per turn (the endpoint drives it)
         self.load()
 
@@ -154,6 +158,8 @@ class ApiGateway:
                 return self._produce_big(request, messages[0], peer, owner)
             # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
             return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now.wall_us, owner)
+        if request.command == "WHERE":  # (names and counts, never bodies: no right asked, as the monitor's figures)
+            return self.where(a["queue"])
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
@@ -173,6 +179,11 @@ class ApiGateway:
             head = self.broker.queues.peek(a["queue"], 0, 1)
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         return self._snapshot(a)  # (SNAPSHOT: parse_request lets no other command through)
+
+    def _where_alone(self, queue: str) -> dict:
+        """WHERE's answer of a server that is no shard and keeps no partitions: the queues of it it holds."""
+        info = self.broker.queues.info
+        return where_answer(queue, "", None, 0, lambda name: getattr(info(name), "count", None))
 
     def _check(self, user: str | None, right: str, command: str, queues: Iterable[str]) -> None:
         """Raise ``not-permitted`` unless the client of CURVE key ``user`` has ``right`` on every one of

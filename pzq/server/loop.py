@@ -34,7 +34,7 @@ from pzq.server.commits import Commits
 from pzq.server.console_child import ConsoleChild
 from pzq.server.process import connection_limit, drain_fd, drop_privileges
 from pzq.server.reload import Reloading
-from pzq.server.wiring import gateway_endpoints, log_start, mqks_routing
+from pzq.server.wiring import gateway_endpoints, log_start, mqks_routing, shard_identity
 from pzq.store import Store
 from pzq.systemd import Notifier
 from pzq.zmqio import draining
@@ -105,6 +105,7 @@ class Server(Reloading):
             verify=True,
         )
         self.store.watch_disk()
+        where = self.where = shard_identity(cfg, self.store)  # (WrongShard: the store is another shard's)
         self.store.catalog.name_queue(cfg.queue)  # (configured: it never expires)
         self.store.catalog.configured.add(cfg.queue)  # (made again after a DELETE: explicit too)
         self.store.commit()
@@ -125,14 +126,14 @@ class Server(Reloading):
         self.permissions = permissions_for(cfg, self.curve)  # (before the bind: the native handshake checks them)
         owned = self._sockets = Sockets(self.ctx, self.curve, cfg.unauthenticated_roles)
         self.admin = Admin(self.broker, self.store, store_limit=cfg.max_store_size, gateways=self._gateway_stats)
-        self.admin.attach(lambda: self.endpoints, lambda: self._commits.last_ms, cfg)
+        self.admin.attach(lambda: self.endpoints, lambda: self._commits.last_ms, cfg, where)
         self.admin.drop_queue = self._drop_queue  # (DELETE: its leases go too, as MQKS delete_queue's)
         self._chores = Chores(self.broker, self.leases, self.admin, cfg.limits, self._each_second)
         connections = ConnectionLimit(
             connection_limit(cfg.max_connections), cfg.max_partial_input, cfg.max_message_size, cfg.limits
         )
         self.endpoints = gateway_endpoints(
-            cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue, self.permissions
+            cfg, self.broker, self.leases, self.store, owned, connections, self._drop_queue, self.permissions, where
         )
         self.admin.routing = mqks_routing(self.endpoints)
         self.endpoints.append(MonitorEndpoint(cfg, self.admin, owned, self.permissions))

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from pzq import shards as shards_
 from pzq.broker import Broker
 from pzq.config import Config
 from pzq.endpoints.api import ApiEndpoint
@@ -16,6 +17,7 @@ from pzq.endpoints.native import NativeEndpoints
 from pzq.endpoints.native_consume import BatchConsumeEndpoint
 from pzq.endpoints.shares import ConnectionLimit
 from pzq.endpoints.stream import StreamEndpoint
+from pzq.errors import ConfigError
 from pzq.gateways.api import ApiGateway
 from pzq.gateways.contract import FramesGateway, StreamGateway
 from pzq.gateways.emqp import EmqpGateway
@@ -28,11 +30,63 @@ from pzq.leases import Leases
 from pzq.permissions import Permissions
 from pzq.store import Store
 from pzq.store.bindings import Bindings
+from pzq.store.catalog import Catalog
 from pzq.store.dedup_keys import DedupKeys
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.server")
+
+
+class Where:
+    """This server's place in a cluster: its shard name ("" when it is none), the shard list it read
+    (None without one), and the answer to WHERE a queue (called by the API and the monitor)."""
+
+    def __init__(self, shard: str, shards: shards_.ShardList | None, catalog: Catalog) -> None:
+        self.shard, self.shards, self._catalog = shard, shards, catalog
+
+    def __call__(self, queue: str) -> dict:
+        by_name = self._catalog.by_name
+
+        def depth(name: str) -> int | None:
+            info = by_name.get(name)
+            return None if info is None else info.count
+
+        partitions = self._catalog.partitions.get(queue, 0)
+        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth)
+
+    def placed_here(self, queue: str, count: int) -> list[str]:
+        """The partitions of ``queue`` (of ``count``) the list places on this shard: every one without a
+        list (a server alone holds them all)."""
+        if self.shards is None:
+            return [shards_.partition_name(queue, i) for i in range(count)]
+        return [name for name, home in self.shards.place(queue, count) if home.name == self.shard]
+
+
+def shard_identity(cfg: Config, store: Store) -> Where:
+    """Which shard the server is: --shard, kept in the store at its first start (WrongShard if the store
+    keeps another name), or the name the store keeps; with --cluster, a name is needed and must be in the
+    list (checked before the name is kept: a refused start keeps nothing)."""
+    catalog = store.catalog
+    listed = shards_.load(cfg.cluster) if cfg.cluster else None  # (config checked it reads)
+    name = cfg.shard or catalog.shard
+    if cfg.shard and catalog.shard and cfg.shard != catalog.shard:
+        catalog.claim_shard(cfg.shard)  # (raises WrongShard, naming both)
+    if listed is not None and not name:
+        raise ConfigError(
+            f"--cluster {cfg.cluster}: this server has no shard name (none given, none kept in {cfg.database}): "
+            "start it once with --shard NAME, which its store keeps"
+        )
+    if listed is not None and name not in listed.names():
+        raise ConfigError(
+            f"--cluster {cfg.cluster}: shard {name!r} (kept in {cfg.database}) is not in the list "
+            f"(it names {', '.join(listed.names())})"
+        )
+    catalog.claim_shard(name)
+    if name:
+        where = f" of {len(listed.shards)} in {cfg.cluster}" if listed is not None else ""
+        log.info("shard %r%s", name, where)
+    return Where(name, listed, catalog)
 
 
 def gateway_endpoints(
@@ -44,6 +98,7 @@ def gateway_endpoints(
     connections: ConnectionLimit,
     drop_queue: Callable[[str], int],
     permissions: Permissions,
+    where: Callable[[str], dict] | None = None,
 ) -> list[Endpoint]:
     """The endpoints of every gateway the config enables (native, PHPMQ, eMQP, MQKS, API), in the order
     the loop serves them."""
@@ -109,6 +164,7 @@ def gateway_endpoints(
             dedup_window_s=cfg.api_dedup_window,
             limits=cfg.limits,
             permissions=permissions,
+            where=where,
         )
         endpoints.append(ApiEndpoint(cfg, api, owned))
     return endpoints

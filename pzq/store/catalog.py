@@ -1,5 +1,6 @@
 """The queues' metadata: each queue's record (name, qid, counters) and the store's meta records (its
-format version, the next qid, the seq floor), read at open and written with a commit.
+format version, the next qid, the seq floor, the shard it is, each partitioned queue's count of
+partitions), read at open and written with a commit.
 
 Start-up reads one small record per queue and never scans the messages: the per-queue counters (count,
 bytes) live in the ``queues`` record and are written once per commit, only for the queues that
@@ -9,10 +10,15 @@ changed. The core (``core.Core``) holds this part and looks queues up in its dic
 
 from __future__ import annotations
 
-from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreTooNew
+from collections.abc import Callable
+
+from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreTooNew, WrongShard
 from pzq.store.environment import Environment
 from pzq.store.layout import FORMAT, U64, UNREADABLE, QueueInfo, parse_message_id
 from pzq.store.pages import ADVICE
+
+SHARD = b"shard"  # meta: the shard's name (utf-8)
+PARTITIONS = b"partitions\0"  # meta: + a queue's name -> u64, its count of partitions
 
 
 class Catalog:
@@ -36,6 +42,9 @@ class Catalog:
         self.meta_dirty = False  # the meta records too
         self._next_qid = 1
         self._queues_db, self._meta_db = env.dbs["queues"], env.dbs["meta"]
+        self.shard = ""  # the shard this store is (meta b"shard"): "" until a start names one
+        self.partitions: dict[str, int] = {}  # queue -> its partitions (meta b"partitions\0" + name)
+        self.wrote: Callable[[], None] = lambda: None  # (the core's: a record written, the next commit has work)
 
     def load(self) -> None:
         """Read every queue's record and the meta records (at open, and after a rollback)."""
@@ -53,6 +62,7 @@ class Catalog:
             if raw is not None and len(raw) != U64.size:  # (guessing low could hand out seqs again)
                 raise StoreDamaged(f"{self.path}/data.mdb: its seq floor record {raw[:16]!r} cannot be read; " + ADVICE)
             self.seq_floor = U64.unpack(raw)[0] if raw else 1
+            self._load_cluster(txn)
             for name, value in txn.cursor(db=self._queues_db):
                 try:
                     info = QueueInfo.unpack(name.decode(), value)
@@ -66,6 +76,51 @@ class Catalog:
                 self.by_id[info.qid] = info
         self.dirty.clear()
         self.implicit_count = sum(q.implicit for q in self.by_name.values())
+
+    def _load_cluster(self, txn) -> None:
+        """The shard name and the partition counts (a record each: one per partitioned queue, at most)."""
+        raw = txn.get(SHARD, db=self._meta_db)
+        self.shard = raw.decode("utf-8", "replace") if raw else ""
+        self.partitions.clear()
+        cursor = txn.cursor(db=self._meta_db)
+        if cursor.set_range(PARTITIONS):
+            for key, value in cursor:
+                if not key.startswith(PARTITIONS):
+                    break
+                if len(value) != U64.size:
+                    raise StoreDamaged(f"{self.path}/data.mdb: partition count {value[:16]!r} unreadable; {ADVICE}")
+                self.partitions[key[len(PARTITIONS) :].decode("utf-8", "replace")] = U64.unpack(value)[0]
+
+    def claim_shard(self, name: str) -> str:
+        """The shard this store is, ``name`` kept (in the open transaction) if it keeps none yet; the name
+        it keeps if ``name`` is ""; WrongShard if it keeps another: a store never serves as two shards."""
+        if name and self.shard and name != self.shard:
+            raise WrongShard(
+                f"{self.path} is the store of shard {self.shard!r} (kept in it since its first start), not "
+                f"{name!r}: start it as --shard {self.shard}, or give shard {name} a store of its own (--database)"
+            )
+        if name and not self.shard:
+            self.env.do(self.env.write().put, SHARD, name.encode(), db=self._meta_db)
+            self.shard = name
+            self.wrote()
+        return self.shard
+
+    def keep_partitions(self, queue: str, count: int) -> bool:
+        """Keep "``queue`` has ``count`` partitions" (in the open transaction); False if it was kept
+        already. StoreError if another count is kept: partitions are never changed (a message's place
+        follows from the count, and a consumer reading ``Q#0..k`` would miss those placed past it)."""
+        kept = self.partitions.get(queue)
+        if kept == count:
+            return False
+        if kept is not None:
+            raise StoreError(
+                f"queue {queue!r} has {kept} partitions, not {count}: a queue's partitions are never changed "
+                "(make a queue of another name and move its consumers)"
+            )
+        self.env.do(self.env.write().put, PARTITIONS + queue.encode(), U64.pack(count), db=self._meta_db)
+        self.partitions[queue] = count
+        self.wrote()
+        return True
 
     def _format(self, raw: bytes | None) -> int:
         """The store's format version from its meta record: 1 without one (pzq wrote none before it

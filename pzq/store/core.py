@@ -61,6 +61,7 @@ class Core:
         )
         self.env.on_abort.append(self._rolled_back)
         self.catalog = Catalog(self.env, max_queues=max_queues, max_implicit=max_implicit)
+        self.catalog.wrote = self.wrote  # (its shard and partition records: the next commit has work)
         # (the catalog's own dicts and set: a lookup on a hot path is one dict get, as it always was)
         self._queues, self._by_id, self._dirty_queues = self.catalog.by_name, self.catalog.by_id, self.catalog.dirty
         dbs = self.env.dbs

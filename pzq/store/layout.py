@@ -9,6 +9,9 @@ Key layout (every integer big-endian, so LMDB's byte order is FIFO order)::
                                            was deleted or expired, so no seq a Spark offset names comes
                                            again under the same name; format 3)
                 b"format"               -> u64 (the store's format version, ``FORMAT``; absent = 1)
+                b"shard"                -> utf-8, the shard this store is (``--shard`` at its first start)
+                b"partitions\0" + name  -> u64, the partitions of a queue made with CREATE's count
+                                           (older pzq ignores both: no format change)
     messages    qid u64 | seq u64       -> msgpack [enqueued_us, expires_us (0 = never), [frame, ...]
                                                     (, meta: a protocol's own fields, e.g. eMQP's)]
     deliveries  qid u64 | seq u64       -> u32 delivery count (absent = never delivered)
