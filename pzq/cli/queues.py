@@ -45,6 +45,7 @@ ANSWERS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "CLIENTS": {"tables": list},
     "REQUEUE": {"requeued": int},
     "DELETEDEAD": {"deleted": int},
+    "WHERE": {"shard": str, "shards": list, "partitions": int, "places": list, "held": list},
 }
 
 
@@ -188,6 +189,44 @@ def queue_create(ask, name) -> None:
         click.echo(f"queue {name!r} exists (made by a client's request): now explicit, it no longer expires")
     else:
         click.echo(f"queue {name!r} exists already: nothing changed")
+
+
+@queue_group.command("where")
+@click.argument("name")
+@_json_option
+@monitor_options
+def queue_where(ask, name, as_json) -> None:
+    """Where queue NAME lives, as the server asked says: its shard (if it is one), the partitions it keeps
+    for NAME, where the shard list places them, and the queues of NAME (NAME and NAME#i) it holds with
+    their depths. --json prints the server's answer (the API's WHERE answer) as it is."""
+    answer = ask(["WHERE", name])
+    if as_json:
+        click.echo(json.dumps(answer))
+        return
+    click.echo("\n".join(where_lines(name, answer)))
+
+
+def where_lines(name: str, answer: dict) -> list[str]:
+    """`pzq queue where`'s lines for one server's WHERE ``answer``."""
+    shard, shards, count = answer["shard"], answer["shards"], answer["partitions"]
+    names = [str(entry["name"]) for entry in shards]
+    lines = [
+        f"server: shard {escape(shard)!s} of {len(names)} ({', '.join(map(escape, names))})"
+        if names
+        else f"server: shard {escape(shard)} (no shard list)"
+        if shard
+        else "server: not a shard (no shard list)",
+        f"queue {escape(name)}: {count} partitions" if count > 1 else f"queue {escape(name)}: no partitions kept",
+    ]
+    if answer["places"]:
+        lines.append("placed (queue -> shard):")
+        lines.extend(f"  {escape(str(queue))} -> {escape(str(home))}" for queue, home in answer["places"])
+    if answer["held"]:
+        lines.append("held here (queue: depth in messages):")
+        lines.extend(f"  {escape(str(queue))}: {int(depth):,}" for queue, depth in answer["held"])
+    else:
+        lines.append("held here: none of its queues")
+    return lines
 
 
 @queue_group.command("delete")

@@ -23,7 +23,7 @@ READ_BATCH = 64
 SNAPSHOT_READS = frozenset({"PEEK", "DEAD"})
 # reads whose replies may be big (~1.5 MB a page; DEADLETTERS to 4 MiB, ROUTES 1,000 names of 255 bytes: 8
 # clients asking ROUTES of such an event and never reading had raised the memory alarm, refusing producers)
-PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS", "DEADLETTERS", "ROUTES"})
+PAGES = frozenset({"QUEUE", "PEEK", "DEAD", "CLIENTS", "DEADLETTERS", "ROUTES", "WHERE"})
 STORE_FAILED = monitor_proto.error_text("store failure: nothing was changed, try again")
 BIG_REPLY = 64 << 10  # a page past this is sent only if the memory bound has room for it (MemoryAlarm.admit)
 BUSY = monitor_proto.error_text(

@@ -16,6 +16,8 @@ Requests (case-sensitive, words separated by spaces):
     CREATE <queue>                   make an explicit queue (never expires); JSON {"created": bool}
     DELETE <queue>                   delete a queue with its messages and dead letters (over turns); JSON
     ROUTES <event>                   JSON: the MQKS queues bound to an event (a publish copies to them)
+    WHERE <queue>                    JSON: where the queue lives (its shard, partitions, places; the API's
+                                     WHERE answer: pzq/shards.py where_answer)
 
 Anything else is answered with one ``error: ...`` line, never with silence (which would hang a REQ
 client forever).
@@ -93,7 +95,7 @@ def unknown_request(request: Request) -> str:
     return error_text(
         f"{request.problem or 'unknown request'}; send MONITOR, STATS, QUEUE <queue>, "
         "PEEK|DEAD <queue> [limit] [after-id], CLIENTS [limit] [offset], DEADLETTERS <queue> [limit], "
-        "REQUEUE|DELETEDEAD <queue> <id>|all, PURGE|CREATE|DELETE <queue>, ROUTES <event> "
+        "REQUEUE|DELETEDEAD <queue> <id>|all, PURGE|CREATE|DELETE <queue>, ROUTES <event>, WHERE <queue> "
         "or PUBLISH <queue> (its body a second frame)"
     )
 
