@@ -16,6 +16,7 @@ from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
 from pzq.errors import StoreError, StoreFull
 from pzq.protocols import monitor as monitor_proto
+from pzq.shards import MAX_PARTITIONS, ShardList, partition_name
 from pzq.store import Store
 
 log = logging.getLogger("pzq.admin")
@@ -56,6 +57,13 @@ class _Refused(Exception):
     pass
 
 
+def _count(word: str) -> int:
+    """CREATE's count of partitions: a whole number of 1 to MAX_PARTITIONS (ASCII digits only)."""
+    if not (word.isascii() and word.isdigit()) or len(word) > 5 or not 1 <= int(word) <= MAX_PARTITIONS:
+        raise _Refused(f"partitions must be a whole number of 1 to {MAX_PARTITIONS}, got {word[:40]!r}")
+    return int(word)
+
+
 class Writes:
     """The monitor's writes (a part of ``Admin``, which sets what is declared here)."""
 
@@ -67,6 +75,7 @@ class Writes:
     drop_queue: Callable[[str], int] | None = None
     endpoints: Callable[[], Sequence[object]]
     routing: Routing | None = None  # the MQKS gateway's bindings (the server's; None: no MQKS gateway)
+    where: Callable[[str], dict]  # WHERE's answer (the server's: this server's shard and its list)
     # queue -> (its qid, next seq, end seq): purges under way (the qid: a queue deleted and made again
     # under the same name mid-purge is another queue, whose messages the purge must not touch)
     _purges: dict[str, tuple[int, int, int]]
@@ -203,10 +212,13 @@ class Writes:
     def _create(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
         """An explicit queue, as ``--queue`` makes one: it never expires. One that exists is no error
         (``rabbitmqctl``'s declare is idempotent too): it is answered ``created: false``, and made
-        explicit if a client's request had made it."""
-        if len(request.args) != 1:
-            raise _Refused("usage: CREATE <queue>")
+        explicit if a client's request had made it. With a count of partitions past 1, see _partitioned."""
+        if not 1 <= len(request.args) <= 2:
+            raise _Refused(f"usage: CREATE <queue> [partitions: 1 to {MAX_PARTITIONS}]")
         name = request.args[0]
+        count = _count(request.args[1]) if len(request.args) == 2 else 1
+        if count > 1:
+            return self._partitioned(name, count, budget)
         existed = self.store.queue(name, create=False)
         was_implicit = existed is not None and existed.implicit
         try:
@@ -219,6 +231,35 @@ class Writes:
         if was_implicit:
             return answer, f"made queue {info.name!r} explicit (it no longer expires)"
         return answer, f"created queue {info.name!r}" if created else ""
+
+    def _partitioned(self, queue: str, count: int, budget: Budget) -> tuple[dict, str]:
+        """Queue ``queue`` of ``count`` partitions: the count kept in the store (the same count again is no
+        error; another is refused: partitions never change), and the partitions the shard list places on
+        this server made explicit (``queue#i``; every one on a server without a list). The CLI sends it
+        to every shard of the list, each making its own."""
+        last = partition_name(queue, count - 1)
+        if len(last.encode()) > 255:
+            raise _Refused(f"{queue[:60]!r}: too long for {count} partitions ({last[-20:]!r}: past 255 bytes)")
+        catalog, answer = self.store.catalog, self.where(queue)
+        if answer["shards"]:  # (the partitions the list places on this shard)
+            places = ShardList.from_dict(answer["shards"]).place(queue, count)
+            here = [name for name, shard in places if shard.name == answer["shard"]]
+        else:  # (a server alone holds them all)
+            here = [partition_name(queue, i) for i in range(count)]
+        new = [name for name in here if name not in catalog.by_name]
+        if len(catalog.by_name) + len(new) > catalog.max_queues:
+            raise _Refused(f"queue full: {len(new)} partitions more would pass --max-queues {catalog.max_queues}")
+        try:
+            kept_now = catalog.keep_partitions(queue, count)
+            for name in here:
+                catalog.name_queue(name)
+        except StoreError as exc:
+            raise _Refused(str(exc)) from None
+        budget.take(len(queue), records=len(here) + 1)
+        answer = {"created": bool(new) or kept_now, "queue": queue, "partitions": count, "here": here, "made": new}
+        made = ", ".join(new) or "none"
+        done = f"queue {queue!r} of {count} partitions kept; made here: {made}" if new or kept_now else ""
+        return answer, done
 
     def _delete(self, request: monitor_proto.Request, budget: Budget) -> tuple[dict, str]:
         """Delete a queue with its messages (in flight and held included) and dead letters: at once for

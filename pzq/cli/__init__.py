@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, backup, bench, clients, console, mqks, queues, serve
+from pzq.cli import admin, backup, bench, clients, console, mqks, queue_shards, queues, serve
 from pzq.cli.common import Group, QueueName
 
 
@@ -41,6 +41,8 @@ for command in (
 
 
 admin.dead_letters.add_command(queues.dead_letters_delete)
+queues.queue_group.add_command(queue_shards.queue_where)  # (they know shards: a module of their own)
+queues.queue_group.add_command(queue_shards.queue_create)
 
 # One whole sentence each for `pzq --help`'s list (click cuts a long docstring mid-sentence there, "...")
 SHORT_HELP = {

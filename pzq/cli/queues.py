@@ -35,7 +35,7 @@ MAX_BODY = 1 << 20  # what the monitor socket takes in one frame (its MAXMSGSIZE
 # pzq, or is another program, gets one line, not a KeyError's traceback)
 ANSWERS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "STATS": {"queues": dict},
-    "CREATE": {"created": bool},
+    "CREATE": {"created": bool, "queue": str},
     "DELETE": {"messages": int, "dead_letters": int},
     "QUEUE": {"figures": dict, "name": str, "consumers": list, "consumers_total": int},
     "PEEK": {"messages": list, "more": bool},
@@ -64,6 +64,28 @@ def checked(endpoint: str, words: list[str], answer: Any) -> Any:
     return answer
 
 
+class Ask:
+    """A command's monitor requests: ``ask(words, body=None, missing="")`` asks the server meant, ending
+    the command in one line on an ``error:`` answer (exit 4 for a queue that is not there, 5 for no
+    right; ``missing``: added to the line that says the queue does not exist); ``at`` asks another."""
+
+    def __init__(self, endpoint: str, config_file: str | None, timeout: float, keys: tuple[str, str] | None):
+        self.endpoint, self.config_file, self.timeout, self.keys = endpoint, config_file, timeout, keys
+
+    def at(self, endpoint: str, words: list[str]) -> Any:
+        """The answer of the monitor at ``endpoint`` (AdminRefused and ClientError raised, not ended)."""
+        return checked(endpoint, words, admin_request(endpoint, words, timeout_s=self.timeout, curve=self.keys))
+
+    def __call__(self, words: list[str], body: bytes | None = None, missing: str = "") -> Any:
+        try:
+            answer = admin_request(self.endpoint, words, body, timeout_s=self.timeout, curve=self.keys)
+            return checked(self.endpoint, words, answer)
+        except AdminRefused as exc:
+            if exc.no_queue:
+                fail(str(exc) + missing, ExitCode.NOT_FOUND)
+            fail(str(exc), refusal_code(str(exc)))
+
+
 def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--config, --monitor-dsn, --timeout and the CURVE options, as `pzq monitor` has them; the command
     is called with ``ask(words, body=None, missing="")`` in their place (``missing``: added to the line
@@ -77,15 +99,7 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(config_file, monitor_dsn, timeout, curve_client_key, curve_server_key, **kwargs: Any) -> Any:
         endpoint = monitor_endpoint(config_file, monitor_dsn)
-        keys = curve(curve_client_key, curve_server_key)
-
-        def ask(words: list[str], body: bytes | None = None, missing: str = "") -> Any:
-            try:
-                return checked(endpoint, words, admin_request(endpoint, words, body, timeout_s=timeout, curve=keys))
-            except AdminRefused as exc:  # one line; exit 4 for a queue that is not there, 5 for no right
-                if exc.no_queue:
-                    fail(str(exc) + missing, ExitCode.NOT_FOUND)
-                fail(str(exc), refusal_code(str(exc)))
+        ask = Ask(endpoint, config_file, timeout, curve(curve_client_key, curve_server_key))
 
         try:
             return func(ask=ask, **kwargs)
@@ -96,7 +110,7 @@ def monitor_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print the server's JSON answer as it is.")(func)
 
 
@@ -129,7 +143,7 @@ SORTS = {"name": None, "depth": "depth", "inflight": "inflight", "dead": "dead_l
 @click.option(
     "-n", "--limit", type=click.IntRange(0), default=0, show_default=True, help="Rows at most, after --sort; 0 = all."
 )
-@_json_option
+@json_option
 @monitor_options
 def queue_list(ask, sort, limit, as_json) -> None:
     """One row per queue: its depth, messages in flight, dead letters, rates (messages a second over the
@@ -175,60 +189,6 @@ def _cell(value: int | float | None) -> str:
     return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
 
 
-@queue_group.command("create")
-@click.argument("name")
-@monitor_options
-def queue_create(ask, name) -> None:
-    """Make queue NAME, explicit (the operator's: it never expires, as the --queue one). A queue that
-    exists already is no error (exit 0, nothing changed); one that a client's request made becomes
-    explicit. Names are 1 to 255 bytes, without whitespace."""
-    answer = ask(["CREATE", name])
-    if answer["created"]:
-        click.echo(f"created queue {name!r}")
-    elif answer.get("was_implicit"):
-        click.echo(f"queue {name!r} exists (made by a client's request): now explicit, it no longer expires")
-    else:
-        click.echo(f"queue {name!r} exists already: nothing changed")
-
-
-@queue_group.command("where")
-@click.argument("name")
-@_json_option
-@monitor_options
-def queue_where(ask, name, as_json) -> None:
-    """Where queue NAME lives, as the server asked says: its shard (if it is one), the partitions it keeps
-    for NAME, where the shard list places them, and the queues of NAME (NAME and NAME#i) it holds with
-    their depths. --json prints the server's answer (the API's WHERE answer) as it is."""
-    answer = ask(["WHERE", name])
-    if as_json:
-        click.echo(json.dumps(answer))
-        return
-    click.echo("\n".join(where_lines(name, answer)))
-
-
-def where_lines(name: str, answer: dict) -> list[str]:
-    """`pzq queue where`'s lines for one server's WHERE ``answer``."""
-    shard, shards, count = answer["shard"], answer["shards"], answer["partitions"]
-    names = [str(entry["name"]) for entry in shards]
-    lines = [
-        f"server: shard {escape(shard)!s} of {len(names)} ({', '.join(map(escape, names))})"
-        if names
-        else f"server: shard {escape(shard)} (no shard list)"
-        if shard
-        else "server: not a shard (no shard list)",
-        f"queue {escape(name)}: {count} partitions" if count > 1 else f"queue {escape(name)}: no partitions kept",
-    ]
-    if answer["places"]:
-        lines.append("placed (queue -> shard):")
-        lines.extend(f"  {escape(str(queue))} -> {escape(str(home))}" for queue, home in answer["places"])
-    if answer["held"]:
-        lines.append("held here (queue: depth in messages):")
-        lines.extend(f"  {escape(str(queue))}: {int(depth):,}" for queue, depth in answer["held"])
-    else:
-        lines.append("held here: none of its queues")
-    return lines
-
-
 @queue_group.command("delete")
 @click.argument("name")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (needed when not on a terminal).")
@@ -252,7 +212,7 @@ def queue_delete(ask, name, yes) -> None:
 
 @queue_group.command("show")
 @click.argument("name")
-@_json_option
+@json_option
 @monitor_options
 def queue_show(ask, name, as_json) -> None:
     """NAME's figures and its consumers (protocol, client, address, connected since, messages held)."""
@@ -327,7 +287,7 @@ def queue_publish(ask, name, body, create) -> None:
 @click.option(
     "--offset", type=click.IntRange(0), default=0, show_default=True, help="Skip this many rows of each list."
 )
-@_json_option
+@json_option
 @monitor_options
 def clients(ask, limit, offset, as_json) -> None:
     """The server's clients, each gateway's lists (connections with their peer address and connected
