@@ -22,6 +22,8 @@ from pzq.cli.common import (
     resolve,
 )
 from pzq.clients import native as client
+from pzq.clients.cluster import Cluster
+from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
 from pzq.config import beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
 from pzq.logs import escape
@@ -95,6 +97,16 @@ def _table(figures: dict) -> str:
     return "\n".join(lines)
 
 
+cluster_option = click.option(
+    "--cluster",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A shard list (TOML [[shard]] tables: docs/cluster.md): the native queue (the settings' queue) over "
+    "the shards of its places instead of one server's endpoints; '' = one server.  [default: --config's cluster or "
+    "$PZQ_CLUSTER, else one server]",
+)
+
+
 @click.command()
 @config_option
 @click.option("--receive-dsn", help="Producers' endpoint." + from_settings("receive_dsn"))
@@ -116,24 +128,40 @@ def _table(figures: dict) -> str:
     show_default=True,
     help=duration_help("Wait for each ack.", was="ms"),
 )
+@cluster_option
 @click.argument("messages", nargs=-1)
 @curve_options
 @errors_to_exit
-def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_client_key, curve_server_key) -> None:
+def produce(
+    config_file, receive_dsn, window, batch, timeout, cluster, messages, curve_client_key, curve_server_key
+) -> None:
     """Store MESSAGES (or each line of standard input) and wait until every one is acked. Messages go in
-    batches of --batch where the server speaks batches (--window messages in flight at most)."""
-    endpoint = resolve(config_file, receive_dsn=receive_dsn).receive_dsn
+    batches of --batch where the server speaks batches (--window messages in flight at most); with
+    --cluster, each batch to the next shard of the queue's places (--window messages in flight a shard)."""
+    cfg = resolve(config_file, receive_dsn=receive_dsn)
     if messages:
         bodies = ([m.encode()] for m in messages)
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    with client.Producer(endpoint, timeout_s=timeout, curve=keys) as producer:
+    shards = _cluster(cfg, cluster, keys)
+    if shards is not None:
+        per = min(batch, max(1, window))
+        spread = dict(timeout_s=timeout, batch=per, window=max(1, window // per))
+        with shards, ShardedProducer(shards, cfg.queue, **spread) as sharded:
+            _produced(sharded.send_many(bodies))
+        return
+    with client.Producer(cfg.receive_dsn, timeout_s=timeout, curve=keys) as producer:
         if batch > 1:  # (a server without batches gets one message at a time, --window in flight)
             per = min(batch, max(1, window))
             results = producer.send_many(bodies, batch=per, window=max(1, window // per))
         else:
             results = producer.produce_many(bodies, window=max(1, window))
+    _produced(results)
+
+
+def _produced(results: list[client.ProduceResult]) -> None:
+    """Say how many were stored; exit 1 if any was refused (the first ten named, with their reasons)."""
     failed = [r for r in results if not r.ok]
     for r in failed[:10]:
         click.echo(f"pzq: message {r.message_id.decode()} refused: {r.error}", err=True)
@@ -164,36 +192,58 @@ def produce(config_file, receive_dsn, window, batch, timeout, messages, curve_cl
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
+@cluster_option
 @curve_options
 @errors_to_exit
 def consume(
-    config_file, send_dsn, consume_dsn, count, timeout, nack, as_json, curve_client_key, curve_server_key
+    config_file, send_dsn, consume_dsn, count, timeout, nack, as_json, cluster, curve_client_key, curve_server_key
 ) -> None:
     """Print and acknowledge COUNT messages (body frames joined by tabs, one message per line).
 
     Through the batched endpoint it asks for exactly the messages it has yet to print (credit), so
     nothing is taken from the queue that is not shown; a server without it is consumed from the send
-    socket, which pushes what it has."""
+    socket, which pushes what it has. With --cluster, every shard that has some of the queue is read in
+    turn (each granted credit for what is yet to print; what is not printed goes back at the end)."""
     cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn)
-    out = sys.stdout.buffer
-    got = 0
     keys = curve(curve_client_key, curve_server_key)
+    shards = _cluster(cfg, cluster, keys)
+    if shards is not None:
+        with shards, ShardedConsumer(shards, cfg.queue) as sharded:
+            _print_and_settle(sharded, count, timeout, nack, as_json)
+        return
     # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
     # 'auto' puts beside that send socket)
     batched = cfg.consume_dsn if consume_dsn is not None or send_dsn is None else beside_send(send_dsn)
     with client.BatchConsumer(batched or None, fallback=cfg.send_dsn, curve=keys) as consumer:
-        while count == 0 or got < count:
-            batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
-            if not batch:  # (connected and handshaken, else reach.py said so: the queue had nothing)
-                fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
-            for key, body in batch:
-                if as_json:
-                    row = {"key": key.decode(), "sent_us": consumer.sent_us.get(key, 0), "body": []}
-                    row["body"] = [f.decode("utf-8", "replace") for f in body]
-                    out.write(json.dumps(row).encode())
-                else:
-                    out.write(b"\t".join(body))
-                out.write(b"\n")
-            out.flush()
-            (consumer.nack if nack else consumer.ack)([key for key, _ in batch], timeout_s=timeout)
-            got += len(batch)
+        _print_and_settle(consumer, count, timeout, nack, as_json)
+
+
+def _print_and_settle(consumer, count: int, timeout: float, nack: bool, as_json: bool) -> None:
+    """Print COUNT messages (0: until ^C) and ack (or nack) each batch once printed; exit NO_MESSAGE when
+    none comes within ``timeout``."""
+    out = sys.stdout.buffer
+    got = 0
+    while count == 0 or got < count:
+        batch = consumer.receive(count - got if count else 100, timeout_s=timeout)
+        if not batch:  # (connected and handshaken, else reach.py said so: the queue had nothing)
+            fail(f"no message came within {format_duration(timeout)} ({got} received)", ExitCode.NO_MESSAGE)
+        for key, body in batch:
+            if as_json:
+                row = {"key": key.decode(), "sent_us": consumer.sent_us.get(key, 0), "body": []}
+                if isinstance(consumer, ShardedConsumer):
+                    row["shard"] = consumer.shard_of(key)
+                row["body"] = [f.decode("utf-8", "replace") for f in body]
+                out.write(json.dumps(row).encode())
+            else:
+                out.write(b"\t".join(body))
+            out.write(b"\n")
+        out.flush()
+        (consumer.nack if nack else consumer.ack)([key for key, _ in batch], timeout_s=timeout)
+        got += len(batch)
+
+
+def _cluster(cfg, cluster: str | None, keys) -> Cluster | None:
+    """The cluster named by --cluster, else by the settings' ``cluster`` (a shard's own config names its
+    list); None for a single server."""
+    path = cluster if cluster is not None else getattr(cfg, "cluster", "")
+    return Cluster.from_file(path, curve=keys) if path else None

@@ -1,0 +1,296 @@
+"""A cluster of shards as clients see it (docs/cluster.md): the shard list, where a queue lives on it
+(``Cluster.locate``), and the API's PRODUCE routed by queue (``ClusterApi``). The native producer and
+consumer over every shard are in ``cluster_native``.
+
+    cluster = Cluster.from_file("/etc/pzq/shards.toml")      # or Cluster.from_server("tcp://host:11133")
+    where = cluster.locate("orders")                          # asked of every shard, cached a few seconds
+    where.produce_to   # [(queue name, Shard)]: its places (Q, or Q#0 .. Q#K-1) on the list
+    where.consume_from # the places, and every queue of Q some shard reports it holds (a seed client's)
+
+Where a queue lives is the list's placement (pzq.shards: rendezvous hashing) for its partition count
+K, and K is what the shards keep: each is asked WHERE on its API socket, all at once, with a second to
+answer; K is the largest any reports (0 or 1: the queue alone on its home). A shard that does not answer
+keeps its places (a producer's messages for them wait or fail there: they are never moved elsewhere by
+the locator) and is asked again once the answer's cache (``cache_s``) runs out. A server without WHERE
+(older than the shards) answers an error, taken as "keeps no count, holds nothing": placement then
+follows the list and the caller's ``partitions`` alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import time
+import uuid
+
+import zmq
+
+from pzq.clients.api import ApiClient
+from pzq.clients.sockets import Curve, connect
+from pzq.errors import ClientError, ConfigError, PzqError
+from pzq.protocols import api
+from pzq.shards import MAX_PARTITIONS, Shard, ShardList, load, partition_of
+
+WHERE_TIMEOUT_S = 1.0  # each shard's time to answer WHERE (asked all at once: the whole locate's wait)
+CACHE_S = 3.0  # how long a located queue is used before the shards are asked again
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where ``queue`` lives: ``produce_to`` (its places), ``consume_from`` (the places, and what shards
+    hold of it beyond them), its ``partitions`` count, and the shards that did not answer."""
+
+    queue: str
+    partitions: int
+    produce_to: tuple[tuple[str, Shard], ...]
+    consume_from: tuple[tuple[str, Shard], ...]
+    unreachable: tuple[str, ...] = ()
+
+    def shards(self, which: str = "consume_from") -> list[Shard]:
+        """The distinct shards of ``produce_to`` or ``consume_from``, in their first place's order."""
+        seen: dict[str, Shard] = {}
+        for _, shard in getattr(self, which):
+            seen.setdefault(shard.name, shard)
+        return list(seen.values())
+
+
+class Cluster:
+    """The shards a client talks to, and where queues live on them (``locate``)."""
+
+    def __init__(
+        self,
+        shards: ShardList,
+        *,
+        curve: Curve | None = None,
+        where_timeout_s: float = WHERE_TIMEOUT_S,
+        cache_s: float = CACHE_S,
+    ):
+        self.shards = shards
+        self.curve = curve
+        self.where_timeout_s = where_timeout_s
+        self.cache_s = cache_s
+        self._cache: dict[tuple[str, int], tuple[float, Location]] = {}
+        self._asking: set[tuple[str, int]] = set()  # entries being asked again in the background
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_file(cls, path: str, **kwargs) -> Cluster:
+        """The cluster of the shard list at ``path`` (TOML ``[[shard]]`` tables; ConfigError in one line)."""
+        return cls(load(path), **kwargs)
+
+    @classmethod
+    def from_server(cls, api_dsn: str, *, queue: str = "default", **kwargs) -> Cluster:
+        """The cluster a server's WHERE names (any shard's API endpoint will do); ClientError if it does
+        not answer, ConfigError if it is no shard of a list."""
+        probe = cls(ShardList((Shard("-", api_dsn=api_dsn),)), **kwargs)
+        answer = probe._ask_where([queue])[queue]["-"]
+        if answer is None:
+            raise ClientError(f"no answer to WHERE from {api_dsn} within {probe.where_timeout_s:g} s")
+        if not answer.get("shards"):
+            raise ConfigError(f"the server at {api_dsn} names no shard list: it is not a shard of a cluster")
+        return cls(ShardList.from_dict(answer["shards"], f"the shard list of {api_dsn}"), **kwargs)
+
+    def locate(self, queue: str, *, partitions: int = 0, fresh: bool = False) -> Location:
+        """Where ``queue`` lives. ``partitions``: a count the caller knows (the larger of it and the
+        shards' is used: a server without WHERE reports none). Asked once, then for ``cache_s`` the answer
+        is used as it is; past that it is still used while the shards are asked again in the background
+        (a shard that is down costs a locate its second only once, not every ``cache_s``); ``fresh``
+        asks now and waits."""
+        cached = self._cache.get((queue, partitions))
+        if cached is None or fresh:
+            return self.locate_many([queue], partitions=partitions)[queue]
+        if time.monotonic() - cached[0] >= self.cache_s and (queue, partitions) not in self._asking:
+            self._asking.add((queue, partitions))
+            self._background().submit(self._ask_again, queue, partitions)
+        return cached[1]
+
+    def known(self, queue: str, partitions: int = 0) -> bool:
+        """True when ``queue`` was located (``locate`` answers it at once)."""
+        return (queue, partitions) in self._cache
+
+    def locate_many(self, queues: list[str], *, partitions: int = 0) -> dict[str, Location]:
+        """``locate`` for several queues at once, asking now (every queue's WHERE in one round)."""
+        wanted = list(dict.fromkeys(queues))
+        answers = self._ask_where(wanted)
+        now = time.monotonic()
+        out = {}
+        for queue in wanted:
+            out[queue] = self._location(queue, partitions, answers[queue])
+            self._cache[(queue, partitions)] = (now, out[queue])
+        return out
+
+    def close(self) -> None:
+        """Wait for a locate asking in the background (at most ``where_timeout_s``)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pzq-locate")
+        return self._pool
+
+    def _ask_again(self, queue: str, partitions: int) -> None:
+        """(In the background thread: its own sockets.) The cache's entry for ``queue`` asked again; on a
+        failure the old one stays, asked again next time."""
+        try:
+            self.locate_many([queue], partitions=partitions)
+        except (PzqError, zmq.ZMQError):
+            pass
+        finally:
+            self._asking.discard((queue, partitions))
+
+    def _location(self, queue: str, partitions: int, answers: dict[str, dict | None]) -> Location:
+        counts = [a.get("partitions") for a in answers.values() if a is not None]
+        k = max([partitions, *(c for c in counts if isinstance(c, int) and 0 <= c <= MAX_PARTITIONS)])
+        places = tuple(self.shards.place(queue, k))
+        consume = list(places)
+        for name, answer in answers.items():
+            for held in (answer or {}).get("held") or ():
+                held_name = held[0] if isinstance(held, list | tuple) and held else None
+                if not isinstance(held_name, str) or not _of(held_name, queue):
+                    continue  # (not a queue of Q: an answer from a server we did not mean)
+                here = (held_name, self.shards.named(name))
+                if here not in consume:
+                    consume.append(here)
+        missing = tuple(name for name, answer in answers.items() if answer is None)
+        return Location(queue, k, places, tuple(consume), missing)
+
+    def _ask_where(self, queues: list[str]) -> dict[str, dict[str, dict | None]]:
+        """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), all
+        asked at once on one DEALER a shard. An error answer (a server without WHERE) is an empty dict."""
+        prefix = uuid.uuid4().hex
+        ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
+        answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
+        socks: dict[zmq.Socket, str] = {}
+        try:
+            for shard in self.shards.shards:
+                if not shard.api_dsn:
+                    continue
+                try:
+                    sock = connect(zmq.DEALER, shard.api_dsn, curve=self.curve)
+                except ClientError:  # (an ipc socket file that is not there: that shard is down)
+                    continue
+                socks[sock] = shard.name
+                try:
+                    for request_id, queue in ids.items():
+                        sock.send_multipart(api.request(request_id, "WHERE", {"queue": queue}), zmq.NOBLOCK)
+                except zmq.ZMQError:  # (no pipe, or a full one: that shard is not answering either)
+                    continue
+            poller = zmq.Poller()
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
+            deadline = time.monotonic() + self.where_timeout_s
+            waiting = len(socks) * len(ids)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for sock, _ in poller.poll(max(1, round(left * 1000))):
+                    reply = api.parse_reply(sock.recv_multipart())
+                    asked = None if reply is None else ids.get(reply[0])
+                    if reply is None or asked is None or answers[asked][socks[sock]] is not None:
+                        continue
+                    answers[asked][socks[sock]] = reply[2] if reply[1] else {}
+                    waiting -= 1
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+        return answers
+
+
+def _of(name: str, queue: str) -> bool:
+    """True when ``name`` is ``queue`` or one of its partitions."""
+    parted = partition_of(name)
+    return name == queue or (parted is not None and parted[0] == queue)
+
+
+def spread(key: str | bytes, count: int) -> int:
+    """A stable index in ``range(count)`` for ``key`` (the same in every process: not Python's hash)."""
+    data = key.encode() if isinstance(key, str) else key
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % max(1, count)
+
+
+class ClusterApi:
+    """The API's PRODUCE routed by queue over a cluster: each message to one of its queue's places, one
+    ``ApiClient`` per shard (made when first needed), the shards asked at once. Not thread-safe."""
+
+    def __init__(self, cluster: Cluster, *, timeout_s: float = 60.0, attempt_s: float = 5.0):
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        self.attempt_s = attempt_s
+        self._clients: dict[str, ApiClient] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(cluster.shards.shards)))
+
+    def client(self, shard: Shard) -> ApiClient:
+        """The API client of ``shard`` (ConfigError if the list gives it no API endpoint)."""
+        if shard.name not in self._clients:
+            if not shard.api_dsn:
+                raise ConfigError(f"shard {shard.name!r} has no api_dsn in the shard list")
+            self._clients[shard.name] = ApiClient(
+                shard.api_dsn, timeout_s=self.timeout_s, attempt_s=self.attempt_s, curve=self.cluster.curve
+            )
+        return self._clients[shard.name]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for one in self._clients.values():
+            one.close()
+        self._clients.clear()
+
+    def __enter__(self) -> ClusterApi:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def route(self, messages: list[tuple[str, bytes]], key: str) -> dict[str, list[tuple[str, bytes]]]:
+        """Each message's place, by shard name, in order: the messages of a queue of K partitions go
+        round the partitions from one the ``key`` picks, so the same call (same key, same messages, same
+        list and K) always makes the same places, and a call again stores on each shard what it lacks."""
+        routed: dict[str, list[tuple[str, bytes]]] = {}
+        turn: dict[str, int] = {}
+        fresh = [queue for queue in dict.fromkeys(q for q, _ in messages) if not self.cluster.known(queue)]
+        if fresh:  # (the queues not located yet, asked in one round: one second for a shard that is down)
+            self.cluster.locate_many(fresh)
+        for queue, body in messages:
+            places = self.cluster.locate(queue).produce_to
+            if queue not in turn:
+                turn[queue] = spread(f"{key}\0{queue}", len(places))
+            name, shard = places[turn[queue] % len(places)]
+            turn[queue] += 1
+            routed.setdefault(shard.name, []).append((name, body))
+        return routed
+
+    def produce(self, messages: list[tuple[str, bytes]], key: str | None = None) -> dict:
+        """Store ``[(queue, body), ...]`` on their shards, each shard's part with the key ``KEY@SHARD``
+        (the server's dedup is per shard). Returns ``count`` (stored, or found stored), ``duplicate``
+        (every shard's part was) and ``shards`` (the count each shard took). A shard that fails does not
+        stop the others: ClientError after them, naming it and the key; call again with that ``key``
+        (what some shards stored, they store once)."""
+        key = key or uuid.uuid4().hex
+        routed = self.route(messages, key)
+        futures = {
+            name: self._pool.submit(self.client(self.cluster.shards.named(name)).produce, part, f"{key}@{name}")
+            for name, part in routed.items()
+        }
+        done: dict[str, dict] = {}
+        failed: list[str] = []
+        for name, future in futures.items():
+            try:
+                done[name] = future.result()
+            except ClientError as exc:
+                failed.append(f"shard {name}: {exc}")
+        if failed:
+            stored = sum(r["count"] for r in done.values())
+            again = f"{stored} stored elsewhere: call again with key {key}"
+            raise ClientError(f"PRODUCE {key}: {'; '.join(failed)} ({again})")
+        return {
+            "count": sum(r["count"] for r in done.values()),
+            "duplicate": all(r["duplicate"] for r in done.values()),
+            "shards": {name: r["count"] for name, r in done.items()},
+        }

@@ -1,0 +1,307 @@
+"""The clients of a cluster (pzq/clients/cluster.py, cluster_native.py): a queue located over real
+shards (each a real server with its own store and sockets), the native producer spreading over them and
+the consumer reading them all, acks going home, a shard that is down stalling only its own, the API's
+PRODUCE routed by queue, and `pzq produce`/`pzq consume --cluster`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pzq.cli import cli
+from pzq.clients.cluster import Cluster, ClusterApi
+from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
+from pzq.errors import ClientError, ExitCode
+from pzq.shards import load
+
+from conftest import ProcessServer, ThreadServer, make_config
+
+pytestmark = pytest.mark.timeout(120)
+NAMES = ("a", "b", "c")
+
+
+def write_list(path: Path, endpoints: dict[str, dict[str, str]]) -> str:
+    lines = []
+    for name, dsns in endpoints.items():
+        lines.append("[[shard]]")
+        lines.append(f'name = "{name}"')
+        lines += [f'{key} = "{value}"' for key, value in dsns.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def dsns(where: Path) -> dict[str, str]:
+    return {
+        "receive_dsn": f"ipc://{where}/receive",
+        "send_dsn": f"ipc://{where}/send",
+        "consume_dsn": f"ipc://{where}/consume",
+        "api_dsn": f"ipc://{where}/api",
+        "monitor_dsn": f"ipc://{where}/monitor",
+    }
+
+
+class Shards:
+    """Real in-process servers, one a shard, each with its own store and ipc sockets, and their list."""
+
+    def __init__(self, tmp_path: Path, names=NAMES):
+        self.servers: dict[str, ThreadServer] = {}
+        for name in names:
+            (tmp_path / name).mkdir()
+            self.servers[name] = ThreadServer(make_config(tmp_path / name, api_dsn=dsns(tmp_path / name)["api_dsn"]))
+        self.path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
+        self.list = load(self.path)
+
+    def depth(self, name: str, queue: str = "default") -> int:
+        return self.servers[name].stats()["queues"].get(queue, {}).get("depth", 0)
+
+    def depths(self, queue: str = "default") -> dict[str, int]:
+        return {name: self.depth(name, queue) for name in self.servers}
+
+    def stop(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+
+
+@pytest.fixture
+def shards(tmp_path):
+    made = Shards(tmp_path)
+    yield made
+    made.stop()
+
+
+def bodies(n: int, prefix: str = "m") -> list[list[bytes]]:
+    return [[f"{prefix}{i}".encode()] for i in range(n)]
+
+
+def drain(consumer: ShardedConsumer, want: int, most: int = 100) -> list[tuple[bytes, str]]:
+    """Receive (and ack) until ``want`` messages came: [(body, shard)]."""
+    got: list[tuple[bytes, str]] = []
+    while len(got) < want:
+        batch = consumer.receive(most, timeout_s=5)
+        assert batch, f"only {len(got)} of {want} came"
+        got += [(body[0], consumer.shard_of(key) or "") for key, body in batch]
+        assert consumer.ack([key for key, _ in batch]).count == len(batch)
+    return got
+
+
+def test_a_queue_of_one_partition_goes_whole_to_its_home_shard_and_comes_back_from_it(shards):
+    cluster = Cluster.from_file(shards.path)
+    home = shards.list.home("default").name
+    where = cluster.locate("default")
+    assert where.partitions == 0 and [s.name for _, s in where.produce_to] == [home] and not where.unreachable
+    with ShardedProducer(cluster, "default", batch=10) as producer:
+        results = producer.send_many(bodies(50))
+    assert all(r.ok for r in results) and len(results) == 50
+    assert shards.depths() == {name: 50 if name == home else 0 for name in NAMES}
+    with ShardedConsumer(cluster, "default") as consumer:
+        got = drain(consumer, 50)
+    assert [body for body, _ in got] == [b"m%d" % i for i in range(50)], "one shard: its order kept"
+    assert {shard for _, shard in got} == {home} and shards.depths() == dict.fromkeys(NAMES, 0)
+
+
+def test_partitions_spread_the_batches_over_the_shards_in_turn_and_the_consumer_reads_them_all(shards):
+    cluster = Cluster.from_file(shards.path)
+    with ShardedProducer(cluster, "default", batch=10, partitions=3) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(90)))
+    assert shards.depths() == dict.fromkeys(NAMES, 30), "three partitions on three shards: a third each"
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        got = drain(consumer, 90, most=10)
+        assert consumer.receive(10, timeout_s=0.2) == []
+    assert sorted(body for body, _ in got) == sorted(b[0] for b in bodies(90)), "each message once"
+    assert {shard for _, shard in got} == set(NAMES)
+    assert shards.depths() == dict.fromkeys(NAMES, 0)
+    assert all(srv.stats()["queues"]["default"]["inflight"] == 0 for srv in shards.servers.values()), "acks went home"
+
+
+def test_the_consumer_takes_the_shards_in_turn_not_one_until_it_is_empty(shards):
+    cluster = Cluster.from_file(shards.path)
+    with ShardedProducer(cluster, "default", batch=20, partitions=3) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(60)))
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        turns = []
+        for _ in range(6):
+            batch = consumer.receive(5, timeout_s=5)
+            turns.append(consumer.shard_of(batch[0][0]))
+            consumer.ack([key for key, _ in batch])
+    assert set(turns[:3]) == set(NAMES) and turns[3:] == turns[:3], turns
+
+
+def test_messages_with_a_key_go_to_the_same_shard_every_time(shards):
+    cluster = Cluster.from_file(shards.path)
+    keys = [f"customer-{i % 7}" for i in range(70)]
+    with ShardedProducer(cluster, "default", partitions=3) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(70), keys=keys))
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        got = drain(consumer, 70)
+    shard_of_key: dict[str, set[str]] = {}
+    for body, shard in got:
+        shard_of_key.setdefault(keys[int(body[1:])], set()).add(shard)
+    assert all(len(where) == 1 for where in shard_of_key.values()), shard_of_key
+    assert len({next(iter(where)) for where in shard_of_key.values()}) > 1, "seven keys over three shards"
+
+
+def test_a_shard_that_is_down_fails_only_its_own_messages_and_takes_no_more_for_a_while(shards):
+    cluster = Cluster.from_file(shards.path)
+    shards.servers["b"].stop()
+    with ShardedProducer(cluster, "default", batch=10, partitions=3, timeout_s=0.5) as producer:
+        first = producer.send_many(bodies(30))
+        failed = [r for r in first if not r.ok]
+        assert len(failed) == 10 and all(r.error.startswith("shard b: ") for r in failed), failed[:1]
+        again = producer.send_many(bodies(30, "n"))
+    assert all(r.ok for r in again), "the shard that failed is left out of the next turns"
+    assert shards.depth("a") + shards.depth("c") == 50
+
+
+def test_a_shard_that_is_down_does_not_keep_the_consumer_from_the_others(shards):
+    cluster = Cluster.from_file(shards.path)
+    with ShardedProducer(cluster, "default", batch=10, partitions=3) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(30)))
+    shards.servers["b"].stop()
+    started = time.monotonic()
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        got = drain(consumer, 20)
+        assert consumer.receive(10, timeout_s=0.3) == []
+        assert "b" in consumer.errors
+    assert {shard for _, shard in got} == {"a", "c"} and time.monotonic() - started < 10
+
+
+def test_a_shard_that_comes_back_is_read_again(tmp_path):
+    names = ("a", "b")
+    servers = {name: ProcessServer(tmp_path / name, "--api-dsn", dsns(tmp_path / name)["api_dsn"]) for name in names}
+    for name in names:
+        (tmp_path / name).mkdir()
+        servers[name].start()
+    try:
+        path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
+        cluster = Cluster.from_file(path)
+        with ShardedProducer(cluster, "default", batch=5, partitions=2) as producer:
+            assert all(r.ok for r in producer.send_many(bodies(20)))
+        servers["b"].stop(signal.SIGKILL)
+        with ShardedConsumer(cluster, "default", partitions=2) as consumer:
+            assert len(drain(consumer, 10)) == 10 and "b" in consumer.errors
+            servers["b"].start()  # (its acknowledged messages waited on its disk)
+            got = drain(consumer, 10)
+        assert {shard for _, shard in got} == {"b"}
+    finally:
+        for srv in servers.values():
+            srv.stop(signal.SIGKILL)
+
+
+def test_a_batch_sent_again_after_a_lost_ack_is_stored_once_on_the_shard_it_went_to(tmp_path):
+    names = ("a", "b")
+    servers = {name: ProcessServer(tmp_path / name, "--api-dsn", dsns(tmp_path / name)["api_dsn"]) for name in names}
+    for name in names:
+        (tmp_path / name).mkdir()
+        servers[name].start()
+    try:
+        path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
+        with ShardedProducer(Cluster.from_file(path), "default", batch=10, partitions=2, timeout_s=1.0) as producer:
+            assert all(r.ok for r in producer.send_many(bodies(20))), "both shards known"
+            stopped = servers["b"].proc
+            assert stopped is not None
+            stopped.send_signal(signal.SIGSTOP)  # (its acks are late: the producer sends b's batch again)
+            threading.Timer(1.5, stopped.send_signal, (signal.SIGCONT,)).start()
+            results = producer.send_many(bodies(20, "n"))
+            resent = producer._producers["b"].batches.resent
+        assert all(r.ok for r in results) and resent >= 1
+        depths = {name: servers[name].stats()["queues"]["default"]["depth"] for name in names}
+        assert depths == {"a": 20, "b": 20}, "every message once, each on the shard its batch went to"
+    finally:
+        for srv in servers.values():
+            if srv.proc is not None and srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGCONT)
+            srv.stop(signal.SIGKILL)
+
+
+def test_locate_names_a_shard_that_does_not_answer_and_keeps_its_places(shards):
+    cluster = Cluster.from_file(shards.path, cache_s=0)
+    shards.servers["c"].stop()
+    started = time.monotonic()
+    where = cluster.locate("orders", partitions=3)
+    assert time.monotonic() - started < 3, "asked at once, a second each at most"
+    assert where.unreachable == ("c",)
+    assert [(q, s.name) for q, s in where.produce_to] == [(q, s.name) for q, s in shards.list.place("orders", 3)]
+
+
+def test_a_located_queue_is_answered_at_once_while_a_shard_that_is_down_is_asked_again_behind(shards):
+    shards.servers["c"].stop()
+    with Cluster.from_file(shards.path, cache_s=0) as cluster:
+        started = time.monotonic()
+        first = cluster.locate("orders")
+        asked = time.monotonic() - started
+        started = time.monotonic()
+        again = [cluster.locate("orders") for _ in range(20)]
+        assert time.monotonic() - started < asked / 2, "the last answer is used while the shards are asked"
+    assert first.unreachable == ("c",) and all(where.produce_to == first.produce_to for where in again)
+
+
+def test_the_api_s_produce_puts_each_queue_on_its_home_and_a_call_again_with_its_key_stores_nothing(shards):
+    cluster = Cluster.from_file(shards.path)
+    queues = [f"q{i}" for i in range(6)]
+    messages = [(queue, f"{queue}-{i}".encode()) for queue in queues for i in range(3)]
+    with ClusterApi(cluster, timeout_s=10) as routed:
+        first = routed.produce(messages, key="k1")
+        again = routed.produce(messages, key="k1")
+    assert first["count"] == 18 and not first["duplicate"] and again["duplicate"]
+    for queue in queues:
+        home = shards.list.home(queue).name
+        assert shards.depths(queue) == {name: 3 if name == home else 0 for name in NAMES}, queue
+
+
+def test_the_api_s_produce_names_a_shard_that_failed_and_the_key_to_call_again_with(shards):
+    cluster = Cluster.from_file(shards.path)
+    queues = [f"q{i}" for i in range(12)]
+    down = shards.list.home(queues[0]).name
+    shards.servers[down].stop()
+    with ClusterApi(cluster, timeout_s=0.5, attempt_s=0.25) as routed:
+        with pytest.raises(ClientError, match=f"shard {down}: .*call again with key k2"):
+            routed.produce([(queue, b"x") for queue in queues], key="k2")
+    stored = sum(shards.depth(name, queue) for name in NAMES if name != down for queue in queues)
+    assert stored == sum(shards.list.home(q).name != down for q in queues), "the others stored theirs"
+
+
+def run(*args: str, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def test_pzq_produce_and_consume_with_cluster_route_over_the_shards(shards):
+    lines = "\n".join(f"line {i}" for i in range(30)) + "\n"
+    done = CliRunner().invoke(cli, ["produce", "--cluster", shards.path, "--batch", "10"], input=lines)
+    assert done.exit_code == 0, done.output
+    assert "30 stored, 0 refused" in done.stderr
+    home = shards.list.home("default").name
+    assert shards.depths() == {name: 30 if name == home else 0 for name in NAMES}
+    done = run("consume", "--cluster", shards.path, "-n", "30", "--json")
+    assert done.exit_code == 0, done.output
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["body"][0] for row in rows] == [f"line {i}" for i in range(30)]
+    assert {row["shard"] for row in rows} == {home} and shards.depths() == dict.fromkeys(NAMES, 0)
+
+
+def test_pzq_consume_with_cluster_exits_no_message_when_no_shard_has_one(shards):
+    done = run("consume", "--cluster", shards.path, "--timeout", "300ms")
+    assert done.exit_code == ExitCode.NO_MESSAGE and "no message came within" in done.stderr
+
+
+def test_pzq_consume_with_cluster_says_in_one_line_that_no_shard_listens(tmp_path):
+    path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in NAMES})
+    done = run("consume", "--cluster", path, "--timeout", "5s")
+    assert done.exit_code == ExitCode.NOT_LISTENING and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("pzq: error: no shard of 'default' could be reached: shard ")
+    home = load(path).home("default").name  # (a queue of one partition is read from its home alone)
+    assert f"shard {home}: nothing listens at ipc://{tmp_path}/{home}/consume" in done.stderr
+
+
+def test_a_bad_shard_list_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[shard]]\nname = 'a'\nreceive = 'x'\n")
+    for command in ("produce", "consume"):
+        done = run(command, "--cluster", str(bad), "x" if command == "produce" else "-n1")
+        assert done.exit_code == ExitCode.CONFIG and done.stderr.count("\n") == 1, done.output
+        assert str(bad) in done.stderr and "unknown keys" in done.stderr
