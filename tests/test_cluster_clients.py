@@ -305,3 +305,12 @@ def test_a_bad_shard_list_is_one_line_naming_it(tmp_path):
         done = run(command, "--cluster", str(bad), "x" if command == "produce" else "-n1")
         assert done.exit_code == ExitCode.CONFIG and done.stderr.count("\n") == 1, done.output
         assert str(bad) in done.stderr and "unknown keys" in done.stderr
+
+
+def test_pzq_produce_with_cluster_names_the_shard_nothing_listens_at_and_exits_1(shards):
+    home = shards.list.home("default").name
+    shards.servers[home].stop()
+    started = time.monotonic()
+    done = run("produce", "--cluster", shards.path, "--timeout", "30s", "one", "two")
+    assert done.exit_code == ExitCode.FAILURE and time.monotonic() - started < 5, "not after --timeout"
+    assert f"refused: shard {home}: nothing listens at" in done.stderr and "0 stored, 2 refused" in done.stderr

@@ -17,6 +17,7 @@ by the API and Spark, not here.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import itertools
 import time
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,9 @@ from pzq.errors import ClientError, NotListening
 from pzq.protocols.native_consume import Settled
 from pzq.shards import Shard
 
+# A call's messages go in rounds of this many windows a place: each shard's pipe is full through a round
+# and drains at its end, where the input is read on and the placement looked at again (issue 43)
+ROUND_WINDOWS = 8
 RETRY_S = 3.0  # a shard that failed is left out (unkeyed messages; a consumer's turn) this long, then tried again
 
 
@@ -84,7 +88,7 @@ class ShardedProducer:
         named = iter(keys) if keys is not None else None
         while True:  # (in rounds of a few batches a shard, so that a long input is not held whole)
             where = self.cluster.locate(self.queue, partitions=self.partitions)
-            round_size = self.batch * self.window * len(where.produce_to)
+            round_size = self.batch * self.window * ROUND_WINDOWS * len(where.produce_to)
             chunk = list(itertools.islice(messages, round_size))
             if not chunk:
                 return results
@@ -112,8 +116,11 @@ class ShardedProducer:
         by_shard: dict[str, list[int]] = {}
         for at, shard in enumerate(shards):
             by_shard.setdefault(shard.name, []).append(at)
+        # (each in a copy of this context: a `pzq` command's patience, reach.impatient, holds in the threads)
         futures = {
-            name: self._pool.submit(self._send, self.cluster.shards.named(name), [chunk[i] for i in at])
+            name: self._pool.submit(
+                contextvars.copy_context().run, self._send, self.cluster.shards.named(name), [chunk[i] for i in at]
+            )
             for name, at in by_shard.items()
         }
         out: list[ProduceResult | None] = [None] * len(chunk)
