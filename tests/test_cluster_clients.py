@@ -5,6 +5,7 @@ PRODUCE routed by queue, and `pzq produce`/`pzq consume --cluster`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from pzq.cli import cli
 from pzq.clients.cluster import Cluster, ClusterApi
 from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
+from pzq.config import DEFAULT_LIMITS
 from pzq.errors import ClientError, ExitCode
 from pzq.shards import load
 
@@ -169,6 +171,37 @@ def test_a_shard_that_is_down_does_not_keep_the_consumer_from_the_others(shards)
         assert consumer.receive(10, timeout_s=0.3) == []
         assert "b" in consumer.errors
     assert {shard for _, shard in got} == {"a", "c"} and time.monotonic() - started < 10
+
+
+def test_a_consumer_waiting_on_empty_shards_longer_than_their_idle_time_gets_the_next_message_at_once(tmp_path):
+    limits = dataclasses.replace(DEFAULT_LIMITS, consume_idle_s=0.3)
+    servers = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        cfg = make_config(tmp_path / name, limits=limits, api_dsn=dsns(tmp_path / name)["api_dsn"])
+        servers[name] = ThreadServer(cfg)
+    try:
+        path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in servers})
+        cluster = Cluster.from_file(path)
+        sent = []
+
+        def produce_later() -> None:
+            time.sleep(0.8)  # (the servers' idle time, more than twice: they would have forgotten a silent one)
+            sent.append(time.monotonic())
+            with ShardedProducer(cluster, "default", partitions=2) as producer:
+                assert all(r.ok for r in producer.send_many(bodies(1)))
+
+        with ShardedConsumer(cluster, "default", partitions=2) as consumer:
+            later = threading.Thread(target=produce_later)
+            later.start()
+            batch = consumer.receive(10, timeout_s=10)
+            came = time.monotonic()
+            later.join()
+            assert len(batch) == 1 and consumer.ack([batch[0][0]]).count == 1
+        assert came - sent[0] < 1.5, f"{came - sent[0]:.2f} s: its credit was kept (it said it is still here)"
+    finally:
+        for srv in servers.values():
+            srv.stop()
 
 
 def test_a_shard_that_comes_back_is_read_again(tmp_path):

@@ -242,7 +242,9 @@ class ShardedConsumer:
             got = self._first(names, order, most, 0.0)
             if not got and order:
                 ready = self._poll(order, deadline)
-                got = self._first(names, [name for name in order if name in ready], most, 0.05)
+                # (nothing ready: each still waits a millisecond, in which it says "still here" when that is
+                # due, or its server takes its credit back and forgets it while the queue is empty)
+                got = self._first(names, [n for n in order if n in ready] or order, most, 0.05 if ready else 0.001)
             if got:
                 return got
             left = deadline - time.monotonic()
@@ -262,13 +264,15 @@ class ShardedConsumer:
 
     def _poll(self, names: list[str], deadline: float) -> set[str]:
         """The shards whose sockets have something to read, waiting until ``deadline`` (or RETRY_S:
-        then shards left out are tried again)."""
+        then shards left out are tried again; or a third of a server's idle time)."""
         poller = zmq.Poller()
         socks = {}
         for name in names:
             socks[self.consumers[name].sock] = name
             poller.register(self.consumers[name].sock, zmq.POLLIN)
-        wait = max(0.0, min(deadline - time.monotonic(), RETRY_S))
+        # (back at least every third of the shortest idle time a server allows, to say "still here")
+        idle = [c.limits.idle_us / 3e6 for c in self.consumers.values() if c.limits is not None]
+        wait = max(0.0, min(deadline - time.monotonic(), RETRY_S, *idle))
         return {socks[sock] for sock, _ in poller.poll(round(wait * 1000))}
 
     def _take(self, name: str, most: int, wait: float) -> list[Message]:
