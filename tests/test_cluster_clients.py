@@ -16,8 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from pzq.cli import cli
+from pzq.clients.admin import admin_request
+from pzq.clients.api import ApiClient
 from pzq.clients.cluster import Cluster, ClusterApi
 from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
+from pzq.clients.native import Producer
 from pzq.config import DEFAULT_LIMITS
 from pzq.errors import ClientError, ExitCode
 from pzq.shards import load
@@ -53,11 +56,12 @@ class Shards:
 
     def __init__(self, tmp_path: Path, names=NAMES):
         self.servers: dict[str, ThreadServer] = {}
-        for name in names:
-            (tmp_path / name).mkdir()
-            self.servers[name] = ThreadServer(make_config(tmp_path / name, api_dsn=dsns(tmp_path / name)["api_dsn"]))
         self.path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
         self.list = load(self.path)
+        for name in names:
+            (tmp_path / name).mkdir()
+            cfg = make_config(tmp_path / name, api_dsn=dsns(tmp_path / name)["api_dsn"], shard=name, cluster=self.path)
+            self.servers[name] = ThreadServer(cfg)
 
     def depth(self, name: str, queue: str = "default") -> int:
         return self.servers[name].stats()["queues"].get(queue, {}).get("depth", 0)
@@ -299,6 +303,66 @@ def test_the_api_s_produce_names_a_shard_that_failed_and_the_key_to_call_again_w
     assert stored == sum(shards.list.home(q).name != down for q in queues), "the others stored theirs"
 
 
+def create_everywhere(shards: Shards, queue: str, partitions: int) -> None:
+    for srv in shards.servers.values():
+        assert admin_request(srv.monitor, ["CREATE", queue, str(partitions)], timeout_s=10)
+
+
+def test_a_cluster_learned_from_one_shard_s_where_is_the_whole_list(shards):
+    cluster = Cluster.from_server(shards.list.named("b").api_dsn)
+    assert cluster.shards == shards.list
+    with pytest.raises(ClientError, match="no answer to WHERE"):
+        Cluster.from_server(f"ipc://{Path(shards.path).parent}/nobody", where_timeout_s=0.2)
+
+
+def test_the_partitions_a_queue_was_created_with_are_found_on_the_shards_and_produced_and_read_over(shards):
+    create_everywhere(shards, "default", 3)
+    cluster = Cluster.from_file(shards.path)
+    where = cluster.locate("default")
+    assert where.partitions == 3 and where.produce_to == tuple(shards.list.place("default", 3))
+    with ShardedProducer(cluster, "default", batch=10) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(90)))
+    assert shards.depths() == dict.fromkeys(NAMES, 30), "no count given: the shards' count"
+    with ShardedConsumer(cluster, "default") as consumer:
+        assert len(drain(consumer, 90)) == 90
+
+
+def test_a_queue_a_seed_client_made_on_a_shard_that_is_not_its_home_is_found_and_consumed(shards):
+    home = shards.list.home("default").name
+    other = next(name for name in NAMES if name != home)
+    with Producer(shards.list.named(other).receive_dsn) as seed:  # (a PZQ producer pinned to its server)
+        assert all(r.ok for r in seed.produce_many([[b"pinned %d" % i] for i in range(5)]))
+    cluster = Cluster.from_file(shards.path)
+    where = cluster.locate("default")
+    assert [s.name for _, s in where.produce_to] == [home], "its place stays its home"
+    assert ("default", shards.list.named(other)) in where.consume_from, "held there: read there"
+    with ShardedConsumer(cluster, "default") as consumer:
+        got = drain(consumer, 5)
+    assert sorted(body for body, _ in got) == [b"pinned %d" % i for i in range(5)] and {s for _, s in got} == {other}
+    assert shards.depth(other) == 0
+
+
+def test_a_named_queue_made_through_another_shard_s_api_is_held_there_and_located(shards):
+    home = shards.list.home("orders").name
+    other = next(name for name in NAMES if name != home)
+    with ApiClient(shards.list.named(other).api_dsn, timeout_s=10) as seed:
+        seed.produce([("orders", b"kept where it was made")])
+    where = Cluster.from_file(shards.path).locate("orders")
+    assert [(q, s.name) for q, s in where.consume_from] == [("orders", home), ("orders", other)]
+
+
+def test_the_api_s_produce_spreads_a_partitioned_queue_over_its_places_and_stores_a_repeat_once(shards):
+    create_everywhere(shards, "orders", 6)
+    cluster = Cluster.from_file(shards.path)
+    messages = [("orders", b"o%d" % i) for i in range(60)]
+    with ClusterApi(cluster, timeout_s=10) as routed:
+        first = routed.produce(messages, key="k3")
+        again = routed.produce(messages, key="k3")
+    assert first["count"] == 60 and again["duplicate"] and again["count"] == 60
+    for queue, shard in shards.list.place("orders", 6):
+        assert shards.depth(shard.name, queue) == 10, (queue, shard.name)
+
+
 def run(*args: str, env: dict | None = None):
     return CliRunner().invoke(cli, list(args), env=env)
 
@@ -347,3 +411,17 @@ def test_pzq_produce_with_cluster_names_the_shard_nothing_listens_at_and_exits_1
     done = run("produce", "--cluster", shards.path, "--timeout", "30s", "one", "two")
     assert done.exit_code == ExitCode.FAILURE and time.monotonic() - started < 5, "not after --timeout"
     assert f"refused: shard {home}: nothing listens at" in done.stderr and "0 stored, 2 refused" in done.stderr
+
+
+def test_pzq_produce_and_consume_follow_the_settings_cluster_and_the_partitions_the_shards_keep(shards):
+    create_everywhere(shards, "default", 3)
+    env = {"PZQ_CLUSTER": shards.path, "PZQ_CONFIG": None}
+    done = CliRunner().invoke(cli, ["produce", "--batch", "10"], input="".join(f"{i}\n" for i in range(60)), env=env)
+    assert done.exit_code == 0 and "60 stored, 0 refused" in done.stderr, done.output
+    assert shards.depths() == dict.fromkeys(NAMES, 20)
+    done = run("consume", "-n", "60", env=env)
+    assert done.exit_code == 0 and sorted(map(int, done.stdout.split())) == list(range(60))
+    assert shards.depths() == dict.fromkeys(NAMES, 0)
+    nowhere = {f"PZQ_{n}_DSN": f"ipc://{Path(shards.path).parent}/nowhere-{n}" for n in ("SEND", "CONSUME")}
+    done = run("consume", "--cluster", "", "--timeout", "300ms", env={**env, **nowhere})  # ('': one server)
+    assert done.exit_code == ExitCode.NOT_LISTENING and "nowhere-" in done.stderr, done.output

@@ -24,7 +24,7 @@ from pzq.cli.common import (
 from pzq.clients import native as client
 from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
-from pzq.config import beside_send, format_duration
+from pzq.config import Config, beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
 from pzq.logs import escape
 
@@ -138,13 +138,13 @@ def produce(
     """Store MESSAGES (or each line of standard input) and wait until every one is acked. Messages go in
     batches of --batch where the server speaks batches (--window messages in flight at most); with
     --cluster, each batch to the next shard of the queue's places (--window messages in flight a shard)."""
-    cfg = resolve(config_file, receive_dsn=receive_dsn)
+    cfg = resolve(config_file, receive_dsn=receive_dsn, cluster=cluster)
     if messages:
         bodies = ([m.encode()] for m in messages)
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    shards = _cluster(cfg, cluster, keys)
+    shards = _cluster(cfg, keys)
     if shards is not None:
         per = min(batch, max(1, window))
         spread = dict(timeout_s=timeout, batch=per, window=max(1, window // per))
@@ -204,9 +204,9 @@ def consume(
     nothing is taken from the queue that is not shown; a server without it is consumed from the send
     socket, which pushes what it has. With --cluster, every shard that has some of the queue is read in
     turn (each granted credit for what is yet to print; what is not printed goes back at the end)."""
-    cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn)
+    cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn, cluster=cluster)
     keys = curve(curve_client_key, curve_server_key)
-    shards = _cluster(cfg, cluster, keys)
+    shards = _cluster(cfg, keys)
     if shards is not None:
         with shards, ShardedConsumer(shards, cfg.queue) as sharded:
             _print_and_settle(sharded, count, timeout, nack, as_json)
@@ -242,8 +242,7 @@ def _print_and_settle(consumer, count: int, timeout: float, nack: bool, as_json:
         got += len(batch)
 
 
-def _cluster(cfg, cluster: str | None, keys) -> Cluster | None:
-    """The cluster named by --cluster, else by the settings' ``cluster`` (a shard's own config names its
-    list); None for a single server."""
-    path = cluster if cluster is not None else getattr(cfg, "cluster", "")
-    return Cluster.from_file(path, curve=keys) if path else None
+def _cluster(cfg: Config, keys) -> Cluster | None:
+    """The cluster of the settings' shard list (--cluster, else PZQ_CLUSTER or --config's ``cluster``: a
+    shard's own config names its list); None for a single server."""
+    return Cluster.from_file(cfg.cluster, curve=keys) if cfg.cluster else None
