@@ -238,15 +238,16 @@ def test_a_batch_sent_again_after_a_lost_ack_is_stored_once_on_the_shard_it_went
         servers[name].start()
     try:
         path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
-        with ShardedProducer(Cluster.from_file(path), "default", batch=10, partitions=2, timeout_s=1.0) as producer:
+        with ShardedProducer(Cluster.from_file(path), "default", batch=10, partitions=2, timeout_s=2.0) as producer:
             assert all(r.ok for r in producer.send_many(bodies(20))), "both shards known"
             stopped = servers["b"].proc
             assert stopped is not None
-            stopped.send_signal(signal.SIGSTOP)  # (its acks are late: the producer sends b's batch again)
-            threading.Timer(1.5, stopped.send_signal, (signal.SIGCONT,)).start()
+            # (its ack is late: the producer sends b's batch again at 2 s, b wakes at 2.5 s, 1.5 s before it gives up)
+            stopped.send_signal(signal.SIGSTOP)
+            threading.Timer(2.5, stopped.send_signal, (signal.SIGCONT,)).start()
             results = producer.send_many(bodies(20, "n"))
-            resent = producer._producers["b"].batches.resent
-        assert all(r.ok for r in results) and resent >= 1
+            resent = producer.resent()
+        assert all(r.ok for r in results) and resent == {"a": 0, "b": 1}
         depths = {name: servers[name].stats()["queues"]["default"]["depth"] for name in names}
         assert depths == {"a": 20, "b": 20}, "every message once, each on the shard its batch went to"
     finally:
@@ -254,6 +255,36 @@ def test_a_batch_sent_again_after_a_lost_ack_is_stored_once_on_the_shard_it_went
             if srv.proc is not None and srv.proc.poll() is None:
                 srv.proc.send_signal(signal.SIGCONT)
             srv.stop(signal.SIGKILL)
+
+
+def test_an_answer_to_where_that_is_not_pzq_s_is_taken_as_knowing_nothing(tmp_path):
+    import zmq
+
+    from pzq.protocols import api
+
+    impostor = zmq.Context.instance().socket(zmq.ROUTER)
+    impostor.bind(f"ipc://{tmp_path}/api")
+    path = write_list(tmp_path / "shards.toml", {"a": {"api_dsn": f"ipc://{tmp_path}/api"}})
+    answers = iter([{"partitions": "many", "held": 5}, {"partitions": 10**9, "held": [7, ["orders", 1], []]}])
+
+    def answer() -> None:
+        for _ in range(2):
+            if not impostor.poll(5000):
+                return
+            peer, empty, request_id, _, _ = impostor.recv_multipart()
+            impostor.send_multipart([peer, empty, request_id, *api.request(b"", "OK", next(answers))[2:]])
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        with Cluster.from_file(path) as cluster:
+            first = cluster.locate("orders")
+            second = cluster.locate("orders", fresh=True)
+    finally:
+        thread.join(5)
+        impostor.close(linger=0)
+    assert first.partitions == 0 and second.partitions == 0 and first.produce_to == second.produce_to
+    assert [q for q, _ in second.consume_from] == ["orders"], "the one well-formed held name, once"
 
 
 def test_locate_names_a_shard_that_does_not_answer_and_keeps_its_places(shards):

@@ -153,7 +153,8 @@ class Cluster:
         places = tuple(self.shards.place(queue, k))
         consume = list(places)
         for name, answer in answers.items():
-            for held in (answer or {}).get("held") or ():
+            kept = (answer or {}).get("held")
+            for held in kept if isinstance(kept, list) else ():  # (anything else: not pzq's answer, ignored)
                 held_name = held[0] if isinstance(held, list | tuple) and held else None
                 if not isinstance(held_name, str) or not _of(held_name, queue):
                     continue  # (not a queue of Q: an answer from a server we did not mean)

@@ -77,6 +77,10 @@ class ShardedProducer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def resent(self) -> dict[str, int]:
+        """Batches sent again after a lost ack, by shard (each to the shard it went to first)."""
+        return {name: producer.batches.resent for name, producer in self._producers.items()}
+
     def send_many(
         self, bodies: Iterable[Sequence[bytes]], *, keys: Iterable[bytes | str] | None = None
     ) -> list[ProduceResult]:
