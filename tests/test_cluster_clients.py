@@ -19,7 +19,8 @@ from pzq.cli import cli
 from pzq.clients.admin import admin_request
 from pzq.clients.api import ApiClient
 from pzq.clients.cluster import Cluster, ClusterApi
-from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
+from pzq.clients.cluster_consume import ShardedConsumer
+from pzq.clients.cluster_native import LANE_BATCHES, RETRY_S, ShardedProducer
 from pzq.clients.native import Producer
 from pzq.config import DEFAULT_LIMITS
 from pzq.errors import ClientError, ExitCode
@@ -177,6 +178,24 @@ def test_a_shard_that_is_down_does_not_keep_the_consumer_from_the_others(shards)
     assert {shard for _, shard in got} == {"a", "c"} and time.monotonic() - started < 10
 
 
+def test_a_shard_that_is_down_is_asked_again_without_a_pause_in_reading_the_others(shards):
+    cluster = Cluster.from_file(shards.path)
+    with ShardedProducer(cluster, "default", batch=10, partitions=3) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(900)))
+    shards.servers["b"].stop()
+    longest = 0.0
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        until = time.monotonic() + RETRY_S + 1.5  # (b is asked again once, its HELLO unanswered for 1 s)
+        while time.monotonic() < until:
+            started = time.monotonic()
+            batch = consumer.receive(1, timeout_s=5)
+            longest = max(longest, time.monotonic() - started)
+            assert batch and consumer.ack([batch[0][0]]).count == 1
+            time.sleep(0.01)
+        assert "b" in consumer.errors
+    assert longest < 0.5, f"a receive took {longest:.2f} s: the others waited for b's HELLO"
+
+
 def test_a_consumer_waiting_on_empty_shards_longer_than_their_idle_time_gets_the_next_message_at_once(tmp_path):
     limits = dataclasses.replace(DEFAULT_LIMITS, consume_idle_s=0.3)
     servers = {}
@@ -285,6 +304,35 @@ def test_an_answer_to_where_that_is_not_pzq_s_is_taken_as_knowing_nothing(tmp_pa
         impostor.close(linger=0)
     assert first.partitions == 0 and second.partitions == 0 and first.produce_to == second.produce_to
     assert [q for q, _ in second.consume_from] == ["orders"], "the one well-formed held name, once"
+
+
+def test_a_shard_that_stops_answering_holds_only_the_batches_it_was_handed_and_the_others_take_the_rest(tmp_path):
+    names = ("a", "b")
+    servers = {name: ProcessServer(tmp_path / name, "--api-dsn", dsns(tmp_path / name)["api_dsn"]) for name in names}
+    for name in names:
+        (tmp_path / name).mkdir()
+        servers[name].start()
+    stopped = None
+    try:
+        path = write_list(tmp_path / "shards.toml", {name: dsns(tmp_path / name) for name in names})
+        with ShardedProducer(Cluster.from_file(path), "default", partitions=2, timeout_s=1.0) as producer:
+            assert all(r.ok for r in producer.send_many(bodies(400))), "both shards known"
+            stopped = servers["b"].proc
+            assert stopped is not None
+            stopped.send_signal(signal.SIGSTOP)
+            results = producer.send_many(bodies(20_000, "n"))
+        failed = [r for r in results if not r.ok]
+        # (in flight, one packed waiting for room in the window, the next one taken, those waiting in the lane)
+        held = (producer.window + 2 + LANE_BATCHES) * producer.batch
+        assert 0 < len(failed) <= held and all(r.error.startswith("shard b: no ack") for r in failed), {
+            r.error for r in failed
+        }
+        assert servers["a"].stats()["queues"]["default"]["depth"] == 200 + 20_000 - len(failed)
+    finally:
+        if stopped is not None:
+            stopped.send_signal(signal.SIGCONT)
+        for srv in servers.values():
+            srv.stop(signal.SIGKILL)
 
 
 def test_locate_names_a_shard_that_does_not_answer_and_keeps_its_places(shards):

@@ -23,7 +23,8 @@ from pzq.cli.common import (
 )
 from pzq.clients import native as client
 from pzq.clients.cluster import Cluster
-from pzq.clients.cluster_native import ShardedConsumer, ShardedProducer
+from pzq.clients.cluster_consume import ShardedConsumer
+from pzq.clients.cluster_native import ShardedProducer
 from pzq.config import Config, beside_send, format_duration
 from pzq.errors import ClientError, ExitCode
 from pzq.logs import escape

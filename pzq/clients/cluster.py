@@ -1,6 +1,6 @@
 """A cluster of shards as clients see it (docs/cluster.md): the shard list, where a queue lives on it
-(``Cluster.locate``), and the API's PRODUCE routed by queue (``ClusterApi``). The native producer and
-consumer over every shard are in ``cluster_native``.
+(``Cluster.locate``), and the API's PRODUCE routed by queue (``ClusterApi``). The native producer over
+every shard is in ``cluster_native``, the consumer in ``cluster_consume``.
 
     cluster = Cluster.from_file("/etc/pzq/shards.toml")      # or Cluster.from_server("tcp://host:11133")
     where = cluster.locate("orders")                          # asked of every shard, cached a few seconds
