@@ -24,6 +24,7 @@ from pzq.errors import ClientError, NotListening
 from pzq.protocols.native_consume import Settled
 from pzq.shards import Shard
 
+READ_S = 0.05  # a consumer whose socket has something: the most its receive waits for a whole DELIVER
 MADE_LOOK_S = 0.05  # how often a receive looks whether a shard's consumer being made (its HELLO) is there
 
 
@@ -139,13 +140,14 @@ class ShardedConsumer:
             names = list(self.consumers)
             start = self._turn % max(1, len(names))
             order = names[start:] + names[:start]
-            # (what is already here first, then the sockets the poll finds with something to read)
-            got = self._first(names, order, most, 0.0)
+            # (in turn, the first with messages here or on its socket; then wait for a socket)
+            ready = self._poll(order, 0.0)  # (a deadline past: no wait)
+            got = self._first(names, order, most, 0.0, ready)
             if not got and order:
                 ready = self._poll(order, deadline)
                 # (nothing ready: each still waits a millisecond, in which it says "still here" when that is
                 # due, or its server takes its credit back and forgets it while the queue is empty)
-                got = self._first(names, [n for n in order if n in ready] or order, most, 0.05 if ready else 0.001)
+                got = self._first(names, [n for n in order if n in ready] or order, most, 0.001, ready)
             if got:
                 return got
             left = deadline - time.monotonic()
@@ -154,10 +156,11 @@ class ShardedConsumer:
             if not names:
                 time.sleep(min(left, RETRY_S / 10))  # (every shard is left out: ask for them again soon)
 
-    def _first(self, names: list[str], order: list[str], most: int, wait: float) -> list[Message]:
-        """The first of ``order`` that has messages, its turn taken (the next receive starts after it)."""
+    def _first(self, names: list[str], order: list[str], most: int, wait: float, ready: set[str]) -> list[Message]:
+        """The first of ``order`` that has messages (read from its socket if ``ready``, else waiting
+        ``wait``), its turn taken (the next receive starts after it)."""
         for name in order:
-            got = self._take(name, most, wait)
+            got = self._take(name, most, READ_S if name in ready else wait)
             if got:
                 self._turn = names.index(name) + 1
                 return got

@@ -88,8 +88,9 @@ class _Lane:
         return False
 
     def stalled(self, now: float) -> bool:
-        """Full for STALL_S without taking a chunk: its shard stopped answering (or is slower than the rest)."""
-        return self.full_since is not None and now - self.full_since >= STALL_S
+        """Full for the producer's ``stall_s`` without taking a chunk: its shard stopped answering (or is
+        slower than the rest)."""
+        return self.full_since is not None and now - self.full_since >= self.owner.stall_s
 
     def finish(self) -> list[tuple[int, ProduceResult]]:
         """End the lane, wait for its acks: (index, result) of every message handed to it."""
@@ -126,10 +127,14 @@ class ShardedProducer:
         batch: int = 100,
         window: int = 4,
         partitions: int = 0,
+        stall_s: float = STALL_S,
     ):
+        """``stall_s``: how long the next shard in turn may take no batch before unkeyed batches go on to
+        the others (a shard slower than that for a moment takes fewer of them meanwhile)."""
         self.cluster = cluster
         self.queue = queue
         self.timeout_s = timeout_s
+        self.stall_s = stall_s
         self.batch = max(1, batch)
         self.window = max(1, window)
         self.partitions = partitions
