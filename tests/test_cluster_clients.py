@@ -172,6 +172,15 @@ def test_a_shard_that_is_down_fails_only_its_own_messages_and_takes_no_more_for_
     assert shards.depth("a") + shards.depth("c") == 50
 
 
+def test_a_queue_s_home_that_is_down_fails_each_of_its_messages_once_naming_it(shards):
+    home = shards.list.home("default").name
+    shards.servers[home].stop()
+    with ShardedProducer(Cluster.from_file(shards.path), "default", timeout_s=0.3) as producer:
+        results = producer.send_many(bodies(250))
+    assert len(results) == 250, "a result for each, the ones never sent too"
+    assert {r.error for r in results} == {f"shard {home}: no ack from the server within 300ms (to the batch probe)"}
+
+
 def test_a_shard_that_is_down_does_not_keep_the_consumer_from_the_others(shards):
     cluster = Cluster.from_file(shards.path)
     with ShardedProducer(cluster, "default", batch=10, partitions=3) as producer:

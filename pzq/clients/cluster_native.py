@@ -58,7 +58,8 @@ class _Lane:
     def _bodies(self) -> Iterator[Sequence[bytes]]:
         while (chunk := self.chunks.get()) is not None:
             self.full_since = None
-            self.owner.room.set()
+            if self.chunks.empty():  # (a hand-on waiting is woken once the lane is empty, not at each chunk)
+                self.owner.room.set()
             self.sent += [at for at, _ in chunk]  # (taken whole: on a failure, all of it is the shard's)
             for _, body in chunk:
                 yield body
@@ -182,6 +183,9 @@ class ShardedProducer:
         """Send every body (a list of frames) and wait for every ack; results in sending order (a failed
         shard's messages: ``ok`` False, the error naming the shard). ``keys``: one per body, each message
         to the place its key hashes to (the same key, the same place, while the list and K stay)."""
+        places = self.cluster.locate(self.queue, partitions=self.partitions).produce_to
+        if keys is None and len(places) == 1:  # (one place: its Producer alone, in this thread, as with one server)
+            return self._send_to(places[0][1], bodies)
         lanes: dict[str, _Lane] = {}
         failed: list[tuple[int, ProduceResult]] = []
         count = 0
@@ -198,6 +202,24 @@ class ShardedProducer:
         for at, result in [*done, *failed]:
             out[at] = result
         return [r if r is not None else ProduceResult(b"", False, "not sent") for r in out]
+
+    def _send_to(self, shard: Shard, bodies: Iterable[Sequence[bytes]]) -> list[ProduceResult]:
+        """Every body to ``shard``; if it fails, every one (those not sent yet too) refused naming it."""
+        taken = 0
+        left = iter(bodies)
+
+        def counted() -> Iterator[Sequence[bytes]]:
+            nonlocal taken
+            for body in left:
+                taken += 1
+                yield body
+
+        try:
+            return self.producer(shard).send_many(counted(), batch=self.batch, window=self.window)
+        except (ClientError, zmq.ZMQError) as exc:
+            self.lost(shard.name)
+            rest = sum(1 for _ in left)  # (read on, and refused: the caller gets a result for each)
+            return [ProduceResult(b"", False, f"shard {shard.name}: {exc}")] * (taken + rest)
 
     def _lane(self, shard: Shard, lanes: dict[str, _Lane]) -> _Lane:
         if shard.name not in lanes:
