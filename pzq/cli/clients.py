@@ -192,7 +192,9 @@ def _produced(results: list[client.ProduceResult]) -> None:
     help=duration_help("Wait for each message before giving up (exit 10, NO_MESSAGE).", was="ms"),
 )
 @click.option("--nack", is_flag=True, help="Requeue what was received instead of deleting it.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per message (key, body frames; with --cluster, its shard)."
+)
 @cluster_option
 @curve_options
 @errors_to_exit
@@ -204,7 +206,8 @@ def consume(
     Through the batched endpoint it asks for exactly the messages it has yet to print (credit), so
     nothing is taken from the queue that is not shown; a server without it is consumed from the send
     socket, which pushes what it has. With --cluster, every shard that has some of the queue is read in
-    turn (each granted credit for what is yet to print; what is not printed goes back at the end)."""
+    turn, each granted credit for what is yet to print: what another shard sent and was not printed goes
+    back to its queue at the end, counted as delivered once."""
     cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn, cluster=cluster)
     keys = curve(curve_client_key, curve_server_key)
     shards = _cluster(cfg, keys)
