@@ -23,7 +23,7 @@ from pzq.clients.cluster_consume import ShardedConsumer
 from pzq.clients.cluster_native import LANE_BATCHES, RETRY_S, ShardedProducer
 from pzq.clients.native import Producer
 from pzq.config import DEFAULT_LIMITS
-from pzq.errors import ClientError, ExitCode
+from pzq.errors import ClientError, ConfigError, ExitCode
 from pzq.shards import load
 
 from conftest import ProcessServer, ThreadServer, make_config, wait_until
@@ -179,6 +179,14 @@ def test_a_queue_s_home_that_is_down_fails_each_of_its_messages_once_naming_it(s
         results = producer.send_many(bodies(250))
     assert len(results) == 250, "a result for each, the ones never sent too"
     assert {r.error for r in results} == {f"shard {home}: no ack from the server within 300ms (to the batch probe)"}
+
+
+def test_a_shard_list_endpoint_no_client_can_connect_to_is_raised_not_counted_as_a_shard_down(shards, tmp_path):
+    listed = {"a": dsns(Path(shards.path).parent / "a"), "z": {"receive_dsn": "tcp://127.0.0.1"}}
+    path = write_list(tmp_path / "bad.toml", listed)
+    with ShardedProducer(Cluster.from_file(path), "default", partitions=2, batch=5) as producer:
+        with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+            producer.send_many(bodies(20))
 
 
 def test_a_shard_that_is_down_does_not_keep_the_consumer_from_the_others(shards):

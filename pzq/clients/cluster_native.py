@@ -49,6 +49,7 @@ class _Lane:
         self.sent: list[int] = []
         self.results: list[ProduceResult] = []
         self.error = ""
+        self.crash: Exception | None = None
         self.full_since: float | None = None  # when a hand-on first found it full since it last took a chunk
         self.done = threading.Event()
         # (in a copy of this context: a `pzq` command's patience, reach.impatient, holds in the thread)
@@ -71,6 +72,9 @@ class _Lane:
         except (ClientError, zmq.ZMQError) as exc:
             self.error = f"shard {self.shard.name}: {exc}"
             self.owner.lost(self.shard.name)
+        except Exception as exc:  # (a ConfigError, or a fault of ours: raised again in the caller's thread)
+            self.error = f"shard {self.shard.name}: {exc}"
+            self.crash = exc
         finally:
             self.done.set()
             self.owner.room.set()
@@ -198,6 +202,9 @@ class ShardedProducer:
                 count = self._hand_by_key(bodies, keys, lanes, failed)
         finally:
             done = [pair for lane in lanes.values() for pair in lane.finish()]
+        crashed = [lane.crash for lane in lanes.values() if lane.crash is not None]
+        if crashed:
+            raise crashed[0]
         out: list[ProduceResult | None] = [None] * count
         for at, result in [*done, *failed]:
             out[at] = result
