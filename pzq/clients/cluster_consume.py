@@ -61,6 +61,8 @@ class ShardedConsumer:
         self._turn = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="pzq-hello")
         self._making: dict[str, concurrent.futures.Future[BatchConsumer]] = {}
+        self._poller = zmq.Poller()
+        self._polled: dict[zmq.Socket, str] = {}  # the sockets ``_poller`` has, by shard name
         self._refresh(wait=True)
         if not self.consumers and self.errors:
             # (nothing listens at any of them: said as such, the exit status a `pzq` command gives it)
@@ -169,17 +171,20 @@ class ShardedConsumer:
     def _poll(self, names: list[str], deadline: float) -> set[str]:
         """The shards whose sockets have something to read, waiting until ``deadline`` (or RETRY_S:
         then shards left out are tried again; or a third of a server's idle time)."""
-        poller = zmq.Poller()
-        socks = {}
-        for name in names:
-            socks[self.consumers[name].sock] = name
-            poller.register(self.consumers[name].sock, zmq.POLLIN)
-        # (back at least every third of the shortest idle time a server allows, to say "still here")
-        idle = [c.limits.idle_us / 3e6 for c in self.consumers.values() if c.limits is not None]
-        # (and soon while a shard's consumer is being made: it is read as soon as it is there)
-        making = [MADE_LOOK_S] if self._making else []
-        wait = max(0.0, min(deadline - time.monotonic(), RETRY_S, *idle, *making))
-        return {socks[sock] for sock, _ in poller.poll(round(wait * 1000))}
+        socks = {self.consumers[name].sock: name for name in names}
+        if self._polled != socks:  # (made again only when the consumers change: a receive polls twice)
+            self._poller = zmq.Poller()
+            for sock in socks:
+                self._poller.register(sock, zmq.POLLIN)
+            self._polled = socks
+        wait = 0.0
+        if deadline > 0:
+            # (back at least every third of the shortest idle time a server allows, to say "still here")
+            idle = [c.limits.idle_us / 3e6 for c in self.consumers.values() if c.limits is not None]
+            # (and soon while a shard's consumer is being made: it is read as soon as it is there)
+            making = [MADE_LOOK_S] if self._making else []
+            wait = max(0.0, min(deadline - time.monotonic(), RETRY_S, *idle, *making))
+        return {socks[sock] for sock, _ in self._poller.poll(round(wait * 1000))}
 
     def _take(self, name: str, most: int, wait: float) -> list[Message]:
         consumer = self.consumers[name]
