@@ -146,6 +146,22 @@ def test_the_consumer_takes_the_shards_in_turn_not_one_until_it_is_empty(shards)
     assert set(turns[:3]) == set(NAMES) and turns[3:] == turns[:3], turns
 
 
+def test_nacked_messages_go_back_to_the_shards_they_came_from(shards):
+    cluster = Cluster.from_file(shards.path)
+    with ShardedProducer(cluster, "default", batch=10, partitions=3, stall_s=10) as producer:
+        assert all(r.ok for r in producer.send_many(bodies(30)))
+    with ShardedConsumer(cluster, "default", partitions=3) as consumer:
+        keys = []
+        while len(keys) < 30:
+            batch = consumer.receive(10, timeout_s=5)
+            assert batch
+            keys += [key for key, _ in batch]
+        assert consumer.nack(keys).count == 30
+        assert consumer.nack(keys).refused == keys, "settled already: refused, not sent anywhere"
+    inflight = {name: srv.stats()["queues"]["default"]["inflight"] for name, srv in shards.servers.items()}
+    assert shards.depths() == dict.fromkeys(NAMES, 10) and inflight == dict.fromkeys(NAMES, 0)
+
+
 def test_messages_with_a_key_go_to_the_same_shard_every_time(shards):
     cluster = Cluster.from_file(shards.path)
     keys = [f"customer-{i % 7}" for i in range(70)]
