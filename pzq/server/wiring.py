@@ -44,6 +44,7 @@ class Where:
 
     def __init__(self, shard: str, shards: shards_.ShardList | None, catalog: Catalog) -> None:
         self.shard, self.shards, self._catalog = shard, shards, catalog
+        self._listed = shards.to_dict() if shards is not None else None  # (the same in every answer)
 
     def __call__(self, queue: str) -> dict:
         by_name = self._catalog.by_name
@@ -53,7 +54,7 @@ class Where:
             return None if info is None else info.count
 
         partitions = self._catalog.partitions.get(queue, 0)
-        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth)
+        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed)
 
     def placed_here(self, queue: str, count: int) -> list[str]:
         """The partitions of ``queue`` (of ``count``) the list places on this shard: every one without a
