@@ -170,6 +170,7 @@ def where_answer(
     partitions: int,
     depth: Callable[[str], int | None],
     listed: list[dict[str, str]] | None = None,
+    places: list[list[str]] | None = None,
 ) -> dict:
     """The answer to WHERE ``queue`` (the API's and the monitor's, the same dict): this server's shard
     name ("" when it is none), the list it reads ([] without one), the partitions it keeps for ``queue``
@@ -177,7 +178,8 @@ def where_answer(
     the queues of ``queue`` it holds ([[name, depth], ...]: ``queue`` itself and ``queue#i``, found with
     ``depth(name)``, None for a queue it does not hold). A seed-protocol client's queue made on a shard
     that is not its home shows in that shard's ``held``: clients add it to the places they read.
-    ``listed``: ``shards.to_dict()``, if the caller keeps it (0.65 ms a call for a list of 1,024)."""
+    ``listed``: ``shards.to_dict()``, and ``places`` the places of ``queue``'s ``partitions``, if the caller
+    keeps them (a list of 1,024 shards: 0.65 ms, and 0.8 to 1.7 ms, a call)."""
     room = 255 - len(queue.encode())  # (a partition's name past 255 bytes is no queue's: not looked up)
     suffixes = _SUFFIXES if room >= 5 else [suffix for suffix in _SUFFIXES if len(suffix) <= room]
     held = [[queue, found]] if (found := depth(queue)) is not None else []
@@ -188,6 +190,6 @@ def where_answer(
         "shard": shard,
         "shards": shards.to_dict() if listed is None else listed,
         "partitions": partitions,
-        "places": [[name, home.name] for name, home in shards.place(queue, partitions)],
+        "places": [[name, home.name] for name, home in shards.place(queue, partitions)] if places is None else places,
         "held": held,
     }

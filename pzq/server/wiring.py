@@ -3,6 +3,7 @@ tables, its limits), and the start-up lines that say what is served and to whom.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.server")
+PLACES_CACHED = 8_192  # places (queue name, shard name) Where keeps: 1 to 3 MB at most (names of 255 bytes)
 
 
 class Where:
@@ -45,6 +47,10 @@ class Where:
     def __init__(self, shard: str, shards: shards_.ShardList | None, catalog: Catalog) -> None:
         self.shard, self.shards, self._catalog = shard, shards, catalog
         self._listed = shards.to_dict() if shards is not None else None  # (the same in every answer)
+        # (queue, partitions) -> its places, the latest asked last: a list of 1,024 shards took 0.8 ms to
+        # place a queue and 1.7 ms one of partitions, each WHERE; bounded by the places it holds in all
+        self._places: collections.OrderedDict[tuple[str, int], list[list[str]]] = collections.OrderedDict()
+        self._places_held = 0
 
     def __call__(self, queue: str) -> dict:
         by_name = self._catalog.by_name
@@ -54,7 +60,23 @@ class Where:
             return None if info is None else info.count
 
         partitions = self._catalog.partitions.get(queue, 0)
-        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed)
+        places = self._placed(self.shards, queue, partitions) if self.shards is not None else None
+        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed, places)
+
+    def _placed(self, listed: shards_.ShardList, queue: str, partitions: int) -> list[list[str]]:
+        """Where the list places ``queue``'s ``partitions``, from the cache (PLACES_CACHED places in all)."""
+        key = (queue, partitions)
+        found = self._places.get(key)
+        if found is not None:
+            self._places.move_to_end(key)
+            return found
+        found = [[name, home.name] for name, home in listed.place(queue, partitions)]
+        self._places[key] = found
+        self._places_held += len(found)
+        while self._places_held > PLACES_CACHED:
+            _, gone = self._places.popitem(last=False)
+            self._places_held -= len(gone)
+        return found
 
     def placed_here(self, queue: str, count: int) -> list[str]:
         """The partitions of ``queue`` (of ``count``) the list places on this shard: every one without a
