@@ -13,6 +13,8 @@ import pytest
 from pzq import shards
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.clients.api import ApiClient, ApiError
+from pzq.server.wiring import PLACES_CACHED, Where
+from pzq.store import Store
 
 from conftest import ProcessServer, ThreadServer, make_config
 
@@ -121,3 +123,20 @@ def test_pzq_queue_where_prints_a_shards_answer_and_its_json(process_server, tmp
     assert "held here: none of its queues" in text.stdout
     answer = json.loads(as_json.stdout)
     assert answer["shard"] == "b" and answer["places"] == [["orders", home]]
+
+
+def test_the_places_kept_for_the_next_where_stay_under_their_bound_and_every_answer_is_the_lists(tmp_path):
+    listed = shards.ShardList(tuple(shards.Shard(f"s{i}") for i in range(64)))
+    store = Store(tmp_path / "db")
+    try:
+        for i in range(40):
+            store.catalog.keep_partitions(f"p{i}", 1024)  # (40 x 1,024 places: five times the bound)
+        where = Where("s0", listed, store.catalog)
+        for round_ in range(2):
+            for i in range(40):
+                places = where(f"p{i}")["places"]
+                assert places == [[name, shard.name] for name, shard in listed.place(f"p{i}", 1024)], (round_, i)
+                assert where._places_held <= PLACES_CACHED
+        assert where("plain")["places"] == [["plain", listed.home("plain").name]]
+    finally:
+        store.close()
