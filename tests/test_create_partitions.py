@@ -3,6 +3,8 @@ on real sockets and stores), each keeping K and making the partitions the list p
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,21 @@ def test_partitions_past_max_queues_are_refused_before_anything_is_kept(make_ser
         admin_request(server.monitor, ["CREATE", "q", "8"], timeout_s=10)
     answer = admin_request(server.monitor, ["WHERE", "q"], timeout_s=10)
     assert isinstance(answer, dict) and answer["partitions"] == 0 and answer["held"] == []
+
+
+def test_queue_where_with_the_list_asks_every_shard_and_names_one_that_does_not_answer(three, tmp_path):
+    listed, servers = three
+    assert create("orders", "--partitions", "3", "--cluster", listed).exit_code == 0
+    shown = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed], env=ENV)
+    assert shown.exit_code == 0, shown.output
+    assert "queue orders: 3 partitions" in shown.output
+    for queue, shard in shards.load(listed).place("orders", 3):
+        assert f"{queue} -> {shard.name}" in shown.output
+        assert re.search(rf"shard {shard.name}: .*{re.escape(queue)}: 0", shown.output)
+    as_json = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed, "--json"], env=ENV)
+    answers = json.loads(as_json.output)
+    assert sorted(answers) == ["a", "b", "c"] and all(answer["partitions"] == 3 for answer in answers.values())
+    servers["b"].stop()
+    partly = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed], env=ENV)
+    assert partly.exit_code == ExitCode.FAILURE
+    assert "shard b: no answer" in partly.output and "no answer from b" in partly.stderr
