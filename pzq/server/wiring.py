@@ -109,7 +109,27 @@ def shard_identity(cfg: Config, store: Store) -> Where:
     if name:
         where = f" of {len(listed.shards)} in {cfg.cluster}" if listed is not None else ""
         log.info("shard %r%s", name, where)
+    if listed is not None:
+        for problem in listed_apart(cfg, listed.named(name)):
+            log.warning("shard %r: %s: clients reading the list will not reach it there", name, problem)
     return Where(name, listed, catalog)
+
+
+def listed_apart(cfg: Config, listed: shards_.Shard) -> list[str]:
+    """Where the shard list's entry of this shard and its own settings disagree: an endpoint the list
+    names that this server does not serve, another port, or another ipc path. (A host is not compared:
+    the list names the address clients use, the server may bind a wildcard.)"""
+    problems = []
+    for role, dsn in listed.endpoints().items():
+        own = getattr(cfg, role)
+        if not own:
+            problems.append(f"the list gives {role} {dsn}, which this server does not serve ('' here)")
+        elif dsn.startswith("tcp://") and own.startswith("tcp://"):
+            if dsn.rpartition(":")[2] != own.rpartition(":")[2]:
+                problems.append(f"the list gives {role} {dsn}, this server binds {own} (another port)")
+        elif dsn != own:
+            problems.append(f"the list gives {role} {dsn}, this server binds {own}")
+    return problems
 
 
 def gateway_endpoints(
