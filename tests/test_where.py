@@ -16,7 +16,7 @@ from pzq.clients.api import ApiClient, ApiError
 from pzq.server.wiring import PLACES_CACHED, Where
 from pzq.store import Store
 
-from conftest import ProcessServer, ThreadServer, make_config
+from conftest import ProcessServer, ThreadServer, free_tcp_endpoint, make_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -140,3 +140,16 @@ def test_the_places_kept_for_the_next_where_stay_under_their_bound_and_every_ans
         assert where("plain")["places"] == [["plain", listed.home("plain").name]]
     finally:
         store.close()
+
+
+def test_where_needs_no_right_on_the_queue_but_creating_its_partitions_needs_the_manage_right(make_server, tenants):
+    endpoint, _ = free_tcp_endpoint()
+    monitor, _ = free_tcp_endpoint()
+    make_server(api_dsn=endpoint, monitor_dsn=monitor, **tenants.config())
+    with ApiClient(endpoint, timeout_s=10, curve=tenants.curve("stranger")) as api:
+        assert api.call("WHERE", queue="payroll")["held"] == []  # (names and counts: anyone let in)
+    assert admin_request(monitor, ["WHERE", "payroll"], timeout_s=10, curve=tenants.curve("stranger"))
+    with pytest.raises(AdminRefused, match="not permitted: .*manage right on queue 'payroll' \\(CREATE\\)"):
+        admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("orders"))
+    made = admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("payroll"))
+    assert isinstance(made, dict) and made["made"] == [f"payroll#{i}" for i in range(4)]
