@@ -115,3 +115,20 @@ def test_a_count_that_is_not_1_to_64_is_one_line_and_exit_2(tmp_path):
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "pzq: error:" in done.stderr
         assert not (tmp_path / "pzq-shards").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["1", "--", "--shard", "x"], "--shard after --: `pzq shards run` sets it for each shard itself"),
+        (["1", "--", "--mqks-dsn=tcp://127.0.0.1:1"], "--mqks-dsn after --"),
+        (["1", "--dir", "a-file/sub"], "--dir a-file/sub: "),
+    ],
+)
+def test_a_serve_option_the_runner_sets_or_a_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, args, said):
+    (tmp_path / "a-file").write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "pzq", "shards", "run", *args], capture_output=True, text=True, cwd=tmp_path, timeout=30
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert not (tmp_path / "pzq-shards").exists()

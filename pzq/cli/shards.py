@@ -23,6 +23,9 @@ from pzq.errors import ClientError, ConfigError, ExitCode
 ROLES = ("receive_dsn", "send_dsn", "consume_dsn", "api_dsn")  # the list's tcp endpoints (monitor: ipc)
 SEED = ("phpmq_dsn", "mqks_dsn", "emqp_frontend_dsn", "emqp_backend_dsn", "emqp_publish_dsn")
 READY_S = 30  # how long the shards have to answer their monitor at start (a slow disk, a busy machine)
+# the options the runner gives each child (one after -- would name every shard alike, or share a store)
+RUNNER_SETS = {"--shard", "--cluster", "--database", *(f"--{role.replace('_', '-')}" for role in (*ROLES, *SEED))}
+RUNNER_SETS |= {"--monitor-dsn", "--base-port"}
 IPC_PATH_MAX = 100  # an ipc:// socket path's bytes at most (the kernel's sun_path is 108 with its NUL)
 
 
@@ -54,8 +57,17 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
     ports (their monitors on ipc in their stores), starts one child a shard with --shard sI --cluster
     DIR/shards.toml, prints the list, and stops them all on SIGINT or SIGTERM. A shard that exits is
     said, not started again (production leaves that to systemd). Options after -- go to every child."""
+    taken = sorted({option.split("=")[0] for option in serve_options} & RUNNER_SETS)
+    if taken:
+        raise ConfigError(
+            f"{', '.join(taken)} after --: `pzq shards run` sets it for each shard itself (--seed-gateways gives "
+            "each shard PHPMQ, MQKS and eMQP endpoints)"
+        )
     base = Path(folder).absolute()
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--dir {folder}: {exc.strerror or exc}") from None
     ports = iter(_free_ports(count * (len(ROLES) + (len(SEED) if seed_gateways else 0))))
     plan = []
     for i in range(count):
@@ -68,7 +80,10 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
         plan.append((shards.Shard(name, **endpoints), seeds))
     listed = shards.ShardList(tuple(shard for shard, _ in plan))
     cluster = base / "shards.toml"
-    cluster.write_text(_toml(listed))
+    try:
+        cluster.write_text(_toml(listed))
+    except OSError as exc:
+        raise ConfigError(f"--dir {folder}: cannot write {cluster}: {exc.strerror or exc}") from None
     Runner(base, cluster, plan, list(serve_options)).run()
 
 
