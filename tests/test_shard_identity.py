@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pzq import config
+from pzq.clients import native as client
 from pzq.errors import ConfigError, ExitCode, WrongShard
 from pzq.store import Store
 
@@ -54,7 +55,8 @@ def test_a_store_started_again_without_a_shard_name_serves_as_the_name_it_keeps(
     server.stop()
     again = ProcessServer(tmp_path).start()  # (no --shard)
     try:
-        assert again.stats()["messages"] == 0
+        assert again.stats()["shard"] == "a"  # (STATS and MONITOR say which shard they read)
+        assert "\nshard: a\n" in client.monitor_request(again.monitor, timeout_s=10)
     finally:
         again.stop()
     assert "shard 'a'" in again.log.read_text()
