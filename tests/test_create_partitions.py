@@ -161,3 +161,21 @@ def test_queue_where_with_the_list_asks_every_shard_and_names_one_that_does_not_
     partly = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed], env=ENV)
     assert partly.exit_code == ExitCode.FAILURE
     assert "shard b: no answer" in partly.output and "no answer from b" in partly.stderr
+
+
+def test_counts_kept_for_queues_of_partitions_placed_elsewhere_are_bounded_by_max_queues(tmp_path):
+    listed = tmp_path / "shards.toml"  # (a list of 64 where this server is one: most queues of 2 have none here)
+    listed.write_text("".join(f'[[shard]]\nname = "s{i}"\n' for i in range(64)))
+    (tmp_path / "s0").mkdir()
+    server = ThreadServer(make_config(tmp_path / "s0", shard="s0", cluster=str(listed), max_queues=10))
+    try:
+        refused = None
+        for i in range(40):
+            try:
+                admin_request(server.monitor, ["CREATE", f"q{i}", "2"], timeout_s=10)
+            except AdminRefused as exc:
+                refused = (i, str(exc))
+                break
+        assert refused is not None and "queues of partitions kept, as many as --max-queues" in refused[1], refused
+    finally:
+        server.stop()

@@ -78,13 +78,6 @@ class Where:
             self._places_held -= len(gone)
         return found
 
-    def placed_here(self, queue: str, count: int) -> list[str]:
-        """The partitions of ``queue`` (of ``count``) the list places on this shard: every one without a
-        list (a server alone holds them all)."""
-        if self.shards is None:
-            return [shards_.partition_name(queue, i) for i in range(count)]
-        return [name for name, home in self.shards.place(queue, count) if home.name == self.shard]
-
 
 def shard_identity(cfg: Config, store: Store) -> Where:
     """Which shard the server is: --shard, kept in the store at its first start (WrongShard if the store

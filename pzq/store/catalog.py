@@ -117,6 +117,8 @@ class Catalog:
                 f"queue {queue!r} has {kept} partitions, not {count}: a queue's partitions are never changed "
                 "(make a queue of another name and move its consumers)"
             )
+        if len(self.partitions) >= self.max_queues:  # (each is a partitioned queue: at least a queue somewhere)
+            raise StoreFull(f"queue full: {len(self.partitions)} queues of partitions kept, as many as --max-queues")
         self.env.do(self.env.write().put, PARTITIONS + queue.encode(), U64.pack(count), db=self._meta_db)
         self.partitions[queue] = count
         self.wrote()
