@@ -132,3 +132,28 @@ def test_a_serve_option_the_runner_sets_or_a_dir_that_is_a_file_is_one_line_and_
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
     assert not (tmp_path / "pzq-shards").exists()
+
+
+def test_the_development_flow_three_shards_a_queue_of_six_partitions_made_on_each_and_found(tmp_path):
+    proc, out, _err = run(tmp_path, "3", "--dir", "d")
+    try:
+        out.wait_for("Ctrl-C")
+        listed = str(tmp_path / "d" / "shards.toml")
+        pzq = [sys.executable, "-m", "pzq", "queue"]
+        made = subprocess.run([*pzq, "create", "jobs", "--partitions", "6", "--cluster", listed], **QUIET)
+        assert made.returncode == 0 and made.stdout.count("'jobs' has 6 partitions") == 3, made.stdout + made.stderr
+        placed = shards.load(listed).place("jobs", 6)
+        queue, home = placed[4]
+        with ApiClient(home.api_dsn, timeout_s=10) as api:
+            assert api.produce([(queue, b"1"), (queue, b"2")])["count"] == 2
+        found = subprocess.run([*pzq, "where", "jobs", "--cluster", listed], **QUIET)
+        assert found.returncode == 0, found.stderr
+        assert re.search(rf"shard {home.name}: .*{re.escape(queue)}: 2", found.stdout), found.stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+QUIET = {"capture_output": True, "text": True, "timeout": 60, "env": {**os.environ, "PZQ_CONFIG": ""}}
