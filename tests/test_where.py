@@ -153,3 +153,18 @@ def test_where_needs_no_right_on_the_queue_but_creating_its_partitions_needs_the
         admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("orders"))
     made = admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("payroll"))
     assert isinstance(made, dict) and made["made"] == [f"payroll#{i}" for i in range(4)]
+
+
+def test_held_follows_partitions_made_deleted_and_found_again_after_a_restart(tmp_path):
+    server = ProcessServer(tmp_path, "--api-dsn", f"ipc://{tmp_path}/api").start()
+    try:
+        with ApiClient(f"ipc://{tmp_path}/api", timeout_s=10) as api:
+            api.produce([("q#0", b"a"), ("q#12", b"b"), ("q#1500", b"c"), ("q#03", b"not one"), ("q#2", b"d")])
+            assert api.call("WHERE", queue="q")["held"] == [["q#0", 1], ["q#2", 1], ["q#12", 1], ["q#1500", 1]]
+        admin_request(server.monitor, ["DELETE", "q#12"], timeout_s=10)
+        server.restart()
+        with ApiClient(f"ipc://{tmp_path}/api", timeout_s=10) as api:
+            assert api.call("WHERE", queue="q")["held"] == [["q#0", 1], ["q#2", 1], ["q#1500", 1]]
+            assert api.call("WHERE", queue="q#0")["held"] == [["q#0", 1]]
+    finally:
+        server.stop()

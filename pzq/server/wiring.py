@@ -61,7 +61,8 @@ class Where:
 
         partitions = self._catalog.partitions.get(queue, 0)
         places = self._placed(self.shards, queue, partitions) if self.shards is not None else None
-        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed, places)
+        family = sorted(self._catalog.families.get(queue, ()), key=_index)  # (the catalog keeps who holds what)
+        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed, places, family)
 
     def _placed(self, listed: shards_.ShardList, queue: str, partitions: int) -> list[list[str]]:
         """Where the list places ``queue``'s ``partitions``, from the cache (PLACES_CACHED places in all)."""
@@ -77,6 +78,10 @@ class Where:
             _, gone = self._places.popitem(last=False)
             self._places_held -= len(gone)
         return found
+
+
+def _index(name: str) -> int:
+    return int(name.rpartition("#")[2])
 
 
 def shard_identity(cfg: Config, store: Store) -> Where:
