@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pzq.errors import ConfigError
 
@@ -160,21 +160,41 @@ def load(path: str) -> ShardList:
     return ShardList.from_dict(data.get("shard", []), f"shard list {path}")
 
 
+_SUFFIXES = tuple(f"{PARTITION_SEP}{i}" for i in range(MAX_PARTITIONS))  # (made once: WHERE looks up all)
+
+
 def where_answer(
-    queue: str, shard: str, shards: ShardList | None, partitions: int, depth: Callable[[str], int | None]
+    queue: str,
+    shard: str,
+    shards: ShardList | None,
+    partitions: int,
+    depth: Callable[[str], int | None],
+    listed: list[dict[str, str]] | None = None,
+    places: list[list[str]] | None = None,
+    family: Iterable[str] | None = None,
 ) -> dict:
     """The answer to WHERE ``queue`` (the API's and the monitor's, the same dict): this server's shard
     name ("" when it is none), the list it reads ([] without one), the partitions it keeps for ``queue``
     (0: none kept), where the list places them ([[queue name, shard name], ...]; [] without a list) and
     the queues of ``queue`` it holds ([[name, depth], ...]: ``queue`` itself and ``queue#i``, found with
     ``depth(name)``, None for a queue it does not hold). A seed-protocol client's queue made on a shard
-    that is not its home shows in that shard's ``held``: clients add it to the places they read."""
-    family = [queue, *(partition_name(queue, i) for i in range(MAX_PARTITIONS))]
-    held = [[name, found] for name in family if len(name.encode()) <= 255 and (found := depth(name)) is not None]
+    that is not its home shows in that shard's ``held``: clients add it to the places they read.
+    ``listed``: ``shards.to_dict()``, and ``places`` the places of ``queue``'s ``partitions``, if the caller
+    keeps them (a list of 1,024 shards: 0.65 ms, and 0.8 to 1.7 ms, a call); ``family`` the names of the
+    partitions of ``queue`` the server holds, in order, if it knows them (else ``Q#0`` to ``Q#1023`` are
+    looked up: 0.09 ms)."""
+    if family is None:
+        room = 255 - len(queue.encode())  # (a partition's name past 255 bytes is no queue's: not looked up)
+        suffixes = _SUFFIXES if room >= 5 else [suffix for suffix in _SUFFIXES if len(suffix) <= room]
+        family = [queue + suffix for suffix in suffixes]
+    held = [[queue, found]] if (found := depth(queue)) is not None else []
+    held += [[name, found] for name in family if (found := depth(name)) is not None]
+    if shards is None:
+        return {"shard": shard, "shards": [], "partitions": partitions, "places": [], "held": held}
     return {
         "shard": shard,
-        "shards": shards.to_dict() if shards is not None else [],
+        "shards": shards.to_dict() if listed is None else listed,
         "partitions": partitions,
-        "places": [[name, home.name] for name, home in shards.place(queue, partitions)] if shards is not None else [],
+        "places": [[name, home.name] for name, home in shards.place(queue, partitions)] if places is None else places,
         "held": held,
     }

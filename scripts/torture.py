@@ -39,6 +39,7 @@ import torture_native as native  # noqa: E402
 import torture_pipes as pipes  # noqa: E402
 import torture_queues  # noqa: E402
 import torture_routes  # noqa: E402
+import torture_shards  # noqa: E402
 from torture_wire import CLIENTS, HonestClients, Server  # noqa: E402
 
 P99_MS, LONGEST_MS, RSS_MIB = 50.0, 100.0, 512.0
@@ -110,6 +111,7 @@ CASES = {
     **torture_hostile_tcp.CASES,
     **torture_queues.CASES,
     **torture_routes.CASES,
+    **torture_shards.CASES,
     "emqp-deaf-subscriber": (emqp_cases.emqp_deaf_subscriber, 700, 20, _publish_args, frozenset()),
     "emqp-deaf-worker": (emqp_cases.emqp_deaf_worker, 700, 4, _big_args, frozenset()),
     "phpmq-deaf-consumer": (doors.phpmq_deaf_consumer, 700, 20, _big_args, frozenset()),

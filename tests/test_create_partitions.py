@@ -3,6 +3,8 @@ on real sockets and stores), each keeping K and making the partitions the list p
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,39 @@ def test_partitions_past_max_queues_are_refused_before_anything_is_kept(make_ser
         admin_request(server.monitor, ["CREATE", "q", "8"], timeout_s=10)
     answer = admin_request(server.monitor, ["WHERE", "q"], timeout_s=10)
     assert isinstance(answer, dict) and answer["partitions"] == 0 and answer["held"] == []
+
+
+def test_queue_where_with_the_list_asks_every_shard_and_names_one_that_does_not_answer(three, tmp_path):
+    listed, servers = three
+    assert create("orders", "--partitions", "3", "--cluster", listed).exit_code == 0
+    shown = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed], env=ENV)
+    assert shown.exit_code == 0, shown.output
+    assert "queue orders: 3 partitions" in shown.output
+    for queue, shard in shards.load(listed).place("orders", 3):
+        assert f"{queue} -> {shard.name}" in shown.output
+        assert re.search(rf"shard {shard.name}: .*{re.escape(queue)}: 0", shown.output)
+    as_json = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed, "--json"], env=ENV)
+    answers = json.loads(as_json.output)
+    assert sorted(answers) == ["a", "b", "c"] and all(answer["partitions"] == 3 for answer in answers.values())
+    servers["b"].stop()
+    partly = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", listed], env=ENV)
+    assert partly.exit_code == ExitCode.FAILURE
+    assert "shard b: no answer" in partly.output and "no answer from b" in partly.stderr
+
+
+def test_counts_kept_for_queues_of_partitions_placed_elsewhere_are_bounded_by_max_queues(tmp_path):
+    listed = tmp_path / "shards.toml"  # (a list of 64 where this server is one: most queues of 2 have none here)
+    listed.write_text("".join(f'[[shard]]\nname = "s{i}"\n' for i in range(64)))
+    (tmp_path / "s0").mkdir()
+    server = ThreadServer(make_config(tmp_path / "s0", shard="s0", cluster=str(listed), max_queues=10))
+    try:
+        refused = None
+        for i in range(40):
+            try:
+                admin_request(server.monitor, ["CREATE", f"q{i}", "2"], timeout_s=10)
+            except AdminRefused as exc:
+                refused = (i, str(exc))
+                break
+        assert refused is not None and "queues of partitions kept, as many as --max-queues" in refused[1], refused
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pzq import config
+from pzq.clients import native as client
 from pzq.errors import ConfigError, ExitCode, WrongShard
 from pzq.store import Store
 
@@ -54,7 +55,8 @@ def test_a_store_started_again_without_a_shard_name_serves_as_the_name_it_keeps(
     server.stop()
     again = ProcessServer(tmp_path).start()  # (no --shard)
     try:
-        assert again.stats()["messages"] == 0
+        assert again.stats()["shard"] == "a"  # (STATS and MONITOR say which shard they read)
+        assert "\nshard: a\n" in client.monitor_request(again.monitor, timeout_s=10)
     finally:
         again.stop()
     assert "shard 'a'" in again.log.read_text()
@@ -147,3 +149,16 @@ def test_the_store_keeps_its_shard_name_through_a_rollback_and_refuses_another(t
             store.catalog.claim_shard("b")
     finally:
         store.close()
+
+
+def test_a_shard_whose_list_entry_names_endpoints_it_does_not_serve_says_so_at_start(process_server, tmp_path):
+    listed = tmp_path / "shards.toml"
+    listed.write_text(
+        f'[[shard]]\nname = "a"\nmonitor_dsn = "ipc://{tmp_path}/monitor"\nreceive_dsn = "ipc://{tmp_path}/elsewhere"\n'
+        'api_dsn = "tcp://10.1.2.3:11133"\n'
+    )
+    process_server("--shard", "a", "--cluster", str(listed)).stop()
+    log = (tmp_path / "server.log").read_text()
+    assert f"the list gives receive_dsn ipc://{tmp_path}/elsewhere, this server binds ipc://{tmp_path}/receive" in log
+    assert "the list gives api_dsn tcp://10.1.2.3:11133, which this server does not serve" in log
+    assert "monitor_dsn" not in log  # (the one the list and the server agree on)

@@ -13,8 +13,10 @@ import pytest
 from pzq import shards
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.clients.api import ApiClient, ApiError
+from pzq.server.wiring import PLACES_CACHED, Where
+from pzq.store import Store
 
-from conftest import ProcessServer, ThreadServer, make_config
+from conftest import ProcessServer, ThreadServer, free_tcp_endpoint, make_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,3 +123,48 @@ def test_pzq_queue_where_prints_a_shards_answer_and_its_json(process_server, tmp
     assert "held here: none of its queues" in text.stdout
     answer = json.loads(as_json.stdout)
     assert answer["shard"] == "b" and answer["places"] == [["orders", home]]
+
+
+def test_the_places_kept_for_the_next_where_stay_under_their_bound_and_every_answer_is_the_lists(tmp_path):
+    listed = shards.ShardList(tuple(shards.Shard(f"s{i}") for i in range(64)))
+    store = Store(tmp_path / "db")
+    try:
+        for i in range(40):
+            store.catalog.keep_partitions(f"p{i}", 1024)  # (40 x 1,024 places: five times the bound)
+        where = Where("s0", listed, store.catalog)
+        for round_ in range(2):
+            for i in range(40):
+                places = where(f"p{i}")["places"]
+                assert places == [[name, shard.name] for name, shard in listed.place(f"p{i}", 1024)], (round_, i)
+                assert where._places_held <= PLACES_CACHED
+        assert where("plain")["places"] == [["plain", listed.home("plain").name]]
+    finally:
+        store.close()
+
+
+def test_where_needs_no_right_on_the_queue_but_creating_its_partitions_needs_the_manage_right(make_server, tenants):
+    endpoint, _ = free_tcp_endpoint()
+    monitor, _ = free_tcp_endpoint()
+    make_server(api_dsn=endpoint, monitor_dsn=monitor, **tenants.config())
+    with ApiClient(endpoint, timeout_s=10, curve=tenants.curve("stranger")) as api:
+        assert api.call("WHERE", queue="payroll")["held"] == []  # (names and counts: anyone let in)
+    assert admin_request(monitor, ["WHERE", "payroll"], timeout_s=10, curve=tenants.curve("stranger"))
+    with pytest.raises(AdminRefused, match="not permitted: .*manage right on queue 'payroll' \\(CREATE\\)"):
+        admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("orders"))
+    made = admin_request(monitor, ["CREATE", "payroll", "4"], timeout_s=10, curve=tenants.curve("payroll"))
+    assert isinstance(made, dict) and made["made"] == [f"payroll#{i}" for i in range(4)]
+
+
+def test_held_follows_partitions_made_deleted_and_found_again_after_a_restart(tmp_path):
+    server = ProcessServer(tmp_path, "--api-dsn", f"ipc://{tmp_path}/api").start()
+    try:
+        with ApiClient(f"ipc://{tmp_path}/api", timeout_s=10) as api:
+            api.produce([("q#0", b"a"), ("q#12", b"b"), ("q#1500", b"c"), ("q#03", b"not one"), ("q#2", b"d")])
+            assert api.call("WHERE", queue="q")["held"] == [["q#0", 1], ["q#2", 1], ["q#12", 1], ["q#1500", 1]]
+        admin_request(server.monitor, ["DELETE", "q#12"], timeout_s=10)
+        server.restart()
+        with ApiClient(f"ipc://{tmp_path}/api", timeout_s=10) as api:
+            assert api.call("WHERE", queue="q")["held"] == [["q#0", 1], ["q#2", 1], ["q#1500", 1]]
+            assert api.call("WHERE", queue="q#0")["held"] == [["q#0", 1]]
+    finally:
+        server.stop()

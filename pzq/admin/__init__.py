@@ -44,6 +44,7 @@ class Admin(Reads, Writes):
         self._purges = {}
         self.figures = Figures(self)  # STATS and MONITOR over turns (the monitor endpoint's)
         self.where: Callable[[str], dict] = self._where_alone  # WHERE's answer (the server's: attach)
+        self.shard = ""  # this server's shard name, among the figures when it has one
 
     def attach(
         self,
@@ -57,6 +58,7 @@ class Admin(Reads, Writes):
         self.endpoints, self.commit_ms = endpoints, commit_ms
         if where is not None:
             self.where = where
+            self.shard = getattr(where, "shard", "")  # (pzq/server/wiring.py's Where: this server's shard)
         self.limits, self.max_body = config.limits, config.max_message_size
 
     def tick(self, now: float) -> None:
@@ -146,7 +148,7 @@ class Admin(Reads, Writes):
     def around(self) -> dict:
         """The figures after the queues' (every other)."""
         counters = self.broker.counters
-        rest = {
+        rest: dict = {
             "uptime_seconds": round(time.monotonic() - self.started, 1),
             "produced_total": counters.produced,
             "acked_total": counters.acked,
@@ -169,6 +171,8 @@ class Admin(Reads, Writes):
             "meta_syncs_total": self.store.meta_syncs,
             "server_time_us": time.time_ns() // 1000,
         }
+        if self.shard:
+            rest["shard"] = self.shard  # (text: `pzq monitor` says which shard it reads)
         rest.update(self.gateways())
         return rest
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from pzq import __version__
-from pzq.cli import admin, backup, bench, clients, console, mqks, queue_shards, queues, serve
+from pzq.cli import admin, backup, bench, clients, console, mqks, queue_shards, queues, serve, shards
 from pzq.cli.common import Group, QueueName
 
 
@@ -31,6 +31,7 @@ for command in (
     admin.dead_letters,
     queues.queue_group,
     queues.clients,
+    shards.shards_group,
     admin.check_store,
     admin.dump_store,
     backup.backup,
@@ -61,6 +62,7 @@ SHORT_HELP = {
     "backup": "Copy a running server's store into a new backup.",
     "restore": "Put a backup in place as the store of a new or stopped server.",
     "bench": "Measure the throughput and latency of a fresh local server.",
+    "shards": "Run N shards on this machine for development.",
 }
 
 

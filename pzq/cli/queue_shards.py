@@ -17,14 +17,54 @@ from pzq.logs import escape
 
 @click.command("where")
 @click.argument("name")
+@click.option(
+    "--cluster",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Ask every shard of this shard list (its monitors), not one server.  [default: one server]",
+)
 @json_option
 @monitor_options
-def queue_where(ask: Ask, name: str, as_json: bool) -> None:
+def queue_where(ask: Ask, name: str, cluster: str | None, as_json: bool) -> None:
     """Where queue NAME lives, as the server asked says: its shard (if it is one), the partitions it keeps
     for NAME, where the shard list places them, and the queues of NAME (NAME and NAME#i) it holds with
-    their depths. --json prints the server's answer (the API's WHERE answer) as it is."""
-    answer = ask(["WHERE", name])
-    click.echo(json.dumps(answer) if as_json else "\n".join(where_lines(name, answer)))
+    their depths. --json prints the server's answer (the API's WHERE answer) as it is. With --cluster,
+    every shard of the list is asked and each says what it holds (--json: {shard: its answer, or
+    {"error": why}}); a shard that does not answer makes the command exit 1, naming it."""
+    if cluster is None:
+        answer = ask(["WHERE", name])
+        click.echo(json.dumps(answer) if as_json else "\n".join(where_lines(name, answer)))
+        return
+    answers: dict[str, dict] = {}
+    for shard, endpoint in _monitors(shards.load(cluster)):
+        try:
+            answers[shard] = ask.at(endpoint, ["WHERE", name])
+        except ClientError as exc:  # (AdminRefused too: a peer that is not a pzq of this release)
+            answers[shard] = {"error": str(exc)}
+    click.echo(json.dumps(answers) if as_json else "\n".join(cluster_lines(name, answers)))
+    silent = [shard for shard, answer in answers.items() if "error" in answer]
+    if silent:
+        fail(f"queue {name!r}: no answer from {', '.join(silent)}: what they hold is not known", ExitCode.FAILURE)
+
+
+def cluster_lines(name: str, answers: dict[str, dict]) -> list[str]:
+    """`pzq queue where --cluster`'s lines: the placement once (the largest count any shard keeps, as the
+    clients take it), then what each shard holds."""
+    heard = [answer for answer in answers.values() if "error" not in answer]
+    count = max((int(answer["partitions"]) for answer in heard), default=0)
+    lines = [f"queue {escape(name)}: {count} partitions" if count > 1 else f"queue {escape(name)}: no partitions kept"]
+    places = [answer["places"] for answer in heard if answer["partitions"] == count and answer["places"]]
+    placed: list = places[0] if places else []
+    if placed:
+        lines.append("placed (queue -> shard):")
+        lines.extend(f"  {escape(str(queue))} -> {escape(str(home))}" for queue, home in placed)
+    lines.append("held (queue: depth in messages):")
+    for shard, answer in answers.items():
+        if "error" in answer:
+            lines.append(f"  shard {escape(shard)}: no answer ({escape(answer['error'])})")
+            continue
+        held = ", ".join(f"{escape(str(queue))}: {int(depth):,}" for queue, depth in answer["held"]) or "none"
+        lines.append(f"  shard {escape(shard)}: {held}")
+    return lines
 
 
 def where_lines(name: str, answer: dict) -> list[str]:

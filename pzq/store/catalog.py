@@ -44,6 +44,8 @@ class Catalog:
         self._queues_db, self._meta_db = env.dbs["queues"], env.dbs["meta"]
         self.shard = ""  # the shard this store is (meta b"shard"): "" until a start names one
         self.partitions: dict[str, int] = {}  # queue -> its partitions (meta b"partitions\0" + name)
+        # queue -> the names of its partitions this store holds (Q#i: WHERE looks up these, not 1,024 names)
+        self.families: dict[str, set[str]] = {}
         self.wrote: Callable[[], None] = lambda: None  # (the core's: a record written, the next commit has work)
 
     def load(self) -> None:
@@ -76,6 +78,9 @@ class Catalog:
                 self.by_id[info.qid] = info
         self.dirty.clear()
         self.implicit_count = sum(q.implicit for q in self.by_name.values())
+        self.families.clear()
+        for name in self.by_name:
+            self._family(name, True)
 
     def _load_cluster(self, txn) -> None:
         """The shard name and the partition counts (a record each: one per partitioned queue, at most)."""
@@ -117,6 +122,8 @@ class Catalog:
                 f"queue {queue!r} has {kept} partitions, not {count}: a queue's partitions are never changed "
                 "(make a queue of another name and move its consumers)"
             )
+        if len(self.partitions) >= self.max_queues:  # (each is a partitioned queue: at least a queue somewhere)
+            raise StoreFull(f"queue full: {len(self.partitions)} queues of partitions kept, as many as --max-queues")
         self.env.do(self.env.write().put, PARTITIONS + queue.encode(), U64.pack(count), db=self._meta_db)
         self.partitions[queue] = count
         self.wrote()
@@ -173,6 +180,7 @@ class Catalog:
         self._next_qid += 1
         self.by_name[name] = info
         self.by_id[info.qid] = info
+        self._family(name, True)
         self.env.write()
         self.meta_dirty = True
         self.dirty.add(name)
@@ -194,9 +202,25 @@ class Catalog:
         being deleted, ``drops.py``)."""
         info = self.by_name.pop(name)
         del self.by_id[info.qid]
+        self._family(name, False)
         self.dirty.discard(name)
         self.implicit_count -= info.implicit
         return info
+
+    def _family(self, name: str, held: bool) -> None:
+        """``name`` held or no longer, in its queue's family if it is a partition's (``Q#0`` to ``Q#9999``,
+        as pzq/shards.py names them: the digits without a leading zero)."""
+        base, sep, index = name.rpartition("#")
+        digits = index.isascii() and index.isdigit() and len(index) <= 4 and (index == "0" or index[0] != "0")
+        if not (sep and base and digits):
+            return
+        if held:
+            self.families.setdefault(base, set()).add(name)
+        elif base in self.families:
+            family = self.families[base]
+            family.discard(name)
+            if not family:
+                del self.families[base]
 
     def raise_floor(self, seq: int) -> None:
         """Every queue made from now on starts at ``seq`` or above (a queue deleted: one made again under
