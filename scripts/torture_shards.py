@@ -1,5 +1,5 @@
 """The torture benchmark's shard cases (scripts/torture.py; issue 43, h43-server): a shard whose list names
-1,024 shards (the most a list may: each WHERE answer about 110 KB and about 1.3 ms of the loop) asked WHERE by
+1,024 shards (the most a list may: each WHERE answer about 110 KB to build, pack and send) asked WHERE by
 clients that never read, and by one that asks as fast as it can, while the honest clients measure. Wire
 helpers only: nothing of pzq is imported."""
 
