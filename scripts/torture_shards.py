@@ -1,5 +1,5 @@
 """The torture benchmark's shard cases (scripts/torture.py; issue 43, h43-server): a shard whose list names
-1,024 shards (the most a list may: each WHERE answer about 110 KB and about 1.3 ms of the loop) asked WHERE by
+1,024 shards (the most a list may: each WHERE answer about 110 KB to build, pack and send) asked WHERE by
 clients that never read, and by one that asks as fast as it can, while the honest clients measure. Wire
 helpers only: nothing of pzq is imported."""
 
@@ -31,7 +31,7 @@ def shards_args(short: bool) -> tuple[str, ...]:
 
 
 def api_where_unread(srv: Server, size: int, short: bool) -> str:
-    """``size`` API connections each send 16 WHEREs of a queue of 64 partitions (answers of ~110 KB) and
+    """``size`` API connections each send 16 WHEREs of a queue (answers of ~110 KB: the list of 1,024) and
     read nothing; then one polite WHERE: is it answered, and how fast."""
     api_call(srv.api, "PRODUCE", {"messages": [["orders#3", b"x"]]})
     socks = [dealer(srv.api, rcvhwm=1, rcvbuf=4096) for _ in range(size)]
