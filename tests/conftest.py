@@ -449,6 +449,7 @@ FIRST = [
     "test_spark_cluster",
     "test_spark",
     "test_torture",
+    "test_cluster_faults",
     "test_bench",
     "test_fuzz_decoders",
     "test_damaged_store",
