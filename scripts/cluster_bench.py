@@ -1,0 +1,261 @@
+"""One pzq server against two shards, batched end to end with the same client processes (issue 43).
+
+    PYTHONPATH=. .venv/bin/python scripts/cluster_bench.py [--count 200000] [--runs 3] [--producers 2]
+        [--consumers 2] [--window 100] [--batch-size 100] [--size 100] [--json FILE]
+
+Each round, on fresh servers (`pzq serve` subprocesses, fsync'd commits, tcp loopback):
+  1. one server: ``--producers`` batched producers (pzq.bench.batched, PZQ-BATCH/1) and ``--consumers``
+     BatchConsumers, all on it, ``--count`` messages of ``--size`` bytes;
+  2. two shards, the queue's two partitions placed by pzq.shards (one a shard): the same number of
+     client processes, half of them on each shard, the same ``--count`` in all;
+  3. the same two shards again with one SIGSTOPped once every client connected: the other shard's
+     clients run their half alone while the stopped one's wait (as a stalled shard's clients do).
+It prints msg/s end to end (first message consumed to last), the ratio two shards / one server, each
+server's CPU µs per message (from /proc/PID/stat: the server's CPU over the messages it stored and
+delivered), and the running shard's msg/s with the other stopped against its own in round 2; the medians
+of the rounds last. Every phase also counts lost messages (0 expected).
+
+The machine's cores are shared by the servers and every client: on 2 cores two shards compete with
+their clients for the same CPU, and the figures are noisy (10-30 % between runs): quote medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pzq import shards
+from pzq.bench.batched import run_batched_consumer, run_batched_producer
+from pzq.bench.phases import mp, split
+from pzq.bench.server import PzqServer
+from pzq.bench.workers import ConsumerJob, ProducerJob
+
+QUEUE = "jobs"
+SHARD_NAMES = ("s0", "s1")
+
+
+@dataclasses.dataclass
+class Group:
+    """The clients of one server in a phase, and what they found."""
+
+    server: PzqServer
+    count: int
+    producers: int
+    consumers: int
+    done: Any = None
+    consumed: Any = None
+    results: Any = None
+    produced: Any = None
+    progress: Any = None
+    procs: list = dataclasses.field(default_factory=list)
+    cpu0: float = 0.0
+
+    def spawn(self, start, window: int, batch: int, size: int) -> None:
+        """Start this group's processes (each connects, then waits at ``start``)."""
+        self.done, self.consumed, self.results, self.produced = mp.Event(), mp.Value("q", 0), mp.Queue(), mp.Queue()
+        self.progress = progress = mp.Value("q", 0)  # (kept: a child opens it after start() let go of its args)
+        per = split(self.count, self.producers)
+        for i, n in enumerate(per):
+            job = ProducerJob(self.server.receive, i, n, window, size, batch=batch, timeout_s=120)
+            args = (job, start, progress, self.produced)
+            self.procs.append(mp.Process(target=run_batched_producer, args=args, daemon=True))
+        for i in range(self.consumers):
+            cjob = ConsumerJob(self.server.consume, i, self.producers, max(per), credit=window, idle_timeout_s=120)
+            args = (cjob, start, self.consumed, self.done, self.results)
+            self.procs.append(mp.Process(target=run_batched_consumer, args=args, daemon=True))
+        for p in self.procs:
+            p.start()
+
+    def figures(self) -> dict[str, Any]:
+        """Its consumers' results: messages, seconds (first consumed to last), msg/s, lost, server CPU."""
+        out = [self.results.get(timeout=60) for _ in range(self.consumers)]
+        sent = [self.produced.get(timeout=60) for _ in range(self.producers)]  # (read: a full pipe holds its exit)
+        cpu = self.server.cpu_seconds() - self.cpu0
+        received = sum(r.received for r in out)
+        first = min(r.first_ns for r in out if r.first_ns)
+        last = max(r.last_ns for r in out)
+        per = split(self.count, self.producers)
+        unique = sum(1 for i, n in enumerate(per) for j in range(n) if any(r.seen[i][j] for r in out))
+        seconds = max((last - first) / 1e9, 1e-9)
+        errors = [r.error for r in (*sent, *out) if r.error]
+        return {
+            "messages": self.count,
+            "received": received,
+            "lost": self.count - unique,
+            "duplicated": received - unique,
+            "seconds": round(seconds, 3),
+            "msg_s": round(received / seconds),
+            "server_cpu_s": round(cpu, 4),
+            "server_cpu_us": round(cpu / self.count * 1e6, 2),
+            "first_ns": first,
+            "last_ns": last,
+            **({"error": errors[0]} if errors else {}),
+        }
+
+
+def run_groups(groups: list[Group], args: argparse.Namespace, *, paused: Group | None = None) -> list[dict]:
+    """Run every group's clients together, released by one barrier (``paused``'s server SIGSTOPped just
+    before): the figures of every group but ``paused``, whose processes are killed once the others are
+    done (they were waiting on a stopped server)."""
+    workers = sum(g.producers + g.consumers for g in groups)
+    start = mp.Barrier(workers + 1)
+    for g in groups:
+        g.spawn(start, args.window, args.batch_size, args.size)
+    try:
+        if paused is not None:  # (once every client connected and probed its server, as they wait to start)
+            deadline = time.monotonic() + 120
+            while start.n_waiting < workers and time.monotonic() < deadline:
+                time.sleep(0.01)  # (a barrier says nothing when filled: this polls it)
+            assert paused.server.proc is not None
+            paused.server.proc.send_signal(signal.SIGSTOP)
+        for g in groups:
+            g.cpu0 = g.server.cpu_seconds()
+        start.wait(timeout=120)  # (every client connected and probed its server: the clock starts)
+        running = [g for g in groups if g is not paused]
+        deadline = time.monotonic() + 600
+        while any(not g.done.is_set() for g in running):
+            for g in running:
+                if g.consumed.value >= g.count or not any(p.is_alive() for p in g.procs):
+                    g.done.set()
+            if time.monotonic() > deadline:
+                raise SystemExit("cluster_bench: a phase took more than 600 s")
+            time.sleep(0.01)  # (the shared counters have no wait primitive: this is their poll)
+        return [g.figures() for g in running]
+    finally:
+        for g in groups:
+            g.done.set()
+            if g is paused:
+                for p in g.procs:
+                    p.kill()
+                assert g.server.proc is not None
+                g.server.proc.send_signal(signal.SIGCONT)
+            for p in g.procs:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+
+
+def overall(figures: list[dict]) -> dict[str, Any]:
+    """Several groups as one: every message received over the span from the first consumed to the last."""
+    received = sum(f["received"] for f in figures)
+    seconds = max((max(f["last_ns"] for f in figures) - min(f["first_ns"] for f in figures)) / 1e9, 1e-9)
+    return {"received": received, "seconds": round(seconds, 3), "msg_s": round(received / seconds)}
+
+
+def servers(workdir: str, count: int, listing: str, args: argparse.Namespace) -> list[PzqServer]:
+    """``count`` fresh servers: one alone (``count`` 1), or shards each serving the partition of QUEUE that
+    pzq.shards places on it, listed in the shard list ``listing``."""
+    if count == 1:
+        made = [PzqServer(args=("--queue", QUEUE), prefix=os.path.join(workdir, "one-"))]
+    else:
+        names = SHARD_NAMES[:count]
+        placed = shards.ShardList(tuple(shards.Shard(n) for n in names)).place(QUEUE, count)
+        queue_of = {shard.name: partition for partition, shard in placed}
+        made = [PzqServer(args=("--queue", queue_of[n]), prefix=os.path.join(workdir, f"{n}-")) for n in names]
+        with open(listing, "w") as f:
+            for name, server in zip(names, made, strict=True):
+                entry = shards.Shard(name, server.receive, server.send, server.consume, "", server.monitor)
+                f.write(
+                    "[[shard]]\n" + "".join(f'{k} = "{v}"\n' for k, v in {"name": name, **entry.endpoints()}.items())
+                )
+    for server in made:
+        server.start()
+    return made
+
+
+def one_round(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
+    listing = os.path.join(workdir, "shards.toml")
+    result: dict[str, Any] = {}
+    (one,) = servers(workdir, 1, listing, args)
+    try:
+        group = Group(one, args.count, args.producers, args.consumers)
+        (result["one"],) = run_groups([group], args)
+    finally:
+        one.close()
+    two = servers(workdir, 2, listing, args)
+    try:
+        pp, cc = split(args.producers, 2), split(args.consumers, 2)
+        counts = split(args.count, 2)
+
+        def groups() -> list[Group]:
+            return [Group(s, n, p, c) for s, n, p, c in zip(two, counts, pp, cc, strict=True)]
+
+        result["shards"] = run_groups(groups(), args)
+        result["two"] = overall(result["shards"])
+        paused = groups()
+        (result["alone"],) = run_groups(paused, args, paused=paused[0])
+    finally:
+        for s in two:
+            s.close()
+    one_cpu = result["one"]["server_cpu_us"]
+    result["ratio"] = round(result["two"]["msg_s"] / result["one"]["msg_s"], 3)
+    result["cpu_ratio"] = [round(s["server_cpu_us"] / one_cpu, 3) for s in result["shards"]]
+    result["alone_ratio"] = round(result["alone"]["msg_s"] / result["shards"][1]["msg_s"], 3)
+    return result
+
+
+def show(r: dict[str, Any], label: str) -> None:
+    one, two, sh, alone = r["one"], r["two"], r["shards"], r["alone"]
+    print(f"{label}:")
+    print(f"  one server:  {one['msg_s']:>9,} msg/s  server CPU {one['server_cpu_us']:.2f} µs/msg  lost {one['lost']}")
+    cpus = " / ".join(f"{s['server_cpu_us']:.2f}" for s in sh)
+    rates = " + ".join(f"{s['msg_s']:,}" for s in sh)
+    lost = sum(s["lost"] for s in sh)
+    print(f"  two shards:  {two['msg_s']:>9,} msg/s ({rates})  server CPU {cpus} µs/msg  lost {lost}")
+    print(
+        f"  s1, s0 stopped: {alone['msg_s']:>6,} msg/s  server CPU {alone['server_cpu_us']:.2f} µs/msg  "
+        f"lost {alone['lost']}"
+    )
+    print(
+        f"  two / one {r['ratio']:.2f}x (target >= 1.3x); CPU/msg per shard / one server "
+        f"{' / '.join(f'{c:.2f}' for c in r['cpu_ratio'])} (target within 10 %); "
+        f"s1 alone / s1 beside s0 {r['alone_ratio']:.2f} (target >= 0.90)"
+    )
+    for phase in (one, *sh, alone):
+        if phase.get("error"):
+            print(f"  (a client said: {phase['error']})")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=200_000, help="messages a phase (split over the shards)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--producers", type=int, default=2, help="producer processes, in every phase")
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes, in every phase")
+    parser.add_argument("--window", type=int, default=100, help="messages in flight a producer (and credit)")
+    parser.add_argument("--batch-size", type=int, default=100, help="messages a batch")
+    parser.add_argument("--size", type=int, default=100, help="bytes a message")
+    parser.add_argument("--json", metavar="FILE", help="also write the rounds and their medians to FILE (JSON)")
+    args = parser.parse_args(argv)
+    if args.producers < 2 or args.consumers < 2:
+        parser.error("--producers and --consumers: at least 2 (each shard gets its half)")
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="pzq-cluster-bench-") as workdir:
+        for i in range(args.runs):
+            rounds.append(one_round(workdir, args))
+            show(rounds[-1], f"round {i + 1}")
+    median = {key: statistics.median(r[key] for r in rounds) for key in ("ratio", "alone_ratio")} | {
+        "cpu_ratio": [statistics.median(r["cpu_ratio"][i] for r in rounds) for i in range(2)]
+    }
+    print(
+        f"medians of {len(rounds)}: two / one {median['ratio']:.2f}x; CPU/msg per shard / one server "
+        f"{' / '.join(f'{c:.2f}' for c in median['cpu_ratio'])}; one stopped, the other keeps "
+        f"{median['alone_ratio']:.2f} of its rate"
+    )
+    summary = {"rounds": rounds, "median": median, "options": vars(args)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
