@@ -37,6 +37,7 @@ from pzq.bench.batched import run_batched_consumer, run_batched_producer
 from pzq.bench.phases import mp, split
 from pzq.bench.server import PzqServer
 from pzq.bench.workers import ConsumerJob, ProducerJob
+from pzq.clients import native as client
 
 QUEUE = "jobs"
 SHARD_NAMES = ("s0", "s1")
@@ -57,6 +58,7 @@ class Group:
     progress: Any = None
     procs: list = dataclasses.field(default_factory=list)
     cpu0: float = 0.0
+    marks: tuple[int, int, int] = (0, 0, 0)  # the server's commits, deliveries and DELIVER frames at the start
 
     def spawn(self, start, window: int, batch: int, size: int) -> None:
         """Start this group's processes (each connects, then waits at ``start``)."""
@@ -79,6 +81,7 @@ class Group:
         out = [self.results.get(timeout=60) for _ in range(self.consumers)]
         sent = [self.produced.get(timeout=60) for _ in range(self.producers)]  # (read: a full pipe holds its exit)
         cpu = self.server.cpu_seconds() - self.cpu0
+        commits, delivered, frames = (b - a for a, b in zip(self.marks, counters(self.server), strict=True))
         received = sum(r.received for r in out)
         first = min(r.first_ns for r in out if r.first_ns)
         last = max(r.last_ns for r in out)
@@ -95,10 +98,21 @@ class Group:
             "msg_s": round(received / seconds),
             "server_cpu_s": round(cpu, 4),
             "server_cpu_us": round(cpu / self.count * 1e6, 2),
+            # (what a message's CPU is shared by: the messages of a commit, of a DELIVER)
+            "commits": commits,
+            "per_commit": round(self.count / max(commits, 1), 1),
+            "per_deliver": round(delivered / max(frames, 1), 1),
             "first_ns": first,
             "last_ns": last,
             **({"error": errors[0]} if errors else {}),
         }
+
+
+def counters(server: PzqServer) -> tuple[int, int, int]:
+    """The server's commits, batched deliveries and DELIVER messages so far (STATS)."""
+    stats = client.stats(server.monitor)
+    batch = stats["native_batch"]
+    return int(stats["syncs"]), int(batch["delivered_total"]), int(batch["frames_total"])
 
 
 def run_groups(groups: list[Group], args: argparse.Namespace, *, paused: Group | None = None) -> list[dict]:
@@ -114,10 +128,11 @@ def run_groups(groups: list[Group], args: argparse.Namespace, *, paused: Group |
             deadline = time.monotonic() + 120
             while start.n_waiting < workers and time.monotonic() < deadline:
                 time.sleep(0.01)  # (a barrier says nothing when filled: this polls it)
+        for g in groups:
+            g.cpu0, g.marks = g.server.cpu_seconds(), counters(g.server)
+        if paused is not None:
             assert paused.server.proc is not None
             paused.server.proc.send_signal(signal.SIGSTOP)
-        for g in groups:
-            g.cpu0 = g.server.cpu_seconds()
         start.wait(timeout=120)  # (every client connected and probed its server: the clock starts)
         running = [g for g in groups if g is not paused]
         deadline = time.monotonic() + 600
@@ -206,10 +221,14 @@ def show(r: dict[str, Any], label: str) -> None:
     one, two, sh, alone = r["one"], r["two"], r["shards"], r["alone"]
     print(f"{label}:")
     print(f"  one server:  {one['msg_s']:>9,} msg/s  server CPU {one['server_cpu_us']:.2f} µs/msg  lost {one['lost']}")
+    print(f"               {one['per_commit']} msg/commit, {one['per_deliver']} msg/DELIVER")
     cpus = " / ".join(f"{s['server_cpu_us']:.2f}" for s in sh)
     rates = " + ".join(f"{s['msg_s']:,}" for s in sh)
     lost = sum(s["lost"] for s in sh)
     print(f"  two shards:  {two['msg_s']:>9,} msg/s ({rates})  server CPU {cpus} µs/msg  lost {lost}")
+    commits = " / ".join(f"{s['per_commit']}" for s in sh)
+    delivers = " / ".join(f"{s['per_deliver']}" for s in sh)
+    print(f"               {commits} msg/commit, {delivers} msg/DELIVER")
     print(
         f"  s1, s0 stopped: {alone['msg_s']:>6,} msg/s  server CPU {alone['server_cpu_us']:.2f} µs/msg  "
         f"lost {alone['lost']}"
