@@ -13,7 +13,13 @@ Each round, on fresh servers (`pzq serve` subprocesses, fsync'd commits, tcp loo
 It prints msg/s end to end (first message consumed to last), the ratio two shards / one server, each
 server's CPU µs per message (from /proc/PID/stat: the server's CPU over the messages it stored and
 delivered), and the running shard's msg/s with the other stopped against its own in round 2; the medians
-of the rounds last. Every phase also counts lost messages (0 expected).
+of the rounds last. Every phase also counts lost messages (0 expected), and says what a message's CPU was
+shared by (messages a commit, a DELIVER) and how busy the whole machine was (/proc/stat): a machine near
+100 % is measuring its clients as much as its servers.
+
+``--profile DIR``: one round with every server under cProfile timed by its loop thread's CPU, on only while
+the one-server and two-shard phases run; prints the functions with the most CPU of their own, in µs a
+message, for the one server beside shard s0 (cProfile slows both alike: compare the columns, not rates).
 
 The machine's cores are shared by the servers and every client: on 2 cores two shards compete with
 their clients for the same CPU, and the figures are noisy (10-30 % between runs): quote medians.
@@ -25,11 +31,13 @@ import argparse
 import dataclasses
 import json
 import os
+import pstats
 import signal
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from pzq import shards
@@ -41,6 +49,23 @@ from pzq.clients import native as client
 
 QUEUE = "jobs"
 SHARD_NAMES = ("s0", "s1")
+# `pzq serve` under cProfile timed by the loop thread's CPU (not the wall: a wait in poll is no cost), on
+# from SIGUSR1 to SIGUSR2 (a phase, not the start's imports), written when serve ends (the SIGTERM of
+# PzqServer.close); argv: the file, then serve's arguments. pzq handles neither signal.
+PROFILED = """
+import cProfile, runpy, signal, sys, time
+out, sys.argv = sys.argv[1], ["pzq", *sys.argv[2:]]
+profile = cProfile.Profile(time.thread_time)
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+signal.signal(signal.SIGUSR2, lambda *_: profile.disable())
+try:
+    runpy.run_module("pzq", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    profile.disable()
+    profile.dump_stats(out)
+"""
 
 
 @dataclasses.dataclass
@@ -108,6 +133,12 @@ class Group:
         }
 
 
+def signal_all(servers: list[PzqServer], signum: int) -> None:
+    for server in servers:
+        assert server.proc is not None
+        server.proc.send_signal(signum)
+
+
 def counters(server: PzqServer) -> tuple[int, int, int]:
     """The server's commits, batched deliveries and DELIVER messages so far (STATS)."""
     stats = client.stats(server.monitor)
@@ -133,7 +164,10 @@ def run_groups(groups: list[Group], args: argparse.Namespace, *, paused: Group |
         if paused is not None:
             assert paused.server.proc is not None
             paused.server.proc.send_signal(signal.SIGSTOP)
+        profiled = [g.server for g in groups] if args.profile and paused is None else []
+        signal_all(profiled, signal.SIGUSR1)
         start.wait(timeout=120)  # (every client connected and probed its server: the clock starts)
+        machine = busy()
         running = [g for g in groups if g is not paused]
         deadline = time.monotonic() + 600
         while any(not g.done.is_set() for g in running):
@@ -143,7 +177,9 @@ def run_groups(groups: list[Group], args: argparse.Namespace, *, paused: Group |
             if time.monotonic() > deadline:
                 raise SystemExit("cluster_bench: a phase took more than 600 s")
             time.sleep(0.01)  # (the shared counters have no wait primitive: this is their poll)
-        return [g.figures() for g in running]
+        used, total = (b - a for a, b in zip(machine, busy(), strict=True))
+        signal_all(profiled, signal.SIGUSR2)
+        return [{**g.figures(), "machine_busy_pct": round(100 * used / max(total, 1), 1)} for g in running]
     finally:
         for g in groups:
             g.done.set()
@@ -181,9 +217,21 @@ def servers(workdir: str, count: int, listing: str, args: argparse.Namespace) ->
                 f.write(
                     "[[shard]]\n" + "".join(f'{k} = "{v}"\n' for k, v in {"name": name, **entry.endpoints()}.items())
                 )
+    if args.profile:  # (cProfile writes its file when serve exits on the SIGTERM of close())
+        labels = ["one"] if count == 1 else list(SHARD_NAMES[:count])
+        for label, server in zip(labels, made, strict=True):
+            server.argv[1:3] = ["-c", PROFILED, os.path.join(args.profile, f"{label}.prof")]
     for server in made:
         server.start()
     return made
+
+
+def busy() -> tuple[int, int]:
+    """The machine's CPU ticks so far, (busy, all), from /proc/stat: what every process used."""
+    with open("/proc/stat") as f:
+        ticks = [int(t) for t in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # (idle and iowait)
+    return sum(ticks) - idle, sum(ticks)
 
 
 def one_round(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -221,14 +269,15 @@ def show(r: dict[str, Any], label: str) -> None:
     one, two, sh, alone = r["one"], r["two"], r["shards"], r["alone"]
     print(f"{label}:")
     print(f"  one server:  {one['msg_s']:>9,} msg/s  server CPU {one['server_cpu_us']:.2f} µs/msg  lost {one['lost']}")
-    print(f"               {one['per_commit']} msg/commit, {one['per_deliver']} msg/DELIVER")
+    busy_pct = one["machine_busy_pct"]
+    print(f"               {one['per_commit']} msg/commit, {one['per_deliver']} msg/DELIVER, machine busy {busy_pct} %")
     cpus = " / ".join(f"{s['server_cpu_us']:.2f}" for s in sh)
     rates = " + ".join(f"{s['msg_s']:,}" for s in sh)
     lost = sum(s["lost"] for s in sh)
     print(f"  two shards:  {two['msg_s']:>9,} msg/s ({rates})  server CPU {cpus} µs/msg  lost {lost}")
     commits = " / ".join(f"{s['per_commit']}" for s in sh)
     delivers = " / ".join(f"{s['per_deliver']}" for s in sh)
-    print(f"               {commits} msg/commit, {delivers} msg/DELIVER")
+    print(f"               {commits} msg/commit, {delivers} msg/DELIVER, machine busy {sh[0]['machine_busy_pct']} %")
     print(
         f"  s1, s0 stopped: {alone['msg_s']:>6,} msg/s  server CPU {alone['server_cpu_us']:.2f} µs/msg  "
         f"lost {alone['lost']}"
@@ -243,6 +292,22 @@ def show(r: dict[str, Any], label: str) -> None:
             print(f"  (a client said: {phase['error']})")
 
 
+def show_profile(directory: str, count: int, top: int = 15) -> None:
+    """The functions of one server and of shard s0 that took the most CPU of their own, in µs a message
+    (one server handled ``count`` messages, each shard half), side by side."""
+    stats = {label: pstats.Stats(os.path.join(directory, f"{label}.prof")) for label in ("one", "s0")}
+    per = {"one": count, "s0": count // 2}
+    own: dict[str, dict[str, float]] = {}
+    for label, st in stats.items():
+        table = st.stats  # type: ignore[attr-defined]  # ((file, line, name) -> (calls, ncalls, tottime, ...))
+        own[label] = {f"{Path(f).name}:{line} {name}": v[2] / per[label] * 1e6 for (f, line, name), v in table.items()}
+    print("the loop's CPU in each function's own code, µs a message (cProfile: slower than unprofiled)")
+    print(f"  {'one':>7} {'s0':>7}  function")
+    for name in sorted(own["one"], key=lambda k: -max(own["one"].get(k, 0), own["s0"].get(k, 0)))[:top]:
+        print(f"  {own['one'].get(name, 0):7.2f} {own['s0'].get(name, 0):7.2f}  {name}")
+    print(f"  {sum(own['one'].values()):7.2f} {sum(own['s0'].values()):7.2f}  (all)")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=200_000, help="messages a phase (split over the shards)")
@@ -252,15 +317,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--window", type=int, default=100, help="messages in flight a producer (and credit)")
     parser.add_argument("--batch-size", type=int, default=100, help="messages a batch")
     parser.add_argument("--size", type=int, default=100, help="bytes a message")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run each server under cProfile (slower: read its shares, not its rates); one round; the "
+        "top functions of one server and of shard s0, in µs a message",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the rounds and their medians to FILE (JSON)")
     args = parser.parse_args(argv)
     if args.producers < 2 or args.consumers < 2:
         parser.error("--producers and --consumers: at least 2 (each shard gets its half)")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="pzq-cluster-bench-") as workdir:
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            args.runs = 1
         for i in range(args.runs):
             rounds.append(one_round(workdir, args))
             show(rounds[-1], f"round {i + 1}")
+        if args.profile:
+            show_profile(args.profile, args.count)
     median = {key: statistics.median(r[key] for r in rounds) for key in ("ratio", "alone_ratio")} | {
         "cpu_ratio": [statistics.median(r["cpu_ratio"][i] for r in rounds) for i in range(2)]
     }

@@ -35,3 +35,14 @@ def test_the_cluster_bench_runs_every_phase_at_a_tiny_size_and_its_figures_add_u
     assert r["ratio"] == round(r["two"]["msg_s"] / one["msg_s"], 3)
     assert r["alone_ratio"] == round(alone["msg_s"] / shards[1]["msg_s"], 3)
     assert "two / one" in result.stdout and "medians of 1:" in result.stdout
+
+
+def test_with_profile_the_cluster_bench_prints_the_loops_own_cpu_of_one_server_beside_a_shards(tmp_path):
+    argv = [sys.executable, str(ROOT / "scripts" / "cluster_bench.py"), "--count", "600", "--window", "20"]
+    argv += ["--batch-size", "10", "--profile", str(tmp_path / "profiles")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert {p.name for p in (tmp_path / "profiles").iterdir()} == {"one.prof", "s0.prof", "s1.prof"}
+    table = result.stdout.partition("µs a message")[2]
+    assert "(all)" in table and "_turn" in table, result.stdout
