@@ -6,8 +6,9 @@
 Each round, on fresh servers (`pzq serve` subprocesses, fsync'd commits, tcp loopback):
   1. one server: ``--producers`` batched producers (pzq.bench.batched, PZQ-BATCH/1) and ``--consumers``
      BatchConsumers, all on it, ``--count`` messages of ``--size`` bytes;
-  2. two shards, the queue's two partitions placed by pzq.shards (one a shard): the same number of
-     client processes, half of them on each shard, the same ``--count`` in all;
+  2. two shards (``--shard sN --cluster shards.toml``), the queue's two partitions placed by pzq.shards
+     (one a shard): the same number of client processes, half of them on each shard, the same
+     ``--count`` in all;
   3. the same two shards again with one SIGSTOPped once every client connected: the other shard's
      clients run their half alone while the stopped one's wait (as a stalled shard's clients do).
 It prints msg/s end to end (first message consumed to last), the ratio two shards / one server, each
@@ -217,6 +218,8 @@ def servers(workdir: str, count: int, listing: str, args: argparse.Namespace) ->
                 f.write(
                     "[[shard]]\n" + "".join(f'{k} = "{v}"\n' for k, v in {"name": name, **entry.endpoints()}.items())
                 )
+        for name, server in zip(names, made, strict=True):
+            server.argv += ["--shard", name, "--cluster", listing]
     if args.profile:  # (cProfile writes its file when serve exits on the SIGTERM of close())
         labels = ["one"] if count == 1 else list(SHARD_NAMES[:count])
         for label, server in zip(labels, made, strict=True):

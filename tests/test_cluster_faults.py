@@ -5,10 +5,12 @@ partitions placed by pzq.shards, consumers drain each shard with BatchConsumer, 
 whose ack a producer got and every id consumed: at the end every acknowledged id was consumed (at least
 once: a fault may deliver one twice), and while a shard was down the others' producers kept getting acks.
 
-The native sockets serve one queue a server (``--queue``): the queue placed here has one partition per
-shard (``ShardList.place(Q, 3)`` puts Q#0..2 on three different shards), each shard's native sockets
-serve its partition, and a producer of a partition writes only to that partition's shard (its batch ids
-are that shard's: a resend after a lost ack goes back there).
+Each shard runs with ``--shard NAME --cluster shards.toml``. The native sockets serve one queue a server
+(``--queue``): the queue here is made of one partition a shard by `pzq queue create Q --partitions 3`
+(``ShardList.place(Q, 3)`` puts Q#0..2 on three different shards), each shard's native sockets serve its
+partition, and a producer of a partition writes only to that partition's shard (its batch ids are that
+shard's: a resend after a lost ack goes back there). At the end every shard still answers WHERE with
+the partitions it was told, through its kills and power cuts.
 
 The default run makes FAULTS faults over about SECONDS seconds; a longer soak:
 ``PZQ_CLUSTER_FAULTS=200 PZQ_CLUSTER_FAULT_SECONDS=600 pytest tests/test_cluster_faults.py``.
@@ -66,6 +68,7 @@ class ShardProcess:
         self.receive, self.send, self.consume, self.monitor = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
         self.shim = shim
         self.queue = ""
+        self.cluster = ""  # the shard list's file
         self.proc: subprocess.Popen | None = None
         self.stopped = False
 
@@ -79,6 +82,7 @@ class ShardProcess:
             *("--monitor-dsn", self.monitor, "--ack-timeout", "2s", "--disk-reserve", "0", "--log-level", "warning"),
             *("--phpmq-dsn", "", "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""),
             *("--mqks-dsn", "", "--api-dsn", ""),
+            *("--shard", self.name, "--cluster", self.cluster),
         ]
 
     def start(self) -> None:
@@ -218,6 +222,18 @@ def consume(shard: ShardProcess, ledger: Ledger, ctx: zmq.Context, stop: threadi
             consumer.close()
 
 
+def create(listing: str) -> None:
+    """`pzq queue create QUEUE --partitions 3 --cluster LISTING`, as an operator makes it on every shard."""
+    argv = [sys.executable, "-m", "pzq", "queue", "create", QUEUE, "--partitions", str(len(NAMES))]
+    done = subprocess.run([*argv, "--cluster", listing], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def where_jobs(shard: ShardProcess) -> dict:
+    """The shard's answer to the monitor's WHERE QUEUE."""
+    return client.monitor_json(shard.monitor, client.monitor_request(shard.monitor, f"WHERE {QUEUE}", timeout_s=10))
+
+
 @dataclasses.dataclass(frozen=True)
 class Fault:
     kind: str
@@ -266,6 +282,7 @@ def make_cluster(tmp_path: Path, shim: Path) -> dict[str, ShardProcess]:
     placed = shards.load(str(listing)).place(QUEUE, len(NAMES))
     for partition, shard in placed:
         cluster[shard.name].queue = partition
+        cluster[shard.name].cluster = str(listing)
     assert all(s.queue for s in cluster.values()), f"a partition on each shard: {placed}"
     return cluster
 
@@ -292,6 +309,7 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
     try:
         for s in cluster.values():
             s.start()
+        create(cluster[CUT].cluster)
         for thread in threads:
             thread.start()
         assert poll(lambda: all(ledger.ack_times.values()), BACK_S), "every shard acked before the faults"
@@ -304,6 +322,7 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
         stop_producers.set()
         acked = ledger.all_acked()
         poll(lambda: acked <= ledger.consumed, 60)
+        where = {s.name: where_jobs(s) for s in cluster.values()}
     finally:
         stop_producers.set()
         stop_consumers.set()
@@ -325,6 +344,11 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
         if other != f.shard and ledger.acks_between(other, f.begin, f.end) == 0
     ]
     assert not silent, f"shards not acked while another was down (fault, down, silent): {silent}"
+    # Each shard still knows what `queue create --partitions` told it, through its kills and power cuts
+    places = [[name, shard.name] for name, shard in shards.load(cluster[CUT].cluster).place(QUEUE, len(NAMES))]
+    for name, answer in where.items():
+        assert (answer["shard"], answer["partitions"], answer["places"]) == (name, len(NAMES), places), answer
+        assert [cluster[name].queue] == [held for held, _ in answer["held"]], answer
     print(
         f"{len(faults)} faults in {faults[-1].end - faults[0].begin:.0f} s; {len(acked)} acked, "
         f"{ledger.consumed_total} consumed ({ledger.consumed_total - len(ledger.consumed)} again after a fault)"
