@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +37,6 @@ import zmq
 from test_power_cut import journaled
 
 from pzq import shards
-from pzq.bench.server import free_ports
 from pzq.clients import native as client
 from pzq.errors import ClientError
 
@@ -54,6 +54,27 @@ shim = test_power_cut.shim  # (the fixture that builds the shim, shared)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(2 * SECONDS) + 240)]
 
 
+def steady_ports(n: int) -> list[int]:
+    """``n`` loopback ports free now, below the kernel's ephemeral range (and below test_base_port's): a
+    shard restarts on its ports, and while it is down a port from that range can be given to any outgoing
+    connection, even to one of its own clients reconnecting to it (TCP's self-connect)."""
+    for _ in range(50):
+        ports = random.sample(range(12_000, 20_000), n)
+        held = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return ports
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no {n} free loopback ports between 12000 and 20000")
+
+
 class ShardProcess:
     """One `pzq serve` shard on its own store and free loopback ports, kept across restarts. Under the
     shim (``shim``), each start journals the data file's writes and keeps a copy of the file it began
@@ -65,7 +86,7 @@ class ShardProcess:
         self.dir.mkdir()
         self.database = self.dir / "db"
         self.log = self.dir / "server.log"
-        self.receive, self.send, self.consume, self.monitor = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
+        self.receive, self.send, self.consume, self.monitor = (f"tcp://127.0.0.1:{p}" for p in steady_ports(4))
         self.shim = shim
         self.queue = ""
         self.cluster = ""  # the shard list's file
