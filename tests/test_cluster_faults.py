@@ -1,9 +1,11 @@
 """Three shards as real `pzq serve` processes under faults in a loop (issue 43): SIGKILL and restart on the
 same store, SIGSTOP then SIGCONT, and a power cut (tests/powercut's shim: only what an fsync made durable
 survives) on the shard that runs under it. Producers write with the batched native Producer to a queue's
-partitions placed by pzq.shards, consumers drain each shard with BatchConsumer, and a ledger keeps every id
-whose ack a producer got and every id consumed: at the end every acknowledged id was consumed (at least
-once: a fault may deliver one twice), and while a shard was down the others' producers kept getting acks.
+partitions placed by pzq.shards, consumers drain each shard with BatchConsumer, pzq's cluster clients
+(ShardedProducer, ShardedConsumer: the places located by WHERE) write and read across all of them beside
+those, and a ledger keeps every id whose ack a producer got and every id consumed: at the end every
+acknowledged id was consumed (at least once: a fault may deliver one twice), and while a shard was down
+the others' producers kept getting acks.
 
 Each shard runs with ``--shard NAME --cluster shards.toml``. The native sockets serve one queue a server
 (``--queue``): the queue here is made of one partition a shard by `pzq queue create Q --partitions 3`
@@ -39,6 +41,9 @@ from test_power_cut import journaled
 
 from pzq import shards
 from pzq.clients import native as client
+from pzq.clients.cluster import Cluster
+from pzq.clients.cluster_consume import ShardedConsumer
+from pzq.clients.cluster_native import ShardedProducer
 from pzq.errors import ClientError
 
 FAULTS = int(os.environ.get("PZQ_CLUSTER_FAULTS", "21"))  # kill, stop and power cut in turn: 7 of each
@@ -87,7 +92,8 @@ class ShardProcess:
         self.dir.mkdir()
         self.database = self.dir / "db"
         self.log = self.dir / "server.log"
-        self.receive, self.send, self.consume, self.monitor = (f"tcp://127.0.0.1:{p}" for p in steady_ports(4))
+        ports = (f"tcp://127.0.0.1:{p}" for p in steady_ports(5))
+        self.receive, self.send, self.consume, self.api, self.monitor = ports
         self.shim = shim
         self.queue = ""
         self.cluster = ""  # the shard list's file
@@ -95,7 +101,7 @@ class ShardProcess:
         self.stopped = False
 
     def entry(self) -> shards.Shard:
-        return shards.Shard(self.name, self.receive, self.send, self.consume, "", self.monitor)
+        return shards.Shard(self.name, self.receive, self.send, self.consume, self.api, self.monitor)
 
     def argv(self) -> list[str]:
         return [
@@ -103,7 +109,7 @@ class ShardProcess:
             *("--receive-dsn", self.receive, "--send-dsn", self.send, "--consume-dsn", self.consume),
             *("--monitor-dsn", self.monitor, "--ack-timeout", "2s", "--disk-reserve", "0", "--log-level", "warning"),
             *("--phpmq-dsn", "", "--emqp-frontend-dsn", "", "--emqp-backend-dsn", "", "--emqp-publish-dsn", ""),
-            *("--mqks-dsn", "", "--api-dsn", ""),
+            *("--mqks-dsn", "", "--api-dsn", self.api),
             *("--shard", self.name, "--cluster", self.cluster),
         ]
 
@@ -180,7 +186,7 @@ class Ledger:
 
     @classmethod
     def of(cls, names: tuple[str, ...]) -> Ledger:
-        return cls({name: set() for name in names}, {name: [] for name in names})
+        return cls({name: set() for name in (*names, "cluster")}, {name: [] for name in names})
 
     def acks_between(self, name: str, begin: float, end: float) -> int:
         return sum(1 for t in self.ack_times[name] if begin <= t <= end)
@@ -220,6 +226,57 @@ def produce(shard: ShardProcess, ledger: Ledger, ctx: zmq.Context, stop: threadi
     finally:
         if producer is not None:
             producer.close()
+
+
+def produce_sharded(listing: str, ledger: Ledger, stop: threading.Event) -> None:
+    """pzq's ShardedProducer over the whole cluster (the places located by WHERE), a batch of CHUNK to each
+    shard in turn every 3 PACE_S; what it was acked for goes to the ledger as "cluster" (a shard that is
+    down fails its batch, and is left out for a while: the others take the next ones)."""
+    cluster = Cluster.from_file(listing)
+    producer: ShardedProducer | None = None
+    seq = 0
+    try:
+        while not stop.is_set():
+            bodies = [[b"cluster %08d" % (seq + i)] for i in range(3 * CHUNK)]
+            seq += len(bodies)
+            try:
+                producer = producer or ShardedProducer(cluster, QUEUE, timeout_s=1.0, batch=CHUNK, window=1)
+                results = producer.send_many(bodies)
+            except ClientError:
+                if producer is not None:
+                    producer.close()
+                producer = None
+                continue
+            ledger.acked["cluster"].update(body[0] for body, r in zip(bodies, results, strict=True) if r.ok)
+            stop.wait(3 * PACE_S)
+    finally:
+        if producer is not None:
+            producer.close()
+        cluster.close()
+
+
+def consume_sharded(listing: str, ledger: Ledger, stop: threading.Event) -> None:
+    """pzq's ShardedConsumer over the whole cluster, beside the shards' own consumers."""
+    cluster = Cluster.from_file(listing)
+    consumer: ShardedConsumer | None = None
+    try:
+        while not stop.is_set():
+            try:
+                consumer = consumer or ShardedConsumer(cluster, QUEUE, hello_timeout_s=1.0)
+                batch = consumer.receive(100, timeout_s=0.2)
+                if batch:
+                    ledger.consumed.update(frames[0] for _, frames in batch)
+                    ledger.consumed_total += len(batch)
+                    consumer.ack([key for key, _ in batch], timeout_s=2.0)
+            except ClientError:
+                if consumer is not None:
+                    consumer.close()
+                consumer = None
+                stop.wait(0.1)
+    finally:
+        if consumer is not None:
+            consumer.close()
+        cluster.close()
 
 
 def consume(shard: ShardProcess, ledger: Ledger, ctx: zmq.Context, stop: threading.Event) -> None:
@@ -315,6 +372,7 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
     tmp_path, shim
 ):
     cluster = make_cluster(tmp_path, shim)
+    listing = cluster[CUT].cluster
     ledger = Ledger.of(NAMES)
     ctx = zmq.Context()
     stop_producers, stop_consumers = threading.Event(), threading.Event()
@@ -327,6 +385,8 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
             threading.Thread(target=consume, args=(s, ledger, ctx, stop_consumers), daemon=True)
             for s in cluster.values()
         ),
+        threading.Thread(target=produce_sharded, args=(listing, ledger, stop_producers), daemon=True),
+        threading.Thread(target=consume_sharded, args=(listing, ledger, stop_consumers), daemon=True),
     ]
     rng = random.Random(43)
     faults: list[Fault] = []
@@ -360,7 +420,9 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
     assert {f.kind for f in faults} == {"kill", "stop", "power cut"} and len(faults) == FAULTS >= 3
     # (CHUNK / PACE_S messages a second a shard: one acked for a fifth of that over the faults did not serve)
     least = SECONDS / PACE_S * CHUNK / 5
-    assert all(len(ledger.acked[name]) >= least for name in NAMES), {n: len(a) for n, a in ledger.acked.items()}
+    assert all(len(ledger.acked[name]) >= least for name in (*NAMES, "cluster")), {
+        n: len(a) for n, a in ledger.acked.items()
+    }
     silent = [
         (f.kind, f.shard, other)
         for f in faults
@@ -377,7 +439,8 @@ def test_three_shards_under_kills_stops_and_power_cuts_lose_no_acknowledged_mess
     # a third of the server's idle_us: 20 s by default; printed, for the pause a restart costs consumers)
     pauses = {name: max(b - a for a, b in itertools.pairwise(ts)) for name, ts in ledger.consume_times.items()}
     print(
-        f"{len(faults)} faults in {faults[-1].end - faults[0].begin:.0f} s; {len(acked)} acked, "
+        f"{len(faults)} faults in {faults[-1].end - faults[0].begin:.0f} s; {len(acked)} acked "
+        f"({len(ledger.acked['cluster'])} through the ShardedProducer), "
         f"{ledger.consumed_total} consumed ({ledger.consumed_total - len(ledger.consumed)} again after a fault); "
         f"longest pause in a shard's deliveries: {', '.join(f'{n} {p:.1f} s' for n, p in sorted(pauses.items()))}"
     )
