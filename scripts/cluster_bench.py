@@ -120,7 +120,7 @@ class Group:
             "received": received,
             "lost": self.count - unique,
             "duplicated": received - unique,
-            "seconds": round(seconds, 3),
+            "seconds": round(seconds, 6),
             "msg_s": round(received / seconds),
             "server_cpu_s": round(cpu, 4),
             "server_cpu_us": round(cpu / self.count * 1e6, 2),
@@ -199,7 +199,7 @@ def overall(figures: list[dict]) -> dict[str, Any]:
     """Several groups as one: every message received over the span from the first consumed to the last."""
     received = sum(f["received"] for f in figures)
     seconds = max((max(f["last_ns"] for f in figures) - min(f["first_ns"] for f in figures)) / 1e9, 1e-9)
-    return {"received": received, "seconds": round(seconds, 3), "msg_s": round(received / seconds)}
+    return {"received": received, "seconds": round(seconds, 6), "msg_s": round(received / seconds)}
 
 
 def servers(workdir: str, count: int, listing: str, args: argparse.Namespace) -> list[PzqServer]:
