@@ -399,6 +399,7 @@ SLOW_MODULES = {
     "test_torture",
     "test_emqp_eventmq",
     "test_spark",
+    "test_spark_shards",
     "test_limits",
     "test_full_disk",
     "test_systemd",
@@ -432,7 +433,13 @@ SLOW_TESTS = {
 # a module whose expensive module fixture (a Spark session and its JVM, a Spark cluster, the power-cut
 # shim built with cc) is made once, not once per worker; and the tests that bind pzq's default TCP ports
 # (a `serve` with its defaults), which two workers would otherwise bind at once.
-SHARED_MODULES = {"test_spark", "test_spark_cluster", "test_power_cut", "test_native_batch_powercut"}
+SHARED_MODULES = {
+    "test_spark",
+    "test_spark_shards",
+    "test_spark_cluster",
+    "test_power_cut",
+    "test_native_batch_powercut",
+}
 DEFAULT_PORTS = {
     "test_cli.py::test_json_logs_are_one_object_per_line",
     "test_cli.py::test_an_endpoint_in_use_is_reported_without_a_traceback",
@@ -448,6 +455,7 @@ DEFAULT_PORTS = {
 FIRST = [
     "test_spark_cluster",
     "test_spark",
+    "test_spark_shards",
     "test_torture",
     "test_cluster_faults",
     "test_bench",

@@ -49,7 +49,8 @@ from pyspark.sql.datasource import (
 )
 
 from pzq.spark.options import MAX_BATCH, SCHEMA, Options
-from pzq.spark.read import SeqRange, SnapshotReader, columnar, split
+from pzq.spark.read import SeqRange, SnapshotReader, StreamRange, columnar, split
+from pzq.spark.sharded import SourceReader
 from pzq.spark.sink import QueueStreamWriter, QueueWriter, Written
 from pzq.spark.stream import LeaseStreamReader
 
@@ -63,6 +64,8 @@ __all__ = [
     "QueueWriter",
     "SeqRange",
     "SnapshotReader",
+    "SourceReader",
+    "StreamRange",
     "Written",
     "columnar",
     "register",
@@ -84,7 +87,7 @@ class PzqDataSource(DataSource):
         return SnapshotReader(Options.parse(self.options), columnar(schema))
 
     def streamReader(self, schema) -> DataSourceStreamReader:
-        return LeaseStreamReader(Options.parse(self.options), columnar(schema))
+        return SourceReader(Options.parse(self.options), columnar(schema))
 
     def writer(self, schema, overwrite: bool) -> DataSourceWriter:
         return QueueWriter(Options.parse(self.options), uuid.uuid4().hex)

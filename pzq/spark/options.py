@@ -24,6 +24,9 @@ class Options:
     fetch_size: int = 2000
     timeout_s: float = 120.0
     dedup_key: str = ""
+    cluster: str = ""  # the shard list's file, read on the driver ("": ask the endpoint's WHERE)
+    shard_timeout_s: float = 3.0  # a shard's answer while a batch is planned; past it, its offset is kept
+    queue_partitions: int = 0  # the queue's partitions where its servers do not say (they predate WHERE)
     curve: tuple[str, str] | None = None  # (client .key_secret file, server .key file), on every node
 
     @classmethod
@@ -47,13 +50,20 @@ class Options:
             fetch_size=min(number("fetchSize", cls.fetch_size), 10_000),
             timeout_s=number("timeout", cls.timeout_s, float),
             dedup_key=options.get("dedupKey") or "",
+            cluster=options.get("cluster") or "",
+            shard_timeout_s=number("shardTimeout", cls.shard_timeout_s, float),
+            queue_partitions=number("queuePartitions", 0) if options.get("queuePartitions") else 0,
             curve=_curve(options.get("curveClientKey"), options.get("curveServerKey")),
         )
 
-    def client(self):
+    def client(self, endpoint: str = "", timeout_s: float = 0.0):
+        """An API client of ``endpoint`` (else the option's) waiting ``timeout_s`` (else ``timeout``)."""
         from pzq.clients.api import ApiClient  # imported where it runs: executors import pzq lazily
 
-        return ApiClient(self.endpoint, timeout_s=self.timeout_s, curve=self.curve)
+        timeout_s = timeout_s or self.timeout_s
+        return ApiClient(
+            endpoint or self.endpoint, timeout_s=timeout_s, attempt_s=min(5.0, timeout_s), curve=self.curve
+        )
 
 
 def _curve(client_key: str | None, server_key: str | None) -> tuple[str, str] | None:

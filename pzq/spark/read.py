@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from pzq.errors import ClientError
 from pzq.spark.options import Options
+from pzq.spark.streams import locate, shard_list
 
 _UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -73,6 +75,28 @@ class SeqRange(InputPartition):
     hi: int
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamRange(InputPartition):
+    """Seqs ``lo .. hi-1`` of one stream of a sharded queue: ``queue`` on the shard at ``endpoint``."""
+
+    endpoint: str
+    queue: str
+    lo: int
+    hi: int
+
+
+def spread(ranges: list[tuple[str, str, int, int]], n: int) -> list[StreamRange]:
+    """Streams' ranges ``(endpoint, queue, lo, hi)`` as about ``n`` partitions in all, each stream's in
+    shares of its size (at least one a stream with rows; one empty partition when none has any)."""
+    ranges = [r for r in ranges if r[3] > r[2]]
+    total = sum(hi - lo for _, _, lo, hi in ranges)
+    out = []
+    for endpoint, queue, lo, hi in ranges:
+        share = max(1, round(n * (hi - lo) / total))
+        out += [StreamRange(endpoint, queue, part.lo, part.hi) for part in split(lo, hi, share)]
+    return out or [StreamRange("", "", 0, 0)]
+
+
 def split(lo: int, hi: int, n: int) -> list[SeqRange]:
     """``lo .. hi-1`` in at most ``n`` consecutive ranges of nearly equal size, none empty."""
     n = max(1, min(n, hi - lo))
@@ -86,21 +110,35 @@ def split(lo: int, hi: int, n: int) -> list[SeqRange]:
 
 
 class SnapshotReader(DataSourceReader):
-    """A batch read of what a queue stores now; changes nothing on the server."""
+    """A batch read of what a queue stores now, on one server or on every stream of a shard list (each
+    (queue, shard) read whole: a shard that does not answer fails the read); changes nothing."""
 
     def __init__(self, options: Options, arrow: bool = False):
         self.options = options
         self.arrow = arrow  # read() yields Arrow batches (SCHEMA), else tuples
 
-    def partitions(self) -> list[SeqRange]:
-        with self.options.client() as api:
-            info = api.info(self.options.queue)
-        if info["depth"] == 0:
-            return [SeqRange(0, 0)]
-        return split(info["first"], info["next"], self.options.partitions)
-
-    def read(self, partition: SeqRange) -> Iterator[tuple]:  # type: ignore[override]  # (our partitions)
+    def partitions(self) -> list[SeqRange] | list[StreamRange]:
         opts = self.options
+        shards = shard_list(opts)
+        if shards is None:  # one server, as before
+            with opts.client() as api:
+                info = api.info(opts.queue)
+            return [SeqRange(0, 0)] if info["depth"] == 0 else split(info["first"], info["next"], opts.partitions)
+        streams, missing = locate(opts, shards)
+        if missing:
+            raise ClientError(f"pzq snapshot of {opts.queue!r}: shard(s) {', '.join(missing)} did not answer")
+        ranges = []
+        for stream in streams:
+            with opts.client(stream.endpoint) as api:
+                info = api.info(stream.queue)
+            if info["depth"]:
+                ranges.append((stream.endpoint, stream.queue, info["first"], info["next"]))
+        return spread(ranges, opts.partitions)
+
+    def read(self, partition: SeqRange | StreamRange) -> Iterator[tuple]:  # type: ignore[override]
+        opts = self.options
+        if isinstance(partition, StreamRange):
+            opts = dataclasses.replace(opts, endpoint=partition.endpoint, queue=partition.queue)
         if partition.lo >= partition.hi:
             return
         arrow = arrow_schema() if self.arrow else None

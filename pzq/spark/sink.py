@@ -28,12 +28,49 @@ CHUNK_ROWS = 1000
 CHUNK_BYTES = 4 << 20
 
 
+class _Shards:
+    """A task's connections to the shards of a list: each chunk's rows go where the Placer puts them, one
+    PRODUCE a shard under the chunk's key (a shard stores a key once, so a re-run chunk adds nothing)."""
+
+    def __init__(self, options: Options, shards):
+        from pzq.spark.streams import Placer
+
+        self.options, self.placer = options, Placer(options, shards)
+        self.clients: dict[str, object] = {}
+
+    def produce(self, chunk: list[tuple[str, bytes]], key: str) -> dict:
+        by_shard: dict[str, list[tuple[str, bytes]]] = {}
+        endpoints: dict[str, str] = {}
+        for queue, body in chunk:
+            name, shard = self.placer.place(queue, key)
+            by_shard.setdefault(shard.name, []).append((name, body))
+            endpoints[shard.name] = shard.api_dsn
+        count, duplicate = 0, True
+        for shard_name, messages in sorted(by_shard.items()):
+            api = self.clients.get(shard_name)
+            if api is None:
+                api = self.clients[shard_name] = self.options.client(endpoints[shard_name])
+            result = api.produce(messages, key=key)  # type: ignore[attr-defined]
+            count += result["count"]
+            duplicate = duplicate and bool(result["duplicate"])
+        return {"count": count, "duplicate": duplicate}
+
+    def close(self) -> None:
+        for api in self.clients.values():
+            api.close()  # type: ignore[attr-defined]
+
+
 class QueueWriter(DataSourceWriter):
-    """Stores every row as a message; a task returns once its rows are durable."""
+    """Stores every row as a message; a task returns once its rows are durable. With a shard list (the
+    ``cluster`` option, else the endpoint's WHERE, found on the driver) each chunk's rows of a queue go
+    to one of its partitions chosen by the chunk's key: a re-run writes the same places."""
 
     def __init__(self, options: Options, job: str):
+        from pzq.spark.streams import shard_list
+
         self.options = options
         self.job = job  # made on the driver: every task of this write shares it
+        self.shards = shard_list(options)  # (the file is read here, on the driver; executors get the list)
 
     def _key_prefix(self, ctx) -> str:
         if self.options.dedup_key:  # the caller names this write (e.g. foreachBatch's batch id): re-runs dedup
@@ -46,12 +83,13 @@ class QueueWriter(DataSourceWriter):
         default_queue = self.options.queue
         count = duplicates = chunk_no = size = 0
         chunk: list[tuple[str, bytes]] = []
-        with self.options.client() as api:
+        target = self.options.client() if self.shards is None else _Shards(self.options, self.shards)
+        try:
 
             def flush():
                 nonlocal count, duplicates, chunk_no, size
                 if chunk:
-                    result = api.produce(chunk, key=f"{prefix}:{chunk_no}")
+                    result = target.produce(chunk, key=f"{prefix}:{chunk_no}")
                     count += result["count"]
                     duplicates += bool(result["duplicate"])
                     chunk_no += 1
@@ -69,6 +107,8 @@ class QueueWriter(DataSourceWriter):
                 if len(chunk) >= CHUNK_ROWS or size >= CHUNK_BYTES:
                     flush()
             flush()
+        finally:
+            target.close()
         return Written(count, duplicates)
 
     def commit(self, messages: list) -> None:

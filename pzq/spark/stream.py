@@ -139,23 +139,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         return split(start["seq"], end["seq"], self.options.partitions)
 
     def read(self, partition: SeqRange) -> Iterator[tuple]:  # type: ignore[override]  # (our partitions)
-        opts = self.options
-        arrow = arrow_schema() if self.arrow else None
-        with opts.client() as api:
-            # (the next page is read on the server while this one is turned into rows)
-            pages = api.fetch_pages(opts.queue, opts.group, partition.lo, partition.hi, opts.fetch_size, FETCHES)
-            for messages, gone in pages:
-                if gone:
-                    log.warning(
-                        "pzq group %r: %d message(s) of leases %d..%d are gone (their lease expired "
-                        "and they went back to queue %r)",
-                        opts.group,
-                        gone,
-                        partition.lo,
-                        partition.hi - 1,
-                        opts.queue,
-                    )
-                yield from page(opts.queue, messages, arrow)
+        return read_leases(self.options, partition.lo, partition.hi, self.arrow)
 
     def commit(self, end: dict) -> None:
         self._api().ack_upto(self.options.queue, self.options.group, end["seq"])
@@ -167,3 +151,25 @@ class LeaseStreamReader(DataSourceStreamReader):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def read_leases(opts: Options, lo: int, hi: int, arrow: bool) -> Iterator:
+    """The rows of the group's leases ``lo .. hi-1`` of ``opts.queue`` at ``opts.endpoint`` (an executor's
+    part of a batch; replayable: a re-run gets the same rows)."""
+    schema = arrow_schema() if arrow else None
+    if lo >= hi:
+        return
+    with opts.client() as api:
+        # (the next page is read on the server while this one is turned into rows)
+        for messages, gone in api.fetch_pages(opts.queue, opts.group, lo, hi, opts.fetch_size, FETCHES):
+            if gone:
+                log.warning(
+                    "pzq group %r: %d message(s) of leases %d..%d are gone (their lease expired "
+                    "and they went back to queue %r)",
+                    opts.group,
+                    gone,
+                    lo,
+                    hi - 1,
+                    opts.queue,
+                )
+            yield from page(opts.queue, messages, schema)

@@ -1,0 +1,291 @@
+"""The Spark connector across shards: three real `pzq serve` processes (each its own store and ports)
+listed in a shard list file, and a real local Spark session reading a partitioned queue as one source
+and writing to it as one sink (docs/spark.md, "Shards")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pzq.clients.api import ApiClient
+from pzq.shards import ShardList, load
+
+from conftest import ProcessServer, free_tcp_endpoint, wait_until
+
+pyspark = pytest.importorskip("pyspark")
+pytestmark = pytest.mark.timeout(300)
+
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    from pzq.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        # local[2,4]: a task may fail three times and be run again, as on a cluster (a shard down too long)
+        SparkSession.builder.master("local[2,4]")
+        .appName("pzq-shard-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+class Shards:
+    """Three `pzq serve` processes, each with its own store, ipc files and API port; ``path`` is their list."""
+
+    def __init__(self, root: Path):
+        self.servers: dict[str, ProcessServer] = {}
+        for name in NAMES:
+            (root / name).mkdir()
+            for attempt in range(3):
+                endpoint, _ = free_tcp_endpoint()
+                srv = ProcessServer(root / name, "--api-dsn", endpoint)
+                try:
+                    srv.start()
+                except RuntimeError as exc:  # the free port was taken before the server bound it
+                    if "Address already in use" not in str(exc) or attempt == 2:
+                        raise
+                    continue
+                srv.endpoint = endpoint  # type: ignore[attr-defined]
+                self.servers[name] = srv
+                break
+        self.path = root / "shards.toml"
+        self.path.write_text(
+            "".join(
+                f'[[shard]]\nname = "{name}"\napi_dsn = "{srv.endpoint}"\nmonitor_dsn = "{srv.monitor}"\n\n'  # type: ignore[attr-defined]
+                for name, srv in self.servers.items()
+            )
+        )
+        self.list: ShardList = load(str(self.path))
+        self.clients = {name: ApiClient(srv.endpoint, timeout_s=30) for name, srv in self.servers.items()}  # type: ignore[attr-defined]
+
+    def produce(self, queue: str, partitions: int, bodies: list[bytes]) -> dict[str, list[bytes]]:
+        """Body i into partition i mod ``partitions``, on the shard the list places it; what went to each shard."""
+        places = self.list.place(queue, partitions)
+        sent: dict[str, list[tuple[str, bytes]]] = {}
+        for i, body in enumerate(bodies):
+            name, shard = places[i % len(places)]
+            sent.setdefault(shard.name, []).append((name, body))
+        for shard_name, messages in sent.items():
+            for at in range(0, len(messages), 1000):
+                self.clients[shard_name].produce(messages[at : at + 1000])
+        return {shard: [body for _, body in messages] for shard, messages in sent.items()}
+
+    def depth(self, queue: str, partitions: int) -> dict[str, int]:
+        """partition queue -> its depth on its shard."""
+        return {
+            name: self.clients[shard.name].info(name)["depth"] for name, shard in self.list.place(queue, partitions)
+        }
+
+    def close(self) -> None:
+        for api in self.clients.values():
+            api.close()
+        for srv in self.servers.values():
+            try:
+                srv.stop(signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - best effort reaping; the test result is what matters
+                pass
+
+
+@pytest.fixture
+def shards(tmp_path):
+    made = Shards(tmp_path)
+    yield made
+    made.close()
+
+
+def stream(spark, shards: Shards, queue: str, partitions: int, **options):
+    reader = (
+        spark.readStream.format("pzq")
+        .option("cluster", str(shards.path))
+        .option("queue", queue)
+        .option("queuePartitions", partitions)
+    )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def running(query) -> bool:
+    """True while ``query`` runs; its error, raised, once it failed (a wait ends at once, with the reason)."""
+    if not query.isActive and query.exception() is not None:
+        raise AssertionError(f"the query failed: {query.exception()}")
+    return True
+
+
+class Batches:
+    """A foreachBatch sink recording every batch's bodies (attempts included) in a file; ``before``
+    runs first with the batch id (a fault to inject while the batch is read)."""
+
+    def __init__(self, path: Path, before=None):
+        self.path, self.before = path, before
+
+    def __call__(self, df, batch_id: int) -> None:
+        if self.before is not None:
+            self.before(batch_id)
+        bodies = sorted(bytes(r.body).decode() for r in df.select("body").collect())
+        with open(self.path, "a") as out:
+            out.write(json.dumps({"batch": batch_id, "bodies": bodies}) + "\n")
+
+    def read(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+
+    def bodies(self) -> list[str]:
+        """Every body of the last attempt of each batch (a re-run batch replaces its attempt before)."""
+        last = {b["batch"]: b["bodies"] for b in self.read()}
+        return sorted(body for bodies in last.values() for body in bodies)
+
+
+def test_a_queue_of_six_partitions_on_three_shards_is_read_whole_exactly_once_and_acknowledged(spark, shards, tmp_path):
+    bodies = [b"m%04d" % i for i in range(900)]
+    sent = shards.produce("events", 6, bodies)
+    assert sorted(sent) == list(NAMES)  # every shard holds some of its partitions
+    query = (
+        stream(spark, shards, "events", 6, maxMessagesPerBatch=200)
+        .writeStream.format("memory")
+        .queryName("whole")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        rows = spark.sql("SELECT queue, body FROM whole").collect()
+        shards.produce("events", 6, [b"late"])  # planning the next batch commits (acknowledges) the ones read
+        query.processAllAvailable()
+        offsets = query.lastProgress["sources"][0]["endOffset"]
+    finally:
+        query.stop()
+    assert sorted(bytes(r.body) for r in rows) == bodies  # each once
+    assert {r.queue for r in rows} == {f"events#{i}" for i in range(6)}
+    assert set(json.loads(offsets)["streams"] if isinstance(offsets, str) else offsets["streams"]) == {
+        f"{shard.name}/{name}" for name, shard in shards.list.place("events", 6)
+    }
+    assert sum(shards.depth("events", 6).values()) == 1  # only the late one, not yet committed
+
+
+def test_a_snapshot_reads_every_shards_partitions_and_changes_nothing(spark, shards):
+    bodies = [b"s%03d" % i for i in range(300)]
+    shards.produce("snap", 4, bodies)
+    df = (
+        spark.read.format("pzq")
+        .option("cluster", str(shards.path))
+        .option("queue", "snap")
+        .option("queuePartitions", 4)
+        .option("numPartitions", 3)
+        .load()
+    )
+    assert sorted(bytes(r.body) for r in df.collect()) == bodies
+    assert sum(shards.depth("snap", 4).values()) == 300
+
+
+def test_the_sink_places_each_chunk_by_its_key_so_a_rewrite_of_the_same_batch_stores_nothing(spark, shards):
+    df = spark.createDataFrame([(f"row-{i}",) for i in range(3000)], "body string").repartition(3)
+
+    def write() -> None:
+        (
+            df.write.format("pzq")
+            .option("cluster", str(shards.path))
+            .option("queue", "out")
+            .option("queuePartitions", 3)
+            .option("dedupKey", "job-1")
+            .mode("append")
+            .save()
+        )
+
+    write()
+    first = shards.depth("out", 3)
+    assert sum(first.values()) == 3000
+    assert sum(1 for n in first.values() if n) >= 2  # chunks went to more than one partition
+    write()  # a re-run: the same chunks under the same keys go to the same partitions, stored there once
+    assert shards.depth("out", 3) == first
+
+
+def test_a_shard_down_while_batches_are_planned_keeps_its_offset_and_its_rows_come_once_it_is_back(
+    spark, shards, tmp_path
+):
+    sink = Batches(tmp_path / "batches.jsonl")
+
+    def start():
+        return (
+            stream(spark, shards, "down", 3, shardTimeout=1)
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+
+    def offsets(query) -> dict:
+        end = query.lastProgress["sources"][0]["endOffset"]
+        return (json.loads(end) if isinstance(end, str) else end)["streams"]
+
+    first = [b"d%03d" % i for i in range(90)]
+    shards.produce("down", 3, first)
+    query = start()
+    try:
+        wait_until(lambda: running(query) and len(sink.bodies()) == 90, timeout_s=120, interval_s=0.2)
+        before = offsets(query)
+    finally:
+        query.stop()
+    second = shards.produce("down", 3, [b"e%03d" % i for i in range(90)])  # on every shard, none read yet
+    (b_key,) = [key for key in before if key.startswith("b/")]
+    shards.servers["b"].stop(signal.SIGKILL)
+    query = start()  # the same query, on its checkpoint, with shard b down
+    try:
+        others = sorted(b.decode() for b in first + second["a"] + second["c"])
+        wait_until(lambda: running(query) and sink.bodies() == others, timeout_s=120, interval_s=0.2)
+        query.processAllAvailable()  # (planned again with b still down)
+        assert offsets(query)[b_key] == before[b_key]  # kept, not skipped
+        assert sink.bodies() == others
+        shards.servers["b"].start()
+        want = sorted(b.decode() for b in first + [body for bodies in second.values() for body in bodies])
+        wait_until(lambda: running(query) and sink.bodies() == want, timeout_s=120, interval_s=0.2)
+    finally:
+        query.stop()
+    assert offsets(query)[b_key] == before[b_key] + len(second["b"])
+
+
+def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output_exactly_the_produced_ids(
+    spark, shards, tmp_path
+):
+    def kill_b(batch_id: int) -> None:
+        if batch_id == 1:  # the batch is planned; its tasks read (collect) after this, with b down 2 s
+            shards.servers["b"].stop(signal.SIGKILL)
+            threading.Timer(2.0, shards.servers["b"].start).start()
+
+    sink = Batches(tmp_path / "batches.jsonl", before=kill_b)
+    produced = [b"k%04d" % i for i in range(600)]
+    on_b = shards.produce("killed", 6, produced[:300])["b"]
+    query = (
+        stream(spark, shards, "killed", 6, maxMessagesPerBatch=150, timeout=2)  # (a task gives up after 2 s)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        wait_until(lambda: running(query) and any(b["batch"] == 1 for b in sink.read()), timeout_s=120, interval_s=0.2)
+        shards.produce("killed", 6, produced[300:])
+        want = sorted(b.decode() for b in produced)
+        wait_until(lambda: running(query) and sink.bodies() == want, timeout_s=120, interval_s=0.2)
+    finally:
+        query.stop()
+    assert sink.bodies() == want
+    assert all(len(b["bodies"]) == len(set(b["bodies"])) for b in sink.read())
+    (killed,) = [b["bodies"] for b in sink.read() if b["batch"] == 1]
+    assert {body.encode() for body in killed} & set(on_b)  # b's rows of that batch were read after its restart
