@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pzq.clients.api import ApiClient
-from pzq.shards import ShardList, load
-
-from conftest import ProcessServer, free_tcp_endpoint, wait_until
+from conftest import wait_until
+from shard_servers import NAMES, Shards
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.timeout(300)
-
-NAMES = ("a", "b", "c")
 
 
 @pytest.fixture(scope="module")
@@ -46,63 +42,6 @@ def spark():
     register(session)
     yield session
     session.stop()
-
-
-class Shards:
-    """Three `pzq serve` processes, each with its own store, ipc files and API port; ``path`` is their list."""
-
-    def __init__(self, root: Path):
-        self.servers: dict[str, ProcessServer] = {}
-        for name in NAMES:
-            (root / name).mkdir()
-            for attempt in range(3):
-                endpoint, _ = free_tcp_endpoint()
-                srv = ProcessServer(root / name, "--api-dsn", endpoint)
-                try:
-                    srv.start()
-                except RuntimeError as exc:  # the free port was taken before the server bound it
-                    if "Address already in use" not in str(exc) or attempt == 2:
-                        raise
-                    continue
-                srv.endpoint = endpoint  # type: ignore[attr-defined]
-                self.servers[name] = srv
-                break
-        self.path = root / "shards.toml"
-        self.path.write_text(
-            "".join(
-                f'[[shard]]\nname = "{name}"\napi_dsn = "{srv.endpoint}"\nmonitor_dsn = "{srv.monitor}"\n\n'  # type: ignore[attr-defined]
-                for name, srv in self.servers.items()
-            )
-        )
-        self.list: ShardList = load(str(self.path))
-        self.clients = {name: ApiClient(srv.endpoint, timeout_s=30) for name, srv in self.servers.items()}  # type: ignore[attr-defined]
-
-    def produce(self, queue: str, partitions: int, bodies: list[bytes]) -> dict[str, list[bytes]]:
-        """Body i into partition i mod ``partitions``, on the shard the list places it; what went to each shard."""
-        places = self.list.place(queue, partitions)
-        sent: dict[str, list[tuple[str, bytes]]] = {}
-        for i, body in enumerate(bodies):
-            name, shard = places[i % len(places)]
-            sent.setdefault(shard.name, []).append((name, body))
-        for shard_name, messages in sent.items():
-            for at in range(0, len(messages), 1000):
-                self.clients[shard_name].produce(messages[at : at + 1000])
-        return {shard: [body for _, body in messages] for shard, messages in sent.items()}
-
-    def depth(self, queue: str, partitions: int) -> dict[str, int]:
-        """partition queue -> its depth on its shard."""
-        return {
-            name: self.clients[shard.name].info(name)["depth"] for name, shard in self.list.place(queue, partitions)
-        }
-
-    def close(self) -> None:
-        for api in self.clients.values():
-            api.close()
-        for srv in self.servers.values():
-            try:
-                srv.stop(signal.SIGKILL)
-            except Exception:  # noqa: BLE001 - best effort reaping; the test result is what matters
-                pass
 
 
 @pytest.fixture
@@ -265,9 +204,9 @@ def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output
     spark, shards, tmp_path
 ):
     def kill_b(batch_id: int) -> None:
-        if batch_id == 1:  # the batch is planned; its tasks read (collect) after this, with b down 2 s
+        if batch_id == 1:  # the batch is planned; its tasks read (collect) after this, with b down 6 s
             shards.servers["b"].stop(signal.SIGKILL)
-            threading.Timer(2.0, shards.servers["b"].start).start()
+            threading.Timer(6.0, shards.servers["b"].start).start()
 
     sink = Batches(tmp_path / "batches.jsonl", before=kill_b)
     produced = [b"k%04d" % i for i in range(600)]
@@ -289,3 +228,8 @@ def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output
     assert all(len(b["bodies"]) == len(set(b["bodies"])) for b in sink.read())
     (killed,) = [b["bodies"] for b in sink.read() if b["batch"] == 1]
     assert {body.encode() for body in killed} & set(on_b)  # b's rows of that batch were read after its restart
+    # by a task run again: b stayed down longer than a task waits (``timeout`` 2 s, a resend included)
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(str(query.runId))]
+    stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
+    assert sum(stage.numFailedTasks for stage in stages if stage) >= 1

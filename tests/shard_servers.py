@@ -1,0 +1,83 @@
+"""Three real `pzq serve` processes as the shards of a list, for the Spark tests across shards: each its
+own store, ipc files and API port on loopback TCP; the list a TOML file beside them."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from pzq.clients.api import ApiClient
+from pzq.shards import ShardList, load
+
+from conftest import ProcessServer, free_tcp_endpoint
+
+NAMES = ("a", "b", "c")
+
+
+class Shards:
+    """Three `pzq serve` processes, each with its own store, ipc files and API port; ``path`` is their list."""
+
+    def __init__(self, root: Path):
+        self.servers: dict[str, ProcessServer] = {}
+        for name in NAMES:
+            (root / name).mkdir()
+            for attempt in range(3):
+                endpoint, _ = free_tcp_endpoint()
+                srv = ProcessServer(root / name, "--api-dsn", endpoint)
+                try:
+                    srv.start()
+                except RuntimeError as exc:  # the free port was taken before the server bound it
+                    if "Address already in use" not in str(exc) or attempt == 2:
+                        raise
+                    continue
+                srv.endpoint = endpoint  # type: ignore[attr-defined]
+                self.servers[name] = srv
+                break
+        self.path = root / "shards.toml"
+        self.path.write_text(
+            "".join(
+                f'[[shard]]\nname = "{name}"\napi_dsn = "{srv.endpoint}"\nmonitor_dsn = "{srv.monitor}"\n\n'  # type: ignore[attr-defined]
+                for name, srv in self.servers.items()
+            )
+        )
+        self.list: ShardList = load(str(self.path))
+        self.clients = {name: ApiClient(srv.endpoint, timeout_s=30) for name, srv in self.servers.items()}  # type: ignore[attr-defined]
+
+    def produce(self, queue: str, partitions: int, bodies: list[bytes]) -> dict[str, list[bytes]]:
+        """Body i into partition i mod ``partitions``, on the shard the list places it; what went to each shard."""
+        places = self.list.place(queue, partitions)
+        sent: dict[str, list[tuple[str, bytes]]] = {}
+        for i, body in enumerate(bodies):
+            name, shard = places[i % len(places)]
+            sent.setdefault(shard.name, []).append((name, body))
+        for shard_name, messages in sent.items():
+            for at in range(0, len(messages), 1000):
+                self.clients[shard_name].produce(messages[at : at + 1000])
+        return {shard: [body for _, body in messages] for shard, messages in sent.items()}
+
+    def depth(self, queue: str, partitions: int) -> dict[str, int]:
+        """partition queue -> its depth on its shard."""
+        return {
+            name: self.clients[shard.name].info(name)["depth"] for name, shard in self.list.place(queue, partitions)
+        }
+
+    def close(self) -> None:
+        for api in self.clients.values():
+            api.close()
+        for srv in self.servers.values():
+            try:
+                srv.stop(signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - best effort reaping; the test result is what matters
+                pass
+
+    def snapshot(self, queue: str, partitions: int) -> list[bytes]:
+        """Every body the partitions of ``queue`` store, read without consuming (SNAPSHOT on each shard)."""
+        bodies: list[bytes] = []
+        for name, shard in self.list.place(queue, partitions):
+            api = self.clients[shard.name]
+            info = api.info(name)
+            after = info["first"]
+            while info["depth"] and after < info["next"]:
+                messages, after = api.snapshot(name, after, info["next"], 1000)
+                bodies += [bytes(m[4]) for m in messages]
+        return bodies
