@@ -73,15 +73,22 @@ def start(
     results_queue: str | None = None,
     name: str = "pzq-pipeline",
     max_per_batch: int = 10_000,
+    cluster: str = "",
+    partitions: int = 0,
 ):
-    """Start the pipeline's streaming query and return it."""
+    """Start the pipeline's streaming query and return it. With ``cluster`` (a shard list file, read on
+    the driver) the events are every shard's partitions of ``queue``, and the results go to theirs."""
     register(spark)
+    shards = {"cluster": cluster} if cluster else {}
+    if partitions:
+        shards["queuePartitions"] = str(partitions)
     events = (
         spark.readStream.format("pzq")
         .option("endpoint", endpoint)
         .option("queue", queue)
         .option("group", group)
         .option("maxMessagesPerBatch", max_per_batch)
+        .options(**shards)
         .load()
     )
 
@@ -100,6 +107,7 @@ def start(
                     .option("endpoint", endpoint)
                     .option("queue", results_queue)
                     .option("dedupKey", f"{query_id}:{batch_id}")
+                    .options(**{k: v for k, v in shards.items() if k == "cluster"})
                     .mode("append")
                     .save()
                 )
@@ -128,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-queue", default=None, help="also send each result row as JSON here")
     parser.add_argument("--master", default=None, help="e.g. local[2]; spark-submit's --master otherwise")
     parser.add_argument("--follow", action="store_true", help="keep running (else stop once drained)")
+    parser.add_argument("--cluster", default="", help="shard list file: read and write every shard's partitions")
+    parser.add_argument("--partitions", type=int, default=0, help="the queue's partitions (servers without WHERE)")
     args = parser.parse_args(argv)
     builder = SparkSession.builder.appName("pzq-pipeline")
     if args.master:
@@ -145,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         window=args.window,
         watermark=args.watermark,
         results_queue=args.results_queue,
+        cluster=args.cluster,
+        partitions=args.partitions,
     )
     try:
         if args.follow:

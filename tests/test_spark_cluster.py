@@ -27,6 +27,7 @@ from pzq.clients.api import ApiClient
 from pzq.errors import PzqError
 
 from conftest import free_tcp_endpoint, wait_until
+from shard_servers import Shards
 
 pyspark = pytest.importorskip("pyspark")
 pa_dataset = pytest.importorskip("pyarrow.dataset")
@@ -453,3 +454,106 @@ def test_killing_the_driver_mid_batch_and_restarting_it_leaves_every_result_exac
     wait_until(lambda: api.info("events")["depth"] == 0, timeout_s=10)  # and acknowledged
     assert [p.name for p in output.iterdir()] == [f"query_id={query_id()}"]  # one query throughout
     assert len(drivers) == 4 and all(len(batches_run(log)) > 0 for _, log, _ in drivers)  # each ran batches
+
+
+# -- across shards ------------------------------------------------------------------------------------
+
+
+def streams_read(checkpoint: Path, batch: int) -> dict[str, int]:
+    """The source's end offset of each stream (``shard/queue``) that the checkpoint holds for ``batch``."""
+    return json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[2])["streams"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_shard_sigkilled_while_the_cluster_reads_a_batch_and_restarted_leaves_every_result_exactly_once(
+    cluster, tmp_path
+):
+    (tmp_path / "shards").mkdir()
+    shards = Shards(tmp_path / "shards")
+    output, checkpoint = tmp_path / "agg", tmp_path / "ck"
+    args = ["--endpoint", shards.servers["a"].endpoint, "--cluster", str(shards.path), "--partitions", "3"]
+    args += ["--queue", "events", "--output", str(output), "--checkpoint", str(checkpoint)]
+    args += ["--results-queue", "results", "--follow"]
+    phases = [  # each phase's tick closes the windows of the phase before it
+        window_events(0, "abc", 100) + window_events(1, "abc", 100) + [tick(5)],
+        window_events(5, "abc", 100) + window_events(6, "abc", 100) + [tick(10)],
+        window_events(10, "abc", 100) + window_events(11, "abc", 100) + [tick(20)],
+    ]
+    produced: list[dict] = []
+    transcript: list[str] = []
+    driver = None
+
+    def send(phase: int) -> None:
+        produced.extend(phases[phase])
+        shards.produce("events", 3, [json.dumps(e).encode() for e in phases[phase]])
+
+    def drained(closed_before_minute: int) -> bool:
+        ids = batch_ids(checkpoint / "offsets")
+        if not ids or in_flight(checkpoint) or sum(streams_read(checkpoint, ids[-1]).values()) < len(produced):
+            return False
+        rows = parquet_rows(output)
+        want = expected(produced, closed_before_minute=closed_before_minute)
+        return rows is not None and {r[:2] for r in rows} >= {w[:2] for w in want}
+
+    started = time.monotonic()
+    try:
+        send(0)
+        log = tmp_path / "driver.log"
+        driver = cluster.submit(log, *args, conf={"spark.cores.max": "1"})
+        wait_until(lambda: drained(5), timeout_s=150, interval_s=0.2)
+        read_before = sum(streams_read(checkpoint, batch_ids(checkpoint / "offsets")[-1]).values())
+        send(1)
+
+        def planned():  # a batch with phase 1's events on b planned, its tasks not yet done: b dies now
+            for n in in_flight(checkpoint):
+                ends = streams_read(checkpoint, n)
+                if sum(ends.values()) > read_before and n >= 1:
+                    b_now = sum(v for k, v in ends.items() if k.startswith("b/"))
+                    b_then = sum(v for k, v in streams_read(checkpoint, n - 1).items() if k.startswith("b/"))
+                    return (n, b_now - b_then) if b_now > b_then else None
+            return None
+
+        killed, on_b = wait_until(planned, timeout_s=150, interval_s=0.005)
+        shards.servers["b"].stop(signal.SIGKILL)
+        transcript.append(
+            f"SIGKILL of shard b with batch {killed} in flight ({on_b} of its events on b): {state_of(checkpoint)}"
+        )
+        time.sleep(3)  # (the fault's length: b stays down while the batch's tasks read)
+        shards.servers["b"].start()
+        wait_until(lambda: drained(10), timeout_s=150, interval_s=0.2)
+        transcript.append(f"b restarted, phase 1 drained: {state_of(checkpoint)}")
+        send(2)
+        wait_until(lambda: drained(20), timeout_s=150, interval_s=0.2)
+        stop_group(driver, signal.SIGTERM, timeout_s=30)
+        transcript.append(f"phase 2 read, driver stopped; batches it ran tasks for: {batches_run(log)}")
+        want = expected(produced, closed_before_minute=20)
+        rows = parquet_rows(output)
+        results = sorted(
+            (minute_of(r["window_start"]), r["key"], r["events"], r["total"])
+            for r in (json.loads(b) for b in shards.snapshot("results", 0))
+        )
+        last = batch_ids(checkpoint / "offsets")[-1]
+        transcript.append(
+            f"end: {len(rows)} Parquet rows, {len(results)} results, {len(want)} expected; "
+            f"{sum(streams_read(checkpoint, last).values())} of {len(produced)} events read; "
+            f"{time.monotonic() - started:.0f} s; depths {shards.depth('events', 3)}, last offsets "
+            f"{streams_read(checkpoint, last)}"
+        )
+        print("\n" + "\n".join(transcript))
+        assert [r[:4] for r in rows] == want  # each window once, with its full count and total
+        assert results == want
+        assert sum(streams_read(checkpoint, last).values()) == len(produced)  # every event read
+        # and acknowledged on every shard (b too), all but the last batch: Spark commits a batch to its
+        # source when it plans the next one, which the last data batch may not have been followed by
+        ends, before = streams_read(checkpoint, last), streams_read(checkpoint, last - 1)
+        unread = {key.partition("/")[2]: ends[key] - before[key] for key in ends}
+        wait_until(lambda: all(n <= unread[q] for q, n in shards.depth("events", 3).items()), timeout_s=20)
+    finally:
+        if driver is not None:
+            stop_group(driver, signal.SIGKILL)
+        shards.close()
+
+
+def state_of(checkpoint: Path) -> str:
+    return f"offsets {batch_ids(checkpoint / 'offsets')}, commits {batch_ids(checkpoint / 'commits')}"

@@ -233,3 +233,28 @@ def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output
     jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(str(query.runId))]
     stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
     assert sum(stage.numFailedTasks for stage in stages if stage) >= 1
+
+
+def test_a_checkpoint_of_one_servers_offsets_reads_on_as_that_servers_stream_once_the_query_reads_the_list(shards):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from pzq.spark import LeaseStreamReader, Options, SourceReader
+
+    a = shards.servers["a"]
+    shards.clients["a"].produce([("solo", b"s%02d" % i) for i in range(30)])
+    before = LeaseStreamReader(Options(endpoint=a.endpoint, queue="solo"))  # the query as it ran on one server
+    try:
+        assert before.latestOffset({"seq": 0}, ReadMaxRows(10)) == {"seq": 10}
+        before.commit({"seq": 10})
+    finally:
+        before.stop()
+    after = SourceReader(Options(endpoint=a.endpoint, queue="solo", cluster=str(shards.path)))
+    try:
+        end = after.latestOffset({"seq": 10}, ReadMaxRows(100))
+        assert end["streams"]["a/solo"] == 30  # its seq is a's stream of the queue: 20 more leased from 10
+        rows = [row for part in after.partitions({"seq": 10}, end) for row in after.read(part)]
+        assert sorted(row[3] for row in rows) == [b"s%02d" % i for i in range(10, 30)]
+        after.commit(end)
+        assert shards.clients["a"].info("solo")["depth"] == 0
+    finally:
+        after.stop()

@@ -33,7 +33,13 @@ Options (``options``): endpoint (tcp://127.0.0.1:11133), queue (default), group 
 numPartitions (2), fetchSize (2000), timeout (seconds a call may take, server restarts included: 120);
 for a batch write, dedupKey names the write so that writing it again stores nothing (use the batch id
 inside ``foreachBatch``: ``.option("dedupKey", f"my-job:{batch_id}")``); for a CURVE server,
-curveClientKey and curveServerKey (key files present on every node).
+curveClientKey and curveServerKey (key files present on every node); across shards, cluster (the shard
+list file, read on the driver; else the endpoint's WHERE says), shardTimeout (5 s: a shard slower than
+this while a batch is planned keeps its offset) and queuePartitions (where servers predate WHERE).
+
+Across shards (``sharded``, ``streams``): every (queue, shard) of a queue is a stream with offsets of its
+own (``{"streams": {"shard/queue": seq}}``), read as one source; the sink puts each chunk on one of its
+queue's partitions by the hash of its dedup key, so a re-run writes the same places (docs/spark.md, "Shards").
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class Options:
     timeout_s: float = 120.0
     dedup_key: str = ""
     cluster: str = ""  # the shard list's file, read on the driver ("": ask the endpoint's WHERE)
-    shard_timeout_s: float = 3.0  # a shard's answer while a batch is planned; past it, its offset is kept
+    shard_timeout_s: float = 5.0  # a shard's answer while a batch is planned; past it, its offset is kept
     queue_partitions: int = 0  # the queue's partitions where its servers do not say (they predate WHERE)
     curve: tuple[str, str] | None = None  # (client .key_secret file, server .key file), on every node
 

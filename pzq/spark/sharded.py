@@ -40,9 +40,10 @@ class SourceReader(DataSourceStreamReader):
         self._located = -math.inf  # when the streams were found (monotonic)
         self._down: dict[str, float] = {}  # shard -> until when it is left alone
         self._last_end: dict[str, int] | None = None
+        self._unacked: dict[str, int] = {}  # stream -> the end a commit could not acknowledge yet
 
     def __getstate__(self) -> dict:  # executors read by partition: they need none of the driver's readers
-        return {**self.__dict__, "_single": None, "_readers": {}}
+        return {**self.__dict__, "_single": None, "_readers": {}, "_unacked": {}}
 
     def _mode(self) -> LeaseStreamReader | None:
         """The one server's reader, or None for a shard list (found once, on the driver's first call)."""
@@ -126,6 +127,8 @@ class SourceReader(DataSourceStreamReader):
         single = self._mode()
         if single is not None:
             return single.latestOffset(start, limit)
+        if self._unacked:
+            self._acknowledge()
         streams = self._locate()
         begin = self._positions(start) if start is not None else self._last_end
         if begin is None:
@@ -176,14 +179,23 @@ class SourceReader(DataSourceStreamReader):
         if single is not None:
             single.commit(self._one(end))
             return
-        ends = self._positions(end) or {}
+        for key, seq in (self._positions(end) or {}).items():
+            self._unacked[key] = max(seq, self._unacked.get(key, seq))
+        self._acknowledge()
 
-        # A shard that does not answer now is acknowledged by a later commit (ACK_UPTO covers what is before).
+    def _acknowledge(self) -> None:
+        """ACK_UPTO every stream's committed end not acknowledged yet: at a commit, and at each plan after
+        one a shard did not answer (ACK_UPTO covers what is before its end; an idle query plans on, so
+        its last batch is acknowledged once the shard is back, not at the next batch with rows)."""
+        ends = dict(self._unacked)
+
         def ack(key: str) -> int:
             self._reader(key).commit({"seq": ends[key]})
             return ends[key]
 
-        self._each(sorted(ends), ack, "acknowledged later:")
+        for key in self._each(sorted(ends), ack, "acknowledged later:"):
+            if self._unacked.get(key) == ends[key]:
+                del self._unacked[key]
 
     def stop(self) -> None:
         for reader in [*self._readers.values(), *([self._single] if self._single else [])]:
