@@ -4,6 +4,8 @@ own store, ipc files and API port on loopback TCP; the list a TOML file beside t
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from pzq.clients.api import ApiClient
@@ -14,34 +16,49 @@ from conftest import ProcessServer, free_tcp_endpoint
 NAMES = ("a", "b", "c")
 
 
+class ShardServer(ProcessServer):
+    """One shard: a `pzq serve` subprocess; ``endpoint`` is its API's."""
+
+    endpoint = ""
+
+
 class Shards:
     """Three `pzq serve` processes, each with its own store, ipc files and API port; ``path`` is their list."""
 
     def __init__(self, root: Path):
-        self.servers: dict[str, ProcessServer] = {}
-        for name in NAMES:
-            (root / name).mkdir()
-            for attempt in range(3):
-                endpoint, _ = free_tcp_endpoint()
-                srv = ProcessServer(root / name, "--api-dsn", endpoint)
-                try:
-                    srv.start()
-                except RuntimeError as exc:  # the free port was taken before the server bound it
-                    if "Address already in use" not in str(exc) or attempt == 2:
-                        raise
-                    continue
-                srv.endpoint = endpoint  # type: ignore[attr-defined]
-                self.servers[name] = srv
+        for attempt in range(3):  # (a free port taken before its server bound it: all again, on new ports)
+            try:
+                self._start(root)
                 break
-        self.path = root / "shards.toml"
-        self.path.write_text(
-            "".join(
-                f'[[shard]]\nname = "{name}"\napi_dsn = "{srv.endpoint}"\nmonitor_dsn = "{srv.monitor}"\n\n'  # type: ignore[attr-defined]
-                for name, srv in self.servers.items()
-            )
-        )
+            except RuntimeError as exc:
+                self.close()
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
         self.list: ShardList = load(str(self.path))
-        self.clients = {name: ApiClient(srv.endpoint, timeout_s=30) for name, srv in self.servers.items()}  # type: ignore[attr-defined]
+        self.clients = {name: ApiClient(srv.endpoint, timeout_s=30) for name, srv in self.servers.items()}
+
+    def _start(self, root: Path) -> None:
+        """Each server ``pzq serve --shard NAME --cluster LIST`` on its own store (root/NAME/db)."""
+        self.servers: dict[str, ShardServer] = {}
+        self.clients = {}
+        self.path = root / "shards.toml"
+        lines = []
+        for name in NAMES:
+            (root / name).mkdir(exist_ok=True)
+            endpoint, _ = free_tcp_endpoint()
+            srv = ShardServer(root / name, "--api-dsn", endpoint, "--shard", name, "--cluster", str(self.path))
+            srv.endpoint = endpoint
+            self.servers[name] = srv
+            lines.append(f'[[shard]]\nname = "{name}"\napi_dsn = "{endpoint}"\nmonitor_dsn = "{srv.monitor}"\n')
+        self.path.write_text("\n".join(lines))
+        for srv in self.servers.values():
+            srv.start()
+
+    def create(self, queue: str, partitions: int) -> None:
+        """``pzq queue create QUEUE --partitions K --cluster LIST``: every shard keeps K and makes its partitions."""
+        argv = [sys.executable, "-m", "pzq", "queue", "create", queue, "--partitions", str(partitions)]
+        done = subprocess.run([*argv, "--cluster", str(self.path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
 
     def produce(self, queue: str, partitions: int, bodies: list[bytes]) -> dict[str, list[bytes]]:
         """Body i into partition i mod ``partitions``, on the shard the list places it; what went to each shard."""
@@ -62,9 +79,9 @@ class Shards:
         }
 
     def close(self) -> None:
-        for api in self.clients.values():
+        for api in getattr(self, "clients", {}).values():
             api.close()
-        for srv in self.servers.values():
+        for srv in getattr(self, "servers", {}).values():
             try:
                 srv.stop(signal.SIGKILL)
             except Exception:  # noqa: BLE001 - best effort reaping; the test result is what matters

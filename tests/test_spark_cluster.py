@@ -472,7 +472,8 @@ def test_a_shard_sigkilled_while_the_cluster_reads_a_batch_and_restarted_leaves_
     (tmp_path / "shards").mkdir()
     shards = Shards(tmp_path / "shards")
     output, checkpoint = tmp_path / "agg", tmp_path / "ck"
-    args = ["--endpoint", shards.servers["a"].endpoint, "--cluster", str(shards.path), "--partitions", "3"]
+    shards.create("events", 3)  # (pzq queue create events --partitions 3 --cluster LIST)
+    args = ["--endpoint", shards.servers["a"].endpoint, "--cluster", str(shards.path)]
     args += ["--queue", "events", "--output", str(output), "--checkpoint", str(checkpoint)]
     args += ["--results-queue", "results", "--follow"]
     phases = [  # each phase's tick closes the windows of the phase before it

@@ -51,13 +51,8 @@ def shards(tmp_path):
     made.close()
 
 
-def stream(spark, shards: Shards, queue: str, partitions: int, **options):
-    reader = (
-        spark.readStream.format("pzq")
-        .option("cluster", str(shards.path))
-        .option("queue", queue)
-        .option("queuePartitions", partitions)
-    )
+def stream(spark, shards: Shards, queue: str, **options):
+    reader = spark.readStream.format("pzq").option("cluster", str(shards.path)).option("queue", queue)
     for name, value in options.items():
         reader = reader.option(name, value)
     return reader.load()
@@ -95,10 +90,11 @@ class Batches:
 
 def test_a_queue_of_six_partitions_on_three_shards_is_read_whole_exactly_once_and_acknowledged(spark, shards, tmp_path):
     bodies = [b"m%04d" % i for i in range(900)]
+    shards.create("events", 6)
     sent = shards.produce("events", 6, bodies)
     assert sorted(sent) == list(NAMES)  # every shard holds some of its partitions
     query = (
-        stream(spark, shards, "events", 6, maxMessagesPerBatch=200)
+        stream(spark, shards, "events", maxMessagesPerBatch=200)
         .writeStream.format("memory")
         .queryName("whole")
         .option("checkpointLocation", str(tmp_path / "ck"))
@@ -121,6 +117,7 @@ def test_a_queue_of_six_partitions_on_three_shards_is_read_whole_exactly_once_an
 
 
 def test_a_snapshot_reads_every_shards_partitions_and_changes_nothing(spark, shards):
+    # (the queue was not created: queuePartitions says its count, as for servers that predate WHERE)
     bodies = [b"s%03d" % i for i in range(300)]
     shards.produce("snap", 4, bodies)
     df = (
@@ -143,12 +140,12 @@ def test_the_sink_places_each_chunk_by_its_key_so_a_rewrite_of_the_same_batch_st
             df.write.format("pzq")
             .option("cluster", str(shards.path))
             .option("queue", "out")
-            .option("queuePartitions", 3)
             .option("dedupKey", "job-1")
             .mode("append")
             .save()
         )
 
+    shards.create("out", 3)
     write()
     first = shards.depth("out", 3)
     assert sum(first.values()) == 3000
@@ -164,7 +161,7 @@ def test_a_shard_down_while_batches_are_planned_keeps_its_offset_and_its_rows_co
 
     def start():
         return (
-            stream(spark, shards, "down", 3, shardTimeout=1)
+            stream(spark, shards, "down", shardTimeout=1)
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(tmp_path / "ck"))
             .start()
@@ -175,6 +172,7 @@ def test_a_shard_down_while_batches_are_planned_keeps_its_offset_and_its_rows_co
         return (json.loads(end) if isinstance(end, str) else end)["streams"]
 
     first = [b"d%03d" % i for i in range(90)]
+    shards.create("down", 3)
     shards.produce("down", 3, first)
     query = start()
     try:
@@ -210,9 +208,10 @@ def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output
 
     sink = Batches(tmp_path / "batches.jsonl", before=kill_b)
     produced = [b"k%04d" % i for i in range(600)]
+    shards.create("killed", 6)
     on_b = shards.produce("killed", 6, produced[:300])["b"]
     query = (
-        stream(spark, shards, "killed", 6, maxMessagesPerBatch=150, timeout=2)  # (a task gives up after 2 s)
+        stream(spark, shards, "killed", maxMessagesPerBatch=150, timeout=2)  # (a task gives up after 2 s)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(tmp_path / "ck"))
         .start()
@@ -258,3 +257,33 @@ def test_a_checkpoint_of_one_servers_offsets_reads_on_as_that_servers_stream_onc
         assert shards.clients["a"].info("solo")["depth"] == 0
     finally:
         after.stop()
+
+
+def test_a_query_given_one_shards_endpoint_finds_the_list_by_where_and_reads_a_queue_held_off_its_home_too(
+    spark, shards, tmp_path
+):
+    home = shards.list.home("found").name
+    elsewhere = next(name for name in NAMES if name != home)
+    third = next(name for name in NAMES if name not in (home, elsewhere))
+    shards.clients[home].produce([("found", b"h%02d" % i) for i in range(50)])
+    # (what a seed-protocol client connected to another shard makes: the queue, held there, not refused)
+    shards.clients[elsewhere].produce([("found", b"x%02d" % i) for i in range(40)])
+    query = (
+        spark.readStream.format("pzq")
+        .option("endpoint", shards.servers[third].endpoint)  # no cluster option: its WHERE names the list
+        .option("queue", "found")
+        .load()
+        .writeStream.format("memory")
+        .queryName("found")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        rows = spark.sql("SELECT body FROM found").collect()
+        offsets = query.lastProgress["sources"][0]["endOffset"]
+    finally:
+        query.stop()
+    assert sorted(bytes(r.body) for r in rows) == [b"h%02d" % i for i in range(50)] + [b"x%02d" % i for i in range(40)]
+    ends = (json.loads(offsets) if isinstance(offsets, str) else offsets)["streams"]
+    assert ends == {f"{home}/found": 50, f"{elsewhere}/found": 40}
