@@ -106,6 +106,8 @@ class SourceReader(DataSourceStreamReader):
                 try:
                     done[key] = future.result()
                 except (ClientError, OSError) as exc:
+                    if getattr(exc, "code", "busy") != "busy":
+                        raise  # (refused, not unreachable: e.g. not-permitted; the query fails saying so)
                     shard = split_key(key)[0]
                     self._down[shard] = time.monotonic() + RETRY_S
                     log.warning("pzq group %r: shard %s: %s %s: %s", self.options.group, shard, what, key, exc)
