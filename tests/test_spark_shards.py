@@ -201,10 +201,12 @@ def test_a_shard_down_while_batches_are_planned_keeps_its_offset_and_its_rows_co
 def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output_exactly_the_produced_ids(
     spark, shards, tmp_path
 ):
+    back = threading.Timer(6.0, shards.servers["b"].start)
+
     def kill_b(batch_id: int) -> None:
         if batch_id == 1:  # the batch is planned; its tasks read (collect) after this, with b down 6 s
             shards.servers["b"].stop(signal.SIGKILL)
-            threading.Timer(6.0, shards.servers["b"].start).start()
+            back.start()
 
     sink = Batches(tmp_path / "batches.jsonl", before=kill_b)
     produced = [b"k%04d" % i for i in range(600)]
@@ -223,6 +225,9 @@ def test_a_shard_sigkilled_while_a_batch_is_read_and_restarted_leaves_the_output
         wait_until(lambda: running(query) and sink.bodies() == want, timeout_s=120, interval_s=0.2)
     finally:
         query.stop()
+        back.cancel()  # (a test that failed early leaves no server started after the fixture's reaping)
+        if back.is_alive():
+            back.join()
     assert sink.bodies() == want
     assert all(len(b["bodies"]) == len(set(b["bodies"])) for b in sink.read())
     (killed,) = [b["bodies"] for b in sink.read() if b["batch"] == 1]
