@@ -38,8 +38,8 @@ list file, read on the driver; else the endpoint's WHERE says), shardTimeout (5 
 this while a batch is planned keeps its offset) and queuePartitions (where servers predate WHERE).
 
 Across shards (``sharded``, ``streams``): every (queue, shard) of a queue is a stream with offsets of its
-own (``{"streams": {"shard/queue": seq}}``), read as one source; the sink puts each chunk on one of its
-queue's partitions by the hash of its dedup key, so a re-run writes the same places (docs/spark.md, "Shards").
+own (``{"streams": {"shard/queue": seq}}``), read as one source; the sink routes each chunk round its
+queue's partitions from one its dedup key picks, so a re-run writes the same places (docs/spark.md, "Shards").
 """
 
 from __future__ import annotations

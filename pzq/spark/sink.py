@@ -29,35 +29,21 @@ CHUNK_BYTES = 4 << 20
 
 
 class _Shards:
-    """A task's connections to the shards of a list: each chunk's rows go where the Placer puts them, one
-    PRODUCE a shard under the chunk's key (a shard stores a key once, so a re-run chunk adds nothing)."""
+    """A task's PRODUCEs over a shard list (pzq.clients.cluster's ClusterApi): a chunk's rows of a queue
+    go round its partitions from one its key picks, each shard's part stored under the chunk's key and
+    the shard's name; a re-run chunk (same key, same rows) goes to the same places and is stored once."""
 
     def __init__(self, options: Options, shards):
-        from pzq.spark.streams import Placer
+        from pzq.clients.cluster import ClusterApi
+        from pzq.spark.streams import cluster
 
-        self.options, self.placer = options, Placer(options, shards)
-        self.clients: dict[str, object] = {}
+        self.api = ClusterApi(cluster(options, shards), timeout_s=options.timeout_s)
 
     def produce(self, chunk: list[tuple[str, bytes]], key: str) -> dict:
-        by_shard: dict[str, list[tuple[str, bytes]]] = {}
-        endpoints: dict[str, str] = {}
-        for queue, body in chunk:
-            name, shard = self.placer.place(queue, key)
-            by_shard.setdefault(shard.name, []).append((name, body))
-            endpoints[shard.name] = shard.api_dsn
-        count, duplicate = 0, True
-        for shard_name, messages in sorted(by_shard.items()):
-            api = self.clients.get(shard_name)
-            if api is None:
-                api = self.clients[shard_name] = self.options.client(endpoints[shard_name])
-            result = api.produce(messages, key=key)  # type: ignore[attr-defined]
-            count += result["count"]
-            duplicate = duplicate and bool(result["duplicate"])
-        return {"count": count, "duplicate": duplicate}
+        return self.api.produce(chunk, key=key)
 
     def close(self) -> None:
-        for api in self.clients.values():
-            api.close()  # type: ignore[attr-defined]
+        self.api.close()
 
 
 class QueueWriter(DataSourceWriter):
