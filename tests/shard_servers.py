@@ -3,7 +3,9 @@ own store, ipc files and API port on loopback TCP; the list a TOML file beside t
 
 from __future__ import annotations
 
+import random
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +13,25 @@ from pathlib import Path
 from pzq.clients.api import ApiClient
 from pzq.shards import ShardList, load
 
-from conftest import ProcessServer, free_tcp_endpoint
+from conftest import ProcessServer
 
 NAMES = ("a", "b", "c")
+
+
+def steady_endpoint() -> str:
+    """A tcp:// endpoint on a loopback port free now, below the kernel's ephemeral range (as
+    test_cluster_faults' shards): a shard restarts on its port, and while it is down a port of that
+    range may be given to any outgoing connection, even to a client reconnecting to it (TCP's
+    self-connect), which would then talk to itself."""
+    for _ in range(50):
+        port = random.randrange(12_000, 20_000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"tcp://127.0.0.1:{port}"
+    raise AssertionError("no free loopback port between 12000 and 20000")
 
 
 class ShardServer(ProcessServer):
@@ -45,7 +63,7 @@ class Shards:
         lines = []
         for name in NAMES:
             (root / name).mkdir(exist_ok=True)
-            endpoint, _ = free_tcp_endpoint()
+            endpoint = steady_endpoint()
             srv = ShardServer(root / name, "--api-dsn", endpoint, "--shard", name, "--cluster", str(self.path))
             srv.endpoint = endpoint
             self.servers[name] = srv
