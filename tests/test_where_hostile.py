@@ -1,0 +1,70 @@
+"""WHERE and the shard list under hostile and mistaken clients (issue 43's review): big answers asked and
+never read, and lists whose entries point at a server that is not the shard they name. Real servers in
+threads of the test, real sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zmq
+
+from pzq.clients import native as client
+from pzq.clients.api import ApiClient
+from pzq.protocols import api as api_proto
+
+from conftest import free_tcp_endpoint, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+MiB = 1 << 20
+
+
+def long_list(tmp_path: Path, count: int = 1024) -> str:
+    """A list of ``count`` shards (the most a list may name), s0 first; the others never reached."""
+    path = tmp_path / "shards.toml"
+    with open(path, "w") as out:
+        for i in range(count):
+            host = f"10.{i // 250}.{i % 250}.1"
+            out.write(f'[[shard]]\nname = "s{i}"\nreceive_dsn = "tcp://{host}:11131"\napi_dsn = "tcp://{host}:11133"\n')
+            out.write(f'send_dsn = "tcp://{host}:11132"\nconsume_dsn = "tcp://{host}:11134"\n\n')
+    return str(path)
+
+
+def test_api_wheres_of_a_long_list_asked_and_never_read_are_refused_busy_before_they_raise_the_memory_alarm(
+    make_server, tmp_path
+):
+    """Each answer of a 1,024-shard list is ~113 KB: 40 clients asking 16 each and reading none held them
+    all in their pipes, past an 8 MiB high-water mark, and the alarm refused every producer."""
+    api_dsn, _ = free_tcp_endpoint()
+    srv = make_server(
+        api_dsn=api_dsn,
+        shard="s0",
+        cluster=long_list(tmp_path),
+        memory_high_water=8 * MiB,
+        memory_low_water=6 * MiB,
+    )
+    ctx = zmq.Context()
+    args = {"queue": "orders"}
+    try:
+        socks = []
+        for i in range(40):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.connect(api_dsn)
+            for n in range(16):
+                sock.send_multipart(api_proto.request(f"h{i}-{n}".encode(), "WHERE", args))
+            socks.append(sock)
+        memory = srv.server.alarm
+        assert wait_until(lambda: memory.refused_replies_total > 0 or memory.raised_total > 0, timeout_s=30)
+        assert memory.raised_total == 0
+        with client.Producer(srv.receive, timeout_s=10) as producer:
+            assert producer.produce([b"served"]).ok  # (before: "queue full: memory alarm")
+        with ApiClient(api_dsn, timeout_s=10) as api:  # (an honest WHERE, once the flood goes)
+            for sock in socks:
+                sock.close(0)
+            assert api.call("WHERE", queue="orders")["shard"] == "s0"
+        assert memory.raised_total == 0
+    finally:
+        ctx.term()
