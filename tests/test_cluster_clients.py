@@ -544,3 +544,22 @@ def test_pzq_produce_and_consume_follow_the_settings_cluster_and_the_partitions_
     nowhere = {f"PZQ_{n}_DSN": f"ipc://{Path(shards.path).parent}/nowhere-{n}" for n in ("SEND", "CONSUME")}
     done = run("consume", "--cluster", "", "--timeout", "300ms", env={**env, **nowhere})  # ('': one server)
     assert done.exit_code == ExitCode.NOT_LISTENING and "nowhere-" in done.stderr, done.output
+
+
+def test_a_list_entry_pointing_at_another_shard_is_never_produced_to_and_the_error_names_both(shards, tmp_path):
+    """The list's entry for the home of "default" gives another shard's endpoints (a copy-paste slip): its
+    WHERE answers as that other shard, so nothing goes there (it would be stored on a shard the queue does
+    not live on, read by nobody who locates it) and the error names both."""
+    home = shards.list.home("default").name
+    other = next(name for name in NAMES if name != home)
+    swapped = {name: dsns(tmp_path / (other if name == home else name)) for name in NAMES}
+    cluster = Cluster.from_file(write_list(tmp_path / "wrong.toml", swapped))
+    where = cluster.locate("default")
+    assert where.wrong == (home,) and f"shard {other!r}" in cluster.wrong[home]
+    with ShardedProducer(cluster, "default", batch=10, timeout_s=2) as producer:
+        results = producer.send_many(bodies(20))
+    assert not any(r.ok for r in results) and f"shard {home}: " in results[0].error
+    assert f"shard {other!r}" in results[0].error
+    with ClusterApi(cluster, timeout_s=5) as api, pytest.raises(ClientError, match=f"shard {other!r}"):
+        api.produce([("default", b"x")])
+    assert shards.depths() == dict.fromkeys(NAMES, 0)

@@ -4,6 +4,7 @@ threads of the test, real sockets."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import zmq
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
+from pzq.clients.cluster import Cluster
+from pzq.errors import ConfigError
 from pzq.protocols import api as api_proto
 
 from conftest import free_tcp_endpoint, wait_until
@@ -67,4 +70,33 @@ def test_api_wheres_of_a_long_list_asked_and_never_read_are_refused_busy_before_
             assert api.call("WHERE", queue="orders")["shard"] == "s0"
         assert memory.raised_total == 0
     finally:
+        ctx.term()
+
+
+def test_a_cluster_is_not_learned_from_a_server_that_is_no_shard_of_the_list_it_gives(tmp_path):
+    """An impostor (a real ROUTER answering WHERE) says it is shard "x" and gives a list without x: its
+    list is not believed (before: taken whole, every queue then placed by it)."""
+    dsn = f"ipc://{tmp_path}/impostor"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(dsn)
+
+    def answer() -> None:
+        if router.poll(10_000):
+            frames = router.recv_multipart()
+            request = api_proto.parse_request(frames)
+            assert isinstance(request, api_proto.Request)
+            listed = [{"name": "a", "api_dsn": f"ipc://{tmp_path}/a"}]
+            where = {"shard": "x", "shards": listed, "partitions": 0, "places": [], "held": []}
+            router.send_multipart(api_proto.ok(request, where))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ConfigError, match="is shard 'x', not in the list it gives"):
+            Cluster.from_server(dsn)
+    finally:
+        thread.join(10)
+        router.close(0)
         ctx.term()
