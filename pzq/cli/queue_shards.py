@@ -37,13 +37,22 @@ def queue_where(ask: Ask, name: str, cluster: str | None, as_json: bool) -> None
     answers: dict[str, dict] = {}
     for shard, endpoint in _monitors(shards.load(cluster)):
         try:
-            answers[shard] = ask.at(endpoint, ["WHERE", name])
+            answers[shard] = _where_as(ask, shard, endpoint, name)
         except ClientError as exc:  # (AdminRefused too: a peer that is not a pzq of this release)
             answers[shard] = {"error": str(exc)}
     click.echo(json.dumps(answers) if as_json else "\n".join(cluster_lines(name, answers)))
     silent = [shard for shard, answer in answers.items() if "error" in answer]
     if silent:
         fail(f"queue {name!r}: no answer from {', '.join(silent)}: what they hold is not known", ExitCode.FAILURE)
+
+
+def _where_as(ask: Ask, shard: str, endpoint: str, name: str) -> dict:
+    """The WHERE answer of the list's entry ``shard`` at ``endpoint``; ClientError if the server there
+    says it is another shard (an entry copied from another's: what it says is not ``shard``'s)."""
+    answer = ask.at(endpoint, ["WHERE", name])
+    if shard and answer["shard"] and answer["shard"] != shard:
+        raise ClientError(f"the list's entry {shard!r} reaches {endpoint}, which is shard {answer['shard']!r}")
+    return answer
 
 
 def cluster_lines(name: str, answers: dict[str, dict]) -> list[str]:
@@ -142,6 +151,7 @@ def _create_everywhere(ask: Ask, name: str, partitions: int, targets: list[tuple
     for shard, endpoint in targets:
         who = f"shard {shard}" if shard else endpoint
         try:
+            _where_as(ask, shard, endpoint, name)  # (before CREATE: another shard would keep the count for ever)
             answer = ask.at(endpoint, ["CREATE", name, str(partitions)])
             here, made = list(answer["here"]), list(answer["made"])
         except AdminRefused as exc:
