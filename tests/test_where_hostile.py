@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 import zmq
 
+from pzq import shards
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.clients.cluster import Cluster
 from pzq.errors import ConfigError
 from pzq.protocols import api as api_proto
+from pzq.server.wiring import Where
+from pzq.store import Store
 
 from conftest import free_tcp_endpoint, wait_until
 
@@ -100,3 +103,20 @@ def test_a_cluster_is_not_learned_from_a_server_that_is_no_shard_of_the_list_it_
         thread.join(10)
         router.close(0)
         ctx.term()
+
+
+def test_held_names_only_the_partitions_a_placement_can_give_however_many_q_hash_queues_clients_made(tmp_path):
+    """Clients may make Q#0 to Q#9999 (queues of their own names): WHERE Q lists Q#0 to Q#1023 at most,
+    so its work and its answer stay bounded (10,000 such names of 255 bytes: 8-31 ms, 2.6 MB, before)."""
+    store = Store(tmp_path / "db")
+    try:
+        store.catalog.max_queues = 3_000
+        for i in range(2_000):
+            store.queue(shards.partition_name("q", i))
+        store.commit()
+        where = Where("", None, store.catalog)
+        held = [name for name, _ in where("q")["held"]]
+        assert held == [shards.partition_name("q", i) for i in range(shards.MAX_PARTITIONS)]
+        assert where("q#1500")["held"] == [["q#1500", 0]]
+    finally:
+        store.close()
