@@ -157,3 +157,22 @@ def test_the_development_flow_three_shards_a_queue_of_six_partitions_made_on_eac
 
 
 QUIET = {"capture_output": True, "text": True, "timeout": 60, "env": {**os.environ, "PZQ_CONFIG": ""}}
+
+
+def test_a_second_run_in_the_dir_of_one_that_serves_is_refused_and_leaves_its_list_as_it_was(tmp_path):
+    """Before, the second run wrote its list over the first's (the first's clients then reached nobody),
+    took the first's shards, answering at the same ipc monitors, for its own, and printed ports nobody
+    served: its children had found their stores in use."""
+    proc, out, _err = run(tmp_path, "2", "--dir", "d")
+    try:
+        out.wait_for("Ctrl-C")
+        first = (tmp_path / "d" / "shards.toml").read_text()
+        again = subprocess.run([sys.executable, "-m", "pzq", "shards", "run", "2", "--dir", "d"], cwd=tmp_path, **QUIET)
+        assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+        assert "earlier run serve there still (s0, s1)" in again.stderr
+        assert (tmp_path / "d" / "shards.toml").read_text() == first
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

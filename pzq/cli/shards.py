@@ -68,6 +68,12 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--dir {folder}: {exc.strerror or exc}") from None
+    serving = _serving(base)
+    if serving:  # (a second run would write its list over the first's, and take the first's shards as its own)
+        raise ConfigError(
+            f"--dir {folder}: shards of an earlier run serve there still ({', '.join(serving)}): stop them "
+            "(Ctrl-C or SIGTERM to that `pzq shards run`), or give another --dir"
+        )
     ports = iter(_free_ports(count * (len(ROLES) + (len(SEED) if seed_gateways else 0))))
     plan = []
     for i in range(count):
@@ -85,6 +91,20 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
     except OSError as exc:
         raise ConfigError(f"--dir {folder}: cannot write {cluster}: {exc.strerror or exc}") from None
     Runner(base, cluster, plan, list(serve_options)).run()
+
+
+def _serving(base: Path) -> list[str]:
+    """The shards in ``base`` whose monitor (ipc, in its store's folder) takes a connection: a run's that
+    serves still. (One refused or absent: a run stopped, or killed leaving its socket file.)"""
+    found = []
+    for path in sorted(base.glob("s*/monitor")):
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                continue
+        found.append(path.parent.name)
+    return found
 
 
 def _free_ports(count: int) -> list[int]:
