@@ -176,3 +176,19 @@ def test_a_second_run_in_the_dir_of_one_that_serves_is_refused_and_leaves_its_li
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sigterm_while_the_shards_start_stops_them_and_announces_nothing_it_does_not_serve(tmp_path):
+    """Before, a SIGTERM while the children started was followed by the list, "Ctrl-C (or SIGTERM) stops
+    them all" and "not answering after 30 s" for shards that had been told to stop, not slow ones."""
+    proc, out, err = run(tmp_path, "3", "--dir", "d")
+    try:
+        assert wait_until(lambda: (tmp_path / "d" / "s0.log").exists(), 30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out.wait_for(r"stopped [1-3] shards")
+    assert not any("Ctrl-C" in line for line in out.lines), out.lines
+    assert not any("not answering" in line for line in err.lines), err.lines

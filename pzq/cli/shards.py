@@ -147,19 +147,22 @@ class Runner:
             signal.signal(sig, lambda signum, frame: self.stopping.set())
         try:
             for shard, seeds in self.plan:
+                if self.stopping.is_set():  # (a signal while they start: the rest are not started)
+                    break
                 with open(self.log(shard.name), "ab") as log:  # (the child keeps its own copy)
                     self.children[shard.name] = subprocess.Popen(
                         self.argv(shard, seeds), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                     )
             self._await_ready()
-            self._announce()
-            self._watch()
+            if not self.stopping.is_set():  # (stopped while they started: no list to announce, nothing to watch)
+                self._announce()
+                self._watch()
         finally:
             self._stop()
 
     def _await_ready(self) -> None:
         """Until each shard's monitor answers, or it exits (said, and left), or 30 s have passed."""
-        waiting = {shard.name: shard.monitor_dsn for shard, _ in self.plan}
+        waiting = {shard.name: shard.monitor_dsn for shard, _ in self.plan if shard.name in self.children}
         deadline = time.monotonic() + READY_S
         while waiting and time.monotonic() < deadline and not self.stopping.is_set():
             for name, monitor in list(waiting.items()):
@@ -174,7 +177,7 @@ class Runner:
                 except ClientError:
                     pass
             self.stopping.wait(0.1)
-        if waiting:
+        if waiting and not self.stopping.is_set():
             click.echo(f"pzq: not answering after {READY_S} s: {', '.join(waiting)} (see their logs)", err=True)
 
     def log(self, name: str) -> Path:
