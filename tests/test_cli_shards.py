@@ -192,3 +192,16 @@ def test_sigterm_while_the_shards_start_stops_them_and_announces_nothing_it_does
     out.wait_for(r"stopped [1-3] shards")
     assert not any("Ctrl-C" in line for line in out.lines), out.lines
     assert not any("not answering" in line for line in err.lines), err.lines
+
+
+def test_shards_that_exit_at_start_are_each_said_once_and_the_run_ends_with_exit_1(tmp_path):
+    """Before: each said twice ("exited at start", then "exited with status 2"), after the list and
+    "Ctrl-C (or SIGTERM) stops them all" of shards that had never served."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pzq", "shards", "run", "2", "--dir", "d", "--", "--max-queues", "0"],
+        cwd=tmp_path,
+        **QUIET,
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("shard s0 exited") == 1 and done.stderr.count("shard s1 exited") == 1, done.stderr
+    assert "every shard exited at start" in done.stderr and "Ctrl-C" not in done.stdout

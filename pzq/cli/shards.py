@@ -135,6 +135,7 @@ class Runner:
         self.base, self.cluster, self.plan, self.extra = base, cluster, plan, extra
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = threading.Event()
+        self.gone: dict[str, int] = {}  # the shards that exited at start: said once, by _await_ready
 
     def argv(self, shard: shards.Shard, seeds: dict[str, str]) -> list[str]:
         options = {"shard": shard.name, "cluster": str(self.cluster), "database": str(self.base / shard.name)}
@@ -154,6 +155,8 @@ class Runner:
                         self.argv(shard, seeds), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                     )
             self._await_ready()
+            if self.children and len(self.gone) == len(self.children):
+                fail("every shard exited at start: see their logs", ExitCode.FAILURE)
             if not self.stopping.is_set():  # (stopped while they started: no list to announce, nothing to watch)
                 self._announce()
                 self._watch()
@@ -169,6 +172,7 @@ class Runner:
                 status = self.children[name].poll()
                 if status is not None:
                     del waiting[name]
+                    self.gone[name] = status
                     click.echo(f"pzq: shard {name} exited at start, status {status}: see {self.log(name)}", err=True)
                     continue
                 try:
@@ -187,14 +191,15 @@ class Runner:
         click.echo(f"{len(self.plan)} shards, their list in {self.cluster}:")
         for shard, seeds in self.plan:
             pid = self.children[shard.name].pid
-            click.echo(f"  {shard.name} (pid {pid}, log {self.log(shard.name)})")
+            state = f"exited at start, status {self.gone[shard.name]}" if shard.name in self.gone else f"pid {pid}"
+            click.echo(f"  {shard.name} ({state}, log {self.log(shard.name)})")
             for role, dsn in {**shard.endpoints(), **{k: v for k, v in seeds.items() if v}}.items():
                 click.echo(f"    {role:<18} {dsn}")
         click.echo("Ctrl-C (or SIGTERM) stops them all.")
 
     def _watch(self) -> None:
         """Until a signal, or every child has exited: say each one that exits (not started again)."""
-        running = dict(self.children)
+        running = {name: child for name, child in self.children.items() if name not in self.gone}
         while running and not self.stopping.wait(0.2):
             for name, child in list(running.items()):
                 status = child.poll()
