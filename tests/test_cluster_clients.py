@@ -556,6 +556,7 @@ def test_a_list_entry_pointing_at_another_shard_is_never_produced_to_and_the_err
     cluster = Cluster.from_file(write_list(tmp_path / "wrong.toml", swapped))
     where = cluster.locate("default")
     assert where.wrong == (home,) and f"shard {other!r}" in cluster.wrong[home]
+    assert where.unreachable == (home,)  # (a reader knowing only that, as the Spark source, takes it as down)
     with ShardedProducer(cluster, "default", batch=10, timeout_s=2) as producer:
         results = producer.send_many(bodies(20))
     assert not any(r.ok for r in results) and f"shard {home}: " in results[0].error

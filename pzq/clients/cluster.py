@@ -49,7 +49,8 @@ class Location:
     produce_to: tuple[tuple[str, Shard], ...]
     consume_from: tuple[tuple[str, Shard], ...]
     unreachable: tuple[str, ...] = ()
-    wrong: tuple[str, ...] = ()  # the shards whose server answered as another (``Cluster.wrong`` says why)
+    wrong: tuple[str, ...] = ()  # the shards whose server answered as another (``Cluster.wrong`` says why;
+    # in ``unreachable`` too)
 
     def shards(self, which: str = "consume_from") -> list[Shard]:
         """The distinct shards of ``produce_to`` or ``consume_from``, in their first place's order."""
@@ -175,8 +176,10 @@ class Cluster:
                 here = (held_name, self.shards.named(name))
                 if here not in consume:
                     consume.append(here)
+        # (a wrong shard's answer is None: it is in ``unreachable`` too, so a reader that knows only that
+        # field, as the Spark source, takes it as down: its offsets kept, nothing read from it)
         wrong = tuple(name for name in answers if name in self.wrong)
-        missing = tuple(name for name, answer in answers.items() if answer is None and name not in wrong)
+        missing = tuple(name for name, answer in answers.items() if answer is None)
         return Location(queue, k, places, tuple(consume), missing, wrong)
 
     def _ask_where(self, queues: list[str], *, judge: bool = True) -> dict[str, dict[str, dict | None]]:
