@@ -564,3 +564,15 @@ def test_a_list_entry_pointing_at_another_shard_is_never_produced_to_and_the_err
     with ClusterApi(cluster, timeout_s=5) as api, pytest.raises(ClientError, match=f"shard {other!r}"):
         api.produce([("default", b"x")])
     assert shards.depths() == dict.fromkeys(NAMES, 0)
+
+
+def test_many_queues_located_at_once_each_get_the_count_the_shards_keep_none_taken_for_a_busy_refusal(shards):
+    """40 queues located in one round (ClusterApi.route does so): each shard refuses a client's requests
+    past its share waiting (16) with ERR busy, which had been taken as "a server without WHERE", so
+    the queues past it were placed as queues of no partitions, their messages stored in Q, not Q#i."""
+    names = [f"p{i}" for i in range(40)]
+    for name in names:
+        create_everywhere(shards, name, 3)
+    where = Cluster.from_file(shards.path).locate_many(names)
+    assert {name: where[name].partitions for name in names} == dict.fromkeys(names, 3)
+    assert all(not where[name].unreachable for name in names)

@@ -37,6 +37,9 @@ from pzq.shards import MAX_PARTITIONS, Shard, ShardList, load, partition_of
 
 WHERE_TIMEOUT_S = 1.0  # each shard's time to answer WHERE (asked all at once: the whole locate's wait)
 CACHE_S = 3.0  # how long a located queue is used before the shards are asked again
+# WHEREs in flight to one shard: a server's pipe to a client holds 2 replies (Limits.api_replies_unread),
+# and it drops unanswered the requests of a client that has more coming than it reads
+WHERE_WINDOW = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,11 +187,15 @@ class Cluster:
 
     def _ask_where(self, queues: list[str], *, judge: bool = True) -> dict[str, dict[str, dict | None]]:
         """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), all
-        asked at once on one DEALER a shard. An error answer (a server without WHERE) is an empty dict."""
+        shards asked at once on one DEALER each, ``WHERE_WINDOW`` requests in flight on each, as the API
+        lets a client have (a round of many queues: a round trip for every two, each shard in parallel;
+        one answered ``busy`` is asked again). Another error answer (a server without WHERE) is an
+        empty dict."""
         prefix = uuid.uuid4().hex
         ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
         answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
         socks: dict[zmq.Socket, str] = {}
+        unsent: dict[zmq.Socket, list[bytes]] = {}  # each socket's requests not sent yet, the next last
         try:
             for shard in self.shards.shards:
                 if not shard.api_dsn:
@@ -197,12 +204,8 @@ class Cluster:
                     sock = connect(zmq.DEALER, shard.api_dsn, curve=self.curve)
                 except ClientError:  # (an ipc socket file that is not there: that shard is down)
                     continue
-                socks[sock] = shard.name
-                try:
-                    for request_id, queue in ids.items():
-                        sock.send_multipart(api.request(request_id, "WHERE", {"queue": queue}), zmq.NOBLOCK)
-                except zmq.ZMQError:  # (no pipe, or a full one: that shard is not answering either)
-                    continue
+                socks[sock], unsent[sock] = shard.name, list(reversed(ids))
+                _send_where(sock, unsent[sock], ids, WHERE_WINDOW)
             poller = zmq.Poller()
             for sock in socks:
                 poller.register(sock, zmq.POLLIN)
@@ -214,8 +217,12 @@ class Cluster:
                     asked = None if reply is None else ids.get(reply[0])
                     if reply is None or asked is None or answers[asked][socks[sock]] is not None:
                         continue
-                    answers[asked][socks[sock]] = reply[2] if reply[1] else {}
-                    waiting -= 1
+                    if not reply[1] and reply[2].get("code") == "busy":
+                        unsent[sock].append(reply[0])  # (asked again, when one of those in flight is answered)
+                    else:
+                        answers[asked][socks[sock]] = reply[2] if reply[1] else {}
+                        waiting -= 1
+                    _send_where(sock, unsent[sock], ids, 1)
         finally:
             for sock in socks:
                 sock.close(linger=0)
@@ -242,6 +249,18 @@ class Cluster:
             )
             for by_shard in answers.values():
                 by_shard[name] = None
+
+
+def _send_where(sock: zmq.Socket, unsent: list[bytes], ids: dict[bytes, str], most: int) -> None:
+    """Send up to ``most`` of ``unsent`` (taken from its end); a full pipe or none: the rest wait (that
+    shard is not answering: its answers stay None)."""
+    for _ in range(min(most, len(unsent))):
+        request_id = unsent[-1]
+        try:
+            sock.send_multipart(api.request(request_id, "WHERE", {"queue": ids[request_id]}), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        unsent.pop()
 
 
 def _of(name: str, queue: str) -> bool:
