@@ -576,3 +576,18 @@ def test_many_queues_located_at_once_each_get_the_count_the_shards_keep_none_tak
     where = Cluster.from_file(shards.path).locate_many(names)
     assert {name: where[name].partitions for name in names} == dict.fromkeys(names, 3)
     assert all(not where[name].unreachable for name in names)
+
+
+def test_an_endpoint_named_on_the_command_line_is_that_one_server_whatever_the_settings_cluster(shards):
+    """PZQ_CLUSTER (or a shard's config) names the list, and the command names one server's endpoint:
+    that server is the one meant (before, the endpoint was silently ignored for the list's placement)."""
+    home = shards.list.home("default").name
+    other = shards.list.named(next(name for name in NAMES if name != home))
+    env = {"PZQ_CLUSTER": shards.path, "PZQ_CONFIG": None}
+    done = run("produce", "--receive-dsn", other.receive_dsn, "pinned", env=env)
+    assert done.exit_code == 0, done.output
+    assert shards.depths() == {name: 1 if name == other.name else 0 for name in NAMES}
+    done = run("consume", "--consume-dsn", other.consume_dsn, "-n", "1", env=env)
+    assert done.exit_code == 0 and done.stdout == "pinned\n", done.output
+    both = run("produce", "--cluster", shards.path, "--receive-dsn", other.receive_dsn, "x", env=env)
+    assert both.exit_code == ExitCode.CONFIG and "--cluster or --receive-dsn" in both.stderr, both.output
