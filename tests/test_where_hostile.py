@@ -14,6 +14,7 @@ from pzq import shards
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
 from pzq.clients.cluster import Cluster
+from pzq.config import Limits
 from pzq.errors import ConfigError
 from pzq.protocols import api as api_proto
 from pzq.server.wiring import Where
@@ -120,3 +121,19 @@ def test_held_names_only_the_partitions_a_placement_can_give_however_many_q_hash
         assert where("q#1500")["held"] == [["q#1500", 0]]
     finally:
         store.close()
+
+
+def test_wheres_asked_while_acknowledged_messages_are_deleted_make_no_commit_of_their_own(make_server, tmp_path):
+    """Clients ask WHERE of every shard every few seconds a queue: each had made its shard commit what was
+    gathering for --commit-interval (acks' deletions), an fsync per WHERE on a busy shard."""
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", commit_interval=30.0, limits=Limits(lease_work_per_turn=100))
+    with ApiClient(srv.config.api_dsn, timeout_s=20) as api:
+        api.produce([("acked", b"m%d" % i) for i in range(1000)])
+        end = 0
+        while end < 1000:
+            end = api.lease("acked", "g", end, 1000 - end)[1]
+        api.ack_upto("acked", "g", 1000)  # (its reply waits for the commit of the new base; deletions gather)
+        syncs = srv.stats()["syncs"]
+        for _ in range(20):
+            assert api.call("WHERE", queue="acked")["held"][0][0] == "acked"
+        assert srv.stats()["syncs"] == syncs

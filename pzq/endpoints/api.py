@@ -25,7 +25,9 @@ WEIGHED = (b"WHERE",)
 WEIGHED_FROM = 64 << 10
 # Commands that write nothing a client is told of: their replies need no commit of their own. (What they
 # return was durable before: a lease or a message is committed before the reply that tells of it.)
-READ_ONLY = (b"SNAPSHOT", b"FETCH")
+# (WHERE too: names and counts, asked of every shard every few seconds a queue by each cluster client; a
+# depth it tells that is not committed yet is a figure, as the monitor's, not a promise)
+READ_ONLY = (b"SNAPSHOT", b"FETCH", b"WHERE")
 REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
 COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
 TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
