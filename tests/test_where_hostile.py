@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import msgpack
 import pytest
 import zmq
 
@@ -137,3 +138,21 @@ def test_wheres_asked_while_acknowledged_messages_are_deleted_make_no_commit_of_
         for _ in range(20):
             assert api.call("WHERE", queue="acked")["held"][0][0] == "acked"
         assert srv.stats()["syncs"] == syncs
+
+
+def test_a_brief_where_leaves_out_the_list_and_the_places_and_cluster_clients_ask_brief(make_server, tmp_path):
+    """A locate asks every shard: with a list of 1,024 shards each answer was ~113 KB, the list and the
+    places, which a client reading the list itself never uses (1,024 shards: 116 MB a queue located)."""
+    api_dsn = f"ipc://{tmp_path}/api"
+    srv = make_server(api_dsn=api_dsn, shard="s0", cluster=long_list(tmp_path))
+    with ApiClient(api_dsn, timeout_s=10) as api:
+        api.produce([("orders#3", b"x")])
+        whole = api.call("WHERE", queue="orders")
+        brief = api.call("WHERE", queue="orders", brief=1)
+    assert brief == {"shard": "s0", "partitions": 0, "held": [["orders#3", 1]]}
+    assert {key: whole[key] for key in brief} == brief and len(whole["shards"]) == 1024
+    assert len(msgpack.packb(brief)) < 100 < 100_000 < len(msgpack.packb(whole))
+    listed = shards.ShardList((shards.Shard("s0", api_dsn=api_dsn),))
+    asked = Cluster(listed)._ask_where(["orders"])["orders"]["s0"]
+    assert asked == brief
+    assert srv.server.alarm.raised_total == 0

@@ -99,7 +99,7 @@ class Cluster:
         """The cluster a server's WHERE names (any shard's API endpoint will do); ClientError if it does
         not answer, ConfigError if it is no shard of a list."""
         probe = cls(ShardList((Shard("-", api_dsn=api_dsn),)), **kwargs)
-        answer = probe._ask_where([queue], judge=False)[queue]["-"]  # (its name is the answer's: not judged)
+        answer = probe._ask_where([queue], probe=True)[queue]["-"]
         if answer is None:
             raise ClientError(f"no answer to WHERE from {api_dsn} within {probe.where_timeout_s:g} s")
         if not answer.get("shards"):
@@ -185,7 +185,7 @@ class Cluster:
         missing = tuple(name for name, answer in answers.items() if answer is None)
         return Location(queue, k, places, tuple(consume), missing, wrong)
 
-    def _ask_where(self, queues: list[str], *, judge: bool = True) -> dict[str, dict[str, dict | None]]:
+    def _ask_where(self, queues: list[str], *, probe: bool = False) -> dict[str, dict[str, dict | None]]:
         """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), all
         shards asked at once on one DEALER each, ``WHERE_WINDOW`` requests in flight on each, as the API
         lets a client have (a round of many queues: a round trip for every two, each shard in parallel;
@@ -193,6 +193,9 @@ class Cluster:
         empty dict."""
         prefix = uuid.uuid4().hex
         ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
+        # (brief: the list and the places are left out, the client has its own; a ``probe`` of from_server asks
+        # for the server's list, and is not judged: its name is the answer's)
+        args = {} if probe else {"brief": 1}
         answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
         socks: dict[zmq.Socket, str] = {}
         unsent: dict[zmq.Socket, list[bytes]] = {}  # each socket's requests not sent yet, the next last
@@ -205,7 +208,7 @@ class Cluster:
                 except ClientError:  # (an ipc socket file that is not there: that shard is down)
                     continue
                 socks[sock], unsent[sock] = shard.name, list(reversed(ids))
-                _send_where(sock, unsent[sock], ids, WHERE_WINDOW)
+                _send_where(sock, unsent[sock], ids, WHERE_WINDOW, args)
             poller = zmq.Poller()
             for sock in socks:
                 poller.register(sock, zmq.POLLIN)
@@ -222,11 +225,11 @@ class Cluster:
                     else:
                         answers[asked][socks[sock]] = reply[2] if reply[1] else {}
                         waiting -= 1
-                    _send_where(sock, unsent[sock], ids, 1)
+                    _send_where(sock, unsent[sock], ids, 1, args)
         finally:
             for sock in socks:
                 sock.close(linger=0)
-        if judge:
+        if not probe:
             self._judge(answers)
         return answers
 
@@ -251,13 +254,13 @@ class Cluster:
                 by_shard[name] = None
 
 
-def _send_where(sock: zmq.Socket, unsent: list[bytes], ids: dict[bytes, str], most: int) -> None:
-    """Send up to ``most`` of ``unsent`` (taken from its end); a full pipe or none: the rest wait (that
-    shard is not answering: its answers stay None)."""
+def _send_where(sock: zmq.Socket, unsent: list[bytes], ids: dict[bytes, str], most: int, args: dict) -> None:
+    """Send up to ``most`` of ``unsent`` (taken from its end), each with ``args`` and its queue; a full pipe
+    or none: the rest wait (that shard is not answering: its answers stay None)."""
     for _ in range(min(most, len(unsent))):
         request_id = unsent[-1]
         try:
-            sock.send_multipart(api.request(request_id, "WHERE", {"queue": ids[request_id]}), zmq.NOBLOCK)
+            sock.send_multipart(api.request(request_id, "WHERE", args | {"queue": ids[request_id]}), zmq.NOBLOCK)
         except zmq.ZMQError:
             return
         unsent.pop()
