@@ -13,6 +13,7 @@ import zmq
 
 from pzq import shards
 from pzq.clients import native as client
+from pzq.clients.admin import admin_request
 from pzq.clients.api import ApiClient
 from pzq.clients.cluster import Cluster
 from pzq.config import Limits
@@ -156,3 +157,17 @@ def test_a_brief_where_leaves_out_the_list_and_the_places_and_cluster_clients_as
     asked = Cluster(listed)._ask_where(["orders"])["orders"]["s0"]
     assert asked == brief
     assert srv.server.alarm.raised_total == 0
+
+
+def test_a_list_of_1024_shards_is_located_the_shards_asked_a_few_hundred_at_a_time(make_server, tmp_path):
+    """A socket a shard, all at once, had failed with "Too many open files" (libzmq's 1,023 sockets a
+    context): the one shard that serves here, s700, is heard, the others (nothing listening) are named."""
+    path = tmp_path / "shards.toml"
+    api_dsn = f"ipc://{tmp_path}/api"
+    entries = [f'[[shard]]\nname = "s{i}"\napi_dsn = "tcp://127.0.0.1:{1 + i}"\n' for i in range(1024)]
+    entries[700] = f'[[shard]]\nname = "s700"\napi_dsn = "{api_dsn}"\n'
+    path.write_text("".join(entries))
+    srv = make_server(api_dsn=api_dsn, shard="s700", cluster=str(path))
+    assert admin_request(srv.monitor, ["CREATE", "orders", "3"], timeout_s=10)
+    where = Cluster.from_file(str(path), where_timeout_s=0.2).locate("orders")
+    assert where.partitions == 3 and len(where.unreachable) == 1023 and "s700" not in where.unreachable

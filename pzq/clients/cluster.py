@@ -40,6 +40,7 @@ CACHE_S = 3.0  # how long a located queue is used before the shards are asked ag
 # WHEREs in flight to one shard: a server's pipe to a client holds 2 replies (Limits.api_replies_unread),
 # and it drops unanswered the requests of a client that has more coming than it reads
 WHERE_WINDOW = 2
+WHERE_SHARDS = 256  # shards asked at once (a socket each: libzmq has 1,023 a context, a process 1,024 files often)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,23 +187,31 @@ class Cluster:
         return Location(queue, k, places, tuple(consume), missing, wrong)
 
     def _ask_where(self, queues: list[str], *, probe: bool = False) -> dict[str, dict[str, dict | None]]:
-        """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), all
-        shards asked at once on one DEALER each, ``WHERE_WINDOW`` requests in flight on each, as the API
-        lets a client have (a round of many queues: a round trip for every two, each shard in parallel;
-        one answered ``busy`` is asked again). Another error answer (a server without WHERE) is an
-        empty dict."""
+        """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), the
+        shards asked at once on one DEALER each, ``WHERE_SHARDS`` at a time (libzmq's sockets and the
+        process's files are few: a list of 1,024 at once had failed with "Too many open files"), each a
+        second to answer, ``WHERE_WINDOW`` requests in flight on each, as the API lets a client have (a
+        round of many queues: a round trip for every two, each shard in parallel; one answered ``busy``
+        is asked again). Another error answer (a server without WHERE) is an empty dict."""
         prefix = uuid.uuid4().hex
         ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
         # (brief: the list and the places are left out, the client has its own; a ``probe`` of from_server asks
         # for the server's list, and is not judged: its name is the answer's)
         args = {} if probe else {"brief": 1}
         answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
+        listed = [shard for shard in self.shards.shards if shard.api_dsn]
+        for at in range(0, len(listed), WHERE_SHARDS):
+            self._ask_some(listed[at : at + WHERE_SHARDS], ids, args, answers)
+        if not probe:
+            self._judge(answers)
+        return answers
+
+    def _ask_some(self, shards: list[Shard], ids: dict[bytes, str], args: dict, answers: dict) -> None:
+        """``_ask_where`` for some of the shards, their answers put in ``answers``."""
         socks: dict[zmq.Socket, str] = {}
         unsent: dict[zmq.Socket, list[bytes]] = {}  # each socket's requests not sent yet, the next last
         try:
-            for shard in self.shards.shards:
-                if not shard.api_dsn:
-                    continue
+            for shard in shards:
                 try:
                     sock = connect(zmq.DEALER, shard.api_dsn, curve=self.curve)
                 except ClientError:  # (an ipc socket file that is not there: that shard is down)
@@ -229,9 +238,6 @@ class Cluster:
         finally:
             for sock in socks:
                 sock.close(linger=0)
-        if not probe:
-            self._judge(answers)
-        return answers
 
     def _judge(self, answers: dict[str, dict[str, dict | None]]) -> None:
         """Each shard whose answers name another shard is ``wrong`` and its answers dropped; one answering
