@@ -197,3 +197,13 @@ def test_a_list_entry_reaching_another_shard_is_asked_nothing_and_the_command_ex
     assert where(servers["b"], "orders")["partitions"] == 0
     seen = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", str(wrong), "--json"], env=ENV)
     assert seen.exit_code == ExitCode.FAILURE and "which is shard 'c'" in json.loads(seen.stdout)["b"]["error"]
+
+
+def test_create_with_partitions_sent_to_one_shard_asks_every_shard_of_the_list_that_shard_reads(three):
+    """No --cluster and no settings' list: the server of --monitor-dsn is a shard, and its list names the
+    others (before, only it kept the count, the command said done and the others held none)."""
+    _, servers = three
+    done = create("orders", "--partitions", "6", "--monitor-dsn", servers["b"].monitor)
+    assert done.exit_code == 0, done.output
+    assert all(where(server, "orders")["partitions"] == 6 for server in servers.values())
+    assert sum(len(where(server, "orders")["held"]) for server in servers.values()) == 6

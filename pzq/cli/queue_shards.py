@@ -119,9 +119,10 @@ def queue_create(ask: Ask, name: str, partitions: int, cluster: str | None) -> N
     """Make queue NAME, explicit (the operator's: it never expires, as the --queue one). A queue that
     exists already is no error (exit 0, nothing changed); one that a client's request made becomes
     explicit. Names are 1 to 255 bytes, without whitespace. With --partitions K, every shard of the
-    shard list keeps "NAME has K partitions" and makes those the list places on it (without a list, the
-    one server makes them all): run it again, it is idempotent, if a shard did not answer (exit 1, naming
-    it). Another K than the one kept is refused: partitions never change."""
+    shard list keeps "NAME has K partitions" and makes those the list places on it (no list given: the
+    list of the server asked, if it is a shard; a server of no list makes them all): run it again, it is
+    idempotent, if a shard did not answer (exit 1, naming it). Another K than the one kept is refused:
+    partitions never change."""
     if partitions == 1:
         answer = ask(["CREATE", name])
         if answer["created"]:
@@ -132,8 +133,18 @@ def queue_create(ask: Ask, name: str, partitions: int, cluster: str | None) -> N
             click.echo(f"queue {name!r} exists already: nothing changed")
         return
     listed_at = cluster or resolve(ask.config_file).cluster
-    targets = _monitors(shards.load(listed_at)) if listed_at else [("", ask.endpoint)]
+    targets = _monitors(shards.load(listed_at)) if listed_at else _served(ask, name)
     _create_everywhere(ask, name, partitions, targets)
+
+
+def _served(ask: Ask, name: str) -> list[tuple[str, str]]:
+    """No list given: the monitors of the list the server of --monitor-dsn reads, if it is a shard (it alone
+    would keep the count, the others holding none of the partitions), else that one server."""
+    answer = ask(["WHERE", name])
+    if not answer["shards"]:
+        return [("", ask.endpoint)]
+    click.echo(f"shard {answer['shard']} reads a list of {len(answer['shards'])} shards: asking each", err=True)
+    return _monitors(shards.ShardList.from_dict(answer["shards"], f"the shard list of {ask.endpoint}"))
 
 
 def _monitors(listed: shards.ShardList) -> list[tuple[str, str]]:
