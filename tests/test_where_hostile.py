@@ -21,6 +21,7 @@ from pzq.errors import ConfigError
 from pzq.protocols import api as api_proto
 from pzq.server.wiring import Where
 from pzq.store import Store
+from pzq.store.catalog import MOST_PARTITIONS
 
 from conftest import free_tcp_endpoint, wait_until
 
@@ -171,3 +172,19 @@ def test_a_list_of_1024_shards_is_located_the_shards_asked_a_few_hundred_at_a_ti
     assert admin_request(srv.monitor, ["CREATE", "orders", "3"], timeout_s=10)
     where = Cluster.from_file(str(path), where_timeout_s=0.2).locate("orders")
     assert where.partitions == 3 and len(where.unreachable) == 1023 and "s700" not in where.unreachable
+
+
+def test_a_kept_count_of_partitions_no_pzq_keeps_is_set_aside_at_open_and_where_is_answered(make_server, tmp_path):
+    """A count past 1,024 (a damaged record, a newer pzq's) had made every WHERE of its queue fail in the
+    loop ("unexpected error ... rolled back"), its client waiting for an answer that never came."""
+    assert MOST_PARTITIONS == shards.MAX_PARTITIONS
+    (tmp_path / "l.toml").write_text('[[shard]]\nname = "a"\n')
+    store = Store(tmp_path / "db")
+    store.catalog.keep_partitions("q", 5000)  # (the catalog keeps what the monitor's CREATE checked)
+    store.catalog.keep_partitions("fine", 8)
+    store.commit()
+    store.close()
+    srv = make_server(api_dsn=f"ipc://{tmp_path}/api", shard="a", cluster=str(tmp_path / "l.toml"))
+    with ApiClient(srv.config.api_dsn, timeout_s=5) as api:
+        assert api.call("WHERE", queue="q")["partitions"] == 0
+        assert api.call("WHERE", queue="fine")["partitions"] == 8
