@@ -591,3 +591,14 @@ def test_an_endpoint_named_on_the_command_line_is_that_one_server_whatever_the_s
     assert done.exit_code == 0 and done.stdout == "pinned\n", done.output
     both = run("produce", "--cluster", shards.path, "--receive-dsn", other.receive_dsn, "x", env=env)
     assert both.exit_code == ExitCode.CONFIG and "--cluster or --receive-dsn" in both.stderr, both.output
+
+
+def test_pzq_consume_with_cluster_names_each_shard_it_left_out_when_it_ends(shards):
+    """A shard that is down (or answers as another) is left out of the round: the command had ended with
+    "no message came" alone, the messages that shard holds unmentioned."""
+    create_everywhere(shards, "default", 3)
+    down = "b"
+    shards.servers[down].stop()
+    done = run("consume", "--cluster", shards.path, "--timeout", "300ms")
+    assert done.exit_code == ExitCode.NO_MESSAGE
+    assert f"pzq: shard {down} left out: " in done.stderr, done.stderr

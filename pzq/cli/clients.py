@@ -213,7 +213,11 @@ def consume(
     shards = _cluster(cfg, keys, cluster, {"--send-dsn": send_dsn, "--consume-dsn": consume_dsn})
     if shards is not None:
         with shards, ShardedConsumer(shards, cfg.queue) as sharded:
-            _print_and_settle(sharded, count, timeout, nack, as_json)
+            try:
+                _print_and_settle(sharded, count, timeout, nack, as_json)
+            finally:  # (what a shard left out holds was not read: said, whatever ended the command)
+                for name, why in sharded.errors.items():
+                    click.echo(f"pzq: shard {name} left out: {why.removeprefix(f'shard {name}: ')}", err=True)
         return
     # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
     # 'auto' puts beside that send socket)
