@@ -157,3 +157,51 @@ def test_the_development_flow_three_shards_a_queue_of_six_partitions_made_on_eac
 
 
 QUIET = {"capture_output": True, "text": True, "timeout": 60, "env": {**os.environ, "PZQ_CONFIG": ""}}
+
+
+def test_a_second_run_in_the_dir_of_one_that_serves_is_refused_and_leaves_its_list_as_it_was(tmp_path):
+    """Before, the second run wrote its list over the first's (the first's clients then reached nobody),
+    took the first's shards, answering at the same ipc monitors, for its own, and printed ports nobody
+    served: its children had found their stores in use."""
+    proc, out, _err = run(tmp_path, "2", "--dir", "d")
+    try:
+        out.wait_for("Ctrl-C")
+        first = (tmp_path / "d" / "shards.toml").read_text()
+        again = subprocess.run([sys.executable, "-m", "pzq", "shards", "run", "2", "--dir", "d"], cwd=tmp_path, **QUIET)
+        assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+        assert "earlier run serve there still (s0, s1)" in again.stderr
+        assert (tmp_path / "d" / "shards.toml").read_text() == first
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sigterm_while_the_shards_start_stops_them_and_announces_nothing_it_does_not_serve(tmp_path):
+    """Before, a SIGTERM while the children started was followed by the list, "Ctrl-C (or SIGTERM) stops
+    them all" and "not answering after 30 s" for shards that had been told to stop, not slow ones."""
+    proc, out, err = run(tmp_path, "3", "--dir", "d")
+    try:
+        assert wait_until(lambda: (tmp_path / "d" / "s0.log").exists(), 30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out.wait_for(r"stopped [1-3] shards")
+    assert not any("Ctrl-C" in line for line in out.lines), out.lines
+    assert not any("not answering" in line for line in err.lines), err.lines
+
+
+def test_shards_that_exit_at_start_are_each_said_once_and_the_run_ends_with_exit_1(tmp_path):
+    """Before: each said twice ("exited at start", then "exited with status 2"), after the list and
+    "Ctrl-C (or SIGTERM) stops them all" of shards that had never served."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pzq", "shards", "run", "2", "--dir", "d", "--", "--max-queues", "0"],
+        cwd=tmp_path,
+        **QUIET,
+    )
+    assert done.returncode == 1
+    assert done.stderr.count("shard s0 exited") == 1 and done.stderr.count("shard s1 exited") == 1, done.stderr
+    assert "every shard exited at start" in done.stderr and "Ctrl-C" not in done.stdout

@@ -544,3 +544,61 @@ def test_pzq_produce_and_consume_follow_the_settings_cluster_and_the_partitions_
     nowhere = {f"PZQ_{n}_DSN": f"ipc://{Path(shards.path).parent}/nowhere-{n}" for n in ("SEND", "CONSUME")}
     done = run("consume", "--cluster", "", "--timeout", "300ms", env={**env, **nowhere})  # ('': one server)
     assert done.exit_code == ExitCode.NOT_LISTENING and "nowhere-" in done.stderr, done.output
+
+
+def test_a_list_entry_pointing_at_another_shard_is_never_produced_to_and_the_error_names_both(shards, tmp_path):
+    """The list's entry for the home of "default" gives another shard's endpoints (a copy-paste slip): its
+    WHERE answers as that other shard, so nothing goes there (it would be stored on a shard the queue does
+    not live on, read by nobody who locates it) and the error names both."""
+    home = shards.list.home("default").name
+    other = next(name for name in NAMES if name != home)
+    swapped = {name: dsns(tmp_path / (other if name == home else name)) for name in NAMES}
+    cluster = Cluster.from_file(write_list(tmp_path / "wrong.toml", swapped))
+    where = cluster.locate("default")
+    assert where.wrong == (home,) and f"shard {other!r}" in cluster.wrong[home]
+    assert where.unreachable == (home,)  # (a reader knowing only that, as the Spark source, takes it as down)
+    with ShardedProducer(cluster, "default", batch=10, timeout_s=2) as producer:
+        results = producer.send_many(bodies(20))
+    assert not any(r.ok for r in results) and f"shard {home}: " in results[0].error
+    assert f"shard {other!r}" in results[0].error
+    with ClusterApi(cluster, timeout_s=5) as api, pytest.raises(ClientError, match=f"shard {other!r}"):
+        api.produce([("default", b"x")])
+    assert shards.depths() == dict.fromkeys(NAMES, 0)
+
+
+def test_many_queues_located_at_once_each_get_the_count_the_shards_keep_none_taken_for_a_busy_refusal(shards):
+    """40 queues located in one round (ClusterApi.route does so): each shard refuses a client's requests
+    past its share waiting (16) with ERR busy, which had been taken as "a server without WHERE", so
+    the queues past it were placed as queues of no partitions, their messages stored in Q, not Q#i."""
+    names = [f"p{i}" for i in range(40)]
+    for name in names:
+        create_everywhere(shards, name, 3)
+    where = Cluster.from_file(shards.path).locate_many(names)
+    assert {name: where[name].partitions for name in names} == dict.fromkeys(names, 3)
+    assert all(not where[name].unreachable for name in names)
+
+
+def test_an_endpoint_named_on_the_command_line_is_that_one_server_whatever_the_settings_cluster(shards):
+    """PZQ_CLUSTER (or a shard's config) names the list, and the command names one server's endpoint:
+    that server is the one meant (before, the endpoint was silently ignored for the list's placement)."""
+    home = shards.list.home("default").name
+    other = shards.list.named(next(name for name in NAMES if name != home))
+    env = {"PZQ_CLUSTER": shards.path, "PZQ_CONFIG": None}
+    done = run("produce", "--receive-dsn", other.receive_dsn, "pinned", env=env)
+    assert done.exit_code == 0, done.output
+    assert shards.depths() == {name: 1 if name == other.name else 0 for name in NAMES}
+    done = run("consume", "--consume-dsn", other.consume_dsn, "-n", "1", env=env)
+    assert done.exit_code == 0 and done.stdout == "pinned\n", done.output
+    both = run("produce", "--cluster", shards.path, "--receive-dsn", other.receive_dsn, "x", env=env)
+    assert both.exit_code == ExitCode.CONFIG and "--cluster or --receive-dsn" in both.stderr, both.output
+
+
+def test_pzq_consume_with_cluster_names_each_shard_it_left_out_when_it_ends(shards):
+    """A shard that is down (or answers as another) is left out of the round: the command had ended with
+    "no message came" alone, the messages that shard holds unmentioned."""
+    create_everywhere(shards, "default", 3)
+    down = "b"
+    shards.servers[down].stop()
+    done = run("consume", "--cluster", shards.path, "--timeout", "300ms")
+    assert done.exit_code == ExitCode.NO_MESSAGE
+    assert f"pzq: shard {down} left out: " in done.stderr, done.stderr

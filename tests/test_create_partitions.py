@@ -179,3 +179,31 @@ def test_counts_kept_for_queues_of_partitions_placed_elsewhere_are_bounded_by_ma
         assert refused is not None and "queues of partitions kept, as many as --max-queues" in refused[1], refused
     finally:
         server.stop()
+
+
+def test_a_list_entry_reaching_another_shard_is_asked_nothing_and_the_command_exits_1_naming_both(three, tmp_path):
+    """The list's entry b gives c's monitor (a copy-paste slip): CREATE is not sent through it (before,
+    c answered for b, the command said b made c's partitions and exited 0, b holding none)."""
+    _, servers = three
+    wrong = tmp_path / "wrong.toml"
+    monitors = {"a": "a", "b": "c", "c": "c"}
+    wrong.write_text(
+        "".join(f'[[shard]]\nname = "{n}"\nmonitor_dsn = "ipc://{tmp_path}/{m}/monitor"\n' for n, m in monitors.items())
+    )
+    done = create("orders", "--partitions", "6", "--cluster", str(wrong))
+    assert done.exit_code == ExitCode.FAILURE
+    assert "shard b: the list's entry 'b' reaches" in done.stderr and "which is shard 'c'" in done.stderr
+    assert "not done on b" in done.stderr
+    assert where(servers["b"], "orders")["partitions"] == 0
+    seen = CliRunner().invoke(cli, ["queue", "where", "orders", "--cluster", str(wrong), "--json"], env=ENV)
+    assert seen.exit_code == ExitCode.FAILURE and "which is shard 'c'" in json.loads(seen.stdout)["b"]["error"]
+
+
+def test_create_with_partitions_sent_to_one_shard_asks_every_shard_of_the_list_that_shard_reads(three):
+    """No --cluster and no settings' list: the server of --monitor-dsn is a shard, and its list names the
+    others (before, only it kept the count, the command said done and the others held none)."""
+    _, servers = three
+    done = create("orders", "--partitions", "6", "--monitor-dsn", servers["b"].monitor)
+    assert done.exit_code == 0, done.output
+    assert all(where(server, "orders")["partitions"] == 6 for server in servers.values())
+    assert sum(len(where(server, "orders")["held"]) for server in servers.values()) == 6

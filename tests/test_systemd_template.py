@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_install_systemd import _security_offline
 
 from pzq.clients.admin import admin_request
 from pzq.errors import ClientError, ExitCode
@@ -60,13 +61,6 @@ def test_the_template_passes_systemd_analyze_verify_as_an_instance(tmp_path):
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "pzq" not in done.stderr, done.stderr
-
-
-def _security_offline() -> bool:
-    if shutil.which("systemd-analyze") is None:
-        return False
-    helped = subprocess.run(["systemd-analyze", "--help"], capture_output=True, text=True, timeout=60, check=False)
-    return "--offline" in helped.stdout
 
 
 @pytest.mark.skipif(not _security_offline(), reason="no systemd-analyze with --offline (systemd 250 or newer)")

@@ -26,7 +26,7 @@ from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_consume import ShardedConsumer
 from pzq.clients.cluster_native import ShardedProducer
 from pzq.config import Config, beside_send, format_duration
-from pzq.errors import ClientError, ExitCode
+from pzq.errors import ClientError, ConfigError, ExitCode
 from pzq.logs import escape
 
 
@@ -104,7 +104,7 @@ cluster_option = click.option(
     metavar="FILE",
     help="A shard list (TOML [[shard]] tables: docs/cluster.md): the native queue (the settings' queue) over "
     "the shards of its places instead of one server's endpoints; '' = one server.  [default: --config's cluster or "
-    "$PZQ_CLUSTER, else one server]",
+    "$PZQ_CLUSTER, else one server; an endpoint option given here: that one server]",
 )
 
 
@@ -145,7 +145,7 @@ def produce(
     else:
         bodies = ([line.rstrip(b"\r\n")] for line in sys.stdin.buffer)
     keys = curve(curve_client_key, curve_server_key)
-    shards = _cluster(cfg, keys)
+    shards = _cluster(cfg, keys, cluster, {"--receive-dsn": receive_dsn})
     if shards is not None:
         per = min(batch, max(1, window))
         spread = dict(timeout_s=timeout, batch=per, window=max(1, window // per))
@@ -210,10 +210,14 @@ def consume(
     back to its queue at the end, counted as delivered once."""
     cfg = resolve(config_file, send_dsn=send_dsn, consume_dsn=consume_dsn, cluster=cluster)
     keys = curve(curve_client_key, curve_server_key)
-    shards = _cluster(cfg, keys)
+    shards = _cluster(cfg, keys, cluster, {"--send-dsn": send_dsn, "--consume-dsn": consume_dsn})
     if shards is not None:
         with shards, ShardedConsumer(shards, cfg.queue) as sharded:
-            _print_and_settle(sharded, count, timeout, nack, as_json)
+            try:
+                _print_and_settle(sharded, count, timeout, nack, as_json)
+            finally:  # (what a shard left out holds was not read: said, whatever ended the command)
+                for name, why in sharded.errors.items():
+                    click.echo(f"pzq: shard {name} left out: {why.removeprefix(f'shard {name}: ')}", err=True)
         return
     # (--send-dsn alone names another server than the configured one: its batched endpoint is the one
     # 'auto' puts beside that send socket)
@@ -246,7 +250,11 @@ def _print_and_settle(consumer, count: int, timeout: float, nack: bool, as_json:
         got += len(batch)
 
 
-def _cluster(cfg: Config, keys) -> Cluster | None:
+def _cluster(cfg: Config, keys, cluster: str | None, endpoints: dict[str, str | None]) -> Cluster | None:
     """The cluster of the settings' shard list (--cluster, else PZQ_CLUSTER or --config's ``cluster``: a
-    shard's own config names its list); None for a single server."""
-    return Cluster.from_file(cfg.cluster, curve=keys) if cfg.cluster else None
+    shard's own config names its list); None for a single server, as for an endpoint named on the command
+    line (``endpoints``: flag -> its value, None when not given) without --cluster: that server is meant."""
+    named = [flag for flag, value in endpoints.items() if value is not None]
+    if named and cluster:
+        raise ConfigError(f"--cluster or {' '.join(named)}: the queue's shards, or one server, not both")
+    return Cluster.from_file(cfg.cluster, curve=keys) if cfg.cluster and not named else None

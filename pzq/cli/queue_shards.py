@@ -37,13 +37,22 @@ def queue_where(ask: Ask, name: str, cluster: str | None, as_json: bool) -> None
     answers: dict[str, dict] = {}
     for shard, endpoint in _monitors(shards.load(cluster)):
         try:
-            answers[shard] = ask.at(endpoint, ["WHERE", name])
+            answers[shard] = _where_as(ask, shard, endpoint, name)
         except ClientError as exc:  # (AdminRefused too: a peer that is not a pzq of this release)
             answers[shard] = {"error": str(exc)}
     click.echo(json.dumps(answers) if as_json else "\n".join(cluster_lines(name, answers)))
     silent = [shard for shard, answer in answers.items() if "error" in answer]
     if silent:
         fail(f"queue {name!r}: no answer from {', '.join(silent)}: what they hold is not known", ExitCode.FAILURE)
+
+
+def _where_as(ask: Ask, shard: str, endpoint: str, name: str) -> dict:
+    """The WHERE answer of the list's entry ``shard`` at ``endpoint``; ClientError if the server there
+    says it is another shard (an entry copied from another's: what it says is not ``shard``'s)."""
+    answer = ask.at(endpoint, ["WHERE", name])
+    if shard and answer["shard"] and answer["shard"] != shard:
+        raise ClientError(f"the list's entry {shard!r} reaches {endpoint}, which is shard {answer['shard']!r}")
+    return answer
 
 
 def cluster_lines(name: str, answers: dict[str, dict]) -> list[str]:
@@ -110,9 +119,10 @@ def queue_create(ask: Ask, name: str, partitions: int, cluster: str | None) -> N
     """Make queue NAME, explicit (the operator's: it never expires, as the --queue one). A queue that
     exists already is no error (exit 0, nothing changed); one that a client's request made becomes
     explicit. Names are 1 to 255 bytes, without whitespace. With --partitions K, every shard of the
-    shard list keeps "NAME has K partitions" and makes those the list places on it (without a list, the
-    one server makes them all): run it again, it is idempotent, if a shard did not answer (exit 1, naming
-    it). Another K than the one kept is refused: partitions never change."""
+    shard list keeps "NAME has K partitions" and makes those the list places on it (no list given: the
+    list of the server asked, if it is a shard; a server of no list makes them all): run it again, it is
+    idempotent, if a shard did not answer (exit 1, naming it). Another K than the one kept is refused:
+    partitions never change."""
     if partitions == 1:
         answer = ask(["CREATE", name])
         if answer["created"]:
@@ -123,8 +133,18 @@ def queue_create(ask: Ask, name: str, partitions: int, cluster: str | None) -> N
             click.echo(f"queue {name!r} exists already: nothing changed")
         return
     listed_at = cluster or resolve(ask.config_file).cluster
-    targets = _monitors(shards.load(listed_at)) if listed_at else [("", ask.endpoint)]
+    targets = _monitors(shards.load(listed_at)) if listed_at else _served(ask, name)
     _create_everywhere(ask, name, partitions, targets)
+
+
+def _served(ask: Ask, name: str) -> list[tuple[str, str]]:
+    """No list given: the monitors of the list the server of --monitor-dsn reads, if it is a shard (it alone
+    would keep the count, the others holding none of the partitions), else that one server."""
+    answer = ask(["WHERE", name])
+    if not answer["shards"]:
+        return [("", ask.endpoint)]
+    click.echo(f"shard {answer['shard']} reads a list of {len(answer['shards'])} shards: asking each", err=True)
+    return _monitors(shards.ShardList.from_dict(answer["shards"], f"the shard list of {ask.endpoint}"))
 
 
 def _monitors(listed: shards.ShardList) -> list[tuple[str, str]]:
@@ -142,6 +162,7 @@ def _create_everywhere(ask: Ask, name: str, partitions: int, targets: list[tuple
     for shard, endpoint in targets:
         who = f"shard {shard}" if shard else endpoint
         try:
+            _where_as(ask, shard, endpoint, name)  # (before CREATE: another shard would keep the count for ever)
             answer = ask.at(endpoint, ["CREATE", name, str(partitions)])
             here, made = list(answer["here"]), list(answer["made"])
         except AdminRefused as exc:

@@ -68,6 +68,12 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--dir {folder}: {exc.strerror or exc}") from None
+    serving = _serving(base)
+    if serving:  # (a second run would write its list over the first's, and take the first's shards as its own)
+        raise ConfigError(
+            f"--dir {folder}: shards of an earlier run serve there still ({', '.join(serving)}): stop them "
+            "(Ctrl-C or SIGTERM to that `pzq shards run`), or give another --dir"
+        )
     ports = iter(_free_ports(count * (len(ROLES) + (len(SEED) if seed_gateways else 0))))
     plan = []
     for i in range(count):
@@ -85,6 +91,20 @@ def shards_run(count: int, folder: str, seed_gateways: bool, serve_options: tupl
     except OSError as exc:
         raise ConfigError(f"--dir {folder}: cannot write {cluster}: {exc.strerror or exc}") from None
     Runner(base, cluster, plan, list(serve_options)).run()
+
+
+def _serving(base: Path) -> list[str]:
+    """The shards in ``base`` whose monitor (ipc, in its store's folder) takes a connection: a run's that
+    serves still. (One refused or absent: a run stopped, or killed leaving its socket file.)"""
+    found = []
+    for path in sorted(base.glob("s*/monitor")):
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                continue
+        found.append(path.parent.name)
+    return found
 
 
 def _free_ports(count: int) -> list[int]:
@@ -115,6 +135,7 @@ class Runner:
         self.base, self.cluster, self.plan, self.extra = base, cluster, plan, extra
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = threading.Event()
+        self.gone: dict[str, int] = {}  # the shards that exited at start: said once, by _await_ready
 
     def argv(self, shard: shards.Shard, seeds: dict[str, str]) -> list[str]:
         options = {"shard": shard.name, "cluster": str(self.cluster), "database": str(self.base / shard.name)}
@@ -127,25 +148,31 @@ class Runner:
             signal.signal(sig, lambda signum, frame: self.stopping.set())
         try:
             for shard, seeds in self.plan:
+                if self.stopping.is_set():  # (a signal while they start: the rest are not started)
+                    break
                 with open(self.log(shard.name), "ab") as log:  # (the child keeps its own copy)
                     self.children[shard.name] = subprocess.Popen(
                         self.argv(shard, seeds), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                     )
             self._await_ready()
-            self._announce()
-            self._watch()
+            if self.children and len(self.gone) == len(self.children):
+                fail("every shard exited at start: see their logs", ExitCode.FAILURE)
+            if not self.stopping.is_set():  # (stopped while they started: no list to announce, nothing to watch)
+                self._announce()
+                self._watch()
         finally:
             self._stop()
 
     def _await_ready(self) -> None:
         """Until each shard's monitor answers, or it exits (said, and left), or 30 s have passed."""
-        waiting = {shard.name: shard.monitor_dsn for shard, _ in self.plan}
+        waiting = {shard.name: shard.monitor_dsn for shard, _ in self.plan if shard.name in self.children}
         deadline = time.monotonic() + READY_S
         while waiting and time.monotonic() < deadline and not self.stopping.is_set():
             for name, monitor in list(waiting.items()):
                 status = self.children[name].poll()
                 if status is not None:
                     del waiting[name]
+                    self.gone[name] = status
                     click.echo(f"pzq: shard {name} exited at start, status {status}: see {self.log(name)}", err=True)
                     continue
                 try:
@@ -154,7 +181,7 @@ class Runner:
                 except ClientError:
                     pass
             self.stopping.wait(0.1)
-        if waiting:
+        if waiting and not self.stopping.is_set():
             click.echo(f"pzq: not answering after {READY_S} s: {', '.join(waiting)} (see their logs)", err=True)
 
     def log(self, name: str) -> Path:
@@ -164,14 +191,15 @@ class Runner:
         click.echo(f"{len(self.plan)} shards, their list in {self.cluster}:")
         for shard, seeds in self.plan:
             pid = self.children[shard.name].pid
-            click.echo(f"  {shard.name} (pid {pid}, log {self.log(shard.name)})")
+            state = f"exited at start, status {self.gone[shard.name]}" if shard.name in self.gone else f"pid {pid}"
+            click.echo(f"  {shard.name} ({state}, log {self.log(shard.name)})")
             for role, dsn in {**shard.endpoints(), **{k: v for k, v in seeds.items() if v}}.items():
                 click.echo(f"    {role:<18} {dsn}")
         click.echo("Ctrl-C (or SIGTERM) stops them all.")
 
     def _watch(self) -> None:
         """Until a signal, or every child has exited: say each one that exits (not started again)."""
-        running = dict(self.children)
+        running = {name: child for name, child in self.children.items() if name not in self.gone}
         while running and not self.stopping.wait(0.2):
             for name, child in list(running.items()):
                 status = child.poll()

@@ -13,7 +13,10 @@ answer; K is the largest any reports (0 or 1: the queue alone on its home). A sh
 keeps its places (a producer's messages for them wait or fail there: they are never moved elsewhere by
 the locator) and is asked again once the answer's cache (``cache_s``) runs out. A server without WHERE
 (older than the shards) answers an error, taken as "keeps no count, holds nothing": placement then
-follows the list and the caller's ``partitions`` alone.
+follows the list and the caller's ``partitions`` alone. A server whose WHERE names another shard than
+the list's entry it was reached by (an entry copied from another's, a shard of another cluster) is
+``wrong``: its answer is not believed, and no client of the cluster produces to it or reads it (the
+error names both), since what it stored would be on a shard the queue does not live on.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from pzq.shards import MAX_PARTITIONS, Shard, ShardList, load, partition_of
 
 WHERE_TIMEOUT_S = 1.0  # each shard's time to answer WHERE (asked all at once: the whole locate's wait)
 CACHE_S = 3.0  # how long a located queue is used before the shards are asked again
+# WHEREs in flight to one shard: a server's pipe to a client holds 2 replies (Limits.api_replies_unread),
+# and it drops unanswered the requests of a client that has more coming than it reads
+WHERE_WINDOW = 2
+WHERE_SHARDS = 256  # shards asked at once (a socket each: libzmq has 1,023 a context, a process 1,024 files often)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +53,8 @@ class Location:
     produce_to: tuple[tuple[str, Shard], ...]
     consume_from: tuple[tuple[str, Shard], ...]
     unreachable: tuple[str, ...] = ()
+    wrong: tuple[str, ...] = ()  # the shards whose server answered as another (``Cluster.wrong`` says why;
+    # in ``unreachable`` too)
 
     def shards(self, which: str = "consume_from") -> list[Shard]:
         """The distinct shards of ``produce_to`` or ``consume_from``, in their first place's order."""
@@ -73,6 +82,13 @@ class Cluster:
         self._cache: dict[tuple[str, int], tuple[float, Location]] = {}
         self._asking: set[tuple[str, int]] = set()  # entries being asked again in the background
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.wrong: dict[str, str] = {}  # shard name -> why its server is not it (its WHERE named another)
+
+    def check(self, shard: Shard) -> None:
+        """ClientError if ``shard``'s server answered WHERE as another shard: nothing is sent to it."""
+        why = self.wrong.get(shard.name)
+        if why is not None:
+            raise ClientError(why)
 
     @classmethod
     def from_file(cls, path: str, **kwargs) -> Cluster:
@@ -84,12 +100,15 @@ class Cluster:
         """The cluster a server's WHERE names (any shard's API endpoint will do); ClientError if it does
         not answer, ConfigError if it is no shard of a list."""
         probe = cls(ShardList((Shard("-", api_dsn=api_dsn),)), **kwargs)
-        answer = probe._ask_where([queue])[queue]["-"]
+        answer = probe._ask_where([queue], probe=True)[queue]["-"]
         if answer is None:
             raise ClientError(f"no answer to WHERE from {api_dsn} within {probe.where_timeout_s:g} s")
         if not answer.get("shards"):
             raise ConfigError(f"the server at {api_dsn} names no shard list: it is not a shard of a cluster")
-        return cls(ShardList.from_dict(answer["shards"], f"the shard list of {api_dsn}"), **kwargs)
+        listed = ShardList.from_dict(answer["shards"], f"the shard list of {api_dsn}")
+        if answer.get("shard") not in listed.names():
+            raise ConfigError(f"the server at {api_dsn} is shard {answer.get('shard')!r}, not in the list it gives")
+        return cls(listed, **kwargs)
 
     def locate(self, queue: str, *, partitions: int = 0, fresh: bool = False) -> Location:
         """Where ``queue`` lives. ``partitions``: a count the caller knows (the larger of it and the
@@ -161,30 +180,44 @@ class Cluster:
                 here = (held_name, self.shards.named(name))
                 if here not in consume:
                     consume.append(here)
+        # (a wrong shard's answer is None: it is in ``unreachable`` too, so a reader that knows only that
+        # field, as the Spark source, takes it as down: its offsets kept, nothing read from it)
+        wrong = tuple(name for name in answers if name in self.wrong)
         missing = tuple(name for name, answer in answers.items() if answer is None)
-        return Location(queue, k, places, tuple(consume), missing)
+        return Location(queue, k, places, tuple(consume), missing, wrong)
 
-    def _ask_where(self, queues: list[str]) -> dict[str, dict[str, dict | None]]:
-        """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), all
-        asked at once on one DEALER a shard. An error answer (a server without WHERE) is an empty dict."""
+    def _ask_where(self, queues: list[str], *, probe: bool = False) -> dict[str, dict[str, dict | None]]:
+        """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), the
+        shards asked at once on one DEALER each, ``WHERE_SHARDS`` at a time (libzmq's sockets and the
+        process's files are few: a list of 1,024 at once had failed with "Too many open files"), each a
+        second to answer, ``WHERE_WINDOW`` requests in flight on each, as the API lets a client have (a
+        round of many queues: a round trip for every two, each shard in parallel; one answered ``busy``
+        is asked again). Another error answer (a server without WHERE) is an empty dict."""
         prefix = uuid.uuid4().hex
         ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
+        # (brief: the list and the places are left out, the client has its own; a ``probe`` of from_server asks
+        # for the server's list, and is not judged: its name is the answer's)
+        args = {} if probe else {"brief": 1}
         answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
+        listed = [shard for shard in self.shards.shards if shard.api_dsn]
+        for at in range(0, len(listed), WHERE_SHARDS):
+            self._ask_some(listed[at : at + WHERE_SHARDS], ids, args, answers)
+        if not probe:
+            self._judge(answers)
+        return answers
+
+    def _ask_some(self, shards: list[Shard], ids: dict[bytes, str], args: dict, answers: dict) -> None:
+        """``_ask_where`` for some of the shards, their answers put in ``answers``."""
         socks: dict[zmq.Socket, str] = {}
+        unsent: dict[zmq.Socket, list[bytes]] = {}  # each socket's requests not sent yet, the next last
         try:
-            for shard in self.shards.shards:
-                if not shard.api_dsn:
-                    continue
+            for shard in shards:
                 try:
                     sock = connect(zmq.DEALER, shard.api_dsn, curve=self.curve)
                 except ClientError:  # (an ipc socket file that is not there: that shard is down)
                     continue
-                socks[sock] = shard.name
-                try:
-                    for request_id, queue in ids.items():
-                        sock.send_multipart(api.request(request_id, "WHERE", {"queue": queue}), zmq.NOBLOCK)
-                except zmq.ZMQError:  # (no pipe, or a full one: that shard is not answering either)
-                    continue
+                socks[sock], unsent[sock] = shard.name, list(reversed(ids))
+                _send_where(sock, unsent[sock], ids, WHERE_WINDOW, args)
             poller = zmq.Poller()
             for sock in socks:
                 poller.register(sock, zmq.POLLIN)
@@ -196,12 +229,47 @@ class Cluster:
                     asked = None if reply is None else ids.get(reply[0])
                     if reply is None or asked is None or answers[asked][socks[sock]] is not None:
                         continue
-                    answers[asked][socks[sock]] = reply[2] if reply[1] else {}
-                    waiting -= 1
+                    if not reply[1] and reply[2].get("code") == "busy":
+                        unsent[sock].append(reply[0])  # (asked again, when one of those in flight is answered)
+                    else:
+                        answers[asked][socks[sock]] = reply[2] if reply[1] else {}
+                        waiting -= 1
+                    _send_where(sock, unsent[sock], ids, 1, args)
         finally:
             for sock in socks:
                 sock.close(linger=0)
-        return answers
+
+    def _judge(self, answers: dict[str, dict[str, dict | None]]) -> None:
+        """Each shard whose answers name another shard is ``wrong`` and its answers dropped; one answering
+        as itself is right again. (An error answer, a server without WHERE, and one that is no shard,
+        naming "", as a list of plain servers has, say nothing either way: the name is only the list's.)"""
+        for name in self.shards.names():
+            said = {a.get("shard") for q in answers if (a := answers[q][name]) and a.get("shard")}
+            if not said:
+                continue
+            if said == {name}:
+                self.wrong.pop(name, None)
+                continue
+            other = ", ".join(repr(one) for one in sorted(map(str, said - {name})))
+            dsn = self.shards.named(name).api_dsn
+            self.wrong[name] = (
+                f"the shard list's entry {name!r} reaches a server that is shard {other} (WHERE at {dsn}), "
+                "not sent to: correct the list"
+            )
+            for by_shard in answers.values():
+                by_shard[name] = None
+
+
+def _send_where(sock: zmq.Socket, unsent: list[bytes], ids: dict[bytes, str], most: int, args: dict) -> None:
+    """Send up to ``most`` of ``unsent`` (taken from its end), each with ``args`` and its queue; a full pipe
+    or none: the rest wait (that shard is not answering: its answers stay None)."""
+    for _ in range(min(most, len(unsent))):
+        request_id = unsent[-1]
+        try:
+            sock.send_multipart(api.request(request_id, "WHERE", args | {"queue": ids[request_id]}), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        unsent.pop()
 
 
 def _of(name: str, queue: str) -> bool:
@@ -229,6 +297,7 @@ class ClusterApi:
 
     def client(self, shard: Shard) -> ApiClient:
         """The API client of ``shard`` (ConfigError if the list gives it no API endpoint)."""
+        self.cluster.check(shard)
         if shard.name not in self._clients:
             if not shard.api_dsn:
                 raise ConfigError(f"shard {shard.name!r} has no api_dsn in the shard list")
@@ -248,6 +317,9 @@ class ClusterApi:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _produce_on(self, name: str, part: list[tuple[str, bytes]], key: str) -> dict:
+        return self.client(self.cluster.shards.named(name)).produce(part, f"{key}@{name}")
 
     def route(self, messages: list[tuple[str, bytes]], key: str) -> dict[str, list[tuple[str, bytes]]]:
         """Each message's place, by shard name, in order: the messages of a queue of K partitions go
@@ -275,10 +347,7 @@ class ClusterApi:
         (what some shards stored, they store once)."""
         key = key or uuid.uuid4().hex
         routed = self.route(messages, key)
-        futures = {
-            name: self._pool.submit(self.client(self.cluster.shards.named(name)).produce, part, f"{key}@{name}")
-            for name, part in routed.items()
-        }
+        futures = {name: self._pool.submit(self._produce_on, name, part, key) for name, part in routed.items()}
         done: dict[str, dict] = {}
         failed: list[str] = []
         for name, future in futures.items():

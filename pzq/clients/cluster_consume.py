@@ -114,6 +114,7 @@ class ShardedConsumer:
                     self._fail(name, exc)
 
     def _make(self, shard: Shard) -> BatchConsumer:
+        self.cluster.check(shard)  # (a server that answered as another shard: not read as this one)
         return BatchConsumer(
             shard.consume_dsn or None,
             fallback=None if shard.consume_dsn else shard.send_dsn or None,

@@ -165,6 +165,7 @@ class ShardedProducer:
 
     def producer(self, shard: Shard) -> Producer:
         """(A lane's thread, the only one using it meanwhile.) The shard's Producer, made when first needed."""
+        self.cluster.check(shard)  # (a server that answered as another shard: nothing goes to it)
         producer = self._producers.get(shard.name)
         if producer is None:
             if not shard.receive_dsn:

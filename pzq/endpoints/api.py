@@ -19,9 +19,15 @@ from pzq.zmqio import NOBLOCK, Again, keep_big_frames
 # Limits.api_turn_work_s: the time one turn spends carrying out API requests before it lets others in;
 # Limits.api_replies_unread: replies (up to api_reply_bytes each) waiting in one client's pipe.
 BIG_REPLIES = (b"SNAPSHOT", b"FETCH")  # commands whose reply may be api_reply_bytes and a message
+# Read-only commands whose reply is weighed once built (WHERE of a list of 1,024 shards: ~113 KB): past
+# WEIGHED_FROM bytes it is sent only if the memory bound has room for it, else ERR busy (nothing was done)
+WEIGHED = (b"WHERE",)
+WEIGHED_FROM = 64 << 10
 # Commands that write nothing a client is told of: their replies need no commit of their own. (What they
 # return was durable before: a lease or a message is committed before the reply that tells of it.)
-READ_ONLY = (b"SNAPSHOT", b"FETCH")
+# (WHERE too: names and counts, asked of every shard every few seconds a queue by each cluster client; a
+# depth it tells that is not committed yet is a figure, as the monitor's, not a promise)
+READ_ONLY = (b"SNAPSHOT", b"FETCH", b"WHERE")
 REQUESTS_UNREAD = 16  # requests waiting in one client's pipe (each up to a PRODUCE's size: see docs/limits.md)
 COMMANDS_KEPT = 32  # commands whose cost is remembered (unknown ones are refused anyway)
 TAGS_KEPT = 4096  # peers whose tags are remembered while they have nothing waiting
@@ -111,10 +117,13 @@ class ApiEndpoint(Endpoint):
                 self._out.append(Send(ONLY, _memory_busy(frames, self.alarm.total)))
                 continue
             began = time.perf_counter()
-            self._out += self.gateway.received(ONLY, frames, now=now, user=user)
+            command = _command(frames)
+            sends = self.gateway.received(ONLY, frames, now=now, user=user)
+            if command in WEIGHED and not self._room_for_reply(frames[0], sends):
+                sends = [Send(ONLY, _memory_busy(frames, self.alarm.total))]
+            self._out += sends
             cost = time.perf_counter() - began
             self._tags[frames[0]] = self._now_tag + cost
-            command = _command(frames)
             # (a LEASE with durable 0 is answered at once: its writes gather as consumer acks do)
             self._writes = self._writes or (command not in READ_ONLY and getattr(self.gateway, "reply_waits", True))
             if command in self._costs or len(self._costs) < COMMANDS_KEPT:
@@ -202,14 +211,22 @@ class ApiEndpoint(Endpoint):
                     self._tags = {p: t for p, t in self._tags.items() if p in queues}
         return frames, user
 
-    def _room_for_big_reply(self, peer: bytes) -> bool:
-        """A SNAPSHOT or FETCH is carried out only if its reply finds room: the client's unread replies
-        under its share, and the memory bound's ceiling (see MemoryAlarm.admit)."""
+    def _room_for_big_reply(self, peer: bytes, size: int = 0) -> bool:
+        """A SNAPSHOT or FETCH is carried out only if its reply (``size``: the biggest it may be) finds
+        room: the client's unread replies under its share, and the memory bound's ceiling (see
+        MemoryAlarm.admit)."""
+        size = size or self.big_reply
         granted = self._granted.get(peer, 0)
-        if not self.alarm.admit(self.replies.held(peer) + granted, self.big_reply):
+        if not self.alarm.admit(self.replies.held(peer) + granted, size):
             return False
-        self._granted[peer] = granted + self.big_reply
+        self._granted[peer] = granted + size
         return True
+
+    def _room_for_reply(self, peer: bytes, sends: list[Send]) -> bool:
+        """A WHERE's reply, built, is sent if it is small or finds room as a SNAPSHOT's would: so that
+        clients asking and never reading cannot hold its answers past the memory bound."""
+        size = sum(len(frame) for send in sends for frame in send.frames)
+        return size < WEIGHED_FROM or self._room_for_big_reply(peer, size)
 
     def work(self, now: Now) -> None:
         if self.gateway.parts.pending:  # big PRODUCEs, a part per turn (gateways/parted.py)

@@ -37,6 +37,8 @@ from pzq.shards import where_answer
 from pzq.store import Message, Upload
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
+BRIEF = ("shard", "partitions", "held")  # WHERE's answer with brief 1 (the list and the places left out)
+
 log = logging.getLogger("pzq.api")
 
 
@@ -159,7 +161,8 @@ class ApiGateway:
             # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
             return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now.wall_us, owner)
         if request.command == "WHERE":  # (names and counts, never bodies: no right asked, as the monitor's figures)
-            return self.where(a["queue"])
+            where = self.where(a["queue"])
+            return {key: where[key] for key in BRIEF} if a.get("brief") else where
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)

@@ -18,14 +18,16 @@ ACK_UPTO   queue, group, upto                                     base
 INFO       queue                                                  first, next, depth
 SNAPSHOT   queue, after, before, limit                            messages, next
 PRODUCE    messages: [[queue, body], ...], key (optional)         count, duplicate
-WHERE      queue                                                  shard, shards, partitions, places,
-                                                                  held
+WHERE      queue, brief (optional, 0)                             shard, shards, partitions, places,
+                                                                  held (brief 1: shard, partitions, held)
 =========  =====================================================  ==================================
 
 WHERE says where a queue lives (pzq/shards.py ``where_answer``): this server's shard name, the shard
 list it reads, the partitions it keeps for the queue, their places on the list and the queues of it
 (the queue and its partitions ``Q#i``) this server holds with their depths. It needs no right on the
-queue (names and counts, as the monitor's figures): any client let onto the socket may ask.
+queue (names and counts, as the monitor's figures): any client let onto the socket may ask. With
+``brief`` 1 the list and the places are left out: a client that reads the list itself (pzq's
+``Cluster.locate``) needs neither, and with a list of 1,024 shards they are ~113 KB of every answer.
 
 LEASE with ``durable`` 0 answers without waiting for the commit of the leases it made: they become
 durable with a later commit (within --commit-interval), and a failed commit or a crash before it loses
@@ -63,7 +65,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, bool]]] = {  # name -> {field: (type, r
     "INFO": {"queue": (_STR, True)},
     "SNAPSHOT": {"queue": (_STR, True), "after": (_INT, True), "before": (_INT, True), "limit": (_INT, True)},
     "PRODUCE": {"messages": (_LIST, True), "key": (_STR, False)},
-    "WHERE": {"queue": (_STR, True)},
+    "WHERE": {"queue": (_STR, True), "brief": (_INT, False)},
 }
 
 

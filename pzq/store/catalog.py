@@ -10,6 +10,7 @@ changed. The core (``core.Core``) holds this part and looks queues up in its dic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreTooNew, WrongShard
@@ -19,6 +20,8 @@ from pzq.store.pages import ADVICE
 
 SHARD = b"shard"  # meta: the shard's name (utf-8)
 PARTITIONS = b"partitions\0"  # meta: + a queue's name -> u64, its count of partitions
+MOST_PARTITIONS = 1024  # the most a count kept may be (pzq.shards.MAX_PARTITIONS: the store imports no shards)
+log = logging.getLogger("pzq.store")
 
 
 class Catalog:
@@ -94,7 +97,11 @@ class Catalog:
                     break
                 if len(value) != U64.size:
                     raise StoreDamaged(f"{self.path}/data.mdb: partition count {value[:16]!r} unreadable; {ADVICE}")
-                self.partitions[key[len(PARTITIONS) :].decode("utf-8", "replace")] = U64.unpack(value)[0]
+                queue, count = key[len(PARTITIONS) :].decode("utf-8", "replace"), U64.unpack(value)[0]
+                if not 2 <= count <= MOST_PARTITIONS:  # (no place follows from it: every WHERE of it failed)
+                    log.warning("%s: queue %r's %d partitions: no count pzq keeps, set aside", self.path, queue, count)
+                    continue
+                self.partitions[queue] = count
 
     def claim_shard(self, name: str) -> str:
         """The shard this store is, ``name`` kept (in the open transaction) if it keeps none yet; the name
