@@ -37,6 +37,7 @@ CLIENT_OPTIONS = {
     "queue peek --timeout": None,
     "queue purge --timeout": None,
     "queue publish --timeout": None,
+    "queue where --timeout": None,
     "clients --timeout": None,
     "bench --paced-seconds": 7.0,
 }
