@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 
 import zmq
@@ -40,6 +41,24 @@ class Gate:
         return user is not None and user in self.allowed
 
 
+def _start(auth: ThreadAuthenticator, patience_s: float = 2.0) -> None:
+    """Start the ZAP handler. Its inproc name is the context's: one that a server of this process closed
+    a moment ago is let go by libzmq's reaper thread after the close returns (EADDRINUSE meanwhile, seen
+    on a loaded machine when a test's second server starts right after the first stopped); wait for it."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            auth.start()
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            if auth.zap_socket is not None:  # (made, then refused its name: closed before the next try)
+                auth.zap_socket.close(linger=0)
+                auth.zap_socket = None
+            time.sleep(0.01)
+
+
 class CurveServer:
     """The server side: socket options for every tcp:// endpoint, and the authenticator."""
 
@@ -54,7 +73,7 @@ class CurveServer:
         self.in_memory: dict[str, bytes] = {}
         certs = self._load()  # at start-up, an unreadable directory or key is a configuration error
         self.auth = ThreadAuthenticator(ctx, log=logging.getLogger("pzq.curve.zap"))
-        self.auth.start()
+        _start(self.auth)
         self.auth.allow_any = False
         self.auth.certs[DOMAIN] = certs
         # Every handshake asks ``admits`` (in the ZAP thread): the allow-list, and for the restricted
