@@ -18,11 +18,12 @@ Each round, on fresh servers (`pzq serve` subprocesses, fsync'd commits, tcp loo
 Every other round runs the shards first (a drift of the machine's load then favours neither), and each
 ratio is of the phases of one round. It prints msg/s end to end (first message consumed to last), the
 ratio two shards / one server, each server's CPU µs per message (from /proc/PID/stat: the server's CPU
-over the messages it stored and delivered), how idle the machine was for a second before the round, and
-the running shard's msg/s with the other stopped against its own in phase 3; the medians of the rounds
-last. Every phase also counts lost messages (0 expected), and says what a message's CPU was
-shared by (messages a commit, a DELIVER) and how busy the whole machine was (/proc/stat): a machine near
-100 % is measuring its clients as much as its servers.
+over the messages it stored and delivered), the clients' (every client process's CPU, from getrusage of
+the reaped children, over the phase's messages: the two cores are shared by both), how idle the machine
+was for a second before the round, and the running shard's msg/s with the other stopped against its own in
+phase 3; the medians of the rounds last. Every phase also counts lost messages (0 expected), and says what
+a message's CPU was shared by (messages a commit, a DELIVER) and how busy the whole machine was
+(/proc/stat): a machine near 100 % is measuring its clients as much as its servers.
 
 ``--profile DIR``: one round with every server under cProfile timed by its loop thread's CPU, on only while
 the one-server phase and phase 2 run; prints the functions with the most CPU of their own, in µs a
@@ -39,6 +40,7 @@ import dataclasses
 import json
 import os
 import pstats
+import resource
 import signal
 import statistics
 import sys
@@ -186,6 +188,7 @@ def run_groups(
     done (they were waiting on a stopped server)."""
     workers = sum(g.producers + g.consumers for g in groups)
     start = mp.Barrier(workers + 1)
+    clients0 = children_cpu()
     for g in groups:
         g.spawn(start, args.window, args.batch_size, args.size)
     try:
@@ -213,7 +216,7 @@ def run_groups(
             time.sleep(0.01)  # (the shared counters have no wait primitive: this is their poll)
         used, total = (b - a for a, b in zip(machine, busy(), strict=True))
         signal_all(profiled, signal.SIGUSR2)
-        return [{**g.figures(), "machine_busy_pct": round(100 * used / max(total, 1), 1)} for g in running]
+        out = [{**g.figures(), "machine_busy_pct": round(100 * used / max(total, 1), 1)} for g in running]
     finally:
         for g in groups:
             g.done.set()
@@ -226,6 +229,18 @@ def run_groups(
                 p.join(10)
                 if p.is_alive():
                     p.kill()
+                    p.join(10)
+    # (every client process is reaped now, the servers not yet: the children's CPU since is the clients')
+    clients = children_cpu() - clients0
+    for figures in out:
+        figures["clients_cpu_us"] = round(clients / sum(g.count for g in running) * 1e6, 2)
+    return out
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children reaped so far (user and system)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def overall(figures: list[dict]) -> dict[str, Any]:
@@ -329,7 +344,10 @@ def show(r: dict[str, Any], label: str) -> None:
     print(f"{label} (the machine {r['idle_pct']} % idle before it):")
     print(f"  one server:  {one['msg_s']:>9,} msg/s  server CPU {one['server_cpu_us']:.2f} µs/msg  lost {one['lost']}")
     busy_pct = one["machine_busy_pct"]
-    print(f"               {one['per_commit']} msg/commit, {one['per_deliver']} msg/DELIVER, machine busy {busy_pct} %")
+    print(
+        f"               {one['per_commit']} msg/commit, {one['per_deliver']} msg/DELIVER, machine busy {busy_pct} %, "
+        f"clients' CPU {one['clients_cpu_us']:.2f} µs/msg"
+    )
     ws = wide["servers"]
     cpus = " / ".join(f"{s['server_cpu_us']:.2f}" for s in ws)
     counts = " + ".join(f"{s['messages']:,}" for s in ws)
@@ -337,7 +355,10 @@ def show(r: dict[str, Any], label: str) -> None:
     print(f"               server CPU {cpus} µs/msg  lost {wide['lost']}")
     commits = " / ".join(f"{s['per_commit']}" for s in ws)
     delivers = " / ".join(f"{s['per_deliver']}" for s in ws)
-    print(f"               {commits} msg/commit, {delivers} msg/DELIVER, machine busy {wide['machine_busy_pct']} %")
+    print(
+        f"               {commits} msg/commit, {delivers} msg/DELIVER, machine busy {wide['machine_busy_pct']} %, "
+        f"clients' CPU {wide['clients_cpu_us']:.2f} µs/msg"
+    )
     cpus = " / ".join(f"{s['server_cpu_us']:.2f}" for s in sh)
     rates = " + ".join(f"{s['msg_s']:,}" for s in sh)
     lost = sum(s["lost"] for s in sh)
@@ -345,7 +366,10 @@ def show(r: dict[str, Any], label: str) -> None:
     print(f"               server CPU {cpus} µs/msg  lost {lost}")
     commits = " / ".join(f"{s['per_commit']}" for s in sh)
     delivers = " / ".join(f"{s['per_deliver']}" for s in sh)
-    print(f"               {commits} msg/commit, {delivers} msg/DELIVER, machine busy {sh[0]['machine_busy_pct']} %")
+    print(
+        f"               {commits} msg/commit, {delivers} msg/DELIVER, machine busy {sh[0]['machine_busy_pct']} %, "
+        f"clients' CPU {sh[0]['clients_cpu_us']:.2f} µs/msg"
+    )
     print(
         f"  s1, s0 stopped: {alone['msg_s']:>6,} msg/s  server CPU {alone['server_cpu_us']:.2f} µs/msg  "
         f"lost {alone['lost']}"

@@ -39,6 +39,7 @@ def test_the_cluster_bench_runs_every_phase_at_a_tiny_size_and_its_figures_add_u
     assert r["ratio"] == round(wide["msg_s"] / one["msg_s"], 3)
     assert r["split_ratio"] == round(r["two"]["msg_s"] / one["msg_s"], 3)
     assert 0 <= r["idle_pct"] <= 100
+    assert all(phase["clients_cpu_us"] > 0 for phase in (one, wide, shards[0], alone))
     assert r["alone_ratio"] == round(alone["msg_s"] / shards[1]["msg_s"], 3)
     assert "every client on both) / one" in result.stdout and "medians of 1 (" in result.stdout
 
