@@ -315,7 +315,8 @@ class InFlight(Generic[Ref]):
         while heap:
             deadline, token, first, run = heap[0]
             start = at = token - first
-            while at < len(run):  # (past the run's stale refs: each is passed once)
+            end = len(run)
+            while at < end:  # (past the run's stale refs: each is passed once)
                 entry = entries.get(run[at])
                 if entry is not None and entry.token == first + at:
                     break
@@ -323,7 +324,7 @@ class InFlight(Generic[Ref]):
             self._heaped -= at - start
             if at == start:
                 return deadline
-            if at == len(run):
+            if at == end:
                 heapq.heappop(heap)
             else:  # (its key is now its first live ref's token: another item may come first)
                 heapq.heapreplace(heap, (deadline, first + at, first, run))

@@ -32,9 +32,16 @@ def test_the_cluster_bench_runs_every_phase_at_a_tiny_size_and_its_figures_add_u
         assert abs(phase["server_cpu_us"] - phase["server_cpu_s"] / messages * 1e6) <= 0.01, phase
         assert "error" not in phase, phase
     assert r["two"]["received"] == 600
-    assert r["ratio"] == round(r["two"]["msg_s"] / one["msg_s"], 3)
+    # the same client processes, each on both shards: both shards took some, every message once
+    wide = r["wide"]
+    assert (wide["received"], wide["lost"], wide["duplicated"]) == (600, 0, 0) and "error" not in wide, wide
+    assert sum(s["messages"] for s in wide["servers"]) == 600 and all(s["messages"] for s in wide["servers"])
+    assert r["ratio"] == round(wide["msg_s"] / one["msg_s"], 3)
+    assert r["split_ratio"] == round(r["two"]["msg_s"] / one["msg_s"], 3)
+    assert 0 <= r["idle_pct"] <= 100
+    assert all(phase["clients_cpu_us"] > 0 for phase in (one, wide, shards[0], alone))
     assert r["alone_ratio"] == round(alone["msg_s"] / shards[1]["msg_s"], 3)
-    assert "two / one" in result.stdout and "medians of 1:" in result.stdout
+    assert "every client on both) / one" in result.stdout and "medians of 1 (" in result.stdout
 
 
 def test_with_profile_the_cluster_bench_prints_the_loops_own_cpu_of_one_server_beside_a_shards(tmp_path):

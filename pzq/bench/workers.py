@@ -36,6 +36,9 @@ class ProducerJob:
     rate: float = 0.0  # messages per second for this producer; 0 = as fast as the window allows
     timeout_s: float = 30.0
     batch: int = 0  # messages per batch (pzq.bench.batched); the legacy producer sends one at a time
+    # more servers' receive endpoints (shards, pzq.bench.batched only): batches go to whichever has room,
+    # ``window`` in flight at each (as a ShardedProducer's lanes)
+    others: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -128,6 +131,7 @@ class ConsumerJob:
     per_producer: int
     idle_timeout_s: float = 10.0
     credit: int = 100  # deliveries granted at once (pzq.bench.batched); the legacy consumer takes what comes
+    others: tuple[str, ...] = ()  # more servers' consume endpoints (pzq.bench.batched): ``credit`` at each
 
 
 @dataclasses.dataclass

@@ -44,6 +44,7 @@ class Commits:
         self.dirty_since: float | None = None  # when uncommitted writes nobody waits for began
         self.last_ms = 0.0  # the last commit's duration
         self._produced_at_commit = 0
+        self._released: int | None = None  # the durable commit the endpoints' output was last released to
 
     def due_at(self) -> float | None:
         """When writes that gather must be committed (monotonic), if any gather."""
@@ -74,8 +75,9 @@ class Commits:
         """After the turn's commit (``wrote``: it wrote pages): hold, sync if needed, release.
         ``idle``: no work is ready (asked last, as it polls)."""
         store = self.store
+        holders = [e for e in endpoints if e.holds_output]  # (the others' hold and release do nothing)
         if store.durable != store.committed:
-            for endpoint in endpoints:
+            for endpoint in holders:
                 endpoint.hold(store.committed)
             if (
                 (self.holding and not wrote)
@@ -83,8 +85,13 @@ class Commits:
                 or idle()
             ):
                 store.sync()
-        for endpoint in endpoints:
-            endpoint.release(store.durable)
+        # Released only when what is durable moved: a hold is always for a commit past it (it is held
+        # because the two differ), so with ``durable`` where it was nothing held can go (a call for
+        # nothing on each endpoint, every turn, was a turn's fixed cost)
+        if store.durable != self._released:
+            for endpoint in holders:
+                endpoint.release(store.durable)
+            self._released = store.durable
         self.holding = store.durable != store.committed
 
     def finish(self, endpoints: Sequence[Endpoint]) -> None:
@@ -92,4 +99,5 @@ class Commits:
         self.store.sync()
         for endpoint in endpoints:
             endpoint.release(self.store.durable)
+        self._released = self.store.durable
         self.holding = False

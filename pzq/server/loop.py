@@ -329,7 +329,7 @@ class Server(Reloading):
                 self._behind = True
             # New messages are made durable at once, whether or not their protocol acks them.
             wrote = self._commits.commit_if_due(
-                now.mono, waiting=any(e.waiting() for e in self.endpoints) or self.broker.counters.produced != produced
+                now.mono, waiting=self.broker.counters.produced != produced or any(e.waiting() for e in self.endpoints)
             )
         except StoreError as exc:
             if isinstance(exc, SyncLost):  # (a commit or sync failed with a meta page not on disk)
