@@ -55,7 +55,7 @@ def _start(auth: ThreadAuthenticator, patience_s: float = 2.0) -> None:
                 raise
             if auth.zap_socket is not None:  # (made, then refused its name: closed before the next try)
                 auth.zap_socket.close(linger=0)
-                auth.zap_socket = None
+                auth.zap_socket = None  # type: ignore[assignment]  # (pyzmq starts from None)
             time.sleep(0.01)
 
 
