@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
+from pzq.clients import consume_link
 from pzq.clients import native as client
 from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_consume import ShardedConsumer
@@ -99,6 +101,32 @@ def test_a_consumer_gets_messages_again_within_seconds_of_its_server_stopped_and
             assert time.monotonic() - continued < BACK_S
             assert [body[0] for _, body in batch] == [b"m0", b"m1", b"m2"]
             assert consumer.ack([key for key, _ in batch]).count == 3
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_a_consumer_whose_server_is_silent_past_the_heartbeat_s_timeout_starts_afresh_and_reads_it_again(
+    tmp_path, monkeypatch
+):
+    # (as a host that lost power: nothing closes the connection; only the server's silence tells)
+    monkeypatch.setitem(consume_link.OPTIONS, zmq.HEARTBEAT_TIMEOUT, 1000)
+    monkeypatch.setitem(consume_link.OPTIONS, zmq.HEARTBEAT_IVL, 200)
+    srv = serve(tmp_path)
+    try:
+        with client.BatchConsumer(srv.consume) as consumer:
+            assert consumer.receive(10, timeout_s=0.2) == []
+            assert srv.proc is not None
+            srv.proc.send_signal(signal.SIGSTOP)
+            try:
+                assert consumer.receive(10, timeout_s=2.5) == []
+                assert consumer.reconnects >= 1, "its silence was heard: the connection taken for dropped"
+            finally:
+                srv.proc.send_signal(signal.SIGCONT)
+            continued = time.monotonic()
+            produce(srv, 1)
+            batch = consumer.receive(10, timeout_s=30)
+            assert time.monotonic() - continued < BACK_S
+            assert [body for _, body in batch] == [[b"m0"]] and consumer.ack([batch[0][0]]).count == 1
     finally:
         srv.stop(signal.SIGKILL)
 

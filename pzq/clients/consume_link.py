@@ -18,6 +18,18 @@ import zmq
 from pzq.clients.reach import WatchedSocket
 
 _ids = itertools.count(1)  # (the inproc addresses of these monitors)
+# A connection to a host that lost power (or froze, or a server stopped) is not closed: nothing tells the
+# monitor. A ZMTP PING each second (answered by the server's libzmq I/O thread: no Python on either side,
+# nothing on the receive loop) and SILENCE_S without a word from the server drops it (DISCONNECTED); each
+# reconnection attempt gives up after a second, so that one lost to a host still down (its SYNs
+# unanswered, retried by the kernel for minutes) does not hold the next one back once the host is up.
+HEARTBEAT_S = 1.0
+SILENCE_S = 5.0
+OPTIONS: dict[int, int] = {
+    zmq.HEARTBEAT_IVL: round(HEARTBEAT_S * 1000),
+    zmq.HEARTBEAT_TIMEOUT: round(SILENCE_S * 1000),
+    zmq.CONNECT_TIMEOUT: 1000,
+}
 
 
 class Dropped:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from pzq.clients.consume_link import DROPPED, Dropped, Link
+from pzq.clients.consume_link import DROPPED, OPTIONS, Dropped, Link
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
 from pzq.errors import AnswerLost, ClientError, NoMessage, NotListening, ProtocolError
 from pzq.protocols import native as legacy
@@ -95,7 +95,7 @@ class BatchConsumer:
             return
         if not fallback:
             raise ClientError("no endpoint to consume from")
-        self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve)
+        self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve, options=OPTIONS)  # (libzmq reconnects it)
 
     def _batched(self, endpoint: str, hello_ms: int, *, ctx, curve, fallback: bool) -> bool:
         """Say HELLO at ``endpoint``: True if it speaks PZQ-BATCH/1; False to fall back (a ``fallback``
@@ -103,7 +103,7 @@ class BatchConsumer:
         once, as a refused connect is final for this probe)."""
         try:
             # (eager with a fallback: a refused batched endpoint is left at once for the send socket)
-            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, eager=fallback)
+            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, eager=fallback, options=OPTIONS)
             self.limits = self._hello(hello_ms)
         except NotListening:  # (only a `pzq` command hears it: reach.impatient)
             self._close_probe()
@@ -365,7 +365,7 @@ class BatchConsumer:
         old.close(linger=0)
         endpoint, ctx, curve = self._again
         assert endpoint is not None
-        self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve)
+        self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, options=OPTIONS)
         self._link = Link(self.sock)
         self.sock.send_multipart(wire.hello())
         self._credit = grant
