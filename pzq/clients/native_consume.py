@@ -76,7 +76,7 @@ class BatchConsumer:
         self.prefetch = prefetch
         self.ack_window = ack_window
         # One entry per ACK or NACK sent and not yet answered, oldest first (the server answers each
-        # consumer's in order): its sink and its keys (answered refused should its connection drop)
+        # consumer's in order): its sink and its keys (a store-failure, read as its connection dropped, refuses them)
         self._awaiting: collections.deque[tuple[Sink, Sequence[bytes]]] = collections.deque()
         self._async = wire.Settled(0, [])
         self._lost = 0  # ack_async's ACKs whose answer was lost with a dropped connection (settle raises)
