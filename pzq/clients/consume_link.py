@@ -72,7 +72,10 @@ class Link:
         wake = deadline
         while True:
             if reach is not None:
-                reach.check()
+                reach.check()  # (its sends read the events too: the count tells what they saw)
+                if reach.drops != self._drops:
+                    self.dropped = True
+                    return None
                 due = reach.due()
                 wake = deadline if due is None else min(deadline, due)
             # (one poll of both, a poller kept: no dearer than the socket's own poll, which makes a poller)
