@@ -110,6 +110,12 @@ class NoMessage(ClientError):
     there and said nothing. Exit status ``NO_MESSAGE``."""
 
 
+class AnswerLost(NoMessage):
+    """The connection dropped (the server killed, restarted, the network) before the server answered: the
+    request may or may not have been carried out (a batched consumer's ACK: its keys may be settled, or
+    come again). Raised at once, not at the wait's end. Exit status ``NO_MESSAGE``."""
+
+
 class NotPermitted(ClientError):
     """The server refused this client: its CURVE key is not let onto the socket (not among the server's
     clients, or without the right the socket needs: docs/permissions.md), or it has not the right for

@@ -20,7 +20,7 @@ from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_native import RETRY_S
 from pzq.clients.native import BatchConsumer
 from pzq.clients.native_consume import Message
-from pzq.errors import ClientError, NotListening
+from pzq.errors import AnswerLost, ClientError, NotListening
 from pzq.protocols.native_consume import Settled
 from pzq.shards import Shard
 
@@ -172,8 +172,9 @@ class ShardedConsumer:
     def _poll(self, names: list[str], deadline: float) -> set[str]:
         """The shards whose sockets have something to read, waiting until ``deadline`` (or RETRY_S:
         then shards left out are tried again; or a third of a server's idle time)."""
-        socks = {self.consumers[name].sock: name for name in names}
-        if self._polled != socks:  # (made again only when the consumers change: a receive polls twice)
+        # (each consumer's socket and its monitor: a dropped connection wakes it, to start afresh at once)
+        socks = {sock: name for name in names for sock in self.consumers[name].sockets()}
+        if self._polled != socks:  # (made again only when the sockets change: a receive polls twice)
             self._poller = zmq.Poller()
             for sock in socks:
                 self._poller.register(sock, zmq.POLLIN)
@@ -201,7 +202,8 @@ class ShardedConsumer:
 
     def ack(self, keys: Sequence[bytes], *, timeout_s: float = 10.0) -> Settled:
         """Delete these messages, each on its shard (every shard's ACK sent first, then their answers
-        awaited): how many were, and the keys refused (a shard that failed: all its keys)."""
+        awaited): how many were, and the keys refused (a shard that failed, or whose connection dropped
+        before it answered: all its keys, settled or not)."""
         return self._settle(keys, timeout_s, ok=True)
 
     def nack(self, keys: Sequence[bytes], *, timeout_s: float = 10.0) -> Settled:
@@ -230,6 +232,9 @@ class ShardedConsumer:
                     raise ClientError("left out")
                 consumer = self.consumers[name]
                 done = consumer.settle(timeout_s=timeout_s) if ok else consumer.nack(part, timeout_s=timeout_s)
+            except AnswerLost:  # (its connection dropped: the consumer started afresh, the keys in doubt)
+                refused += part
+                continue
             except (ClientError, zmq.ZMQError) as exc:
                 if name in self.consumers:
                     self._fail(name, exc)

@@ -16,7 +16,10 @@ handles and acks a batch (the pipe never runs empty between rounds: half the ser
 end to end, issue 27); those messages are held (their ack timeout runs) before the caller sees them.
 ``ack_async(keys)`` sends the ACK without waiting for its SETTLED (at most ``ack_window`` ACKs in flight:
 more acks share one of the server's commits); ``settle()`` waits for them all and sums their answers.
-Every wait has a timeout: a silent server raises ClientError instead of hanging.
+Every wait has a timeout: a silent server raises ClientError instead of hanging. A dropped connection (the
+server killed or restarted) is heard at once from the socket monitor (consume_link.py): the consumer
+starts afresh on a new socket, HELLO and its credit again, and an ACK the old connection never answered
+raises AnswerLost (``ack``, ``settle``) instead of waiting for its timeout.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ from collections.abc import Sequence
 
 import zmq
 
+from pzq.clients.consume_link import DROPPED, OPTIONS, Dropped, Link
 from pzq.clients.sockets import Curve, connect, receive, timeout_seconds, wait_ms
-from pzq.errors import ClientError, NoMessage, NotListening, ProtocolError
+from pzq.errors import AnswerLost, ClientError, NoMessage, NotListening, ProtocolError
 from pzq.protocols import native as legacy
 from pzq.protocols import native_consume as wire
 
 Message = tuple[bytes, list[bytes]]  # (key, body frames)
+Sink = list[wire.Settled] | None  # where an ACK's or NACK's answer goes: ack()'s list, or None (ack_async's sum)
+LOST = wire.Settled(0, [])  # (by identity) the answer its dropped connection never gave: see _afresh
 
 
 class BatchConsumer:
@@ -70,9 +76,10 @@ class BatchConsumer:
         self.prefetch = prefetch
         self.ack_window = ack_window
         # One entry per ACK or NACK sent and not yet answered, oldest first (the server answers each
-        # consumer's in order): None for ack_async's (summed into _async), else the caller's list
-        self._awaiting: collections.deque[list[wire.Settled] | None] = collections.deque()
+        # consumer's in order): its sink and its keys (a store-failure, read as its connection dropped, refuses them)
+        self._awaiting: collections.deque[tuple[Sink, Sequence[bytes]]] = collections.deque()
         self._async = wire.Settled(0, [])
+        self._lost = 0  # ack_async's ACKs whose answer was lost with a dropped connection (settle raises)
         self.limits: wire.Limits | None = None
         self.batched = False
         self._buffer: collections.deque[tuple[bytes, list[bytes], int]] = collections.deque()  # (key, body, sent µs)
@@ -81,11 +88,14 @@ class BatchConsumer:
         self._unsettled = 0  # delivered (buffered or returned) and not yet acked or nacked by us
         self._heard = time.monotonic()  # when the server was last told we are here
         self._peers: dict[bytes, bytes] = {}  # legacy: key -> the server's peer id (to answer on)
+        self._link: Link | None = None  # (batched: the socket and its monitor, to hear a dropped connection)
+        self._again = (endpoint, ctx, curve)  # (what a new connection is made of)
+        self.reconnects = 0  # connections started afresh after one dropped
         if endpoint and self._batched(endpoint, hello_timeout_ms, ctx=ctx, curve=curve, fallback=bool(fallback)):
             return
         if not fallback:
             raise ClientError("no endpoint to consume from")
-        self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve)
+        self.sock = connect(zmq.ROUTER, fallback, ctx=ctx, curve=curve, options=OPTIONS)  # (libzmq reconnects it)
 
     def _batched(self, endpoint: str, hello_ms: int, *, ctx, curve, fallback: bool) -> bool:
         """Say HELLO at ``endpoint``: True if it speaks PZQ-BATCH/1; False to fall back (a ``fallback``
@@ -93,7 +103,7 @@ class BatchConsumer:
         once, as a refused connect is final for this probe)."""
         try:
             # (eager with a fallback: a refused batched endpoint is left at once for the send socket)
-            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, eager=fallback)
+            self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, eager=fallback, options=OPTIONS)
             self.limits = self._hello(hello_ms)
         except NotListening:  # (only a `pzq` command hears it: reach.impatient)
             self._close_probe()
@@ -105,6 +115,7 @@ class BatchConsumer:
             raise
         if self.limits is not None:
             self.batched = True
+            self._link = Link(self.sock)
             return True
         self._close_probe()
         if not fallback:
@@ -115,6 +126,10 @@ class BatchConsumer:
         if getattr(self, "sock", None) is not None:
             self.sock.close(linger=0)
 
+    def sockets(self) -> tuple[zmq.Socket, ...]:
+        """What to poll to learn that ``receive`` has something to read: the socket (and its monitor)."""
+        return self._link.sockets() if self._link is not None else (self.sock,)
+
     def close(self) -> None:
         """Say BYE (what this consumer holds goes back to the queue at once) and close, letting the last
         message leave (on the send socket: the last acks, which nothing answers)."""
@@ -124,6 +139,8 @@ class BatchConsumer:
             self.sock.setsockopt(zmq.LINGER, 2000)
         except zmq.ZMQError:
             pass
+        if self._link is not None:
+            self._link.close()
         self.sock.close()
 
     def __enter__(self) -> BatchConsumer:
@@ -163,7 +180,8 @@ class BatchConsumer:
         self, keys: Sequence[bytes], timeout_ms: int | None = None, *, timeout_s: float | None = None
     ) -> wire.Settled:
         """Delete these messages; returns once the server committed it: how many, and the keys refused
-        (not held by this consumer: unknown, settled already, or another's)."""
+        (not held by this consumer: unknown, settled already, or another's). AnswerLost (at once) if the
+        connection dropped before the answer came: the keys may or may not be settled."""
         timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         return self._settle(wire.ack, keys, timeout_ms, ok=True)
 
@@ -194,17 +212,25 @@ class BatchConsumer:
         for start in range(0, len(keys), step):
             while len(self._awaiting) >= self.ack_window:
                 self._answer(deadline, timeout_ms)
-            self.sock.send_multipart(wire.ack(keys[start : start + step]))
-            self._awaiting.append(None)
+            chunk = keys[start : start + step]
+            self.sock.send_multipart(wire.ack(chunk))
+            self._awaiting.append((None, chunk))
 
     def settle(self, timeout_ms: int | None = None, *, timeout_s: float | None = None) -> wire.Settled:
         """Wait for the SETTLED of every ``ack_async`` sent; return their sum since the last ``settle``
         (the count acked, the keys refused in the order sent)."""
         timeout_ms = wait_ms(timeout_seconds(timeout_s, timeout_ms, 10.0))  # (ms below: zmq's poll)
         deadline = time.monotonic() + timeout_ms / 1000
-        while None in self._awaiting:
+        while any(sink is None for sink, _ in self._awaiting):
             self._answer(deadline, timeout_ms)
         done, self._async = self._async, wire.Settled(0, [])
+        lost, self._lost = self._lost, 0
+        if lost:
+            raise AnswerLost(
+                f"the connection to the server dropped before it answered {lost} ACK(s): their keys may or may "
+                f"not be settled (one not settled comes again); the others settled {done.count}, refused "
+                f"{len(done.refused)}"
+            )
         return done
 
     def _answer(self, deadline: float, timeout_ms: int) -> None:
@@ -230,10 +256,16 @@ class BatchConsumer:
         step = self.limits.max_keys  # (an ACK names at most that many)
         chunks = range(0, len(keys), step)
         for start in chunks:
-            self.sock.send_multipart(make(keys[start : start + step]))
-            self._awaiting.append(answers)
+            chunk = keys[start : start + step]
+            self.sock.send_multipart(make(chunk))
+            self._awaiting.append((answers, chunk))
         while len(answers) < len(chunks):  # (after any ack_async sent before: answered in order)
             self._answer(deadline, timeout_ms)
+        if any(answer is LOST for answer in answers):
+            raise AnswerLost(
+                "the connection to the server dropped before it answered: these keys may or may not be settled "
+                "(one not settled comes again; this consumer holds none of them now)"
+            )
         return wire.Settled(sum(a.count for a in answers), [key for a in answers for key in a.refused])
 
     def _hello(self, timeout_ms: int) -> wire.Limits | None:
@@ -249,10 +281,13 @@ class BatchConsumer:
             if isinstance(reply, ProtocolError):
                 raise ClientError(f"the server refused HELLO: {reply.code}: {reply.detail}")
 
-    def _next(self, deadline: float) -> wire.Delivered | wire.Settled | wire.Limits | ProtocolError | int | None:
-        """The next answer (a DELIVER's messages go to the buffer first); None at the deadline. Says
-        "still here" (CREDIT 0) while waiting long, so that the server keeps this consumer's credit."""
-        assert self.limits is not None
+    def _next(
+        self, deadline: float
+    ) -> wire.Delivered | wire.Settled | wire.Limits | ProtocolError | int | Dropped | None:
+        """The next answer (a DELIVER's messages go to the buffer first); None at the deadline; DROPPED
+        once a dropped connection was replaced (``_afresh``: every ACK and NACK unanswered is answered).
+        Says "still here" (CREDIT 0) while waiting long, so that the server keeps this consumer's credit."""
+        assert self.limits is not None and self._link is not None
         keepalive = self.limits.idle_us / 3e6
         while True:
             now = time.monotonic()
@@ -261,8 +296,11 @@ class BatchConsumer:
             if now - self._heard >= keepalive:
                 self.sock.send_multipart(wire.credit(0))
                 self._heard = now
-            frames = receive(self.sock, max(1, round(min(deadline - now, keepalive) * 1000)))
+            frames = self._link.read(max(1, round(min(deadline - now, keepalive) * 1000)))
             if frames is None:
+                if self._link.dropped:
+                    self._afresh()
+                    return DROPPED
                 continue
             reply = wire.parse_reply(frames)
             if isinstance(reply, wire.Delivered):
@@ -270,18 +308,71 @@ class BatchConsumer:
                 self._unsettled += len(reply.keys)
                 self._buffer.extend((k, b, reply.sent_us) for k, b in zip(reply.keys, reply.bodies, strict=True))
             elif isinstance(reply, wire.Settled) and self._awaiting:
-                sink = self._awaiting.popleft()
-                if sink is None:
-                    self._async = wire.Settled(self._async.count + reply.count, self._async.refused + reply.refused)
-                else:
-                    sink.append(reply)
+                self._answered(self._awaiting.popleft()[0], reply)
             elif isinstance(reply, ProtocolError) and reply.code == "store-failure" and self._awaiting:
                 self._awaiting.popleft()  # (only an ACK or NACK is answered so: the turn that took it rolled back)
+            elif isinstance(reply, wire.Limits):
+                self.limits = reply  # (a HELLO said again: the server's limits, maybe changed by its restart)
             if reply is None:
                 raise ClientError(
                     f"an answer that is not PZQ-BATCH/1 ({len(frames)} frame(s)): is pzq at this endpoint?"
                 )
             return reply
+
+    def _answered(self, sink: Sink, reply: wire.Settled) -> None:
+        if sink is None and reply is LOST:
+            self._lost += 1
+        elif sink is None:
+            self._async = wire.Settled(self._async.count + reply.count, self._async.refused + reply.refused)
+        else:
+            sink.append(reply)
+
+    def _afresh(self) -> None:
+        """The connection dropped: to the server this consumer is gone (what it held went back to the
+        queue, its credit is forgotten), and a reconnection would be a stranger to it. So: read what the
+        old socket still has (the answers its connection sent), answer every ACK and NACK left unanswered
+        as lost (``AnswerLost``: it may have been committed before the server went, or not), drop the
+        deliveries not yet returned (they are back in the queue), and start on a new socket with HELLO and
+        the credit again, sent at once (they leave when the server is back: nothing waits for them here)."""
+        assert self.limits is not None and self._link is not None
+        old = self.sock
+        answers: list[wire.Settled | None] = []  # (None: ERR store-failure, nothing settled)
+        while True:
+            try:
+                reply = wire.parse_reply(old.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            if isinstance(reply, wire.Settled):
+                answers.append(reply)
+            elif isinstance(reply, ProtocolError) and reply.code == "store-failure":
+                answers.append(None)
+        # The old connection's answers come first, in order; after them may come the new connection's to ACKs
+        # that waited in the old socket's pipe and reached the server as a stranger's (SETTLED 0, all refused:
+        # they answer no entry of ours, and cannot be told from a 0 of the old one). So the answers up to the
+        # last that settled some are the old connection's; a tail of 0s is not known to be.
+        known = max((i + 1 for i, a in enumerate(answers) if a is None or a.count), default=0)
+        for answer in answers[:known]:
+            if not self._awaiting:
+                break
+            sink, keys = self._awaiting.popleft()
+            self._answered(sink, answer if answer is not None else wire.Settled(0, list(keys)))
+        while self._awaiting:
+            self._answered(self._awaiting.popleft()[0], LOST)
+        grant = min(self._credit + len(self._buffer), self.limits.max_credit)
+        self._buffer.clear()
+        self._unsettled = 0
+        self._link.close()
+        old.close(linger=0)
+        endpoint, ctx, curve = self._again
+        assert endpoint is not None
+        self.sock = connect(zmq.DEALER, endpoint, ctx=ctx, curve=curve, options=OPTIONS)
+        self._link = Link(self.sock)
+        self.sock.send_multipart(wire.hello())
+        self._credit = grant
+        if grant:
+            self.sock.send_multipart(wire.credit(grant))
+        self._heard = time.monotonic()
+        self.reconnects += 1
 
     def _unexpected(self, reply) -> None:
         """An answer nothing waits for: an ERR is raised, except "hello-first" (this consumer was

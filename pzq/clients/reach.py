@@ -66,8 +66,11 @@ class Reach:
         self.connected_at: float | None = None
         self.handshaken = False
         self.retried = 0
+        self.drops = 0  # DISCONNECTED events: a batched consumer starts afresh at each (consume_link.py)
         address = f"inproc://pzq-client-watch-{next(_watch_ids)}"
-        sock.monitor(address, _EVERY if wait_s is not None else zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        sock.monitor(
+            address, (_EVERY if wait_s is not None else zmq.EVENT_HANDSHAKE_FAILED_AUTH) | zmq.EVENT_DISCONNECTED
+        )
         events = sock.context.socket(zmq.PAIR)
         events.setsockopt(zmq.LINGER, 0)
         # (unbounded, set before the connect: libzmq sends its events from its I/O thread and would block
@@ -119,6 +122,8 @@ class Reach:
             self.retried += 1
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.handshaken = True
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self.drops += 1
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             raise NotPermitted(
                 f"not permitted: pzq at {self.endpoint} refused this client's CURVE key (it is not one of "

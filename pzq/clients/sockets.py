@@ -9,6 +9,7 @@ import socket
 import stat
 import time
 import warnings
+from collections.abc import Mapping
 
 import zmq
 
@@ -53,7 +54,13 @@ def check_endpoint(endpoint: str) -> None:
 
 
 def connect(
-    kind: int, endpoint: str, *, ctx: zmq.Context | None = None, curve: Curve | None = None, eager: bool = False
+    kind: int,
+    endpoint: str,
+    *,
+    ctx: zmq.Context | None = None,
+    curve: Curve | None = None,
+    eager: bool = False,
+    options: Mapping[int, int] | None = None,
 ) -> zmq.Socket:
     """A ZeroMQ socket connected to ``endpoint``. Linger 0: a client that gives up on a server must not
     hang at exit over messages that server will never take. With ``curve`` or within ``reach.impatient()``
@@ -71,6 +78,8 @@ def connect(
     sock = context.socket(kind, socket_class=reach.WatchedSocket) if watched else context.socket(kind)
     try:
         sock.setsockopt(zmq.LINGER, 0)
+        for option, value in (options or {}).items():  # (before the connect: its connection takes them)
+            sock.setsockopt(option, value)
         if curve:
             from pzq.curve_keys import secure_client
 
