@@ -93,6 +93,22 @@ def test_shards_run_starts_n_shards_of_one_list_says_one_that_dies_and_stops_the
     wait_until(lambda: not alive(pids["s1"]), 10)
 
 
+def test_a_runner_killed_outright_takes_its_shards_with_it(tmp_path):
+    """Its children are in sessions of their own (Ctrl-C reaches only the runner): a runner killed with
+    SIGKILL had left them serving, orphans holding their stores and ports."""
+    proc, out, _err = run(tmp_path, "2", "--dir", "d")
+    try:
+        out.wait_for("Ctrl-C")
+        pids = [int(m.group(1)) for m in map(re.compile(r"^  s\d \(pid (\d+)").match, out.lines) if m]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert wait_until(lambda: not any(alive(pid) for pid in pids), 30), pids
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_options_after_a_double_dash_go_to_every_shard_and_a_second_run_keeps_the_names(tmp_path):
     for _ in range(2):  # (the same stores again: each is still the shard it was)
         proc, out, _err = run(tmp_path, "1", "--dir", "d", "--", "--max-queues", "7")

@@ -3,6 +3,7 @@ ports, stopped together (docs/operations.md, Shards; production runs one systemd
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -128,6 +129,15 @@ def _toml(listed: shards.ShardList) -> str:
     )
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_runner() -> None:
+    """In each child before it runs pzq: a runner killed outright (SIGKILL, a crash) cannot stop its
+    shards, which are in sessions of their own, so the kernel sends each SIGTERM when it dies (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Runner:
     """The children of `pzq shards run`: started, watched (one that exits is said), stopped together."""
 
@@ -152,7 +162,11 @@ class Runner:
                     break
                 with open(self.log(shard.name), "ab") as log:  # (the child keeps its own copy)
                     self.children[shard.name] = subprocess.Popen(
-                        self.argv(shard, seeds), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        self.argv(shard, seeds),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # (Ctrl-C reaches the runner, which stops them in order)
+                        preexec_fn=_die_with_runner,
                     )
             self._await_ready()
             if self.children and len(self.gone) == len(self.children):
