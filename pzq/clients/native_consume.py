@@ -396,7 +396,5 @@ class BatchConsumer:
             self._peers[delivered.key] = peer
             self.sent_us[delivered.key] = delivered.sent_us
             out.append((delivered.key, delivered.body))
-            if len(out) >= most:
-                break
-            frames = receive(self.sock, 0)
+            frames = receive(self.sock, 0) if len(out) < most else None  # (none read past ``most``)
         return out
