@@ -50,6 +50,8 @@ def journaled(journal: Path) -> list[list]:
         if kind == b"F":
             records = [record for record in records if record[0]]
             continue
+        if pos + 12 > len(raw) or pos + 12 + struct.unpack_from("=QI", raw, pos)[1] > len(raw):
+            break  # (the last record, torn by the kill as the shim wrote it: its write never returned to pzq)
         offset, length = struct.unpack_from("=QI", raw, pos)
         pos += 12
         records.append([kind == b"D", offset, raw[pos : pos + length]])
