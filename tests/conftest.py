@@ -346,6 +346,53 @@ def free_tcp_endpoint() -> tuple[str, tuple[str, int]]:
     return f"tcp://127.0.0.1:{port}", ("127.0.0.1", port)
 
 
+def local_spark(master: str, app: str):
+    """A local Spark session with pzq's data source, for a module fixture to yield from and stop (a JVM
+    that compiles less: these jobs are small and short, and its start was most of their time)."""
+    from pyspark.sql import SparkSession
+
+    from pzq.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
+
+
+def steady_ports(n: int, low: int, high: int) -> list[int]:
+    """``n`` loopback ports free now between ``low`` and ``high`` (below the kernel's ephemeral range, each
+    caller its own span): a server restarted on its ports must find them, and while it is down a port of
+    the ephemeral range may be given to any outgoing connection, even one of its own clients reconnecting
+    to it (TCP's self-connect), which then talks to itself."""
+    import random
+
+    for _ in range(50):
+        ports = random.sample(range(low, high), n)
+        held = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return ports
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no {n} free loopback ports between {low} and {high}")
+
+
 @dataclasses.dataclass
 class EveryGateway:
     """A subprocess server with every endpoint on: raw-TCP addresses, ZeroMQ endpoints."""

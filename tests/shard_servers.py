@@ -3,9 +3,7 @@ own store, ipc files and API port on loopback TCP; the list a TOML file beside t
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,25 +11,15 @@ from pathlib import Path
 from pzq.clients.api import ApiClient
 from pzq.shards import ShardList, load
 
-from conftest import ProcessServer
+from conftest import ProcessServer, steady_ports
 
 NAMES = ("a", "b", "c")
 
 
 def steady_endpoint() -> str:
     """A tcp:// endpoint on a loopback port free now, below the kernel's ephemeral range (as
-    test_cluster_faults' shards): a shard restarts on its port, and while it is down a port of that
-    range may be given to any outgoing connection, even to a client reconnecting to it (TCP's
-    self-connect), which would then talk to itself."""
-    for _ in range(50):
-        port = random.randrange(12_000, 20_000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return f"tcp://127.0.0.1:{port}"
-    raise AssertionError("no free loopback port between 12000 and 20000")
+    test_cluster_faults' shards): a shard restarts on its port (conftest.steady_ports)."""
+    return f"tcp://127.0.0.1:{steady_ports(1, 12_000, 20_000)[0]}"
 
 
 class ShardServer(ProcessServer):

@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,8 @@ from pzq.clients.cluster_consume import ShardedConsumer
 from pzq.clients.cluster_native import ShardedProducer
 from pzq.errors import ClientError
 
+from conftest import steady_ports
+
 FAULTS = int(os.environ.get("PZQ_CLUSTER_FAULTS", "21"))  # kill, stop and power cut in turn: 7 of each
 SECONDS = float(os.environ.get("PZQ_CLUSTER_FAULT_SECONDS", "60"))  # the faults spread over this long
 DOWN_S = 1.2  # how long a faulted shard stays down: the others must be acked meanwhile
@@ -60,25 +61,9 @@ shim = test_power_cut.shim  # (the fixture that builds the shim, shared)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(2 * SECONDS) + 240)]
 
 
-def steady_ports(n: int) -> list[int]:
-    """``n`` loopback ports free now, below the kernel's ephemeral range (and below test_base_port's): a
-    shard restarts on its ports, and while it is down a port from that range can be given to any outgoing
-    connection, even to one of its own clients reconnecting to it (TCP's self-connect)."""
-    for _ in range(50):
-        ports = random.sample(range(12_000, 20_000), n)
-        held = []
-        try:
-            for port in ports:
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return ports
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError(f"no {n} free loopback ports between 12000 and 20000")
+def shard_ports(n: int) -> list[int]:
+    """``n`` ports for the shards, below the kernel's ephemeral range and test_base_port's (conftest.steady_ports)."""
+    return steady_ports(n, 12_000, 20_000)
 
 
 class ShardProcess:
@@ -92,7 +77,7 @@ class ShardProcess:
         self.dir.mkdir()
         self.database = self.dir / "db"
         self.log = self.dir / "server.log"
-        ports = (f"tcp://127.0.0.1:{p}" for p in steady_ports(5))
+        ports = (f"tcp://127.0.0.1:{p}" for p in shard_ports(5))
         self.receive, self.send, self.consume, self.api, self.monitor = ports
         self.shim = shim
         self.queue = ""

@@ -10,10 +10,8 @@ answer (refused: not held), never a wait for an answer that will not come.
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -29,24 +27,16 @@ from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_consume import ShardedConsumer
 from pzq.errors import AnswerLost
 
-from conftest import ProcessServer
+from conftest import ProcessServer, steady_ports
 
 pytestmark = pytest.mark.timeout(120)
 BACK_S = 5.0  # the next message after the server is back comes within this (it was ~20 s: the keepalive)
 
 
 def steady_tcp() -> str:
-    """A free loopback tcp endpoint below the kernel's ephemeral ports: while the server is down, a port
-    of that range may be taken by its own client reconnecting to it (TCP's self-connect)."""
-    for _ in range(50):
-        port = random.randrange(21_000, 28_000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return f"tcp://127.0.0.1:{port}"
-    raise AssertionError("no free loopback port between 21000 and 28000")
+    """A free loopback tcp endpoint below the kernel's ephemeral ports (conftest.steady_ports): while the
+    server is down, a port of that range may be taken by its own client reconnecting to it."""
+    return f"tcp://127.0.0.1:{steady_ports(1, 21_000, 28_000)[0]}"
 
 
 def produce(srv: ProcessServer, n: int, prefix: str = "m") -> list[bytes]:

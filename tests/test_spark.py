@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from pzq.clients import native as client
 from pzq.clients.api import ApiClient
+
+from conftest import local_spark
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.timeout(300)
@@ -22,24 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    from pzq.spark import register
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("pzq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        # A JVM that compiles less: these jobs are small and short, and their startup was most of the time.
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_spark("local[2]", "pzq-tests")
     yield session
     session.stop()
 

@@ -5,15 +5,13 @@ and writing to it as one sink (docs/spark.md, "Shards")."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import local_spark, wait_until
 from shard_servers import NAMES, Shards
 
 pyspark = pytest.importorskip("pyspark")
@@ -22,24 +20,8 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    from pzq.spark import register
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        # local[2,4]: a task may fail three times and be run again, as on a cluster (a shard down too long)
-        SparkSession.builder.master("local[2,4]")
-        .appName("pzq-shard-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    # local[2,4]: a task may fail three times and be run again, as on a cluster (a shard down too long)
+    session = local_spark("local[2,4]", "pzq-shard-tests")
     yield session
     session.stop()
 
