@@ -11,7 +11,6 @@ the one rule of pzq/units.py. The rules between settings are in pzq/config_rules
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from pzq.config_rules import parse_endpoint as parse_endpoint
 from pzq.errors import ConfigError
 from pzq.limits import DEFAULT_LIMITS, Limits
 from pzq.limits import ClientShares as ClientShares  # (re-exported: the pools' owners use it)
+from pzq.toml_file import read_toml
 from pzq.units import format_duration as format_duration
 from pzq.units import format_size as format_size
 from pzq.units import parse_duration as parse_duration
@@ -343,12 +343,7 @@ def load(
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    data = read_toml(str(path), "config file", invalid="not valid TOML")
     values = {}
     for key, value in data.items():
         name = key.replace("-", "_")

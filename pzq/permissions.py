@@ -32,11 +32,11 @@ import logging
 import os
 import re
 import threading
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 
 from pzq.errors import ConfigError
 from pzq.logs import warn_bad
+from pzq.toml_file import read_toml
 
 __all__ = [
     "CONSUME",
@@ -155,17 +155,7 @@ class Rules:
     @classmethod
     def read(cls, path: str) -> Rules:
         """The rules of the file at ``path``; ConfigError saying what is wrong and where."""
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise ConfigError(f"permissions file {path}: cannot read it: {exc.strerror or exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"permissions file {path}: not TOML: {exc}") from None
-        except UnicodeDecodeError as exc:  # (tomllib decodes the bytes first, and lets this one through)
-            raise ConfigError(f"permissions file {path}: not UTF-8 text: byte {exc.start} is not UTF-8") from None
-        except RecursionError:  # (tomllib's parser recurses into each nested array or table)
-            raise ConfigError(f"permissions file {path}: not TOML: arrays or tables nested too deeply") from None
+        data = read_toml(path, "permissions file")
         unknown = set(data) - {"default", "keys", "networks"}
         if unknown:
             raise ConfigError(

@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import tomllib
 from collections.abc import Callable, Iterable
 
 from pzq.errors import ConfigError
+from pzq.toml_file import read_toml
 
 PARTITION_SEP = "#"
 ENDPOINTS = ("receive_dsn", "send_dsn", "consume_dsn", "api_dsn", "monitor_dsn")
@@ -147,13 +147,7 @@ class ShardList:
 
 def load(path: str) -> ShardList:
     """The shard list in the TOML file at ``path`` (ConfigError, in one line, for any fault of it)."""
-    try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
-    except OSError as exc:
-        raise ConfigError(f"shard list {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"shard list {path}: not TOML: {exc}") from None
+    data = read_toml(path, "shard list")
     unknown = set(data) - {"shard"}
     if unknown:
         raise ConfigError(f"shard list {path}: unknown keys {sorted(unknown)} (it holds [[shard]] tables)")

@@ -62,9 +62,11 @@ def test_the_shard_list_file_is_read_and_its_mistakes_are_one_line(tmp_path):
         ("shard = 3\n", "list of shards"),
         ("[[shard\n", "not TOML"),
         ("", "no shard"),
+        ('[[shard]]\nname = "\udcff"\n', "not UTF-8"),  # (a byte 0xff; it had raised UnicodeDecodeError)
+        ("x = " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),  # (it had raised RecursionError)
     ]:
         bad = tmp_path / "bad.toml"
-        bad.write_text(text)
+        bad.write_bytes(text.encode("utf-8", "surrogateescape"))
         with pytest.raises(ConfigError, match=words):
             shards.load(str(bad))
     with pytest.raises(ConfigError, match="No such file"):
