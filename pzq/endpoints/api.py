@@ -238,6 +238,7 @@ class ApiEndpoint(Endpoint):
             "api_requests": self._pending_bytes,
             "api_backlogs": self.replies.backlog_bytes,
             "api_pipes": self.replies.pipe_bytes(),
+            "api_pipes_unconfirmed": self.replies.unconfirmed_bytes(),  # (room kept for it, not held)
         }
 
     def waiting(self) -> bool:

@@ -25,6 +25,10 @@ from pzq.config import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("pzq.server")
 
+# A part named so is not held (not in the total, never the alarm's): what peers were credited for on their
+# word, which may still wait in their pipes (see PipeEstimate). Room is kept for it before a big reply.
+UNCONFIRMED = "_unconfirmed"
+
 
 class PipeEstimate:
     """The bytes the pipes of one ROUTER socket may hold: for each peer, the sizes of the last ``depth``
@@ -39,6 +43,13 @@ class PipeEstimate:
     without reading keeps its replies counted; one that fakes the lock-step can hide fewer than
     ``depth`` replies before its pipe fills.
 
+    What a peer was credited for on its word may still wait in its pipe: a peer that fakes the lock-step
+    (asks again when its answer was sent, reads nothing) shows it only when its pipe fills, and then its
+    last ``depth`` replies count at once (seen: eight such monitor clients past an 8 MiB high-water mark).
+    So those bytes are kept apart (``unconfirmed``): not held, so an honest reader never raises the
+    alarm, but room is kept for them before a big reply is admitted (``MemoryAlarm``): whatever the
+    credited turn out to be, the counted total stays under the ceiling and one reply.
+
     A message sent to many peers from one buffer (``sent(..., key=...)``: the monitor's STATS, one
     answer for every client that asked while it was built, sent without a copy) counts in full against
     each peer that may hold it (``of``: its share), and once in ``total``, which is what the process
@@ -50,17 +61,30 @@ class PipeEstimate:
     ``idle_s`` without a request or a reply (``sweep``). At most ``peers`` peers are remembered (the
     least recently active forgotten first)."""
 
-    __slots__ = ("depth", "peers", "idle_s", "total", "_peers", "_fds", "_unmapped", "_shared")
+    __slots__ = (
+        "depth",
+        "peers",
+        "idle_s",
+        "total",
+        "unconfirmed",
+        "_peers",
+        "_fds",
+        "_unmapped",
+        "_shared",
+        "_credited",
+    )
 
     def __init__(self, depth: int, peers: int = 10_000, idle_s: float = 60.0):
         self.depth = max(1, depth)
         self.peers = peers
         self.idle_s = idle_s
         self.total = 0  # bytes of every remembered peer, a shared buffer once
+        self.unconfirmed = 0  # bytes peers were credited for on their word, a shared buffer once
         self._peers: dict[bytes, _Pipe] = {}
         self._fds: dict[int, bytes] = {}  # connection descriptor -> the peer whose requests came over it
         self._unmapped: dict[bytes, None] = {}  # peers of no known connection, the least recently active first
         self._shared: dict[Hashable, list[int]] = {}  # key of a shared buffer -> [pipes counting it, its size]
+        self._credited: dict[Hashable, list[int]] = {}  # the same, of the pipes credited for it
 
     def sent(self, peer: bytes, size: int, key: Hashable | None = None) -> None:
         """A message of ``size`` bytes went into ``peer``'s pipe (a reply to its oldest request); ``key``
@@ -152,40 +176,71 @@ class PipeEstimate:
 
     def _count(self, pipe: _Pipe) -> None:
         """Count what ``pipe`` may hold now: its last messages, but those it was credited for (a pipe
-        holds at most ``depth``: a few entries to add up, whatever happened)."""
-        held = own = 0
+        holds at most ``depth``: a few entries to add up, whatever happened), and those apart."""
+        held = own = credited_own = 0
         keys: list[tuple[Hashable, int]] = []
+        credited: list[tuple[Hashable, int]] = []
         for serial, size, key in pipe.sizes:
-            if pipe.pipelines or serial >= pipe.credited:
+            counted = pipe.pipelines or serial >= pipe.credited
+            if counted:
                 held += size
-                if key is None:
+            if key is None:
+                if counted:
                     own += size
                 else:
-                    keys.append((key, size))
+                    credited_own += size
+            else:
+                (keys if counted else credited).append((key, size))
         self.total += own - pipe.own
-        pipe.held, pipe.own = held, own
+        self.unconfirmed += credited_own - pipe.credited_own
+        pipe.held, pipe.own, pipe.credited_own = held, own, credited_own
         if keys or pipe.keys:
-            for key, size in keys:  # (the new ones first: a buffer counted before and after stays counted)
-                self._share(key, size, 1)
-            for key, size in pipe.keys:
-                self._share(key, size, -1)
+            self._shares(self._shared, keys, pipe.keys)
             pipe.keys = keys
+        if credited or pipe.credited_keys:
+            self._shares(self._credited, credited, pipe.credited_keys)
+            pipe.credited_keys = credited
 
-    def _share(self, key: Hashable, size: int, delta: int) -> None:
-        counted = self._shared.get(key)
+    def _shares(self, shared: dict[Hashable, list[int]], now: list[tuple[Hashable, int]], before: list) -> None:
+        for key, size in now:  # (the new ones first: a buffer counted before and after stays counted)
+            self._share(shared, key, size, 1)
+        for key, size in before:
+            self._share(shared, key, size, -1)
+
+    def _share(self, shared: dict[Hashable, list[int]], key: Hashable, size: int, delta: int) -> None:
+        counted = shared.get(key)
         if counted is None:
-            counted = self._shared[key] = [0, size]
-            self.total += size
+            counted = shared[key] = [0, size]
+            self._add(shared, size)
         counted[0] += delta
         if counted[0] <= 0:
-            del self._shared[key]
-            self.total -= counted[1]
+            del shared[key]
+            self._add(shared, -counted[1])
+
+    def _add(self, shared: dict[Hashable, list[int]], size: int) -> None:
+        if shared is self._shared:
+            self.total += size
+        else:
+            self.unconfirmed += size
 
 
 class _Pipe:
     """One peer's part of a PipeEstimate."""
 
-    __slots__ = ("serial", "credited", "unanswered", "pipelines", "held", "own", "keys", "sizes", "mapped", "last")
+    __slots__ = (
+        "serial",
+        "credited",
+        "unanswered",
+        "pipelines",
+        "held",
+        "own",
+        "keys",
+        "credited_own",
+        "credited_keys",
+        "sizes",
+        "mapped",
+        "last",
+    )
 
     def __init__(self) -> None:
         self.mapped = False  # its connection is known (the socket monitor will say when it goes)
@@ -197,6 +252,8 @@ class _Pipe:
         self.held = 0  # bytes its pipe may hold
         self.own = 0  # of which in buffers of its own (the rest: shared, ``keys``)
         self.keys: list[tuple[Hashable, int]] = []  # (key, size) of the shared buffers it may hold
+        self.credited_own = 0  # bytes of its own buffers it was credited for, still among its last depth
+        self.credited_keys: list[tuple[Hashable, int]] = []  # (key, size) of shared ones it was credited for
         # (serial, size, key) of the last depth sent; key None: a buffer of its own
         self.sizes: collections.deque[tuple[int, int, Hashable | None]] = collections.deque()
 
@@ -214,6 +271,7 @@ class MemoryAlarm:
         self.raised = False
         self.parts: dict[str, int] = {}
         self.total = 0
+        self.unconfirmed = 0  # the parts named ..._unconfirmed
         self.peak = 0
         self._granted = 0  # bytes of big replies admitted since the last measure
         self.raised_total = 0
@@ -231,7 +289,8 @@ class MemoryAlarm:
     def measure(self, parts: dict[str, int]) -> bool:
         """Take the turn's count (name -> bytes); raise or clear the alarm; True while it is raised."""
         self.parts = parts
-        self.total = sum(parts.values())
+        self.unconfirmed = sum(size for name, size in parts.items() if name.endswith(UNCONFIRMED))
+        self.total = sum(parts.values()) - self.unconfirmed
         self.peak = max(self.peak, self.total)
         self._granted = 0
         if not self.raised and self.total >= self.high_water:
@@ -266,14 +325,19 @@ class MemoryAlarm:
     def admit(self, peer_holds: int, size: int, *, over: int = 0) -> bool:
         """May a reply of up to ``size`` bytes be made for a peer whose replies ``peer_holds`` bytes
         wait unread? Not past the peer's share (``limits.memory_peer_share``), nor past the ceiling (and
-        ``over`` bytes more) in all. Refusals are counted."""
+        ``over`` bytes more) in all, with room kept for what was credited unconfirmed. Refusals are counted."""
         share = self.limits.memory_peer_share
         # (a peer that holds nothing may always have one: a lock-step client's next request, whatever its size)
-        if peer_holds and peer_holds + size > share or self.total + self._granted + size > self.ceiling + over:
+        if peer_holds and peer_holds + size > share or self.room_taken() + size > self.ceiling + over:
             self.refused_replies_total += 1
             return False
         self._granted += size
         return True
+
+    def room_taken(self) -> int:
+        """What the ceiling has no room for: the total, what was credited unconfirmed (it may turn out
+        held), and the big replies admitted since the last measure."""
+        return self.total + self.unconfirmed + self._granted
 
     def stats(self) -> dict:
         """The monitor's ``memory`` figures."""

@@ -285,6 +285,7 @@ class MonitorEndpoint(Endpoint):
         return {
             "monitor_backlogs": self.replies.backlog_bytes,
             "monitor_pipes": self.replies.pipe_bytes(),  # (an answer sent to many clients: once)
+            "monitor_pipes_unconfirmed": self.replies.unconfirmed_bytes(),  # (room kept for it, not held)
             # (PUBLISH bodies waiting their turn: 64 requests of 1 MiB at most)
             "monitor_requests": sum(len(request.body or b"") for request in self._requests),
             "monitor_figures": self.admin.figures.held_bytes(),  # (STATS being built, and the last answers)

@@ -78,6 +78,11 @@ class Replies:
         """What every peer's pipe may hold (0 when not estimated)."""
         return self.pipes.total if self.pipes is not None else 0
 
+    def unconfirmed_bytes(self) -> int:
+        """What peers were credited for on their word, which may still wait in their pipes (0 when not
+        estimated): the memory bound keeps room for it (PipeEstimate)."""
+        return self.pipes.unconfirmed if self.pipes is not None else 0
+
     def send(self, frames: list[bytes], key: Hashable | None = None) -> None:
         """Send ``frames`` (routing id first) now, or after what already waits for that peer. ``key``:
         the last frame is a buffer sent to other peers too (named by ``key``), sent without a copy."""

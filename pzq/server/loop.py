@@ -359,7 +359,9 @@ class Server(Reloading):
         self.broker.refusing = self.alarm.reason if self.alarm.measure(parts) else None
         # (deliveries grow only under the ceiling, and not even one past the high-water mark)
         self.broker.bank(
-            others=self.alarm.total - delivered, ceiling=self.alarm.ceiling, high_water=self.alarm.high_water
+            others=self.alarm.total + self.alarm.unconfirmed - delivered,
+            ceiling=self.alarm.ceiling,
+            high_water=self.alarm.high_water,
         )
 
     def _recover(self, whole: bool = True) -> None:
