@@ -587,3 +587,35 @@ def test_the_json_twins_give_numbers_as_numbers_with_their_units_apart_and_each_
     assert overview["figures"]["store_limit_bytes"] == srv.stats()["store_limit_bytes"]
     dead = queue["dead"]
     assert dead["page"] == 1 and dead["links"] == {} and isinstance(dead["total"], int)
+
+
+def test_the_poller_stops_even_when_a_cancel_is_swallowed_as_python_311s_wait_for_does():
+    import asyncio
+
+    from pzq.console.reader import Reader
+
+    class Link:  # (its request swallows the first cancel, as wait_for does when its waited-for completes then)
+        swallowed = 0
+        asked: asyncio.Event
+
+        async def request(self, text):
+            Link.asked.set()
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                if not Link.swallowed:
+                    Link.swallowed += 1
+                    return {"queues": {}}
+                raise
+            return {"queues": {}}
+
+    async def run() -> float:
+        Link.asked = asyncio.Event()
+        reader = Reader(Link(), poll_s=0.01)
+        reader.start()
+        await asyncio.wait_for(Link.asked.wait(), 5)  # (the poller waits on pzq: the cancel comes there)
+        began = time.monotonic()
+        await asyncio.wait_for(reader.stop(), 5)  # (before: it never returned, the poller polling on)
+        return time.monotonic() - began
+
+    assert asyncio.run(run()) < 5 and Link.swallowed == 1
