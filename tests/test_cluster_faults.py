@@ -243,40 +243,36 @@ def produce_sharded(listing: str, ledger: Ledger, stop: threading.Event) -> None
 def consume_sharded(listing: str, ledger: Ledger, stop: threading.Event) -> None:
     """pzq's ShardedConsumer over the whole cluster, beside the shards' own consumers."""
     cluster = Cluster.from_file(listing)
-    consumer: ShardedConsumer | None = None
     try:
-        while not stop.is_set():
-            try:
-                consumer = consumer or ShardedConsumer(cluster, QUEUE, hello_timeout_s=1.0)
-                batch = consumer.receive(100, timeout_s=0.2)
-                if batch:
-                    ledger.consumed.update(frames[0] for _, frames in batch)
-                    ledger.consumed_total += len(batch)
-                    consumer.ack([key for key, _ in batch], timeout_s=2.0)
-            except ClientError:
-                if consumer is not None:
-                    consumer.close()
-                consumer = None
-                stop.wait(0.1)
+        drain(lambda: ShardedConsumer(cluster, QUEUE, hello_timeout_s=1.0), ledger, stop)
     finally:
-        if consumer is not None:
-            consumer.close()
         cluster.close()
 
 
 def consume(shard: ShardProcess, ledger: Ledger, ctx: zmq.Context, stop: threading.Event) -> None:
-    """Drain ``shard`` with a BatchConsumer, acking each batch; a new consumer after any client error
-    (the shard was killed or stopped: what the old one held comes back to the queue)."""
-    consumer: client.BatchConsumer | None = None
+    """Drain ``shard`` with a BatchConsumer, acking each batch."""
+
+    def new() -> client.BatchConsumer:
+        return client.BatchConsumer(shard.consume, hello_timeout_s=1.0, ctx=ctx, prefetch=100)
+
+    drain(new, ledger, stop, times=ledger.consume_times.setdefault(shard.name, []))
+
+
+def drain(new, ledger: Ledger, stop: threading.Event, times: list[float] | None = None) -> None:
+    """Receive and ack batches with a consumer ``new()`` makes, each id in the ledger (and when, in
+    ``times``); a new consumer after any client error (its shard was killed or stopped: what the old one
+    held comes back to the queue)."""
+    consumer = None
     try:
         while not stop.is_set():
             try:
-                consumer = consumer or client.BatchConsumer(shard.consume, hello_timeout_s=1.0, ctx=ctx, prefetch=100)
+                consumer = consumer or new()
                 batch = consumer.receive(100, timeout_s=0.2)
                 if batch:
                     ledger.consumed.update(frames[0] for _, frames in batch)
                     ledger.consumed_total += len(batch)
-                    ledger.consume_times.setdefault(shard.name, []).append(time.monotonic())
+                    if times is not None:
+                        times.append(time.monotonic())
                     consumer.ack([key for key, _ in batch], timeout_s=2.0)
             except ClientError:
                 if consumer is not None:
