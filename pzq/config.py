@@ -218,6 +218,15 @@ class Config:
         "WHERE answers from it; '' = not in a cluster.",
         "file",
     )
+    etcd: str = _setting(
+        "",
+        "etcd's client URLs (http://host:2379, comma-separated): the shards register and place queues there "
+        "instead of a shard list (docs/cluster.md); needs a shard name; '' = no etcd.",
+    )
+    etcd_prefix: str = _setting(
+        "/pzq/",
+        "The etcd keys of this cluster start with this (two clusters on one etcd: two prefixes).",
+    )
     # Not a setting (no flag, key or variable): the code's own limits, replaced whole by tests.
     limits: Limits = dataclasses.field(default=DEFAULT_LIMITS, compare=False, repr=False)
 

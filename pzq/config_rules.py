@@ -155,6 +155,14 @@ def check_shard(cfg: Any) -> None:
             raise ConfigError(
                 f"--shard {cfg.shard}: not in the shard list {cfg.cluster} (it names {', '.join(listed.names())})"
             )
+    if cfg.etcd:
+        from pzq.etcd_registry import parse_urls
+
+        parse_urls(cfg.etcd)
+        if cfg.cluster:
+            raise ConfigError("--etcd and --cluster: give one (etcd keeps the shards a list would name)")
+        if not cfg.etcd_prefix.startswith("/") or len(cfg.etcd_prefix.encode()) > 200:
+            raise ConfigError(f"--etcd-prefix {cfg.etcd_prefix!r}: a key prefix starting with '/', 200 bytes at most")
 
 
 def check_security(cfg: Any) -> None:

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from pzq.cli import cli
 from pzq.clients.admin import admin_request
 from pzq.clients.api import ApiClient
-from pzq.clients.cluster import Cluster, ClusterApi
+from pzq.clients.cluster import Cluster
+from pzq.clients.cluster_api import ClusterApi
 from pzq.clients.cluster_consume import ShardedConsumer
 from pzq.clients.cluster_native import LANE_BATCHES, RETRY_S, ShardedProducer
 from pzq.clients.native import Producer

@@ -13,7 +13,7 @@ import pytest
 from pzq import shards
 from pzq.clients.admin import AdminRefused, admin_request
 from pzq.clients.api import ApiClient, ApiError
-from pzq.server.wiring import PLACES_CACHED, Where
+from pzq.server.where import PLACES_CACHED, Where
 from pzq.store import Store
 
 from conftest import ProcessServer, ThreadServer, free_tcp_endpoint, make_config

@@ -19,7 +19,7 @@ from pzq.clients.cluster import Cluster
 from pzq.config import Limits
 from pzq.errors import ConfigError
 from pzq.protocols import api as api_proto
-from pzq.server.wiring import Where
+from pzq.server.where import Where
 from pzq.store import Store
 from pzq.store.catalog import MOST_PARTITIONS
 

@@ -14,9 +14,9 @@ from typing import Protocol
 
 from pzq.broker import Broker
 from pzq.config import DEFAULT_LIMITS, Limits
-from pzq.errors import StoreError, StoreFull
+from pzq.errors import ProtocolError, StoreError, StoreFull
 from pzq.protocols import monitor as monitor_proto
-from pzq.shards import MAX_PARTITIONS, ShardList, partition_name
+from pzq.shards import MAX_PARTITIONS, partition_name
 from pzq.store import Store
 
 log = logging.getLogger("pzq.admin")
@@ -240,12 +240,11 @@ class Writes:
         last = partition_name(queue, count - 1)
         if len(last.encode()) > 255:
             raise _Refused(f"{queue[:60]!r}: too long for {count} partitions ({last[-20:]!r}: past 255 bytes)")
-        catalog, answer = self.store.catalog, self.where(queue)
-        if answer["shards"]:  # (the partitions the list places on this shard)
-            places = ShardList.from_dict(answer["shards"]).place(queue, count)
-            here = [name for name, shard in places if shard.name == answer["shard"]]
-        else:  # (a server alone holds them all)
-            here = [partition_name(queue, i) for i in range(count)]
+        catalog, here_of = self.store.catalog, getattr(self.where, "here", None)
+        try:  # (the partitions the list or etcd places on this shard; every one on a server alone)
+            here = here_of(queue, count) if here_of is not None else [partition_name(queue, i) for i in range(count)]
+        except ProtocolError as exc:  # (etcd: being placed, ask again; or unreachable; or another count)
+            raise _Refused(exc.detail) from None
         new = [name for name in here if name not in catalog.by_name]
         if len(catalog.by_name) + len(new) > catalog.max_queues:
             raise _Refused(f"queue full: {len(new)} partitions more would pass --max-queues {catalog.max_queues}")

@@ -89,9 +89,9 @@ class ApiClient:
                     continue  # the answer to an earlier attempt, or garbage
                 if not reply[1]:
                     code, detail = str(reply[2].get("code")), str(reply[2].get("detail"))
-                    if code != "busy" or time.monotonic() + BUSY_WAIT_S >= deadline:
+                    if code not in ("busy", "placing") or time.monotonic() + BUSY_WAIT_S >= deadline:
                         raise ApiError(code, detail)
-                    busy = True  # (the server holds too much unread: nothing was done, ask again soon)
+                    busy = True  # (the server holds too much unread, or etcd places the queue: nothing done, ask again)
                     break
                 return reply[2]
             if busy:

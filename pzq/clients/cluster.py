@@ -29,7 +29,6 @@ import uuid
 
 import zmq
 
-from pzq.clients.api import ApiClient
 from pzq.clients.sockets import Curve, connect
 from pzq.errors import ClientError, ConfigError, PzqError
 from pzq.protocols import api
@@ -40,6 +39,8 @@ CACHE_S = 3.0  # how long a located queue is used before the shards are asked ag
 # WHEREs in flight to one shard: a server's pipe to a client holds 2 replies (Limits.api_replies_unread),
 # and it drops unanswered the requests of a client that has more coming than it reads
 WHERE_WINDOW = 2
+PLACE_POLL_S = 0.05  # how often a producer asks again while etcd places a new queue (a few ms, usually)
+BEING_PLACED = "being placed in etcd"
 WHERE_SHARDS = 256  # shards asked at once (a socket each: libzmq has 1,023 a context, a process 1,024 files often)
 
 
@@ -55,6 +56,13 @@ class Location:
     unreachable: tuple[str, ...] = ()
     wrong: tuple[str, ...] = ()  # the shards whose server answered as another (``Cluster.wrong`` says why;
     # in ``unreachable`` too)
+    unplaced: str = ""  # a cluster kept in etcd with no placement of the queue yet: why (no ``produce_to``)
+
+    def places(self) -> tuple[tuple[str, Shard], ...]:
+        """``produce_to``, or ClientError naming why the queue has no places (etcd has not placed it)."""
+        if not self.produce_to:
+            raise ClientError(f"queue {self.queue!r} has no place to produce to: {self.unplaced or 'no shard'}")
+        return self.produce_to
 
     def shards(self, which: str = "consume_from") -> list[Shard]:
         """The distinct shards of ``produce_to`` or ``consume_from``, in their first place's order."""
@@ -110,15 +118,16 @@ class Cluster:
             raise ConfigError(f"the server at {api_dsn} is shard {answer.get('shard')!r}, not in the list it gives")
         return cls(listed, **kwargs)
 
-    def locate(self, queue: str, *, partitions: int = 0, fresh: bool = False) -> Location:
+    def locate(self, queue: str, *, partitions: int = 0, fresh: bool = False, place: bool = False) -> Location:
         """Where ``queue`` lives. ``partitions``: a count the caller knows (the larger of it and the
         shards' is used: a server without WHERE reports none). Asked once, then for ``cache_s`` the answer
         is used as it is; past that it is still used while the shards are asked again in the background
         (a shard that is down costs a locate its second only once, not every ``cache_s``); ``fresh``
-        asks now and waits."""
+        asks now and waits. ``place``: a producer's, in a cluster kept in etcd: a queue not placed yet is
+        placed (waiting up to ``where_timeout_s``; ``Location.places()`` says why when it could not be)."""
         cached = self._cache.get((queue, partitions))
-        if cached is None or fresh:
-            return self.locate_many([queue], partitions=partitions)[queue]
+        if cached is None or fresh or (place and cached[1].unplaced):
+            return self.locate_many([queue], partitions=partitions, place=place)[queue]
         if time.monotonic() - cached[0] >= self.cache_s and (queue, partitions) not in self._asking:
             self._asking.add((queue, partitions))
             self._background().submit(self._ask_again, queue, partitions)
@@ -128,15 +137,22 @@ class Cluster:
         """True when ``queue`` was located (``locate`` answers it at once)."""
         return (queue, partitions) in self._cache
 
-    def locate_many(self, queues: list[str], *, partitions: int = 0) -> dict[str, Location]:
-        """``locate`` for several queues at once, asking now (every queue's WHERE in one round)."""
+    def locate_many(self, queues: list[str], *, partitions: int = 0, place: bool = False) -> dict[str, Location]:
+        """``locate`` for several queues at once, asking now (every queue's WHERE in one round; with
+        ``place``, the queues etcd has not placed asked again every PLACE_POLL_S while it places them)."""
         wanted = list(dict.fromkeys(queues))
-        answers = self._ask_where(wanted)
-        now = time.monotonic()
-        out = {}
-        for queue in wanted:
-            out[queue] = self._location(queue, partitions, answers[queue])
-            self._cache[(queue, partitions)] = (now, out[queue])
+        deadline = time.monotonic() + self.where_timeout_s
+        out: dict[str, Location] = {}
+        while wanted:
+            answers = self._ask_where(wanted, place=place)
+            now = time.monotonic()
+            for queue in wanted:
+                out[queue] = self._location(queue, partitions, answers[queue])
+                self._cache[(queue, partitions)] = (now, out[queue])
+            wanted = [q for q in wanted if place and out[q].unplaced.startswith(BEING_PLACED)]
+            if wanted and now + PLACE_POLL_S >= deadline:
+                break
+            time.sleep(PLACE_POLL_S if wanted else 0)
         return out
 
     def close(self) -> None:
@@ -169,7 +185,12 @@ class Cluster:
     def _location(self, queue: str, partitions: int, answers: dict[str, dict | None]) -> Location:
         counts = [a.get("partitions") for a in answers.values() if a is not None]
         k = max([partitions, *(c for c in counts if isinstance(c, int) and 0 <= c <= MAX_PARTITIONS)])
-        places = tuple(self.shards.place(queue, k))
+        unplaced = ""
+        if any(a is not None and "placed" in a for a in answers.values()):  # (a cluster kept in etcd)
+            places, unplaced = self._placed(queue, [a for a in answers.values() if a is not None])
+            k = len(places) if len(places) > 1 else 0
+        else:
+            places = tuple(self.shards.place(queue, k))
         consume = list(places)
         for name, answer in answers.items():
             kept = (answer or {}).get("held")
@@ -184,9 +205,40 @@ class Cluster:
         # field, as the Spark source, takes it as down: its offsets kept, nothing read from it)
         wrong = tuple(name for name in answers if name in self.wrong)
         missing = tuple(name for name, answer in answers.items() if answer is None)
-        return Location(queue, k, places, tuple(consume), missing, wrong)
+        return Location(queue, k, places, tuple(consume), missing, wrong, unplaced)
 
-    def _ask_where(self, queues: list[str], *, probe: bool = False) -> dict[str, dict[str, dict | None]]:
+    def _placed(self, queue: str, answers: list[dict]) -> tuple[tuple[tuple[str, Shard], ...], str]:
+        """The places etcd's placement gives (the shards' WHERE carry it), and "" ; or () and why none."""
+        for answer in answers:
+            placed = answer.get("placed")
+            if not isinstance(placed, list) or not placed:
+                continue
+            pairs = [p for p in placed if isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)]
+            if len(pairs) != len(placed) or not all(_of(name, queue) for name, _ in pairs):
+                continue  # (not pzq's answer)
+            if any(shard not in self.shards.names() for _, shard in pairs):
+                self._relist()  # (a shard registered since this client read the list)
+            known = set(self.shards.names())
+            return tuple((name, self.shards.named(shard)) for name, shard in pairs if shard in known), ""
+        if any(answer.get("reachable") for answer in answers):
+            return (), f"{BEING_PLACED} (ask again)"
+        return (), "not placed yet, and etcd is unreachable from every shard that answered: a new queue waits for it"
+
+    def _relist(self) -> None:
+        """The registered shards again, from the first shard whose WHERE answers (etcd's list grows)."""
+        for shard in self.shards.shards:
+            if shard.api_dsn and shard.name not in self.wrong:
+                try:
+                    self.shards = Cluster.from_server(
+                        shard.api_dsn, curve=self.curve, where_timeout_s=self.where_timeout_s
+                    ).shards
+                    return
+                except PzqError:
+                    continue
+
+    def _ask_where(
+        self, queues: list[str], *, probe: bool = False, place: bool = False
+    ) -> dict[str, dict[str, dict | None]]:
         """Every shard's WHERE answer for each queue (None: no answer in time, or no API endpoint), the
         shards asked at once on one DEALER each, ``WHERE_SHARDS`` at a time (libzmq's sockets and the
         process's files are few: a list of 1,024 at once had failed with "Too many open files"), each a
@@ -197,7 +249,7 @@ class Cluster:
         ids = {f"{prefix}-{i}".encode(): queue for i, queue in enumerate(queues)}
         # (brief: the list and the places are left out, the client has its own; a ``probe`` of from_server asks
         # for the server's list, and is not judged: its name is the answer's)
-        args = {} if probe else {"brief": 1}
+        args = ({} if probe else {"brief": 1}) | ({"place": 1} if place else {})
         answers: dict[str, dict[str, dict | None]] = {q: dict.fromkeys(self.shards.names()) for q in queues}
         listed = [shard for shard in self.shards.shards if shard.api_dsn]
         for at in range(0, len(listed), WHERE_SHARDS):
@@ -282,85 +334,3 @@ def spread(key: str | bytes, count: int) -> int:
     """A stable index in ``range(count)`` for ``key`` (the same in every process: not Python's hash)."""
     data = key.encode() if isinstance(key, str) else key
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % max(1, count)
-
-
-class ClusterApi:
-    """The API's PRODUCE routed by queue over a cluster: each message to one of its queue's places, one
-    ``ApiClient`` per shard (made when first needed), the shards asked at once. Not thread-safe."""
-
-    def __init__(self, cluster: Cluster, *, timeout_s: float = 60.0, attempt_s: float = 5.0):
-        self.cluster = cluster
-        self.timeout_s = timeout_s
-        self.attempt_s = attempt_s
-        self._clients: dict[str, ApiClient] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(cluster.shards.shards)))
-
-    def client(self, shard: Shard) -> ApiClient:
-        """The API client of ``shard`` (ConfigError if the list gives it no API endpoint)."""
-        self.cluster.check(shard)
-        if shard.name not in self._clients:
-            if not shard.api_dsn:
-                raise ConfigError(f"shard {shard.name!r} has no api_dsn in the shard list")
-            self._clients[shard.name] = ApiClient(
-                shard.api_dsn, timeout_s=self.timeout_s, attempt_s=self.attempt_s, curve=self.cluster.curve
-            )
-        return self._clients[shard.name]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        for one in self._clients.values():
-            one.close()
-        self._clients.clear()
-
-    def __enter__(self) -> ClusterApi:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _produce_on(self, name: str, part: list[tuple[str, bytes]], key: str) -> dict:
-        return self.client(self.cluster.shards.named(name)).produce(part, f"{key}@{name}")
-
-    def route(self, messages: list[tuple[str, bytes]], key: str) -> dict[str, list[tuple[str, bytes]]]:
-        """Each message's place, by shard name, in order: the messages of a queue of K partitions go
-        round the partitions from one the ``key`` picks, so the same call (same key, same messages, same
-        list and K) always makes the same places, and a call again stores on each shard what it lacks."""
-        routed: dict[str, list[tuple[str, bytes]]] = {}
-        turn: dict[str, int] = {}
-        fresh = [queue for queue in dict.fromkeys(q for q, _ in messages) if not self.cluster.known(queue)]
-        if fresh:  # (the queues not located yet, asked in one round: one second for a shard that is down)
-            self.cluster.locate_many(fresh)
-        for queue, body in messages:
-            places = self.cluster.locate(queue).produce_to
-            if queue not in turn:
-                turn[queue] = spread(f"{key}\0{queue}", len(places))
-            name, shard = places[turn[queue] % len(places)]
-            turn[queue] += 1
-            routed.setdefault(shard.name, []).append((name, body))
-        return routed
-
-    def produce(self, messages: list[tuple[str, bytes]], key: str | None = None) -> dict:
-        """Store ``[(queue, body), ...]`` on their shards, each shard's part with the key ``KEY@SHARD``
-        (the server's dedup is per shard). Returns ``count`` (stored, or found stored), ``duplicate``
-        (every shard's part was) and ``shards`` (the count each shard took). A shard that fails does not
-        stop the others: ClientError after them, naming it and the key; call again with that ``key``
-        (what some shards stored, they store once)."""
-        key = key or uuid.uuid4().hex
-        routed = self.route(messages, key)
-        futures = {name: self._pool.submit(self._produce_on, name, part, key) for name, part in routed.items()}
-        done: dict[str, dict] = {}
-        failed: list[str] = []
-        for name, future in futures.items():
-            try:
-                done[name] = future.result()
-            except ClientError as exc:
-                failed.append(f"shard {name}: {exc}")
-        if failed:
-            stored = sum(r["count"] for r in done.values())
-            again = f"{stored} stored elsewhere: call again with key {key}"
-            raise ClientError(f"PRODUCE {key}: {'; '.join(failed)} ({again})")
-        return {
-            "count": sum(r["count"] for r in done.values()),
-            "duplicate": all(r["duplicate"] for r in done.values()),
-            "shards": {name: r["count"] for name, r in done.items()},
-        }

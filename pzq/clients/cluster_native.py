@@ -188,7 +188,7 @@ class ShardedProducer:
         """Send every body (a list of frames) and wait for every ack; results in sending order (a failed
         shard's messages: ``ok`` False, the error naming the shard). ``keys``: one per body, each message
         to the place its key hashes to (the same key, the same place, while the list and K stay)."""
-        places = self.cluster.locate(self.queue, partitions=self.partitions).produce_to
+        places = self.cluster.locate(self.queue, partitions=self.partitions, place=True).places()
         if keys is None and len(places) == 1:  # (one place: its Producer alone, in this thread, as with one server)
             return self._send_to(places[0][1], bodies)
         lanes: dict[str, _Lane] = {}
@@ -237,7 +237,7 @@ class ShardedProducer:
     def _hand_in_turn(self, chunk: Chunk, lanes: dict[str, _Lane]) -> list[tuple[int, ProduceResult]]:
         """Hand an unkeyed chunk to the next place in turn, waiting for its room unless it stalled (then
         to any with room); a failed one is passed. Past every shard failing: the chunk's results."""
-        places = self.cluster.locate(self.queue, partitions=self.partitions).produce_to
+        places = self.cluster.locate(self.queue, partitions=self.partitions, place=True).places()
         now = time.monotonic()
         order = [places[(self._turn + i) % len(places)][1] for i in range(len(places))]
         live = [s for s in order if now - self._down.get(s.name, -RETRY_S) >= RETRY_S] or order
@@ -265,7 +265,7 @@ class ShardedProducer:
         for at, (body, key) in enumerate(itertools.zip_longest(bodies, keys, fillvalue=_NONE)):
             if body is _NONE or not isinstance(key, str | bytes):
                 raise ValueError("send_many: give one key (str or bytes) per body")
-            places = self.cluster.locate(self.queue, partitions=self.partitions).produce_to
+            places = self.cluster.locate(self.queue, partitions=self.partitions, place=True).places()
             shard = places[spread(key, len(places))][1]
             waiting.setdefault(shard.name, []).append((at, cast(Sequence[bytes], body)))
             count += 1

@@ -37,7 +37,8 @@ from pzq.shards import where_answer
 from pzq.store import Message, Upload
 from pzq.store.dedup_keys import NATIVE_PREFIX, DedupKeys, Produced
 
-BRIEF = ("shard", "partitions", "held")  # WHERE's answer with brief 1 (the list and the places left out)
+# WHERE's answer with brief 1 (the list and the places left out; etcd's placement, who is alive, kept)
+BRIEF = ("shard", "partitions", "held", "placed", "alive", "reachable")
 
 log = logging.getLogger("pzq.api")
 
@@ -68,12 +69,13 @@ class ApiGateway:
         dedup_window_s: float,
         limits: Limits = DEFAULT_LIMITS,
         permissions: Permissions | None = None,
-        where: Callable[[str], dict] | None = None,
+        where: Callable[[str, bool], dict] | None = None,
     ):
         """``keys`` is the store's table of PRODUCE dedup keys; ``limits`` gives snapshot_max,
         max_dedup_keys (each ~100 B in memory and on disk), api_reply_bytes and api_max_produce;
         ``permissions`` says which queues each CURVE key may produce to and consume from (None: any);
-        ``where`` answers WHERE a queue (the server's, pzq/server/wiring.py; None: a server that is no shard)."""
+        ``where`` answers WHERE a queue (the server's, pzq/server/where.py; None: a server that is no shard);
+        in a cluster kept in etcd its ``check_produce`` refuses a PRODUCE to a queue not placed here."""
         self.broker = broker
         self.permissions = permissions
         self.keys = keys
@@ -86,6 +88,7 @@ class ApiGateway:
         self.errors_total = 0
         self.duplicates_total = 0
         self.where = where or self._where_alone
+        self._check_placed: Callable[[list[str]], None] | None = getattr(where, "check_produce", None)
         self.parts = Parted(broker, limits)  # big PRODUCEs, written a part per turn (the endpoint drives it)
         self.load()
 
@@ -155,14 +158,16 @@ class ApiGateway:
             messages = api.produce_messages(a, self.limits.api_max_produce)
             # All or none: one queue refused refuses the request, before anything is stored or made.
             self._check(user, PRODUCE, request.command, (queue for queue, _ in messages))
+            if self._check_placed is not None:
+                self._check_placed(list(dict.fromkeys(queue for queue, _ in messages)))
             owner = ("key", user) if user else ("api", request.routing)
             if len(messages) == 1 and self.parts.big(len(messages[0][1])):
                 return self._produce_big(request, messages[0], peer, owner)
             # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
             return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now.wall_us, owner)
         if request.command == "WHERE":  # (names and counts, never bodies: no right asked, as the monitor's figures)
-            where = self.where(a["queue"])
-            return {key: where[key] for key in BRIEF} if a.get("brief") else where
+            where = self.where(a["queue"], bool(a.get("place")))
+            return {key: where[key] for key in BRIEF if key in where} if a.get("brief") else where
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
         if request.command == "OFFSETS":
             base, end = leases.offsets(a["queue"], a["group"], user)
@@ -183,7 +188,7 @@ class ApiGateway:
             return {"first": head[0].seq if head else info.next_seq, "next": info.next_seq, "depth": info.count}
         return self._snapshot(a)  # (SNAPSHOT: parse_request lets no other command through)
 
-    def _where_alone(self, queue: str) -> dict:
+    def _where_alone(self, queue: str, place: bool = False) -> dict:
         """WHERE's answer of a server that is no shard and keeps no partitions: the queues of it it holds."""
         info = self.broker.queues.info
         return where_answer(queue, "", None, 0, lambda name: getattr(info(name), "count", None))

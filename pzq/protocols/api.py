@@ -18,8 +18,9 @@ ACK_UPTO   queue, group, upto                                     base
 INFO       queue                                                  first, next, depth
 SNAPSHOT   queue, after, before, limit                            messages, next
 PRODUCE    messages: [[queue, body], ...], key (optional)         count, duplicate
-WHERE      queue, brief (optional, 0)                             shard, shards, partitions, places,
-                                                                  held (brief 1: shard, partitions, held)
+WHERE      queue, brief (optional, 0), place (optional, 0)        shard, shards, partitions, places,
+                                                                  held (brief 1: shard, partitions, held);
+                                                                  with etcd also placed, alive, reachable
 =========  =====================================================  ==================================
 
 WHERE says where a queue lives (pzq/shards.py ``where_answer``): this server's shard name, the shard
@@ -28,6 +29,11 @@ list it reads, the partitions it keeps for the queue, their places on the list a
 queue (names and counts, as the monitor's figures): any client let onto the socket may ask. With
 ``brief`` 1 the list and the places are left out: a client that reads the list itself (pzq's
 ``Cluster.locate``) needs neither, and with a list of 1,024 shards they are ~113 KB of every answer.
+A shard of a cluster kept in etcd answers ``placed`` too, the queue's places as etcd records them (None:
+not placed yet; ``place`` 1, a producer's, has it placed if etcd is reachable: ask again), with
+``alive``, the shards whose lease holds, and ``reachable``, whether etcd answered this shard's last call.
+PRODUCE on such a shard is refused ``wrong-shard`` for a queue placed elsewhere, ``placing`` while a new
+queue is placed (ask again: ``ApiClient`` does) and ``unplaced`` for a new queue while etcd is away.
 
 LEASE with ``durable`` 0 answers without waiting for the commit of the leases it made: they become
 durable with a later commit (within --commit-interval), and a failed commit or a crash before it loses
@@ -65,7 +71,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, bool]]] = {  # name -> {field: (type, r
     "INFO": {"queue": (_STR, True)},
     "SNAPSHOT": {"queue": (_STR, True), "after": (_INT, True), "before": (_INT, True), "limit": (_INT, True)},
     "PRODUCE": {"messages": (_LIST, True), "key": (_STR, False)},
-    "WHERE": {"queue": (_STR, True), "brief": (_INT, False)},
+    "WHERE": {"queue": (_STR, True), "brief": (_INT, False), "place": (_INT, False)},
 }
 
 

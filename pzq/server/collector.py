@@ -27,6 +27,7 @@ import time
 
 log = logging.getLogger("pzq.server")
 
+SLOW_TURNS_MS = (50, 100, 1000)  # the turn lengths STATS counts the turns past (etcd's calls never make one)
 FIRST_GUESS_S = 100e-9  # a frozen object's cost in a whole walk before one was measured (30-300 ns)
 
 
@@ -44,6 +45,9 @@ class Collector:
         self.put_off_total = 0  # whole collections put off: estimated past ``most_s``
         self.whole_last_s = 0.0  # how long the last whole walk took
         self.frozen = 0  # objects frozen when the last whole walk was weighed
+        self.turn_began = 0.0  # the loop sets it after its poll: a turn's length is its work, not its wait
+        self.longest_turn_s = 0.0
+        self.turns_over = dict.fromkeys(SLOW_TURNS_MS, 0)  # turns longer than 50, 100, 1000 ms
 
     def start(self, now: float) -> None:
         """After start-up: what the server made so far is frozen, and full collections are watched.
@@ -68,6 +72,11 @@ class Collector:
     def turn_ends(self, now: float) -> None:
         """Freeze what a full collection of this turn left; a whole collection when one is due (and
         estimated short enough)."""
+        took = now - self.turn_began if self.turn_began else 0.0
+        if took > self.longest_turn_s:
+            self.longest_turn_s = took
+        for ms in SLOW_TURNS_MS:
+            self.turns_over[ms] += took * 1000 > ms
         if now >= self._next_whole:
             self._next_whole = now + self.whole_s
             self._whole()
@@ -116,4 +125,6 @@ class Collector:
             "whole_put_off_total": self.put_off_total,
             "whole_last_ms": round(self.whole_last_s * 1000, 3),
             "frozen_objects": self.frozen,
+            "longest_turn_ms": round(self.longest_turn_s * 1000, 3),
+            **{f"turns_over_{ms}ms_total": count for ms, count in self.turns_over.items()},
         }

@@ -70,9 +70,7 @@ class Server(Reloading):
         self._sockets = Sockets(self.ctx)
         self.curve: CurveServer | None = None
         self._stopping = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK)
         self.notifier = Notifier.from_environment()  # inert unless systemd started us with Type=notify
         self._next_watchdog = 0.0
         self._reload_requested = False
@@ -186,8 +184,9 @@ class Server(Reloading):
         if self.curve is not None:
             self.curve.close()
             self.curve = None
-        store = getattr(self, "store", None)
-        if store is not None:
+        if (where := getattr(self, "where", None)) is not None:  # (the etcd thread's lease revoked: gone at once)
+            where.stop()
+        if (store := getattr(self, "store", None)) is not None:
             store.close()  # (a second close does nothing)
         for fd in (self._wake_r, self._wake_w):
             try:
@@ -299,6 +298,8 @@ class Server(Reloading):
             endpoint.before_poll(self.poller)
         ready = dict(self.poller.poll(timeout_ms))
         now = Now.read()  # (one value for every endpoint, gateway and chore of the turn: pzq/clock.py)
+        if self.collector is not None:  # (a turn's length is from here: its work, not its wait)
+            self.collector.turn_began = now.mono
         if self._wake_r in ready:
             drain_fd(self._wake_r)
         self.store.watch_disk()  # one statvfs: producers are refused before the filesystem fills
@@ -393,4 +394,6 @@ class Server(Reloading):
         stats["permissions"] = self.permissions.stats()
         if self.collector is not None:
             stats["gc"] = self.collector.stats()
+        if (registry := self.where.stats()) is not None:
+            stats["registry"] = registry
         return stats

@@ -3,7 +3,6 @@ tables, its limits), and the start-up lines that say what is served and to whom.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
@@ -29,70 +28,14 @@ from pzq.gateways.native_consume import BatchConsumeGateway
 from pzq.gateways.phpmq import PhpmqGateway
 from pzq.leases import Leases
 from pzq.permissions import Permissions
+from pzq.server.where import Where, registry_for
 from pzq.store import Store
 from pzq.store.bindings import Bindings
-from pzq.store.catalog import Catalog
 from pzq.store.dedup_keys import DedupKeys
 from pzq.store.emqp_jobs import EmqpJobs
 from pzq.store.schedules import Schedules
 
 log = logging.getLogger("pzq.server")
-PLACES_CACHED = 8_192  # places (queue name, shard name) Where keeps: 1 to 3 MB at most (names of 255 bytes)
-
-
-class Where:
-    """This server's place in a cluster: its shard name ("" when it is none), the shard list it read
-    (None without one), and the answer to WHERE a queue (called by the API and the monitor)."""
-
-    def __init__(self, shard: str, shards: shards_.ShardList | None, catalog: Catalog) -> None:
-        self.shard, self.shards, self._catalog = shard, shards, catalog
-        self._listed = shards.to_dict() if shards is not None else None  # (the same in every answer)
-        # (queue, partitions) -> its places, the latest asked last: a list of 1,024 shards took 0.8 ms to
-        # place a queue and 1.7 ms one of partitions, each WHERE; bounded by the places it holds in all
-        self._places: collections.OrderedDict[tuple[str, int], list[list[str]]] = collections.OrderedDict()
-        self._places_held = 0
-
-    def __call__(self, queue: str) -> dict:
-        by_name = self._catalog.by_name
-
-        def depth(name: str) -> int | None:
-            info = by_name.get(name)
-            return None if info is None else info.count
-
-        partitions = self._catalog.partitions.get(queue, 0)
-        places = self._placed(self.shards, queue, partitions) if self.shards is not None else None
-        family = _partitions_held(self._catalog.families.get(queue, set()), queue)
-        return shards_.where_answer(queue, self.shard, self.shards, partitions, depth, self._listed, places, family)
-
-    def _placed(self, listed: shards_.ShardList, queue: str, partitions: int) -> list[list[str]]:
-        """Where the list places ``queue``'s ``partitions``, from the cache (PLACES_CACHED places in all)."""
-        key = (queue, partitions)
-        found = self._places.get(key)
-        if found is not None:
-            self._places.move_to_end(key)
-            return found
-        found = [[name, home.name] for name, home in listed.place(queue, partitions)]
-        self._places[key] = found
-        self._places_held += len(found)
-        while self._places_held > PLACES_CACHED:
-            _, gone = self._places.popitem(last=False)
-            self._places_held -= len(gone)
-        return found
-
-
-def _index(name: str) -> int:
-    return int(name.rpartition("#")[2])
-
-
-def _partitions_held(members: set[str], queue: str) -> list[str]:
-    """The names of ``members`` (the catalog's family of ``queue``: ``Q#0`` to ``Q#9999``) a placement can
-    give, ``Q#0`` to ``Q#1023`` (shards.MAX_PARTITIONS), in order: at most 1,024 looked up. (A family of
-    10,000 names of 255 bytes made a WHERE 8-31 ms of the loop and a 2.6 MB answer; ``Q#1500`` is a queue
-    of its own name, which WHERE ``Q#1500`` finds.)"""
-    if len(members) <= shards_.MAX_PARTITIONS:
-        return sorted((name for name in members if _index(name) < shards_.MAX_PARTITIONS), key=_index)
-    named = (shards_.partition_name(queue, i) for i in range(shards_.MAX_PARTITIONS))
-    return [name for name in named if name in members]
 
 
 def shard_identity(cfg: Config, store: Store) -> Where:
@@ -104,6 +47,11 @@ def shard_identity(cfg: Config, store: Store) -> Where:
     name = cfg.shard or catalog.shard
     if cfg.shard and catalog.shard and cfg.shard != catalog.shard:
         catalog.claim_shard(cfg.shard)  # (raises WrongShard, naming both)
+    if cfg.etcd and not name:
+        raise ConfigError(
+            f"--etcd: this server has no shard name (none given, none kept in {cfg.database}): "
+            "start it once with --shard NAME, which its store keeps"
+        )
     if listed is not None and not name:
         raise ConfigError(
             f"--cluster {cfg.cluster}: this server has no shard name (none given, none kept in {cfg.database}): "
@@ -121,6 +69,12 @@ def shard_identity(cfg: Config, store: Store) -> Where:
     if listed is not None:
         for problem in listed_apart(cfg, listed.named(name)):
             log.warning("shard %r: %s: clients reading the list will not reach it there", name, problem)
+    if cfg.etcd:
+        log.info("shard %r, registered in etcd at %s (keys %s)", name, cfg.etcd, cfg.etcd_prefix)
+        registered = Where(name, None, catalog, registry_for(cfg, name, catalog.store_id))
+        store.commit()  # (the store id is durable before etcd hears it: a crash must not make another)
+        registered.start()
+        return registered
     return Where(name, listed, catalog)
 
 
@@ -150,7 +104,7 @@ def gateway_endpoints(
     connections: ConnectionLimit,
     drop_queue: Callable[[str], int],
     permissions: Permissions,
-    where: Callable[[str], dict] | None = None,
+    where: Where | None = None,
 ) -> list[Endpoint]:
     """The endpoints of every gateway the config enables (native, PHPMQ, eMQP, MQKS, API), in the order
     the loop serves them."""

@@ -29,12 +29,12 @@ CHUNK_BYTES = 4 << 20
 
 
 class _Shards:
-    """A task's PRODUCEs over a shard list (pzq.clients.cluster's ClusterApi): a chunk's rows of a queue
+    """A task's PRODUCEs over a shard list (pzq.clients.cluster_api's ClusterApi): a chunk's rows of a queue
     go round its partitions from one its key picks, each shard's part stored under the chunk's key and
     the shard's name; a re-run chunk (same key, same rows) goes to the same places and is stored once."""
 
     def __init__(self, options: Options, shards):
-        from pzq.clients.cluster import ClusterApi
+        from pzq.clients.cluster_api import ClusterApi
         from pzq.spark.streams import cluster
 
         self.api = ClusterApi(cluster(options, shards), timeout_s=options.timeout_s)

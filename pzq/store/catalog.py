@@ -11,6 +11,7 @@ changed. The core (``core.Core``) holds this part and looks queues up in its dic
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 from pzq.errors import StoreDamaged, StoreError, StoreFull, StoreTooNew, WrongShard
@@ -19,6 +20,7 @@ from pzq.store.layout import FORMAT, U64, UNREADABLE, QueueInfo, parse_message_i
 from pzq.store.pages import ADVICE
 
 SHARD = b"shard"  # meta: the shard's name (utf-8)
+STORE_ID = b"store_id"  # meta: a random id made with the shard's name (etcd tells two stores of one name apart)
 PARTITIONS = b"partitions\0"  # meta: + a queue's name -> u64, its count of partitions
 MOST_PARTITIONS = 1024  # the most a count kept may be (pzq.shards.MAX_PARTITIONS: the store imports no shards)
 log = logging.getLogger("pzq.store")
@@ -46,6 +48,7 @@ class Catalog:
         self._next_qid = 1
         self._queues_db, self._meta_db = env.dbs["queues"], env.dbs["meta"]
         self.shard = ""  # the shard this store is (meta b"shard"): "" until a start names one
+        self.store_id = ""  # meta b"store_id": made with the shard's name
         self.partitions: dict[str, int] = {}  # queue -> its partitions (meta b"partitions\0" + name)
         # queue -> the names of its partitions this store holds (Q#i: WHERE looks up these, not 1,024 names)
         self.families: dict[str, set[str]] = {}
@@ -89,6 +92,8 @@ class Catalog:
         """The shard name and the partition counts (a record each: one per partitioned queue, at most)."""
         raw = txn.get(SHARD, db=self._meta_db)
         self.shard = raw.decode("utf-8", "replace") if raw else ""
+        raw = txn.get(STORE_ID, db=self._meta_db)
+        self.store_id = raw.decode("ascii", "replace") if raw else ""
         self.partitions.clear()
         cursor = txn.cursor(db=self._meta_db)
         if cursor.set_range(PARTITIONS):
@@ -114,6 +119,10 @@ class Catalog:
         if name and not self.shard:
             self.env.do(self.env.write().put, SHARD, name.encode(), db=self._meta_db)
             self.shard = name
+            self.wrote()
+        if self.shard and not self.store_id:  # (a store named before ids were kept gets one too)
+            self.store_id = uuid.uuid4().hex
+            self.env.do(self.env.write().put, STORE_ID, self.store_id.encode(), db=self._meta_db)
             self.wrote()
         return self.shard
 
