@@ -257,4 +257,7 @@ def _cluster(cfg: Config, keys, cluster: str | None, endpoints: dict[str, str | 
     named = [flag for flag, value in endpoints.items() if value is not None]
     if named and cluster:
         raise ConfigError(f"--cluster or {' '.join(named)}: the queue's shards, or one server, not both")
+    if cfg.etcd and not named and not cluster:  # (a shard's settings, its cluster kept in etcd: asked of it)
+        local = cfg.api_dsn.replace("//*:", "//127.0.0.1:").replace("//0.0.0.0:", "//127.0.0.1:")
+        return Cluster.from_server(local, curve=keys)
     return Cluster.from_file(cfg.cluster, curve=keys) if cfg.cluster and not named else None

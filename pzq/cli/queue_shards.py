@@ -4,6 +4,7 @@ create [--partitions K]` (sent to every shard of the list; docs/operations.md, S
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
@@ -13,6 +14,8 @@ from pzq.cli.queues import Ask, json_option, monitor_options
 from pzq.clients.admin import AdminRefused
 from pzq.errors import ClientError, ConfigError, ExitCode
 from pzq.logs import escape
+
+PLACE_WAIT_S = 5.0  # how long CREATE NAME K waits while etcd places the queue (a few ms when it is there)
 
 
 @click.command("where")
@@ -154,6 +157,19 @@ def _monitors(listed: shards.ShardList) -> list[tuple[str, str]]:
     return [(shard.name, shard.monitor_dsn) for shard in listed.shards]
 
 
+def _create_placed(ask: Ask, endpoint: str, name: str, partitions: int) -> dict:
+    """CREATE NAME K at ``endpoint``; in a cluster kept in etcd, asked again while the queue is being
+    placed (a few ms; PLACE_WAIT_S at most)."""
+    deadline = time.monotonic() + PLACE_WAIT_S
+    while True:
+        try:
+            return ask.at(endpoint, ["CREATE", name, str(partitions)])
+        except AdminRefused as exc:
+            if "being placed" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _create_everywhere(ask: Ask, name: str, partitions: int, targets: list[tuple[str, str]]) -> None:
     """CREATE NAME K on every monitor of ``targets`` ((shard name, endpoint)), each in turn; one line a
     shard; exit 1 (5 for a key without the right) naming those that did not do it."""
@@ -163,7 +179,7 @@ def _create_everywhere(ask: Ask, name: str, partitions: int, targets: list[tuple
         who = f"shard {shard}" if shard else endpoint
         try:
             _where_as(ask, shard, endpoint, name)  # (before CREATE: another shard would keep the count for ever)
-            answer = ask.at(endpoint, ["CREATE", name, str(partitions)])
+            answer = _create_placed(ask, endpoint, name, partitions)
             here, made = list(answer["here"]), list(answer["made"])
         except AdminRefused as exc:
             click.echo(f"{who}: refused: {exc}", err=True)

@@ -149,6 +149,8 @@ class Runner:
 
     def argv(self, shard: shards.Shard, seeds: dict[str, str]) -> list[str]:
         options = {"shard": shard.name, "cluster": str(self.cluster), "database": str(self.base / shard.name)}
+        if any(part == "--etcd" or part.startswith("--etcd=") for part in self.extra):
+            del options["cluster"]  # (registered in etcd instead: the list is written for the operator only)
         options |= {role: getattr(shard, role) for role in (*ROLES, "monitor_dsn")} | seeds
         flags = [part for key, value in options.items() for part in (f"--{key.replace('_', '-')}", value)]
         return [sys.executable, "-m", "pzq", "serve", *flags, *self.extra]
