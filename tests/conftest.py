@@ -440,6 +440,8 @@ def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGat
 # clients, Spark, the fuzzers and the benchmarks. `pytest -m "not slow"` runs the rest, the fast tier.
 SLOW_MODULES = {
     "test_crash",
+    "test_etcd_placement",
+    "test_etcd_faults",
     "test_fuzz_sockets",
     "test_fuzz_decoders",
     "test_bench",

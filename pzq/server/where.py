@@ -59,7 +59,8 @@ class Where:
         partitions = found.partitions if found is not None else self._catalog.partitions.get(queue, 0)
         answer = shards_.where_answer(queue, self.shard, None, partitions, depth, family=family)
         answer["shards"] = view.listed or []
-        answer["places"] = answer["placed"] = [list(p) for p in found.places] if found is not None else None
+        answer["placed"] = [list(p) for p in found.places] if found is not None else None
+        answer["places"] = answer["placed"] or []
         answer["alive"], answer["reachable"] = sorted(view.alive), view.reachable
         if found is None and place:
             registry.place(queue, partitions)

@@ -1,0 +1,79 @@
+"""Placement records (pzq/placement.py), pure: what etcd keeps of a queue's places, read back exactly,
+and a record that is not pzq's refused before it could place anything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pzq import placement
+from pzq.shards import Shard
+
+
+def shards(*names: str) -> list[Shard]:
+    return [Shard(name, api_dsn=f"tcp://127.0.0.1:{i + 1}") for i, name in enumerate(names)]
+
+
+def test_a_placement_reads_back_as_it_was_written():
+    chosen = placement.choose("orders", 4, shards("a", "b", "c"))
+    assert placement.decode("orders", chosen.encode()) == chosen
+    assert [name for name, _ in chosen.places] == ["orders#0", "orders#1", "orders#2", "orders#3"]
+
+
+def test_a_queue_of_one_partition_is_the_queue_alone_on_one_shard():
+    chosen = placement.choose("orders", 1, shards("a", "b", "c"))
+    assert chosen.partitions == 0
+    assert len(chosen.places) == 1 and chosen.places[0][0] == "orders"
+
+
+def test_the_same_shards_in_any_order_give_the_same_placement():
+    assert placement.choose("q", 6, shards("a", "b", "c")) == placement.choose("q", 6, shards("c", "a", "b"))
+
+
+def test_partitions_spread_over_every_alive_shard():
+    chosen = placement.choose("q", 6, shards("a", "b", "c"))
+    assert sorted(shard for _, shard in chosen.places) == ["a", "a", "b", "b", "c", "c"]
+
+
+def test_shard_of_names_the_shard_of_a_partition_and_none_for_a_stranger():
+    chosen = placement.choose("q", 2, shards("a", "b"))
+    assert {chosen.shard_of("q#0"), chosen.shard_of("q#1")} == {"a", "b"}
+    assert chosen.shard_of("q#2") is None and chosen.shard_of("other") is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        b"[]",
+        b'{"partitions": 2}',
+        b'{"partitions": 2, "places": [["q#0", "a"]]}',
+        b'{"partitions": 0, "places": [["other", "a"]]}',
+        b'{"partitions": 0, "places": [["q", "../etc"]]}',
+        b'{"partitions": 5000, "places": []}',
+        b'{"partitions": 0, "places": [["q", 7]]}',
+        b"{" + b" " * placement.RECORD_MAX_BYTES + b"}",
+    ],
+)
+def test_a_record_that_is_not_pzqs_is_refused(data):
+    with pytest.raises(placement.BadRecord):
+        placement.decode("q", data)
+
+
+def test_a_member_record_reads_back_with_its_store_id():
+    shard = Shard("a", api_dsn="tcp://10.0.0.1:11133", monitor_dsn="tcp://10.0.0.1:11134")
+    assert placement.decode_member(placement.encode_member(shard, "id1")) == (shard, "id1")
+
+
+@pytest.mark.parametrize("raw", [b"{}", b'{"name": "bad name"}', b'{"name": "a", "api_dsn": 5}', b"\xff"])
+def test_a_member_record_that_is_not_pzqs_is_refused(raw):
+    with pytest.raises(placement.BadRecord):
+        placement.decode_member(raw)
+
+
+def test_base_queue_strips_a_partition_suffix_only():
+    assert placement.base_queue("q#3") == "q"
+    assert placement.base_queue("q") == "q"
+    assert placement.base_queue("q#03") == "q#03"
+    assert json.loads(placement.choose("q", 0, shards("a")).encode()) == {"partitions": 0, "places": [["q", "a"]]}
