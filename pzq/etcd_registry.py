@@ -32,7 +32,6 @@ LEASE_TTL_S = 5  # a server silent this long (stopped, cut off, killed) is shown
 REFRESH_S = 1.0  # how often the lease is refreshed
 POLL_S = 0.5  # how often the shards, who is alive and new placements are read (seen within 2 s of etcd's return)
 PAGE = 256  # placement records a read asks for at once (each up to 384 KiB: etcd's request limit is 1.5 MiB)
-MAX_PLACEMENTS = 100_000  # queues placed at most (past it a new queue is refused, named)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
 SAVE_EVERY_S = 1.0  # the cache file is written at most this often, when something new was seen
@@ -89,7 +88,7 @@ def parse_urls(text: str) -> list[tuple[str, str]]:
 class EtcdRegistry(threading.Thread):
     """The registry's thread: ``start()`` it, ``place()`` from the loop, ``stop()`` at the end."""
 
-    def __init__(self, urls: str, prefix: str, me: Shard, store_id: str, cache_path: str):
+    def __init__(self, urls: str, prefix: str, me: Shard, store_id: str, cache_path: str, max_placements: int):
         super().__init__(name="pzq-etcd", daemon=True)
         import etcd3gw  # (etcd's JSON gateway client: only a server given --etcd loads it and requests)
         import requests
@@ -108,6 +107,7 @@ class EtcdRegistry(threading.Thread):
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.me, self.store_id, self.cache_path = me, store_id, cache_path
         self.placements: dict[str, records.Placement] = {}
+        self.max_placements = max_placements  # (--max-queues: a cluster places no more queues than one holds)
         self._placement_bytes = 0
         self._lock = threading.Lock()
         self._pending: dict[str, int] = {}  # queue -> partitions, asked by the loop
@@ -126,6 +126,10 @@ class EtcdRegistry(threading.Thread):
         self._load_cache()
 
     # -- the loop's side ------------------------------------------------------------------------
+    def full(self, more: int = 0) -> bool:
+        """True when no placement more is kept (``max_placements`` of them, or MAX_PLACEMENT_BYTES)."""
+        return len(self.placements) >= self.max_placements or self._placement_bytes + more > MAX_PLACEMENT_BYTES
+
     def place(self, queue: str, partitions: int) -> None:
         """Ask for ``queue`` to be placed (with ``partitions``); the thread does it at its next round."""
         with self._lock:
@@ -322,7 +326,7 @@ class EtcdRegistry(threading.Thread):
         except records.BadRecord as exc:
             log.warning("etcd: the placement of %r is not pzq's (%s): ignored", queue[:80], exc)
             return
-        if len(self.placements) >= MAX_PLACEMENTS or self._placement_bytes + len(data) > MAX_PLACEMENT_BYTES:
+        if self.full(len(data)):
             log.warning("etcd: %d placements held (the most): %r not kept", len(self.placements), queue[:80])
             return
         self.placements[queue] = found
@@ -336,7 +340,7 @@ class EtcdRegistry(threading.Thread):
                 if not self._pending:
                     return
                 queue, partitions = next(iter(self._pending.items()))
-            if queue not in self.placements and not self.conflict:
+            if queue not in self.placements and not self.conflict and not self.full(1024):
                 self._place(queue, partitions)
             with self._lock:
                 self._pending.pop(queue, None)

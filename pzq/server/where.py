@@ -112,6 +112,11 @@ class Where:
                 f"queue {queue!r} is not placed and etcd has been unreachable for {down:.0f} s ({view.error}): "
                 "a new queue waits for etcd; the known ones go on",
             )
+        if registry.full(1024):
+            most = registry.max_placements
+            return ProtocolError(
+                "unplaced", f"queue {queue!r} is not placed: {most} queues are (--max-queues), no more"
+            )
         if base_queue(queue) != queue:
             return ProtocolError("unplaced", f"{queue!r}: its queue is not placed: create it with its partitions")
         registry.place(queue, count)
@@ -152,7 +157,7 @@ def registry_for(cfg: Config, shard: str, store_id: str) -> EtcdRegistry:
 
     me = shards_.Shard(shard, **{role: _reachable(getattr(cfg, role)) for role in shards_.ENDPOINTS})
     cache = f"{cfg.database.rstrip('/') or '/'}/placements.json"
-    return EtcdRegistry(cfg.etcd, cfg.etcd_prefix, me, store_id, cache)
+    return EtcdRegistry(cfg.etcd, cfg.etcd_prefix, me, store_id, cache, cfg.max_queues)
 
 
 def _reachable(dsn: str) -> str:
