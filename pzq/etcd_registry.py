@@ -308,6 +308,8 @@ class EtcdRegistry(threading.Thread):
                 self._adopt(base64.b64decode(kv["key"]).decode("utf-8", "replace")[len(prefix) :], _value(kv))
             if not answer.get("more") or not kvs:
                 break
+            if self._lease is not None and time.monotonic() >= self._refresh_at:
+                self._refresh()  # (a first read of many placements must not let the lease lapse)
             start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", "replace")[len(prefix) :] + "\0"
         if first_rev is not None:
             self._rev = max(self._rev, first_rev)

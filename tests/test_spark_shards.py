@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
 
 from conftest import local_spark, wait_until
 from shard_servers import NAMES, Shards
@@ -277,3 +280,55 @@ def test_a_query_given_one_shards_endpoint_finds_the_list_by_where_and_reads_a_q
     assert sorted(bytes(r.body) for r in rows) == [b"h%02d" % i for i in range(50)] + [b"x%02d" % i for i in range(40)]
     ends = (json.loads(offsets) if isinstance(offsets, str) else offsets)["streams"]
     assert ends == {f"{home}/found": 50, f"{elsewhere}/found": 40}
+
+
+@needs_etcd
+def test_over_shards_registered_in_etcd_the_sink_places_a_new_queue_and_a_stream_reads_it_whole_once(spark, tmp_path):
+    """No shard list anywhere: three shards registered in a real etcd; the sink, given one shard's
+    endpoint, has the queue placed (by its first PRODUCE's WHERE) and writes each chunk where etcd
+    placed it; a stream given another shard's endpoint reads every partition once."""
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdCluster(tmp_path / "etcd", members=1)
+    shards = None
+    try:
+        shards = EtcdShards(tmp_path, etcd)
+        created = subprocess.run(
+            [sys.executable, "-m", "pzq", "queue", "create", "placed", "--partitions", "6",
+             "--monitor-dsn", shards.servers["a"].monitor],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        rows = [(f"e-{i:04d}",) for i in range(1200)]
+        (
+            spark.createDataFrame(rows, "body string")
+            .repartition(3)
+            .write.format("pzq")
+            .option("endpoint", shards.endpoints["b"])
+            .option("queue", "placed")
+            .option("dedupKey", "etcd-job")
+            .mode("append")
+            .save()
+        )
+        query = (
+            spark.readStream.format("pzq")
+            .option("endpoint", shards.endpoints["c"])
+            .option("queue", "placed")
+            .load()
+            .writeStream.format("memory")
+            .queryName("placed_by_etcd")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            read = spark.sql("SELECT queue, body FROM placed_by_etcd").collect()
+        finally:
+            query.stop()
+        assert sorted(bytes(r.body).decode() for r in read) == [body for (body,) in rows]
+        placed = shards.clients["a"].call("WHERE", queue="placed")["placed"]
+        by_shard = {shard for _, shard in placed}
+        assert by_shard == {"a", "b", "c"} and {r.queue for r in read} <= {name for name, _ in placed}
+    finally:
+        if shards is not None:
+            shards.close()
+        etcd.close()
