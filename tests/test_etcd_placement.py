@@ -20,7 +20,7 @@ from pzq.clients.api import ApiError
 from pzq.clients.cluster import Cluster
 from pzq.clients.cluster_api import ClusterApi
 
-from conftest import ProcessServer
+from conftest import ProcessServer, steady_ports
 
 pytestmark = [needs_etcd, pytest.mark.timeout(120)]
 
@@ -256,3 +256,39 @@ def test_a_server_with_etcd_and_a_shard_list_or_without_a_name_is_refused_in_one
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_dead_first_member_costs_one_failed_call_and_the_next_member_answers(etcd, prefix, tmp_path):
+    from pzq.etcd_registry import EtcdRegistry
+    from pzq.shards import Shard
+
+    dead = f"http://127.0.0.1:{steady_ports(1, 30_000, 31_000)[0]}"
+    registry = EtcdRegistry(f"{dead},{etcd.urls}", prefix, Shard("solo"), "id-solo", str(tmp_path / "c.json"), 100)
+    registry.start()
+    try:
+        wait_for(lambda: registry.view.alive == frozenset({"solo"}))
+        registry.place("q", 0)
+        wait_for(lambda: "q" in registry.placements)
+        stats = registry.stats()
+        assert stats["reachable"] and stats["call_failures_total"] == 1  # (then it stays on the live one)
+    finally:
+        registry.stop()
+    assert f"{prefix}alive/solo" not in etcd_keys(etcd, prefix)  # (a clean stop revokes its lease)
+
+
+def test_pzq_produce_and_consume_with_settings_naming_etcd_find_the_queue_through_their_shard(shards, tmp_path):
+    settings = tmp_path / "pzq.toml"
+    settings.write_text(f'api_dsn = "{shards.endpoints["a"]}"\netcd = "{shards.etcd.urls}"\nshard = "a"\n')
+    base = [sys.executable, "-m", "pzq"]
+    produced = subprocess.run(
+        [*base, "produce", "--config", str(settings), "one", "two", "three"], capture_output=True, text=True, timeout=60
+    )
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(
+        [*base, "consume", "--config", str(settings), "-n", "3", "--timeout", "10s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assert sorted(consumed.stdout.split()) == ["one", "three", "two"]
