@@ -34,6 +34,8 @@ POLL_S = 0.5  # how often the shards, who is alive and new placements are read (
 PAGE = 256  # placement records a read asks for at once (each up to 384 KiB: etcd's request limit is 1.5 MiB)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
+RETRY_S = 0.25  # after a failed round, the next one waits this long (etcd back: seen within a poll or two)
+CONFLICT_RETRY_S = 10.0  # a name registered by another store is looked at again this often
 SAVE_EVERY_S = 1.0  # the cache file is written at most this often, when something new was seen
 
 
@@ -114,7 +116,7 @@ class EtcdRegistry(threading.Thread):
         self._wake = threading.Event()
         self._stopping = False
         self._lease: str | None = None
-        self._refresh_at = self._poll_at = 0.0
+        self._refresh_at = self._poll_at = self._register_at = 0.0
         self._rev = 0  # the store revision placements were read up to
         self._members_read: dict[str, tuple[Shard, str]] = {}
         self._dirty = False
@@ -167,21 +169,24 @@ class EtcdRegistry(threading.Thread):
         while not self._stopping:
             now = time.monotonic()
             try:
-                if self._lease is None and not self.conflict:
+                if self._lease is None and now >= self._register_at:
                     self._register()
                 elif self._lease is not None and now >= self._refresh_at:
                     self._refresh()
                 self._place_pending()
-                if now >= self._poll_at or self._lease is None:
+                if now >= self._poll_at:
                     self._poll()
                 self._seen_ok()
             except _Unreachable as exc:
                 self._seen_down(str(exc))
+                self._poll_at = self._refresh_at = time.monotonic() + RETRY_S  # (not a call every few ms)
             except Exception:  # noqa: BLE001 - the thread must outlive a bug: logged, tried again next round
                 log.exception("etcd registry: unexpected error; tried again")
                 self._seen_down("unexpected error (logged)")
+                self._poll_at = self._refresh_at = time.monotonic() + RETRY_S
             self._save_if_due(time.monotonic())
-            self._wake.wait(max(0.05, min(self._refresh_at, self._poll_at) - time.monotonic()))
+            due = min(self._poll_at, self._register_at if self._lease is None else self._refresh_at)
+            self._wake.wait(max(0.05, due - time.monotonic()))
             self._wake.clear()
         self._revoke()
         self._save_if_due(float("inf"))
@@ -225,25 +230,38 @@ class EtcdRegistry(threading.Thread):
         key = self.prefix + "shards/" + self.me.name
         mine = records.encode_member(self.me, self.store_id)
         answer = self._call("kv/txn", _create_or_read(key, mine))
+        self._register_at = time.monotonic() + RETRY_S
         if not answer.get("succeeded"):
             found = answer["responses"][0]["response_range"].get("kvs", [])
+            try:
+                shard, store_id = records.decode_member(_value(found[0])) if found else (self.me, self.store_id)
+            except records.BadRecord as exc:  # (not pzq's, under this shard's own name: made pzq's again)
+                log.warning("etcd: %s is not pzq's (%s): written again", key, exc)
+                shard, store_id = Shard("-"), self.store_id
             if found:
-                shard, store_id = records.decode_member(_value(found[0]))
                 if store_id != self.store_id:
-                    self.conflict = (
-                        f"shard {self.me.name!r} is registered in etcd by another store (id {store_id}, this "
-                        f"store's {self.store_id}): two servers with one name? this one neither registers nor "
-                        f"places; if that store is gone for good, delete {key} (etcdctl del)"
-                    )
-                    log.error("%s", self.conflict)
+                    if not self.conflict:
+                        log.error("%s", self.conflict_text(store_id, key))
+                    self.conflict = self.conflict_text(store_id, key)
+                    self._register_at = time.monotonic() + CONFLICT_RETRY_S  # (until the operator deletes it)
                     return
                 if shard != self.me:  # (its endpoints moved: the entry follows)
                     self._call("kv/put", {"key": _key(key), "value": base64.b64encode(mine).decode()})
+        if self.conflict:
+            log.info("etcd: shard %r's entry is this store's now: registered", self.me.name)
+            self.conflict = ""
         lease = self._call("lease/grant", {"TTL": LEASE_TTL_S})["ID"]
         alive = json.dumps({"store_id": self.store_id}).encode()
         self._call("kv/put", {"key": _key(self.prefix, "alive/", self.me.name), "value": _b64(alive), "lease": lease})
         self._lease, self._refresh_at = lease, time.monotonic() + REFRESH_S
         log.info("registered in etcd as shard %r (lease of %d s)", self.me.name, LEASE_TTL_S)
+
+    def conflict_text(self, store_id: str, key: str) -> str:
+        return (
+            f"shard {self.me.name!r} is registered in etcd by another store (id {store_id}, this store's "
+            f"{self.store_id}): two servers with one name? this one neither registers nor places; if that "
+            f"store is gone for good, delete {key} (etcdctl del)"
+        )
 
     def _refresh(self) -> None:
         answer = self._call("lease/keepalive", {"ID": self._lease})
