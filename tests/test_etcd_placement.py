@@ -292,3 +292,14 @@ def test_pzq_produce_and_consume_with_settings_naming_etcd_find_the_queue_throug
     )
     assert consumed.returncode == 0, consumed.stderr
     assert sorted(consumed.stdout.split()) == ["one", "three", "two"]
+
+
+def test_pzq_queue_where_says_what_etcd_placed_and_which_shards_are_gone(shards):
+    Cluster.from_server(shards.endpoints["a"]).locate("shown", place=True)
+    argv = [sys.executable, "-m", "pzq", "queue", "where", "shown", "--monitor-dsn", shards.servers["b"].monitor]
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "etcd reachable; gone (lease lapsed): none" in shown.stdout
+    assert "placed (queue -> shard):\n  shown -> " in shown.stdout
+    argv[5] = "never-placed"
+    assert "not placed in etcd yet" in subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout

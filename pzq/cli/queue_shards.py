@@ -90,6 +90,12 @@ def where_lines(name: str, answer: dict) -> list[str]:
     lines.append(
         f"queue {escape(name)}: {count} partitions" if count > 1 else f"queue {escape(name)}: no partitions kept"
     )
+    if "alive" in answer:  # (a cluster kept in etcd)
+        gone = [n for n in names if n not in answer["alive"]]
+        said = "etcd reachable" if answer.get("reachable") else "etcd UNREACHABLE from this shard"
+        lines.append(f"{said}; gone (lease lapsed): {', '.join(map(escape, gone)) or 'none'}")
+        if answer.get("placed") is None:
+            lines.append(f"queue {escape(name)}: not placed in etcd yet")
     if answer["places"]:
         lines.append("placed (queue -> shard):")
         lines.extend(f"  {escape(str(queue))} -> {escape(str(home))}" for queue, home in answer["places"])
