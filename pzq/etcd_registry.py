@@ -17,12 +17,12 @@ import base64
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
-import urllib.parse
 
+from pzq import etcd_gateway as gw
 from pzq import placement as records
+from pzq import placement_cache as cache
 from pzq.errors import ConfigError
 from pzq.shards import MAX_SHARDS, Shard, ShardList
 
@@ -58,33 +58,6 @@ class _Unreachable(Exception):
     pass
 
 
-def _key(*parts: str) -> str:
-    return base64.b64encode("".join(parts).encode()).decode()
-
-
-def _next_key(prefix: str) -> str:
-    """The end of the range of every key starting with ``prefix`` (its last byte plus one)."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
-
-
-def _value(kv: dict) -> bytes:
-    return base64.b64decode(kv.get("value", ""))
-
-
-def parse_urls(text: str) -> list[tuple[str, str]]:
-    """``http://host:port,...`` as [(base url, shown)]; ConfigError for anything else."""
-    out = []
-    for url in (part.strip() for part in text.split(",")):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
-            raise ConfigError(f"--etcd {url!r}: give etcd's client URLs, http://host:2379 (comma-separated)")
-        out.append((f"{parsed.scheme}://{parsed.netloc}", url))
-    if not out:
-        raise ConfigError("--etcd: no URL given")
-    return out
-
-
 class EtcdRegistry(threading.Thread):
     """The registry's thread: ``start()`` it, ``place()`` from the loop, ``stop()`` at the end."""
 
@@ -101,8 +74,8 @@ class EtcdRegistry(threading.Thread):
             ValueError,
             KeyError,
         )
-        self._members = parse_urls(urls)
-        self._clients = [_client(etcd3gw, base, session) for base, _ in self._members]
+        self._members = gw.parse_urls(urls)
+        self._clients = [gw.client(etcd3gw, base, session, CALL_TIMEOUT_S) for base, _ in self._members]
         self._at = 0  # the member the next call goes to
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.me, self.store_id, self.cache_path = me, store_id, cache_path
@@ -224,11 +197,11 @@ class EtcdRegistry(threading.Thread):
         """This server's records: its entry (created, or checked as its store's), then alive under a lease."""
         key = self.prefix + "shards/" + self.me.name
         mine = records.encode_member(self.me, self.store_id)
-        answer = self._call("kv/txn", _create_or_read(key, mine))
+        answer = self._call("kv/txn", gw.create_or_read(key, mine))
         if not answer.get("succeeded"):
             found = answer["responses"][0]["response_range"].get("kvs", [])
             if found:
-                shard, store_id = records.decode_member(_value(found[0]))
+                shard, store_id = records.decode_member(gw.value_of(found[0]))
                 if store_id != self.store_id:
                     self.conflict = (
                         f"shard {self.me.name!r} is registered in etcd by another store (id {store_id}, this "
@@ -238,10 +211,11 @@ class EtcdRegistry(threading.Thread):
                     log.error("%s", self.conflict)
                     return
                 if shard != self.me:  # (its endpoints moved: the entry follows)
-                    self._call("kv/put", {"key": _key(key), "value": base64.b64encode(mine).decode()})
+                    self._call("kv/put", {"key": gw.key(key), "value": base64.b64encode(mine).decode()})
         lease = self._call("lease/grant", {"TTL": LEASE_TTL_S})["ID"]
         alive = json.dumps({"store_id": self.store_id}).encode()
-        self._call("kv/put", {"key": _key(self.prefix, "alive/", self.me.name), "value": _b64(alive), "lease": lease})
+        alive_key = gw.key(self.prefix, "alive/", self.me.name)
+        self._call("kv/put", {"key": alive_key, "value": gw.b64(alive), "lease": lease})
         self._lease, self._refresh_at = lease, time.monotonic() + REFRESH_S
         log.info("registered in etcd as shard %r (lease of %d s)", self.me.name, LEASE_TTL_S)
 
@@ -268,7 +242,7 @@ class EtcdRegistry(threading.Thread):
         read: dict[str, tuple[Shard, str]] = {}
         for kv in members[:MAX_SHARDS]:
             try:
-                shard, store_id = records.decode_member(_value(kv))
+                shard, store_id = records.decode_member(gw.value_of(kv))
             except records.BadRecord:
                 continue
             read[shard.name] = (shard, store_id)
@@ -276,7 +250,7 @@ class EtcdRegistry(threading.Thread):
         for kv in alive:
             name = base64.b64decode(kv["key"]).decode("utf-8", "replace").rpartition("/")[2]
             try:
-                store_id = json.loads(_value(kv)).get("store_id")
+                store_id = json.loads(gw.value_of(kv)).get("store_id")
             except (ValueError, AttributeError):
                 continue
             if name in read and read[name][1] == store_id:
@@ -291,8 +265,8 @@ class EtcdRegistry(threading.Thread):
         start, prefix, first_rev = "", self.prefix + "placements/", None
         while not self._stopping:
             body = {
-                "key": _key(prefix, start),
-                "range_end": _next_key(prefix),
+                "key": gw.key(prefix, start),
+                "range_end": gw.next_key(prefix),
                 "limit": PAGE,
                 "min_mod_revision": self._rev + 1,
             }
@@ -305,7 +279,7 @@ class EtcdRegistry(threading.Thread):
             first_rev = first_rev or rev
             kvs = answer.get("kvs", [])
             for kv in kvs:
-                self._adopt(base64.b64decode(kv["key"]).decode("utf-8", "replace")[len(prefix) :], _value(kv))
+                self._adopt(base64.b64decode(kv["key"]).decode("utf-8", "replace")[len(prefix) :], gw.value_of(kv))
             if not answer.get("more") or not kvs:
                 break
             start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", "replace")[len(prefix) :] + "\0"
@@ -313,7 +287,7 @@ class EtcdRegistry(threading.Thread):
             self._rev = max(self._rev, first_rev)
 
     def _range(self, prefix: str, limit: int) -> dict:
-        answer = self._call("kv/range", {"key": _key(prefix), "range_end": _next_key(prefix), "limit": limit})
+        answer = self._call("kv/range", {"key": gw.key(prefix), "range_end": gw.next_key(prefix), "limit": limit})
         answer.setdefault("kvs", [])
         return answer
 
@@ -359,7 +333,7 @@ class EtcdRegistry(threading.Thread):
             log.warning("placing %r: %s", queue[:80], exc)
             return
         key = self.prefix + "placements/" + queue
-        answer = self._call("kv/txn", _create_or_read(key, chosen.encode()))
+        answer = self._call("kv/txn", gw.create_or_read(key, chosen.encode()))
         if answer.get("succeeded"):
             self.placed_total += 1
             log.info("placed %r: %s", queue[:80], ", ".join(f"{n} on {s}" for n, s in chosen.places[:8]))
@@ -367,70 +341,25 @@ class EtcdRegistry(threading.Thread):
             return
         found = answer["responses"][0]["response_range"].get("kvs", [])
         if found:
-            self._adopt(queue, _value(found[0]))
+            self._adopt(queue, gw.value_of(found[0]))
 
-    # -- the cache file -----------------------------------------------------------------------------
+    # -- the cache file (pzq/placement_cache.py) -------------------------------------------------------
     def _save_if_due(self, now: float) -> None:
         if not self._dirty or now - self._saved_at < SAVE_EVERY_S:
             return
         self._saved_at, self._dirty = now if now != float("inf") else 0.0, False
-        data = {
-            "shards": [json.loads(records.encode_member(s, i)) for s, i in self._members_read.values()],
-            "placements": {q: json.loads(p.encode()) for q, p in list(self.placements.items())},
-        }
-        tmp = self.cache_path + ".tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as out:
-                json.dump(data, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.cache_path)
-        except OSError as exc:
-            log.warning("etcd: the placement cache %s was not written: %s", self.cache_path, exc)
+        cache.save(self.cache_path, list(self._members_read.values()), list(self.placements.items()))
 
     def _load_cache(self) -> None:
         """What an earlier run saw (a missing or damaged cache is only a cache: etcd has the records)."""
-        try:
-            if os.path.getsize(self.cache_path) > 2 * MAX_PLACEMENT_BYTES:
-                raise ValueError("too big")
-            with open(self.cache_path, encoding="utf-8") as cached:
-                data = json.load(cached)
-            shards = [records.decode_member(json.dumps(entry).encode()) for entry in data["shards"][:MAX_SHARDS]]
-            for queue, record in data["placements"].items():
-                self._adopt(queue, json.dumps(record).encode())
-        except FileNotFoundError:
+        found = cache.load(self.cache_path, 2 * MAX_PLACEMENT_BYTES)
+        if found is None:
             return
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, records.BadRecord) as exc:
-            log.warning("etcd: placement cache %s unreadable (%s): etcd's records are read", self.cache_path, exc)
-            return
+        shards, placed = found
+        for queue, data in placed:
+            self._adopt(queue, data)
         self._members_read = {shard.name: (shard, store_id) for shard, store_id in shards}
         self._dirty = False
         if shards:
             self._publish(shards=ShardList(tuple(shard for shard, _ in shards)))
         log.info("etcd: %d placements and %d shards from the cache", len(self.placements), len(shards))
-
-
-def _client(etcd3gw, base: str, session):
-    """An etcd3gw client of the member at ``base`` (http://host:port), a call at most CALL_TIMEOUT_S."""
-    parsed = urllib.parse.urlsplit(base)
-    return etcd3gw.Etcd3Client(
-        host=parsed.hostname,
-        port=parsed.port or 2379,
-        protocol=parsed.scheme,
-        timeout=CALL_TIMEOUT_S,
-        api_path="/v3/",
-        session=session,
-    )
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _create_or_read(key: str, value: bytes) -> dict:
-    """A transaction: put ``key`` if it has never been made, else read it (one round trip either way)."""
-    return {
-        "compare": [{"key": _key(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
-        "success": [{"request_put": {"key": _key(key), "value": _b64(value)}}],
-        "failure": [{"request_range": {"key": _key(key)}}],
-    }

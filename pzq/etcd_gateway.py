@@ -1,0 +1,62 @@
+"""etcd's JSON gateway as the registry (pzq/etcd_registry.py) speaks it: the members' URLs, a client of
+each, and the keys, values and transactions of its calls (keys and values are base64 in the gateway)."""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+
+from pzq.errors import ConfigError
+
+
+def key(*parts: str) -> str:
+    return base64.b64encode("".join(parts).encode()).decode()
+
+
+def next_key(prefix: str) -> str:
+    """The end of the range of every key starting with ``prefix`` (its last byte plus one)."""
+    raw = prefix.encode()
+    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
+
+
+def value_of(kv: dict) -> bytes:
+    return base64.b64decode(kv.get("value", ""))
+
+
+def parse_urls(text: str) -> list[tuple[str, str]]:
+    """``http://host:port,...`` as [(base url, shown)]; ConfigError for anything else."""
+    out = []
+    for url in (part.strip() for part in text.split(",")):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+            raise ConfigError(f"--etcd {url!r}: give etcd's client URLs, http://host:2379 (comma-separated)")
+        out.append((f"{parsed.scheme}://{parsed.netloc}", url))
+    if not out:
+        raise ConfigError("--etcd: no URL given")
+    return out
+
+
+def client(etcd3gw, base: str, session, timeout: float):
+    """An etcd3gw client of the member at ``base`` (http://host:port), a call at most ``timeout``."""
+    parsed = urllib.parse.urlsplit(base)
+    return etcd3gw.Etcd3Client(
+        host=parsed.hostname,
+        port=parsed.port or 2379,
+        protocol=parsed.scheme,
+        timeout=timeout,
+        api_path="/v3/",
+        session=session,
+    )
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def create_or_read(name: str, value: bytes) -> dict:
+    """A transaction: put ``name`` if it has never been made, else read it (one round trip either way)."""
+    return {
+        "compare": [{"key": key(name), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
+        "success": [{"request_put": {"key": key(name), "value": b64(value)}}],
+        "failure": [{"request_range": {"key": key(name)}}],
+    }
