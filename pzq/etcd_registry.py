@@ -250,10 +250,11 @@ class EtcdRegistry(threading.Thread):
         for kv in alive:
             name = base64.b64decode(kv["key"]).decode("utf-8", "replace").rpartition("/")[2]
             try:
-                store_id = json.loads(gw.value_of(kv)).get("store_id")
-            except (ValueError, AttributeError):
+                found = records.loads(gw.value_of(kv))
+            except records.BadRecord:
                 continue
-            if name in read and read[name][1] == store_id:
+            said = found.get("store_id") if isinstance(found, dict) else None
+            if name in read and read[name][1] == said:
                 alive_names.add(name)
         if read != self._members_read:
             self._members_read, self._dirty = read, True

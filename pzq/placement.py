@@ -44,14 +44,19 @@ class Placement:
         return json.dumps({"partitions": self.partitions, "places": [list(p) for p in self.places]}).encode()
 
 
+def loads(data: bytes) -> object:
+    """A record's JSON (BadRecord if it is not JSON, or nested past what json reads: RecursionError)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadRecord(f"not JSON: {str(exc)[:80]}") from None
+
+
 def decode(queue: str, data: bytes) -> Placement:
     """The placement of ``queue`` in a record's bytes (BadRecord if it is not one)."""
     if len(data) > RECORD_MAX_BYTES:
         raise BadRecord(f"{len(data)} bytes, over {RECORD_MAX_BYTES}")
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise BadRecord(f"not JSON: {exc}") from None
+    raw = loads(data)
     if not isinstance(raw, dict):
         raise BadRecord("not a JSON object")
     count, places = raw.get("partitions"), raw.get("places")
@@ -92,10 +97,7 @@ def encode_member(shard: Shard, store_id: str) -> bytes:
 
 def decode_member(data: bytes) -> tuple[Shard, str]:
     """(shard, store id) from a member's record (BadRecord if it is not one)."""
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise BadRecord(f"not JSON: {exc}") from None
+    raw = loads(data)
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not NAME.match(raw["name"]):
         raise BadRecord("no shard name")
     endpoints = {key: raw.get(key, "") for key in ENDPOINT_KEYS}

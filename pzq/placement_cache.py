@@ -1,6 +1,7 @@
 """The placement cache file (docs/cluster.md): what the etcd registry (pzq/etcd_registry.py) has seen of
 the shards and placements, kept beside the store so that a server started while etcd is away still
-serves every queue it knew. Only a cache: a missing or damaged file is logged and etcd's records read."""
+serves every queue it knew. Only a cache: a missing or damaged file (nested past json's depth too) is
+logged and etcd's records read."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def load(path: str, max_bytes: int) -> tuple[list[tuple[Shard, str]], list[tuple
         placed = [(queue, json.dumps(record).encode()) for queue, record in data["placements"].items()]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, records.BadRecord) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, records.BadRecord) as exc:
         log.warning("etcd: placement cache %s unreadable (%s): etcd's records are read", path, exc)
         return None
     return shards, placed

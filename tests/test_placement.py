@@ -77,3 +77,23 @@ def test_base_queue_strips_a_partition_suffix_only():
     assert placement.base_queue("q") == "q"
     assert placement.base_queue("q#03") == "q#03"
     assert json.loads(placement.choose("q", 0, shards("a")).encode()) == {"partitions": 0, "places": [["q", "a"]]}
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # (json raises RecursionError, not ValueError, on it)
+
+
+def test_a_record_nested_past_json_depth_is_a_bad_record_not_a_recursion_error():
+    with pytest.raises(placement.BadRecord):
+        placement.decode("orders", b'{"partitions": 0, "places": ' + DEEP + b"}")
+    with pytest.raises(placement.BadRecord):
+        placement.decode_member(DEEP)
+    with pytest.raises(placement.BadRecord):
+        placement.loads(DEEP)
+
+
+def test_a_cache_file_nested_past_json_depth_is_unreadable_not_a_server_that_cannot_start(tmp_path):
+    from pzq import placement_cache
+
+    path = tmp_path / "placements.json"
+    path.write_bytes(b'{"shards": [], "placements": {"q": ' + DEEP + b"}}")
+    assert placement_cache.load(str(path), 1 << 30) is None

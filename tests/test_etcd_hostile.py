@@ -1,0 +1,47 @@
+"""Placement in etcd against hostile records (someone with write access to etcd) and a damaged cache
+file: a real etcd and three real shards, as in tests/test_etcd_placement.py. Whatever is in etcd, the
+registry goes on registering, placing and reading the records that are pzq's."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
+from test_etcd_placement import etcd_put, wait_for, where
+
+pytestmark = [needs_etcd, pytest.mark.timeout(120)]
+
+DEEP = b"[" * 50_000 + b"]" * 50_000  # (json.loads raises RecursionError on it, not ValueError)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=1)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def prefix():
+    return f"/h{uuid.uuid4().hex[:8]}/"
+
+
+@pytest.fixture
+def shards(tmp_path, etcd, prefix):
+    made = EtcdShards(tmp_path, etcd, "--etcd-prefix", prefix)
+    yield made
+    made.close()
+
+
+def test_records_nested_past_json_depth_are_ignored_and_the_registry_goes_on(shards, etcd, prefix):
+    for key in ("alive/zz", "shards/zz", "placements/deep"):
+        etcd_put(etcd, prefix + key, DEEP)
+    etcd_put(etcd, f"{prefix}placements/fine", json.dumps({"partitions": 0, "places": [["fine", "b"]]}).encode())
+    wait_for(lambda: where(shards, "a", "fine")["placed"] == [["fine", "b"]])
+    assert where(shards, "a", "deep")["placed"] is None
+    wait_for(lambda: where(shards, "c", "new-one", place=True)["placed"] is not None)
+    registry = shards.registry("a")
+    assert registry["reachable"] and registry["alive"] == ["a", "b", "c"], registry
+    assert "unexpected error" not in shards.servers["a"].log.read_text()
