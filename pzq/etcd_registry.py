@@ -263,11 +263,13 @@ class EtcdRegistry(threading.Thread):
         self._read_placements()
 
     def _read_placements(self) -> None:
-        start, prefix, first_rev = "", self.prefix + "placements/", None
+        """Pages of placement records, each after the last key's bytes (a key that is not UTF-8 is no
+        queue's: skipped, and read past, not read again)."""
+        start, prefix, first_rev = b"", (self.prefix + "placements/").encode(), None
         while not self._stopping:
             body = {
-                "key": gw.key(prefix, start),
-                "range_end": gw.next_key(prefix),
+                "key": gw.b64(prefix + start),
+                "range_end": gw.next_key(prefix.decode()),
                 "limit": PAGE,
                 "min_mod_revision": self._rev + 1,
             }
@@ -280,10 +282,14 @@ class EtcdRegistry(threading.Thread):
             first_rev = first_rev or rev
             kvs = answer.get("kvs", [])
             for kv in kvs:
-                self._adopt(base64.b64decode(kv["key"]).decode("utf-8", "replace")[len(prefix) :], gw.value_of(kv))
+                name = base64.b64decode(kv["key"])[len(prefix) :]
+                try:
+                    self._adopt(name.decode(), gw.value_of(kv))
+                except UnicodeDecodeError:
+                    log.warning("etcd: a placement key that is not UTF-8 (%r): ignored", name[:80])
             if not answer.get("more") or not kvs:
                 break
-            start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", "replace")[len(prefix) :] + "\0"
+            start = base64.b64decode(kvs[-1]["key"])[len(prefix) :] + b"\0"
         if first_rev is not None:
             self._rev = max(self._rev, first_rev)
 

@@ -4,7 +4,10 @@ registry goes on registering, placing and reading the records that are pzq's."""
 
 from __future__ import annotations
 
+import base64
 import json
+import time
+import urllib.request
 import uuid
 
 import pytest
@@ -45,3 +48,26 @@ def test_records_nested_past_json_depth_are_ignored_and_the_registry_goes_on(sha
     registry = shards.registry("a")
     assert registry["reachable"] and registry["alive"] == ["a", "b", "c"], registry
     assert "unexpected error" not in shards.servers["a"].log.read_text()
+
+
+def etcd_put_raw(etcd: EtcdCluster, key: bytes, value: bytes) -> None:
+    body = {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}
+    request = urllib.request.Request(f"{etcd.client['e0']}/v3/kv/put", data=json.dumps(body).encode())
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+def test_a_page_of_placement_keys_that_are_not_utf8_is_read_past_not_read_again_forever(tmp_path, etcd, prefix):
+    for i in range(300):  # (more than a page, there before the shards start: read in pages at once)
+        etcd_put_raw(etcd, f"{prefix}placements/".encode() + b"\xff%03d" % i, b"{}")
+    placed = json.dumps({"partitions": 0, "places": [["\U0010ffffz", "b"]]}).encode()
+    etcd_put(etcd, f"{prefix}placements/\U0010ffffz", placed)
+    shards = EtcdShards(tmp_path, etcd, "--etcd-prefix", prefix)
+    try:
+        wait_for(lambda: where(shards, "a", "\U0010ffffz")["placed"] == [["\U0010ffffz", "b"]])
+        wait_for(lambda: where(shards, "c", "new-one", place=True)["placed"] is not None)
+        time.sleep(2)
+        registry = shards.registry("a")
+        assert registry["reachable"] and registry["alive"] == ["a", "b", "c"], registry
+        assert registry["calls_total"] < 200, registry
+    finally:
+        shards.close()
