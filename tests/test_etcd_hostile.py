@@ -71,3 +71,26 @@ def test_a_page_of_placement_keys_that_are_not_utf8_is_read_past_not_read_again_
         assert registry["calls_total"] < 200, registry
     finally:
         shards.close()
+
+
+def test_where_place_needs_the_right_to_produce_to_the_queue(make_server, tenants, etcd, prefix):
+    from pzq.clients.api import ApiClient, ApiError
+
+    from conftest import free_tcp_endpoint
+
+    endpoint, _ = free_tcp_endpoint()
+    config = tenants.config()
+    make_server(api_dsn=endpoint, unauthenticated="monitor", shard="a", etcd=etcd.urls, etcd_prefix=prefix, **config)
+    stranger = ApiClient(endpoint, timeout_s=10, curve=tenants.curve("stranger"))
+    orders = ApiClient(endpoint, timeout_s=10, curve=tenants.curve("orders"))
+    try:
+        with pytest.raises(ApiError) as caught:
+            stranger.call("WHERE", queue="payroll", place=1)
+        assert caught.value.code == "not-permitted", caught.value
+        assert stranger.call("WHERE", queue="payroll")["placed"] is None, "WHERE alone needs no right"
+        wait_for(lambda: orders.call("WHERE", queue="orders.a", place=1)["placed"] is not None)
+        time.sleep(1)
+        assert orders.call("WHERE", queue="payroll")["placed"] is None, "nothing placed for the stranger"
+    finally:
+        stranger.close()
+        orders.close()
