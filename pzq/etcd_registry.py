@@ -34,6 +34,7 @@ POLL_S = 0.5  # how often the shards, who is alive and new placements are read (
 PAGE = 256  # placement records a read asks for at once (each up to 384 KiB: etcd's request limit is 1.5 MiB)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
+WRITTEN_BACK = 64  # lost placements written back a round at most (the lease is refreshed between rounds)
 SAVE_EVERY_S = 1.0  # the cache file is written at most this often, when something new was seen
 
 
@@ -90,6 +91,7 @@ class EtcdRegistry(threading.Thread):
         self._refresh_at = self._poll_at = 0.0
         self._rev = 0  # the store revision placements were read up to
         self._members_read: dict[str, tuple[Shard, str]] = {}
+        self._lost: list[str] = []  # known placements etcd does not have (restored from an older state)
         self._dirty = False
         self._contacted = False  # (etcd answered once: a later return is logged)
         self._saved_at = 0.0
@@ -144,6 +146,7 @@ class EtcdRegistry(threading.Thread):
                     self._register()
                 elif self._lease is not None and now >= self._refresh_at:
                     self._refresh()
+                self._write_back()
                 self._place_pending()
                 if now >= self._poll_at or self._lease is None:
                     self._poll()
@@ -264,8 +267,10 @@ class EtcdRegistry(threading.Thread):
 
     def _read_placements(self) -> None:
         """Pages of placement records, each after the last key's bytes (a key that is not UTF-8 is no
-        queue's: skipped, and read past, not read again)."""
+        queue's: skipped, and read past, not read again). A read of them all (the first, or etcd's revision
+        went back: restored from a backup) finds the known placements etcd lost: they are written back."""
         start, prefix, first_rev = b"", (self.prefix + "placements/").encode(), None
+        seen: set[str] | None = set() if self._rev == 0 else None
         while not self._stopping:
             body = {
                 "key": gw.b64(prefix + start),
@@ -277,7 +282,7 @@ class EtcdRegistry(threading.Thread):
             rev = int(answer["header"]["revision"])
             if rev < self._rev:  # (etcd restored from a backup: read everything again)
                 log.warning("etcd's revision went back (%d < %d): placements read again", rev, self._rev)
-                self._rev = 0
+                self._rev, seen = 0, set()
                 continue
             first_rev = first_rev or rev
             kvs = answer.get("kvs", [])
@@ -287,11 +292,28 @@ class EtcdRegistry(threading.Thread):
                     self._adopt(name.decode(), gw.value_of(kv))
                 except UnicodeDecodeError:
                     log.warning("etcd: a placement key that is not UTF-8 (%r): ignored", name[:80])
+                else:
+                    if seen is not None:
+                        seen.add(name.decode())
             if not answer.get("more") or not kvs:
                 break
             start = base64.b64decode(kvs[-1]["key"])[len(prefix) :] + b"\0"
         if first_rev is not None:
             self._rev = max(self._rev, first_rev)
+            if seen is not None:
+                self._lost = [queue for queue in list(self.placements) if queue not in seen]
+
+    def _write_back(self) -> None:
+        """Known placements etcd lost (restored from an older state), written back a few a round, each
+        create-if-absent: a queue placed again since then by a server that never knew it is logged."""
+        for _ in range(min(len(self._lost), WRITTEN_BACK)):
+            queue = self._lost[-1]
+            mine = self.placements[queue]
+            answer = self._call("kv/txn", gw.create_or_read(self.prefix + "placements/" + queue, mine.encode()))
+            self._lost.pop()
+            found = answer["responses"][0]["response_range"].get("kvs", []) if not answer.get("succeeded") else []
+            if found and gw.value_of(found[0]) != mine.encode():
+                log.error("etcd: %r was placed again after etcd lost its placement; this server keeps its own", queue)
 
     def _range(self, prefix: str, limit: int) -> dict:
         answer = self._call("kv/range", {"key": gw.key(prefix), "range_end": gw.next_key(prefix), "limit": limit})

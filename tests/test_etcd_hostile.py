@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
 import urllib.request
 import uuid
 
 import pytest
 from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
-from test_etcd_placement import etcd_put, wait_for, where
+from test_etcd_placement import etcd_keys, etcd_put, wait_for, where
 
 pytestmark = [needs_etcd, pytest.mark.timeout(120)]
 
@@ -94,3 +95,37 @@ def test_where_place_needs_the_right_to_produce_to_the_queue(make_server, tenant
     finally:
         stranger.close()
         orders.close()
+
+
+def test_placements_lost_by_an_etcd_restored_from_an_older_state_are_written_back_not_placed_again(
+    tmp_path, monkeypatch
+):
+    from pzq.placement import choose
+    from pzq.shards import Shard
+
+    def home(queue: str, names: str) -> str:
+        return choose(queue, 0, [Shard(n, api_dsn="tcp://127.0.0.1:1") for n in names]).places[0][1]
+
+    queue = next(f"q{i}" for i in range(1000) if home(f"q{i}", "abc") == "c")  # (on c once c is alive)
+    for part in ("etcd", "ab", "c"):
+        (tmp_path / part).mkdir()
+    etcd = EtcdCluster(tmp_path / "etcd", members=1)
+    first = late = None
+    try:
+        first = EtcdShards(tmp_path / "ab", etcd, names=("a", "b"))
+        placed = wait_for(lambda: where(first, "a", queue, place=True)["placed"])
+        assert placed == [[queue, home(queue, "ab")]]
+        etcd.stop_all()  # (etcd restored from a backup older than the placement: here, from nothing)
+        shutil.rmtree(tmp_path / "etcd" / "e0")
+        etcd.start_all()
+        wait_for(lambda: first.registry("a")["reachable"] and first.registry("a")["alive"] == ["a", "b"], 20)
+        wait_for(lambda: f"/pzq/placements/{queue}" in etcd_keys(etcd, "/pzq/"), 20)  # (written back)
+        monkeypatch.setattr(EtcdShards, "wait_registered", lambda self: None)  # (c alone: a and b too)
+        late = EtcdShards(tmp_path / "c", etcd, names=("c",))  # (a shard that never saw the placement)
+        wait_for(lambda: first.registry("a")["alive"] == ["a", "b", "c"], 20)
+        assert wait_for(lambda: where(late, "c", queue, place=True)["placed"]) == placed
+    finally:
+        for made in (late, first):
+            if made is not None:
+                made.close()
+        etcd.close()
