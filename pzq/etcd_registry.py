@@ -377,11 +377,11 @@ class EtcdRegistry(threading.Thread):
         if not self._dirty or now - self._saved_at < SAVE_EVERY_S:
             return
         self._saved_at, self._dirty = now if now != float("inf") else 0.0, False
-        cache.save(self.cache_path, list(self._members_read.values()), list(self.placements.items()))
+        cache.save(self.cache_path, self.prefix, list(self._members_read.values()), list(self.placements.items()))
 
     def _load_cache(self) -> None:
         """What an earlier run saw (a missing or damaged cache is only a cache: etcd has the records)."""
-        found = cache.load(self.cache_path, 2 * MAX_PLACEMENT_BYTES)
+        found = cache.load(self.cache_path, 2 * MAX_PLACEMENT_BYTES, self.prefix)
         if found is None:
             return
         shards, placed = found

@@ -96,4 +96,23 @@ def test_a_cache_file_nested_past_json_depth_is_unreadable_not_a_server_that_can
 
     path = tmp_path / "placements.json"
     path.write_bytes(b'{"shards": [], "placements": {"q": ' + DEEP + b"}}")
-    assert placement_cache.load(str(path), 1 << 30) is None
+    assert placement_cache.load(str(path), 1 << 30, "/pzq/") is None
+
+
+def test_a_cache_written_under_another_etcd_prefix_is_not_read_as_this_clusters(tmp_path):
+    from pzq.etcd_registry import EtcdRegistry
+
+    me = Shard("a", api_dsn="tcp://127.0.0.1:1")
+    cache = str(tmp_path / "placements.json")
+
+    def registry(prefix: str) -> EtcdRegistry:
+        return EtcdRegistry("http://127.0.0.1:9", prefix, me, "store-1", cache, 100)
+
+    first = registry("/one/")
+    first.placements["orders"] = placement.choose("orders", 0, [me])
+    first._members_read = {"a": (me, "store-1")}
+    first._dirty = True
+    first._save_if_due(float("inf"))
+    assert set(registry("/one").placements) == {"orders"}, "the same prefix (its trailing / or not) reads it"
+    other = registry("/two/")
+    assert other.placements == {} and other.view.shards is None
