@@ -60,3 +60,25 @@ def create_or_read(name: str, value: bytes) -> dict:
         "success": [{"request_put": {"key": key(name), "value": b64(value)}}],
         "failure": [{"request_range": {"key": key(name)}}],
     }
+
+
+RECORD_MOST = 8 << 10  # a member's or alive record's bytes at most: a bigger value is no pzq record's
+
+
+def read_changed(call, prefix: str, limit: int, held: dict[bytes, tuple[int, bytes]]) -> dict[bytes, tuple[int, bytes]]:
+    """The records under ``prefix``, at most ``limit`` (key -> (mod revision, value)), their values read only
+    when changed since ``held`` (the last read): the keys alone are listed each time, so a big record is
+    read once, not every poll. A value over RECORD_MOST is kept as b"" (a bad record: nothing held)."""
+    body = {"key": key(prefix), "range_end": next_key(prefix), "limit": limit, "keys_only": True}
+    listed = {
+        base64.b64decode(kv["key"]): int(kv.get("mod_revision", 0)) for kv in call("kv/range", body).get("kvs", [])
+    }
+    out = {name: held[name] for name, rev in listed.items() if name in held and held[name][0] == rev}
+    stale = [rev for name, rev in listed.items() if name not in out]
+    if stale:
+        body = {"key": key(prefix), "range_end": next_key(prefix), "limit": limit, "min_mod_revision": min(stale)}
+        for kv in call("kv/range", body).get("kvs", []):
+            name, value = base64.b64decode(kv["key"]), value_of(kv)
+            if name in listed:
+                out[name] = (int(kv.get("mod_revision", 0)), value if len(value) <= RECORD_MOST else b"")
+    return out

@@ -91,6 +91,9 @@ class EtcdRegistry(threading.Thread):
         self._refresh_at = self._poll_at = 0.0
         self._rev = 0  # the store revision placements were read up to
         self._members_read: dict[str, tuple[Shard, str]] = {}
+        # (the records under shards/ and alive/ as last read: key -> (mod revision, value); etcd_gateway)
+        self._members_held: dict[bytes, tuple[int, bytes]] = {}
+        self._alive_held: dict[bytes, tuple[int, bytes]] = {}
         self._lost: list[str] = []  # known placements etcd does not have (restored from an older state)
         self._dirty = False
         self._contacted = False  # (etcd answered once: a later return is logged)
@@ -240,20 +243,20 @@ class EtcdRegistry(threading.Thread):
         """The shards and who is alive, and placements new since the last read (all of them if etcd's
         revision went back: a restored etcd)."""
         self._poll_at = time.monotonic() + POLL_S
-        members = self._range(self.prefix + "shards/", MAX_SHARDS + 1)["kvs"]
-        alive = self._range(self.prefix + "alive/", MAX_SHARDS + 1)["kvs"]
+        self._members_held = gw.read_changed(self._call, self.prefix + "shards/", MAX_SHARDS + 1, self._members_held)
+        self._alive_held = gw.read_changed(self._call, self.prefix + "alive/", MAX_SHARDS + 1, self._alive_held)
         read: dict[str, tuple[Shard, str]] = {}
-        for kv in members[:MAX_SHARDS]:
+        for _, (_, value) in sorted(self._members_held.items())[:MAX_SHARDS]:
             try:
-                shard, store_id = records.decode_member(gw.value_of(kv))
+                shard, store_id = records.decode_member(value)
             except records.BadRecord:
                 continue
             read[shard.name] = (shard, store_id)
         alive_names = set()
-        for kv in alive:
-            name = base64.b64decode(kv["key"]).decode("utf-8", "replace").rpartition("/")[2]
+        for key, (_, value) in self._alive_held.items():
+            name = key.decode("utf-8", "replace").rpartition("/")[2]
             try:
-                found = records.loads(gw.value_of(kv))
+                found = records.loads(value)
             except records.BadRecord:
                 continue
             said = found.get("store_id") if isinstance(found, dict) else None
@@ -314,11 +317,6 @@ class EtcdRegistry(threading.Thread):
             found = answer["responses"][0]["response_range"].get("kvs", []) if not answer.get("succeeded") else []
             if found and gw.value_of(found[0]) != mine.encode():
                 log.error("etcd: %r was placed again after etcd lost its placement; this server keeps its own", queue)
-
-    def _range(self, prefix: str, limit: int) -> dict:
-        answer = self._call("kv/range", {"key": gw.key(prefix), "range_end": gw.next_key(prefix), "limit": limit})
-        answer.setdefault("kvs", [])
-        return answer
 
     def _adopt(self, queue: str, data: bytes) -> None:
         """A placement read from etcd kept (a bad record, or one past the bounds, logged and left)."""

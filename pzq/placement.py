@@ -18,6 +18,7 @@ import json
 from pzq.shards import MAX_PARTITIONS, NAME, Shard, ShardList, partition_of
 
 RECORD_MAX_BYTES = 384 * 1024  # a placement of 1,024 partitions of 255-byte names is ~330 KB
+MEMBER_MAX_BYTES = 8 << 10  # a shard's record: five endpoints of under 1,024 bytes, its name and store id
 ENDPOINT_KEYS = ("receive_dsn", "send_dsn", "consume_dsn", "api_dsn", "monitor_dsn")
 
 
@@ -97,6 +98,8 @@ def encode_member(shard: Shard, store_id: str) -> bytes:
 
 def decode_member(data: bytes) -> tuple[Shard, str]:
     """(shard, store id) from a member's record (BadRecord if it is not one)."""
+    if len(data) > MEMBER_MAX_BYTES:
+        raise BadRecord(f"{len(data)} bytes, over {MEMBER_MAX_BYTES}")
     raw = loads(data)
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not NAME.match(raw["name"]):
         raise BadRecord("no shard name")

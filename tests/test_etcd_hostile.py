@@ -129,3 +129,34 @@ def test_placements_lost_by_an_etcd_restored_from_an_older_state_are_written_bac
             if made is not None:
                 made.close()
         etcd.close()
+
+
+def test_big_records_under_shards_and_alive_are_read_once_not_at_every_poll(etcd, prefix, tmp_path):
+    from pzq.etcd_registry import EtcdRegistry
+    from pzq.shards import Shard
+
+    junk = json.dumps({"name": "zz", "x": "A" * 500_000}).encode()
+    for i in range(8):
+        etcd_put(etcd, f"{prefix}shards/junk{i}", junk)
+        etcd_put(etcd, f"{prefix}alive/junk{i}", junk)
+    me = Shard("a", api_dsn="tcp://127.0.0.1:1")
+    registry = EtcdRegistry(etcd.urls, prefix, me, "store-a", str(tmp_path / "placements.json"), 100)
+    received = [0]
+    call = registry._call
+
+    def counted(path: str, body: dict) -> dict:
+        answer = call(path, body)
+        received[0] += len(json.dumps(answer))
+        return answer
+
+    registry._call = counted  # type: ignore[method-assign]
+    registry.start()
+    try:
+        wait_for(lambda: registry.view.alive == frozenset({"a"}))
+        time.sleep(1)
+        received[0] = 0
+        time.sleep(2)  # (four polls)
+        assert received[0] < 200_000, f"{received[0]} bytes read from etcd in 2 s"
+        assert registry.view.alive == frozenset({"a"}) and registry.view.shards.names() == ["a"]
+    finally:
+        registry.stop()
