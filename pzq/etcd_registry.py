@@ -246,12 +246,13 @@ class EtcdRegistry(threading.Thread):
         self._members_held = gw.read_changed(self._call, self.prefix + "shards/", MAX_SHARDS + 1, self._members_held)
         self._alive_held = gw.read_changed(self._call, self.prefix + "alive/", MAX_SHARDS + 1, self._alive_held)
         read: dict[str, tuple[Shard, str]] = {}
-        for _, (_, value) in sorted(self._members_held.items())[:MAX_SHARDS]:
+        for key, (_, value) in sorted(self._members_held.items())[:MAX_SHARDS]:
             try:
                 shard, store_id = records.decode_member(value)
             except records.BadRecord:
                 continue
-            read[shard.name] = (shard, store_id)
+            if key.decode("utf-8", "replace").rpartition("/")[2] == shard.name:  # (not one claiming another's)
+                read[shard.name] = (shard, store_id)
         alive_names = set()
         for key, (_, value) in self._alive_held.items():
             name = key.decode("utf-8", "replace").rpartition("/")[2]

@@ -160,3 +160,13 @@ def test_big_records_under_shards_and_alive_are_read_once_not_at_every_poll(etcd
         assert registry.view.alive == frozenset({"a"}) and registry.view.shards.names() == ["a"]
     finally:
         registry.stop()
+
+
+def test_a_member_record_claiming_another_shards_name_is_ignored(shards, etcd, prefix):
+    real = {entry["name"]: entry for entry in where(shards, "a", "q")["shards"]}
+    forged = {"name": "b", "api_dsn": "tcp://10.66.66.66:1", "store_id": "forged"}
+    etcd_put(etcd, f"{prefix}shards/zz-forged", json.dumps(forged).encode())
+    time.sleep(1.5)  # (three polls)
+    answer = where(shards, "a", "q")
+    assert {entry["name"]: entry for entry in answer["shards"]} == real
+    assert answer["alive"] == ["a", "b", "c"]
