@@ -38,23 +38,6 @@ WRITTEN_BACK = 64  # lost placements written back a round at most (the lease is 
 SAVE_EVERY_S = 1.0  # the cache file is written at most this often, when something new was seen
 
 
-@dataclasses.dataclass(frozen=True)
-class View:
-    """What the registry knows (the thread replaces it whole): every registered shard (``shards``: gone
-    ones too, their queues still live there), those ``alive``, whether etcd answered the last call
-    (``reachable``), since when it has not (``down_since``, monotonic), and why (``error``)."""
-
-    shards: ShardList | None
-    alive: frozenset[str]
-    reachable: bool
-    down_since: float | None
-    error: str
-    listed: list[dict[str, str]] | None = None  # ``shards.to_dict()``: the same in every WHERE
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "listed", self.shards.to_dict() if self.shards is not None else None)
-
-
 class _Unreachable(Exception):
     pass
 
@@ -96,11 +79,12 @@ class EtcdRegistry(threading.Thread):
         self._alive_held: dict[bytes, tuple[int, bytes]] = {}
         self._lost: list[str] = []  # known placements etcd does not have (restored from an older state)
         self._dirty = False
+        self._said, self._said_at = "", 0.0  # (the last unexpected error logged, and when)
         self._contacted = False  # (etcd answered once: a later return is logged)
         self._saved_at = 0.0
         self.conflict = ""  # another store registered this shard's name: it neither registers nor places
         self.calls_total = self.failures_total = self.placed_total = 0
-        self.view = View(None, frozenset(), False, time.monotonic(), "not contacted yet")
+        self.view = records.View(None, frozenset(), False, time.monotonic(), "not contacted yet")
         self._load_cache()
 
     # -- the loop's side ------------------------------------------------------------------------
@@ -156,9 +140,8 @@ class EtcdRegistry(threading.Thread):
                 self._seen_ok()
             except _Unreachable as exc:
                 self._seen_down(str(exc))
-            except Exception:  # noqa: BLE001 - the thread must outlive a bug: logged, tried again next round
-                log.exception("etcd registry: unexpected error; tried again")
-                self._seen_down("unexpected error (logged)")
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive a bug: logged, tried again next round
+                self._unexpected(f"{type(exc).__name__}: {str(exc)[:200]}")
             self._save_if_due(time.monotonic())
             self._wake.wait(max(0.05, min(self._refresh_at, self._poll_at) - time.monotonic()))
             self._wake.clear()
@@ -181,6 +164,15 @@ class EtcdRegistry(threading.Thread):
             if self._stopping:
                 break
         raise _Unreachable(last)
+
+    def _unexpected(self, said: str) -> None:
+        """A bug's error (its traceback logged when it changes, else once a minute: a round can repeat it
+        20 times a second), shown as etcd's error."""
+        now = time.monotonic()
+        if said != self._said or now - self._said_at >= 60:
+            log.exception("etcd registry: unexpected error; tried again (logged again once a minute)")
+            self._said, self._said_at = said, now
+        self._seen_down(f"unexpected error (logged): {said}")
 
     def _seen_ok(self) -> None:
         view = self.view

@@ -108,3 +108,20 @@ def decode_member(data: bytes) -> tuple[Shard, str]:
         raise BadRecord("an endpoint that is not a string")
     store_id = raw.get("store_id", "")
     return Shard(raw["name"], **endpoints), store_id if isinstance(store_id, str) else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What the registry knows (the thread replaces it whole): every registered shard (``shards``: gone
+    ones too, their queues still live there), those ``alive``, whether etcd answered the last call
+    (``reachable``), since when it has not (``down_since``, monotonic), and why (``error``)."""
+
+    shards: ShardList | None
+    alive: frozenset[str]
+    reachable: bool
+    down_since: float | None
+    error: str
+    listed: list[dict[str, str]] | None = None  # ``shards.to_dict()``: the same in every WHERE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "listed", self.shards.to_dict() if self.shards is not None else None)

@@ -4,6 +4,7 @@ and a record that is not pzq's refused before it could place anything."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -116,3 +117,21 @@ def test_a_cache_written_under_another_etcd_prefix_is_not_read_as_this_clusters(
     assert set(registry("/one").placements) == {"orders"}, "the same prefix (its trailing / or not) reads it"
     other = registry("/two/")
     assert other.placements == {} and other.view.shards is None
+
+
+def test_an_unexpected_error_repeated_every_round_is_logged_once_not_every_round(tmp_path, caplog):
+    from pzq.etcd_registry import EtcdRegistry
+
+    registry = EtcdRegistry("http://127.0.0.1:9", "/p/", Shard("a"), "s", str(tmp_path / "c.json"), 10)
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    registry._register = broken  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="pzq.etcd"):
+        registry.start()
+        time.sleep(1.0)
+        registry.stop()
+    logged = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert len(logged) == 1, len(logged)
+    assert registry.view.error.startswith("unexpected error")
