@@ -199,7 +199,12 @@ class EtcdRegistry(threading.Thread):
         if not answer.get("succeeded"):
             found = answer["responses"][0]["response_range"].get("kvs", [])
             if found:
-                shard, store_id = records.decode_member(gw.value_of(found[0]))
+                try:
+                    shard, store_id = records.decode_member(gw.value_of(found[0]))
+                except records.BadRecord as exc:
+                    self.conflict = f"shard {self.me.name!r}'s record in etcd is not pzq's ({exc}): delete {key}"
+                    log.error("%s (etcdctl del); this server neither registers nor places", self.conflict)
+                    return
                 if store_id != self.store_id:
                     self.conflict = (
                         f"shard {self.me.name!r} is registered in etcd by another store (id {store_id}, this "

@@ -170,3 +170,22 @@ def test_a_member_record_claiming_another_shards_name_is_ignored(shards, etcd, p
     answer = where(shards, "a", "q")
     assert {entry["name"]: entry for entry in answer["shards"]} == real
     assert answer["alive"] == ["a", "b", "c"]
+
+
+def test_a_damaged_record_under_the_shards_own_name_is_a_named_conflict_not_an_error_every_round(
+    etcd, prefix, tmp_path
+):
+    from pzq.etcd_registry import EtcdRegistry
+    from pzq.shards import Shard
+
+    etcd_put(etcd, f"{prefix}shards/a", b"garbage")
+    me = Shard("a", api_dsn="tcp://127.0.0.1:1")
+    registry = EtcdRegistry(etcd.urls, prefix, me, "store-a", str(tmp_path / "placements.json"), 100)
+    registry.start()
+    try:
+        wait_for(lambda: registry.conflict)
+        assert "is not pzq's" in registry.conflict and f"{prefix}shards/a" in registry.conflict
+        time.sleep(1)
+        assert registry.view.reachable, registry.view.error
+    finally:
+        registry.stop()
