@@ -4,6 +4,7 @@ each, and the keys, values and transactions of its calls (keys and values are ba
 from __future__ import annotations
 
 import base64
+import threading
 import urllib.parse
 
 from pzq.errors import ConfigError
@@ -82,3 +83,44 @@ def read_changed(call, prefix: str, limit: int, held: dict[bytes, tuple[int, byt
             if name in listed:
                 out[name] = (int(kv.get("mod_revision", 0)), value if len(value) <= RECORD_MOST else b"")
     return out
+
+
+class CallTimeout(Exception):
+    """A call that did not end within its time (a member answering a byte at a time), or one not made
+    because too many such calls are still stuck."""
+
+
+class Deadlines:
+    """Calls each ended within ``timeout`` seconds, whatever the member does: requests' timeout bounds
+    each read, not the answer, so a member that answers a byte a second would hold a call for ever. Each
+    call runs in a daemon thread of its own, waited for ``timeout``; one still running then is left to
+    end by itself (at most ``most`` of them: past that a call fails at once)."""
+
+    def __init__(self, timeout: float, most: int = 8) -> None:
+        self.timeout, self.most = timeout, most
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def call(self, fn, *args, **kwargs):
+        with self._lock:
+            if self._running >= self.most:
+                raise CallTimeout(f"{self._running} calls still unanswered past {self.timeout} s")
+            self._running += 1
+        done, out = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                out["answer"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                out["error"] = exc
+            finally:
+                with self._lock:
+                    self._running -= 1
+                done.set()
+
+        threading.Thread(target=run, name="pzq-etcd-call", daemon=True).start()
+        if not done.wait(self.timeout):
+            raise CallTimeout(f"no answer within {self.timeout} s")
+        if "error" in out:
+            raise out["error"]
+        return out["answer"]

@@ -57,7 +57,9 @@ class EtcdRegistry(threading.Thread):
             requests.RequestException,
             ValueError,
             KeyError,
+            gw.CallTimeout,
         )
+        self._deadlines = gw.Deadlines(CALL_TIMEOUT_S + 0.1)  # (each call's answer whole within its second)
         self._members = gw.parse_urls(urls)
         self._clients = [gw.client(etcd3gw, base, session, CALL_TIMEOUT_S) for base, _ in self._members]
         self._at = 0  # the member the next call goes to
@@ -156,7 +158,7 @@ class EtcdRegistry(threading.Thread):
             client, shown = self._clients[self._at], self._members[self._at][1]
             self.calls_total += 1
             try:
-                return client.post(client.get_url(path), json=body)
+                return self._deadlines.call(client.post, client.get_url(path), json=body)
             except self._errors as exc:
                 last = f"{shown}: {type(exc).__name__}: {str(exc)[:200]}"
             self.failures_total += 1

@@ -189,3 +189,51 @@ def test_a_damaged_record_under_the_shards_own_name_is_a_named_conflict_not_an_e
         assert registry.view.reachable, registry.view.error
     finally:
         registry.stop()
+
+
+def test_a_member_that_answers_a_byte_at_a_time_costs_a_call_its_second_not_the_registry_for_ever(
+    etcd, prefix, tmp_path
+):
+    import socket
+    import threading
+
+    from pzq.etcd_registry import EtcdRegistry
+    from pzq.shards import Shard
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def trickle() -> None:  # (headers, then a byte every half second: each read is within requests' timeout)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.recv(65536)
+            threading.Thread(target=_drip, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    slow = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    me = Shard("a", api_dsn="tcp://127.0.0.1:1")
+    registry = EtcdRegistry(f"{slow},{etcd.urls}", prefix, me, "store-a", str(tmp_path / "placements.json"), 100)
+    registry.start()
+    try:
+        wait_for(lambda: registry.view.alive == frozenset({"a"}))
+    finally:
+        started = time.monotonic()
+        registry.stop()
+        assert not registry.is_alive() and time.monotonic() - started < 2.5
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def _drip(conn) -> None:
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        while True:
+            conn.sendall(b" ")
+            time.sleep(0.5)
+    except OSError:
+        pass
