@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 import urllib.parse
 
 from pzq.errors import ConfigError
@@ -64,24 +65,33 @@ def create_or_read(name: str, value: bytes) -> dict:
 
 
 RECORD_MOST = 8 << 10  # a member's or alive record's bytes at most: a bigger value is no pzq record's
+CHANGED_PAGE = 8  # changed records read a call (8 of etcd's biggest values, 1.5 MiB, are ~16 MB of answer)
+CHANGED_BUDGET_S = 0.3  # and for this long a poll at most (the rest at the next)
 
 
 def read_changed(call, prefix: str, limit: int, held: dict[bytes, tuple[int, bytes]]) -> dict[bytes, tuple[int, bytes]]:
     """The records under ``prefix``, at most ``limit`` (key -> (mod revision, value)), their values read only
     when changed since ``held`` (the last read): the keys alone are listed each time, so a big record is
-    read once, not every poll. A value over RECORD_MOST is kept as b"" (a bad record: nothing held)."""
+    read once, not every poll. Changed values are read CHANGED_PAGE a call, for CHANGED_BUDGET_S a poll
+    at most (each call within its second however big the records); one not read yet keeps its old value
+    (a new key is absent) until the next poll. A value over RECORD_MOST is kept as b"" (a bad record)."""
     body = {"key": key(prefix), "range_end": next_key(prefix), "limit": limit, "keys_only": True}
     listed = {
         base64.b64decode(kv["key"]): int(kv.get("mod_revision", 0)) for kv in call("kv/range", body).get("kvs", [])
     }
-    out = {name: held[name] for name, rev in listed.items() if name in held and held[name][0] == rev}
-    stale = [rev for name, rev in listed.items() if name not in out]
-    if stale:
-        body = {"key": key(prefix), "range_end": next_key(prefix), "limit": limit, "min_mod_revision": min(stale)}
-        for kv in call("kv/range", body).get("kvs", []):
+    out = {name: held[name] for name in listed if name in held}
+    stale = sorted(name for name, rev in listed.items() if name not in held or held[name][0] != rev)
+    deadline = time.monotonic() + CHANGED_BUDGET_S
+    while stale and time.monotonic() < deadline:
+        since = min(listed[name] for name in stale)
+        body = {"key": b64(stale[0]), "range_end": next_key(prefix), "limit": CHANGED_PAGE, "min_mod_revision": since}
+        kvs = call("kv/range", body).get("kvs", [])
+        for kv in kvs:
             name, value = base64.b64decode(kv["key"]), value_of(kv)
             if name in listed:
                 out[name] = (int(kv.get("mod_revision", 0)), value if len(value) <= RECORD_MOST else b"")
+        last = base64.b64decode(kvs[-1]["key"]) if kvs else None
+        stale = [name for name in stale if last is not None and name > last]
     return out
 
 

@@ -135,10 +135,9 @@ def test_big_records_under_shards_and_alive_are_read_once_not_at_every_poll(etcd
     from pzq.etcd_registry import EtcdRegistry
     from pzq.shards import Shard
 
-    junk = json.dumps({"name": "zz", "x": "A" * 500_000}).encode()
-    for i in range(8):
-        etcd_put(etcd, f"{prefix}shards/junk{i}", junk)
-        etcd_put(etcd, f"{prefix}alive/junk{i}", junk)
+    junk = json.dumps({"name": "zz", "x": "A" * 1_400_000}).encode()  # (etcd's biggest values, about)
+    for i in range(40):  # (75 MB of answer: more than a call's second to read at once)
+        etcd_put(etcd, f"{prefix}{'alive' if i % 8 == 0 else 'shards'}/junk{i:02}", junk)
     me = Shard("a", api_dsn="tcp://127.0.0.1:1")
     registry = EtcdRegistry(etcd.urls, prefix, me, "store-a", str(tmp_path / "placements.json"), 100)
     received = [0]
@@ -153,7 +152,8 @@ def test_big_records_under_shards_and_alive_are_read_once_not_at_every_poll(etcd
     registry.start()
     try:
         wait_for(lambda: registry.view.alive == frozenset({"a"}))
-        time.sleep(1)
+        assert registry.view.reachable, registry.view.error
+        time.sleep(6)  # (the big records read once: a page of them a poll)
         received[0] = 0
         time.sleep(2)  # (four polls)
         assert received[0] < 200_000, f"{received[0]} bytes read from etcd in 2 s"

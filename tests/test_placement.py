@@ -135,3 +135,29 @@ def test_an_unexpected_error_repeated_every_round_is_logged_once_not_every_round
     logged = [r for r in caplog.records if "unexpected error" in r.getMessage()]
     assert len(logged) == 1, len(logged)
     assert registry.view.error.startswith("unexpected error")
+
+
+def test_changed_records_are_read_a_page_a_call_however_many_changed():
+    import base64
+
+    from pzq import etcd_gateway as gw
+
+    store = {f"/p/shards/s{i:02}".encode(): (10 + i, b"x" * 100) for i in range(40)}
+    most = []
+
+    def call(path: str, body: dict) -> dict:
+        start = base64.b64decode(body["key"])
+        rows = sorted((k, v) for k, v in store.items() if k >= start and v[0] >= body.get("min_mod_revision", 0))
+        rows = rows[: body["limit"]]
+        kvs = [{"key": gw.b64(k), "mod_revision": str(rev)} for k, (rev, _) in rows]
+        if not body.get("keys_only"):
+            most.append(len(rows))
+            for kv, (_, (_, value)) in zip(kvs, rows, strict=True):
+                kv["value"] = gw.b64(value)
+        return {"kvs": kvs}
+
+    held: dict = {}
+    for _ in range(10):
+        held = gw.read_changed(call, "/p/shards/", 1025, held)
+    assert held == store
+    assert max(most) <= 8, most  # (etcd_gateway.CHANGED_PAGE)
