@@ -31,7 +31,8 @@ CALL_TIMEOUT_S = 1.0  # each etcd call's most (connect and answer): a stopped me
 LEASE_TTL_S = 5  # a server silent this long (stopped, cut off, killed) is shown as gone
 REFRESH_S = 1.0  # how often the lease is refreshed
 POLL_S = 0.5  # how often the shards, who is alive and new placements are read (seen within 2 s of etcd's return)
-PAGE = 256  # placement records a read asks for at once (each up to 384 KiB: etcd's request limit is 1.5 MiB)
+PAGE = 16  # placement records a call asks for (a record up to 1.5 MiB, etcd's: ~32 MB, read within the second)
+READ_BUDGET_S = 0.5  # placement pages read a round at most (the lease is refreshed between rounds)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
 WRITTEN_BACK = 64  # lost placements written back a round at most (the lease is refreshed between rounds)
@@ -79,6 +80,7 @@ class EtcdRegistry(threading.Thread):
         # (the records under shards/ and alive/ as last read: key -> (mod revision, value); etcd_gateway)
         self._members_held: dict[bytes, tuple[int, bytes]] = {}
         self._alive_held: dict[bytes, tuple[int, bytes]] = {}
+        self._reading: tuple[bytes, int | None, set[str] | None] | None = None  # (a read of placements to go on)
         self._lost: list[str] = []  # known placements etcd does not have (restored from an older state)
         self._dirty = False
         self._said, self._said_at = "", 0.0  # (the last unexpected error logged, and when)
@@ -269,26 +271,24 @@ class EtcdRegistry(threading.Thread):
         self._read_placements()
 
     def _read_placements(self) -> None:
-        """Pages of placement records, each after the last key's bytes (a key that is not UTF-8 is no
-        queue's: skipped, and read past, not read again). A read of them all (the first, or etcd's revision
-        went back: restored from a backup) finds the known placements etcd lost: they are written back."""
-        start, prefix, first_rev = b"", (self.prefix + "placements/").encode(), None
-        seen: set[str] | None = set() if self._rev == 0 else None
+        """Pages of placement records (PAGE a call: each within its second), each after the last key's
+        bytes (a key that is not UTF-8 is skipped, read past). READ_BUDGET_S a round: a longer read goes
+        on at the next round, where it stopped. A read of them all (the first, or etcd's revision went
+        back: restored from a backup) finds the known placements etcd lost: they are written back."""
+        prefix, deadline = (self.prefix + "placements/").encode(), time.monotonic() + READ_BUDGET_S
+        start, first_rev, seen = self._reading or (b"", None, set() if self._rev == 0 else None)
         while not self._stopping:
-            body = {
-                "key": gw.b64(prefix + start),
-                "range_end": gw.next_key(prefix.decode()),
-                "limit": PAGE,
-                "min_mod_revision": self._rev + 1,
-            }
-            answer = self._call("kv/range", body)
+            self._reading = (start, first_rev, seen)  # (a call failing here: the read goes on from here)
+            if time.monotonic() >= deadline:
+                return
+            body = {"key": gw.b64(prefix + start), "limit": PAGE, "min_mod_revision": self._rev + 1}
+            answer = self._call("kv/range", {**body, "range_end": gw.next_key(prefix.decode())})
             rev = int(answer["header"]["revision"])
             if rev < self._rev:  # (etcd restored from a backup: read everything again)
                 log.warning("etcd's revision went back (%d < %d): placements read again", rev, self._rev)
-                self._rev, seen = 0, set()
+                self._rev, start, first_rev, seen = 0, b"", None, set()
                 continue
-            first_rev = first_rev or rev
-            kvs = answer.get("kvs", [])
+            first_rev, kvs = first_rev or rev, answer.get("kvs", [])
             for kv in kvs:
                 name = base64.b64decode(kv["key"])[len(prefix) :]
                 try:
@@ -301,7 +301,8 @@ class EtcdRegistry(threading.Thread):
             if not answer.get("more") or not kvs:
                 break
             start = base64.b64decode(kvs[-1]["key"])[len(prefix) :] + b"\0"
-        if first_rev is not None:
+        self._reading = None
+        if first_rev is not None and not self._stopping:
             self._rev = max(self._rev, first_rev)
             if seen is not None:
                 self._lost = [queue for queue in list(self.placements) if queue not in seen]

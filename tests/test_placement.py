@@ -161,3 +161,31 @@ def test_changed_records_are_read_a_page_a_call_however_many_changed():
         held = gw.read_changed(call, "/p/shards/", 1025, held)
     assert held == store
     assert max(most) <= 8, most  # (etcd_gateway.CHANGED_PAGE)
+
+
+def test_placements_are_read_a_small_page_a_call_and_a_long_read_goes_on_at_the_next_round(tmp_path):
+    import base64
+
+    from pzq import etcd_gateway as gw
+    from pzq.etcd_registry import EtcdRegistry
+
+    me = Shard("a", api_dsn="tcp://127.0.0.1:1")
+    registry = EtcdRegistry("http://127.0.0.1:9", "/p/", me, "s", str(tmp_path / "c.json"), 10_000)
+    store = {f"/p/placements/q{i:04}".encode(): placement.choose(f"q{i:04}", 0, [me]).encode() for i in range(600)}
+    pages = []
+
+    def call(path: str, body: dict) -> dict:
+        time.sleep(0.01)  # (a slow etcd: 10 ms a call)
+        start = base64.b64decode(body["key"])
+        rows = sorted((k, v) for k, v in store.items() if k >= start)
+        pages.append(min(len(rows), body["limit"]))
+        kvs = [{"key": gw.b64(k), "value": gw.b64(v)} for k, v in rows[: body["limit"]]]
+        return {"header": {"revision": "700"}, "kvs": kvs, "more": len(rows) > body["limit"]}
+
+    registry._call = call  # type: ignore[method-assign]
+    started = time.monotonic()
+    registry._read_placements()
+    assert time.monotonic() - started < 0.8, "one round reads for its budget, not until the end"
+    while getattr(registry, "_reading", None) is not None:
+        registry._read_placements()
+    assert len(registry.placements) == 600 and max(pages) <= 16, max(pages)
