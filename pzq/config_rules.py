@@ -156,7 +156,7 @@ def check_shard(cfg: Any) -> None:
                 f"--shard {cfg.shard}: not in the shard list {cfg.cluster} (it names {', '.join(listed.names())})"
             )
     if cfg.etcd:
-        from pzq.etcd_registry import parse_urls
+        from pzq.etcd_gateway import parse_urls
 
         parse_urls(cfg.etcd)
         if cfg.cluster:

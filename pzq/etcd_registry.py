@@ -17,12 +17,12 @@ import base64
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
-import urllib.parse
 
+from pzq import etcd_gateway as gw
 from pzq import placement as records
+from pzq import placement_cache as cache
 from pzq.errors import ConfigError
 from pzq.shards import MAX_SHARDS, Shard, ShardList
 
@@ -31,60 +31,18 @@ CALL_TIMEOUT_S = 1.0  # each etcd call's most (connect and answer): a stopped me
 LEASE_TTL_S = 5  # a server silent this long (stopped, cut off, killed) is shown as gone
 REFRESH_S = 1.0  # how often the lease is refreshed
 POLL_S = 0.5  # how often the shards, who is alive and new placements are read (seen within 2 s of etcd's return)
-PAGE = 64  # placement records a read asks for at once (each up to 384 KiB: a page is parsed holding the GIL)
+PAGE = 16  # placement records a call asks for (a record up to 1.5 MiB, etcd's: ~32 MB, read within the second)
+READ_BUDGET_S = 0.5  # placement pages read a round at most (the lease is refreshed between rounds)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
+WRITTEN_BACK = 64  # lost placements written back a round at most (the lease is refreshed between rounds)
 RETRY_S = 0.25  # after a failed round, the next one waits this long (etcd back: seen within a poll or two)
 CONFLICT_RETRY_S = 10.0  # a name registered by another store is looked at again this often
 SAVE_EVERY_S = 1.0  # the cache file is written at most this often, when something new was seen
 
 
-@dataclasses.dataclass(frozen=True)
-class View:
-    """What the registry knows (the thread replaces it whole): every registered shard (``shards``: gone
-    ones too, their queues still live there), those ``alive``, whether etcd answered the last call
-    (``reachable``), since when it has not (``down_since``, monotonic), and why (``error``)."""
-
-    shards: ShardList | None
-    alive: frozenset[str]
-    reachable: bool
-    down_since: float | None
-    error: str
-    listed: list[dict[str, str]] | None = None  # ``shards.to_dict()``: the same in every WHERE
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "listed", self.shards.to_dict() if self.shards is not None else None)
-
-
 class _Unreachable(Exception):
     pass
-
-
-def _key(*parts: str) -> str:
-    return base64.b64encode("".join(parts).encode()).decode()
-
-
-def _next_key(prefix: str) -> str:
-    """The end of the range of every key starting with ``prefix`` (its last byte plus one)."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
-
-
-def _value(kv: dict) -> bytes:
-    return base64.b64decode(kv.get("value", ""))
-
-
-def parse_urls(text: str) -> list[tuple[str, str]]:
-    """``http://host:port,...`` as [(base url, shown)]; ConfigError for anything else."""
-    out = []
-    for url in (part.strip() for part in text.split(",")):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
-            raise ConfigError(f"--etcd {url!r}: give etcd's client URLs, http://host:2379 (comma-separated)")
-        out.append((f"{parsed.scheme}://{parsed.netloc}", url))
-    if not out:
-        raise ConfigError("--etcd: no URL given")
-    return out
 
 
 class EtcdRegistry(threading.Thread):
@@ -102,9 +60,11 @@ class EtcdRegistry(threading.Thread):
             requests.RequestException,
             ValueError,
             KeyError,
+            gw.CallTimeout,
         )
-        self._members = parse_urls(urls)
-        self._clients = [_client(etcd3gw, base, session) for base, _ in self._members]
+        self._deadlines = gw.Deadlines(CALL_TIMEOUT_S + 0.1)  # (each call's answer whole within its second)
+        self._members = gw.parse_urls(urls)
+        self._clients = [gw.client(etcd3gw, base, session, CALL_TIMEOUT_S) for base, _ in self._members]
         self._at = 0  # the member the next call goes to
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.me, self.store_id, self.cache_path = me, store_id, cache_path
@@ -119,12 +79,18 @@ class EtcdRegistry(threading.Thread):
         self._refresh_at = self._poll_at = self._register_at = 0.0
         self._rev = 0  # the store revision placements were read up to
         self._members_read: dict[str, tuple[Shard, str]] = {}
+        # (the records under shards/ and alive/ as last read: key -> (mod revision, value); etcd_gateway)
+        self._members_held: dict[bytes, tuple[int, bytes]] = {}
+        self._alive_held: dict[bytes, tuple[int, bytes]] = {}
+        self._reading: tuple[bytes, int | None, set[str] | None] | None = None  # (a read of placements to go on)
+        self._lost: list[str] = []  # known placements etcd does not have (restored from an older state)
         self._dirty = False
+        self._said, self._said_at = "", 0.0  # (the last unexpected error logged, and when)
         self._contacted = False  # (etcd answered once: a later return is logged)
         self._saved_at = 0.0
         self.conflict = ""  # another store registered this shard's name: it neither registers nor places
         self.calls_total = self.failures_total = self.placed_total = 0
-        self.view = View(None, frozenset(), False, time.monotonic(), "not contacted yet")
+        self.view = records.View(None, frozenset(), False, time.monotonic(), "not contacted yet")
         self._load_cache()
 
     # -- the loop's side ------------------------------------------------------------------------
@@ -173,6 +139,7 @@ class EtcdRegistry(threading.Thread):
                     self._register()
                 elif self._lease is not None and now >= self._refresh_at:
                     self._refresh()
+                self._write_back()
                 self._place_pending()
                 if now >= self._poll_at:
                     self._poll()
@@ -180,9 +147,8 @@ class EtcdRegistry(threading.Thread):
             except _Unreachable as exc:
                 self._seen_down(str(exc))
                 self._poll_at = self._refresh_at = time.monotonic() + RETRY_S  # (not a call every few ms)
-            except Exception:  # noqa: BLE001 - the thread must outlive a bug: logged, tried again next round
-                log.exception("etcd registry: unexpected error; tried again")
-                self._seen_down("unexpected error (logged)")
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive a bug: logged, tried again next round
+                self._unexpected(f"{type(exc).__name__}: {str(exc)[:200]}")
                 self._poll_at = self._refresh_at = time.monotonic() + RETRY_S
             self._save_if_due(time.monotonic())
             due = min(self._poll_at, self._register_at if self._lease is None else self._refresh_at)
@@ -199,7 +165,7 @@ class EtcdRegistry(threading.Thread):
             client, shown = self._clients[self._at], self._members[self._at][1]
             self.calls_total += 1
             try:
-                return client.post(client.get_url(path), json=body)
+                return self._deadlines.call(client.post, client.get_url(path), json=body)
             except self._errors as exc:
                 last = f"{shown}: {type(exc).__name__}: {str(exc)[:200]}"
             self.failures_total += 1
@@ -207,6 +173,15 @@ class EtcdRegistry(threading.Thread):
             if self._stopping:
                 break
         raise _Unreachable(last)
+
+    def _unexpected(self, said: str) -> None:
+        """A bug's error (its traceback logged when it changes, else once a minute: a round can repeat it
+        20 times a second), shown as etcd's error."""
+        now = time.monotonic()
+        if said != self._said or now - self._said_at >= 60:
+            log.exception("etcd registry: unexpected error; tried again (logged again once a minute)")
+            self._said, self._said_at = said, now
+        self._seen_down(f"unexpected error (logged): {said}")
 
     def _seen_ok(self) -> None:
         view = self.view
@@ -228,40 +203,22 @@ class EtcdRegistry(threading.Thread):
     def _register(self) -> None:
         """This server's records: its entry (created, or checked as its store's), then alive under a lease."""
         key = self.prefix + "shards/" + self.me.name
-        mine = records.encode_member(self.me, self.store_id)
-        answer = self._call("kv/txn", _create_or_read(key, mine))
         self._register_at = time.monotonic() + RETRY_S
-        if not answer.get("succeeded"):
-            found = answer["responses"][0]["response_range"].get("kvs", [])
-            try:
-                shard, store_id = records.decode_member(_value(found[0])) if found else (self.me, self.store_id)
-            except records.BadRecord as exc:  # (not pzq's, under this shard's own name: made pzq's again)
-                log.warning("etcd: %s is not pzq's (%s): written again", key, exc)
-                shard, store_id = Shard("-"), self.store_id
-            if found:
-                if store_id != self.store_id:
-                    if not self.conflict:
-                        log.error("%s", self.conflict_text(store_id, key))
-                    self.conflict = self.conflict_text(store_id, key)
-                    self._register_at = time.monotonic() + CONFLICT_RETRY_S  # (until the operator deletes it)
-                    return
-                if shard != self.me:  # (its endpoints moved: the entry follows)
-                    self._call("kv/put", {"key": _key(key), "value": base64.b64encode(mine).decode()})
+        said = gw.claim_entry(self._call, key, self.me, self.store_id)
+        if said:  # (another store's name, or a record not pzq's: until the operator deletes it)
+            if said != self.conflict:
+                log.error("%s", said)
+            self.conflict, self._register_at = said, time.monotonic() + CONFLICT_RETRY_S
+            return
         if self.conflict:
             log.info("etcd: shard %r's entry is this store's now: registered", self.me.name)
             self.conflict = ""
         lease = self._call("lease/grant", {"TTL": LEASE_TTL_S})["ID"]
         alive = json.dumps({"store_id": self.store_id}).encode()
-        self._call("kv/put", {"key": _key(self.prefix, "alive/", self.me.name), "value": _b64(alive), "lease": lease})
+        alive_key = gw.key(self.prefix, "alive/", self.me.name)
+        self._call("kv/put", {"key": alive_key, "value": gw.b64(alive), "lease": lease})
         self._lease, self._refresh_at = lease, time.monotonic() + REFRESH_S
         log.info("registered in etcd as shard %r (lease of %d s)", self.me.name, LEASE_TTL_S)
-
-    def conflict_text(self, store_id: str, key: str) -> str:
-        return (
-            f"shard {self.me.name!r} is registered in etcd by another store (id {store_id}, this store's "
-            f"{self.store_id}): two servers with one name? this one neither registers nor places; if that "
-            f"store is gone for good, delete {key} (etcdctl del)"
-        )
 
     def _refresh(self) -> None:
         answer = self._call("lease/keepalive", {"ID": self._lease})
@@ -281,23 +238,25 @@ class EtcdRegistry(threading.Thread):
         """The shards and who is alive, and placements new since the last read (all of them if etcd's
         revision went back: a restored etcd)."""
         self._poll_at = time.monotonic() + POLL_S
-        members = self._range(self.prefix + "shards/", MAX_SHARDS + 1)["kvs"]
-        alive = self._range(self.prefix + "alive/", MAX_SHARDS + 1)["kvs"]
+        self._members_held = gw.read_changed(self._call, self.prefix + "shards/", MAX_SHARDS + 1, self._members_held)
+        self._alive_held = gw.read_changed(self._call, self.prefix + "alive/", MAX_SHARDS + 1, self._alive_held)
         read: dict[str, tuple[Shard, str]] = {}
-        for kv in members[:MAX_SHARDS]:
+        for key, (_, value) in sorted(self._members_held.items())[:MAX_SHARDS]:
             try:
-                shard, store_id = records.decode_member(_value(kv))
+                shard, store_id = records.decode_member(value)
             except records.BadRecord:
                 continue
-            read[shard.name] = (shard, store_id)
+            if key.decode("utf-8", "replace").rpartition("/")[2] == shard.name:  # (not one claiming another's)
+                read[shard.name] = (shard, store_id)
         alive_names = set()
-        for kv in alive:
-            name = base64.b64decode(kv["key"]).decode("utf-8", "replace").rpartition("/")[2]
+        for key, (_, value) in self._alive_held.items():
+            name = key.decode("utf-8", "replace").rpartition("/")[2]
             try:
-                store_id = json.loads(_value(kv)).get("store_id")
-            except (ValueError, AttributeError):
+                found = records.loads(value)
+            except records.BadRecord:
                 continue
-            if name in read and read[name][1] == store_id:
+            said = found.get("store_id") if isinstance(found, dict) else None
+            if name in read and read[name][1] == said:
                 alive_names.add(name)
         if read != self._members_read:
             self._members_read, self._dirty = read, True
@@ -306,36 +265,53 @@ class EtcdRegistry(threading.Thread):
         self._read_placements()
 
     def _read_placements(self) -> None:
-        start, prefix, first_rev = "", self.prefix + "placements/", None
+        """Pages of placement records (PAGE a call: each within its second), each after the last key's
+        bytes (a key that is not UTF-8 is skipped, read past). READ_BUDGET_S a round: a longer read goes
+        on at the next round, where it stopped. A read of them all (the first, or etcd's revision went
+        back: restored from a backup) finds the known placements etcd lost: they are written back."""
+        prefix, deadline = (self.prefix + "placements/").encode(), time.monotonic() + READ_BUDGET_S
+        start, first_rev, seen = self._reading or (b"", None, set() if self._rev == 0 else None)
         while not self._stopping:
-            body = {
-                "key": _key(prefix, start),
-                "range_end": _next_key(prefix),
-                "limit": PAGE,
-                "min_mod_revision": self._rev + 1,
-            }
-            answer = self._call("kv/range", body)
+            self._reading = (start, first_rev, seen)  # (a call failing here: the read goes on from here)
+            if time.monotonic() >= deadline:
+                return
+            body = {"key": gw.b64(prefix + start), "limit": PAGE, "min_mod_revision": self._rev + 1}
+            answer = self._call("kv/range", {**body, "range_end": gw.next_key(prefix.decode())})
             rev = int(answer["header"]["revision"])
             if rev < self._rev:  # (etcd restored from a backup: read everything again)
                 log.warning("etcd's revision went back (%d < %d): placements read again", rev, self._rev)
-                self._rev = 0
+                self._rev, start, first_rev, seen = 0, b"", None, set()
                 continue
-            first_rev = first_rev or rev
-            kvs = answer.get("kvs", [])
+            first_rev, kvs = first_rev or rev, answer.get("kvs", [])
             for kv in kvs:
-                self._adopt(base64.b64decode(kv["key"]).decode("utf-8", "replace")[len(prefix) :], _value(kv))
+                name = base64.b64decode(kv["key"])[len(prefix) :]
+                try:
+                    self._adopt(name.decode(), gw.value_of(kv))
+                except UnicodeDecodeError:
+                    log.warning("etcd: a placement key that is not UTF-8 (%r): ignored", name[:80])
+                else:
+                    if seen is not None:
+                        seen.add(name.decode())
             if not answer.get("more") or not kvs:
                 break
-            if self._lease is not None and time.monotonic() >= self._refresh_at:
-                self._refresh()  # (a first read of many placements must not let the lease lapse)
-            start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", "replace")[len(prefix) :] + "\0"
-        if first_rev is not None:
+            start = base64.b64decode(kvs[-1]["key"])[len(prefix) :] + b"\0"
+        self._reading = None
+        if first_rev is not None and not self._stopping:
             self._rev = max(self._rev, first_rev)
+            if seen is not None:
+                self._lost = [queue for queue in list(self.placements) if queue not in seen]
 
-    def _range(self, prefix: str, limit: int) -> dict:
-        answer = self._call("kv/range", {"key": _key(prefix), "range_end": _next_key(prefix), "limit": limit})
-        answer.setdefault("kvs", [])
-        return answer
+    def _write_back(self) -> None:
+        """Known placements etcd lost (restored from an older state), written back a few a round, each
+        create-if-absent: a queue placed again since then by a server that never knew it is logged."""
+        for _ in range(min(len(self._lost), WRITTEN_BACK)):
+            queue = self._lost[-1]
+            mine = self.placements[queue]
+            answer = self._call("kv/txn", gw.create_or_read(self.prefix + "placements/" + queue, mine.encode()))
+            self._lost.pop()
+            found = answer["responses"][0]["response_range"].get("kvs", []) if not answer.get("succeeded") else []
+            if found and gw.value_of(found[0]) != mine.encode():
+                log.error("etcd: %r was placed again after etcd lost its placement; this server keeps its own", queue)
 
     def _adopt(self, queue: str, data: bytes) -> None:
         """A placement read from etcd kept (a bad record, or one past the bounds, logged and left)."""
@@ -379,7 +355,7 @@ class EtcdRegistry(threading.Thread):
             log.warning("placing %r: %s", queue[:80], exc)
             return
         key = self.prefix + "placements/" + queue
-        answer = self._call("kv/txn", _create_or_read(key, chosen.encode()))
+        answer = self._call("kv/txn", gw.create_or_read(key, chosen.encode()))
         if answer.get("succeeded"):
             self.placed_total += 1
             log.info("placed %r: %s", queue[:80], ", ".join(f"{n} on {s}" for n, s in chosen.places[:8]))
@@ -387,70 +363,25 @@ class EtcdRegistry(threading.Thread):
             return
         found = answer["responses"][0]["response_range"].get("kvs", [])
         if found:
-            self._adopt(queue, _value(found[0]))
+            self._adopt(queue, gw.value_of(found[0]))
 
-    # -- the cache file -----------------------------------------------------------------------------
+    # -- the cache file (pzq/placement_cache.py) -------------------------------------------------------
     def _save_if_due(self, now: float) -> None:
         if not self._dirty or now - self._saved_at < SAVE_EVERY_S:
             return
         self._saved_at, self._dirty = now if now != float("inf") else 0.0, False
-        data = {
-            "shards": [json.loads(records.encode_member(s, i)) for s, i in self._members_read.values()],
-            "placements": {q: json.loads(p.encode()) for q, p in list(self.placements.items())},
-        }
-        tmp = self.cache_path + ".tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as out:
-                json.dump(data, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.cache_path)
-        except OSError as exc:
-            log.warning("etcd: the placement cache %s was not written: %s", self.cache_path, exc)
+        cache.save(self.cache_path, self.prefix, list(self._members_read.values()), list(self.placements.items()))
 
     def _load_cache(self) -> None:
         """What an earlier run saw (a missing or damaged cache is only a cache: etcd has the records)."""
-        try:
-            if os.path.getsize(self.cache_path) > 2 * MAX_PLACEMENT_BYTES:
-                raise ValueError("too big")
-            with open(self.cache_path, encoding="utf-8") as cached:
-                data = json.load(cached)
-            shards = [records.decode_member(json.dumps(entry).encode()) for entry in data["shards"][:MAX_SHARDS]]
-            for queue, record in data["placements"].items():
-                self._adopt(queue, json.dumps(record).encode())
-        except FileNotFoundError:
+        found = cache.load(self.cache_path, 2 * MAX_PLACEMENT_BYTES, self.prefix)
+        if found is None:
             return
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, records.BadRecord) as exc:
-            log.warning("etcd: placement cache %s unreadable (%s): etcd's records are read", self.cache_path, exc)
-            return
+        shards, placed = found
+        for queue, data in placed:
+            self._adopt(queue, data)
         self._members_read = {shard.name: (shard, store_id) for shard, store_id in shards}
         self._dirty = False
         if shards:
             self._publish(shards=ShardList(tuple(shard for shard, _ in shards)))
         log.info("etcd: %d placements and %d shards from the cache", len(self.placements), len(shards))
-
-
-def _client(etcd3gw, base: str, session):
-    """An etcd3gw client of the member at ``base`` (http://host:port), a call at most CALL_TIMEOUT_S."""
-    parsed = urllib.parse.urlsplit(base)
-    return etcd3gw.Etcd3Client(
-        host=parsed.hostname,
-        port=parsed.port or 2379,
-        protocol=parsed.scheme,
-        timeout=CALL_TIMEOUT_S,
-        api_path="/v3/",
-        session=session,
-    )
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _create_or_read(key: str, value: bytes) -> dict:
-    """A transaction: put ``key`` if it has never been made, else read it (one round trip either way)."""
-    return {
-        "compare": [{"key": _key(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
-        "success": [{"request_put": {"key": _key(key), "value": _b64(value)}}],
-        "failure": [{"request_range": {"key": _key(key)}}],
-    }

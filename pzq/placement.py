@@ -18,6 +18,7 @@ import json
 from pzq.shards import MAX_PARTITIONS, NAME, Shard, ShardList, partition_of
 
 RECORD_MAX_BYTES = 384 * 1024  # a placement of 1,024 partitions of 255-byte names is ~330 KB
+MEMBER_MAX_BYTES = 8 << 10  # a shard's record: five endpoints of under 1,024 bytes, its name and store id
 ENDPOINT_KEYS = ("receive_dsn", "send_dsn", "consume_dsn", "api_dsn", "monitor_dsn")
 
 
@@ -44,14 +45,19 @@ class Placement:
         return json.dumps({"partitions": self.partitions, "places": [list(p) for p in self.places]}).encode()
 
 
+def loads(data: bytes) -> object:
+    """A record's JSON (BadRecord if it is not JSON, or nested past what json reads: RecursionError)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadRecord(f"not JSON: {str(exc)[:80]}") from None
+
+
 def decode(queue: str, data: bytes) -> Placement:
     """The placement of ``queue`` in a record's bytes (BadRecord if it is not one)."""
     if len(data) > RECORD_MAX_BYTES:
         raise BadRecord(f"{len(data)} bytes, over {RECORD_MAX_BYTES}")
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise BadRecord(f"not JSON: {exc}") from None
+    raw = loads(data)
     if not isinstance(raw, dict):
         raise BadRecord("not a JSON object")
     count, places = raw.get("partitions"), raw.get("places")
@@ -92,10 +98,9 @@ def encode_member(shard: Shard, store_id: str) -> bytes:
 
 def decode_member(data: bytes) -> tuple[Shard, str]:
     """(shard, store id) from a member's record (BadRecord if it is not one)."""
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise BadRecord(f"not JSON: {exc}") from None
+    if len(data) > MEMBER_MAX_BYTES:
+        raise BadRecord(f"{len(data)} bytes, over {MEMBER_MAX_BYTES}")
+    raw = loads(data)
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not NAME.match(raw["name"]):
         raise BadRecord("no shard name")
     endpoints = {key: raw.get(key, "") for key in ENDPOINT_KEYS}
@@ -103,3 +108,20 @@ def decode_member(data: bytes) -> tuple[Shard, str]:
         raise BadRecord("an endpoint that is not a string")
     store_id = raw.get("store_id", "")
     return Shard(raw["name"], **endpoints), store_id if isinstance(store_id, str) else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What the registry knows (the thread replaces it whole): every registered shard (``shards``: gone
+    ones too, their queues still live there), those ``alive``, whether etcd answered the last call
+    (``reachable``), since when it has not (``down_since``, monotonic), and why (``error``)."""
+
+    shards: ShardList | None
+    alive: frozenset[str]
+    reachable: bool
+    down_since: float | None
+    error: str
+    listed: list[dict[str, str]] | None = None  # ``shards.to_dict()``: the same in every WHERE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "listed", self.shards.to_dict() if self.shards is not None else None)

@@ -166,6 +166,8 @@ class ApiGateway:
             # (a body of 64 KiB or more is a view of the request's frame: a copy of it, under 2 MiB in all)
             return self._produce(a, [(queue, bytes(body)) for queue, body in messages], now.wall_us, owner)
         if request.command == "WHERE":  # (names and counts, never bodies: no right asked, as the monitor's figures)
+            if a.get("place"):  # (placing writes a record in etcd, for good: a producer's, with its right)
+                self._check(user, PRODUCE, "WHERE place", (a["queue"],))
             where = self.where(a["queue"], bool(a.get("place")))
             return {key: where[key] for key in BRIEF if key in where} if a.get("brief") else where
         self._check(user, CONSUME, request.command, (a["queue"],))  # (every other command reads one queue)
