@@ -31,6 +31,8 @@ class Ledger:
     consumed_total: int = 0
     # (when, queue or "consume QUEUE", error): a producer's or a consumer's
     errors: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)
+    consume_times: list[tuple[float, int]] = dataclasses.field(default_factory=list)  # (when, how many)
+    bodies: bool = True  # False: counts and times only (a benchmark's hours of messages)
 
     @classmethod
     def of(cls, queues: list[str]) -> Ledger:
@@ -45,14 +47,19 @@ class Ledger:
 
     def acks_between(self, queue: str, begin: float, end: float) -> int:
         """Messages acked to ``queue`` by calls that ended between ``begin`` and ``end``."""
-        return sum(n for t, n in zip(self.ack_times[queue], self._counts[queue], strict=True) if begin <= t <= end)
+        return sum(n for t, n in self.acks_of(queue) if begin <= t <= end)
+
+    def acks_of(self, queue: str) -> list[tuple[float, int]]:
+        """(when, how many) of each call acked to ``queue``."""
+        return list(zip(self.ack_times[queue], self._counts.get(queue, []), strict=False))  # (one being noted: left)
 
     def errors_between(self, begin: float, end: float) -> list[tuple[float, str, str]]:
         return [e for e in self.errors if begin <= e[0] <= end]
 
     def note_ack(self, queue: str, bodies: list[bytes]) -> None:
-        self.acked[queue].update(bodies)
-        self._counts.setdefault(queue, []).append(len(bodies))
+        if self.bodies:
+            self.acked[queue].update(bodies)
+        self._counts.setdefault(queue, []).append(len(bodies))  # (before its time: acks_of pairs them)
         self.ack_times[queue].append(time.monotonic())
 
     def __post_init__(self) -> None:
@@ -99,15 +106,17 @@ def consume(endpoint: Callable[[], str], queue: str, ledger: Ledger, stop: threa
         while not stop.is_set():
             try:
                 if api is None:
-                    api = ApiClient(endpoint(), timeout_s=3, attempt_s=1)
+                    api = ApiClient(endpoint(), timeout_s=20, attempt_s=1)
                     at = api.offsets(queue, GROUP)[0]
                 _, end = api.lease(queue, GROUP, at, most)
                 if end <= at:
                     stop.wait(0.05)  # (the API has no waiting LEASE: an empty queue is asked again soon)
                     continue
                 messages, _ = api.fetch(queue, GROUP, at, end)
-                ledger.consumed.update(bytes(m[4]) for m in messages)
+                if ledger.bodies:
+                    ledger.consumed.update(bytes(m[4]) for m in messages)
                 ledger.consumed_total += len(messages)
+                ledger.consume_times.append((time.monotonic(), len(messages)))
                 api.ack_upto(queue, GROUP, end)
                 at = end
             except ClientError as exc:
