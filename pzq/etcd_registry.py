@@ -30,6 +30,7 @@ log = logging.getLogger("pzq.etcd")
 CALL_TIMEOUT_S = 1.0  # each etcd call's most (connect and answer): a stopped member costs this, once
 LEASE_TTL_S = 5  # a server silent this long (stopped, cut off, killed) is shown as gone
 REFRESH_S = 1.0  # how often the lease is refreshed
+RETRY_S = 0.25  # while etcd does not answer, a round at most this often (not a spin; its return seen soon)
 POLL_S = 0.5  # how often the shards, who is alive and new placements are read (seen within 2 s of etcd's return)
 PAGE = 256  # placement records a read asks for at once (each up to 384 KiB: etcd's request limit is 1.5 MiB)
 MAX_PLACEMENTS = 100_000  # queues placed at most (past it a new queue is refused, named)
@@ -177,7 +178,8 @@ class EtcdRegistry(threading.Thread):
                 log.exception("etcd registry: unexpected error; tried again")
                 self._seen_down("unexpected error (logged)")
             self._save_if_due(time.monotonic())
-            self._wake.wait(max(0.05, min(self._refresh_at, self._poll_at) - time.monotonic()))
+            pause = max(0.05, min(self._refresh_at, self._poll_at) - time.monotonic())  # (past due after a failure)
+            self._wake.wait(pause if self.view.reachable else max(pause, RETRY_S))
             self._wake.clear()
         self._revoke()
         self._save_if_due(float("inf"))
