@@ -181,7 +181,7 @@ def test_etcd_and_shards_killed_and_stopped_in_a_loop_lose_no_acknowledged_messa
     print(
         f"\n{len(faults.done)} faults: {', '.join(f'{k} {w} {s:.1f} s' for k, w, s in faults.done)}\n"
         f"{len(acked)} acked, {ledger.consumed_total} consumed ({ledger.consumed_total - len(ledger.consumed)} "
-        f"again), 0 lost; client errors: {len(ledger.errors)} in all (shard faults), 0 while etcd was stopped\n"
+        f"again), 0 lost; client errors: {len(ledger.errors)} in the run, 0 while etcd was stopped\n"
         f"etcd stopped {OUTAGE_S:g} s: acked {sum(outage['acks'].values())} to the known queues "
         f"({', '.join(f'{q} {n}' for q, n in sorted(outage['acks'].items()))}); a new queue refused "
         f"{refused.code}; a placement after the return seen by every shard {outage['seen']:.2f} s after "
