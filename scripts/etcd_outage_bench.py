@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shutil
 import sys
 import tempfile
 import time
@@ -171,6 +172,7 @@ def run(args) -> dict:
         if shards is not None:
             shards.close()
         etcd.close()
+        shutil.rmtree(root, ignore_errors=True)
     acks = [e for kind, _, events, _ in results if kind == "produce" for e in events]
     consumed = [e for kind, _, events, _ in results if kind == "consume" for e in events]
     errors = [e for _, _, _, errs in results for e in errs]
