@@ -507,6 +507,7 @@ FIRST = [
     "test_spark_shards",
     "test_torture",
     "test_cluster_faults",
+    "test_etcd_faults",
     "test_bench",
     "test_fuzz_decoders",
     "test_damaged_store",
