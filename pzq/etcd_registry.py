@@ -69,6 +69,7 @@ class EtcdRegistry(threading.Thread):
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.me, self.store_id, self.cache_path = me, store_id, cache_path
         self.placements: dict[str, records.Placement] = {}
+        self._encoded: dict[str, bytes] = {}  # queue -> its placement's record, as the cache file keeps it
         self.max_placements = max_placements  # (--max-queues: a cluster places no more queues than one holds)
         self._placement_bytes = 0
         self._lock = threading.Lock()
@@ -326,6 +327,7 @@ class EtcdRegistry(threading.Thread):
             log.warning("etcd: %d placements held (the most): %r not kept", len(self.placements), queue[:80])
             return
         self.placements[queue] = found
+        self._encoded[queue] = found.encode()  # (the cache file is written from these: no encoding a save)
         self._placement_bytes += len(data) + len(queue)
         self._dirty = True
 
@@ -370,7 +372,7 @@ class EtcdRegistry(threading.Thread):
         if not self._dirty or now - self._saved_at < SAVE_EVERY_S:
             return
         self._saved_at, self._dirty = now if now != float("inf") else 0.0, False
-        cache.save(self.cache_path, self.prefix, list(self._members_read.values()), list(self.placements.items()))
+        cache.save(self.cache_path, self.prefix, list(self._members_read.values()), list(self._encoded.items()))
 
     def _load_cache(self) -> None:
         """What an earlier run saw (a missing or damaged cache is only a cache: etcd has the records)."""

@@ -303,3 +303,13 @@ def test_pzq_queue_where_says_what_etcd_placed_and_which_shards_are_gone(shards)
     assert "placed (queue -> shard):\n  shown -> " in shown.stdout
     argv[5] = "never-placed"
     assert "not placed in etcd yet" in subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_a_partition_name_asked_to_be_placed_is_not_placed_alone_and_its_produce_says_why(shards):
+    where(shards, "a", "solo#5", place=True)
+    where(shards, "a", "solo", place=True)
+    wait_for(lambda: where(shards, "b", "solo")["placed"])
+    assert where(shards, "a", "solo#5")["placed"] is None
+    with pytest.raises(ApiError) as refused:
+        shards.clients["a"].produce([("other#5", b"x")])
+    assert refused.value.code == "unplaced" and "create it with its partitions" in str(refused.value)

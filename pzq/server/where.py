@@ -62,7 +62,7 @@ class Where:
         answer["placed"] = [list(p) for p in found.places] if found is not None else None
         answer["places"] = answer["placed"] or []
         answer["alive"], answer["reachable"] = sorted(view.alive), view.reachable
-        if found is None and place:
+        if found is None and place and base_queue(queue) == queue:  # (Q#i is placed with Q, never alone)
             registry.place(queue, partitions)
         return answer
 
