@@ -110,9 +110,8 @@ def test_a_cache_written_under_another_etcd_prefix_is_not_read_as_this_clusters(
         return EtcdRegistry("http://127.0.0.1:9", prefix, me, "store-1", cache, 100)
 
     first = registry("/one/")
-    first.placements["orders"] = placement.choose("orders", 0, [me])
+    first._adopt("orders", placement.choose("orders", 0, [me]).encode())
     first._members_read = {"a": (me, "store-1")}
-    first._dirty = True
     first._save_if_due(float("inf"))
     assert set(registry("/one").placements) == {"orders"}, "the same prefix (its trailing / or not) reads it"
     other = registry("/two/")
