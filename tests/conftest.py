@@ -438,6 +438,9 @@ def start_every_gateway(process_server, tmp_path: Path, *extra: str) -> EveryGat
 
 # The slow tier: real subprocess servers (restarts, kill -9, full disks), the real eventmq and PHP
 # clients, Spark, the fuzzers and the benchmarks. `pytest -m "not slow"` runs the rest, the fast tier.
+# The etcd tests' fixtures (etcd, prefix, shards): tests/etcd_cluster.py, loaded as a plugin.
+pytest_plugins = ["etcd_cluster"]
+
 SLOW_MODULES = {
     "test_crash",
     "test_etcd_placement",

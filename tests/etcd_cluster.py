@@ -5,12 +5,14 @@ the tests need (SIGKILL and restart, SIGSTOP and SIGCONT, every member stopped f
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import signal
 import subprocess
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,58 @@ class EtcdShards:
             client.close()
         for srv in self.servers.values():
             srv.stop()
+
+
+# -- fixtures (tests/conftest.py loads this module as a plugin) and helpers of the etcd tests ----------
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """One etcd member for a test module (each test its own ``prefix``, so none sees another's keys)."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=1)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def prefix():
+    return f"/t{uuid.uuid4().hex[:8]}/"
+
+
+@pytest.fixture
+def shards(tmp_path, etcd, prefix):
+    made = EtcdShards(tmp_path, etcd, "--etcd-prefix", prefix)
+    yield made
+    made.close()
+
+
+def wait_for(check, timeout: float = 10.0, every: float = 0.05):
+    """``check()``'s first true value within ``timeout`` (AssertionError naming the last one otherwise)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found or time.monotonic() >= deadline:
+            assert found, f"not within {timeout} s: {found!r}"
+            return found
+        time.sleep(every)
+
+
+def etcd_keys(etcd: EtcdCluster, prefix: str) -> dict[str, bytes]:
+    """Every key under ``prefix`` and its value, read from etcd itself."""
+    raw = prefix.encode()
+    body = {"key": base64.b64encode(raw).decode(), "range_end": base64.b64encode(raw[:-1] + b"0").decode()}
+    request = urllib.request.Request(f"{etcd.client['e0']}/v3/kv/range", data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        kvs = json.loads(answer.read()).get("kvs", [])
+    return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")) for kv in kvs}
+
+
+def etcd_put(etcd: EtcdCluster, key: str, value: bytes) -> None:
+    body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(value).decode()}
+    request = urllib.request.Request(f"{etcd.client['e0']}/v3/kv/put", data=json.dumps(body).encode())
+    urllib.request.urlopen(request, timeout=5).close()
+
+
+def where(shards: EtcdShards, name: str, queue: str, place: bool = False) -> dict:
+    """Shard ``name``'s API WHERE answer for ``queue`` (``place``: a producer's, which places it)."""
+    return shards.clients[name].call("WHERE", queue=queue, place=int(place))

@@ -9,34 +9,13 @@ import json
 import shutil
 import time
 import urllib.request
-import uuid
 
 import pytest
-from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
-from test_etcd_placement import etcd_keys, etcd_put, wait_for, where
+from etcd_cluster import EtcdCluster, EtcdShards, etcd_keys, etcd_put, needs_etcd, wait_for, where
 
 pytestmark = [needs_etcd, pytest.mark.timeout(120)]
 
 DEEP = b"[" * 50_000 + b"]" * 50_000  # (json.loads raises RecursionError on it, not ValueError)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=1)
-    yield cluster
-    cluster.close()
-
-
-@pytest.fixture
-def prefix():
-    return f"/h{uuid.uuid4().hex[:8]}/"
-
-
-@pytest.fixture
-def shards(tmp_path, etcd, prefix):
-    made = EtcdShards(tmp_path, etcd, "--etcd-prefix", prefix)
-    yield made
-    made.close()
 
 
 def test_records_nested_past_json_depth_are_ignored_and_the_registry_goes_on(shards, etcd, prefix):

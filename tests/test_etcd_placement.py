@@ -9,12 +9,10 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
+from etcd_cluster import etcd_keys, etcd_put, needs_etcd, wait_for, where
 
 from pzq.clients.api import ApiError
 from pzq.clients.cluster import Cluster
@@ -23,60 +21,6 @@ from pzq.clients.cluster_api import ClusterApi
 from conftest import ProcessServer, steady_ports
 
 pytestmark = [needs_etcd, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), members=1)
-    yield cluster
-    cluster.close()
-
-
-@pytest.fixture
-def prefix():
-    return f"/t{uuid.uuid4().hex[:8]}/"
-
-
-@pytest.fixture
-def shards(tmp_path, etcd, prefix):
-    made = EtcdShards(tmp_path, etcd, "--etcd-prefix", prefix)
-    yield made
-    made.close()
-
-
-def wait_for(check, timeout: float = 10.0, every: float = 0.05):
-    """``check()``'s first true value within ``timeout`` (AssertionError naming the last one otherwise)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found or time.monotonic() >= deadline:
-            assert found, f"not within {timeout} s: {found!r}"
-            return found
-        time.sleep(every)
-
-
-def etcd_keys(etcd: EtcdCluster, prefix: str) -> dict[str, bytes]:
-    """Every key under ``prefix`` and its value, read from etcd itself."""
-    import base64
-
-    raw = prefix.encode()
-    body = {"key": base64.b64encode(raw).decode(), "range_end": base64.b64encode(raw[:-1] + b"0").decode()}
-    request = urllib.request.Request(f"{etcd.client['e0']}/v3/kv/range", data=json.dumps(body).encode())
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        kvs = json.loads(answer.read()).get("kvs", [])
-    return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")) for kv in kvs}
-
-
-def etcd_put(etcd: EtcdCluster, key: str, value: bytes) -> None:
-    import base64
-
-    body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(value).decode()}
-    request = urllib.request.Request(f"{etcd.client['e0']}/v3/kv/put", data=json.dumps(body).encode())
-    urllib.request.urlopen(request, timeout=5).close()
-
-
-def where(shards: EtcdShards, name: str, queue: str, place: bool = False) -> dict:
-    return shards.clients[name].call("WHERE", queue=queue, place=int(place))
 
 
 def test_every_shard_registers_and_every_shard_lists_all_three_with_their_endpoints(shards, etcd, prefix):
