@@ -8,6 +8,7 @@ free, and two runs side by side never meet.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,15 +25,37 @@ GATEWAYS = ("phpmq", "emqp", "api", "mqks")
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports free right now (held together while asked, so never the same)."""
-    socks = [socket.socket() for _ in range(n)]
+    """``n`` distinct loopback ports free right now (held together while asked, so never the same), below
+    the kernel's ephemeral range: a port of that range, free when asked, may be taken by any outgoing
+    connection before its server binds it (a busy machine's etcd and HTTP clients make many), and a
+    client then reconnects for ever to something that never answers (seen: a bench consumer's HELLO
+    unanswered for 120 s in a full test run)."""
+    low = _ephemeral_low()
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        for port in random.sample(range(10_000, low), min(low - 10_000, 64 * n)):
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+            if len(socks) == n:
+                return [s.getsockname()[1] for s in socks]
+        raise PzqError(f"no {n} free loopback ports between 10000 and {low}")
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(10_100, min(int(f.read().split()[0]), 65_535))
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def cpu_seconds(pid: int) -> float:
