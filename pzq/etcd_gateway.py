@@ -67,7 +67,7 @@ def create_or_read(name: str, value: bytes) -> dict:
 
 
 RECORD_MOST = 8 << 10  # a member's or alive record's bytes at most: a bigger value is no pzq record's
-CHANGED_PAGE = 8  # changed records read a call (8 of etcd's biggest values, 1.5 MiB, are ~16 MB of answer)
+CHANGED_PAGE = 2  # changed records read a call (2 of etcd's biggest values, 1.5 MiB: ~4 MB of answer, in a second)
 CHANGED_BUDGET_S = 0.3  # and for this long a poll at most (the rest at the next)
 
 

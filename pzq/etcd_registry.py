@@ -31,7 +31,7 @@ CALL_TIMEOUT_S = 1.0  # each etcd call's most (connect and answer): a stopped me
 LEASE_TTL_S = 5  # a server silent this long (stopped, cut off, killed) is shown as gone
 REFRESH_S = 1.0  # how often the lease is refreshed
 POLL_S = 0.5  # how often the shards, who is alive and new placements are read (seen within 2 s of etcd's return)
-PAGE = 16  # placement records a call asks for (a record up to 1.5 MiB, etcd's: ~32 MB, read within the second)
+PAGE = 64  # placement records a call asks for at most (halved after a call that failed: big junk)
 READ_BUDGET_S = 0.5  # placement pages read a round at most (the lease is refreshed between rounds)
 MAX_PLACEMENT_BYTES = 64 << 20  # and their records' bytes at most (what the server's memory holds of them)
 PENDING_MOST = 1024  # placement requests waiting for the thread (more are refused as "being placed" again)
@@ -79,6 +79,7 @@ class EtcdRegistry(threading.Thread):
         self._lease: str | None = None
         self._refresh_at = self._poll_at = self._register_at = 0.0
         self._rev = 0  # the store revision placements were read up to
+        self._page = PAGE  # placement records the next call asks for
         self._members_read: dict[str, tuple[Shard, str]] = {}
         # (the records under shards/ and alive/ as last read: key -> (mod revision, value); etcd_gateway)
         self._members_held: dict[bytes, tuple[int, bytes]] = {}
@@ -276,8 +277,13 @@ class EtcdRegistry(threading.Thread):
             self._reading = (start, first_rev, seen)  # (a call failing here: the read goes on from here)
             if time.monotonic() >= deadline:
                 return
-            body = {"key": gw.b64(prefix + start), "limit": PAGE, "min_mod_revision": self._rev + 1}
-            answer = self._call("kv/range", {**body, "range_end": gw.next_key(prefix.decode())})
+            body = {"key": gw.b64(prefix + start), "limit": self._page, "min_mod_revision": self._rev + 1}
+            try:
+                answer = self._call("kv/range", {**body, "range_end": gw.next_key(prefix.decode())})
+            except _Unreachable:  # (records too big to read within the second: fewer a call next time)
+                self._page = max(1, self._page // 2)
+                raise
+            self._page = min(PAGE, self._page * 2)
             rev = int(answer["header"]["revision"])
             if rev < self._rev:  # (etcd restored from a backup: read everything again)
                 log.warning("etcd's revision went back (%d < %d): placements read again", rev, self._rev)

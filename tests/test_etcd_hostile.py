@@ -130,8 +130,7 @@ def test_big_records_under_shards_and_alive_are_read_once_not_at_every_poll(etcd
     registry._call = counted  # type: ignore[method-assign]
     registry.start()
     try:
-        wait_for(lambda: registry.view.alive == frozenset({"a"}))
-        assert registry.view.reachable, registry.view.error
+        wait_for(lambda: registry.view.alive == frozenset({"a"}) and registry.view.reachable, timeout=30)
         time.sleep(6)  # (the big records read once: a page of them a poll)
         received[0] = 0
         time.sleep(2)  # (four polls)
@@ -216,3 +215,20 @@ def _drip(conn) -> None:
             time.sleep(0.5)
     except OSError:
         pass
+
+
+def test_placement_records_too_big_to_read_64_within_a_second_are_read_fewer_a_call(etcd, prefix, tmp_path):
+    from pzq.etcd_registry import EtcdRegistry
+    from pzq.shards import Shard
+
+    junk = json.dumps({"partitions": 0, "x": "A" * 1_400_000}).encode()  # (not pzq's: ignored once read)
+    for i in range(24):  # (34 MB: a page of 64 is more than a call's second on a busy machine)
+        etcd_put(etcd, f"{prefix}placements/junk{i:02}", junk)
+    etcd_put(etcd, f"{prefix}placements/zz-fine", json.dumps({"partitions": 0, "places": [["zz-fine", "a"]]}).encode())
+    registry = EtcdRegistry(etcd.urls, prefix, Shard("a"), "store-a", str(tmp_path / "placements.json"), 100)
+    registry.start()
+    try:
+        wait_for(lambda: "zz-fine" in registry.placements and registry.view.reachable, timeout=60)
+    finally:
+        registry.stop()
+    assert set(registry.placements) == {"zz-fine"}
