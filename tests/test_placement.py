@@ -166,6 +166,7 @@ def test_placements_are_read_a_small_page_a_call_and_a_long_read_goes_on_at_the_
     import base64
 
     from pzq import etcd_gateway as gw
+    from pzq import etcd_registry
     from pzq.etcd_registry import EtcdRegistry
 
     me = Shard("a", api_dsn="tcp://127.0.0.1:1")
@@ -187,4 +188,4 @@ def test_placements_are_read_a_small_page_a_call_and_a_long_read_goes_on_at_the_
     assert time.monotonic() - started < 0.8, "one round reads for its budget, not until the end"
     while getattr(registry, "_reading", None) is not None:
         registry._read_placements()
-    assert len(registry.placements) == 600 and max(pages) <= 16, max(pages)
+    assert len(registry.placements) == 600 and max(pages) <= etcd_registry.PAGE, max(pages)
