@@ -223,6 +223,13 @@ class Config:
         "etcd's client URLs (http://host:2379, comma-separated): the shards register and place queues there "
         "instead of a shard list (docs/cluster.md); needs a shard name; '' = no etcd.",
     )
+    etcd_ca: str = _setting(
+        "", "With https:// etcd URLs: the CA file etcd's certificate is checked against; '' = the system's.", "file"
+    )
+    etcd_cert: str = _setting(
+        "", "With https:// etcd URLs: this server's client certificate (etcd's --client-cert-auth).", "file"
+    )
+    etcd_key: str = _setting("", "The client certificate's private key file (with etcd_cert).", "file")
     etcd_prefix: str = _setting(
         "/pzq/",
         "The etcd keys of this cluster start with this (two clusters on one etcd: two prefixes).",

@@ -6,6 +6,7 @@ port's layout (``BASE_OFFSETS``, ``at_base``) is here too, applied by config.loa
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import zoneinfo
 from typing import Any
@@ -161,6 +162,15 @@ def check_shard(cfg: Any) -> None:
         parse_urls(cfg.etcd)
         if cfg.cluster:
             raise ConfigError("--etcd and --cluster: give one (etcd keeps the shards a list would name)")
+        if bool(cfg.etcd_cert) != bool(cfg.etcd_key):
+            raise ConfigError("--etcd-cert and --etcd-key: give both or neither")
+        tls = [flag for flag in ("ca", "cert") if getattr(cfg, f"etcd_{flag}")]
+        if tls and any(not url.startswith("https://") for url, _ in parse_urls(cfg.etcd)):
+            raise ConfigError(f"--etcd-{tls[0]}: give https:// etcd URLs (a certificate is for TLS)")
+        for flag in ("ca", "cert", "key"):
+            path = getattr(cfg, f"etcd_{flag}")
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"--etcd-{flag} {path}: not a readable file")
         if not cfg.etcd_prefix.startswith("/") or len(cfg.etcd_prefix.encode()) > 200:
             raise ConfigError(f"--etcd-prefix {cfg.etcd_prefix!r}: a key prefix starting with '/', 200 bytes at most")
 

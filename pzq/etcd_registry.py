@@ -48,13 +48,13 @@ class _Unreachable(Exception):
 class EtcdRegistry(threading.Thread):
     """The registry's thread: ``start()`` it, ``place()`` from the loop, ``stop()`` at the end."""
 
-    def __init__(self, urls: str, prefix: str, me: Shard, store_id: str, cache_path: str, max_placements: int):
+    def __init__(self, urls: str, prefix: str, me: Shard, store_id: str, cache_path: str, max_placements: int, tls=()):
+        """``tls``: (CA file, client certificate, its key) for https:// members ("" each: none given)."""
         super().__init__(name="pzq-etcd", daemon=True)
         import etcd3gw  # (etcd's JSON gateway client: only a server given --etcd loads it and requests)
         import requests
 
-        session = requests.Session()
-        session.trust_env = False  # (a proxy from the environment must not stand between pzq and etcd)
+        session = gw.session(requests, *tls)
         self._errors: tuple[type[Exception], ...] = (
             etcd3gw.exceptions.Etcd3Exception,
             requests.RequestException,
@@ -169,7 +169,8 @@ class EtcdRegistry(threading.Thread):
             try:
                 return self._deadlines.call(client.post, client.get_url(path), json=body)
             except self._errors as exc:
-                last = f"{shown}: {type(exc).__name__}: {str(exc)[:200]}"
+                said = getattr(exc, "detail_text", None) or str(exc)  # (etcd3gw's errors keep their text there)
+                last = f"{shown}: {type(exc).__name__}: {said[:200]}"
             self.failures_total += 1
             self._at = (self._at + 1) % len(self._members)
             if self._stopping:

@@ -196,6 +196,8 @@ def test_a_server_with_etcd_and_a_shard_list_or_without_a_name_is_refused_in_one
         (["--shard", "a", "--cluster", str(listed)], "--etcd and --cluster"),
         ([], "no shard name"),
         (["--shard", "a", "--etcd", "etcd.example:2379"], "give etcd's client URLs"),
+        (["--shard", "a", "--etcd-ca", str(listed)], "give https:// etcd URLs"),
+        (["--shard", "a", "--etcd-cert", str(listed)], "--etcd-cert and --etcd-key: give both"),
     ):
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and said in done.stderr, done.stderr

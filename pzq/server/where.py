@@ -157,7 +157,8 @@ def registry_for(cfg: Config, shard: str, store_id: str) -> EtcdRegistry:
 
     me = shards_.Shard(shard, **{role: _reachable(getattr(cfg, role)) for role in shards_.ENDPOINTS})
     cache = f"{cfg.database.rstrip('/') or '/'}/placements.json"
-    return EtcdRegistry(cfg.etcd, cfg.etcd_prefix, me, store_id, cache, cfg.max_queues)
+    tls = (cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key)
+    return EtcdRegistry(cfg.etcd, cfg.etcd_prefix, me, store_id, cache, cfg.max_queues, tls)
 
 
 def _reachable(dsn: str) -> str:
