@@ -156,6 +156,10 @@ def check_shard(cfg: Any) -> None:
             raise ConfigError(
                 f"--shard {cfg.shard}: not in the shard list {cfg.cluster} (it names {', '.join(listed.names())})"
             )
+    for flag in ("ca", "cert", "key"):  # (given without --etcd too: a setting that names no file is a mistake)
+        path = getattr(cfg, f"etcd_{flag}")
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigError(f"--etcd-{flag} {path}: not a readable file")
     if cfg.etcd:
         from pzq.etcd_gateway import parse_urls
 
@@ -167,10 +171,7 @@ def check_shard(cfg: Any) -> None:
         tls = [flag for flag in ("ca", "cert") if getattr(cfg, f"etcd_{flag}")]
         if tls and any(not url.startswith("https://") for url, _ in parse_urls(cfg.etcd)):
             raise ConfigError(f"--etcd-{tls[0]}: give https:// etcd URLs (a certificate is for TLS)")
-        for flag in ("ca", "cert", "key"):
-            path = getattr(cfg, f"etcd_{flag}")
-            if path and not os.access(path, os.R_OK):
-                raise ConfigError(f"--etcd-{flag} {path}: not a readable file")
+
         if not cfg.etcd_prefix.startswith("/") or len(cfg.etcd_prefix.encode()) > 200:
             raise ConfigError(f"--etcd-prefix {cfg.etcd_prefix!r}: a key prefix starting with '/', 200 bytes at most")
 
