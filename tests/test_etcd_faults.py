@@ -24,11 +24,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 from etcd_cluster import EtcdCluster, EtcdShards, needs_etcd
 from etcd_load import Ledger, Turns, consume, place_spread, produce, seen_everywhere
+from test_cluster_faults import poll
 
 from pzq.clients.api import ApiError
 
@@ -41,15 +41,6 @@ SEEN_S = float(os.environ.get("PZQ_ETCD_SEEN_S", "2"))  # a placement after etcd
 NAMES = ["a", "b", "c"]
 
 pytestmark = [pytest.mark.slow, needs_etcd, pytest.mark.timeout(int(OUTAGE_S + ROUNDS * 60 + 240))]
-
-
-def poll(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 class Faults:
